@@ -1,0 +1,54 @@
+// attention.h: the attention module's interface. Flash-style causal attention
+// over one chunk of keys at a time, so that the same kernels serve a single
+// rank (one chunk: all keys) and a ring (one chunk per ring step). Positions
+// are global token positions, so any token layout over ranks works.
+//
+// Memory layout is token-major, as the projections produce it:
+//   q, o, dq, do : [Tq, Hq, D]      k, v, dk, dv : [Tk, Hkv, D]
+//   lse, delta   : [Hq, Tq] (fp32)  q_pos : [Tq]  k_pos : [Tk]
+// GQA: kv head j serves q heads j*g .. j*g+g-1 with g = Hq / Hkv; K and V are
+// never repeated in memory.
+#ifndef MTRAIN_ATTENTION_H
+#define MTRAIN_ATTENTION_H
+
+#include <stdint.h>
+
+#include "../model/model_config.h"
+
+typedef struct {
+    char type[CONFIG_STR];     // dense
+    int block_size;            // tile size in tokens (queries and keys)
+} AttentionConfig;
+
+typedef struct {
+    int64_t q_tokens;          // Tq
+    int64_t k_tokens;          // Tk
+    int num_heads;             // Hq
+    int num_kv_heads;          // Hkv
+    int head_dim;              // D
+    int block_size;            // tile size
+    float scale;               // usually 1/sqrt(D)
+} AttnShape;
+
+// Start a running result: o = 0, lse = -inf.
+void attn_forward_init(const AttnShape *shape, float *o, float *lse);
+
+// Causal attention of q against one key chunk (mask: k_pos <= q_pos), merged
+// into the running (o, lse) by log-sum-exp in fp32. o stays normalised after
+// every call; rows that see no key in this chunk are left unchanged.
+void attn_dense_forward_cpu(const AttnShape *shape, const float *q, const int64_t *q_pos,
+                            const float *k, const float *v, const int64_t *k_pos,
+                            float *o, float *lse);
+
+// delta[h, t] = sum_d do[t, h, d] * o[t, h, d] (FlashAttention-2's D).
+void attn_backward_delta(const AttnShape *shape, const float *o, const float *dout, float *delta);
+
+// Gradients of the final attention output with respect to q and this key
+// chunk, recomputing P = exp(S - lse) from the final lse. Accumulates (+=)
+// into dq [Tq, Hq, D], dk and dv [Tk, Hkv, D].
+void attn_dense_backward_cpu(const AttnShape *shape, const float *q, const int64_t *q_pos,
+                             const float *k, const float *v, const int64_t *k_pos,
+                             const float *lse, const float *delta, const float *dout,
+                             float *dq, float *dk, float *dv);
+
+#endif

@@ -1,0 +1,160 @@
+// util.c: error reporting, checked allocation and I/O, timing, and the RNG.
+#define _GNU_SOURCE
+#include "util.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+void fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "mtrain: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    exit(1);
+}
+
+void fail_at(const char *file, int line, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "mtrain: %s:%d: ", file, line);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    exit(1);
+}
+
+void *xmalloc(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) fail("out of memory allocating %zu bytes", bytes);
+    return p;
+}
+
+void *xcalloc(size_t count, size_t bytes) {
+    void *p = calloc(count ? count : 1, bytes ? bytes : 1);
+    if (!p) fail("out of memory allocating %zu x %zu bytes", count, bytes);
+    return p;
+}
+
+void *xrealloc(void *ptr, size_t bytes) {
+    void *p = realloc(ptr, bytes ? bytes : 1);
+    if (!p) fail("out of memory reallocating %zu bytes", bytes);
+    return p;
+}
+
+char *xstrdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *p = xmalloc(n);
+    memcpy(p, s, n);
+    return p;
+}
+
+void *xmalloc_aligned(size_t bytes) {
+    void *p = NULL;
+    size_t rounded = (bytes + 63) / 64 * 64;
+    if (posix_memalign(&p, 64, rounded ? rounded : 64) != 0)
+        fail("out of memory allocating %zu bytes", bytes);
+    return p;
+}
+
+FILE *xfopen(const char *path, const char *mode) {
+    FILE *f = fopen(path, mode);
+    if (!f) fail("%s: cannot open (%s)", path, strerror(errno));
+    return f;
+}
+
+void xfread(void *dst, size_t bytes, FILE *f, const char *path) {
+    if (bytes && fread(dst, 1, bytes, f) != bytes)
+        fail("%s: file is truncated (wanted %zu more bytes)", path, bytes);
+}
+
+void xfwrite(const void *src, size_t bytes, FILE *f, const char *path) {
+    if (bytes && fwrite(src, 1, bytes, f) != bytes)
+        fail("%s: write failed (%s)", path, strerror(errno));
+}
+
+void xfclose_sync(FILE *f, const char *path) {
+    if (fflush(f) != 0) fail("%s: write failed (%s)", path, strerror(errno));
+    if (fsync(fileno(f)) != 0) fail("%s: fsync failed (%s)", path, strerror(errno));
+    if (fclose(f) != 0) fail("%s: close failed (%s)", path, strerror(errno));
+}
+
+char *read_file(const char *path, size_t *bytes) {
+    FILE *f = xfopen(path, "rb");
+    if (fseek(f, 0, SEEK_END) != 0) fail("%s: cannot seek (%s)", path, strerror(errno));
+    long size = ftell(f);
+    if (size < 0) fail("%s: cannot tell size (%s)", path, strerror(errno));
+    rewind(f);
+    char *buf = xmalloc((size_t)size + 1);
+    xfread(buf, (size_t)size, f, path);
+    buf[size] = 0;
+    fclose(f);
+    if (bytes) *bytes = (size_t)size;
+    return buf;
+}
+
+void rename_into_place(const char *tmp, const char *path) {
+    if (rename(tmp, path) != 0)
+        fail("%s: cannot rename from %s (%s)", path, tmp, strerror(errno));
+}
+
+void make_dirs(const char *path) {
+    char *p = xstrdup(path);
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/') continue;
+        *s = 0;
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) fail("%s: cannot create directory (%s)", p, strerror(errno));
+        *s = '/';
+    }
+    if (mkdir(p, 0755) != 0 && errno != EEXIST) fail("%s: cannot create directory (%s)", p, strerror(errno));
+    free(p);
+}
+
+double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+void rng_seed(Rng *rng, uint64_t seed) {
+    for (int i = 0; i < 4; i++) rng->s[i] = splitmix64(&seed);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+uint64_t rng_next(Rng *rng) {
+    uint64_t *s = rng->s;
+    uint64_t result = rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+double rng_uniform(Rng *rng) { return (double)(rng_next(rng) >> 11) * 0x1.0p-53; }
+
+double rng_normal(Rng *rng) {
+    double u1 = rng_uniform(rng), u2 = rng_uniform(rng);
+    if (u1 < 1e-300) u1 = 1e-300;
+    return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+}
+
+uint64_t rng_below(Rng *rng, uint64_t n) { return n ? rng_next(rng) % n : 0; }

@@ -1,0 +1,57 @@
+// util.h: the bottom of the include graph. Error reporting (one macro family
+// that prints file:line and exits), checked allocation and file I/O, timing,
+// and the deterministic random number generator. Every layer may include it.
+#ifndef MTRAIN_UTIL_H
+#define MTRAIN_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+// Print "mtrain: <message>" and exit(1). Used for user-facing errors (bad
+// input files, bad config) where the message already names file and problem.
+void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+// Internal errors: print file:line and the message, exit(1).
+void fail_at(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4), noreturn));
+#define FAIL(...) fail_at(__FILE__, __LINE__, __VA_ARGS__)
+#define CHECK(cond, ...) do { if (!(cond)) fail_at(__FILE__, __LINE__, __VA_ARGS__); } while (0)
+
+// Checked allocation: never returns NULL.
+void *xmalloc(size_t bytes);
+void *xcalloc(size_t count, size_t bytes);
+void *xrealloc(void *ptr, size_t bytes);
+char *xstrdup(const char *s);
+// 64-byte aligned allocation (free with free()).
+void *xmalloc_aligned(size_t bytes);
+
+// Checked file I/O: on failure print "mtrain: PATH: what went wrong" and exit.
+FILE *xfopen(const char *path, const char *mode);
+void xfread(void *dst, size_t bytes, FILE *f, const char *path);
+void xfwrite(const void *src, size_t bytes, FILE *f, const char *path);
+// Flush, fsync and close a file opened for writing.
+void xfclose_sync(FILE *f, const char *path);
+// Read a whole file into a NUL-terminated buffer; *bytes gets its size.
+char *read_file(const char *path, size_t *bytes);
+// Atomic write: `tmp` is fsynced and renamed to `path`.
+void rename_into_place(const char *tmp, const char *path);
+// mkdir -p.
+void make_dirs(const char *path);
+
+// Monotonic wall clock in seconds.
+double now_seconds(void);
+
+// Deterministic generator (xoshiro256**, seeded with splitmix64). Its full
+// state is 4 words so that checkpoints can store and restore it exactly.
+typedef struct { uint64_t s[4]; } Rng;
+void rng_seed(Rng *rng, uint64_t seed);
+uint64_t rng_next(Rng *rng);
+// Uniform in [0, 1).
+double rng_uniform(Rng *rng);
+// Standard normal (Box-Muller).
+double rng_normal(Rng *rng);
+// Uniform integer in [0, n).
+uint64_t rng_below(Rng *rng, uint64_t n);
+
+#endif

@@ -1,0 +1,85 @@
+// backend.h: the table of operations the model graph runs on. One model
+// (model.c) calls these; each backend (ops_cpu.c, later ops_cuda.cu) fills
+// the table. Pointers are backend memory. Conventions:
+//   - activations are token-major: x[T, C];
+//   - weights are Hugging Face layout: W[out, in] row-major;
+//   - every backward op ACCUMULATES (+=) into its gradient outputs (d*),
+//     both parameter gradients and input gradients; callers zero them.
+#ifndef MTRAIN_BACKEND_H
+#define MTRAIN_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../attention/attention.h"
+
+typedef struct {
+    const char *name;
+
+    // memory
+    void *(*alloc)(size_t bytes);                 // zero-filled
+    void (*free)(void *ptr);
+    void (*zero)(void *ptr, size_t bytes);
+    void (*upload)(void *dst, const void *host_src, size_t bytes);
+    void (*download)(void *host_dst, const void *src, size_t bytes);
+    void (*copy)(void *dst, const void *src, size_t bytes);
+
+    // out[T, H] = table[tokens[t], :]
+    void (*embedding_forward)(float *out, const int32_t *tokens, const float *table, int64_t T, int H);
+    // dtable[tokens[t], :] += dout[t, :]
+    void (*embedding_backward)(float *dtable, const int32_t *tokens, const float *dout, int64_t T, int H);
+
+    // out[T, OC] = inp[T, IC] @ weight[OC, IC]^T (+ bias[OC] when not NULL)
+    void (*matmul_forward)(float *out, const float *inp, const float *weight, const float *bias,
+                           int64_t T, int IC, int OC);
+    // dinp += dout @ weight; dweight += dout^T @ inp; dbias += colsum(dout). NULL skips.
+    void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
+                            const float *inp, const float *weight, int64_t T, int IC, int OC);
+
+    // out = inp * rstd * weight, rstd[T] = 1/sqrt(mean(inp^2) + eps)
+    void (*rmsnorm_forward)(float *out, float *rstd, const float *inp, const float *weight,
+                            int64_t T, int H, float eps);
+    void (*rmsnorm_backward)(float *dinp, float *dweight, const float *dout, const float *inp,
+                             const float *weight, const float *rstd, int64_t T, int H);
+
+    // In place on x[T, heads, D]: rotate-half RoPE at global positions pos[T];
+    // inverse = 0 rotates by +angle (forward), 1 by -angle (its transpose, for backward).
+    void (*rope)(float *x, const int64_t *pos, int64_t T, int heads, int D, float theta, int inverse);
+
+    // out[n] = silu(gate[n]) * up[n]
+    void (*swiglu_forward)(float *out, const float *gate, const float *up, int64_t n);
+    void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate,
+                            const float *up, int64_t n);
+
+    // y[n] += x[n]
+    void (*accumulate)(float *y, const float *x, int64_t n);
+    // x[n] *= s
+    void (*scale)(float *x, float s, int64_t n);
+    // sum of x[n]^2 in double
+    double (*sum_squares)(const float *x, int64_t n);
+
+    // In place: logits[C, V] -> dlogits = (softmax - onehot(target)) * grad_scale for
+    // rows whose target >= 0 (others zero). Returns the summed cross entropy.
+    double (*cross_entropy)(float *logits, const int32_t *targets, int64_t C, int V, float grad_scale);
+
+    // The attention module's kernels (attention/attention.h).
+    void (*attn_forward_init)(const AttnShape *shape, float *o, float *lse);
+    void (*attn_forward)(const AttnShape *shape, const float *q, const int64_t *q_pos,
+                         const float *k, const float *v, const int64_t *k_pos, float *o, float *lse);
+    void (*attn_delta)(const AttnShape *shape, const float *o, const float *dout, float *delta);
+    void (*attn_backward)(const AttnShape *shape, const float *q, const int64_t *q_pos,
+                          const float *k, const float *v, const int64_t *k_pos, const float *lse,
+                          const float *delta, const float *dout, float *dq, float *dk, float *dv);
+
+    // AdamW on n parameters: m, v updated; param -= lr * (mhat/(sqrt(vhat)+eps) + wd*param).
+    void (*adamw)(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int64_t step);
+} Backend;
+
+// The CPU backend (fp32, OpenMP, OpenBLAS).
+const Backend *backend_cpu(void);
+// Resolve train.backend (cpu | cuda | auto) to a backend; fails with a clear
+// message when the choice cannot run here.
+const Backend *backend_select(const char *name);
+
+#endif

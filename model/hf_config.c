@@ -1,0 +1,181 @@
+// hf_config.c: Hugging Face config.json of a Qwen2 model <-> ModelConfig.
+// Reading uses cJSON; writing formats the file itself because cJSON's number
+// printer does not round-trip every double (0.1 + 0.2 prints as 0.3).
+#define _GNU_SOURCE
+#include "hf_config.h"
+
+#include <cjson/cJSON.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../dist/util.h"
+
+// ----------------------------------------------------------------------------
+// reading
+
+// The field, or NULL when absent or null (transformers treats null as unset).
+static const cJSON *field(const cJSON *root, const char *name) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, name);
+    return cJSON_IsNull(item) ? NULL : item;
+}
+
+static const char *json_kind(const cJSON *item) {
+    if (cJSON_IsString(item)) return "a string";
+    if (cJSON_IsBool(item)) return "a boolean";
+    if (cJSON_IsNumber(item)) return "a number";
+    if (cJSON_IsArray(item)) return "an array";
+    if (cJSON_IsObject(item)) return "an object";
+    return "something else";
+}
+
+static int read_int(const char *path, const cJSON *root, const char *name, bool required, int fallback) {
+    const cJSON *item = field(root, name);
+    if (!item) {
+        if (required) fail("%s: field '%s' is missing (expected an integer)", path, name);
+        return fallback;
+    }
+    if (!cJSON_IsNumber(item)) fail("%s: field '%s' must be an integer, not %s", path, name, json_kind(item));
+    double value = item->valuedouble;
+    if (value != floor(value) || value < INT_MIN || value > INT_MAX)
+        fail("%s: field '%s' must be an integer, not %.17g", path, name, value);
+    if (value <= 0) fail("%s: field '%s' must be positive, not %d", path, name, (int)value);
+    return (int)value;
+}
+
+static double read_double(const char *path, const cJSON *root, const char *name, double fallback) {
+    const cJSON *item = field(root, name);
+    if (!item) return fallback;
+    if (!cJSON_IsNumber(item)) fail("%s: field '%s' must be a number, not %s", path, name, json_kind(item));
+    double value = item->valuedouble;
+    if (!isfinite(value) || value <= 0) fail("%s: field '%s' must be a positive number, not %.17g", path, name, value);
+    return value;
+}
+
+static bool read_bool(const char *path, const cJSON *root, const char *name, bool fallback) {
+    const cJSON *item = field(root, name);
+    if (!item) return fallback;
+    if (!cJSON_IsBool(item)) fail("%s: field '%s' must be true or false, not %s", path, name, json_kind(item));
+    return cJSON_IsTrue(item);
+}
+
+// NULL when absent; a string otherwise.
+static const char *read_string(const char *path, const cJSON *root, const char *name) {
+    const cJSON *item = field(root, name);
+    if (!item) return NULL;
+    if (!cJSON_IsString(item)) fail("%s: field '%s' must be a string, not %s", path, name, json_kind(item));
+    return item->valuestring;
+}
+
+void hf_config_read(const char *path, ModelConfig *mc) {
+    char *text = read_file(path, NULL);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithOpts(text, &end, 1);
+    if (!root) {
+        int line = 1;
+        for (const char *p = text; end && p < end; p++) line += *p == '\n';
+        fail("%s: not valid JSON (error on line %d)", path, line);
+    }
+    if (!cJSON_IsObject(root)) fail("%s: not a JSON object", path);
+
+    const char *model_type = read_string(path, root, "model_type");
+    if (model_type && strcmp(model_type, "qwen2") != 0)
+        fail("%s: model_type '%s' is not supported (expected qwen2)", path, model_type);
+    const char *hidden_act = read_string(path, root, "hidden_act");
+    if (hidden_act && strcmp(hidden_act, "silu") != 0)
+        fail("%s: hidden_act '%s' is not supported (expected silu)", path, hidden_act);
+    if (read_bool(path, root, "use_sliding_window", false))
+        fail("%s: use_sliding_window true is not supported (Qwen2.5 attends to the full context)", path);
+
+    memset(mc, 0, sizeof(*mc));
+    mc->vocab_size = read_int(path, root, "vocab_size", true, 0);
+    mc->hidden_size = read_int(path, root, "hidden_size", true, 0);
+    mc->intermediate_size = read_int(path, root, "intermediate_size", true, 0);
+    mc->num_layers = read_int(path, root, "num_hidden_layers", true, 0);
+    mc->num_heads = read_int(path, root, "num_attention_heads", true, 0);
+    mc->num_kv_heads = read_int(path, root, "num_key_value_heads", false, mc->num_heads);
+    mc->rope_theta = read_double(path, root, "rope_theta", 10000.0);
+    mc->rms_norm_eps = read_double(path, root, "rms_norm_eps", 1e-6);
+    mc->tie_word_embeddings = read_bool(path, root, "tie_word_embeddings", false);
+    mc->init_std = read_double(path, root, "initializer_range", 0.02);
+    mc->max_position_embeddings = read_int(path, root, "max_position_embeddings", false, 32768);
+
+    if (mc->hidden_size % mc->num_heads != 0)
+        fail("%s: hidden_size %d is not divisible by num_attention_heads %d", path, mc->hidden_size, mc->num_heads);
+    if (mc->num_heads % mc->num_kv_heads != 0)
+        fail("%s: num_attention_heads %d is not divisible by num_key_value_heads %d", path, mc->num_heads, mc->num_kv_heads);
+    mc->head_dim = mc->hidden_size / mc->num_heads;
+    int head_dim = read_int(path, root, "head_dim", false, mc->head_dim);
+    if (head_dim != mc->head_dim)
+        fail("%s: head_dim %d differs from hidden_size / num_attention_heads = %d (not supported)", path, head_dim, mc->head_dim);
+
+    cJSON_Delete(root);
+    free(text);
+}
+
+// ----------------------------------------------------------------------------
+// writing
+
+// The shortest decimal that reads back as exactly x, with ".0" on whole
+// numbers so that Python reads a float ("1000000.0", "1e-06", "0.30000000000000004").
+static void format_double(char *buf, size_t cap, double x) {
+    CHECK(isfinite(x), "config value %g is not finite", x);
+    if (x == floor(x) && fabs(x) < 1e15) {
+        snprintf(buf, cap, "%.1f", x);
+        return;
+    }
+    for (int digits = 1; digits <= 17; digits++) {
+        snprintf(buf, cap, "%.*g", digits, x);
+        if (strtod(buf, NULL) == x) return;
+    }
+}
+
+void hf_config_write(const char *path, const ModelConfig *mc) {
+    CHECK(mc->head_dim * mc->num_heads == mc->hidden_size, "head_dim %d x num_heads %d != hidden_size %d",
+          mc->head_dim, mc->num_heads, mc->hidden_size);
+    char init_std[32], rms_norm_eps[32], rope_theta[32], text[4096];
+    format_double(init_std, sizeof(init_std), mc->init_std);
+    format_double(rms_norm_eps, sizeof(rms_norm_eps), mc->rms_norm_eps);
+    format_double(rope_theta, sizeof(rope_theta), mc->rope_theta);
+    // Keys sorted, as transformers writes them.
+    int len = snprintf(text, sizeof(text),
+        "{\n"
+        "  \"architectures\": [\n"
+        "    \"Qwen2ForCausalLM\"\n"
+        "  ],\n"
+        "  \"attention_dropout\": 0.0,\n"
+        "  \"hidden_act\": \"silu\",\n"
+        "  \"hidden_size\": %d,\n"
+        "  \"initializer_range\": %s,\n"
+        "  \"intermediate_size\": %d,\n"
+        "  \"max_position_embeddings\": %d,\n"
+        "  \"max_window_layers\": %d,\n"
+        "  \"model_type\": \"qwen2\",\n"
+        "  \"num_attention_heads\": %d,\n"
+        "  \"num_hidden_layers\": %d,\n"
+        "  \"num_key_value_heads\": %d,\n"
+        "  \"rms_norm_eps\": %s,\n"
+        "  \"rope_theta\": %s,\n"
+        "  \"sliding_window\": %d,\n"
+        "  \"tie_word_embeddings\": %s,\n"
+        "  \"torch_dtype\": \"float32\",\n"
+        "  \"use_cache\": true,\n"
+        "  \"use_sliding_window\": false,\n"
+        "  \"vocab_size\": %d\n"
+        "}\n",
+        mc->hidden_size, init_std, mc->intermediate_size, mc->max_position_embeddings, mc->num_layers,
+        mc->num_heads, mc->num_layers, mc->num_kv_heads, rms_norm_eps, rope_theta,
+        mc->max_position_embeddings, mc->tie_word_embeddings ? "true" : "false", mc->vocab_size);
+    CHECK(len > 0 && (size_t)len < sizeof(text), "config.json text does not fit");
+
+    char *tmp = xmalloc(strlen(path) + 32);
+    sprintf(tmp, "%s.tmp.%d", path, (int)getpid());
+    FILE *f = xfopen(tmp, "w");
+    xfwrite(text, (size_t)len, f, tmp);
+    xfclose_sync(f, tmp);
+    rename_into_place(tmp, path);
+    free(tmp);
+}

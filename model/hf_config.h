@@ -1,0 +1,14 @@
+// hf_config.h: Hugging Face config.json of a Qwen2 model <-> ModelConfig.
+#ifndef MTRAIN_HF_CONFIG_H
+#define MTRAIN_HF_CONFIG_H
+
+#include "model_config.h"
+
+// Read and validate `path` (a config.json); any problem is a one-line fail()
+// naming the file and the field. Optional fields take Qwen2's defaults.
+void hf_config_read(const char *path, ModelConfig *mc);
+// Write a complete Qwen2 config.json (tmp file + fsync + rename). Doubles are
+// printed so that they read back bit-identical.
+void hf_config_write(const char *path, const ModelConfig *mc);
+
+#endif

@@ -1,0 +1,395 @@
+// model.c: the Qwen2.5 decoder (DESIGN.md §4) as one graph over the backend
+// op table: parameter table, seeded initialisation, activation arena, forward,
+// fused chunked LM head + cross entropy, and backward with optional per-layer
+// activation checkpointing (recompute the layer from its saved input).
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// The tensors of one decoder layer: HF suffix, weight decay, initialisation.
+static const struct {
+    const char *suffix;
+    bool decay;
+    ParamInit init;
+} layer_tensors[LAYER_TENSORS] = {
+    [LAYER_INPUT_NORM] = {"input_layernorm.weight", false, INIT_ONES},
+    [LAYER_Q_WEIGHT] = {"self_attn.q_proj.weight", true, INIT_NORMAL},
+    [LAYER_Q_BIAS] = {"self_attn.q_proj.bias", false, INIT_ZEROS},
+    [LAYER_K_WEIGHT] = {"self_attn.k_proj.weight", true, INIT_NORMAL},
+    [LAYER_K_BIAS] = {"self_attn.k_proj.bias", false, INIT_ZEROS},
+    [LAYER_V_WEIGHT] = {"self_attn.v_proj.weight", true, INIT_NORMAL},
+    [LAYER_V_BIAS] = {"self_attn.v_proj.bias", false, INIT_ZEROS},
+    [LAYER_O_WEIGHT] = {"self_attn.o_proj.weight", true, INIT_NORMAL},
+    [LAYER_POST_NORM] = {"post_attention_layernorm.weight", false, INIT_ONES},
+    [LAYER_GATE_WEIGHT] = {"mlp.gate_proj.weight", true, INIT_NORMAL},
+    [LAYER_UP_WEIGHT] = {"mlp.up_proj.weight", true, INIT_NORMAL},
+    [LAYER_DOWN_WEIGHT] = {"mlp.down_proj.weight", true, INIT_NORMAL},
+};
+
+// Shape of a layer tensor: [out, in] for matrices, [n] for vectors.
+static int layer_tensor_shape(const ModelConfig *c, LayerTensor which, int64_t shape[2]) {
+    int64_t H = c->hidden_size, I = c->intermediate_size;
+    int64_t QD = (int64_t)c->num_heads * c->head_dim, KD = (int64_t)c->num_kv_heads * c->head_dim;
+    switch (which) {
+    case LAYER_INPUT_NORM: case LAYER_POST_NORM: shape[0] = H; return 1;
+    case LAYER_Q_WEIGHT: shape[0] = QD; shape[1] = H; return 2;
+    case LAYER_Q_BIAS: shape[0] = QD; return 1;
+    case LAYER_K_WEIGHT: case LAYER_V_WEIGHT: shape[0] = KD; shape[1] = H; return 2;
+    case LAYER_K_BIAS: case LAYER_V_BIAS: shape[0] = KD; return 1;
+    case LAYER_O_WEIGHT: shape[0] = H; shape[1] = QD; return 2;
+    case LAYER_GATE_WEIGHT: case LAYER_UP_WEIGHT: shape[0] = I; shape[1] = H; return 2;
+    case LAYER_DOWN_WEIGHT: shape[0] = H; shape[1] = I; return 2;
+    default: FAIL("bad layer tensor %d", (int)which);
+    }
+}
+
+static void add_param(Model *m, const char *name, int ndim, const int64_t *shape, bool decay, ParamInit init) {
+    ParamInfo *p = &m->params[m->num_params++];
+    snprintf(p->name, sizeof(p->name), "%s", name);
+    p->ndim = ndim;
+    p->numel = 1;
+    for (int i = 0; i < ndim; i++) { p->shape[i] = shape[i]; p->numel *= shape[i]; }
+    p->offset = m->total_params;
+    p->decay = decay;
+    p->init = init;
+    m->total_params += p->numel;
+}
+
+void model_init(Model *m, const ModelConfig *config, const Backend *be) {
+    memset(m, 0, sizeof(*m));
+    m->cfg = *config;
+    if (m->cfg.head_dim == 0) m->cfg.head_dim = config->hidden_size / config->num_heads;
+    const ModelConfig *cfg = &m->cfg;
+    m->be = be;
+    m->block_size = 64;
+    m->loss_chunk = 1024;
+    int L = cfg->num_layers;
+    m->params = xcalloc((size_t)(3 + L * LAYER_TENSORS), sizeof(ParamInfo));
+    int64_t embed_shape[2] = {cfg->vocab_size, cfg->hidden_size}, norm_shape[1] = {cfg->hidden_size};
+    add_param(m, "model.embed_tokens.weight", 2, embed_shape, true, INIT_NORMAL);
+    for (int l = 0; l < L; l++) {
+        for (int t = 0; t < LAYER_TENSORS; t++) {
+            char name[96];
+            int64_t shape[2];
+            int ndim = layer_tensor_shape(cfg, (LayerTensor)t, shape);
+            snprintf(name, sizeof(name), "model.layers.%d.%s", l, layer_tensors[t].suffix);
+            add_param(m, name, ndim, shape, layer_tensors[t].decay, layer_tensors[t].init);
+        }
+    }
+    add_param(m, "model.norm.weight", 1, norm_shape, false, INIT_ONES);
+    if (!cfg->tie_word_embeddings) add_param(m, "lm_head.weight", 2, embed_shape, true, INIT_NORMAL);
+    size_t bytes = (size_t)m->total_params * sizeof(float);
+    m->param_mem = be->alloc(bytes);
+    m->grad_mem = be->alloc(bytes);
+}
+
+void model_alloc_optimizer(Model *m) {
+    size_t bytes = (size_t)m->total_params * sizeof(float);
+    if (!m->adam_m) m->adam_m = m->be->alloc(bytes);
+    if (!m->adam_v) m->adam_v = m->be->alloc(bytes);
+}
+
+static void free_activations(Model *m) {
+    const Backend *be = m->be;
+    if (!m->max_tokens) return;
+    be->free(m->layers[0].x_in);  // the arena starts with layer 0's input
+    be->free(m->tokens);
+    be->free(m->targets);
+    be->free(m->positions);
+    free(m->layers);
+    m->layers = NULL;
+    m->max_tokens = 0;
+}
+
+void model_free(Model *m) {
+    const Backend *be = m->be;
+    free_activations(m);
+    be->free(m->param_mem);
+    be->free(m->grad_mem);
+    if (m->adam_m) be->free(m->adam_m);
+    if (m->adam_v) be->free(m->adam_v);
+    free(m->params);
+    memset(m, 0, sizeof(*m));
+}
+
+int model_embedding_param(void) { return 0; }
+int model_layer_param(const Model *m, int layer, LayerTensor which) {
+    CHECK(layer >= 0 && layer < m->cfg.num_layers, "layer %d out of range", layer);
+    return 1 + layer * LAYER_TENSORS + (int)which;
+}
+int model_final_norm_param(const Model *m) { return 1 + m->cfg.num_layers * LAYER_TENSORS; }
+int model_head_param(const Model *m) {
+    return m->cfg.tie_word_embeddings ? model_embedding_param() : model_final_norm_param(m) + 1;
+}
+int model_param_index(const Model *m, const char *name) {
+    for (int i = 0; i < m->num_params; i++)
+        if (!strcmp(m->params[i].name, name)) return i;
+    return -1;
+}
+float *model_tensor(const Model *m, float *arena, int index) { return arena + m->params[index].offset; }
+
+void model_init_weights(Model *m, uint64_t seed) {
+    Rng rng;
+    rng_seed(&rng, seed);
+    float *host = xmalloc(sizeof(float) * (size_t)m->total_params);
+    for (int i = 0; i < m->num_params; i++) {
+        const ParamInfo *p = &m->params[i];
+        float *w = host + p->offset;
+        for (int64_t j = 0; j < p->numel; j++)
+            w[j] = p->init == INIT_ONES ? 1.0f
+                 : p->init == INIT_ZEROS ? 0.0f
+                 : (float)(m->cfg.init_std * rng_normal(&rng));
+    }
+    m->be->upload(m->param_mem, host, sizeof(float) * (size_t)m->total_params);
+    free(host);
+}
+
+// Floats of one layer's saved activations, excluding x_in.
+static int64_t layer_act_floats(const ModelConfig *c, int64_t T) {
+    int64_t H = c->hidden_size, I = c->intermediate_size;
+    int64_t QD = (int64_t)c->num_heads * c->head_dim, KD = (int64_t)c->num_kv_heads * c->head_dim;
+    return T * (2 + 3 * H + 2 * QD + 2 * KD + 3 * I) + (int64_t)c->num_heads * T;
+}
+
+// Floats of the backward buffers and the loss chunk.
+static int64_t grad_act_floats(const Model *m, int64_t T) {
+    const ModelConfig *c = &m->cfg;
+    int64_t H = c->hidden_size, I = c->intermediate_size;
+    int64_t QD = (int64_t)c->num_heads * c->head_dim, KD = (int64_t)c->num_kv_heads * c->head_dim;
+    return T * (2 * H + 2 * QD + 2 * KD + 3 * I) + (int64_t)c->num_heads * T + (int64_t)m->loss_chunk * c->vocab_size;
+}
+
+static int64_t activation_floats(const Model *m, int64_t T) {
+    const ModelConfig *c = &m->cfg;
+    int64_t per_layer = layer_act_floats(c, T);
+    int64_t kept = m->checkpoint_activations ? per_layer : per_layer * c->num_layers;
+    return T * (int64_t)c->hidden_size * (c->num_layers + 2) + T + kept + grad_act_floats(m, T);
+}
+
+size_t model_activation_bytes(const Model *m, int64_t T) { return (size_t)activation_floats(m, T) * sizeof(float); }
+
+static float *take(float **cursor, int64_t count) {
+    float *p = *cursor;
+    *cursor += count;
+    return p;
+}
+
+static void carve_layer(LayerActs *a, float **cur, const ModelConfig *c, int64_t T) {
+    int64_t H = c->hidden_size, I = c->intermediate_size;
+    int64_t QD = (int64_t)c->num_heads * c->head_dim, KD = (int64_t)c->num_kv_heads * c->head_dim;
+    a->rstd_attn = take(cur, T);
+    a->h_attn = take(cur, T * H);
+    a->q = take(cur, T * QD);
+    a->k = take(cur, T * KD);
+    a->v = take(cur, T * KD);
+    a->att = take(cur, T * QD);
+    a->lse = take(cur, (int64_t)c->num_heads * T);
+    a->x_mid = take(cur, T * H);
+    a->rstd_mlp = take(cur, T);
+    a->h_mlp = take(cur, T * H);
+    a->gate = take(cur, T * I);
+    a->up = take(cur, T * I);
+    a->act = take(cur, T * I);
+}
+
+// Size the activation arena for T tokens (grows, never shrinks).
+static void ensure_activations(Model *m, int64_t T) {
+    if (T <= m->max_tokens) return;
+    free_activations(m);
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    int64_t H = c->hidden_size, I = c->intermediate_size;
+    int64_t QD = (int64_t)c->num_heads * c->head_dim, KD = (int64_t)c->num_kv_heads * c->head_dim;
+    float *arena = be->alloc(model_activation_bytes(m, T));
+    float *cur = arena;
+    m->layers = xcalloc((size_t)c->num_layers, sizeof(LayerActs));
+    for (int l = 0; l < c->num_layers; l++) m->layers[l].x_in = take(&cur, T * H);
+    m->x_final = take(&cur, T * H);
+    m->rstd_final = take(&cur, T);
+    m->h_final = take(&cur, T * H);
+    if (m->checkpoint_activations) carve_layer(&m->scratch, &cur, c, T);
+    else for (int l = 0; l < c->num_layers; l++) carve_layer(&m->layers[l], &cur, c, T);
+    m->dx = take(&cur, T * H);
+    m->dh = take(&cur, T * H);
+    m->dq = take(&cur, T * QD);
+    m->datt = take(&cur, T * QD);
+    m->dk = take(&cur, T * KD);
+    m->dv = take(&cur, T * KD);
+    m->dgate = take(&cur, T * I);
+    m->dup = take(&cur, T * I);
+    m->dact = take(&cur, T * I);
+    m->delta = take(&cur, (int64_t)c->num_heads * T);
+    m->logits = take(&cur, (int64_t)m->loss_chunk * c->vocab_size);
+    CHECK(cur - arena == activation_floats(m, T), "activation arena miscounted");
+    m->tokens = be->alloc(sizeof(int32_t) * (size_t)T);
+    m->targets = be->alloc(sizeof(int32_t) * (size_t)T);
+    m->positions = be->alloc(sizeof(int64_t) * (size_t)T);
+    m->max_tokens = T;
+}
+
+// The activations layer l uses: its own, or the shared scratch set.
+static LayerActs *layer_acts(Model *m, int l) {
+    LayerActs *a = &m->layers[l];
+    if (!m->checkpoint_activations) return a;
+    m->scratch.x_in = a->x_in;
+    return &m->scratch;
+}
+
+static AttnShape attn_shape(const Model *m, int64_t T) {
+    const ModelConfig *c = &m->cfg;
+    AttnShape s = {T, T, c->num_heads, c->num_kv_heads, c->head_dim, m->block_size,
+                   (float)(1.0 / sqrt((double)c->head_dim))};
+    return s;
+}
+
+// One decoder layer on a->x_in; the result goes to out ([T, H]) unless NULL
+// (a recomputation for backward needs only the saved activations).
+static void layer_forward(Model *m, int l, LayerActs *a, float *out, int64_t T) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    int H = c->hidden_size, I = c->intermediate_size;
+    int QD = c->num_heads * c->head_dim, KD = c->num_kv_heads * c->head_dim;
+#define W(which) model_tensor(m, m->param_mem, model_layer_param(m, l, which))
+    be->rmsnorm_forward(a->h_attn, a->rstd_attn, a->x_in, W(LAYER_INPUT_NORM), T, H, (float)c->rms_norm_eps);
+    be->matmul_forward(a->q, a->h_attn, W(LAYER_Q_WEIGHT), W(LAYER_Q_BIAS), T, H, QD);
+    be->matmul_forward(a->k, a->h_attn, W(LAYER_K_WEIGHT), W(LAYER_K_BIAS), T, H, KD);
+    be->matmul_forward(a->v, a->h_attn, W(LAYER_V_WEIGHT), W(LAYER_V_BIAS), T, H, KD);
+    be->rope(a->q, m->positions, T, c->num_heads, c->head_dim, (float)c->rope_theta, 0);
+    be->rope(a->k, m->positions, T, c->num_kv_heads, c->head_dim, (float)c->rope_theta, 0);
+    AttnShape s = attn_shape(m, T);
+    be->attn_forward_init(&s, a->att, a->lse);
+    be->attn_forward(&s, a->q, m->positions, a->k, a->v, m->positions, a->att, a->lse);
+    be->matmul_forward(a->x_mid, a->att, W(LAYER_O_WEIGHT), NULL, T, QD, H);
+    be->accumulate(a->x_mid, a->x_in, T * H);
+    be->rmsnorm_forward(a->h_mlp, a->rstd_mlp, a->x_mid, W(LAYER_POST_NORM), T, H, (float)c->rms_norm_eps);
+    be->matmul_forward(a->gate, a->h_mlp, W(LAYER_GATE_WEIGHT), NULL, T, H, I);
+    be->matmul_forward(a->up, a->h_mlp, W(LAYER_UP_WEIGHT), NULL, T, H, I);
+    be->swiglu_forward(a->act, a->gate, a->up, T * I);
+    if (!out) return;
+    be->matmul_forward(out, a->act, W(LAYER_DOWN_WEIGHT), NULL, T, I, H);
+    be->accumulate(out, a->x_mid, T * H);
+#undef W
+}
+
+// Backward of layer l: m->dx holds d(layer output) on entry, d(x_in) on exit.
+static void layer_backward(Model *m, int l, LayerActs *a, int64_t T) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    int H = c->hidden_size, I = c->intermediate_size;
+    int QD = c->num_heads * c->head_dim, KD = c->num_kv_heads * c->head_dim;
+    size_t f = sizeof(float);
+#define W(which) model_tensor(m, m->param_mem, model_layer_param(m, l, which))
+#define G(which) model_tensor(m, m->grad_mem, model_layer_param(m, l, which))
+    // MLP: out = x_mid + down(silu(gate(h)) * up(h)), h = norm(x_mid)
+    be->zero(m->dact, f * (size_t)(T * I));
+    be->matmul_backward(m->dact, G(LAYER_DOWN_WEIGHT), NULL, m->dx, a->act, W(LAYER_DOWN_WEIGHT), T, I, H);
+    be->zero(m->dgate, f * (size_t)(T * I));
+    be->zero(m->dup, f * (size_t)(T * I));
+    be->swiglu_backward(m->dgate, m->dup, m->dact, a->gate, a->up, T * I);
+    be->zero(m->dh, f * (size_t)(T * H));
+    be->matmul_backward(m->dh, G(LAYER_GATE_WEIGHT), NULL, m->dgate, a->h_mlp, W(LAYER_GATE_WEIGHT), T, H, I);
+    be->matmul_backward(m->dh, G(LAYER_UP_WEIGHT), NULL, m->dup, a->h_mlp, W(LAYER_UP_WEIGHT), T, H, I);
+    be->rmsnorm_backward(m->dx, G(LAYER_POST_NORM), m->dh, a->x_mid, W(LAYER_POST_NORM), a->rstd_mlp, T, H);
+    // attention: x_mid = x_in + o_proj(attention(rope(q), rope(k), v)), from h = norm(x_in)
+    be->zero(m->datt, f * (size_t)(T * QD));
+    be->matmul_backward(m->datt, G(LAYER_O_WEIGHT), NULL, m->dx, a->att, W(LAYER_O_WEIGHT), T, QD, H);
+    AttnShape s = attn_shape(m, T);
+    be->attn_delta(&s, a->att, m->datt, m->delta);
+    be->zero(m->dq, f * (size_t)(T * QD));
+    be->zero(m->dk, f * (size_t)(T * KD));
+    be->zero(m->dv, f * (size_t)(T * KD));
+    be->attn_backward(&s, a->q, m->positions, a->k, a->v, m->positions, a->lse, m->delta, m->datt,
+                      m->dq, m->dk, m->dv);
+    be->rope(m->dq, m->positions, T, c->num_heads, c->head_dim, (float)c->rope_theta, 1);
+    be->rope(m->dk, m->positions, T, c->num_kv_heads, c->head_dim, (float)c->rope_theta, 1);
+    be->zero(m->dh, f * (size_t)(T * H));
+    be->matmul_backward(m->dh, G(LAYER_Q_WEIGHT), G(LAYER_Q_BIAS), m->dq, a->h_attn, W(LAYER_Q_WEIGHT), T, H, QD);
+    be->matmul_backward(m->dh, G(LAYER_K_WEIGHT), G(LAYER_K_BIAS), m->dk, a->h_attn, W(LAYER_K_WEIGHT), T, H, KD);
+    be->matmul_backward(m->dh, G(LAYER_V_WEIGHT), G(LAYER_V_BIAS), m->dv, a->h_attn, W(LAYER_V_WEIGHT), T, H, KD);
+    be->rmsnorm_backward(m->dx, G(LAYER_INPUT_NORM), m->dh, a->x_in, W(LAYER_INPUT_NORM), a->rstd_attn, T, H);
+#undef W
+#undef G
+}
+
+// Embedding, every layer, final norm: h_final [T, H] ready for the head.
+static void model_forward(Model *m, const int32_t *tokens, int64_t T) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    for (int64_t t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= c->vocab_size)
+            fail("token %d at position %lld is outside the vocabulary [0, %d)", tokens[t], (long long)t, c->vocab_size);
+    ensure_activations(m, T);
+    int64_t *pos = xmalloc(sizeof(int64_t) * (size_t)T);
+    for (int64_t t = 0; t < T; t++) pos[t] = t;
+    be->upload(m->positions, pos, sizeof(int64_t) * (size_t)T);
+    free(pos);
+    be->upload(m->tokens, tokens, sizeof(int32_t) * (size_t)T);
+    be->embedding_forward(m->layers[0].x_in, m->tokens, model_tensor(m, m->param_mem, model_embedding_param()), T,
+                          c->hidden_size);
+    for (int l = 0; l < c->num_layers; l++) {
+        float *out = l + 1 < c->num_layers ? m->layers[l + 1].x_in : m->x_final;
+        layer_forward(m, l, layer_acts(m, l), out, T);
+    }
+    be->rmsnorm_forward(m->h_final, m->rstd_final, m->x_final,
+                        model_tensor(m, m->param_mem, model_final_norm_param(m)), T, c->hidden_size,
+                        (float)c->rms_norm_eps);
+}
+
+// Fused LM head + cross entropy over h_final, one chunk of tokens at a time.
+// With backward, dh = d(h_final) and the head's gradient accumulates.
+static double head_loss(Model *m, const int32_t *targets, int64_t T, float grad_scale, bool backward) {
+    const Backend *be = m->be;
+    int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    be->upload(m->targets, targets, sizeof(int32_t) * (size_t)T);
+    float *head = model_tensor(m, m->param_mem, model_head_param(m));
+    float *dhead = model_tensor(m, m->grad_mem, model_head_param(m));
+    if (backward) be->zero(m->dh, sizeof(float) * (size_t)(T * H));
+    double loss = 0;
+    for (int64_t c0 = 0; c0 < T; c0 += m->loss_chunk) {
+        int64_t n = T - c0 < m->loss_chunk ? T - c0 : m->loss_chunk;
+        be->matmul_forward(m->logits, m->h_final + c0 * H, head, NULL, n, H, V);
+        loss += be->cross_entropy(m->logits, m->targets + c0, n, V, grad_scale);
+        if (backward) be->matmul_backward(m->dh + c0 * H, dhead, NULL, m->logits, m->h_final + c0 * H, head, n, H, V);
+    }
+    return loss;
+}
+
+double model_loss(Model *m, const int32_t *tokens, const int32_t *targets, int64_t T) {
+    model_forward(m, tokens, T);
+    return head_loss(m, targets, T, 0.0f, false);
+}
+
+double model_forward_backward(Model *m, const int32_t *tokens, const int32_t *targets, int64_t T,
+                              float grad_scale) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    int H = c->hidden_size;
+    model_forward(m, tokens, T);
+    double loss = head_loss(m, targets, T, grad_scale, true);
+    be->zero(m->dx, sizeof(float) * (size_t)(T * H));
+    int fn = model_final_norm_param(m);
+    be->rmsnorm_backward(m->dx, model_tensor(m, m->grad_mem, fn), m->dh, m->x_final, model_tensor(m, m->param_mem, fn),
+                         m->rstd_final, T, H);
+    for (int l = c->num_layers - 1; l >= 0; l--) {
+        LayerActs *a = layer_acts(m, l);
+        if (m->checkpoint_activations) layer_forward(m, l, a, NULL, T);
+        layer_backward(m, l, a, T);
+    }
+    be->embedding_backward(model_tensor(m, m->grad_mem, model_embedding_param()), m->tokens, m->dx, T, H);
+    return loss;
+}
+
+void model_logits(Model *m, const int32_t *tokens, int64_t T, float *logits_host) {
+    const ModelConfig *c = &m->cfg;
+    int H = c->hidden_size, V = c->vocab_size;
+    model_forward(m, tokens, T);
+    float *head = model_tensor(m, m->param_mem, model_head_param(m));
+    for (int64_t c0 = 0; c0 < T; c0 += m->loss_chunk) {
+        int64_t n = T - c0 < m->loss_chunk ? T - c0 : m->loss_chunk;
+        m->be->matmul_forward(m->logits, m->h_final + c0 * H, head, NULL, n, H, V);
+        m->be->download(logits_host + c0 * V, m->logits, sizeof(float) * (size_t)(n * V));
+    }
+}

@@ -1,0 +1,99 @@
+// model.h: the Qwen2.5 graph over a backend op table. One parameter table
+// (Hugging Face names, shapes, weight-decay flags) describes every tensor;
+// parameters, gradients and AdamW moments are one flat arena each, laid out
+// in table order. Forward/backward run one sequence of T tokens at a time.
+#ifndef MTRAIN_MODEL_H
+#define MTRAIN_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../dist/util.h"
+#include "backend.h"
+#include "model_config.h"
+
+// The tensors of one decoder layer, in table order.
+typedef enum {
+    LAYER_INPUT_NORM, LAYER_Q_WEIGHT, LAYER_Q_BIAS, LAYER_K_WEIGHT, LAYER_K_BIAS,
+    LAYER_V_WEIGHT, LAYER_V_BIAS, LAYER_O_WEIGHT, LAYER_POST_NORM,
+    LAYER_GATE_WEIGHT, LAYER_UP_WEIGHT, LAYER_DOWN_WEIGHT, LAYER_TENSORS
+} LayerTensor;
+
+typedef enum { INIT_NORMAL, INIT_ONES, INIT_ZEROS } ParamInit;
+
+typedef struct {
+    char name[96];           // Hugging Face tensor name
+    int ndim;                // 1 or 2
+    int64_t shape[2];        // [out, in] for matrices
+    int64_t numel;
+    int64_t offset;          // in floats, into each arena
+    bool decay;              // AdamW weight decay applies
+    ParamInit init;
+} ParamInfo;
+
+// Activations of one layer kept for backward (all [T, ...], token-major).
+typedef struct {
+    float *x_in;             // [T, H] residual stream entering the layer
+    float *rstd_attn;        // [T]
+    float *h_attn;           // [T, H] normed input of attention
+    float *q, *k, *v;        // [T, Hq*D], [T, Hkv*D] x2 (after RoPE)
+    float *att;              // [T, Hq*D] attention output
+    float *lse;              // [Hq, T]
+    float *x_mid;            // [T, H] residual after attention
+    float *rstd_mlp;         // [T]
+    float *h_mlp;            // [T, H]
+    float *gate, *up, *act;  // [T, I] x3
+} LayerActs;
+
+typedef struct {
+    ModelConfig cfg;
+    const Backend *be;
+    bool checkpoint_activations;
+    int block_size;          // attention tile size
+    int loss_chunk;          // tokens per fused LM-head + cross-entropy chunk
+
+    int num_params;
+    ParamInfo *params;       // the parameter table
+    int64_t total_params;    // floats in each arena
+    float *param_mem, *grad_mem, *adam_m, *adam_v;   // backend memory
+
+    int64_t max_tokens;      // T the activations were sized for (0 = none yet)
+    LayerActs *layers;       // [num_layers]; with checkpointing only x_in is per layer
+    LayerActs scratch;       // the shared recompute buffers under checkpointing
+    float *x_final, *rstd_final, *h_final;  // [T, H], [T], [T, H]
+    float *dx, *dh, *dq, *dk, *dv, *datt, *dgate, *dup, *dact, *delta;
+    float *logits;           // [loss_chunk, V]
+    int32_t *tokens, *targets;
+    int64_t *positions;
+} Model;
+
+// Build the table for cfg and allocate parameters and gradients (zero).
+void model_init(Model *m, const ModelConfig *cfg, const Backend *be);
+void model_free(Model *m);
+// Allocate the AdamW moments (training only).
+void model_alloc_optimizer(Model *m);
+// Seeded initialisation: matrices N(0, init_std), norms 1, biases 0.
+void model_init_weights(Model *m, uint64_t seed);
+// Index of a tensor in the table: layer tensor, embedding, final norm, head.
+int model_layer_param(const Model *m, int layer, LayerTensor which);
+int model_param_index(const Model *m, const char *name);  // -1 if absent
+int model_embedding_param(void);
+int model_final_norm_param(const Model *m);
+int model_head_param(const Model *m);  // the embedding when tied
+// Backend pointer to a tensor in an arena (param_mem, grad_mem, ...).
+float *model_tensor(const Model *m, float *arena, int index);
+
+// One sequence: forward, fused chunked LM head + cross entropy, backward.
+// tokens and targets are host arrays [T]; target < 0 is ignored. Gradients
+// ACCUMULATE into grad_mem scaled by grad_scale (e.g. 1/(valid*micro_batches)).
+// Returns the summed cross entropy over valid targets.
+double model_forward_backward(Model *m, const int32_t *tokens, const int32_t *targets, int64_t T,
+                              float grad_scale);
+// Forward only: the summed cross entropy over valid targets (no gradients).
+double model_loss(Model *m, const int32_t *tokens, const int32_t *targets, int64_t T);
+// Forward only; logits [T, V] written to host memory.
+void model_logits(Model *m, const int32_t *tokens, int64_t T, float *logits_host);
+// Bytes of activation memory for T tokens (printed at start-up).
+size_t model_activation_bytes(const Model *m, int64_t T);
+
+#endif

@@ -1,0 +1,249 @@
+// ops_cpu.c: the CPU backend: fp32 ops with OpenMP, matmuls through OpenBLAS
+// (cblas_sgemm). Every reduction runs in a fixed order, so results are
+// bitwise reproducible for a given thread count (resume relies on it).
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../dist/util.h"
+#include "backend.h"
+
+static void *cpu_alloc(size_t bytes) { return xcalloc(1, bytes); }
+static void cpu_free(void *ptr) { free(ptr); }
+static void cpu_zero(void *ptr, size_t bytes) { memset(ptr, 0, bytes); }
+static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+
+static void embedding_forward(float *out, const int32_t *tokens, const float *table, int64_t T, int H) {
+    #pragma omp parallel for
+    for (int64_t t = 0; t < T; t++) memcpy(out + t * H, table + (int64_t)tokens[t] * H, (size_t)H * sizeof(float));
+}
+
+// Parallel over columns so that repeated tokens never race.
+static void embedding_backward(float *dtable, const int32_t *tokens, const float *dout, int64_t T, int H) {
+    #pragma omp parallel for
+    for (int c0 = 0; c0 < H; c0 += 16) {
+        int c1 = c0 + 16 < H ? c0 + 16 : H;
+        for (int64_t t = 0; t < T; t++) {
+            float *row = dtable + (int64_t)tokens[t] * H;
+            const float *g = dout + t * H;
+            for (int c = c0; c < c1; c++) row[c] += g[c];
+        }
+    }
+}
+
+static void matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+                           int64_t T, int IC, int OC) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, OC, IC, 1.0f, inp, IC, weight, IC,
+                0.0f, out, OC);
+    if (!bias) return;
+    #pragma omp parallel for
+    for (int64_t t = 0; t < T; t++) {
+        float *row = out + t * OC;
+        for (int o = 0; o < OC; o++) row[o] += bias[o];
+    }
+}
+
+static void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                            const float *inp, const float *weight, int64_t T, int IC, int OC) {
+    // dinp[T, IC] += dout[T, OC] @ weight[OC, IC]
+    if (dinp)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, IC, OC, 1.0f, dout, OC, weight, IC,
+                    1.0f, dinp, IC);
+    // dweight[OC, IC] += dout^T[OC, T] @ inp[T, IC]
+    if (dweight)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, (int)T, 1.0f, dout, OC, inp, IC,
+                    1.0f, dweight, IC);
+    if (!dbias) return;
+    #pragma omp parallel for
+    for (int o0 = 0; o0 < OC; o0 += 16) {
+        int o1 = o0 + 16 < OC ? o0 + 16 : OC;
+        float acc[16] = {0};
+        for (int64_t t = 0; t < T; t++)
+            for (int o = o0; o < o1; o++) acc[o - o0] += dout[t * OC + o];
+        for (int o = o0; o < o1; o++) dbias[o] += acc[o - o0];
+    }
+}
+
+static void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+                            int64_t T, int H, float eps) {
+    #pragma omp parallel for
+    for (int64_t t = 0; t < T; t++) {
+        const float *x = inp + t * H;
+        double ss = 0;
+        for (int i = 0; i < H; i++) ss += (double)x[i] * x[i];
+        float r = (float)(1.0 / sqrt(ss / H + eps));
+        rstd[t] = r;
+        float *y = out + t * H;
+        for (int i = 0; i < H; i++) y[i] = x[i] * r * weight[i];
+    }
+}
+
+// y = x r w with r = (mean(x^2) + eps)^-1/2:
+// dx = r (w dy) - x r^3 mean(w dy x);  dw += sum_t dy x r.
+static void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                             const float *weight, const float *rstd, int64_t T, int H) {
+    #pragma omp parallel for
+    for (int64_t t = 0; t < T; t++) {
+        const float *x = inp + t * H, *dy = dout + t * H;
+        float r = rstd[t];
+        double dot = 0;
+        for (int i = 0; i < H; i++) dot += (double)weight[i] * dy[i] * x[i];
+        float coef = (float)(dot / H) * r * r * r;
+        float *dx = dinp + t * H;
+        for (int i = 0; i < H; i++) dx[i] += r * weight[i] * dy[i] - coef * x[i];
+    }
+    #pragma omp parallel for
+    for (int c0 = 0; c0 < H; c0 += 16) {
+        int c1 = c0 + 16 < H ? c0 + 16 : H;
+        float acc[16] = {0};
+        for (int64_t t = 0; t < T; t++)
+            for (int c = c0; c < c1; c++) acc[c - c0] += dout[t * H + c] * inp[t * H + c] * rstd[t];
+        for (int c = c0; c < c1; c++) dweight[c] += acc[c - c0];
+    }
+}
+
+// Angles in double: at 512K positions an fp32 angle is off by ~0.03 rad.
+static void rope(float *x, const int64_t *pos, int64_t T, int heads, int D, float theta, int inverse) {
+    int half = D / 2;
+    #pragma omp parallel
+    {
+        float *cs = xmalloc(sizeof(float) * (size_t)D);
+        #pragma omp for
+        for (int64_t t = 0; t < T; t++) {
+            for (int i = 0; i < half; i++) {
+                double angle = (double)pos[t] * pow((double)theta, -2.0 * i / D);
+                cs[i] = (float)cos(angle);
+                cs[half + i] = (float)(inverse ? -sin(angle) : sin(angle));
+            }
+            for (int h = 0; h < heads; h++) {
+                float *v = x + (t * heads + h) * (int64_t)D;
+                for (int i = 0; i < half; i++) {
+                    float x1 = v[i], x2 = v[half + i], c = cs[i], s = cs[half + i];
+                    v[i] = x1 * c - x2 * s;
+                    v[half + i] = x2 * c + x1 * s;
+                }
+            }
+        }
+        free(cs);
+    }
+}
+
+static void swiglu_forward(float *out, const float *gate, const float *up, int64_t n) {
+    #pragma omp parallel for
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+static void swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                            const float *up, int64_t n) {
+    #pragma omp parallel for
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i], s = 1.0f / (1.0f + expf(-g));
+        dgate[i] += dout[i] * up[i] * s * (1.0f + g * (1.0f - s));
+        dup[i] += dout[i] * g * s;
+    }
+}
+
+static void accumulate(float *y, const float *x, int64_t n) {
+    #pragma omp parallel for
+    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+static void scale(float *x, float s, int64_t n) {
+    #pragma omp parallel for
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+
+// Fixed-size chunks summed in order: the same result for any thread count.
+static double sum_squares(const float *x, int64_t n) {
+    const int64_t chunk = 1 << 14;
+    int64_t chunks = (n + chunk - 1) / chunk;
+    double *partial = xmalloc(sizeof(double) * (size_t)(chunks ? chunks : 1));
+    #pragma omp parallel for
+    for (int64_t c = 0; c < chunks; c++) {
+        double acc = 0;
+        int64_t end = (c + 1) * chunk < n ? (c + 1) * chunk : n;
+        for (int64_t i = c * chunk; i < end; i++) acc += (double)x[i] * x[i];
+        partial[c] = acc;
+    }
+    double total = 0;
+    for (int64_t c = 0; c < chunks; c++) total += partial[c];
+    free(partial);
+    return total;
+}
+
+static double cross_entropy(float *logits, const int32_t *targets, int64_t C, int V, float grad_scale) {
+    double *row_loss = xmalloc(sizeof(double) * (size_t)(C ? C : 1));
+    #pragma omp parallel for
+    for (int64_t t = 0; t < C; t++) {
+        float *row = logits + t * V;
+        if (targets[t] < 0) {
+            memset(row, 0, sizeof(float) * (size_t)V);
+            row_loss[t] = 0;
+            continue;
+        }
+        float maxv = row[0];
+        for (int i = 1; i < V; i++) maxv = row[i] > maxv ? row[i] : maxv;
+        double sum = 0;
+        for (int i = 0; i < V; i++) sum += exp((double)row[i] - maxv);
+        double lse = maxv + log(sum);
+        row_loss[t] = lse - row[targets[t]];
+        for (int i = 0; i < V; i++) row[i] = (float)exp((double)row[i] - lse) * grad_scale;
+        row[targets[t]] -= grad_scale;
+    }
+    double total = 0;
+    for (int64_t t = 0; t < C; t++) total += row_loss[t];
+    free(row_loss);
+    return total;
+}
+
+static void adamw(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int64_t step) {
+    float c1 = 1.0f - powf(beta1, (float)step), c2 = 1.0f - powf(beta2, (float)step);
+    #pragma omp parallel for
+    for (int64_t i = 0; i < n; i++) {
+        float g = grad[i];
+        m[i] = beta1 * m[i] + (1.0f - beta1) * g;
+        v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
+        float mhat = m[i] / c1, vhat = v[i] / c2;
+        param[i] -= lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * param[i]);
+    }
+}
+
+static const Backend cpu_backend = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .zero = cpu_zero,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .copy = cpu_copy,
+    .embedding_forward = embedding_forward,
+    .embedding_backward = embedding_backward,
+    .matmul_forward = matmul_forward,
+    .matmul_backward = matmul_backward,
+    .rmsnorm_forward = rmsnorm_forward,
+    .rmsnorm_backward = rmsnorm_backward,
+    .rope = rope,
+    .swiglu_forward = swiglu_forward,
+    .swiglu_backward = swiglu_backward,
+    .accumulate = accumulate,
+    .scale = scale,
+    .sum_squares = sum_squares,
+    .cross_entropy = cross_entropy,
+    .attn_forward_init = attn_forward_init,
+    .attn_forward = attn_dense_forward_cpu,
+    .attn_delta = attn_backward_delta,
+    .attn_backward = attn_dense_backward_cpu,
+    .adamw = adamw,
+};
+
+const Backend *backend_cpu(void) { return &cpu_backend; }
+
+const Backend *backend_select(const char *name) {
+    if (!strcmp(name, "cpu") || !strcmp(name, "auto")) return &cpu_backend;
+    fail("train.backend '%s': this build has no CUDA model backend yet (expected cpu or auto)", name);
+}

@@ -1,0 +1,38 @@
+// optimizer.c: gradient clipping, learning-rate schedules and AdamW.
+#include "optimizer.h"
+
+#include <math.h>
+#include <string.h>
+
+LrSchedule lr_schedule_from_name(const char *name) {
+    if (!strcmp(name, "constant")) return LR_CONSTANT;
+    if (!strcmp(name, "cosine")) return LR_COSINE;
+    if (!strcmp(name, "linear")) return LR_LINEAR;
+    fail("train.lr_schedule '%s' is unknown (expected constant, cosine or linear)", name);
+}
+
+double lr_at(const OptimizerConfig *oc, int64_t step) {
+    if (oc->warmup_steps > 0 && step <= oc->warmup_steps) return oc->lr * (double)step / (double)oc->warmup_steps;
+    if (oc->schedule == LR_CONSTANT) return oc->lr;
+    int64_t decay_steps = oc->total_steps - oc->warmup_steps;
+    double progress = decay_steps > 0 ? (double)(step - oc->warmup_steps) / (double)decay_steps : 1.0;
+    if (progress > 1.0) progress = 1.0;
+    double frac = oc->schedule == LR_COSINE ? 0.5 * (1.0 + cos(M_PI * progress)) : 1.0 - progress;
+    return oc->min_lr + (oc->lr - oc->min_lr) * frac;
+}
+
+double optimizer_step(Model *m, const OptimizerConfig *oc, int64_t step, double *lr_out) {
+    const Backend *be = m->be;
+    double norm = sqrt(be->sum_squares(m->grad_mem, m->total_params));
+    if (oc->grad_clip > 0 && norm > oc->grad_clip) be->scale(m->grad_mem, (float)(oc->grad_clip / norm), m->total_params);
+    double lr = lr_at(oc, step);
+    model_alloc_optimizer(m);
+    for (int i = 0; i < m->num_params; i++) {
+        const ParamInfo *p = &m->params[i];
+        be->adamw(model_tensor(m, m->param_mem, i), model_tensor(m, m->grad_mem, i), model_tensor(m, m->adam_m, i),
+                  model_tensor(m, m->adam_v, i), p->numel, (float)lr, (float)oc->beta1, (float)oc->beta2,
+                  (float)oc->eps, p->decay ? (float)oc->weight_decay : 0.0f, step);
+    }
+    if (lr_out) *lr_out = lr;
+    return norm;
+}

@@ -1,0 +1,211 @@
+# qwen2_ref.py: an independent Qwen2 (Qwen2.5) forward in plain torch float64,
+# written from the math of DESIGN.md section 4 (not from transformers). The
+# tests differentiate it with autograd and compare loss, logits and every
+# gradient with build/mtrain. Also makes random tiny models and writes them
+# as Hugging Face folders (config.json + model.safetensors).
+import json
+import math
+import os
+
+import torch
+
+import harness
+
+torch.set_default_dtype(torch.float64)
+
+
+def make_config(vocab=64, hidden=32, inter=48, layers=1, heads=4, kv_heads=4,
+                theta=10000.0, eps=1e-6, tied=True, max_pos=4096):
+    """A Qwen2 config.json dict (head_dim = hidden / heads, as in Qwen2)."""
+    assert hidden % heads == 0 and heads % kv_heads == 0
+    assert (hidden // heads) % 2 == 0
+    return {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_act": "silu",
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "rope_theta": theta,
+        "rms_norm_eps": eps,
+        "tie_word_embeddings": tied,
+        "max_position_embeddings": max_pos,
+        "initializer_range": 0.02,
+        "torch_dtype": "float32",
+    }
+
+
+def param_shapes(cfg):
+    """Ordered dict name -> shape of every parameter, HF names."""
+    V, H, I = cfg["vocab_size"], cfg["hidden_size"], cfg["intermediate_size"]
+    Hq, Hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    D = H // Hq
+    shapes = {"model.embed_tokens.weight": (V, H)}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        shapes[p + "input_layernorm.weight"] = (H,)
+        shapes[p + "self_attn.q_proj.weight"] = (Hq * D, H)
+        shapes[p + "self_attn.q_proj.bias"] = (Hq * D,)
+        shapes[p + "self_attn.k_proj.weight"] = (Hkv * D, H)
+        shapes[p + "self_attn.k_proj.bias"] = (Hkv * D,)
+        shapes[p + "self_attn.v_proj.weight"] = (Hkv * D, H)
+        shapes[p + "self_attn.v_proj.bias"] = (Hkv * D,)
+        shapes[p + "self_attn.o_proj.weight"] = (H, Hq * D)
+        shapes[p + "post_attention_layernorm.weight"] = (H,)
+        shapes[p + "mlp.gate_proj.weight"] = (I, H)
+        shapes[p + "mlp.up_proj.weight"] = (I, H)
+        shapes[p + "mlp.down_proj.weight"] = (H, I)
+    shapes["model.norm.weight"] = (H,)
+    if not cfg["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = (V, H)
+    return shapes
+
+
+def random_model(cfg, seed=0):
+    """Random float64 parameters, scaled so that activations stay O(1), the
+    logits are spread (loss well away from log V) and every gradient is
+    exercised: norm weights around 1, biases non-zero."""
+    g = torch.Generator().manual_seed(seed)
+    params = {}
+    for name, shape in param_shapes(cfg).items():
+        if name.endswith("norm.weight"):
+            t = 1.0 + 0.2 * torch.randn(shape, generator=g)
+        elif name.endswith(".bias"):
+            t = 0.1 * torch.randn(shape, generator=g)
+        elif name in ("model.embed_tokens.weight", "lm_head.weight"):
+            t = 1.0 / math.sqrt(shape[1]) * torch.randn(shape, generator=g)
+        else:
+            fan_in = shape[1]
+            t = 1.0 / math.sqrt(fan_in) * torch.randn(shape, generator=g)
+        params[name] = t
+    return params
+
+
+def random_tokens(cfg, T, seed=0):
+    g = torch.Generator().manual_seed(1000 + seed)
+    return torch.randint(0, cfg["vocab_size"], (T,), generator=g)
+
+
+def rms_norm(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rope_cos_sin(T, D, theta):
+    inv_freq = theta ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)  # [D/2]
+    pos = torch.arange(T, dtype=torch.float64)
+    freqs = pos[:, None] * inv_freq[None, :]                                # [T, D/2]
+    emb = torch.cat([freqs, freqs], dim=-1)                                 # [T, D]
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x):
+    d = x.shape[-1] // 2
+    return torch.cat([-x[..., d:], x[..., :d]], dim=-1)
+
+
+def forward(cfg, params, tokens):
+    """Logits [T, V] (float64) of one sequence of token ids [T]."""
+    H = cfg["hidden_size"]
+    Hq, Hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    D, g = H // Hq, Hq // Hkv
+    eps = cfg["rms_norm_eps"]
+    T = tokens.shape[0]
+    cos, sin = rope_cos_sin(T, D, float(cfg["rope_theta"]))
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    x = params["model.embed_tokens.weight"][tokens]                       # [T, H]
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # angles in fp64; float32 runs are for experiments
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        h = rms_norm(x, params[p + "input_layernorm.weight"], eps)
+        q = h @ params[p + "self_attn.q_proj.weight"].T + params[p + "self_attn.q_proj.bias"]
+        k = h @ params[p + "self_attn.k_proj.weight"].T + params[p + "self_attn.k_proj.bias"]
+        v = h @ params[p + "self_attn.v_proj.weight"].T + params[p + "self_attn.v_proj.bias"]
+        q = q.view(T, Hq, D).transpose(0, 1)                              # [Hq, T, D]
+        k = k.view(T, Hkv, D).transpose(0, 1)                             # [Hkv, T, D]
+        v = v.view(T, Hkv, D).transpose(0, 1)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        k = k.repeat_interleave(g, dim=0)                                 # kv head j -> q heads j*g..j*g+g-1
+        v = v.repeat_interleave(g, dim=0)
+        s = (q @ k.transpose(1, 2)) / math.sqrt(D)                        # [Hq, T, T]
+        s = s.masked_fill(~mask, float("-inf"))
+        a = torch.softmax(s, dim=-1) @ v                                  # [Hq, T, D]
+        a = a.transpose(0, 1).reshape(T, Hq * D)
+        x = x + a @ params[p + "self_attn.o_proj.weight"].T
+        h = rms_norm(x, params[p + "post_attention_layernorm.weight"], eps)
+        gate = h @ params[p + "mlp.gate_proj.weight"].T
+        up = h @ params[p + "mlp.up_proj.weight"].T
+        x = x + (torch.nn.functional.silu(gate) * up) @ params[p + "mlp.down_proj.weight"].T
+    x = rms_norm(x, params["model.norm.weight"], eps)
+    head = params["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else params["lm_head.weight"]
+    return x @ head.T
+
+
+def loss_fn(logits, tokens):
+    """Mean next-token cross entropy: logits at t predict token t+1."""
+    return torch.nn.functional.cross_entropy(logits[:-1], tokens[1:])
+
+
+def loss_and_grads(cfg, params, tokens):
+    """(loss float, logits [T,V] float64, grads dict name -> float64 tensor)."""
+    leaves = {n: t.detach().to(torch.float64).clone().requires_grad_(True) for n, t in params.items()}
+    logits = forward(cfg, leaves, tokens)
+    loss = loss_fn(logits, tokens)
+    loss.backward()
+    return loss.item(), logits.detach(), {n: t.grad.detach() for n, t in leaves.items()}
+
+
+def round_to(params, dtype):
+    """The float64 values that a dtype ("F32", "BF16", "F16") file stores."""
+    tdt = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}[dtype]
+    return {n: t.to(tdt).to(torch.float64) for n, t in params.items()}
+
+
+def write_model(folder, cfg, params, dtype="F32"):
+    """Write a Hugging Face Qwen2 folder: config.json + model.safetensors."""
+    os.makedirs(folder, exist_ok=True)
+    c = dict(cfg)
+    c["torch_dtype"] = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}[dtype]
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(c, f, indent=2)
+    harness.write_safetensors(os.path.join(folder, "model.safetensors"), params, dtype)
+
+
+def write_tokens(path, tokens):
+    with open(path, "w") as f:
+        f.write(" ".join(str(int(t)) for t in tokens) + "\n")
+
+
+if __name__ == "__main__":
+    # Self-check of the reference: autograd against central finite differences
+    # in float64 on a tiny model, and the loss on a random model is not flat.
+    cfg = make_config(vocab=40, hidden=16, inter=24, layers=2, heads=4, kv_heads=2, tied=False)
+    params = random_model(cfg, seed=1)
+    toks = random_tokens(cfg, 9, seed=1)
+    loss, logits, grads = loss_and_grads(cfg, params, toks)
+    print(f"loss {loss:.6f} (log V = {math.log(cfg['vocab_size']):.3f})")
+    worst = 0.0
+    g = torch.Generator().manual_seed(5)
+    for name, t in params.items():
+        for _ in range(3):
+            idx = tuple(int(torch.randint(0, s, (1,), generator=g)) for s in t.shape)
+            h = 1e-6
+            pp = {n: v.clone() for n, v in params.items()}
+            pp[name][idx] += h
+            lp = loss_fn(forward(cfg, pp, toks), toks).item()
+            pp[name][idx] -= 2 * h
+            lm = loss_fn(forward(cfg, pp, toks), toks).item()
+            fd = (lp - lm) / (2 * h)
+            err = abs(fd - grads[name][idx].item()) / max(grads[name].abs().max().item(), 1e-12)
+            worst = max(worst, err)
+    print(f"worst finite-difference error (relative to tensor max) {worst:.2e}")
+    assert worst < 1e-6
+    # causality: changing the last token leaves every earlier logit unchanged
+    toks2 = toks.clone()
+    toks2[-1] = (toks2[-1] + 1) % cfg["vocab_size"]
+    l2 = forward(cfg, params, toks2)
+    assert torch.equal(l2[:-1], logits[:-1]) and not torch.equal(l2[-1], logits[-1])
+    print("reference self-check ok")

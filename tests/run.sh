@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# run.sh: the test runner. Runs every test program (build/tests/test_*), every
+# shell test (tests/test_*.sh) and every Python reference test
+# (tests/test_*.py, with Debian's /usr/bin/python3 that has torch). Each prints
+# "ok NAME" or "FAIL NAME: why" per check; a program that exits non-zero
+# without printing a FAIL line counts as one failure. Ends with
+# "N passed, N failed" and exits non-zero on any failure.
+#   tests/run.sh [FILTER]   only tests whose file name contains FILTER
+set -uo pipefail
+cd "$(dirname "$0")/.."
+filter=${1:-}
+passed=0; failed=0
+log=$(mktemp -d)
+trap 'rm -rf "$log"' EXIT
+
+run_one() {
+  local name=$1; shift
+  local out="$log/$(basename "$name").out"
+  local start=$SECONDS
+  "$@" >"$out" 2>&1
+  local rc=$?
+  local ok fail
+  ok=$(grep -c '^ok ' "$out")
+  fail=$(grep -c '^FAIL ' "$out")
+  if [ "$rc" -ne 0 ] && [ "$fail" -eq 0 ]; then
+    fail=1
+    echo "FAIL $name: exited with status $rc" >>"$out"
+  fi
+  if [ "$rc" -eq 0 ] && [ "$ok" -eq 0 ] && [ "$fail" -eq 0 ]; then
+    fail=1
+    echo "FAIL $name: ran no check" >>"$out"
+  fi
+  passed=$((passed + ok)); failed=$((failed + fail))
+  printf '%-40s %4d ok %3d failed  %4ds\n' "$name" "$ok" "$fail" $((SECONDS - start))
+  if [ "$fail" -ne 0 ]; then
+    grep -E '^FAIL ' "$out" | sed 's/^/    /'
+    echo "    --- last lines of output ---"
+    tail -n 15 "$out" | sed 's/^/    /'
+  fi
+}
+
+for t in build/tests/test_*; do
+  [ -x "$t" ] || continue
+  case "$t" in *"$filter"*) run_one "$(basename "$t")" "$t" ;; esac
+done
+for t in tests/test_*.sh; do
+  [ -e "$t" ] || continue
+  case "$t" in *"$filter"*) run_one "$(basename "$t")" bash "$t" ;; esac
+done
+for t in tests/test_*.py; do
+  [ -e "$t" ] || continue
+  case "$t" in *"$filter"*) run_one "$(basename "$t")" /usr/bin/python3 "$t" ;; esac
+done
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,462 @@
+// test_attention.c: the CPU flash attention (attention/flash_cpu.c) against a
+// naive double-precision reference (full masked softmax and its analytic
+// gradients), over shapes, block sizes, GQA ratios, key chunks, arbitrary
+// positions, finite differences, thread counts and rows that see no key.
+// Ends with a timing line (printed, not asserted).
+//
+// Tolerances: max |kernel - reference| / max |reference| per tensor, with fp32
+// kernels against a double reference: 1e-5 for O and LSE, 1e-4 for dQ, dK, dV.
+// Finite differences (double, central, eps 1e-5) must match the double
+// analytic gradients to 1e-6 and the kernel's to 1e-4.
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../attention/attention.h"
+#include "../dist/util.h"
+#include "check.h"
+
+#define TOL_FWD 1e-5
+#define TOL_GRAD 1e-4
+
+// One attention problem: q, w (the upstream gradient dO) [Tq, Hq, D],
+// k, v [Tk, Hkv, D], q_pos [Tq], k_pos [Tk] (positions 0.. unless overridden).
+typedef struct {
+    AttnShape s;
+    int64_t nq, nk, nl;        // element counts of q, k and lse
+    float *q, *k, *v, *w;
+    int64_t *qp, *kp;
+} Problem;
+
+static float *randn(Rng *rng, int64_t n, double sd) {
+    float *x = xmalloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) x[i] = (float)(sd * rng_normal(rng));
+    return x;
+}
+
+static Problem make_problem(int64_t Tq, int64_t Tk, int Hq, int Hkv, int D, int B, uint64_t seed) {
+    Problem p = {.s = {Tq, Tk, Hq, Hkv, D, B, 1.0f / sqrtf((float)D)}};
+    p.nq = Tq * Hq * D; p.nk = Tk * Hkv * D; p.nl = Hq * Tq;
+    Rng rng; rng_seed(&rng, seed);
+    p.q = randn(&rng, p.nq, 2.0);          // peaky softmax: scores ~ N(0, 4)
+    p.k = randn(&rng, p.nk, 1.0);
+    p.v = randn(&rng, p.nk, 1.0);
+    p.w = randn(&rng, p.nq, 1.0);
+    p.qp = xmalloc((size_t)(Tq + Tk + 1) * sizeof(int64_t));
+    p.kp = p.qp + Tq;
+    for (int64_t t = 0; t < Tq; t++) p.qp[t] = t;
+    for (int64_t t = 0; t < Tk; t++) p.kp[t] = t;
+    return p;
+}
+
+static void free_problem(Problem *p) {
+    free(p->q); free(p->k); free(p->v); free(p->w); free(p->qp);
+}
+
+static double *to_double(const float *x, int64_t n) {
+    double *y = xmalloc((size_t)n * sizeof(double));
+    for (int64_t i = 0; i < n; i++) y[i] = x[i];
+    return y;
+}
+
+// Reference forward and (when dq != NULL) backward in double, with the full
+// masked softmax per row. Rows with no visible key: o = 0, lse = -inf, no
+// gradient. o, dq, dout [Tq, Hq, D]; dk, dv [Tk, Hkv, D]; lse [Hq, Tq].
+static void reference(const AttnShape *s, const double *q, const int64_t *qp, const double *k,
+                      const double *v, const int64_t *kp, const double *dout,
+                      double *o, double *lse, double *dq, double *dk, double *dv) {
+    const int64_t Tq = s->q_tokens, Tk = s->k_tokens;
+    const int Hq = s->num_heads, Hkv = s->num_kv_heads, D = s->head_dim, group = Hq / Hkv;
+    double *p = xmalloc((size_t)(2 * Tk + 1) * sizeof(double)), *dp = p + Tk;
+    if (dq) {
+        memset(dq, 0, (size_t)(Tq * Hq * D) * sizeof(double));
+        memset(dk, 0, (size_t)(Tk * Hkv * D) * sizeof(double));
+        memset(dv, 0, (size_t)(Tk * Hkv * D) * sizeof(double));
+    }
+    for (int h = 0; h < Hq; h++) {
+        const int g = h / group;
+        for (int64_t i = 0; i < Tq; i++) {
+            const double *qi = q + (i * Hq + h) * D;
+            double *oi = o + (i * Hq + h) * D, mx = -INFINITY, sum = 0;
+            for (int64_t j = 0; j < Tk; j++) {
+                p[j] = -INFINITY;
+                if (kp[j] > qp[i]) continue;
+                double dot = 0;
+                for (int d = 0; d < D; d++) dot += qi[d] * k[(j * Hkv + g) * D + d];
+                p[j] = s->scale * dot;
+                if (p[j] > mx) mx = p[j];
+            }
+            for (int d = 0; d < D; d++) oi[d] = 0;
+            lse[h * Tq + i] = mx;
+            if (mx == -INFINITY) continue;
+            for (int64_t j = 0; j < Tk; j++) sum += exp(p[j] - mx);
+            lse[h * Tq + i] = mx + log(sum);
+            for (int64_t j = 0; j < Tk; j++) {
+                p[j] = exp(p[j] - lse[h * Tq + i]);
+                for (int d = 0; d < D; d++) oi[d] += p[j] * v[(j * Hkv + g) * D + d];
+            }
+            if (!dq) continue;
+            const double *gi = dout + (i * Hq + h) * D;
+            double delta = 0;
+            for (int64_t j = 0; j < Tk; j++) {
+                dp[j] = 0;
+                for (int d = 0; d < D; d++) dp[j] += gi[d] * v[(j * Hkv + g) * D + d];
+                delta += p[j] * dp[j];
+            }
+            for (int64_t j = 0; j < Tk; j++) {
+                const double ds = p[j] * (dp[j] - delta);
+                for (int d = 0; d < D; d++) {
+                    dq[(i * Hq + h) * D + d] += s->scale * ds * k[(j * Hkv + g) * D + d];
+                    dk[(j * Hkv + g) * D + d] += s->scale * ds * qi[d];
+                    dv[(j * Hkv + g) * D + d] += p[j] * gi[d];
+                }
+            }
+        }
+    }
+    free(p);
+}
+
+// Kernel forward over key chunks [cuts[c], cuts[c + 1]), visited in `order`.
+static void kernel_forward(const Problem *p, int nchunks, const int64_t *cuts, const int *order,
+                           float *o, float *lse) {
+    attn_forward_init(&p->s, o, lse);
+    for (int c = 0; c < nchunks; c++) {
+        const int64_t a = cuts[order[c]], b = cuts[order[c] + 1];
+        const int64_t off = a * p->s.num_kv_heads * p->s.head_dim;
+        AttnShape cs = p->s;
+        cs.k_tokens = b - a;
+        attn_dense_forward_cpu(&cs, p->q, p->qp, p->k + off, p->v + off, p->kp + a, o, lse);
+    }
+}
+
+// Kernel backward of loss = sum(o * w) over the same chunks; dq, dk, dv are zeroed first.
+static void kernel_backward(const Problem *p, int nchunks, const int64_t *cuts, const int *order,
+                            const float *o, const float *lse, float *dq, float *dk, float *dv) {
+    float *delta = xmalloc((size_t)p->nl * sizeof(float));
+    attn_backward_delta(&p->s, o, p->w, delta);
+    memset(dq, 0, (size_t)p->nq * sizeof(float));
+    memset(dk, 0, (size_t)p->nk * sizeof(float));
+    memset(dv, 0, (size_t)p->nk * sizeof(float));
+    for (int c = 0; c < nchunks; c++) {
+        const int64_t a = cuts[order[c]], b = cuts[order[c] + 1];
+        const int64_t off = a * p->s.num_kv_heads * p->s.head_dim;
+        AttnShape cs = p->s;
+        cs.k_tokens = b - a;
+        attn_dense_backward_cpu(&cs, p->q, p->qp, p->k + off, p->v + off, p->kp + a, lse, delta,
+                                p->w, dq, dk + off, dv + off);
+    }
+    free(delta);
+}
+
+// max |a - b| / max |b|; infinite when a and b disagree on which entries are -inf.
+static double rel_err(const float *a, const double *b, int64_t n) {
+    double diff = 0, scale = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (isinf(b[i]) || isinf(a[i])) {
+            if ((double)a[i] != b[i]) return INFINITY;
+            continue;
+        }
+        double d = fabs(a[i] - b[i]);
+        if (d > diff || d != d) diff = d;
+        if (fabs(b[i]) > scale) scale = fabs(b[i]);
+    }
+    return diff / (scale + 1e-30);
+}
+
+// Kernel against reference: err = {o, lse, dq, dk, dv} relative errors
+// (gradients only when grads is set).
+static void compare(const Problem *p, int nchunks, const int64_t *cuts, const int *order,
+                    int grads, double err[5]) {
+    double *q = to_double(p->q, p->nq), *k = to_double(p->k, p->nk);
+    double *v = to_double(p->v, p->nk), *w = to_double(p->w, p->nq);
+    double *ro = xmalloc((size_t)(2 * p->nq + 2 * p->nk + p->nl) * sizeof(double));
+    double *rdq = ro + p->nq, *rdk = rdq + p->nq, *rdv = rdk + p->nk, *rlse = rdv + p->nk;
+    float *o = xmalloc((size_t)(2 * p->nq + 2 * p->nk + p->nl) * sizeof(float));
+    float *dq = o + p->nq, *dk = dq + p->nq, *dv = dk + p->nk, *lse = dv + p->nk;
+    reference(&p->s, q, p->qp, k, v, p->kp, w, ro, rlse, grads ? rdq : NULL, rdk, rdv);
+    kernel_forward(p, nchunks, cuts, order, o, lse);
+    err[0] = rel_err(o, ro, p->nq);
+    err[1] = rel_err(lse, rlse, p->nl);
+    err[2] = err[3] = err[4] = 0;
+    if (grads) {
+        kernel_backward(p, nchunks, cuts, order, o, lse, dq, dk, dv);
+        err[2] = rel_err(dq, rdq, p->nq);
+        err[3] = rel_err(dk, rdk, p->nk);
+        err[4] = rel_err(dv, rdv, p->nk);
+    }
+    free(q); free(k); free(v); free(w); free(ro); free(o);
+}
+
+static const int ORDER[] = {0, 1, 2, 3};
+
+// Forward O and LSE over T x block x GQA x head_dim, all keys in one chunk.
+static void test_forward_shapes(void) {
+    const int64_t Ts[] = {1, 7, 64, 100, 257};
+    const int blocks[] = {1, 16, 64}, ratios[] = {1, 2, 4}, dims[] = {8, 32, 64};
+    for (int a = 0; a < 5; a++)
+        for (int b = 0; b < 3; b++)
+            for (int r = 0; r < 3; r++) {
+                double worst_o = 0, worst_lse = 0;
+                for (int d = 0; d < 3; d++) {
+                    Problem p = make_problem(Ts[a], Ts[a], 2 * ratios[r], 2, dims[d], blocks[b],
+                                             1000 + 100 * a + 10 * b + r + 3 * d);
+                    int64_t cuts[] = {0, Ts[a]};
+                    double err[5];
+                    compare(&p, 1, cuts, ORDER, 0, err);
+                    worst_o = fmax(worst_o, err[0]);
+                    worst_lse = fmax(worst_lse, err[1]);
+                    free_problem(&p);
+                }
+                EXPECT(worst_o < TOL_FWD && worst_lse < TOL_FWD,
+                       "forward T=%ld block=%d gqa=%d D=8,32,64 (o %.1e, lse %.1e)",
+                       (long)Ts[a], blocks[b], ratios[r], worst_o, worst_lse);
+            }
+}
+
+// Gradients against the analytic reference, all keys in one chunk.
+static void test_backward_shapes(void) {
+    const int64_t Ts[] = {7, 100};
+    const int blocks[] = {1, 16, 64}, ratios[] = {1, 2, 4};
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 3; b++)
+            for (int r = 0; r < 3; r++) {
+                Problem p = make_problem(Ts[a], Ts[a], 2 * ratios[r], 2, 32, blocks[b],
+                                         2000 + 100 * a + 10 * b + r);
+                int64_t cuts[] = {0, Ts[a]};
+                double err[5];
+                compare(&p, 1, cuts, ORDER, 1, err);
+                EXPECT(err[0] < TOL_FWD && err[2] < TOL_GRAD && err[3] < TOL_GRAD &&
+                       err[4] < TOL_GRAD,
+                       "backward T=%ld block=%d gqa=%d D=32 (dq %.1e, dk %.1e, dv %.1e)",
+                       (long)Ts[a], blocks[b], ratios[r], err[2], err[3], err[4]);
+                free_problem(&p);
+            }
+    const int dims[] = {24, 128};
+    for (int d = 0; d < 2; d++) {
+        Problem p = make_problem(77, 77, 4, 1, dims[d], 32, 2500 + d);
+        int64_t cuts[] = {0, 77};
+        double err[5];
+        compare(&p, 1, cuts, ORDER, 1, err);
+        EXPECT(err[0] < TOL_FWD && err[1] < TOL_FWD && err[2] < TOL_GRAD &&
+               err[3] < TOL_GRAD && err[4] < TOL_GRAD,
+               "forward+backward T=77 block=32 gqa=4 D=%d (o %.1e, dq %.1e, dk %.1e, dv %.1e)",
+               dims[d], err[0], err[2], err[3], err[4]);
+        free_problem(&p);
+    }
+}
+
+// Keys in 3 chunks (the last entirely after every query; in the middle one,
+// early queries see nothing), in order and shuffled, against the reference
+// and against a single call.
+static void test_chunks(void) {
+    Problem p = make_problem(100, 150, 4, 2, 32, 16, 3000);
+    const int64_t cuts[] = {0, 40, 100, 150}, whole[] = {0, 150};
+    const int shuffled[] = {2, 0, 1};
+    double err[5];
+    compare(&p, 3, cuts, ORDER, 1, err);
+    EXPECT(err[0] < TOL_FWD && err[1] < TOL_FWD, "chunks in order: forward (o %.1e, lse %.1e)",
+           err[0], err[1]);
+    EXPECT(err[2] < TOL_GRAD && err[3] < TOL_GRAD && err[4] < TOL_GRAD,
+           "chunks in order: backward (dq %.1e, dk %.1e, dv %.1e)", err[2], err[3], err[4]);
+    compare(&p, 3, cuts, shuffled, 1, err);
+    EXPECT(err[0] < TOL_FWD && err[1] < TOL_FWD && err[2] < TOL_GRAD && err[3] < TOL_GRAD &&
+           err[4] < TOL_GRAD, "chunks in order 2,0,1: forward and backward (o %.1e, dq %.1e)",
+           err[0], err[2]);
+
+    float *o1 = xmalloc((size_t)(2 * p.nq + 2 * p.nl) * sizeof(float));
+    float *o3 = o1 + p.nq, *l1 = o3 + p.nq, *l3 = l1 + p.nl;
+    kernel_forward(&p, 1, whole, ORDER, o1, l1);
+    kernel_forward(&p, 3, cuts, ORDER, o3, l3);
+    EXPECT(max_rel_diff(o3, o1, p.nq) < TOL_FWD && max_rel_diff(l3, l1, p.nl) < TOL_FWD,
+           "3 chunks equal one call (o %.1e, lse %.1e)", max_rel_diff(o3, o1, p.nq),
+           max_rel_diff(l3, l1, p.nl));
+    free(o1);
+    free_problem(&p);
+}
+
+// Striped queries (blocks 0, 2, 4, ... of 16 tokens of a 256-token sequence)
+// against all 256 keys stored in a random order, tiles not aligned with stripes.
+static void test_striped(void) {
+    const int blocks[] = {16, 24};
+    for (int b = 0; b < 2; b++) {
+        Problem p = make_problem(128, 256, 4, 2, 32, blocks[b], 4000 + b);
+        Rng rng; rng_seed(&rng, 77 + b);
+        for (int64_t t = 0; t < 128; t++) p.qp[t] = (t / 16) * 32 + t % 16;
+        for (int64_t t = 255; t > 0; t--) {
+            int64_t u = (int64_t)rng_below(&rng, (uint64_t)t + 1), tmp = p.kp[t];
+            p.kp[t] = p.kp[u]; p.kp[u] = tmp;
+        }
+        const int64_t whole[] = {0, 256}, cuts[] = {0, 100, 256};
+        double err[5], errc[5];
+        compare(&p, 1, whole, ORDER, 1, err);
+        compare(&p, 2, cuts, ORDER, 1, errc);
+        for (int e = 0; e < 5; e++) err[e] = fmax(err[e], errc[e]);
+        EXPECT(err[0] < TOL_FWD && err[1] < TOL_FWD,
+               "striped queries, shuffled keys, block=%d, 1 and 2 chunks: forward "
+               "(o %.1e, lse %.1e)", blocks[b], err[0], err[1]);
+        EXPECT(err[2] < TOL_GRAD && err[3] < TOL_GRAD && err[4] < TOL_GRAD,
+               "striped queries, shuffled keys, block=%d, 1 and 2 chunks: backward "
+               "(dq %.1e, dk %.1e, dv %.1e)", blocks[b], err[2], err[3], err[4]);
+        free_problem(&p);
+    }
+}
+
+// loss = sum(o * w) through the double reference forward.
+static double ref_loss(const Problem *p, const double *q, const double *k, const double *v,
+                       const double *w) {
+    double *o = xmalloc((size_t)(p->nq + p->nl) * sizeof(double)), *lse = o + p->nq, loss = 0;
+    reference(&p->s, q, p->qp, k, v, p->kp, NULL, o, lse, NULL, NULL, NULL);
+    for (int64_t i = 0; i < p->nq; i++) loss += o[i] * w[i];
+    free(o);
+    return loss;
+}
+
+// Central finite differences of a few elements of q, k and v.
+static void test_finite_differences(void) {
+    Problem p = make_problem(12, 12, 4, 2, 8, 4, 5000);
+    for (int64_t t = 0; t < 12; t++) p.qp[t] = p.kp[t] = 3 * t;   // gaps between positions
+    const int64_t cuts[] = {0, 5, 12};
+    double *q = to_double(p.q, p.nq), *k = to_double(p.k, p.nk);
+    double *v = to_double(p.v, p.nk), *w = to_double(p.w, p.nq);
+    double *ro = xmalloc((size_t)(2 * p.nq + 2 * p.nk + p.nl) * sizeof(double));
+    double *rdq = ro + p.nq, *rdk = rdq + p.nq, *rdv = rdk + p.nk, *rlse = rdv + p.nk;
+    float *o = xmalloc((size_t)(2 * p.nq + 2 * p.nk + p.nl) * sizeof(float));
+    float *dq = o + p.nq, *dk = dq + p.nq, *dv = dk + p.nk, *lse = dv + p.nk;
+    reference(&p.s, q, p.qp, k, v, p.kp, w, ro, rlse, rdq, rdk, rdv);
+    kernel_forward(&p, 2, cuts, ORDER, o, lse);
+    kernel_backward(&p, 2, cuts, ORDER, o, lse, dq, dk, dv);
+
+    const char *names[] = {"q", "k", "v"};
+    double *xs[] = {q, k, v}, *refs[] = {rdq, rdk, rdv};
+    const float *kern[] = {dq, dk, dv};
+    const int64_t ns[] = {p.nq, p.nk, p.nk};
+    Rng rng; rng_seed(&rng, 5001);
+    for (int t = 0; t < 3; t++) {
+        double gmax = 0, err_ref = 0, err_kern = 0;
+        for (int64_t i = 0; i < ns[t]; i++) gmax = fmax(gmax, fabs(refs[t][i]));
+        for (int n = 0; n < 6; n++) {
+            const int64_t i = (int64_t)rng_below(&rng, (uint64_t)ns[t]);
+            const double x0 = xs[t][i], eps = 1e-5;
+            xs[t][i] = x0 + eps;
+            const double up = ref_loss(&p, q, k, v, w);
+            xs[t][i] = x0 - eps;
+            const double down = ref_loss(&p, q, k, v, w);
+            xs[t][i] = x0;
+            const double fd = (up - down) / (2 * eps);
+            err_ref = fmax(err_ref, fabs(fd - refs[t][i]) / gmax);
+            err_kern = fmax(err_kern, fabs(fd - kern[t][i]) / gmax);
+        }
+        EXPECT(err_ref < 1e-6 && err_kern < TOL_GRAD,
+               "finite differences d%s: reference %.1e, kernel %.1e", names[t], err_ref, err_kern);
+    }
+    free(q); free(k); free(v); free(w); free(ro); free(o);
+    free_problem(&p);
+}
+
+// Forward and backward with 1, 2 and 3 threads are bitwise equal.
+static void test_determinism(void) {
+    Problem p = make_problem(257, 257, 4, 2, 32, 16, 6000);
+    const int64_t cuts[] = {0, 100, 257};
+    const int64_t n = 2 * p.nq + 2 * p.nk + p.nl;
+    float *runs[3];
+    const int saved = omp_get_max_threads();
+    for (int r = 0; r < 3; r++) {
+        float *o = runs[r] = xmalloc((size_t)n * sizeof(float));
+        float *dq = o + p.nq, *dk = dq + p.nq, *dv = dk + p.nk, *lse = dv + p.nk;
+        omp_set_num_threads(r + 1);
+        kernel_forward(&p, 2, cuts, ORDER, o, lse);
+        kernel_backward(&p, 2, cuts, ORDER, o, lse, dq, dk, dv);
+    }
+    omp_set_num_threads(saved);
+    EXPECT(memcmp(runs[0], runs[1], (size_t)n * sizeof(float)) == 0 &&
+           memcmp(runs[0], runs[2], (size_t)n * sizeof(float)) == 0,
+           "o, lse, dq, dk, dv bitwise equal with 1, 2 and 3 threads");
+    for (int r = 0; r < 3; r++) free(runs[r]);
+    free_problem(&p);
+}
+
+// Rows that see no key of a chunk keep their (o, lse) bit for bit; rows that
+// never see a key keep lse = -inf, o = 0 and get no gradient.
+static void test_untouched_rows(void) {
+    Problem p = make_problem(40, 40, 4, 2, 16, 16, 7000);
+    for (int64_t t = 0; t < 40; t++) p.kp[t] = 20 + t;         // queries 0..19 see nothing
+    Rng rng; rng_seed(&rng, 7001);
+    float *o = xmalloc((size_t)(2 * p.nq + 2 * p.nl) * sizeof(float));
+    float *o0 = o + p.nq, *lse = o0 + p.nq, *lse0 = lse + p.nl;
+    for (int64_t i = 0; i < p.nq; i++) o0[i] = (float)rng_normal(&rng);
+    for (int64_t i = 0; i < p.nl; i++) lse0[i] = (float)rng_normal(&rng);
+    memcpy(o, o0, (size_t)p.nq * sizeof(float));
+    memcpy(lse, lse0, (size_t)p.nl * sizeof(float));
+    attn_dense_forward_cpu(&p.s, p.q, p.qp, p.k, p.v, p.kp, o, lse);
+    const int64_t row = (int64_t)p.s.num_heads * p.s.head_dim;
+    int same = 1, changed = 1;
+    for (int64_t t = 0; t < 40; t++) {
+        int eq = memcmp(o + t * row, o0 + t * row, (size_t)row * sizeof(float)) == 0;
+        for (int h = 0; h < p.s.num_heads; h++) eq &= lse[h * 40 + t] == lse0[h * 40 + t];
+        if (t < 20) same &= eq; else changed &= !eq;
+    }
+    EXPECT(same && changed, "rows without a visible key unchanged, the others updated");
+    AttnShape empty = p.s;
+    empty.k_tokens = 0;
+    memcpy(o0, o, (size_t)p.nq * sizeof(float));
+    memcpy(lse0, lse, (size_t)p.nl * sizeof(float));
+    attn_dense_forward_cpu(&empty, p.q, p.qp, p.k, p.v, p.kp, o, lse);
+    EXPECT(memcmp(o, o0, (size_t)p.nq * sizeof(float)) == 0 &&
+           memcmp(lse, lse0, (size_t)p.nl * sizeof(float)) == 0,
+           "an empty key chunk changes nothing");
+
+    const int64_t cuts[] = {0, 40};
+    double err[5];
+    compare(&p, 1, cuts, ORDER, 1, err);
+    EXPECT(err[0] < TOL_FWD && err[1] < TOL_FWD && err[2] < TOL_GRAD && err[3] < TOL_GRAD &&
+           err[4] < TOL_GRAD, "half the rows never see a key: lse -inf and gradients match "
+           "(o %.1e, lse %.1e, dq %.1e)", err[0], err[1], err[2]);
+
+    // A chunk entirely in the future: nothing changes, no gradient, no NaN.
+    for (int64_t t = 0; t < 40; t++) p.kp[t] = 100 + t;
+    float *dq = xmalloc((size_t)(p.nq + 2 * p.nk) * sizeof(float));
+    float *dk = dq + p.nq, *dv = dk + p.nk;
+    attn_forward_init(&p.s, o, lse);
+    attn_dense_forward_cpu(&p.s, p.q, p.qp, p.k, p.v, p.kp, o, lse);
+    kernel_backward(&p, 1, cuts, ORDER, o, lse, dq, dk, dv);
+    int clean = 1;
+    for (int64_t i = 0; i < p.nq; i++) clean &= o[i] == 0.0f && dq[i] == 0.0f;
+    for (int64_t i = 0; i < p.nk; i++) clean &= dk[i] == 0.0f && dv[i] == 0.0f;
+    for (int64_t i = 0; i < p.nl; i++) clean &= lse[i] == -INFINITY;
+    EXPECT(clean, "chunk in the future of every query: o 0, lse -inf, zero gradients");
+    free(o); free(dq);
+    free_problem(&p);
+}
+
+// Timing (printed only): T = 4096, Hq = 8, Hkv = 2, D = 64, block 64.
+static void timing(void) {
+    Problem p = make_problem(4096, 4096, 8, 2, 64, 64, 8000);
+    float *o = xmalloc((size_t)(2 * p.nq + 2 * p.nk + p.nl) * sizeof(float));
+    float *dq = o + p.nq, *dk = dq + p.nq, *dv = dk + p.nk, *lse = dv + p.nk;
+    const int64_t cuts[] = {0, 4096};
+    const double flops = 4.0 * 4096 * 4096 / 2 * 64 * 8;   // causal forward
+    double t0 = now_seconds();
+    kernel_forward(&p, 1, cuts, ORDER, o, lse);
+    double t1 = now_seconds();
+    kernel_backward(&p, 1, cuts, ORDER, o, lse, dq, dk, dv);
+    double t2 = now_seconds();
+    printf("timing T=4096 Hq=8 Hkv=2 D=64 block=64, %d threads: forward %.0f ms "
+           "(%.1f GFLOP/s), backward %.0f ms (%.1f GFLOP/s counting 2.5x forward flops)\n",
+           omp_get_max_threads(), 1e3 * (t1 - t0), flops / (t1 - t0) * 1e-9, 1e3 * (t2 - t1),
+           2.5 * flops / (t2 - t1) * 1e-9);
+    free(o);
+    free_problem(&p);
+}
+
+int main(void) {
+    test_forward_shapes();
+    test_backward_shapes();
+    test_chunks();
+    test_striped();
+    test_finite_differences();
+    test_determinism();
+    test_untouched_rows();
+    timing();
+    return check_exit();
+}

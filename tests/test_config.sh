@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# test_config.sh: `mtrain config` end to end: the tiny run file resolves,
+# overrides apply, print -> load -> print is exact, every kind of bad input
+# gets one clear line on stderr and a non-zero exit, and docs/CONFIG.md is
+# what `mtrain config --doc` prints. Prints "ok NAME" / "FAIL NAME: why".
+#   MTRAIN=path/to/mtrain bash tests/test_config.sh   (default build/mtrain)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+mtrain=${MTRAIN:-build/mtrain}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failed=0
+
+ok() { echo "ok $1"; }
+bad() { echo "FAIL $1: $2"; failed=1; }
+
+if [ ! -x "$mtrain" ]; then
+  bad config_binary "$mtrain is missing (run make build/mtrain)"
+  exit 1
+fi
+
+# expect_error NAME PATTERN ARGS...: mtrain config ARGS must exit non-zero
+# with exactly one line on stderr, nothing on stdout, and the line matching
+# the extended regex PATTERN.
+expect_error() {
+  local name=$1 pattern=$2; shift 2
+  "$mtrain" config "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$? lines
+  lines=$(wc -l <"$tmp/err")
+  if [ "$rc" -eq 0 ]; then bad "$name" "exit status 0"
+  elif [ "$lines" -ne 1 ]; then bad "$name" "$lines lines on stderr: $(head -c 300 "$tmp/err")"
+  elif [ -s "$tmp/out" ]; then bad "$name" "wrote to stdout"
+  elif ! grep -Eq -- "$pattern" "$tmp/err"; then bad "$name" "message '$(cat "$tmp/err")' does not match '$pattern'"
+  else ok "$name"
+  fi
+}
+
+# has_lines NAME FILE LINE...: every LINE appears in FILE as a whole line.
+has_lines() {
+  local name=$1 file=$2; shift 2
+  for line in "$@"; do
+    if ! grep -Fxq -- "$line" "$file"; then bad "$name" "missing line '$line'"; return; fi
+  done
+  ok "$name"
+}
+
+# --- good input ---
+
+if "$mtrain" config configs/tiny-cpu.yaml >"$tmp/tiny.yaml" 2>"$tmp/err"; then
+  has_lines config_tiny_cpu_resolves "$tmp/tiny.yaml" "model:" "  hidden_size: 64" "  num_layers: 2" \
+    "  num_heads: 4" "  num_kv_heads: 2" "  vocab_size: 256" "  backend: cpu" "  seq_len: 256" "  steps: 60" \
+    "  lr: 0.003" "  warmup_steps: 5" "  lr_schedule: cosine" "  train: synthetic" "  dir: logs/tiny-cpu" \
+    "  dir: checkpoints/tiny-cpu" "  rope_theta: 1000000.0" "  beta2: 0.95"
+else
+  bad config_tiny_cpu_resolves "exit status $?: $(head -c 300 "$tmp/err")"
+fi
+
+sections=$(grep -E '^[a-z]+:$' "$tmp/tiny.yaml" | tr -d ':\n')
+if [ "$sections" = "modelattentionparalleltraindatacheckpointlog" ]; then ok config_section_order
+else bad config_section_order "sections in order '$sections'"; fi
+
+if [ "$(grep -c '^  [a-z0-9_]*: ' "$tmp/tiny.yaml")" -eq "$(grep -c '^| `' docs/CONFIG.md)" ]; then
+  ok config_prints_every_key
+else
+  bad config_prints_every_key "printed keys differ from documented keys"
+fi
+
+: >"$tmp/empty.yaml"
+if "$mtrain" config "$tmp/empty.yaml" >"$tmp/empty.out" 2>"$tmp/err"; then
+  has_lines config_empty_file_gives_defaults "$tmp/empty.out" "  hidden_size: 64" "  lr: 0.001" \
+    "  seed: 1234" "  tie_word_embeddings: true" "  checkpoint_activations: false" "  dir: checkpoints"
+else
+  bad config_empty_file_gives_defaults "exit status $?: $(head -c 300 "$tmp/err")"
+fi
+
+if "$mtrain" config configs/tiny-cpu.yaml train.lr=2.5e-3 model.num_layers=3 'data.train=shards/*.zst' \
+    >"$tmp/over.yaml" 2>"$tmp/err"; then
+  has_lines config_override "$tmp/over.yaml" "  lr: 0.0025" "  num_layers: 3" '  train: "shards/*.zst"' \
+    "  hidden_size: 64"
+else
+  bad config_override "exit status $?: $(head -c 300 "$tmp/err")"
+fi
+
+# Values that only survive with exact double printing and careful quoting.
+if "$mtrain" config configs/tiny-cpu.yaml train.lr=0.1 train.min_lr=3.3333333333333335e-05 \
+    model.init_std=0.017 train.eps=1e-10 model.rope_theta=12345.678901234567 train.weight_decay=0 \
+    train.seed=18446744073709551615 'data.train=my "data"/a\b*.shard' checkpoint.dir=yes log.dir=123 \
+    train.checkpoint_activations=true >"$tmp/round1.yaml" 2>"$tmp/err" &&
+   "$mtrain" config "$tmp/round1.yaml" >"$tmp/round2.yaml" 2>>"$tmp/err"; then
+  if cmp -s "$tmp/round1.yaml" "$tmp/round2.yaml"; then
+    has_lines config_round_trip "$tmp/round2.yaml" "  lr: 0.1" "  min_lr: 3.3333333333333335e-05" \
+      "  rope_theta: 12345.678901234567" "  eps: 1.0e-10" "  seed: 18446744073709551615" \
+      '  train: "my \"data\"/a\\b*.shard"' '  dir: "yes"' '  dir: "123"'
+  else
+    bad config_round_trip "print -> load -> print differs: $(diff "$tmp/round1.yaml" "$tmp/round2.yaml" | head -5)"
+  fi
+else
+  bad config_round_trip "exit status $?: $(head -c 300 "$tmp/err")"
+fi
+
+# --- bad input: one line on stderr, naming file and line (or override) ---
+
+printf 'model:\n  hidden_size: 64\ntrain:\n  lr: 1e-3\n\n  steps: 3\n  lrr: 2\n' >"$tmp/run.yaml"
+expect_error config_unknown_key "^mtrain: .*/run\.yaml:7: unknown key 'train\.lrr' \(did you mean 'train\.lr'\?\)$" \
+  "$tmp/run.yaml"
+
+printf 'model:\n  lr: 1\n' >"$tmp/run.yaml"
+expect_error config_key_in_wrong_section "run\.yaml:2: unknown key 'model\.lr' \(did you mean 'train\.lr'\?\)$" \
+  "$tmp/run.yaml"
+
+printf 'train:\n  steps: 3\nmodle:\n  hidden_size: 64\n' >"$tmp/run.yaml"
+expect_error config_unknown_section "run\.yaml:3: unknown section 'modle' \(did you mean 'model'\?\)$" "$tmp/run.yaml"
+
+printf 'model:\n  vocab_size: 256\n  hidden_size: abc\n' >"$tmp/run.yaml"
+expect_error config_wrong_type \
+  "run\.yaml:3: model\.hidden_size: 'abc' is not an integer \(expected an integer in \[1, 65536\]\)$" "$tmp/run.yaml"
+
+printf 'train:\n  steps: 1e5\n' >"$tmp/run.yaml"
+expect_error config_integer_must_be_whole "run\.yaml:2: train\.steps: '1e5' is not an integer" "$tmp/run.yaml"
+
+printf 'model:\n  tie_word_embeddings: yes\n' >"$tmp/run.yaml"
+expect_error config_bool_is_true_or_false "run\.yaml:2: model\.tie_word_embeddings: 'yes' is not a bool \(expected true or false\)$" \
+  "$tmp/run.yaml"
+
+printf 'train:\n  beta2: 1.0\n' >"$tmp/run.yaml"
+expect_error config_out_of_range "run\.yaml:2: train\.beta2: '1\.0' is out of range \(expected a number in \[0, 1\)\)$" \
+  "$tmp/run.yaml"
+
+printf 'model:\n  num_layers: 0\n' >"$tmp/run.yaml"
+expect_error config_integer_out_of_range "run\.yaml:2: model\.num_layers: '0' is out of range \(expected an integer in \[1, 1024\]\)$" \
+  "$tmp/run.yaml"
+
+printf 'train:\n  backend: gpu\n' >"$tmp/run.yaml"
+expect_error config_bad_enum "run\.yaml:2: train\.backend: 'gpu' is not allowed \(expected one of cpu, cuda, auto\)$" \
+  "$tmp/run.yaml"
+
+printf 'train:\n  lr: 1\n bad: 2\n' >"$tmp/run.yaml"
+expect_error config_malformed_yaml "run\.yaml:3: invalid YAML: " "$tmp/run.yaml"
+
+printf 'train:\n  lr: "abc\n' >"$tmp/run.yaml"
+expect_error config_unterminated_quote "run\.yaml:3: invalid YAML: .*quoted scalar at line 2" "$tmp/run.yaml"
+
+printf 'train:\n  lr: 1\n  lr: 2\n' >"$tmp/run.yaml"
+expect_error config_key_given_twice "run\.yaml:3: train\.lr is given twice \(first at line 2\)$" "$tmp/run.yaml"
+
+printf 'train: 3\n' >"$tmp/run.yaml"
+expect_error config_section_not_mapping "run\.yaml:1: section 'train' is a scalar \(expected a mapping" "$tmp/run.yaml"
+
+printf 'train:\n  lr: [1, 2]\n' >"$tmp/run.yaml"
+expect_error config_value_not_scalar "run\.yaml:2: train\.lr: a list is not a value" "$tmp/run.yaml"
+
+printf -- '- model\n' >"$tmp/run.yaml"
+expect_error config_top_not_mapping "run\.yaml:1: the top level is a list" "$tmp/run.yaml"
+
+printf 'data:\n  train: ""\n' >"$tmp/run.yaml"
+expect_error config_empty_string "run\.yaml:2: data\.train: '' is empty" "$tmp/run.yaml"
+
+expect_error config_missing_file "^mtrain: $tmp/nope\.yaml: cannot open \(No such file or directory\)$" "$tmp/nope.yaml"
+
+expect_error config_bad_override_syntax "^mtrain: override 'train\.lr': not an assignment \(expected section\.key=value\)$" \
+  configs/tiny-cpu.yaml train.lr
+
+expect_error config_bad_override_value \
+  "^mtrain: override 'train\.lr=abc': train\.lr: 'abc' is not a number \(expected a number in \[0, 10\]\)$" \
+  configs/tiny-cpu.yaml train.lr=abc
+
+expect_error config_override_unknown_key "^mtrain: override 'train\.lrr=3': unknown key 'train\.lrr' \(did you mean 'train\.lr'\?\)$" \
+  configs/tiny-cpu.yaml train.lrr=3
+
+printf 'model:\n  num_heads: 5\n  num_kv_heads: 2\n' >"$tmp/run.yaml"
+expect_error config_heads_not_divisible "run\.yaml: model\.num_heads: 5 is not a multiple of model\.num_kv_heads = 2" \
+  "$tmp/run.yaml"
+
+expect_error config_odd_head_dim "model\.head_dim: 3 is odd" configs/tiny-cpu.yaml model.head_dim=3
+
+expect_error config_min_lr_above_lr "train\.min_lr: 0\.5 is above train\.lr = 0\.003" configs/tiny-cpu.yaml train.min_lr=0.5
+
+expect_error config_warmup_above_steps "train\.warmup_steps: 100 is more than train\.steps = 60" \
+  configs/tiny-cpu.yaml train.warmup_steps=100
+
+# --- the reference ---
+
+if "$mtrain" config --doc >"$tmp/doc.md" 2>"$tmp/err" && cmp -s "$tmp/doc.md" docs/CONFIG.md; then
+  ok config_doc_is_generated
+else
+  bad config_doc_is_generated "docs/CONFIG.md differs from 'mtrain config --doc' (regenerate it)"
+fi
+
+exit "$failed"

@@ -1,0 +1,36 @@
+// checkpoint.h: training checkpoints (DESIGN.md §8). A checkpoint is a folder
+// checkpoint.dir/step_XXXXXXXX/ holding
+//   model.safetensors + config.json  a valid Hugging Face folder (F32 weights)
+//   run.yaml                         the resolved run config
+//   optimizer.zst                    AdamW moments, zstd-compressed, checksummed
+//   state.json                       step, tokens seen, data cursor, RNG state
+// It is written as step_XXXXXXXX.tmp.<pid>/, every file fsynced, then renamed;
+// the `latest` pointer file moves last. A folder without the final name is
+// never read, so a process killed while writing leaves the previous one in use.
+#ifndef MTRAIN_CHECKPOINT_H
+#define MTRAIN_CHECKPOINT_H
+
+#include <stdint.h>
+
+#include "../model/model.h"
+#include "config.h"
+
+typedef struct {
+    int64_t step;            // optimizer steps completed
+    int64_t tokens_seen;     // training tokens consumed
+    int64_t data_cursor;     // the next sequence the loader hands out
+    Rng rng;                 // the run's RNG state
+} TrainState;
+
+// Write the checkpoint for state->step and apply the keep policy.
+void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state);
+// The newest complete checkpoint folder in dir into out; 0 if there is none.
+int checkpoint_find_latest(const char *dir, char *out, size_t out_bytes);
+// Load weights, optimizer moments and state from a checkpoint folder. Refuses
+// (one line naming the field) a checkpoint of another model shape.
+void checkpoint_load(const char *path, Model *m, TrainState *state);
+// Load the weights of a Hugging Face folder (train.init_from) into m after
+// checking that its config.json describes the same architecture.
+void model_load_hf_folder(Model *m, const char *dir);
+
+#endif

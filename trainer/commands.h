@@ -1,0 +1,10 @@
+// commands.h: the CLI verbs of build/mtrain. Each takes the arguments after
+// the verb and returns the process exit status.
+#ifndef MTRAIN_COMMANDS_H
+#define MTRAIN_COMMANDS_H
+
+int cmd_config(int argc, char **argv);    // trainer/config.c
+int cmd_train(int argc, char **argv);     // trainer/train.c
+int cmd_score(int argc, char **argv);     // trainer/score.c
+
+#endif

@@ -1,0 +1,703 @@
+// config.c: the run configuration. One schema table lists every key (section,
+// name, type, default, range, meaning, place in Config); defaults, YAML
+// loading (libyaml events, with line numbers), command-line overrides,
+// validation, printing and the docs/CONFIG.md reference are all driven by it.
+// Every user error is one line on stderr naming the file and line (or the
+// override), the key, the problem and what was expected.
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <yaml.h>
+
+#include "../dist/util.h"
+#include "commands.h"
+
+// ----------------------------------------------------------------------------
+// The schema
+
+typedef enum { T_INT, T_INT64, T_UINT64, T_DOUBLE, T_BOOL, T_STRING, T_ENUM } KeyType;
+
+// Range bounds of numbers are inclusive unless flagged open.
+enum { MIN_OPEN = 1, MAX_OPEN = 2 };
+
+typedef struct {
+    const char *section;
+    const char *key;
+    size_t offset;          // into Config
+    KeyType type;
+    const char *def;        // default value, as text
+    double min, max;        // numbers only
+    int open;               // MIN_OPEN | MAX_OPEN
+    const char *allowed;    // enums only: "a|b|c"
+    const char *meaning;
+} Key;
+
+// Each key names its Config field, so the key and the field cannot drift apart.
+#define FIELD(sec, key) #sec, #key, offsetof(Config, sec.key)
+#define INT(sec, key, def, lo, hi, doc) {FIELD(sec, key), T_INT, #def, lo, hi, 0, NULL, doc}
+#define INT64(sec, key, def, lo, hi, doc) {FIELD(sec, key), T_INT64, #def, lo, hi, 0, NULL, doc}
+#define UINT64(sec, key, def, doc) {FIELD(sec, key), T_UINT64, #def, 0, 0, 0, NULL, doc}
+#define DOUBLE(sec, key, def, lo, hi, open, doc) {FIELD(sec, key), T_DOUBLE, #def, lo, hi, open, NULL, doc}
+#define BOOL(sec, key, def, doc) {FIELD(sec, key), T_BOOL, #def, 0, 0, 0, NULL, doc}
+#define STRING(sec, key, def, doc) {FIELD(sec, key), T_STRING, def, 0, 0, 0, NULL, doc}
+#define ENUM(sec, key, def, allowed, doc) {FIELD(sec, key), T_ENUM, def, 0, 0, 0, allowed, doc}
+
+static const Key keys[] = {
+    INT(model, vocab_size, 256, 2, 1 << 24, "Vocabulary size (rows of the embedding and the LM head)."),
+    INT(model, hidden_size, 64, 1, 65536, "Width of the residual stream."),
+    INT(model, intermediate_size, 172, 1, 1 << 20, "Width of the SwiGLU MLP (gate and up projections)."),
+    INT(model, num_layers, 2, 1, 1024, "Number of transformer layers (HF `num_hidden_layers`)."),
+    INT(model, num_heads, 4, 1, 1024, "Query heads (HF `num_attention_heads`)."),
+    INT(model, num_kv_heads, 2, 1, 1024, "Key/value heads (GQA); must divide `num_heads`."),
+    INT(model, head_dim, 0, 0, 1024, "Dimension of one head; 0 = `hidden_size / num_heads`. Must be even (RoPE)."),
+    DOUBLE(model, rope_theta, 1000000.0, 0, INFINITY, MIN_OPEN, "RoPE base frequency θ."),
+    DOUBLE(model, rms_norm_eps, 1e-6, 0, INFINITY, MIN_OPEN, "Epsilon inside RMSNorm."),
+    BOOL(model, tie_word_embeddings, true, "The LM head reuses the embedding matrix."),
+    DOUBLE(model, init_std, 0.02, 0, 10, 0, "Standard deviation of the random initialisation (HF `initializer_range`)."),
+    INT(model, max_position_embeddings, 32768, 1, 1 << 30, "Longest context the model is declared for (written to `config.json`)."),
+
+    ENUM(attention, type, "dense", "dense", "Attention algorithm: `dense` = exact causal flash attention."),
+    INT(attention, block_size, 64, 1, 65536, "Tile size in tokens for queries and keys."),
+
+    INT(parallel, threads, 0, 0, 4096, "OpenMP threads of the CPU backend; 0 = all cores."),
+
+    ENUM(train, backend, "cpu", "cpu|cuda|auto", "Compute backend: `cpu` (fp32, OpenMP), `cuda` (bf16), `auto` = cuda when a GPU is visible."),
+    INT64(train, steps, 100, 0, 1e12, "Total optimizer steps."),
+    INT(train, seq_len, 256, 2, 1 << 30, "Tokens per training sequence."),
+    INT(train, micro_batches, 1, 1, 1 << 20, "Sequences per optimizer step (gradient accumulation)."),
+    DOUBLE(train, lr, 1e-3, 0, 10, 0, "Peak learning rate."),
+    DOUBLE(train, min_lr, 0.0, 0, 10, 0, "Learning rate at the end of the decay; at most `lr`."),
+    INT64(train, warmup_steps, 0, 0, 1e12, "Steps of linear warmup from 0 to `lr`; at most `steps`."),
+    ENUM(train, lr_schedule, "cosine", "constant|cosine|linear", "Decay from `lr` to `min_lr` after warmup."),
+    DOUBLE(train, weight_decay, 0.1, 0, 10, 0, "AdamW decoupled weight decay."),
+    DOUBLE(train, beta1, 0.9, 0, 1, MAX_OPEN, "AdamW first-moment decay."),
+    DOUBLE(train, beta2, 0.95, 0, 1, MAX_OPEN, "AdamW second-moment decay."),
+    DOUBLE(train, eps, 1e-8, 0, INFINITY, MIN_OPEN, "AdamW epsilon."),
+    DOUBLE(train, grad_clip, 1.0, 0, 1e9, 0, "Clip the global gradient norm to this value; 0 = off."),
+    UINT64(train, seed, 1234, "Seed of the initialisation and of the data order."),
+    BOOL(train, checkpoint_activations, false, "Recompute each layer's activations in the backward pass (saves memory)."),
+    INT(train, loss_chunk, 1024, 1, 1 << 30, "Tokens per chunk of the fused LM head + cross entropy."),
+    STRING(train, init_from, "none", "`none` (random initialisation) or a Hugging Face folder (`config.json` + `model.safetensors`) to start from."),
+
+    STRING(data, train, "synthetic", "Training data: a shard glob, or `synthetic` for the built-in generator."),
+    INT(data, val_sequences, 4, 1, 1 << 20, "Held-out sequences in each validation pass."),
+
+    STRING(checkpoint, dir, "checkpoints", "Folder of the checkpoints (`step_XXXXXXXX/`, `latest`)."),
+    INT64(checkpoint, every, 0, 0, 1e12, "Write a checkpoint every N steps; 0 = only after the last step."),
+    INT(checkpoint, keep, 3, 1, 1 << 20, "Keep the newest K checkpoints (older ones are removed)."),
+    INT64(checkpoint, keep_every, 0, 0, 1e12, "Also keep every checkpoint whose step is a multiple of M, for good; 0 = none."),
+    STRING(checkpoint, resume, "auto", "`auto`: continue from the newest complete checkpoint in `dir` if any; `never`: start fresh; or a checkpoint folder."),
+
+    STRING(log, dir, "logs", "Folder of `metrics.jsonl`."),
+    INT(log, every, 1, 1, 1e9, "Print a step line every N steps."),
+    INT64(log, val_every, 0, 0, 1e12, "Validation loss before training and every N steps (and after the last); 0 = off."),
+};
+#define NUM_KEYS ((int)(sizeof(keys) / sizeof(keys[0])))
+
+typedef struct {
+    const char *name;
+    const char *meaning;
+} Section;
+
+// In printing order.
+static const Section sections[] = {
+    {"model", "The Qwen2 architecture."},
+    {"attention", "How attention is computed."},
+    {"parallel", "CPU threads."},
+    {"train", "Optimisation: backend, schedule, AdamW, batch shape."},
+    {"data", "Where the training tokens come from."},
+    {"checkpoint", "Where checkpoints go."},
+    {"log", "Progress lines and metrics."},
+};
+#define NUM_SECTIONS ((int)(sizeof(sections) / sizeof(sections[0])))
+
+// ----------------------------------------------------------------------------
+// Values: parse text, check ranges, store into and fetch from Config
+
+typedef union {
+    int64_t i;      // T_INT, T_INT64
+    uint64_t u;     // T_UINT64
+    double d;       // T_DOUBLE
+    bool b;         // T_BOOL
+    const char *s;  // T_STRING, T_ENUM
+} Value;
+
+// Shortest decimal text that reads back as exactly x, always with a '.' so
+// that YAML readers see a float ("1.0", "1.0e-08").
+static void format_double(double x, char *buf, size_t size) {
+    for (int digits = 15; digits <= 17; digits++) {
+        snprintf(buf, size, "%.*g", digits, x);
+        if (strtod(buf, NULL) == x) break;
+    }
+    size_t len = strlen(buf);
+    if (strpbrk(buf, ".n") || len + 3 > size) return;  // has a point already, or is nan/inf
+    char *e = strchr(buf, 'e');
+    size_t at = e ? (size_t)(e - buf) : len;
+    memmove(buf + at + 2, buf + at, len - at + 1);
+    memcpy(buf + at, ".0", 2);
+}
+
+// A number as it appears in a range ("1048576", "0.5").
+static void format_bound(double x, char *buf, size_t size) {
+    if (x == floor(x) && fabs(x) < 1e15) snprintf(buf, size, "%.0f", x);
+    else format_double(x, buf, size);
+}
+
+// The set of accepted values, e.g. "[1, 65536]", "> 0", "[0, 1)", "cpu, cuda, auto".
+static void describe_range(const Key *k, char *buf, size_t size) {
+    char lo[40], hi[40];
+    format_bound(k->min, lo, sizeof(lo));
+    format_bound(k->max, hi, sizeof(hi));
+    switch (k->type) {
+    case T_INT: case T_INT64:
+        snprintf(buf, size, "[%s, %s]", lo, hi);
+        break;
+    case T_UINT64:
+        snprintf(buf, size, "[0, %llu]", (unsigned long long)UINT64_MAX);
+        break;
+    case T_DOUBLE:
+        if (isinf(k->max)) snprintf(buf, size, "%s %s", k->open & MIN_OPEN ? ">" : ">=", lo);
+        else snprintf(buf, size, "%c%s, %s%c", k->open & MIN_OPEN ? '(' : '[', lo, hi, k->open & MAX_OPEN ? ')' : ']');
+        break;
+    case T_BOOL:
+        snprintf(buf, size, "true, false");
+        break;
+    case T_STRING:
+        snprintf(buf, size, "1 to %d bytes", CONFIG_STR - 1);
+        break;
+    case T_ENUM: {
+        size_t n = 0;
+        for (const char *a = k->allowed; *a && n + 3 < size; a++) {
+            if (*a == '|') { buf[n++] = ','; buf[n++] = ' '; }
+            else buf[n++] = *a;
+        }
+        buf[n] = 0;
+        break;
+    }
+    }
+}
+
+// What a value must be, for error messages: "an integer in [1, 65536]".
+static void describe_expected(const Key *k, char *buf, size_t size) {
+    char range[200];
+    describe_range(k, range, sizeof(range));
+    switch (k->type) {
+    case T_INT: case T_INT64: case T_UINT64: snprintf(buf, size, "an integer in %s", range); break;
+    case T_DOUBLE:
+        snprintf(buf, size, "a number %s%s", isinf(k->max) ? "" : "in ", range);
+        break;
+    case T_BOOL: snprintf(buf, size, "true or false"); break;
+    case T_STRING: snprintf(buf, size, "a string of %s", range); break;
+    case T_ENUM: snprintf(buf, size, "one of %s", range); break;
+    }
+}
+
+static const char *type_name(KeyType type) {
+    switch (type) {
+    case T_INT: return "integer";
+    case T_INT64: return "integer (64-bit)";
+    case T_UINT64: return "unsigned 64-bit integer";
+    case T_DOUBLE: return "number";
+    case T_BOOL: return "bool";
+    case T_STRING: return "string";
+    case T_ENUM: return "enum";
+    }
+    return "?";
+}
+
+static bool enum_allows(const Key *k, const char *text) {
+    size_t n = strlen(text);
+    for (const char *a = k->allowed; *a;) {
+        size_t len = strcspn(a, "|");
+        if (len == n && !strncmp(a, text, n)) return true;
+        a += len + (a[len] == '|');
+    }
+    return false;
+}
+
+// Quote a user-supplied value for a one-line message: control characters
+// become '?', and long values are cut.
+static void quote_for_message(const char *text, char *buf, size_t size) {
+    size_t n = 0, limit = size < 68 ? size : 68;
+    buf[n++] = '\'';
+    for (const char *c = text; *c && n + 5 < limit; c++) buf[n++] = iscntrl((unsigned char)*c) ? '?' : *c;
+    if (strlen(text) + 5 >= limit) { buf[n++] = '.'; buf[n++] = '.'; buf[n++] = '.'; }
+    buf[n++] = '\'';
+    buf[n] = 0;
+}
+
+// Is v inside the key's range (or allowed set)?
+static bool in_range(const Key *k, const Value *v) {
+    switch (k->type) {
+    case T_INT: case T_INT64:
+        return (double)v->i >= k->min && (double)v->i <= k->max;
+    case T_DOUBLE: {
+        bool above_min = k->open & MIN_OPEN ? v->d > k->min : v->d >= k->min;
+        bool below_max = k->open & MAX_OPEN ? v->d < k->max : v->d <= k->max;
+        return isfinite(v->d) && above_min && below_max;
+    }
+    case T_STRING: return v->s[0] != 0 && strlen(v->s) < CONFIG_STR;
+    case T_ENUM: return enum_allows(k, v->s);
+    case T_UINT64: case T_BOOL: return true;
+    }
+    return false;
+}
+
+// Parse text as the key's type. On failure write the problem ("'abc' is not
+// an integer") into why and return false. Ranges are checked separately.
+static bool parse_value(const Key *k, const char *text, Value *v, char *why, size_t why_size) {
+    char quoted[80];
+    quote_for_message(text, quoted, sizeof(quoted));
+    char *end = NULL;
+    errno = 0;
+    switch (k->type) {
+    case T_INT: case T_INT64:
+        v->i = strtoll(text, &end, 10);
+        if (!isspace((unsigned char)text[0]) && end != text && *end == 0 && errno != ERANGE) return true;
+        snprintf(why, why_size, "%s is not an integer", quoted);
+        return false;
+    case T_UINT64:
+        v->u = strtoull(text, &end, 10);
+        if (isdigit((unsigned char)text[0]) && *end == 0 && errno != ERANGE) return true;
+        snprintf(why, why_size, "%s is not an unsigned integer", quoted);
+        return false;
+    case T_DOUBLE:
+        v->d = strtod(text, &end);
+        if (!isspace((unsigned char)text[0]) && end != text && *end == 0 && isfinite(v->d)) return true;
+        snprintf(why, why_size, "%s is not a number", quoted);
+        return false;
+    case T_BOOL:
+        v->b = !strcmp(text, "true");
+        if (v->b || !strcmp(text, "false")) return true;
+        snprintf(why, why_size, "%s is not a bool", quoted);
+        return false;
+    case T_STRING: case T_ENUM:
+        v->s = text;
+        return true;
+    }
+    return false;
+}
+
+static void store(const Key *k, Config *cfg, const Value *v) {
+    void *p = (char *)cfg + k->offset;
+    switch (k->type) {
+    case T_INT: *(int *)p = (int)v->i; break;
+    case T_INT64: *(int64_t *)p = v->i; break;
+    case T_UINT64: *(uint64_t *)p = v->u; break;
+    case T_DOUBLE: *(double *)p = v->d; break;
+    case T_BOOL: *(bool *)p = v->b; break;
+    case T_STRING: case T_ENUM: snprintf((char *)p, CONFIG_STR, "%s", v->s); break;
+    }
+}
+
+static Value fetch(const Key *k, const Config *cfg) {
+    const void *p = (const char *)cfg + k->offset;
+    Value v;
+    switch (k->type) {
+    case T_INT: v.i = *(const int *)p; break;
+    case T_INT64: v.i = *(const int64_t *)p; break;
+    case T_UINT64: v.u = *(const uint64_t *)p; break;
+    case T_DOUBLE: v.d = *(const double *)p; break;
+    case T_BOOL: v.b = *(const bool *)p; break;
+    default: v.s = (const char *)p; break;
+    }
+    return v;
+}
+
+// A string value as YAML: plain when that reads back as the same string,
+// double-quoted (with escapes) otherwise.
+static void print_yaml_string(const char *s, FILE *out) {
+    static const char *reserved[] = {"true", "false", "yes", "no", "on", "off", "y", "n", "null"};
+    bool plain = isalpha((unsigned char)s[0]) || s[0] == '/' || s[0] == '_';
+    for (const char *c = s; *c && plain; c++)
+        plain = isalnum((unsigned char)*c) || strchr("_./-", *c);
+    for (size_t i = 0; plain && i < sizeof(reserved) / sizeof(reserved[0]); i++)
+        plain = strcasecmp(s, reserved[i]) != 0;
+    if (plain) { fputs(s, out); return; }
+    fputc('"', out);
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c == '"' || *c == '\\') fprintf(out, "\\%c", *c);
+        else if (*c == '\n') fputs("\\n", out);
+        else if (*c == '\t') fputs("\\t", out);
+        else if (*c < 0x20 || *c == 0x7f) fprintf(out, "\\x%02x", *c);
+        else fputc(*c, out);
+    }
+    fputc('"', out);
+}
+
+// The value as YAML text (strings unquoted; print_yaml_string quotes them).
+static void format_value(const Key *k, const Value *v, char *buf, size_t size) {
+    switch (k->type) {
+    case T_INT: case T_INT64: snprintf(buf, size, "%lld", (long long)v->i); break;
+    case T_UINT64: snprintf(buf, size, "%llu", (unsigned long long)v->u); break;
+    case T_DOUBLE: format_double(v->d, buf, size); break;
+    case T_BOOL: snprintf(buf, size, "%s", v->b ? "true" : "false"); break;
+    case T_STRING: case T_ENUM: snprintf(buf, size, "%s", v->s); break;
+    }
+}
+
+// Parse, check and store one value; `where` is "FILE:LINE" or "override '...'".
+static void set_key(Config *cfg, const Key *k, const char *text, const char *where) {
+    char why[200], expected[300];
+    Value v;
+    describe_expected(k, expected, sizeof(expected));
+    if (!parse_value(k, text, &v, why, sizeof(why)))
+        fail("%s: %s.%s: %s (expected %s)", where, k->section, k->key, why, expected);
+    if (!in_range(k, &v)) {
+        char quoted[80];
+        quote_for_message(text, quoted, sizeof(quoted));
+        const char *problem = k->type == T_ENUM ? "is not allowed"
+                            : k->type == T_STRING && !text[0] ? "is empty"
+                            : k->type == T_STRING ? "is too long" : "is out of range";
+        fail("%s: %s.%s: %s %s (expected %s)", where, k->section, k->key, quoted, problem, expected);
+    }
+    store(k, cfg, &v);
+}
+
+// ----------------------------------------------------------------------------
+// Names: lookup and "did you mean"
+
+static int find_section(const char *name) {
+    for (int s = 0; s < NUM_SECTIONS; s++)
+        if (!strcmp(sections[s].name, name)) return s;
+    return -1;
+}
+
+static const Key *find_key(const char *section, const char *key) {
+    for (int i = 0; i < NUM_KEYS; i++)
+        if (!strcmp(keys[i].section, section) && !strcmp(keys[i].key, key)) return &keys[i];
+    return NULL;
+}
+
+// Levenshtein distance; b is a schema name (short), a may be anything.
+static int edit_distance(const char *a, const char *b) {
+    int nb = (int)strlen(b), row[64];
+    if (nb >= 64) return 1 << 20;
+    for (int j = 0; j <= nb; j++) row[j] = j;
+    for (int i = 1; a[i - 1]; i++) {
+        int diag = row[0];
+        row[0] = i;
+        for (int j = 1; j <= nb; j++) {
+            int up = row[j];
+            int sub = diag + (a[i - 1] != b[j - 1]);
+            int best = up + 1 < row[j - 1] + 1 ? up + 1 : row[j - 1] + 1;
+            row[j] = sub < best ? sub : best;
+            diag = up;
+        }
+    }
+    return row[nb];
+}
+
+// Close enough to be a typo of the candidate?
+static bool is_near(const char *typed, int distance) {
+    int len = (int)strlen(typed);
+    return distance <= (len + 2) / 3;
+}
+
+static void fail_unknown_section(const char *where, const char *name) {
+    int best = -1, best_d = 1 << 20;
+    for (int s = 0; s < NUM_SECTIONS; s++) {
+        int d = edit_distance(name, sections[s].name);
+        if (d < best_d) { best_d = d; best = s; }
+    }
+    char quoted[80];
+    quote_for_message(name, quoted, sizeof(quoted));
+    if (is_near(name, best_d))
+        fail("%s: unknown section %s (did you mean '%s'?)", where, quoted, sections[best].name);
+    char list[256];
+    size_t n = 0;
+    for (int s = 0; s < NUM_SECTIONS; s++)
+        n += (size_t)snprintf(list + n, sizeof(list) - n, "%s%s", s ? ", " : "", sections[s].name);
+    fail("%s: unknown section %s (expected one of %s)", where, quoted, list);
+}
+
+// Unknown key in a known section: suggest the nearest key, counting a key of
+// the same name in another section as one edit away.
+static void fail_unknown_key(const char *where, const char *section, const char *key) {
+    const Key *best = NULL;
+    int best_d = 1 << 20;
+    for (int i = 0; i < NUM_KEYS; i++) {
+        int d = edit_distance(key, keys[i].key) + (strcmp(section, keys[i].section) != 0);
+        if (d < best_d) { best_d = d; best = &keys[i]; }
+    }
+    char full[CONFIG_STR + 80], quoted[80];
+    snprintf(full, sizeof(full), "%s.%s", section, key);
+    quote_for_message(full, quoted, sizeof(quoted));
+    if (is_near(key, best_d))
+        fail("%s: unknown key %s (did you mean '%s.%s'?)", where, quoted, best->section, best->key);
+    char list[1024];
+    size_t n = 0;
+    list[0] = 0;
+    for (int i = 0; i < NUM_KEYS; i++)
+        if (!strcmp(keys[i].section, section))
+            n += (size_t)snprintf(list + n, sizeof(list) - n, "%s%s", n ? ", " : "", keys[i].key);
+    fail("%s: unknown key %s (expected one of the keys of '%s': %s)", where, quoted, section, list);
+}
+
+// ----------------------------------------------------------------------------
+// Defaults, YAML, overrides
+
+void config_defaults(Config *cfg) {
+    memset(cfg, 0, sizeof(*cfg));
+    for (int i = 0; i < NUM_KEYS; i++) set_key(cfg, &keys[i], keys[i].def, "built-in default");
+}
+
+typedef struct {
+    yaml_parser_t parser;
+    yaml_event_t event;
+    const char *path;
+} YamlReader;
+
+static int event_line(const YamlReader *r) {
+    return (int)r->event.start_mark.line + 1;
+}
+
+// Advance to the next event; malformed YAML and aliases end the program.
+static void next_event(YamlReader *r) {
+    yaml_event_delete(&r->event);
+    if (!yaml_parser_parse(&r->parser, &r->event)) {
+        const yaml_parser_t *p = &r->parser;
+        const char *problem = p->problem ? p->problem : "cannot read the file";
+        if (p->context)
+            fail("%s:%d: invalid YAML: %s (%s at line %d)", r->path, (int)p->problem_mark.line + 1, problem,
+                 p->context, (int)p->context_mark.line + 1);
+        fail("%s:%d: invalid YAML: %s", r->path, (int)p->problem_mark.line + 1, problem);
+    }
+    if (r->event.type == YAML_ALIAS_EVENT)
+        fail("%s:%d: YAML aliases (*name) are not supported (expected plain values)", r->path, event_line(r));
+}
+
+static const char *event_kind(const yaml_event_t *e) {
+    switch (e->type) {
+    case YAML_SEQUENCE_START_EVENT: return "a list";
+    case YAML_MAPPING_START_EVENT: return "a mapping";
+    default: return "a scalar";
+    }
+}
+
+// An empty plain scalar: `section:` with nothing after it.
+static bool is_empty_value(const yaml_event_t *e) {
+    return e->type == YAML_SCALAR_EVENT && e->data.scalar.length == 0 &&
+           e->data.scalar.style == YAML_PLAIN_SCALAR_STYLE;
+}
+
+static const char *scalar_text(const yaml_event_t *e) {
+    return (const char *)e->data.scalar.value;
+}
+
+// The keys of one section, after its MAPPING_START.
+static void read_section(YamlReader *r, Config *cfg, const char *section, int *key_line) {
+    char where[CONFIG_STR + 32];
+    for (;;) {
+        next_event(r);
+        if (r->event.type == YAML_MAPPING_END_EVENT) return;
+        snprintf(where, sizeof(where), "%s:%d", r->path, event_line(r));
+        if (r->event.type != YAML_SCALAR_EVENT)
+            fail("%s: section '%s': keys must be plain names, not %s (expected key: value lines)", where, section,
+                 event_kind(&r->event));
+        const Key *k = find_key(section, scalar_text(&r->event));
+        if (!k) fail_unknown_key(where, section, scalar_text(&r->event));
+        int index = (int)(k - keys);
+        if (key_line[index])
+            fail("%s: %s.%s is given twice (first at line %d)", where, section, k->key, key_line[index]);
+        key_line[index] = event_line(r);
+
+        next_event(r);
+        snprintf(where, sizeof(where), "%s:%d", r->path, event_line(r));
+        if (r->event.type != YAML_SCALAR_EVENT) {
+            char expected[300];
+            describe_expected(k, expected, sizeof(expected));
+            fail("%s: %s.%s: %s is not a value (expected %s)", where, section, k->key, event_kind(&r->event),
+                 expected);
+        }
+        set_key(cfg, k, scalar_text(&r->event), where);
+    }
+}
+
+// The sections of the top-level mapping, after its MAPPING_START.
+static void read_sections(YamlReader *r, Config *cfg) {
+    int section_line[NUM_SECTIONS] = {0}, key_line[NUM_KEYS] = {0};
+    char where[CONFIG_STR + 32];
+    for (;;) {
+        next_event(r);
+        if (r->event.type == YAML_MAPPING_END_EVENT) return;
+        snprintf(where, sizeof(where), "%s:%d", r->path, event_line(r));
+        if (r->event.type != YAML_SCALAR_EVENT)
+            fail("%s: section names must be plain words, not %s (expected e.g. 'train:')", where,
+                 event_kind(&r->event));
+        int s = find_section(scalar_text(&r->event));
+        if (s < 0) fail_unknown_section(where, scalar_text(&r->event));
+        if (section_line[s])
+            fail("%s: section '%s' is given twice (first at line %d)", where, sections[s].name, section_line[s]);
+        section_line[s] = event_line(r);
+
+        next_event(r);
+        if (r->event.type == YAML_MAPPING_START_EVENT) read_section(r, cfg, sections[s].name, key_line);
+        else if (!is_empty_value(&r->event))
+            fail("%s:%d: section '%s' is %s (expected a mapping of key: value lines)", r->path, event_line(r),
+                 sections[s].name, event_kind(&r->event));
+    }
+}
+
+void config_load_yaml(Config *cfg, const char *path) {
+    FILE *f = xfopen(path, "rb");
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) fail("%s: is a directory (expected a YAML run file)", path);
+    YamlReader r;
+    memset(&r, 0, sizeof(r));
+    r.path = path;
+    if (!yaml_parser_initialize(&r.parser)) fail("%s: cannot start the YAML parser (out of memory)", path);
+    yaml_parser_set_input_file(&r.parser, f);
+
+    next_event(&r);  // STREAM_START
+    next_event(&r);
+    if (r.event.type == YAML_DOCUMENT_START_EVENT) {
+        next_event(&r);
+        if (r.event.type == YAML_MAPPING_START_EVENT) read_sections(&r, cfg);
+        else if (!is_empty_value(&r.event))
+            fail("%s:%d: the top level is %s (expected a mapping of sections such as 'model:' and 'train:')", path,
+                 event_line(&r), event_kind(&r.event));
+        next_event(&r);  // DOCUMENT_END
+        next_event(&r);
+        if (r.event.type != YAML_STREAM_END_EVENT)
+            fail("%s:%d: a second YAML document (expected one document)", path, event_line(&r));
+    }
+    yaml_event_delete(&r.event);
+    yaml_parser_delete(&r.parser);
+    fclose(f);
+}
+
+void config_override(Config *cfg, const char *assignment) {
+    char where[160], quoted[80];
+    quote_for_message(assignment, quoted, sizeof(quoted));
+    snprintf(where, sizeof(where), "override %s", quoted);
+    const char *eq = strchr(assignment, '=');
+    const char *dot = strchr(assignment, '.');
+    if (!eq || !dot || dot > eq) fail("%s: not an assignment (expected section.key=value)", where);
+
+    char section[CONFIG_STR], key[CONFIG_STR];
+    snprintf(section, sizeof(section), "%.*s", (int)(dot - assignment), assignment);
+    snprintf(key, sizeof(key), "%.*s", (int)(eq - dot - 1), dot + 1);
+    if (find_section(section) < 0) fail_unknown_section(where, section);
+    const Key *k = find_key(section, key);
+    if (!k) fail_unknown_key(where, section, key);
+    set_key(cfg, k, eq + 1, where);
+}
+
+// ----------------------------------------------------------------------------
+// Validation, printing, documentation
+
+void config_validate(const Config *cfg, const char *source) {
+    for (int i = 0; i < NUM_KEYS; i++) {
+        const Key *k = &keys[i];
+        Value v = fetch(k, cfg);
+        if (in_range(k, &v)) continue;
+        char text[CONFIG_STR], quoted[80], expected[300];
+        format_value(k, &v, text, sizeof(text));
+        quote_for_message(text, quoted, sizeof(quoted));
+        describe_expected(k, expected, sizeof(expected));
+        fail("%s: %s.%s: %s is not valid (expected %s)", source, k->section, k->key, quoted, expected);
+    }
+    const ModelConfig *m = &cfg->model;
+    if (m->num_heads % m->num_kv_heads != 0)
+        fail("%s: model.num_heads: %d is not a multiple of model.num_kv_heads = %d (expected num_heads %% "
+             "num_kv_heads == 0)", source, m->num_heads, m->num_kv_heads);
+    if (m->head_dim == 0 && m->hidden_size % m->num_heads != 0)
+        fail("%s: model.hidden_size: %d is not a multiple of model.num_heads = %d (expected a multiple, or an "
+             "explicit model.head_dim)", source, m->hidden_size, m->num_heads);
+    int head_dim = m->head_dim ? m->head_dim : m->hidden_size / m->num_heads;
+    if (head_dim % 2 != 0)
+        fail("%s: model.head_dim: %d%s is odd (expected an even head dimension for RoPE)", source, head_dim,
+             m->head_dim ? "" : " (hidden_size / num_heads)");
+    const TrainConfig *t = &cfg->train;
+    char lr[40], min_lr[40];
+    format_double(t->lr, lr, sizeof(lr));
+    format_double(t->min_lr, min_lr, sizeof(min_lr));
+    if (t->min_lr > t->lr)
+        fail("%s: train.min_lr: %s is above train.lr = %s (expected min_lr <= lr)", source, min_lr, lr);
+    if (t->warmup_steps > t->steps)
+        fail("%s: train.warmup_steps: %lld is more than train.steps = %lld (expected warmup_steps <= steps)", source,
+             (long long)t->warmup_steps, (long long)t->steps);
+}
+
+void config_print(const Config *cfg, FILE *out) {
+    char text[CONFIG_STR + 64];
+    for (int s = 0; s < NUM_SECTIONS; s++) {
+        fprintf(out, "%s:\n", sections[s].name);
+        for (int i = 0; i < NUM_KEYS; i++) {
+            const Key *k = &keys[i];
+            if (strcmp(k->section, sections[s].name)) continue;
+            Value v = fetch(k, cfg);
+            fprintf(out, "  %s: ", k->key);
+            if (k->type == T_STRING) print_yaml_string(v.s, out);
+            else { format_value(k, &v, text, sizeof(text)); fputs(text, out); }
+            fputc('\n', out);
+        }
+    }
+}
+
+void config_print_doc(FILE *out) {
+    fputs("# Run configuration\n\n"
+          "<!-- Generated by `build/mtrain config --doc` from the schema in trainer/config.c; do not edit. -->\n\n"
+          "A run is described by one YAML file with up to seven sections (`model`, `attention`, `parallel`,\n"
+          "`train`, `data`, `checkpoint`, `log`), each a mapping of `key: value` lines. Every key is optional:\n"
+          "a key that is not given keeps the default listed below. Any key can be overridden on the command\n"
+          "line after the run file as `section.key=value`, e.g.\n"
+          "`build/mtrain train configs/tiny-cpu.yaml train.lr=1e-3 train.steps=10`; overrides are applied in\n"
+          "order, after the file. `build/mtrain config RUN.yaml [overrides]` prints the fully resolved\n"
+          "configuration as YAML.\n\n"
+          "Values are checked strictly: integers must be whole decimal integers, numbers accept `3e-4`,\n"
+          "bools are `true` or `false`. Unknown sections or keys, values of the wrong type or out of range,\n"
+          "keys given twice, malformed YAML and inconsistent combinations (e.g. `num_heads` not a multiple of\n"
+          "`num_kv_heads`, `min_lr` above `lr`, `warmup_steps` above `steps`) stop the program before any\n"
+          "work with one line on stderr naming the file and line (or the override), the key, the problem\n"
+          "and what was expected, e.g.\n\n"
+          "```\n"
+          "mtrain: run.yaml:7: unknown key 'train.lrr' (did you mean 'train.lr'?)\n"
+          "```\n",
+          out);
+    char range[300], def[CONFIG_STR + 64];
+    Config defaults;
+    config_defaults(&defaults);
+    for (int s = 0; s < NUM_SECTIONS; s++) {
+        fprintf(out, "\n## %s\n\n%s\n\n", sections[s].name, sections[s].meaning);
+        fputs("| key | type | default | accepted | meaning |\n|---|---|---|---|---|\n", out);
+        for (int i = 0; i < NUM_KEYS; i++) {
+            const Key *k = &keys[i];
+            if (strcmp(k->section, sections[s].name)) continue;
+            Value v = fetch(k, &defaults);
+            format_value(k, &v, def, sizeof(def));
+            describe_range(k, range, sizeof(range));
+            fprintf(out, "| `%s.%s` | %s | `%s` | %s | %s |\n", k->section, k->key, type_name(k->type), def, range,
+                    k->meaning);
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// mtrain config RUN.yaml [section.key=value ...] | mtrain config --doc
+
+int cmd_config(int argc, char **argv) {
+    if (argc == 1 && !strcmp(argv[0], "--doc")) {
+        config_print_doc(stdout);
+        return 0;
+    }
+    if (argc < 1 || argv[0][0] == '-')
+        fail("usage: mtrain config RUN.yaml [section.key=value ...] | mtrain config --doc");
+    Config cfg;
+    config_defaults(&cfg);
+    config_load_yaml(&cfg, argv[0]);
+    for (int i = 1; i < argc; i++) config_override(&cfg, argv[i]);
+    char source[CONFIG_STR + 32];
+    snprintf(source, sizeof(source), "%s%s", argv[0], argc > 1 ? " (with overrides)" : "");
+    config_validate(&cfg, source);
+    config_print(&cfg, stdout);
+    return 0;
+}

@@ -1,0 +1,81 @@
+// config.h: the run configuration. A YAML run file (libyaml) with sections
+// model, attention, parallel, train, data, checkpoint, log; command-line
+// overrides `section.key=value`; every key has a default, a type, a range and
+// a one-line meaning in one schema table (config.c), which also generates
+// docs/CONFIG.md (`mtrain config --doc`).
+#ifndef MTRAIN_CONFIG_H
+#define MTRAIN_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "../model/model_config.h"
+#include "../attention/attention.h"
+
+typedef struct {
+    int threads;               // OpenMP threads; 0 = all cores
+} ParallelConfig;
+
+typedef struct {
+    char backend[CONFIG_STR];  // cpu | cuda | auto
+    int64_t steps;             // total optimizer steps
+    int seq_len;               // tokens per sequence
+    int micro_batches;         // sequences per optimizer step (gradient accumulation)
+    double lr;                 // peak learning rate
+    double min_lr;             // floor of the decay
+    int64_t warmup_steps;      // linear warmup steps
+    char lr_schedule[CONFIG_STR]; // constant | cosine | linear
+    double weight_decay;       // AdamW decoupled weight decay
+    double beta1, beta2, eps;  // AdamW moments
+    double grad_clip;          // global-norm clip; 0 = off
+    uint64_t seed;             // initialisation and data order
+    bool checkpoint_activations; // recompute each layer in backward
+    int loss_chunk;            // tokens per fused LM-head + cross-entropy chunk
+    char init_from[CONFIG_STR]; // "none" or a Hugging Face folder to start from
+} TrainConfig;
+
+typedef struct {
+    char train[CONFIG_STR];    // "synthetic" or shard glob
+    int val_sequences;         // held-out sequences per validation pass
+} DataConfig;
+
+typedef struct {
+    char dir[CONFIG_STR];      // checkpoint folder
+    int64_t every;             // write a checkpoint every N steps (0 = only at the end)
+    int keep;                  // keep the newest K checkpoints
+    int64_t keep_every;        // and permanently every M-th step (0 = none)
+    char resume[CONFIG_STR];   // auto | never | a checkpoint folder
+} CheckpointConfig;
+
+typedef struct {
+    char dir[CONFIG_STR];      // metrics.jsonl goes here
+    int every;                 // print a step line every N steps
+    int64_t val_every;         // validation loss every N steps (0 = off)
+} LogConfig;
+
+typedef struct {
+    ModelConfig model;
+    AttentionConfig attention;
+    ParallelConfig parallel;
+    TrainConfig train;
+    DataConfig data;
+    CheckpointConfig checkpoint;
+    LogConfig log;
+} Config;
+
+// Fill every field with its default.
+void config_defaults(Config *cfg);
+// Read a YAML run file on top of the current values. Errors exit with
+// "mtrain: FILE:LINE: key 'section.key': problem (expected ...)".
+void config_load_yaml(Config *cfg, const char *path);
+// Apply one "section.key=value" override. Errors name the override.
+void config_override(Config *cfg, const char *assignment);
+// Cross-field checks (e.g. heads divisible by kv heads) after loading.
+void config_validate(const Config *cfg, const char *source);
+// Print the fully resolved config as YAML.
+void config_print(const Config *cfg, FILE *out);
+// Print docs/CONFIG.md (markdown table of every key).
+void config_print_doc(FILE *out);
+
+#endif

@@ -1,0 +1,34 @@
+// main.c: build/mtrain's entry point: dispatches the CLI verb.
+#include <stdio.h>
+#include <string.h>
+
+#include "commands.h"
+
+typedef struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *usage;
+} Verb;
+
+static const Verb verbs[] = {
+    {"train", cmd_train, "train RUN.yaml [section.key=value ...]   train a model"},
+    {"config", cmd_config, "config RUN.yaml [section.key=value ...]  print the resolved config (--doc: the key reference)"},
+    {"score", cmd_score, "score --model DIR --tokens FILE [--grads OUT] [--logits OUT] [overrides]  loss (and gradients) of a HF model"},
+};
+
+static void usage(FILE *out) {
+    fprintf(out, "usage: mtrain VERB ...\n");
+    for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++) fprintf(out, "  mtrain %s\n", verbs[i].usage);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
+        if (!strcmp(argv[1], verbs[i].name)) return verbs[i].run(argc - 2, argv + 2);
+    fprintf(stderr, "mtrain: unknown verb '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,94 @@
+// score.c: `mtrain score --model DIR --tokens FILE`: the mean next-token cross
+// entropy of a Hugging Face Qwen2 folder on one token sequence, and optionally
+// the gradient of that loss for every parameter (--grads) and the logits
+// (--logits), both as F32 safetensors. The reference tests drive it.
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../model/hf_config.h"
+#include "../model/hf_io.h"
+#include "commands.h"
+#include "train.h"
+
+// Whitespace-separated token ids; each must be in [0, vocab_size).
+static int32_t *read_token_file(const char *path, int vocab_size, int64_t *count) {
+    char *text = read_file(path, NULL);
+    int64_t n = 0, cap = 1024;
+    int32_t *tokens = xmalloc(sizeof(int32_t) * (size_t)cap);
+    char *s = text;
+    for (;;) {
+        while (*s == ' ' || *s == '\n' || *s == '\t' || *s == '\r') s++;
+        if (!*s) break;
+        char *end;
+        errno = 0;
+        long long v = strtoll(s, &end, 10);
+        if (end == s || errno || (*end && *end != ' ' && *end != '\n' && *end != '\t' && *end != '\r'))
+            fail("%s: token %lld is not an integer", path, (long long)n);
+        if (v < 0 || v >= vocab_size)
+            fail("%s: token %lld is %lld, outside the model's vocabulary [0, %d)", path, (long long)n, v, vocab_size);
+        if (n == cap) tokens = xrealloc(tokens, sizeof(int32_t) * (size_t)(cap *= 2));
+        tokens[n++] = (int32_t)v;
+        s = end;
+    }
+    free(text);
+    *count = n;
+    return tokens;
+}
+
+static int usage(void) {
+    fprintf(stderr, "usage: mtrain score --model DIR --tokens FILE [--grads OUT.safetensors] "
+                    "[--logits OUT.safetensors] [section.key=value ...]\n");
+    return 2;
+}
+
+int cmd_score(int argc, char **argv) {
+    const char *model_dir = NULL, *tokens_path = NULL, *grads_path = NULL, *logits_path = NULL;
+    Config cfg;
+    config_defaults(&cfg);
+    int first_override = argc;
+    for (int i = 0; i < argc; i++) {
+        const char **slot = !strcmp(argv[i], "--model") ? &model_dir
+                          : !strcmp(argv[i], "--tokens") ? &tokens_path
+                          : !strcmp(argv[i], "--grads") ? &grads_path
+                          : !strcmp(argv[i], "--logits") ? &logits_path : NULL;
+        if (!slot) { first_override = i; break; }
+        if (i + 1 >= argc) return usage();
+        *slot = argv[++i];
+    }
+    if (!model_dir || !tokens_path) return usage();
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/config.json", model_dir);
+    hf_config_read(path, &cfg.model);
+    for (int i = first_override; i < argc; i++) config_override(&cfg, argv[i]);
+    config_validate(&cfg, path);
+    apply_threads(&cfg);
+
+    int64_t T;
+    int32_t *tokens = read_token_file(tokens_path, cfg.model.vocab_size, &T);
+    if (T < 2) fail("%s: %lld tokens (expected at least 2 to predict one)", tokens_path, (long long)T);
+    Model m;
+    model_from_config(&m, &cfg);
+    snprintf(path, sizeof(path), "%s/model.safetensors", model_dir);
+    model_load_safetensors(&m, path);
+
+    int32_t *targets = xmalloc(sizeof(int32_t) * (size_t)T);
+    for (int64_t t = 0; t + 1 < T; t++) targets[t] = tokens[t + 1];
+    targets[T - 1] = -1;
+    double loss = model_forward_backward(&m, tokens, targets, T, (float)(1.0 / (double)(T - 1))) / (double)(T - 1);
+    printf("loss %.9g\ntokens %lld\n", loss, (long long)T);
+    if (grads_path) model_write_safetensors(&m, m.grad_mem, grads_path, ST_F32);
+    if (logits_path) {
+        int64_t V = cfg.model.vocab_size;
+        float *logits = xmalloc(sizeof(float) * (size_t)(T * V));
+        model_logits(&m, tokens, T, logits);
+        StWriteTensor t = {.name = "logits", .ndim = 2, .shape = {T, V}, .data = logits};
+        st_write(logits_path, &t, 1, ST_F32);
+        free(logits);
+    }
+    free(targets);
+    free(tokens);
+    model_free(&m);
+    return 0;
+}

@@ -1,0 +1,161 @@
+// train.c: `mtrain train RUN.yaml`: the training loop. Per step: zero the
+// gradients, run micro_batches sequences forward+backward, clip, AdamW, then
+// one line on stdout and one JSON line in log.dir/metrics.jsonl.
+#include "train.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../data/synthetic.h"
+#include "checkpoint.h"
+#include "commands.h"
+
+void config_from_args(Config *cfg, const char *path, int argc, char **argv) {
+    config_defaults(cfg);
+    config_load_yaml(cfg, path);
+    for (int i = 0; i < argc; i++) config_override(cfg, argv[i]);
+    config_validate(cfg, path);
+}
+
+void apply_threads(const Config *cfg) {
+    if (cfg->parallel.threads > 0) omp_set_num_threads(cfg->parallel.threads);
+}
+
+void model_from_config(Model *m, const Config *cfg) {
+    model_init(m, &cfg->model, backend_select(cfg->train.backend));
+    m->block_size = cfg->attention.block_size;
+    m->loss_chunk = cfg->train.loss_chunk;
+    m->checkpoint_activations = cfg->train.checkpoint_activations;
+}
+
+OptimizerConfig optimizer_config(const Config *cfg) {
+    const TrainConfig *t = &cfg->train;
+    OptimizerConfig oc = {t->lr, t->min_lr, t->warmup_steps, t->steps, lr_schedule_from_name(t->lr_schedule),
+                          t->weight_decay, t->beta1, t->beta2, t->eps, t->grad_clip};
+    return oc;
+}
+
+static void print_memory(const Model *m, int64_t T) {
+    double mib = 1.0 / (1 << 20), p = (double)m->total_params * sizeof(float) * mib;
+    printf("model: %lld parameters | memory MiB: params %.1f, grads %.1f, adam %.1f, activations %.1f (T=%lld%s)\n",
+           (long long)m->total_params, p, p, 2 * p, (double)model_activation_bytes(m, T) * mib, (long long)T,
+           m->checkpoint_activations ? ", checkpointed" : "");
+}
+
+// Where the run starts: a checkpoint (checkpoint.resume), a Hugging Face
+// folder (train.init_from), or the seeded initialisation.
+static void start_state(const Config *cfg, Model *m, TrainState *state) {
+    char path[4096];
+    const char *resume = cfg->checkpoint.resume;
+    int found = strcmp(resume, "auto") ? strcmp(resume, "never") && snprintf(path, sizeof(path), "%s", resume) > 0
+                                       : checkpoint_find_latest(cfg->checkpoint.dir, path, sizeof(path));
+    if (found) {
+        checkpoint_load(path, m, state);
+        printf("resumed from %s: step %lld, %lld tokens seen\n", path, (long long)state->step,
+               (long long)state->tokens_seen);
+    } else if (strcmp(cfg->train.init_from, "none")) {
+        model_load_hf_folder(m, cfg->train.init_from);
+        printf("initialised from %s\n", cfg->train.init_from);
+    } else {
+        model_init_weights(m, cfg->train.seed);
+    }
+}
+
+// Mean next-token loss over the held-out validation sequences.
+static double validation_loss(Model *m, const Config *cfg, int32_t *seq) {
+    int64_t T = cfg->train.seq_len;
+    double total = 0;
+    for (int i = 0; i < cfg->data.val_sequences; i++) {
+        synthetic_sequence(cfg->train.seed, -1 - (int64_t)i, cfg->model.vocab_size, seq, T + 1);
+        total += model_loss(m, seq, seq + 1, T);
+    }
+    return total / ((double)T * cfg->data.val_sequences);
+}
+
+static void log_validation(Model *m, const Config *cfg, int32_t *seq, int64_t step, FILE *metrics, const char *path) {
+    double loss = validation_loss(m, cfg, seq);
+    printf("validation | step %lld | loss %.4f\n", (long long)step, loss);
+    fprintf(metrics, "{\"step\": %lld, \"val_loss\": %.9g}\n", (long long)step, loss);
+    if (fflush(metrics) != 0) fail("%s: write failed", path);
+}
+
+static void format_eta(double seconds, char *out, size_t n) {
+    long s = (long)(seconds + 0.5);
+    if (s >= 3600) snprintf(out, n, "%ldh%02ldm", s / 3600, s / 60 % 60);
+    else snprintf(out, n, "%ldm%02lds", s / 60, s % 60);
+}
+
+int cmd_train(int argc, char **argv) {
+    if (argc < 1) {
+        fprintf(stderr, "usage: mtrain train RUN.yaml [section.key=value ...]\n");
+        return 2;
+    }
+    Config cfg;
+    config_from_args(&cfg, argv[0], argc - 1, argv + 1);
+    if (strcmp(cfg.data.train, "synthetic"))
+        fail("%s: data.train '%s': only the built-in 'synthetic' generator is available in this build", argv[0],
+             cfg.data.train);
+    apply_threads(&cfg);
+    Model m;
+    model_from_config(&m, &cfg);
+    model_alloc_optimizer(&m);
+    TrainState state = {0};
+    rng_seed(&state.rng, cfg.train.seed);
+    start_state(&cfg, &m, &state);
+    OptimizerConfig oc = optimizer_config(&cfg);
+    int64_t T = cfg.train.seq_len;
+    int micro = cfg.train.micro_batches;
+    print_memory(&m, T);
+
+    make_dirs(cfg.log.dir);
+    char metrics_path[CONFIG_STR + 32];
+    snprintf(metrics_path, sizeof(metrics_path), "%s/metrics.jsonl", cfg.log.dir);
+    FILE *metrics = xfopen(metrics_path, "a");
+
+    int32_t *seq = xmalloc(sizeof(int32_t) * (size_t)(T + 1));
+    double train_start = now_seconds();
+    int64_t first_step = state.step + 1;
+    bool validate = cfg.log.val_every > 0;
+    if (validate && first_step == 1) log_validation(&m, &cfg, seq, 0, metrics, metrics_path);
+    for (int64_t step = first_step; step <= cfg.train.steps; step++) {
+        double t0 = now_seconds();
+        m.be->zero(m.grad_mem, sizeof(float) * (size_t)m.total_params);
+        double loss = 0;
+        for (int mb = 0; mb < micro; mb++) {
+            synthetic_sequence(cfg.train.seed, state.data_cursor++, cfg.model.vocab_size, seq, T + 1);
+            loss += model_forward_backward(&m, seq, seq + 1, T, (float)(1.0 / ((double)T * micro)));
+        }
+        loss /= (double)T * micro;
+        double lr;
+        double grad_norm = optimizer_step(&m, &oc, step, &lr);
+        double ms = 1e3 * (now_seconds() - t0);
+        double tokens_per_s = (double)T * micro / (ms * 1e-3);
+        if (!isfinite(loss)) fail("step %lld: loss is %f: training diverged", (long long)step, loss);
+        if (step % cfg.log.every == 0 || step == cfg.train.steps) {
+            char eta[32];
+            double elapsed = now_seconds() - train_start;
+            format_eta(elapsed / (double)(step - first_step + 1) * (double)(cfg.train.steps - step), eta, sizeof(eta));
+            printf("step %6lld/%lld | loss %.4f | grad norm %.3f | lr %.2e | %.0f tok/s | %.1f ms | eta %s\n",
+                   (long long)step, (long long)cfg.train.steps, loss, grad_norm, lr, tokens_per_s, ms, eta);
+            fflush(stdout);
+        }
+        fprintf(metrics, "{\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, \"ms\": %.3f}\n",
+                (long long)step, loss, grad_norm, lr, tokens_per_s, ms);
+        if (fflush(metrics) != 0) fail("%s: write failed", metrics_path);
+        state.step = step;
+        if (validate && (step % cfg.log.val_every == 0 || step == cfg.train.steps))
+            log_validation(&m, &cfg, seq, step, metrics, metrics_path);
+        state.tokens_seen += T * micro;
+        if ((cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || step == cfg.train.steps) {
+            checkpoint_save(&cfg, &m, &state);
+            printf("checkpoint: %s/step_%08lld\n", cfg.checkpoint.dir, (long long)step);
+        }
+    }
+    fclose(metrics);
+    free(seq);
+    model_free(&m);
+    return 0;
+}

@@ -153,6 +153,7 @@ void attn_dense_forward_cpu(const AttnShape *shape, const float *q, const int64_
     const int Hq = shape->num_heads, Hkv = shape->num_kv_heads, D = shape->head_dim;
     const int B = shape->block_size, group = Hq / Hkv, Bp = round_up(B), Dp = round_up(D);
     const Tiles t = make_tiles(shape, q_pos, k_pos);
+    if (t.nqt == 0 || t.nkt == 0) { free(t.q_lo); return; }
 
     #pragma omp parallel
     {
@@ -279,6 +280,7 @@ void attn_dense_backward_cpu(const AttnShape *shape, const float *q, const int64
     const int B = shape->block_size, group = Hq / Hkv, Bp = round_up(B), Dp = round_up(D);
     const float scale = shape->scale;
     const Tiles t = make_tiles(shape, q_pos, k_pos);
+    if (t.nqt == 0 || t.nkt == 0) { free(t.q_lo); return; }
     const size_t rows = (size_t)B * Dp * sizeof(float), cols = (size_t)D * Bp * sizeof(float);
 
     #pragma omp parallel

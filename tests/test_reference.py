@@ -226,6 +226,12 @@ def test_bad_inputs(d):
     ref.write_tokens(bt, toks)
     one_line_error(score(m, bt), "token id >= vocab_size", ["oob.tokens"])
 
+    # a negative token id
+    nt = os.path.join(d, "negative.tokens")
+    with open(nt, "w") as f:
+        f.write("1 2 -3 4\n")
+    one_line_error(score(m, nt), "negative token id", ["negative.tokens"])
+
     # garbage in the token file
     gt = os.path.join(d, "garbage.tokens")
     with open(gt, "w") as f:
@@ -236,6 +242,9 @@ def test_bad_inputs(d):
 def main():
     harness.require_mtrain()
     torch.set_num_threads(2)
+    worst, causal, _, _ = ref.self_check()
+    check("reference autograd matches its own fp64 finite differences", worst < 1e-6, f"worst {worst:.2e}")
+    check("reference is causal", causal)
     with tempfile.TemporaryDirectory(prefix="mtrain_ref_") as d:
         test_configs(d)
         test_checkpoint_activations(d)

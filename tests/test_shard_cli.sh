@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# test_shard_cli.sh: the data verbs end to end. `mtrain tokenize` on .txt and
+# .jsonl files, `shard dump --text` giving the documents back byte for byte,
+# `shard info`, `shard verify` on good and damaged shards, and the errors for
+# bad input and bad arguments. Prints "ok NAME" / "FAIL NAME: why".
+#   MTRAIN=path/to/mtrain bash tests/test_shard_cli.sh   (default build/mtrain)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+mtrain=$(realpath "${MTRAIN:-build/mtrain}")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+failures=0
+
+pass() { echo "ok $1"; }
+fail() { echo "FAIL $1: $2"; failures=$((failures + 1)); }
+
+# expect_error NAME WANT_RC SUBSTRING CMD...: CMD exits with WANT_RC ("nonzero"
+# for any failure) and its stderr's first line names the problem.
+expect_error() {
+  local name=$1 want_rc=$2 substring=$3; shift 3
+  "$@" >out.log 2>err.log
+  local rc=$?
+  local first
+  first=$(head -n 1 err.log)
+  if [ "$want_rc" = nonzero ] && [ "$rc" -eq 0 ]; then fail "$name" "exited 0"
+  elif [ "$want_rc" != nonzero ] && [ "$rc" -ne "$want_rc" ]; then fail "$name" "exited $rc (expected $want_rc)"
+  elif [[ "$first" != *"$substring"* ]]; then fail "$name" "message '$first' lacks '$substring'"
+  else pass "$name"; fi
+}
+
+# flip_byte FILE OFFSET: xor one byte with 1.
+flip_byte() {
+  local byte
+  byte=$(od -An -tu1 -j "$2" -N 1 "$1" | tr -d ' ')
+  printf "\\$(printf '%03o' $((byte ^ 1)))" | dd of="$1" bs=1 seek="$2" conv=notrunc status=none
+}
+
+# Inputs: two text files (one empty) and a jsonl file with escapes, unicode
+# and a blank line.
+printf 'Hello, world!\nA second line, caf\xc3\xa9 \xf0\x9f\x98\x80\n\tand a tab, no final newline' >a.txt
+: >empty.txt
+cat >docs.jsonl <<'EOF'
+{"text": "first json document\nwith two lines", "id": 1}
+
+{"id": 2, "text": "quotes \" and backslashes \\ and caf\u00e9 \ud83d\ude00"}
+{"text": ""}
+EOF
+{
+  cat a.txt; printf '<|endoftext|>\n'
+  printf '<|endoftext|>\n'
+  printf 'first json document\nwith two lines<|endoftext|>\n'
+  printf 'quotes " and backslashes \\ and caf\xc3\xa9 \xf0\x9f\x98\x80<|endoftext|>\n'
+  printf '<|endoftext|>\n'
+} >expected.txt
+text_bytes=$(( $(wc -c <expected.txt) - 5 * 14 ))  # less "<|endoftext|>\n" per document
+tokens=$((text_bytes + 5))
+
+if "$mtrain" tokenize --tokenizer bytes --input a.txt empty.txt docs.jsonl --output data/corpus.shard \
+    --frame-tokens 16 >summary.log 2>&1; then
+  if grep -q "tokenized 5 documents ($text_bytes bytes of text) from 3 files into $tokens tokens" summary.log &&
+     grep -q "compression" summary.log; then pass "tokenize: summary"
+  else fail "tokenize: summary" "$(tr '\n' ' ' <summary.log)"; fi
+else
+  fail "tokenize" "exited non-zero: $(tr '\n' ' ' <summary.log)"
+fi
+ls data 2>/dev/null | grep -q '\.tmp\.' && fail "tokenize: no temporary file" "$(ls data)" || pass "tokenize: no temporary file"
+
+"$mtrain" shard dump data/corpus.shard --text >dump.txt 2>&1
+if cmp -s dump.txt expected.txt; then pass "dump --text reproduces every document"
+else fail "dump --text reproduces every document" "$(cmp dump.txt expected.txt 2>&1)"; fi
+
+"$mtrain" shard dump data/corpus.shard >ids.txt 2>&1
+lines=$(wc -l <ids.txt)
+first=$(head -n 1 ids.txt | cut -d' ' -f1-3)
+ends=$(awk '$NF != 256' ids.txt | wc -l)
+if [ "$lines" -eq 5 ] && [ "$first" = "72 101 108" ] && [ "$ends" -eq 0 ] && [ "$(sed -n 2p ids.txt)" = 256 ]; then
+  pass "dump: ids, one document per line, each ending with 256"
+else fail "dump: ids, one document per line, each ending with 256" "$lines lines, first '$first', $ends bad ends"; fi
+
+"$mtrain" shard info data/corpus.shard >info.txt 2>&1
+frames=$(( (tokens + 15) / 16 ))
+if grep -qE "^  documents +5 " info.txt && grep -qE "^  tokens +$tokens$" info.txt &&
+   grep -qE "^  vocab_size +258$" info.txt && grep -qE "^  token dtype +uint16$" info.txt &&
+   grep -qE "^  frames +$frames of up to 16 tokens" info.txt && grep -q "compression" info.txt; then
+  pass "info: counts"
+else fail "info: counts" "$(tr '\n' '|' <info.txt)"; fi
+
+out=$("$mtrain" shard verify data/corpus.shard 2>&1)
+if [ $? -eq 0 ] && [ "$out" = "data/corpus.shard: ok" ]; then pass "verify: ok"
+else fail "verify: ok" "$out"; fi
+
+cp data/corpus.shard corrupt.shard
+flip_byte corrupt.shard 140
+expect_error "verify: corrupted frame" nonzero "corrupt.shard: frame 0 " "$mtrain" shard verify corrupt.shard
+if [ "$(wc -l <err.log)" -eq 1 ] && grep -q "checksum mismatch" err.log; then pass "verify: corrupted frame, one line"
+else fail "verify: corrupted frame, one line" "$(tr '\n' '|' <err.log)"; fi
+
+head -c 200 data/corpus.shard >short.shard
+expect_error "verify: truncated" nonzero "short.shard: truncated" "$mtrain" shard verify short.shard
+expect_error "info: not a shard" nonzero "a.txt: not an mtrain shard" "$mtrain" shard info a.txt
+
+# A bad jsonl line fails naming file:line and leaves an existing output alone.
+cp data/corpus.shard before.shard
+printf '{"text": "fine"}\n{"text": broken}\n' >bad.jsonl
+expect_error "tokenize: bad jsonl line" nonzero "bad.jsonl:2: invalid JSON" \
+  "$mtrain" tokenize --tokenizer bytes --input bad.jsonl --output data/corpus.shard
+if cmp -s before.shard data/corpus.shard && ! ls data | grep -q '\.tmp\.'; then pass "tokenize: failure leaves the output untouched"
+else fail "tokenize: failure leaves the output untouched" "$(ls data)"; fi
+printf '{"title": "no text"}\n' >notext.jsonl
+expect_error "tokenize: jsonl line without text" nonzero 'notext.jsonl:1: no string field "text"' \
+  "$mtrain" tokenize --tokenizer bytes --input notext.jsonl --output x.shard
+
+printf '{"text": "a\\u0000b"}\n' >nul.jsonl
+expect_error "tokenize: jsonl text with a NUL" nonzero 'nul.jsonl:1: a \u0000 (NUL) escape is not supported' \
+  "$mtrain" tokenize --tokenizer bytes --input nul.jsonl --output x.shard
+
+expect_error "tokenize: unknown tokenizer" 2 "only 'bytes' for now" \
+  "$mtrain" tokenize --tokenizer tokenizer.json --input a.txt --output x.shard
+expect_error "tokenize: unknown input type" 2 "a.csv: unknown input type" \
+  "$mtrain" tokenize --tokenizer bytes --input a.csv --output x.shard
+expect_error "tokenize: missing --output" 2 "--output is required" "$mtrain" tokenize --tokenizer bytes --input a.txt
+expect_error "shard: unknown action" 2 "unknown action 'frob'" "$mtrain" shard frob data/corpus.shard
+expect_error "shard: no action" 2 "which action" "$mtrain" shard
+[ -e x.shard ] && fail "failed commands write nothing" "x.shard exists" || pass "failed commands write nothing"
+
+[ "$failures" -eq 0 ]

@@ -16,8 +16,19 @@
 #include "../model/model_config.h"
 
 typedef struct {
-    char type[CONFIG_STR];     // dense
+    char type[CONFIG_STR];     // dense | sparse
     int block_size;            // tile size in tokens (queries and keys)
+    // sparse (vertical-slash) pattern estimation, DESIGN §5.2
+    int last_q;                // estimation queries: the last last_q of the sequence
+    double top_p;              // budget topp: fewest lines reaching this softmax mass
+    int max_vertical;          // caps on the selected lines per head (topp)
+    int max_slash;
+    int sink;                  // first tokens always kept (vertical)
+    int local;                 // nearest diagonals always kept (slash offsets 0..local-1)
+    char budget[CONFIG_STR];   // topp | fixed
+    int vertical;              // budget fixed: vertical lines per head
+    int slash;                 // budget fixed: slash lines per head
+    char budget_file[CONFIG_STR]; // none, or a file of "layer head vertical slash" lines
 } AttentionConfig;
 
 typedef struct {

@@ -63,8 +63,18 @@ static const Key keys[] = {
     DOUBLE(model, init_std, 0.02, 0, 10, 0, "Standard deviation of the random initialisation (HF `initializer_range`)."),
     INT(model, max_position_embeddings, 32768, 1, 1 << 30, "Longest context the model is declared for (written to `config.json`)."),
 
-    ENUM(attention, type, "dense", "dense", "Attention algorithm: `dense` = exact causal flash attention."),
-    INT(attention, block_size, 64, 1, 65536, "Tile size in tokens for queries and keys."),
+    ENUM(attention, type, "dense", "dense|sparse", "Attention algorithm: `dense` = exact causal flash attention; `sparse` = dynamic vertical-slash sparse attention (DESIGN §5.2–5.4)."),
+    INT(attention, block_size, 128, 1, 65536, "Tile size in tokens for queries and keys (and the granularity of the sparse index)."),
+    INT(attention, last_q, 64, 1, 1 << 20, "Sparse: the last `last_q` queries of the sequence estimate the pattern."),
+    DOUBLE(attention, top_p, 0.9, 0, 1, MIN_OPEN, "Sparse, budget `topp`: per head, the fewest vertical (and slash) lines whose estimated softmax mass reaches `top_p`."),
+    INT(attention, max_vertical, 4096, 0, 1 << 30, "Sparse, budget `topp`: at most this many vertical lines per head."),
+    INT(attention, max_slash, 4096, 0, 1 << 30, "Sparse, budget `topp`: at most this many slash lines per head."),
+    INT(attention, sink, 64, 0, 1 << 30, "Sparse: the first `sink` tokens are always attended to (vertical lines)."),
+    INT(attention, local, 128, 0, 1 << 30, "Sparse: the nearest `local` diagonals (offsets 0..local-1) are always attended to."),
+    ENUM(attention, budget, "topp", "topp|fixed", "Sparse: `topp` selects by cumulative mass (`top_p`); `fixed` takes the top `vertical` / `slash` lines per head."),
+    INT(attention, vertical, 1024, 0, 1 << 30, "Sparse, budget `fixed`: vertical lines per head."),
+    INT(attention, slash, 1024, 0, 1 << 30, "Sparse, budget `fixed`: slash lines per head."),
+    STRING(attention, budget_file, "none", "Sparse, budget `fixed`: `none`, or a text file of `layer head vertical slash` lines that overrides the counts per layer and head."),
 
     INT(parallel, threads, 0, 0, 4096, "OpenMP threads of the CPU backend; 0 = all cores."),
 

@@ -1,0 +1,33 @@
+// layout.h: how a sequence of N tokens is spread over the W ranks of a
+// context-parallel group (DESIGN §5.1), at block granularity: the sequence is
+// cut into ceil(N / B) blocks of B tokens (the last may be shorter) and each
+// rank holds whole blocks, in ascending global order:
+//   contiguous  rank r holds one run of consecutive blocks (sizes differ by <= 1)
+//   zigzag      the blocks are cut into 2W runs as equal as possible; rank r
+//               holds runs r and 2W-1-r (balanced for dense causal attention)
+//   striped     block b goes to rank b mod W (balanced for sparse patterns)
+// The loader hands each rank its tokens in this order and attention uses the
+// same global positions (RoPE, masks), so no tokens are reshuffled per layer.
+// Every rank's tokens are block-aligned as attention/sparse.h requires.
+#ifndef MTRAIN_LAYOUT_H
+#define MTRAIN_LAYOUT_H
+
+#include <stdint.h>
+
+typedef enum { LAYOUT_CONTIGUOUS, LAYOUT_ZIGZAG, LAYOUT_STRIPED } LayoutKind;
+
+// "contiguous" | "zigzag" | "striped" -> kind; -1 for anything else.
+int layout_parse(const char *name);
+const char *layout_name(LayoutKind kind);
+
+// The global blocks rank `rank` of `world` holds, ascending, into blocks
+// (room for ceil(N / B) entries; NULL only counts). Returns how many.
+int64_t layout_rank_blocks(LayoutKind kind, int64_t seq_len, int block_size, int world, int rank,
+                           int64_t *blocks);
+
+// The global token positions rank `rank` holds, in its local order, into pos
+// (room for seq_len entries; NULL only counts). Returns how many tokens.
+int64_t layout_rank_positions(LayoutKind kind, int64_t seq_len, int block_size, int world,
+                              int rank, int64_t *pos);
+
+#endif

@@ -1,0 +1,124 @@
+// sparse.h: dynamic sparse attention, vertical-slash (DESIGN §5.2–5.4), CPU.
+// Per layer and forward pass:
+//   1. estimation — the last `last_q` queries of the sequence against every
+//      key, one key chunk at a time (a ring feeds the chunk it holds):
+//        sparse_estimate_lse     pass 1: row log-sum-exp merged over chunks
+//        sparse_estimate_scores  pass 2: with the final lse, vertical (column)
+//                                and slash (diagonal) sums of the softmax
+//   2. sparse_select       — per q head, vertical key positions and slash offsets
+//   3. sparse_index_build  — per q head and query block, the key blocks and
+//                            the extra vertical columns
+//   4. attn_sparse_forward_cpu / attn_sparse_backward_cpu — the kernels of
+//      attention.h restricted to the index, over one key chunk at a time.
+// GQA: the pattern is selected per q head (heads of one kv group may differ).
+//
+// Block-aligned token arrangement (what every layout of attention/layout.h
+// produces): a rank's tokens are whole blocks of `block_size` consecutive
+// global positions; local block i holds tokens [i*B, min((i+1)*B, T)) and
+// only the sequence's last global block may be shorter than B. So the global
+// block of local block i is pos[i*B] / B, for queries and for key chunks.
+// Global positions index everything in the pattern and the index.
+#ifndef MTRAIN_SPARSE_H
+#define MTRAIN_SPARSE_H
+
+#include <stdint.h>
+
+#include "attention.h"
+
+// The selected lines, per q head, in CSR form. Entries ascending, no repeats.
+typedef struct {
+    int num_heads;             // Hq
+    int64_t seq_len;           // N
+    int64_t *vertical_start;   // [Hq + 1]
+    int64_t *vertical;         // key positions in [0, N)
+    int64_t *slash_start;      // [Hq + 1]
+    int64_t *slash;            // offsets q - k in [0, N)
+} SparsePattern;
+
+// The pattern turned into work, for a set of query blocks (a rank's). Row
+// r = h * num_q_blocks + i is q head h and local query block i.
+typedef struct {
+    int num_heads;             // Hq
+    int block_size;            // B
+    int64_t seq_len;           // N
+    int64_t num_q_blocks;      // local query blocks
+    int64_t *q_blocks;         // [num_q_blocks] global block id of each local query block
+    int64_t *block_start;      // [Hq * num_q_blocks + 1]
+    int64_t *blocks;           // global key block ids, ascending, each <= the row's q block;
+                               // the diagonal block (== q block) is always present
+    int64_t *column_start;     // [Hq * num_q_blocks + 1]
+    int64_t *columns;          // global key positions, ascending, none inside a selected
+                               // block of the row, each <= the row's last query position
+} SparseIndex;
+
+// Work and quality of a pattern, summed over rows (and ranks) before dividing.
+typedef struct {
+    double computed;           // causal score elements inside the pattern (token-exact)
+    double causal;             // causal score elements of dense attention
+    double covered_mass;       // estimation rows: softmax mass inside the pattern
+    double estimation_rows;    // estimation rows counted (Hq * last_q)
+} SparseStats;
+
+// Pass 1 of the estimation. shape: q_tokens = Lq estimation queries, k_tokens
+// = this chunk's keys. qe [Lq, Hq, D] at qe_pos [Lq]; k [Tk, Hkv, D] at
+// k_pos [Tk]. Merges the causal row log-sum-exp (scaled by shape->scale) of
+// this chunk into lse_est [Hq, Lq], which starts at -inf.
+void sparse_estimate_lse(const AttnShape *shape, const float *qe, const int64_t *qe_pos,
+                         const float *k, const int64_t *k_pos, float *lse_est);
+
+// Pass 2, with the final lse_est: P = exp(S - lse_est) over this chunk;
+// vertical [Hq, N] += column sums of P at each key position, slash [Hq, N] +=
+// sums of P along each offset q - k. Both start at zero and add over chunks.
+void sparse_estimate_scores(const AttnShape *shape, const float *qe, const int64_t *qe_pos,
+                            const float *k, const int64_t *k_pos, const float *lse_est,
+                            int64_t seq_len, float *vertical, float *slash);
+
+// Selection per q head from the summed scores (identical inputs give identical
+// output on every rank). budget "topp": the fewest lines (separately vertical
+// and slash) whose mass reaches cfg->top_p of the total, capped by
+// max_vertical / max_slash; budget "fixed": the top fixed_vertical[h] /
+// fixed_slash[h] lines. Ties go to the smaller position / offset. Always adds
+// positions 0..sink-1 and offsets 0..local-1 (clipped to N).
+void sparse_select(const AttentionConfig *cfg, const float *vertical, const float *slash,
+                   int num_heads, int64_t seq_len, const int *fixed_vertical,
+                   const int *fixed_slash, SparsePattern *pattern);
+
+// Index of the pattern for the given global query blocks (block size B): a
+// slash at offset d selects, for query block qb, every key block that the
+// keys q - d of the block's queries fall in (at most two); the diagonal block
+// is always selected; vertical positions become columns where their block is
+// not selected. Causality is left to the kernels (token-exact).
+void sparse_index_build(const SparsePattern *pattern, int block_size, const int64_t *q_blocks,
+                        int64_t num_q_blocks, SparseIndex *index);
+
+// Estimation rows' softmax mass inside the pattern, from this chunk: adds to
+// covered [Hq] (start at zero). est_index indexes the blocks of qe_pos.
+void sparse_estimate_recall(const AttnShape *shape, const SparseIndex *est_index,
+                            const float *qe, const int64_t *qe_pos, const float *k,
+                            const int64_t *k_pos, const float *lse_est, double *covered);
+
+// stats->computed and stats->causal for the index's query blocks (q_pos as in
+// the kernels, q_tokens of them); adds to stats.
+void sparse_index_count(const SparseIndex *index, const int64_t *q_pos, int64_t q_tokens,
+                        SparseStats *stats);
+
+void sparse_pattern_free(SparsePattern *pattern);
+void sparse_index_free(SparseIndex *index);
+
+// Sparse flash attention over one key chunk, as attn_dense_forward_cpu
+// (attention.h) but computing only the index's blocks and columns that lie in
+// this chunk (causal mask token-exact). q and this chunk block-aligned;
+// index->q_blocks[i] is the global block of q's local block i.
+void attn_sparse_forward_cpu(const AttnShape *shape, const SparseIndex *index,
+                             const float *q, const int64_t *q_pos, const float *k,
+                             const float *v, const int64_t *k_pos, float *o, float *lse);
+
+// Backward over one key chunk, as attn_dense_backward_cpu (accumulates dq,
+// dk, dv) restricted to the same index.
+void attn_sparse_backward_cpu(const AttnShape *shape, const SparseIndex *index,
+                              const float *q, const int64_t *q_pos, const float *k,
+                              const float *v, const int64_t *k_pos, const float *lse,
+                              const float *delta, const float *dout, float *dq, float *dk,
+                              float *dv);
+
+#endif

@@ -49,8 +49,8 @@ static void add_shards(Loader *l, const char *spec, const char *key) {
     for (char *pattern = strtok_r(copy, ",", &save); pattern; pattern = strtok_r(NULL, ",", &save)) {
         glob_t g;
         int rc = glob(pattern, 0, NULL, &g);
-        if (rc == GLOB_NOMATCH) fail("%s: %s '%s' matches no file (expected shard files)", pattern, key, pattern);
-        if (rc != 0) fail("%s: %s '%s' cannot be expanded (glob error %d)", pattern, key, pattern, rc);
+        if (rc == GLOB_NOMATCH) fail("%s: '%s' matches no file (expected one or more shard files)", key, pattern);
+        if (rc != 0) fail("%s: '%s' cannot be expanded (glob error %d: a folder cannot be read)", key, pattern, rc);
         for (size_t i = 0; i < g.gl_pathc; i++) add_shard(l, g.gl_pathv[i]);
         globfree(&g);
     }
@@ -182,6 +182,7 @@ void loader_open(Loader *l, const LoaderConfig *cfg) {
     bool held_out = !strcmp(cfg->val, "holdout");
     add_shards(l, cfg->train, "data.train");
     int64_t train_doc_end = l->doc_count;
+    l->train_shard_count = l->shard_count;
     if (!held_out) add_shards(l, cfg->val, "data.val");
 
     l->train_docs = xmalloc(sizeof(int64_t) * (size_t)(l->doc_count + 1));

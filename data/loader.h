@@ -56,7 +56,8 @@ typedef struct {
     LoaderConfig cfg;
     bool synthetic;
     int shard_count;
-    ShardInfo *shards;         // training shards, then data.val shards
+    int train_shard_count;
+    ShardInfo *shards;         // train_shard_count training shards, then data.val shards
     int64_t doc_count;         // global document ids are 0 .. doc_count-1
     int64_t *train_docs;       // non-empty training documents, in id order
     int64_t train_count;

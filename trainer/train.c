@@ -86,11 +86,13 @@ static void run_data_open(RunData *d, const Config *cfg) {
     d->block_size = cfg->attention.block_size;
     const Loader *l = &d->loader;
     if (l->synthetic) return;
+    int val_shards = l->shard_count - l->train_shard_count;
     printf("data: %d shards, %lld training documents, %lld tokens = %lld sequences of %d per epoch | validation: "
-           "%lld sequences from %lld %s documents\n", l->shard_count, (long long)l->train_count,
-           (long long)l->train_tokens, (long long)l->seqs_per_epoch, cfg->train.seq_len,
-           (long long)cfg->data.val_sequences, (long long)l->val.count,
-           strcmp(cfg->data.val, "holdout") ? "data.val" : "held-out");
+           "%d sequences from %lld document%s ", l->train_shard_count, (long long)l->train_count,
+           (long long)l->train_tokens, (long long)l->seqs_per_epoch, cfg->train.seq_len, cfg->data.val_sequences,
+           (long long)l->val.count, l->val.count == 1 ? "" : "s");
+    if (val_shards) printf("of data.val (%d shard%s)\n", val_shards, val_shards == 1 ? "" : "s");
+    else printf("held out of data.train\n");
 }
 
 static void run_data_close(RunData *d) {

@@ -222,6 +222,21 @@ void loader_close(Loader *l) {
     memset(l, 0, sizeof(*l));
 }
 
+void loader_print_summary(const Loader *l, FILE *out) {
+    if (l->synthetic) {
+        fprintf(out, "data: synthetic (seed %llu) | validation: %lld held-out sequences\n",
+                (unsigned long long)l->cfg.seed, (long long)l->cfg.val_sequences);
+        return;
+    }
+    int val_shards = l->shard_count - l->train_shard_count;
+    fprintf(out, "data: %d shards, %lld training documents, %lld tokens = %lld sequences of %lld per epoch | "
+            "validation: %lld sequences from %lld document%s ", l->train_shard_count, (long long)l->train_count,
+            (long long)l->train_tokens, (long long)l->seqs_per_epoch, (long long)l->cfg.seq_len,
+            (long long)l->cfg.val_sequences, (long long)l->val.count, l->val.count == 1 ? "" : "s");
+    if (val_shards) fprintf(out, "of data.val (%d shard%s)\n", val_shards, val_shards == 1 ? "" : "s");
+    else fprintf(out, "held out of data.train\n");
+}
+
 // ----------------------------------------------------------------------------
 // Sequences
 

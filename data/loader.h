@@ -21,6 +21,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "../attention/layout.h"
 #include "shard.h"
@@ -94,6 +95,8 @@ typedef struct {
 // stream. Bad input ends the program with one line naming file and problem.
 void loader_open(Loader *l, const LoaderConfig *cfg);
 void loader_close(Loader *l);
+// One line: shards, documents, tokens, sequences per epoch, validation.
+void loader_print_summary(const Loader *l, FILE *out);
 
 // Training sequence g (the cursor): sequence g mod P of epoch g / P.
 void loader_train_sequence(Loader *l, int64_t g, PackedSequence *out);

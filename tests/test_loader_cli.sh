@@ -2,10 +2,11 @@
 # test_loader_cli.sh: `mtrain train` on shards made by `mtrain tokenize`:
 # a run of 12 steps equals bitwise a run of 8 resumed to 12 (across an epoch
 # boundary), the saved data cursor is the one used, a separate data.val glob,
-# and every bad input (empty glob, seq_len longer than the data, token id >=
-# vocabulary, shard vocabulary larger than the model's, wrong magic,
-# unsupported version, truncated file, checksum mismatch) as one line naming
-# the file and the problem, with a non-zero exit.
+# `mtrain data` (summary, sequences sharing one token), and every bad input
+# (empty glob, seq_len longer than the data, token id >= vocabulary, shard
+# vocabulary larger than the model's, wrong magic, unsupported version,
+# truncated file, checksum mismatch) as one line naming the file and the
+# problem, with a non-zero exit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mtrain=$(realpath "${MTRAIN:-build/mtrain}")
@@ -78,6 +79,18 @@ expect "a resume from another data cursor gives another model" \
 # A separate validation glob.
 train checkpoint.dir="$tmp/val" data.val="$tmp/val.shard" train.steps=2
 expect "data.val names separate validation shards" 'grep -q "^data: 2 shards, 8 training documents.*validation: 2 sequences from 1 document of data.val (1 shard)" "$tmp/out.txt"'
+
+# mtrain data: the same summary as train; consecutive sequences share one
+# token (the last target of sequence g is the first input of g+1), also
+# across the epoch boundary.
+"$mtrain" data "$tmp/run.yaml" --read 30 --show "$((per_epoch - 1))" >"$tmp/data1.txt" 2>&1
+"$mtrain" data "$tmp/run.yaml" --show "$per_epoch" >"$tmp/data2.txt" 2>&1
+last=$(sed -n 's/^tokens (32 inputs + 1 target): //p' "$tmp/data1.txt" | awk '{ print $NF }')
+first=$(sed -n 's/^tokens (32 inputs + 1 target): //p' "$tmp/data2.txt" | awk '{ print $1 }')
+expect "mtrain data prints the loader summary and reads sequences" \
+  'grep -q "^data: 2 shards, .* = $per_epoch sequences of 32 per epoch" "$tmp/data1.txt" && grep -q "^read 30 sequences (960 tokens)" "$tmp/data1.txt"'
+expect "mtrain data --show: the last sequence of epoch 0 ends with the first token of epoch 1's (got $last, $first)" \
+  '[ -n "$last" ] && [ "$last" = "$first" ] && grep -q "(epoch 1, sequence 0 of $per_epoch)" "$tmp/data2.txt"'
 
 # expect_error NAME SUBSTRING OVERRIDES...: train fails with one line on stderr holding SUBSTRING.
 expect_error() {

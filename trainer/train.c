@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../data/loader.h"
 #include "checkpoint.h"
 #include "commands.h"
 
@@ -76,23 +75,19 @@ typedef struct {
     int block_size;
 } RunData;
 
-static void run_data_open(RunData *d, const Config *cfg) {
+void loader_from_config(Loader *l, const Config *cfg) {
     LoaderConfig lc = {cfg->data.train, cfg->data.val, cfg->model.vocab_size, cfg->train.seq_len,
                        cfg->data.val_sequences, cfg->train.seed};
-    loader_open(&d->loader, &lc);
+    loader_open(l, &lc);
+}
+
+static void run_data_open(RunData *d, const Config *cfg) {
+    loader_from_config(&d->loader, cfg);
     packed_sequence_alloc(&d->seq, cfg->train.seq_len);
     rank_slice_alloc(&d->slice, cfg->train.seq_len);
     d->layout = (LayoutKind)layout_parse(cfg->attention.layout);
     d->block_size = cfg->attention.block_size;
-    const Loader *l = &d->loader;
-    if (l->synthetic) return;
-    int val_shards = l->shard_count - l->train_shard_count;
-    printf("data: %d shards, %lld training documents, %lld tokens = %lld sequences of %d per epoch | validation: "
-           "%d sequences from %lld document%s ", l->train_shard_count, (long long)l->train_count,
-           (long long)l->train_tokens, (long long)l->seqs_per_epoch, cfg->train.seq_len, cfg->data.val_sequences,
-           (long long)l->val.count, l->val.count == 1 ? "" : "s");
-    if (val_shards) printf("of data.val (%d shard%s)\n", val_shards, val_shards == 1 ? "" : "s");
-    else printf("held out of data.train\n");
+    if (!d->loader.synthetic) loader_print_summary(&d->loader, stdout);
 }
 
 static void run_data_close(RunData *d) {

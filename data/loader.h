@@ -12,7 +12,8 @@
 // with <|endoftext|>). The epoch's last (S - 1) mod N tokens are not used.
 // Sequence g of the run is sequence g mod P of epoch g / P (P sequences per
 // epoch), computed directly from prefix sums, so the cursor saved in a
-// checkpoint is just g, and data-parallel rank d of D can take g*D + d.
+// checkpoint is just the number of sequences consumed (c), and data-parallel
+// rank d of D can read sequence c + d, the cursor then advancing by D.
 //
 // `data.train: synthetic` goes through the same interface: sequence g is
 // synthetic_sequence(seed, g) and validation sequence i is index -1 - i.

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "../data/synthetic.h"
+#include "../dist/comm.h"
 #include "checkpoint.h"
 #include "commands.h"
 
@@ -98,6 +99,14 @@ int cmd_train(int argc, char **argv) {
     if (strcmp(cfg.data.train, "synthetic"))
         fail("%s: data.train '%s': only the built-in 'synthetic' generator is available in this build", argv[0],
              cfg.data.train);
+    // The rank grid is validated now; the loop itself is still single-rank, so
+    // several ranks would train copies of the model into one checkpoint folder.
+    Dist dist;
+    dist_init(&dist, NULL, NULL, cfg.parallel.timeout_s);
+    dist_setup(&dist, cfg.parallel.dp, cfg.parallel.cp, cfg.parallel.cp_inner, argv[0]);
+    if (dist.world_size > 1)
+        comm_fail_all(&dist.world, "%s: %d ranks: training over several ranks is not wired into the trainer yet "
+                      "(expected a single process)", argv[0], dist.world_size);
     apply_threads(&cfg);
     Model m;
     model_from_config(&m, &cfg);
@@ -157,5 +166,6 @@ int cmd_train(int argc, char **argv) {
     fclose(metrics);
     free(seq);
     model_free(&m);
+    dist_finalize(&dist);
     return 0;
 }

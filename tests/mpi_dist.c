@@ -9,6 +9,7 @@
 //   mpi_dist ring flat|hierarchical INNER  ring attention against the single-rank kernel
 //   mpi_dist kill                        the last rank SIGKILLs itself inside an all-reduce
 //   mpi_dist skip                        the last rank skips an all-reduce (time-out)
+//   mpi_dist bench N flat|hierarchical INNER  times the ring (zigzag) and the single-rank kernel
 // Environment: MTRAIN_TIMEOUT_S (default 60) is the deadline of every wait.
 //
 // Ring tolerances (fp32 ring against the fp32 single-rank kernel on the
@@ -282,6 +283,60 @@ static void check_ring(const char *schedule, int cp_inner) {
             check_ring_case((LayoutKind)l, lengths[n], inner, schedule);
 }
 
+// Timing, not a check: best of 3 of the ring forward and backward on N
+// tokens (zigzag), and of the single-rank kernel on the whole sequence (rank 0).
+static void bench_ring(int64_t N, const char *schedule, int cp_inner) {
+    dist_setup(&dist, 1, 0, cp_inner, "mpi_dist");
+    const int Hq = 8, Hkv = 2, D = 64, B = 128, W = dist.cp.size;
+    int inner = ring_inner_size(schedule, W, dist.grid.cp_inner);
+    int64_t T = layout_rank_positions(LAYOUT_ZIGZAG, N, B, W, dist.cp.rank, NULL);
+    int64_t *pos = xmalloc((size_t)N * sizeof(int64_t));
+    Rng rng;
+    rng_seed(&rng, 7);
+    float *q = randn(&rng, N * Hq * D), *k = randn(&rng, N * Hkv * D), *v = randn(&rng, N * Hkv * D);
+    float *w = randn(&rng, N * Hq * D), *o = xmalloc((size_t)(N * Hq * D) * sizeof(float));
+    float *lse = xmalloc((size_t)(N * Hq) * sizeof(float)), *dq = xcalloc((size_t)(N * Hq * D), sizeof(float));
+    float *dk = xcalloc((size_t)(N * Hkv * D), sizeof(float)), *dv = xcalloc((size_t)(N * Hkv * D), sizeof(float));
+    double best[4] = {1e30, 1e30, 1e30, 1e30};
+    AttnShape shape = {T, 0, Hq, Hkv, D, B, 1.0f / sqrtf((float)D)};
+    layout_rank_positions(LAYOUT_ZIGZAG, N, B, W, dist.cp.rank, pos);
+    Ring ring;
+    ring_init(&ring, &dist.cp, inner, pos, T);
+    for (int rep = 0; rep < 3; rep++) {
+        double start_together = 0;
+        comm_allreduce(&dist.world, &start_together, 1, DT_DOUBLE, REDUCE_SUM);
+        double t0 = now_seconds();
+        ring_attn_forward(&ring, &ring_dense_cpu, &shape, q, k, v, o, lse);
+        double t1 = now_seconds();
+        ring_attn_backward(&ring, &ring_dense_cpu, &shape, q, k, v, o, lse, w, dq, dk, dv);
+        double t2[2] = {t1 - t0, now_seconds() - t1};
+        comm_allreduce(&dist.world, t2, 2, DT_DOUBLE, REDUCE_MAX);
+        best[0] = fmin(best[0], t2[0]);
+        best[1] = fmin(best[1], t2[1]);
+    }
+    ring_free(&ring);
+    if (dist.world_rank == 0) {
+        AttnShape full = {N, N, Hq, Hkv, D, B, shape.scale};
+        for (int64_t t = 0; t < N; t++) pos[t] = t;
+        float *delta = xmalloc((size_t)(N * Hq) * sizeof(float));
+        for (int rep = 0; rep < 3; rep++) {
+            double t0 = now_seconds();
+            attn_forward_init(&full, o, lse);
+            attn_dense_forward_cpu(&full, q, pos, k, v, pos, o, lse);
+            double t1 = now_seconds();
+            attn_backward_delta(&full, o, w, delta);
+            attn_dense_backward_cpu(&full, q, pos, k, v, pos, lse, delta, w, dq, dk, dv);
+            best[2] = fmin(best[2], t1 - t0);
+            best[3] = fmin(best[3], now_seconds() - t1);
+        }
+        free(delta);
+        printf("bench N=%lld Hq=%d Hkv=%d D=%d B=%d: ring %s W=%d inner=%d: forward %.1f ms, backward %.1f ms | "
+               "single rank: forward %.1f ms, backward %.1f ms\n", (long long)N, Hq, Hkv, D, B, schedule, W, inner,
+               best[0] * 1e3, best[1] * 1e3, best[2] * 1e3, best[3] * 1e3);
+    }
+    free(pos); free(q); free(k); free(v); free(w); free(o); free(lse); free(dq); free(dk); free(dv);
+}
+
 // ----------------------------------------------------------------------------
 // Failures: a rank dies, or a rank never joins a collective.
 
@@ -324,13 +379,16 @@ int main(int argc, char **argv) {
         if (dist.world_rank == 0) printf("setup succeeded\n");
     } else if (!strcmp(mode, "ring") && argc == 4) {
         check_ring(argv[2], atoi(argv[3]));
+    } else if (!strcmp(mode, "bench") && argc == 5) {
+        bench_ring(atoll(argv[2]), argv[3], atoi(argv[4]));
     } else if (!strcmp(mode, "kill")) {
         check_kill();
     } else if (!strcmp(mode, "skip")) {
         check_skip();
     } else {
         if (dist.world_rank == 0) fprintf(stderr, "usage: mpi_dist collectives | grid DP CP INNER | grid-errors | "
-                                                  "setup DP CP INNER | ring flat|hierarchical INNER | kill | skip\n");
+                                                  "setup DP CP INNER | ring flat|hierarchical INNER | kill | skip | "
+                                                  "bench N flat|hierarchical INNER\n");
         dist_finalize(&dist);
         return 2;
     }

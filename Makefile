@@ -14,6 +14,9 @@ CFLAGS += -I/usr/include/x86_64-linux-gnu/openblas-openmp
 LDLIBS = -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lyaml -lzstd -lcjson -lm -fopenmp
 PYTHON = /usr/bin/python3
 
+# Tokenizer: PCRE2 (the split regex) and utf8proc (NFC).
+LDLIBS += -lpcre2-8 -lutf8proc
+
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 CUDA_HOME ?= /usr/local/cuda
 NVCCFLAGS = -O3 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \

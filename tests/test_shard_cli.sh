@@ -115,8 +115,8 @@ printf '{"text": "a\\u0000b"}\n' >nul.jsonl
 expect_error "tokenize: jsonl text with a NUL" nonzero 'nul.jsonl:1: a \u0000 (NUL) escape is not supported' \
   "$mtrain" tokenize --tokenizer bytes --input nul.jsonl --output x.shard
 
-expect_error "tokenize: unknown tokenizer" 2 "only 'bytes' for now" \
-  "$mtrain" tokenize --tokenizer tokenizer.json --input a.txt --output x.shard
+expect_error "tokenize: missing tokenizer file" 1 "nonexistent/tokenizer.json" \
+  "$mtrain" tokenize --tokenizer nonexistent/tokenizer.json --input a.txt --output x.shard
 expect_error "tokenize: unknown input type" 2 "a.csv: unknown input type" \
   "$mtrain" tokenize --tokenizer bytes --input a.csv --output x.shard
 expect_error "tokenize: missing --output" 2 "--output is required" "$mtrain" tokenize --tokenizer bytes --input a.txt

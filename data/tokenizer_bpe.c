@@ -422,6 +422,33 @@ static void load_normalizer(TokenizerBpe *t, const cJSON *n, const char *where) 
     }
 }
 
+// The split regex as PCRE2 should see it: `tokenizers` runs it with
+// Oniguruma, whose \s is Unicode White_Space, while PCRE2's \s also takes
+// U+180E; so \s and \S become \p{White_Space} and \P{White_Space} (valid
+// inside classes too). Escaped characters and \Q..\E quotes are kept as they are.
+static char *pattern_for_pcre2(const char *regex) {
+    size_t n = strlen(regex);
+    char *out = xmalloc(8 * n + 1), *o = out;
+    for (size_t i = 0; i < n; i++) {
+        if (regex[i] != '\\' || i + 1 == n) { *o++ = regex[i]; continue; }
+        char c = regex[++i];
+        if (c == 's' || c == 'S') {
+            o += sprintf(o, "\\%c{White_Space}", c == 's' ? 'p' : 'P');
+            continue;
+        }
+        *o++ = '\\';
+        *o++ = c;
+        if (c != 'Q') continue;
+        const char *end = strstr(regex + i + 1, "\\E");
+        size_t quoted = end ? (size_t)(end - regex) - i - 1 : n - i - 1;
+        memcpy(o, regex + i + 1, quoted);
+        o += quoted;
+        i += quoted;
+    }
+    *o = 0;
+    return out;
+}
+
 // The one layout supported: Sequence [Split (Regex, Isolated), ByteLevel
 // (no prefix space, no regex of its own)].
 static void load_pre_tokenizer(TokenizerBpe *t, const cJSON *root) {
@@ -447,11 +474,14 @@ static void load_pre_tokenizer(TokenizerBpe *t, const cJSON *root) {
 
     int code;
     PCRE2_SIZE offset;
-    t->split = pcre2_compile((PCRE2_SPTR)regex->valuestring, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &code, &offset, NULL);
+    char *pattern = pattern_for_pcre2(regex->valuestring);
+    t->split = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &code, &offset, NULL);
+    free(pattern);
     if (!t->split) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(code, msg, sizeof(msg));
-        bad(t, "pre_tokenizer.pretokenizers[0].pattern.Regex", "does not compile at offset %zu: %s", (size_t)offset, (char *)msg);
+        bad(t, "pre_tokenizer.pretokenizers[0].pattern.Regex", "does not compile: %s (at offset %zu of it with \\s as "
+            "\\p{White_Space})", (char *)msg, (size_t)offset);
     }
     pcre2_jit_compile(t->split, PCRE2_JIT_COMPLETE);  // without JIT, pcre2_match interprets
     t->match = pcre2_match_data_create_from_pattern(t->split, NULL);

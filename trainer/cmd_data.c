@@ -164,6 +164,7 @@ int cmd_tokenize(int argc, char **argv) {
     }
     free(output_dir);
     t.writer = shard_writer_open(output, t.tokenizer->vocab_size, 0, frame_tokens);
+    double start = now_seconds();
     for (int i = 0; i < input_count; i++) {
         if (ends_with(inputs[i], ".jsonl")) { add_jsonl(&t, inputs[i]); continue; }
         size_t bytes;
@@ -172,14 +173,16 @@ int cmd_tokenize(int argc, char **argv) {
         free(text);
     }
     shard_writer_close(t.writer);
+    double seconds = now_seconds() - start;
     free(t.ids.ids);
     tokenizer_close(t.tokenizer);
 
     Shard s;
     shard_open(&s, output);
     int64_t raw_bytes = s.token_count * s.token_bytes;
-    printf("tokenized %" PRId64 " documents (%" PRId64 " bytes of text) from %d files into %" PRId64 " tokens\n",
-           t.documents, t.text_bytes, input_count, t.tokens);
+    printf("tokenized %" PRId64 " documents (%" PRId64 " bytes of text) from %d files into %" PRId64 " tokens in %.3f s "
+           "(%.2f MB/s of text, one thread)\n", t.documents, t.text_bytes, input_count, t.tokens, seconds,
+           (double)t.text_bytes / 1e6 / (seconds > 0 ? seconds : 1e-9));
     printf("wrote %s: %" PRId64 " bytes in %" PRId64 " frames, compression %.2fx over %" PRId64 " bytes of uint%d tokens\n",
            output, s.file_bytes, s.frame_count, (double)raw_bytes / (double)s.file_bytes, raw_bytes, 8 * s.token_bytes);
     shard_close(&s);

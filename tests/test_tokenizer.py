@@ -400,6 +400,11 @@ def test_qwen(work, path):
     # Cross-check against the reference implementation.
     rng = random.Random(7)
     texts = [random_text(rng) for _ in range(3000)] + doc_lines()
+    # Long single pieces (the merge heap, no cache): letters only, or one run.
+    texts += ["".join(rng.choice("ACGT") for _ in range(8000)), "a" * 20000,
+              "".join(rng.choice("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(4000)),
+              "".join(rng.choice("的一是不了人我在有他这中大来上国个到说们为子和你地出道也时年") for _ in range(5000)),
+              "=" * 5000 + " " * 5000 + "x"]
     got, shard = encode_many(work, path, texts, "mixed")
     if got is None:
         check("qwen: mtrain tokenize on mixed text", False, shard)

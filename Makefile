@@ -17,6 +17,9 @@ CFLAGS += $(shell mpicc --showme:compile)
 LDLIBS += $(shell mpicc --showme:link)
 PYTHON = /usr/bin/python3
 
+# Tokenizer: PCRE2 (the split regex) and utf8proc (NFC).
+LDLIBS += -lpcre2-8 -lutf8proc
+
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 CUDA_HOME ?= /usr/local/cuda
 NVCCFLAGS = -O3 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \

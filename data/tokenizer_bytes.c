@@ -1,27 +1,43 @@
 // tokenizer_bytes.c: the byte-level tokenizer (ids are bytes, plus two
-// special tokens).
+// special tokens) behind the Tokenizer interface.
 #include "tokenizer_bytes.h"
 
-#include <inttypes.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../dist/util.h"
 
-void tokenizer_bytes_encode(const uint8_t *text, int64_t count, uint32_t *ids) {
-    for (int64_t i = 0; i < count; i++) ids[i] = text[i];
+typedef struct {
+    Tokenizer base;
+    uint8_t bytes[256];        // bytes[b] = b: the piece of id b
+} TokenizerBytes;
+
+static int64_t bytes_encode(Tokenizer *t, const uint8_t *text, int64_t bytes, TokenIds *ids) {
+    (void)t;
+    token_ids_reserve(ids, bytes);
+    for (int64_t i = 0; i < bytes; i++) ids->ids[ids->count++] = text[i];
+    return -1;
 }
 
-int64_t tokenizer_bytes_decode(const uint32_t *ids, int64_t count, uint8_t *out) {
-    int64_t n = 0;
-    for (int64_t i = 0; i < count; i++) {
-        const char *special = NULL;
-        if (ids[i] < 256) { out[n++] = (uint8_t)ids[i]; continue; }
-        if (ids[i] == TOKEN_ENDOFTEXT) special = "<|endoftext|>";
-        else if (ids[i] == TOKEN_PAD) special = "<|pad|>";
-        else fail("byte tokenizer: token id %" PRIu32 " is not in its vocabulary (expected < %d)", ids[i], TOKENIZER_BYTES_VOCAB);
-        size_t len = strlen(special);
-        memcpy(out + n, special, len);
-        n += (int64_t)len;
+static const uint8_t *bytes_piece(const Tokenizer *t, uint32_t id, size_t *len) {
+    static const char *special[] = {[TOKEN_ENDOFTEXT - 256] = "<|endoftext|>", [TOKEN_PAD - 256] = "<|pad|>"};
+    if (id < 256) {
+        *len = 1;
+        return &((const TokenizerBytes *)t)->bytes[id];
     }
-    return n;
+    if (id >= TOKENIZER_BYTES_VOCAB) return NULL;
+    *len = strlen(special[id - 256]);
+    return (const uint8_t *)special[id - 256];
+}
+
+static void bytes_close(Tokenizer *t) {
+    free(t);
+}
+
+Tokenizer *tokenizer_bytes_open(void) {
+    TokenizerBytes *t = xcalloc(1, sizeof(*t));
+    t->base = (Tokenizer){.name = "bytes", .vocab_size = TOKENIZER_BYTES_VOCAB, .end_of_text = TOKEN_ENDOFTEXT,
+                          .encode = bytes_encode, .piece = bytes_piece, .close = bytes_close};
+    for (int b = 0; b < 256; b++) t->bytes[b] = (uint8_t)b;
+    return &t->base;
 }

@@ -20,6 +20,10 @@ checks=(
   "python3-torch:/usr/lib/python3/dist-packages/torch/__init__.py"
   "python3-numpy:/usr/lib/python3/dist-packages/numpy/__init__.py"
   "gnuplot-nox:/usr/bin/gnuplot"
+  "libpcre2-dev:/usr/include/pcre2.h"
+  "libutf8proc-dev:/usr/include/utf8proc.h"
+  "npm:/usr/bin/npm"
+  "python3-regex:/usr/lib/python3/dist-packages/regex/__init__.py"
 )
 
 missing=()

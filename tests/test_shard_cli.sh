@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_shard_cli.sh: the data verbs end to end. `mtrain tokenize` on .txt and
-# .jsonl files, `shard dump --text` giving the documents back byte for byte,
-# `shard info`, `shard verify` on good and damaged shards, and the errors for
+# .jsonl files, `shard dump --text` and `detokenize` giving the documents back
+# byte for byte, `shard info`, `shard verify` on good and damaged shards, and the errors for
 # bad input and bad arguments. Prints "ok NAME" / "FAIL NAME: why".
 #   MTRAIN=path/to/mtrain bash tests/test_shard_cli.sh   (default build/mtrain)
 set -uo pipefail
@@ -78,6 +78,15 @@ if [ "$lines" -eq 5 ] && [ "$first" = "72 101 108" ] && [ "$ends" -eq 0 ] && [ "
   pass "dump: ids, one document per line, each ending with 256"
 else fail "dump: ids, one document per line, each ending with 256" "$lines lines, first '$first', $ends bad ends"; fi
 
+"$mtrain" shard dump data/corpus.shard --text --tokenizer bytes >dump_bytes.txt 2>&1
+"$mtrain" detokenize --tokenizer bytes <ids.txt >detok.txt 2>&1
+if cmp -s dump_bytes.txt expected.txt && cmp -s detok.txt expected.txt; then
+  pass "dump --text --tokenizer bytes and detokenize reproduce every document"
+else fail "dump --text --tokenizer bytes and detokenize reproduce every document" "$(cmp detok.txt expected.txt 2>&1)"; fi
+expect_error "detokenize: id outside the byte vocabulary" nonzero "stdin:1: '258' is not a token id of bytes" \
+  sh -c "echo '72 258' | '$mtrain' detokenize --tokenizer bytes"
+expect_error "dump: --tokenizer without --text" 2 "it needs --text" "$mtrain" shard dump data/corpus.shard --tokenizer bytes
+
 "$mtrain" shard info data/corpus.shard >info.txt 2>&1
 frames=$(( (tokens + 15) / 16 ))
 if grep -qE "^  documents +5 " info.txt && grep -qE "^  tokens +$tokens$" info.txt &&
@@ -115,8 +124,8 @@ printf '{"text": "a\\u0000b"}\n' >nul.jsonl
 expect_error "tokenize: jsonl text with a NUL" nonzero 'nul.jsonl:1: a \u0000 (NUL) escape is not supported' \
   "$mtrain" tokenize --tokenizer bytes --input nul.jsonl --output x.shard
 
-expect_error "tokenize: unknown tokenizer" 2 "only 'bytes' for now" \
-  "$mtrain" tokenize --tokenizer tokenizer.json --input a.txt --output x.shard
+expect_error "tokenize: missing tokenizer file" 1 "nonexistent/tokenizer.json" \
+  "$mtrain" tokenize --tokenizer nonexistent/tokenizer.json --input a.txt --output x.shard
 expect_error "tokenize: unknown input type" 2 "a.csv: unknown input type" \
   "$mtrain" tokenize --tokenizer bytes --input a.csv --output x.shard
 expect_error "tokenize: missing --output" 2 "--output is required" "$mtrain" tokenize --tokenizer bytes --input a.txt

@@ -1,7 +1,8 @@
 // cmd_data.c: the data verbs. `mtrain tokenize` packs text files (.txt: one
 // document per file; .jsonl: the "text" field of each line) into a token
-// shard; `mtrain shard info|verify|dump` inspects, checks and prints one;
-// `mtrain data RUN.yaml` shows what the loader makes of a run's data.
+// shard with any tokenizer (data/tokenizer.h); `mtrain shard info|verify|dump`
+// inspects, checks and prints one; `mtrain detokenize` turns ids back into
+// text; `mtrain data RUN.yaml` shows what the loader makes of a run's data.
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -11,13 +12,14 @@
 #include <string.h>
 
 #include "../data/shard.h"
-#include "../data/tokenizer_bytes.h"
+#include "../data/tokenizer.h"
 #include "../dist/util.h"
 #include "commands.h"
 #include "train.h"
 
 static const char *tokenize_usage =
-    "usage: mtrain tokenize --tokenizer bytes --input FILE... --output OUT.shard [--frame-tokens N]\n"
+    "usage: mtrain tokenize --tokenizer T --input FILE... --output OUT.shard [--frame-tokens N]\n"
+    "  T is bytes, a tokenizer.json (byte-level BPE, e.g. Qwen2.5's) or a model folder holding one.\n"
     "  FILE.txt is one document; FILE.jsonl holds one JSON object per line whose \"text\" is a document.\n"
     "  Every document ends with <|endoftext|>.\n";
 
@@ -29,7 +31,13 @@ static const char *data_usage =
 static const char *shard_usage =
     "usage: mtrain shard info FILE          header, frames, documents, tokens, compression\n"
     "       mtrain shard verify FILE...     check every checksum and token; prints FILE: ok\n"
-    "       mtrain shard dump FILE [--text] token ids (or decoded text), one document per line\n";
+    "       mtrain shard dump FILE [--text [--tokenizer T]]\n"
+    "                                       token ids (or text decoded with T, default bytes), one document per line\n";
+
+static const char *detokenize_usage =
+    "usage: mtrain detokenize --tokenizer T [FILE]\n"
+    "  reads token ids (whole numbers separated by spaces) from FILE or stdin and writes their text;\n"
+    "  each line of ids becomes its text followed by a newline.\n";
 
 // Prints "mtrain: <message>" and the usage; returns the usage exit status 2.
 static int usage_error(const char *usage, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -52,26 +60,28 @@ static int ends_with(const char *s, const char *suffix) {
 // tokenize
 
 typedef struct {
+    Tokenizer *tokenizer;
     ShardWriter *writer;
-    uint32_t *ids;
-    int64_t ids_cap;
+    TokenIds ids;
     int64_t documents, text_bytes, tokens;
 } Tokenize;
 
-// Encodes one document with the byte tokenizer, appends <|endoftext|>, and
-// adds it to the shard.
-static void add_text(Tokenize *t, const uint8_t *text, int64_t bytes) {
-    if (bytes + 1 > t->ids_cap) {
-        t->ids_cap = 2 * (bytes + 1);
-        free(t->ids);
-        t->ids = xmalloc((size_t)t->ids_cap * sizeof(uint32_t));
+// Encodes one document (where: "FILE" or "FILE:LINE", for messages), appends
+// <|endoftext|>, and adds it to the shard.
+static void add_text(Tokenize *t, const uint8_t *text, int64_t bytes, const char *where) {
+    t->ids.count = 0;
+    int64_t bad_at = t->tokenizer->encode(t->tokenizer, text, bytes, &t->ids);
+    if (bad_at >= 0) {
+        shard_writer_abort(t->writer);
+        fail("%s: byte %" PRId64 " of the text is not valid UTF-8 (expected UTF-8 text: tokenizer %s needs it)", where,
+             bad_at, t->tokenizer->name);
     }
-    tokenizer_bytes_encode(text, bytes, t->ids);
-    t->ids[bytes] = TOKEN_ENDOFTEXT;
-    shard_writer_add_document(t->writer, t->ids, bytes + 1);
+    token_ids_reserve(&t->ids, 1);
+    t->ids.ids[t->ids.count++] = (uint32_t)t->tokenizer->end_of_text;
+    shard_writer_add_document(t->writer, t->ids.ids, t->ids.count);
     t->documents++;
     t->text_bytes += bytes;
-    t->tokens += bytes + 1;
+    t->tokens += t->ids.count;
 }
 
 // Whether a JSON line holds a \u0000 escape: cJSON's strings end at a NUL, so
@@ -101,7 +111,9 @@ static void add_jsonl(Tokenize *t, const char *path) {
             shard_writer_abort(t->writer);
             fail("%s:%" PRId64 ": %s (expected one JSON object per line with a string field \"text\")", path, line_no, problem);
         }
-        add_text(t, (const uint8_t *)text->valuestring, (int64_t)strlen(text->valuestring));
+        char where[4096];
+        snprintf(where, sizeof(where), "%s:%" PRId64, path, line_no);
+        add_text(t, (const uint8_t *)text->valuestring, (int64_t)strlen(text->valuestring), where);
         cJSON_Delete(obj);
     }
     if (ferror(f)) {
@@ -142,14 +154,15 @@ int cmd_tokenize(int argc, char **argv) {
     }
     const char *missing = !tokenizer ? "--tokenizer" : !input_count ? "--input" : !output ? "--output" : NULL;
     if (missing) return usage_error(tokenize_usage, "tokenize: %s is required", missing);
-    if (strcmp(tokenizer, "bytes"))
-        return usage_error(tokenize_usage, "tokenizer '%s' is not supported (expected 'bytes': only 'bytes' for now; tokenizer.json comes later)", tokenizer);
     for (int i = 0; i < input_count; i++) {
         if (!ends_with(inputs[i], ".txt") && !ends_with(inputs[i], ".jsonl"))
             return usage_error(tokenize_usage, "%s: unknown input type (expected a .txt or .jsonl file)", inputs[i]);
         fclose(xfopen(inputs[i], "rb"));  // fail on a missing input before any work
     }
 
+    Tokenize t = {.tokenizer = tokenizer_open(tokenizer)};
+    if (t.tokenizer->end_of_text < 0)
+        fail("%s: has no <|endoftext|> token (expected one: it ends every document)", t.tokenizer->name);
     char *output_dir = xstrdup(output);
     char *slash = strrchr(output_dir, '/');
     if (slash && slash != output_dir) {
@@ -157,22 +170,26 @@ int cmd_tokenize(int argc, char **argv) {
         make_dirs(output_dir);
     }
     free(output_dir);
-    Tokenize t = {.writer = shard_writer_open(output, TOKENIZER_BYTES_VOCAB, 0, frame_tokens)};
+    t.writer = shard_writer_open(output, t.tokenizer->vocab_size, 0, frame_tokens);
+    double start = now_seconds();
     for (int i = 0; i < input_count; i++) {
         if (ends_with(inputs[i], ".jsonl")) { add_jsonl(&t, inputs[i]); continue; }
         size_t bytes;
         char *text = read_file(inputs[i], &bytes);
-        add_text(&t, (const uint8_t *)text, (int64_t)bytes);
+        add_text(&t, (const uint8_t *)text, (int64_t)bytes, inputs[i]);
         free(text);
     }
     shard_writer_close(t.writer);
-    free(t.ids);
+    double seconds = now_seconds() - start;
+    free(t.ids.ids);
+    tokenizer_close(t.tokenizer);
 
     Shard s;
     shard_open(&s, output);
     int64_t raw_bytes = s.token_count * s.token_bytes;
-    printf("tokenized %" PRId64 " documents (%" PRId64 " bytes of text) from %d files into %" PRId64 " tokens\n",
-           t.documents, t.text_bytes, input_count, t.tokens);
+    printf("tokenized %" PRId64 " documents (%" PRId64 " bytes of text) from %d files into %" PRId64 " tokens in %.3f s "
+           "(%.2f MB/s of text, one thread)\n", t.documents, t.text_bytes, input_count, t.tokens, seconds,
+           (double)t.text_bytes / 1e6 / (seconds > 0 ? seconds : 1e-9));
     printf("wrote %s: %" PRId64 " bytes in %" PRId64 " frames, compression %.2fx over %" PRId64 " bytes of uint%d tokens\n",
            output, s.file_bytes, s.frame_count, (double)raw_bytes / (double)s.file_bytes, raw_bytes, 8 * s.token_bytes);
     shard_close(&s);
@@ -209,31 +226,37 @@ static void shard_info(const char *path) {
     shard_close(&s);
 }
 
-static void shard_dump(const char *path, int text) {
+static void flush_stdout(void) {
+    if (fflush(stdout) != 0 || ferror(stdout)) fail("stdout: write failed (%s)", strerror(errno));
+}
+
+// Prints every document as its ids, or (with a tokenizer) as its text.
+static void shard_dump(const char *path, Tokenizer *tokenizer) {
     Shard s;
     shard_open(&s, path);
-    if (text && s.vocab_size != TOKENIZER_BYTES_VOCAB)
-        fail("%s: --text decodes byte-tokenizer shards only (expected vocabulary size %d, found %" PRId64 ")", path,
-             TOKENIZER_BYTES_VOCAB, s.vocab_size);
+    if (tokenizer && s.vocab_size != tokenizer->vocab_size)
+        fail("%s: vocabulary size %" PRId64 " does not match tokenizer %s (expected %" PRId64 "; pass the tokenizer that "
+             "made the shard with --tokenizer)", path, s.vocab_size, tokenizer->name, tokenizer->vocab_size);
     const int64_t chunk = 1 << 16;
     uint32_t *ids = xmalloc((size_t)chunk * sizeof(uint32_t));
-    uint8_t *bytes = text ? xmalloc((size_t)chunk * TOKENIZER_BYTES_MAX_PIECE) : NULL;
     for (int64_t d = 0; d < s.doc_count; d++) {
         int64_t start = shard_document_start(&s, d), end = shard_document_start(&s, d + 1);
         for (int64_t pos = start; pos < end; pos += chunk) {
             int64_t n = end - pos < chunk ? end - pos : chunk;
             shard_read_tokens(&s, pos, n, ids);
-            if (text) {
-                fwrite(bytes, 1, (size_t)tokenizer_bytes_decode(ids, n, bytes), stdout);
+            if (!tokenizer) {
+                for (int64_t i = 0; i < n; i++) printf("%s%" PRIu32, pos + i == start ? "" : " ", ids[i]);
                 continue;
             }
-            for (int64_t i = 0; i < n; i++) printf("%s%" PRIu32, pos + i == start ? "" : " ", ids[i]);
+            int64_t bad = tokenizer_write(tokenizer, ids, n, stdout);
+            if (bad >= 0)
+                fail("%s: token %" PRId64 " has id %" PRIu32 ", which tokenizer %s does not have (expected an id of its "
+                     "vocabulary)", path, pos + bad, ids[bad], tokenizer->name);
         }
         putchar('\n');
     }
-    if (fflush(stdout) != 0 || ferror(stdout)) fail("stdout: write failed (%s)", strerror(errno));
+    flush_stdout();
     free(ids);
-    free(bytes);
     shard_close(&s);
 }
 
@@ -242,11 +265,17 @@ int cmd_shard(int argc, char **argv) {
     const char *action = argv[0];
     if (!strcmp(action, "-h") || !strcmp(action, "--help")) { printf("%s", shard_usage); return 0; }
     int text = 0, file_count = 0;
+    const char *tokenizer = NULL;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--text") && !strcmp(action, "dump")) text = 1;
-        else if (!strncmp(argv[i], "--", 2)) return usage_error(shard_usage, "shard: unknown option '%s'", argv[i]);
+        int dump = !strcmp(action, "dump");
+        if (!strcmp(argv[i], "--text") && dump) text = 1;
+        else if (!strcmp(argv[i], "--tokenizer") && dump) {
+            if (i + 1 >= argc) return usage_error(shard_usage, "--tokenizer needs a value");
+            tokenizer = argv[++i];
+        } else if (!strncmp(argv[i], "--", 2)) return usage_error(shard_usage, "shard: unknown option '%s'", argv[i]);
         else argv[1 + file_count++] = argv[i];
     }
+    if (tokenizer && !text) return usage_error(shard_usage, "shard dump: --tokenizer decodes text: it needs --text");
     if (!strcmp(action, "verify")) {
         if (file_count < 1) return usage_error(shard_usage, "shard verify: which FILE?");
         for (int i = 0; i < file_count; i++) {
@@ -260,8 +289,64 @@ int cmd_shard(int argc, char **argv) {
     }
     if (strcmp(action, "info") && strcmp(action, "dump")) return usage_error(shard_usage, "shard: unknown action '%s'", action);
     if (file_count != 1) return usage_error(shard_usage, "shard %s: expected exactly one FILE", action);
-    if (!strcmp(action, "info")) shard_info(argv[1]);
-    else shard_dump(argv[1], text);
+    if (!strcmp(action, "info")) {
+        shard_info(argv[1]);
+        return 0;
+    }
+    Tokenizer *t = text ? tokenizer_open(tokenizer ? tokenizer : "bytes") : NULL;
+    shard_dump(argv[1], t);
+    tokenizer_close(t);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// detokenize
+
+int cmd_detokenize(int argc, char **argv) {
+    const char *tokenizer = NULL, *input = NULL;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { printf("%s", detokenize_usage); return 0; }
+        if (!strcmp(argv[i], "--tokenizer")) {
+            if (i + 1 >= argc) return usage_error(detokenize_usage, "--tokenizer needs a value");
+            tokenizer = argv[++i];
+        } else if (!strncmp(argv[i], "--", 2) || input) {
+            return usage_error(detokenize_usage, "detokenize: unexpected argument '%s'", argv[i]);
+        } else {
+            input = argv[i];
+        }
+    }
+    if (!tokenizer) return usage_error(detokenize_usage, "detokenize: --tokenizer is required");
+    Tokenizer *t = tokenizer_open(tokenizer);
+    FILE *f = input ? xfopen(input, "rb") : stdin;
+    const char *name = input ? input : "stdin";
+    TokenIds ids = {0};
+    char *line = NULL;
+    size_t cap = 0;
+    for (int64_t line_no = 1; getline(&line, &cap, f) >= 0; line_no++) {
+        ids.count = 0;
+        for (char *p = line + strspn(line, " \t\r\n"); *p; p += strspn(p, " \t\r\n")) {
+            char *end;
+            errno = 0;
+            unsigned long long id = strtoull(p, &end, 10);
+            if (errno || end == p || *p == '-' || !strchr(" \t\r\n", *end) || id >= (unsigned long long)t->vocab_size)
+                fail("%s:%" PRId64 ": '%.*s' is not a token id of %s (expected whole numbers below %" PRId64
+                     " separated by spaces)", name, line_no, (int)strcspn(p, " \t\r\n"), p, t->name, t->vocab_size);
+            token_ids_reserve(&ids, 1);
+            ids.ids[ids.count++] = (uint32_t)id;
+            p = end;
+        }
+        int64_t bad = tokenizer_write(t, ids.ids, ids.count, stdout);
+        if (bad >= 0)
+            fail("%s:%" PRId64 ": token id %" PRIu32 " is not in the vocabulary of %s (expected an id it has)", name,
+                 line_no, ids.ids[bad], t->name);
+        putchar('\n');
+    }
+    if (ferror(f)) fail("%s: read failed (%s)", name, strerror(errno));
+    if (input) fclose(f);
+    flush_stdout();
+    free(line);
+    free(ids.ids);
+    tokenizer_close(t);
     return 0;
 }
 

@@ -9,5 +9,6 @@ int cmd_score(int argc, char **argv);     // trainer/score.c
 int cmd_tokenize(int argc, char **argv);  // trainer/cmd_data.c
 int cmd_shard(int argc, char **argv);     // trainer/cmd_data.c
 int cmd_data(int argc, char **argv);      // trainer/cmd_data.c
+int cmd_detokenize(int argc, char **argv);  // trainer/cmd_data.c
 
 #endif

@@ -14,9 +14,10 @@ static const Verb verbs[] = {
     {"train", cmd_train, "train RUN.yaml [section.key=value ...]   train a model"},
     {"config", cmd_config, "config RUN.yaml [section.key=value ...]  print the resolved config (--doc: the key reference)"},
     {"score", cmd_score, "score --model DIR --tokens FILE [--grads OUT] [--logits OUT] [overrides]  loss (and gradients) of a HF model"},
-    {"tokenize", cmd_tokenize, "tokenize --tokenizer bytes --input FILE... --output OUT.shard [--frame-tokens N]  pack text into a token shard"},
+    {"tokenize", cmd_tokenize, "tokenize --tokenizer T --input FILE... --output OUT.shard [--frame-tokens N]  pack text into a token shard (T: bytes or a tokenizer.json)"},
+    {"detokenize", cmd_detokenize, "detokenize --tokenizer T [FILE]  token ids (one document per line) back to text"},
     {"data", cmd_data, "data RUN.yaml [--read N] [--show G] [section.key=value ...]  what the loader makes of the run's data"},
-    {"shard", cmd_shard, "shard info|verify|dump FILE [--text]  inspect, check or print a token shard"},
+    {"shard", cmd_shard, "shard info|verify|dump FILE [--text [--tokenizer T]]  inspect, check or print a token shard"},
 };
 
 static void usage(FILE *out) {

@@ -4,8 +4,7 @@
 //
 // Tensor cores through mma.sync.m16n8k16 (bf16 in, fp32 accumulate), tiles
 // moved global -> shared with cp.async (16 bytes, zero-filled past the end)
-// and shared -> registers with ldmatrix. Shared rows are padded by 16 bytes so
-// that the 8 row addresses of an ldmatrix land in distinct banks.
+// and shared -> registers with ldmatrix (building blocks: flash_tiles.cuh).
 //   forward   one CTA per (q head, tile of BM queries), one warp per 16
 //             queries; key/value tiles of BN keys double-buffered; online
 //             softmax in registers (log2 domain, exp2), P reused from the
@@ -21,87 +20,33 @@
 // The mask is by global position (key j visible to query i iff
 // k_pos[j] <= q_pos[i]); per-tile position bounds skip tiles with no visible
 // pair and drop the per-element test where every pair is visible.
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
 
 #include "../dist/cuda_check.h"
 #include "attention_cuda.h"
-
-typedef __nv_bfloat16 bf16;
+#include "flash_tiles.cuh"
 
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
-
-// ---- PTX wrappers ----
-
-__device__ __forceinline__ uint32_t smem_addr(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-// 16 bytes global -> shared, asynchronous; zero-filled (nothing read) when !valid.
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                 :: "r"(smem_addr(smem)), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-// Wait until at most N of this thread's committed groups are still in flight.
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
-}
-
-// Four 8x8 bf16 matrices; lanes 8i..8i+7 give the row addresses of matrix i,
-// register i receives matrix i (thread l: row l/4, columns 2(l%4), 2(l%4)+1).
-__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const bf16 *smem) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(smem)));
-}
-// The same, each matrix transposed (thread l: column l/4, rows 2(l%4), 2(l%4)+1).
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const bf16 *smem) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(smem)));
-}
-
-// c [16x8] += a [16x16] b [16x8]. Fragments (g = lane/4, t = lane%4):
-// a: {(g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)} as bf16 pairs;
-// b: {(k 2t..2t+1, n g), (k 2t+8.., n g)}; c: {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)}.
-__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two floats as a bf16 pair, lo in the low half (the lower column of a fragment).
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
-
-// 2^x, approximate (2 ulp); 2^-inf = 0.
-__device__ __forceinline__ float exp2_approx(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
 
 // ---- small kernels ----
 
 // Min and max position of each tile of `block` tokens: pos [T] -> lo, hi [ceil(T / block)].
 __global__ void tile_bounds_kernel(const int64_t *pos, int64_t T, int block, int64_t *lo, int64_t *hi) {
-    const int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (b * block >= T) return;
-    const int64_t end = min(T, (b + 1) * block);
-    int64_t mn = pos[b * block], mx = mn;
-    for (int64_t t = b * block + 1; t < end; t++) {
-        mn = min(mn, pos[t]);
-        mx = max(mx, pos[t]);
+    const int64_t tiles = (T + block - 1) / block;
+    for (int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; b < tiles;
+         b += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t end = min(T, (b + 1) * block);
+        int64_t mn = pos[b * block], mx = mn;
+        for (int64_t t = b * block + 1; t < end; t++) {
+            mn = min(mn, pos[t]);
+            mx = max(mx, pos[t]);
+        }
+        lo[b] = mn;
+        hi[b] = mx;
     }
-    lo[b] = mn;
-    hi[b] = mx;
 }
 
 __global__ void fill_kernel(float *x, int64_t n, float value) {
@@ -132,107 +77,14 @@ __global__ void delta_kernel(const bf16 *o, const bf16 *dout, float *delta, int6
     if (lane == 0) delta[(row % Hq) * Tq + row / Hq] = sum;
 }
 
-// ---- shared helpers of the two flash kernels ----
-
-// rows x D tile of x [T, H, D] (tokens t0.., head h) -> s [rows][D + 8] by
-// cp.async, zero rows past T. All NT threads of the CTA take part.
-template <int D, int NT>
-__device__ __forceinline__ void load_tile(bf16 *s, const bf16 *x, int64_t t0, int rows, int64_t T,
-                                          int H, int h) {
-    constexpr int LD = D + 8, CHUNKS = D / 8;
-    for (int c = threadIdx.x; c < rows * CHUNKS; c += NT) {
-        const int r = c / CHUNKS, col = (c % CHUNKS) * 8;
-        const bool valid = t0 + r < T;
-        const bf16 *src = valid ? x + ((t0 + r) * H + h) * (int64_t)D + col : x;
-        cp_async16(s + r * LD + col, src, valid);
-    }
-}
-
-// First tile index >= t whose bound passes: skip while hi_or_lo[t] `skip`.
-// Forward: skip key tiles with k_lo > q_hi; backward: query tiles with q_hi < k_lo.
-__device__ __forceinline__ int64_t next_key_tile(const int64_t *k_lo, int64_t t, int64_t n, int64_t q_hi) {
-    while (t < n && k_lo[t] > q_hi) t++;
-    return t;
-}
-__device__ __forceinline__ int64_t next_query_tile(const int64_t *q_hi, int64_t t, int64_t n, int64_t k_lo) {
-    while (t < n && q_hi[t] < k_lo) t++;
-    return t;
-}
-
-// Min and max of pos[t0 .. t0 + n) (entries at T and beyond left out; n <= NT)
-// over the CTA; red [2 * NT / 32] shared. Contains a __syncthreads.
-template <int NT>
-__device__ __forceinline__ void tile_pos_bounds(const int64_t *pos, int64_t t0, int n, int64_t T,
-                                                int64_t *red, int64_t *out_lo, int64_t *out_hi) {
-    const bool mine = (int)threadIdx.x < n && t0 + threadIdx.x < T;
-    int64_t lo = mine ? pos[t0 + threadIdx.x] : INT64_MAX, hi = mine ? pos[t0 + threadIdx.x] : INT64_MIN;
-    for (int off = 16; off > 0; off /= 2) {
-        lo = min(lo, (int64_t)__shfl_xor_sync(0xffffffffu, (long long)lo, off));
-        hi = max(hi, (int64_t)__shfl_xor_sync(0xffffffffu, (long long)hi, off));
-    }
-    const int warp = threadIdx.x / 32;
-    if (threadIdx.x % 32 == 0) { red[2 * warp] = lo; red[2 * warp + 1] = hi; }
-    __syncthreads();
-    lo = INT64_MAX; hi = INT64_MIN;
-    for (int w = 0; w < NT / 32; w++) { lo = min(lo, red[2 * w]); hi = max(hi, red[2 * w + 1]); }
-    *out_lo = lo; *out_hi = hi;
-}
-
-// ---- warp-level tile products (one warp, 16 rows) ----
-
-template <int N>
-__device__ __forceinline__ void zero(float (*c)[4]) {
-#pragma unroll
-    for (int n = 0; n < N / 8; n++) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
-}
-
-// c [16 x N] += a [16 x K] b^T with b [N x K]: a and b row-major bf16 in shared
-// memory, rows lda and ldb elements apart, a at the warp's first row.
-template <int K, int N>
-__device__ __forceinline__ void mma_abt(float (*c)[4], const bf16 *a, int lda, const bf16 *b, int ldb) {
-    const int lane = threadIdx.x % 32;
-#pragma unroll
-    for (int kk = 0; kk < K / 16; kk++) {
-        uint32_t af[4];
-        ldmatrix_x4(af, a + (lane % 16) * lda + kk * 16 + (lane / 16) * 8);
-#pragma unroll
-        for (int nn = 0; nn < N / 16; nn++) {
-            uint32_t bf[4];
-            ldmatrix_x4(bf, b + (nn * 16 + lane % 8 + (lane / 16) * 8) * ldb + kk * 16 + ((lane / 8) % 2) * 8);
-            mma16816(c[2 * nn], af, bf[0], bf[1]);
-            mma16816(c[2 * nn + 1], af, bf[2], bf[3]);
-        }
-    }
-}
-
-// c [16 x N] += p [16 x K] b: p in registers in the accumulator layout of a
-// 16 x K product (rounded to bf16 here: it becomes the A fragments as is),
-// b [K x N] row-major bf16 in shared memory (read transposed by ldmatrix).
-template <int K, int N>
-__device__ __forceinline__ void mma_pb(float (*c)[4], const float (*p)[4], const bf16 *b, int ldb) {
-    const int lane = threadIdx.x % 32;
-#pragma unroll
-    for (int kk = 0; kk < K / 16; kk++) {
-        const uint32_t af[4] = {pack_bf16(p[2 * kk][0], p[2 * kk][1]), pack_bf16(p[2 * kk][2], p[2 * kk][3]),
-                                pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]),
-                                pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3])};
-#pragma unroll
-        for (int nn = 0; nn < N / 16; nn++) {
-            uint32_t bf[4];
-            ldmatrix_x4_trans(bf, b + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * ldb + nn * 16 + (lane / 16) * 8);
-            mma16816(c[2 * nn], af, bf[0], bf[1]);
-            mma16816(c[2 * nn + 1], af, bf[2], bf[3]);
-        }
-    }
-}
-
 // ---- forward ----
 
-// Grid (ceil(Tq / BM), Hq), BM / 16 warps. Key tiles of BN; k_lo, k_hi are
+// Grid (ceil(Tq / BM), Hq), BM / 16 warps, registers capped for CTAS CTAs
+// per multiprocessor. Key tiles of BN; k_lo, k_hi are
 // their position bounds. Shared: q [BM][LD], k, v [2][BN][LD], key positions
 // [2][BN] (INT64_MAX past Tk).
-template <int D, int BM, int BN>
-__global__ void __launch_bounds__(BM * 2)
+template <int D, int BM, int BN, int CTAS>
+__global__ void __launch_bounds__(BM * 2, CTAS)
 flash_forward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_pos,
                      const bf16 *__restrict__ k, const bf16 *__restrict__ v,
                      const int64_t *__restrict__ k_pos, const int64_t *__restrict__ k_lo,
@@ -267,7 +119,7 @@ flash_forward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_p
     };
 
     load_tile<D, NT>(qs, q, i0, BM, Tq, Hq, h);
-    int64_t kt = next_key_tile(k_lo, 0, nkt, q_hi);
+    int64_t kt = next_tile<true>(k_lo, 0, nkt, q_hi);
     if (kt < nkt) load_kv(kt, 0);
     cp_async_commit();
 
@@ -278,7 +130,7 @@ flash_forward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_p
     int buf = 0;
 
     while (kt < nkt) {
-        const int64_t nxt = next_key_tile(k_lo, kt + 1, nkt, q_hi);
+        const int64_t nxt = next_tile<true>(k_lo, kt + 1, nkt, q_hi);
         if (nxt < nkt) load_kv(nxt, buf ^ 1);
         cp_async_commit();
         cp_async_wait<1>();
@@ -427,7 +279,7 @@ flash_backward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_
 
     load_tile<D, NT>(ks, k, j0, BN, Tk, Hkv, kvh);
     load_tile<D, NT>(vs, v, j0, BN, Tk, Hkv, kvh);
-    int64_t qt = next_query_tile(q_hi, 0, nqt, k_lo);
+    int64_t qt = next_tile<false>(q_hi, 0, nqt, k_lo);
     if (qt < nqt) load_q(qt, 0);
     cp_async_commit();
     if (qt >= nqt) { cp_async_wait<0>(); return; }   // no query sees these keys
@@ -440,7 +292,7 @@ flash_backward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_
     const int wr = warp % WR, wc = warp / WR;
 
     while (qt < nqt) {
-        const int64_t nxt = next_query_tile(q_hi, qt + 1, nqt, k_lo);
+        const int64_t nxt = next_tile<false>(q_hi, qt + 1, nqt, k_lo);
         if (nxt < nqt) load_q(nxt, buf ^ 1);
         cp_async_commit();
         cp_async_wait<1>();
@@ -536,11 +388,12 @@ flash_backward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_
 
 // ---- host side ----
 
-// Tile shapes per head dim (queries x keys): forward BM x BN, backward
-// BM queries per step x BN keys per CTA.
+// Tile shapes per head dim (queries x keys): forward BM x BN with FWD_CTAS
+// CTAs per multiprocessor (register cap), backward BM queries per step x BN
+// keys per CTA. Chosen so that ptxas reports no spills (docs/ARCHITECTURE.md).
 template <int D> struct Tiles;
-template <> struct Tiles<64> { enum { FWD_BM = 128, FWD_BN = 64, BWD_BM = 64, BWD_BN = 64 }; };
-template <> struct Tiles<128> { enum { FWD_BM = 128, FWD_BN = 64, BWD_BM = 32, BWD_BN = 64 }; };
+template <> struct Tiles<64> { enum { FWD_BM = 128, FWD_BN = 64, FWD_CTAS = 2, BWD_BM = 64, BWD_BN = 64 }; };
+template <> struct Tiles<128> { enum { FWD_BM = 128, FWD_BN = 64, FWD_CTAS = 1, BWD_BM = 32, BWD_BN = 64 }; };
 
 static void check_shape_cuda(const AttnShape *s) {
     CHECK(s->head_dim == 64 || s->head_dim == 128, "attention (CUDA): head_dim %d (supported: 64, 128)",
@@ -584,7 +437,7 @@ static void forward(const AttnShape *s, const bf16 *q, const int64_t *q_pos, con
                     const bf16 *v, const int64_t *k_pos, float *o, float *lse, cudaStream_t stream) {
     constexpr int BM = Tiles<D>::FWD_BM, BN = Tiles<D>::FWD_BN, LD = D + 8;
     const size_t smem = (size_t)(BM + 4 * BN) * LD * sizeof(bf16) + 2 * BN * sizeof(int64_t);
-    auto kernel = flash_forward_kernel<D, BM, BN>;
+    auto kernel = flash_forward_kernel<D, BM, BN, Tiles<D>::FWD_CTAS>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int64_t *k_lo = tile_bounds(k_pos, s->k_tokens, BN, stream);
     const int64_t nkt = (s->k_tokens + BN - 1) / BN;

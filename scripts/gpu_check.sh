@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu_check.sh: the one command of a GPU session. Builds everything
 # (make all; the trainer's libraries may be missing on a GPU machine, so a
-# failure there is reported and the GPU programs are built on their own),
+# failure there, or more than 150 s, is reported and the GPU programs are
+# built on their own),
 # runs make test-gpu, compute-sanitizer (memcheck and racecheck) on the small
 # test cases, then scripts/bench_attention.sh. Logs go to $OUT when set (else
 # build/gpu-check); a summary and the benchmark table come last.
@@ -23,7 +24,7 @@ step() {   # step NAME LOG COMMAND...: run, log, record ok/FAIL and seconds
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader || true
 nvcc --version | tail -n 2
-step "make all" make_all.log timeout 300 make -j16 all
+step "make all" make_all.log timeout 150 make -j16 all
 step "make test-gpu" test_gpu.log make -j16 test-gpu
 step "memcheck (small cases)" memcheck.log \
   compute-sanitizer --tool memcheck --error-exitcode 1 build/tests/gpu_test_attention small

@@ -4,6 +4,9 @@
 #   make test       build + every CPU test; prints "N passed, N failed"
 #   make demo       train a tiny model and show that it learned
 #   make test-gpu   CUDA kernels against the CPU backend (needs a GPU)
+#   make build-test-gpu   the GPU test and benchmark programs, not run
+# With nvcc, `make` also compiles the GPU programs (build/tests/gpu_*) but
+# never runs them. CUDA_ARCHS picks the targets (default sm_80 and sm_90).
 
 CC ?= gcc
 ARCH ?= -march=native
@@ -21,9 +24,9 @@ PYTHON = /usr/bin/python3
 LDLIBS += -lpcre2-8 -lutf8proc
 
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
-CUDA_HOME ?= /usr/local/cuda
-NVCCFLAGS = -O3 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
-            -Xcompiler -Wall,-Wextra -MMD -MP
+CUDA_HOME ?= $(if $(NVCC),$(patsubst %/bin/nvcc,%,$(realpath $(NVCC))),/usr/local/cuda)
+CUDA_ARCHS ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+NVCCFLAGS = -O3 -std=c++17 $(CUDA_ARCHS) -Xcompiler -Wall,-Wextra -MMD -MP
 
 LIB_SRC = $(wildcard dist/*.c data/*.c attention/*.c model/*.c trainer/*.c)
 LIB_SRC := $(filter-out trainer/main.c, $(LIB_SRC))
@@ -40,8 +43,18 @@ TEST_BIN = $(TEST_SRC:tests/%.c=build/tests/%)
 # MPI test programs (tests/mpi_*.c): run under mpirun by tests/test_dist.sh, not by the runner.
 MPI_TEST_BIN = $(patsubst tests/%.c,build/tests/%,$(wildcard tests/mpi_*.c))
 
-.PHONY: all test demo test-gpu deps clean
-all: build/mtrain $(TEST_BIN)
+# GPU programs (tests/gpu_*.c): only libc, OpenMP, the CUDA runtime and the
+# objects below, so that they build on a GPU machine that lacks the trainer's
+# libraries (test-gpu skips the dependency check: DEPS_OK=).
+ifneq ($(NVCC),)
+GPU_BIN = $(patsubst tests/%.c,build/tests/%,$(wildcard tests/gpu_*.c))
+GPU_OBJ = build/obj/dist/util.o build/obj/attention/flash_cpu.o build/obj/attention/layout.o $(CU_OBJ)
+GPU_LDLIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++ -lm -fopenmp
+endif
+DEPS_OK = build/.deps-ok
+
+.PHONY: all test demo test-gpu build-test-gpu deps clean
+all: build/mtrain $(TEST_BIN) $(GPU_BIN)
 all: $(MPI_TEST_BIN)
 
 # Every dependency present, or install it (as root) / say how.
@@ -49,11 +62,11 @@ build/.deps-ok: scripts/install_deps.sh
 	@bash scripts/install_deps.sh --check-or-install
 	@mkdir -p build && touch $@
 
-build/obj/%.o: %.c build/.deps-ok
+build/obj/%.o: %.c $(DEPS_OK)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-build/obj/%.cu.o: %.cu build/.deps-ok
+build/obj/%.cu.o: %.cu $(DEPS_OK)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
@@ -64,11 +77,22 @@ build/tests/%: build/obj/tests/%.o $(LIB_OBJ) $(CU_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(LDLIBS)
 
+build/tests/gpu_%: build/obj/tests/gpu_%.o $(GPU_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $^ -o $@ $(GPU_LDLIBS)
+
 test: all
 	@bash tests/run.sh
 
 demo: all
 	@bash scripts/demo.sh
+
+build-test-gpu:
+	@test -n "$(NVCC)" || { echo "make: build-test-gpu needs nvcc (none on PATH or in /usr/local/cuda)"; exit 1; }
+	$(MAKE) DEPS_OK= $(GPU_BIN)
+
+test-gpu: build-test-gpu
+	@for t in build/tests/gpu_test_*; do echo "== $$t"; $$t || exit 1; done
 
 clean:
 	rm -rf build

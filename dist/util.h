@@ -39,6 +39,12 @@ void rename_into_place(const char *tmp, const char *path);
 // mkdir -p.
 void make_dirs(const char *path);
 
+// bf16 (the top half of an fp32) <-> fp32. To fp32 is exact for every value;
+// to bf16 rounds to nearest, ties to even; overflow goes to inf; NaN stays a
+// (quiet) NaN.
+float bf16_to_f32(uint16_t h);
+uint16_t f32_to_bf16(float f);
+
 // Monotonic wall clock in seconds.
 double now_seconds(void);
 

@@ -42,10 +42,6 @@ static const char *dtype_name(StDtype dtype) {
 }
 
 static float bits_to_f32(uint32_t bits) { float f; memcpy(&f, &bits, 4); return f; }
-static uint32_t f32_to_bits(float f) { uint32_t bits; memcpy(&bits, &f, 4); return bits; }
-
-// bf16 is the top half of an fp32: every value (subnormal, inf, NaN) maps exactly.
-static float bf16_to_f32(uint16_t h) { return bits_to_f32((uint32_t)h << 16); }
 
 // IEEE half: 1 sign, 5 exponent (bias 15), 10 mantissa bits.
 static float f16_to_f32(uint16_t h) {
@@ -56,14 +52,6 @@ static float f16_to_f32(uint16_t h) {
     if (exponent != 0) return bits_to_f32(sign | (exponent + 127 - 15) << 23 | mantissa << 13);
     float magnitude = (float)mantissa * 0x1p-24f;  // zero or subnormal: exact in fp32
     return sign ? -magnitude : magnitude;
-}
-
-// Round to nearest, ties to even; overflow goes to inf; NaN stays a (quiet) NaN.
-static uint16_t f32_to_bf16(float f) {
-    uint32_t bits = f32_to_bits(f);
-    if ((bits & 0x7fffffff) > 0x7f800000) return (uint16_t)((bits >> 16) | 0x0040);
-    bits += 0x7fff + ((bits >> 16) & 1);
-    return (uint16_t)(bits >> 16);
 }
 
 // "[2, 3, 4]" into buf (room for ST_MAX_DIMS dims of 20 digits).

@@ -1,0 +1,515 @@
+// flash_cuda.cu: dense causal flash attention on NVIDIA GPUs (sm_80, sm_90),
+// forward and backward, with the chunk semantics of attention.h (see
+// attention_cuda.h for the API and docs/ARCHITECTURE.md for the design).
+//
+// Tensor cores through mma.sync.m16n8k16 (bf16 in, fp32 accumulate), tiles
+// moved global -> shared with cp.async (16 bytes, zero-filled past the end)
+// and shared -> registers with ldmatrix (building blocks: flash_tiles.cuh).
+//   forward   one CTA per (q head, tile of BM queries), one warp per 16
+//             queries; key/value tiles of BN keys double-buffered; online
+//             softmax in registers (log2 domain, exp2), P reused from the
+//             score accumulators as the A operand of P V; at the end the
+//             chunk's (O, LSE) merged into the running fp32 (o_acc, lse).
+//   backward  FlashAttention-2: one CTA per (q head, tile of BN keys), one warp
+//             per 16 keys holding dK, dV in registers; loops over query tiles
+//             of BM (Q, dO double-buffered), recomputes S^T = K Q^T and
+//             dP^T = V dO^T, P^T = exp2(S^T - lse), dS^T = P^T (dP^T - delta);
+//             dV += P^T dO, dK += dS^T Q; dS^T goes through shared memory for
+//             dQ = dS K, added to global dq with fp32 atomics. dK, dV are added
+//             with fp32 atomics at the end (GQA: several q heads per kv head).
+// The mask is by global position (key j visible to query i iff
+// k_pos[j] <= q_pos[i]); per-tile position bounds skip tiles with no visible
+// pair and drop the per-element test where every pair is visible.
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "../dist/cuda_check.h"
+#include "attention_cuda.h"
+#include "flash_tiles.cuh"
+
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+
+// ---- small kernels ----
+
+// Min and max position of each tile of `block` tokens: pos [T] -> lo, hi [ceil(T / block)].
+__global__ void tile_bounds_kernel(const int64_t *pos, int64_t T, int block, int64_t *lo, int64_t *hi) {
+    const int64_t tiles = (T + block - 1) / block;
+    for (int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; b < tiles;
+         b += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t end = min(T, (b + 1) * block);
+        int64_t mn = pos[b * block], mx = mn;
+        for (int64_t t = b * block + 1; t < end; t++) {
+            mn = min(mn, pos[t]);
+            mx = max(mx, pos[t]);
+        }
+        lo[b] = mn;
+        hi[b] = mx;
+    }
+}
+
+__global__ void fill_kernel(float *x, int64_t n, float value) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = value;
+}
+
+__global__ void to_bf16_kernel(const float *x, bf16 *y, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = __float2bfloat16_rn(x[i]);
+}
+
+// One warp per (token, head) row: delta[h, t] = sum_d o[t, h, d] dout[t, h, d].
+__global__ void delta_kernel(const bf16 *o, const bf16 *dout, float *delta, int64_t Tq, int Hq, int D) {
+    const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;   // t * Hq + h
+    const int lane = threadIdx.x % 32;
+    if (row >= Tq * Hq) return;
+    const __nv_bfloat162 *a = reinterpret_cast<const __nv_bfloat162 *>(o + row * D);
+    const __nv_bfloat162 *b = reinterpret_cast<const __nv_bfloat162 *>(dout + row * D);
+    float sum = 0.0f;
+    for (int d = lane; d < D / 2; d += 32) {
+        const float2 x = __bfloat1622float2(a[d]), y = __bfloat1622float2(b[d]);
+        sum += x.x * y.x + x.y * y.y;
+    }
+    for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (lane == 0) delta[(row % Hq) * Tq + row / Hq] = sum;
+}
+
+// ---- forward ----
+
+// Grid (ceil(Tq / BM), Hq), BM / 16 warps, registers capped for CTAS CTAs
+// per multiprocessor. Key tiles of BN; k_lo, k_hi are
+// their position bounds. Shared: q [BM][LD], k, v [2][BN][LD], key positions
+// [2][BN] (INT64_MAX past Tk).
+template <int D, int BM, int BN, int CTAS>
+__global__ void __launch_bounds__(BM * 2, CTAS)
+flash_forward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_pos,
+                     const bf16 *__restrict__ k, const bf16 *__restrict__ v,
+                     const int64_t *__restrict__ k_pos, const int64_t *__restrict__ k_lo,
+                     const int64_t *__restrict__ k_hi, float *__restrict__ o,
+                     float *__restrict__ lse, int64_t Tq, int64_t Tk, int Hq, int Hkv,
+                     float scale_log2) {
+    constexpr int NT = BM * 2, LD = D + 8;
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *qs = reinterpret_cast<bf16 *>(smem);
+    bf16 *ks = qs + BM * LD;
+    bf16 *vs = ks + 2 * BN * LD;
+    int64_t *kps = reinterpret_cast<int64_t *>(vs + 2 * BN * LD);
+    __shared__ int64_t red[2 * (NT / 32)];
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+    const int h = blockIdx.y, kvh = h / (Hq / Hkv);
+    const int64_t i0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * BM;   // heavier (later) tiles first
+    const int64_t nkt = (Tk + BN - 1) / BN;
+
+    int64_t q_lo, q_hi;
+    tile_pos_bounds<NT>(q_pos, i0, BM, Tq, red, &q_lo, &q_hi);
+    // This thread's two rows (g and g + 8 of its warp's 16); past Tq: nothing visible.
+    const int64_t row0 = i0 + warp * 16 + g, row1 = row0 + 8;
+    const int64_t qp0 = row0 < Tq ? q_pos[row0] : INT64_MIN;
+    const int64_t qp1 = row1 < Tq ? q_pos[row1] : INT64_MIN;
+
+    auto load_kv = [&](int64_t kt, int buf) {
+        const int64_t j0 = kt * BN;
+        load_tile<D, NT>(ks + buf * BN * LD, k, j0, BN, Tk, Hkv, kvh);
+        load_tile<D, NT>(vs + buf * BN * LD, v, j0, BN, Tk, Hkv, kvh);
+        if (tid < BN) kps[buf * BN + tid] = j0 + tid < Tk ? k_pos[j0 + tid] : INT64_MAX;
+    };
+
+    load_tile<D, NT>(qs, q, i0, BM, Tq, Hq, h);
+    int64_t kt = next_tile<true>(k_lo, 0, nkt, q_hi);
+    if (kt < nkt) load_kv(kt, 0);
+    cp_async_commit();
+
+    float acc[D / 8][4];                          // O: rows g, g+8 x D of the warp's 16
+    zero<D>(acc);
+    float m0 = -INFINITY, m1 = -INFINITY;         // running max (log2 units) of rows g, g+8
+    float l0 = 0.0f, l1 = 0.0f;                   // running sums, this thread's columns only
+    int buf = 0;
+
+    while (kt < nkt) {
+        const int64_t nxt = next_tile<true>(k_lo, kt + 1, nkt, q_hi);
+        if (nxt < nkt) load_kv(nxt, buf ^ 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+
+        const bf16 *kb = ks + buf * BN * LD, *vb = vs + buf * BN * LD;
+        const int64_t *kp = kps + buf * BN;
+        const bool full = (kt + 1) * BN <= Tk && k_hi[kt] <= q_lo;   // every pair visible
+
+        // S = Q K^T: 16 x BN per warp.
+        float s[BN / 8][4];
+        zero<BN>(s);
+        mma_abt<D, BN>(s, qs + warp * 16 * LD, LD, kb, LD);
+
+        // Scale to log2 units, mask, online softmax.
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int n = 0; n < BN / 8; n++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                s[n][e] *= scale_log2;
+                if (!full && kp[n * 8 + 2 * t4 + (e & 1)] > (e < 2 ? qp0 : qp1)) s[n][e] = -INFINITY;
+            }
+            mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        // A row with nothing visible yet keeps max -inf; subtracting 0 keeps p = 0.
+        const float base0 = mx0 == -INFINITY ? 0.0f : mx0, base1 = mx1 == -INFINITY ? 0.0f : mx1;
+        const float corr0 = exp2_approx(m0 - base0), corr1 = exp2_approx(m1 - base1);
+        m0 = mx0; m1 = mx1;
+        float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+        for (int n = 0; n < BN / 8; n++) {
+            s[n][0] = exp2_approx(s[n][0] - base0);
+            s[n][1] = exp2_approx(s[n][1] - base0);
+            s[n][2] = exp2_approx(s[n][2] - base1);
+            s[n][3] = exp2_approx(s[n][3] - base1);
+            sum0 += s[n][0] + s[n][1];
+            sum1 += s[n][2] + s[n][3];
+        }
+        l0 = l0 * corr0 + sum0;
+        l1 = l1 * corr1 + sum1;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            acc[n][0] *= corr0; acc[n][1] *= corr0;
+            acc[n][2] *= corr1; acc[n][3] *= corr1;
+        }
+
+        // O += P V, P taken from the score accumulators.
+        mma_pb<BN, D>(acc, s, vb, LD);
+        __syncthreads();   // every warp is done with buf before it is refilled
+        kt = nxt;
+        buf ^= 1;
+    }
+    cp_async_wait<0>();
+
+    // Merge this chunk's (acc / l, m + log l) into the running (o, lse).
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int64_t row = half ? row1 : row0;
+        const float m = half ? m1 : m0, l = half ? l1 : l0;
+        const bool valid = row < Tq && m != -INFINITY;        // same for the 4 lanes of a row
+        const float old = valid ? lse[h * Tq + row] : 0.0f;
+        __syncwarp();                                         // every lane read before lane t4 = 0 writes
+        if (valid) {
+            const float chunk = (m + __log2f(l)) * LN2;
+            const float mx = fmaxf(old, chunk);
+            const float a = __expf(old - mx), b = __expf(chunk - mx);
+            const float wa = a / (a + b), wb = b / (a + b) / l;
+            float *orow = o + (row * Hq + h) * (int64_t)D;
+#pragma unroll
+            for (int n = 0; n < D / 8; n++) {
+                float2 *p = reinterpret_cast<float2 *>(orow + n * 8 + 2 * t4);
+                float2 prev = *p;
+                prev.x = wa * prev.x + wb * acc[n][2 * half];
+                prev.y = wa * prev.y + wb * acc[n][2 * half + 1];
+                *p = prev;
+            }
+            if (t4 == 0) lse[h * Tq + row] = mx + __logf(a + b);
+        }
+    }
+}
+
+// ---- backward ----
+
+// Grid (ceil(Tk / BN), Hq), BN / 16 warps. Query tiles of BM; q_lo, q_hi are
+// their position bounds. Shared: k, v [BN][LD]; q, dout [2][BM][LD];
+// dS^T [BN][BM + 8]; per query of the two buffered tiles, lse (log2 units),
+// delta and position (INT64_MIN: masked, past Tq or lse = -inf).
+template <int D, int BM, int BN>
+__global__ void __launch_bounds__(BN * 2)
+flash_backward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_pos,
+                      const bf16 *__restrict__ k, const bf16 *__restrict__ v,
+                      const int64_t *__restrict__ k_pos, const int64_t *__restrict__ q_lo,
+                      const int64_t *__restrict__ q_hi, const float *__restrict__ lse,
+                      const float *__restrict__ delta, const bf16 *__restrict__ dout,
+                      float *__restrict__ dq, float *__restrict__ dk, float *__restrict__ dv,
+                      int64_t Tq, int64_t Tk, int Hq, int Hkv, float scale, float scale_log2) {
+    constexpr int NT = BN * 2, NW = BN / 16, LD = D + 8, LDS = BM + 8;
+    constexpr int WR = BM / 16, WC = NW / WR, DQC = D / WC;   // dQ: WR x WC warps of 16 x DQC
+    static_assert(NW % WR == 0 && D % (16 * WC) == 0 && BM <= NT, "backward tile shape");
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *ks = reinterpret_cast<bf16 *>(smem);
+    bf16 *vs = ks + BN * LD;
+    bf16 *qs = vs + BN * LD;               // [2][BM][LD]
+    bf16 *dos = qs + 2 * BM * LD;          // [2][BM][LD]
+    bf16 *dss = dos + 2 * BM * LD;         // [BN][LDS]
+    float *lse_s = reinterpret_cast<float *>(dss + BN * LDS);   // [2][BM]
+    float *del_s = lse_s + 2 * BM;                              // [2][BM]
+    int64_t *qp_s = reinterpret_cast<int64_t *>(del_s + 2 * BM); // [2][BM]
+    __shared__ int64_t red[2 * NW];
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+    const int h = blockIdx.y, kvh = h / (Hq / Hkv);
+    const int64_t j0 = (int64_t)blockIdx.x * BN;
+    const int64_t nqt = (Tq + BM - 1) / BM;
+
+    int64_t k_lo, k_hi;
+    tile_pos_bounds<NT>(k_pos, j0, BN, Tk, red, &k_lo, &k_hi);
+    // This thread's two keys (g and g + 8 of its warp's 16); past Tk: never visible.
+    const int64_t key0 = j0 + warp * 16 + g, key1 = key0 + 8;
+    const int64_t kp0 = key0 < Tk ? k_pos[key0] : INT64_MAX;
+    const int64_t kp1 = key1 < Tk ? k_pos[key1] : INT64_MAX;
+
+    auto load_q = [&](int64_t qt, int buf) {
+        const int64_t i0 = qt * BM;
+        load_tile<D, NT>(qs + buf * BM * LD, q, i0, BM, Tq, Hq, h);
+        load_tile<D, NT>(dos + buf * BM * LD, dout, i0, BM, Tq, Hq, h);
+        if (tid < BM) {
+            const int64_t row = i0 + tid;
+            const float L = row < Tq ? lse[h * Tq + row] : -INFINITY;
+            const bool live = L != -INFINITY;
+            lse_s[buf * BM + tid] = live ? L * LOG2E : 0.0f;
+            del_s[buf * BM + tid] = live ? delta[h * Tq + row] : 0.0f;
+            qp_s[buf * BM + tid] = live ? q_pos[row] : INT64_MIN;
+        }
+    };
+
+    load_tile<D, NT>(ks, k, j0, BN, Tk, Hkv, kvh);
+    load_tile<D, NT>(vs, v, j0, BN, Tk, Hkv, kvh);
+    int64_t qt = next_tile<false>(q_hi, 0, nqt, k_lo);
+    if (qt < nqt) load_q(qt, 0);
+    cp_async_commit();
+    if (qt >= nqt) { cp_async_wait<0>(); return; }   // no query sees these keys
+
+    float dka[D / 8][4], dva[D / 8][4];           // dK / scale, dV: keys g, g+8 x D
+    zero<D>(dka);
+    zero<D>(dva);
+    int buf = 0;
+    const bool keys_complete = j0 + BN <= Tk;
+    const int wr = warp % WR, wc = warp / WR;
+
+    while (qt < nqt) {
+        const int64_t nxt = next_tile<false>(q_hi, qt + 1, nqt, k_lo);
+        if (nxt < nqt) load_q(nxt, buf ^ 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+
+        const int64_t i0 = qt * BM;
+        const bf16 *qb = qs + buf * BM * LD, *dob = dos + buf * BM * LD;
+        const float *ls = lse_s + buf * BM, *ds = del_s + buf * BM;
+        const int64_t *qp = qp_s + buf * BM;
+        const bool full = keys_complete && i0 + BM <= Tq && k_hi <= q_lo[qt];
+
+        // S^T = K Q^T and dP^T = V dO^T: 16 keys x BM queries per warp.
+        float st[BM / 8][4], dpt[BM / 8][4];
+        zero<BM>(st);
+        zero<BM>(dpt);
+        mma_abt<D, BM>(st, ks + warp * 16 * LD, LD, qb, LD);
+        mma_abt<D, BM>(dpt, vs + warp * 16 * LD, LD, dob, LD);
+
+        // P^T = exp2(S^T scale log2e - lse), dS^T = P^T (dP^T - delta); masked -> 0.
+#pragma unroll
+        for (int n = 0; n < BM / 8; n++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int col = n * 8 + 2 * t4 + (e & 1);
+                float x = st[n][e] * scale_log2 - ls[col];
+                if (!full && (e < 2 ? kp0 : kp1) > qp[col]) x = -INFINITY;
+                const float p = exp2_approx(x);
+                st[n][e] = p;
+                dpt[n][e] = p * (dpt[n][e] - ds[col]);
+            }
+        }
+
+        // dV += P^T dO, dK += dS^T Q.
+        mma_pb<BM, D>(dva, st, dob, LD);
+        mma_pb<BM, D>(dka, dpt, qb, LD);
+
+        // dS^T -> shared (key-major), for dQ = dS K across all BN keys.
+#pragma unroll
+        for (int n = 0; n < BM / 8; n++) {
+            const int col = n * 8 + 2 * t4;
+            *reinterpret_cast<uint32_t *>(dss + (warp * 16 + g) * LDS + col) = pack_bf16(dpt[n][0], dpt[n][1]);
+            *reinterpret_cast<uint32_t *>(dss + (warp * 16 + g + 8) * LDS + col) = pack_bf16(dpt[n][2], dpt[n][3]);
+        }
+        __syncthreads();
+
+        // dQ [BM x D] += scale dS K: warp (wr, wc) takes queries wr*16.. and columns wc*DQC..
+        float dqa[DQC / 8][4];
+        zero<DQC>(dqa);
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            uint32_t a[4];
+            ldmatrix_x4_trans(a, dss + (kk * 16 + lane % 8 + (lane / 16) * 8) * LDS + wr * 16 +
+                                     ((lane / 8) % 2) * 8);
+#pragma unroll
+            for (int nn = 0; nn < DQC / 16; nn++) {
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, ks + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * LD + wc * DQC +
+                                         nn * 16 + (lane / 16) * 8);
+                mma16816(dqa[2 * nn], a, b[0], b[1]);
+                mma16816(dqa[2 * nn + 1], a, b[2], b[3]);
+            }
+        }
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int64_t row = i0 + wr * 16 + g + half * 8;
+            if (row >= Tq) continue;
+            float *dqrow = dq + (row * Hq + h) * (int64_t)D + wc * DQC + 2 * t4;
+#pragma unroll
+            for (int n = 0; n < DQC / 8; n++) {
+                atomicAdd(dqrow + n * 8, scale * dqa[n][2 * half]);
+                atomicAdd(dqrow + n * 8 + 1, scale * dqa[n][2 * half + 1]);
+            }
+        }
+        qt = nxt;
+        buf ^= 1;
+    }
+    cp_async_wait<0>();
+
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int64_t key = half ? key1 : key0;
+        if (key >= Tk) continue;
+        const int64_t base = (key * Hkv + kvh) * (int64_t)D + 2 * t4;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            atomicAdd(dk + base + n * 8, scale * dka[n][2 * half]);
+            atomicAdd(dk + base + n * 8 + 1, scale * dka[n][2 * half + 1]);
+            atomicAdd(dv + base + n * 8, dva[n][2 * half]);
+            atomicAdd(dv + base + n * 8 + 1, dva[n][2 * half + 1]);
+        }
+    }
+}
+
+// ---- host side ----
+
+// Tile shapes per head dim (queries x keys): forward BM x BN with FWD_CTAS
+// CTAs per multiprocessor (register cap), backward BM queries per step x BN
+// keys per CTA. Chosen so that ptxas reports no spills (docs/ARCHITECTURE.md).
+template <int D> struct Tiles;
+template <> struct Tiles<64> { enum { FWD_BM = 128, FWD_BN = 64, FWD_CTAS = 2, BWD_BM = 64, BWD_BN = 64 }; };
+template <> struct Tiles<128> { enum { FWD_BM = 128, FWD_BN = 64, FWD_CTAS = 1, BWD_BM = 32, BWD_BN = 64 }; };
+
+static void check_shape_cuda(const AttnShape *s) {
+    CHECK(s->head_dim == 64 || s->head_dim == 128, "attention (CUDA): head_dim %d (supported: 64, 128)",
+          s->head_dim);
+    CHECK(s->num_kv_heads >= 1 && s->num_heads % s->num_kv_heads == 0,
+          "attention (CUDA): %d q heads not a multiple of %d kv heads", s->num_heads, s->num_kv_heads);
+    CHECK(s->q_tokens >= 0 && s->k_tokens >= 0, "attention (CUDA): negative token count");
+}
+
+static void check_aligned(const void *p, const char *name) {
+    CHECK(((uintptr_t)p & 15) == 0, "attention (CUDA): %s is not 16-byte aligned", name);
+}
+
+static int blocks_for(int64_t n, int threads) {
+    const int64_t b = (n + threads - 1) / threads;
+    return (int)(b < 65536 ? (b > 0 ? b : 1) : 65536);
+}
+
+// Position bounds of the tiles of pos [T] (tiles of `block`) in stream-ordered
+// scratch: lo = *bounds, hi = lo + tiles; release with cudaFreeAsync(lo).
+static int64_t *tile_bounds(const int64_t *pos, int64_t T, int block, cudaStream_t stream) {
+    const int64_t tiles = (T + block - 1) / block;
+    int64_t *lo;
+    CUDA_CHECK(cudaMallocAsync((void **)&lo, (size_t)(2 * tiles) * sizeof(int64_t), stream));
+    tile_bounds_kernel<<<blocks_for(tiles, 128), 128, 0, stream>>>(pos, T, block, lo, lo + tiles);
+    CUDA_CHECK(cudaGetLastError());
+    return lo;
+}
+
+extern "C" void attn_forward_init_cuda(const AttnShape *s, float *o_acc, float *lse, cudaStream_t stream) {
+    check_shape_cuda(s);
+    const int64_t rows = s->q_tokens * s->num_heads;
+    CUDA_CHECK(cudaMemsetAsync(o_acc, 0, (size_t)(rows * s->head_dim) * sizeof(float), stream));
+    if (rows == 0) return;
+    fill_kernel<<<blocks_for(rows, 256), 256, 0, stream>>>(lse, rows, -INFINITY);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+template <int D>
+static void forward(const AttnShape *s, const bf16 *q, const int64_t *q_pos, const bf16 *k,
+                    const bf16 *v, const int64_t *k_pos, float *o, float *lse, cudaStream_t stream) {
+    constexpr int BM = Tiles<D>::FWD_BM, BN = Tiles<D>::FWD_BN, LD = D + 8;
+    const size_t smem = (size_t)(BM + 4 * BN) * LD * sizeof(bf16) + 2 * BN * sizeof(int64_t);
+    auto kernel = flash_forward_kernel<D, BM, BN, Tiles<D>::FWD_CTAS>;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    int64_t *k_lo = tile_bounds(k_pos, s->k_tokens, BN, stream);
+    const int64_t nkt = (s->k_tokens + BN - 1) / BN;
+    const dim3 grid((unsigned)((s->q_tokens + BM - 1) / BM), (unsigned)s->num_heads);
+    kernel<<<grid, BM * 2, smem, stream>>>(q, q_pos, k, v, k_pos, k_lo, k_lo + nkt, o, lse, s->q_tokens,
+                                           s->k_tokens, s->num_heads, s->num_kv_heads,
+                                           s->scale * LOG2E);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaFreeAsync(k_lo, stream));
+}
+
+extern "C" void attn_dense_forward_cuda(const AttnShape *s, const uint16_t *q, const int64_t *q_pos,
+                                        const uint16_t *k, const uint16_t *v, const int64_t *k_pos,
+                                        float *o_acc, float *lse, cudaStream_t stream) {
+    check_shape_cuda(s);
+    if (s->q_tokens == 0 || s->k_tokens == 0) return;
+    check_aligned(q, "q"); check_aligned(k, "k"); check_aligned(v, "v"); check_aligned(o_acc, "o_acc");
+    const bf16 *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
+    if (s->head_dim == 64) forward<64>(s, qb, q_pos, kb, vb, k_pos, o_acc, lse, stream);
+    else forward<128>(s, qb, q_pos, kb, vb, k_pos, o_acc, lse, stream);
+}
+
+extern "C" void attn_output_bf16_cuda(const AttnShape *s, const float *o_acc, uint16_t *o,
+                                      cudaStream_t stream) {
+    const int64_t n = s->q_tokens * s->num_heads * s->head_dim;
+    if (n == 0) return;
+    to_bf16_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(o_acc, (bf16 *)o, n);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+extern "C" void attn_backward_delta_cuda(const AttnShape *s, const uint16_t *o, const uint16_t *dout,
+                                         float *delta, cudaStream_t stream) {
+    check_shape_cuda(s);
+    const int64_t rows = s->q_tokens * s->num_heads;
+    if (rows == 0) return;
+    check_aligned(o, "o"); check_aligned(dout, "dout");
+    const int64_t blocks = (rows * 32 + 255) / 256;
+    CHECK(blocks < INT32_MAX, "attention (CUDA): %lld rows is too many", (long long)rows);
+    delta_kernel<<<(unsigned)blocks, 256, 0, stream>>>((const bf16 *)o, (const bf16 *)dout, delta,
+                                                       s->q_tokens, s->num_heads, s->head_dim);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+template <int D>
+static void backward(const AttnShape *s, const bf16 *q, const int64_t *q_pos, const bf16 *k,
+                     const bf16 *v, const int64_t *k_pos, const float *lse, const float *delta,
+                     const bf16 *dout, float *dq, float *dk, float *dv, cudaStream_t stream) {
+    constexpr int BM = Tiles<D>::BWD_BM, BN = Tiles<D>::BWD_BN, LD = D + 8;
+    const size_t smem = (size_t)(2 * BN + 4 * BM) * LD * sizeof(bf16) +
+                        (size_t)BN * (BM + 8) * sizeof(bf16) +
+                        2 * BM * (2 * sizeof(float) + sizeof(int64_t));
+    auto kernel = flash_backward_kernel<D, BM, BN>;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    int64_t *q_lo = tile_bounds(q_pos, s->q_tokens, BM, stream);
+    const int64_t nqt = (s->q_tokens + BM - 1) / BM;
+    const dim3 grid((unsigned)((s->k_tokens + BN - 1) / BN), (unsigned)s->num_heads);
+    kernel<<<grid, BN * 2, smem, stream>>>(q, q_pos, k, v, k_pos, q_lo, q_lo + nqt, lse, delta, dout,
+                                           dq, dk, dv, s->q_tokens, s->k_tokens, s->num_heads,
+                                           s->num_kv_heads, s->scale, s->scale * LOG2E);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaFreeAsync(q_lo, stream));
+}
+
+extern "C" void attn_dense_backward_cuda(const AttnShape *s, const uint16_t *q, const int64_t *q_pos,
+                                         const uint16_t *k, const uint16_t *v, const int64_t *k_pos,
+                                         const float *lse, const float *delta, const uint16_t *dout,
+                                         float *dq, float *dk, float *dv, cudaStream_t stream) {
+    check_shape_cuda(s);
+    if (s->q_tokens == 0 || s->k_tokens == 0) return;
+    check_aligned(q, "q"); check_aligned(k, "k"); check_aligned(v, "v"); check_aligned(dout, "dout");
+    const bf16 *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
+    const bf16 *dob = (const bf16 *)dout;
+    if (s->head_dim == 64) backward<64>(s, qb, q_pos, kb, vb, k_pos, lse, delta, dob, dq, dk, dv, stream);
+    else backward<128>(s, qb, q_pos, kb, vb, k_pos, lse, delta, dob, dq, dk, dv, stream);
+}

@@ -1,0 +1,23 @@
+// cuda_check.h: CUDA_CHECK, the one way every CUDA runtime call is checked
+// (C and CUDA sources alike): on an error it prints file:line, the call and
+// CUDA's error string, and exits (through dist/util.h's fail_at).
+#ifndef MTRAIN_CUDA_CHECK_H
+#define MTRAIN_CUDA_CHECK_H
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+#include "util.h"
+#ifdef __cplusplus
+}
+#endif
+
+#define CUDA_CHECK(call) do { \
+    cudaError_t cuda_err_ = (call); \
+    if (cuda_err_ != cudaSuccess) \
+        fail_at(__FILE__, __LINE__, "CUDA: %s: %s", #call, cudaGetErrorString(cuda_err_)); \
+} while (0)
+
+#endif

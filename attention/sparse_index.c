@@ -60,12 +60,15 @@ static void select_lines(const float *score, int64_t N, double top_p, int64_t ca
     for (int64_t i = 0; i < take; i++) sel[UINT32_MAX - (uint32_t)key[i]] = 1;
 }
 
-// Appends the marked positions of sel [N] to list (ascending); returns the count.
-static int64_t gather_marked(const char *sel, int64_t N, int64_t *list) {
+// The marked positions of sel [N], ascending, in a new list; *count gets its length.
+static int64_t *gather_marked(const char *sel, int64_t N, int64_t *count) {
     int64_t n = 0;
+    for (int64_t i = 0; i < N; i++) n += sel[i] != 0;
+    int64_t *list = xmalloc((size_t)(n + 1) * sizeof(int64_t));
+    *count = 0;
     for (int64_t i = 0; i < N; i++)
-        if (sel[i]) list[n++] = i;
-    return n;
+        if (sel[i]) list[(*count)++] = i;
+    return list;
 }
 
 // Concatenates per-head lists [H][counts[h]] into CSR (start [H + 1], values).
@@ -105,8 +108,7 @@ void sparse_select(const AttentionConfig *cfg, const float *vertical, const floa
             select_lines((is_slash ? slash : vertical) + h * N, N, cfg->top_p,
                          is_slash ? cfg->max_slash : cfg->max_vertical, count, key, sel);
             for (int64_t i = 0; i < always && i < N; i++) sel[i] = 1;
-            lists[w] = xmalloc((size_t)N * sizeof(int64_t));
-            counts[w] = gather_marked(sel, N, lists[w]);
+            lists[w] = gather_marked(sel, N, &counts[w]);
         }
         free(key); free(sel);
     }

@@ -11,6 +11,7 @@
 //   test_sparse_index --bench N            time estimation + selection + index
 //                                          against dense attention at N tokens
 #include <math.h>
+#include <omp.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -160,6 +161,21 @@ static void test_estimation(void) {
         EXPECT(fabs(mv - (double)(Hq * Lq)) < 1e-3 * Hq * Lq && fabs(ms - mv) < 1e-3 * Hq * Lq,
                "estimate N=%lld: vertical mass %.4f and slash mass %.4f equal the %lld rows",
                (long long)N, mv, ms, (long long)(Hq * Lq));
+
+        // One thread gives bit-identical results (one owner per output element).
+        float *l1 = floats(Hq * Lq), *v1 = xcalloc((size_t)(Hq * N), sizeof(float));
+        float *s1 = xcalloc((size_t)(Hq * N), sizeof(float));
+        for (int64_t i = 0; i < Hq * Lq; i++) l1[i] = -INFINITY;
+        const int threads = omp_get_max_threads();
+        omp_set_num_threads(1);
+        sparse_estimate_lse(&s, qe, qe_pos, k, k_pos, l1);
+        sparse_estimate_scores(&s, qe, qe_pos, k, k_pos, l1, N, v1, s1);
+        omp_set_num_threads(threads);
+        EXPECT(!memcmp(l1, lse, (size_t)(Hq * Lq) * sizeof(float)) &&
+               !memcmp(v1, v, (size_t)(Hq * N) * sizeof(float)) &&
+               !memcmp(s1, sl, (size_t)(Hq * N) * sizeof(float)),
+               "estimate N=%lld: 1 thread and %d threads agree bit for bit", (long long)N, threads);
+        free(l1); free(v1); free(s1);
 
         // Striped chunks on W = 2, 3 ranks, in two orders, equal one chunk.
         float *lc = floats(Hq * Lq);

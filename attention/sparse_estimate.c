@@ -24,35 +24,42 @@ static void check_est_shape(const AttnShape *s) {
           "estimation: bad shape");
 }
 
+// Smallest and largest of pos [n].
+static void pos_range(const int64_t *pos, int64_t n, int64_t *lo, int64_t *hi) {
+    *lo = INT64_MAX; *hi = -1;
+    for (int64_t i = 0; i < n; i++) {
+        *lo = pos[i] < *lo ? pos[i] : *lo;
+        *hi = pos[i] > *hi ? pos[i] : *hi;
+    }
+}
+
 // s [Lq, n] = scale * qe[:, h, :] k[j0 .. j0+n, kv head of h, :]^T, with -inf
-// where the key lies after the query (k_pos > qe_pos). Returns 0 when every
-// key of the tile lies after every query (s untouched).
-static int score_tile(const AttnShape *sh, const float *qe, const int64_t *qe_pos,
-                      int64_t q_max, const float *k, const int64_t *k_pos, int h, int64_t j0,
+// where the key lies after the query (k_pos > qe_pos). q_lo, q_hi: the range
+// of qe_pos. Returns 0 when every key of the tile lies after every query (s
+// untouched).
+static int score_tile(const AttnShape *sh, const float *qe, const int64_t *qe_pos, int64_t q_lo,
+                      int64_t q_hi, const float *k, const int64_t *k_pos, int h, int64_t j0,
                       int n, float *s) {
     const int Hq = sh->num_heads, Hkv = sh->num_kv_heads, D = sh->head_dim;
     const int Lq = (int)sh->q_tokens, g = h / (Hq / Hkv);
-    int64_t k_min = k_pos[j0];
-    for (int j = 1; j < n; j++) k_min = k_pos[j0 + j] < k_min ? k_pos[j0 + j] : k_min;
-    if (k_min > q_max) return 0;
+    int64_t k_lo, k_hi;
+    pos_range(k_pos + j0, n, &k_lo, &k_hi);
+    if (k_lo > q_hi) return 0;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Lq, n, D, sh->scale, qe + (int64_t)h * D,
                 Hq * D, k + (j0 * Hkv + g) * (int64_t)D, Hkv * D, 0.0f, s, n);
+    if (k_hi <= q_lo) return 1;                                  // every key visible
     for (int i = 0; i < Lq; i++)
         for (int j = 0; j < n; j++)
             if (k_pos[j0 + j] > qe_pos[i]) s[(int64_t)i * n + j] = -INFINITY;
     return 1;
 }
 
-static int64_t max_pos(const int64_t *pos, int64_t n) {
-    int64_t m = -1;
-    for (int64_t i = 0; i < n; i++) m = pos[i] > m ? pos[i] : m;
-    return m;
-}
-
 void sparse_estimate_lse(const AttnShape *shape, const float *qe, const int64_t *qe_pos,
                          const float *k, const int64_t *k_pos, float *lse_est) {
     check_est_shape(shape);
-    const int64_t Lq = shape->q_tokens, Tk = shape->k_tokens, q_max = max_pos(qe_pos, Lq);
+    const int64_t Lq = shape->q_tokens, Tk = shape->k_tokens;
+    int64_t q_lo, q_hi;
+    pos_range(qe_pos, Lq, &q_lo, &q_hi);
     if (Lq == 0 || Tk == 0) return;
 
     #pragma omp parallel
@@ -65,7 +72,7 @@ void sparse_estimate_lse(const AttnShape *shape, const float *qe, const int64_t 
             for (int64_t i = 0; i < Lq; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
             for (int64_t j0 = 0; j0 < Tk; j0 += EST_TILE) {
                 const int n = (int)(Tk - j0 < EST_TILE ? Tk - j0 : EST_TILE);
-                if (!score_tile(shape, qe, qe_pos, q_max, k, k_pos, h, j0, n, s)) continue;
+                if (!score_tile(shape, qe, qe_pos, q_lo, q_hi, k, k_pos, h, j0, n, s)) continue;
                 for (int64_t i = 0; i < Lq; i++) {
                     const float *srow = s + i * n;
                     float mx = m[i];
@@ -93,10 +100,11 @@ void sparse_estimate_scores(const AttnShape *shape, const float *qe, const int64
                             int64_t seq_len, float *vertical, float *slash) {
     check_est_shape(shape);
     const int64_t Lq = shape->q_tokens, Tk = shape->k_tokens, N = seq_len;
-    const int64_t q_max = max_pos(qe_pos, Lq);
+    int64_t q_lo, q_hi;
+    pos_range(qe_pos, Lq, &q_lo, &q_hi);
     if (Lq == 0 || Tk == 0) return;
-    CHECK(q_max < N, "estimation: query position %lld outside a sequence of %lld",
-          (long long)q_max, (long long)N);
+    CHECK(q_lo >= 0 && q_hi < N, "estimation: query positions %lld..%lld outside a sequence of %lld",
+          (long long)q_lo, (long long)q_hi, (long long)N);
     for (int64_t j = 0; j < Tk; j++)
         CHECK(k_pos[j] >= 0 && k_pos[j] < N, "estimation: key position %lld outside [0, %lld)",
               (long long)k_pos[j], (long long)N);
@@ -110,7 +118,7 @@ void sparse_estimate_scores(const AttnShape *shape, const float *qe, const int64
             const float *lse = lse_est + h * Lq;
             for (int64_t j0 = 0; j0 < Tk; j0 += EST_TILE) {
                 const int n = (int)(Tk - j0 < EST_TILE ? Tk - j0 : EST_TILE);
-                if (!score_tile(shape, qe, qe_pos, q_max, k, k_pos, h, j0, n, s)) continue;
+                if (!score_tile(shape, qe, qe_pos, q_lo, q_hi, k, k_pos, h, j0, n, s)) continue;
                 for (int64_t i = 0; i < Lq; i++) {
                     if (lse[i] == -INFINITY) continue;
                     float *srow = s + i * n;
@@ -157,7 +165,8 @@ void sparse_estimate_recall(const AttnShape *shape, const SparseIndex *est_index
                             const int64_t *k_pos, const float *lse_est, double *covered) {
     check_est_shape(shape);
     const int64_t Lq = shape->q_tokens, Tk = shape->k_tokens, nqb = est_index->num_q_blocks;
-    const int64_t q_max = max_pos(qe_pos, Lq);
+    int64_t q_lo, q_hi;
+    pos_range(qe_pos, Lq, &q_lo, &q_hi);
     CHECK(est_index->num_heads == shape->num_heads, "recall: index has %d heads, shape %d",
           est_index->num_heads, shape->num_heads);
     if (Lq == 0 || Tk == 0) return;
@@ -181,7 +190,7 @@ void sparse_estimate_recall(const AttnShape *shape, const SparseIndex *est_index
             double sum = 0.0;
             for (int64_t j0 = 0; j0 < Tk; j0 += EST_TILE) {
                 const int n = (int)(Tk - j0 < EST_TILE ? Tk - j0 : EST_TILE);
-                if (!score_tile(shape, qe, qe_pos, q_max, k, k_pos, h, j0, n, s)) continue;
+                if (!score_tile(shape, qe, qe_pos, q_lo, q_hi, k, k_pos, h, j0, n, s)) continue;
                 for (int64_t b = 0; b < nqb; b++)
                     for (int j = 0; j < n; j++)
                         in[b * EST_TILE + j] = (char)in_row(est_index, h * nqb + b, k_pos[j0 + j]);

@@ -78,7 +78,8 @@ void sparse_estimate_scores(const AttnShape *shape, const float *qe, const int64
 // and slash) whose mass reaches cfg->top_p of the total, capped by
 // max_vertical / max_slash; budget "fixed": the top fixed_vertical[h] /
 // fixed_slash[h] lines. Ties go to the smaller position / offset. Always adds
-// positions 0..sink-1 and offsets 0..local-1 (clipped to N).
+// positions 0..sink-1 and offsets 0..local-1 (clipped to N). fixed_vertical
+// and fixed_slash [Hq] may be NULL: then cfg->vertical / cfg->slash for all.
 void sparse_select(const AttentionConfig *cfg, const float *vertical, const float *slash,
                    int num_heads, int64_t seq_len, const int *fixed_vertical,
                    const int *fixed_slash, SparsePattern *pattern);
@@ -101,6 +102,13 @@ void sparse_estimate_recall(const AttnShape *shape, const SparseIndex *est_index
 // the kernels, q_tokens of them); adds to stats.
 void sparse_index_count(const SparseIndex *index, const int64_t *q_pos, int64_t q_tokens,
                         SparseStats *stats);
+
+// Fixed budgets per layer and q head from `path` (attention.budget_file): text
+// lines "layer head vertical slash", '#' starts a comment; a head not listed
+// keeps the defaults. vertical, slash [num_layers * num_heads]. Bad lines fail
+// with "path:line: what is wrong, what was expected".
+void sparse_budget_load(const char *path, int num_layers, int num_heads, int default_vertical,
+                        int default_slash, int *vertical, int *slash);
 
 void sparse_pattern_free(SparsePattern *pattern);
 void sparse_index_free(SparseIndex *index);

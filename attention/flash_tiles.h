@@ -219,7 +219,8 @@ static inline void forward_tile(const Dims *d, ForwardBuffers *b, const int64_t 
 
 // Merge the query tile's chunk result (acc / l, m + log l) into the running
 // (o, lse) of q head h, queries i0 .. i0 + bq; rows that saw no key in this
-// chunk stay as they are. o [Tq, Hq, D], lse [Hq, Tq].
+// chunk stay as they are, and o is not read where lse is -inf (nor where its
+// weight underflows). o [Tq, Hq, D], lse [Hq, Tq].
 static inline void forward_end(const Dims *d, const ForwardBuffers *b, int h, int64_t i0,
                                int bq, float *o, float *lse) {
     for (int i = 0; i < bq; i++) {
@@ -231,7 +232,10 @@ static inline void forward_end(const Dims *d, const ForwardBuffers *b, int h, in
         const float wold = expf(old - mx), wnew = expf(chunk - mx);
         const float wa = wold / (wold + wnew), wb = wnew / (wold + wnew) / b->l[i];
         const float *restrict arow = b->acc + (int64_t)i * d->Dp;
-        for (int c = 0; c < d->D; c++) orow[c] = wa * orow[c] + wb * arow[c];
+        if (wa == 0.0f)                                            // o is not read (may be unset)
+            for (int c = 0; c < d->D; c++) orow[c] = wb * arow[c];
+        else
+            for (int c = 0; c < d->D; c++) orow[c] = wa * orow[c] + wb * arow[c];
         *lrow = mx + logf(wold + wnew);
     }
 }

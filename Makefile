@@ -31,9 +31,11 @@ CFLAGS += -DMTRAIN_CUDA -I$(CUDA_HOME)/include
 LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lnccl -lstdc++
 endif
 TEST_BIN = $(TEST_SRC:tests/%.c=build/tests/%)
+# Helper programs of the Python tests (not run on their own by tests/run.sh).
+TOOL_BIN = $(patsubst tests/%.c,build/tests/%,$(wildcard tests/tool_*.c))
 
 .PHONY: all test demo test-gpu deps clean
-all: build/mtrain $(TEST_BIN)
+all: build/mtrain $(TEST_BIN) $(TOOL_BIN)
 
 # Every dependency present, or install it (as root) / say how.
 build/.deps-ok: scripts/install_deps.sh
@@ -52,6 +54,11 @@ build/mtrain: build/obj/trainer/main.o $(LIB_OBJ) $(CU_OBJ)
 	$(CC) $^ -o $@ $(LDLIBS)
 
 build/tests/%: build/obj/tests/%.o $(LIB_OBJ) $(CU_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $^ -o $@ $(LDLIBS)
+
+# Benchmarks: scripts/bench_NAME.c -> build/bench/bench_NAME (scripts/bench_*.sh run them).
+build/bench/%: build/obj/scripts/%.o $(LIB_OBJ) $(CU_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(LDLIBS)
 

@@ -187,16 +187,20 @@ static inline void forward_begin(const Dims *d, ForwardBuffers *b, const float *
 // of the query tile in b->qs (positions qp [bq]): S = scale Q K^T, masked
 // where kp[j] > qp[i] unless `full` (every key visible); m and l updated, acc
 // rescaled, then acc += P V.
-static inline void forward_tile(const Dims *d, ForwardBuffers *b, const int64_t *qp,
-                                const int64_t *kp, int full, int bq, int bk) {
-    const int Bp = d->Bp, Dp = d->Dp;
-    float *restrict s = b->s, *restrict m = b->m, *restrict l = b->l;
-    gemm_tile(s, Bp, b->qs, Dp, 1, b->kT, Bp, bq, round_up(bk), d->D, 0);   // S = scale Q K^T
+static inline __attribute__((always_inline)) void
+forward_tile(const Dims *d, ForwardBuffers *b, const int64_t *qp, const int64_t *kp, int full,
+             int bq, int bk) {
+    const int Bp = d->Bp, Dp = d->Dp, D = d->D;
+    float *s = b->s, *m = b->m, *l = b->l, *acc = b->acc;
+    const float *qs = b->qs, *kT = b->kT, *vs = b->vs;
+    gemm_tile(s, Bp, qs, Dp, 1, kT, Bp, bq, round_up(bk), D, 0);   // S = scale Q K^T
     for (int i = 0; i < bq; i++) {
         float *restrict srow = s + (int64_t)i * Bp;
-        if (!full)
+        if (!full) {
+            const int64_t qpi = qp[i];
             for (int j = 0; j < bk; j++)
-                if (kp[j] > qp[i]) srow[j] = -INFINITY;
+                if (kp[j] > qpi) srow[j] = -INFINITY;
+        }
         float mx = m[i];
         for (int j = 0; j < bk; j++) mx = srow[j] > mx ? srow[j] : mx;
         if (mx == -INFINITY) {                                     // nothing visible yet
@@ -211,10 +215,10 @@ static inline void forward_tile(const Dims *d, ForwardBuffers *b, const int64_t 
         }
         l[i] = l[i] * corr + sum;
         m[i] = mx;
-        float *restrict arow = b->acc + (int64_t)i * Dp;
+        float *restrict arow = acc + (int64_t)i * Dp;
         for (int c = 0; c < Dp; c++) arow[c] *= corr;
     }
-    gemm_tile(b->acc, Dp, s, Bp, 1, b->vs, Dp, bq, Dp, bk, 1);             // acc += P V
+    gemm_tile(acc, Dp, s, Bp, 1, vs, Dp, bq, Dp, bk, 1);                   // acc += P V
 }
 
 // Merge the query tile's chunk result (acc / l, m + log l) into the running

@@ -82,7 +82,12 @@ static ChunkView chunk_view(const Dims *d, const SparseIndex *x, const int64_t *
     check_index(x, c.rows);
     c.local_block = xmalloc((size_t)(nglobal + 1) * sizeof(int64_t));
     for (int64_t b = 0; b < nglobal; b++) c.local_block[b] = -1;
-    for (int64_t j = 0; j * B < d->Tk; j++) c.local_block[k_pos[j * B] / B] = j;
+    for (int64_t j = 0; j * B < d->Tk; j++) {
+        const int64_t global = k_pos[j * B] / B;
+        CHECK(c.local_block[global] < 0, "sparse attention: key block %lld appears twice in "
+              "the chunk", (long long)global);
+        c.local_block[global] = j;
+    }
 
     c.col_start = xmalloc((size_t)(c.rows + 1) * sizeof(int64_t));
     c.col_start[0] = 0;

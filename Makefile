@@ -40,6 +40,8 @@ CFLAGS += -DMTRAIN_CUDA -I$(CUDA_HOME)/include
 LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lnccl -lstdc++
 endif
 TEST_BIN = $(TEST_SRC:tests/%.c=build/tests/%)
+# Helper programs of the Python tests (not run on their own by tests/run.sh).
+TOOL_BIN = $(patsubst tests/%.c,build/tests/%,$(wildcard tests/tool_*.c))
 # MPI test programs (tests/mpi_*.c): run under mpirun by tests/test_dist.sh, not by the runner.
 MPI_TEST_BIN = $(patsubst tests/%.c,build/tests/%,$(wildcard tests/mpi_*.c))
 
@@ -55,7 +57,7 @@ DEPS_OK = build/.deps-ok
 
 .PHONY: all test demo test-gpu build-test-gpu deps clean
 all: build/mtrain $(TEST_BIN) $(GPU_BIN)
-all: $(MPI_TEST_BIN)
+all: $(MPI_TEST_BIN) $(TOOL_BIN)
 
 # Every dependency present, or install it (as root) / say how.
 build/.deps-ok: scripts/install_deps.sh
@@ -80,6 +82,11 @@ build/tests/%: build/obj/tests/%.o $(LIB_OBJ) $(CU_OBJ)
 build/tests/gpu_%: build/obj/tests/gpu_%.o $(GPU_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(GPU_LDLIBS)
+
+# Benchmarks: scripts/bench_NAME.c -> build/bench/bench_NAME (scripts/bench_*.sh run them).
+build/bench/%: build/obj/scripts/%.o $(LIB_OBJ) $(CU_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $^ -o $@ $(LDLIBS)
 
 test: all
 	@bash tests/run.sh

@@ -13,7 +13,8 @@ static int64_t block_tokens(int64_t b, int B, int64_t N) {
     return end - b * B;
 }
 
-void balance_work(const SparseIndex *index, LayoutKind layout, int world, double *work) {
+void balance_work(const SparseIndex *index, LayoutKind layout, int world, bool gathered_columns,
+                  double *work) {
     int64_t N = index->seq_len, B = index->block_size;
     int64_t num_blocks = (N + B - 1) / B, nq = index->num_q_blocks;
     CHECK(nq == num_blocks, "balance_work: the index must cover all %lld query blocks (has %lld)",
@@ -39,7 +40,8 @@ void balance_work(const SparseIndex *index, LayoutKind layout, int world, double
             for (int64_t j = index->column_start[row]; j < index->column_start[row + 1]; j++) {
                 int64_t p = index->columns[j];
                 int64_t later = q_first + q_count - (p > q_first ? p : q_first);  // queries q >= p
-                work[r * world + (r - owner[p / B] + world) % world] += (double)later;
+                int step = gathered_columns ? 0 : (r - owner[p / B] + world) % world;
+                work[r * world + step] += (double)later;
             }
         }
     }
@@ -47,7 +49,18 @@ void balance_work(const SparseIndex *index, LayoutKind layout, int world, double
     free(blocks);
 }
 
-double balance_imbalance(const double *work, int world) {
+double balance_rank_imbalance(const double *work, int world) {
+    double busiest = 0, total = 0;
+    for (int r = 0; r < world; r++) {
+        double w = 0;
+        for (int s = 0; s < world; s++) w += work[r * world + s];
+        if (w > busiest) busiest = w;
+        total += w;
+    }
+    return total > 0 ? busiest / (total / world) : 1.0;
+}
+
+double balance_step_imbalance(const double *work, int world) {
     double slowest = 0, total = 0;
     for (int s = 0; s < world; s++) {
         double step_max = 0;

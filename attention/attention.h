@@ -29,6 +29,7 @@ typedef struct {
     int vertical;              // budget fixed: vertical lines per head
     int slash;                 // budget fixed: slash lines per head
     char budget_file[CONFIG_STR]; // none, or a file of "layer head vertical slash" lines
+    char layout[CONFIG_STR];   // contiguous | zigzag | striped (attention/layout.h)
 } AttentionConfig;
 
 typedef struct {

@@ -379,6 +379,18 @@ void shard_open(Shard *s, const char *path) {
     if (!s->dctx) fail("%s: cannot create a zstd decompression context", path);
 }
 
+// The document holding token t: the last d with doc_starts[d] <= t (empty
+// documents before it share its start).
+static int64_t document_of(const Shard *s, int64_t t) {
+    int64_t lo = 0, hi = s->doc_count - 1;
+    while (lo < hi) {
+        int64_t mid = (lo + hi + 1) / 2;
+        if (s->doc_starts[mid] <= t) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
 // Makes s->decoded hold frame i: reads it, checks its checksum, decodes it,
 // and checks its length and token ids.
 static void decode_frame(Shard *s, int64_t i) {
@@ -404,8 +416,9 @@ static void decode_frame(Shard *s, int64_t i) {
         const uint8_t *p = s->raw + t * s->token_bytes;
         uint32_t id = s->token_bytes == 2 ? (uint32_t)p[0] | (uint32_t)p[1] << 8 : get_u32(p);
         if ((int64_t)id >= s->vocab_size)
-            fail("%s: token %" PRId64 " (frame %" PRId64 ") has id %" PRIu32 " (expected < vocabulary size %" PRId64 ")",
-                 s->path, fr->first_token + t, i, id, s->vocab_size);
+            fail("%s: document %" PRId64 ": token %" PRId64 " (frame %" PRId64 ") has id %" PRIu32
+                 " (expected < vocabulary size %" PRId64 ")",
+                 s->path, document_of(s, fr->first_token + t), fr->first_token + t, i, id, s->vocab_size);
         s->decoded[t] = id;
     }
     s->cached_frame = i;

@@ -1,6 +1,7 @@
 // cmd_data.c: the data verbs. `mtrain tokenize` packs text files (.txt: one
 // document per file; .jsonl: the "text" field of each line) into a token
-// shard; `mtrain shard info|verify|dump` inspects, checks and prints one.
+// shard; `mtrain shard info|verify|dump` inspects, checks and prints one;
+// `mtrain data RUN.yaml` shows what the loader makes of a run's data.
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -13,11 +14,17 @@
 #include "../data/tokenizer_bytes.h"
 #include "../dist/util.h"
 #include "commands.h"
+#include "train.h"
 
 static const char *tokenize_usage =
     "usage: mtrain tokenize --tokenizer bytes --input FILE... --output OUT.shard [--frame-tokens N]\n"
     "  FILE.txt is one document; FILE.jsonl holds one JSON object per line whose \"text\" is a document.\n"
     "  Every document ends with <|endoftext|>.\n";
+
+static const char *data_usage =
+    "usage: mtrain data RUN.yaml [--read N] [--show G] [section.key=value ...]\n"
+    "  prints the loader's view of data.train / data.val; --read N times reading training sequences 0..N-1;\n"
+    "  --show G prints training sequence G: its document starts and token ids.\n";
 
 static const char *shard_usage =
     "usage: mtrain shard info FILE          header, frames, documents, tokens, compression\n"
@@ -255,5 +262,83 @@ int cmd_shard(int argc, char **argv) {
     if (file_count != 1) return usage_error(shard_usage, "shard %s: expected exactly one FILE", action);
     if (!strcmp(action, "info")) shard_info(argv[1]);
     else shard_dump(argv[1], text);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// data RUN.yaml
+
+// A non-negative count for a --flag; on error the usage exit status 2.
+static int parse_count(const char *flag, const char *value, int64_t *out) {
+    char *end;
+    errno = 0;
+    *out = strtoll(value, &end, 10);
+    if (errno || *end || end == value || *out < 0)
+        return usage_error(data_usage, "%s '%s' is not a whole number >= 0", flag, value);
+    return 0;
+}
+
+// Reads training sequences 0..n-1 (and this rank's slice of each, world 1) and
+// prints the rate.
+static void data_read(Loader *l, const Config *cfg, int64_t n) {
+    PackedSequence seq;
+    RankSlice slice;
+    packed_sequence_alloc(&seq, cfg->train.seq_len);
+    rank_slice_alloc(&slice, cfg->train.seq_len);
+    LayoutKind layout = (LayoutKind)layout_parse(cfg->attention.layout);
+    double t0 = now_seconds();
+    for (int64_t g = 0; g < n; g++) {
+        loader_train_sequence(l, g, &seq);
+        loader_rank_slice(&seq, layout, cfg->attention.block_size, 1, 0, &slice);
+    }
+    double s = now_seconds() - t0, tokens = (double)n * cfg->train.seq_len;
+    printf("read %" PRId64 " sequences (%.0f tokens) in %.3f s: %.0f tokens/s, %.1f sequences/s\n", n, tokens, s,
+           tokens / s, (double)n / s);
+    packed_sequence_free(&seq);
+    rank_slice_free(&slice);
+}
+
+static void data_show(Loader *l, const Config *cfg, int64_t g) {
+    PackedSequence seq;
+    packed_sequence_alloc(&seq, cfg->train.seq_len);
+    loader_train_sequence(l, g, &seq);
+    int64_t per_epoch = l->synthetic ? 0 : l->seqs_per_epoch;
+    printf("sequence %" PRId64, g);
+    if (per_epoch) printf(" (epoch %" PRId64 ", sequence %" PRId64 " of %" PRId64 ")", g / per_epoch, g % per_epoch, per_epoch);
+    printf("\ndocument starts:");
+    for (int64_t i = 0; i < seq.doc_start_count; i++) printf(" %" PRId64, seq.doc_starts[i]);
+    printf("\ntokens (%" PRId64 " inputs + 1 target):", seq.seq_len);
+    for (int64_t t = 0; t <= seq.seq_len; t++) printf(" %" PRId32, seq.tokens[t]);
+    printf("\n");
+    packed_sequence_free(&seq);
+}
+
+int cmd_data(int argc, char **argv) {
+    if (argc < 1 || !strncmp(argv[0], "-", 1)) {
+        if (argc == 1 && (!strcmp(argv[0], "-h") || !strcmp(argv[0], "--help"))) { printf("%s", data_usage); return 0; }
+        return usage_error(data_usage, "data: which RUN.yaml?");
+    }
+    int64_t read = 0, show = -1;
+    char **overrides = argv + 1;  // gathered in place: override_count <= i
+    int override_count = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--read") && strcmp(argv[i], "--show")) {
+            if (!strncmp(argv[i], "--", 2)) return usage_error(data_usage, "data: unknown option '%s'", argv[i]);
+            overrides[override_count++] = argv[i];
+            continue;
+        }
+        if (i + 1 >= argc) return usage_error(data_usage, "%s needs a value", argv[i]);
+        int rc = parse_count(argv[i], argv[i + 1], !strcmp(argv[i], "--read") ? &read : &show);
+        if (rc) return rc;
+        i++;
+    }
+    Config cfg;
+    config_from_args(&cfg, argv[0], override_count, overrides);
+    Loader l;
+    loader_from_config(&l, &cfg);
+    loader_print_summary(&l, stdout);
+    if (read > 0) data_read(&l, &cfg, read);
+    if (show >= 0) data_show(&l, &cfg, show);
+    loader_close(&l);
     return 0;
 }

@@ -75,6 +75,7 @@ static const Key keys[] = {
     INT(attention, vertical, 1024, 0, 1 << 30, "Sparse, budget `fixed`: vertical lines per head."),
     INT(attention, slash, 1024, 0, 1 << 30, "Sparse, budget `fixed`: slash lines per head."),
     STRING(attention, budget_file, "none", "Sparse, budget `fixed`: `none`, or a text file of `layer head vertical slash` lines that overrides the counts per layer and head."),
+    ENUM(attention, layout, "striped", "contiguous|zigzag|striped", "How a sequence's blocks of `block_size` tokens are spread over context-parallel ranks (DESIGN §5.1); the loader hands each rank its tokens in this order."),
 
     INT(parallel, threads, 0, 0, 4096, "OpenMP threads of the CPU backend; 0 = all cores."),
 
@@ -96,8 +97,9 @@ static const Key keys[] = {
     INT(train, loss_chunk, 1024, 1, 1 << 30, "Tokens per chunk of the fused LM head + cross entropy."),
     STRING(train, init_from, "none", "`none` (random initialisation) or a Hugging Face folder (`config.json` + `model.safetensors`) to start from."),
 
-    STRING(data, train, "synthetic", "Training data: a shard glob, or `synthetic` for the built-in generator."),
+    STRING(data, train, "synthetic", "Training data: a shard glob or comma-separated globs (`data/*.shard,extra/a.shard`), or `synthetic` for the built-in generator. Documents are shuffled per epoch from `train.seed` and packed into sequences (see docs/ARCHITECTURE.md, section Data loader)."),
     INT(data, val_sequences, 4, 1, 1 << 20, "Held-out sequences in each validation pass."),
+    STRING(data, val, "holdout", "Validation data: `holdout` = documents of `data.train` chosen from `train.seed`, as many as `val_sequences` sequences need, never trained on; or a shard glob (comma-separated globs allowed). Synthetic data always uses held-out sequences."),
 
     STRING(checkpoint, dir, "checkpoints", "Folder of the checkpoints (`step_XXXXXXXX/`, `latest`)."),
     INT64(checkpoint, every, 0, 0, 1e12, "Write a checkpoint every N steps; 0 = only after the last step."),

@@ -36,8 +36,9 @@ typedef struct {
 } TrainConfig;
 
 typedef struct {
-    char train[CONFIG_STR];    // "synthetic" or shard glob
+    char train[CONFIG_STR];    // "synthetic" or shard glob[,glob...]
     int val_sequences;         // held-out sequences per validation pass
+    char val[CONFIG_STR];      // "holdout" or shard glob
 } DataConfig;
 
 typedef struct {

@@ -15,6 +15,7 @@ static const Verb verbs[] = {
     {"config", cmd_config, "config RUN.yaml [section.key=value ...]  print the resolved config (--doc: the key reference)"},
     {"score", cmd_score, "score --model DIR --tokens FILE [--grads OUT] [--logits OUT] [overrides]  loss (and gradients) of a HF model"},
     {"tokenize", cmd_tokenize, "tokenize --tokenizer bytes --input FILE... --output OUT.shard [--frame-tokens N]  pack text into a token shard"},
+    {"data", cmd_data, "data RUN.yaml [--read N] [--show G] [section.key=value ...]  what the loader makes of the run's data"},
     {"shard", cmd_shard, "shard info|verify|dump FILE [--text]  inspect, check or print a token shard"},
 };
 

@@ -1,6 +1,8 @@
 // train.c: `mtrain train RUN.yaml`: the training loop. Per step: zero the
-// gradients, run micro_batches sequences forward+backward, clip, AdamW, then
-// one line on stdout and one JSON line in log.dir/metrics.jsonl.
+// gradients, run micro_batches sequences from the loader forward+backward,
+// clip, AdamW, then one line on stdout and one JSON line in
+// log.dir/metrics.jsonl. The loader's cursor (sequences consumed) is saved in
+// every checkpoint, so a resumed run reads exactly the next sequence.
 #include "train.h"
 
 #include <math.h>
@@ -9,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../data/synthetic.h"
 #include "checkpoint.h"
 #include "commands.h"
 
@@ -64,19 +65,55 @@ static void start_state(const Config *cfg, Model *m, TrainState *state) {
     }
 }
 
-// Mean next-token loss over the held-out validation sequences.
-static double validation_loss(Model *m, const Config *cfg, int32_t *seq) {
-    int64_t T = cfg->train.seq_len;
-    double total = 0;
-    for (int i = 0; i < cfg->data.val_sequences; i++) {
-        synthetic_sequence(cfg->train.seed, -1 - (int64_t)i, cfg->model.vocab_size, seq, T + 1);
-        total += model_loss(m, seq, seq + 1, T);
-    }
-    return total / ((double)T * cfg->data.val_sequences);
+// The data of a run: the loader, one packed sequence and this rank's slice of
+// it (a single rank until dist/ exists: world 1, rank 0).
+typedef struct {
+    Loader loader;
+    PackedSequence seq;
+    RankSlice slice;
+    LayoutKind layout;
+    int block_size;
+} RunData;
+
+void loader_from_config(Loader *l, const Config *cfg) {
+    LoaderConfig lc = {cfg->data.train, cfg->data.val, cfg->model.vocab_size, cfg->train.seq_len,
+                       cfg->data.val_sequences, cfg->train.seed};
+    loader_open(l, &lc);
 }
 
-static void log_validation(Model *m, const Config *cfg, int32_t *seq, int64_t step, FILE *metrics, const char *path) {
-    double loss = validation_loss(m, cfg, seq);
+static void run_data_open(RunData *d, const Config *cfg) {
+    loader_from_config(&d->loader, cfg);
+    packed_sequence_alloc(&d->seq, cfg->train.seq_len);
+    rank_slice_alloc(&d->slice, cfg->train.seq_len);
+    d->layout = (LayoutKind)layout_parse(cfg->attention.layout);
+    d->block_size = cfg->attention.block_size;
+    if (!d->loader.synthetic) loader_print_summary(&d->loader, stdout);
+}
+
+static void run_data_close(RunData *d) {
+    loader_close(&d->loader);
+    packed_sequence_free(&d->seq);
+    rank_slice_free(&d->slice);
+}
+
+// d->slice = this rank's part of d->seq.
+static void slice_sequence(RunData *d) {
+    loader_rank_slice(&d->seq, d->layout, d->block_size, 1, 0, &d->slice);
+}
+
+// Mean next-token loss over the validation stream.
+static double validation_loss(Model *m, const Config *cfg, RunData *d) {
+    double total = 0;
+    for (int i = 0; i < cfg->data.val_sequences; i++) {
+        loader_val_sequence(&d->loader, i, &d->seq);
+        slice_sequence(d);
+        total += model_loss(m, d->slice.tokens, d->slice.targets, d->slice.count);
+    }
+    return total / ((double)cfg->train.seq_len * cfg->data.val_sequences);
+}
+
+static void log_validation(Model *m, const Config *cfg, RunData *d, int64_t step, FILE *metrics, const char *path) {
+    double loss = validation_loss(m, cfg, d);
     printf("validation | step %lld | loss %.4f\n", (long long)step, loss);
     fprintf(metrics, "{\"step\": %lld, \"val_loss\": %.9g}\n", (long long)step, loss);
     if (fflush(metrics) != 0) fail("%s: write failed", path);
@@ -129,9 +166,8 @@ int cmd_train(int argc, char **argv) {
     }
     Config cfg;
     config_from_args(&cfg, argv[0], argc - 1, argv + 1);
-    if (strcmp(cfg.data.train, "synthetic"))
-        fail("%s: data.train '%s': only the built-in 'synthetic' generator is available in this build", argv[0],
-             cfg.data.train);
+    RunData data;
+    run_data_open(&data, &cfg);
     apply_threads(&cfg);
     Model m;
     model_from_config(&m, &cfg);
@@ -149,22 +185,23 @@ int cmd_train(int argc, char **argv) {
     snprintf(metrics_path, sizeof(metrics_path), "%s/metrics.jsonl", cfg.log.dir);
     FILE *metrics = xfopen(metrics_path, "a");
 
-    int32_t *seq = xmalloc(sizeof(int32_t) * (size_t)(T + 1));
     char attention_line[64];
     size_t attention_json_size = 64 + 32 * (size_t)cfg.model.num_layers;
     char *attention_json = xmalloc(attention_json_size);
     double train_start = now_seconds();
     int64_t first_step = state.step + 1;
     bool validate = cfg.log.val_every > 0;
-    if (validate && first_step == 1) log_validation(&m, &cfg, seq, 0, metrics, metrics_path);
+    if (validate && first_step == 1) log_validation(&m, &cfg, &data, 0, metrics, metrics_path);
     for (int64_t step = first_step; step <= cfg.train.steps; step++) {
         double t0 = now_seconds();
         m.be->zero(m.grad_mem, sizeof(float) * (size_t)m.total_params);
         double loss = 0;
         begin_attention_stats(&m, &cfg, step);
         for (int mb = 0; mb < micro; mb++) {
-            synthetic_sequence(cfg.train.seed, state.data_cursor++, cfg.model.vocab_size, seq, T + 1);
-            loss += model_forward_backward(&m, seq, seq + 1, T, (float)(1.0 / ((double)T * micro)));
+            loader_train_sequence(&data.loader, state.data_cursor++, &data.seq);
+            slice_sequence(&data);
+            loss += model_forward_backward(&m, data.slice.tokens, data.slice.targets, data.slice.count,
+                                           (float)(1.0 / ((double)T * micro)));
         }
         loss /= (double)T * micro;
         end_attention_stats(&m, attention_line, sizeof(attention_line), attention_json, attention_json_size);
@@ -187,7 +224,7 @@ int cmd_train(int argc, char **argv) {
         if (fflush(metrics) != 0) fail("%s: write failed", metrics_path);
         state.step = step;
         if (validate && (step % cfg.log.val_every == 0 || step == cfg.train.steps))
-            log_validation(&m, &cfg, seq, step, metrics, metrics_path);
+            log_validation(&m, &cfg, &data, step, metrics, metrics_path);
         state.tokens_seen += T * micro;
         if ((cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || step == cfg.train.steps) {
             checkpoint_save(&cfg, &m, &state);
@@ -195,8 +232,8 @@ int cmd_train(int argc, char **argv) {
         }
     }
     fclose(metrics);
-    free(seq);
     free(attention_json);
+    run_data_close(&data);
     model_free(&m);
     return 0;
 }

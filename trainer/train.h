@@ -1,8 +1,9 @@
 // train.h: the pieces of a run that the CLI verbs share: threads, a model
-// built from the run config, the optimizer settings.
+// built from the run config, the optimizer settings, the data loader.
 #ifndef MTRAIN_TRAIN_H
 #define MTRAIN_TRAIN_H
 
+#include "../data/loader.h"
 #include "../model/model.h"
 #include "../model/optimizer.h"
 #include "config.h"
@@ -14,5 +15,7 @@ void apply_threads(const Config *cfg);
 // model_init with the backend and the attention/loss/checkpointing settings.
 void model_from_config(Model *m, const Config *cfg);
 OptimizerConfig optimizer_config(const Config *cfg);
+// loader_open with the run's data, vocabulary, sequence length and seed.
+void loader_from_config(Loader *l, const Config *cfg);
 
 #endif

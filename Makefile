@@ -12,6 +12,9 @@ CFLAGS += -std=gnu11 -fopenmp -Wall -Wextra -MMD -MP
 BLAS_DIR = /usr/lib/x86_64-linux-gnu/openblas-openmp
 CFLAGS += -I/usr/include/x86_64-linux-gnu/openblas-openmp
 LDLIBS = -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lyaml -lzstd -lcjson -lm -fopenmp
+# Open MPI (Debian): compile and link flags from its wrapper.
+CFLAGS += $(shell mpicc --showme:compile)
+LDLIBS += $(shell mpicc --showme:link)
 PYTHON = /usr/bin/python3
 
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
@@ -31,9 +34,12 @@ CFLAGS += -DMTRAIN_CUDA -I$(CUDA_HOME)/include
 LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lnccl -lstdc++
 endif
 TEST_BIN = $(TEST_SRC:tests/%.c=build/tests/%)
+# MPI test programs (tests/mpi_*.c): run under mpirun by tests/test_dist.sh, not by the runner.
+MPI_TEST_BIN = $(patsubst tests/%.c,build/tests/%,$(wildcard tests/mpi_*.c))
 
 .PHONY: all test demo test-gpu deps clean
 all: build/mtrain $(TEST_BIN)
+all: $(MPI_TEST_BIN)
 
 # Every dependency present, or install it (as root) / say how.
 build/.deps-ok: scripts/install_deps.sh

@@ -65,6 +65,7 @@ static const Key keys[] = {
 
     ENUM(attention, type, "dense", "dense|sparse", "Attention algorithm: `dense` = exact causal flash attention; `sparse` = dynamic vertical-slash sparse attention (DESIGN §5.2–5.4)."),
     INT(attention, block_size, 128, 1, 65536, "Tile size in tokens for queries and keys (and the granularity of the sparse index)."),
+    ENUM(attention, ring, "flat", "flat|hierarchical", "Ring schedule over the cp ranks: `flat` = one ring; `hierarchical` = inner rings of `parallel.cp_inner` ranks (one node) inside an outer ring, the outer transfer posted before a whole inner loop."),
     INT(attention, last_q, 64, 1, 1 << 20, "Sparse: the last `last_q` queries of the sequence estimate the pattern."),
     DOUBLE(attention, top_p, 0.9, 0, 1, MIN_OPEN, "Sparse, budget `topp`: per head, the fewest vertical (and slash) lines whose estimated softmax mass reaches `top_p`."),
     INT(attention, max_vertical, 4096, 0, 1 << 30, "Sparse, budget `topp`: at most this many vertical lines per head."),
@@ -78,6 +79,10 @@ static const Key keys[] = {
     ENUM(attention, layout, "striped", "contiguous|zigzag|striped", "How a sequence's blocks of `block_size` tokens are spread over context-parallel ranks (DESIGN §5.1); the loader hands each rank its tokens in this order."),
 
     INT(parallel, threads, 0, 0, 4096, "OpenMP threads of the CPU backend; 0 = all cores."),
+    INT(parallel, dp, 0, 0, 1 << 20, "Data-parallel groups; 0 = world size / `cp`. `dp` × `cp` must equal the number of ranks."),
+    INT(parallel, cp, 0, 0, 1 << 20, "Context-parallel ranks sharing one sequence (the attention ring); 0 = world size / `dp` (all ranks when `dp` is 0 too)."),
+    INT(parallel, cp_inner, 0, 0, 1 << 20, "Ranks of one inner ring of the hierarchical schedule (must divide `cp`); 0 = the ranks per node (their greatest common divisor with `cp`)."),
+    DOUBLE(parallel, timeout_s, 600.0, 0, 1e9, MIN_OPEN, "A transfer or collective that does not complete within this many seconds ends every rank with a message naming the rank and operation."),
 
     ENUM(train, backend, "cpu", "cpu|cuda|auto", "Compute backend: `cpu` (fp32, OpenMP), `cuda` (bf16), `auto` = cuda when a GPU is visible."),
     INT64(train, steps, 100, 0, 1e12, "Total optimizer steps."),
@@ -123,7 +128,7 @@ typedef struct {
 static const Section sections[] = {
     {"model", "The Qwen2 architecture."},
     {"attention", "How attention is computed."},
-    {"parallel", "CPU threads."},
+    {"parallel", "CPU threads, and the grid of MPI ranks (world = dp × cp, cp = outer × inner; see docs/ARCHITECTURE.md)."},
     {"train", "Optimisation: backend, schedule, AdamW, batch shape."},
     {"data", "Where the training tokens come from."},
     {"checkpoint", "Where checkpoints go."},

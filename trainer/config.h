@@ -15,6 +15,8 @@
 
 typedef struct {
     int threads;               // OpenMP threads; 0 = all cores
+    int dp, cp, cp_inner;      // rank grid (dist/comm.h); 0 = default
+    double timeout_s;          // a collective that takes longer ends the job
 } ParallelConfig;
 
 typedef struct {

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../dist/comm.h"
 #include "checkpoint.h"
 #include "commands.h"
 
@@ -166,6 +167,14 @@ int cmd_train(int argc, char **argv) {
     }
     Config cfg;
     config_from_args(&cfg, argv[0], argc - 1, argv + 1);
+    // The rank grid is validated now; the loop itself is still single-rank, so
+    // several ranks would train copies of the model into one checkpoint folder.
+    Dist dist;
+    dist_init(&dist, NULL, NULL, cfg.parallel.timeout_s);
+    dist_setup(&dist, cfg.parallel.dp, cfg.parallel.cp, cfg.parallel.cp_inner, argv[0]);
+    if (dist.world_size > 1)
+        comm_fail_all(&dist.world, "%s: %d ranks: training over several ranks is not wired into the trainer yet "
+                      "(expected a single process)", argv[0], dist.world_size);
     RunData data;
     run_data_open(&data, &cfg);
     apply_threads(&cfg);
@@ -235,5 +244,6 @@ int cmd_train(int argc, char **argv) {
     free(attention_json);
     run_data_close(&data);
     model_free(&m);
+    dist_finalize(&dist);
     return 0;
 }

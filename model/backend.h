@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../attention/attention.h"
+#include "../attention/sparse.h"
 
 typedef struct {
     const char *name;
@@ -70,6 +70,18 @@ typedef struct {
     void (*attn_backward)(const AttnShape *shape, const float *q, const int64_t *q_pos,
                           const float *k, const float *v, const int64_t *k_pos, const float *lse,
                           const float *delta, const float *dout, float *dq, float *dk, float *dv);
+    // Sparse attention (attention/sparse.h, sparse_plan.h): a layer's pattern
+    // from q and k holding the whole sequence, and the kernels over an index.
+    void (*attn_sparse_plan)(const AttentionConfig *cfg, const AttnShape *shape, const float *q,
+                             const float *k, const int64_t *pos, const int *fixed_vertical,
+                             const int *fixed_slash, SparseIndex *index, SparseStats *stats);
+    void (*attn_sparse_forward)(const AttnShape *shape, const SparseIndex *index, const float *q,
+                                const int64_t *q_pos, const float *k, const float *v,
+                                const int64_t *k_pos, float *o, float *lse);
+    void (*attn_sparse_backward)(const AttnShape *shape, const SparseIndex *index, const float *q,
+                                 const int64_t *q_pos, const float *k, const float *v,
+                                 const int64_t *k_pos, const float *lse, const float *delta,
+                                 const float *dout, float *dq, float *dk, float *dv);
 
     // AdamW on n parameters: m, v updated; param -= lr * (mhat/(sqrt(vhat)+eps) + wd*param).
     void (*adamw)(float *param, const float *grad, float *m, float *v, int64_t n, float lr,

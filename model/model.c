@@ -64,7 +64,10 @@ void model_init(Model *m, const ModelConfig *config, const Backend *be) {
     if (m->cfg.head_dim == 0) m->cfg.head_dim = config->hidden_size / config->num_heads;
     const ModelConfig *cfg = &m->cfg;
     m->be = be;
-    m->block_size = 64;
+    snprintf(m->attention.type, sizeof(m->attention.type), "dense");
+    m->attention.block_size = 64;
+    m->sparse_index = xcalloc((size_t)config->num_layers, sizeof(SparseIndex));
+    m->attention_stats = xcalloc((size_t)config->num_layers, sizeof(SparseStats));
     m->loss_chunk = 1024;
     int L = cfg->num_layers;
     m->params = xcalloc((size_t)(3 + L * LAYER_TENSORS), sizeof(ParamInfo));
@@ -84,6 +87,26 @@ void model_init(Model *m, const ModelConfig *config, const Backend *be) {
     size_t bytes = (size_t)m->total_params * sizeof(float);
     m->param_mem = be->alloc(bytes);
     m->grad_mem = be->alloc(bytes);
+}
+
+void model_set_attention(Model *m, const AttentionConfig *attention) {
+    m->attention = *attention;
+    free(m->budget_vertical);
+    free(m->budget_slash);
+    m->budget_vertical = m->budget_slash = NULL;
+    if (strcmp(attention->type, "sparse") || strcmp(attention->budget, "fixed")) return;
+    int L = m->cfg.num_layers, Hq = m->cfg.num_heads;
+    m->budget_vertical = xmalloc(sizeof(int) * (size_t)(L * Hq));
+    m->budget_slash = xmalloc(sizeof(int) * (size_t)(L * Hq));
+    if (strcmp(attention->budget_file, "none")) {
+        sparse_budget_load(attention->budget_file, L, Hq, attention->vertical, attention->slash,
+                           m->budget_vertical, m->budget_slash);
+        return;
+    }
+    for (int i = 0; i < L * Hq; i++) {
+        m->budget_vertical[i] = attention->vertical;
+        m->budget_slash[i] = attention->slash;
+    }
 }
 
 void model_alloc_optimizer(Model *m) {
@@ -112,6 +135,11 @@ void model_free(Model *m) {
     if (m->adam_m) be->free(m->adam_m);
     if (m->adam_v) be->free(m->adam_v);
     free(m->params);
+    for (int l = 0; l < m->cfg.num_layers; l++) sparse_index_free(&m->sparse_index[l]);
+    free(m->sparse_index);
+    free(m->attention_stats);
+    free(m->budget_vertical);
+    free(m->budget_slash);
     memset(m, 0, sizeof(*m));
 }
 
@@ -238,9 +266,11 @@ static LayerActs *layer_acts(Model *m, int l) {
     return &m->scratch;
 }
 
+static bool is_sparse(const Model *m) { return !strcmp(m->attention.type, "sparse"); }
+
 static AttnShape attn_shape(const Model *m, int64_t T) {
     const ModelConfig *c = &m->cfg;
-    AttnShape s = {T, T, c->num_heads, c->num_kv_heads, c->head_dim, m->block_size,
+    AttnShape s = {T, T, c->num_heads, c->num_kv_heads, c->head_dim, m->attention.block_size,
                    (float)(1.0 / sqrt((double)c->head_dim))};
     return s;
 }
@@ -261,7 +291,20 @@ static void layer_forward(Model *m, int l, LayerActs *a, float *out, int64_t T) 
     be->rope(a->k, m->positions, T, c->num_kv_heads, c->head_dim, (float)c->rope_theta, 0);
     AttnShape s = attn_shape(m, T);
     be->attn_forward_init(&s, a->att, a->lse);
-    be->attn_forward(&s, a->q, m->positions, a->k, a->v, m->positions, a->att, a->lse);
+    if (is_sparse(m)) {
+        // A recomputation (out == NULL) reuses the pattern of the first forward.
+        if (out) {
+            size_t budget = (size_t)l * c->num_heads;
+            be->attn_sparse_plan(&m->attention, &s, a->q, a->k, m->positions,
+                                 m->budget_vertical ? m->budget_vertical + budget : NULL,
+                                 m->budget_slash ? m->budget_slash + budget : NULL, &m->sparse_index[l],
+                                 m->collect_attention_stats ? &m->attention_stats[l] : NULL);
+        }
+        be->attn_sparse_forward(&s, &m->sparse_index[l], a->q, m->positions, a->k, a->v, m->positions,
+                                a->att, a->lse);
+    } else {
+        be->attn_forward(&s, a->q, m->positions, a->k, a->v, m->positions, a->att, a->lse);
+    }
     be->matmul_forward(a->x_mid, a->att, W(LAYER_O_WEIGHT), NULL, T, QD, H);
     be->accumulate(a->x_mid, a->x_in, T * H);
     be->rmsnorm_forward(a->h_mlp, a->rstd_mlp, a->x_mid, W(LAYER_POST_NORM), T, H, (float)c->rms_norm_eps);
@@ -301,8 +344,12 @@ static void layer_backward(Model *m, int l, LayerActs *a, int64_t T) {
     be->zero(m->dq, f * (size_t)(T * QD));
     be->zero(m->dk, f * (size_t)(T * KD));
     be->zero(m->dv, f * (size_t)(T * KD));
-    be->attn_backward(&s, a->q, m->positions, a->k, a->v, m->positions, a->lse, m->delta, m->datt,
-                      m->dq, m->dk, m->dv);
+    if (is_sparse(m))
+        be->attn_sparse_backward(&s, &m->sparse_index[l], a->q, m->positions, a->k, a->v, m->positions,
+                                 a->lse, m->delta, m->datt, m->dq, m->dk, m->dv);
+    else
+        be->attn_backward(&s, a->q, m->positions, a->k, a->v, m->positions, a->lse, m->delta, m->datt,
+                          m->dq, m->dk, m->dv);
     be->rope(m->dq, m->positions, T, c->num_heads, c->head_dim, (float)c->rope_theta, 1);
     be->rope(m->dk, m->positions, T, c->num_kv_heads, c->head_dim, (float)c->rope_theta, 1);
     be->zero(m->dh, f * (size_t)(T * H));

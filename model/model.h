@@ -49,7 +49,7 @@ typedef struct {
     ModelConfig cfg;
     const Backend *be;
     bool checkpoint_activations;
-    int block_size;          // attention tile size
+    AttentionConfig attention;  // dense | sparse, tile size, sparse budgets
     int loss_chunk;          // tokens per fused LM-head + cross-entropy chunk
 
     int num_params;
@@ -65,10 +65,20 @@ typedef struct {
     float *logits;           // [loss_chunk, V]
     int32_t *tokens, *targets;
     int64_t *positions;
+
+    // Sparse attention (attention.type sparse).
+    SparseIndex *sparse_index;      // [num_layers] the last forward's pattern, reused by backward
+    int *budget_vertical;           // [num_layers * Hq] budget fixed, else NULL
+    int *budget_slash;              // [num_layers * Hq]
+    bool collect_attention_stats;   // add to attention_stats in each forward
+    SparseStats *attention_stats;   // [num_layers]
 } Model;
 
 // Build the table for cfg and allocate parameters and gradients (zero).
+// Attention starts dense with 64-token tiles; model_set_attention changes it.
 void model_init(Model *m, const ModelConfig *cfg, const Backend *be);
+// Use this attention; for budget fixed, reads the budget file when set.
+void model_set_attention(Model *m, const AttentionConfig *attention);
 void model_free(Model *m);
 // Allocate the AdamW moments (training only).
 void model_alloc_optimizer(Model *m);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../dist/util.h"
+#include "../attention/sparse_plan.h"
 #include "backend.h"
 
 static void *cpu_alloc(size_t bytes) { return xcalloc(1, bytes); }
@@ -238,6 +239,9 @@ static const Backend cpu_backend = {
     .attn_forward = attn_dense_forward_cpu,
     .attn_delta = attn_backward_delta,
     .attn_backward = attn_dense_backward_cpu,
+    .attn_sparse_plan = sparse_plan_local,
+    .attn_sparse_forward = attn_sparse_forward_cpu,
+    .attn_sparse_backward = attn_sparse_backward_cpu,
     .adamw = adamw,
 };
 

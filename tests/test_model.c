@@ -96,14 +96,14 @@ static void test_checkpointing(void) {
     Model m;
     model_init(&m, &c, backend_cpu());
     model_init_weights(&m, 11);
-    m.block_size = 16;
+    m.attention.block_size = 16;
     m.loss_chunk = 10;
     grads_of(&m, seq, T, 1.0f / (float)T);
     float *plain = download_arena(&m, m.grad_mem);
     model_free(&m);
     model_init(&m, &c, backend_cpu());
     model_init_weights(&m, 11);
-    m.block_size = 16;
+    m.attention.block_size = 16;
     m.loss_chunk = 10;
     m.checkpoint_activations = true;
     grads_of(&m, seq, T, 1.0f / (float)T);

@@ -115,6 +115,7 @@ static const Key keys[] = {
     STRING(log, dir, "logs", "Folder of `metrics.jsonl`."),
     INT(log, every, 1, 1, 1e9, "Print a step line every N steps."),
     INT64(log, val_every, 0, 0, 1e12, "Validation loss before training and every N steps (and after the last); 0 = off."),
+    INT64(log, attention_every, 0, 0, 1e12, "Sparse attention: every N steps, per layer the density (computed / causal score elements) and the recall (estimated softmax mass inside the pattern) in the step line and `metrics.jsonl`; 0 = off."),
 };
 #define NUM_KEYS ((int)(sizeof(keys) / sizeof(keys[0])))
 

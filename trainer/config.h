@@ -55,6 +55,7 @@ typedef struct {
     char dir[CONFIG_STR];      // metrics.jsonl goes here
     int every;                 // print a step line every N steps
     int64_t val_every;         // validation loss every N steps (0 = off)
+    int64_t attention_every;   // sparse attention density/recall every N steps (0 = off)
 } LogConfig;
 
 typedef struct {

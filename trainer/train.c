@@ -28,7 +28,7 @@ void apply_threads(const Config *cfg) {
 
 void model_from_config(Model *m, const Config *cfg) {
     model_init(m, &cfg->model, backend_select(cfg->train.backend));
-    m->block_size = cfg->attention.block_size;
+    model_set_attention(m, &cfg->attention);
     m->loss_chunk = cfg->train.loss_chunk;
     m->checkpoint_activations = cfg->train.checkpoint_activations;
 }
@@ -126,6 +126,40 @@ static void format_eta(double seconds, char *out, size_t n) {
     else snprintf(out, n, "%ldm%02lds", s / 60, s % 60);
 }
 
+// Start (or not) collecting the sparse pattern's density and recall per layer
+// for this step's forward passes.
+static void begin_attention_stats(Model *m, const Config *cfg, int64_t step) {
+    m->collect_attention_stats = !strcmp(cfg->attention.type, "sparse") && cfg->log.attention_every > 0 &&
+                                 step % cfg->log.attention_every == 0;
+    if (m->collect_attention_stats)
+        memset(m->attention_stats, 0, sizeof(SparseStats) * (size_t)m->cfg.num_layers);
+}
+
+// The collected statistics as " | attn density D recall R" (means over
+// layers) for the step line and as JSON fields (per layer lists) for
+// metrics.jsonl; both empty when none were collected. Stops collecting.
+static void end_attention_stats(Model *m, char *line, size_t line_size, char *json, size_t json_size) {
+    line[0] = json[0] = '\0';
+    if (!m->collect_attention_stats) return;
+    m->collect_attention_stats = false;
+    int L = m->cfg.num_layers;
+    double density_sum = 0, recall_sum = 0;
+    size_t used = (size_t)snprintf(json, json_size, ", \"attention_density\": [");
+    for (int l = 0; l < L; l++) {
+        double density = m->attention_stats[l].computed / m->attention_stats[l].causal;
+        density_sum += density;
+        used += (size_t)snprintf(json + used, json_size - used, "%s%.6g", l ? ", " : "", density);
+    }
+    used += (size_t)snprintf(json + used, json_size - used, "], \"attention_recall\": [");
+    for (int l = 0; l < L; l++) {
+        double recall = m->attention_stats[l].covered_mass / m->attention_stats[l].estimation_rows;
+        recall_sum += recall;
+        used += (size_t)snprintf(json + used, json_size - used, "%s%.6g", l ? ", " : "", recall);
+    }
+    snprintf(json + used, json_size - used, "]");
+    snprintf(line, line_size, " | attn density %.3f recall %.3f", density_sum / L, recall_sum / L);
+}
+
 int cmd_train(int argc, char **argv) {
     if (argc < 1) {
         fprintf(stderr, "usage: mtrain train RUN.yaml [section.key=value ...]\n");
@@ -160,6 +194,9 @@ int cmd_train(int argc, char **argv) {
     snprintf(metrics_path, sizeof(metrics_path), "%s/metrics.jsonl", cfg.log.dir);
     FILE *metrics = xfopen(metrics_path, "a");
 
+    char attention_line[64];
+    size_t attention_json_size = 64 + 32 * (size_t)cfg.model.num_layers;
+    char *attention_json = xmalloc(attention_json_size);
     double train_start = now_seconds();
     int64_t first_step = state.step + 1;
     bool validate = cfg.log.val_every > 0;
@@ -168,6 +205,7 @@ int cmd_train(int argc, char **argv) {
         double t0 = now_seconds();
         m.be->zero(m.grad_mem, sizeof(float) * (size_t)m.total_params);
         double loss = 0;
+        begin_attention_stats(&m, &cfg, step);
         for (int mb = 0; mb < micro; mb++) {
             loader_train_sequence(&data.loader, state.data_cursor++, &data.seq);
             slice_sequence(&data);
@@ -175,6 +213,7 @@ int cmd_train(int argc, char **argv) {
                                            (float)(1.0 / ((double)T * micro)));
         }
         loss /= (double)T * micro;
+        end_attention_stats(&m, attention_line, sizeof(attention_line), attention_json, attention_json_size);
         double lr;
         double grad_norm = optimizer_step(&m, &oc, step, &lr);
         double ms = 1e3 * (now_seconds() - t0);
@@ -184,12 +223,13 @@ int cmd_train(int argc, char **argv) {
             char eta[32];
             double elapsed = now_seconds() - train_start;
             format_eta(elapsed / (double)(step - first_step + 1) * (double)(cfg.train.steps - step), eta, sizeof(eta));
-            printf("step %6lld/%lld | loss %.4f | grad norm %.3f | lr %.2e | %.0f tok/s | %.1f ms | eta %s\n",
-                   (long long)step, (long long)cfg.train.steps, loss, grad_norm, lr, tokens_per_s, ms, eta);
+            printf("step %6lld/%lld | loss %.4f | grad norm %.3f | lr %.2e | %.0f tok/s | %.1f ms | eta %s%s\n",
+                   (long long)step, (long long)cfg.train.steps, loss, grad_norm, lr, tokens_per_s, ms, eta,
+                   attention_line);
             fflush(stdout);
         }
-        fprintf(metrics, "{\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, \"ms\": %.3f}\n",
-                (long long)step, loss, grad_norm, lr, tokens_per_s, ms);
+        fprintf(metrics, "{\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, \"ms\": %.3f%s}\n",
+                (long long)step, loss, grad_norm, lr, tokens_per_s, ms, attention_json);
         if (fflush(metrics) != 0) fail("%s: write failed", metrics_path);
         state.step = step;
         if (validate && (step % cfg.log.val_every == 0 || step == cfg.train.steps))
@@ -201,6 +241,7 @@ int cmd_train(int argc, char **argv) {
         }
     }
     fclose(metrics);
+    free(attention_json);
     run_data_close(&data);
     model_free(&m);
     dist_finalize(&dist);

@@ -35,10 +35,6 @@ static void make_index(SparseIndex *ix, int64_t N, int B, BlockRule rule) {
     }
 }
 
-static void free_index(SparseIndex *ix) {
-    free(ix->q_blocks); free(ix->block_start); free(ix->column_start); free(ix->blocks); free(ix->columns);
-}
-
 // Step imbalance (rank imbalance into *rank), total work into *total.
 static double imbalance(const SparseIndex *ix, LayoutKind layout, int W, bool gathered, double *rank,
                         double *total) {
@@ -90,7 +86,7 @@ int main(void) {
     double work1[1];
     balance_work(&dense, LAYOUT_STRIPED, 1, false, work1);
     EXPECT(work1[0] == expect && balance_step_imbalance(work1, 1) == 1.0, "one rank: all work in one step");
-    free_index(&dense);
-    free_index(&slashes);
+    sparse_index_free(&dense);
+    sparse_index_free(&slashes);
     return check_exit();
 }

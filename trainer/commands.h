@@ -8,5 +8,6 @@ int cmd_train(int argc, char **argv);     // trainer/train.c
 int cmd_score(int argc, char **argv);     // trainer/score.c
 int cmd_tokenize(int argc, char **argv);  // trainer/cmd_data.c
 int cmd_shard(int argc, char **argv);     // trainer/cmd_data.c
+int cmd_export(int argc, char **argv);    // trainer/export.c
 
 #endif

@@ -15,6 +15,7 @@ static const Verb verbs[] = {
     {"config", cmd_config, "config RUN.yaml [section.key=value ...]  print the resolved config (--doc: the key reference)"},
     {"score", cmd_score, "score --model DIR --tokens FILE [--grads OUT] [--logits OUT] [overrides]  loss (and gradients) of a HF model"},
     {"tokenize", cmd_tokenize, "tokenize --tokenizer bytes --input FILE... --output OUT.shard [--frame-tokens N]  pack text into a token shard"},
+    {"export", cmd_export, "export CKPT_DIR OUT_DIR [--dtype bf16|f32] [--max-shard-size 5GB] [model.key=value ...]  write a HF folder"},
     {"shard", cmd_shard, "shard info|verify|dump FILE [--text]  inspect, check or print a token shard"},
 };
 

@@ -3,6 +3,7 @@
 #include "util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -103,6 +104,29 @@ char *read_file(const char *path, size_t *bytes) {
 void rename_into_place(const char *tmp, const char *path) {
     if (rename(tmp, path) != 0)
         fail("%s: cannot rename from %s (%s)", path, tmp, strerror(errno));
+}
+
+char *path_join(const char *dir, const char *name) {
+    char *path = xmalloc(strlen(dir) + strlen(name) + 2);
+    sprintf(path, "%s/%s", dir, name);
+    return path;
+}
+
+void write_file_atomic(const char *path, const void *data, size_t bytes) {
+    char *tmp = xmalloc(strlen(path) + 32);
+    sprintf(tmp, "%s.tmp.%d", path, (int)getpid());
+    FILE *f = xfopen(tmp, "wb");
+    xfwrite(data, bytes, f, tmp);
+    xfclose_sync(f, tmp);
+    rename_into_place(tmp, path);
+    free(tmp);
+}
+
+void fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) fail("%s: cannot open directory (%s)", dir, strerror(errno));
+    if (fsync(fd) != 0) fail("%s: fsync failed (%s)", dir, strerror(errno));
+    close(fd);
 }
 
 void make_dirs(const char *path) {

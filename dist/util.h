@@ -36,6 +36,12 @@ void xfclose_sync(FILE *f, const char *path);
 char *read_file(const char *path, size_t *bytes);
 // Atomic write: `tmp` is fsynced and renamed to `path`.
 void rename_into_place(const char *tmp, const char *path);
+// "dir/name" in a new allocation (free it).
+char *path_join(const char *dir, const char *name);
+// Write `bytes` bytes to "path.tmp.<pid>", fsync, rename onto path.
+void write_file_atomic(const char *path, const void *data, size_t bytes);
+// fsync a directory (makes renames inside it durable).
+void fsync_dir(const char *dir);
 // mkdir -p.
 void make_dirs(const char *path);
 

@@ -42,9 +42,12 @@ typedef struct {
     void (*rmsnorm_backward)(float *dinp, float *dweight, const float *dout, const float *inp,
                              const float *weight, const float *rstd, int64_t T, int H);
 
-    // In place on x[T, heads, D]: rotate-half RoPE at global positions pos[T];
-    // inverse = 0 rotates by +angle (forward), 1 by -angle (its transpose, for backward).
-    void (*rope)(float *x, const int64_t *pos, int64_t T, int heads, int D, float theta, int inverse);
+    // In place on x[T, heads, D]: rotate-half RoPE at global positions pos[T],
+    // angle_i = pos · inv_freq[i] in double (inv_freq [D/2], backend memory, from
+    // model/rope.c), cos and sin multiplied by attention_factor (YaRN; else 1).
+    // inverse = 0 rotates by +angle (forward), 1 by -angle (the transpose, for backward).
+    void (*rope)(float *x, const int64_t *pos, int64_t T, int heads, int D, const double *inv_freq,
+                 double attention_factor, int inverse);
 
     // out[n] = silu(gate[n]) * up[n]
     void (*swiglu_forward)(float *out, const float *gate, const float *up, int64_t n);

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "rope.h"
+
 // The tensors of one decoder layer: HF suffix, weight decay, initialisation.
 static const struct {
     const char *suffix;
@@ -87,6 +89,12 @@ void model_init(Model *m, const ModelConfig *config, const Backend *be) {
     size_t bytes = (size_t)m->total_params * sizeof(float);
     m->param_mem = be->alloc(bytes);
     m->grad_mem = be->alloc(bytes);
+    size_t rope_bytes = sizeof(double) * (size_t)(cfg->head_dim / 2);
+    double *inv_freq = xmalloc(rope_bytes);
+    m->rope_attention_factor = rope_frequencies(cfg, cfg->head_dim, inv_freq);
+    m->rope_inv_freq = be->alloc(rope_bytes);
+    be->upload(m->rope_inv_freq, inv_freq, rope_bytes);
+    free(inv_freq);
 }
 
 void model_set_attention(Model *m, const AttentionConfig *attention) {
@@ -132,6 +140,7 @@ void model_free(Model *m) {
     free_activations(m);
     be->free(m->param_mem);
     be->free(m->grad_mem);
+    be->free(m->rope_inv_freq);
     if (m->adam_m) be->free(m->adam_m);
     if (m->adam_v) be->free(m->adam_v);
     free(m->params);
@@ -287,8 +296,8 @@ static void layer_forward(Model *m, int l, LayerActs *a, float *out, int64_t T) 
     be->matmul_forward(a->q, a->h_attn, W(LAYER_Q_WEIGHT), W(LAYER_Q_BIAS), T, H, QD);
     be->matmul_forward(a->k, a->h_attn, W(LAYER_K_WEIGHT), W(LAYER_K_BIAS), T, H, KD);
     be->matmul_forward(a->v, a->h_attn, W(LAYER_V_WEIGHT), W(LAYER_V_BIAS), T, H, KD);
-    be->rope(a->q, m->positions, T, c->num_heads, c->head_dim, (float)c->rope_theta, 0);
-    be->rope(a->k, m->positions, T, c->num_kv_heads, c->head_dim, (float)c->rope_theta, 0);
+    be->rope(a->q, m->positions, T, c->num_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 0);
+    be->rope(a->k, m->positions, T, c->num_kv_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 0);
     AttnShape s = attn_shape(m, T);
     be->attn_forward_init(&s, a->att, a->lse);
     if (is_sparse(m)) {
@@ -350,8 +359,8 @@ static void layer_backward(Model *m, int l, LayerActs *a, int64_t T) {
     else
         be->attn_backward(&s, a->q, m->positions, a->k, a->v, m->positions, a->lse, m->delta, m->datt,
                           m->dq, m->dk, m->dv);
-    be->rope(m->dq, m->positions, T, c->num_heads, c->head_dim, (float)c->rope_theta, 1);
-    be->rope(m->dk, m->positions, T, c->num_kv_heads, c->head_dim, (float)c->rope_theta, 1);
+    be->rope(m->dq, m->positions, T, c->num_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 1);
+    be->rope(m->dk, m->positions, T, c->num_kv_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 1);
     be->zero(m->dh, f * (size_t)(T * H));
     be->matmul_backward(m->dh, G(LAYER_Q_WEIGHT), G(LAYER_Q_BIAS), m->dq, a->h_attn, W(LAYER_Q_WEIGHT), T, H, QD);
     be->matmul_backward(m->dh, G(LAYER_K_WEIGHT), G(LAYER_K_BIAS), m->dk, a->h_attn, W(LAYER_K_WEIGHT), T, H, KD);

@@ -65,6 +65,8 @@ typedef struct {
     float *logits;           // [loss_chunk, V]
     int32_t *tokens, *targets;
     int64_t *positions;
+    double *rope_inv_freq;   // [head_dim / 2], backend memory (model/rope.c)
+    double rope_attention_factor;  // scales RoPE cos and sin (YaRN; 1 otherwise)
 
     // Sparse attention (attention.type sparse).
     SparseIndex *sparse_index;      // [num_layers] the last forward's pattern, reused by backward

@@ -7,6 +7,21 @@
 
 #define CONFIG_STR 512
 
+// HF `rope_scaling`: how the RoPE frequencies are stretched for a context
+// longer than the one the model was trained at (model/rope.c has the math).
+// A zero-filled struct (type "") means plain RoPE, as does type "none".
+typedef struct {
+    char type[CONFIG_STR];     // none | yarn  (HF `type` / `rope_type`)
+    double factor;             // context extension factor s >= 1
+    int original_max_position_embeddings; // context before extension; 0 = max_position_embeddings
+    double beta_fast;          // YaRN: rotations where interpolation ends (HF default 32)
+    double beta_slow;          // YaRN: rotations where it is complete (HF default 1)
+    double attention_factor;   // multiplies cos and sin; 0 = derived from factor (and mscale)
+    double mscale;             // with mscale_all_dim: attention_factor = m(s, mscale) / m(s, mscale_all_dim); 0 = unset
+    double mscale_all_dim;
+    bool truncate;             // YaRN: correction range rounded to whole dimensions (HF default true)
+} RopeScaling;
+
 typedef struct {
     int vocab_size;            // vocab_size
     int hidden_size;           // hidden_size
@@ -20,6 +35,7 @@ typedef struct {
     bool tie_word_embeddings;  // tie_word_embeddings
     double init_std;           // initializer_range
     int max_position_embeddings; // max_position_embeddings
+    RopeScaling rope_scaling;  // rope_scaling (null in config.json = type none)
 } ModelConfig;
 
 #endif

@@ -105,7 +105,8 @@ static void rmsnorm_backward(float *dinp, float *dweight, const float *dout, con
 }
 
 // Angles in double: at 512K positions an fp32 angle is off by ~0.03 rad.
-static void rope(float *x, const int64_t *pos, int64_t T, int heads, int D, float theta, int inverse) {
+static void rope(float *x, const int64_t *pos, int64_t T, int heads, int D, const double *inv_freq,
+                 double attention_factor, int inverse) {
     int half = D / 2;
     #pragma omp parallel
     {
@@ -113,9 +114,9 @@ static void rope(float *x, const int64_t *pos, int64_t T, int heads, int D, floa
         #pragma omp for
         for (int64_t t = 0; t < T; t++) {
             for (int i = 0; i < half; i++) {
-                double angle = (double)pos[t] * pow((double)theta, -2.0 * i / D);
-                cs[i] = (float)cos(angle);
-                cs[half + i] = (float)(inverse ? -sin(angle) : sin(angle));
+                double angle = (double)pos[t] * inv_freq[i];
+                cs[i] = (float)(attention_factor * cos(angle));
+                cs[half + i] = (float)(attention_factor * (inverse ? -sin(angle) : sin(angle)));
             }
             for (int h = 0; h < heads; h++) {
                 float *v = x + (t * heads + h) * (int64_t)D;

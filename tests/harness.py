@@ -59,26 +59,32 @@ def write_safetensors(path, tensors, dtype="F32"):
             f.write(b)
 
 
-def read_safetensors(path):
-    """Returns dict name -> float64 torch tensor (F32/F16/BF16/F64 files)."""
-    import numpy as np
-    import torch
+def read_raw(path):
+    """Returns dict name -> (dtype, shape, raw data bytes) of a safetensors file."""
     with open(path, "rb") as f:
         data = f.read()
     n = struct.unpack("<Q", data[:8])[0]
     header = json.loads(data[8:8 + n])
     out = {}
     for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        a, b = info["data_offsets"]
-        raw = data[8 + n + a:8 + n + b]
-        if info["dtype"] == "BF16":
+        if name != "__metadata__":
+            a, b = info["data_offsets"]
+            out[name] = (info["dtype"], info["shape"], data[8 + n + a:8 + n + b])
+    return out
+
+
+def read_safetensors(path):
+    """Returns dict name -> float64 torch tensor (F32/F16/BF16/F64 files)."""
+    import numpy as np
+    import torch
+    out = {}
+    for name, (dtype, shape, raw) in read_raw(path).items():
+        if dtype == "BF16":
             bits = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
             arr = bits.view(np.float32)
         else:
-            arr = np.frombuffer(raw, dtype=DTYPES[info["dtype"]][0])
-        out[name] = torch.from_numpy(arr.astype(np.float64).reshape(info["shape"]))
+            arr = np.frombuffer(raw, dtype=DTYPES[dtype][0])
+        out[name] = torch.from_numpy(arr.astype(np.float64).reshape(shape))
     return out
 
 

@@ -93,12 +93,51 @@ def rms_norm(x, w, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
-def rope_cos_sin(T, D, theta):
-    inv_freq = theta ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)  # [D/2]
+def yarn_inv_freq(D, theta, scaling, max_pos):
+    """YaRN inverse frequencies [D/2] and attention factor, float64, as
+    transformers' _compute_yarn_parameters defines them (rope_scaling keys:
+    factor, original_max_position_embeddings (default max_pos), beta_fast 32,
+    beta_slow 1, attention_factor, mscale, mscale_all_dim, truncate True)."""
+    s = float(scaling["factor"])
+    L = scaling.get("original_max_position_embeddings") or max_pos
+    beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def corr_dim(rot):
+        return D * math.log(L / (rot * 2 * math.pi)) / (2 * math.log(theta))
+    low, high = corr_dim(beta_fast), corr_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, D - 1)
+    if low == high:
+        high += 0.001
+    pos_freqs = theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (s * pos_freqs)
+    ramp = ((torch.arange(D // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    extrapolation_factor = 1 - ramp
+    inv_freq = interpolation * (1 - extrapolation_factor) + extrapolation * extrapolation_factor
+
+    def mscale(scale, k=1.0):
+        return 1.0 if scale <= 1 else 0.1 * k * math.log(scale) + 1.0
+    af = scaling.get("attention_factor")
+    if af is None:
+        if scaling.get("mscale") and scaling.get("mscale_all_dim"):
+            af = mscale(s, scaling["mscale"]) / mscale(s, scaling["mscale_all_dim"])
+        else:
+            af = mscale(s)
+    return inv_freq, af
+
+
+def rope_cos_sin(T, D, theta, scaling=None, max_pos=4096):
+    """cos, sin [T, D] of rotate-half RoPE; with a YaRN rope_scaling dict the
+    YaRN frequencies, and both multiplied by its attention factor."""
+    if scaling and scaling.get("rope_type", scaling.get("type")) == "yarn":
+        inv_freq, af = yarn_inv_freq(D, theta, scaling, max_pos)
+    else:
+        inv_freq, af = theta ** (-torch.arange(0, D, 2, dtype=torch.float64) / D), 1.0  # [D/2]
     pos = torch.arange(T, dtype=torch.float64)
     freqs = pos[:, None] * inv_freq[None, :]                                # [T, D/2]
     emb = torch.cat([freqs, freqs], dim=-1)                                 # [T, D]
-    return emb.cos(), emb.sin()
+    return emb.cos() * af, emb.sin() * af
 
 
 def rotate_half(x):
@@ -113,7 +152,7 @@ def forward(cfg, params, tokens):
     D, g = H // Hq, Hq // Hkv
     eps = cfg["rms_norm_eps"]
     T = tokens.shape[0]
-    cos, sin = rope_cos_sin(T, D, float(cfg["rope_theta"]))
+    cos, sin = rope_cos_sin(T, D, float(cfg["rope_theta"]), cfg.get("rope_scaling"), cfg["max_position_embeddings"])
     mask = torch.ones(T, T, dtype=torch.bool).tril()
     x = params["model.embed_tokens.weight"][tokens]                       # [T, H]
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # angles in fp64; float32 runs are for experiments

@@ -59,7 +59,7 @@ sections=$(grep -E '^[a-z]+:$' "$tmp/tiny.yaml" | tr -d ':\n')
 if [ "$sections" = "modelattentionparalleltraindatacheckpointlog" ]; then ok config_section_order
 else bad config_section_order "sections in order '$sections'"; fi
 
-if [ "$(grep -c '^  [a-z0-9_]*: ' "$tmp/tiny.yaml")" -eq "$(grep -c '^| `' docs/CONFIG.md)" ]; then
+if [ "$(grep -cE '^  (  )?[a-z0-9_]*: ' "$tmp/tiny.yaml")" -eq "$(grep -c '^| `' docs/CONFIG.md)" ]; then
   ok config_prints_every_key
 else
   bad config_prints_every_key "printed keys differ from documented keys"
@@ -97,6 +97,35 @@ if "$mtrain" config configs/tiny-cpu.yaml train.lr=0.1 train.min_lr=3.3333333333
 else
   bad config_round_trip "exit status $?: $(head -c 300 "$tmp/err")"
 fi
+
+# model.rope_scaling: a nested mapping in the file, dotted keys in overrides.
+printf 'model:\n  rope_theta: 5e5\n  rope_scaling:\n    type: yarn\n    factor: 8\n    beta_fast: 16\n' >"$tmp/yarn.yaml"
+if "$mtrain" config "$tmp/yarn.yaml" model.rope_scaling.original_max_position_embeddings=32768 \
+    >"$tmp/yarn.out" 2>"$tmp/err" && "$mtrain" config "$tmp/yarn.out" >"$tmp/yarn2.out" 2>>"$tmp/err" &&
+   cmp -s "$tmp/yarn.out" "$tmp/yarn2.out"; then
+  has_lines config_rope_scaling_nested "$tmp/yarn.out" "  rope_theta: 500000.0" "  rope_scaling:" "    type: yarn" \
+    "    factor: 8.0" "    beta_fast: 16.0" "    beta_slow: 1.0" "    original_max_position_embeddings: 32768"
+else
+  bad config_rope_scaling_nested "exit status $? or print -> load -> print differs: $(head -c 300 "$tmp/err")"
+fi
+
+printf 'model:\n  rope_scaling: 4\n' >"$tmp/run.yaml"
+expect_error config_rope_scaling_not_mapping "run\.yaml:2: model\.rope_scaling is a scalar \(expected a mapping" \
+  "$tmp/run.yaml"
+
+printf 'model:\n  rope_scaling:\n    type: yarn\n    fator: 8\n' >"$tmp/run.yaml"
+expect_error config_rope_scaling_unknown_key \
+  "run\.yaml:4: unknown key 'model\.rope_scaling\.fator' \(did you mean 'model\.rope_scaling\.factor'\?\)$" "$tmp/run.yaml"
+
+printf 'model:\n  rope_scaling:\n    type: linear\n' >"$tmp/run.yaml"
+expect_error config_rope_scaling_type "run\.yaml:3: model\.rope_scaling\.type: 'linear' is not allowed \(expected one of none, yarn\)$" \
+  "$tmp/run.yaml"
+
+expect_error config_rope_scaling_factor_range "model\.rope_scaling\.factor: '0\.5' is out of range" \
+  configs/tiny-cpu.yaml model.rope_scaling.factor=0.5
+
+expect_error config_rope_scaling_betas "model\.rope_scaling\.beta_fast: 1\.0 is not above model\.rope_scaling\.beta_slow = 2\.0" \
+  configs/tiny-cpu.yaml model.rope_scaling.type=yarn model.rope_scaling.beta_fast=1 model.rope_scaling.beta_slow=2
 
 # --- bad input: one line on stderr, naming file and line (or override) ---
 

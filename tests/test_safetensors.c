@@ -363,13 +363,23 @@ static void test_f16_read(void) {
 // ----------------------------------------------------------------------------
 // config.json
 
+// What hf_config_read gives when there is no rope_scaling.
+#define NO_SCALING {"none", 1.0, 0, 32.0, 1.0, 0, 0, 0, true}
+
+static bool same_rope_scaling(const RopeScaling *a, const RopeScaling *b) {
+    return !strcmp(a->type, b->type) && a->factor == b->factor &&
+           a->original_max_position_embeddings == b->original_max_position_embeddings && a->beta_fast == b->beta_fast &&
+           a->beta_slow == b->beta_slow && a->attention_factor == b->attention_factor && a->mscale == b->mscale &&
+           a->mscale_all_dim == b->mscale_all_dim && a->truncate == b->truncate;
+}
+
 static bool same_config(const ModelConfig *a, const ModelConfig *b) {
     return a->vocab_size == b->vocab_size && a->hidden_size == b->hidden_size &&
            a->intermediate_size == b->intermediate_size && a->num_layers == b->num_layers &&
            a->num_heads == b->num_heads && a->num_kv_heads == b->num_kv_heads && a->head_dim == b->head_dim &&
            a->rope_theta == b->rope_theta && a->rms_norm_eps == b->rms_norm_eps &&
            a->tie_word_embeddings == b->tie_word_embeddings && a->init_std == b->init_std &&
-           a->max_position_embeddings == b->max_position_embeddings;
+           a->max_position_embeddings == b->max_position_embeddings && same_rope_scaling(&a->rope_scaling, &b->rope_scaling);
 }
 
 static void write_text(const char *path, const char *text) {
@@ -380,18 +390,20 @@ static void write_text(const char *path, const char *text) {
 
 static void test_hf_config_round_trip(void) {
     const ModelConfig configs[] = {
-        {151936, 896, 4864, 24, 14, 2, 64, 1000000.0, 1e-6, true, 0.1 + 0.2, 32768},
-        {1000, 96, 200, 3, 6, 3, 16, 123456.789, 1.0 / 3.0, false, 0.02, 524288},
-        {32, 8, 8, 1, 1, 1, 8, 5e15 + 1, 1e-300, false, 1.7976931348623157e308, 1},
+        {151936, 896, 4864, 24, 14, 2, 64, 1000000.0, 1e-6, true, 0.1 + 0.2, 32768, NO_SCALING},
+        {1000, 96, 200, 3, 6, 3, 16, 123456.789, 1.0 / 3.0, false, 0.02, 524288,
+         {"yarn", 16.0, 32768, 32.0, 1.0, 0, 0, 0, true}},
+        {32, 8, 8, 1, 1, 1, 8, 5e15 + 1, 1e-300, false, 1.7976931348623157e308, 1,
+         {"yarn", 1.0 / 3.0 + 1, 7, 0.1 + 0.2, 0.1, 1.25, 0.7, 1.0 / 7.0, false}},
     };
     const char *path = tmp_path("config.json");
     for (int i = 0; i < 3; i++) {
-        hf_config_write(path, &configs[i]);
+        hf_config_write(path, &configs[i], "float32");
         ModelConfig back;
         hf_config_read(path, &back);
         EXPECT(same_config(&back, &configs[i]), "config.json round trip %d is exact", i);
     }
-    hf_config_write(path, &configs[0]);
+    hf_config_write(path, &configs[0], "float32");
     char *text = read_file(path, NULL);
     EXPECT(strstr(text, "\"model_type\": \"qwen2\"") && strstr(text, "\"Qwen2ForCausalLM\"") &&
            strstr(text, "\"rope_theta\": 1000000.0,") && strstr(text, "\"rms_norm_eps\": 1e-06,") &&
@@ -411,15 +423,49 @@ static void test_hf_config_round_trip(void) {
         "  \"rms_norm_eps\": 1e-06,\n  \"rope_theta\": 1000000.0,\n  \"sliding_window\": 32768,\n"
         "  \"tie_word_embeddings\": true,\n  \"torch_dtype\": \"bfloat16\",\n  \"transformers_version\": \"4.40.1\",\n"
         "  \"use_cache\": true,\n  \"use_sliding_window\": false,\n  \"vocab_size\": 151936\n}\n");
-    ModelConfig qwen, want = {151936, 896, 4864, 24, 14, 2, 64, 1000000.0, 1e-6, true, 0.02, 32768};
+    ModelConfig qwen, want = {151936, 896, 4864, 24, 14, 2, 64, 1000000.0, 1e-6, true, 0.02, 32768, NO_SCALING};
     hf_config_read(path, &qwen);
     EXPECT(same_config(&qwen, &want), "Qwen2.5-0.5B config.json");
 
     write_text(path, "{\"vocab_size\": 1000, \"hidden_size\": 64, \"intermediate_size\": 128, "
                      "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": null}");
-    ModelConfig minimal, defaults = {1000, 64, 128, 2, 4, 4, 16, 10000.0, 1e-6, false, 0.02, 32768};
+    ModelConfig minimal, defaults = {1000, 64, 128, 2, 4, 4, 16, 10000.0, 1e-6, false, 0.02, 32768, NO_SCALING};
     hf_config_read(path, &minimal);
     EXPECT(same_config(&minimal, &defaults), "config.json defaults (null counts as absent)");
+
+    // YaRN as the Qwen2.5 model cards say to enable it (old key `type`), and
+    // as transformers 5 writes it (`rope_parameters` with rope_type and rope_theta).
+#define BASE "{\"vocab_size\": 1000, \"hidden_size\": 64, \"intermediate_size\": 128, " \
+             "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"rope_theta\": 1000000.0, "
+    write_text(path, BASE "\"rope_scaling\": {\"factor\": 4.0, \"original_max_position_embeddings\": 32768, "
+                          "\"type\": \"yarn\"}}");
+    ModelConfig yarn, want_yarn = {1000, 64, 128, 2, 4, 4, 16, 1e6, 1e-6, false, 0.02, 32768,
+                                   {"yarn", 4.0, 32768, 32.0, 1.0, 0, 0, 0, true}};
+    hf_config_read(path, &yarn);
+    EXPECT(same_config(&yarn, &want_yarn), "Qwen2.5 model-card rope_scaling (type yarn)");
+    write_text(path, BASE "\"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 4.0, \"rope_theta\": 5e5, "
+                          "\"original_max_position_embeddings\": 32768, \"beta_fast\": 16, \"truncate\": false}}");
+    want_yarn.rope_theta = 5e5;
+    want_yarn.rope_scaling.beta_fast = 16;
+    want_yarn.rope_scaling.truncate = false;
+    hf_config_read(path, &yarn);
+    EXPECT(same_config(&yarn, &want_yarn), "transformers 5 rope_parameters (rope_type yarn, rope_theta inside)");
+    write_text(path, BASE "\"rope_scaling\": {\"rope_type\": \"default\"}}");
+    hf_config_read(path, &yarn);
+    EXPECT(!strcmp(yarn.rope_scaling.type, "none"), "rope_type default is plain RoPE");
+#undef BASE
+    hf_config_write(path, &configs[1], "bfloat16");
+    text = read_file(path, NULL);
+    EXPECT(strstr(text, "  \"rope_scaling\": {\n    \"beta_fast\": 32.0,\n    \"beta_slow\": 1.0,\n"
+                        "    \"factor\": 16.0,\n    \"original_max_position_embeddings\": 32768,\n"
+                        "    \"rope_type\": \"yarn\",\n    \"type\": \"yarn\"\n  },\n") &&
+           strstr(text, "\"torch_dtype\": \"bfloat16\""),
+           "config.json rope_scaling object in HF's schema, torch_dtype as given");
+    free(text);
+    hf_config_write(path, &configs[0], "float32");
+    text = read_file(path, NULL);
+    EXPECT(strstr(text, "  \"rope_scaling\": null,\n") != NULL, "config.json rope_scaling null without scaling");
+    free(text);
 }
 
 typedef struct { const char *what, *json, *problem; } BadConfig;
@@ -464,6 +510,25 @@ static void test_hf_config_bad(void) {
          "field 'tie_word_embeddings' must be true or false, not a number"},
         {"head_dim differs", "{" REQ ", \"hidden_size\": 64, \"num_attention_heads\": 4, \"head_dim\": 32}",
          "head_dim 32 differs from hidden_size / num_attention_heads = 16"},
+#define ROPE REQ ", \"hidden_size\": 64, \"num_attention_heads\": 4, \"rope_scaling\": "
+        {"rope_scaling linear", "{" ROPE "{\"type\": \"linear\", \"factor\": 2}}",
+         "rope_scaling type 'linear' is not supported (expected \"yarn\" or \"default\")"},
+        {"rope_scaling no type", "{" ROPE "{\"factor\": 2}}", "rope_scaling has no 'type'"},
+        {"rope_scaling two types", "{" ROPE "{\"type\": \"yarn\", \"rope_type\": \"default\", \"factor\": 2}}",
+         "rope_scaling has rope_type 'default' and type 'yarn'"},
+        {"rope_scaling no factor", "{" ROPE "{\"type\": \"yarn\"}}", "rope_scaling of type yarn has no 'factor'"},
+        {"rope_scaling factor below 1", "{" ROPE "{\"type\": \"yarn\", \"factor\": 0.5}}",
+         "field 'rope_scaling.factor' is 0.5 (expected a number >= 1)"},
+        {"rope_scaling factor string", "{" ROPE "{\"type\": \"yarn\", \"factor\": \"4\"}}",
+         "field 'rope_scaling.factor' must be a number, not a string"},
+        {"rope_scaling original fractional", "{" ROPE "{\"type\": \"yarn\", \"factor\": 4, \"original_max_position_embeddings\": 1.5}}",
+         "field 'rope_scaling.original_max_position_embeddings' must be an integer, not 1.5"},
+        {"rope_scaling unknown key", "{" ROPE "{\"type\": \"yarn\", \"factor\": 4, \"low_freq_factor\": 1}}",
+         "rope_scaling key 'low_freq_factor' is not supported"},
+        {"rope_scaling betas reversed", "{" ROPE "{\"type\": \"yarn\", \"factor\": 4, \"beta_fast\": 1, \"beta_slow\": 32}}",
+         "beta_fast 1 is not above beta_slow 32"},
+        {"rope_scaling a number", "{" ROPE "4}", "field 'rope_scaling' must be an object or null, not a number"},
+#undef ROPE
     };
 #undef REQ
     const char *path = tmp_path("bad_config.json");

@@ -26,23 +26,6 @@ static void join(char *out, size_t n, const char *dir, const char *name) {
     if ((size_t)snprintf(out, n, "%s/%s", dir, name) >= n) fail("%s/%s: path too long", dir, name);
 }
 
-static void fsync_dir(const char *dir) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd < 0) fail("%s: cannot open directory (%s)", dir, strerror(errno));
-    if (fsync(fd) != 0) fail("%s: fsync failed (%s)", dir, strerror(errno));
-    close(fd);
-}
-
-// Write text to path through a temporary name.
-static void write_text_atomic(const char *path, const char *text) {
-    char tmp[4096];
-    if ((size_t)snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid()) >= sizeof(tmp)) fail("%s: path too long", path);
-    FILE *f = xfopen(tmp, "w");
-    xfwrite(text, strlen(text), f, tmp);
-    xfclose_sync(f, tmp);
-    rename_into_place(tmp, path);
-}
-
 // optimizer.zst: magic, total floats, XXH64 of the raw moments, then m and v
 // as one zstd stream.
 static void write_optimizer(const char *path, const Model *m) {
@@ -96,7 +79,7 @@ static void write_state(const char *path, const TrainState *s) {
     const char *words[4] = {word[0], word[1], word[2], word[3]};
     cJSON_AddItemToObject(root, "rng", cJSON_CreateStringArray(words, 4));
     char *text = cJSON_Print(root);
-    write_text_atomic(path, text);
+    write_file_atomic(path, text, strlen(text));
     free(text);
     cJSON_Delete(root);
 }
@@ -177,7 +160,7 @@ void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state)
     join(path, sizeof(path), tmp_dir, "model.safetensors");
     model_write_safetensors(m, m->param_mem, path, ST_F32);
     join(path, sizeof(path), tmp_dir, "config.json");
-    hf_config_write(path, &m->cfg);
+    hf_config_write(path, &m->cfg, "float32");
     join(path, sizeof(path), tmp_dir, "run.yaml");
     FILE *f = xfopen(path, "w");
     config_print(cfg, f);
@@ -194,7 +177,7 @@ void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state)
     join(path, sizeof(path), dir, "latest");
     char text[64];
     snprintf(text, sizeof(text), "%s\n", name);
-    write_text_atomic(path, text);
+    write_file_atomic(path, text, strlen(text));
     prune(&cfg->checkpoint);
 }
 
@@ -232,8 +215,7 @@ void model_load_hf_folder(Model *m, const char *dir) {
     join(path, sizeof(path), dir, "config.json");
     hf_config_read(path, &got);
     check_same_model(&m->cfg, &got, path);
-    join(path, sizeof(path), dir, "model.safetensors");
-    model_load_safetensors(m, path);
+    model_load_hf_weights(m, dir);
 }
 
 void checkpoint_load(const char *dir, Model *m, TrainState *state) {

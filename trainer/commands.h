@@ -10,5 +10,6 @@ int cmd_tokenize(int argc, char **argv);  // trainer/cmd_data.c
 int cmd_shard(int argc, char **argv);     // trainer/cmd_data.c
 int cmd_data(int argc, char **argv);      // trainer/cmd_data.c
 int cmd_detokenize(int argc, char **argv);  // trainer/cmd_data.c
+int cmd_export(int argc, char **argv);    // trainer/export.c
 
 #endif

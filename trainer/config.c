@@ -17,6 +17,7 @@
 #include <yaml.h>
 
 #include "../dist/util.h"
+#include "../model/hf_config.h"
 #include "commands.h"
 
 // ----------------------------------------------------------------------------
@@ -62,6 +63,15 @@ static const Key keys[] = {
     BOOL(model, tie_word_embeddings, true, "The LM head reuses the embedding matrix."),
     DOUBLE(model, init_std, 0.02, 0, 10, 0, "Standard deviation of the random initialisation (HF `initializer_range`)."),
     INT(model, max_position_embeddings, 32768, 1, 1 << 30, "Longest context the model is declared for (written to `config.json`)."),
+    ENUM(model, rope_scaling.type, "none", "none|yarn", "RoPE context extension (HF `rope_scaling`, a nested mapping in YAML): `none` = plain RoPE with `rope_theta`; `yarn` = YaRN with the keys below, as transformers computes it."),
+    DOUBLE(model, rope_scaling.factor, 1.0, 1, 65536, 0, "YaRN: context extension factor s (low frequencies are divided by s)."),
+    INT(model, rope_scaling.original_max_position_embeddings, 0, 0, 1 << 30, "YaRN: the context the model was trained at; 0 = `max_position_embeddings`."),
+    DOUBLE(model, rope_scaling.beta_fast, 32.0, 0, INFINITY, MIN_OPEN, "YaRN: dimensions turning more than beta_fast times over the original context keep their frequency."),
+    DOUBLE(model, rope_scaling.beta_slow, 1.0, 0, INFINITY, MIN_OPEN, "YaRN: dimensions turning fewer than beta_slow times are fully interpolated; must be below `beta_fast`."),
+    DOUBLE(model, rope_scaling.attention_factor, 0.0, 0, INFINITY, 0, "YaRN: multiplies cos and sin; 0 = derived: 0.1·ln(s) + 1 (or the mscale ratio)."),
+    DOUBLE(model, rope_scaling.mscale, 0.0, 0, INFINITY, 0, "YaRN: with `mscale_all_dim`, attention factor = m(s, mscale) / m(s, mscale_all_dim), m(s, k) = 0.1·k·ln(s) + 1; 0 = unset."),
+    DOUBLE(model, rope_scaling.mscale_all_dim, 0.0, 0, INFINITY, 0, "YaRN: see `mscale`; 0 = unset."),
+    BOOL(model, rope_scaling.truncate, true, "YaRN: round the blended band of dimensions outward to whole dimensions (transformers' default)."),
 
     ENUM(attention, type, "dense", "dense|sparse", "Attention algorithm: `dense` = exact causal flash attention; `sparse` = dynamic vertical-slash sparse attention (DESIGN §5.2–5.4)."),
     INT(attention, block_size, 128, 1, 65536, "Tile size in tokens for queries and keys (and the granularity of the sparse index)."),
@@ -510,9 +520,18 @@ static const char *scalar_text(const yaml_event_t *e) {
     return (const char *)e->data.scalar.value;
 }
 
-// The keys of one section, after its MAPPING_START.
-static void read_section(YamlReader *r, Config *cfg, const char *section, int *key_line) {
-    char where[CONFIG_STR + 32];
+// Is `name` a group of keys ("rope_scaling" for "rope_scaling.factor", ...)?
+static bool is_group(const char *section, const char *name) {
+    size_t n = strlen(name);
+    for (int i = 0; i < NUM_KEYS; i++)
+        if (!strcmp(keys[i].section, section) && !strncmp(keys[i].key, name, n) && keys[i].key[n] == '.') return true;
+    return false;
+}
+
+// The keys of one section (group = NULL), or of one nested group such as
+// model.rope_scaling (keys "group.name"), after its MAPPING_START.
+static void read_section(YamlReader *r, Config *cfg, const char *section, const char *group, int *key_line) {
+    char where[CONFIG_STR + 32], name[2 * CONFIG_STR];
     for (;;) {
         next_event(r);
         if (r->event.type == YAML_MAPPING_END_EVENT) return;
@@ -520,8 +539,17 @@ static void read_section(YamlReader *r, Config *cfg, const char *section, int *k
         if (r->event.type != YAML_SCALAR_EVENT)
             fail("%s: section '%s': keys must be plain names, not %s (expected key: value lines)", where, section,
                  event_kind(&r->event));
-        const Key *k = find_key(section, scalar_text(&r->event));
-        if (!k) fail_unknown_key(where, section, scalar_text(&r->event));
+        snprintf(name, sizeof(name), "%s%s%s", group ? group : "", group ? "." : "", scalar_text(&r->event));
+        if (!group && is_group(section, name)) {
+            next_event(r);
+            if (r->event.type != YAML_MAPPING_START_EVENT)
+                fail("%s:%d: %s.%s is %s (expected a mapping of key: value lines)", r->path, event_line(r), section,
+                     name, event_kind(&r->event));
+            read_section(r, cfg, section, name, key_line);
+            continue;
+        }
+        const Key *k = find_key(section, name);
+        if (!k) fail_unknown_key(where, section, name);
         int index = (int)(k - keys);
         if (key_line[index])
             fail("%s: %s.%s is given twice (first at line %d)", where, section, k->key, key_line[index]);
@@ -557,7 +585,7 @@ static void read_sections(YamlReader *r, Config *cfg) {
         section_line[s] = event_line(r);
 
         next_event(r);
-        if (r->event.type == YAML_MAPPING_START_EVENT) read_section(r, cfg, sections[s].name, key_line);
+        if (r->event.type == YAML_MAPPING_START_EVENT) read_section(r, cfg, sections[s].name, NULL, key_line);
         else if (!is_empty_value(&r->event))
             fail("%s:%d: section '%s' is %s (expected a mapping of key: value lines)", r->path, event_line(r),
                  sections[s].name, event_kind(&r->event));
@@ -609,6 +637,29 @@ void config_override(Config *cfg, const char *assignment) {
     set_key(cfg, k, eq + 1, where);
 }
 
+// Defaults, the run file, the overrides.
+static void load_layers(Config *cfg, const char *path, int argc, char **argv) {
+    config_load_yaml(cfg, path);
+    for (int i = 0; i < argc; i++) config_override(cfg, argv[i]);
+}
+
+void config_from_args(Config *cfg, const char *path, int argc, char **argv) {
+    config_defaults(cfg);
+    load_layers(cfg, path, argc, argv);
+    if (strcmp(cfg->train.init_from, "none")) {
+        // The folder's config.json replaces the defaults of the model section;
+        // the run file and the overrides are applied again on top of it.
+        char config_json[CONFIG_STR + 16];
+        snprintf(config_json, sizeof(config_json), "%s/config.json", cfg->train.init_from);
+        config_defaults(cfg);
+        hf_config_read(config_json, &cfg->model);
+        load_layers(cfg, path, argc, argv);
+    }
+    char source[CONFIG_STR + 32];
+    snprintf(source, sizeof(source), "%s%s", path, argc > 0 ? " (with overrides)" : "");
+    config_validate(cfg, source);
+}
+
 // ----------------------------------------------------------------------------
 // Validation, printing, documentation
 
@@ -634,6 +685,13 @@ void config_validate(const Config *cfg, const char *source) {
     if (head_dim % 2 != 0)
         fail("%s: model.head_dim: %d%s is odd (expected an even head dimension for RoPE)", source, head_dim,
              m->head_dim ? "" : " (hidden_size / num_heads)");
+    const RopeScaling *rs = &m->rope_scaling;
+    char fast[40], slow[40];
+    format_double(rs->beta_fast, fast, sizeof(fast));
+    format_double(rs->beta_slow, slow, sizeof(slow));
+    if (!strcmp(rs->type, "yarn") && rs->beta_fast <= rs->beta_slow)
+        fail("%s: model.rope_scaling.beta_fast: %s is not above model.rope_scaling.beta_slow = %s (expected "
+             "beta_fast > beta_slow)", source, fast, slow);
     const TrainConfig *t = &cfg->train;
     char lr[40], min_lr[40];
     format_double(t->lr, lr, sizeof(lr));
@@ -649,11 +707,20 @@ void config_print(const Config *cfg, FILE *out) {
     char text[CONFIG_STR + 64];
     for (int s = 0; s < NUM_SECTIONS; s++) {
         fprintf(out, "%s:\n", sections[s].name);
+        const char *group = NULL;  // the nested mapping being printed
+        size_t group_len = 0;
         for (int i = 0; i < NUM_KEYS; i++) {
             const Key *k = &keys[i];
             if (strcmp(k->section, sections[s].name)) continue;
             Value v = fetch(k, cfg);
-            fprintf(out, "  %s: ", k->key);
+            const char *dot = strchr(k->key, '.');
+            if (dot && !(group && group_len == (size_t)(dot - k->key) && !strncmp(group, k->key, group_len))) {
+                group = k->key;
+                group_len = (size_t)(dot - k->key);
+                fprintf(out, "  %.*s:\n", (int)group_len, group);
+            }
+            if (dot) fprintf(out, "    %s: ", dot + 1);
+            else fprintf(out, "  %s: ", k->key);
             if (k->type == T_STRING) print_yaml_string(v.s, out);
             else { format_value(k, &v, text, sizeof(text)); fputs(text, out); }
             fputc('\n', out);
@@ -710,12 +777,7 @@ int cmd_config(int argc, char **argv) {
     if (argc < 1 || argv[0][0] == '-')
         fail("usage: mtrain config RUN.yaml [section.key=value ...] | mtrain config --doc");
     Config cfg;
-    config_defaults(&cfg);
-    config_load_yaml(&cfg, argv[0]);
-    for (int i = 1; i < argc; i++) config_override(&cfg, argv[i]);
-    char source[CONFIG_STR + 32];
-    snprintf(source, sizeof(source), "%s%s", argv[0], argc > 1 ? " (with overrides)" : "");
-    config_validate(&cfg, source);
+    config_from_args(&cfg, argv[0], argc - 1, argv + 1);
     config_print(&cfg, stdout);
     return 0;
 }

@@ -75,6 +75,12 @@ void config_defaults(Config *cfg);
 void config_load_yaml(Config *cfg, const char *path);
 // Apply one "section.key=value" override. Errors name the override.
 void config_override(Config *cfg, const char *assignment);
+// The resolved run config of `mtrain train|config RUN.yaml [overrides]`:
+// defaults; when train.init_from names a Hugging Face folder, its config.json
+// in place of the model section's defaults; the run file; the overrides
+// (argv); then validation. Keys that the run file or an override sets win
+// over the folder's config.json (model.rope_theta, model.rope_scaling, ...).
+void config_from_args(Config *cfg, const char *path, int argc, char **argv);
 // Cross-field checks (e.g. heads divisible by kv heads) after loading.
 void config_validate(const Config *cfg, const char *source);
 // Print the fully resolved config as YAML.

@@ -9,6 +9,7 @@
 
 #include "../model/hf_config.h"
 #include "../model/hf_io.h"
+#include "checkpoint.h"
 #include "commands.h"
 #include "train.h"
 
@@ -70,8 +71,7 @@ int cmd_score(int argc, char **argv) {
     if (T < 2) fail("%s: %lld tokens (expected at least 2 to predict one)", tokens_path, (long long)T);
     Model m;
     model_from_config(&m, &cfg);
-    snprintf(path, sizeof(path), "%s/model.safetensors", model_dir);
-    model_load_safetensors(&m, path);
+    model_load_hf_folder(&m, model_dir);
 
     int32_t *targets = xmalloc(sizeof(int32_t) * (size_t)T);
     for (int64_t t = 0; t + 1 < T; t++) targets[t] = tokens[t + 1];

@@ -15,13 +15,6 @@
 #include "checkpoint.h"
 #include "commands.h"
 
-void config_from_args(Config *cfg, const char *path, int argc, char **argv) {
-    config_defaults(cfg);
-    config_load_yaml(cfg, path);
-    for (int i = 0; i < argc; i++) config_override(cfg, argv[i]);
-    config_validate(cfg, path);
-}
-
 void apply_threads(const Config *cfg) {
     if (cfg->parallel.threads > 0) omp_set_num_threads(cfg->parallel.threads);
 }

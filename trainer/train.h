@@ -8,8 +8,6 @@
 #include "../model/optimizer.h"
 #include "config.h"
 
-// Load the run file and overrides (argv), validate: the common CLI start.
-void config_from_args(Config *cfg, const char *path, int argc, char **argv);
 // OpenMP threads from parallel.threads (0 = leave the default: all cores).
 void apply_threads(const Config *cfg);
 // model_init with the backend and the attention/loss/checkpointing settings.

@@ -1,0 +1,148 @@
+// export.c: `mtrain export CKPT_DIR OUT_DIR [--dtype bf16|f32]
+// [--max-shard-size SIZE] [model.key=value ...]`: a checkpoint folder
+// (step_XXXXXXXX/) or any Hugging Face folder becomes a Hugging Face folder:
+// config.json (with the model's context settings: max_position_embeddings,
+// rope_theta, rope_scaling, after any overrides), the weights as BF16 (rounded
+// to nearest even) or F32 in one model.safetensors or in shards with
+// model.safetensors.index.json, and the tokenizer files of CKPT_DIR if it has
+// them. Written as OUT_DIR.tmp.<pid>/, every file fsynced, then renamed; an
+// existing OUT_DIR is replaced only when it is empty.
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../model/hf_config.h"
+#include "../model/hf_io.h"
+#include "checkpoint.h"
+#include "commands.h"
+#include "config.h"
+
+// Files of a Hugging Face folder that travel with the weights unchanged.
+static const char *side_files[] = {"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
+                                   "special_tokens_map.json", "added_tokens.json", "generation_config.json"};
+
+static int usage(void) {
+    fprintf(stderr, "usage: mtrain export CKPT_DIR OUT_DIR [--dtype bf16|f32] [--max-shard-size SIZE] "
+                    "[model.key=value ...]\n  SIZE: bytes, or with a unit: 5GB, 500MB, 2GiB (default 5GB)\n");
+    return 2;
+}
+
+// "5GB" = 5·10^9, "2GiB" = 2·2^30, "123" = 123 bytes (units as transformers
+// reads them, case-insensitive); fails on anything else.
+static uint64_t parse_size(const char *text) {
+    static const struct { const char *unit; uint64_t scale; } units[] = {
+        {"", 1}, {"B", 1}, {"KB", 1000}, {"MB", 1000000}, {"GB", 1000000000}, {"TB", 1000000000000},
+        {"KIB", 1ull << 10}, {"MIB", 1ull << 20}, {"GIB", 1ull << 30}, {"TIB", 1ull << 40}};
+    char *end;
+    errno = 0;
+    uint64_t n = isdigit((unsigned char)text[0]) ? strtoull(text, &end, 10) : 0;
+    if (!isdigit((unsigned char)text[0]) || errno || n == 0)
+        fail("--max-shard-size '%s': not a positive size (expected e.g. 5GB, 500MB, 2GiB or a byte count)", text);
+    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+        if (strcasecmp(end, units[i].unit)) continue;
+        if (n > UINT64_MAX / units[i].scale) fail("--max-shard-size '%s': too large", text);
+        return n * units[i].scale;
+    }
+    fail("--max-shard-size '%s': unknown unit '%s' (expected B, KB, MB, GB, TB, KiB, MiB, GiB or TiB)", text, end);
+}
+
+// OUT_DIR must not exist, or be an empty directory.
+static void check_out_dir(const char *out) {
+    struct stat info;
+    if (stat(out, &info) != 0) {
+        if (errno == ENOENT) return;
+        fail("%s: cannot stat (%s)", out, strerror(errno));
+    }
+    if (!S_ISDIR(info.st_mode)) fail("%s: exists and is not a directory (refusing to overwrite it)", out);
+    DIR *d = opendir(out);
+    if (!d) fail("%s: cannot open directory (%s)", out, strerror(errno));
+    for (struct dirent *e; (e = readdir(d));)
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            fail("%s: exists and is not empty (holds '%s'; refusing to overwrite, expected a new or empty folder)",
+                 out, e->d_name);
+    closedir(d);
+}
+
+static void copy_side_files(const char *from, const char *to) {
+    for (size_t i = 0; i < sizeof(side_files) / sizeof(side_files[0]); i++) {
+        char *src = path_join(from, side_files[i]), *dst = path_join(to, side_files[i]);
+        if (access(src, F_OK) == 0) {
+            size_t bytes;
+            char *data = read_file(src, &bytes);
+            write_file_atomic(dst, data, bytes);
+            free(data);
+        }
+        free(src);
+        free(dst);
+    }
+}
+
+int cmd_export(int argc, char **argv) {
+    const char *dirs[2] = {NULL, NULL}, *dtype_name = "bf16", *shard_text = "5GB";
+    int ndirs = 0, first_override = argc;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--dtype") || !strcmp(argv[i], "--max-shard-size")) {
+            if (i + 1 >= argc) return usage();
+            *(!strcmp(argv[i], "--dtype") ? &dtype_name : &shard_text) = argv[i + 1];
+            i++;
+        } else if (argv[i][0] == '-') {
+            return usage();
+        } else if (ndirs < 2) {
+            dirs[ndirs++] = argv[i];
+        } else {
+            first_override = i;
+            break;
+        }
+    }
+    if (ndirs < 2) return usage();
+    const char *src = dirs[0], *out = dirs[1];
+    StDtype dtype = ST_BF16;
+    if (!strcmp(dtype_name, "f32")) dtype = ST_F32;
+    else if (strcmp(dtype_name, "bf16")) fail("--dtype '%s': not supported (expected bf16 or f32)", dtype_name);
+    uint64_t max_shard = parse_size(shard_text);
+    check_out_dir(out);
+
+    // The model section: the folder's config.json, then the overrides.
+    Config cfg;
+    config_defaults(&cfg);
+    char *path = path_join(src, "config.json");
+    hf_config_read(path, &cfg.model);
+    for (int i = first_override; i < argc; i++) {
+        if (strncmp(argv[i], "model.", 6)) fail("export: override '%s': only model.* keys apply to an export", argv[i]);
+        config_override(&cfg, argv[i]);
+    }
+    config_validate(&cfg, first_override < argc ? "export (with overrides)" : path);
+    free(path);
+    Model m;
+    model_init(&m, &cfg.model, backend_cpu());
+    model_load_hf_folder(&m, src);
+
+    char *tmp = xmalloc(strlen(out) + 32);
+    sprintf(tmp, "%s.tmp.%d", out, (int)getpid());
+    make_dirs(tmp);
+    int files = model_write_hf_weights(&m, tmp, dtype, max_shard);
+    path = path_join(tmp, "config.json");
+    hf_config_write(path, &m.cfg, dtype == ST_F32 ? "float32" : "bfloat16");
+    free(path);
+    copy_side_files(src, tmp);
+    fsync_dir(tmp);
+    rename_into_place(tmp, out);  // replaces an empty OUT_DIR
+    char *parent = xstrdup(out);
+    fsync_dir(dirname(parent));
+    free(parent);
+    free(tmp);
+    printf("exported %s to %s: %lld parameters as %s in %d file%s; max_position_embeddings %d, rope_theta %.17g, "
+           "rope_scaling %s\n", src, out, (long long)m.total_params, dtype == ST_F32 ? "F32" : "BF16", files,
+           files == 1 ? "" : "s", m.cfg.max_position_embeddings, m.cfg.rope_theta, m.cfg.rope_scaling.type);
+    model_free(&m);
+    return 0;
+}

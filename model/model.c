@@ -2,6 +2,9 @@
 // op table: parameter table, seeded initialisation, activation arena, forward,
 // fused chunked LM head + cross entropy, and backward with optional per-layer
 // activation checkpointing (recompute the layer from its saved input).
+// Attention runs locally or, under context parallelism, over the ring of the
+// cp group (attention/ring.h): everything else is token-local, so a rank runs
+// the same graph on its own tokens at their global positions.
 #include "model.h"
 
 #include <math.h>
@@ -71,6 +74,7 @@ void model_init(Model *m, const ModelConfig *config, const Backend *be) {
     m->sparse_index = xcalloc((size_t)config->num_layers, sizeof(SparseIndex));
     m->attention_stats = xcalloc((size_t)config->num_layers, sizeof(SparseStats));
     m->loss_chunk = 1024;
+    m->ring_kernels = xcalloc((size_t)config->num_layers, sizeof(RingKernels));
     int L = cfg->num_layers;
     m->params = xcalloc((size_t)(3 + L * LAYER_TENSORS), sizeof(ParamInfo));
     int64_t embed_shape[2] = {cfg->vocab_size, cfg->hidden_size}, norm_shape[1] = {cfg->hidden_size};
@@ -89,6 +93,7 @@ void model_init(Model *m, const ModelConfig *config, const Backend *be) {
     size_t bytes = (size_t)m->total_params * sizeof(float);
     m->param_mem = be->alloc(bytes);
     m->grad_mem = be->alloc(bytes);
+    m->opt_count = m->total_params;
     size_t rope_bytes = sizeof(double) * (size_t)(cfg->head_dim / 2);
     double *inv_freq = xmalloc(rope_bytes);
     m->rope_attention_factor = rope_frequencies(cfg, cfg->head_dim, inv_freq);
@@ -117,8 +122,24 @@ void model_set_attention(Model *m, const AttentionConfig *attention) {
     }
 }
 
+void model_set_ring(Model *m, const Comm *cp, int inner) {
+    if (m->ring_built) ring_free(&m->ring);
+    m->ring_built = false;
+    m->cp = cp && cp->size > 1 ? cp : NULL;
+    m->ring_inner = inner;
+}
+
+int64_t model_shard_size(const Model *m, int shards) { return (m->total_params + shards - 1) / shards; }
+
+void model_shard_optimizer(Model *m, int shard, int shards) {
+    CHECK(!m->adam_m, "model_shard_optimizer after the moments were allocated");
+    int64_t size = model_shard_size(m, shards);
+    m->opt_begin = size * shard < m->total_params ? size * shard : m->total_params;
+    m->opt_count = m->total_params - m->opt_begin < size ? m->total_params - m->opt_begin : size;
+}
+
 void model_alloc_optimizer(Model *m) {
-    size_t bytes = (size_t)m->total_params * sizeof(float);
+    size_t bytes = (size_t)(m->opt_count > 0 ? m->opt_count : 1) * sizeof(float);
     if (!m->adam_m) m->adam_m = m->be->alloc(bytes);
     if (!m->adam_v) m->adam_v = m->be->alloc(bytes);
 }
@@ -147,6 +168,8 @@ void model_free(Model *m) {
     for (int l = 0; l < m->cfg.num_layers; l++) sparse_index_free(&m->sparse_index[l]);
     free(m->sparse_index);
     free(m->attention_stats);
+    free(m->ring_kernels);
+    if (m->ring_built) ring_free(&m->ring);
     free(m->budget_vertical);
     free(m->budget_slash);
     memset(m, 0, sizeof(*m));
@@ -284,6 +307,24 @@ static AttnShape attn_shape(const Model *m, int64_t T) {
     return s;
 }
 
+// Layer l's attention over the ring: a->att, a->lse from a->q, a->k, a->v.
+// The first forward of a sequence (plan) fixes the layer's kernels: dense, or
+// the sparse ring planner's pattern; a recomputation reuses them.
+static void ring_layer_forward(Model *m, int l, LayerActs *a, const AttnShape *s, bool plan) {
+    if (plan && !is_sparse(m)) m->ring_kernels[l] = ring_dense_cpu;
+    if (plan && is_sparse(m)) {
+        if (!m->ring_sparse.plan)
+            fail("attention.type sparse with parallel.cp %d: sparse attention over the ring is not available in "
+                 "this build (expected attention.type dense, or parallel.cp 1)", m->cp->size);
+        size_t budget = (size_t)l * m->cfg.num_heads;
+        m->ring_kernels[l] = m->ring_sparse.plan(
+            m->ring_sparse.ctx, &m->attention, l, &m->ring, s, a->q, a->k, m->positions,
+            m->budget_vertical ? m->budget_vertical + budget : NULL, m->budget_slash ? m->budget_slash + budget : NULL,
+            m->collect_attention_stats ? &m->attention_stats[l] : NULL);
+    }
+    ring_attn_forward(&m->ring, &m->ring_kernels[l], s, a->q, a->k, a->v, a->att, a->lse);
+}
+
 // One decoder layer on a->x_in; the result goes to out ([T, H]) unless NULL
 // (a recomputation for backward needs only the saved activations).
 static void layer_forward(Model *m, int l, LayerActs *a, float *out, int64_t T) {
@@ -299,8 +340,10 @@ static void layer_forward(Model *m, int l, LayerActs *a, float *out, int64_t T) 
     be->rope(a->q, m->positions, T, c->num_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 0);
     be->rope(a->k, m->positions, T, c->num_kv_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 0);
     AttnShape s = attn_shape(m, T);
-    be->attn_forward_init(&s, a->att, a->lse);
-    if (is_sparse(m)) {
+    if (m->cp) {
+        ring_layer_forward(m, l, a, &s, out != NULL);
+    } else if (is_sparse(m)) {
+        be->attn_forward_init(&s, a->att, a->lse);
         // A recomputation (out == NULL) reuses the pattern of the first forward.
         if (out) {
             size_t budget = (size_t)l * c->num_heads;
@@ -312,6 +355,7 @@ static void layer_forward(Model *m, int l, LayerActs *a, float *out, int64_t T) 
         be->attn_sparse_forward(&s, &m->sparse_index[l], a->q, m->positions, a->k, a->v, m->positions,
                                 a->att, a->lse);
     } else {
+        be->attn_forward_init(&s, a->att, a->lse);
         be->attn_forward(&s, a->q, m->positions, a->k, a->v, m->positions, a->att, a->lse);
     }
     be->matmul_forward(a->x_mid, a->att, W(LAYER_O_WEIGHT), NULL, T, QD, H);
@@ -349,11 +393,14 @@ static void layer_backward(Model *m, int l, LayerActs *a, int64_t T) {
     be->zero(m->datt, f * (size_t)(T * QD));
     be->matmul_backward(m->datt, G(LAYER_O_WEIGHT), NULL, m->dx, a->att, W(LAYER_O_WEIGHT), T, QD, H);
     AttnShape s = attn_shape(m, T);
-    be->attn_delta(&s, a->att, m->datt, m->delta);
     be->zero(m->dq, f * (size_t)(T * QD));
     be->zero(m->dk, f * (size_t)(T * KD));
     be->zero(m->dv, f * (size_t)(T * KD));
-    if (is_sparse(m))
+    if (!m->cp) be->attn_delta(&s, a->att, m->datt, m->delta);
+    if (m->cp)
+        ring_attn_backward(&m->ring, &m->ring_kernels[l], &s, a->q, a->k, a->v, a->att, a->lse, m->datt, m->dq,
+                           m->dk, m->dv);
+    else if (is_sparse(m))
         be->attn_sparse_backward(&s, &m->sparse_index[l], a->q, m->positions, a->k, a->v, m->positions,
                                  a->lse, m->delta, m->datt, m->dq, m->dk, m->dv);
     else
@@ -371,7 +418,7 @@ static void layer_backward(Model *m, int l, LayerActs *a, int64_t T) {
 }
 
 // Embedding, every layer, final norm: h_final [T, H] ready for the head.
-static void model_forward(Model *m, const int32_t *tokens, int64_t T) {
+static void model_forward(Model *m, const int32_t *tokens, const int64_t *positions, int64_t T) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     for (int64_t t = 0; t < T; t++)
@@ -379,8 +426,13 @@ static void model_forward(Model *m, const int32_t *tokens, int64_t T) {
             fail("token %d at position %lld is outside the vocabulary [0, %d)", tokens[t], (long long)t, c->vocab_size);
     ensure_activations(m, T);
     int64_t *pos = xmalloc(sizeof(int64_t) * (size_t)T);
-    for (int64_t t = 0; t < T; t++) pos[t] = t;
+    for (int64_t t = 0; t < T; t++) pos[t] = positions ? positions[t] : t;
     be->upload(m->positions, pos, sizeof(int64_t) * (size_t)T);
+    if (m->cp) {
+        if (m->ring_built) ring_free(&m->ring);
+        ring_init(&m->ring, m->cp, m->ring_inner, pos, T);
+        m->ring_built = true;
+    }
     free(pos);
     be->upload(m->tokens, tokens, sizeof(int32_t) * (size_t)T);
     be->embedding_forward(m->layers[0].x_in, m->tokens, model_tensor(m, m->param_mem, model_embedding_param()), T,
@@ -413,17 +465,18 @@ static double head_loss(Model *m, const int32_t *targets, int64_t T, float grad_
     return loss;
 }
 
-double model_loss(Model *m, const int32_t *tokens, const int32_t *targets, int64_t T) {
-    model_forward(m, tokens, T);
+double model_loss(Model *m, const int32_t *tokens, const int32_t *targets, const int64_t *positions,
+                  int64_t T) {
+    model_forward(m, tokens, positions, T);
     return head_loss(m, targets, T, 0.0f, false);
 }
 
-double model_forward_backward(Model *m, const int32_t *tokens, const int32_t *targets, int64_t T,
-                              float grad_scale) {
+double model_forward_backward(Model *m, const int32_t *tokens, const int32_t *targets,
+                              const int64_t *positions, int64_t T, float grad_scale) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     int H = c->hidden_size;
-    model_forward(m, tokens, T);
+    model_forward(m, tokens, positions, T);
     double loss = head_loss(m, targets, T, grad_scale, true);
     be->zero(m->dx, sizeof(float) * (size_t)(T * H));
     int fn = model_final_norm_param(m);
@@ -438,10 +491,10 @@ double model_forward_backward(Model *m, const int32_t *tokens, const int32_t *ta
     return loss;
 }
 
-void model_logits(Model *m, const int32_t *tokens, int64_t T, float *logits_host) {
+void model_logits(Model *m, const int32_t *tokens, const int64_t *positions, int64_t T, float *logits_host) {
     const ModelConfig *c = &m->cfg;
     int H = c->hidden_size, V = c->vocab_size;
-    model_forward(m, tokens, T);
+    model_forward(m, tokens, positions, T);
     float *head = model_tensor(m, m->param_mem, model_head_param(m));
     for (int64_t c0 = 0; c0 < T; c0 += m->loss_chunk) {
         int64_t n = T - c0 < m->loss_chunk ? T - c0 : m->loss_chunk;

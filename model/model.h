@@ -1,13 +1,16 @@
 // model.h: the Qwen2.5 graph over a backend op table. One parameter table
 // (Hugging Face names, shapes, weight-decay flags) describes every tensor;
 // parameters, gradients and AdamW moments are one flat arena each, laid out
-// in table order. Forward/backward run one sequence of T tokens at a time.
+// in table order. Forward/backward run one sequence of T tokens at a time:
+// the whole sequence on one rank, or this rank's tokens (at their global
+// positions) with attention over the context-parallel ring (model_set_ring).
 #ifndef MTRAIN_MODEL_H
 #define MTRAIN_MODEL_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "../attention/ring.h"
 #include "../dist/util.h"
 #include "backend.h"
 #include "model_config.h"
@@ -45,6 +48,19 @@ typedef struct {
     float *gate, *up, *act;  // [T, I] x3
 } LayerActs;
 
+// Sparse attention over the ring (attention.type sparse with cp > 1), set by
+// the sparse ring module. plan chooses layer `layer`'s pattern from this
+// rank's q [T, Hq, D] and k [T, Hkv, D] at pos [T] (the first forward of a
+// sequence; the same contract as Backend.attn_sparse_plan, the estimation
+// collective over ring->cp) and returns the kernels that every ring step of
+// that layer runs: forward, recomputation and backward.
+typedef struct {
+    RingKernels (*plan)(void *ctx, const AttentionConfig *cfg, int layer, const Ring *ring,
+                        const AttnShape *shape, const float *q, const float *k, const int64_t *pos,
+                        const int *fixed_vertical, const int *fixed_slash, SparseStats *stats);
+    void *ctx;
+} RingSparsePlanner;
+
 typedef struct {
     ModelConfig cfg;
     const Backend *be;
@@ -55,7 +71,9 @@ typedef struct {
     int num_params;
     ParamInfo *params;       // the parameter table
     int64_t total_params;    // floats in each arena
-    float *param_mem, *grad_mem, *adam_m, *adam_v;   // backend memory
+    float *param_mem, *grad_mem;   // backend memory [total_params]
+    int64_t opt_begin, opt_count;  // the arena range whose AdamW moments this rank holds and updates
+    float *adam_m, *adam_v;        // backend memory [opt_count] (ZeRO-1: this dp rank's shard)
 
     int64_t max_tokens;      // T the activations were sized for (0 = none yet)
     LayerActs *layers;       // [num_layers]; with checkpointing only x_in is per layer
@@ -74,6 +92,14 @@ typedef struct {
     int *budget_slash;              // [num_layers * Hq]
     bool collect_attention_stats;   // add to attention_stats in each forward
     SparseStats *attention_stats;   // [num_layers]
+
+    // Context parallelism (model_set_ring): cp == NULL runs attention locally.
+    const Comm *cp;
+    int ring_inner;                 // inner ring size of the schedule
+    Ring ring;                      // this sequence's ring, rebuilt by each forward
+    bool ring_built;
+    RingSparsePlanner ring_sparse;  // plan == NULL: sparse attention cannot run on the ring
+    RingKernels *ring_kernels;      // [num_layers] each layer's kernels on the ring
 } Model;
 
 // Build the table for cfg and allocate parameters and gradients (zero).
@@ -82,7 +108,16 @@ void model_init(Model *m, const ModelConfig *cfg, const Backend *be);
 // Use this attention; for budget fixed, reads the budget file when set.
 void model_set_attention(Model *m, const AttentionConfig *attention);
 void model_free(Model *m);
-// Allocate the AdamW moments (training only).
+// Run attention over the ring of cp (inner ranks per inner ring) from now
+// on; cp == NULL or a single rank: locally. Every forward is then collective
+// over cp (one ring per sequence, built from the positions).
+void model_set_ring(Model *m, const Comm *cp, int inner);
+// ZeRO-1: hold and update the AdamW moments of shard `shard` of `shards`
+// equal runs of the arena (the last shorter) only. Before model_alloc_optimizer.
+void model_shard_optimizer(Model *m, int shard, int shards);
+// Floats of one shard (model_shard_optimizer): ceil(total_params / shards).
+int64_t model_shard_size(const Model *m, int shards);
+// Allocate the AdamW moments of [opt_begin, opt_begin + opt_count) (training only).
 void model_alloc_optimizer(Model *m);
 // Seeded initialisation: matrices N(0, init_std), norms 1, biases 0.
 void model_init_weights(Model *m, uint64_t seed);
@@ -95,16 +130,18 @@ int model_head_param(const Model *m);  // the embedding when tied
 // Backend pointer to a tensor in an arena (param_mem, grad_mem, ...).
 float *model_tensor(const Model *m, float *arena, int index);
 
-// One sequence: forward, fused chunked LM head + cross entropy, backward.
-// tokens and targets are host arrays [T]; target < 0 is ignored. Gradients
+// One sequence (or this rank's part of it): forward, fused chunked LM head +
+// cross entropy, backward. tokens, targets and positions are host arrays [T]
+// (positions: global, ascending; NULL = 0..T-1); target < 0 is ignored. Gradients
 // ACCUMULATE into grad_mem scaled by grad_scale (e.g. 1/(valid*micro_batches)).
 // Returns the summed cross entropy over valid targets.
-double model_forward_backward(Model *m, const int32_t *tokens, const int32_t *targets, int64_t T,
-                              float grad_scale);
+double model_forward_backward(Model *m, const int32_t *tokens, const int32_t *targets,
+                              const int64_t *positions, int64_t T, float grad_scale);
 // Forward only: the summed cross entropy over valid targets (no gradients).
-double model_loss(Model *m, const int32_t *tokens, const int32_t *targets, int64_t T);
+double model_loss(Model *m, const int32_t *tokens, const int32_t *targets, const int64_t *positions,
+                  int64_t T);
 // Forward only; logits [T, V] written to host memory.
-void model_logits(Model *m, const int32_t *tokens, int64_t T, float *logits_host);
+void model_logits(Model *m, const int32_t *tokens, const int64_t *positions, int64_t T, float *logits_host);
 // Bytes of activation memory for T tokens (printed at start-up).
 size_t model_activation_bytes(const Model *m, int64_t T);
 

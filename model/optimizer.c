@@ -27,11 +27,16 @@ double optimizer_step(Model *m, const OptimizerConfig *oc, int64_t step, double 
     if (oc->grad_clip > 0 && norm > oc->grad_clip) be->scale(m->grad_mem, (float)(oc->grad_clip / norm), m->total_params);
     double lr = lr_at(oc, step);
     model_alloc_optimizer(m);
+    // Only the arena range this rank holds moments for: each tensor's part in it.
+    int64_t begin = m->opt_begin, end = m->opt_begin + m->opt_count;
     for (int i = 0; i < m->num_params; i++) {
         const ParamInfo *p = &m->params[i];
-        be->adamw(model_tensor(m, m->param_mem, i), model_tensor(m, m->grad_mem, i), model_tensor(m, m->adam_m, i),
-                  model_tensor(m, m->adam_v, i), p->numel, (float)lr, (float)oc->beta1, (float)oc->beta2,
-                  (float)oc->eps, p->decay ? (float)oc->weight_decay : 0.0f, step);
+        int64_t lo = p->offset > begin ? p->offset : begin;
+        int64_t hi = p->offset + p->numel < end ? p->offset + p->numel : end;
+        if (lo >= hi) continue;
+        be->adamw(m->param_mem + lo, m->grad_mem + lo, m->adam_m + (lo - begin), m->adam_v + (lo - begin), hi - lo,
+                  (float)lr, (float)oc->beta1, (float)oc->beta2, (float)oc->eps,
+                  p->decay ? (float)oc->weight_decay : 0.0f, step);
     }
     if (lr_out) *lr_out = lr;
     return norm;

@@ -22,7 +22,8 @@ LrSchedule lr_schedule_from_name(const char *name);
 // Learning rate at optimizer step `step` (1-based): linear warmup from 0,
 // then constant, cosine or linear decay from lr to min_lr at total_steps.
 double lr_at(const OptimizerConfig *oc, int64_t step);
-// Clip and apply AdamW for step `step` (1-based). Returns the gradient norm
+// Clip and apply AdamW for step `step` (1-based) to the parameters in
+// [opt_begin, opt_begin + opt_count) (all of them unless ZeRO-1 sharded). Returns the gradient norm
 // before clipping; *lr_out gets the learning rate used.
 double optimizer_step(Model *m, const OptimizerConfig *oc, int64_t step, double *lr_out);
 

@@ -27,7 +27,7 @@ static float *download_arena(const Model *m, float *arena) {
 
 static void grads_of(Model *m, const int32_t *seq, int64_t T, float scale) {
     m->be->zero(m->grad_mem, sizeof(float) * (size_t)m->total_params);
-    model_forward_backward(m, seq, seq + 1, T, scale);
+    model_forward_backward(m, seq, seq + 1, NULL, T, scale);
 }
 
 static void test_param_table(void) {
@@ -134,7 +134,7 @@ static void test_accumulation(void) {
     grads_of(&m, b, T, 0.5f / (float)T);
     float *gb = download_arena(&m, m.grad_mem);
     grads_of(&m, a, T, 0.5f / (float)T);
-    model_forward_backward(&m, b, b + 1, T, 0.5f / (float)T);
+    model_forward_backward(&m, b, b + 1, NULL, T, 0.5f / (float)T);
     float *gab = download_arena(&m, m.grad_mem);
     for (int64_t i = 0; i < m.total_params; i++) ga[i] += gb[i];
     EXPECT(max_rel_diff(gab, ga, m.total_params) < 1e-6, "two accumulated micro-batches equal the sum of their gradients");
@@ -209,7 +209,7 @@ static void test_overfit(void) {
     double first = 0, loss = 0;
     for (int step = 1; step <= 300; step++) {
         m.be->zero(m.grad_mem, sizeof(float) * (size_t)m.total_params);
-        loss = model_forward_backward(&m, seq, seq + 1, T, 1.0f / (float)T) / (double)T;
+        loss = model_forward_backward(&m, seq, seq + 1, NULL, T, 1.0f / (float)T) / (double)T;
         if (step == 1) first = loss;
         optimizer_step(&m, &oc, step, NULL);
         if (loss < 0.05) break;

@@ -27,12 +27,9 @@ static void join(char *out, size_t n, const char *dir, const char *name) {
 }
 
 // optimizer.zst: magic, total floats, XXH64 of the raw moments, then m and v
-// as one zstd stream.
-static void write_optimizer(const char *path, const Model *m) {
+// (full tensors, whatever the sharding) as one zstd stream.
+static void write_optimizer(const char *path, const Model *m, const float *host) {
     size_t bytes = sizeof(float) * (size_t)m->total_params;
-    float *host = xmalloc(2 * bytes);
-    m->be->download(host, m->adam_m, bytes);
-    m->be->download(host + m->total_params, m->adam_v, bytes);
     uint64_t header[2] = {(uint64_t)m->total_params, XXH64(host, 2 * bytes, 0)};
     size_t bound = ZSTD_compressBound(2 * bytes);
     void *packed = xmalloc(bound);
@@ -44,7 +41,6 @@ static void write_optimizer(const char *path, const Model *m) {
     xfwrite(packed, packed_bytes, f, path);
     xfclose_sync(f, path);
     free(packed);
-    free(host);
 }
 
 static void read_optimizer(const char *path, Model *m) {
@@ -62,9 +58,11 @@ static void read_optimizer(const char *path, Model *m) {
     if (ZSTD_isError(got) || got != 2 * bytes)
         fail("%s: damaged (zstd: %s)", path, ZSTD_isError(got) ? ZSTD_getErrorName(got) : "wrong size");
     if (XXH64(host, 2 * bytes, 0) != header[1]) fail("%s: checksum mismatch (file is damaged)", path);
+    // Keep this rank's range: a checkpoint of any sharding resumes under any other.
     model_alloc_optimizer(m);
-    m->be->upload(m->adam_m, host, bytes);
-    m->be->upload(m->adam_v, host + m->total_params, bytes);
+    size_t shard_bytes = sizeof(float) * (size_t)m->opt_count;
+    m->be->upload(m->adam_m, host + m->opt_begin, shard_bytes);
+    m->be->upload(m->adam_v, host + m->total_params + m->opt_begin, shard_bytes);
     free(host);
     free(file);
 }
@@ -149,7 +147,7 @@ static void prune(const CheckpointConfig *c) {
     free(steps);
 }
 
-void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state) {
+void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state, const float *moments) {
     const char *dir = cfg->checkpoint.dir;
     char name[32], final_dir[4096], tmp_dir[4096], path[4096];
     snprintf(name, sizeof(name), "step_%08lld", (long long)state->step);
@@ -166,7 +164,7 @@ void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state)
     config_print(cfg, f);
     xfclose_sync(f, path);
     join(path, sizeof(path), tmp_dir, "optimizer.zst");
-    write_optimizer(path, m);
+    write_optimizer(path, m, moments);
     join(path, sizeof(path), tmp_dir, "state.json");
     write_state(path, state);
     fsync_dir(tmp_dir);

@@ -23,7 +23,9 @@ typedef struct {
 } TrainState;
 
 // Write the checkpoint for state->step and apply the keep policy.
-void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state);
+// moments: host [2, total_params], the full AdamW m then v (gathered over
+// the dp ranks under ZeRO-1); the parameters come from m->param_mem.
+void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state, const float *moments);
 // The newest complete checkpoint folder in dir into out; 0 if there is none.
 int checkpoint_find_latest(const char *dir, char *out, size_t out_bytes);
 // Load weights, optimizer moments and state from a checkpoint folder. Refuses

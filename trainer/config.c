@@ -92,6 +92,7 @@ static const Key keys[] = {
     INT(parallel, dp, 0, 0, 1 << 20, "Data-parallel groups; 0 = world size / `cp`. `dp` × `cp` must equal the number of ranks."),
     INT(parallel, cp, 0, 0, 1 << 20, "Context-parallel ranks sharing one sequence (the attention ring); 0 = world size / `dp` (all ranks when `dp` is 0 too)."),
     INT(parallel, cp_inner, 0, 0, 1 << 20, "Ranks of one inner ring of the hierarchical schedule (must divide `cp`); 0 = the ranks per node (their greatest common divisor with `cp`)."),
+    INT(parallel, zero, 0, 0, 1, "ZeRO stage: 0 = every rank holds the whole AdamW state; 1 = the AdamW moments are sharded over the `dp` ranks (each updates its share of the parameters, then they are all-gathered). Checkpoints hold full tensors either way."),
     DOUBLE(parallel, timeout_s, 600.0, 0, 1e9, MIN_OPEN, "A transfer or collective that does not complete within this many seconds ends every rank with a message naming the rank and operation."),
 
     ENUM(train, backend, "cpu", "cpu|cuda|auto", "Compute backend: `cpu` (fp32, OpenMP), `cuda` (bf16), `auto` = cuda when a GPU is visible."),

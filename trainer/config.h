@@ -16,6 +16,7 @@
 typedef struct {
     int threads;               // OpenMP threads; 0 = all cores
     int dp, cp, cp_inner;      // rank grid (dist/comm.h); 0 = default
+    int zero;                  // 1 = AdamW moments sharded over dp (ZeRO-1)
     double timeout_s;          // a collective that takes longer ends the job
 } ParallelConfig;
 

@@ -2,11 +2,15 @@
 // entropy of a Hugging Face Qwen2 folder on one token sequence, and optionally
 // the gradient of that loss for every parameter (--grads) and the logits
 // (--logits), both as F32 safetensors. The reference tests drive it.
+// Under mpirun/srun the ranks form one context-parallel group (dp must be 1):
+// each scores its tokens of the layout (attention.layout) with attention over
+// the ring; rank 0 prints the one loss and writes the summed gradients.
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../dist/comm.h"
 #include "../model/hf_config.h"
 #include "../model/hf_io.h"
 #include "checkpoint.h"
@@ -64,6 +68,15 @@ int cmd_score(int argc, char **argv) {
     hf_config_read(path, &cfg.model);
     for (int i = first_override; i < argc; i++) config_override(&cfg, argv[i]);
     config_validate(&cfg, path);
+    Dist dist;
+    dist_init(&dist, NULL, NULL, cfg.parallel.timeout_s);
+    dist_setup(&dist, cfg.parallel.dp, cfg.parallel.cp, cfg.parallel.cp_inner, "mtrain score");
+    if (dist.dp.size > 1)
+        comm_fail_all(&dist.world, "mtrain score: parallel.dp %d: score splits one sequence over its ranks "
+                      "(expected parallel.dp 1)", dist.dp.size);
+    if (logits_path && dist.world_size > 1)
+        comm_fail_all(&dist.world, "mtrain score: --logits with %d ranks: logits are written by a single "
+                      "process only (expected no --logits, or one rank)", dist.world_size);
     apply_threads(&cfg);
 
     int64_t T;
@@ -71,24 +84,43 @@ int cmd_score(int argc, char **argv) {
     if (T < 2) fail("%s: %lld tokens (expected at least 2 to predict one)", tokens_path, (long long)T);
     Model m;
     model_from_config(&m, &cfg);
+    if (dist.cp.size > 1)
+        model_set_ring(&m, &dist.cp, ring_inner_size(cfg.attention.ring, dist.cp.size, dist.grid.cp_inner));
     model_load_hf_folder(&m, model_dir);
 
-    int32_t *targets = xmalloc(sizeof(int32_t) * (size_t)T);
-    for (int64_t t = 0; t + 1 < T; t++) targets[t] = tokens[t + 1];
-    targets[T - 1] = -1;
-    double loss = model_forward_backward(&m, tokens, targets, T, (float)(1.0 / (double)(T - 1))) / (double)(T - 1);
-    printf("loss %.9g\ntokens %lld\n", loss, (long long)T);
-    if (grads_path) model_write_safetensors(&m, m.grad_mem, grads_path, ST_F32);
+    // This rank's tokens in the layout (all of them on one rank) and their targets.
+    LayoutKind layout = (LayoutKind)layout_parse(cfg.attention.layout);
+    int B = cfg.attention.block_size;
+    int64_t n = layout_rank_positions(layout, T, B, dist.cp.size, dist.cp.rank, NULL);
+    int64_t *pos = xmalloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    layout_rank_positions(layout, T, B, dist.cp.size, dist.cp.rank, pos);
+    int32_t *local = xmalloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+    int32_t *targets = xmalloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+    for (int64_t i = 0; i < n; i++) {
+        local[i] = tokens[pos[i]];
+        targets[i] = pos[i] + 1 < T ? tokens[pos[i] + 1] : -1;
+    }
+    double loss = model_forward_backward(&m, local, targets, pos, n, (float)(1.0 / (double)(T - 1)));
+    comm_allreduce(&dist.cp, &loss, 1, DT_DOUBLE, REDUCE_SUM);
+    loss /= (double)(T - 1);
+    if (grads_path) allreduce_arena(&dist.cp, m.be, m.grad_mem, m.total_params);
+    if (dist.world_rank == 0) {
+        printf("loss %.9g\ntokens %lld\n", loss, (long long)T);
+        if (grads_path) model_write_safetensors(&m, m.grad_mem, grads_path, ST_F32);
+    }
     if (logits_path) {
         int64_t V = cfg.model.vocab_size;
         float *logits = xmalloc(sizeof(float) * (size_t)(T * V));
-        model_logits(&m, tokens, T, logits);
+        model_logits(&m, tokens, NULL, T, logits);
         StWriteTensor t = {.name = "logits", .ndim = 2, .shape = {T, V}, .data = logits};
         st_write(logits_path, &t, 1, ST_F32);
         free(logits);
     }
     free(targets);
+    free(local);
+    free(pos);
     free(tokens);
     model_free(&m);
+    dist_finalize(&dist);
     return 0;
 }

@@ -1,8 +1,13 @@
-// train.c: `mtrain train RUN.yaml`: the training loop. Per step: zero the
-// gradients, run micro_batches sequences from the loader forward+backward,
-// clip, AdamW, then one line on stdout and one JSON line in
-// log.dir/metrics.jsonl. The loader's cursor (sequences consumed) is saved in
-// every checkpoint, so a resumed run reads exactly the next sequence.
+// train.c: `mtrain train RUN.yaml`: the training loop, on one rank or on a
+// grid of dp × cp ranks (dist/comm.h). Per step: zero the gradients, run
+// micro_batches sequences forward+backward (dp rank d takes sequence
+// cursor + mb * dp + d; a cp rank its slice of it in the layout, attention
+// over the ring), one all-reduce of the gradient arena over the world
+// (summed over cp, averaged over dp), clip, AdamW (ZeRO-1: on this dp rank's
+// shard, then all-gather the parameters), then rank 0 prints one line and
+// appends one JSON line to log.dir/metrics.jsonl. The loader's cursor
+// (sequences consumed) is saved in every checkpoint, so a resumed run reads
+// exactly the next sequence.
 #include "train.h"
 
 #include <math.h>
@@ -35,18 +40,28 @@ OptimizerConfig optimizer_config(const Config *cfg) {
 
 static void print_memory(const Model *m, int64_t T) {
     double mib = 1.0 / (1 << 20), p = (double)m->total_params * sizeof(float) * mib;
+    double adam = 2.0 * (double)m->opt_count * sizeof(float) * mib;
     printf("model: %lld parameters | memory MiB: params %.1f, grads %.1f, adam %.1f, activations %.1f (T=%lld%s)\n",
-           (long long)m->total_params, p, p, 2 * p, (double)model_activation_bytes(m, T) * mib, (long long)T,
+           (long long)m->total_params, p, p, adam, (double)model_activation_bytes(m, T) * mib, (long long)T,
            m->checkpoint_activations ? ", checkpointed" : "");
 }
 
 // Where the run starts: a checkpoint (checkpoint.resume), a Hugging Face
-// folder (train.init_from), or the seeded initialisation.
-static void start_state(const Config *cfg, Model *m, TrainState *state) {
+// folder (train.init_from), or the seeded initialisation. With `auto`, rank 0
+// picks the latest checkpoint and every rank loads that one.
+static void start_state(const Config *cfg, const Dist *dist, Model *m, TrainState *state) {
     char path[4096];
     const char *resume = cfg->checkpoint.resume;
-    int found = strcmp(resume, "auto") ? strcmp(resume, "never") && snprintf(path, sizeof(path), "%s", resume) > 0
-                                       : checkpoint_find_latest(cfg->checkpoint.dir, path, sizeof(path));
+    int found = 0;
+    if (!strcmp(resume, "auto")) {
+        int64_t step = -1;
+        if (dist->world_rank == 0 && checkpoint_find_latest(cfg->checkpoint.dir, path, sizeof(path)))
+            step = strtoll(strrchr(path, '_') + 1, NULL, 10);
+        comm_broadcast(&dist->world, &step, 1, DT_INT64, 0);
+        found = step >= 0 && snprintf(path, sizeof(path), "%s/step_%08lld", cfg->checkpoint.dir, (long long)step) > 0;
+    } else {
+        found = strcmp(resume, "never") && snprintf(path, sizeof(path), "%s", resume) > 0;
+    }
     if (found) {
         checkpoint_load(path, m, state);
         printf("resumed from %s: step %lld, %lld tokens seen\n", path, (long long)state->step,
@@ -60,13 +75,14 @@ static void start_state(const Config *cfg, Model *m, TrainState *state) {
 }
 
 // The data of a run: the loader, one packed sequence and this rank's slice of
-// it (a single rank until dist/ exists: world 1, rank 0).
+// it (cp rank `cp_rank` of `cp` in the layout).
 typedef struct {
     Loader loader;
     PackedSequence seq;
     RankSlice slice;
     LayoutKind layout;
     int block_size;
+    int cp, cp_rank;
 } RunData;
 
 void loader_from_config(Loader *l, const Config *cfg) {
@@ -75,7 +91,9 @@ void loader_from_config(Loader *l, const Config *cfg) {
     loader_open(l, &lc);
 }
 
-static void run_data_open(RunData *d, const Config *cfg) {
+static void run_data_open(RunData *d, const Config *cfg, const Dist *dist) {
+    d->cp = dist->cp.size;
+    d->cp_rank = dist->cp.rank;
     loader_from_config(&d->loader, cfg);
     packed_sequence_alloc(&d->seq, cfg->train.seq_len);
     rank_slice_alloc(&d->slice, cfg->train.seq_len);
@@ -92,23 +110,28 @@ static void run_data_close(RunData *d) {
 
 // d->slice = this rank's part of d->seq.
 static void slice_sequence(RunData *d) {
-    loader_rank_slice(&d->seq, d->layout, d->block_size, 1, 0, &d->slice);
+    loader_rank_slice(&d->seq, d->layout, d->block_size, d->cp, d->cp_rank, &d->slice);
 }
 
-// Mean next-token loss over the validation stream.
-static double validation_loss(Model *m, const Config *cfg, RunData *d) {
+// Mean next-token loss over the validation stream: dp rank d scores
+// sequences d, d + dp, ...; the sums meet in one all-reduce.
+static double validation_loss(Model *m, const Config *cfg, const Dist *dist, RunData *d) {
     double total = 0;
-    for (int i = 0; i < cfg->data.val_sequences; i++) {
+    for (int i = dist->dp.rank; i < cfg->data.val_sequences; i += dist->dp.size) {
         loader_val_sequence(&d->loader, i, &d->seq);
         slice_sequence(d);
-        total += model_loss(m, d->slice.tokens, d->slice.targets, d->slice.count);
+        total += model_loss(m, d->slice.tokens, d->slice.targets, d->slice.positions, d->slice.count);
     }
+    comm_allreduce(&dist->world, &total, 1, DT_DOUBLE, REDUCE_SUM);
     return total / ((double)cfg->train.seq_len * cfg->data.val_sequences);
 }
 
-static void log_validation(Model *m, const Config *cfg, RunData *d, int64_t step, FILE *metrics, const char *path) {
-    double loss = validation_loss(m, cfg, d);
+// metrics == NULL on every rank but 0 (which alone prints and writes).
+static void log_validation(Model *m, const Config *cfg, const Dist *dist, RunData *d, int64_t step, FILE *metrics,
+                           const char *path) {
+    double loss = validation_loss(m, cfg, dist, d);
     printf("validation | step %lld | loss %.4f\n", (long long)step, loss);
+    if (!metrics) return;
     fprintf(metrics, "{\"step\": %lld, \"val_loss\": %.9g}\n", (long long)step, loss);
     if (fflush(metrics) != 0) fail("%s: write failed", path);
 }
@@ -129,13 +152,17 @@ static void begin_attention_stats(Model *m, const Config *cfg, int64_t step) {
 }
 
 // The collected statistics as " | attn density D recall R" (means over
-// layers) for the step line and as JSON fields (per layer lists) for
-// metrics.jsonl; both empty when none were collected. Stops collecting.
-static void end_attention_stats(Model *m, char *line, size_t line_size, char *json, size_t json_size) {
+// layers, summed over the ranks) for the step line and as JSON fields (per
+// layer lists) for metrics.jsonl; both empty when none were collected. Stops
+// collecting.
+static void end_attention_stats(Model *m, const Comm *world, char *line, size_t line_size, char *json,
+                                size_t json_size) {
     line[0] = json[0] = '\0';
     if (!m->collect_attention_stats) return;
     m->collect_attention_stats = false;
     int L = m->cfg.num_layers;
+    _Static_assert(sizeof(SparseStats) == 4 * sizeof(double), "SparseStats is reduced as doubles");
+    comm_allreduce(world, m->attention_stats, 4 * (int64_t)L, DT_DOUBLE, REDUCE_SUM);
     double density_sum = 0, recall_sum = 0;
     size_t used = (size_t)snprintf(json, json_size, ", \"attention_density\": [");
     for (int l = 0; l < L; l++) {
@@ -153,6 +180,64 @@ static void end_attention_stats(Model *m, char *line, size_t line_size, char *js
     snprintf(line, line_size, " | attn density %.3f recall %.3f", density_sum / L, recall_sum / L);
 }
 
+void allreduce_arena(const Comm *comm, const Backend *be, float *arena, int64_t n) {
+    if (comm->size == 1) return;
+    size_t bytes = sizeof(float) * (size_t)n;
+    float *host = xmalloc(bytes);
+    be->download(host, arena, bytes);
+    comm_allreduce(comm, host, n, DT_FLOAT, REDUCE_SUM);
+    be->upload(arena, host, bytes);
+    free(host);
+}
+
+// ZeRO-1: every dp rank's shard [opt_count] (backend memory, this rank's
+// part of an arena) into full [total_params] on the host.
+static void gather_shards(const Comm *dp, const Model *m, const float *shard, float *full) {
+    int64_t size = model_shard_size(m, dp->size);
+    float *send = xcalloc((size_t)size, sizeof(float));
+    float *recv = xmalloc(sizeof(float) * (size_t)(size * dp->size));
+    m->be->download(send, shard, sizeof(float) * (size_t)m->opt_count);
+    comm_allgather(dp, send, recv, size, DT_FLOAT);
+    memcpy(full, recv, sizeof(float) * (size_t)m->total_params);
+    free(recv);
+    free(send);
+}
+
+// After a ZeRO-1 update: every dp rank's updated shard into param_mem.
+static void gather_parameters(const Comm *dp, Model *m) {
+    size_t bytes = sizeof(float) * (size_t)m->total_params;
+    float *full = xmalloc(bytes);
+    gather_shards(dp, m, m->param_mem + m->opt_begin, full);
+    m->be->upload(m->param_mem, full, bytes);
+    free(full);
+}
+
+// The full AdamW moments m then v [2, total_params] on the host (collective
+// over dp under ZeRO-1).
+static float *gather_moments(const Comm *dp, bool zero, const Model *m) {
+    int64_t P = m->total_params;
+    float *host = xmalloc(2 * sizeof(float) * (size_t)P);
+    if (zero) {
+        gather_shards(dp, m, m->adam_m, host);
+        gather_shards(dp, m, m->adam_v, host + P);
+    } else {
+        m->be->download(host, m->adam_m, sizeof(float) * (size_t)P);
+        m->be->download(host + P, m->adam_v, sizeof(float) * (size_t)P);
+    }
+    return host;
+}
+
+// Attention over the cp ring when cp > 1: the ring schedule, and for sparse
+// attention the sparse ring's planner (Model.ring_sparse).
+static void model_join_ring(Model *m, const Config *cfg, const Dist *dist, const char *source) {
+    if (dist->cp.size == 1) return;
+    model_set_ring(m, &dist->cp, ring_inner_size(cfg->attention.ring, dist->cp.size, dist->grid.cp_inner));
+    if (!strcmp(cfg->attention.type, "sparse") && !m->ring_sparse.plan)
+        comm_fail_all(&dist->world, "%s: attention.type sparse with parallel.cp %d: sparse attention over the ring "
+                      "is not available in this build (expected attention.type dense, or parallel.cp 1)", source,
+                      dist->cp.size);
+}
+
 int cmd_train(int argc, char **argv) {
     if (argc < 1) {
         fprintf(stderr, "usage: mtrain train RUN.yaml [section.key=value ...]\n");
@@ -160,32 +245,40 @@ int cmd_train(int argc, char **argv) {
     }
     Config cfg;
     config_from_args(&cfg, argv[0], argc - 1, argv + 1);
-    // The rank grid is validated now; the loop itself is still single-rank, so
-    // several ranks would train copies of the model into one checkpoint folder.
     Dist dist;
     dist_init(&dist, NULL, NULL, cfg.parallel.timeout_s);
     dist_setup(&dist, cfg.parallel.dp, cfg.parallel.cp, cfg.parallel.cp_inner, argv[0]);
-    if (dist.world_size > 1)
-        comm_fail_all(&dist.world, "%s: %d ranks: training over several ranks is not wired into the trainer yet "
-                      "(expected a single process)", argv[0], dist.world_size);
+    // Rank 0 alone speaks; errors still reach stderr from any rank.
+    if (dist.world_rank != 0 && !freopen("/dev/null", "w", stdout)) fail("/dev/null: cannot open for writing");
+    int D = dist.dp.size;
+    bool zero = cfg.parallel.zero == 1;
     RunData data;
-    run_data_open(&data, &cfg);
+    run_data_open(&data, &cfg, &dist);
     apply_threads(&cfg);
     Model m;
     model_from_config(&m, &cfg);
+    model_join_ring(&m, &cfg, &dist, argv[0]);
+    if (zero) model_shard_optimizer(&m, dist.dp.rank, D);
     model_alloc_optimizer(&m);
     TrainState state = {0};
     rng_seed(&state.rng, cfg.train.seed);
-    start_state(&cfg, &m, &state);
+    start_state(&cfg, &dist, &m, &state);
     OptimizerConfig oc = optimizer_config(&cfg);
-    int64_t T = cfg.train.seq_len;
+    int64_t N = cfg.train.seq_len;
     int micro = cfg.train.micro_batches;
-    print_memory(&m, T);
+    int64_t step_tokens = N * micro * D;
+    if (dist.world_size > 1)
+        printf("ranks: %d = dp %d x cp %d (ring %s, cp_inner %d, layout %s)%s\n", dist.world_size, D, dist.cp.size,
+               cfg.attention.ring, dist.grid.cp_inner, cfg.attention.layout, zero ? ", ZeRO-1" : "");
+    print_memory(&m, layout_rank_positions(data.layout, N, data.block_size, data.cp, data.cp_rank, NULL));
 
-    make_dirs(cfg.log.dir);
     char metrics_path[CONFIG_STR + 32];
     snprintf(metrics_path, sizeof(metrics_path), "%s/metrics.jsonl", cfg.log.dir);
-    FILE *metrics = xfopen(metrics_path, "a");
+    FILE *metrics = NULL;
+    if (dist.world_rank == 0) {
+        make_dirs(cfg.log.dir);
+        metrics = xfopen(metrics_path, "a");
+    }
 
     char attention_line[64];
     size_t attention_json_size = 64 + 32 * (size_t)cfg.model.num_layers;
@@ -193,24 +286,29 @@ int cmd_train(int argc, char **argv) {
     double train_start = now_seconds();
     int64_t first_step = state.step + 1;
     bool validate = cfg.log.val_every > 0;
-    if (validate && first_step == 1) log_validation(&m, &cfg, &data, 0, metrics, metrics_path);
+    if (validate && first_step == 1) log_validation(&m, &cfg, &dist, &data, 0, metrics, metrics_path);
     for (int64_t step = first_step; step <= cfg.train.steps; step++) {
         double t0 = now_seconds();
         m.be->zero(m.grad_mem, sizeof(float) * (size_t)m.total_params);
         double loss = 0;
         begin_attention_stats(&m, &cfg, step);
         for (int mb = 0; mb < micro; mb++) {
-            loader_train_sequence(&data.loader, state.data_cursor++, &data.seq);
+            loader_train_sequence(&data.loader, state.data_cursor + (int64_t)mb * D + dist.dp.rank, &data.seq);
             slice_sequence(&data);
-            loss += model_forward_backward(&m, data.slice.tokens, data.slice.targets, data.slice.count,
-                                           (float)(1.0 / ((double)T * micro)));
+            loss += model_forward_backward(&m, data.slice.tokens, data.slice.targets, data.slice.positions,
+                                           data.slice.count, (float)(1.0 / (double)step_tokens));
         }
-        loss /= (double)T * micro;
-        end_attention_stats(&m, attention_line, sizeof(attention_line), attention_json, attention_json_size);
+        state.data_cursor += (int64_t)micro * D;
+        allreduce_arena(&dist.world, m.be, m.grad_mem, m.total_params);
+        comm_allreduce(&dist.world, &loss, 1, DT_DOUBLE, REDUCE_SUM);
+        loss /= (double)step_tokens;
+        end_attention_stats(&m, &dist.world, attention_line, sizeof(attention_line), attention_json,
+                            attention_json_size);
         double lr;
         double grad_norm = optimizer_step(&m, &oc, step, &lr);
+        if (zero) gather_parameters(&dist.dp, &m);
         double ms = 1e3 * (now_seconds() - t0);
-        double tokens_per_s = (double)T * micro / (ms * 1e-3);
+        double tokens_per_s = (double)step_tokens / (ms * 1e-3);
         if (!isfinite(loss)) fail("step %lld: loss is %f: training diverged", (long long)step, loss);
         if (step % cfg.log.every == 0 || step == cfg.train.steps) {
             char eta[32];
@@ -221,19 +319,23 @@ int cmd_train(int argc, char **argv) {
                    attention_line);
             fflush(stdout);
         }
-        fprintf(metrics, "{\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, \"ms\": %.3f%s}\n",
-                (long long)step, loss, grad_norm, lr, tokens_per_s, ms, attention_json);
-        if (fflush(metrics) != 0) fail("%s: write failed", metrics_path);
+        if (metrics) {
+            fprintf(metrics, "{\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, \"ms\": %.3f%s}\n",
+                    (long long)step, loss, grad_norm, lr, tokens_per_s, ms, attention_json);
+            if (fflush(metrics) != 0) fail("%s: write failed", metrics_path);
+        }
         state.step = step;
         if (validate && (step % cfg.log.val_every == 0 || step == cfg.train.steps))
-            log_validation(&m, &cfg, &data, step, metrics, metrics_path);
-        state.tokens_seen += T * micro;
+            log_validation(&m, &cfg, &dist, &data, step, metrics, metrics_path);
+        state.tokens_seen += step_tokens;
         if ((cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || step == cfg.train.steps) {
-            checkpoint_save(&cfg, &m, &state);
+            float *moments = gather_moments(&dist.dp, zero, &m);
+            if (dist.world_rank == 0) checkpoint_save(&cfg, &m, &state, moments);
+            free(moments);
             printf("checkpoint: %s/step_%08lld\n", cfg.checkpoint.dir, (long long)step);
         }
     }
-    fclose(metrics);
+    if (metrics) fclose(metrics);
     free(attention_json);
     run_data_close(&data);
     model_free(&m);

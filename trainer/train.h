@@ -4,6 +4,7 @@
 #define MTRAIN_TRAIN_H
 
 #include "../data/loader.h"
+#include "../dist/comm.h"
 #include "../model/model.h"
 #include "../model/optimizer.h"
 #include "config.h"
@@ -15,5 +16,7 @@ void model_from_config(Model *m, const Config *cfg);
 OptimizerConfig optimizer_config(const Config *cfg);
 // loader_open with the run's data, vocabulary, sequence length and seed.
 void loader_from_config(Loader *l, const Config *cfg);
+// Sum an arena [n] of backend memory over comm (through a host buffer).
+void allreduce_arena(const Comm *comm, const Backend *be, float *arena, int64_t n);
 
 #endif

@@ -1,0 +1,214 @@
+#!/usr/bin/env bash
+# test_dist_train.sh: `mtrain train` and `mtrain score` over dp × cp MPI ranks
+# (Open MPI, --oversubscribe: the ranks share the cores) against the same run
+# on one rank, on a tiny model (2 layers, 32 wide, GQA 4:2, 128 tokens in
+# blocks of 16) so that each run takes about a second.
+#   one step     for dp × cp = 1×2, 2×1, 1×4, 2×2 and every layout: the step's
+#                loss and the weights of the checkpoint written after it equal
+#                a single-rank run with micro_batches = dp;
+#   score        under mpirun (cp = 2, 4, every layout) = single-rank score:
+#                loss and every gradient tensor;
+#   20 steps     cp = 4 tracks cp = 1 step by step;
+#   ZeRO-1       parallel.zero=1 equals zero=0 (dp 2, and dp 2 × cp 2), and a
+#                sharded run resumed from its checkpoint equals one that never
+#                stopped; hierarchical ring (4 = 2×2) equals flat;
+#   rank 0       alone writes metrics.jsonl lines and prints step lines;
+#   bad input    score with dp > 1, sparse attention on the ring (while the
+#                sparse ring is absent) end with one line.
+# Tolerances (fp32; only the summation order differs: attention merged chunk by
+# chunk by log-sum-exp, gradients summed over ranks in another order):
+#   loss        relative 1e-5 (one step), 1e-4 (each of 20 steps)
+#   weights     max |w - w_ref| < 1e-6 per tensor after one AdamW step with
+#               lr 1e-2 and eps 1e-3 (so the update g / (|g| + eps) is smooth
+#               in g; a wrong gradient scale moves weights by ~1e-3)
+#   score grads max |g - g_ref| / max |g_ref| < 1e-5 per tensor
+# Prints "ok NAME" / "FAIL NAME: why".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+PY=/usr/bin/python3
+
+ok() { echo "ok $1"; }
+bad() { echo "FAIL $1: $2"; }
+
+if [ ! -x build/mtrain ]; then
+  bad dist_train_binary "build/mtrain is missing (run make build/mtrain)"
+  exit 1
+fi
+export OMP_NUM_THREADS=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+
+MODEL="model.hidden_size=32 model.intermediate_size=64 model.num_layers=2 model.num_heads=4 model.num_kv_heads=2"
+RUN="$MODEL train.seq_len=128 attention.block_size=16 train.lr_schedule=constant train.lr=1e-2 train.warmup_steps=0
+     train.eps=1e-3 train.grad_clip=0 log.val_every=0 log.every=1 checkpoint.resume=never"
+
+# train NAME NP ARGS...: configs/tiny-cpu.yaml on NP ranks (1: no mpirun) into
+# $tmp/NAME (log and checkpoints); stdout+stderr in $tmp/NAME.out.
+train() {
+  local name=$1 np=$2
+  shift 2
+  local launch=()
+  [ "$np" -gt 1 ] && launch=(mpirun --oversubscribe --bind-to none -np "$np")
+  timeout 120 "${launch[@]}" build/mtrain train configs/tiny-cpu.yaml $RUN \
+    log.dir="$tmp/$name" checkpoint.dir="$tmp/$name" "$@" >"$tmp/$name.out" 2>&1
+}
+
+# The comparisons, in Python (Debian's, with numpy): exit 0 when within
+# tolerance, else print why.
+compare() { "$PY" - "$@" <<'PY'
+import json, sys
+import numpy as np
+sys.path.insert(0, "tests")
+from harness import read_raw
+
+def tensors(path):
+    return {k: np.frombuffer(raw, "<f4").astype(np.float64) for k, (_, _, raw) in read_raw(path).items()}
+
+def losses(path):
+    return [json.loads(l)["loss"] for l in open(path) if '"loss"' in l]
+
+what = sys.argv[1]
+if what == "losses":                # losses A B TOL [STEPS]: metrics.jsonl, each step within TOL relative
+    a, b, tol = losses(sys.argv[2]), losses(sys.argv[3]), float(sys.argv[4])
+    steps = int(sys.argv[5]) if len(sys.argv) > 5 else len(b)
+    if len(a) != steps or len(b) != steps:
+        sys.exit(f"{len(a)} and {len(b)} loss lines (expected {steps})")
+    worst = max(abs(x - y) / abs(y) for x, y in zip(a, b))
+    if worst > tol:
+        sys.exit(f"loss differs by {worst:.2e} relative (> {tol}): {a[:3]} vs {b[:3]}")
+elif what in ("weights", "grads"):  # weights A B TOL: absolute; grads A B TOL: relative to max |B|
+    a, b, tol = tensors(sys.argv[2]), tensors(sys.argv[3]), float(sys.argv[4])
+    if a.keys() != b.keys():
+        sys.exit("different tensor names")
+    for k in b:
+        err = np.abs(a[k] - b[k]).max()
+        if what == "grads" and np.abs(b[k]).max() > 0:
+            err /= np.abs(b[k]).max()
+        if err > tol:
+            sys.exit(f"{k} differs by {err:.2e} (> {tol})")
+PY
+}
+
+# expect NAME CMD...: ok when CMD succeeds, else FAIL with its output.
+expect() {
+  local name=$1 why
+  shift
+  if why=$("$@" 2>&1); then ok "$name"; else bad "$name" "$why"; fi
+}
+
+# same_step NAME REF: one step of run NAME equals run REF (loss and weights).
+same_step() {
+  local ckpt=step_00000001/model.safetensors
+  if [ ! -f "$tmp/$1/$ckpt" ]; then bad "$1" "no checkpoint: $(tail -n 3 "$tmp/$1.out" | tr '\n' ' ')"; return; fi
+  expect "$1_loss" compare losses "$tmp/$1/metrics.jsonl" "$tmp/$2/metrics.jsonl" 1e-5 1
+  expect "$1_weights" compare weights "$tmp/$1/$ckpt" "$tmp/$2/$ckpt" 1e-6
+}
+
+# --- one training step: dp × cp against one rank ---
+
+train ref1 1 train.steps=1 train.micro_batches=1
+train ref2 1 train.steps=1 train.micro_batches=2
+# The references must differ from each other, or the comparisons could not fail.
+if compare weights "$tmp/ref1/step_00000001/model.safetensors" "$tmp/ref2/step_00000001/model.safetensors" 1e-6 \
+  >/dev/null 2>&1; then bad dist_train_references_differ "micro_batches 1 and 2 give the same weights"
+else ok dist_train_references_differ; fi
+
+train dp2 2 train.steps=1 parallel.dp=2
+same_step dp2 ref2
+for layout in contiguous zigzag striped; do
+  train "cp2_$layout" 2 train.steps=1 parallel.cp=2 attention.layout=$layout
+  same_step "cp2_$layout" ref1
+  train "cp4_$layout" 4 train.steps=1 parallel.cp=4 attention.layout=$layout
+  same_step "cp4_$layout" ref1
+  train "dp2cp2_$layout" 4 train.steps=1 parallel.dp=2 parallel.cp=2 attention.layout=$layout
+  same_step "dp2cp2_$layout" ref2
+done
+
+# Rank 0 alone logs: one metrics line and one step line for the step.
+lines=$(grep -c '"loss"' "$tmp/dp2cp2_striped/metrics.jsonl")
+steps=$(grep -c '^step ' "$tmp/dp2cp2_striped.out")
+if [ "$lines" -eq 1 ] && [ "$steps" -eq 1 ]; then ok dist_train_rank0_logs
+else bad dist_train_rank0_logs "$lines metrics lines and $steps step lines (expected 1 and 1)"; fi
+
+# --- ZeRO-1 and the hierarchical ring ---
+
+train dp2_zero 2 train.steps=1 parallel.dp=2 parallel.zero=1
+same_step dp2_zero dp2
+train dp2cp2_zero 4 train.steps=1 parallel.dp=2 parallel.cp=2 parallel.zero=1
+same_step dp2cp2_zero dp2cp2_striped
+train cp4_hier 4 train.steps=1 parallel.cp=4 parallel.cp_inner=2 attention.ring=hierarchical
+same_step cp4_hier cp4_striped
+
+# Resume under ZeRO-1: 3 steps straight = 2 steps, then resume for the third.
+train zero3 2 train.steps=3 parallel.dp=2 parallel.zero=1
+train zero_resume 2 train.steps=2 parallel.dp=2 parallel.zero=1
+train zero_resume 2 train.steps=3 parallel.dp=2 parallel.zero=1 checkpoint.resume=auto
+if grep -q '^resumed from .*step_00000002' "$tmp/zero_resume.out"; then
+  expect dist_train_zero_resume_weights compare weights "$tmp/zero_resume/step_00000003/model.safetensors" \
+    "$tmp/zero3/step_00000003/model.safetensors" 0
+  if cmp -s "$tmp/zero_resume/step_00000003/optimizer.zst" "$tmp/zero3/step_00000003/optimizer.zst"; then
+    ok dist_train_zero_resume_moments
+  else bad dist_train_zero_resume_moments "optimizer.zst differs from the uninterrupted run"; fi
+else
+  bad dist_train_zero_resume "did not resume: $(tail -n 3 "$tmp/zero_resume.out" | tr '\n' ' ')"
+fi
+
+# --- 20 steps: cp = 4 tracks cp = 1 ---
+
+train long1 1 train.steps=20 train.eps=1e-8 checkpoint.every=0
+train long4 4 train.steps=20 train.eps=1e-8 checkpoint.every=0 parallel.cp=4 attention.layout=zigzag
+expect dist_train_20_steps_cp4 compare losses "$tmp/long4/metrics.jsonl" "$tmp/long1/metrics.jsonl" 1e-4 20
+
+# --- mtrain score under mpirun ---
+
+model=$tmp/ref1/step_00000001
+"$PY" -c 'import random; random.seed(7); print(" ".join(str(random.randrange(256)) for _ in range(117)))' \
+  >"$tmp/tokens.txt"
+# score NAME NP ARGS...: stdout in $tmp/NAME.out, errors in $tmp/NAME.err.
+score() {
+  local name=$1 np=$2
+  shift 2
+  local launch=()
+  [ "$np" -gt 1 ] && launch=(mpirun --oversubscribe --bind-to none -np "$np")
+  timeout 120 "${launch[@]}" build/mtrain score --model "$model" --tokens "$tmp/tokens.txt" \
+    "$@" attention.block_size=16 >"$tmp/$name.out" 2>"$tmp/$name.err"
+}
+score score1 1 --grads "$tmp/score1.safetensors"
+ref_loss=$(sed -n 's/^loss //p' "$tmp/score1.out")
+for layout in contiguous zigzag striped; do
+  for np in 2 4; do
+    name=score_${np}_$layout
+    score "$name" "$np" --grads "$tmp/$name.safetensors" attention.layout=$layout
+    rc=$?
+    if [ "$rc" -ne 0 ]; then bad "$name" "exit status $rc: $(tail -n 3 "$tmp/$name.err" | tr '\n' ' ')"; continue; fi
+    loss=$(sed -n 's/^loss //p' "$tmp/$name.out")
+    if [ "$(grep -c '^loss ' "$tmp/$name.out")" -ne 1 ]; then bad "${name}_loss" "expected one loss line"
+    elif awk -v a="$loss" -v b="$ref_loss" 'BEGIN { d = (a - b) / b; exit !(d < 1e-5 && d > -1e-5) }'; then
+      ok "${name}_loss"
+    else bad "${name}_loss" "loss $loss, single rank $ref_loss"; fi
+    expect "${name}_grads" compare grads "$tmp/$name.safetensors" "$tmp/score1.safetensors" 1e-5
+  done
+done
+
+# --- bad input: one line from rank 0, non-zero exit ---
+
+# expect_error NAME PATTERN FILE CMD...: CMD (writing its messages to FILE) fails with one matching line.
+expect_error() {
+  local name=$1 pattern=$2 file=$3
+  shift 3
+  "$@"
+  local rc=$? lines
+  lines=$(grep -c '^mtrain: ' "$file")
+  if [ "$rc" -eq 0 ]; then bad "$name" "exit status 0"
+  elif [ "$lines" -ne 1 ]; then bad "$name" "$lines 'mtrain:' lines (expected 1): $(tr '\n' ' ' <"$file")"
+  elif ! grep -Eq -- "^mtrain: $pattern" "$file"; then bad "$name" "message '$(grep '^mtrain: ' "$file")' does not match '$pattern'"
+  else ok "$name"
+  fi
+}
+expect_error dist_score_dp_refused 'mtrain score: parallel\.dp 2: .*expected parallel\.dp 1' "$tmp/bad.err" \
+  score bad 2 parallel.dp=2
+expect_error dist_score_logits_refused 'mtrain score: --logits with 2 ranks' "$tmp/bad.err" \
+  score bad 2 --logits "$tmp/l.safetensors"
+expect_error dist_train_sparse_ring_refused 'configs/tiny-cpu\.yaml: attention\.type sparse with parallel\.cp 2' \
+  "$tmp/bad.out" train bad 2 train.steps=1 parallel.cp=2 attention.type=sparse

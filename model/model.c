@@ -255,8 +255,10 @@ static void carve_layer(LayerActs *a, float **cur, const ModelConfig *c, int64_t
     a->act = take(cur, T * I);
 }
 
-// Size the activation arena for T tokens (grows, never shrinks).
+// Size the activation arena for T tokens (grows, never shrinks; at least one
+// token, so that a cp rank holding none still has buffers for the ring).
 static void ensure_activations(Model *m, int64_t T) {
+    if (T < 1) T = 1;
     if (T <= m->max_tokens) return;
     free_activations(m);
     const Backend *be = m->be;

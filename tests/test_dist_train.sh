@@ -6,8 +6,9 @@
 #   one step     for dp × cp = 1×2, 2×1, 1×4, 2×2 and every layout: the step's
 #                loss and the weights of the checkpoint written after it equal
 #                a single-rank run with micro_batches = dp;
-#   score        under mpirun (cp = 2, 4, every layout) = single-rank score:
-#                loss and every gradient tensor;
+#   score        under mpirun (cp = 2, 4, every layout; and 20 tokens on 4
+#                ranks, two of them empty) = single-rank score: loss and
+#                every gradient tensor;
 #   20 steps     cp = 4 tracks cp = 1 step by step;
 #   ZeRO-1       parallel.zero=1 equals zero=0 (dp 2, and dp 2 × cp 2), and a
 #                sharded run resumed from its checkpoint equals one that never
@@ -190,6 +191,19 @@ for layout in contiguous zigzag striped; do
     expect "${name}_grads" compare grads "$tmp/$name.safetensors" "$tmp/score1.safetensors" 1e-5
   done
 done
+
+# 20 tokens in blocks of 16 on 4 ranks, contiguous: ranks 2 and 3 hold none
+# and still take part in the ring.
+cut -d' ' -f1-20 "$tmp/tokens.txt" >"$tmp/short.txt"
+cp "$tmp/tokens.txt" "$tmp/long.txt"
+cp "$tmp/short.txt" "$tmp/tokens.txt"
+score short1 1 --grads "$tmp/short1.safetensors"
+score short4 4 --grads "$tmp/short4.safetensors" attention.layout=contiguous
+short1=$(sed -n 's/^loss //p' "$tmp/short1.out") short4=$(sed -n 's/^loss //p' "$tmp/short4.out")
+if [ -n "$short4" ] && awk -v a="$short4" -v b="$short1" 'BEGIN { d = (a - b) / b; exit !(d < 1e-5 && d > -1e-5) }'; then
+  expect score_4_empty_ranks compare grads "$tmp/short4.safetensors" "$tmp/short1.safetensors" 1e-5
+else bad score_4_empty_ranks "loss '$short4', single rank $short1: $(tail -n 2 "$tmp/short4.err" | tr '\n' ' ')"; fi
+cp "$tmp/long.txt" "$tmp/tokens.txt"
 
 # --- bad input: one line from rank 0, non-zero exit ---
 

@@ -92,10 +92,10 @@ int cmd_score(int argc, char **argv) {
     LayoutKind layout = (LayoutKind)layout_parse(cfg.attention.layout);
     int B = cfg.attention.block_size;
     int64_t n = layout_rank_positions(layout, T, B, dist.cp.size, dist.cp.rank, NULL);
-    int64_t *pos = xmalloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    int64_t *pos = xmalloc(sizeof(int64_t) * (size_t)n);
     layout_rank_positions(layout, T, B, dist.cp.size, dist.cp.rank, pos);
-    int32_t *local = xmalloc(sizeof(int32_t) * (size_t)(n ? n : 1));
-    int32_t *targets = xmalloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+    int32_t *local = xmalloc(sizeof(int32_t) * (size_t)n);
+    int32_t *targets = xmalloc(sizeof(int32_t) * (size_t)n);
     for (int64_t i = 0; i < n; i++) {
         local[i] = tokens[pos[i]];
         targets[i] = pos[i] + 1 < T ? tokens[pos[i] + 1] : -1;

@@ -329,9 +329,12 @@ int cmd_train(int argc, char **argv) {
             log_validation(&m, &cfg, &dist, &data, step, metrics, metrics_path);
         state.tokens_seen += step_tokens;
         if ((cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || step == cfg.train.steps) {
-            float *moments = gather_moments(&dist.dp, zero, &m);
-            if (dist.world_rank == 0) checkpoint_save(&cfg, &m, &state, moments);
-            free(moments);
+            // The moments reach rank 0: under ZeRO-1 its dp group gathers them.
+            if (zero ? dist.cp.rank == 0 : dist.world_rank == 0) {
+                float *moments = gather_moments(&dist.dp, zero, &m);
+                if (dist.world_rank == 0) checkpoint_save(&cfg, &m, &state, moments);
+                free(moments);
+            }
             printf("checkpoint: %s/step_%08lld\n", cfg.checkpoint.dir, (long long)step);
         }
     }

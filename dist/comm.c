@@ -179,8 +179,8 @@ void comm_fail_all(const Comm *c, const char *fmt, ...) {
 // Waiting with a deadline
 
 void comm_wait(const Comm *c, MPI_Request *reqs, int n, const char *op) {
-    double deadline = now_seconds() + c->timeout_s;
-    for (long polls = 0;; polls++) {
+    double start = now_seconds(), deadline = start + c->timeout_s;
+    for (;;) {
         int done = 0;
         MPI_CHECK(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE));
         if (done) return;
@@ -191,9 +191,10 @@ void comm_wait(const Comm *c, MPI_Request *reqs, int n, const char *op) {
             MPI_Abort(MPI_COMM_WORLD, 1);
             exit(1);
         }
-        // Spin briefly (fast networks), then sleep so that ranks sharing cores
-        // leave them to the ranks that compute.
-        if (polls > 1000) nanosleep(&(struct timespec){0, 100000}, NULL);
+        // Poll without pausing for the first 2 ms (a collective's rounds between
+        // ranks that are all waiting: a sleep per round would add up), then
+        // sleep so that ranks sharing cores leave them to the ranks that compute.
+        if (now_seconds() - start > 2e-3) nanosleep(&(struct timespec){0, 100000}, NULL);
     }
 }
 

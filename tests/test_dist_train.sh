@@ -12,7 +12,10 @@
 #   20 steps     cp = 4 tracks cp = 1 step by step;
 #   ZeRO-1       parallel.zero=1 equals zero=0 (dp 2, and dp 2 × cp 2), and a
 #                sharded run resumed from its checkpoint equals one that never
-#                stopped; hierarchical ring (4 = 2×2) equals flat;
+#                stopped, also when resumed on one rank (re-sharded);
+#                hierarchical ring (4 = 2×2) equals flat;
+#   validation   loss before and after the step equals one rank (3 sequences
+#                over dp 2);
 #   rank 0       alone writes metrics.jsonl lines and prints step lines;
 #   bad input    score with dp > 1, sparse attention on the ring (while the
 #                sparse ring is absent) end with one line.
@@ -42,7 +45,7 @@ if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_
 
 MODEL="model.hidden_size=32 model.intermediate_size=64 model.num_layers=2 model.num_heads=4 model.num_kv_heads=2"
 RUN="$MODEL train.seq_len=128 attention.block_size=16 train.lr_schedule=constant train.lr=1e-2 train.warmup_steps=0
-     train.eps=1e-3 train.grad_clip=0 log.val_every=0 log.every=1 checkpoint.resume=never"
+     train.eps=1e-3 train.grad_clip=0 log.val_every=1 data.val_sequences=3 log.every=1 checkpoint.resume=never"
 
 # train NAME NP ARGS...: configs/tiny-cpu.yaml on NP ranks (1: no mpirun) into
 # $tmp/NAME (log and checkpoints); stdout+stderr in $tmp/NAME.out.
@@ -66,12 +69,13 @@ from harness import read_raw
 def tensors(path):
     return {k: np.frombuffer(raw, "<f4").astype(np.float64) for k, (_, _, raw) in read_raw(path).items()}
 
-def losses(path):
-    return [json.loads(l)["loss"] for l in open(path) if '"loss"' in l]
+def losses(path, key="loss"):
+    return [json.loads(l)[key] for l in open(path) if f'"{key}"' in l]
 
 what = sys.argv[1]
-if what == "losses":                # losses A B TOL [STEPS]: metrics.jsonl, each step within TOL relative
-    a, b, tol = losses(sys.argv[2]), losses(sys.argv[3]), float(sys.argv[4])
+if what in ("losses", "val_losses"):  # losses A B TOL [COUNT]: metrics.jsonl, each within TOL relative
+    key = "loss" if what == "losses" else "val_loss"
+    a, b, tol = losses(sys.argv[2], key), losses(sys.argv[3], key), float(sys.argv[4])
     steps = int(sys.argv[5]) if len(sys.argv) > 5 else len(b)
     if len(a) != steps or len(b) != steps:
         sys.exit(f"{len(a)} and {len(b)} loss lines (expected {steps})")
@@ -98,11 +102,13 @@ expect() {
   if why=$("$@" 2>&1); then ok "$name"; else bad "$name" "$why"; fi
 }
 
-# same_step NAME REF: one step of run NAME equals run REF (loss and weights).
+# same_step NAME REF: one step of run NAME equals run REF (loss, validation
+# loss before and after the step, weights).
 same_step() {
   local ckpt=step_00000001/model.safetensors
   if [ ! -f "$tmp/$1/$ckpt" ]; then bad "$1" "no checkpoint: $(tail -n 3 "$tmp/$1.out" | tr '\n' ' ')"; return; fi
   expect "$1_loss" compare losses "$tmp/$1/metrics.jsonl" "$tmp/$2/metrics.jsonl" 1e-5 1
+  expect "$1_val_loss" compare val_losses "$tmp/$1/metrics.jsonl" "$tmp/$2/metrics.jsonl" 1e-5 2
   expect "$1_weights" compare weights "$tmp/$1/$ckpt" "$tmp/$2/$ckpt" 1e-6
 }
 
@@ -155,10 +161,21 @@ else
   bad dist_train_zero_resume "did not resume: $(tail -n 3 "$tmp/zero_resume.out" | tr '\n' ' ')"
 fi
 
+# Another world size resumes (the moments re-shard): the third step on one
+# rank with micro_batches 2 reads the sequences dp 2 would, so it matches.
+train zero_reshard 2 train.steps=2 parallel.dp=2 parallel.zero=1
+train zero_reshard 1 train.steps=3 train.micro_batches=2 checkpoint.resume=auto
+if grep -q '^resumed from .*step_00000002' "$tmp/zero_reshard.out"; then
+  expect dist_train_resume_other_world_size compare weights "$tmp/zero_reshard/step_00000003/model.safetensors" \
+    "$tmp/zero3/step_00000003/model.safetensors" 1e-6
+else
+  bad dist_train_resume_other_world_size "did not resume: $(tail -n 3 "$tmp/zero_reshard.out" | tr '\n' ' ')"
+fi
+
 # --- 20 steps: cp = 4 tracks cp = 1 ---
 
-train long1 1 train.steps=20 train.eps=1e-8 checkpoint.every=0
-train long4 4 train.steps=20 train.eps=1e-8 checkpoint.every=0 parallel.cp=4 attention.layout=zigzag
+train long1 1 train.steps=20 train.eps=1e-8 checkpoint.every=0 log.val_every=0
+train long4 4 train.steps=20 train.eps=1e-8 checkpoint.every=0 log.val_every=0 parallel.cp=4 attention.layout=zigzag
 expect dist_train_20_steps_cp4 compare losses "$tmp/long4/metrics.jsonl" "$tmp/long1/metrics.jsonl" 1e-4 20
 
 # --- mtrain score under mpirun ---

@@ -241,5 +241,7 @@ expect_error dist_score_dp_refused 'mtrain score: parallel\.dp 2: .*expected par
   score bad 2 parallel.dp=2
 expect_error dist_score_logits_refused 'mtrain score: --logits with 2 ranks' "$tmp/bad.err" \
   score bad 2 --logits "$tmp/l.safetensors"
+expect_error dist_score_sparse_ring_refused 'mtrain score: attention\.type sparse with parallel\.cp 2' "$tmp/bad.err" \
+  score bad 2 attention.type=sparse
 expect_error dist_train_sparse_ring_refused 'configs/tiny-cpu\.yaml: attention\.type sparse with parallel\.cp 2' \
   "$tmp/bad.out" train bad 2 train.steps=1 parallel.cp=2 attention.type=sparse

@@ -227,11 +227,12 @@ static float *gather_moments(const Comm *dp, bool zero, const Model *m) {
     return host;
 }
 
-// Attention over the cp ring when cp > 1: the ring schedule, and for sparse
-// attention the sparse ring's planner (Model.ring_sparse).
-static void model_join_ring(Model *m, const Config *cfg, const Dist *dist, const char *source) {
+void model_join_ring(Model *m, const Config *cfg, const Dist *dist, const char *source) {
     if (dist->cp.size == 1) return;
     model_set_ring(m, &dist->cp, ring_inner_size(cfg->attention.ring, dist->cp.size, dist->grid.cp_inner));
+    if (strcmp(m->be->name, "cpu"))
+        comm_fail_all(&dist->world, "%s: train.backend %s with parallel.cp %d: the ring runs the CPU kernels only "
+                      "(expected train.backend cpu, or parallel.cp 1)", source, m->be->name, dist->cp.size);
     if (!strcmp(cfg->attention.type, "sparse") && !m->ring_sparse.plan)
         comm_fail_all(&dist->world, "%s: attention.type sparse with parallel.cp %d: sparse attention over the ring "
                       "is not available in this build (expected attention.type dense, or parallel.cp 1)", source,

@@ -16,6 +16,7 @@
 #                hierarchical ring (4 = 2×2) equals flat;
 #   validation   loss before and after the step equals one rank (3 sequences
 #                over dp 2);
+#   sparse       attention with dp = 2 (cp = 1) equals one rank;
 #   rank 0       alone writes metrics.jsonl lines and prints step lines;
 #   bad input    score with dp > 1, sparse attention on the ring (while the
 #                sparse ring is absent) end with one line.
@@ -131,6 +132,15 @@ for layout in contiguous zigzag striped; do
   train "dp2cp2_$layout" 4 train.steps=1 parallel.dp=2 parallel.cp=2 attention.layout=$layout
   same_step "dp2cp2_$layout" ref2
 done
+
+# Sparse attention with dp only (cp = 1: each rank's pattern on its own sequence).
+SPARSE="attention.type=sparse attention.budget=fixed attention.vertical=2 attention.slash=2 attention.sink=0 attention.local=16"
+train sparse_ref2 1 train.steps=1 train.micro_batches=2 $SPARSE
+train sparse_dp2 2 train.steps=1 parallel.dp=2 $SPARSE
+same_step sparse_dp2 sparse_ref2
+if compare weights "$tmp/sparse_ref2/step_00000001/model.safetensors" "$tmp/ref2/step_00000001/model.safetensors" \
+  1e-6 >/dev/null 2>&1; then bad dist_train_sparse_differs "sparse and dense steps give the same weights"
+else ok dist_train_sparse_differs; fi
 
 # Rank 0 alone logs: one metrics line and one step line for the step.
 lines=$(grep -c '"loss"' "$tmp/dp2cp2_striped/metrics.jsonl")

@@ -53,7 +53,8 @@ typedef struct {
 // rank's q [T, Hq, D] and k [T, Hkv, D] at pos [T] (the first forward of a
 // sequence; the same contract as Backend.attn_sparse_plan, the estimation
 // collective over ring->cp) and returns the kernels that every ring step of
-// that layer runs: forward, recomputation and backward.
+// that layer runs: forward, recomputation and backward (their ctx, owned by
+// the planner, must stay valid until the layer is planned again).
 typedef struct {
     RingKernels (*plan)(void *ctx, const AttentionConfig *cfg, int layer, const Ring *ring,
                         const AttnShape *shape, const float *q, const float *k, const int64_t *pos,

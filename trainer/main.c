@@ -13,6 +13,7 @@ typedef struct {
 static const Verb verbs[] = {
     {"train", cmd_train, "train RUN.yaml [section.key=value ...]   train a model"},
     {"config", cmd_config, "config RUN.yaml [section.key=value ...]  print the resolved config (--doc: the key reference)"},
+    {"eval", cmd_eval, "eval RUN.yaml [section.key=value ...]    perplexity by length, passkey / NIAH / RULER grids (eval.*)"},
     {"score", cmd_score, "score --model DIR --tokens FILE [--grads OUT] [--logits OUT] [overrides]  loss (and gradients) of a HF model"},
     {"tokenize", cmd_tokenize, "tokenize --tokenizer bytes --input FILE... --output OUT.shard [--frame-tokens N]  pack text into a token shard"},
     {"data", cmd_data, "data RUN.yaml [--read N] [--show G] [section.key=value ...]  what the loader makes of the run's data"},

@@ -223,13 +223,21 @@ static void build_filler(Hay *h, int64_t H, const char **sentences, int count, i
         if (p[i].n > longest) longest = p[i].n;
     }
     CHECK(shortest > 0, "empty filler sentence");
-    h->bounds = xmalloc(sizeof(int64_t) * (size_t)(H / shortest + 2));
+    // Sentences from `first` on until there are H tokens; the excess is cut
+    // from the front, so every sentence ends whole and the only partial one
+    // opens the prompt.
+    int64_t total = 0, k = 0;
+    while (total < H) total += p[(first + k++) % count].n;
+    h->bounds = xmalloc(sizeof(int64_t) * (size_t)(H / shortest + 3));
     h->bound_count = 0;
-    for (int64_t pos = 0, s = first; pos < H; s = (s + 1) % count) {
-        h->bounds[h->bound_count++] = pos;
-        int64_t n = p[s].n < H - pos ? p[s].n : H - pos;
-        memcpy(h->ids + pos, p[s].ids, sizeof(int32_t) * (size_t)n);
-        pos += n;
+    for (int64_t j = 0, pos = H - total; j < k; j++) {
+        const Piece *q = &p[(first + j) % count];
+        int64_t from = pos < 0 ? -pos : 0;  // tokens of q cut off
+        if (from < q->n) {
+            h->bounds[h->bound_count++] = pos + from;
+            memcpy(h->ids + pos + from, q->ids + from, sizeof(int32_t) * (size_t)(q->n - from));
+        }
+        pos += q->n;
     }
     h->bounds[h->bound_count++] = H;
     h->slack = (longest + 1) / 2;

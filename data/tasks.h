@@ -5,8 +5,9 @@
 // A sample is a prompt of exactly `length` tokens followed by its answer:
 //   prompt = haystack with the needles spliced in, then the question
 //   answer = the tokens a correct model continues the prompt with.
-// The haystack is built-in filler sentences (cycled, the last one cut at a
-// token) or a token stream (cycled from a seeded start). A needle at depth d
+// The haystack is built-in filler sentences (cycled; cut at a token at the
+// front, so it ends with a whole sentence) or a token stream (cycled from a
+// seeded start). A needle at depth d
 // goes to the sentence boundary of the haystack nearest to d·H (H = haystack
 // tokens), so it sits within `depth_slack` tokens (half the longest filler
 // sentence; 0 for a stream, which is cut at any token) of d·H and never

@@ -118,7 +118,7 @@ static const Key keys[] = {
 
     STRING(eval, model, "latest", "Model to evaluate: `latest` = the newest complete checkpoint in `checkpoint.dir`, or a checkpoint / Hugging Face folder (its `config.json` must match the `model` section)."),
     STRING(eval, tasks, "perplexity,passkey,niah,ruler", "Comma-separated tasks: `perplexity` (by length, on `eval.text`), `passkey`, `niah` (needle in a haystack), `ruler` (single key, multi-key, multi-value, variable tracking)."),
-    STRING(eval, lengths, "256,512,1024", "Comma-separated context lengths in tokens (each >= 2; a task's prompt is exactly this long, its answer follows)."),
+    STRING(eval, lengths, "512,1024", "Comma-separated context lengths in tokens (each >= 2; a task's prompt is exactly this long, its answer follows)."),
     STRING(eval, depths, "0,0.25,0.5,0.75,1", "Comma-separated needle depths in [0, 1]: where in the haystack the asked needle sits (0 = start, 1 = end)."),
     INT(eval, samples, 4, 1, 1 << 20, "Samples per (task, length, depth) cell, and sequences per perplexity length."),
     STRING(eval, text, "heldout", "Text for perplexity (and for `haystack: text`): `heldout` = the loader's validation stream of `data.train` / `data.val`, or a text file tokenized with `eval.tokenizer`."),

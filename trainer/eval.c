@@ -116,11 +116,10 @@ static void plan_eval(EvalPlan *p, const Config *cfg, const char *run_file) {
         p->text = strcmp(cfg->eval.text, "heldout") ? text_file_tokens(cfg->eval.text, &p->tok, cfg, &p->text_len)
                                                     : heldout_tokens(cfg, &p->text_len);
     for (int i = 0; (p->tasks & EVAL_PERPLEXITY) && i < p->length_count; i++) {
-        int64_t need = p->lengths[i] * cfg->eval.samples + 1;
-        if (need > p->text_len)
-            fail("%s: eval.text '%s' has %lld tokens, but perplexity at length %lld × %d samples needs %lld (expected "
-                 "a longer text, fewer eval.samples, or more data.val_sequences)", run_file, cfg->eval.text,
-                 (long long)p->text_len, (long long)p->lengths[i], cfg->eval.samples, (long long)need);
+        if (p->lengths[i] + 1 > p->text_len)
+            fail("%s: eval.text '%s' has %lld tokens, fewer than one sequence of length %lld needs (%lld; expected a "
+                 "longer text, more data.val_sequences, or shorter eval.lengths)", run_file, cfg->eval.text,
+                 (long long)p->text_len, (long long)p->lengths[i], (long long)p->lengths[i] + 1);
     }
     int64_t shortest = p->lengths[0];
     for (int i = 1; i < p->length_count; i++)
@@ -165,17 +164,18 @@ static void load_model(Model *m, const Config *cfg, char *path, size_t n) {
 // ----------------------------------------------------------------------------
 // Perplexity by length
 
-// Sample s of length L is eval.text tokens [s·L, s·L + L] (inputs and targets).
-static void eval_perplexity(const EvalPlan *p, Model *m, double *loss) {
-    int samples = p->cfg->eval.samples;
-    printf("\nperplexity on %s (%lld tokens), %d sequences per length\n%10s %10s %12s %8s\n", p->cfg->eval.text,
-           (long long)p->text_len, samples, "length", "loss", "perplexity", "s");
+// Sequence s of length L is eval.text tokens [s·L, s·L + L] (inputs and
+// targets); as many as fit, at most eval.samples: seqs[i] of them.
+static void eval_perplexity(const EvalPlan *p, Model *m, double *loss, int *seqs) {
+    printf("\nperplexity on %s (%lld tokens), up to %d sequences per length\n%10s %6s %10s %12s %8s\n",
+           p->cfg->eval.text, (long long)p->text_len, p->cfg->eval.samples, "length", "seqs", "loss", "perplexity", "s");
     for (int i = 0; i < p->length_count; i++) {
-        int64_t L = p->lengths[i];
+        int64_t L = p->lengths[i], fit = (p->text_len - 1) / L;
+        seqs[i] = fit < p->cfg->eval.samples ? (int)fit : p->cfg->eval.samples;
         double t0 = now_seconds(), total = 0;
-        for (int s = 0; s < samples; s++) total += model_loss(m, p->text + s * L, p->text + s * L + 1, L);
-        loss[i] = total / ((double)L * samples);
-        printf("%10lld %10.4f %12.3f %8.2f\n", (long long)L, loss[i], exp(loss[i]), now_seconds() - t0);
+        for (int s = 0; s < seqs[i]; s++) total += model_loss(m, p->text + s * L, p->text + s * L + 1, L);
+        loss[i] = total / ((double)L * seqs[i]);
+        printf("%10lld %6d %10.4f %12.3f %8.2f\n", (long long)L, seqs[i], loss[i], exp(loss[i]), now_seconds() - t0);
         fflush(stdout);
     }
 }
@@ -218,8 +218,8 @@ static void eval_grid(const EvalPlan *p, Model *m, TaskKind kind, int *correct) 
 // ----------------------------------------------------------------------------
 // results.json
 
-static void write_results(const EvalPlan *p, const char *model_path, const double *loss, int *const *correct,
-                          const char *path) {
+static void write_results(const EvalPlan *p, const char *model_path, const double *loss, const int *seqs,
+                          int *const *correct, const char *path) {
     const EvalConfig *e = &p->cfg->eval;
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "model", model_path);
@@ -231,7 +231,7 @@ static void write_results(const EvalPlan *p, const char *model_path, const doubl
     for (int i = 0; loss && i < p->length_count; i++) {
         cJSON *row = cJSON_CreateObject();
         cJSON_AddNumberToObject(row, "length", (double)p->lengths[i]);
-        cJSON_AddNumberToObject(row, "samples", e->samples);
+        cJSON_AddNumberToObject(row, "samples", seqs[i]);
         cJSON_AddNumberToObject(row, "loss", loss[i]);
         cJSON_AddNumberToObject(row, "perplexity", exp(loss[i]));
         cJSON_AddItemToArray(ppl, row);
@@ -288,9 +288,17 @@ static void gp_perplexity(FILE *gp, const EvalPlan *p, const double *loss) {
     gp_output(gp, p->cfg->eval.out, "perplexity.png");
     fprintf(gp, "$ppl << EOD\n");
     for (int i = 0; i < p->length_count; i++) fprintf(gp, "%lld %.9g\n", (long long)p->lengths[i], exp(loss[i]));
+    // Explicit ranges: gnuplot warns about a single length or equal values.
+    double x0 = (double)p->lengths[0], x1 = x0, y0 = exp(loss[0]), y1 = y0;
+    for (int i = 1; i < p->length_count; i++) {
+        x0 = fmin(x0, (double)p->lengths[i]), x1 = fmax(x1, (double)p->lengths[i]);
+        y0 = fmin(y0, exp(loss[i])), y1 = fmax(y1, exp(loss[i]));
+    }
+    double pad = 0.1 * (y1 - y0) + 0.01 * y1;
     fprintf(gp, "EOD\nset title 'perplexity by context length'\nset xlabel 'context length (tokens)'\n"
-                "set ylabel 'perplexity'\nset logscale x 2\nset grid\nset key off\n"
-                "plot $ppl using 1:2 with linespoints lw 2 pt 7\nunset logscale x\nunset grid\n");
+                "set ylabel 'perplexity'\nset logscale x 2\nset xrange [%.9g:%.9g]\nset yrange [%.9g:%.9g]\n"
+                "set grid\nset key off\nplot $ppl using 1:2 with linespoints lw 2 pt 7\nunset logscale x\n"
+                "unset grid\n", x0 / 1.25, x1 * 1.25, y0 - pad, y1 + pad);
 }
 
 // Cells as boxes at (length index, depth index), coloured by accuracy.
@@ -373,9 +381,10 @@ int cmd_eval(int argc, char **argv) {
 
     double t0 = now_seconds();
     double *loss = NULL;
+    int seqs[EVAL_MAX_LIST];
     if (plan.tasks & EVAL_PERPLEXITY) {
         loss = xmalloc(sizeof(double) * (size_t)plan.length_count);
-        eval_perplexity(&plan, &m, loss);
+        eval_perplexity(&plan, &m, loss, seqs);
     }
     int *correct[TASK_COUNT];
     for (int g = 0; g < plan.grid_count; g++) {
@@ -384,7 +393,7 @@ int cmd_eval(int argc, char **argv) {
     }
     char results[CONFIG_STR + 32];
     snprintf(results, sizeof(results), "%s/results.json", cfg.eval.out);
-    write_results(&plan, model_path, loss, correct, results);
+    write_results(&plan, model_path, loss, seqs, correct, results);
     write_plots(&plan, loss, correct);
     printf("\neval: %.1f s | results: %s | plots: %s/*.png\n", now_seconds() - t0, results, cfg.eval.out);
 

@@ -39,7 +39,6 @@ bool eval_sample_correct(Model *m, const TaskSample *s, float *logits) {
 // What one `mtrain eval` does, parsed from the config.
 typedef struct {
     const Config *cfg;
-    const char *run_file;
     unsigned tasks;                    // EVAL_* bits
     int64_t lengths[EVAL_MAX_LIST];
     int length_count;
@@ -52,8 +51,9 @@ typedef struct {
     int64_t text_len;
 } EvalPlan;
 
-// The validation stream of the run's loader: its sequences joined (each
-// shares its first token with the previous one's last target).
+// The validation stream of the run's loader: its sequences joined. With
+// shards that is the packed stream itself (a sequence starts with the
+// previous one's last target); synthetic sequences lose their first token.
 static int32_t *heldout_tokens(const Config *cfg, int64_t *len) {
     Loader l;
     loader_from_config(&l, cfg);
@@ -101,7 +101,6 @@ static uint64_t sample_seed(uint64_t seed, int depth_index, int sample) {
 static void plan_eval(EvalPlan *p, const Config *cfg, const char *run_file) {
     memset(p, 0, sizeof(*p));
     p->cfg = cfg;
-    p->run_file = run_file;
     p->tasks = eval_task_set(&cfg->eval, run_file);
     p->length_count = eval_length_list(&cfg->eval, run_file, p->lengths);
     p->depth_count = eval_depth_list(&cfg->eval, run_file, p->depths);
@@ -226,7 +225,9 @@ static void write_results(const EvalPlan *p, const char *model_path, const doubl
     cJSON_AddStringToObject(root, "tokenizer", e->tokenizer);
     cJSON_AddStringToObject(root, "text", e->text);
     cJSON_AddStringToObject(root, "haystack", e->haystack);
-    cJSON_AddNumberToObject(root, "seed", (double)e->seed);
+    char seed[24];  // exact: a double would round seeds above 2^53
+    snprintf(seed, sizeof(seed), "%llu", (unsigned long long)e->seed);
+    cJSON_AddRawToObject(root, "seed", seed);
     cJSON *ppl = cJSON_AddArrayToObject(root, "perplexity");
     for (int i = 0; loss && i < p->length_count; i++) {
         cJSON *row = cJSON_CreateObject();

@@ -438,14 +438,20 @@ double model_forward_backward(Model *m, const int32_t *tokens, const int32_t *ta
     return loss;
 }
 
-void model_logits(Model *m, const int32_t *tokens, int64_t T, float *logits_host) {
+void model_logits_range(Model *m, const int32_t *tokens, int64_t T, int64_t first, int64_t count, float *logits_host) {
     const ModelConfig *c = &m->cfg;
     int H = c->hidden_size, V = c->vocab_size;
+    CHECK(first >= 0 && count >= 0 && first + count <= T, "logits of [%lld, %lld) of %lld tokens", (long long)first,
+          (long long)(first + count), (long long)T);
     model_forward(m, tokens, T);
     float *head = model_tensor(m, m->param_mem, model_head_param(m));
-    for (int64_t c0 = 0; c0 < T; c0 += m->loss_chunk) {
-        int64_t n = T - c0 < m->loss_chunk ? T - c0 : m->loss_chunk;
-        m->be->matmul_forward(m->logits, m->h_final + c0 * H, head, NULL, n, H, V);
+    for (int64_t c0 = 0; c0 < count; c0 += m->loss_chunk) {
+        int64_t n = count - c0 < m->loss_chunk ? count - c0 : m->loss_chunk;
+        m->be->matmul_forward(m->logits, m->h_final + (first + c0) * H, head, NULL, n, H, V);
         m->be->download(logits_host + c0 * V, m->logits, sizeof(float) * (size_t)(n * V));
     }
+}
+
+void model_logits(Model *m, const int32_t *tokens, int64_t T, float *logits_host) {
+    model_logits_range(m, tokens, T, 0, T, logits_host);
 }

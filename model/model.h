@@ -105,6 +105,9 @@ double model_forward_backward(Model *m, const int32_t *tokens, const int32_t *ta
 double model_loss(Model *m, const int32_t *tokens, const int32_t *targets, int64_t T);
 // Forward only; logits [T, V] written to host memory.
 void model_logits(Model *m, const int32_t *tokens, int64_t T, float *logits_host);
+// Forward on T tokens; the logits of positions [first, first + count) only
+// ([count, V] in host memory): what evaluation needs at 512K × 152K vocab.
+void model_logits_range(Model *m, const int32_t *tokens, int64_t T, int64_t first, int64_t count, float *logits_host);
 // Bytes of activation memory for T tokens (printed at start-up).
 size_t model_activation_bytes(const Model *m, int64_t T);
 

@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../dist/comm.h"
 #include "checkpoint.h"
 #include "commands.h"
 
@@ -73,6 +72,17 @@ void loader_from_config(Loader *l, const Config *cfg) {
     LoaderConfig lc = {cfg->data.train, cfg->data.val, cfg->model.vocab_size, cfg->train.seq_len,
                        cfg->data.val_sequences, cfg->train.seed};
     loader_open(l, &lc);
+}
+
+bool run_start(int argc, char **argv, const char *usage, Config *cfg, Dist *dist) {
+    if (argc < 1 || argv[0][0] == '-') {
+        fprintf(stderr, "%s\n", usage);
+        return false;
+    }
+    config_from_args(cfg, argv[0], argc - 1, argv + 1);
+    dist_init(dist, NULL, NULL, cfg->parallel.timeout_s);
+    dist_setup(dist, cfg->parallel.dp, cfg->parallel.cp, cfg->parallel.cp_inner, argv[0]);
+    return true;
 }
 
 static void run_data_open(RunData *d, const Config *cfg) {
@@ -154,17 +164,11 @@ static void end_attention_stats(Model *m, char *line, size_t line_size, char *js
 }
 
 int cmd_train(int argc, char **argv) {
-    if (argc < 1) {
-        fprintf(stderr, "usage: mtrain train RUN.yaml [section.key=value ...]\n");
-        return 2;
-    }
     Config cfg;
-    config_from_args(&cfg, argv[0], argc - 1, argv + 1);
+    Dist dist;
+    if (!run_start(argc, argv, "usage: mtrain train RUN.yaml [section.key=value ...]", &cfg, &dist)) return 2;
     // The rank grid is validated now; the loop itself is still single-rank, so
     // several ranks would train copies of the model into one checkpoint folder.
-    Dist dist;
-    dist_init(&dist, NULL, NULL, cfg.parallel.timeout_s);
-    dist_setup(&dist, cfg.parallel.dp, cfg.parallel.cp, cfg.parallel.cp_inner, argv[0]);
     if (dist.world_size > 1)
         comm_fail_all(&dist.world, "%s: %d ranks: training over several ranks is not wired into the trainer yet "
                       "(expected a single process)", argv[0], dist.world_size);

@@ -4,6 +4,7 @@
 #define MTRAIN_TRAIN_H
 
 #include "../data/loader.h"
+#include "../dist/comm.h"
 #include "../model/model.h"
 #include "../model/optimizer.h"
 #include "config.h"
@@ -15,5 +16,8 @@ void model_from_config(Model *m, const Config *cfg);
 OptimizerConfig optimizer_config(const Config *cfg);
 // loader_open with the run's data, vocabulary, sequence length and seed.
 void loader_from_config(Loader *l, const Config *cfg);
+// The start of a verb on a run file (argv[0]) and overrides: config, MPI and
+// the rank grid. Prints usage and returns false when no run file is given.
+bool run_start(int argc, char **argv, const char *usage, Config *cfg, Dist *dist);
 
 #endif

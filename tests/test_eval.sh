@@ -9,12 +9,7 @@ set -u
 cd "$(dirname "$0")/.."
 MTRAIN=${MTRAIN:-build/mtrain}
 PY=/usr/bin/python3
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-ok() { echo "ok $1"; }
-bad() { echo "FAIL $1: $2"; failures=$((failures + 1)); }
-expect() { if eval "$2"; then ok "$1"; else bad "$1" "$2"; fi; }
+. tests/lib.sh
 
 # A corpus of plain English-like text (deterministic), packed into a shard.
 awk 'BEGIN { srand(7); split("the a river town bright quiet stone winter map road house light old new small", w, " ");

@@ -8,8 +8,9 @@
 //       ring equal the single-rank sparse kernel with that pattern, for
 //       ring_send full and selected; selected gives bit-identical results
 //       and sends fewer K/V bytes than full.
-//   mpi_sparse_ring plan N B          (one process, no communication) byte
-//       model and balance of a planted vertical-slash pattern at ~90% and
+//   mpi_sparse_ring plan N B shared|independent   (one process, no
+//       communication) byte model and balance of a planted vertical-slash
+//       pattern (the same lines in every head, or drawn per head) at ~90% and
 //       ~95% sparsity: K/V bytes per ring step with full and selected for
 //       W = 4, 8, 32, and the imbalance of each layout for 32 ranks.
 // Environment: MTRAIN_TIMEOUT_S (default 60) is the deadline of every wait.
@@ -224,14 +225,158 @@ static void check(const char *schedule, int cp_inner) {
     check_case(LAYOUT_STRIPED, lengths[0], "topp", inner, schedule);
 }
 
+// ----------------------------------------------------------------------------
+// Byte model and balance of a planted pattern (no communication).
+
+// Per q head: the sink positions and `vertical` random positions; the local
+// offsets and `slash` random offsets, drawn near the diagonal (N * u^3);
+// shared: every head draws the same lines.
+static void planted_pattern(int Hq, int64_t N, int sink, int local, int vertical, int slash, bool shared,
+                            uint64_t seed, SparsePattern *p) {
+    Rng rng;
+    rng_seed(&rng, seed);
+    char *mark = xmalloc((size_t)N);
+    int64_t *lists[2] = {xmalloc((size_t)(Hq * N) * sizeof(int64_t)), xmalloc((size_t)(Hq * N) * sizeof(int64_t))};
+    int64_t *starts[2] = {xmalloc((size_t)(Hq + 1) * sizeof(int64_t)), xmalloc((size_t)(Hq + 1) * sizeof(int64_t))};
+    for (int kind = 0; kind < 2; kind++) {
+        starts[kind][0] = 0;
+        for (int h = 0; h < Hq; h++) {
+            if (shared) rng_seed(&rng, seed + (uint64_t)kind);
+            memset(mark, 0, (size_t)N);
+            for (int64_t x = 0; x < (kind ? local : sink) && x < N; x++) mark[x] = 1;
+            for (int n = 0; n < (kind ? slash : vertical); n++) {
+                const double u = rng_uniform(&rng);
+                mark[(int64_t)(N * (kind ? u * u * u : u)) % N] = 1;
+            }
+            int64_t c = starts[kind][h];
+            for (int64_t x = 0; x < N; x++)
+                if (mark[x]) lists[kind][c++] = x;
+            starts[kind][h + 1] = c;
+        }
+    }
+    *p = (SparsePattern){Hq, N, starts[0], lists[0], starts[1], lists[1]};
+    free(mark);
+}
+
+// Index over every query block of the pattern.
+static void whole_index(const SparsePattern *p, int B, SparseIndex *x) {
+    const int64_t nb = (p->seq_len + B - 1) / B;
+    int64_t *blocks = xmalloc((size_t)nb * sizeof(int64_t));
+    for (int64_t b = 0; b < nb; b++) blocks[b] = b;
+    sparse_index_build(p, B, blocks, nb, x);
+    free(blocks);
+}
+
+// K/V bytes of a ring of W ranks (inner per inner ring) over `layout`, whole
+// chunks and selected: mean per rank and sending step, the total, and the
+// gathered columns' bytes per rank.
+static void plan_bytes(const SparsePattern *p, int B, LayoutKind layout, int W, int inner, int64_t token_bytes) {
+    const int64_t N = p->seq_len, words = ring_need_words(N, B);
+    Comm comm = {MPI_COMM_NULL, "cp", 0, W, 0};
+    Ring ring = {&comm, inner, W / inner, xmalloc((size_t)W * sizeof(int64_t)),
+                 xmalloc((size_t)(W + 1) * sizeof(int64_t)), xmalloc((size_t)N * sizeof(int64_t)), 0};
+    uint64_t *bits = xmalloc((size_t)(W * words) * sizeof(uint64_t));
+    ring.offsets[0] = 0;
+    for (int r = 0; r < W; r++) {
+        ring.counts[r] = layout_rank_positions(layout, N, B, W, r, ring.positions + ring.offsets[r]);
+        ring.offsets[r + 1] = ring.offsets[r] + ring.counts[r];
+        if (ring.counts[r] > ring.max_count) ring.max_count = ring.counts[r];
+        const int64_t nqb = (ring.counts[r] + B - 1) / B;
+        int64_t *qb = xmalloc((size_t)(nqb + 1) * sizeof(int64_t));
+        for (int64_t i = 0; i < nqb; i++) qb[i] = ring.positions[ring.offsets[r] + i * B] / B;
+        SparseIndex x;
+        sparse_index_build(p, B, qb, nqb, &x);
+        ring_need_row(&x, words, bits + r * words);
+        sparse_index_free(&x);
+        free(qb);
+    }
+    RingNeed need = {B, words, bits};
+    int64_t *tokens = xmalloc((size_t)(W * W) * sizeof(int64_t));
+    double total[2] = {0, 0};
+    for (int sel = 0; sel < 2; sel++) {
+        ring_send_tokens(&ring, sel ? &need : NULL, tokens);
+        for (int64_t i = 0; i < (int64_t)W * W; i++) total[sel] += (double)tokens[i] * token_bytes;
+    }
+    int64_t columns = 0;
+    char *col = xcalloc((size_t)N, 1);
+    for (int64_t e = 0; e < p->vertical_start[p->num_heads]; e++) col[p->vertical[e]] = 1;
+    for (int64_t x = 0; x < N; x++) columns += col[x];
+    const double steps = (double)W * (W - 1);
+    printf("| %s | %d (%dx%d) | %.2f | %.2f | %.3f | %.2f |\n", layout_name(layout), W, W / inner, inner,
+           total[0] / steps / 1048576, total[1] / steps / 1048576, total[1] / total[0],
+           (double)columns * token_bytes * (W - 1) / W / 1048576);
+    free(col); free(tokens); free(bits);
+    free(ring.counts); free(ring.offsets); free(ring.positions);
+}
+
+static void plan(int64_t N, int B, bool shared) {
+    const int Hq = 28, Hkv = 4, D = 128, sink = 64, local = 128, vertical = 256;
+    const int64_t token_bytes = 2 * (int64_t)Hkv * D * (int64_t)sizeof(float);
+    printf("planted vertical-slash pattern: N=%lld B=%d Hq=%d Hkv=%d D=%d fp32, sink %d, local %d, %d random vertical "
+           "and S random slash lines per head (offsets N*u^3), %s\n", (long long)N, B, Hq, Hkv, D, sink, local, vertical,
+           shared ? "the same lines in every head" : "independent per head");
+    const double targets[] = {0.90, 0.95};
+    for (int t = 0; t < 2; t++) {
+        // The slash count S giving the target sparsity (bisection).
+        int lo = 0, hi = (int)(N / 2);
+        SparsePattern p;
+        SparseIndex x;
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            planted_pattern(Hq, N, sink, local, vertical, mid, shared, 11, &p);
+            whole_index(&p, B, &x);
+            int64_t *pos = xmalloc((size_t)N * sizeof(int64_t));
+            for (int64_t i = 0; i < N; i++) pos[i] = i;
+            SparseStats s = {0};
+            sparse_index_count(&x, pos, N, &s);
+            if (1.0 - s.computed / s.causal >= targets[t]) lo = mid; else hi = mid - 1;
+            free(pos);
+            sparse_index_free(&x);
+            sparse_pattern_free(&p);
+        }
+        planted_pattern(Hq, N, sink, local, vertical, lo, shared, 11, &p);
+        whole_index(&p, B, &x);
+        int64_t *pos = xmalloc((size_t)N * sizeof(int64_t));
+        for (int64_t i = 0; i < N; i++) pos[i] = i;
+        SparseStats s = {0};
+        sparse_index_count(&x, pos, N, &s);
+        printf("\nsparsity %.3f (S = %d slash lines per head)\n\n", 1.0 - s.computed / s.causal, lo);
+        printf("| layout | W (outer x inner) | full MiB/step | selected MiB/step | selected / full | columns MiB/rank |\n"
+               "|---|---|---|---|---|---|\n");
+        for (int l = 0; l < 3; l++) {
+            plan_bytes(&p, B, (LayoutKind)l, 4, 4, token_bytes);
+            plan_bytes(&p, B, (LayoutKind)l, 8, 8, token_bytes);
+            plan_bytes(&p, B, (LayoutKind)l, 32, 32, token_bytes);
+            plan_bytes(&p, B, (LayoutKind)l, 32, 8, token_bytes);
+        }
+        printf("\nimbalance, 32 ranks (rank / step; 1.0 = perfect)\n\n"
+               "| layout | columns gathered | columns in ring |\n|---|---|---|\n");
+        double *work = xmalloc(32 * 32 * sizeof(double));
+        for (int l = 0; l < 3; l++) {
+            double m[4];
+            for (int g = 0; g < 2; g++) {
+                balance_work(&x, (LayoutKind)l, 32, g == 0, work);
+                m[2 * g] = balance_rank_imbalance(work, 32);
+                m[2 * g + 1] = balance_step_imbalance(work, 32);
+            }
+            printf("| %s | %.2f / %.2f | %.2f / %.2f |\n", layout_name((LayoutKind)l), m[0], m[1], m[2], m[3]);
+        }
+        free(work); free(pos);
+        sparse_index_free(&x);
+        sparse_pattern_free(&p);
+    }
+}
+
 int main(int argc, char **argv) {
     const char *timeout = getenv("MTRAIN_TIMEOUT_S");
     dist_init(&dist, &argc, &argv, timeout ? atof(timeout) : 60.0);
     const char *mode = argc > 1 ? argv[1] : "";
     if (!strcmp(mode, "check") && argc == 4) {
         check(argv[2], atoi(argv[3]));
+    } else if (!strcmp(mode, "plan") && argc == 5) {
+        plan(atoll(argv[2]), atoi(argv[3]), !strcmp(argv[4], "shared"));
     } else {
-        if (dist.world_rank == 0) fprintf(stderr, "usage: mpi_sparse_ring check flat|hierarchical INNER\n");
+        if (dist.world_rank == 0) fprintf(stderr, "usage: mpi_sparse_ring check flat|hierarchical INNER | plan N B shared|independent\n");
         dist_finalize(&dist);
         return 2;
     }

@@ -76,6 +76,7 @@ static const Key keys[] = {
     ENUM(attention, type, "dense", "dense|sparse", "Attention algorithm: `dense` = exact causal flash attention; `sparse` = dynamic vertical-slash sparse attention (DESIGN §5.2–5.4)."),
     INT(attention, block_size, 128, 1, 65536, "Tile size in tokens for queries and keys (and the granularity of the sparse index)."),
     ENUM(attention, ring, "flat", "flat|hierarchical", "Ring schedule over the cp ranks: `flat` = one ring; `hierarchical` = inner rings of `parallel.cp_inner` ranks (one node) inside an outer ring, the outer transfer posted before a whole inner loop."),
+    ENUM(attention, ring_send, "full", "full|selected", "Sparse ring: `full` = every K/V chunk travels whole; `selected` = each hop sends only the chunk's blocks that the receiving and later ranks' sparse index uses (identical results, fewer bytes)."),
     INT(attention, last_q, 64, 1, 1 << 20, "Sparse: the last `last_q` queries of the sequence estimate the pattern."),
     DOUBLE(attention, top_p, 0.9, 0, 1, MIN_OPEN, "Sparse, budget `topp`: per head, the fewest vertical (and slash) lines whose estimated softmax mass reaches `top_p`."),
     INT(attention, max_vertical, 4096, 0, 1 << 30, "Sparse, budget `topp`: at most this many vertical lines per head."),

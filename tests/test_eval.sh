@@ -116,6 +116,20 @@ expect "eval.text FILE and eval.haystack text: results for perplexity and niah o
 expect "eval.text FILE is named in the perplexity table" 'grep -q "^perplexity on $tmp/book.txt" "$tmp/file.out"'
 
 # Bad settings: one line on stderr, non-zero exit, no results written.
+# mtrain tasks: task samples as training text, every line a JSON document
+# whose text ends with its answer, deterministic, lengths cycled.
+"$MTRAIN" tasks "$tmp/run.yaml" --count 6 --output "$tmp/tasks.jsonl" eval.tasks=passkey,ruler eval.lengths=512,1024 >/dev/null 2>&1
+"$MTRAIN" tasks "$tmp/run.yaml" --count 6 --output "$tmp/tasks2.jsonl" eval.tasks=passkey,ruler eval.lengths=512,1024 >/dev/null 2>&1
+expect "tasks: one JSON line per sample" '[ "$(wc -l <"$tmp/tasks.jsonl")" -eq 6 ]'
+expect "tasks: deterministic" 'cmp -s "$tmp/tasks.jsonl" "$tmp/tasks2.jsonl"'
+expect "tasks: passkey text asks for and ends with its key; lengths cycle" '$PY - "$tmp/tasks.jsonl" <<PYEOF
+import json, re, sys
+rows = [json.loads(l)["text"] for l in open(sys.argv[1])]
+key = re.search(r"The pass key is (\\d+)\\.", rows[0]).group(1)
+ok = rows[0].endswith("The pass key is " + key) and "ruler" not in rows[1]
+ok = ok and len(rows[0]) < len(rows[5]) and abs(len(rows[0]) - 512 - len(key)) <= 1
+sys.exit(0 if ok else 1)
+PYEOF'
 one_line_error() {  # NAME PATTERN OVERRIDES...
   local name=$1 pattern=$2; shift 2
   rm -rf "$tmp/bad"

@@ -11,6 +11,7 @@ int cmd_tokenize(int argc, char **argv);  // trainer/cmd_data.c
 int cmd_shard(int argc, char **argv);     // trainer/cmd_data.c
 int cmd_data(int argc, char **argv);      // trainer/cmd_data.c
 int cmd_detokenize(int argc, char **argv);  // trainer/cmd_data.c
-int cmd_export(int argc, char **argv);    // trainer/export.c
+int cmd_export(int argc, char **argv);
+int cmd_tasks(int argc, char **argv);     // trainer/eval.c    // trainer/export.c
 
 #endif

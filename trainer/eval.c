@@ -370,6 +370,72 @@ static void write_plots(const EvalPlan *p, const double *loss, int *const *corre
 // ----------------------------------------------------------------------------
 // mtrain eval RUN.yaml [section.key=value ...]
 
+// ----------------------------------------------------------------------------
+// `mtrain tasks`: task samples as training text
+
+// Sample i: the grid's task kinds and eval.lengths in turn, a depth drawn
+// uniformly in [0, 1], and a seed from a stream eval never uses (depth index
+// -1), so a model trained on these text documents is never scored on one of
+// them. Each line of the JSONL output is {"text": prompt + answer}.
+int cmd_tasks(int argc, char **argv) {
+    int64_t count = 0;
+    const char *output = NULL;
+    int kept = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--count") && i + 1 < argc) count = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--output") && i + 1 < argc) output = argv[++i];
+        else argv[kept++] = argv[i];
+    }
+    const char *usage = "usage: mtrain tasks RUN.yaml --count N --output OUT.jsonl [section.key=value ...]";
+    if (count < 1 || !output) {
+        fprintf(stderr, "%s\n", usage);
+        return 2;
+    }
+    Config cfg;
+    Dist dist;
+    if (!run_start(kept, argv, usage, &cfg, &dist)) return 2;
+    EvalPlan plan;
+    plan_eval(&plan, &cfg, argv[0]);
+    if (!plan.grid_count) fail("%s: eval.tasks '%s' has no task to generate (expected passkey, niah or ruler)", argv[0], cfg.eval.tasks);
+    Rng rng;
+    rng_seed(&rng, cfg.eval.seed);
+    Haystack hay = {NULL, 0};
+    char tmp[4096];
+    snprintf(tmp, sizeof(tmp), "%s.tmp.%d", output, (int)getpid());
+    FILE *out = xfopen(tmp, "w");
+    char *text = NULL;
+    for (int64_t i = 0; i < count; i++) {
+        TaskSpec spec = {plan.grid[i % plan.grid_count], plan.lengths[(i / plan.grid_count) % plan.length_count],
+                         rng_uniform(&rng), sample_seed(cfg.eval.seed, -1, (int)i)};
+        TaskSample sample;
+        task_generate(&spec, &hay, plan.tok, &sample);
+        size_t used = 0;
+        for (int64_t t = 0; t < sample.length + sample.answer_len; t++) {
+            size_t len;
+            const uint8_t *piece = plan.tok->piece(plan.tok, (uint32_t)sample.tokens[t], &len);
+            text = xrealloc(text, used + len + 1);
+            memcpy(text + used, piece, len);
+            used += len;
+        }
+        text[used] = '\0';
+        cJSON *line = cJSON_CreateObject();
+        cJSON_AddStringToObject(line, "text", text);
+        char *json = cJSON_PrintUnformatted(line);
+        if (fprintf(out, "%s\n", json) < 0) fail("%s: write failed", tmp);
+        free(json);
+        cJSON_Delete(line);
+        task_sample_free(&sample);
+    }
+    free(text);
+    xfclose_sync(out, tmp);
+    rename_into_place(tmp, output);
+    printf("tasks: %lld samples of %s at lengths %s -> %s\n", (long long)count, cfg.eval.tasks, cfg.eval.lengths, output);
+    free(plan.text);
+    tokenizer_close(plan.tok);
+    dist_finalize(&dist);
+    return 0;
+}
+
 int cmd_eval(int argc, char **argv) {
     Config cfg;
     Dist dist;

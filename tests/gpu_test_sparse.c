@@ -6,7 +6,13 @@
 // block, blocks 64 and 128, head dims 64 and 128, GQA 1, 2 and 8, 1 to 3 key
 // chunks of a striped layout (block = the index's block) merged in ring
 // order. Also: the all-blocks index (every slash offset) against the dense
-// CUDA kernels on the same inputs. Needs a GPU; run by `make test-gpu`.
+// CUDA kernels on the same inputs. And the GPU pattern pipeline
+// (attention/sparse_select_cuda.cu): estimation against a double-precision
+// reference; selection and index against sparse_select / sparse_index_build
+// run on the GPU's own scores (copied back), which must give identical lines
+// and index, tie-breaks included (the CPU estimation itself uses cblas,
+// which GPU machines may lack; fed the same scores, the two selections have
+// no fp32 noise to disagree on). Needs a GPU; run by `make test-gpu`.
 //   build/tests/gpu_test_sparse         every case
 //   build/tests/gpu_test_sparse small   the small cases (compute-sanitizer)
 //
@@ -288,6 +294,161 @@ static void run_case(const Case *c, uint64_t seed) {
     free_inputs(&in);
 }
 
+// One case of the pattern pipeline: Lq estimation queries (the sequence's
+// last), the keys of every chunk, budget "topp" or "fixed".
+typedef struct {
+    Case c;
+    int Lq;
+    const char *budget;
+} SelectCase;
+
+static int64_t *from_device_i64(const int64_t *dev, int64_t n) {
+    int64_t *x = xmalloc((size_t)(n + 1) * sizeof(int64_t));
+    if (n > 0) CUDA_CHECK(cudaMemcpy(x, dev, (size_t)n * sizeof(int64_t), cudaMemcpyDeviceToHost));
+    return x;
+}
+
+// Estimation reference in double: lse [Hq, Lq], vertical and slash [Hq, N].
+static void estimate_reference(const Case *c, const Inputs *in, int Lq, const float *qef, const int64_t *qe_pos,
+                               double *lse, double *vertical, double *slash) {
+    const double scale = 1.0 / sqrt((double)c->D);
+    for (int h = 0; h < c->Hq; h++) {
+        const int g = h / (c->Hq / c->Hkv);
+        for (int e = 0; e < Lq; e++) {
+            for (int pass = 0; pass < 2; pass++) {
+                double m = -INFINITY, l = 0;
+                for (int i = 0; i < in->nch; i++)
+                    for (int64_t j = 0; j < in->T[i]; j++) {
+                        if (in->pos[i][j] > qe_pos[e]) continue;
+                        double x = 0;
+                        for (int d = 0; d < c->D; d++)
+                            x += (double)qef[((int64_t)e * c->Hq + h) * c->D + d] *
+                                 in->kf[i][(j * c->Hkv + g) * c->D + d];
+                        x *= scale;
+                        if (pass == 0) {
+                            if (x > m) { l = l * exp(m - x) + 1; m = x; } else l += exp(x - m);
+                        } else {
+                            const double p = exp(x - lse[h * Lq + e]);
+                            vertical[h * c->n + in->pos[i][j]] += p;
+                            slash[h * c->n + qe_pos[e] - in->pos[i][j]] += p;
+                        }
+                    }
+                if (pass == 0) lse[h * Lq + e] = m + log(l);
+            }
+        }
+    }
+}
+
+static double rel_frobenius_f64(const float *a, const double *b, int64_t n) {
+    double diff = 0, norm = 0;
+    for (int64_t i = 0; i < n; i++) {
+        diff += (a[i] - b[i]) * (a[i] - b[i]);
+        norm += b[i] * b[i];
+    }
+    return sqrt(diff) / (sqrt(norm) + 1e-30);
+}
+
+static void run_select_case(const SelectCase *sc, uint64_t seed) {
+    const Case *c = &sc->c;
+    const int Lq = sc->Lq, Hq = c->Hq;
+    const int64_t N = c->n;
+    Rng rng;
+    rng_seed(&rng, seed);
+    char name[160];
+    snprintf(name, sizeof name, "select N=%lld D=%d Hq=%d Hkv=%d B=%d chunks=%d Lq=%d %s", (long long)N, c->D, Hq,
+             c->Hkv, c->B, c->world, Lq, sc->budget);
+    Inputs in = make_inputs(c, &rng);
+    uint16_t *qe;
+    float *qef;
+    random_bf16(&rng, (int64_t)Lq * Hq * c->D, &qe, &qef);
+    int64_t *qe_pos = xmalloc((size_t)Lq * sizeof(int64_t));
+    for (int e = 0; e < Lq; e++) qe_pos[e] = N - Lq + e;
+    uint16_t *d_qe = to_device(qe, (size_t)Lq * Hq * c->D * sizeof(uint16_t));
+    int64_t *d_qe_pos = to_device(qe_pos, (size_t)Lq * sizeof(int64_t));
+
+    // GPU estimation over the chunks: pass 1, then pass 2 with the final lse.
+    const int64_t nl = (int64_t)Hq * Lq, ns = Hq * N;
+    float *lse0 = xmalloc((size_t)nl * sizeof(float));
+    for (int64_t i = 0; i < nl; i++) lse0[i] = -INFINITY;
+    float *d_lse = to_device(lse0, (size_t)nl * sizeof(float));
+    float *d_vertical = poisoned((size_t)ns * sizeof(float)), *d_slash = poisoned((size_t)ns * sizeof(float));
+    CUDA_CHECK(cudaMemset(d_vertical, 0, (size_t)ns * sizeof(float)));
+    CUDA_CHECK(cudaMemset(d_slash, 0, (size_t)ns * sizeof(float)));
+    for (int i = 0; i < in.nch; i++) {
+        const AttnShape s = shape_of(c, Lq, in.T[i]);
+        sparse_estimate_lse_cuda(&s, d_qe, d_qe_pos, in.d_k[i], in.d_pos[i], d_lse, 0);
+    }
+    for (int i = 0; i < in.nch; i++) {
+        const AttnShape s = shape_of(c, Lq, in.T[i]);
+        sparse_estimate_scores_cuda(&s, d_qe, d_qe_pos, in.d_k[i], in.d_pos[i], d_lse, N, d_vertical, d_slash, 0);
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    float *lse = from_device_f32(d_lse, nl), *vertical = from_device_f32(d_vertical, ns);
+    float *slash = from_device_f32(d_slash, ns);
+    double *lse_ref = xcalloc((size_t)nl, sizeof(double)), *v_ref = xcalloc((size_t)ns, sizeof(double));
+    double *s_ref = xcalloc((size_t)ns, sizeof(double));
+    estimate_reference(c, &in, Lq, qef, qe_pos, lse_ref, v_ref, s_ref);
+    double e;
+    EXPECT_COUNTED((e = rel_frobenius_f64(lse, lse_ref, nl)) <= TOL_LSE, "%s lse_est rel %.2e", name, e);
+    EXPECT_COUNTED((e = rel_frobenius_f64(vertical, v_ref, ns)) <= TOL_DENSE, "%s vertical rel %.2e", name, e);
+    EXPECT_COUNTED((e = rel_frobenius_f64(slash, s_ref, ns)) <= TOL_DENSE, "%s slash rel %.2e", name, e);
+
+    // Selection and index on the same (GPU) scores, both sides.
+    AttentionConfig cfg = {.top_p = 0.9, .max_vertical = (int)(N / 8), .max_slash = (int)(N / 16), .sink = 4,
+                           .local = 8, .vertical = (int)(N / 20) + 1, .slash = (int)(N / 40) + 1};
+    snprintf(cfg.budget, sizeof cfg.budget, "%s", sc->budget);
+    SparsePattern p;
+    sparse_select(&cfg, vertical, slash, Hq, N, NULL, NULL, &p);
+    SparsePatternCuda dp;
+    sparse_select_cuda(&cfg, d_vertical, d_slash, Hq, N, NULL, NULL, &dp, 0);
+    const int64_t nqb = (in.Tq + c->B - 1) / c->B, rows = Hq * nqb;
+    int64_t *q_blocks = xmalloc((size_t)nqb * sizeof(int64_t));
+    for (int64_t i = 0; i < nqb; i++) q_blocks[i] = in.qpos[i * c->B] / c->B;
+    int64_t *d_q_blocks = to_device(q_blocks, (size_t)nqb * sizeof(int64_t));
+    SparseIndex x;
+    sparse_index_build(&p, c->B, q_blocks, nqb, &x);
+    SparseIndexCuda dx;
+    sparse_index_build_cuda(&dp, c->B, d_q_blocks, nqb, &dx, 0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+
+    int64_t *vc = from_device_i64(dp.vertical_count, Hq), *sc_ = from_device_i64(dp.slash_count, Hq);
+    int64_t *vl = from_device_i64(dp.vertical, Hq * dp.vertical_capacity);
+    int64_t *sl = from_device_i64(dp.slash, Hq * dp.slash_capacity);
+    int same = 1;
+    for (int h = 0; h < Hq; h++) {
+        same &= vc[h] == p.vertical_start[h + 1] - p.vertical_start[h] &&
+                sc_[h] == p.slash_start[h + 1] - p.slash_start[h];
+        if (!same) break;
+        same &= memcmp(vl + h * dp.vertical_capacity, p.vertical + p.vertical_start[h],
+                       (size_t)vc[h] * sizeof(int64_t)) == 0 &&
+                memcmp(sl + h * dp.slash_capacity, p.slash + p.slash_start[h], (size_t)sc_[h] * sizeof(int64_t)) == 0;
+    }
+    EXPECT_COUNTED(same, "%s pattern identical (%lld vertical, %lld slash lines)", name,
+                   (long long)p.vertical_start[Hq], (long long)p.slash_start[Hq]);
+    int64_t *bs = from_device_i64(dx.block_start, rows + 1), *cs = from_device_i64(dx.column_start, rows + 1);
+    int same_index = memcmp(bs, x.block_start, (size_t)(rows + 1) * sizeof(int64_t)) == 0 &&
+                     memcmp(cs, x.column_start, (size_t)(rows + 1) * sizeof(int64_t)) == 0;
+    if (same_index) {
+        int64_t *bl = from_device_i64(dx.blocks, bs[rows]), *cl = from_device_i64(dx.columns, cs[rows]);
+        same_index = memcmp(bl, x.blocks, (size_t)bs[rows] * sizeof(int64_t)) == 0 &&
+                     memcmp(cl, x.columns, (size_t)cs[rows] * sizeof(int64_t)) == 0;
+        free(bl); free(cl);
+    }
+    EXPECT_COUNTED(same_index, "%s index identical (%lld blocks, %lld columns)", name,
+                   (long long)x.block_start[rows], (long long)x.column_start[rows]);
+
+    free(vc); free(sc_); free(vl); free(sl); free(bs); free(cs);
+    sparse_index_free_cuda(&dx);
+    sparse_pattern_free_cuda(&dp);
+    sparse_index_free(&x);
+    sparse_pattern_free(&p);
+    CUDA_CHECK(cudaFree(d_q_blocks)); CUDA_CHECK(cudaFree(d_qe)); CUDA_CHECK(cudaFree(d_qe_pos));
+    CUDA_CHECK(cudaFree(d_lse)); CUDA_CHECK(cudaFree(d_vertical)); CUDA_CHECK(cudaFree(d_slash));
+    free(q_blocks); free(qe); free(qef); free(qe_pos); free(lse0); free(lse); free(vertical); free(slash);
+    free(lse_ref); free(v_ref); free(s_ref);
+    free_inputs(&in);
+}
+
 int main(int argc, char **argv) {
     const int small = argc > 1 && strcmp(argv[1], "small") == 0;
     CHECK(argc == 1 || small, "usage: %s [small]", argv[0]);
@@ -308,6 +469,19 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (small && cases[i].n > 300) continue;
         run_case(&cases[i], 2000 + i);
+        count++;
+    }
+    // {{n, D, Hq, Hkv, B, world, rank, unused}, Lq, budget}
+    static const SelectCase select_cases[] = {
+        {{200, 64, 4, 2, 64, 1, 0, 0}, 16, "topp"},
+        {{300, 128, 4, 1, 64, 2, 1, 0}, 64, "fixed"},
+        {{1500, 128, 8, 2, 128, 3, 2, 0}, 64, "topp"},
+        {{2000, 64, 4, 4, 64, 2, 0, 0}, 128, "fixed"},
+        {{3000, 128, 16, 2, 64, 1, 0, 0}, 64, "topp"},
+    };
+    for (size_t i = 0; i < sizeof select_cases / sizeof select_cases[0]; i++) {
+        if (small && select_cases[i].c.n > 300) continue;
+        run_select_case(&select_cases[i], 3000 + i);
         count++;
     }
     printf("%d cases: %d passed, %d failed\n", count, checks - check_failures, check_failures);

@@ -100,7 +100,7 @@ build-test-gpu:
 	$(MAKE) DEPS_OK= $(GPU_BIN)
 
 test-gpu: build-test-gpu
-	@for t in build/tests/gpu_test_*; do echo "== $$t"; $$t || exit 1; done
+	@st=0; for t in build/tests/gpu_test_*; do echo "== $$t"; $$t || st=1; done; exit $$st
 
 clean:
 	rm -rf build

@@ -201,8 +201,8 @@ sparse_forward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_
     int64_t *kps = reinterpret_cast<int64_t *>(vs + 2 * BN * LD);
 
     const int tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4;
-    const int64_t r = (int64_t)Hq * nqb - 1 - blockIdx.x;        // later query blocks first
-    const int h = (int)(r / nqb), kvh = h / (Hq / Hkv);
+    const int h = blockIdx.x % Hq, kvh = h / (Hq / Hkv);          // later query blocks first
+    const int64_t r = h * nqb + nqb - 1 - blockIdx.x / Hq;
     const int64_t i0 = (r % nqb) * BM, q_lo = q_pos[i0];         // a block's first query is its lowest
     const int64_t row0 = i0 + warp * 16 + g, row1 = row0 + 8;
     const int64_t qp0 = row0 < Tq ? q_pos[row0] : INT64_MIN;
@@ -271,8 +271,8 @@ sparse_backward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q
     int64_t *ktok = kps + KVBUF * BN;                             // [KVBUF][BN]
 
     const int tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4, t4 = tid % 4;
-    const int64_t r = (int64_t)Hq * nqb - 1 - blockIdx.x;
-    const int h = (int)(r / nqb), kvh = h / (Hq / Hkv);
+    const int h = blockIdx.x % Hq, kvh = h / (Hq / Hkv);          // later query blocks first
+    const int64_t r = h * nqb + nqb - 1 - blockIdx.x / Hq;
     const int64_t i0 = (r % nqb) * BM, q_lo = q_pos[i0];
     const RowTiles<BM> tiles(block_start, blocks, local_block, col_start, col_key, r, Tk);
 

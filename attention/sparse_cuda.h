@@ -91,8 +91,8 @@ void sparse_estimate_scores_cuda(const AttnShape *shape, const uint16_t *qe, con
 // score, ties to the smaller position / offset; topp summed in double in the
 // same order as the CPU, so equal scores give equal lines). vertical, slash
 // device [Hq, N], finite and >= 0 (not checked); fixed_vertical, fixed_slash
-// host [Hq] or NULL. Allocates *pattern (stream-ordered; free with
-// sparse_pattern_free_cuda after the stream's work).
+// host [Hq] or NULL. Allocates *pattern (cudaMalloc; free with
+// sparse_pattern_free_cuda); the work is enqueued on `stream`.
 void sparse_select_cuda(const AttentionConfig *cfg, const float *vertical, const float *slash,
                         int num_heads, int64_t seq_len, const int *fixed_vertical,
                         const int *fixed_slash, SparsePatternCuda *pattern, cudaStream_t stream);

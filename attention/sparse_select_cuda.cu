@@ -330,9 +330,9 @@ extern "C" void sparse_select_cuda(const AttentionConfig *cfg, const float *vert
     p->seq_len = N;
     p->vertical_capacity = most_v + cfg->sink < N ? most_v + cfg->sink : N;
     p->slash_capacity = most_s + cfg->local < N ? most_s + cfg->local : N;
-    CUDA_CHECK(cudaMallocAsync((void **)&p->vertical, (size_t)(H * p->vertical_capacity + 1) * sizeof(int64_t), stream));
-    CUDA_CHECK(cudaMallocAsync((void **)&p->slash, (size_t)(H * p->slash_capacity + 1) * sizeof(int64_t), stream));
-    CUDA_CHECK(cudaMallocAsync((void **)&p->vertical_count, (size_t)S * sizeof(int64_t), stream));
+    CUDA_CHECK(cudaMalloc((void **)&p->vertical, (size_t)(H * p->vertical_capacity + 1) * sizeof(int64_t)));
+    CUDA_CHECK(cudaMalloc((void **)&p->slash, (size_t)(H * p->slash_capacity + 1) * sizeof(int64_t)));
+    CUDA_CHECK(cudaMalloc((void **)&p->vertical_count, (size_t)S * sizeof(int64_t)));
     p->slash_count = p->vertical_count + H;
 
     uint64_t *key, *sorted;

@@ -243,7 +243,7 @@ sparse_forward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_
 // ---- backward ----
 
 // Grid (Hq * nqb) rows, BM / 16 warps. KVBUF key/value buffers (2: the next
-// tile loads during this one; 1 where shared memory is short). Shared: q,
+// tile loads during this one; 1 where shared memory is short, see backward()). Shared: q,
 // dout [BM][LD]; k, v [KVBUF][BN][LD]; P and dS [BM][BN + 8] (bf16); key
 // positions and local tokens [KVBUF][BN].
 template <int D, int BM, int KVBUF>
@@ -447,14 +447,20 @@ extern "C" void attn_sparse_forward_cuda(const AttnShape *s, const SparseIndexCu
     chunk_view_free(&c, stream);
 }
 
-template <int D, int BM>
-static void backward(const AttnShape *s, const SparseIndexCuda *x, const ChunkView *c, const bf16 *q,
-                     const int64_t *q_pos, const bf16 *k, const bf16 *v, const int64_t *k_pos,
-                     const float *lse, const float *delta, const bf16 *dout, float *dq, float *dk,
-                     float *dv, cudaStream_t stream) {
-    constexpr int LD = D + 8, BN = KEY_TILE, KVBUF = D == 128 && BM == 128 ? 1 : 2;
-    const size_t smem = (size_t)(2 * BM + 2 * KVBUF * BN) * LD * sizeof(bf16) +
-                        (size_t)2 * BM * (BN + 8) * sizeof(bf16) + 2 * KVBUF * BN * sizeof(int64_t);
+// Shared memory of the backward kernel with KVBUF key/value buffers.
+template <int D, int BM, int KVBUF>
+static size_t backward_smem() {
+    constexpr int LD = D + 8, BN = KEY_TILE;
+    return (size_t)(2 * BM + 2 * KVBUF * BN) * LD * sizeof(bf16) + (size_t)2 * BM * (BN + 8) * sizeof(bf16) +
+           2 * KVBUF * BN * sizeof(int64_t);
+}
+
+template <int D, int BM, int KVBUF>
+static void backward_launch(const AttnShape *s, const SparseIndexCuda *x, const ChunkView *c, const bf16 *q,
+                            const int64_t *q_pos, const bf16 *k, const bf16 *v, const int64_t *k_pos,
+                            const float *lse, const float *delta, const bf16 *dout, float *dq, float *dk,
+                            float *dv, cudaStream_t stream) {
+    const size_t smem = backward_smem<D, BM, KVBUF>();
     auto kernel = sparse_backward_kernel<D, BM, KVBUF>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const int64_t rows = (int64_t)s->num_heads * x->num_q_blocks;
@@ -464,6 +470,25 @@ static void backward(const AttnShape *s, const SparseIndexCuda *x, const ChunkVi
                                                       s->num_kv_heads, x->num_q_blocks, s->scale,
                                                       s->scale * LOG2E);
     CUDA_CHECK(cudaGetLastError());
+}
+
+// Double-buffered K/V where the device's shared memory allows (D 128 with
+// B 128 needs 176 KB: sm_90 yes, sm_80 no), else single-buffered.
+template <int D, int BM>
+static void backward(const AttnShape *s, const SparseIndexCuda *x, const ChunkView *c, const bf16 *q,
+                     const int64_t *q_pos, const bf16 *k, const bf16 *v, const int64_t *k_pos,
+                     const float *lse, const float *delta, const bf16 *dout, float *dq, float *dk,
+                     float *dv, cudaStream_t stream) {
+    if constexpr (D == 128 && BM == 128) {
+        int device, optin;
+        CUDA_CHECK(cudaGetDevice(&device));
+        CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+        if ((size_t)optin < backward_smem<D, BM, 2>()) {
+            backward_launch<D, BM, 1>(s, x, c, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk, dv, stream);
+            return;
+        }
+    }
+    backward_launch<D, BM, 2>(s, x, c, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk, dv, stream);
 }
 
 extern "C" void attn_sparse_backward_cuda(const AttnShape *s, const SparseIndexCuda *x, const uint16_t *q,

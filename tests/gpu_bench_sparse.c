@@ -132,6 +132,12 @@ int main(int argc, char **argv) {
     CHECK(argc >= 2, "usage: %s N... (sequence lengths)", argv[0]);
     cudaEvent_t ev[5];
     for (int i = 0; i < 5; i++) CUDA_CHECK(cudaEventCreate(&ev[i]));
+    // Keep freed stream-ordered scratch (the kernels' chunk views) in the pool
+    // between calls, as a training process would.
+    cudaMemPool_t pool;
+    uint64_t keep = UINT64_MAX;
+    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, 0));
+    CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     double dense_ref_ms = 0, dense_ref_n = 0;
     for (int a = 1; a < argc; a++) {
         const int64_t n = strtoll(argv[a], NULL, 10);

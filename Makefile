@@ -50,7 +50,8 @@ MPI_TEST_BIN = $(patsubst tests/%.c,build/tests/%,$(wildcard tests/mpi_*.c))
 # libraries (test-gpu skips the dependency check: DEPS_OK=).
 ifneq ($(NVCC),)
 GPU_BIN = $(patsubst tests/%.c,build/tests/%,$(wildcard tests/gpu_*.c))
-GPU_OBJ = build/obj/dist/util.o build/obj/attention/flash_cpu.o build/obj/attention/layout.o $(CU_OBJ)
+GPU_OBJ = build/obj/dist/util.o build/obj/attention/flash_cpu.o build/obj/attention/layout.o \
+          build/obj/attention/sparse_flash_cpu.o build/obj/attention/sparse_index.o $(CU_OBJ)
 GPU_LDLIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++ -lm -fopenmp
 endif
 DEPS_OK = build/.deps-ok
@@ -99,7 +100,7 @@ build-test-gpu:
 	$(MAKE) DEPS_OK= $(GPU_BIN)
 
 test-gpu: build-test-gpu
-	@for t in build/tests/gpu_test_*; do echo "== $$t"; $$t || exit 1; done
+	@st=0; for t in build/tests/gpu_test_*; do echo "== $$t"; $$t || st=1; done; exit $$st
 
 clean:
 	rm -rf build

@@ -19,6 +19,7 @@ typedef struct {
     char type[CONFIG_STR];     // dense | sparse
     int block_size;            // tile size in tokens (queries and keys)
     char ring[CONFIG_STR];     // flat | hierarchical (ring.h)
+    char ring_send[CONFIG_STR]; // full | selected (sparse ring: ring_sparse.h)
     // sparse (vertical-slash) pattern estimation, DESIGN §5.2
     int last_q;                // estimation queries: the last last_q of the sequence
     double top_p;              // budget topp: fewest lines reaching this softmax mass

@@ -29,7 +29,6 @@
 #include "flash_tiles.cuh"
 
 #define LOG2E 1.4426950408889634f
-#define LN2 0.6931471805599453f
 
 // ---- small kernels ----
 
@@ -99,7 +98,7 @@ flash_forward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_p
     int64_t *kps = reinterpret_cast<int64_t *>(vs + 2 * BN * LD);
     __shared__ int64_t red[2 * (NT / 32)];
 
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+    const int tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4;
     const int h = blockIdx.y, kvh = h / (Hq / Hkv);
     const int64_t i0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * BM;   // heavier (later) tiles first
     const int64_t nkt = (Tk + BN - 1) / BN;
@@ -123,10 +122,8 @@ flash_forward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_p
     if (kt < nkt) load_kv(kt, 0);
     cp_async_commit();
 
-    float acc[D / 8][4];                          // O: rows g, g+8 x D of the warp's 16
-    zero<D>(acc);
-    float m0 = -INFINITY, m1 = -INFINITY;         // running max (log2 units) of rows g, g+8
-    float l0 = 0.0f, l1 = 0.0f;                   // running sums, this thread's columns only
+    SoftmaxRows<D> rows;                          // O, max, sum of rows g, g+8 of the warp's 16
+    softmax_rows_init<D>(rows);
     int buf = 0;
 
     while (kt < nkt) {
@@ -136,90 +133,15 @@ flash_forward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_p
         cp_async_wait<1>();
         __syncthreads();
 
-        const bf16 *kb = ks + buf * BN * LD, *vb = vs + buf * BN * LD;
-        const int64_t *kp = kps + buf * BN;
         const bool full = (kt + 1) * BN <= Tk && k_hi[kt] <= q_lo;   // every pair visible
-
-        // S = Q K^T: 16 x BN per warp.
-        float s[BN / 8][4];
-        zero<BN>(s);
-        mma_abt<D, BN>(s, qs + warp * 16 * LD, LD, kb, LD);
-
-        // Scale to log2 units, mask, online softmax.
-        float mx0 = m0, mx1 = m1;
-#pragma unroll
-        for (int n = 0; n < BN / 8; n++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                s[n][e] *= scale_log2;
-                if (!full && kp[n * 8 + 2 * t4 + (e & 1)] > (e < 2 ? qp0 : qp1)) s[n][e] = -INFINITY;
-            }
-            mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
-            mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
-        }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        // A row with nothing visible yet keeps max -inf; subtracting 0 keeps p = 0.
-        const float base0 = mx0 == -INFINITY ? 0.0f : mx0, base1 = mx1 == -INFINITY ? 0.0f : mx1;
-        const float corr0 = exp2_approx(m0 - base0), corr1 = exp2_approx(m1 - base1);
-        m0 = mx0; m1 = mx1;
-        float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-        for (int n = 0; n < BN / 8; n++) {
-            s[n][0] = exp2_approx(s[n][0] - base0);
-            s[n][1] = exp2_approx(s[n][1] - base0);
-            s[n][2] = exp2_approx(s[n][2] - base1);
-            s[n][3] = exp2_approx(s[n][3] - base1);
-            sum0 += s[n][0] + s[n][1];
-            sum1 += s[n][2] + s[n][3];
-        }
-        l0 = l0 * corr0 + sum0;
-        l1 = l1 * corr1 + sum1;
-#pragma unroll
-        for (int n = 0; n < D / 8; n++) {
-            acc[n][0] *= corr0; acc[n][1] *= corr0;
-            acc[n][2] *= corr1; acc[n][3] *= corr1;
-        }
-
-        // O += P V, P taken from the score accumulators.
-        mma_pb<BN, D>(acc, s, vb, LD);
+        forward_tile<D, BN>(rows, qs + warp * 16 * LD, ks + buf * BN * LD, vs + buf * BN * LD,
+                            kps + buf * BN, full, qp0, qp1, scale_log2);
         __syncthreads();   // every warp is done with buf before it is refilled
         kt = nxt;
         buf ^= 1;
     }
     cp_async_wait<0>();
-
-    // Merge this chunk's (acc / l, m + log l) into the running (o, lse).
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        const int64_t row = half ? row1 : row0;
-        const float m = half ? m1 : m0, l = half ? l1 : l0;
-        const bool valid = row < Tq && m != -INFINITY;        // same for the 4 lanes of a row
-        const float old = valid ? lse[h * Tq + row] : 0.0f;
-        __syncwarp();                                         // every lane read before lane t4 = 0 writes
-        if (valid) {
-            const float chunk = (m + __log2f(l)) * LN2;
-            const float mx = fmaxf(old, chunk);
-            const float a = __expf(old - mx), b = __expf(chunk - mx);
-            const float wa = a / (a + b), wb = b / (a + b) / l;
-            float *orow = o + (row * Hq + h) * (int64_t)D;
-#pragma unroll
-            for (int n = 0; n < D / 8; n++) {
-                float2 *p = reinterpret_cast<float2 *>(orow + n * 8 + 2 * t4);
-                float2 prev = *p;
-                prev.x = wa * prev.x + wb * acc[n][2 * half];
-                prev.y = wa * prev.y + wb * acc[n][2 * half + 1];
-                *p = prev;
-            }
-            if (t4 == 0) lse[h * Tq + row] = mx + __logf(a + b);
-        }
-    }
+    forward_merge<D>(rows, row0, row1, Tq, Hq, h, o, lse);
 }
 
 // ---- backward ----
@@ -251,7 +173,7 @@ flash_backward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_
     int64_t *qp_s = reinterpret_cast<int64_t *>(del_s + 2 * BM); // [2][BM]
     __shared__ int64_t red[2 * NW];
 
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+    const int tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4, t4 = tid % 4;
     const int h = blockIdx.y, kvh = h / (Hq / Hkv);
     const int64_t j0 = (int64_t)blockIdx.x * BN;
     const int64_t nqt = (Tq + BM - 1) / BM;
@@ -341,20 +263,7 @@ flash_backward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_
         // dQ [BM x D] += scale dS K: warp (wr, wc) takes queries wr*16.. and columns wc*DQC..
         float dqa[DQC / 8][4];
         zero<DQC>(dqa);
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-            uint32_t a[4];
-            ldmatrix_x4_trans(a, dss + (kk * 16 + lane % 8 + (lane / 16) * 8) * LDS + wr * 16 +
-                                     ((lane / 8) % 2) * 8);
-#pragma unroll
-            for (int nn = 0; nn < DQC / 16; nn++) {
-                uint32_t b[4];
-                ldmatrix_x4_trans(b, ks + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * LD + wc * DQC +
-                                         nn * 16 + (lane / 16) * 8);
-                mma16816(dqa[2 * nn], a, b[0], b[1]);
-                mma16816(dqa[2 * nn + 1], a, b[2], b[3]);
-            }
-        }
+        mma_atb<BN, DQC>(dqa, dss + wr * 16, LDS, ks + wc * DQC, LD);
 #pragma unroll
         for (int half = 0; half < 2; half++) {
             const int64_t row = i0 + wr * 16 + g + half * 8;

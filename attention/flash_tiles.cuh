@@ -1,14 +1,16 @@
 // flash_tiles.cuh: the device building blocks of the CUDA attention kernels
-// (flash_cuda.cu now; the block-sparse kernels next): PTX wrappers for
-// cp.async, ldmatrix and mma.sync.m16n8k16 (bf16 in, fp32 accumulate), tile
-// loads global -> shared, per-tile position bounds and tile skipping, and the
-// two warp-level tile products every flash kernel is made of.
+// (flash_cuda.cu, sparse_cuda.cu): PTX wrappers for cp.async, ldmatrix and
+// mma.sync.m16n8k16 (bf16 in, fp32 accumulate), tile loads global -> shared
+// (contiguous or gathered by token), per-tile position bounds and tile
+// skipping, the three warp-level tile products every flash kernel is made of,
+// and the forward's per-tile online softmax and final merge.
 // Shared tiles are row-major bf16 with rows padded by 16 bytes (8 elements),
 // so the 8 row addresses of an ldmatrix land in distinct banks.
 #ifndef MTRAIN_FLASH_TILES_CUH
 #define MTRAIN_FLASH_TILES_CUH
 
 #include <cuda_bf16.h>
+#include <math.h>
 #include <stdint.h>
 
 typedef __nv_bfloat16 bf16;
@@ -69,18 +71,26 @@ __device__ __forceinline__ float exp2_approx(float x) {
 
 // ---- tiles: loads, position bounds, skipping ----
 
-// rows x D tile of x [T, H, D] (tokens t0.., head h) -> s [rows][D + 8] by
-// cp.async, zero rows past T. All NT threads of the CTA take part.
-template <int D, int NT>
-__device__ __forceinline__ void load_tile(bf16 *s, const bf16 *x, int64_t t0, int rows, int64_t T,
-                                          int H, int h) {
+// rows x D tile gathered from x [T, H, D], head h -> s [rows][D + 8] by
+// cp.async: row r from token tok(r), a zero row where tok(r) < 0. All NT
+// threads of the CTA take part.
+template <int D, int NT, typename Tok>
+__device__ __forceinline__ void load_rows(bf16 *s, const bf16 *x, int rows, int H, int h, Tok tok) {
     constexpr int LD = D + 8, CHUNKS = D / 8;
     for (int c = threadIdx.x; c < rows * CHUNKS; c += NT) {
         const int r = c / CHUNKS, col = (c % CHUNKS) * 8;
-        const bool valid = t0 + r < T;
-        const bf16 *src = valid ? x + ((t0 + r) * H + h) * (int64_t)D + col : x;
-        cp_async16(s + r * LD + col, src, valid);
+        const int64_t t = tok(r);
+        const bf16 *src = t >= 0 ? x + (t * H + h) * (int64_t)D + col : x;
+        cp_async16(s + r * LD + col, src, t >= 0);
     }
+}
+
+// rows x D tile of x [T, H, D] (tokens t0.., head h) -> s [rows][D + 8] by
+// cp.async, zero rows past T.
+template <int D, int NT>
+__device__ __forceinline__ void load_tile(bf16 *s, const bf16 *x, int64_t t0, int rows, int64_t T,
+                                          int H, int h) {
+    load_rows<D, NT>(s, x, rows, H, h, [=](int r) { return t0 + r < T ? t0 + r : (int64_t)-1; });
 }
 
 // The first tile t' >= t (n when none) that is not skipped: key tiles with
@@ -161,6 +171,132 @@ __device__ __forceinline__ void mma_pb(float (*c)[4], const float (*p)[4], const
             ldmatrix_x4_trans(bf, b + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * ldb + nn * 16 + (lane / 16) * 8);
             mma16816(c[2 * nn], af, bf[0], bf[1]);
             mma16816(c[2 * nn + 1], af, bf[2], bf[3]);
+        }
+    }
+}
+
+// c [16 x N] += a^T b: a [K x 16] and b [K x N] row-major bf16 in shared
+// memory (both read transposed by ldmatrix), rows lda and ldb elements apart,
+// a at the warp's first output row (column of a).
+template <int K, int N>
+__device__ __forceinline__ void mma_atb(float (*c)[4], const bf16 *a, int lda, const bf16 *b, int ldb) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int kk = 0; kk < K / 16; kk++) {
+        uint32_t af[4];
+        ldmatrix_x4_trans(af, a + (kk * 16 + lane % 8 + (lane / 16) * 8) * lda + ((lane / 8) % 2) * 8);
+#pragma unroll
+        for (int nn = 0; nn < N / 16; nn++) {
+            uint32_t bf[4];
+            ldmatrix_x4_trans(bf, b + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * ldb + nn * 16 + (lane / 16) * 8);
+            mma16816(c[2 * nn], af, bf[0], bf[1]);
+            mma16816(c[2 * nn + 1], af, bf[2], bf[3]);
+        }
+    }
+}
+
+// ---- forward: one warp's 16 queries (rows g and g + 8 of this thread) ----
+
+// The running state of an online softmax: O (unnormalised), max (log2 units)
+// and this thread's part of the sum, for rows g and g + 8.
+template <int D>
+struct SoftmaxRows {
+    float acc[D / 8][4];
+    float m0, m1, l0, l1;
+};
+
+template <int D>
+__device__ __forceinline__ void softmax_rows_init(SoftmaxRows<D> &r) {
+    zero<D>(r.acc);
+    r.m0 = r.m1 = -INFINITY;
+    r.l0 = r.l1 = 0.0f;
+}
+
+// One key tile of BN keys (kb, vb [BN][D + 8], positions kp [BN]) into the
+// warp's rows: S = Q K^T (qw: the warp's 16 query rows), scaled to log2
+// units, masked by position (key visible iff kp <= qp) unless `full`, online
+// softmax, O += P V with P taken from the score accumulators.
+template <int D, int BN>
+__device__ __forceinline__ void forward_tile(SoftmaxRows<D> &r, const bf16 *qw, const bf16 *kb,
+                                             const bf16 *vb, const int64_t *kp, bool full,
+                                             int64_t qp0, int64_t qp1, float scale_log2) {
+    constexpr int LD = D + 8;
+    const int t4 = threadIdx.x % 4;
+    float s[BN / 8][4];
+    zero<BN>(s);
+    mma_abt<D, BN>(s, qw, LD, kb, LD);
+
+    float mx0 = r.m0, mx1 = r.m1;
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            s[n][e] *= scale_log2;
+            if (!full && kp[n * 8 + 2 * t4 + (e & 1)] > (e < 2 ? qp0 : qp1)) s[n][e] = -INFINITY;
+        }
+        mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
+        mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    // A row with nothing visible yet keeps max -inf; subtracting 0 keeps p = 0.
+    const float base0 = mx0 == -INFINITY ? 0.0f : mx0, base1 = mx1 == -INFINITY ? 0.0f : mx1;
+    const float corr0 = exp2_approx(r.m0 - base0), corr1 = exp2_approx(r.m1 - base1);
+    r.m0 = mx0; r.m1 = mx1;
+    float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+    for (int n = 0; n < BN / 8; n++) {
+        s[n][0] = exp2_approx(s[n][0] - base0);
+        s[n][1] = exp2_approx(s[n][1] - base0);
+        s[n][2] = exp2_approx(s[n][2] - base1);
+        s[n][3] = exp2_approx(s[n][3] - base1);
+        sum0 += s[n][0] + s[n][1];
+        sum1 += s[n][2] + s[n][3];
+    }
+    r.l0 = r.l0 * corr0 + sum0;
+    r.l1 = r.l1 * corr1 + sum1;
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) {
+        r.acc[n][0] *= corr0; r.acc[n][1] *= corr0;
+        r.acc[n][2] *= corr1; r.acc[n][3] *= corr1;
+    }
+    mma_pb<BN, D>(r.acc, s, vb, LD);
+}
+
+// Merge the rows' (acc / l, m + log l) into the running (o [Tq, Hq, D], lse
+// [Hq, Tq]) of q head h; rows past Tq or that saw no key are left unchanged.
+template <int D>
+__device__ __forceinline__ void forward_merge(SoftmaxRows<D> &r, int64_t row0, int64_t row1,
+                                              int64_t Tq, int Hq, int h, float *o, float *lse) {
+    const int t4 = threadIdx.x % 4;
+    r.l0 += __shfl_xor_sync(0xffffffffu, r.l0, 1);
+    r.l0 += __shfl_xor_sync(0xffffffffu, r.l0, 2);
+    r.l1 += __shfl_xor_sync(0xffffffffu, r.l1, 1);
+    r.l1 += __shfl_xor_sync(0xffffffffu, r.l1, 2);
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int64_t row = half ? row1 : row0;
+        const float m = half ? r.m1 : r.m0, l = half ? r.l1 : r.l0;
+        const bool valid = row < Tq && m != -INFINITY;        // same for the 4 lanes of a row
+        const float old = valid ? lse[h * Tq + row] : 0.0f;
+        __syncwarp();                                         // every lane read before lane t4 = 0 writes
+        if (valid) {
+            const float chunk = (m + __log2f(l)) * 0.6931471805599453f;
+            const float mx = fmaxf(old, chunk);
+            const float a = __expf(old - mx), b = __expf(chunk - mx);
+            const float wa = a / (a + b), wb = b / (a + b) / l;
+            float *orow = o + (row * Hq + h) * (int64_t)D;
+#pragma unroll
+            for (int n = 0; n < D / 8; n++) {
+                float2 *p = reinterpret_cast<float2 *>(orow + n * 8 + 2 * t4);
+                float2 prev = *p;
+                prev.x = wa * prev.x + wb * r.acc[n][2 * half];
+                prev.y = wa * prev.y + wb * r.acc[n][2 * half + 1];
+                *p = prev;
+            }
+            if (t4 == 0) lse[h * Tq + row] = mx + __logf(a + b);
         }
     }
 }

@@ -36,7 +36,7 @@ static void dense_backward(void *ctx, const AttnShape *shape, const float *q, co
     attn_dense_backward_cpu(shape, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk, dv);
 }
 
-const RingKernels ring_dense_cpu = {dense_forward, dense_backward, NULL};
+const RingKernels ring_dense_cpu = {dense_forward, dense_backward, NULL, NULL, NULL};
 
 int ring_inner_size(const char *schedule, int cp_size, int cp_inner) {
     if (!strcmp(schedule, "flat")) return cp_size;
@@ -79,7 +79,7 @@ void ring_free(Ring *ring) {
     memset(ring, 0, sizeof(*ring));
 }
 
-// Where this rank sits and who its neighbours are; cp rank = o * inner + i.
+// Where a rank sits and who its neighbours are; cp rank = o * inner + i.
 typedef struct {
     int inner, outer, o, i;
     int inner_next, inner_prev, outer_next, outer_prev;
@@ -90,17 +90,20 @@ static int cp_rank_at(const Place *p, int o, int i) {
     return ((o % p->outer + p->outer) % p->outer) * p->inner + (i % p->inner + p->inner) % p->inner;
 }
 
-static Place place(const Ring *ring, const AttnShape *shape) {
-    const int r = ring->cp->rank;
-    CHECK(shape->q_tokens == ring->counts[r], "ring: %lld local tokens but the ring was built for %lld",
-          (long long)shape->q_tokens, (long long)ring->counts[r]);
-    Place p = {ring->inner, ring->outer, r / ring->inner, r % ring->inner, 0, 0, 0, 0,
-               (int64_t)shape->num_kv_heads * shape->head_dim};
+static Place place_of(const Ring *ring, int r, int64_t kv) {
+    Place p = {ring->inner, ring->outer, r / ring->inner, r % ring->inner, 0, 0, 0, 0, kv};
     p.inner_next = cp_rank_at(&p, p.o, p.i + 1);
     p.inner_prev = cp_rank_at(&p, p.o, p.i - 1);
     p.outer_next = cp_rank_at(&p, p.o + 1, p.i);
     p.outer_prev = cp_rank_at(&p, p.o - 1, p.i);
     return p;
+}
+
+static Place place(const Ring *ring, const AttnShape *shape) {
+    const int r = ring->cp->rank;
+    CHECK(shape->q_tokens == ring->counts[r], "ring: %lld local tokens but the ring was built for %lld",
+          (long long)shape->q_tokens, (long long)ring->counts[r]);
+    return place_of(ring, r, (int64_t)shape->num_kv_heads * shape->head_dim);
 }
 
 // The chunk (its owner's cp rank) held at outer step so, inner step si.
@@ -119,59 +122,172 @@ static void pack_kv(const Place *p, int64_t tokens, const float *k, const float 
     memcpy(buf + tokens * p->kv, v, (size_t)(tokens * p->kv) * sizeof(float));
 }
 
+// The tokens of chunk c (local indices, ascending, into sel [counts[c]]) that
+// the transfer delivering it to its holding (so, si) carries; returns how
+// many. Without need: all. With need: those in a key block used by a holder
+// reached by this message: via the inner ring (si > 0) the holders of inner
+// steps si .. inner-1 of outer step so; via the outer ring (si == 0) every
+// holder of outer steps so .. outer-1. mask: scratch [need->words].
+static int64_t selected_tokens(const Ring *ring, const Place *p, const RingNeed *need, int c, int so,
+                               int si, uint64_t *mask, int64_t *sel) {
+    const int64_t count = ring->counts[c], *pos = ring->positions + ring->offsets[c];
+    if (!need) {
+        for (int64_t t = 0; t < count; t++) sel[t] = t;
+        return count;
+    }
+    const int c_o = c / p->inner, c_i = c % p->inner;
+    memset(mask, 0, (size_t)need->words * sizeof(uint64_t));
+    for (int o = so; o < (si > 0 ? so + 1 : p->outer); o++)
+        for (int i = si; i < p->inner; i++) {
+            const uint64_t *row = need->need + (int64_t)cp_rank_at(p, c_o + o, c_i + i) * need->words;
+            for (int64_t w = 0; w < need->words; w++) mask[w] |= row[w];
+        }
+    int64_t n = 0;
+    for (int64_t t = 0; t < count; t++) {
+        const int64_t b = pos[t] / need->block_size;
+        if (mask[b / 64] >> (b % 64) & 1) sel[n++] = t;
+    }
+    return n;
+}
+
+void ring_send_tokens(const Ring *ring, const RingNeed *need, int64_t *tokens) {
+    const int W = ring->cp->size;
+    uint64_t *mask = xmalloc((size_t)(need ? need->words : 1) * sizeof(uint64_t));
+    int64_t *sel = xmalloc((size_t)(ring->max_count + 1) * sizeof(int64_t));
+    memset(tokens, 0, (size_t)W * W * sizeof(int64_t));
+    for (int r = 0; r < W; r++) {
+        const Place p = place_of(ring, r, 1);
+        for (int so = 0; so < p.outer; so++)
+            for (int si = 0; si < p.inner; si++) {
+                int64_t *sent = tokens + (int64_t)r * W + so * p.inner + si;
+                if (si == 0 && so < p.outer - 1)      // outer: to holding (so + 1, 0)
+                    *sent += selected_tokens(ring, &p, need, chunk_at(&p, so, 0), so + 1, 0, mask, sel);
+                if (si < p.inner - 1)                  // inner: to holding (so, si + 1)
+                    *sent += selected_tokens(ring, &p, need, chunk_at(&p, so, si), so, si + 1, mask, sel);
+            }
+    }
+    free(mask);
+    free(sel);
+}
+
+// One direction of K/V travel (inner or outer ring) with ring_send selected:
+// the packed message going out, and the token list of the one coming in.
+typedef struct {
+    float *out;                // [2, n, kv] packed message being sent
+    int64_t *in_sel;           // [max_count] local tokens of the incoming message
+    int64_t in_count;
+    float *in_buf;             // where it arrives (unpacked there after the wait)
+} Hop;
+
 // The K/V travel of both passes: the chunks held at every step, in order,
 // with each transfer posted before the step's compute.
 typedef struct {
     const Ring *ring;
     const Place *p;
+    const RingKernels *kernels;
     const char *pass;          // "forward" | "backward", for time-out messages
     float *outer_cur, *outer_next, *inner_buf[2];
     MPI_Request outer_req[2], inner_req[2];
+    Hop inner_hop, outer_hop;  // used with kernels->need only
+    uint64_t *mask;            // [need->words] scratch
+    int64_t *sel;              // [max_count] scratch
 } KvTravel;
 
-static KvTravel kv_travel_start(const Ring *ring, const Place *p, const char *pass, const float *k,
-                                const float *v) {
-    KvTravel t = {ring, p, pass, chunk_buffer(ring, p), chunk_buffer(ring, p),
+static Hop hop_new(const Ring *ring, const Place *p, bool selected) {
+    Hop h = {NULL, NULL, 0, NULL};
+    if (selected) {
+        h.out = chunk_buffer(ring, p);
+        h.in_sel = xmalloc((size_t)(ring->max_count + 1) * sizeof(int64_t));
+    }
+    return h;
+}
+
+static KvTravel kv_travel_start(const Ring *ring, const Place *p, const RingKernels *kernels,
+                                const char *pass, const float *k, const float *v) {
+    const RingNeed *need = kernels->need;
+    KvTravel t = {ring, p, kernels, pass, chunk_buffer(ring, p), chunk_buffer(ring, p),
                   {chunk_buffer(ring, p), chunk_buffer(ring, p)},
-                  {MPI_REQUEST_NULL, MPI_REQUEST_NULL}, {MPI_REQUEST_NULL, MPI_REQUEST_NULL}};
+                  {MPI_REQUEST_NULL, MPI_REQUEST_NULL}, {MPI_REQUEST_NULL, MPI_REQUEST_NULL},
+                  hop_new(ring, p, need), hop_new(ring, p, need),
+                  xmalloc((size_t)(need ? need->words : 1) * sizeof(uint64_t)),
+                  xmalloc((size_t)(ring->max_count + 1) * sizeof(int64_t))};
     pack_kv(p, ring->counts[ring->cp->rank], k, v, t.outer_cur);
     return t;
+}
+
+// Post one K/V transfer: chunk `out_chunk` from `cur` to `to` (arriving at its
+// holding (so_out, si_out)), and chunk `in_chunk` from `from` into `in`
+// (arriving here at (so_in, si_in)). Packs with ring_send selected.
+static void kv_post(KvTravel *t, Hop *h, int tag, const float *cur, int out_chunk, int so_out, int si_out,
+                    int to, float *in, int in_chunk, int so_in, int si_in, int from, MPI_Request *req) {
+    const Place *p = t->p;
+    const Ring *ring = t->ring;
+    const RingNeed *need = t->kernels->need;
+    int64_t in_n = ring->counts[in_chunk], out_n = ring->counts[out_chunk];
+    const float *send = cur;
+    if (need) {
+        in_n = h->in_count = selected_tokens(ring, p, need, in_chunk, so_in, si_in, t->mask, h->in_sel);
+        h->in_buf = in;
+        out_n = selected_tokens(ring, p, need, out_chunk, so_out, si_out, t->mask, t->sel);
+        const int64_t full = ring->counts[out_chunk];
+        for (int part = 0; part < 2; part++)       // K rows, then V rows
+            for (int64_t j = 0; j < out_n; j++)
+                memcpy(h->out + (part * out_n + j) * p->kv, cur + (part * full + t->sel[j]) * p->kv,
+                       (size_t)p->kv * sizeof(float));
+        send = h->out;
+    }
+    comm_irecv(ring->cp, in, message(p, in_n), DT_FLOAT, from, tag, &req[0]);
+    comm_isend(ring->cp, send, message(p, out_n), DT_FLOAT, to, tag, &req[1]);
+    if (t->kernels->traffic) {
+        t->kernels->traffic->kv_bytes += message(p, out_n) * (int64_t)sizeof(float);
+        t->kernels->traffic->kv_messages++;
+    }
+}
+
+// After the wait: a packed message of chunk c back into the chunk's layout
+// (in place; rows only move up, so going down from the last is safe).
+static void kv_unpack(const KvTravel *t, const Hop *h, int c) {
+    if (!t->kernels->need) return;
+    const int64_t kv = t->p->kv, n = h->in_count, full = t->ring->counts[c];
+    for (int part = 1; part >= 0; part--)
+        for (int64_t j = n - 1; j >= 0; j--)
+            memmove(h->in_buf + (part * full + h->in_sel[j]) * kv, h->in_buf + (part * n + j) * kv,
+                    (size_t)kv * sizeof(float));
 }
 
 // Start of outer step so: post the node's chunk set onward (outer ring).
 static void kv_outer_post(KvTravel *t, int so) {
     const Place *p = t->p;
-    const Comm *cp = t->ring->cp;
     if (so == p->outer - 1) return;
-    int64_t in = t->ring->counts[chunk_at(p, so + 1, 0)], out = t->ring->counts[chunk_at(p, so, 0)];
-    comm_irecv(cp, t->outer_next, message(p, in), DT_FLOAT, p->outer_prev, TAG_KV_OUTER, &t->outer_req[0]);
-    comm_isend(cp, t->outer_cur, message(p, out), DT_FLOAT, p->outer_next, TAG_KV_OUTER, &t->outer_req[1]);
+    kv_post(t, &t->outer_hop, TAG_KV_OUTER, t->outer_cur, chunk_at(p, so, 0), so + 1, 0, p->outer_next,
+            t->outer_next, chunk_at(p, so + 1, 0), so + 1, 0, p->outer_prev, t->outer_req);
 }
 
 // Inner step si of outer step so holds chunk `cur`: post the next inner
 // transfer and return the buffer it arrives in (NULL at the last inner step).
 static float *kv_inner_post(KvTravel *t, int so, int si, const float *cur) {
     const Place *p = t->p;
-    const Comm *cp = t->ring->cp;
     if (si == p->inner - 1) return NULL;
     float *next = t->inner_buf[si % 2];
-    int64_t in = t->ring->counts[chunk_at(p, so, si + 1)], out = t->ring->counts[chunk_at(p, so, si)];
-    comm_irecv(cp, next, message(p, in), DT_FLOAT, p->inner_prev, TAG_KV_INNER, &t->inner_req[0]);
-    comm_isend(cp, cur, message(p, out), DT_FLOAT, p->inner_next, TAG_KV_INNER, &t->inner_req[1]);
+    kv_post(t, &t->inner_hop, TAG_KV_INNER, cur, chunk_at(p, so, si), so, si + 1, p->inner_next, next,
+            chunk_at(p, so, si + 1), so, si + 1, p->inner_prev, t->inner_req);
     return next;
 }
 
-static void kv_inner_wait(KvTravel *t) {
+// End of inner step si of outer step so: the next chunk is in.
+static void kv_inner_wait(KvTravel *t, int so, int si) {
     char op[96];
     snprintf(op, sizeof(op), "ring attention %s: K/V transfer (inner ring)", t->pass);
     comm_wait(t->ring->cp, t->inner_req, 2, op);
+    if (si < t->p->inner - 1) kv_unpack(t, &t->inner_hop, chunk_at(t->p, so, si + 1));
 }
 
-// End of outer step: the next node's chunk set is in.
-static void kv_outer_wait(KvTravel *t) {
+// End of outer step so: the next node's chunk set is in.
+static void kv_outer_wait(KvTravel *t, int so) {
     char op[96];
     snprintf(op, sizeof(op), "ring attention %s: K/V transfer (outer ring)", t->pass);
     comm_wait(t->ring->cp, t->outer_req, 2, op);
+    if (so < t->p->outer - 1) kv_unpack(t, &t->outer_hop, chunk_at(t->p, so + 1, 0));
     float *swap = t->outer_cur;
     t->outer_cur = t->outer_next;
     t->outer_next = swap;
@@ -182,6 +298,10 @@ static void kv_travel_free(KvTravel *t) {
     free(t->outer_next);
     free(t->inner_buf[0]);
     free(t->inner_buf[1]);
+    free(t->inner_hop.out); free(t->inner_hop.in_sel);
+    free(t->outer_hop.out); free(t->outer_hop.in_sel);
+    free(t->mask);
+    free(t->sel);
 }
 
 void ring_attn_forward(const Ring *ring, const RingKernels *kernels, const AttnShape *shape,
@@ -189,7 +309,7 @@ void ring_attn_forward(const Ring *ring, const RingKernels *kernels, const AttnS
     const Place p = place(ring, shape);
     const int64_t *q_pos = ring->positions + ring->offsets[ring->cp->rank];
     attn_forward_init(shape, o, lse);
-    KvTravel t = kv_travel_start(ring, &p, "forward", k, v);
+    KvTravel t = kv_travel_start(ring, &p, kernels, "forward", k, v);
     for (int so = 0; so < p.outer; so++) {
         kv_outer_post(&t, so);
         const float *cur = t.outer_cur;
@@ -200,10 +320,10 @@ void ring_attn_forward(const Ring *ring, const RingKernels *kernels, const AttnS
             s.k_tokens = ring->counts[c];
             kernels->forward(kernels->ctx, &s, q, q_pos, cur, cur + s.k_tokens * p.kv,
                              ring->positions + ring->offsets[c], o, lse);
-            kv_inner_wait(&t);
+            kv_inner_wait(&t, so, si);
             cur = next;
         }
-        kv_outer_wait(&t);
+        kv_outer_wait(&t, so);
     }
     kv_travel_free(&t);
 }
@@ -241,7 +361,7 @@ void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const Attn
     // Home: this rank's own accumulator, from the rank that computes last on it.
     int64_t own = T * p.kv;
     comm_irecv(cp, a.home, 2 * own, DT_FLOAT, cp_rank_at(&p, p.o - 1, p.i - 1), TAG_DKV_HOME, &a.home_recv);
-    KvTravel t = kv_travel_start(ring, &p, "backward", k, v);
+    KvTravel t = kv_travel_start(ring, &p, kernels, "backward", k, v);
     for (int so = 0; so < p.outer; so++) {
         kv_outer_post(&t, so);
         if (so > 0) {
@@ -267,6 +387,7 @@ void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const Attn
                 wait_one(cp, &a.inner_recv, "dK/dV transfer (inner ring)");
                 add(fresh, a.inner_in, n);
             }
+            if (kernels->traffic) kernels->traffic->dkv_bytes += n * (int64_t)sizeof(float);
             if (!last) comm_isend(cp, fresh, n, DT_FLOAT, p.inner_next, TAG_DKV_INNER, &a.step_send[si % 2]);
             else {
                 if (so > 0) {
@@ -276,10 +397,10 @@ void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const Attn
                 if (so < p.outer - 1) comm_isend(cp, fresh, n, DT_FLOAT, p.outer_next, TAG_DKV_OUTER, &a.node_send);
                 else comm_isend(cp, fresh, n, DT_FLOAT, c, TAG_DKV_HOME, &a.node_send);
             }
-            kv_inner_wait(&t);
+            kv_inner_wait(&t, so, si);
             cur = next;
         }
-        kv_outer_wait(&t);
+        kv_outer_wait(&t, so);
     }
     wait_one(cp, &a.home_recv, "dK/dV transfer (home)");
     add(dk, a.home, own);

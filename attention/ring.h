@@ -26,9 +26,30 @@
 #include "../dist/comm.h"
 #include "attention.h"
 
+// ring_send selected: which key blocks each cp rank's kernels use. A K/V
+// transfer then carries only the blocks of the chunk that the receiver or a
+// later holder of the same message uses (the set shrinks as the chunk
+// travels); every rank computes the same sets, so no sizes are exchanged. The
+// receiver's buffer keeps the chunk's full layout (unsent blocks are stale
+// and never read by kernels that honour `need`). dK/dV accumulators travel
+// whole.
+typedef struct {
+    int block_size;            // B of the block ids below
+    int64_t words;             // uint64 words per rank: ceil(num_blocks / 64)
+    const uint64_t *need;      // [cp size, words]: bit b of row r = rank r uses key block b
+} RingNeed;
+
+// Bytes this rank sent in the ring (added to; zero it first).
+typedef struct {
+    int64_t kv_bytes;          // K/V messages (forward and backward)
+    int64_t dkv_bytes;         // dK/dV accumulator messages (backward)
+    int64_t kv_messages;       // K/V messages sent: mean bytes per step = kv_bytes / kv_messages
+} RingTraffic;
+
 // One ring step: queries against one key chunk. shape->k_tokens is the
 // chunk's token count. Same contracts as attn_dense_forward_cpu and
 // attn_dense_backward_cpu (merge into o/lse; accumulate dq, dk, dv).
+// need: NULL sends whole chunks (ring_send full). traffic: NULL or counted.
 typedef struct {
     void (*forward)(void *ctx, const AttnShape *shape, const float *q, const int64_t *q_pos, const float *k,
                     const float *v, const int64_t *k_pos, float *o, float *lse);
@@ -36,6 +57,8 @@ typedef struct {
                      const float *v, const int64_t *k_pos, const float *lse, const float *delta,
                      const float *dout, float *dq, float *dk, float *dv);
     void *ctx;
+    const RingNeed *need;
+    RingTraffic *traffic;
 } RingKernels;
 
 // The dense CPU kernels of attention.h (ctx unused).
@@ -68,6 +91,13 @@ void ring_attn_forward(const Ring *ring, const RingKernels *kernels, const AttnS
 
 // From the forward's o, lse and the upstream dout [T, Hq, D]: accumulates (+=)
 // dq [T, Hq, D] and this rank's dk, dv [T, Hkv, D] (from every rank's queries).
+// Floats of K/V rows the transfers of a whole ring pass send, per step and
+// rank, with `need` (NULL: whole chunks), without MPI: the byte model of
+// ring_send for any ring (ring->cp only gives the size). tokens [W, W]:
+// tokens[r * W + s] = K/V tokens rank r sends in step s (s = so * inner + si;
+// an outer transfer counts in the step that posts it).
+void ring_send_tokens(const Ring *ring, const RingNeed *need, int64_t *tokens);
+
 void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const AttnShape *shape,
                         const float *q, const float *k, const float *v, const float *o,
                         const float *lse, const float *dout, float *dq, float *dk, float *dv);

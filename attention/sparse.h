@@ -129,4 +129,23 @@ void attn_sparse_backward_cpu(const AttnShape *shape, const SparseIndex *index,
                               const float *delta, const float *dout, float *dq, float *dk,
                               float *dv);
 
+// Which part of the index a call computes.
+typedef enum {
+    SPARSE_ALL,                // blocks and columns that lie in the chunk (the entries above)
+    SPARSE_BLOCKS,             // only the selected blocks (ring steps when columns are gathered)
+    SPARSE_COLUMNS,            // only the columns, against K/V rows at an arbitrary ascending
+                               // list of key positions k_pos [Tk] (need not be block-aligned)
+} SparsePart;
+
+// attn_sparse_forward_cpu / attn_sparse_backward_cpu restricted to `part`.
+void attn_sparse_forward_part_cpu(SparsePart part, const AttnShape *shape,
+                                  const SparseIndex *index, const float *q, const int64_t *q_pos,
+                                  const float *k, const float *v, const int64_t *k_pos, float *o,
+                                  float *lse);
+void attn_sparse_backward_part_cpu(SparsePart part, const AttnShape *shape,
+                                   const SparseIndex *index, const float *q, const int64_t *q_pos,
+                                   const float *k, const float *v, const int64_t *k_pos,
+                                   const float *lse, const float *delta, const float *dout,
+                                   float *dq, float *dk, float *dv);
+
 #endif

@@ -14,6 +14,9 @@
 // (2) per key tile, dK, dV over the rows that selected it (a transposed block
 // index built per call), plus the scratch slots of its columns in row order.
 // Results do not depend on the thread count.
+// A call may compute only part of the index (SparsePart): the blocks (ring
+// steps when the columns are gathered), or the columns against K/V rows at an
+// arbitrary ascending list of key positions (the gathered columns).
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,10 +69,24 @@ static void check_index(const SparseIndex *x, int64_t rows) {
     }
 }
 
+// Local key token of column position col in this call, or -1: in the chunk's
+// blocks (SPARSE_ALL), in the ascending list k_pos [Tk] (SPARSE_COLUMNS).
+static int64_t column_key(SparsePart part, const ChunkView *c, const int64_t *k_pos, int64_t Tk,
+                          int B, int64_t col) {
+    if (part == SPARSE_BLOCKS) return -1;
+    if (part == SPARSE_ALL) return c->local_block[col / B] < 0 ? -1 : c->local_block[col / B] * B + col % B;
+    int64_t lo = 0, hi = Tk;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (k_pos[mid] < col) lo = mid + 1; else hi = mid;
+    }
+    return lo < Tk && k_pos[lo] == col ? lo : -1;
+}
+
 // Checks the call against the index and builds its ChunkView (free with
 // chunk_view_free).
-static ChunkView chunk_view(const Dims *d, const SparseIndex *x, const int64_t *q_pos,
-                            const int64_t *k_pos) {
+static ChunkView chunk_view(SparsePart part, const Dims *d, const SparseIndex *x,
+                            const int64_t *q_pos, const int64_t *k_pos) {
     const int B = d->B;
     const int64_t N = x->seq_len, nqb = (d->Tq + B - 1) / B, nglobal = (N + B - 1) / B;
     CHECK(x->num_heads == d->Hq && x->block_size == B && x->num_q_blocks == nqb,
@@ -77,16 +94,23 @@ static ChunkView chunk_view(const Dims *d, const SparseIndex *x, const int64_t *
           "call (%d heads, block %d, %lld query blocks)", x->num_heads, x->block_size,
           (long long)x->num_q_blocks, d->Hq, B, (long long)nqb);
     check_aligned(q_pos, d->Tq, B, N, x->q_blocks, "query");
-    check_aligned(k_pos, d->Tk, B, N, NULL, "key");
     ChunkView c = {.rows = (int64_t)d->Hq * nqb};
     check_index(x, c.rows);
     c.local_block = xmalloc((size_t)(nglobal + 1) * sizeof(int64_t));
     for (int64_t b = 0; b < nglobal; b++) c.local_block[b] = -1;
-    for (int64_t j = 0; j * B < d->Tk; j++) {
-        const int64_t global = k_pos[j * B] / B;
-        CHECK(c.local_block[global] < 0, "sparse attention: key block %lld appears twice in "
-              "the chunk", (long long)global);
-        c.local_block[global] = j;
+    if (part == SPARSE_COLUMNS) {
+        for (int64_t j = 0; j < d->Tk; j++)
+            CHECK(k_pos[j] >= 0 && k_pos[j] < N && (j == 0 || k_pos[j] > k_pos[j - 1]),
+                  "sparse attention: column key %lld at position %lld out of order or out of range",
+                  (long long)j, (long long)k_pos[j]);
+    } else {
+        check_aligned(k_pos, d->Tk, B, N, NULL, "key");
+        for (int64_t j = 0; j * B < d->Tk; j++) {
+            const int64_t global = k_pos[j * B] / B;
+            CHECK(c.local_block[global] < 0, "sparse attention: key block %lld appears twice in "
+                  "the chunk", (long long)global);
+            c.local_block[global] = j;
+        }
     }
 
     c.col_start = xmalloc((size_t)(c.rows + 1) * sizeof(int64_t));
@@ -95,7 +119,7 @@ static ChunkView chunk_view(const Dims *d, const SparseIndex *x, const int64_t *
     for (int64_t r = 0; r < c.rows; r++) {
         int64_t n = 0;
         for (int64_t e = x->column_start[r]; e < x->column_start[r + 1]; e++)
-            n += c.local_block[x->columns[e] / B] >= 0;
+            n += column_key(part, &c, k_pos, d->Tk, B, x->columns[e]) >= 0;
         c.col_start[r + 1] = n;
     }
     for (int64_t r = 0; r < c.rows; r++) c.col_start[r + 1] += c.col_start[r];
@@ -104,8 +128,8 @@ static ChunkView chunk_view(const Dims *d, const SparseIndex *x, const int64_t *
     for (int64_t r = 0; r < c.rows; r++) {
         int64_t n = c.col_start[r];
         for (int64_t e = x->column_start[r]; e < x->column_start[r + 1]; e++) {
-            const int64_t col = x->columns[e], lb = c.local_block[col / B];
-            if (lb >= 0) c.col_key[n++] = lb * B + col % B;
+            const int64_t key = column_key(part, &c, k_pos, d->Tk, B, x->columns[e]);
+            if (key >= 0) c.col_key[n++] = key;
         }
     }
     return c;
@@ -132,12 +156,13 @@ static int gather_columns(const Dims *d, const float *k, const float *rows_src,
     return hi <= q_lo;
 }
 
-void attn_sparse_forward_cpu(const AttnShape *shape, const SparseIndex *index,
-                             const float *q, const int64_t *q_pos, const float *k,
-                             const float *v, const int64_t *k_pos, float *o, float *lse) {
+void attn_sparse_forward_part_cpu(SparsePart part, const AttnShape *shape,
+                                  const SparseIndex *index, const float *q, const int64_t *q_pos,
+                                  const float *k, const float *v, const int64_t *k_pos, float *o,
+                                  float *lse) {
     const Dims d = dims_of(shape);
     if (d.Tq == 0 || d.Tk == 0) return;
-    ChunkView c = chunk_view(&d, index, q_pos, k_pos);
+    ChunkView c = chunk_view(part, &d, index, q_pos, k_pos);
     const Tiles t = make_tiles(&d, q_pos, k_pos);
     const int64_t nqb = t.nqt;
 
@@ -222,15 +247,15 @@ static void key_view_free(KeyView *kv) {
     free(kv->q_start); free(kv->q_block); free(kv->s_start); free(kv->slot);
 }
 
-void attn_sparse_backward_cpu(const AttnShape *shape, const SparseIndex *index,
-                              const float *q, const int64_t *q_pos, const float *k,
-                              const float *v, const int64_t *k_pos, const float *lse,
-                              const float *delta, const float *dout, float *dq, float *dk,
-                              float *dv) {
+void attn_sparse_backward_part_cpu(SparsePart part, const AttnShape *shape,
+                                   const SparseIndex *index, const float *q, const int64_t *q_pos,
+                                   const float *k, const float *v, const int64_t *k_pos,
+                                   const float *lse, const float *delta, const float *dout,
+                                   float *dq, float *dk, float *dv) {
     const GradArgs a = {dims_of(shape), q, k, v, lse, delta, dout, q_pos, k_pos};
     const Dims d = a.d;
     if (d.Tq == 0 || d.Tk == 0) return;
-    ChunkView c = chunk_view(&d, index, q_pos, k_pos);
+    ChunkView c = chunk_view(part, &d, index, q_pos, k_pos);
     const Tiles t = make_tiles(&d, q_pos, k_pos);
     const int64_t nqb = t.nqt, nkt = t.nkt, group_rows = d.group * nqb;
     KeyView kv = key_view(&d, index, &c, nkt);
@@ -313,4 +338,19 @@ void attn_sparse_backward_cpu(const AttnShape *shape, const SparseIndex *index,
     key_view_free(&kv);
     free(t.q_lo);
     chunk_view_free(&c);
+}
+
+void attn_sparse_forward_cpu(const AttnShape *shape, const SparseIndex *index,
+                             const float *q, const int64_t *q_pos, const float *k,
+                             const float *v, const int64_t *k_pos, float *o, float *lse) {
+    attn_sparse_forward_part_cpu(SPARSE_ALL, shape, index, q, q_pos, k, v, k_pos, o, lse);
+}
+
+void attn_sparse_backward_cpu(const AttnShape *shape, const SparseIndex *index,
+                              const float *q, const int64_t *q_pos, const float *k,
+                              const float *v, const int64_t *k_pos, const float *lse,
+                              const float *delta, const float *dout, float *dq, float *dk,
+                              float *dv) {
+    attn_sparse_backward_part_cpu(SPARSE_ALL, shape, index, q, q_pos, k, v, k_pos, lse, delta,
+                                  dout, dq, dk, dv);
 }

@@ -74,7 +74,7 @@ void model_init(Model *m, const ModelConfig *config, const Backend *be) {
     m->sparse_index = xcalloc((size_t)config->num_layers, sizeof(SparseIndex));
     m->attention_stats = xcalloc((size_t)config->num_layers, sizeof(SparseStats));
     m->loss_chunk = 1024;
-    m->ring_kernels = xcalloc((size_t)config->num_layers, sizeof(RingKernels));
+    m->ring_sparse = xcalloc((size_t)config->num_layers, sizeof(RingSparse));
     int L = cfg->num_layers;
     m->params = xcalloc((size_t)(3 + L * LAYER_TENSORS), sizeof(ParamInfo));
     int64_t embed_shape[2] = {cfg->vocab_size, cfg->hidden_size}, norm_shape[1] = {cfg->hidden_size};
@@ -168,7 +168,8 @@ void model_free(Model *m) {
     for (int l = 0; l < m->cfg.num_layers; l++) sparse_index_free(&m->sparse_index[l]);
     free(m->sparse_index);
     free(m->attention_stats);
-    free(m->ring_kernels);
+    for (int l = 0; l < m->cfg.num_layers; l++) ring_sparse_free(&m->ring_sparse[l]);
+    free(m->ring_sparse);
     if (m->ring_built) ring_free(&m->ring);
     free(m->budget_vertical);
     free(m->budget_slash);
@@ -310,21 +311,20 @@ static AttnShape attn_shape(const Model *m, int64_t T) {
 }
 
 // Layer l's attention over the ring: a->att, a->lse from a->q, a->k, a->v.
-// The first forward of a sequence (plan) fixes the layer's kernels: dense, or
-// the sparse ring planner's pattern; a recomputation reuses them.
+// Sparse: the first forward of a sequence (plan) estimates the layer's
+// pattern over the ring (attention/ring_sparse.h); a recomputation reuses it.
 static void ring_layer_forward(Model *m, int l, LayerActs *a, const AttnShape *s, bool plan) {
-    if (plan && !is_sparse(m)) m->ring_kernels[l] = ring_dense_cpu;
-    if (plan && is_sparse(m)) {
-        if (!m->ring_sparse.plan)
-            fail("attention.type sparse with parallel.cp %d: sparse attention over the ring is not available in "
-                 "this build (expected attention.type dense, or parallel.cp 1)", m->cp->size);
-        size_t budget = (size_t)l * m->cfg.num_heads;
-        m->ring_kernels[l] = m->ring_sparse.plan(
-            m->ring_sparse.ctx, &m->attention, l, &m->ring, s, a->q, a->k, m->positions,
-            m->budget_vertical ? m->budget_vertical + budget : NULL, m->budget_slash ? m->budget_slash + budget : NULL,
-            m->collect_attention_stats ? &m->attention_stats[l] : NULL);
+    if (!is_sparse(m)) {
+        ring_attn_forward(&m->ring, &ring_dense_cpu, s, a->q, a->k, a->v, a->att, a->lse);
+        return;
     }
-    ring_attn_forward(&m->ring, &m->ring_kernels[l], s, a->q, a->k, a->v, a->att, a->lse);
+    if (plan) {
+        size_t budget = (size_t)l * m->cfg.num_heads;
+        ring_sparse_plan(&m->ring, &m->attention, s, a->q, a->k, m->budget_vertical ? m->budget_vertical + budget : NULL,
+                         m->budget_slash ? m->budget_slash + budget : NULL, ring_send_parse(m->attention.ring_send),
+                         &m->ring_sparse[l], m->collect_attention_stats ? &m->attention_stats[l] : NULL);
+    }
+    ring_sparse_forward(&m->ring, &m->ring_sparse[l], s, a->q, a->k, a->v, a->att, a->lse);
 }
 
 // One decoder layer on a->x_in; the result goes to out ([T, H]) unless NULL
@@ -399,9 +399,12 @@ static void layer_backward(Model *m, int l, LayerActs *a, int64_t T) {
     be->zero(m->dk, f * (size_t)(T * KD));
     be->zero(m->dv, f * (size_t)(T * KD));
     if (!m->cp) be->attn_delta(&s, a->att, m->datt, m->delta);
-    if (m->cp)
-        ring_attn_backward(&m->ring, &m->ring_kernels[l], &s, a->q, a->k, a->v, a->att, a->lse, m->datt, m->dq,
-                           m->dk, m->dv);
+    if (m->cp && is_sparse(m))
+        ring_sparse_backward(&m->ring, &m->ring_sparse[l], &s, a->q, a->k, a->v, a->att, a->lse, m->datt, m->dq,
+                             m->dk, m->dv);
+    else if (m->cp)
+        ring_attn_backward(&m->ring, &ring_dense_cpu, &s, a->q, a->k, a->v, a->att, a->lse, m->datt, m->dq, m->dk,
+                           m->dv);
     else if (is_sparse(m))
         be->attn_sparse_backward(&s, &m->sparse_index[l], a->q, m->positions, a->k, a->v, m->positions,
                                  a->lse, m->delta, m->datt, m->dq, m->dk, m->dv);
@@ -493,14 +496,21 @@ double model_forward_backward(Model *m, const int32_t *tokens, const int32_t *ta
     return loss;
 }
 
-void model_logits(Model *m, const int32_t *tokens, const int64_t *positions, int64_t T, float *logits_host) {
+void model_logits_range(Model *m, const int32_t *tokens, const int64_t *positions, int64_t T, int64_t first,
+                        int64_t count, float *logits_host) {
     const ModelConfig *c = &m->cfg;
     int H = c->hidden_size, V = c->vocab_size;
+    CHECK(first >= 0 && count >= 0 && first + count <= T, "logits of [%lld, %lld) of %lld tokens", (long long)first,
+          (long long)(first + count), (long long)T);
     model_forward(m, tokens, positions, T);
     float *head = model_tensor(m, m->param_mem, model_head_param(m));
-    for (int64_t c0 = 0; c0 < T; c0 += m->loss_chunk) {
-        int64_t n = T - c0 < m->loss_chunk ? T - c0 : m->loss_chunk;
-        m->be->matmul_forward(m->logits, m->h_final + c0 * H, head, NULL, n, H, V);
+    for (int64_t c0 = 0; c0 < count; c0 += m->loss_chunk) {
+        int64_t n = count - c0 < m->loss_chunk ? count - c0 : m->loss_chunk;
+        m->be->matmul_forward(m->logits, m->h_final + (first + c0) * H, head, NULL, n, H, V);
         m->be->download(logits_host + c0 * V, m->logits, sizeof(float) * (size_t)(n * V));
     }
+}
+
+void model_logits(Model *m, const int32_t *tokens, const int64_t *positions, int64_t T, float *logits_host) {
+    model_logits_range(m, tokens, positions, T, 0, T, logits_host);
 }

@@ -10,7 +10,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../attention/ring.h"
+#include "../attention/ring_sparse.h"
 #include "../dist/util.h"
 #include "backend.h"
 #include "model_config.h"
@@ -47,20 +47,6 @@ typedef struct {
     float *h_mlp;            // [T, H]
     float *gate, *up, *act;  // [T, I] x3
 } LayerActs;
-
-// Sparse attention over the ring (attention.type sparse with cp > 1), set by
-// the sparse ring module. plan chooses layer `layer`'s pattern from this
-// rank's q [T, Hq, D] and k [T, Hkv, D] at pos [T] (the first forward of a
-// sequence; the same contract as Backend.attn_sparse_plan, the estimation
-// collective over ring->cp) and returns the kernels that every ring step of
-// that layer runs: forward, recomputation and backward (their ctx, owned by
-// the planner, must stay valid until the layer is planned again).
-typedef struct {
-    RingKernels (*plan)(void *ctx, const AttentionConfig *cfg, int layer, const Ring *ring,
-                        const AttnShape *shape, const float *q, const float *k, const int64_t *pos,
-                        const int *fixed_vertical, const int *fixed_slash, SparseStats *stats);
-    void *ctx;
-} RingSparsePlanner;
 
 typedef struct {
     ModelConfig cfg;
@@ -99,8 +85,7 @@ typedef struct {
     int ring_inner;                 // inner ring size of the schedule
     Ring ring;                      // this sequence's ring, rebuilt by each forward
     bool ring_built;
-    RingSparsePlanner ring_sparse;  // plan == NULL: sparse attention cannot run on the ring
-    RingKernels *ring_kernels;      // [num_layers] each layer's kernels on the ring
+    RingSparse *ring_sparse;        // [num_layers] sparse attention: each layer's pattern on the ring
 } Model;
 
 // Build the table for cfg and allocate parameters and gradients (zero).
@@ -143,6 +128,10 @@ double model_loss(Model *m, const int32_t *tokens, const int32_t *targets, const
                   int64_t T);
 // Forward only; logits [T, V] written to host memory.
 void model_logits(Model *m, const int32_t *tokens, const int64_t *positions, int64_t T, float *logits_host);
+// Forward on T tokens; the logits of positions [first, first + count) only
+// ([count, V] in host memory): what evaluation needs at 512K × 152K vocab.
+void model_logits_range(Model *m, const int32_t *tokens, const int64_t *positions, int64_t T, int64_t first,
+                        int64_t count, float *logits_host);
 // Bytes of activation memory for T tokens (printed at start-up).
 size_t model_activation_bytes(const Model *m, int64_t T);
 

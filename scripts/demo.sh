@@ -17,7 +17,6 @@ export OMPI_MCA_btl_vader_single_copy_mechanism=none
 attention=$(sed -n 's/^  type: *//p' configs/demo-cpu.yaml)
 echo "== training configs/demo-cpu.yaml on $ranks MPI ranks (cp = $ranks; CPU, $(nproc) cores, $threads thread(s) per rank)"
 echo "   attention: $attention, over the ring of the $ranks ranks"
-if [ "$attention" = dense ]; then echo "   (dense: sparse attention over the ring is not in this build yet)"; fi
 mpirun -np "$ranks" --oversubscribe --bind-to none build/mtrain train configs/demo-cpu.yaml \
   parallel.cp="$ranks" parallel.threads="$threads" "$@"
 

@@ -4,7 +4,8 @@
 # failure there, or more than 150 s, is reported and the GPU programs are
 # built on their own),
 # runs make test-gpu, compute-sanitizer (memcheck and racecheck) on the small
-# test cases, then scripts/bench_attention.sh. Logs go to $OUT when set (else
+# cases of both GPU tests (dense, sparse), then scripts/bench_attention.sh
+# (dense vs PyTorch, then the sparse pipeline vs dense). Logs go to $OUT when set (else
 # build/gpu-check); a summary and the benchmark table come last.
 #   scripts/gpu_check.sh
 # CUDA_ARCHS defaults to sm_90 only here (faster to build on the H100/H200).
@@ -26,15 +27,17 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,
 nvcc --version | tail -n 2
 step "make all" make_all.log timeout 150 make -j16 all
 step "make test-gpu" test_gpu.log make -j16 test-gpu
-step "memcheck (small cases)" memcheck.log \
-  compute-sanitizer --tool memcheck --error-exitcode 1 build/tests/gpu_test_attention small
-step "racecheck (small cases)" racecheck.log \
-  compute-sanitizer --tool racecheck --error-exitcode 1 build/tests/gpu_test_attention small
+for t in attention sparse; do
+  step "memcheck $t (small cases)" memcheck_$t.log \
+    compute-sanitizer --tool memcheck --error-exitcode 1 build/tests/gpu_test_$t small
+  step "racecheck $t (small cases)" racecheck_$t.log \
+    compute-sanitizer --tool racecheck --error-exitcode 1 build/tests/gpu_test_$t small
+done
 step "bench" bench.log bash scripts/bench_attention.sh
 echo
 grep -E "^FAIL " "$out/test_gpu.log" | head -n 40
 grep -E 'passed, .* failed' "$out/test_gpu.log" || true
-grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/memcheck.log" "$out/racecheck.log" || true
+grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out"/memcheck_*.log "$out"/racecheck_*.log || true
 printf '%s\n' "${summary[@]}"
 echo
-sed -n '/^| N /,$p' "$out/bench.log"
+grep -E '^\|' "$out/bench.log"

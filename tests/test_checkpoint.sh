@@ -6,12 +6,7 @@
 set -u
 cd "$(dirname "$0")/.."
 MTRAIN=${MTRAIN:-build/mtrain}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-ok() { echo "ok $1"; }
-bad() { echo "FAIL $1: $2"; failures=$((failures + 1)); }
-expect() { if eval "$2"; then ok "$1"; else bad "$1" "$2"; fi; }
+. tests/lib.sh
 
 cat >"$tmp/run.yaml" <<EOF
 model:

@@ -3,8 +3,10 @@
 # (--oversubscribe: several ranks share the cores). Runs build/tests/mpi_dist
 # (see tests/mpi_dist.c) with 1, 2, 4 and 8 ranks: collectives, communicator
 # shapes, bad parallel.* settings, dense ring attention (every layout, flat and
-# hierarchical) against the single-rank kernel, a rank that dies and a rank
-# that skips a collective. Prints "ok NAME" / "FAIL NAME: why".
+# hierarchical) against the single-rank kernel, sparse ring attention
+# (build/tests/mpi_sparse_ring: distributed pattern, ring_send full and
+# selected), a rank that dies and a rank that skips a collective. Prints
+# "ok NAME" / "FAIL NAME: why".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 prog=build/tests/mpi_dist
@@ -94,6 +96,21 @@ checks dist_ring_4_hier_2x2 4 ring hierarchical 2
 checks dist_ring_8_flat 8 ring flat 0
 checks dist_ring_8_hier_2x4 8 ring hierarchical 4
 checks dist_ring_8_hier_4x2 8 ring hierarchical 2
+
+# --- sparse ring attention (tests/mpi_sparse_ring.c): pattern, O/LSE/grads, ring_send full and selected ---
+
+if [ -x build/tests/mpi_sparse_ring ]; then
+  sparse() { MPI_PROG=build/tests/mpi_sparse_ring checks "$@"; }
+  sparse sparse_ring_1 1 check flat 0
+  sparse sparse_ring_2 2 check flat 0
+  sparse sparse_ring_4_flat 4 check flat 0
+  sparse sparse_ring_4_hier_2x2 4 check hierarchical 2
+  sparse sparse_ring_8_flat 8 check flat 0
+  sparse sparse_ring_8_hier_2x4 8 check hierarchical 4
+  sparse sparse_ring_8_hier_4x2 8 check hierarchical 2
+else
+  bad sparse_ring_binary "build/tests/mpi_sparse_ring is missing (run make build/tests/mpi_sparse_ring)"
+fi
 
 # --- failures end every rank, never a hang ---
 

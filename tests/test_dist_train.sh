@@ -16,10 +16,10 @@
 #                hierarchical ring (4 = 2×2) equals flat;
 #   validation   loss before and after the step equals one rank (3 sequences
 #                over dp 2);
-#   sparse       attention with dp = 2 (cp = 1) equals one rank;
+#   sparse       attention with dp = 2 (cp = 1), and on the ring (cp = 2, 4;
+#                ring_send full and selected), equals one rank;
 #   rank 0       alone writes metrics.jsonl lines and prints step lines;
-#   bad input    score with dp > 1, sparse attention on the ring (while the
-#                sparse ring is absent) end with one line.
+#   bad input    score with dp > 1 ends with one line.
 # Tolerances (fp32; only the summation order differs: attention merged chunk by
 # chunk by log-sum-exp, gradients summed over ranks in another order):
 #   loss        relative 1e-5 (one step), 1e-4 (each of 20 steps)
@@ -142,6 +142,16 @@ if compare weights "$tmp/sparse_ref2/step_00000001/model.safetensors" "$tmp/ref2
   1e-6 >/dev/null 2>&1; then bad dist_train_sparse_differs "sparse and dense steps give the same weights"
 else ok dist_train_sparse_differs; fi
 
+# Sparse attention on the ring: the pattern is estimated over the cp ranks
+# and must give the single-rank step (a fixed budget keeps it sparse).
+train sparse_ref1 1 train.steps=1 $SPARSE
+for layout in zigzag striped; do
+  train "sparse_cp2_$layout" 2 train.steps=1 parallel.cp=2 attention.layout=$layout $SPARSE
+  same_step "sparse_cp2_$layout" sparse_ref1
+done
+train sparse_cp4_selected 4 train.steps=1 parallel.cp=4 attention.ring_send=selected $SPARSE
+same_step sparse_cp4_selected sparse_ref1
+
 # Rank 0 alone logs: one metrics line and one step line for the step.
 lines=$(grep -c '"loss"' "$tmp/dp2cp2_striped/metrics.jsonl")
 steps=$(grep -c '^step ' "$tmp/dp2cp2_striped.out")
@@ -251,7 +261,3 @@ expect_error dist_score_dp_refused 'mtrain score: parallel\.dp 2: .*expected par
   score bad 2 parallel.dp=2
 expect_error dist_score_logits_refused 'mtrain score: --logits with 2 ranks' "$tmp/bad.err" \
   score bad 2 --logits "$tmp/l.safetensors"
-expect_error dist_score_sparse_ring_refused 'mtrain score: attention\.type sparse with parallel\.cp 2' "$tmp/bad.err" \
-  score bad 2 attention.type=sparse
-expect_error dist_train_sparse_ring_refused 'configs/tiny-cpu\.yaml: attention\.type sparse with parallel\.cp 2' \
-  "$tmp/bad.out" train bad 2 train.steps=1 parallel.cp=2 attention.type=sparse

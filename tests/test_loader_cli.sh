@@ -10,12 +10,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mtrain=$(realpath "${MTRAIN:-build/mtrain}")
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-ok() { echo "ok $1"; }
-bad() { echo "FAIL $1: $2"; failures=$((failures + 1)); }
-expect() { if eval "$2"; then ok "$1"; else bad "$1" "$2"; fi; }
+. tests/lib.sh
 
 # Ten small documents: eight for training (two shards), two for data.val.
 for i in $(seq 1 10); do

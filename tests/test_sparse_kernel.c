@@ -101,6 +101,16 @@ static float *gather(const float *src, const int64_t *pos, int64_t n, int64_t ro
     return x;
 }
 
+// dk, dv [N, row] at positions pos [n] += gk, gv [n, row].
+static void scatter_add(const int64_t *pos, int64_t n, int64_t row, const float *gk, const float *gv,
+                        float *dk, float *dv) {
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t e = 0; e < row; e++) {
+            dk[pos[t] * row + e] += gk[t * row + e];
+            dv[pos[t] * row + e] += gv[t * row + e];
+        }
+}
+
 // The kernels over the chunks visited in `order` (NULL: 0, 1, ...): forward
 // into (o, lse) as they are (no init), then, when dq != NULL, the backward of
 // loss = sum(o * w) into zeroed dq, dk, dv (dk, dv scattered back to positions).
@@ -133,11 +143,7 @@ static void run_chunks(const Problem *p, const SparseIndex *x, const Chunks *c, 
                 else
                     attn_sparse_backward_cpu(&s, x, p->q, p->qp, k, v, pos, lse, delta, p->w, dq,
                                              gk, gv);
-                for (int64_t t = 0; t < n; t++)
-                    for (int64_t e = 0; e < row; e++) {
-                        dk[pos[t] * row + e] += gk[t * row + e];
-                        dv[pos[t] * row + e] += gv[t * row + e];
-                    }
+                scatter_add(pos, n, row, gk, gv, dk, dv);
                 free(gk);
             }
             free(k); free(v);
@@ -440,6 +446,79 @@ static void test_determinism(void) {
     free(c.pos); free_case(&cs);
 }
 
+// Chunk ch of c: its positions, gathered K and V (free them), its shape.
+static AttnShape chunk_kv(const Problem *p, const Chunks *c, int ch, const int64_t **pos, float **k, float **v) {
+    const int64_t row = (int64_t)p->s.num_kv_heads * p->s.head_dim, m = c->start[ch + 1] - c->start[ch];
+    AttnShape s = p->s;
+    s.k_tokens = m;
+    *pos = c->pos + c->start[ch];
+    *k = gather(p->k, *pos, m, row);
+    *v = gather(p->v, *pos, m, row);
+    return s;
+}
+
+// The parts of a call add up to the whole: SPARSE_BLOCKS over 3 striped
+// chunks plus SPARSE_COLUMNS against one list of key positions (every
+// column of the index and other positions) equal SPARSE_ALL in one chunk;
+// without the columns the result differs.
+static void test_parts(void) {
+    Case cs = make_case(150, 16, 4, 2, 32, 0, 0, 0.3, 0.15, 900);
+    const Problem p = cs.p;
+    const int64_t row = (int64_t)p.s.num_kv_heads * p.s.head_dim, N = p.s.k_tokens;
+    Chunks whole = make_chunks(LAYOUT_CONTIGUOUS, N, 16, 1), striped = make_chunks(LAYOUT_STRIPED, N, 16, 3);
+    Result ref = run(&p, &cs.x, &whole, NULL, 0);
+    // The column list: every index column and every position divisible by 5.
+    unsigned char *in = xcalloc((size_t)N, 1);
+    for (int64_t e = 0; e < cs.x.column_start[cs.x.num_heads * cs.x.num_q_blocks]; e++) in[cs.x.columns[e]] = 1;
+    int64_t *list = xmalloc((size_t)N * sizeof(int64_t)), n = 0;
+    for (int64_t t = 0; t < N; t++)
+        if (in[t] || t % 5 == 0) list[n++] = t;
+    float *kl = gather(p.k, list, n, row), *vl = gather(p.v, list, n, row);
+    float *dkl = xcalloc((size_t)(2 * n * row + 1), sizeof(float)), *dvl = dkl + n * row;
+    AttnShape s = p.s;
+    s.k_tokens = n;
+    for (int with_columns = 1; with_columns >= 0; with_columns--) {
+        Result r = result_alloc(&p);
+        attn_forward_init(&p.s, r.o, r.lse);
+        for (int ch = 0; ch < striped.n; ch++) {
+            const int64_t *pos;
+            float *k, *v;
+            const AttnShape sc = chunk_kv(&p, &striped, ch, &pos, &k, &v);
+            attn_sparse_forward_part_cpu(SPARSE_BLOCKS, &sc, &cs.x, p.q, p.qp, k, v, pos, r.o, r.lse);
+            free(k); free(v);
+        }
+        if (with_columns) attn_sparse_forward_part_cpu(SPARSE_COLUMNS, &s, &cs.x, p.q, p.qp, kl, vl, list, r.o, r.lse);
+        // Backward: blocks chunk by chunk, columns once; dK/dV scattered home.
+        float *delta = xmalloc((size_t)p.nl * sizeof(float));
+        attn_backward_delta(&p.s, r.o, p.w, delta);
+        memset(r.dq, 0, (size_t)p.nq * sizeof(float));
+        memset(r.dk, 0, (size_t)p.nk * sizeof(float));
+        memset(r.dv, 0, (size_t)p.nk * sizeof(float));
+        for (int ch = 0; ch < striped.n; ch++) {
+            const int64_t *pos;
+            float *k, *v;
+            const AttnShape sc = chunk_kv(&p, &striped, ch, &pos, &k, &v);
+            const int64_t m = sc.k_tokens;
+            float *gk = xcalloc((size_t)(2 * m * row + 1), sizeof(float)), *gv = gk + m * row;
+            attn_sparse_backward_part_cpu(SPARSE_BLOCKS, &sc, &cs.x, p.q, p.qp, k, v, pos, r.lse, delta, p.w,
+                                          r.dq, gk, gv);
+            scatter_add(pos, m, row, gk, gv, r.dk, r.dv);
+            free(k); free(v); free(gk);
+        }
+        if (with_columns) {
+            attn_sparse_backward_part_cpu(SPARSE_COLUMNS, &s, &cs.x, p.q, p.qp, kl, vl, list, r.lse, delta, p.w,
+                                          r.dq, dkl, dvl);
+            scatter_add(list, n, row, dkl, dvl, r.dk, r.dv);
+        }
+        const double diff = result_diff(&p, &r, &ref);
+        if (with_columns) EXPECT(diff < TOL_FWD, "parts_blocks_plus_columns_equal_all (max rel diff %.1e)", diff);
+        else EXPECT(diff > 1e-3, "parts_blocks_without_columns_differ (max rel diff %.1e)", diff);
+        free(delta); free(r.o);
+    }
+    free(in); free(list); free(kl); free(vl); free(dkl); free(ref.o);
+    free(whole.pos); free(striped.pos); free_case(&cs);
+}
+
 int main(void) {
     test_random_indices();
     test_dense_equivalence();
@@ -447,5 +526,6 @@ int main(void) {
     test_untouched_rows();
     test_poisoned_output();
     test_determinism();
+    test_parts();
     return check_exit();
 }

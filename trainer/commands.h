@@ -6,10 +6,12 @@
 int cmd_config(int argc, char **argv);    // trainer/config.c
 int cmd_train(int argc, char **argv);     // trainer/train.c
 int cmd_score(int argc, char **argv);     // trainer/score.c
+int cmd_eval(int argc, char **argv);      // trainer/eval.c
 int cmd_tokenize(int argc, char **argv);  // trainer/cmd_data.c
 int cmd_shard(int argc, char **argv);     // trainer/cmd_data.c
 int cmd_data(int argc, char **argv);      // trainer/cmd_data.c
 int cmd_detokenize(int argc, char **argv);  // trainer/cmd_data.c
-int cmd_export(int argc, char **argv);    // trainer/export.c
+int cmd_export(int argc, char **argv);
+int cmd_tasks(int argc, char **argv);     // trainer/eval.c    // trainer/export.c
 
 #endif

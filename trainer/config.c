@@ -76,6 +76,7 @@ static const Key keys[] = {
     ENUM(attention, type, "dense", "dense|sparse", "Attention algorithm: `dense` = exact causal flash attention; `sparse` = dynamic vertical-slash sparse attention (DESIGN §5.2–5.4)."),
     INT(attention, block_size, 128, 1, 65536, "Tile size in tokens for queries and keys (and the granularity of the sparse index)."),
     ENUM(attention, ring, "flat", "flat|hierarchical", "Ring schedule over the cp ranks: `flat` = one ring; `hierarchical` = inner rings of `parallel.cp_inner` ranks (one node) inside an outer ring, the outer transfer posted before a whole inner loop."),
+    ENUM(attention, ring_send, "full", "full|selected", "Sparse ring: `full` = every K/V chunk travels whole; `selected` = each hop sends only the chunk's blocks that the receiving and later ranks' sparse index uses (identical results, fewer bytes)."),
     INT(attention, last_q, 64, 1, 1 << 20, "Sparse: the last `last_q` queries of the sequence estimate the pattern."),
     DOUBLE(attention, top_p, 0.9, 0, 1, MIN_OPEN, "Sparse, budget `topp`: per head, the fewest vertical (and slash) lines whose estimated softmax mass reaches `top_p`."),
     INT(attention, max_vertical, 4096, 0, 1 << 30, "Sparse, budget `topp`: at most this many vertical lines per head."),
@@ -127,6 +128,17 @@ static const Key keys[] = {
     INT(log, every, 1, 1, 1e9, "Print a step line every N steps."),
     INT64(log, val_every, 0, 0, 1e12, "Validation loss before training and every N steps (and after the last); 0 = off."),
     INT64(log, attention_every, 0, 0, 1e12, "Sparse attention: every N steps, per layer the density (computed / causal score elements) and the recall (estimated softmax mass inside the pattern) in the step line and `metrics.jsonl`; 0 = off."),
+
+    STRING(eval, model, "latest", "Model to evaluate: `latest` = the newest complete checkpoint in `checkpoint.dir`, or a checkpoint / Hugging Face folder (its `config.json` must match the `model` section)."),
+    STRING(eval, tasks, "perplexity,passkey,niah,ruler", "Comma-separated tasks: `perplexity` (by length, on `eval.text`), `passkey`, `niah` (needle in a haystack), `ruler` (single key, multi-key, multi-value, variable tracking)."),
+    STRING(eval, lengths, "512,1024", "Comma-separated context lengths in tokens (each >= 2; a task's prompt is exactly this long, its answer follows)."),
+    STRING(eval, depths, "0,0.25,0.5,0.75,1", "Comma-separated needle depths in [0, 1]: where in the haystack the asked needle sits (0 = start, 1 = end)."),
+    INT(eval, samples, 4, 1, 1 << 20, "Samples per (task, length, depth) cell, and sequences per perplexity length."),
+    STRING(eval, text, "heldout", "Text for perplexity (and for `haystack: text`): `heldout` = the loader's validation stream of `data.train` / `data.val`, or a text file tokenized with `eval.tokenizer`."),
+    ENUM(eval, haystack, "filler", "filler|text", "What the `niah` needle hides in: built-in filler sentences, or `eval.text` (cycled when shorter than the haystack)."),
+    STRING(eval, tokenizer, "bytes", "Tokenizer of the task prompts and of a text file: `bytes` (ids are bytes, docs/FORMATS.md), a Hugging Face `tokenizer.json`, or the model folder holding it."),
+    STRING(eval, out, "eval", "Output folder: `results.json`, `perplexity.png`, `heatmap_TASK.png`."),
+    UINT64(eval, seed, 1234, "Seed of the task generators (keys, values, filler start, distractor depths)."),
 };
 #define NUM_KEYS ((int)(sizeof(keys) / sizeof(keys[0])))
 
@@ -144,6 +156,7 @@ static const Section sections[] = {
     {"data", "Where the training tokens come from."},
     {"checkpoint", "Where checkpoints go."},
     {"log", "Progress lines and metrics."},
+    {"eval", "`mtrain eval`: perplexity by length, passkey / needle-in-a-haystack grids, RULER-style tasks (see README, Evaluation)."},
 };
 #define NUM_SECTIONS ((int)(sizeof(sections) / sizeof(sections[0])))
 
@@ -702,6 +715,91 @@ void config_validate(const Config *cfg, const char *source) {
     if (t->warmup_steps > t->steps)
         fail("%s: train.warmup_steps: %lld is more than train.steps = %lld (expected warmup_steps <= steps)", source,
              (long long)t->warmup_steps, (long long)t->steps);
+    int64_t lengths[EVAL_MAX_LIST];
+    double depths[EVAL_MAX_LIST];
+    eval_task_set(&cfg->eval, source);
+    eval_length_list(&cfg->eval, source, lengths);
+    eval_depth_list(&cfg->eval, source, depths);
+}
+
+// ----------------------------------------------------------------------------
+// The eval lists
+
+// Split a comma-separated list into items[] (spaces around items trimmed); an
+// empty item or more than EVAL_MAX_LIST items fail naming source and key.
+static int split_list(const char *source, const char *key, const char *text, const char *expected,
+                      char items[][CONFIG_STR]) {
+    char quoted[80];
+    quote_for_message(text, quoted, sizeof(quoted));
+    int n = 0;
+    for (const char *p = text;; p++) {
+        size_t len = strcspn(p, ",");
+        const char *a = p, *b = p + len;
+        while (a < b && isspace((unsigned char)*a)) a++;
+        while (b > a && isspace((unsigned char)b[-1])) b--;
+        if (a == b) fail("%s: eval.%s: %s: item %d is empty (expected %s)", source, key, quoted, n + 1, expected);
+        if (n == EVAL_MAX_LIST)
+            fail("%s: eval.%s: %s has more than %d items (expected %s)", source, key, quoted, EVAL_MAX_LIST, expected);
+        snprintf(items[n++], CONFIG_STR, "%.*s", (int)(b - a), a);
+        p += len;
+        if (!*p) return n;
+    }
+}
+
+// One item that is not what the list holds.
+static void fail_item(const char *source, const char *key, const char *item, const char *problem,
+                      const char *expected) {
+    char quoted[80];
+    quote_for_message(item, quoted, sizeof(quoted));
+    fail("%s: eval.%s: %s %s (expected %s)", source, key, quoted, problem, expected);
+}
+
+unsigned eval_task_set(const EvalConfig *e, const char *source) {
+    static const char *names[] = {"perplexity", "passkey", "niah", "ruler"};
+    const char *expected = "a comma-separated list of perplexity, passkey, niah, ruler";
+    char items[EVAL_MAX_LIST][CONFIG_STR];
+    int n = split_list(source, "tasks", e->tasks, expected, items);
+    unsigned set = 0;
+    for (int i = 0; i < n; i++) {
+        unsigned bit = 0;
+        for (unsigned t = 0; t < sizeof(names) / sizeof(names[0]); t++)
+            if (!strcmp(items[i], names[t])) bit = 1u << t;
+        if (!bit) fail_item(source, "tasks", items[i], "is not a task", expected);
+        if (set & bit) fail_item(source, "tasks", items[i], "is given twice", expected);
+        set |= bit;
+    }
+    return set;
+}
+
+int eval_length_list(const EvalConfig *e, const char *source, int64_t *out) {
+    const char *expected = "a comma-separated list of distinct lengths in tokens, integers in [2, 1073741824]";
+    char items[EVAL_MAX_LIST][CONFIG_STR];
+    int n = split_list(source, "lengths", e->lengths, expected, items);
+    for (int i = 0; i < n; i++) {
+        char *end;
+        errno = 0;
+        long long v = strtoll(items[i], &end, 10);
+        if (*end || errno || v < 2 || v > (1 << 30)) fail_item(source, "lengths", items[i], "is not a length", expected);
+        for (int j = 0; j < i; j++)
+            if (out[j] == v) fail_item(source, "lengths", items[i], "is given twice", expected);
+        out[i] = v;
+    }
+    return n;
+}
+
+int eval_depth_list(const EvalConfig *e, const char *source, double *out) {
+    const char *expected = "a comma-separated list of distinct depths, numbers in [0, 1]";
+    char items[EVAL_MAX_LIST][CONFIG_STR];
+    int n = split_list(source, "depths", e->depths, expected, items);
+    for (int i = 0; i < n; i++) {
+        char *end;
+        double v = strtod(items[i], &end);
+        if (*end || !(v >= 0 && v <= 1)) fail_item(source, "depths", items[i], "is not a depth", expected);
+        for (int j = 0; j < i; j++)
+            if (out[j] == v) fail_item(source, "depths", items[i], "is given twice", expected);
+        out[i] = v;
+    }
+    return n;
 }
 
 void config_print(const Config *cfg, FILE *out) {
@@ -732,8 +830,8 @@ void config_print(const Config *cfg, FILE *out) {
 void config_print_doc(FILE *out) {
     fputs("# Run configuration\n\n"
           "<!-- Generated by `build/mtrain config --doc` from the schema in trainer/config.c; do not edit. -->\n\n"
-          "A run is described by one YAML file with up to seven sections (`model`, `attention`, `parallel`,\n"
-          "`train`, `data`, `checkpoint`, `log`), each a mapping of `key: value` lines. Every key is optional:\n"
+          "A run is described by one YAML file with up to eight sections (`model`, `attention`, `parallel`,\n"
+          "`train`, `data`, `checkpoint`, `log`, `eval`), each a mapping of `key: value` lines. Every key is optional:\n"
           "a key that is not given keeps the default listed below. Any key can be overridden on the command\n"
           "line after the run file as `section.key=value`, e.g.\n"
           "`build/mtrain train configs/tiny-cpu.yaml train.lr=1e-3 train.steps=10`; overrides are applied in\n"

@@ -1,5 +1,5 @@
 // config.h: the run configuration. A YAML run file (libyaml) with sections
-// model, attention, parallel, train, data, checkpoint, log; command-line
+// model, attention, parallel, train, data, checkpoint, log, eval; command-line
 // overrides `section.key=value`; every key has a default, a type, a range and
 // a one-line meaning in one schema table (config.c), which also generates
 // docs/CONFIG.md (`mtrain config --doc`).
@@ -60,6 +60,19 @@ typedef struct {
 } LogConfig;
 
 typedef struct {
+    char model[CONFIG_STR];    // "latest" (newest checkpoint in checkpoint.dir) or a checkpoint / HF folder
+    char tasks[CONFIG_STR];    // comma list of perplexity, passkey, niah, ruler
+    char lengths[CONFIG_STR];  // comma list of context lengths in tokens
+    char depths[CONFIG_STR];   // comma list of needle depths in [0, 1]
+    int samples;               // samples per cell (and per perplexity length)
+    char text[CONFIG_STR];     // "heldout" (the loader's validation stream) or a text file
+    char haystack[CONFIG_STR]; // filler | text: what NIAH hides its needle in
+    char tokenizer[CONFIG_STR]; // bytes
+    char out[CONFIG_STR];      // results.json and the PNG plots go here
+    uint64_t seed;             // task generation
+} EvalConfig;
+
+typedef struct {
     ModelConfig model;
     AttentionConfig attention;
     ParallelConfig parallel;
@@ -67,7 +80,16 @@ typedef struct {
     DataConfig data;
     CheckpointConfig checkpoint;
     LogConfig log;
+    EvalConfig eval;
 } Config;
+
+// The eval lists, parsed. config_validate checks them; these parse them
+// again for `mtrain eval`. Bad lists fail with one line naming source and key.
+#define EVAL_MAX_LIST 32
+enum { EVAL_PERPLEXITY = 1, EVAL_PASSKEY = 2, EVAL_NIAH = 4, EVAL_RULER = 8 };
+unsigned eval_task_set(const EvalConfig *e, const char *source);            // EVAL_* bits
+int eval_length_list(const EvalConfig *e, const char *source, int64_t *out); // [EVAL_MAX_LIST]; returns count
+int eval_depth_list(const EvalConfig *e, const char *source, double *out);   // [EVAL_MAX_LIST]; returns count
 
 // Fill every field with its default.
 void config_defaults(Config *cfg);

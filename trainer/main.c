@@ -13,6 +13,8 @@ typedef struct {
 static const Verb verbs[] = {
     {"train", cmd_train, "train RUN.yaml [section.key=value ...]   train a model"},
     {"config", cmd_config, "config RUN.yaml [section.key=value ...]  print the resolved config (--doc: the key reference)"},
+    {"eval", cmd_eval, "eval RUN.yaml [section.key=value ...]    perplexity by length, passkey / NIAH / RULER grids (eval.*)"},
+    {"tasks", cmd_tasks, "tasks RUN.yaml --count N --output OUT.jsonl [section.key=value ...]  eval task samples as training text (JSONL)"},
     {"score", cmd_score, "score --model DIR --tokens FILE [--grads OUT] [--logits OUT] [overrides]  loss (and gradients) of a HF model"},
     {"tokenize", cmd_tokenize, "tokenize --tokenizer T --input FILE... --output OUT.shard [--frame-tokens N]  pack text into a token shard (T: bytes or a tokenizer.json)"},
     {"export", cmd_export, "export CKPT_DIR OUT_DIR [--dtype bf16|f32] [--max-shard-size 5GB] [model.key=value ...]  write a HF folder"},

@@ -16,7 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../dist/comm.h"
 #include "checkpoint.h"
 #include "commands.h"
 
@@ -89,6 +88,17 @@ void loader_from_config(Loader *l, const Config *cfg) {
     LoaderConfig lc = {cfg->data.train, cfg->data.val, cfg->model.vocab_size, cfg->train.seq_len,
                        cfg->data.val_sequences, cfg->train.seed};
     loader_open(l, &lc);
+}
+
+bool run_start(int argc, char **argv, const char *usage, Config *cfg, Dist *dist) {
+    if (argc < 1 || argv[0][0] == '-') {
+        fprintf(stderr, "%s\n", usage);
+        return false;
+    }
+    config_from_args(cfg, argv[0], argc - 1, argv + 1);
+    dist_init(dist, NULL, NULL, cfg->parallel.timeout_s);
+    dist_setup(dist, cfg->parallel.dp, cfg->parallel.cp, cfg->parallel.cp_inner, argv[0]);
+    return true;
 }
 
 static void run_data_open(RunData *d, const Config *cfg, const Dist *dist) {
@@ -233,22 +243,12 @@ void model_join_ring(Model *m, const Config *cfg, const Dist *dist, const char *
     if (strcmp(m->be->name, "cpu"))
         comm_fail_all(&dist->world, "%s: train.backend %s with parallel.cp %d: the ring runs the CPU kernels only "
                       "(expected train.backend cpu, or parallel.cp 1)", source, m->be->name, dist->cp.size);
-    if (!strcmp(cfg->attention.type, "sparse") && !m->ring_sparse.plan)
-        comm_fail_all(&dist->world, "%s: attention.type sparse with parallel.cp %d: sparse attention over the ring "
-                      "is not available in this build (expected attention.type dense, or parallel.cp 1)", source,
-                      dist->cp.size);
 }
 
 int cmd_train(int argc, char **argv) {
-    if (argc < 1) {
-        fprintf(stderr, "usage: mtrain train RUN.yaml [section.key=value ...]\n");
-        return 2;
-    }
     Config cfg;
-    config_from_args(&cfg, argv[0], argc - 1, argv + 1);
     Dist dist;
-    dist_init(&dist, NULL, NULL, cfg.parallel.timeout_s);
-    dist_setup(&dist, cfg.parallel.dp, cfg.parallel.cp, cfg.parallel.cp_inner, argv[0]);
+    if (!run_start(argc, argv, "usage: mtrain train RUN.yaml [section.key=value ...]", &cfg, &dist)) return 2;
     // Rank 0 alone speaks; errors still reach stderr from any rank.
     if (dist.world_rank != 0 && !freopen("/dev/null", "w", stdout)) fail("/dev/null: cannot open for writing");
     int D = dist.dp.size;

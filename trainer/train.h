@@ -22,5 +22,8 @@ void loader_from_config(Loader *l, const Config *cfg);
 void model_join_ring(Model *m, const Config *cfg, const Dist *dist, const char *source);
 // Sum an arena [n] of backend memory over comm (through a host buffer).
 void allreduce_arena(const Comm *comm, const Backend *be, float *arena, int64_t n);
+// The start of a verb on a run file (argv[0]) and overrides: config, MPI and
+// the rank grid. Prints usage and returns false when no run file is given.
+bool run_start(int argc, char **argv, const char *usage, Config *cfg, Dist *dist);
 
 #endif

@@ -1,0 +1,303 @@
+// ring_sparse.c: distributed pattern estimation and sparse ring attention
+// with gathered vertical columns (see ring_sparse.h).
+//
+// Bit-identical selection inputs on every rank: the partial lse of each rank
+// are all-gathered and merged in rank order locally; the partial vertical and
+// slash sums are reduce-scattered (each element summed once, on one rank) and
+// all-gathered, so every rank holds the same bits.
+#include "ring_sparse.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../dist/util.h"
+
+RingSend ring_send_parse(const char *name) {
+    if (!strcmp(name, "full")) return RING_SEND_FULL;
+    if (!strcmp(name, "selected")) return RING_SEND_SELECTED;
+    fail("attention.ring_send: '%s' is not a ring send mode (expected full or selected)", name);
+}
+
+int64_t ring_need_words(int64_t seq_len, int block_size) {
+    return ((seq_len + block_size - 1) / block_size + 63) / 64;
+}
+
+void ring_need_row(const SparseIndex *index, int64_t words, uint64_t *row) {
+    memset(row, 0, (size_t)words * sizeof(uint64_t));
+    const int64_t rows = (int64_t)index->num_heads * index->num_q_blocks;
+    for (int64_t e = 0; e < index->block_start[rows]; e++)
+        row[index->blocks[e] / 64] |= (uint64_t)1 << (index->blocks[e] % 64);
+}
+
+// ------------------------------------------------------------- estimation
+
+// The last Lq queries of the sequence (global positions N - Lq .. N - 1) from
+// every rank into qe [Lq, Hq, D] on every rank: each row has one owner and
+// the others add zeros, so the sum is exact.
+static float *gather_estimation_queries(const Ring *ring, const AttnShape *shape, const float *q,
+                                        int64_t Lq) {
+    const int64_t N = ring->offsets[ring->cp->size], wq = (int64_t)shape->num_heads * shape->head_dim;
+    const int64_t *pos = ring->positions + ring->offsets[ring->cp->rank];
+    float *qe = xcalloc((size_t)(Lq * wq + 1), sizeof(float));
+    for (int64_t t = 0; t < shape->q_tokens; t++)
+        if (pos[t] >= N - Lq) memcpy(qe + (pos[t] - (N - Lq)) * wq, q + t * wq, (size_t)wq * sizeof(float));
+    comm_allreduce(ring->cp, qe, Lq * wq, DT_FLOAT, REDUCE_SUM);
+    return qe;
+}
+
+// Pass 1 combined: every rank's lse over its keys, merged in rank order.
+static void combine_lse(const Comm *cp, float *lse, int64_t n) {
+    float *all = xmalloc((size_t)(cp->size * n + 1) * sizeof(float));
+    comm_allgather(cp, lse, all, n, DT_FLOAT);
+    for (int64_t i = 0; i < n; i++) {
+        float row = -INFINITY;
+        for (int r = 0; r < cp->size; r++) {
+            const float part = all[r * n + i];
+            if (part == -INFINITY) continue;
+            const float mx = fmaxf(row, part);
+            row = mx + logf(expf(row - mx) + expf(part - mx));
+        }
+        lse[i] = row;
+    }
+    free(all);
+}
+
+// Pass 2 combined: x [n] summed over the cp ranks, the same bits everywhere.
+static void combine_sums(const Comm *cp, float *x, int64_t n) {
+    const int W = cp->size;
+    const int64_t part = (n + W - 1) / W;
+    float *padded = xcalloc((size_t)(W * part + 1), sizeof(float)), *mine = xmalloc((size_t)(part + 1) * sizeof(float));
+    memcpy(padded, x, (size_t)n * sizeof(float));
+    comm_reduce_scatter(cp, padded, mine, part, DT_FLOAT);
+    comm_allgather(cp, mine, padded, part, DT_FLOAT);
+    memcpy(x, padded, (size_t)n * sizeof(float));
+    free(padded);
+    free(mine);
+}
+
+// The gathered columns: the union of the pattern's vertical positions, where
+// each lives (owner rank, local token) and its slot among its owner's.
+static void plan_columns(const Ring *ring, RingSparse *rs) {
+    const int W = ring->cp->size;
+    const SparsePattern *p = &rs->pattern;
+    const int64_t N = p->seq_len;
+    char *mark = xcalloc((size_t)N, 1);
+    for (int64_t e = 0; e < p->vertical_start[p->num_heads]; e++) mark[p->vertical[e]] = 1;
+    int *owner = xmalloc((size_t)N * sizeof(int));
+    int64_t *local = xmalloc((size_t)N * sizeof(int64_t)), *owned = xcalloc((size_t)W, sizeof(int64_t));
+    for (int r = 0; r < W; r++)
+        for (int64_t t = 0; t < ring->counts[r]; t++) {
+            owner[ring->positions[ring->offsets[r] + t]] = r;
+            local[ring->positions[ring->offsets[r] + t]] = t;
+        }
+    rs->num_columns = 0;
+    for (int64_t x = 0; x < N; x++) rs->num_columns += mark[x];
+    const size_t n = (size_t)rs->num_columns + 1;
+    rs->columns = xmalloc(n * sizeof(int64_t));
+    rs->column_owner = xmalloc(n * sizeof(int));
+    rs->column_local = xmalloc(n * sizeof(int64_t));
+    rs->column_slot = xmalloc(n * sizeof(int64_t));
+    rs->max_owned = 0;
+    for (int64_t x = 0, j = 0; x < N; x++) {
+        if (!mark[x]) continue;
+        rs->columns[j] = x;
+        rs->column_owner[j] = owner[x];
+        rs->column_local[j] = local[x];
+        rs->column_slot[j] = owned[owner[x]]++;
+        if (owned[owner[x]] > rs->max_owned) rs->max_owned = owned[owner[x]];
+        j++;
+    }
+    free(mark); free(owner); free(local); free(owned);
+}
+
+// Density and recall of the pattern summed over cp, added to stats.
+static void plan_stats(const Ring *ring, const RingSparse *rs, const AttnShape *est, const float *qe,
+                       const int64_t *qe_pos, const float *k, const float *lse, SparseStats *stats) {
+    const int Hq = est->num_heads, B = rs->index.block_size;
+    const int64_t Lq = est->q_tokens, *pos = ring->positions + ring->offsets[ring->cp->rank];
+    SparseStats mine = {0};
+    sparse_index_count(&rs->index, pos, est->k_tokens, &mine);
+    SparseIndex est_index;
+    const int64_t first = qe_pos[0] / B, count = qe_pos[Lq - 1] / B - first + 1;
+    int64_t *blocks = xmalloc((size_t)count * sizeof(int64_t));
+    for (int64_t i = 0; i < count; i++) blocks[i] = first + i;
+    sparse_index_build(&rs->pattern, B, blocks, count, &est_index);
+    double *sums = xcalloc((size_t)Hq + 2, sizeof(double));      // computed, causal, covered [Hq]
+    sparse_estimate_recall(est, &est_index, qe, qe_pos, k, pos, lse, sums + 2);
+    sums[0] = mine.computed;
+    sums[1] = mine.causal;
+    comm_allreduce(ring->cp, sums, Hq + 2, DT_DOUBLE, REDUCE_SUM);
+    stats->computed += sums[0];
+    stats->causal += sums[1];
+    for (int h = 0; h < Hq; h++) stats->covered_mass += sums[2 + h];
+    stats->estimation_rows += (double)(Hq * Lq);
+    free(blocks); free(sums);
+    sparse_index_free(&est_index);
+}
+
+void ring_sparse_plan(const Ring *ring, const AttentionConfig *cfg, const AttnShape *shape,
+                      const float *q, const float *k, const int *fixed_vertical,
+                      const int *fixed_slash, RingSend send, RingSparse *rs, SparseStats *stats) {
+    const Comm *cp = ring->cp;
+    const int W = cp->size, Hq = shape->num_heads, B = shape->block_size;
+    const int64_t N = ring->offsets[W], T = shape->q_tokens, *pos = ring->positions + ring->offsets[cp->rank];
+    CHECK(T == ring->counts[cp->rank], "sparse ring: %lld local tokens but the ring was built for %lld",
+          (long long)T, (long long)ring->counts[cp->rank]);
+    ring_sparse_free(rs);
+    rs->send = send;
+
+    // Estimation: the last Lq queries against this rank's keys, combined.
+    const int64_t Lq = cfg->last_q < N ? cfg->last_q : N;
+    AttnShape est = *shape;
+    est.q_tokens = Lq;
+    est.k_tokens = T;
+    float *qe = gather_estimation_queries(ring, shape, q, Lq);       // [Lq, Hq, D]
+    int64_t *qe_pos = xmalloc((size_t)Lq * sizeof(int64_t));
+    for (int64_t i = 0; i < Lq; i++) qe_pos[i] = N - Lq + i;
+    float *lse = xmalloc((size_t)(Hq * Lq) * sizeof(float));        // [Hq, Lq]
+    for (int64_t i = 0; i < Hq * Lq; i++) lse[i] = -INFINITY;
+    sparse_estimate_lse(&est, qe, qe_pos, k, pos, lse);
+    combine_lse(cp, lse, Hq * Lq);
+    float *scores = xcalloc((size_t)(2 * Hq * N), sizeof(float));  // vertical [Hq, N], slash [Hq, N]
+    sparse_estimate_scores(&est, qe, qe_pos, k, pos, lse, N, scores, scores + Hq * N);
+    combine_sums(cp, scores, 2 * Hq * N);
+
+    // Selection (identical inputs, identical pattern) and this rank's index.
+    sparse_select(cfg, scores, scores + Hq * N, Hq, N, fixed_vertical, fixed_slash, &rs->pattern);
+    const int64_t nqb = (T + B - 1) / B;
+    int64_t *q_blocks = xmalloc((size_t)(nqb + 1) * sizeof(int64_t));
+    for (int64_t i = 0; i < nqb; i++) q_blocks[i] = pos[i * B] / B;
+    sparse_index_build(&rs->pattern, B, q_blocks, nqb, &rs->index);
+
+    // Which key blocks every rank uses, and the gathered columns.
+    rs->need.block_size = B;
+    rs->need.words = ring_need_words(N, B);
+    rs->need_bits = xmalloc((size_t)(W * rs->need.words) * sizeof(uint64_t));
+    uint64_t *row = xmalloc((size_t)rs->need.words * sizeof(uint64_t));
+    ring_need_row(&rs->index, rs->need.words, row);
+    comm_allgather(cp, row, rs->need_bits, rs->need.words, DT_INT64);
+    rs->need.need = rs->need_bits;
+    plan_columns(ring, rs);
+
+    if (stats) plan_stats(ring, rs, &est, qe, qe_pos, k, lse, stats);
+    free(qe); free(qe_pos); free(lse); free(scores); free(q_blocks); free(row);
+}
+
+// ------------------------------------------------------------- attention
+
+static void sparse_forward(void *ctx, const AttnShape *shape, const float *q, const int64_t *q_pos,
+                           const float *k, const float *v, const int64_t *k_pos, float *o, float *lse) {
+    RingSparse *rs = ctx;
+    attn_sparse_forward_part_cpu(SPARSE_BLOCKS, shape, &rs->index, q, q_pos, k, v, k_pos, o, lse);
+    if (!rs->columns_pending) return;
+    rs->columns_pending = false;
+    AttnShape s = *shape;
+    s.k_tokens = rs->num_columns;
+    const int64_t kv = s.k_tokens * shape->num_kv_heads * shape->head_dim;
+    attn_sparse_forward_part_cpu(SPARSE_COLUMNS, &s, &rs->index, q, q_pos, rs->column_kv,
+                                 rs->column_kv + kv, rs->columns, o, lse);
+}
+
+static void sparse_backward(void *ctx, const AttnShape *shape, const float *q, const int64_t *q_pos,
+                            const float *k, const float *v, const int64_t *k_pos, const float *lse,
+                            const float *delta, const float *dout, float *dq, float *dk, float *dv) {
+    RingSparse *rs = ctx;
+    attn_sparse_backward_part_cpu(SPARSE_BLOCKS, shape, &rs->index, q, q_pos, k, v, k_pos, lse, delta,
+                                  dout, dq, dk, dv);
+    if (!rs->columns_pending) return;
+    rs->columns_pending = false;
+    AttnShape s = *shape;
+    s.k_tokens = rs->num_columns;
+    const int64_t kv = s.k_tokens * shape->num_kv_heads * shape->head_dim;
+    attn_sparse_backward_part_cpu(SPARSE_COLUMNS, &s, &rs->index, q, q_pos, rs->column_kv,
+                                  rs->column_kv + kv, rs->columns, lse, delta, dout, dq,
+                                  rs->column_dkv, rs->column_dkv + kv);
+}
+
+static RingKernels kernels_of(RingSparse *rs) {
+    return (RingKernels){sparse_forward, sparse_backward, rs,
+                         rs->send == RING_SEND_SELECTED ? &rs->need : NULL, &rs->traffic};
+}
+
+// Per-owner message layout of the columns: [W, max_owned, 2, kv] (K then V
+// row of each column at its owner's block and slot).
+static float *owner_slot(const RingSparse *rs, float *buf, int64_t j, int64_t kv) {
+    return buf + ((int64_t)rs->column_owner[j] * rs->max_owned + rs->column_slot[j]) * 2 * kv;
+}
+
+// All-gather of this rank's K/V rows at the columns into rs->column_kv.
+static void gather_columns_kv(const Ring *ring, RingSparse *rs, int64_t kv, const float *k, const float *v) {
+    const int W = ring->cp->size, me = ring->cp->rank;
+    const int64_t n = rs->num_columns, row = 2 * kv * rs->max_owned;
+    float *all = xmalloc((size_t)(W * row + 1) * sizeof(float));
+    float *send = xcalloc((size_t)row + 1, sizeof(float));
+    for (int64_t j = 0; j < n; j++) {
+        if (rs->column_owner[j] != me) continue;
+        float *dst = send + rs->column_slot[j] * 2 * kv;
+        memcpy(dst, k + rs->column_local[j] * kv, (size_t)kv * sizeof(float));
+        memcpy(dst + kv, v + rs->column_local[j] * kv, (size_t)kv * sizeof(float));
+    }
+    comm_allgather(ring->cp, send, all, row, DT_FLOAT);
+    rs->column_bytes += (W - 1) * row * (int64_t)sizeof(float);
+    free(rs->column_kv);
+    rs->column_kv = xmalloc((size_t)(2 * n * kv + 1) * sizeof(float));
+    for (int64_t j = 0; j < n; j++) {
+        const float *src = owner_slot(rs, all, j, kv);
+        memcpy(rs->column_kv + j * kv, src, (size_t)kv * sizeof(float));
+        memcpy(rs->column_kv + (n + j) * kv, src + kv, (size_t)kv * sizeof(float));
+    }
+    free(all);
+    free(send);
+}
+
+void ring_sparse_forward(const Ring *ring, RingSparse *rs, const AttnShape *shape, const float *q,
+                         const float *k, const float *v, float *o, float *lse) {
+    gather_columns_kv(ring, rs, (int64_t)shape->num_kv_heads * shape->head_dim, k, v);
+    rs->columns_pending = true;
+    const RingKernels kernels = kernels_of(rs);
+    ring_attn_forward(ring, &kernels, shape, q, k, v, o, lse);
+}
+
+void ring_sparse_backward(const Ring *ring, RingSparse *rs, const AttnShape *shape, const float *q,
+                          const float *k, const float *v, const float *o, const float *lse,
+                          const float *dout, float *dq, float *dk, float *dv) {
+    const int W = ring->cp->size, me = ring->cp->rank;
+    const int64_t kv = (int64_t)shape->num_kv_heads * shape->head_dim, n = rs->num_columns;
+    CHECK(rs->column_kv, "sparse ring: backward before forward");
+    free(rs->column_dkv);
+    rs->column_dkv = xcalloc((size_t)(2 * n * kv + 1), sizeof(float));
+    rs->columns_pending = true;
+    const RingKernels kernels = kernels_of(rs);
+    ring_attn_backward(ring, &kernels, shape, q, k, v, o, lse, dout, dq, dk, dv);
+
+    // The columns' dK/dV home: summed over ranks into each owner's slots.
+    const int64_t row = 2 * kv * rs->max_owned;
+    float *send = xcalloc((size_t)(W * row + 1), sizeof(float)), *home = xmalloc((size_t)(row + 1) * sizeof(float));
+    for (int64_t j = 0; j < n; j++) {
+        float *dst = owner_slot(rs, send, j, kv);
+        memcpy(dst, rs->column_dkv + j * kv, (size_t)kv * sizeof(float));
+        memcpy(dst + kv, rs->column_dkv + (n + j) * kv, (size_t)kv * sizeof(float));
+    }
+    comm_reduce_scatter(ring->cp, send, home, row, DT_FLOAT);
+    rs->column_bytes += (W - 1) * row * (int64_t)sizeof(float);
+    for (int64_t j = 0; j < n; j++) {
+        if (rs->column_owner[j] != me) continue;
+        const float *src = home + rs->column_slot[j] * 2 * kv;
+        float *dkr = dk + rs->column_local[j] * kv, *dvr = dv + rs->column_local[j] * kv;
+        for (int64_t x = 0; x < kv; x++) {
+            dkr[x] += src[x];
+            dvr[x] += src[kv + x];
+        }
+    }
+    free(send);
+    free(home);
+}
+
+void ring_sparse_free(RingSparse *rs) {
+    sparse_pattern_free(&rs->pattern);
+    sparse_index_free(&rs->index);
+    free(rs->need_bits); free(rs->columns); free(rs->column_owner); free(rs->column_local);
+    free(rs->column_slot); free(rs->column_kv); free(rs->column_dkv);
+    *rs = (RingSparse){0};
+}

@@ -1,0 +1,84 @@
+// ring_sparse.h: dynamic sparse (vertical-slash) attention over the ring of
+// cp ranks (DESIGN §5.2–5.6). Per layer and forward pass:
+//   ring_sparse_plan      distributed estimation: the last last_q queries are
+//                         gathered to every rank; each rank scores them
+//                         against its own keys; the partial lse and the
+//                         partial vertical/slash sums are combined so that
+//                         every rank holds bit-identical inputs and selects
+//                         the identical pattern (no rank-0 funnel), the same
+//                         lines as sparse_plan_local on the whole sequence;
+//                         then the index of this rank's query blocks and
+//                         which key blocks every rank uses.
+//   ring_sparse_forward   the K/V rows at the pattern's vertical positions are
+//                         all-gathered to every rank and computed once, in
+//                         ring step 0 (SPARSE_COLUMNS); the ring steps compute
+//                         only blocks (SPARSE_BLOCKS). ring_send selected
+//                         sends each hop only the blocks still needed.
+//   ring_sparse_backward  the same steps; the columns' dK/dV go home to their
+//                         owners (one reduce-scatter) after the ring.
+// The trainer calls plan, forward, backward per layer with the same Ring.
+#ifndef MTRAIN_RING_SPARSE_H
+#define MTRAIN_RING_SPARSE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ring.h"
+#include "sparse.h"
+
+// attention.ring_send
+typedef enum { RING_SEND_FULL, RING_SEND_SELECTED } RingSend;
+
+// "full" | "selected" -> RingSend; fails on anything else.
+RingSend ring_send_parse(const char *name);
+
+// One layer's sparse ring state (plan, then forward, then backward).
+typedef struct {
+    SparsePattern pattern;     // the layer's lines, identical on every cp rank
+    SparseIndex index;         // this rank's query blocks (local block i = index.q_blocks[i])
+    RingSend send;
+    RingNeed need;             // key blocks each cp rank's index uses (need.need = need_bits)
+    uint64_t *need_bits;       // [W, need.words]
+    // Gathered vertical columns: the union over q heads of pattern.vertical.
+    int64_t num_columns;
+    int64_t *columns;          // [num_columns] ascending global positions
+    int *column_owner;         // [num_columns] cp rank holding each
+    int64_t *column_local;     // [num_columns] its local token there
+    int64_t *column_slot;      // [num_columns] its place among its owner's columns
+    int64_t max_owned;         // most columns one rank holds
+    float *column_kv;          // [2, num_columns, Hkv, D] K then V rows (set by the forward)
+    bool columns_pending;      // the next kernel call also computes the columns (step 0)
+    float *column_dkv;         // [2, num_columns, Hkv, D] backward scratch
+    // Bytes this rank sent for the layer (ring_sparse_plan zeroes them).
+    RingTraffic traffic;       // K/V and dK/dV ring messages
+    int64_t column_bytes;      // gathered column K/V (forward) and their dK/dV home (backward)
+} RingSparse;
+
+// shape: q_tokens = this rank's tokens T (block-aligned, at the ring's
+// positions); q [T, Hq, D], k [T, Hkv, D] after RoPE. fixed_vertical /
+// fixed_slash [Hq] as in sparse_plan_local. rs (zero-initialised before its
+// first plan) is rebuilt; free it with ring_sparse_free. stats, when not NULL, gets the cp totals added (the
+// same numbers on every rank; equal to sparse_plan_local's up to rounding).
+// Collective over ring->cp.
+void ring_sparse_plan(const Ring *ring, const AttentionConfig *cfg, const AttnShape *shape,
+                      const float *q, const float *k, const int *fixed_vertical,
+                      const int *fixed_slash, RingSend send, RingSparse *rs, SparseStats *stats);
+
+// As ring_attn_forward / ring_attn_backward (ring.h), restricted to rs's
+// pattern. The backward uses the column K/V gathered by the forward.
+void ring_sparse_forward(const Ring *ring, RingSparse *rs, const AttnShape *shape, const float *q,
+                         const float *k, const float *v, float *o, float *lse);
+void ring_sparse_backward(const Ring *ring, RingSparse *rs, const AttnShape *shape, const float *q,
+                          const float *k, const float *v, const float *o, const float *lse,
+                          const float *dout, float *dq, float *dk, float *dv);
+
+void ring_sparse_free(RingSparse *rs);
+
+// Bit rows of the key blocks each index uses, for the W indexes of a ring
+// (index[r] over rank r's query blocks): need [W, words] with words =
+// ceil(num_blocks / 64). No MPI (used by ring_sparse_plan per rank, and by
+// byte models over any W).
+int64_t ring_need_words(int64_t seq_len, int block_size);
+void ring_need_row(const SparseIndex *index, int64_t words, uint64_t *row);
+
+#endif

@@ -1,0 +1,543 @@
+// sparse_cuda.cu: block-sparse + vertical-column flash attention on NVIDIA
+// GPUs (sm_80, sm_90), forward and backward over one key chunk, driven by a
+// device-resident SparseIndex (sparse_cuda.h; the CPU version and the index
+// format: sparse.h, sparse_flash_cpu.c).
+//
+// Per call, a chunk view is built on the device (no host round trip): the
+// local key block of each global block (-1 when not in this chunk) and, per
+// index row, the row's columns that lie in the chunk as local key tokens
+// (count, prefix sum with CUB, ordered fill). Then one CTA per index row
+// (q head h, query block i: the query tile is the whole block of B = 64 or
+// 128 queries, one warp per 16) walks the row's key tiles of 64 keys: each
+// selected block present in the chunk (B / 64 tiles), then the row's columns
+// gathered 64 at a time (K and V rows loaded by token with cp.async). The
+// mask is token-exact by position, dropped where the tile's last (largest)
+// position is at or before the block's first query.
+//   forward   the dense kernel's per-tile online softmax and final merge into
+//             the running fp32 (o_acc, lse) (flash_tiles.cuh).
+//   backward  query-major: the CTA holds dQ of its row in registers and adds
+//             it once at the end (one writer per row); per key tile it
+//             recomputes S = Q K^T, dP = dO V^T, P = exp2(S - lse),
+//             dS = P (dP - delta), dQ += dS K; P and dS go through shared
+//             memory for dV = P^T dO and dK = dS^T Q of the tile, added to
+//             global dk, dv with fp32 atomics (tiles of different rows and
+//             GQA heads share keys).
+#include <cub/cub.cuh>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "../dist/cuda_check.h"
+#include "flash_tiles.cuh"
+#include "sparse_cuda.h"
+
+#define LOG2E 1.4426950408889634f
+#define KEY_TILE 64          // keys per GPU key tile (BN)
+
+// ---- the chunk view ----
+
+// local_block[k_pos[j * B] / B] = j for every local key block j of the chunk.
+__global__ void local_block_kernel(const int64_t *k_pos, int64_t Tk, int B, int64_t *local_block) {
+    const int64_t nb = (Tk + B - 1) / B;
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < nb;
+         j += (int64_t)gridDim.x * blockDim.x)
+        local_block[k_pos[j * B] / B] = j;
+}
+
+// One warp per index row: count[r] = the row's columns whose block is in the chunk.
+__global__ void column_count_kernel(const int64_t *column_start, const int64_t *columns,
+                                    const int64_t *local_block, int B, int64_t rows, int64_t *count) {
+    const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (r >= rows) return;
+    int n = 0;
+    for (int64_t e = column_start[r] + lane; e < column_start[r + 1]; e += 32)
+        n += local_block[columns[e] / B] >= 0;
+    for (int off = 16; off > 0; off /= 2) n += __shfl_xor_sync(0xffffffffu, n, off);
+    if (lane == 0) count[r] = n;
+}
+
+// One warp per index row: the row's columns in the chunk, in order, as local
+// key tokens from col_key[col_start[r]] on.
+__global__ void column_fill_kernel(const int64_t *column_start, const int64_t *columns,
+                                   const int64_t *local_block, int B, int64_t rows,
+                                   const int64_t *col_start, int64_t *col_key) {
+    const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (r >= rows) return;
+    int64_t out = col_start[r];
+    const int64_t end = column_start[r + 1];
+    for (int64_t e0 = column_start[r]; e0 < end; e0 += 32) {
+        const int64_t e = e0 + lane;
+        const int64_t lb = e < end ? local_block[columns[e] / B] : -1;
+        const unsigned mask = __ballot_sync(0xffffffffu, lb >= 0);
+        if (lb >= 0) col_key[out + __popc(mask & ((1u << lane) - 1))] = lb * B + columns[e] % B;
+        out += __popc(mask);
+    }
+}
+
+// Device arrays of one call's chunk view (stream-ordered scratch).
+struct ChunkView {
+    int64_t *local_block;      // [ceil(N / B)]
+    int64_t *col_start;        // [rows + 1]
+    int64_t *col_key;          // [index->column_capacity]
+};
+
+static int blocks_for(int64_t n, int threads) {
+    const int64_t b = (n + threads - 1) / threads;
+    return (int)(b < 65536 ? (b > 0 ? b : 1) : 65536);
+}
+
+static ChunkView chunk_view(const SparseIndexCuda *x, const int64_t *k_pos, int64_t Tk,
+                            cudaStream_t stream) {
+    const int B = x->block_size;
+    const int64_t rows = (int64_t)x->num_heads * x->num_q_blocks, nglobal = (x->seq_len + B - 1) / B;
+    ChunkView c;
+    CUDA_CHECK(cudaMallocAsync((void **)&c.local_block, (size_t)nglobal * sizeof(int64_t), stream));
+    CUDA_CHECK(cudaMallocAsync((void **)&c.col_start, (size_t)(rows + 1) * sizeof(int64_t), stream));
+    CUDA_CHECK(cudaMallocAsync((void **)&c.col_key, (size_t)(x->column_capacity + 1) * sizeof(int64_t),
+                               stream));
+    CUDA_CHECK(cudaMemsetAsync(c.local_block, 0xff, (size_t)nglobal * sizeof(int64_t), stream));   // -1
+    CUDA_CHECK(cudaMemsetAsync(c.col_start, 0, sizeof(int64_t), stream));
+    local_block_kernel<<<blocks_for((Tk + B - 1) / B, 128), 128, 0, stream>>>(k_pos, Tk, B, c.local_block);
+    CUDA_CHECK(cudaGetLastError());
+    const int warps_grid = (int)((rows * 32 + 255) / 256);
+    column_count_kernel<<<warps_grid, 256, 0, stream>>>(x->column_start, x->columns, c.local_block, B,
+                                                        rows, c.col_start + 1);
+    CUDA_CHECK(cudaGetLastError());
+    size_t bytes = 0;
+    CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, bytes, c.col_start + 1, c.col_start + 1, rows, stream));
+    void *temp;
+    CUDA_CHECK(cudaMallocAsync(&temp, bytes, stream));
+    CUDA_CHECK(cub::DeviceScan::InclusiveSum(temp, bytes, c.col_start + 1, c.col_start + 1, rows, stream));
+    CUDA_CHECK(cudaFreeAsync(temp, stream));
+    column_fill_kernel<<<warps_grid, 256, 0, stream>>>(x->column_start, x->columns, c.local_block, B, rows,
+                                                       c.col_start, c.col_key);
+    CUDA_CHECK(cudaGetLastError());
+    return c;
+}
+
+static void chunk_view_free(ChunkView *c, cudaStream_t stream) {
+    CUDA_CHECK(cudaFreeAsync(c->local_block, stream));
+    CUDA_CHECK(cudaFreeAsync(c->col_start, stream));
+    CUDA_CHECK(cudaFreeAsync(c->col_key, stream));
+}
+
+// ---- the key tiles of one index row ----
+
+// Items 0 .. nbi - 1 are the row's selected blocks, B / KEY_TILE tiles each
+// (item = entry * S + sub), then ceil(ncol / KEY_TILE) tiles of its columns
+// in this chunk. Every thread walks the same items.
+template <int B>
+struct RowTiles {
+    static constexpr int S = B / KEY_TILE;
+    const int64_t *blocks, *local_block, *col_key;
+    int64_t b0, nbi, c0, ncol, total, Tk;
+
+    __device__ RowTiles(const int64_t *block_start, const int64_t *blocks_, const int64_t *local_block_,
+                        const int64_t *col_start, const int64_t *col_key_, int64_t r, int64_t Tk_)
+        : blocks(blocks_), local_block(local_block_), col_key(col_key_), b0(block_start[r]),
+          nbi((block_start[r + 1] - block_start[r]) * S), c0(col_start[r]),
+          ncol(col_start[r + 1] - col_start[r]), total(nbi + (ncol + KEY_TILE - 1) / KEY_TILE), Tk(Tk_) {}
+
+    // First local token of block item it (-1: its block is not in the chunk,
+    // or this part of a short last block is empty).
+    __device__ int64_t block_first(int64_t it) const {
+        const int64_t lb = local_block[blocks[b0 + it / S]];
+        const int64_t j0 = lb * B + (it % S) * KEY_TILE;
+        return lb >= 0 && j0 < Tk ? j0 : -1;
+    }
+
+    // The first item at or after it with keys in this chunk (total: none).
+    __device__ int64_t next(int64_t it) const {
+        while (it < nbi && block_first(it) < 0) it++;
+        return it;
+    }
+
+    // Local key token of row j of item it; -1 where the tile is short.
+    __device__ int64_t token(int64_t it, int64_t j0, int j) const {
+        if (it < nbi) return j0 + j < Tk ? j0 + j : -1;
+        const int64_t e = (it - nbi) * KEY_TILE + j;
+        return e < ncol ? col_key[c0 + e] : -1;
+    }
+
+    // Item it's K, V rows of kv head kvh -> ks, vs [KEY_TILE][D + 8] (cp.async,
+    // zero rows where short); their positions -> kps (INT64_MAX where short)
+    // and, unless NULL, local tokens -> ktok (-1 where short).
+    template <int D, int NT>
+    __device__ void load(int64_t it, const bf16 *k, const bf16 *v, const int64_t *k_pos, int Hkv, int kvh,
+                         bf16 *ks, bf16 *vs, int64_t *kps, int64_t *ktok) const {
+        const int64_t j0 = it < nbi ? block_first(it) : 0;
+        auto tok = [&](int j) { return token(it, j0, j); };
+        load_rows<D, NT>(ks, k, KEY_TILE, Hkv, kvh, tok);
+        load_rows<D, NT>(vs, v, KEY_TILE, Hkv, kvh, tok);
+        if (threadIdx.x < KEY_TILE) {
+            const int64_t t = tok(threadIdx.x);
+            kps[threadIdx.x] = t >= 0 ? k_pos[t] : INT64_MAX;
+            if (ktok) ktok[threadIdx.x] = t;
+        }
+    }
+};
+
+// ---- forward ----
+
+// Grid (Hq * nqb) rows, BM / 16 warps, registers capped for CTAS CTAs per
+// multiprocessor. Shared: q [BM][LD], k, v [2][BN][LD], key positions [2][BN]
+// (INT64_MAX where the tile is short).
+template <int D, int BM, int CTAS>
+__global__ void __launch_bounds__(BM * 2, CTAS)
+sparse_forward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_pos,
+                      const bf16 *__restrict__ k, const bf16 *__restrict__ v,
+                      const int64_t *__restrict__ k_pos, const int64_t *__restrict__ block_start,
+                      const int64_t *__restrict__ blocks, const int64_t *__restrict__ local_block,
+                      const int64_t *__restrict__ col_start, const int64_t *__restrict__ col_key,
+                      float *__restrict__ o, float *__restrict__ lse, int64_t Tq, int64_t Tk, int Hq,
+                      int Hkv, int64_t nqb, float scale_log2) {
+    constexpr int NT = BM * 2, LD = D + 8, BN = KEY_TILE;
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *qs = reinterpret_cast<bf16 *>(smem);
+    bf16 *ks = qs + BM * LD;
+    bf16 *vs = ks + 2 * BN * LD;
+    int64_t *kps = reinterpret_cast<int64_t *>(vs + 2 * BN * LD);
+
+    const int tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4;
+    const int h = blockIdx.x % Hq, kvh = h / (Hq / Hkv);          // later query blocks first
+    const int64_t r = h * nqb + nqb - 1 - blockIdx.x / Hq;
+    const int64_t i0 = (r % nqb) * BM, q_lo = q_pos[i0];         // a block's first query is its lowest
+    const int64_t row0 = i0 + warp * 16 + g, row1 = row0 + 8;
+    const int64_t qp0 = row0 < Tq ? q_pos[row0] : INT64_MIN;
+    const int64_t qp1 = row1 < Tq ? q_pos[row1] : INT64_MIN;
+    const RowTiles<BM> tiles(block_start, blocks, local_block, col_start, col_key, r, Tk);
+
+    auto load_kv = [&](int64_t it, int buf) {
+        tiles.template load<D, NT>(it, k, v, k_pos, Hkv, kvh, ks + buf * BN * LD, vs + buf * BN * LD,
+                                   kps + buf * BN, nullptr);
+    };
+
+    load_tile<D, NT>(qs, q, i0, BM, Tq, Hq, h);
+    int64_t it = tiles.next(0);
+    if (it < tiles.total) load_kv(it, 0);
+    cp_async_commit();
+
+    SoftmaxRows<D> rows;
+    softmax_rows_init<D>(rows);
+    int buf = 0;
+    while (it < tiles.total) {
+        const int64_t nxt = tiles.next(it + 1);
+        if (nxt < tiles.total) load_kv(nxt, buf ^ 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+
+        const int64_t *kp = kps + buf * BN;
+        forward_tile<D, BN>(rows, qs + warp * 16 * LD, ks + buf * BN * LD, vs + buf * BN * LD, kp,
+                            kp[BN - 1] <= q_lo, qp0, qp1, scale_log2);
+        __syncthreads();   // every warp is done with buf before it is refilled
+        it = nxt;
+        buf ^= 1;
+    }
+    cp_async_wait<0>();
+    forward_merge<D>(rows, row0, row1, Tq, Hq, h, o, lse);
+}
+
+// ---- backward ----
+
+// Grid (Hq * nqb) rows, BM / 16 warps. KVBUF key/value buffers (2: the next
+// tile loads during this one; 1 where shared memory is short, see backward()). Shared: q,
+// dout [BM][LD]; k, v [KVBUF][BN][LD]; P and dS [BM][BN + 8] (bf16); key
+// positions and local tokens [KVBUF][BN].
+template <int D, int BM, int KVBUF>
+__global__ void __launch_bounds__(BM * 2)
+sparse_backward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_pos,
+                       const bf16 *__restrict__ k, const bf16 *__restrict__ v,
+                       const int64_t *__restrict__ k_pos, const float *__restrict__ lse,
+                       const float *__restrict__ delta, const bf16 *__restrict__ dout,
+                       const int64_t *__restrict__ block_start, const int64_t *__restrict__ blocks,
+                       const int64_t *__restrict__ local_block, const int64_t *__restrict__ col_start,
+                       const int64_t *__restrict__ col_key, float *__restrict__ dq,
+                       float *__restrict__ dk, float *__restrict__ dv, int64_t Tq, int64_t Tk, int Hq,
+                       int Hkv, int64_t nqb, float scale, float scale_log2) {
+    constexpr int NT = BM * 2, NW = BM / 16, LD = D + 8, BN = KEY_TILE, LDP = BN + 8;
+    constexpr int WR = BN / 16, WC = NW / WR, DC = D / WC;   // dK, dV: WR x WC warps of 16 x DC
+    static_assert(NW % WR == 0 && D % (16 * WC) == 0, "sparse backward tile shape");
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *qs = reinterpret_cast<bf16 *>(smem);
+    bf16 *dos = qs + BM * LD;
+    bf16 *ks = dos + BM * LD;              // [KVBUF][BN][LD]
+    bf16 *vs = ks + KVBUF * BN * LD;       // [KVBUF][BN][LD]
+    bf16 *ps = vs + KVBUF * BN * LD;       // [BM][LDP]
+    bf16 *dss = ps + BM * LDP;             // [BM][LDP]
+    int64_t *kps = reinterpret_cast<int64_t *>(dss + BM * LDP);   // [KVBUF][BN]
+    int64_t *ktok = kps + KVBUF * BN;                             // [KVBUF][BN]
+
+    const int tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4, t4 = tid % 4;
+    const int h = blockIdx.x % Hq, kvh = h / (Hq / Hkv);          // later query blocks first
+    const int64_t r = h * nqb + nqb - 1 - blockIdx.x / Hq;
+    const int64_t i0 = (r % nqb) * BM, q_lo = q_pos[i0];
+    const RowTiles<BM> tiles(block_start, blocks, local_block, col_start, col_key, r, Tk);
+
+    // This thread's two queries (g and g + 8 of its warp's 16): lse in log2
+    // units (+inf: the row is dead, past Tq or saw no key), delta, position.
+    float L[2], del[2];
+    int64_t qp[2];
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int64_t row = i0 + warp * 16 + g + half * 8;
+        const float l = row < Tq ? lse[h * Tq + row] : -INFINITY;
+        const bool live = l != -INFINITY;
+        L[half] = live ? l * LOG2E : INFINITY;
+        del[half] = live ? delta[h * Tq + row] : 0.0f;
+        qp[half] = live ? q_pos[row] : INT64_MIN;
+    }
+
+    auto load_kv = [&](int64_t it, int buf) {
+        tiles.template load<D, NT>(it, k, v, k_pos, Hkv, kvh, ks + buf * BN * LD, vs + buf * BN * LD,
+                                   kps + buf * BN, ktok + buf * BN);
+    };
+
+    load_tile<D, NT>(qs, q, i0, BM, Tq, Hq, h);
+    load_tile<D, NT>(dos, dout, i0, BM, Tq, Hq, h);
+    int64_t it = tiles.next(0);
+    if (it < tiles.total) load_kv(it, 0);
+    cp_async_commit();
+    if (it >= tiles.total) { cp_async_wait<0>(); return; }   // nothing of this chunk for the row
+
+    float dqa[D / 8][4];                          // dQ / scale: queries g, g+8 x D
+    zero<D>(dqa);
+    const int wr = warp % WR, wc = warp / WR;
+    int buf = 0;
+    while (it < tiles.total) {
+        const int64_t nxt = tiles.next(it + 1);
+        if (KVBUF == 2 && nxt < tiles.total) load_kv(nxt, buf ^ 1);
+        cp_async_commit();
+        cp_async_wait<KVBUF - 1>();
+        __syncthreads();
+
+        const bf16 *kb = ks + buf * BN * LD, *vb = vs + buf * BN * LD;
+        const int64_t *kp = kps + buf * BN, *kt = ktok + buf * BN;
+        const bool full = kp[BN - 1] <= q_lo;
+
+        // S = Q K^T and dP = dO V^T: 16 queries x BN keys per warp.
+        float s[BN / 8][4], dp[BN / 8][4];
+        zero<BN>(s);
+        zero<BN>(dp);
+        mma_abt<D, BN>(s, qs + warp * 16 * LD, LD, kb, LD);
+        mma_abt<D, BN>(dp, dos + warp * 16 * LD, LD, vb, LD);
+
+        // P = exp2(S scale log2e - lse), dS = P (dP - delta); masked -> 0.
+#pragma unroll
+        for (int n = 0; n < BN / 8; n++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float x = s[n][e] * scale_log2 - L[e / 2];
+                if (!full && kp[n * 8 + 2 * t4 + (e & 1)] > qp[e / 2]) x = -INFINITY;
+                const float p = exp2_approx(x);
+                s[n][e] = p;
+                dp[n][e] = p * (dp[n][e] - del[e / 2]);
+            }
+        }
+
+        // dQ += dS K.
+        mma_pb<BN, D>(dqa, dp, kb, LD);
+
+        // P, dS -> shared (query-major) for the key-side products.
+#pragma unroll
+        for (int n = 0; n < BN / 8; n++) {
+            const int col = n * 8 + 2 * t4, row = warp * 16 + g;
+            *reinterpret_cast<uint32_t *>(ps + row * LDP + col) = pack_bf16(s[n][0], s[n][1]);
+            *reinterpret_cast<uint32_t *>(ps + (row + 8) * LDP + col) = pack_bf16(s[n][2], s[n][3]);
+            *reinterpret_cast<uint32_t *>(dss + row * LDP + col) = pack_bf16(dp[n][0], dp[n][1]);
+            *reinterpret_cast<uint32_t *>(dss + (row + 8) * LDP + col) = pack_bf16(dp[n][2], dp[n][3]);
+        }
+        __syncthreads();
+
+        // dV = P^T dO and dK = scale dS^T Q of the tile: warp (wr, wc) takes keys
+        // wr*16.. and columns wc*DC..; added to global with fp32 atomics.
+#pragma unroll
+        for (int which = 0; which < 2; which++) {
+            float acc[DC / 8][4];
+            zero<DC>(acc);
+            mma_atb<BM, DC>(acc, (which ? dss : ps) + wr * 16, LDP, (which ? qs : dos) + wc * DC, LD);
+            float *dst = which ? dk : dv;
+            const float f = which ? scale : 1.0f;
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int64_t t = kt[wr * 16 + g + half * 8];
+                if (t < 0) continue;
+                float *p = dst + (t * Hkv + kvh) * (int64_t)D + wc * DC + 2 * t4;
+#pragma unroll
+                for (int n = 0; n < DC / 8; n++) {
+                    atomicAdd(p + n * 8, f * acc[n][2 * half]);
+                    atomicAdd(p + n * 8 + 1, f * acc[n][2 * half + 1]);
+                }
+            }
+        }
+        __syncthreads();   // every warp is done with buf, P and dS before they are refilled
+        if (KVBUF == 1 && nxt < tiles.total) load_kv(nxt, 0);
+        it = nxt;
+        buf = (buf + 1) % KVBUF;
+    }
+    cp_async_wait<0>();
+
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int64_t row = i0 + warp * 16 + g + half * 8;
+        if (row >= Tq) continue;
+        float *p = dq + (row * Hq + h) * (int64_t)D + 2 * t4;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            p[n * 8] += scale * dqa[n][2 * half];
+            p[n * 8 + 1] += scale * dqa[n][2 * half + 1];
+        }
+    }
+}
+
+// ---- host side ----
+
+static void check_call(const AttnShape *s, const SparseIndexCuda *x) {
+    CHECK(s->head_dim == 64 || s->head_dim == 128, "sparse attention (CUDA): head_dim %d (supported: "
+          "64, 128)", s->head_dim);
+    CHECK(s->num_kv_heads >= 1 && s->num_heads % s->num_kv_heads == 0,
+          "sparse attention (CUDA): %d q heads not a multiple of %d kv heads", s->num_heads,
+          s->num_kv_heads);
+    CHECK(x->block_size == 64 || x->block_size == 128,
+          "sparse attention (CUDA): block size %d (supported: 64, 128)", x->block_size);
+    const int64_t nqb = (s->q_tokens + x->block_size - 1) / x->block_size;
+    CHECK(x->num_heads == s->num_heads && x->num_q_blocks == nqb,
+          "sparse attention (CUDA): index (%d heads, %lld query blocks of %d) does not match the "
+          "call (%d heads, %lld queries)", x->num_heads, (long long)x->num_q_blocks, x->block_size,
+          s->num_heads, (long long)s->q_tokens);
+    CHECK((int64_t)x->num_heads * nqb < INT32_MAX, "sparse attention (CUDA): too many index rows");
+}
+
+static void check_aligned(const void *p, const char *name) {
+    CHECK(((uintptr_t)p & 15) == 0, "sparse attention (CUDA): %s is not 16-byte aligned", name);
+}
+
+template <int D, int BM>
+static void forward(const AttnShape *s, const SparseIndexCuda *x, const ChunkView *c, const bf16 *q,
+                    const int64_t *q_pos, const bf16 *k, const bf16 *v, const int64_t *k_pos, float *o,
+                    float *lse, cudaStream_t stream) {
+    constexpr int LD = D + 8, BN = KEY_TILE;
+    const size_t smem = (size_t)(BM + 4 * BN) * LD * sizeof(bf16) + 2 * BN * sizeof(int64_t);
+    auto kernel = sparse_forward_kernel<D, BM, (D == 128 && BM == 128 ? 1 : 2)>;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const int64_t rows = (int64_t)s->num_heads * x->num_q_blocks;
+    kernel<<<(unsigned)rows, BM * 2, smem, stream>>>(q, q_pos, k, v, k_pos, x->block_start, x->blocks,
+                                                      c->local_block, c->col_start, c->col_key, o, lse,
+                                                      s->q_tokens, s->k_tokens, s->num_heads,
+                                                      s->num_kv_heads, x->num_q_blocks, s->scale * LOG2E);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+extern "C" void attn_sparse_forward_cuda(const AttnShape *s, const SparseIndexCuda *x, const uint16_t *q,
+                                         const int64_t *q_pos, const uint16_t *k, const uint16_t *v,
+                                         const int64_t *k_pos, float *o_acc, float *lse,
+                                         cudaStream_t stream) {
+    check_call(s, x);
+    if (s->q_tokens == 0 || s->k_tokens == 0) return;
+    check_aligned(q, "q"); check_aligned(k, "k"); check_aligned(v, "v"); check_aligned(o_acc, "o_acc");
+    ChunkView c = chunk_view(x, k_pos, s->k_tokens, stream);
+    const bf16 *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
+    const int key = s->head_dim * 1000 + x->block_size;
+    if (key == 64064) forward<64, 64>(s, x, &c, qb, q_pos, kb, vb, k_pos, o_acc, lse, stream);
+    else if (key == 64128) forward<64, 128>(s, x, &c, qb, q_pos, kb, vb, k_pos, o_acc, lse, stream);
+    else if (key == 128064) forward<128, 64>(s, x, &c, qb, q_pos, kb, vb, k_pos, o_acc, lse, stream);
+    else forward<128, 128>(s, x, &c, qb, q_pos, kb, vb, k_pos, o_acc, lse, stream);
+    chunk_view_free(&c, stream);
+}
+
+// Shared memory of the backward kernel with KVBUF key/value buffers.
+template <int D, int BM, int KVBUF>
+static size_t backward_smem() {
+    constexpr int LD = D + 8, BN = KEY_TILE;
+    return (size_t)(2 * BM + 2 * KVBUF * BN) * LD * sizeof(bf16) + (size_t)2 * BM * (BN + 8) * sizeof(bf16) +
+           2 * KVBUF * BN * sizeof(int64_t);
+}
+
+template <int D, int BM, int KVBUF>
+static void backward_launch(const AttnShape *s, const SparseIndexCuda *x, const ChunkView *c, const bf16 *q,
+                            const int64_t *q_pos, const bf16 *k, const bf16 *v, const int64_t *k_pos,
+                            const float *lse, const float *delta, const bf16 *dout, float *dq, float *dk,
+                            float *dv, cudaStream_t stream) {
+    const size_t smem = backward_smem<D, BM, KVBUF>();
+    auto kernel = sparse_backward_kernel<D, BM, KVBUF>;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const int64_t rows = (int64_t)s->num_heads * x->num_q_blocks;
+    kernel<<<(unsigned)rows, BM * 2, smem, stream>>>(q, q_pos, k, v, k_pos, lse, delta, dout, x->block_start,
+                                                      x->blocks, c->local_block, c->col_start, c->col_key,
+                                                      dq, dk, dv, s->q_tokens, s->k_tokens, s->num_heads,
+                                                      s->num_kv_heads, x->num_q_blocks, s->scale,
+                                                      s->scale * LOG2E);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// Double-buffered K/V where the device's shared memory allows (D 128 with
+// B 128 needs 176 KB: sm_90 yes, sm_80 no), else single-buffered.
+template <int D, int BM>
+static void backward(const AttnShape *s, const SparseIndexCuda *x, const ChunkView *c, const bf16 *q,
+                     const int64_t *q_pos, const bf16 *k, const bf16 *v, const int64_t *k_pos,
+                     const float *lse, const float *delta, const bf16 *dout, float *dq, float *dk,
+                     float *dv, cudaStream_t stream) {
+    if constexpr (D == 128 && BM == 128) {
+        int device, optin;
+        CUDA_CHECK(cudaGetDevice(&device));
+        CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+        if ((size_t)optin < backward_smem<D, BM, 2>()) {
+            backward_launch<D, BM, 1>(s, x, c, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk, dv, stream);
+            return;
+        }
+    }
+    backward_launch<D, BM, 2>(s, x, c, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk, dv, stream);
+}
+
+extern "C" void attn_sparse_backward_cuda(const AttnShape *s, const SparseIndexCuda *x, const uint16_t *q,
+                                          const int64_t *q_pos, const uint16_t *k, const uint16_t *v,
+                                          const int64_t *k_pos, const float *lse, const float *delta,
+                                          const uint16_t *dout, float *dq, float *dk, float *dv,
+                                          cudaStream_t stream) {
+    check_call(s, x);
+    if (s->q_tokens == 0 || s->k_tokens == 0) return;
+    check_aligned(q, "q"); check_aligned(k, "k"); check_aligned(v, "v"); check_aligned(dout, "dout");
+    ChunkView c = chunk_view(x, k_pos, s->k_tokens, stream);
+    const bf16 *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
+    const bf16 *dob = (const bf16 *)dout;
+    const int key = s->head_dim * 1000 + x->block_size;
+    if (key == 64064) backward<64, 64>(s, x, &c, qb, q_pos, kb, vb, k_pos, lse, delta, dob, dq, dk, dv, stream);
+    else if (key == 64128) backward<64, 128>(s, x, &c, qb, q_pos, kb, vb, k_pos, lse, delta, dob, dq, dk, dv, stream);
+    else if (key == 128064) backward<128, 64>(s, x, &c, qb, q_pos, kb, vb, k_pos, lse, delta, dob, dq, dk, dv, stream);
+    else backward<128, 128>(s, x, &c, qb, q_pos, kb, vb, k_pos, lse, delta, dob, dq, dk, dv, stream);
+    chunk_view_free(&c, stream);
+}
+
+// ---- the index in device memory ----
+
+static int64_t *copy_to_device(const int64_t *host, int64_t n) {
+    int64_t *dev;
+    CUDA_CHECK(cudaMalloc((void **)&dev, (size_t)(n + 1) * sizeof(int64_t)));
+    if (n > 0) CUDA_CHECK(cudaMemcpy(dev, host, (size_t)n * sizeof(int64_t), cudaMemcpyHostToDevice));
+    return dev;
+}
+
+extern "C" void sparse_index_to_cuda(const SparseIndex *h, SparseIndexCuda *d) {
+    const int64_t rows = (int64_t)h->num_heads * h->num_q_blocks;
+    d->num_heads = h->num_heads;
+    d->block_size = h->block_size;
+    d->seq_len = h->seq_len;
+    d->num_q_blocks = h->num_q_blocks;
+    d->block_capacity = h->block_start[rows];
+    d->column_capacity = h->column_start[rows];
+    d->q_blocks = copy_to_device(h->q_blocks, h->num_q_blocks);
+    d->block_start = copy_to_device(h->block_start, rows + 1);
+    d->blocks = copy_to_device(h->blocks, d->block_capacity);
+    d->column_start = copy_to_device(h->column_start, rows + 1);
+    d->columns = copy_to_device(h->columns, d->column_capacity);
+}
+
+extern "C" void sparse_index_free_cuda(SparseIndexCuda *d) {
+    CUDA_CHECK(cudaFree(d->q_blocks));
+    CUDA_CHECK(cudaFree(d->block_start));
+    CUDA_CHECK(cudaFree(d->blocks));
+    CUDA_CHECK(cudaFree(d->column_start));
+    CUDA_CHECK(cudaFree(d->columns));
+}

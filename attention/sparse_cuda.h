@@ -1,0 +1,114 @@
+// sparse_cuda.h: the CUDA block-sparse + vertical-column flash attention
+// (sparse_cuda.cu), callable from C: the kernels of sparse.h's CPU version
+// over one key chunk, driven by the same SparseIndex held in device memory.
+//
+// Conventions as attention_cuda.h (device pointers, 16-byte aligned tensors,
+// bf16 as uint16_t bits, asynchronous on `stream`, CUDA_CHECK errors), plus
+// sparse.h's block-aligned arrangement: q and every key chunk are whole
+// blocks of index->block_size consecutive global positions (only the
+// sequence's last block may be short). This is not checked on the device.
+// Supported: block_size 64 or 128 (the GPU query tile is one block, key
+// tiles are 64 keys: a selected block is 1 or 2 key tiles, a row's columns
+// are gathered into tiles of 64), head_dim 64 and 128, GQA.
+#ifndef MTRAIN_SPARSE_CUDA_H
+#define MTRAIN_SPARSE_CUDA_H
+
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+
+#include "sparse.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// A SparseIndex in device memory: the same CSR arrays (rows h * num_q_blocks
+// + i), allocated with room for block_capacity blocks and column_capacity
+// columns (the index's real lengths, block_start[rows] and
+// column_start[rows], live on the device and may be smaller).
+typedef struct {
+    int num_heads;             // Hq
+    int block_size;            // B
+    int64_t seq_len;           // N
+    int64_t num_q_blocks;      // local query blocks
+    int64_t block_capacity, column_capacity;
+    int64_t *q_blocks;         // [num_q_blocks]
+    int64_t *block_start;      // [Hq * num_q_blocks + 1]
+    int64_t *blocks;           // [block_capacity]
+    int64_t *column_start;     // [Hq * num_q_blocks + 1]
+    int64_t *columns;          // [column_capacity]
+} SparseIndexCuda;
+
+// A SparsePattern in device memory: per q head h, its vertical positions
+// vertical[h * vertical_capacity ..] (vertical_count[h] of them, ascending)
+// and slash offsets likewise.
+typedef struct {
+    int num_heads;             // Hq
+    int64_t seq_len;           // N
+    int64_t vertical_capacity, slash_capacity;
+    int64_t *vertical_count;   // [Hq]
+    int64_t *slash_count;      // [Hq] (inside the vertical_count allocation)
+    int64_t *vertical;         // [Hq][vertical_capacity]
+    int64_t *slash;            // [Hq][slash_capacity]
+} SparsePatternCuda;
+
+// A copy of a host index on the device (synchronous).
+void sparse_index_to_cuda(const SparseIndex *host, SparseIndexCuda *dev);
+
+void sparse_index_free_cuda(SparseIndexCuda *dev);
+
+// As attn_dense_forward_cuda, computing only the index's blocks and columns
+// that lie in this key chunk (causal mask token-exact), merged into the
+// running (o_acc, lse) in fp32: sparse and dense chunks can be mixed.
+void attn_sparse_forward_cuda(const AttnShape *shape, const SparseIndexCuda *index,
+                              const uint16_t *q, const int64_t *q_pos, const uint16_t *k,
+                              const uint16_t *v, const int64_t *k_pos, float *o_acc, float *lse,
+                              cudaStream_t stream);
+
+// As attn_dense_backward_cuda (accumulates dq, dk, dv) restricted to the same
+// index. dq has one writer per row (plain +=); dk, dv get fp32 atomics.
+void attn_sparse_backward_cuda(const AttnShape *shape, const SparseIndexCuda *index,
+                               const uint16_t *q, const int64_t *q_pos, const uint16_t *k,
+                               const uint16_t *v, const int64_t *k_pos, const float *lse,
+                               const float *delta, const uint16_t *dout, float *dq, float *dk,
+                               float *dv, cudaStream_t stream);
+
+// Estimation pass 1 on the GPU (sparse_select_cuda.cu), as
+// sparse_estimate_lse: shape q_tokens = Lq (1 to 128) estimation queries qe
+// [Lq, Hq, D] bf16 at qe_pos [Lq], k_tokens = this chunk's keys k [Tk, Hkv, D]
+// bf16 at k_pos; merges into lse_est [Hq, Lq] (fp32, starts at -inf).
+void sparse_estimate_lse_cuda(const AttnShape *shape, const uint16_t *qe, const int64_t *qe_pos,
+                              const uint16_t *k, const int64_t *k_pos, float *lse_est,
+                              cudaStream_t stream);
+
+// Pass 2, as sparse_estimate_scores: with the final lse_est, vertical [Hq, N]
+// and slash [Hq, N] (fp32, start at zero) += this chunk's softmax sums.
+void sparse_estimate_scores_cuda(const AttnShape *shape, const uint16_t *qe, const int64_t *qe_pos,
+                                 const uint16_t *k, const int64_t *k_pos, const float *lse_est,
+                                 int64_t seq_len, float *vertical, float *slash, cudaStream_t stream);
+
+// Selection on the GPU, as sparse_select (same budgets, same order: descending
+// score, ties to the smaller position / offset; topp summed in double in the
+// same order as the CPU, so equal scores give equal lines). vertical, slash
+// device [Hq, N], finite and >= 0 (not checked); fixed_vertical, fixed_slash
+// host [Hq] or NULL. Allocates *pattern (cudaMalloc; free with
+// sparse_pattern_free_cuda); the work is enqueued on `stream`.
+void sparse_select_cuda(const AttentionConfig *cfg, const float *vertical, const float *slash,
+                        int num_heads, int64_t seq_len, const int *fixed_vertical,
+                        const int *fixed_slash, SparsePatternCuda *pattern, cudaStream_t stream);
+
+void sparse_pattern_free_cuda(SparsePatternCuda *pattern);
+
+// The index on the GPU, as sparse_index_build: q_blocks device [num_q_blocks].
+// Allocates *index with capacities from the pattern's (blocks per row at most
+// 2 * slash_capacity + 1, columns at most vertical_capacity); its real
+// lengths stay on the device. Free with sparse_index_free_cuda.
+void sparse_index_build_cuda(const SparsePatternCuda *pattern, int block_size,
+                             const int64_t *q_blocks, int64_t num_q_blocks, SparseIndexCuda *index,
+                             cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,490 @@
+// sparse_select_cuda.cu: the vertical-slash pattern on the GPU, from
+// estimation to index, with no host round trip (sparse_cuda.h; the CPU
+// version: sparse_estimate.c, sparse_index.c, DESIGN §5.2–5.3).
+//   estimation  per (q head, tile of 128 keys) CTA, fp32 on CUDA cores (the
+//               estimation queries are few): pass 1 writes each tile's
+//               (max, sum) per query, a merge kernel folds them into lse_est;
+//               pass 2 adds the softmax column sums to vertical (one owner
+//               per key) and the diagonal sums to slash (shared-memory
+//               window, then one global atomic per offset).
+//   selection   per (q head, kind) segment: keys (score bits << 32 | ~index),
+//               sorted descending by CUB's segmented radix sort (unique keys:
+//               descending score, ties to the smaller index, as the CPU);
+//               the number taken (fixed, or top-p summed in double in the
+//               CPU's order by one thread per segment), marks, and an ordered
+//               compaction into per-head lists.
+//   index       one CTA per index row: a bitmap of the key blocks (diagonal
+//               and the slashes' blocks), then blocks and columns counted,
+//               prefix-summed (CUB) and filled in ascending order.
+#include <cub/cub.cuh>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "../dist/cuda_check.h"
+#include "flash_tiles.cuh"
+#include "sparse_cuda.h"
+
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+#define EST_KEYS 128         // keys per estimation CTA (one thread each)
+#define EST_MAX_Q 128        // at most this many estimation queries
+#define SEL_THREADS 256
+
+// ---- estimation ----
+
+// Shared tiles of one estimation CTA (q head h, keys j0 .. j0 + EST_KEYS):
+// queries qs [Lq][D + 1] scaled to log2 units, keys ks [EST_KEYS][D + 1]
+// (zero past Tk), their positions kps (INT64_MAX past Tk), qps [Lq].
+template <int D>
+__device__ void est_load(const bf16 *qe, const int64_t *qe_pos, const bf16 *k, const int64_t *k_pos, int Lq,
+                         int64_t Tk, int Hq, int Hkv, int h, int64_t j0, float scale_log2, float *qs,
+                         float *ks, int64_t *kps, int64_t *qps) {
+    const int kvh = h / (Hq / Hkv);
+    for (int i = threadIdx.x; i < Lq * D; i += blockDim.x) {
+        const int e = i / D, d = i % D;
+        qs[e * (D + 1) + d] = __bfloat162float(qe[((int64_t)e * Hq + h) * D + d]) * scale_log2;
+    }
+    for (int i = threadIdx.x; i < EST_KEYS * D; i += blockDim.x) {
+        const int j = i / D, d = i % D;
+        const int64_t t = j0 + j;
+        ks[j * (D + 1) + d] = t < Tk ? __bfloat162float(k[(t * Hkv + kvh) * D + d]) : 0.0f;
+    }
+    for (int i = threadIdx.x; i < EST_KEYS; i += blockDim.x) kps[i] = j0 + i < Tk ? k_pos[j0 + i] : INT64_MAX;
+    for (int i = threadIdx.x; i < Lq; i += blockDim.x) qps[i] = qe_pos[i];
+    __syncthreads();
+}
+
+template <int D>
+__device__ __forceinline__ float dot_row(const float *a, const float *b) {
+    float s = 0.0f;
+#pragma unroll 16
+    for (int d = 0; d < D; d++) s += a[d] * b[d];
+    return s;
+}
+
+// Grid (key tiles, Hq), EST_KEYS threads; one thread per estimation query:
+// part [Hq][tiles][Lq] = (max, sum) of its visible scores in the tile (log2 units).
+template <int D>
+__global__ void est_lse_kernel(const bf16 *qe, const int64_t *qe_pos, const bf16 *k, const int64_t *k_pos,
+                               int Lq, int64_t Tk, int Hq, int Hkv, float scale_log2, float2 *part) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    int64_t *kps = reinterpret_cast<int64_t *>(smem), *qps = kps + EST_KEYS;
+    float *qs = reinterpret_cast<float *>(qps + EST_MAX_Q), *ks = qs + Lq * (D + 1);
+    const int h = blockIdx.y;
+    est_load<D>(qe, qe_pos, k, k_pos, Lq, Tk, Hq, Hkv, h, (int64_t)blockIdx.x * EST_KEYS, scale_log2, qs, ks,
+                kps, qps);
+    for (int e = threadIdx.x; e < Lq; e += blockDim.x) {
+        float m = -INFINITY, l = 0.0f;
+        for (int j = 0; j < EST_KEYS; j++) {
+            if (kps[j] > qps[e]) continue;
+            const float s = dot_row<D>(qs + e * (D + 1), ks + j * (D + 1));
+            if (s > m) { l = l * exp2f(m - s) + 1.0f; m = s; }
+            else l += exp2f(s - m);
+        }
+        part[((int64_t)h * gridDim.x + blockIdx.x) * Lq + e] = make_float2(m, l);
+    }
+}
+
+__device__ __forceinline__ void merge_max_sum(float &m, float &l, float m2, float l2) {
+    const float mx = fmaxf(m, m2);
+    if (mx == -INFINITY) return;
+    l = l * exp2f(m - mx) + l2 * exp2f(m2 - mx);
+    m = mx;
+}
+
+// One warp per (q head, estimation query): folds the tiles' (max, sum) into
+// lse_est [Hq, Lq] (natural log, -inf while nothing was seen).
+__global__ void est_lse_merge_kernel(const float2 *part, int64_t tiles, int Lq, int Hq, float *lse_est) {
+    const int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (w >= (int64_t)Hq * Lq) return;
+    const int64_t h = w / Lq, e = w % Lq;
+    float m = -INFINITY, l = 0.0f;
+    for (int64_t t = lane; t < tiles; t += 32) {
+        const float2 p = part[(h * tiles + t) * Lq + e];
+        merge_max_sum(m, l, p.x, p.y);
+    }
+    for (int off = 16; off > 0; off /= 2) {
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, off), l2 = __shfl_xor_sync(0xffffffffu, l, off);
+        merge_max_sum(m, l, m2, l2);
+    }
+    if (lane == 0 && m != -INFINITY) {
+        const float chunk = (m + log2f(l)) * LN2, old = lse_est[w];
+        const float mx = fmaxf(old, chunk);
+        lse_est[w] = mx + logf(expf(old - mx) + expf(chunk - mx));
+    }
+}
+
+// Grid (key tiles, Hq), EST_KEYS threads; one thread per key: P = exp(S -
+// lse_est) over the estimation queries that see it; vertical [Hq, N] at the
+// key's position += its column sum; slash [Hq, N] at q - k += each P.
+template <int D>
+__global__ void est_scores_kernel(const bf16 *qe, const int64_t *qe_pos, const bf16 *k, const int64_t *k_pos,
+                                  const float *lse_est, int Lq, int64_t Tk, int Hq, int Hkv, int64_t N,
+                                  float scale_log2, float *vertical, float *slash) {
+    constexpr int W = EST_KEYS + EST_MAX_Q;        // slash window: offsets base .. base + W
+    extern __shared__ __align__(16) unsigned char smem[];
+    int64_t *kps = reinterpret_cast<int64_t *>(smem), *qps = kps + EST_KEYS;
+    float *qs = reinterpret_cast<float *>(qps + EST_MAX_Q), *ks = qs + Lq * (D + 1);
+    __shared__ float lse2[EST_MAX_Q], window[W];
+    const int h = blockIdx.y;
+    for (int i = threadIdx.x; i < W; i += blockDim.x) window[i] = 0.0f;
+    for (int i = threadIdx.x; i < Lq; i += blockDim.x) lse2[i] = lse_est[h * Lq + i] * LOG2E;
+    est_load<D>(qe, qe_pos, k, k_pos, Lq, Tk, Hq, Hkv, h, (int64_t)blockIdx.x * EST_KEYS, scale_log2, qs, ks,
+                kps, qps);
+    // Offsets of contiguous keys and queries fall in the window; others go
+    // straight to global memory.
+    const int64_t base = qps[0] - kps[0] - (EST_KEYS - 1);
+    const int j = threadIdx.x;
+    const int64_t kp = kps[j];
+    if (kp != INT64_MAX) {
+        float col = 0.0f;
+        for (int e = 0; e < Lq; e++) {
+            if (kp > qps[e] || lse2[e] == -INFINITY) continue;
+            const float p = exp2f(dot_row<D>(qs + e * (D + 1), ks + j * (D + 1)) - lse2[e]);
+            col += p;
+            const int64_t d = qps[e] - kp, w = d - base;
+            if (w >= 0 && w < W) atomicAdd(&window[w], p);
+            else atomicAdd(&slash[h * N + d], p);
+        }
+        vertical[h * N + kp] += col;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < W; i += blockDim.x)
+        if (window[i] != 0.0f) atomicAdd(&slash[h * N + base + i], window[i]);
+}
+
+static int blocks_for(int64_t n, int threads) {
+    const int64_t b = (n + threads - 1) / threads;
+    return (int)(b < 65536 ? (b > 0 ? b : 1) : 65536);
+}
+
+static void check_estimate(const AttnShape *s) {
+    CHECK(s->head_dim == 64 || s->head_dim == 128, "sparse estimation (CUDA): head_dim %d (supported: 64, "
+          "128)", s->head_dim);
+    CHECK(s->q_tokens >= 1 && s->q_tokens <= EST_MAX_Q, "sparse estimation (CUDA): %lld estimation queries "
+          "(supported: 1 to %d)", (long long)s->q_tokens, EST_MAX_Q);
+    CHECK(s->num_kv_heads >= 1 && s->num_heads % s->num_kv_heads == 0,
+          "sparse estimation (CUDA): %d q heads not a multiple of %d kv heads", s->num_heads, s->num_kv_heads);
+}
+
+static size_t est_smem(int Lq, int D) {
+    return (size_t)(EST_KEYS + EST_MAX_Q) * sizeof(int64_t) + (size_t)(Lq + EST_KEYS) * (D + 1) * sizeof(float);
+}
+
+template <int D>
+static void estimate_lse(const AttnShape *s, const bf16 *qe, const int64_t *qe_pos, const bf16 *k,
+                         const int64_t *k_pos, float *lse_est, cudaStream_t stream) {
+    const int Lq = (int)s->q_tokens;
+    const int64_t tiles = (s->k_tokens + EST_KEYS - 1) / EST_KEYS;
+    const size_t smem = est_smem(Lq, D);
+    CUDA_CHECK(cudaFuncSetAttribute(est_lse_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    float2 *part;
+    CUDA_CHECK(cudaMallocAsync((void **)&part, (size_t)(tiles * s->num_heads * Lq) * sizeof(float2), stream));
+    est_lse_kernel<D><<<dim3((unsigned)tiles, (unsigned)s->num_heads), EST_KEYS, smem, stream>>>(
+        qe, qe_pos, k, k_pos, Lq, s->k_tokens, s->num_heads, s->num_kv_heads, s->scale * LOG2E, part);
+    CUDA_CHECK(cudaGetLastError());
+    est_lse_merge_kernel<<<blocks_for((int64_t)s->num_heads * Lq * 32, 256), 256, 0, stream>>>(
+        part, tiles, Lq, s->num_heads, lse_est);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaFreeAsync(part, stream));
+}
+
+extern "C" void sparse_estimate_lse_cuda(const AttnShape *s, const uint16_t *qe, const int64_t *qe_pos,
+                                         const uint16_t *k, const int64_t *k_pos, float *lse_est,
+                                         cudaStream_t stream) {
+    check_estimate(s);
+    if (s->k_tokens == 0) return;
+    const bf16 *qb = (const bf16 *)qe, *kb = (const bf16 *)k;
+    if (s->head_dim == 64) estimate_lse<64>(s, qb, qe_pos, kb, k_pos, lse_est, stream);
+    else estimate_lse<128>(s, qb, qe_pos, kb, k_pos, lse_est, stream);
+}
+
+template <int D>
+static void estimate_scores(const AttnShape *s, const bf16 *qe, const int64_t *qe_pos, const bf16 *k,
+                            const int64_t *k_pos, const float *lse_est, int64_t N, float *vertical,
+                            float *slash, cudaStream_t stream) {
+    const int Lq = (int)s->q_tokens;
+    const int64_t tiles = (s->k_tokens + EST_KEYS - 1) / EST_KEYS;
+    const size_t smem = est_smem(Lq, D);
+    CUDA_CHECK(cudaFuncSetAttribute(est_scores_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)smem));
+    est_scores_kernel<D><<<dim3((unsigned)tiles, (unsigned)s->num_heads), EST_KEYS, smem, stream>>>(
+        qe, qe_pos, k, k_pos, lse_est, Lq, s->k_tokens, s->num_heads, s->num_kv_heads, N, s->scale * LOG2E,
+        vertical, slash);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+extern "C" void sparse_estimate_scores_cuda(const AttnShape *s, const uint16_t *qe, const int64_t *qe_pos,
+                                            const uint16_t *k, const int64_t *k_pos, const float *lse_est,
+                                            int64_t seq_len, float *vertical, float *slash,
+                                            cudaStream_t stream) {
+    check_estimate(s);
+    if (s->k_tokens == 0) return;
+    const bf16 *qb = (const bf16 *)qe, *kb = (const bf16 *)k;
+    if (s->head_dim == 64) estimate_scores<64>(s, qb, qe_pos, kb, k_pos, lse_est, seq_len, vertical, slash, stream);
+    else estimate_scores<128>(s, qb, qe_pos, kb, k_pos, lse_est, seq_len, vertical, slash, stream);
+}
+
+// ---- selection ----
+
+// key [S][N] of segment s (vertical of head s, then slash of head s - H):
+// score bits << 32 | (UINT32_MAX - index), -0 made +0.
+__global__ void select_keys_kernel(const float *vertical, const float *slash, int H, int64_t N, uint64_t *key) {
+    const int64_t n = 2 * H * N;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t s = i / N, t = i % N;
+        const float x = (s < H ? vertical[s * N + t] : slash[(s - H) * N + t]) + 0.0f;
+        key[i] = ((uint64_t)__float_as_uint(x) << 32) | (uint64_t)(UINT32_MAX - (uint32_t)t);
+    }
+}
+
+// One thread per segment: how many of its sorted lines to take (the CPU's
+// select_lines: fixed count, or the fewest reaching top_p of the mass, summed
+// in double in sorted order, capped).
+__global__ void select_take_kernel(const uint64_t *sorted, const float *vertical, const float *slash, int H,
+                                   int64_t N, const int *fixed, double top_p, int64_t cap_v, int64_t cap_s,
+                                   int64_t *take) {
+    const int s = blockIdx.x * blockDim.x + threadIdx.x;
+    if (s >= 2 * H) return;
+    const uint64_t *key = sorted + (int64_t)s * N;
+    const float *score = s < H ? vertical + (int64_t)s * N : slash + (int64_t)(s - H) * N;
+    if (fixed) { take[s] = fixed[s] < N ? fixed[s] : N; return; }
+    int64_t positive = 0;
+    double total = 0.0;
+    for (; positive < N && (key[positive] >> 32) != 0; positive++)
+        total += score[UINT32_MAX - (uint32_t)key[positive]];
+    int64_t n = 0;
+    if (top_p >= 1.0) n = positive;
+    else {
+        const double target = top_p * total;
+        double mass = 0.0;
+        while (n < positive && mass < target) mass += score[UINT32_MAX - (uint32_t)key[n++]];
+    }
+    const int64_t cap = s < H ? cap_v : cap_s;
+    take[s] = n < cap ? n : cap;
+}
+
+// sel [S][N]: the taken lines of every segment and the always-kept first
+// `always` (sink for vertical, local for slash).
+__global__ void select_mark_kernel(const uint64_t *sorted, const int64_t *take, int H, int64_t N, int sink,
+                                   int local, unsigned char *sel) {
+    const int64_t n = 2 * H * N;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t s = i / N, t = i % N;
+        if (t < take[s]) sel[s * N + (UINT32_MAX - (uint32_t)sorted[i])] = 1;
+        if (t < (s < H ? sink : local)) sel[i] = 1;
+    }
+}
+
+// One CTA per segment: the marked positions ascending into list [S][cap],
+// count [S] (at most cap by construction).
+__global__ void select_gather_kernel(const unsigned char *sel, int H, int64_t N, int64_t cap_v, int64_t cap_s,
+                                     int64_t *vertical, int64_t *slash, int64_t *v_count, int64_t *s_count) {
+    typedef cub::BlockScan<int, SEL_THREADS> Scan;
+    __shared__ typename Scan::TempStorage tmp;
+    const int s = blockIdx.x;
+    const unsigned char *mark = sel + (int64_t)s * N;
+    int64_t *list = s < H ? vertical + (int64_t)s * cap_v : slash + (int64_t)(s - H) * cap_s;
+    int64_t out = 0;
+    for (int64_t t0 = 0; t0 < N; t0 += SEL_THREADS) {
+        const int64_t t = t0 + threadIdx.x;
+        const int flag = t < N && mark[t];
+        int offset, total;
+        Scan(tmp).ExclusiveSum(flag, offset, total);
+        if (flag) list[out + offset] = t;
+        out += total;
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        if (s < H) v_count[s] = out;
+        else s_count[s - H] = out;
+    }
+}
+
+extern "C" void sparse_select_cuda(const AttentionConfig *cfg, const float *vertical, const float *slash,
+                                   int num_heads, int64_t seq_len, const int *fixed_vertical,
+                                   const int *fixed_slash, SparsePatternCuda *p, cudaStream_t stream) {
+    const int H = num_heads;
+    const int64_t N = seq_len, S = 2 * (int64_t)H;
+    const int fixed = strcmp(cfg->budget, "fixed") == 0;
+    CHECK(fixed || strcmp(cfg->budget, "topp") == 0, "selection (CUDA): unknown budget '%s'", cfg->budget);
+    CHECK(N >= 1 && N <= UINT32_MAX && S * N < INT32_MAX, "selection (CUDA): sequence length %lld",
+          (long long)N);
+    // Per-segment fixed counts and the lists' capacities (taken + always kept).
+    int *counts = (int *)xmalloc((size_t)S * sizeof(int));
+    int64_t most_v = cfg->max_vertical, most_s = cfg->max_slash;
+    if (fixed) {
+        most_v = most_s = 0;
+        for (int h = 0; h < H; h++) {
+            counts[h] = fixed_vertical ? fixed_vertical[h] : cfg->vertical;
+            counts[H + h] = fixed_slash ? fixed_slash[h] : cfg->slash;
+            most_v = counts[h] > most_v ? counts[h] : most_v;
+            most_s = counts[H + h] > most_s ? counts[H + h] : most_s;
+        }
+    }
+    *p = SparsePatternCuda{};
+    p->num_heads = H;
+    p->seq_len = N;
+    p->vertical_capacity = most_v + cfg->sink < N ? most_v + cfg->sink : N;
+    p->slash_capacity = most_s + cfg->local < N ? most_s + cfg->local : N;
+    CUDA_CHECK(cudaMalloc((void **)&p->vertical, (size_t)(H * p->vertical_capacity + 1) * sizeof(int64_t)));
+    CUDA_CHECK(cudaMalloc((void **)&p->slash, (size_t)(H * p->slash_capacity + 1) * sizeof(int64_t)));
+    CUDA_CHECK(cudaMalloc((void **)&p->vertical_count, (size_t)S * sizeof(int64_t)));
+    p->slash_count = p->vertical_count + H;
+
+    uint64_t *key, *sorted;
+    int64_t *offsets, *take;
+    int *d_counts = NULL;
+    unsigned char *sel;
+    CUDA_CHECK(cudaMallocAsync((void **)&key, (size_t)(2 * S * N) * sizeof(uint64_t), stream));
+    sorted = key + S * N;
+    CUDA_CHECK(cudaMallocAsync((void **)&offsets, (size_t)(2 * S + 1) * sizeof(int64_t), stream));
+    take = offsets + S + 1;
+    CUDA_CHECK(cudaMallocAsync((void **)&sel, (size_t)(S * N), stream));
+    // Pageable sources: the copies below have read them when they return.
+    int64_t *h_offsets = (int64_t *)xmalloc((size_t)(S + 1) * sizeof(int64_t));
+    for (int64_t s = 0; s <= S; s++) h_offsets[s] = s * N;
+    CUDA_CHECK(cudaMemcpyAsync(offsets, h_offsets, (size_t)(S + 1) * sizeof(int64_t), cudaMemcpyHostToDevice,
+                               stream));
+    if (fixed) {
+        CUDA_CHECK(cudaMallocAsync((void **)&d_counts, (size_t)S * sizeof(int), stream));
+        CUDA_CHECK(cudaMemcpyAsync(d_counts, counts, (size_t)S * sizeof(int), cudaMemcpyHostToDevice, stream));
+    }
+    CUDA_CHECK(cudaMemsetAsync(sel, 0, (size_t)(S * N), stream));
+
+    select_keys_kernel<<<blocks_for(S * N, 256), 256, 0, stream>>>(vertical, slash, H, N, key);
+    CUDA_CHECK(cudaGetLastError());
+    size_t bytes = 0;
+    CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeysDescending(nullptr, bytes, key, sorted, (int)(S * N),
+                                                                 (int)S, offsets, offsets + 1, 0, 64, stream));
+    void *temp;
+    CUDA_CHECK(cudaMallocAsync(&temp, bytes, stream));
+    CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeysDescending(temp, bytes, key, sorted, (int)(S * N), (int)S,
+                                                                 offsets, offsets + 1, 0, 64, stream));
+    CUDA_CHECK(cudaFreeAsync(temp, stream));
+    select_take_kernel<<<blocks_for(S, 32), 32, 0, stream>>>(sorted, vertical, slash, H, N, d_counts, cfg->top_p,
+                                                             cfg->max_vertical, cfg->max_slash, take);
+    CUDA_CHECK(cudaGetLastError());
+    select_mark_kernel<<<blocks_for(S * N, 256), 256, 0, stream>>>(sorted, take, H, N, cfg->sink, cfg->local, sel);
+    CUDA_CHECK(cudaGetLastError());
+    select_gather_kernel<<<(unsigned)S, SEL_THREADS, 0, stream>>>(sel, H, N, p->vertical_capacity,
+                                                                  p->slash_capacity, p->vertical, p->slash,
+                                                                  p->vertical_count, p->slash_count);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaFreeAsync(key, stream));
+    CUDA_CHECK(cudaFreeAsync(offsets, stream));
+    CUDA_CHECK(cudaFreeAsync(sel, stream));
+    if (d_counts) CUDA_CHECK(cudaFreeAsync(d_counts, stream));
+    free(h_offsets);
+    free(counts);
+}
+
+extern "C" void sparse_pattern_free_cuda(SparsePatternCuda *p) {
+    CUDA_CHECK(cudaFree(p->vertical));
+    CUDA_CHECK(cudaFree(p->slash));
+    CUDA_CHECK(cudaFree(p->vertical_count));
+}
+
+// ---- index ----
+
+// One CTA per index row r = h * nqb + i (global query block qb =
+// q_blocks[i]): marks the row's key blocks in a shared bitmap, then (FILL =
+// false) counts them and the columns into block_start[r + 1],
+// column_start[r + 1], or (FILL) writes them ascending at block_start[r],
+// column_start[r].
+template <bool FILL>
+__global__ void index_row_kernel(const SparsePatternCuda p, int B, const int64_t *q_blocks, int64_t nqb,
+                                 int64_t *block_start, int64_t *blocks, int64_t *column_start, int64_t *columns) {
+    typedef cub::BlockScan<int, SEL_THREADS> Scan;
+    __shared__ typename Scan::TempStorage tmp;
+    extern __shared__ unsigned int bits[];
+    const int64_t r = blockIdx.x, N = p.seq_len;
+    const int h = (int)(r / nqb);
+    const int64_t qb = q_blocks[r % nqb], q_lo = qb * B, q_hi = ((qb + 1) * B < N ? (qb + 1) * B : N) - 1;
+    const int64_t words = qb / 32 + 1;
+    for (int64_t w = threadIdx.x; w < words; w += SEL_THREADS) bits[w] = 0;
+    __syncthreads();
+    if (threadIdx.x == 0) atomicOr(&bits[qb / 32], 1u << (qb % 32));
+    const int64_t *slash = p.slash + h * p.slash_capacity, *vertical = p.vertical + h * p.vertical_capacity;
+    for (int64_t s = threadIdx.x; s < p.slash_count[h]; s += SEL_THREADS) {
+        const int64_t d = slash[s];
+        if (q_hi - d < 0) continue;
+        const int64_t k_lo = q_lo - d > 0 ? q_lo - d : 0;
+        for (int64_t kb = k_lo / B; kb <= (q_hi - d) / B; kb++) atomicOr(&bits[kb / 32], 1u << (kb % 32));
+    }
+    __syncthreads();
+    auto marked = [&](int64_t kb) { return (bits[kb / 32] >> (kb % 32)) & 1u; };
+    const int64_t nv = p.vertical_count[h];
+    int64_t nb = FILL ? block_start[r] : 0, nc = FILL ? column_start[r] : 0;
+    for (int64_t w0 = 0; w0 < words; w0 += SEL_THREADS) {
+        const int64_t w = w0 + threadIdx.x;
+        const unsigned word = w < words ? bits[w] : 0u;
+        int offset, total;
+        Scan(tmp).ExclusiveSum(__popc(word), offset, total);
+        if (FILL)
+            for (unsigned x = word; x; x &= x - 1) blocks[nb + offset++] = w * 32 + __ffs(x) - 1;
+        nb += total;
+        __syncthreads();
+    }
+    for (int64_t v0 = 0; v0 < nv; v0 += SEL_THREADS) {
+        const int64_t v = v0 + threadIdx.x;
+        const int64_t kp = v < nv ? vertical[v] : INT64_MAX;
+        const int flag = kp <= q_hi && !marked(kp / B);
+        int offset, total;
+        Scan(tmp).ExclusiveSum(flag, offset, total);
+        if (FILL && flag) columns[nc + offset] = kp;
+        nc += total;
+        __syncthreads();
+    }
+    if (!FILL && threadIdx.x == 0) {
+        block_start[r + 1] = nb;
+        column_start[r + 1] = nc;
+    }
+}
+
+static void inclusive_sum(int64_t *x, int64_t n, cudaStream_t stream) {
+    size_t bytes = 0;
+    CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, bytes, x, x, n, stream));
+    void *temp;
+    CUDA_CHECK(cudaMallocAsync(&temp, bytes, stream));
+    CUDA_CHECK(cub::DeviceScan::InclusiveSum(temp, bytes, x, x, n, stream));
+    CUDA_CHECK(cudaFreeAsync(temp, stream));
+}
+
+extern "C" void sparse_index_build_cuda(const SparsePatternCuda *p, int block_size, const int64_t *q_blocks,
+                                        int64_t num_q_blocks, SparseIndexCuda *x, cudaStream_t stream) {
+    const int B = block_size, H = p->num_heads;
+    const int64_t N = p->seq_len, nqb = num_q_blocks, rows = H * nqb, nglobal = (N + B - 1) / B;
+    CHECK(B >= 1 && rows >= 1 && rows < INT32_MAX, "index (CUDA): block size %d, %lld rows", B, (long long)rows);
+    const int64_t per_row = 2 * p->slash_capacity + 1 < nglobal ? 2 * p->slash_capacity + 1 : nglobal;
+    *x = SparseIndexCuda{};
+    x->num_heads = H;
+    x->block_size = B;
+    x->seq_len = N;
+    x->num_q_blocks = nqb;
+    x->block_capacity = rows * per_row;
+    x->column_capacity = rows * p->vertical_capacity;
+    CUDA_CHECK(cudaMalloc((void **)&x->q_blocks, (size_t)(nqb + 1) * sizeof(int64_t)));
+    CUDA_CHECK(cudaMalloc((void **)&x->block_start, (size_t)(rows + 1) * sizeof(int64_t)));
+    CUDA_CHECK(cudaMalloc((void **)&x->column_start, (size_t)(rows + 1) * sizeof(int64_t)));
+    CUDA_CHECK(cudaMalloc((void **)&x->blocks, (size_t)(x->block_capacity + 1) * sizeof(int64_t)));
+    CUDA_CHECK(cudaMalloc((void **)&x->columns, (size_t)(x->column_capacity + 1) * sizeof(int64_t)));
+    CUDA_CHECK(cudaMemcpyAsync(x->q_blocks, q_blocks, (size_t)nqb * sizeof(int64_t), cudaMemcpyDeviceToDevice,
+                               stream));
+    CUDA_CHECK(cudaMemsetAsync(x->block_start, 0, sizeof(int64_t), stream));
+    CUDA_CHECK(cudaMemsetAsync(x->column_start, 0, sizeof(int64_t), stream));
+    const size_t smem = (size_t)(nglobal / 32 + 1) * sizeof(unsigned);
+    CUDA_CHECK(cudaFuncSetAttribute(index_row_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CUDA_CHECK(cudaFuncSetAttribute(index_row_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    index_row_kernel<false><<<(unsigned)rows, SEL_THREADS, smem, stream>>>(*p, B, q_blocks, nqb, x->block_start,
+                                                                         x->blocks, x->column_start, x->columns);
+    CUDA_CHECK(cudaGetLastError());
+    inclusive_sum(x->block_start + 1, rows, stream);
+    inclusive_sum(x->column_start + 1, rows, stream);
+    index_row_kernel<true><<<(unsigned)rows, SEL_THREADS, smem, stream>>>(*p, B, q_blocks, nqb, x->block_start,
+                                                                        x->blocks, x->column_start, x->columns);
+    CUDA_CHECK(cudaGetLastError());
+}

@@ -1,0 +1,492 @@
+// gpu_test_sparse.c: the CUDA block-sparse + vertical-column flash attention
+// (attention/sparse_cuda.cu) against the CPU sparse kernels
+// (attention/sparse_flash_cpu.c) on the same bf16-rounded inputs and the same
+// index, fresh random ones per case: random vertical-slash patterns turned
+// into an index by sparse_index_build, lengths that are not multiples of the
+// block, blocks 64 and 128, head dims 64 and 128, GQA 1, 2 and 8, 1 to 3 key
+// chunks of a striped layout (block = the index's block) merged in ring
+// order. Also: the all-blocks index (every slash offset) against the dense
+// CUDA kernels on the same inputs. And the GPU pattern pipeline
+// (attention/sparse_select_cuda.cu): estimation against a double-precision
+// reference; selection and index against sparse_select / sparse_index_build
+// run on the GPU's own scores (copied back), which must give identical lines
+// and index, tie-breaks included (the CPU estimation itself uses cblas,
+// which GPU machines may lack; fed the same scores, the two selections have
+// no fp32 noise to disagree on). Needs a GPU; run by `make test-gpu`.
+//   build/tests/gpu_test_sparse         every case
+//   build/tests/gpu_test_sparse small   the small cases (compute-sanitizer)
+//
+// Tolerances as gpu_test_attention.c: relative Frobenius error <= 1e-2 for O,
+// delta, dQ, dK, dV and 1e-4 for the LSE against the CPU; sparse (all blocks)
+// against dense on the GPU: 1e-3 (same bf16 roundings, other sum orders).
+// Outputs are poisoned (NaN) before the kernels write them; gradients start
+// from random values and their increments are compared; the forward has no
+// atomics, so two runs must agree bit for bit.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../attention/attention.h"
+#include "../attention/attention_cuda.h"
+#include "../attention/layout.h"
+#include "../attention/sparse.h"
+#include "../attention/sparse_cuda.h"
+#include "../dist/cuda_check.h"
+#include "../dist/util.h"
+#include "check.h"
+#include "gpu_common.h"
+
+#define TOL 1e-2
+#define TOL_LSE 1e-4
+#define TOL_DENSE 1e-3
+
+typedef struct {
+    int64_t n;       // sequence length
+    int D, Hq, Hkv, B;
+    int world;       // 1: queries and keys are the whole sequence; else striped chunks
+    int rank;        // the queries' rank; chunks come in ring order from it
+    double density;  // probability of each vertical line and slash line; < 0: all blocks
+} Case;
+
+// The inputs of one case: queries (rank's tokens) and the key chunks in ring
+// order; host bf16 bits, their fp32 values, device copies.
+typedef struct {
+    int64_t Tq, nq;
+    int64_t *qpos, *d_qpos;
+    uint16_t *q, *dout, *d_q, *d_dout;
+    float *qf, *doutf;
+    int nch;
+    int64_t *T, **pos, **d_pos;
+    uint16_t **k, **v, **d_k, **d_v;
+    float **kf, **vf;
+} Inputs;
+
+// Forward and backward results, host fp32: O (bf16 values), LSE, delta, and
+// the increments of dQ and of every chunk's dK, dV (chunks concatenated).
+typedef struct {
+    float *o, *lse, *delta, *dq, *dk, *dv;
+} Results;
+
+static AttnShape shape_of(const Case *c, int64_t Tq, int64_t Tk) {
+    return (AttnShape){Tq, Tk, c->Hq, c->Hkv, c->D, c->B, 1.0f / sqrtf((float)c->D)};
+}
+
+static int64_t total_keys(const Inputs *in) {
+    int64_t n = 0;
+    for (int i = 0; i < in->nch; i++) n += in->T[i];
+    return n;
+}
+
+static Inputs make_inputs(const Case *c, Rng *rng) {
+    Inputs in = {.nch = c->world};
+    in.qpos = xmalloc((size_t)c->n * sizeof(int64_t));
+    in.Tq = layout_rank_positions(LAYOUT_STRIPED, c->n, c->B, c->world, c->rank, in.qpos);
+    in.nq = in.Tq * c->Hq * c->D;
+    in.T = xmalloc((size_t)in.nch * sizeof(int64_t));
+    in.pos = xmalloc((size_t)in.nch * sizeof(int64_t *));
+    in.d_pos = xmalloc((size_t)in.nch * sizeof(int64_t *));
+    in.k = xmalloc((size_t)in.nch * sizeof(uint16_t *));
+    in.v = xmalloc((size_t)in.nch * sizeof(uint16_t *));
+    in.d_k = xmalloc((size_t)in.nch * sizeof(uint16_t *));
+    in.d_v = xmalloc((size_t)in.nch * sizeof(uint16_t *));
+    in.kf = xmalloc((size_t)in.nch * sizeof(float *));
+    in.vf = xmalloc((size_t)in.nch * sizeof(float *));
+    for (int i = 0; i < in.nch; i++) {
+        const int r = ((c->rank - i) % c->world + c->world) % c->world;
+        in.pos[i] = xmalloc((size_t)c->n * sizeof(int64_t));
+        in.T[i] = layout_rank_positions(LAYOUT_STRIPED, c->n, c->B, c->world, r, in.pos[i]);
+        const int64_t nk = in.T[i] * c->Hkv * c->D;
+        random_bf16(rng, nk, &in.k[i], &in.kf[i]);
+        random_bf16(rng, nk, &in.v[i], &in.vf[i]);
+        in.d_pos[i] = to_device(in.pos[i], (size_t)in.T[i] * sizeof(int64_t));
+        in.d_k[i] = to_device(in.k[i], (size_t)nk * sizeof(uint16_t));
+        in.d_v[i] = to_device(in.v[i], (size_t)nk * sizeof(uint16_t));
+    }
+    random_bf16(rng, in.nq, &in.q, &in.qf);
+    random_bf16(rng, in.nq, &in.dout, &in.doutf);
+    in.d_q = to_device(in.q, (size_t)in.nq * sizeof(uint16_t));
+    in.d_dout = to_device(in.dout, (size_t)in.nq * sizeof(uint16_t));
+    in.d_qpos = to_device(in.qpos, (size_t)in.Tq * sizeof(int64_t));
+    return in;
+}
+
+static void free_inputs(Inputs *in) {
+    for (int i = 0; i < in->nch; i++) {
+        CUDA_CHECK(cudaFree(in->d_pos[i])); CUDA_CHECK(cudaFree(in->d_k[i])); CUDA_CHECK(cudaFree(in->d_v[i]));
+        free(in->pos[i]); free(in->k[i]); free(in->v[i]); free(in->kf[i]); free(in->vf[i]);
+    }
+    CUDA_CHECK(cudaFree(in->d_q)); CUDA_CHECK(cudaFree(in->d_dout)); CUDA_CHECK(cudaFree(in->d_qpos));
+    free(in->T); free(in->pos); free(in->d_pos); free(in->k); free(in->v); free(in->d_k); free(in->d_v);
+    free(in->kf); free(in->vf); free(in->qpos); free(in->q); free(in->dout); free(in->qf); free(in->doutf);
+}
+
+static void free_results(Results *r) {
+    free(r->o); free(r->lse); free(r->delta); free(r->dq); free(r->dk); free(r->dv);
+}
+
+// A random vertical-slash pattern (each vertical line with probability
+// `density`, each slash with density / 10 so that many rows keep columns
+// outside their blocks, offset 0 always; density < 0: every offset, i.e.
+// every causal block) and its index for the queries' blocks.
+static void make_index(const Case *c, const Inputs *in, Rng *rng, SparseIndex *index) {
+    const int64_t N = c->n;
+    SparsePattern p = {.num_heads = c->Hq, .seq_len = N};
+    p.vertical_start = xmalloc((size_t)(c->Hq + 1) * sizeof(int64_t));
+    p.slash_start = xmalloc((size_t)(c->Hq + 1) * sizeof(int64_t));
+    p.vertical = xmalloc((size_t)(c->Hq * N + 1) * sizeof(int64_t));
+    p.slash = xmalloc((size_t)(c->Hq * N + 1) * sizeof(int64_t));
+    p.vertical_start[0] = p.slash_start[0] = 0;
+    for (int h = 0; h < c->Hq; h++) {
+        int64_t nv = p.vertical_start[h], ns = p.slash_start[h];
+        for (int64_t i = 0; i < N; i++) {
+            if (c->density >= 0 && rng_uniform(rng) < c->density) p.vertical[nv++] = i;
+            if (i == 0 || c->density < 0 || rng_uniform(rng) < c->density / 10) p.slash[ns++] = i;
+        }
+        p.vertical_start[h + 1] = nv;
+        p.slash_start[h + 1] = ns;
+    }
+    const int64_t nqb = (in->Tq + c->B - 1) / c->B;
+    int64_t *q_blocks = xmalloc((size_t)nqb * sizeof(int64_t));
+    for (int64_t i = 0; i < nqb; i++) q_blocks[i] = in->qpos[i * c->B] / c->B;
+    sparse_index_build(&p, c->B, q_blocks, nqb, index);
+    free(q_blocks);
+    sparse_pattern_free(&p);
+}
+
+// Random starting gradients (the same for every run of a case).
+typedef struct {
+    float *dq, *dk, *dv;       // [nq], [total keys * Hkv * D] x 2
+} Start;
+
+// The CPU sparse kernels over every chunk.
+static Results cpu_run(const Case *c, const Inputs *in, const SparseIndex *index, const Start *st) {
+    const int64_t nl = in->Tq * c->Hq, nk = total_keys(in) * c->Hkv * c->D;
+    Results r = {xmalloc((size_t)in->nq * sizeof(float) + 1), xmalloc((size_t)nl * sizeof(float) + 1),
+                 xmalloc((size_t)nl * sizeof(float) + 1), xmalloc((size_t)in->nq * sizeof(float) + 1),
+                 xmalloc((size_t)nk * sizeof(float) + 1), xmalloc((size_t)nk * sizeof(float) + 1)};
+    const AttnShape s0 = shape_of(c, in->Tq, 0);
+    attn_forward_init(&s0, r.o, r.lse);
+    for (int i = 0; i < in->nch; i++) {
+        const AttnShape s = shape_of(c, in->Tq, in->T[i]);
+        attn_sparse_forward_cpu(&s, index, in->qf, in->qpos, in->kf[i], in->vf[i], in->pos[i], r.o, r.lse);
+    }
+    attn_backward_delta(&s0, r.o, in->doutf, r.delta);
+    memcpy(r.dq, st->dq, (size_t)in->nq * sizeof(float));
+    memcpy(r.dk, st->dk, (size_t)nk * sizeof(float));
+    memcpy(r.dv, st->dv, (size_t)nk * sizeof(float));
+    int64_t off = 0;
+    for (int i = 0; i < in->nch; i++) {
+        const AttnShape s = shape_of(c, in->Tq, in->T[i]);
+        attn_sparse_backward_cpu(&s, index, in->qf, in->qpos, in->kf[i], in->vf[i], in->pos[i], r.lse,
+                                 r.delta, in->doutf, r.dq, r.dk + off, r.dv + off);
+        off += in->T[i] * c->Hkv * c->D;
+    }
+    subtract(r.dq, st->dq, in->nq);
+    subtract(r.dk, st->dk, nk);
+    subtract(r.dv, st->dv, nk);
+    return r;
+}
+
+// The GPU forward of every chunk into fresh poisoned (then initialised) o_acc
+// and lse: sparse with `index`, dense when it is NULL. Returns o_acc (device).
+static float *gpu_forward(const Case *c, const Inputs *in, const SparseIndexCuda *index, float *d_lse) {
+    float *d_oacc = poisoned((size_t)in->nq * sizeof(float));
+    CUDA_CHECK(cudaMemset(d_lse, 0xff, (size_t)(in->Tq * c->Hq) * sizeof(float)));
+    const AttnShape s0 = shape_of(c, in->Tq, 0);
+    attn_forward_init_cuda(&s0, d_oacc, d_lse, 0);
+    for (int i = 0; i < in->nch; i++) {
+        const AttnShape s = shape_of(c, in->Tq, in->T[i]);
+        if (index)
+            attn_sparse_forward_cuda(&s, index, in->d_q, in->d_qpos, in->d_k[i], in->d_v[i], in->d_pos[i],
+                                     d_oacc, d_lse, 0);
+        else
+            attn_dense_forward_cuda(&s, in->d_q, in->d_qpos, in->d_k[i], in->d_v[i], in->d_pos[i], d_oacc,
+                                    d_lse, 0);
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    return d_oacc;
+}
+
+// Forward (twice: checks that the runs agree bit for bit) and backward on
+// the GPU, sparse with `index` or dense when it is NULL.
+static Results gpu_run(const Case *c, const Inputs *in, const SparseIndexCuda *index, const Start *st,
+                       const char *name) {
+    const int64_t nl = in->Tq * c->Hq, nk = total_keys(in) * c->Hkv * c->D;
+    float *d_lse = poisoned((size_t)nl * sizeof(float));
+    float *d_oacc = gpu_forward(c, in, index, d_lse);
+    float *oacc1 = from_device_f32(d_oacc, in->nq), *lse1 = from_device_f32(d_lse, nl);
+    CUDA_CHECK(cudaFree(d_oacc));
+    d_oacc = gpu_forward(c, in, index, d_lse);
+    float *oacc2 = from_device_f32(d_oacc, in->nq), *lse2 = from_device_f32(d_lse, nl);
+    EXPECT_COUNTED(memcmp(oacc1, oacc2, (size_t)in->nq * sizeof(float)) == 0 &&
+                   memcmp(lse1, lse2, (size_t)nl * sizeof(float)) == 0, "%s forward repeatable", name);
+
+    const AttnShape s0 = shape_of(c, in->Tq, 0);
+    uint16_t *d_o = poisoned((size_t)in->nq * sizeof(uint16_t));
+    attn_output_bf16_cuda(&s0, d_oacc, d_o, 0);
+    float *d_delta = poisoned((size_t)nl * sizeof(float));
+    attn_backward_delta_cuda(&s0, d_o, in->d_dout, d_delta, 0);
+    float *d_dq = to_device(st->dq, (size_t)in->nq * sizeof(float));
+    float *d_dk = to_device(st->dk, (size_t)nk * sizeof(float));
+    float *d_dv = to_device(st->dv, (size_t)nk * sizeof(float));
+    int64_t off = 0;
+    for (int i = 0; i < in->nch; i++) {
+        const AttnShape s = shape_of(c, in->Tq, in->T[i]);
+        if (index)
+            attn_sparse_backward_cuda(&s, index, in->d_q, in->d_qpos, in->d_k[i], in->d_v[i], in->d_pos[i],
+                                      d_lse, d_delta, in->d_dout, d_dq, d_dk + off, d_dv + off, 0);
+        else
+            attn_dense_backward_cuda(&s, in->d_q, in->d_qpos, in->d_k[i], in->d_v[i], in->d_pos[i], d_lse,
+                                     d_delta, in->d_dout, d_dq, d_dk + off, d_dv + off, 0);
+        off += in->T[i] * c->Hkv * c->D;
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    Results r = {from_device_bf16(d_o, in->nq), lse2, from_device_f32(d_delta, nl),
+                 from_device_f32(d_dq, in->nq), from_device_f32(d_dk, nk), from_device_f32(d_dv, nk)};
+    subtract(r.dq, st->dq, in->nq);
+    subtract(r.dk, st->dk, nk);
+    subtract(r.dv, st->dv, nk);
+    CUDA_CHECK(cudaFree(d_lse)); CUDA_CHECK(cudaFree(d_oacc)); CUDA_CHECK(cudaFree(d_o));
+    CUDA_CHECK(cudaFree(d_delta)); CUDA_CHECK(cudaFree(d_dq)); CUDA_CHECK(cudaFree(d_dk));
+    CUDA_CHECK(cudaFree(d_dv));
+    free(oacc1); free(oacc2); free(lse1);
+    return r;
+}
+
+static void compare(const char *name, const char *what, const Results *a, const Results *b, int64_t nq,
+                    int64_t nl, int64_t nk, double tol, double tol_lse) {
+    double e;
+    EXPECT_COUNTED((e = rel_frobenius(a->o, b->o, nq)) <= tol, "%s %s O rel %.2e", name, what, e);
+    EXPECT_COUNTED((e = rel_frobenius(a->lse, b->lse, nl)) <= tol_lse, "%s %s LSE rel %.2e", name, what, e);
+    EXPECT_COUNTED((e = rel_frobenius(a->delta, b->delta, nl)) <= tol, "%s %s delta rel %.2e", name, what, e);
+    EXPECT_COUNTED((e = rel_frobenius(a->dq, b->dq, nq)) <= tol, "%s %s dQ rel %.2e", name, what, e);
+    EXPECT_COUNTED((e = rel_frobenius(a->dk, b->dk, nk)) <= tol, "%s %s dK rel %.2e", name, what, e);
+    EXPECT_COUNTED((e = rel_frobenius(a->dv, b->dv, nk)) <= tol, "%s %s dV rel %.2e", name, what, e);
+}
+
+static void run_case(const Case *c, uint64_t seed) {
+    Rng rng;
+    rng_seed(&rng, seed);
+    Inputs in = make_inputs(c, &rng);
+    SparseIndex index;
+    make_index(c, &in, &rng, &index);
+    const int64_t rows = c->Hq * index.num_q_blocks;
+    char name[200];
+    snprintf(name, sizeof name, "N=%lld D=%d Hq=%d Hkv=%d B=%d chunks=%d %s (%lld blocks, %lld columns)",
+             (long long)c->n, c->D, c->Hq, c->Hkv, c->B, c->world, c->density < 0 ? "all-blocks" : "random",
+             (long long)index.block_start[rows], (long long)index.column_start[rows]);
+    SparseIndexCuda d_index;
+    sparse_index_to_cuda(&index, &d_index);
+    const int64_t nl = in.Tq * c->Hq, nk = total_keys(&in) * c->Hkv * c->D;
+    const Start st = {random_f32(&rng, in.nq), random_f32(&rng, nk), random_f32(&rng, nk)};
+
+    Results cpu = cpu_run(c, &in, &index, &st);
+    Results gpu = gpu_run(c, &in, &d_index, &st, name);
+    compare(name, "vs CPU", &gpu, &cpu, in.nq, nl, nk, TOL, TOL_LSE);
+    if (c->density < 0) {
+        Results dense = gpu_run(c, &in, NULL, &st, name);
+        compare(name, "vs dense GPU", &gpu, &dense, in.nq, nl, nk, TOL_DENSE, TOL_LSE);
+        free_results(&dense);
+    }
+    free_results(&cpu);
+    free_results(&gpu);
+    free(st.dq); free(st.dk); free(st.dv);
+    sparse_index_free_cuda(&d_index);
+    sparse_index_free(&index);
+    free_inputs(&in);
+}
+
+// One case of the pattern pipeline: Lq estimation queries (the sequence's
+// last), the keys of every chunk, budget "topp" or "fixed".
+typedef struct {
+    Case c;
+    int Lq;
+    const char *budget;
+} SelectCase;
+
+static int64_t *from_device_i64(const int64_t *dev, int64_t n) {
+    int64_t *x = xmalloc((size_t)(n + 1) * sizeof(int64_t));
+    if (n > 0) CUDA_CHECK(cudaMemcpy(x, dev, (size_t)n * sizeof(int64_t), cudaMemcpyDeviceToHost));
+    return x;
+}
+
+// Estimation reference in double: lse [Hq, Lq], vertical and slash [Hq, N].
+static void estimate_reference(const Case *c, const Inputs *in, int Lq, const float *qef, const int64_t *qe_pos,
+                               double *lse, double *vertical, double *slash) {
+    const double scale = 1.0 / sqrt((double)c->D);
+    for (int h = 0; h < c->Hq; h++) {
+        const int g = h / (c->Hq / c->Hkv);
+        for (int e = 0; e < Lq; e++) {
+            for (int pass = 0; pass < 2; pass++) {
+                double m = -INFINITY, l = 0;
+                for (int i = 0; i < in->nch; i++)
+                    for (int64_t j = 0; j < in->T[i]; j++) {
+                        if (in->pos[i][j] > qe_pos[e]) continue;
+                        double x = 0;
+                        for (int d = 0; d < c->D; d++)
+                            x += (double)qef[((int64_t)e * c->Hq + h) * c->D + d] *
+                                 in->kf[i][(j * c->Hkv + g) * c->D + d];
+                        x *= scale;
+                        if (pass == 0) {
+                            if (x > m) { l = l * exp(m - x) + 1; m = x; } else l += exp(x - m);
+                        } else {
+                            const double p = exp(x - lse[h * Lq + e]);
+                            vertical[h * c->n + in->pos[i][j]] += p;
+                            slash[h * c->n + qe_pos[e] - in->pos[i][j]] += p;
+                        }
+                    }
+                if (pass == 0) lse[h * Lq + e] = m + log(l);
+            }
+        }
+    }
+}
+
+static double rel_frobenius_f64(const float *a, const double *b, int64_t n) {
+    double diff = 0, norm = 0;
+    for (int64_t i = 0; i < n; i++) {
+        diff += (a[i] - b[i]) * (a[i] - b[i]);
+        norm += b[i] * b[i];
+    }
+    return sqrt(diff) / (sqrt(norm) + 1e-30);
+}
+
+static void run_select_case(const SelectCase *sc, uint64_t seed) {
+    const Case *c = &sc->c;
+    const int Lq = sc->Lq, Hq = c->Hq;
+    const int64_t N = c->n;
+    Rng rng;
+    rng_seed(&rng, seed);
+    char name[160];
+    snprintf(name, sizeof name, "select N=%lld D=%d Hq=%d Hkv=%d B=%d chunks=%d Lq=%d %s", (long long)N, c->D, Hq,
+             c->Hkv, c->B, c->world, Lq, sc->budget);
+    Inputs in = make_inputs(c, &rng);
+    uint16_t *qe;
+    float *qef;
+    random_bf16(&rng, (int64_t)Lq * Hq * c->D, &qe, &qef);
+    int64_t *qe_pos = xmalloc((size_t)Lq * sizeof(int64_t));
+    for (int e = 0; e < Lq; e++) qe_pos[e] = N - Lq + e;
+    uint16_t *d_qe = to_device(qe, (size_t)Lq * Hq * c->D * sizeof(uint16_t));
+    int64_t *d_qe_pos = to_device(qe_pos, (size_t)Lq * sizeof(int64_t));
+
+    // GPU estimation over the chunks: pass 1, then pass 2 with the final lse.
+    const int64_t nl = (int64_t)Hq * Lq, ns = Hq * N;
+    float *lse0 = xmalloc((size_t)nl * sizeof(float));
+    for (int64_t i = 0; i < nl; i++) lse0[i] = -INFINITY;
+    float *d_lse = to_device(lse0, (size_t)nl * sizeof(float));
+    float *d_vertical = poisoned((size_t)ns * sizeof(float)), *d_slash = poisoned((size_t)ns * sizeof(float));
+    CUDA_CHECK(cudaMemset(d_vertical, 0, (size_t)ns * sizeof(float)));
+    CUDA_CHECK(cudaMemset(d_slash, 0, (size_t)ns * sizeof(float)));
+    for (int i = 0; i < in.nch; i++) {
+        const AttnShape s = shape_of(c, Lq, in.T[i]);
+        sparse_estimate_lse_cuda(&s, d_qe, d_qe_pos, in.d_k[i], in.d_pos[i], d_lse, 0);
+    }
+    for (int i = 0; i < in.nch; i++) {
+        const AttnShape s = shape_of(c, Lq, in.T[i]);
+        sparse_estimate_scores_cuda(&s, d_qe, d_qe_pos, in.d_k[i], in.d_pos[i], d_lse, N, d_vertical, d_slash, 0);
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    float *lse = from_device_f32(d_lse, nl), *vertical = from_device_f32(d_vertical, ns);
+    float *slash = from_device_f32(d_slash, ns);
+    double *lse_ref = xcalloc((size_t)nl, sizeof(double)), *v_ref = xcalloc((size_t)ns, sizeof(double));
+    double *s_ref = xcalloc((size_t)ns, sizeof(double));
+    estimate_reference(c, &in, Lq, qef, qe_pos, lse_ref, v_ref, s_ref);
+    double e;
+    EXPECT_COUNTED((e = rel_frobenius_f64(lse, lse_ref, nl)) <= TOL_LSE, "%s lse_est rel %.2e", name, e);
+    EXPECT_COUNTED((e = rel_frobenius_f64(vertical, v_ref, ns)) <= TOL_DENSE, "%s vertical rel %.2e", name, e);
+    EXPECT_COUNTED((e = rel_frobenius_f64(slash, s_ref, ns)) <= TOL_DENSE, "%s slash rel %.2e", name, e);
+
+    // Selection and index on the same (GPU) scores, both sides.
+    AttentionConfig cfg = {.top_p = 0.9, .max_vertical = (int)(N / 8), .max_slash = (int)(N / 16), .sink = 4,
+                           .local = 8, .vertical = (int)(N / 20) + 1, .slash = (int)(N / 40) + 1};
+    snprintf(cfg.budget, sizeof cfg.budget, "%s", sc->budget);
+    SparsePattern p;
+    sparse_select(&cfg, vertical, slash, Hq, N, NULL, NULL, &p);
+    SparsePatternCuda dp;
+    sparse_select_cuda(&cfg, d_vertical, d_slash, Hq, N, NULL, NULL, &dp, 0);
+    const int64_t nqb = (in.Tq + c->B - 1) / c->B, rows = Hq * nqb;
+    int64_t *q_blocks = xmalloc((size_t)nqb * sizeof(int64_t));
+    for (int64_t i = 0; i < nqb; i++) q_blocks[i] = in.qpos[i * c->B] / c->B;
+    int64_t *d_q_blocks = to_device(q_blocks, (size_t)nqb * sizeof(int64_t));
+    SparseIndex x;
+    sparse_index_build(&p, c->B, q_blocks, nqb, &x);
+    SparseIndexCuda dx;
+    sparse_index_build_cuda(&dp, c->B, d_q_blocks, nqb, &dx, 0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+
+    int64_t *vc = from_device_i64(dp.vertical_count, Hq), *sc_ = from_device_i64(dp.slash_count, Hq);
+    int64_t *vl = from_device_i64(dp.vertical, Hq * dp.vertical_capacity);
+    int64_t *sl = from_device_i64(dp.slash, Hq * dp.slash_capacity);
+    int same = 1;
+    for (int h = 0; h < Hq; h++) {
+        same &= vc[h] == p.vertical_start[h + 1] - p.vertical_start[h] &&
+                sc_[h] == p.slash_start[h + 1] - p.slash_start[h];
+        if (!same) break;
+        same &= memcmp(vl + h * dp.vertical_capacity, p.vertical + p.vertical_start[h],
+                       (size_t)vc[h] * sizeof(int64_t)) == 0 &&
+                memcmp(sl + h * dp.slash_capacity, p.slash + p.slash_start[h], (size_t)sc_[h] * sizeof(int64_t)) == 0;
+    }
+    EXPECT_COUNTED(same, "%s pattern identical (%lld vertical, %lld slash lines)", name,
+                   (long long)p.vertical_start[Hq], (long long)p.slash_start[Hq]);
+    int64_t *bs = from_device_i64(dx.block_start, rows + 1), *cs = from_device_i64(dx.column_start, rows + 1);
+    int same_index = memcmp(bs, x.block_start, (size_t)(rows + 1) * sizeof(int64_t)) == 0 &&
+                     memcmp(cs, x.column_start, (size_t)(rows + 1) * sizeof(int64_t)) == 0;
+    if (same_index) {
+        int64_t *bl = from_device_i64(dx.blocks, bs[rows]), *cl = from_device_i64(dx.columns, cs[rows]);
+        same_index = memcmp(bl, x.blocks, (size_t)bs[rows] * sizeof(int64_t)) == 0 &&
+                     memcmp(cl, x.columns, (size_t)cs[rows] * sizeof(int64_t)) == 0;
+        free(bl); free(cl);
+    }
+    EXPECT_COUNTED(same_index, "%s index identical (%lld blocks, %lld columns)", name,
+                   (long long)x.block_start[rows], (long long)x.column_start[rows]);
+
+    free(vc); free(sc_); free(vl); free(sl); free(bs); free(cs);
+    sparse_index_free_cuda(&dx);
+    sparse_pattern_free_cuda(&dp);
+    sparse_index_free(&x);
+    sparse_pattern_free(&p);
+    CUDA_CHECK(cudaFree(d_q_blocks)); CUDA_CHECK(cudaFree(d_qe)); CUDA_CHECK(cudaFree(d_qe_pos));
+    CUDA_CHECK(cudaFree(d_lse)); CUDA_CHECK(cudaFree(d_vertical)); CUDA_CHECK(cudaFree(d_slash));
+    free(q_blocks); free(qe); free(qef); free(qe_pos); free(lse0); free(lse); free(vertical); free(slash);
+    free(lse_ref); free(v_ref); free(s_ref);
+    free_inputs(&in);
+}
+
+int main(int argc, char **argv) {
+    const int small = argc > 1 && strcmp(argv[1], "small") == 0;
+    CHECK(argc == 1 || small, "usage: %s [small]", argv[0]);
+    // {n, D, Hq, Hkv, B, world, rank, density}
+    static const Case cases[] = {
+        {1, 64, 2, 2, 64, 1, 0, 0.1},
+        {100, 128, 4, 2, 64, 1, 0, 0.1},
+        {300, 64, 8, 1, 128, 2, 1, 0.1},
+        {300, 128, 4, 4, 64, 3, 0, -1},
+        {1000, 128, 8, 1, 64, 3, 2, 0.05},
+        {1000, 64, 4, 2, 128, 1, 0, 0.05},
+        {1000, 128, 2, 2, 128, 2, 0, -1},
+        {2500, 128, 16, 2, 128, 3, 1, 0.02},
+        {4099, 64, 8, 8, 64, 2, 1, 0.02},
+        {4099, 128, 16, 2, 64, 1, 0, -1},
+    };
+    int count = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (small && cases[i].n > 300) continue;
+        run_case(&cases[i], 2000 + i);
+        count++;
+    }
+    // {{n, D, Hq, Hkv, B, world, rank, unused}, Lq, budget}
+    static const SelectCase select_cases[] = {
+        {{200, 64, 4, 2, 64, 1, 0, 0}, 16, "topp"},
+        {{300, 128, 4, 1, 64, 2, 1, 0}, 64, "fixed"},
+        {{1500, 128, 8, 2, 128, 3, 2, 0}, 64, "topp"},
+        {{2000, 64, 4, 4, 64, 2, 0, 0}, 128, "fixed"},
+        {{3000, 128, 16, 2, 64, 1, 0, 0}, 64, "topp"},
+    };
+    for (size_t i = 0; i < sizeof select_cases / sizeof select_cases[0]; i++) {
+        if (small && select_cases[i].c.n > 300) continue;
+        run_select_case(&select_cases[i], 3000 + i);
+        count++;
+    }
+    printf("%d cases: %d passed, %d failed\n", count, checks - check_failures, check_failures);
+    return check_exit();
+}

@@ -1,0 +1,385 @@
+// mpi_sparse_ring.c: the MPI test program of attention/ring_sparse.c, run
+// under mpirun by tests/test_sparse_ring.sh. Every rank checks its own part;
+// each check is all-reduced and rank 0 prints "ok NAME" or "FAIL NAME: why".
+//   mpi_sparse_ring check flat|hierarchical INNER
+//       per layout, budget (fixed, topp) and length: the distributed pattern
+//       equals sparse_plan_local's on the whole sequence (every index row,
+//       exactly) and its density counts; O, LSE, dQ, dK, dV of the sparse
+//       ring equal the single-rank sparse kernel with that pattern, for
+//       ring_send full and selected; selected gives bit-identical results
+//       and sends fewer K/V bytes than full.
+//   mpi_sparse_ring plan N B shared|independent   (one process, no
+//       communication) byte model and balance of a planted vertical-slash
+//       pattern (the same lines in every head, or drawn per head) at ~90% and
+//       ~95% sparsity: K/V bytes per ring step with full and selected for
+//       W = 4, 8, 32, and the imbalance of each layout for 32 ranks.
+// Environment: MTRAIN_TIMEOUT_S (default 60) is the deadline of every wait.
+//
+// Tolerances (fp32 against fp32, only the merge order differs): max |ring -
+// ref| / max |ref| per tensor below 5e-6 for O and LSE, 2e-5 for dQ, dK, dV;
+// recall mass within 1e-5 relative.
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../attention/balance.h"
+#include "../attention/layout.h"
+#include "../attention/ring_sparse.h"
+#include "../attention/sparse_plan.h"
+#include "../dist/comm.h"
+#include "../dist/util.h"
+#include "check.h"
+
+#define TOL_FWD 5e-6
+#define TOL_GRAD 2e-5
+
+static Dist dist;
+
+// One check over all ranks of the world: passes when it passed everywhere.
+static void expect_all(int passed, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void expect_all(int passed, const char *fmt, ...) {
+    char name[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof(name), fmt, ap);
+    va_end(ap);
+    if (!passed) fprintf(stderr, "rank %d: check %s failed here\n", dist.world_rank, name);
+    int64_t failing = !passed;
+    comm_allreduce(&dist.world, &failing, 1, DT_INT64, REDUCE_SUM);
+    if (failing) check_failures++;
+    if (dist.world_rank != 0) return;
+    if (failing) printf("FAIL %s: failed on %lld of %d ranks\n", name, (long long)failing, dist.world_size);
+    else printf("ok %s\n", name);
+    fflush(stdout);
+}
+
+static float *randn(Rng *rng, int64_t n) {
+    float *x = xmalloc((size_t)(n + 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) x[i] = (float)rng_normal(rng);
+    return x;
+}
+
+// Rows of x [N, width] at positions pos [T] into out [T, width].
+static float *gather_rows(const float *x, int64_t width, const int64_t *pos, int64_t T) {
+    float *out = xmalloc((size_t)(T * width + 1) * sizeof(float));
+    for (int64_t t = 0; t < T; t++) memcpy(out + t * width, x + pos[t] * width, (size_t)width * sizeof(float));
+    return out;
+}
+
+// Columns of lse [H, N] at positions pos [T] into out [H, T].
+static float *gather_cols(const float *lse, int H, int64_t N, const int64_t *pos, int64_t T) {
+    float *out = xmalloc((size_t)(H * T + 1) * sizeof(float));
+    for (int h = 0; h < H; h++)
+        for (int64_t t = 0; t < T; t++) out[h * T + t] = lse[h * N + pos[t]];
+    return out;
+}
+
+static int same_ints(const int64_t *a, const int64_t *b, int64_t n) {
+    return n == 0 || !memcmp(a, b, (size_t)n * sizeof(int64_t));
+}
+
+// Row r of index x equals row s of index y (blocks and columns).
+static int same_row(const SparseIndex *x, int64_t r, const SparseIndex *y, int64_t s) {
+    const int64_t nb = x->block_start[r + 1] - x->block_start[r], nc = x->column_start[r + 1] - x->column_start[r];
+    return nb == y->block_start[s + 1] - y->block_start[s] && nc == y->column_start[s + 1] - y->column_start[s] &&
+           same_ints(x->blocks + x->block_start[r], y->blocks + y->block_start[s], nb) &&
+           same_ints(x->columns + x->column_start[r], y->columns + y->column_start[s], nc);
+}
+
+// The sparse test configuration: small lines so that the pattern is sparse.
+static AttentionConfig sparse_cfg(const char *budget) {
+    AttentionConfig c = {0};
+    strcpy(c.type, "sparse");
+    strcpy(c.budget, budget);
+    c.block_size = 16;
+    c.last_q = 24;
+    c.top_p = 0.5;
+    c.max_vertical = 6;
+    c.max_slash = 4;
+    c.sink = 2;
+    c.local = 3;
+    c.vertical = 3;
+    c.slash = 2;
+    return c;
+}
+
+typedef struct {
+    float *o, *lse, *dq, *dk, *dv;
+} Grads;
+
+static Grads grads_new(int64_t T, int64_t wq, int64_t wk, int Hq) {
+    return (Grads){xmalloc((size_t)(T * wq + 1) * sizeof(float)), xmalloc((size_t)(Hq * T + 1) * sizeof(float)),
+                   xcalloc((size_t)(T * wq + 1), sizeof(float)), xcalloc((size_t)(T * wk + 1), sizeof(float)),
+                   xcalloc((size_t)(T * wk + 1), sizeof(float))};
+}
+
+static void grads_free(Grads *g) { free(g->o); free(g->lse); free(g->dq); free(g->dk); free(g->dv); }
+
+// One sequence of N tokens in `layout` on the cp ranks.
+static void check_case(LayoutKind layout, int64_t N, const char *budget, int inner, const char *schedule) {
+    const int Hq = 4, Hkv = 2, D = 8, B = 16;
+    const int W = dist.cp.size, r = dist.cp.rank;
+    const int64_t wq = (int64_t)Hq * D, wk = (int64_t)Hkv * D, nb = (N + B - 1) / B;
+    const AttentionConfig cfg = sparse_cfg(budget);
+    Rng rng;
+    rng_seed(&rng, 2000 + (uint64_t)N);
+    float *q = randn(&rng, N * wq), *k = randn(&rng, N * wk), *v = randn(&rng, N * wk), *w = randn(&rng, N * wq);
+    int64_t *all_pos = xmalloc((size_t)N * sizeof(int64_t));
+    for (int64_t t = 0; t < N; t++) all_pos[t] = t;
+    char tag[128];
+    snprintf(tag, sizeof(tag), "%s_%s_%s_W%d_inner%d_N%lld", schedule, layout_name(layout), budget, W, inner,
+             (long long)N);
+
+    // Reference: the single-rank plan and kernels on the whole sequence.
+    AttnShape full = {N, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D)};
+    SparseIndex ref = {0};
+    SparseStats ref_stats = {0};
+    sparse_plan_local(&cfg, &full, q, k, all_pos, NULL, NULL, &ref, &ref_stats);
+    Grads e = grads_new(N, wq, wk, Hq);
+    float *delta = xmalloc((size_t)(Hq * N) * sizeof(float));
+    attn_forward_init(&full, e.o, e.lse);
+    attn_sparse_forward_cpu(&full, &ref, q, all_pos, k, v, all_pos, e.o, e.lse);
+    attn_backward_delta(&full, e.o, w, delta);
+    attn_sparse_backward_cpu(&full, &ref, q, all_pos, k, v, all_pos, e.lse, delta, w, e.dq, e.dk, e.dv);
+
+    // This rank's slice and the ring.
+    int64_t T = layout_rank_positions(layout, N, B, W, r, NULL);
+    int64_t *pos = xmalloc((size_t)(T + 1) * sizeof(int64_t));
+    layout_rank_positions(layout, N, B, W, r, pos);
+    float *lq = gather_rows(q, wq, pos, T), *lk = gather_rows(k, wk, pos, T), *lv = gather_rows(v, wk, pos, T);
+    float *lw = gather_rows(w, wq, pos, T);
+    float *eo = gather_rows(e.o, wq, pos, T), *e_lse = gather_cols(e.lse, Hq, N, pos, T);
+    float *edq = gather_rows(e.dq, wq, pos, T), *edk = gather_rows(e.dk, wk, pos, T), *edv = gather_rows(e.dv, wk, pos, T);
+    Ring ring;
+    ring_init(&ring, &dist.cp, inner, pos, T);
+    AttnShape shape = {T, 0, Hq, Hkv, D, B, full.scale};
+    Grads got[2];
+    int64_t bytes[2];
+    for (int send = 0; send < 2; send++) {
+        RingSparse rs = {0};
+        SparseStats stats = {0};
+        ring_sparse_plan(&ring, &cfg, &shape, lq, lk, NULL, NULL, (RingSend)send, &rs, &stats);
+        if (send == 0) {
+            // The pattern: this rank's rows and the whole index from its pattern.
+            int same = 1;
+            for (int h = 0; h < Hq; h++)
+                for (int64_t i = 0; i < rs.index.num_q_blocks; i++)
+                    same &= same_row(&rs.index, h * rs.index.num_q_blocks + i, &ref, h * nb + rs.index.q_blocks[i]);
+            SparseIndex whole;
+            sparse_index_build(&rs.pattern, B, ref.q_blocks, nb, &whole);
+            for (int64_t row = 0; row < Hq * nb; row++) same &= same_row(&whole, row, &ref, row);
+            sparse_index_free(&whole);
+            expect_all(same, "sparse_ring_pattern_%s", tag);
+            expect_all(stats.computed == ref_stats.computed && stats.causal == ref_stats.causal &&
+                       stats.estimation_rows == ref_stats.estimation_rows &&
+                       fabs(stats.covered_mass - ref_stats.covered_mass) <= 1e-5 * ref_stats.covered_mass,
+                       "sparse_ring_stats_%s (density %.3f, recall %.4f)", tag, stats.computed / stats.causal,
+                       stats.covered_mass / stats.estimation_rows);
+        }
+        got[send] = grads_new(T, wq, wk, Hq);
+        Grads *g = &got[send];
+        ring_sparse_forward(&ring, &rs, &shape, lq, lk, lv, g->o, g->lse);
+        ring_sparse_backward(&ring, &rs, &shape, lq, lk, lv, g->o, g->lse, lw, g->dq, g->dk, g->dv);
+        double errs[2] = {fmax(max_rel_diff(g->o, eo, T * wq), max_rel_diff(g->lse, e_lse, Hq * T)),
+                          fmax(max_rel_diff(g->dq, edq, T * wq),
+                               fmax(max_rel_diff(g->dk, edk, T * wk), max_rel_diff(g->dv, edv, T * wk)))};
+        double mine[2] = {errs[0], errs[1]};
+        comm_allreduce(&dist.world, errs, 2, DT_DOUBLE, REDUCE_MAX);
+        const char *mode = send ? "selected" : "full";
+        expect_all(mine[0] < TOL_FWD, "sparse_ring_%s_%s_forward (max rel err %.2e)", mode, tag, errs[0]);
+        expect_all(mine[1] < TOL_GRAD, "sparse_ring_%s_%s_backward (max rel err %.2e)", mode, tag, errs[1]);
+        bytes[send] = rs.traffic.kv_bytes;
+        comm_allreduce(&dist.world, &bytes[send], 1, DT_INT64, REDUCE_SUM);
+        ring_sparse_free(&rs);
+    }
+    int identical = 1;
+    identical &= !memcmp(got[0].o, got[1].o, (size_t)(T * wq) * sizeof(float));
+    identical &= !memcmp(got[0].lse, got[1].lse, (size_t)(Hq * T) * sizeof(float));
+    identical &= !memcmp(got[0].dq, got[1].dq, (size_t)(T * wq) * sizeof(float));
+    identical &= !memcmp(got[0].dk, got[1].dk, (size_t)(T * wk) * sizeof(float));
+    identical &= !memcmp(got[0].dv, got[1].dv, (size_t)(T * wk) * sizeof(float));
+    expect_all(identical, "sparse_ring_selected_identical_%s", tag);
+    // Selected never sends more; with several ranks and blocks it sends less.
+    const int must_save = W > 1 && nb >= 2 * W;
+    expect_all(bytes[1] <= bytes[0] && (!must_save || bytes[1] < bytes[0]),
+               "sparse_ring_selected_bytes_%s (K/V bytes full %lld, selected %lld)", tag, (long long)bytes[0],
+               (long long)bytes[1]);
+
+    ring_free(&ring);
+    grads_free(&got[0]); grads_free(&got[1]); grads_free(&e);
+    sparse_index_free(&ref);
+    free(q); free(k); free(v); free(w); free(all_pos); free(delta); free(pos);
+    free(lq); free(lk); free(lv); free(lw); free(eo); free(e_lse); free(edq); free(edk); free(edv);
+}
+
+static void check(const char *schedule, int cp_inner) {
+    dist_setup(&dist, 1, 0, cp_inner, "mpi_sparse_ring");
+    int inner = ring_inner_size(schedule, dist.cp.size, dist.grid.cp_inner);
+    const int B = 16, W = dist.cp.size;
+    // Ranks with different block counts and a short last block; a short
+    // sequence where some ranks hold nothing.
+    const int64_t lengths[] = {(int64_t)W * B * 4 + 7, 40};
+    for (int l = 0; l < 3; l++)
+        for (size_t n = 0; n < sizeof(lengths) / sizeof(lengths[0]); n++)
+            check_case((LayoutKind)l, lengths[n], n == 0 ? "fixed" : "topp", inner, schedule);
+    check_case(LAYOUT_STRIPED, lengths[0], "topp", inner, schedule);
+}
+
+// ----------------------------------------------------------------------------
+// Byte model and balance of a planted pattern (no communication).
+
+// Per q head: the sink positions and `vertical` random positions; the local
+// offsets and `slash` random offsets, drawn near the diagonal (N * u^3);
+// shared: every head draws the same lines.
+static void planted_pattern(int Hq, int64_t N, int sink, int local, int vertical, int slash, bool shared,
+                            uint64_t seed, SparsePattern *p) {
+    Rng rng;
+    rng_seed(&rng, seed);
+    char *mark = xmalloc((size_t)N);
+    int64_t *lists[2] = {xmalloc((size_t)(Hq * N) * sizeof(int64_t)), xmalloc((size_t)(Hq * N) * sizeof(int64_t))};
+    int64_t *starts[2] = {xmalloc((size_t)(Hq + 1) * sizeof(int64_t)), xmalloc((size_t)(Hq + 1) * sizeof(int64_t))};
+    for (int kind = 0; kind < 2; kind++) {
+        starts[kind][0] = 0;
+        for (int h = 0; h < Hq; h++) {
+            if (shared) rng_seed(&rng, seed + (uint64_t)kind);
+            memset(mark, 0, (size_t)N);
+            for (int64_t x = 0; x < (kind ? local : sink) && x < N; x++) mark[x] = 1;
+            for (int n = 0; n < (kind ? slash : vertical); n++) {
+                const double u = rng_uniform(&rng);
+                mark[(int64_t)(N * (kind ? u * u * u : u)) % N] = 1;
+            }
+            int64_t c = starts[kind][h];
+            for (int64_t x = 0; x < N; x++)
+                if (mark[x]) lists[kind][c++] = x;
+            starts[kind][h + 1] = c;
+        }
+    }
+    *p = (SparsePattern){Hq, N, starts[0], lists[0], starts[1], lists[1]};
+    free(mark);
+}
+
+// Index over every query block of the pattern.
+static void whole_index(const SparsePattern *p, int B, SparseIndex *x) {
+    const int64_t nb = (p->seq_len + B - 1) / B;
+    int64_t *blocks = xmalloc((size_t)nb * sizeof(int64_t));
+    for (int64_t b = 0; b < nb; b++) blocks[b] = b;
+    sparse_index_build(p, B, blocks, nb, x);
+    free(blocks);
+}
+
+// K/V bytes of a ring of W ranks (inner per inner ring) over `layout`, whole
+// chunks and selected: mean per rank and sending step, the total, and the
+// gathered columns' bytes per rank.
+static void plan_bytes(const SparsePattern *p, int B, LayoutKind layout, int W, int inner, int64_t token_bytes) {
+    const int64_t N = p->seq_len, words = ring_need_words(N, B);
+    Comm comm = {MPI_COMM_NULL, "cp", 0, W, 0};
+    Ring ring = {&comm, inner, W / inner, xmalloc((size_t)W * sizeof(int64_t)),
+                 xmalloc((size_t)(W + 1) * sizeof(int64_t)), xmalloc((size_t)N * sizeof(int64_t)), 0};
+    uint64_t *bits = xmalloc((size_t)(W * words) * sizeof(uint64_t));
+    ring.offsets[0] = 0;
+    for (int r = 0; r < W; r++) {
+        ring.counts[r] = layout_rank_positions(layout, N, B, W, r, ring.positions + ring.offsets[r]);
+        ring.offsets[r + 1] = ring.offsets[r] + ring.counts[r];
+        if (ring.counts[r] > ring.max_count) ring.max_count = ring.counts[r];
+        const int64_t nqb = (ring.counts[r] + B - 1) / B;
+        int64_t *qb = xmalloc((size_t)(nqb + 1) * sizeof(int64_t));
+        for (int64_t i = 0; i < nqb; i++) qb[i] = ring.positions[ring.offsets[r] + i * B] / B;
+        SparseIndex x;
+        sparse_index_build(p, B, qb, nqb, &x);
+        ring_need_row(&x, words, bits + r * words);
+        sparse_index_free(&x);
+        free(qb);
+    }
+    RingNeed need = {B, words, bits};
+    int64_t *tokens = xmalloc((size_t)(W * W) * sizeof(int64_t));
+    double total[2] = {0, 0};
+    for (int sel = 0; sel < 2; sel++) {
+        ring_send_tokens(&ring, sel ? &need : NULL, tokens);
+        for (int64_t i = 0; i < (int64_t)W * W; i++) total[sel] += (double)tokens[i] * token_bytes;
+    }
+    int64_t columns = 0;
+    char *col = xcalloc((size_t)N, 1);
+    for (int64_t e = 0; e < p->vertical_start[p->num_heads]; e++) col[p->vertical[e]] = 1;
+    for (int64_t x = 0; x < N; x++) columns += col[x];
+    const double steps = (double)W * (W - 1);
+    printf("| %s | %d (%dx%d) | %.2f | %.2f | %.3f | %.2f |\n", layout_name(layout), W, W / inner, inner,
+           total[0] / steps / 1048576, total[1] / steps / 1048576, total[1] / total[0],
+           (double)columns * token_bytes * (W - 1) / W / 1048576);
+    free(col); free(tokens); free(bits);
+    free(ring.counts); free(ring.offsets); free(ring.positions);
+}
+
+static void plan(int64_t N, int B, bool shared) {
+    const int Hq = 28, Hkv = 4, D = 128, sink = 64, local = 128, vertical = 256;
+    const int64_t token_bytes = 2 * (int64_t)Hkv * D * (int64_t)sizeof(float);
+    printf("planted vertical-slash pattern: N=%lld B=%d Hq=%d Hkv=%d D=%d fp32, sink %d, local %d, %d random vertical "
+           "and S random slash lines per head (offsets N*u^3), %s\n", (long long)N, B, Hq, Hkv, D, sink, local, vertical,
+           shared ? "the same lines in every head" : "independent per head");
+    const double targets[] = {0.90, 0.95};
+    for (int t = 0; t < 2; t++) {
+        // The slash count S giving the target sparsity (bisection).
+        int lo = 0, hi = (int)(N / 2);
+        SparsePattern p;
+        SparseIndex x;
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            planted_pattern(Hq, N, sink, local, vertical, mid, shared, 11, &p);
+            whole_index(&p, B, &x);
+            int64_t *pos = xmalloc((size_t)N * sizeof(int64_t));
+            for (int64_t i = 0; i < N; i++) pos[i] = i;
+            SparseStats s = {0};
+            sparse_index_count(&x, pos, N, &s);
+            if (1.0 - s.computed / s.causal >= targets[t]) lo = mid; else hi = mid - 1;
+            free(pos);
+            sparse_index_free(&x);
+            sparse_pattern_free(&p);
+        }
+        planted_pattern(Hq, N, sink, local, vertical, lo, shared, 11, &p);
+        whole_index(&p, B, &x);
+        int64_t *pos = xmalloc((size_t)N * sizeof(int64_t));
+        for (int64_t i = 0; i < N; i++) pos[i] = i;
+        SparseStats s = {0};
+        sparse_index_count(&x, pos, N, &s);
+        printf("\nsparsity %.3f (S = %d slash lines per head)\n\n", 1.0 - s.computed / s.causal, lo);
+        printf("| layout | W (outer x inner) | full MiB/step | selected MiB/step | selected / full | columns MiB/rank |\n"
+               "|---|---|---|---|---|---|\n");
+        for (int l = 0; l < 3; l++) {
+            plan_bytes(&p, B, (LayoutKind)l, 4, 4, token_bytes);
+            plan_bytes(&p, B, (LayoutKind)l, 8, 8, token_bytes);
+            plan_bytes(&p, B, (LayoutKind)l, 32, 32, token_bytes);
+            plan_bytes(&p, B, (LayoutKind)l, 32, 8, token_bytes);
+        }
+        printf("\nimbalance, 32 ranks (rank / step; 1.0 = perfect)\n\n"
+               "| layout | columns gathered | columns in ring |\n|---|---|---|\n");
+        double *work = xmalloc(32 * 32 * sizeof(double));
+        for (int l = 0; l < 3; l++) {
+            double m[4];
+            for (int g = 0; g < 2; g++) {
+                balance_work(&x, (LayoutKind)l, 32, g == 0, work);
+                m[2 * g] = balance_rank_imbalance(work, 32);
+                m[2 * g + 1] = balance_step_imbalance(work, 32);
+            }
+            printf("| %s | %.2f / %.2f | %.2f / %.2f |\n", layout_name((LayoutKind)l), m[0], m[1], m[2], m[3]);
+        }
+        free(work); free(pos);
+        sparse_index_free(&x);
+        sparse_pattern_free(&p);
+    }
+}
+
+int main(int argc, char **argv) {
+    const char *timeout = getenv("MTRAIN_TIMEOUT_S");
+    dist_init(&dist, &argc, &argv, timeout ? atof(timeout) : 60.0);
+    const char *mode = argc > 1 ? argv[1] : "";
+    if (!strcmp(mode, "check") && argc == 4) {
+        check(argv[2], atoi(argv[3]));
+    } else if (!strcmp(mode, "plan") && argc == 5) {
+        plan(atoll(argv[2]), atoi(argv[3]), !strcmp(argv[4], "shared"));
+    } else {
+        if (dist.world_rank == 0) fprintf(stderr, "usage: mpi_sparse_ring check flat|hierarchical INNER | plan N B shared|independent\n");
+        dist_finalize(&dist);
+        return 2;
+    }
+    dist_finalize(&dist);
+    return check_exit();
+}

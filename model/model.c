@@ -315,9 +315,7 @@ static AttnShape attn_shape(const Model *m, int64_t T) {
 static void ring_layer_forward(Model *m, int l, LayerActs *a, const AttnShape *s, bool plan) {
     if (plan && !is_sparse(m)) m->ring_kernels[l] = ring_dense_cpu;
     if (plan && is_sparse(m)) {
-        if (!m->ring_sparse.plan)
-            fail("attention.type sparse with parallel.cp %d: sparse attention over the ring is not available in "
-                 "this build (expected attention.type dense, or parallel.cp 1)", m->cp->size);
+        CHECK(m->ring_sparse.plan, "sparse attention on the ring without a planner (Model.ring_sparse)");
         size_t budget = (size_t)l * m->cfg.num_heads;
         m->ring_kernels[l] = m->ring_sparse.plan(
             m->ring_sparse.ctx, &m->attention, l, &m->ring, s, a->q, a->k, m->positions,
@@ -398,16 +396,18 @@ static void layer_backward(Model *m, int l, LayerActs *a, int64_t T) {
     be->zero(m->dq, f * (size_t)(T * QD));
     be->zero(m->dk, f * (size_t)(T * KD));
     be->zero(m->dv, f * (size_t)(T * KD));
-    if (!m->cp) be->attn_delta(&s, a->att, m->datt, m->delta);
-    if (m->cp)
+    if (m->cp) {
         ring_attn_backward(&m->ring, &m->ring_kernels[l], &s, a->q, a->k, a->v, a->att, a->lse, m->datt, m->dq,
                            m->dk, m->dv);
-    else if (is_sparse(m))
-        be->attn_sparse_backward(&s, &m->sparse_index[l], a->q, m->positions, a->k, a->v, m->positions,
-                                 a->lse, m->delta, m->datt, m->dq, m->dk, m->dv);
-    else
-        be->attn_backward(&s, a->q, m->positions, a->k, a->v, m->positions, a->lse, m->delta, m->datt,
-                          m->dq, m->dk, m->dv);
+    } else {
+        be->attn_delta(&s, a->att, m->datt, m->delta);
+        if (is_sparse(m))
+            be->attn_sparse_backward(&s, &m->sparse_index[l], a->q, m->positions, a->k, a->v, m->positions,
+                                     a->lse, m->delta, m->datt, m->dq, m->dk, m->dv);
+        else
+            be->attn_backward(&s, a->q, m->positions, a->k, a->v, m->positions, a->lse, m->delta, m->datt,
+                              m->dq, m->dk, m->dv);
+    }
     be->rope(m->dq, m->positions, T, c->num_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 1);
     be->rope(m->dk, m->positions, T, c->num_kv_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 1);
     be->zero(m->dh, f * (size_t)(T * H));

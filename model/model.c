@@ -398,19 +398,21 @@ static void layer_backward(Model *m, int l, LayerActs *a, int64_t T) {
     be->zero(m->dq, f * (size_t)(T * QD));
     be->zero(m->dk, f * (size_t)(T * KD));
     be->zero(m->dv, f * (size_t)(T * KD));
-    if (!m->cp) be->attn_delta(&s, a->att, m->datt, m->delta);
-    if (m->cp && is_sparse(m))
+    if (m->cp && is_sparse(m)) {
         ring_sparse_backward(&m->ring, &m->ring_sparse[l], &s, a->q, a->k, a->v, a->att, a->lse, m->datt, m->dq,
                              m->dk, m->dv);
-    else if (m->cp)
+    } else if (m->cp) {
         ring_attn_backward(&m->ring, &ring_dense_cpu, &s, a->q, a->k, a->v, a->att, a->lse, m->datt, m->dq, m->dk,
                            m->dv);
-    else if (is_sparse(m))
-        be->attn_sparse_backward(&s, &m->sparse_index[l], a->q, m->positions, a->k, a->v, m->positions,
-                                 a->lse, m->delta, m->datt, m->dq, m->dk, m->dv);
-    else
-        be->attn_backward(&s, a->q, m->positions, a->k, a->v, m->positions, a->lse, m->delta, m->datt,
-                          m->dq, m->dk, m->dv);
+    } else {
+        be->attn_delta(&s, a->att, m->datt, m->delta);
+        if (is_sparse(m))
+            be->attn_sparse_backward(&s, &m->sparse_index[l], a->q, m->positions, a->k, a->v, m->positions,
+                                     a->lse, m->delta, m->datt, m->dq, m->dk, m->dv);
+        else
+            be->attn_backward(&s, a->q, m->positions, a->k, a->v, m->positions, a->lse, m->delta, m->datt,
+                              m->dq, m->dk, m->dv);
+    }
     be->rope(m->dq, m->positions, T, c->num_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 1);
     be->rope(m->dk, m->positions, T, c->num_kv_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 1);
     be->zero(m->dh, f * (size_t)(T * H));

@@ -14,7 +14,7 @@ ranks=${DEMO_RANKS:-2}
 threads=$(( $(nproc) / ranks > 0 ? $(nproc) / ranks : 1 ))
 if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
-attention=$(sed -n 's/^  type: *//p' configs/demo-cpu.yaml)
+attention=$(sed -n 's/^  type: *\([a-z]*\).*/\1/p' configs/demo-cpu.yaml)
 echo "== training configs/demo-cpu.yaml on $ranks MPI ranks (cp = $ranks; CPU, $(nproc) cores, $threads thread(s) per rank)"
 echo "   attention: $attention, over the ring of the $ranks ranks"
 mpirun -np "$ranks" --oversubscribe --bind-to none build/mtrain train configs/demo-cpu.yaml \

@@ -149,8 +149,16 @@ for layout in zigzag striped; do
   train "sparse_cp2_$layout" 2 train.steps=1 parallel.cp=2 attention.layout=$layout $SPARSE
   same_step "sparse_cp2_$layout" sparse_ref1
 done
-train sparse_cp4_selected 4 train.steps=1 parallel.cp=4 attention.ring_send=selected $SPARSE
+train sparse_cp4_selected 4 train.steps=1 parallel.cp=4 attention.ring_send=selected log.attention_every=1 $SPARSE
 same_step sparse_cp4_selected sparse_ref1
+train sparse_cp4_full 4 train.steps=1 parallel.cp=4 attention.ring_send=full log.attention_every=1 $SPARSE
+same_step sparse_cp4_full sparse_ref1
+# Both modes log the ring's bytes; selected sends fewer.
+ring_bytes() { sed -n 's/.*"ring_bytes": \([0-9]*\).*/\1/p' "$tmp/$1/metrics.jsonl"; }
+full=$(ring_bytes sparse_cp4_full) selected=$(ring_bytes sparse_cp4_selected)
+if [ -n "$full" ] && [ -n "$selected" ] && [ "$selected" -lt "$full" ] && [ "$selected" -gt 0 ]; then
+  ok dist_train_ring_bytes_logged
+else bad dist_train_ring_bytes_logged "ring_bytes full '$full', selected '$selected'"; fi
 
 # Rank 0 alone logs: one metrics line and one step line for the step.
 lines=$(grep -c '"loss"' "$tmp/dp2cp2_striped/metrics.jsonl")

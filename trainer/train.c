@@ -186,8 +186,19 @@ static void end_attention_stats(Model *m, const Comm *world, char *line, size_t 
         recall_sum += recall;
         used += (size_t)snprintf(json + used, json_size - used, "%s%.6g", l ? ", " : "", recall);
     }
-    snprintf(json + used, json_size - used, "]");
-    snprintf(line, line_size, " | attn density %.3f recall %.3f", density_sum / L, recall_sum / L);
+    used += (size_t)snprintf(json + used, json_size - used, "]");
+    int n = snprintf(line, line_size, " | attn density %.3f recall %.3f", density_sum / L, recall_sum / L);
+    if (!m->cp || strcmp(m->attention.type, "sparse")) return;
+    // Bytes the sparse ring sent for the last sequence (all ranks, all
+    // layers, forward and backward): K/V and dK/dV hops and gathered columns.
+    double bytes = 0;
+    for (int l = 0; l < L; l++) {
+        const RingSparse *rs = &m->ring_sparse[l];
+        bytes += (double)(rs->traffic.kv_bytes + rs->traffic.dkv_bytes + rs->column_bytes);
+    }
+    comm_allreduce(world, &bytes, 1, DT_DOUBLE, REDUCE_SUM);
+    snprintf(json + used, json_size - used, ", \"ring_bytes\": %.0f", bytes);
+    snprintf(line + n, line_size - (size_t)n, " | ring %.2f MiB (%s)", bytes / (1 << 20), m->attention.ring_send);
 }
 
 void allreduce_arena(const Comm *comm, const Backend *be, float *arena, int64_t n) {
@@ -281,8 +292,8 @@ int cmd_train(int argc, char **argv) {
         metrics = xfopen(metrics_path, "a");
     }
 
-    char attention_line[64];
-    size_t attention_json_size = 64 + 32 * (size_t)cfg.model.num_layers;
+    char attention_line[128];
+    size_t attention_json_size = 128 + 32 * (size_t)cfg.model.num_layers;
     char *attention_json = xmalloc(attention_json_size);
     double train_start = now_seconds();
     int64_t first_step = state.step + 1;

@@ -30,7 +30,7 @@ grep '"val_loss"' "$metrics" | sed 's/{"step": \([0-9]*\), "val_loss": \([0-9.e+
 gnuplot <<GP
 set terminal pngcairo size 900,500
 set output 'demo/loss.png'
-set title 'mtrain demo: tiny Qwen2 on synthetic data,  attention over a ring of  MPI ranks (CPU)'
+set title 'mtrain demo: tiny Qwen2 on synthetic data, $attention attention over a ring of $ranks MPI ranks (CPU)'
 set xlabel 'step'
 set ylabel 'cross entropy (nats)'
 set grid

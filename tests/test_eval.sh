@@ -5,7 +5,8 @@
 # on the held-out stream equals the trainer's own validation loss, the PNGs
 # are PNGs, a text file and a text haystack work, reruns are identical, bad
 # eval settings end with one clear line and a non-zero exit, and eval over
-# 2 and 4 context-parallel MPI ranks equals one rank.
+# 2 and 4 context-parallel MPI ranks (dense and sparse attention) equals one
+# rank.
 set -u
 cd "$(dirname "$0")/.."
 MTRAIN=${MTRAIN:-build/mtrain}
@@ -159,7 +160,8 @@ one_line_error "checkpoint of another model" "checkpoint has hidden_size 32 but 
 # 4 in the zigzag and striped layouts split every perplexity window and every
 # task prompt + answer over the ranks; results.json has the same cells and
 # correct counts as one rank, perplexities within 1e-5 relative (only the
-# summation order differs), rank 0 alone prints; dp = 2 ends with one line.
+# summation order differs), rank 0 alone prints, also with sparse attention
+# on the ring; dp = 2 ends with one line.
 export OMP_NUM_THREADS=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
 if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 DIST="eval.tasks=perplexity,passkey,ruler eval.lengths=320,448"
@@ -188,6 +190,20 @@ for np in 2 4; do
     expect "eval cp=$np $layout: rank 0 alone prints (one header and one summary line)" '[ "$(grep -c "^eval: " "$tmp/$name.out")" -eq 2 ]'
   done
 done
+
+# Sparse attention on the ring (pattern estimated over cp, selected blocks sent).
+SPARSE="attention.type=sparse attention.budget=fixed attention.vertical=4 attention.slash=4 attention.sink=8
+        attention.local=32 attention.last_q=32 attention.ring_send=selected"
+"$MTRAIN" eval "$tmp/run.yaml" $DIST $SPARSE eval.out="$tmp/sparse1" >/dev/null 2>&1
+for np in 2 4; do
+  timeout 120 mpirun --oversubscribe --bind-to none -np "$np" "$MTRAIN" eval "$tmp/run.yaml" $DIST $SPARSE \
+    attention.layout=zigzag eval.out="$tmp/sparse$np" >/dev/null 2>"$tmp/sparse$np.err"
+  rc=$?
+  expect "eval sparse cp=$np zigzag: exit 0, results.json equals one rank" \
+    '[ $rc -eq 0 ] && same_results "$tmp/sparse1/results.json" "$tmp/sparse$np/results.json" 2>"$tmp/py.err"'
+done
+expect "sparse attention changes the perplexity (the sparse runs are not dense ones)" \
+  '! "$PY" -c "import json,sys; a,b=(json.load(open(f))[\"perplexity\"][1][\"loss\"] for f in sys.argv[1:]); sys.exit(abs(a-b) > 1e-6*a)" "$tmp/one/results.json" "$tmp/sparse1/results.json"'
 
 timeout 60 mpirun --oversubscribe --bind-to none -np 2 "$MTRAIN" eval "$tmp/run.yaml" $DIST parallel.dp=2 \
   eval.out="$tmp/dp" >/dev/null 2>"$tmp/dp.err"

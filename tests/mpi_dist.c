@@ -16,7 +16,6 @@
 // whole sequence; only the merge order differs): max |ring - ref| / max |ref|
 // per tensor below 5e-6 for O and LSE and 2e-5 for dQ, dK and dV.
 #include <signal.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -25,30 +24,10 @@
 #include "../attention/ring.h"
 #include "../dist/comm.h"
 #include "../dist/util.h"
-#include "check.h"
+#include "mpi_check.h"
 
 #define TOL_FWD 5e-6
 #define TOL_GRAD 2e-5
-
-static Dist dist;
-
-// One check over all ranks of the world: passes when it passed everywhere.
-static void expect_all(int passed, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void expect_all(int passed, const char *fmt, ...) {
-    char name[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof(name), fmt, ap);
-    va_end(ap);
-    if (!passed) fprintf(stderr, "rank %d: check %s failed here\n", dist.world_rank, name);
-    int64_t failing = !passed;
-    comm_allreduce(&dist.world, &failing, 1, DT_INT64, REDUCE_SUM);
-    if (failing) check_failures++;
-    if (dist.world_rank != 0) return;
-    if (failing) printf("FAIL %s: failed on %lld of %d ranks\n", name, (long long)failing, dist.world_size);
-    else printf("ok %s\n", name);
-    fflush(stdout);
-}
 
 // ----------------------------------------------------------------------------
 // Collectives: every rank's input is known, so every rank knows the result.

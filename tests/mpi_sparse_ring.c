@@ -18,7 +18,6 @@
 // Tolerances (fp32 against fp32, only the merge order differs): max |ring -
 // ref| / max |ref| per tensor below 5e-6 for O and LSE, 2e-5 for dQ, dK, dV;
 // recall mass within 1e-5 relative.
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,30 +27,10 @@
 #include "../attention/sparse_plan.h"
 #include "../dist/comm.h"
 #include "../dist/util.h"
-#include "check.h"
+#include "mpi_check.h"
 
 #define TOL_FWD 5e-6
 #define TOL_GRAD 2e-5
-
-static Dist dist;
-
-// One check over all ranks of the world: passes when it passed everywhere.
-static void expect_all(int passed, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void expect_all(int passed, const char *fmt, ...) {
-    char name[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof(name), fmt, ap);
-    va_end(ap);
-    if (!passed) fprintf(stderr, "rank %d: check %s failed here\n", dist.world_rank, name);
-    int64_t failing = !passed;
-    comm_allreduce(&dist.world, &failing, 1, DT_INT64, REDUCE_SUM);
-    if (failing) check_failures++;
-    if (dist.world_rank != 0) return;
-    if (failing) printf("FAIL %s: failed on %lld of %d ranks\n", name, (long long)failing, dist.world_size);
-    else printf("ok %s\n", name);
-    fflush(stdout);
-}
 
 static float *randn(Rng *rng, int64_t n) {
     float *x = xmalloc((size_t)(n + 1) * sizeof(float));

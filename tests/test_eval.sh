@@ -6,7 +6,7 @@
 # are PNGs, a text file and a text haystack work, reruns are identical, bad
 # eval settings end with one clear line and a non-zero exit, and eval over
 # 2 and 4 context-parallel MPI ranks (dense and sparse attention) equals one
-# rank.
+# rank (and the ring scorer accepts planted answers: tests/mpi_eval_score.c).
 set -u
 cd "$(dirname "$0")/.."
 MTRAIN=${MTRAIN:-build/mtrain}
@@ -189,6 +189,16 @@ for np in 2 4; do
       '[ $rc -eq 0 ] && same_results "$tmp/one/results.json" "$tmp/$name/results.json" 2>"$tmp/py.err"'
     expect "eval cp=$np $layout: rank 0 alone prints (one header and one summary line)" '[ "$(grep -c "^eval: " "$tmp/$name.out")" -eq 2 ]'
   done
+done
+
+# The scorer on the ring (tests/mpi_eval_score.c): planted greedy answers
+# accepted, changed ones rejected on every rank, per task and layout.
+for np in 2 4; do
+  if timeout 60 mpirun --oversubscribe --bind-to none -np "$np" build/tests/mpi_eval_score >"$tmp/score$np.out" 2>&1; then
+    ok "mpi_eval_score cp=$np: $(grep -c '^ok ' "$tmp/score$np.out") checks"
+  else
+    bad "mpi_eval_score cp=$np" "$(grep -m1 '^FAIL' "$tmp/score$np.out" || tail -n 2 "$tmp/score$np.out" | tr '\n' ' ')"
+  fi
 done
 
 # Sparse attention on the ring (pattern estimated over cp, selected blocks sent).

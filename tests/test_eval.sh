@@ -3,8 +3,10 @@
 # steps on a byte-level text shard: every task runs, results.json is valid
 # JSON with exactly the expected cells and accuracies in [0, 1], perplexity
 # on the held-out stream equals the trainer's own validation loss, the PNGs
-# are PNGs, a text file and a text haystack work, reruns are identical, and
-# bad eval settings end with one clear line and a non-zero exit.
+# are PNGs, a text file and a text haystack work, reruns are identical, bad
+# eval settings end with one clear line and a non-zero exit, and eval over
+# 2 and 4 context-parallel MPI ranks (dense and sparse attention) equals one
+# rank (and the ring scorer accepts planted answers: tests/mpi_eval_score.c).
 set -u
 cd "$(dirname "$0")/.."
 MTRAIN=${MTRAIN:-build/mtrain}
@@ -153,5 +155,70 @@ one_line_error "no checkpoint for latest" "$tmp/empty: no complete checkpoint to
 one_line_error "missing text file" "$tmp/none.txt" eval.text="$tmp/none.txt"
 one_line_error "missing tokenizer file" "$tmp/no/tokenizer.json: cannot open" eval.tokenizer="$tmp/no/tokenizer.json"
 one_line_error "checkpoint of another model" "checkpoint has hidden_size 32 but the run has 64" model.hidden_size=64
+
+# Over cp MPI ranks (--oversubscribe: the ranks share the cores): cp = 2 and
+# 4 in the zigzag and striped layouts split every perplexity window and every
+# task prompt + answer over the ranks; results.json has the same cells and
+# correct counts as one rank, perplexities within 1e-5 relative (only the
+# summation order differs), rank 0 alone prints, also with sparse attention
+# on the ring; dp = 2 ends with one line.
+export OMP_NUM_THREADS=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+DIST="eval.tasks=perplexity,passkey,ruler eval.lengths=320,448"
+"$MTRAIN" eval "$tmp/run.yaml" $DIST eval.out="$tmp/one" >/dev/null 2>&1
+# same_results REF GOT: equal cells and correct counts, perplexity within 1e-5.
+same_results() {
+  "$PY" - "$1" "$2" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+assert len(a["tasks"]) == 2 * 2 * 5 and len(a["perplexity"]) == 2, "reference has the wrong cells"
+assert a["tasks"] == b["tasks"], "task cells differ"
+assert len(a["perplexity"]) == len(b["perplexity"]), "perplexity rows differ"
+for x, y in zip(a["perplexity"], b["perplexity"]):
+    assert (x["length"], x["samples"]) == (y["length"], y["samples"]), (x, y)
+    assert abs(x["loss"] - y["loss"]) <= 1e-5 * x["loss"], (x, y)
+PY
+}
+for np in 2 4; do
+  for layout in zigzag striped; do
+    name="cp$np-$layout"
+    timeout 120 mpirun --oversubscribe --bind-to none -np "$np" "$MTRAIN" eval "$tmp/run.yaml" $DIST \
+      attention.layout=$layout eval.out="$tmp/$name" >"$tmp/$name.out" 2>"$tmp/$name.err"
+    rc=$?
+    expect "eval cp=$np $layout: exit 0, results.json equals one rank (cells, correct counts, perplexity 1e-5)" \
+      '[ $rc -eq 0 ] && same_results "$tmp/one/results.json" "$tmp/$name/results.json" 2>"$tmp/py.err"'
+    expect "eval cp=$np $layout: rank 0 alone prints (one header and one summary line)" '[ "$(grep -c "^eval: " "$tmp/$name.out")" -eq 2 ]'
+  done
+done
+
+# The scorer on the ring (tests/mpi_eval_score.c): planted greedy answers
+# accepted, changed ones rejected on every rank, per task and layout.
+for np in 2 4; do
+  if timeout 60 mpirun --oversubscribe --bind-to none -np "$np" build/tests/mpi_eval_score >"$tmp/score$np.out" 2>&1; then
+    ok "mpi_eval_score cp=$np: $(grep -c '^ok ' "$tmp/score$np.out") checks"
+  else
+    bad "mpi_eval_score cp=$np" "$(grep -m1 '^FAIL' "$tmp/score$np.out" || tail -n 2 "$tmp/score$np.out" | tr '\n' ' ')"
+  fi
+done
+
+# Sparse attention on the ring (pattern estimated over cp, selected blocks sent).
+SPARSE="attention.type=sparse attention.budget=fixed attention.vertical=4 attention.slash=4 attention.sink=8
+        attention.local=32 attention.last_q=32 attention.ring_send=selected"
+"$MTRAIN" eval "$tmp/run.yaml" $DIST $SPARSE eval.out="$tmp/sparse1" >/dev/null 2>&1
+for np in 2 4; do
+  timeout 120 mpirun --oversubscribe --bind-to none -np "$np" "$MTRAIN" eval "$tmp/run.yaml" $DIST $SPARSE \
+    attention.layout=zigzag eval.out="$tmp/sparse$np" >/dev/null 2>"$tmp/sparse$np.err"
+  rc=$?
+  expect "eval sparse cp=$np zigzag: exit 0, results.json equals one rank" \
+    '[ $rc -eq 0 ] && same_results "$tmp/sparse1/results.json" "$tmp/sparse$np/results.json" 2>"$tmp/py.err"'
+done
+expect "sparse attention changes the perplexity (the sparse runs are not dense ones)" \
+  '! "$PY" -c "import json,sys; a,b=(json.load(open(f))[\"perplexity\"][1][\"loss\"] for f in sys.argv[1:]); sys.exit(abs(a-b) > 1e-6*a)" "$tmp/one/results.json" "$tmp/sparse1/results.json"'
+
+timeout 60 mpirun --oversubscribe --bind-to none -np 2 "$MTRAIN" eval "$tmp/run.yaml" $DIST parallel.dp=2 \
+  eval.out="$tmp/dp" >/dev/null 2>"$tmp/dp.err"
+rc=$?
+expect "eval with parallel.dp 2: one 'mtrain:' line, non-zero exit, no results" \
+  '[ $rc -ne 0 ] && [ "$(grep -c "^mtrain: " "$tmp/dp.err")" -eq 1 ] && grep -q "^mtrain: .*parallel.dp 2: eval splits each sequence over its ranks (expected parallel.dp 1)" "$tmp/dp.err" && [ ! -e "$tmp/dp/results.json" ]'
 
 exit $((failures > 0))

@@ -54,6 +54,7 @@ static void test_model_greedy(void) {
     m.loss_chunk = 7;
     int64_t V = c.vocab_size;
     Tokenizer *tok = tokenizer_open("bytes");
+    EvalSplit one = {NULL, LAYOUT_CONTIGUOUS, 16};
     for (TaskKind k = 0; k < TASK_COUNT; k++) {
         TaskSpec spec = {k, 400, 0.5, 11};
         TaskSample s;
@@ -68,16 +69,16 @@ static void test_model_greedy(void) {
             seq[L + j] = (int32_t)argmax(row, V);
         }
         bool truth = !memcmp(seq + L, s.tokens + L, sizeof(int32_t) * (size_t)A);
-        EXPECT(eval_sample_correct(&m, &s, logits) == truth, "%s: the task's own answer scored as greedy decoding "
+        EXPECT(eval_sample_correct(&m, &s, &one, logits) == truth, "%s: the task's own answer scored as greedy decoding "
                "says (%s)", task_name(k), truth ? "correct" : "wrong");
         int32_t *answer = s.tokens + L;
         memcpy(answer, seq + L, sizeof(int32_t) * (size_t)A);
-        EXPECT(eval_sample_correct(&m, &s, logits), "%s: the greedy decoding planted as answer (%lld tokens) is "
+        EXPECT(eval_sample_correct(&m, &s, &one, logits), "%s: the greedy decoding planted as answer (%lld tokens) is "
                "accepted", task_name(k), (long long)A);
         int rejected = 1;
         for (int64_t j = 0; j < A; j++) {
             answer[j] = (answer[j] + 1) % (int32_t)V;
-            rejected &= !eval_sample_correct(&m, &s, logits);
+            rejected &= !eval_sample_correct(&m, &s, &one, logits);
             answer[j] = seq[L + j];
         }
         EXPECT(rejected, "%s: the planted answer with any one token changed is rejected", task_name(k));

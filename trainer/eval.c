@@ -4,7 +4,11 @@
 // over a grid of lengths × depths. Prints one table per task, writes
 // eval.out/results.json and PNG plots (gnuplot): perplexity vs length and one
 // accuracy heatmap (length × depth) per task. Every forward pass goes through
-// model_loss / model_logits_range, the calls training uses.
+// model_loss / model_logits_range, the calls training uses. Under mpirun the
+// ranks form one context-parallel group (dp must be 1): every sequence is
+// split over them in attention.layout, attention runs over the ring, losses
+// are summed and answer verdicts ANDed over the ranks; rank 0 alone prints
+// and writes results.json and the plots.
 #include "eval.h"
 
 #include <cjson/cJSON.h>
@@ -30,15 +34,34 @@ bool answer_exact_match(const float *logits, int64_t V, const int32_t *answer, i
     return true;
 }
 
-bool eval_sample_correct(Model *m, const TaskSample *s, float *logits) {
+// slice = this rank's part of the sequence tokens [T + 1] (inputs and targets).
+static void split_sequence(const EvalSplit *split, int32_t *tokens, int64_t T, RankSlice *slice) {
+    PackedSequence seq = {.seq_len = T, .tokens = tokens};
+    loader_rank_slice(&seq, split->layout, split->block_size, split->comm ? split->comm->size : 1,
+                      split->comm ? split->comm->rank : 0, slice);
+}
+
+bool eval_sample_correct(Model *m, const TaskSample *s, const EvalSplit *split, float *logits) {
+    // Rows at global positions [length - 1, T) predict the answer; on this
+    // rank (positions ascending) they are the local rows [first, first + count).
     int64_t T = s->length + s->answer_len - 1;
-    model_logits_range(m, s->tokens, NULL, T, s->length - 1, s->answer_len, logits);
-    return answer_exact_match(logits, m->cfg.vocab_size, s->tokens + s->length, s->answer_len);
+    RankSlice slice;
+    rank_slice_alloc(&slice, T);
+    split_sequence(split, s->tokens, T, &slice);
+    int64_t first = 0;
+    while (first < slice.count && slice.positions[first] < s->length - 1) first++;
+    int64_t count = slice.count - first;
+    model_logits_range(m, slice.tokens, slice.positions, slice.count, first, count, logits);
+    int64_t correct = answer_exact_match(logits, m->cfg.vocab_size, slice.targets + first, count);
+    if (split->comm) comm_allreduce(split->comm, &correct, 1, DT_INT64, REDUCE_MIN);
+    rank_slice_free(&slice);
+    return correct;
 }
 
 // What one `mtrain eval` does, parsed from the config.
 typedef struct {
     const Config *cfg;
+    EvalSplit split;                   // over the cp ranks (cmd_eval sets it)
     unsigned tasks;                    // EVAL_* bits
     int64_t lengths[EVAL_MAX_LIST];
     int length_count;
@@ -180,7 +203,14 @@ static void eval_perplexity(const EvalPlan *p, Model *m, double *loss, int *seqs
         int64_t L = p->lengths[i], fit = (p->text_len - 1) / L;
         seqs[i] = fit < p->cfg->eval.samples ? (int)fit : p->cfg->eval.samples;
         double t0 = now_seconds(), total = 0;
-        for (int s = 0; s < seqs[i]; s++) total += model_loss(m, p->text + s * L, p->text + s * L + 1, NULL, L);
+        RankSlice slice;
+        rank_slice_alloc(&slice, L);
+        for (int s = 0; s < seqs[i]; s++) {
+            split_sequence(&p->split, p->text + s * L, L, &slice);
+            total += model_loss(m, slice.tokens, slice.targets, slice.positions, slice.count);
+        }
+        rank_slice_free(&slice);
+        if (p->split.comm) comm_allreduce(p->split.comm, &total, 1, DT_DOUBLE, REDUCE_SUM);
         loss[i] = total / ((double)L * seqs[i]);
         printf("%10lld %6d %10.4f %12.3f %8.2f\n", (long long)L, seqs[i], loss[i], exp(loss[i]), now_seconds() - t0);
         fflush(stdout);
@@ -210,7 +240,7 @@ static void eval_grid(const EvalPlan *p, Model *m, TaskKind kind, int *correct) 
                 TaskSample sample;
                 task_generate(&spec, &hay, p->tok, &sample);
                 logits = xrealloc(logits, sizeof(float) * (size_t)(sample.answer_len * m->cfg.vocab_size));
-                *c += eval_sample_correct(m, &sample, logits);
+                *c += eval_sample_correct(m, &sample, &p->split, logits);
                 task_sample_free(&sample);
             }
             printf(" %6.2f", (double)*c / samples);
@@ -440,19 +470,24 @@ int cmd_eval(int argc, char **argv) {
     Config cfg;
     Dist dist;
     if (!run_start(argc, argv, "usage: mtrain eval RUN.yaml [section.key=value ...]", &cfg, &dist)) return 2;
-    if (dist.world_size > 1)
-        comm_fail_all(&dist.world, "%s: %d ranks: evaluation over several ranks comes with the distributed model "
-                      "(expected a single process)", argv[0], dist.world_size);
+    if (dist.dp.size > 1)
+        comm_fail_all(&dist.world, "%s: parallel.dp %d: eval splits each sequence over its ranks (expected "
+                      "parallel.dp 1)", argv[0], dist.dp.size);
+    // Rank 0 alone speaks and writes; errors still reach stderr from any rank.
+    if (dist.world_rank != 0 && !freopen("/dev/null", "w", stdout)) fail("/dev/null: cannot open for writing");
     EvalPlan plan;
     plan_eval(&plan, &cfg, argv[0]);
+    plan.split = (EvalSplit){dist.cp.size > 1 ? &dist.cp : NULL, (LayoutKind)layout_parse(cfg.attention.layout),
+                             cfg.attention.block_size};
     apply_threads(&cfg);
     Model m;
     model_from_config(&m, &cfg);
+    model_join_ring(&m, &cfg, &dist, argv[0]);
     char model_path[4096];
     load_model(&m, &cfg, model_path, sizeof(model_path));
     printf("eval: %s | tasks %s | lengths %s | depths %s | %d samples\n", model_path, cfg.eval.tasks,
            cfg.eval.lengths, cfg.eval.depths, cfg.eval.samples);
-    make_dirs(cfg.eval.out);
+    if (dist.world_rank == 0) make_dirs(cfg.eval.out);
 
     double t0 = now_seconds();
     double *loss = NULL;
@@ -468,8 +503,10 @@ int cmd_eval(int argc, char **argv) {
     }
     char results[CONFIG_STR + 32];
     snprintf(results, sizeof(results), "%s/results.json", cfg.eval.out);
-    write_results(&plan, model_path, loss, seqs, correct, results);
-    write_plots(&plan, loss, correct);
+    if (dist.world_rank == 0) {
+        write_results(&plan, model_path, loss, seqs, correct, results);
+        write_plots(&plan, loss, correct);
+    }
     printf("\neval: %.1f s | results: %s | plots: %s/*.png\n", now_seconds() - t0, results, cfg.eval.out);
 
     for (int g = 0; g < plan.grid_count; g++) free(correct[g]);

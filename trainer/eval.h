@@ -12,13 +12,25 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "../attention/layout.h"
 #include "../data/tasks.h"
+#include "../dist/comm.h"
 #include "../model/model.h"
 
 // Every row r of logits [A, V] has its argmax (lowest id on ties) equal to answer[r].
 bool answer_exact_match(const float *logits, int64_t V, const int32_t *answer, int64_t A);
-// One forward pass over s->tokens[0 .. length + answer_len - 1) and the exact
-// match of its answer; logits is room for [answer_len, V] floats.
-bool eval_sample_correct(Model *m, const TaskSample *s, float *logits);
+// How a sequence is split over the context-parallel ranks of comm (the
+// model's ring) in the layout; comm NULL: one rank holds all of it.
+typedef struct {
+    const Comm *comm;
+    LayoutKind layout;
+    int block_size;
+} EvalSplit;
+
+// One forward pass over s->tokens[0 .. length + answer_len - 1), split as
+// `split` says (collective over split->comm), and the exact match of its
+// answer: each rank checks the answer rows it holds, the verdicts are ANDed
+// over the ranks. logits is room for [answer_len, V] floats.
+bool eval_sample_correct(Model *m, const TaskSample *s, const EvalSplit *split, float *logits);
 
 #endif

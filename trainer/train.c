@@ -162,17 +162,18 @@ static void begin_attention_stats(Model *m, const Config *cfg, int64_t step) {
 }
 
 // The collected statistics as " | attn density D recall R" (means over
-// layers, summed over the ranks) for the step line and as JSON fields (per
-// layer lists) for metrics.jsonl; both empty when none were collected. Stops
-// collecting.
-static void end_attention_stats(Model *m, const Comm *world, char *line, size_t line_size, char *json,
+// layers) for the step line and as JSON fields (per layer lists) for
+// metrics.jsonl; both empty when none were collected. Stops collecting. A
+// plan's counts cover its whole sequence (one rank, or the cp totals of the
+// ring plan, identical on every cp rank), so they are summed over dp only.
+static void end_attention_stats(Model *m, const Dist *dist, char *line, size_t line_size, char *json,
                                 size_t json_size) {
     line[0] = json[0] = '\0';
     if (!m->collect_attention_stats) return;
     m->collect_attention_stats = false;
     int L = m->cfg.num_layers;
     _Static_assert(sizeof(SparseStats) == 4 * sizeof(double), "SparseStats is reduced as doubles");
-    comm_allreduce(world, m->attention_stats, 4 * (int64_t)L, DT_DOUBLE, REDUCE_SUM);
+    comm_allreduce(&dist->dp, m->attention_stats, 4 * (int64_t)L, DT_DOUBLE, REDUCE_SUM);
     double density_sum = 0, recall_sum = 0;
     size_t used = (size_t)snprintf(json, json_size, ", \"attention_density\": [");
     for (int l = 0; l < L; l++) {
@@ -196,7 +197,7 @@ static void end_attention_stats(Model *m, const Comm *world, char *line, size_t 
         const RingSparse *rs = &m->ring_sparse[l];
         bytes += (double)(rs->traffic.kv_bytes + rs->traffic.dkv_bytes + rs->column_bytes);
     }
-    comm_allreduce(world, &bytes, 1, DT_DOUBLE, REDUCE_SUM);
+    comm_allreduce(&dist->world, &bytes, 1, DT_DOUBLE, REDUCE_SUM);
     snprintf(json + used, json_size - used, ", \"ring_bytes\": %.0f", bytes);
     snprintf(line + n, line_size - (size_t)n, " | ring %.2f MiB (%s)", bytes / (1 << 20), m->attention.ring_send);
 }
@@ -314,7 +315,7 @@ int cmd_train(int argc, char **argv) {
         allreduce_arena(&dist.world, m.be, m.grad_mem, m.total_params);
         comm_allreduce(&dist.world, &loss, 1, DT_DOUBLE, REDUCE_SUM);
         loss /= (double)step_tokens;
-        end_attention_stats(&m, &dist.world, attention_line, sizeof(attention_line), attention_json,
+        end_attention_stats(&m, &dist, attention_line, sizeof(attention_line), attention_json,
                             attention_json_size);
         double lr;
         double grad_norm = optimizer_step(&m, &oc, step, &lr);

@@ -6,9 +6,10 @@
 // (or dK then dV for an accumulator). At outer step so and inner step si,
 // rank (o, i) holds the chunk of rank ((o - so) mod outer, (i - si) mod inner).
 //
-// Backward accumulators: at every step a rank computes the chunk's dK/dV
-// contribution into a fresh buffer, then adds the accumulator arriving from
-// the previous inner rank and sends the sum on; so the dK/dV transfer of one
+// Backward accumulators: the owner adds its own chunk's dK/dV at home; at
+// every later step a rank computes the chunk's dK/dV contribution into a
+// fresh buffer, then adds the accumulator arriving from the previous inner
+// rank (if it had one to send) and sends the sum on; so the dK/dV transfer of one
 // step overlaps the compute of the next. After a whole inner loop the sum is
 // what this node contributed: it adds the sum arriving from the previous node
 // (sent a whole inner loop earlier) and sends the total to the next node, or
@@ -122,14 +123,35 @@ static void pack_kv(const Place *p, int64_t tokens, const float *k, const float 
     memcpy(buf + tokens * p->kv, v, (size_t)(tokens * p->kv) * sizeof(float));
 }
 
+// The holdings of a chunk (outer steps [o_from, o_to) x inner steps
+// [i_from, i_to) of its journey) whose key-block needs one message serves.
+// Holding (0, 0) is the chunk's owner, which no message serves: K/V start
+// there, and the owner's own dK/dV contribution stays home.
+typedef struct {
+    int o_from, o_to, i_from, i_to;
+} Holdings;
+
+// K/V delivered to holding (so, si) serve the holders it reaches: via the
+// inner ring (si > 0) inner steps si .. inner-1 of outer step so; via the
+// outer ring (si == 0) every holding of outer steps so .. outer-1.
+static Holdings kv_serves(const Place *p, int so, int si) {
+    return (Holdings){so, si > 0 ? so + 1 : p->outer, si, p->inner};
+}
+
+// A dK/dV accumulator leaving holding (so, si) carries what its holders
+// added: on the inner ring (si < inner-1) inner steps 0 .. si of outer step
+// so; after the last inner step (to the next node or home) every holding of
+// outer steps 0 .. so. Other rows are zero (no holder used their block).
+static Holdings dkv_carries(const Place *p, int so, int si) {
+    return si < p->inner - 1 ? (Holdings){so, so + 1, 0, si + 1} : (Holdings){0, so + 1, 0, p->inner};
+}
+
 // The tokens of chunk c (local indices, ascending, into sel [counts[c]]) that
-// the transfer delivering it to its holding (so, si) carries; returns how
-// many. Without need: all. With need: those in a key block used by a holder
-// reached by this message: via the inner ring (si > 0) the holders of inner
-// steps si .. inner-1 of outer step so; via the outer ring (si == 0) every
-// holder of outer steps so .. outer-1. mask: scratch [need->words].
-static int64_t selected_tokens(const Ring *ring, const Place *p, const RingNeed *need, int c, int so,
-                               int si, uint64_t *mask, int64_t *sel) {
+// a message serving holdings h carries; returns how many. Without need: all.
+// With need: those in a key block that a holder in h uses. mask: scratch
+// [need->words].
+static int64_t selected_tokens(const Ring *ring, const Place *p, const RingNeed *need, int c, Holdings h,
+                               uint64_t *mask, int64_t *sel) {
     const int64_t count = ring->counts[c], *pos = ring->positions + ring->offsets[c];
     if (!need) {
         for (int64_t t = 0; t < count; t++) sel[t] = t;
@@ -137,8 +159,9 @@ static int64_t selected_tokens(const Ring *ring, const Place *p, const RingNeed 
     }
     const int c_o = c / p->inner, c_i = c % p->inner;
     memset(mask, 0, (size_t)need->words * sizeof(uint64_t));
-    for (int o = so; o < (si > 0 ? so + 1 : p->outer); o++)
-        for (int i = si; i < p->inner; i++) {
+    for (int o = h.o_from; o < h.o_to; o++)
+        for (int i = h.i_from; i < h.i_to; i++) {
+            if (o == 0 && i == 0) continue;
             const uint64_t *row = need->need + (int64_t)cp_rank_at(p, c_o + o, c_i + i) * need->words;
             for (int64_t w = 0; w < need->words; w++) mask[w] |= row[w];
         }
@@ -150,20 +173,41 @@ static int64_t selected_tokens(const Ring *ring, const Place *p, const RingNeed 
     return n;
 }
 
-void ring_send_tokens(const Ring *ring, const RingNeed *need, int64_t *tokens) {
+// The rows (into sel) of the dK/dV message leaving holding (so, si) of chunk
+// c; returns how many, or -1 at the owner's holding (0, 0), which sends none:
+// its contribution stays home and the accumulator starts at the next holder.
+static int64_t dkv_rows(const Ring *ring, const Place *p, const RingNeed *need, int c, int so, int si,
+                        uint64_t *mask, int64_t *sel) {
+    if (so == 0 && si == 0) return -1;
+    return selected_tokens(ring, p, need, c, dkv_carries(p, so, si), mask, sel);
+}
+
+// Rows sel[0..n) of a chunk message of `full` tokens ([2, full, kv]) into a
+// packed message [2, n, kv]; dst may be src (rows only move up).
+static void pack_rows(float *dst, const float *src, int64_t full, const int64_t *sel, int64_t n, int64_t kv) {
+    for (int part = 0; part < 2; part++)
+        for (int64_t j = 0; j < n; j++)
+            memmove(dst + (part * n + j) * kv, src + (part * full + sel[j]) * kv, (size_t)kv * sizeof(float));
+}
+
+void ring_send_tokens(const Ring *ring, const RingNeed *need, int64_t *kv_tokens, int64_t *dkv_tokens) {
     const int W = ring->cp->size;
     uint64_t *mask = xmalloc((size_t)(need ? need->words : 1) * sizeof(uint64_t));
     int64_t *sel = xmalloc((size_t)(ring->max_count + 1) * sizeof(int64_t));
-    memset(tokens, 0, (size_t)W * W * sizeof(int64_t));
+    memset(kv_tokens, 0, (size_t)W * W * sizeof(int64_t));
+    memset(dkv_tokens, 0, (size_t)W * W * sizeof(int64_t));
     for (int r = 0; r < W; r++) {
         const Place p = place_of(ring, r, 1);
         for (int so = 0; so < p.outer; so++)
             for (int si = 0; si < p.inner; si++) {
-                int64_t *sent = tokens + (int64_t)r * W + so * p.inner + si;
+                const int64_t at = (int64_t)r * W + so * p.inner + si;
+                const int c = chunk_at(&p, so, si);
                 if (si == 0 && so < p.outer - 1)      // outer: to holding (so + 1, 0)
-                    *sent += selected_tokens(ring, &p, need, chunk_at(&p, so, 0), so + 1, 0, mask, sel);
+                    kv_tokens[at] += selected_tokens(ring, &p, need, c, kv_serves(&p, so + 1, 0), mask, sel);
                 if (si < p.inner - 1)                  // inner: to holding (so, si + 1)
-                    *sent += selected_tokens(ring, &p, need, chunk_at(&p, so, si), so, si + 1, mask, sel);
+                    kv_tokens[at] += selected_tokens(ring, &p, need, c, kv_serves(&p, so, si + 1), mask, sel);
+                dkv_tokens[at] = dkv_rows(ring, &p, need, c, so, si, mask, sel);
+                if (dkv_tokens[at] < 0) dkv_tokens[at] = 0;
             }
     }
     free(mask);
@@ -226,14 +270,10 @@ static void kv_post(KvTravel *t, Hop *h, int tag, const float *cur, int out_chun
     int64_t in_n = ring->counts[in_chunk], out_n = ring->counts[out_chunk];
     const float *send = cur;
     if (need) {
-        in_n = h->in_count = selected_tokens(ring, p, need, in_chunk, so_in, si_in, t->mask, h->in_sel);
+        in_n = h->in_count = selected_tokens(ring, p, need, in_chunk, kv_serves(p, so_in, si_in), t->mask, h->in_sel);
         h->in_buf = in;
-        out_n = selected_tokens(ring, p, need, out_chunk, so_out, si_out, t->mask, t->sel);
-        const int64_t full = ring->counts[out_chunk];
-        for (int part = 0; part < 2; part++)       // K rows, then V rows
-            for (int64_t j = 0; j < out_n; j++)
-                memcpy(h->out + (part * out_n + j) * p->kv, cur + (part * full + t->sel[j]) * p->kv,
-                       (size_t)p->kv * sizeof(float));
+        out_n = selected_tokens(ring, p, need, out_chunk, kv_serves(p, so_out, si_out), t->mask, t->sel);
+        pack_rows(h->out, cur, ring->counts[out_chunk], t->sel, out_n, p->kv);
         send = h->out;
     }
     comm_irecv(ring->cp, in, message(p, in_n), DT_FLOAT, from, tag, &req[0]);
@@ -328,16 +368,28 @@ void ring_attn_forward(const Ring *ring, const RingKernels *kernels, const AttnS
     kv_travel_free(&t);
 }
 
-// The dK/dV accumulators of the backward pass.
+// The dK/dV accumulators of the backward pass. The owner adds its own
+// contribution at home, so an accumulator starts empty. With ring_send
+// selected a message carries only the rows of key blocks its holders used
+// (dkv_carries; the others are zero): the sender packs them in place, the
+// receiver adds them at their rows.
 typedef struct {
     float *step[2];            // fresh contributions of inner steps (then sent on)
     float *node;               // last inner step: the node's sum (sent to the next node or home)
     float *inner_in, *outer_in, *home;
+    int64_t *inner_sel, *outer_sel, *home_sel, *send_sel;  // [max_count] rows of the messages
+    int64_t inner_n, outer_n, home_n;
     MPI_Request step_send[2], node_send, inner_recv, outer_recv, home_recv;
 } Accumulators;
 
-static void add(float *dst, const float *src, int64_t n) {
-    for (int64_t j = 0; j < n; j++) dst[j] += src[j];
+// dk, dv [tokens, kv] += the packed message in [2, n, kv] at rows sel.
+static void add_rows(float *dk, float *dv, const float *in, const int64_t *sel, int64_t n, int64_t kv) {
+    for (int part = 0; part < 2; part++)
+        for (int64_t j = 0; j < n; j++) {
+            float *row = (part ? dv : dk) + sel[j] * kv;
+            const float *from = in + (part * n + j) * kv;
+            for (int64_t x = 0; x < kv; x++) row[x] += from[x];
+        }
 }
 
 static void wait_one(const Comm *cp, MPI_Request *req, const char *what) {
@@ -351,63 +403,80 @@ void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const Attn
                         const float *lse, const float *dout, float *dq, float *dk, float *dv) {
     const Place p = place(ring, shape);
     const Comm *cp = ring->cp;
+    const RingNeed *need = kernels->need;
     const int64_t T = shape->q_tokens, *q_pos = ring->positions + ring->offsets[cp->rank];
     float *delta = xmalloc((size_t)(shape->num_heads * T) * sizeof(float));
     attn_backward_delta(shape, o, dout, delta);
+    const size_t rows = (size_t)(ring->max_count + 1) * sizeof(int64_t);
     Accumulators a = {{chunk_buffer(ring, &p), chunk_buffer(ring, &p)}, chunk_buffer(ring, &p),
                       chunk_buffer(ring, &p), chunk_buffer(ring, &p), chunk_buffer(ring, &p),
+                      xmalloc(rows), xmalloc(rows), xmalloc(rows), xmalloc(rows), 0, 0, 0,
                       {MPI_REQUEST_NULL, MPI_REQUEST_NULL}, MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL,
                       MPI_REQUEST_NULL};
-    // Home: this rank's own accumulator, from the rank that computes last on it.
-    int64_t own = T * p.kv;
-    comm_irecv(cp, a.home, 2 * own, DT_FLOAT, cp_rank_at(&p, p.o - 1, p.i - 1), TAG_DKV_HOME, &a.home_recv);
     KvTravel t = kv_travel_start(ring, &p, kernels, "backward", k, v);
+    // Home: this rank's own accumulator, from the rank that computes last on it.
+    a.home_n = dkv_rows(ring, &p, need, cp->rank, p.outer - 1, p.inner - 1, t.mask, a.home_sel);
+    if (a.home_n >= 0)
+        comm_irecv(cp, a.home, message(&p, a.home_n), DT_FLOAT, cp_rank_at(&p, p.o - 1, p.i - 1), TAG_DKV_HOME,
+                   &a.home_recv);
     for (int so = 0; so < p.outer; so++) {
         kv_outer_post(&t, so);
         if (so > 0) {
-            int64_t n = message(&p, ring->counts[chunk_at(&p, so, p.inner - 1)]);
-            comm_irecv(cp, a.outer_in, n, DT_FLOAT, p.outer_prev, TAG_DKV_OUTER, &a.outer_recv);
+            a.outer_n = dkv_rows(ring, &p, need, chunk_at(&p, so, p.inner - 1), so - 1, p.inner - 1, t.mask, a.outer_sel);
+            if (a.outer_n >= 0)
+                comm_irecv(cp, a.outer_in, message(&p, a.outer_n), DT_FLOAT, p.outer_prev, TAG_DKV_OUTER,
+                           &a.outer_recv);
         }
         const float *cur = t.outer_cur;
         for (int si = 0; si < p.inner; si++) {
-            int c = chunk_at(&p, so, si);
-            int64_t n = message(&p, ring->counts[c]);
-            bool last = si == p.inner - 1;
-            if (si > 0) comm_irecv(cp, a.inner_in, n, DT_FLOAT, p.inner_prev, TAG_DKV_INNER, &a.inner_recv);
+            const int c = chunk_at(&p, so, si);
+            const int64_t full = ring->counts[c];
+            const bool last = si == p.inner - 1;
+            a.inner_n = si > 0 ? dkv_rows(ring, &p, need, c, so, si - 1, t.mask, a.inner_sel) : -1;
+            if (a.inner_n >= 0)
+                comm_irecv(cp, a.inner_in, message(&p, a.inner_n), DT_FLOAT, p.inner_prev, TAG_DKV_INNER,
+                           &a.inner_recv);
             const float *next = kv_inner_post(&t, so, si, cur);
             float *fresh = last ? a.node : a.step[si % 2];
             wait_one(cp, last ? &a.node_send : &a.step_send[si % 2], "dK/dV send buffer reuse");
-            memset(fresh, 0, (size_t)n * sizeof(float));
+            memset(fresh, 0, (size_t)message(&p, full) * sizeof(float));
             AttnShape s = *shape;
-            s.k_tokens = ring->counts[c];
-            kernels->backward(kernels->ctx, &s, q, q_pos, cur, cur + s.k_tokens * p.kv,
-                              ring->positions + ring->offsets[c], lse, delta, dout, dq, fresh,
-                              fresh + s.k_tokens * p.kv);
-            if (si > 0) {
+            s.k_tokens = full;
+            const bool own = so == 0 && si == 0;      // own chunk: its dK/dV stay home
+            kernels->backward(kernels->ctx, &s, q, q_pos, cur, cur + full * p.kv, ring->positions + ring->offsets[c],
+                              lse, delta, dout, dq, own ? dk : fresh, own ? dv : fresh + full * p.kv);
+            if (a.inner_n >= 0) {
                 wait_one(cp, &a.inner_recv, "dK/dV transfer (inner ring)");
-                add(fresh, a.inner_in, n);
+                add_rows(fresh, fresh + full * p.kv, a.inner_in, a.inner_sel, a.inner_n, p.kv);
             }
-            if (kernels->traffic) kernels->traffic->dkv_bytes += n * (int64_t)sizeof(float);
-            if (!last) comm_isend(cp, fresh, n, DT_FLOAT, p.inner_next, TAG_DKV_INNER, &a.step_send[si % 2]);
-            else {
-                if (so > 0) {
-                    wait_one(cp, &a.outer_recv, "dK/dV transfer (outer ring)");
-                    add(fresh, a.outer_in, n);
-                }
-                if (so < p.outer - 1) comm_isend(cp, fresh, n, DT_FLOAT, p.outer_next, TAG_DKV_OUTER, &a.node_send);
-                else comm_isend(cp, fresh, n, DT_FLOAT, c, TAG_DKV_HOME, &a.node_send);
+            if (last && so > 0 && a.outer_n >= 0) {
+                wait_one(cp, &a.outer_recv, "dK/dV transfer (outer ring)");
+                add_rows(fresh, fresh + full * p.kv, a.outer_in, a.outer_sel, a.outer_n, p.kv);
+            }
+            const int64_t n = dkv_rows(ring, &p, need, c, so, si, t.mask, a.send_sel);
+            if (n >= 0 && n < full) pack_rows(fresh, fresh, full, a.send_sel, n, p.kv);
+            int to = p.inner_next, tag = TAG_DKV_INNER;        // on, or to the next node, or home
+            if (last) {
+                to = so < p.outer - 1 ? p.outer_next : c;
+                tag = so < p.outer - 1 ? TAG_DKV_OUTER : TAG_DKV_HOME;
+            }
+            if (n >= 0) {
+                comm_isend(cp, fresh, message(&p, n), DT_FLOAT, to, tag, last ? &a.node_send : &a.step_send[si % 2]);
+                if (kernels->traffic) kernels->traffic->dkv_bytes += message(&p, n) * (int64_t)sizeof(float);
             }
             kv_inner_wait(&t, so, si);
             cur = next;
         }
         kv_outer_wait(&t, so);
     }
-    wait_one(cp, &a.home_recv, "dK/dV transfer (home)");
-    add(dk, a.home, own);
-    add(dv, a.home + own, own);
+    if (a.home_n >= 0) {
+        wait_one(cp, &a.home_recv, "dK/dV transfer (home)");
+        add_rows(dk, dv, a.home, a.home_sel, a.home_n, p.kv);
+    }
     MPI_Request sends[3] = {a.step_send[0], a.step_send[1], a.node_send};
     comm_wait(cp, sends, 3, "ring attention backward: dK/dV sends");
     kv_travel_free(&t);
     free(a.step[0]); free(a.step[1]); free(a.node); free(a.inner_in); free(a.outer_in); free(a.home);
+    free(a.inner_sel); free(a.outer_sel); free(a.home_sel); free(a.send_sel);
     free(delta);
 }

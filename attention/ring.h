@@ -31,8 +31,9 @@
 // later holder of the same message uses (the set shrinks as the chunk
 // travels); every rank computes the same sets, so no sizes are exchanged. The
 // receiver's buffer keeps the chunk's full layout (unsent blocks are stale
-// and never read by kernels that honour `need`). dK/dV accumulators travel
-// whole.
+// and never read by kernels that honour `need`). Backward dK/dV accumulators
+// carry only the rows of blocks a holder on their way so far used (the rest
+// are zero), packed by the sender and added at their rows by the receiver.
 typedef struct {
     int block_size;            // B of the block ids below
     int64_t words;             // uint64 words per rank: ceil(num_blocks / 64)
@@ -91,12 +92,14 @@ void ring_attn_forward(const Ring *ring, const RingKernels *kernels, const AttnS
 
 // From the forward's o, lse and the upstream dout [T, Hq, D]: accumulates (+=)
 // dq [T, Hq, D] and this rank's dk, dv [T, Hkv, D] (from every rank's queries).
-// Floats of K/V rows the transfers of a whole ring pass send, per step and
-// rank, with `need` (NULL: whole chunks), without MPI: the byte model of
-// ring_send for any ring (ring->cp only gives the size). tokens [W, W]:
-// tokens[r * W + s] = K/V tokens rank r sends in step s (s = so * inner + si;
-// an outer transfer counts in the step that posts it).
-void ring_send_tokens(const Ring *ring, const RingNeed *need, int64_t *tokens);
+// Tokens (rows of K and V, or of dK and dV) the transfers of one ring pass
+// send, per rank and step, with `need` (NULL: whole chunks), without MPI: the
+// byte model of ring_send for any ring (ring->cp only gives the size).
+// kv_tokens [W, W]: kv_tokens[r * W + s] = K/V tokens rank r sends in step s
+// of either pass (s = so * inner + si; an outer transfer counts in the step
+// that posts it). dkv_tokens [W, W]: dK/dV accumulator tokens rank r sends at
+// the end of backward step s (on the ring, to the next node, or home).
+void ring_send_tokens(const Ring *ring, const RingNeed *need, int64_t *kv_tokens, int64_t *dkv_tokens);
 
 void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const AttnShape *shape,
                         const float *q, const float *k, const float *v, const float *o,

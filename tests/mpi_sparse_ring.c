@@ -131,7 +131,7 @@ static void check_case(LayoutKind layout, int64_t N, const char *budget, int inn
     ring_init(&ring, &dist.cp, inner, pos, T);
     AttnShape shape = {T, 0, Hq, Hkv, D, B, full.scale};
     Grads got[2];
-    int64_t bytes[2];
+    int64_t bytes[2][2];       // [full, selected][K/V, dK/dV]
     for (int send = 0; send < 2; send++) {
         RingSparse rs = {0};
         SparseStats stats = {0};
@@ -165,8 +165,9 @@ static void check_case(LayoutKind layout, int64_t N, const char *budget, int inn
         const char *mode = send ? "selected" : "full";
         expect_all(mine[0] < TOL_FWD, "sparse_ring_%s_%s_forward (max rel err %.2e)", mode, tag, errs[0]);
         expect_all(mine[1] < TOL_GRAD, "sparse_ring_%s_%s_backward (max rel err %.2e)", mode, tag, errs[1]);
-        bytes[send] = rs.traffic.kv_bytes;
-        comm_allreduce(&dist.world, &bytes[send], 1, DT_INT64, REDUCE_SUM);
+        bytes[send][0] = rs.traffic.kv_bytes;
+        bytes[send][1] = rs.traffic.dkv_bytes;
+        comm_allreduce(&dist.world, bytes[send], 2, DT_INT64, REDUCE_SUM);
         ring_sparse_free(&rs);
     }
     int identical = 1;
@@ -178,9 +179,10 @@ static void check_case(LayoutKind layout, int64_t N, const char *budget, int inn
     expect_all(identical, "sparse_ring_selected_identical_%s", tag);
     // Selected never sends more; with several ranks and blocks it sends less.
     const int must_save = W > 1 && nb >= 2 * W;
-    expect_all(bytes[1] <= bytes[0] && (!must_save || bytes[1] < bytes[0]),
-               "sparse_ring_selected_bytes_%s (K/V bytes full %lld, selected %lld)", tag, (long long)bytes[0],
-               (long long)bytes[1]);
+    for (int m = 0; m < 2; m++)
+        expect_all(bytes[1][m] <= bytes[0][m] && (!must_save || bytes[1][m] < bytes[0][m]),
+                   "sparse_ring_selected_%s_bytes_%s (full %lld, selected %lld)", m ? "dkv" : "kv", tag,
+                   (long long)bytes[0][m], (long long)bytes[1][m]);
 
     ring_free(&ring);
     grads_free(&got[0]); grads_free(&got[1]); grads_free(&e);
@@ -268,21 +270,24 @@ static void plan_bytes(const SparsePattern *p, int B, LayoutKind layout, int W, 
         free(qb);
     }
     RingNeed need = {B, words, bits};
-    int64_t *tokens = xmalloc((size_t)(W * W) * sizeof(int64_t));
-    double total[2] = {0, 0};
+    int64_t *kv = xmalloc((size_t)(W * W) * sizeof(int64_t)), *dkv = xmalloc((size_t)(W * W) * sizeof(int64_t));
+    double fwd[2] = {0, 0}, bwd[2] = {0, 0};   // bytes of a whole pass, full and selected
     for (int sel = 0; sel < 2; sel++) {
-        ring_send_tokens(&ring, sel ? &need : NULL, tokens);
-        for (int64_t i = 0; i < (int64_t)W * W; i++) total[sel] += (double)tokens[i] * token_bytes;
+        ring_send_tokens(&ring, sel ? &need : NULL, kv, dkv);
+        for (int64_t i = 0; i < (int64_t)W * W; i++) {
+            fwd[sel] += (double)kv[i] * token_bytes;
+            bwd[sel] += (double)(kv[i] + dkv[i]) * token_bytes;
+        }
     }
     int64_t columns = 0;
     char *col = xcalloc((size_t)N, 1);
     for (int64_t e = 0; e < p->vertical_start[p->num_heads]; e++) col[p->vertical[e]] = 1;
     for (int64_t x = 0; x < N; x++) columns += col[x];
-    const double steps = (double)W * (W - 1);
-    printf("| %s | %d (%dx%d) | %.2f | %.2f | %.3f | %.2f |\n", layout_name(layout), W, W / inner, inner,
-           total[0] / steps / 1048576, total[1] / steps / 1048576, total[1] / total[0],
-           (double)columns * token_bytes * (W - 1) / W / 1048576);
-    free(col); free(tokens); free(bits);
+    const double mib = 1048576.0 * W;          // per rank
+    printf("| %s | %d (%dx%d) | %.1f | %.1f | %.3f | %.1f | %.1f | %.3f | %.3f | %.2f |\n", layout_name(layout), W,
+           W / inner, inner, fwd[0] / mib, fwd[1] / mib, fwd[1] / fwd[0], bwd[0] / mib, bwd[1] / mib, bwd[1] / bwd[0],
+           (fwd[1] + bwd[1]) / (fwd[0] + bwd[0]), (double)columns * token_bytes * (W - 1) / W / 1048576);
+    free(col); free(kv); free(dkv); free(bits);
     free(ring.counts); free(ring.offsets); free(ring.positions);
 }
 
@@ -318,8 +323,10 @@ static void plan(int64_t N, int B, bool shared) {
         SparseStats s = {0};
         sparse_index_count(&x, pos, N, &s);
         printf("\nsparsity %.3f (S = %d slash lines per head)\n\n", 1.0 - s.computed / s.causal, lo);
-        printf("| layout | W (outer x inner) | full MiB/step | selected MiB/step | selected / full | columns MiB/rank |\n"
-               "|---|---|---|---|---|---|\n");
+        printf("MiB per rank and layer; forward: K/V; backward: K/V and dK/dV accumulators\n\n"
+               "| layout | W (outer x inner) | forward full | forward selected | ratio | backward full | "
+               "backward selected | ratio | both passes ratio | columns MiB/rank |\n"
+               "|---|---|---|---|---|---|---|---|---|---|\n");
         for (int l = 0; l < 3; l++) {
             plan_bytes(&p, B, (LayoutKind)l, 4, 4, token_bytes);
             plan_bytes(&p, B, (LayoutKind)l, 8, 8, token_bytes);

@@ -42,7 +42,7 @@ unset $(compgen -v SLURM_) $(compgen -v PMIX_) $(compgen -v PMI_)
 export OMP_NUM_THREADS=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 c=$tmp/cluster
-mkdir -p "$c/state" "$c/spool" "$c/munge"
+mkdir -p "$c/state" "$c/spool" "$c/munge" "$c/pmix"
 daemons=()
 stop_cluster() {
   local pid
@@ -88,9 +88,14 @@ MpiDefault=none
 MailProg=/bin/true
 SchedulerParameters=batch_sched_delay=0
 ReturnToService=2
+FirstJobId=$((1000 + (RANDOM * 32768 + RANDOM) % 60000000))
 NodeName=mtrain-node NodeHostname=localhost NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
 PartitionName=test Nodes=mtrain-node Default=YES MaxTime=INFINITE State=UP
 EOF
+# The PMIx plugin's per-step folders and Open MPI's session folder and shared
+# memory are named by job and step id: two of these tests running at once
+# must not share ids (random job ids), and the plugin's folders stay here.
+echo "PMIxCliTmpDirBase=$c/pmix" >"$c/mpi.conf"
 export SLURM_CONF=$c/slurm.conf
 for _ in $(seq 50); do [ -S "$c/munge/socket" ] && break; sleep 0.1; done
 slurmctld -D -i >"$c/slurmctld.out" 2>&1 &

@@ -64,8 +64,22 @@ static Comm make_comm(MPI_Comm comm, const char *name, double timeout_s) {
     return c;
 }
 
+// srun starts each task itself and Open MPI finds its rank through Slurm's
+// PMIx server (PMIX_RANK, ... in the environment). Under srun without
+// --mpi=pmix (and MpiDefault=none) there is none and MPI_Init would abort
+// every task with a page of text: say it in one line, from task 0 only.
+// (mpirun's ranks have OMPI_COMM_WORLD_RANK; PMI_RANK is srun --mpi=pmi2, left
+// to an MPI built with PMI-2.)
+static void check_srun_plugin(void) {
+    if (!getenv("SLURM_STEP_ID") || getenv("PMIX_RANK") || getenv("PMI_RANK") || getenv("OMPI_COMM_WORLD_RANK")) return;
+    if (env_int("SLURM_PROCID") > 0) exit(1);
+    fail("started by srun without an MPI plugin (SLURM_STEP_ID is set but not PMIX_RANK): expected "
+         "srun --mpi=pmix (or MpiDefault=pmix in slurm.conf)");
+}
+
 void dist_init(Dist *d, int *argc, char ***argv, double timeout_s) {
     memset(d, 0, sizeof(*d));
+    check_srun_plugin();
     int provided = 0;
     MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
     MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
@@ -80,14 +94,23 @@ void dist_init(Dist *d, int *argc, char ***argv, double timeout_s) {
     MPI_CHECK(MPI_Comm_size(node, &d->local_size));
     MPI_CHECK(MPI_Comm_free(&node));
 
-    // mpirun sets OMPI_COMM_WORLD_LOCAL_RANK; srun sets SLURM_LOCALID (trusted
-    // only when SLURM_PROCID is this rank: mpirun inside a batch script inherits
-    // the script's SLURM_LOCALID).
+    // mpirun sets OMPI_COMM_WORLD_LOCAL_RANK; srun sets SLURM_PROCID,
+    // SLURM_STEP_NUM_TASKS and SLURM_LOCALID in each task of a step (SLURM_STEP_ID
+    // set). A batch script has no step: its processes, and those of an mpirun
+    // inside it, inherit the script's SLURM_PROCID and SLURM_LOCALID, so these
+    // are read only in a step, when mpirun's variable is absent.
     int launcher = env_int("OMPI_COMM_WORLD_LOCAL_RANK");
     const char *source = "OMPI_COMM_WORLD_LOCAL_RANK";
-    if (launcher < 0 && env_int("SLURM_PROCID") == d->world_rank) {
+    d->launcher = launcher >= 0 ? "mpirun" : "none";
+    if (launcher < 0 && getenv("SLURM_STEP_ID")) {
+        int procid = env_int("SLURM_PROCID"), tasks = env_int("SLURM_STEP_NUM_TASKS");
+        if (procid != d->world_rank || tasks != d->world_size)
+            fail("rank %d of %d: srun's SLURM_PROCID is %d of SLURM_STEP_NUM_TASKS %d (expected them equal to MPI's "
+                 "rank and size: each task of the step must join one MPI job, through srun --mpi=pmix)",
+                 d->world_rank, d->world_size, procid, tasks);
         launcher = env_int("SLURM_LOCALID");
         source = "SLURM_LOCALID";
+        d->launcher = "srun";
     }
     if (launcher >= 0 && launcher != d->local_rank)
         fail("rank %d: the launcher's %s is %d but MPI places this rank %d of %d on its node (expected them equal)",

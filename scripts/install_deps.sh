@@ -24,6 +24,10 @@ checks=(
   "libutf8proc-dev:/usr/include/utf8proc.h"
   "npm:/usr/bin/npm"
   "python3-regex:/usr/lib/python3/dist-packages/regex/__init__.py"
+  "munge:/usr/sbin/munged"
+  "slurmctld:/usr/sbin/slurmctld"
+  "slurmd:/usr/sbin/slurmd"
+  "slurm-client:/usr/bin/srun"
 )
 
 missing=()

@@ -206,8 +206,8 @@ void ring_send_tokens(const Ring *ring, const RingNeed *need, int64_t *kv_tokens
                     kv_tokens[at] += selected_tokens(ring, &p, need, c, kv_serves(&p, so + 1, 0), mask, sel);
                 if (si < p.inner - 1)                  // inner: to holding (so, si + 1)
                     kv_tokens[at] += selected_tokens(ring, &p, need, c, kv_serves(&p, so, si + 1), mask, sel);
-                dkv_tokens[at] = dkv_rows(ring, &p, need, c, so, si, mask, sel);
-                if (dkv_tokens[at] < 0) dkv_tokens[at] = 0;
+                const int64_t dkv = dkv_rows(ring, &p, need, c, so, si, mask, sel);
+                dkv_tokens[at] = dkv > 0 ? dkv : 0;   // the owner's holding sends none
             }
     }
     free(mask);

@@ -19,14 +19,11 @@ copy_steps=${COPY_STEPS:-400} short_steps=${SHORT_STEPS:-3000} long_steps=${LONG
 lengths=250,500,1000,2000
 rm -rf "$out"
 mkdir -p "$out"
-threads=$(( $(nproc) / ranks > 0 ? $(nproc) / ranks : 1 ))
-if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-export OMPI_MCA_btl_vader_single_copy_mechanism=none
-ring() { mpirun -np "$ranks" --oversubscribe --bind-to none "$mtrain" "$@" parallel.cp="$ranks" parallel.threads="$threads"; }
+source scripts/cpu_ranks.sh
 # Sparse attention for everything that runs on the ring: a fixed budget per
-# head over 32-token blocks (at 2048 tokens about a third of the causal score
-# elements; `density` in the logs), blocks striped over the ranks, each ring
-# hop sending only the K/V blocks still needed.
+# head over 32-token blocks (at 2048 tokens about a quarter of the causal
+# score elements: `attn density` in the logs), blocks striped over the ranks,
+# each ring hop sending only the K/V blocks still needed.
 sparse="attention.type=sparse attention.budget=fixed attention.vertical=32 attention.slash=32 attention.sink=32
         attention.local=64 attention.ring_send=selected"
 # The extended model: YaRN over the 256-token original context. beta_fast 2
@@ -78,7 +75,7 @@ $mtrain train $cfg data.train="$out/short.shard" train.init_from="$(last "$out/c
 evaluate() {  # evaluate NAME MODEL [overrides]: passkey by length and depth on the ring
   local name=$1 model=$2
   shift 2
-  ring eval $cfg eval.model="$model" eval.lengths=$lengths eval.out="$out/eval_$name" $sparse "$@" \
+  run_ranks $ranks eval $cfg eval.model="$model" eval.lengths=$lengths eval.out="$out/eval_$name" $sparse "$@" \
     | sed -n '/^passkey: exact-match/,/^passkey: [0-9]/p'
   cp "$out/eval_$name/results.json" "$out/results_$name.json"
 }
@@ -89,10 +86,10 @@ evaluate before "$(last "$out/short")" model.max_position_embeddings=$long
 # 4. Extension: YaRN factor 8 and a fine-tune at 2048 tokens, sparse ring
 #    attention over the ranks (cp = ranks: each holds half of every sequence).
 echo "== 4. extension: YaRN x$factor, $long_steps steps at $long tokens, sparse ring attention on $ranks ranks"
-ring train $cfg $yarn $sparse train.seq_len=$long train.micro_batches=1 train.lr=1e-3 train.min_lr=1e-4 \
+run_ranks $ranks train $cfg $yarn $sparse train.seq_len=$long train.micro_batches=1 train.lr=1e-3 train.min_lr=1e-4 \
   train.warmup_steps=10 data.train="$out/long.shard" data.val_sequences=2 train.init_from="$(last "$out/short")" \
   train.steps="$long_steps" checkpoint.dir="$out/long" log.dir="$out/long" log.every=500 log.attention_every=500 \
-  log.val_every="$long_steps" | grep -E "^(step|validation|attention)" | tail -4
+  log.val_every="$long_steps" | grep -E "^(step|validation)" | tail -4
 
 # 5. After: the extended model, same evaluation.
 echo "== 5. after: the extended model at lengths $lengths"

@@ -10,15 +10,12 @@ cd "$(dirname "$0")/.."
 rm -rf demo
 mkdir -p demo
 ranks=${DEMO_RANKS:-2}
-# The ranks share the cores: OpenMP threads per rank = cores / ranks.
-threads=$(( $(nproc) / ranks > 0 ? $(nproc) / ranks : 1 ))
-if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-export OMPI_MCA_btl_vader_single_copy_mechanism=none
+source scripts/cpu_ranks.sh
+threads=$(threads_per_rank "$ranks")
 attention=$(sed -n 's/^  type: *\([a-z]*\).*/\1/p' configs/demo-cpu.yaml)
 echo "== training configs/demo-cpu.yaml on $ranks MPI ranks (cp = $ranks; CPU, $(nproc) cores, $threads thread(s) per rank)"
 echo "   attention: $attention, over the ring of the $ranks ranks"
-mpirun -np "$ranks" --oversubscribe --bind-to none build/mtrain train configs/demo-cpu.yaml \
-  parallel.cp="$ranks" parallel.threads="$threads" "$@"
+run_ranks "$ranks" train configs/demo-cpu.yaml "$@"
 
 metrics=demo/metrics.jsonl
 val() { grep '"val_loss"' "$metrics" | sed -n "$1p" | sed 's/.*"val_loss": \([0-9.e+-]*\).*/\1/'; }

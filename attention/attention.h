@@ -13,13 +13,25 @@
 
 #include <stdint.h>
 
-#include "../model/model_config.h"
+#include "layout.h"
+
+// attention.type
+typedef enum { ATTN_DENSE, ATTN_SPARSE } AttnType;
+// attention.ring: the ring schedule (ring.h)
+typedef enum { RING_FLAT, RING_HIERARCHICAL } RingSchedule;
+// attention.ring_send (sparse ring: ring_sparse.h)
+typedef enum { RING_SEND_FULL, RING_SEND_SELECTED } RingSend;
+// attention.budget: how many vertical / slash lines a head keeps (sparse.h)
+typedef enum { BUDGET_TOPP, BUDGET_FIXED } SparseBudget;
+
+// Bytes of attention.budget_file (the run config's string size).
+#define ATTN_PATH_MAX 512
 
 typedef struct {
-    char type[CONFIG_STR];     // dense | sparse
+    AttnType type;             // dense | sparse
     int block_size;            // tile size in tokens (queries and keys)
-    char ring[CONFIG_STR];     // flat | hierarchical (ring.h)
-    char ring_send[CONFIG_STR]; // full | selected (sparse ring: ring_sparse.h)
+    RingSchedule ring;         // flat | hierarchical (ring.h)
+    RingSend ring_send;        // full | selected (sparse ring: ring_sparse.h)
     // sparse (vertical-slash) pattern estimation, DESIGN §5.2
     int last_q;                // estimation queries: the last last_q of the sequence
     double top_p;              // budget topp: fewest lines reaching this softmax mass
@@ -27,11 +39,11 @@ typedef struct {
     int max_slash;
     int sink;                  // first tokens always kept (vertical)
     int local;                 // nearest diagonals always kept (slash offsets 0..local-1)
-    char budget[CONFIG_STR];   // topp | fixed
+    SparseBudget budget;       // topp | fixed
     int vertical;              // budget fixed: vertical lines per head
     int slash;                 // budget fixed: slash lines per head
-    char budget_file[CONFIG_STR]; // none, or a file of "layer head vertical slash" lines
-    char layout[CONFIG_STR];   // contiguous | zigzag | striped (attention/layout.h)
+    char budget_file[ATTN_PATH_MAX]; // none, or a file of "layer head vertical slash" lines
+    LayoutKind layout;         // contiguous | zigzag | striped (attention/layout.h)
 } AttentionConfig;
 
 typedef struct {

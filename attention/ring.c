@@ -39,10 +39,8 @@ static void dense_backward(void *ctx, const AttnShape *shape, const float *q, co
 
 const RingKernels ring_dense_cpu = {dense_forward, dense_backward, NULL, NULL, NULL};
 
-int ring_inner_size(const char *schedule, int cp_size, int cp_inner) {
-    if (!strcmp(schedule, "flat")) return cp_size;
-    if (!strcmp(schedule, "hierarchical")) return cp_inner;
-    fail("attention.ring: '%s' is not a ring schedule (expected flat or hierarchical)", schedule);
+int ring_inner_size(RingSchedule schedule, int cp_size, int cp_inner) {
+    return schedule == RING_HIERARCHICAL ? cp_inner : cp_size;
 }
 
 void ring_init(Ring *ring, const Comm *cp, int inner, const int64_t *pos, int64_t tokens) {

@@ -76,9 +76,9 @@ typedef struct {
     int64_t max_count;         // largest count (buffer size)
 } Ring;
 
-// "flat" | "hierarchical" -> the inner ring size for a cp group of cp_size
-// ranks with cp_inner ranks per inner ring; fails on anything else.
-int ring_inner_size(const char *schedule, int cp_size, int cp_inner);
+// The inner ring size of a schedule for a cp group of cp_size ranks with
+// cp_inner ranks per inner ring (hierarchical).
+int ring_inner_size(RingSchedule schedule, int cp_size, int cp_inner);
 
 // pos [tokens]: this rank's global positions (the same for queries and keys).
 // inner must divide cp->size. Collective over cp.

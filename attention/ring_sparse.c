@@ -13,12 +13,6 @@
 
 #include "../dist/util.h"
 
-RingSend ring_send_parse(const char *name) {
-    if (!strcmp(name, "full")) return RING_SEND_FULL;
-    if (!strcmp(name, "selected")) return RING_SEND_SELECTED;
-    fail("attention.ring_send: '%s' is not a ring send mode (expected full or selected)", name);
-}
-
 int64_t ring_need_words(int64_t seq_len, int block_size) {
     return ((seq_len + block_size - 1) / block_size + 63) / 64;
 }

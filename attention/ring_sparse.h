@@ -26,12 +26,6 @@
 #include "ring.h"
 #include "sparse.h"
 
-// attention.ring_send
-typedef enum { RING_SEND_FULL, RING_SEND_SELECTED } RingSend;
-
-// "full" | "selected" -> RingSend; fails on anything else.
-RingSend ring_send_parse(const char *name);
-
 // One layer's sparse ring state (plan, then forward, then backward).
 typedef struct {
     SparsePattern pattern;     // the layer's lines, identical on every cp rank

@@ -87,8 +87,7 @@ void sparse_select(const AttentionConfig *cfg, const float *vertical, const floa
                    const int *fixed_slash, SparsePattern *pattern) {
     const int64_t N = seq_len;
     const int H = num_heads;
-    const int fixed = strcmp(cfg->budget, "fixed") == 0;
-    CHECK(fixed || strcmp(cfg->budget, "topp") == 0, "selection: unknown budget '%s'", cfg->budget);
+    const int fixed = cfg->budget == BUDGET_FIXED;
     CHECK(N >= 1 && N <= UINT32_MAX, "selection: sequence length %lld", (long long)N);
     int64_t **lists = xmalloc(2 * (size_t)H * sizeof(int64_t *));      // [2H] vertical, slash
     int64_t *counts = xmalloc(2 * (size_t)H * sizeof(int64_t));

@@ -309,8 +309,7 @@ extern "C" void sparse_select_cuda(const AttentionConfig *cfg, const float *vert
                                    const int *fixed_slash, SparsePatternCuda *p, cudaStream_t stream) {
     const int H = num_heads;
     const int64_t N = seq_len, S = 2 * (int64_t)H;
-    const int fixed = strcmp(cfg->budget, "fixed") == 0;
-    CHECK(fixed || strcmp(cfg->budget, "topp") == 0, "selection (CUDA): unknown budget '%s'", cfg->budget);
+    const int fixed = cfg->budget == BUDGET_FIXED;
     CHECK(N >= 1 && N <= UINT32_MAX && S * N < INT32_MAX, "selection (CUDA): sequence length %lld",
           (long long)N);
     // Per-segment fixed counts and the lists' capacities (taken + always kept).

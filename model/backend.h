@@ -91,10 +91,12 @@ typedef struct {
                   float beta1, float beta2, float eps, float weight_decay, int64_t step);
 } Backend;
 
+// train.backend: the backends this build has.
+typedef enum { BACKEND_CPU } BackendKind;
+
 // The CPU backend (fp32, OpenMP, OpenBLAS).
 const Backend *backend_cpu(void);
-// Resolve train.backend (cpu | cuda | auto) to a backend; fails with a clear
-// message when the choice cannot run here.
-const Backend *backend_select(const char *name);
+// The backend of train.backend.
+const Backend *backend_select(BackendKind kind);
 
 #endif

@@ -80,7 +80,7 @@ static const char *read_string(const char *path, const cJSON *root, const char *
 // parameters; any other type or key is refused rather than ignored.
 static void read_rope_scaling(const char *path, const cJSON *root, ModelConfig *mc) {
     RopeScaling *rs = &mc->rope_scaling;
-    *rs = (RopeScaling){.type = "none", .factor = 1.0, .beta_fast = 32.0, .beta_slow = 1.0, .truncate = true};
+    *rs = (RopeScaling){.type = ROPE_NONE, .factor = 1.0, .beta_fast = 32.0, .beta_slow = 1.0, .truncate = true};
     const char *name = field(root, "rope_scaling") ? "rope_scaling" : "rope_parameters";
     const cJSON *obj = field(root, name);
     if (!obj) return;
@@ -106,7 +106,7 @@ static void read_rope_scaling(const char *path, const cJSON *root, ModelConfig *
     if (!strcmp(type, "default")) return;
     if (strcmp(type, "yarn"))
         fail("%s: %s type '%s' is not supported (expected \"yarn\" or \"default\")", path, name, type);
-    snprintf(rs->type, sizeof(rs->type), "yarn");
+    rs->type = ROPE_YARN;
     if (!field(obj, "factor")) fail("%s: %s of type yarn has no 'factor' (expected a number >= 1)", path, name);
     rs->factor = read_double(path, obj, in, "factor", 1.0);
     if (rs->factor < 1) fail("%s: field '%sfactor' is %.17g (expected a number >= 1)", path, in, rs->factor);

@@ -69,7 +69,7 @@ void model_init(Model *m, const ModelConfig *config, const Backend *be) {
     if (m->cfg.head_dim == 0) m->cfg.head_dim = config->hidden_size / config->num_heads;
     const ModelConfig *cfg = &m->cfg;
     m->be = be;
-    snprintf(m->attention.type, sizeof(m->attention.type), "dense");
+    m->attention.type = ATTN_DENSE;
     m->attention.block_size = 64;
     m->sparse_index = xcalloc((size_t)config->num_layers, sizeof(SparseIndex));
     m->attention_stats = xcalloc((size_t)config->num_layers, sizeof(SparseStats));
@@ -107,7 +107,7 @@ void model_set_attention(Model *m, const AttentionConfig *attention) {
     free(m->budget_vertical);
     free(m->budget_slash);
     m->budget_vertical = m->budget_slash = NULL;
-    if (strcmp(attention->type, "sparse") || strcmp(attention->budget, "fixed")) return;
+    if (attention->type != ATTN_SPARSE || attention->budget != BUDGET_FIXED) return;
     int L = m->cfg.num_layers, Hq = m->cfg.num_heads;
     m->budget_vertical = xmalloc(sizeof(int) * (size_t)(L * Hq));
     m->budget_slash = xmalloc(sizeof(int) * (size_t)(L * Hq));
@@ -301,7 +301,7 @@ static LayerActs *layer_acts(Model *m, int l) {
     return &m->scratch;
 }
 
-static bool is_sparse(const Model *m) { return !strcmp(m->attention.type, "sparse"); }
+static bool is_sparse(const Model *m) { return m->attention.type == ATTN_SPARSE; }
 
 static AttnShape attn_shape(const Model *m, int64_t T) {
     const ModelConfig *c = &m->cfg;
@@ -321,7 +321,7 @@ static void ring_layer_forward(Model *m, int l, LayerActs *a, const AttnShape *s
     if (plan) {
         size_t budget = (size_t)l * m->cfg.num_heads;
         ring_sparse_plan(&m->ring, &m->attention, s, a->q, a->k, m->budget_vertical ? m->budget_vertical + budget : NULL,
-                         m->budget_slash ? m->budget_slash + budget : NULL, ring_send_parse(m->attention.ring_send),
+                         m->budget_slash ? m->budget_slash + budget : NULL, m->attention.ring_send,
                          &m->ring_sparse[l], m->collect_attention_stats ? &m->attention_stats[l] : NULL);
     }
     ring_sparse_forward(&m->ring, &m->ring_sparse[l], s, a->q, a->k, a->v, a->att, a->lse);

@@ -9,9 +9,11 @@
 
 // HF `rope_scaling`: how the RoPE frequencies are stretched for a context
 // longer than the one the model was trained at (model/rope.c has the math).
-// A zero-filled struct (type "") means plain RoPE, as does type "none".
+// A zero-filled struct (type ROPE_NONE) means plain RoPE.
+typedef enum { ROPE_NONE, ROPE_YARN } RopeType;
+
 typedef struct {
-    char type[CONFIG_STR];     // none | yarn  (HF `type` / `rope_type`)
+    RopeType type;             // none | yarn  (HF `type` / `rope_type`)
     double factor;             // context extension factor s >= 1
     int original_max_position_embeddings; // context before extension; 0 = max_position_embeddings
     double beta_fast;          // YaRN: rotations where interpolation ends (HF default 32)

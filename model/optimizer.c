@@ -4,13 +4,6 @@
 #include <math.h>
 #include <string.h>
 
-LrSchedule lr_schedule_from_name(const char *name) {
-    if (!strcmp(name, "constant")) return LR_CONSTANT;
-    if (!strcmp(name, "cosine")) return LR_COSINE;
-    if (!strcmp(name, "linear")) return LR_LINEAR;
-    fail("train.lr_schedule '%s' is unknown (expected constant, cosine or linear)", name);
-}
-
 double lr_at(const OptimizerConfig *oc, int64_t step) {
     if (oc->warmup_steps > 0 && step <= oc->warmup_steps) return oc->lr * (double)step / (double)oc->warmup_steps;
     if (oc->schedule == LR_CONSTANT) return oc->lr;

@@ -18,7 +18,6 @@ typedef struct {
     double grad_clip;          // 0 = off
 } OptimizerConfig;
 
-LrSchedule lr_schedule_from_name(const char *name);
 // Learning rate at optimizer step `step` (1-based): linear warmup from 0,
 // then constant, cosine or linear decay from lr to min_lr at total_steps.
 double lr_at(const OptimizerConfig *oc, int64_t step);

@@ -15,11 +15,10 @@
 #include "rope.h"
 
 #include <math.h>
-#include <string.h>
 
 #include "../dist/util.h"
 
-bool rope_is_yarn(const RopeScaling *rs) { return !strcmp(rs->type, "yarn"); }
+bool rope_is_yarn(const RopeScaling *rs) { return rs->type == ROPE_YARN; }
 
 int rope_original_context(const ModelConfig *c) {
     int original = c->rope_scaling.original_max_position_embeddings;
@@ -38,10 +37,7 @@ double rope_frequencies(const ModelConfig *c, int D, double *inv_freq) {
     int half = D / 2;
     double base = c->rope_theta;
     for (int i = 0; i < half; i++) inv_freq[i] = pow(base, -2.0 * i / D);
-    if (!rope_is_yarn(rs)) {
-        CHECK(!rs->type[0] || !strcmp(rs->type, "none"), "rope_scaling type '%s' unknown", rs->type);
-        return 1.0;
-    }
+    if (!rope_is_yarn(rs)) return 1.0;
     double s = rs->factor, L = rope_original_context(c);
     double low = correction_dim(rs->beta_fast, D, base, L), high = correction_dim(rs->beta_slow, D, base, L);
     if (rs->truncate) { low = floor(low); high = ceil(high); }

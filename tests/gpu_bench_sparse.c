@@ -171,7 +171,7 @@ int main(int argc, char **argv) {
         const AttnShape se = {LAST_Q, n, HQ, HKV, HEAD_DIM, BLOCK, 0.08838834764831845f};
         AttentionConfig cfg = {.top_p = 0.9, .max_vertical = VERTICAL, .max_slash = nslash, .sink = 64,
                                .local = 128, .vertical = VERTICAL, .slash = nslash};
-        snprintf(cfg.budget, sizeof cfg.budget, "fixed");
+        cfg.budget = BUDGET_FIXED;
 
         float dense[REPS], sparse[REPS], est[REPS];
         double density = 0;

@@ -399,7 +399,7 @@ static void run_select_case(const SelectCase *sc, uint64_t seed) {
     // Selection and index on the same (GPU) scores, both sides.
     AttentionConfig cfg = {.top_p = 0.9, .max_vertical = (int)(N / 8), .max_slash = (int)(N / 16), .sink = 4,
                            .local = 8, .vertical = (int)(N / 20) + 1, .slash = (int)(N / 40) + 1};
-    snprintf(cfg.budget, sizeof cfg.budget, "%s", sc->budget);
+    cfg.budget = strcmp(sc->budget, "fixed") ? BUDGET_TOPP : BUDGET_FIXED;
     SparsePattern p;
     sparse_select(&cfg, vertical, slash, Hq, N, NULL, NULL, &p);
     SparsePatternCuda dp;

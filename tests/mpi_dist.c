@@ -250,7 +250,7 @@ static void check_ring_case(LayoutKind layout, int64_t N, int inner, const char 
 
 static void check_ring(const char *schedule, int cp_inner) {
     dist_setup(&dist, 1, 0, cp_inner, "mpi_dist");
-    int inner = ring_inner_size(schedule, dist.cp.size, dist.grid.cp_inner);
+    int inner = ring_inner_size(strcmp(schedule, "flat") ? RING_HIERARCHICAL : RING_FLAT, dist.cp.size, dist.grid.cp_inner);
     const int B = 16, W = dist.cp.size;
     // N not a multiple of W·B (ranks hold different block counts, the last
     // block is short), and a short sequence where some ranks hold nothing.
@@ -265,7 +265,7 @@ static void check_ring(const char *schedule, int cp_inner) {
 static void bench_ring(int64_t N, const char *schedule, int cp_inner) {
     dist_setup(&dist, 1, 0, cp_inner, "mpi_dist");
     const int Hq = 8, Hkv = 2, D = 64, B = 128, W = dist.cp.size;
-    int inner = ring_inner_size(schedule, W, dist.grid.cp_inner);
+    int inner = ring_inner_size(strcmp(schedule, "flat") ? RING_HIERARCHICAL : RING_FLAT, W, dist.grid.cp_inner);
     int64_t T = layout_rank_positions(LAYOUT_ZIGZAG, N, B, W, dist.cp.rank, NULL);
     int64_t *pos = xmalloc((size_t)N * sizeof(int64_t));
     Rng rng;

@@ -66,8 +66,8 @@ static int same_row(const SparseIndex *x, int64_t r, const SparseIndex *y, int64
 // The sparse test configuration: small lines so that the pattern is sparse.
 static AttentionConfig sparse_cfg(const char *budget) {
     AttentionConfig c = {0};
-    strcpy(c.type, "sparse");
-    strcpy(c.budget, budget);
+    c.type = ATTN_SPARSE;
+    c.budget = strcmp(budget, "fixed") ? BUDGET_TOPP : BUDGET_FIXED;
     c.block_size = 16;
     c.last_q = 24;
     c.top_p = 0.5;
@@ -193,7 +193,7 @@ static void check_case(LayoutKind layout, int64_t N, const char *budget, int inn
 
 static void check(const char *schedule, int cp_inner) {
     dist_setup(&dist, 1, 0, cp_inner, "mpi_sparse_ring");
-    int inner = ring_inner_size(schedule, dist.cp.size, dist.grid.cp_inner);
+    int inner = ring_inner_size(strcmp(schedule, "flat") ? RING_HIERARCHICAL : RING_FLAT, dist.cp.size, dist.grid.cp_inner);
     const int B = 16, W = dist.cp.size;
     // Ranks with different block counts and a short last block; a short
     // sequence where some ranks hold nothing.

@@ -17,7 +17,7 @@
 
 static ModelConfig yarn_config(int D, double theta, double factor, int original, int max_pos) {
     ModelConfig c = {.head_dim = D, .rope_theta = theta, .max_position_embeddings = max_pos};
-    c.rope_scaling = (RopeScaling){.type = "yarn", .factor = factor, .original_max_position_embeddings = original,
+    c.rope_scaling = (RopeScaling){.type = ROPE_YARN, .factor = factor, .original_max_position_embeddings = original,
                                    .beta_fast = 32, .beta_slow = 1, .truncate = true};
     return c;
 }
@@ -29,7 +29,7 @@ static void test_plain(void) {
     int exact = 1;
     for (int i = 0; i < 8; i++) exact &= inv[i] == pow(10000.0, -2.0 * i / 16);
     EXPECT(exact && af == 1.0, "plain RoPE: inv_freq = theta^(-2i/D), attention factor 1");
-    snprintf(c.rope_scaling.type, sizeof(c.rope_scaling.type), "none");
+    c.rope_scaling.type = ROPE_NONE;
     double again[8];
     af = rope_frequencies(&c, 16, again);
     EXPECT(!memcmp(inv, again, sizeof(inv)) && af == 1.0, "type none is plain RoPE");

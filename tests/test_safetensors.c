@@ -364,10 +364,10 @@ static void test_f16_read(void) {
 // config.json
 
 // What hf_config_read gives when there is no rope_scaling.
-#define NO_SCALING {"none", 1.0, 0, 32.0, 1.0, 0, 0, 0, true}
+#define NO_SCALING {ROPE_NONE, 1.0, 0, 32.0, 1.0, 0, 0, 0, true}
 
 static bool same_rope_scaling(const RopeScaling *a, const RopeScaling *b) {
-    return !strcmp(a->type, b->type) && a->factor == b->factor &&
+    return a->type == b->type && a->factor == b->factor &&
            a->original_max_position_embeddings == b->original_max_position_embeddings && a->beta_fast == b->beta_fast &&
            a->beta_slow == b->beta_slow && a->attention_factor == b->attention_factor && a->mscale == b->mscale &&
            a->mscale_all_dim == b->mscale_all_dim && a->truncate == b->truncate;
@@ -392,9 +392,9 @@ static void test_hf_config_round_trip(void) {
     const ModelConfig configs[] = {
         {151936, 896, 4864, 24, 14, 2, 64, 1000000.0, 1e-6, true, 0.1 + 0.2, 32768, NO_SCALING},
         {1000, 96, 200, 3, 6, 3, 16, 123456.789, 1.0 / 3.0, false, 0.02, 524288,
-         {"yarn", 16.0, 32768, 32.0, 1.0, 0, 0, 0, true}},
+         {ROPE_YARN, 16.0, 32768, 32.0, 1.0, 0, 0, 0, true}},
         {32, 8, 8, 1, 1, 1, 8, 5e15 + 1, 1e-300, false, 1.7976931348623157e308, 1,
-         {"yarn", 1.0 / 3.0 + 1, 7, 0.1 + 0.2, 0.1, 1.25, 0.7, 1.0 / 7.0, false}},
+         {ROPE_YARN, 1.0 / 3.0 + 1, 7, 0.1 + 0.2, 0.1, 1.25, 0.7, 1.0 / 7.0, false}},
     };
     const char *path = tmp_path("config.json");
     for (int i = 0; i < 3; i++) {
@@ -440,7 +440,7 @@ static void test_hf_config_round_trip(void) {
     write_text(path, BASE "\"rope_scaling\": {\"factor\": 4.0, \"original_max_position_embeddings\": 32768, "
                           "\"type\": \"yarn\"}}");
     ModelConfig yarn, want_yarn = {1000, 64, 128, 2, 4, 4, 16, 1e6, 1e-6, false, 0.02, 32768,
-                                   {"yarn", 4.0, 32768, 32.0, 1.0, 0, 0, 0, true}};
+                                   {ROPE_YARN, 4.0, 32768, 32.0, 1.0, 0, 0, 0, true}};
     hf_config_read(path, &yarn);
     EXPECT(same_config(&yarn, &want_yarn), "Qwen2.5 model-card rope_scaling (type yarn)");
     write_text(path, BASE "\"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 4.0, \"rope_theta\": 5e5, "
@@ -452,7 +452,7 @@ static void test_hf_config_round_trip(void) {
     EXPECT(same_config(&yarn, &want_yarn), "transformers 5 rope_parameters (rope_type yarn, rope_theta inside)");
     write_text(path, BASE "\"rope_scaling\": {\"rope_type\": \"default\"}}");
     hf_config_read(path, &yarn);
-    EXPECT(!strcmp(yarn.rope_scaling.type, "none"), "rope_type default is plain RoPE");
+    EXPECT(yarn.rope_scaling.type == ROPE_NONE, "rope_type default is plain RoPE");
 #undef BASE
     hf_config_write(path, &configs[1], "bfloat16");
     text = read_file(path, NULL);

@@ -197,11 +197,10 @@ static void test_estimation(void) {
 
 // -------------------------------------------------------------- selection
 
-static AttentionConfig select_config(const char *budget, double top_p, int max_v, int max_s,
+static AttentionConfig select_config(SparseBudget budget, double top_p, int max_v, int max_s,
                                      int sink, int local) {
     AttentionConfig c = {.top_p = top_p, .max_vertical = max_v, .max_slash = max_s,
-                         .sink = sink, .local = local, .vertical = 0, .slash = 0};
-    snprintf(c.budget, sizeof(c.budget), "%s", budget);
+                         .sink = sink, .local = local, .budget = budget, .vertical = 0, .slash = 0};
     return c;
 }
 
@@ -259,7 +258,7 @@ static void test_selection(void) {
     const double top_ps[] = {0.3, 0.7, 0.9, 0.99};
     for (size_t t = 0; t < sizeof(top_ps) / sizeof(top_ps[0]); t++) {
         for (int cap = 5; cap <= 1000; cap *= 200) {
-            AttentionConfig cfg = select_config("topp", top_ps[t], cap, cap, 0, 0);
+            AttentionConfig cfg = select_config(BUDGET_TOPP, top_ps[t], cap, cap, 0, 0);
             SparsePattern p;
             sparse_select(&cfg, vert, slash, H, N, NULL, NULL, &p);
             int ok = p.num_heads == H && p.seq_len == N, minimal = 1, reached = 1, top = 1;
@@ -285,7 +284,7 @@ static void test_selection(void) {
 
     // Caps bind: top_p 0.99 needs far more than 5 lines.
     {
-        AttentionConfig cfg = select_config("topp", 0.99, 5, 7, 0, 0);
+        AttentionConfig cfg = select_config(BUDGET_TOPP, 0.99, 5, 7, 0, 0);
         SparsePattern p;
         sparse_select(&cfg, vert, slash, H, N, NULL, NULL, &p);
         int ok = 1;
@@ -298,7 +297,7 @@ static void test_selection(void) {
 
     // top_p = 1 with caps >= N: exactly the lines with mass.
     {
-        AttentionConfig cfg = select_config("topp", 1.0, (int)N, (int)N, 0, 0);
+        AttentionConfig cfg = select_config(BUDGET_TOPP, 1.0, (int)N, (int)N, 0, 0);
         SparsePattern p;
         sparse_select(&cfg, vert, slash, H, N, NULL, NULL, &p);
         int ok = 1;
@@ -317,7 +316,7 @@ static void test_selection(void) {
     // Fixed budgets per head, plus sink and local (which may overlap the top lines).
     {
         const int fv[3] = {0, 4, 40}, fs[3] = {9, 0, 300};
-        AttentionConfig cfg = select_config("fixed", 0.5, 1, 1, 3, 2);
+        AttentionConfig cfg = select_config(BUDGET_FIXED, 0.5, 1, 1, 3, 2);
         SparsePattern p;
         sparse_select(&cfg, vert, slash, H, N, fv, fs, &p);
         int ok = 1;
@@ -349,8 +348,8 @@ static void test_selection(void) {
         const int64_t n = 10;
         float flat[20];
         for (int i = 0; i < 20; i++) flat[i] = 0.25f;
-        AttentionConfig topp = select_config("topp", 0.5, 100, 100, 0, 0);
-        AttentionConfig fixed = select_config("fixed", 0.5, 1, 1, 0, 0);
+        AttentionConfig topp = select_config(BUDGET_TOPP, 0.5, 100, 100, 0, 0);
+        AttentionConfig fixed = select_config(BUDGET_FIXED, 0.5, 1, 1, 0, 0);
         fixed.vertical = 3; fixed.slash = 6;
         SparsePattern a, b;
         sparse_select(&topp, flat, flat + n, 1, n, NULL, NULL, &a);
@@ -367,7 +366,7 @@ static void test_selection(void) {
     // Sink and local clipped to N; zero mass selects only them.
     {
         float zero[4] = {0};
-        AttentionConfig cfg = select_config("topp", 0.9, 100, 100, 64, 128);
+        AttentionConfig cfg = select_config(BUDGET_TOPP, 0.9, 100, 100, 64, 128);
         SparsePattern p;
         sparse_select(&cfg, zero, zero + 2, 1, 2, NULL, NULL, &p);
         int ok = p.vertical_start[1] == 2 && p.slash_start[1] == 2 && p.vertical[0] == 0 &&
@@ -659,7 +658,7 @@ static void test_planted(void) {
 
     // Fixed budgets of exactly the planted counts: exactly the planted lines.
     const int fv[2] = {2, 1}, fs[2] = {6, 5};
-    AttentionConfig fixed = select_config("fixed", 0.9, 1, 1, 0, 0);
+    AttentionConfig fixed = select_config(BUDGET_FIXED, 0.9, 1, 1, 0, 0);
     SparsePattern p;
     sparse_select(&fixed, v, sl, Hq, N, fv, fs, &p);
     int exact = 1;
@@ -672,7 +671,7 @@ static void test_planted(void) {
 
     // top_p 0.7: slash mass is 6/8 and 5/6 planted, so the minimal sets are the
     // planted slashes; vertical lines hit the cap of 16 and include the planted.
-    AttentionConfig topp = select_config("topp", 0.7, 16, 64, 0, 0);
+    AttentionConfig topp = select_config(BUDGET_TOPP, 0.7, 16, 64, 0, 0);
     sparse_select(&topp, v, sl, Hq, N, NULL, NULL, &p);
     int slash_exact = 1, vert_found = 1;
     for (int h = 0; h < Hq; h++) {
@@ -769,7 +768,7 @@ static int bench_main(int64_t N) {
     sparse_estimate_lse(&est, qe, qe_pos, k, pos, lse);
     sparse_estimate_scores(&est, qe, qe_pos, k, pos, lse, N, v, sl);
     double t1 = now_seconds();
-    AttentionConfig cfg = select_config("topp", 0.9, 4096, 4096, 64, 128);
+    AttentionConfig cfg = select_config(BUDGET_TOPP, 0.9, 4096, 4096, 64, 128);
     SparsePattern p;
     sparse_select(&cfg, v, sl, Hq, N, NULL, NULL, &p);
     double t2 = now_seconds();

@@ -370,7 +370,7 @@ static void data_read(Loader *l, const Config *cfg, int64_t n) {
     RankSlice slice;
     packed_sequence_alloc(&seq, cfg->train.seq_len);
     rank_slice_alloc(&slice, cfg->train.seq_len);
-    LayoutKind layout = (LayoutKind)layout_parse(cfg->attention.layout);
+    LayoutKind layout = cfg->attention.layout;
     double t0 = now_seconds();
     for (int64_t g = 0; g < n; g++) {
         loader_train_sequence(l, g, &seq);

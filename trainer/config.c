@@ -36,7 +36,7 @@ typedef struct {
     const char *def;        // default value, as text
     double min, max;        // numbers only
     int open;               // MIN_OPEN | MAX_OPEN
-    const char *allowed;    // enums only: "a|b|c"
+    const char *const *names; // enums only: the names of the C enum's values 0, 1, ..., then NULL
     const char *meaning;
 } Key;
 
@@ -48,7 +48,22 @@ typedef struct {
 #define DOUBLE(sec, key, def, lo, hi, open, doc) {FIELD(sec, key), T_DOUBLE, #def, lo, hi, open, NULL, doc}
 #define BOOL(sec, key, def, doc) {FIELD(sec, key), T_BOOL, #def, 0, 0, 0, NULL, doc}
 #define STRING(sec, key, def, doc) {FIELD(sec, key), T_STRING, def, 0, 0, 0, NULL, doc}
-#define ENUM(sec, key, def, allowed, doc) {FIELD(sec, key), T_ENUM, def, 0, 0, 0, allowed, doc}
+#define ENUM(sec, key, def, names, doc) {FIELD(sec, key), T_ENUM, def, 0, 0, 0, names, doc}
+#define NAMES(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+// Enum keys are stored as C enums, read and written as int.
+#define ENUM_FIELD_IS_INT(sec, key) \
+    _Static_assert(sizeof(((Config *)0)->sec.key) == sizeof(int), #sec "." #key " is not int-sized")
+ENUM_FIELD_IS_INT(model, rope_scaling.type);
+ENUM_FIELD_IS_INT(attention, type);
+ENUM_FIELD_IS_INT(attention, ring);
+ENUM_FIELD_IS_INT(attention, ring_send);
+ENUM_FIELD_IS_INT(attention, budget);
+ENUM_FIELD_IS_INT(attention, layout);
+ENUM_FIELD_IS_INT(train, backend);
+ENUM_FIELD_IS_INT(train, lr_schedule);
+ENUM_FIELD_IS_INT(eval, haystack);
+_Static_assert(sizeof(((Config *)0)->attention.budget_file) == CONFIG_STR, "attention.budget_file is a config string");
 
 static const Key keys[] = {
     INT(model, vocab_size, 256, 2, 1 << 24, "Vocabulary size (rows of the embedding and the LM head)."),
@@ -63,7 +78,7 @@ static const Key keys[] = {
     BOOL(model, tie_word_embeddings, true, "The LM head reuses the embedding matrix."),
     DOUBLE(model, init_std, 0.02, 0, 10, 0, "Standard deviation of the random initialisation (HF `initializer_range`)."),
     INT(model, max_position_embeddings, 32768, 1, 1 << 30, "Longest context the model is declared for (written to `config.json`)."),
-    ENUM(model, rope_scaling.type, "none", "none|yarn", "RoPE context extension (HF `rope_scaling`, a nested mapping in YAML): `none` = plain RoPE with `rope_theta`; `yarn` = YaRN with the keys below, as transformers computes it."),
+    ENUM(model, rope_scaling.type, "none", NAMES("none", "yarn"), "RoPE context extension (HF `rope_scaling`, a nested mapping in YAML): `none` = plain RoPE with `rope_theta`; `yarn` = YaRN with the keys below, as transformers computes it."),
     DOUBLE(model, rope_scaling.factor, 1.0, 1, 65536, 0, "YaRN: context extension factor s (low frequencies are divided by s)."),
     INT(model, rope_scaling.original_max_position_embeddings, 0, 0, 1 << 30, "YaRN: the context the model was trained at; 0 = `max_position_embeddings`."),
     DOUBLE(model, rope_scaling.beta_fast, 32.0, 0, INFINITY, MIN_OPEN, "YaRN: dimensions turning more than beta_fast times over the original context keep their frequency."),
@@ -73,21 +88,21 @@ static const Key keys[] = {
     DOUBLE(model, rope_scaling.mscale_all_dim, 0.0, 0, INFINITY, 0, "YaRN: see `mscale`; 0 = unset."),
     BOOL(model, rope_scaling.truncate, true, "YaRN: round the blended band of dimensions outward to whole dimensions (transformers' default)."),
 
-    ENUM(attention, type, "dense", "dense|sparse", "Attention algorithm: `dense` = exact causal flash attention; `sparse` = dynamic vertical-slash sparse attention (DESIGN §5.2–5.4)."),
+    ENUM(attention, type, "dense", NAMES("dense", "sparse"), "Attention algorithm: `dense` = exact causal flash attention; `sparse` = dynamic vertical-slash sparse attention (DESIGN §5.2–5.4)."),
     INT(attention, block_size, 128, 1, 65536, "Tile size in tokens for queries and keys (and the granularity of the sparse index)."),
-    ENUM(attention, ring, "flat", "flat|hierarchical", "Ring schedule over the cp ranks: `flat` = one ring; `hierarchical` = inner rings of `parallel.cp_inner` ranks (one node) inside an outer ring, the outer transfer posted before a whole inner loop."),
-    ENUM(attention, ring_send, "full", "full|selected", "Sparse ring: `full` = every K/V chunk travels whole; `selected` = each hop sends only the chunk's blocks that the receiving and later ranks' sparse index uses (identical results, fewer bytes)."),
+    ENUM(attention, ring, "flat", NAMES("flat", "hierarchical"), "Ring schedule over the cp ranks: `flat` = one ring; `hierarchical` = inner rings of `parallel.cp_inner` ranks (one node) inside an outer ring, the outer transfer posted before a whole inner loop."),
+    ENUM(attention, ring_send, "full", NAMES("full", "selected"), "Sparse ring: `full` = every K/V chunk travels whole; `selected` = each hop sends only the chunk's blocks that the receiving and later ranks' sparse index uses (identical results, fewer bytes)."),
     INT(attention, last_q, 64, 1, 1 << 20, "Sparse: the last `last_q` queries of the sequence estimate the pattern."),
     DOUBLE(attention, top_p, 0.9, 0, 1, MIN_OPEN, "Sparse, budget `topp`: per head, the fewest vertical (and slash) lines whose estimated softmax mass reaches `top_p`."),
     INT(attention, max_vertical, 4096, 0, 1 << 30, "Sparse, budget `topp`: at most this many vertical lines per head."),
     INT(attention, max_slash, 4096, 0, 1 << 30, "Sparse, budget `topp`: at most this many slash lines per head."),
     INT(attention, sink, 64, 0, 1 << 30, "Sparse: the first `sink` tokens are always attended to (vertical lines)."),
     INT(attention, local, 128, 0, 1 << 30, "Sparse: the nearest `local` diagonals (offsets 0..local-1) are always attended to."),
-    ENUM(attention, budget, "topp", "topp|fixed", "Sparse: `topp` selects by cumulative mass (`top_p`); `fixed` takes the top `vertical` / `slash` lines per head."),
+    ENUM(attention, budget, "topp", NAMES("topp", "fixed"), "Sparse: `topp` selects by cumulative mass (`top_p`); `fixed` takes the top `vertical` / `slash` lines per head."),
     INT(attention, vertical, 1024, 0, 1 << 30, "Sparse, budget `fixed`: vertical lines per head."),
     INT(attention, slash, 1024, 0, 1 << 30, "Sparse, budget `fixed`: slash lines per head."),
     STRING(attention, budget_file, "none", "Sparse, budget `fixed`: `none`, or a text file of `layer head vertical slash` lines that overrides the counts per layer and head."),
-    ENUM(attention, layout, "striped", "contiguous|zigzag|striped", "How a sequence's blocks of `block_size` tokens are spread over context-parallel ranks (DESIGN §5.1); the loader hands each rank its tokens in this order."),
+    ENUM(attention, layout, "striped", NAMES("contiguous", "zigzag", "striped"), "How a sequence's blocks of `block_size` tokens are spread over context-parallel ranks (DESIGN §5.1); the loader hands each rank its tokens in this order."),
 
     INT(parallel, threads, 0, 0, 4096, "OpenMP threads of the CPU backend; 0 = all cores."),
     INT(parallel, dp, 0, 0, 1 << 20, "Data-parallel groups; 0 = world size / `cp`. `dp` × `cp` must equal the number of ranks."),
@@ -96,14 +111,14 @@ static const Key keys[] = {
     INT(parallel, zero, 0, 0, 1, "ZeRO stage: 0 = every rank holds the whole AdamW state; 1 = the AdamW moments are sharded over the `dp` ranks (each updates its share of the parameters, then they are all-gathered). Checkpoints hold full tensors either way."),
     DOUBLE(parallel, timeout_s, 600.0, 0, 1e9, MIN_OPEN, "A transfer or collective that does not complete within this many seconds ends every rank with a message naming the rank and operation."),
 
-    ENUM(train, backend, "cpu", "cpu|cuda|auto", "Compute backend: `cpu` (fp32, OpenMP), `cuda` (bf16), `auto` = cuda when a GPU is visible."),
+    ENUM(train, backend, "cpu", NAMES("cpu"), "Compute backend: `cpu` (fp32, OpenMP, OpenBLAS), the one backend this build has."),
     INT64(train, steps, 100, 0, 1e12, "Total optimizer steps."),
     INT(train, seq_len, 256, 2, 1 << 30, "Tokens per training sequence."),
     INT(train, micro_batches, 1, 1, 1 << 20, "Sequences per optimizer step (gradient accumulation)."),
     DOUBLE(train, lr, 1e-3, 0, 10, 0, "Peak learning rate."),
     DOUBLE(train, min_lr, 0.0, 0, 10, 0, "Learning rate at the end of the decay; at most `lr`."),
     INT64(train, warmup_steps, 0, 0, 1e12, "Steps of linear warmup from 0 to `lr`; at most `steps`."),
-    ENUM(train, lr_schedule, "cosine", "constant|cosine|linear", "Decay from `lr` to `min_lr` after warmup."),
+    ENUM(train, lr_schedule, "cosine", NAMES("constant", "cosine", "linear"), "Decay from `lr` to `min_lr` after warmup."),
     DOUBLE(train, weight_decay, 0.1, 0, 10, 0, "AdamW decoupled weight decay."),
     DOUBLE(train, beta1, 0.9, 0, 1, MAX_OPEN, "AdamW first-moment decay."),
     DOUBLE(train, beta2, 0.95, 0, 1, MAX_OPEN, "AdamW second-moment decay."),
@@ -135,7 +150,7 @@ static const Key keys[] = {
     STRING(eval, depths, "0,0.25,0.5,0.75,1", "Comma-separated needle depths in [0, 1]: where in the haystack the asked needle sits (0 = start, 1 = end)."),
     INT(eval, samples, 4, 1, 1 << 20, "Samples per (task, length, depth) cell, and sequences per perplexity length."),
     STRING(eval, text, "heldout", "Text for perplexity (and for `haystack: text`): `heldout` = the loader's validation stream of `data.train` / `data.val`, or a text file tokenized with `eval.tokenizer`."),
-    ENUM(eval, haystack, "filler", "filler|text", "What the `niah` needle hides in: built-in filler sentences, or `eval.text` (cycled when shorter than the haystack)."),
+    ENUM(eval, haystack, "filler", NAMES("filler", "text"), "What the `niah` needle hides in: built-in filler sentences, or `eval.text` (cycled when shorter than the haystack)."),
     STRING(eval, tokenizer, "bytes", "Tokenizer of the task prompts and of a text file: `bytes` (ids are bytes, docs/FORMATS.md), a Hugging Face `tokenizer.json`, or the model folder holding it."),
     STRING(eval, out, "eval", "Output folder: `results.json`, `perplexity.png`, `heatmap_TASK.png`."),
     UINT64(eval, seed, 1234, "Seed of the task generators (keys, values, filler start, distractor depths)."),
@@ -164,11 +179,11 @@ static const Section sections[] = {
 // Values: parse text, check ranges, store into and fetch from Config
 
 typedef union {
-    int64_t i;      // T_INT, T_INT64
+    int64_t i;      // T_INT, T_INT64, T_ENUM (the value's index, -1 = not allowed)
     uint64_t u;     // T_UINT64
     double d;       // T_DOUBLE
     bool b;         // T_BOOL
-    const char *s;  // T_STRING, T_ENUM
+    const char *s;  // T_STRING
 } Value;
 
 // Shortest decimal text that reads back as exactly x, always with a '.' so
@@ -216,11 +231,9 @@ static void describe_range(const Key *k, char *buf, size_t size) {
         break;
     case T_ENUM: {
         size_t n = 0;
-        for (const char *a = k->allowed; *a && n + 3 < size; a++) {
-            if (*a == '|') { buf[n++] = ','; buf[n++] = ' '; }
-            else buf[n++] = *a;
-        }
-        buf[n] = 0;
+        buf[0] = 0;
+        for (int i = 0; k->names[i] && n < size; i++)
+            n += (size_t)snprintf(buf + n, size - n, "%s%s", i ? ", " : "", k->names[i]);
         break;
     }
     }
@@ -254,14 +267,18 @@ static const char *type_name(KeyType type) {
     return "?";
 }
 
-static bool enum_allows(const Key *k, const char *text) {
-    size_t n = strlen(text);
-    for (const char *a = k->allowed; *a;) {
-        size_t len = strcspn(a, "|");
-        if (len == n && !strncmp(a, text, n)) return true;
-        a += len + (a[len] == '|');
-    }
-    return false;
+// The index of text among the enum's names, or -1.
+static int enum_index(const Key *k, const char *text) {
+    for (int i = 0; k->names[i]; i++)
+        if (!strcmp(k->names[i], text)) return i;
+    return -1;
+}
+
+// The name of enum value `index`, or NULL when there is none.
+static const char *enum_name(const Key *k, int64_t index) {
+    for (int64_t i = 0; k->names[i]; i++)
+        if (i == index) return k->names[i];
+    return NULL;
 }
 
 // Quote a user-supplied value for a one-line message: control characters
@@ -286,7 +303,7 @@ static bool in_range(const Key *k, const Value *v) {
         return isfinite(v->d) && above_min && below_max;
     }
     case T_STRING: return v->s[0] != 0 && strlen(v->s) < CONFIG_STR;
-    case T_ENUM: return enum_allows(k, v->s);
+    case T_ENUM: return enum_name(k, v->i) != NULL;
     case T_UINT64: case T_BOOL: return true;
     }
     return false;
@@ -320,8 +337,11 @@ static bool parse_value(const Key *k, const char *text, Value *v, char *why, siz
         if (v->b || !strcmp(text, "false")) return true;
         snprintf(why, why_size, "%s is not a bool", quoted);
         return false;
-    case T_STRING: case T_ENUM:
+    case T_STRING:
         v->s = text;
+        return true;
+    case T_ENUM:
+        v->i = enum_index(k, text);
         return true;
     }
     return false;
@@ -335,7 +355,8 @@ static void store(const Key *k, Config *cfg, const Value *v) {
     case T_UINT64: *(uint64_t *)p = v->u; break;
     case T_DOUBLE: *(double *)p = v->d; break;
     case T_BOOL: *(bool *)p = v->b; break;
-    case T_STRING: case T_ENUM: snprintf((char *)p, CONFIG_STR, "%s", v->s); break;
+    case T_STRING: snprintf((char *)p, CONFIG_STR, "%s", v->s); break;
+    case T_ENUM: *(int *)p = (int)v->i; break;
     }
 }
 
@@ -343,7 +364,7 @@ static Value fetch(const Key *k, const Config *cfg) {
     const void *p = (const char *)cfg + k->offset;
     Value v;
     switch (k->type) {
-    case T_INT: v.i = *(const int *)p; break;
+    case T_INT: case T_ENUM: v.i = *(const int *)p; break;
     case T_INT64: v.i = *(const int64_t *)p; break;
     case T_UINT64: v.u = *(const uint64_t *)p; break;
     case T_DOUBLE: v.d = *(const double *)p; break;
@@ -381,7 +402,8 @@ static void format_value(const Key *k, const Value *v, char *buf, size_t size) {
     case T_UINT64: snprintf(buf, size, "%llu", (unsigned long long)v->u); break;
     case T_DOUBLE: format_double(v->d, buf, size); break;
     case T_BOOL: snprintf(buf, size, "%s", v->b ? "true" : "false"); break;
-    case T_STRING: case T_ENUM: snprintf(buf, size, "%s", v->s); break;
+    case T_STRING: snprintf(buf, size, "%s", v->s); break;
+    case T_ENUM: snprintf(buf, size, "%s", enum_name(k, v->i) ? enum_name(k, v->i) : "?"); break;
     }
 }
 
@@ -703,7 +725,7 @@ void config_validate(const Config *cfg, const char *source) {
     char fast[40], slow[40];
     format_double(rs->beta_fast, fast, sizeof(fast));
     format_double(rs->beta_slow, slow, sizeof(slow));
-    if (!strcmp(rs->type, "yarn") && rs->beta_fast <= rs->beta_slow)
+    if (rs->type == ROPE_YARN && rs->beta_fast <= rs->beta_slow)
         fail("%s: model.rope_scaling.beta_fast: %s is not above model.rope_scaling.beta_slow = %s (expected "
              "beta_fast > beta_slow)", source, fast, slow);
     const TrainConfig *t = &cfg->train;
@@ -800,6 +822,17 @@ int eval_depth_list(const EvalConfig *e, const char *source, double *out) {
         out[i] = v;
     }
     return n;
+}
+
+const char *config_enum_name(const Config *cfg, const void *field) {
+    size_t offset = (size_t)((const char *)field - (const char *)cfg);
+    for (int i = 0; i < NUM_KEYS; i++)
+        if (keys[i].type == T_ENUM && keys[i].offset == offset) {
+            const char *name = enum_name(&keys[i], *(const int *)field);
+            CHECK(name, "%s.%s holds %d, not one of its values", keys[i].section, keys[i].key, *(const int *)field);
+            return name;
+        }
+    fail("config_enum_name: no enum key at offset %zu of Config", offset);
 }
 
 void config_print(const Config *cfg, FILE *out) {

@@ -10,8 +10,13 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "../model/model_config.h"
 #include "../attention/attention.h"
+#include "../model/backend.h"
+#include "../model/model_config.h"
+#include "../model/optimizer.h"
+
+// eval.haystack: what the needle of `niah` hides in.
+typedef enum { HAYSTACK_FILLER, HAYSTACK_TEXT } HaystackKind;
 
 typedef struct {
     int threads;               // OpenMP threads; 0 = all cores
@@ -21,14 +26,14 @@ typedef struct {
 } ParallelConfig;
 
 typedef struct {
-    char backend[CONFIG_STR];  // cpu | cuda | auto
+    BackendKind backend;       // cpu
     int64_t steps;             // total optimizer steps
     int seq_len;               // tokens per sequence
     int micro_batches;         // sequences per optimizer step (gradient accumulation)
     double lr;                 // peak learning rate
     double min_lr;             // floor of the decay
     int64_t warmup_steps;      // linear warmup steps
-    char lr_schedule[CONFIG_STR]; // constant | cosine | linear
+    LrSchedule lr_schedule;    // constant | cosine | linear
     double weight_decay;       // AdamW decoupled weight decay
     double beta1, beta2, eps;  // AdamW moments
     double grad_clip;          // global-norm clip; 0 = off
@@ -66,7 +71,7 @@ typedef struct {
     char depths[CONFIG_STR];   // comma list of needle depths in [0, 1]
     int samples;               // samples per cell (and per perplexity length)
     char text[CONFIG_STR];     // "heldout" (the loader's validation stream) or a text file
-    char haystack[CONFIG_STR]; // filler | text: what NIAH hides its needle in
+    HaystackKind haystack;     // filler | text: what NIAH hides its needle in
     char tokenizer[CONFIG_STR]; // bytes
     char out[CONFIG_STR];      // results.json and the PNG plots go here
     uint64_t seed;             // task generation
@@ -106,6 +111,9 @@ void config_override(Config *cfg, const char *assignment);
 void config_from_args(Config *cfg, const char *path, int argc, char **argv);
 // Cross-field checks (e.g. heads divisible by kv heads) after loading.
 void config_validate(const Config *cfg, const char *source);
+// The name of an enum value of cfg, as the run file spells it: field points
+// into cfg (e.g. &cfg->attention.layout).
+const char *config_enum_name(const Config *cfg, const void *field);
 // Print the fully resolved config as YAML.
 void config_print(const Config *cfg, FILE *out);
 // Print docs/CONFIG.md (markdown table of every key).

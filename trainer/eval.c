@@ -141,7 +141,7 @@ static void plan_eval(EvalPlan *p, const Config *cfg, const char *run_file) {
     if (p->tasks & EVAL_RULER)
         for (TaskKind k = TASK_RULER_SINGLE; k <= TASK_RULER_VT; k++) p->grid[p->grid_count++] = k;
 
-    bool niah_text = (p->tasks & EVAL_NIAH) && !strcmp(cfg->eval.haystack, "text");
+    bool niah_text = (p->tasks & EVAL_NIAH) && cfg->eval.haystack == HAYSTACK_TEXT;
     if ((p->tasks & EVAL_PERPLEXITY) || niah_text)
         p->text = strcmp(cfg->eval.text, "heldout") ? text_file_tokens(cfg->eval.text, p->tok, cfg, &p->text_len)
                                                     : heldout_tokens(cfg, &p->text_len);
@@ -223,7 +223,7 @@ static void eval_perplexity(const EvalPlan *p, Model *m, double *loss, int *seqs
 // correct[li * depth_count + di]: correct samples of the cell.
 static void eval_grid(const EvalPlan *p, Model *m, TaskKind kind, int *correct) {
     int samples = p->cfg->eval.samples;
-    Haystack hay = {kind == TASK_NIAH && !strcmp(p->cfg->eval.haystack, "text") ? p->text : NULL, p->text_len};
+    Haystack hay = {kind == TASK_NIAH && p->cfg->eval.haystack == HAYSTACK_TEXT ? p->text : NULL, p->text_len};
     float *logits = NULL;
     double t0 = now_seconds();
     printf("\n%s: exact-match accuracy, %d samples per cell (rows: length, columns: depth)\n%10s", task_name(kind),
@@ -262,7 +262,7 @@ static void write_results(const EvalPlan *p, const char *model_path, const doubl
     cJSON_AddStringToObject(root, "model", model_path);
     cJSON_AddStringToObject(root, "tokenizer", e->tokenizer);
     cJSON_AddStringToObject(root, "text", e->text);
-    cJSON_AddStringToObject(root, "haystack", e->haystack);
+    cJSON_AddStringToObject(root, "haystack", config_enum_name(p->cfg, &e->haystack));
     char seed[24];  // exact: a double would round seeds above 2^53
     snprintf(seed, sizeof(seed), "%llu", (unsigned long long)e->seed);
     cJSON_AddRawToObject(root, "seed", seed);
@@ -477,7 +477,7 @@ int cmd_eval(int argc, char **argv) {
     if (dist.world_rank != 0 && !freopen("/dev/null", "w", stdout)) fail("/dev/null: cannot open for writing");
     EvalPlan plan;
     plan_eval(&plan, &cfg, argv[0]);
-    plan.split = (EvalSplit){dist.cp.size > 1 ? &dist.cp : NULL, (LayoutKind)layout_parse(cfg.attention.layout),
+    plan.split = (EvalSplit){dist.cp.size > 1 ? &dist.cp : NULL, cfg.attention.layout,
                              cfg.attention.block_size};
     apply_threads(&cfg);
     Model m;

@@ -22,6 +22,7 @@
 
 #include "../model/hf_config.h"
 #include "../model/hf_io.h"
+#include "../model/rope.h"
 #include "checkpoint.h"
 #include "commands.h"
 #include "config.h"
@@ -142,7 +143,8 @@ int cmd_export(int argc, char **argv) {
     free(tmp);
     printf("exported %s to %s: %lld parameters as %s in %d file%s; max_position_embeddings %d, rope_theta %.17g, "
            "rope_scaling %s\n", src, out, (long long)m.total_params, dtype == ST_F32 ? "F32" : "BF16", files,
-           files == 1 ? "" : "s", m.cfg.max_position_embeddings, m.cfg.rope_theta, m.cfg.rope_scaling.type);
+           files == 1 ? "" : "s", m.cfg.max_position_embeddings, m.cfg.rope_theta,
+           rope_is_yarn(&m.cfg.rope_scaling) ? "yarn" : "none");
     model_free(&m);
     return 0;
 }

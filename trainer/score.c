@@ -88,7 +88,7 @@ int cmd_score(int argc, char **argv) {
     model_load_hf_folder(&m, model_dir);
 
     // This rank's tokens in the layout (all of them on one rank) and their targets.
-    LayoutKind layout = (LayoutKind)layout_parse(cfg.attention.layout);
+    LayoutKind layout = cfg.attention.layout;
     int B = cfg.attention.block_size;
     int64_t n = layout_rank_positions(layout, T, B, dist.cp.size, dist.cp.rank, NULL);
     int64_t *pos = xmalloc(sizeof(int64_t) * (size_t)n);

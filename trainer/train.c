@@ -32,7 +32,7 @@ void model_from_config(Model *m, const Config *cfg) {
 
 OptimizerConfig optimizer_config(const Config *cfg) {
     const TrainConfig *t = &cfg->train;
-    OptimizerConfig oc = {t->lr, t->min_lr, t->warmup_steps, t->steps, lr_schedule_from_name(t->lr_schedule),
+    OptimizerConfig oc = {t->lr, t->min_lr, t->warmup_steps, t->steps, t->lr_schedule,
                           t->weight_decay, t->beta1, t->beta2, t->eps, t->grad_clip};
     return oc;
 }
@@ -107,7 +107,7 @@ static void run_data_open(RunData *d, const Config *cfg, const Dist *dist) {
     loader_from_config(&d->loader, cfg);
     packed_sequence_alloc(&d->seq, cfg->train.seq_len);
     rank_slice_alloc(&d->slice, cfg->train.seq_len);
-    d->layout = (LayoutKind)layout_parse(cfg->attention.layout);
+    d->layout = cfg->attention.layout;
     d->block_size = cfg->attention.block_size;
     if (!d->loader.synthetic) loader_print_summary(&d->loader, stdout);
 }
@@ -155,7 +155,7 @@ static void format_eta(double seconds, char *out, size_t n) {
 // Start (or not) collecting the sparse pattern's density and recall per layer
 // for this step's forward passes.
 static void begin_attention_stats(Model *m, const Config *cfg, int64_t step) {
-    m->collect_attention_stats = !strcmp(cfg->attention.type, "sparse") && cfg->log.attention_every > 0 &&
+    m->collect_attention_stats = cfg->attention.type == ATTN_SPARSE && cfg->log.attention_every > 0 &&
                                  step % cfg->log.attention_every == 0;
     if (m->collect_attention_stats)
         memset(m->attention_stats, 0, sizeof(SparseStats) * (size_t)m->cfg.num_layers);
@@ -189,7 +189,7 @@ static void end_attention_stats(Model *m, const Dist *dist, char *line, size_t l
     }
     used += (size_t)snprintf(json + used, json_size - used, "]");
     int n = snprintf(line, line_size, " | attn density %.3f recall %.3f", density_sum / L, recall_sum / L);
-    if (!m->cp || strcmp(m->attention.type, "sparse")) return;
+    if (!m->cp || m->attention.type != ATTN_SPARSE) return;
     // Bytes the sparse ring sent for the last sequence (all ranks, all
     // layers, forward and backward): K/V and dK/dV hops and gathered columns.
     double bytes = 0;
@@ -199,7 +199,8 @@ static void end_attention_stats(Model *m, const Dist *dist, char *line, size_t l
     }
     comm_allreduce(&dist->world, &bytes, 1, DT_DOUBLE, REDUCE_SUM);
     snprintf(json + used, json_size - used, ", \"ring_bytes\": %.0f", bytes);
-    snprintf(line + n, line_size - (size_t)n, " | ring %.2f MiB (%s)", bytes / (1 << 20), m->attention.ring_send);
+    snprintf(line + n, line_size - (size_t)n, " | ring %.2f MiB (%s)", bytes / (1 << 20),
+             m->attention.ring_send == RING_SEND_SELECTED ? "selected" : "full");
 }
 
 void allreduce_arena(const Comm *comm, const Backend *be, float *arena, int64_t n) {
@@ -282,7 +283,8 @@ int cmd_train(int argc, char **argv) {
     int64_t step_tokens = N * micro * D;
     if (dist.world_size > 1)
         printf("ranks: %d = dp %d x cp %d (ring %s, cp_inner %d, layout %s)%s, launcher %s\n", dist.world_size, D,
-               dist.cp.size, cfg.attention.ring, dist.grid.cp_inner, cfg.attention.layout, zero ? ", ZeRO-1" : "",
+               dist.cp.size, config_enum_name(&cfg, &cfg.attention.ring), dist.grid.cp_inner,
+               config_enum_name(&cfg, &cfg.attention.layout), zero ? ", ZeRO-1" : "",
                dist.launcher);
     print_memory(&m, layout_rank_positions(data.layout, N, data.block_size, data.cp, data.cp_rank, NULL));
 

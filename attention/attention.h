@@ -46,6 +46,12 @@ typedef struct {
     LayoutKind layout;         // contiguous | zigzag | striped (attention/layout.h)
 } AttentionConfig;
 
+// The model's attention operation (model/backend.h): one state per model,
+// opaque to the model, defined by each backend (attention_cpu.c for the CPU).
+typedef struct AttnState AttnState;
+// The context-parallel group of a ring (dist/comm.h).
+struct Comm;
+
 typedef struct {
     int64_t q_tokens;          // Tq
     int64_t k_tokens;          // Tk

@@ -28,7 +28,7 @@ typedef enum { DT_FLOAT, DT_DOUBLE, DT_INT64 } DType;
 typedef enum { REDUCE_SUM, REDUCE_MAX, REDUCE_MIN } ReduceOp;
 
 // One communicator: its MPI handle, its name for messages, this rank in it.
-typedef struct {
+typedef struct Comm {
     MPI_Comm comm;
     const char *name;          // "world", "dp", "cp", "cp-inner", "cp-outer"
     int rank, size;

@@ -1,6 +1,5 @@
 // backend.h: the table of operations the model graph runs on. One model
-// (model.c) calls these; each backend (ops_cpu.c, later ops_cuda.cu) fills
-// the table. Pointers are backend memory. Conventions:
+// (model.c) calls these; each backend (ops_cpu.c today) fills the table. Pointers are backend memory. Conventions:
 //   - activations are token-major: x[T, C];
 //   - weights are Hugging Face layout: W[out, in] row-major;
 //   - every backward op ACCUMULATES (+=) into its gradient outputs (d*),
@@ -8,6 +7,7 @@
 #ifndef MTRAIN_BACKEND_H
 #define MTRAIN_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -65,26 +65,32 @@ typedef struct {
     // rows whose target >= 0 (others zero). Returns the summed cross entropy.
     double (*cross_entropy)(float *logits, const int32_t *targets, int64_t C, int V, float grad_scale);
 
-    // The attention module's kernels (attention/attention.h).
-    void (*attn_forward_init)(const AttnShape *shape, float *o, float *lse);
-    void (*attn_forward)(const AttnShape *shape, const float *q, const int64_t *q_pos,
-                         const float *k, const float *v, const int64_t *k_pos, float *o, float *lse);
-    void (*attn_delta)(const AttnShape *shape, const float *o, const float *dout, float *delta);
-    void (*attn_backward)(const AttnShape *shape, const float *q, const int64_t *q_pos,
-                          const float *k, const float *v, const int64_t *k_pos, const float *lse,
-                          const float *delta, const float *dout, float *dq, float *dk, float *dv);
-    // Sparse attention (attention/sparse.h, sparse_plan.h): a layer's pattern
-    // from q and k holding the whole sequence, and the kernels over an index.
-    void (*attn_sparse_plan)(const AttentionConfig *cfg, const AttnShape *shape, const float *q,
-                             const float *k, const int64_t *pos, const int *fixed_vertical,
-                             const int *fixed_slash, SparseIndex *index, SparseStats *stats);
-    void (*attn_sparse_forward)(const AttnShape *shape, const SparseIndex *index, const float *q,
-                                const int64_t *q_pos, const float *k, const float *v,
-                                const int64_t *k_pos, float *o, float *lse);
-    void (*attn_sparse_backward)(const AttnShape *shape, const SparseIndex *index, const float *q,
-                                 const int64_t *q_pos, const float *k, const float *v,
-                                 const int64_t *k_pos, const float *lse, const float *delta,
-                                 const float *dout, float *dq, float *dk, float *dv);
+    // Attention: one op with four cases, on one rank or over the cp ring,
+    // dense or sparse (attention.type), behind an opaque state per model.
+    // q, o, dq, dout [T, Hq, D]; k, v, dk, dv [T, Hkv, D] (after RoPE); lse
+    // [Hq, T]; pos [T] this rank's global positions (backend memory).
+    AttnState *(*attention_new)(const AttentionConfig *cfg, int num_layers, int num_heads);
+    void (*attention_free)(AttnState *st);
+    // Over the ring of cp (inner ranks per inner ring) from now on; returns
+    // whether attention runs over a ring (false for cp NULL or one rank).
+    bool (*attention_set_ring)(AttnState *st, const struct Comm *cp, int inner);
+    // A new sequence: pos [tokens] this rank's global positions (host).
+    // Collective over cp on a ring (every later call of the sequence is too).
+    void (*attention_sequence)(AttnState *st, const int64_t *pos, int64_t tokens);
+    // Layer `layer`: o, lse from q, k, v. Sparse: plan = estimate the layer's
+    // pattern (a sequence's first forward); else reuse the last one (a
+    // recomputation). stats: NULL, or the pattern's density and recall added.
+    void (*attention_forward)(AttnState *st, int layer, bool plan, const AttnShape *shape, const float *q,
+                              const float *k, const float *v, const int64_t *pos, float *o, float *lse,
+                              SparseStats *stats);
+    // From the forward's o, lse and dout: accumulates (+=) dq, dk, dv.
+    // delta: scratch [Hq, T].
+    void (*attention_backward)(AttnState *st, int layer, const AttnShape *shape, const float *q,
+                               const float *k, const float *v, const int64_t *pos, const float *o,
+                               const float *lse, const float *dout, float *delta, float *dq, float *dk, float *dv);
+    // Bytes this rank sent over the ring for the last sequence's sparse
+    // attention (K/V and dK/dV hops, gathered columns); 0 otherwise.
+    double (*attention_ring_bytes)(const AttnState *st);
 
     // AdamW on n parameters: m, v updated; param -= lr * (mhat/(sqrt(vhat)+eps) + wd*param).
     void (*adamw)(float *param, const float *grad, float *m, float *v, int64_t n, float lr,

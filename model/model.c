@@ -2,9 +2,10 @@
 // op table: parameter table, seeded initialisation, activation arena, forward,
 // fused chunked LM head + cross entropy, and backward with optional per-layer
 // activation checkpointing (recompute the layer from its saved input).
-// Attention runs locally or, under context parallelism, over the ring of the
-// cp group (attention/ring.h): everything else is token-local, so a rank runs
-// the same graph on its own tokens at their global positions.
+// Attention is one op of the backend (on one rank or, under context
+// parallelism, over the ring of the cp group): everything else is
+// token-local, so a rank runs the same graph on its own tokens at their
+// global positions.
 #include "model.h"
 
 #include <math.h>
@@ -71,10 +72,9 @@ void model_init(Model *m, const ModelConfig *config, const Backend *be) {
     m->be = be;
     m->attention.type = ATTN_DENSE;
     m->attention.block_size = 64;
-    m->sparse_index = xcalloc((size_t)config->num_layers, sizeof(SparseIndex));
+    m->attn = be->attention_new(&m->attention, config->num_layers, config->num_heads);
     m->attention_stats = xcalloc((size_t)config->num_layers, sizeof(SparseStats));
     m->loss_chunk = 1024;
-    m->ring_sparse = xcalloc((size_t)config->num_layers, sizeof(RingSparse));
     int L = cfg->num_layers;
     m->params = xcalloc((size_t)(3 + L * LAYER_TENSORS), sizeof(ParamInfo));
     int64_t embed_shape[2] = {cfg->vocab_size, cfg->hidden_size}, norm_shape[1] = {cfg->hidden_size};
@@ -104,28 +104,13 @@ void model_init(Model *m, const ModelConfig *config, const Backend *be) {
 
 void model_set_attention(Model *m, const AttentionConfig *attention) {
     m->attention = *attention;
-    free(m->budget_vertical);
-    free(m->budget_slash);
-    m->budget_vertical = m->budget_slash = NULL;
-    if (attention->type != ATTN_SPARSE || attention->budget != BUDGET_FIXED) return;
-    int L = m->cfg.num_layers, Hq = m->cfg.num_heads;
-    m->budget_vertical = xmalloc(sizeof(int) * (size_t)(L * Hq));
-    m->budget_slash = xmalloc(sizeof(int) * (size_t)(L * Hq));
-    if (strcmp(attention->budget_file, "none")) {
-        sparse_budget_load(attention->budget_file, L, Hq, attention->vertical, attention->slash,
-                           m->budget_vertical, m->budget_slash);
-        return;
-    }
-    for (int i = 0; i < L * Hq; i++) {
-        m->budget_vertical[i] = attention->vertical;
-        m->budget_slash[i] = attention->slash;
-    }
+    m->be->attention_free(m->attn);
+    m->attn = m->be->attention_new(attention, m->cfg.num_layers, m->cfg.num_heads);
+    model_set_ring(m, m->cp, m->ring_inner);
 }
 
-void model_set_ring(Model *m, const Comm *cp, int inner) {
-    if (m->ring_built) ring_free(&m->ring);
-    m->ring_built = false;
-    m->cp = cp && cp->size > 1 ? cp : NULL;
+void model_set_ring(Model *m, const struct Comm *cp, int inner) {
+    m->cp = m->be->attention_set_ring(m->attn, cp, inner) ? cp : NULL;
     m->ring_inner = inner;
 }
 
@@ -165,14 +150,8 @@ void model_free(Model *m) {
     if (m->adam_m) be->free(m->adam_m);
     if (m->adam_v) be->free(m->adam_v);
     free(m->params);
-    for (int l = 0; l < m->cfg.num_layers; l++) sparse_index_free(&m->sparse_index[l]);
-    free(m->sparse_index);
+    be->attention_free(m->attn);
     free(m->attention_stats);
-    for (int l = 0; l < m->cfg.num_layers; l++) ring_sparse_free(&m->ring_sparse[l]);
-    free(m->ring_sparse);
-    if (m->ring_built) ring_free(&m->ring);
-    free(m->budget_vertical);
-    free(m->budget_slash);
     memset(m, 0, sizeof(*m));
 }
 
@@ -301,30 +280,11 @@ static LayerActs *layer_acts(Model *m, int l) {
     return &m->scratch;
 }
 
-static bool is_sparse(const Model *m) { return m->attention.type == ATTN_SPARSE; }
-
 static AttnShape attn_shape(const Model *m, int64_t T) {
     const ModelConfig *c = &m->cfg;
     AttnShape s = {T, T, c->num_heads, c->num_kv_heads, c->head_dim, m->attention.block_size,
                    (float)(1.0 / sqrt((double)c->head_dim))};
     return s;
-}
-
-// Layer l's attention over the ring: a->att, a->lse from a->q, a->k, a->v.
-// Sparse: the first forward of a sequence (plan) estimates the layer's
-// pattern over the ring (attention/ring_sparse.h); a recomputation reuses it.
-static void ring_layer_forward(Model *m, int l, LayerActs *a, const AttnShape *s, bool plan) {
-    if (!is_sparse(m)) {
-        ring_attn_forward(&m->ring, &ring_dense_cpu, s, a->q, a->k, a->v, a->att, a->lse);
-        return;
-    }
-    if (plan) {
-        size_t budget = (size_t)l * m->cfg.num_heads;
-        ring_sparse_plan(&m->ring, &m->attention, s, a->q, a->k, m->budget_vertical ? m->budget_vertical + budget : NULL,
-                         m->budget_slash ? m->budget_slash + budget : NULL, m->attention.ring_send,
-                         &m->ring_sparse[l], m->collect_attention_stats ? &m->attention_stats[l] : NULL);
-    }
-    ring_sparse_forward(&m->ring, &m->ring_sparse[l], s, a->q, a->k, a->v, a->att, a->lse);
 }
 
 // One decoder layer on a->x_in; the result goes to out ([T, H]) unless NULL
@@ -341,25 +301,10 @@ static void layer_forward(Model *m, int l, LayerActs *a, float *out, int64_t T) 
     be->matmul_forward(a->v, a->h_attn, W(LAYER_V_WEIGHT), W(LAYER_V_BIAS), T, H, KD);
     be->rope(a->q, m->positions, T, c->num_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 0);
     be->rope(a->k, m->positions, T, c->num_kv_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 0);
+    // A recomputation (out == NULL) reuses the sparse pattern of the first forward.
     AttnShape s = attn_shape(m, T);
-    if (m->cp) {
-        ring_layer_forward(m, l, a, &s, out != NULL);
-    } else if (is_sparse(m)) {
-        be->attn_forward_init(&s, a->att, a->lse);
-        // A recomputation (out == NULL) reuses the pattern of the first forward.
-        if (out) {
-            size_t budget = (size_t)l * c->num_heads;
-            be->attn_sparse_plan(&m->attention, &s, a->q, a->k, m->positions,
-                                 m->budget_vertical ? m->budget_vertical + budget : NULL,
-                                 m->budget_slash ? m->budget_slash + budget : NULL, &m->sparse_index[l],
-                                 m->collect_attention_stats ? &m->attention_stats[l] : NULL);
-        }
-        be->attn_sparse_forward(&s, &m->sparse_index[l], a->q, m->positions, a->k, a->v, m->positions,
-                                a->att, a->lse);
-    } else {
-        be->attn_forward_init(&s, a->att, a->lse);
-        be->attn_forward(&s, a->q, m->positions, a->k, a->v, m->positions, a->att, a->lse);
-    }
+    be->attention_forward(m->attn, l, out != NULL, &s, a->q, a->k, a->v, m->positions, a->att, a->lse,
+                          m->collect_attention_stats ? &m->attention_stats[l] : NULL);
     be->matmul_forward(a->x_mid, a->att, W(LAYER_O_WEIGHT), NULL, T, QD, H);
     be->accumulate(a->x_mid, a->x_in, T * H);
     be->rmsnorm_forward(a->h_mlp, a->rstd_mlp, a->x_mid, W(LAYER_POST_NORM), T, H, (float)c->rms_norm_eps);
@@ -398,21 +343,8 @@ static void layer_backward(Model *m, int l, LayerActs *a, int64_t T) {
     be->zero(m->dq, f * (size_t)(T * QD));
     be->zero(m->dk, f * (size_t)(T * KD));
     be->zero(m->dv, f * (size_t)(T * KD));
-    if (m->cp && is_sparse(m)) {
-        ring_sparse_backward(&m->ring, &m->ring_sparse[l], &s, a->q, a->k, a->v, a->att, a->lse, m->datt, m->dq,
-                             m->dk, m->dv);
-    } else if (m->cp) {
-        ring_attn_backward(&m->ring, &ring_dense_cpu, &s, a->q, a->k, a->v, a->att, a->lse, m->datt, m->dq, m->dk,
-                           m->dv);
-    } else {
-        be->attn_delta(&s, a->att, m->datt, m->delta);
-        if (is_sparse(m))
-            be->attn_sparse_backward(&s, &m->sparse_index[l], a->q, m->positions, a->k, a->v, m->positions,
-                                     a->lse, m->delta, m->datt, m->dq, m->dk, m->dv);
-        else
-            be->attn_backward(&s, a->q, m->positions, a->k, a->v, m->positions, a->lse, m->delta, m->datt,
-                              m->dq, m->dk, m->dv);
-    }
+    be->attention_backward(m->attn, l, &s, a->q, a->k, a->v, m->positions, a->att, a->lse, m->datt, m->delta,
+                           m->dq, m->dk, m->dv);
     be->rope(m->dq, m->positions, T, c->num_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 1);
     be->rope(m->dk, m->positions, T, c->num_kv_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 1);
     be->zero(m->dh, f * (size_t)(T * H));
@@ -435,11 +367,7 @@ static void model_forward(Model *m, const int32_t *tokens, const int64_t *positi
     int64_t *pos = xmalloc(sizeof(int64_t) * (size_t)T);
     for (int64_t t = 0; t < T; t++) pos[t] = positions ? positions[t] : t;
     be->upload(m->positions, pos, sizeof(int64_t) * (size_t)T);
-    if (m->cp) {
-        if (m->ring_built) ring_free(&m->ring);
-        ring_init(&m->ring, m->cp, m->ring_inner, pos, T);
-        m->ring_built = true;
-    }
+    be->attention_sequence(m->attn, pos, T);
     free(pos);
     be->upload(m->tokens, tokens, sizeof(int32_t) * (size_t)T);
     be->embedding_forward(m->layers[0].x_in, m->tokens, model_tensor(m, m->param_mem, model_embedding_param()), T,

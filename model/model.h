@@ -10,7 +10,6 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../attention/ring_sparse.h"
 #include "../dist/util.h"
 #include "backend.h"
 #include "model_config.h"
@@ -73,19 +72,14 @@ typedef struct {
     double *rope_inv_freq;   // [head_dim / 2], backend memory (model/rope.c)
     double rope_attention_factor;  // scales RoPE cos and sin (YaRN; 1 otherwise)
 
-    // Sparse attention (attention.type sparse).
-    SparseIndex *sparse_index;      // [num_layers] the last forward's pattern, reused by backward
-    int *budget_vertical;           // [num_layers * Hq] budget fixed, else NULL
-    int *budget_slash;              // [num_layers * Hq]
-    bool collect_attention_stats;   // add to attention_stats in each forward
+    // Attention: the backend's state (patterns, ring), opaque here.
+    AttnState *attn;
+    bool collect_attention_stats;   // sparse: add to attention_stats in each forward
     SparseStats *attention_stats;   // [num_layers]
 
     // Context parallelism (model_set_ring): cp == NULL runs attention locally.
-    const Comm *cp;
+    const struct Comm *cp;
     int ring_inner;                 // inner ring size of the schedule
-    Ring ring;                      // this sequence's ring, rebuilt by each forward
-    bool ring_built;
-    RingSparse *ring_sparse;        // [num_layers] sparse attention: each layer's pattern on the ring
 } Model;
 
 // Build the table for cfg and allocate parameters and gradients (zero).
@@ -97,7 +91,7 @@ void model_free(Model *m);
 // Run attention over the ring of cp (inner ranks per inner ring) from now
 // on; cp == NULL or a single rank: locally. Every forward is then collective
 // over cp (one ring per sequence, built from the positions).
-void model_set_ring(Model *m, const Comm *cp, int inner);
+void model_set_ring(Model *m, const struct Comm *cp, int inner);
 // ZeRO-1: hold and update the AdamW moments of shard `shard` of `shards`
 // equal runs of the arena (the last shorter) only. Before model_alloc_optimizer.
 void model_shard_optimizer(Model *m, int shard, int shards);

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "../dist/util.h"
-#include "../attention/sparse_plan.h"
+#include "../attention/attention_cpu.h"
 #include "backend.h"
 
 static void *cpu_alloc(size_t bytes) { return xcalloc(1, bytes); }
@@ -236,13 +236,13 @@ static const Backend cpu_backend = {
     .scale = scale,
     .sum_squares = sum_squares,
     .cross_entropy = cross_entropy,
-    .attn_forward_init = attn_forward_init,
-    .attn_forward = attn_dense_forward_cpu,
-    .attn_delta = attn_backward_delta,
-    .attn_backward = attn_dense_backward_cpu,
-    .attn_sparse_plan = sparse_plan_local,
-    .attn_sparse_forward = attn_sparse_forward_cpu,
-    .attn_sparse_backward = attn_sparse_backward_cpu,
+    .attention_new = attention_cpu_new,
+    .attention_free = attention_cpu_free,
+    .attention_set_ring = attention_cpu_set_ring,
+    .attention_sequence = attention_cpu_sequence,
+    .attention_forward = attention_cpu_forward,
+    .attention_backward = attention_cpu_backward,
+    .attention_ring_bytes = attention_cpu_ring_bytes,
     .adamw = adamw,
 };
 

@@ -482,7 +482,7 @@ int cmd_eval(int argc, char **argv) {
     apply_threads(&cfg);
     Model m;
     model_from_config(&m, &cfg);
-    model_join_ring(&m, &cfg, &dist, argv[0]);
+    model_join_ring(&m, &cfg, &dist);
     char model_path[4096];
     load_model(&m, &cfg, model_path, sizeof(model_path));
     printf("eval: %s | tasks %s | lengths %s | depths %s | %d samples\n", model_path, cfg.eval.tasks,

@@ -84,7 +84,7 @@ int cmd_score(int argc, char **argv) {
     if (T < 2) fail("%s: %lld tokens (expected at least 2 to predict one)", tokens_path, (long long)T);
     Model m;
     model_from_config(&m, &cfg);
-    model_join_ring(&m, &cfg, &dist, "mtrain score");
+    model_join_ring(&m, &cfg, &dist);
     model_load_hf_folder(&m, model_dir);
 
     // This rank's tokens in the layout (all of them on one rank) and their targets.

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../attention/ring.h"
 #include "checkpoint.h"
 #include "commands.h"
 
@@ -192,11 +193,7 @@ static void end_attention_stats(Model *m, const Dist *dist, char *line, size_t l
     if (!m->cp || m->attention.type != ATTN_SPARSE) return;
     // Bytes the sparse ring sent for the last sequence (all ranks, all
     // layers, forward and backward): K/V and dK/dV hops and gathered columns.
-    double bytes = 0;
-    for (int l = 0; l < L; l++) {
-        const RingSparse *rs = &m->ring_sparse[l];
-        bytes += (double)(rs->traffic.kv_bytes + rs->traffic.dkv_bytes + rs->column_bytes);
-    }
+    double bytes = m->be->attention_ring_bytes(m->attn);
     comm_allreduce(&dist->world, &bytes, 1, DT_DOUBLE, REDUCE_SUM);
     snprintf(json + used, json_size - used, ", \"ring_bytes\": %.0f", bytes);
     snprintf(line + n, line_size - (size_t)n, " | ring %.2f MiB (%s)", bytes / (1 << 20),
@@ -250,12 +247,9 @@ static float *gather_moments(const Comm *dp, bool zero, const Model *m) {
     return host;
 }
 
-void model_join_ring(Model *m, const Config *cfg, const Dist *dist, const char *source) {
+void model_join_ring(Model *m, const Config *cfg, const Dist *dist) {
     if (dist->cp.size == 1) return;
     model_set_ring(m, &dist->cp, ring_inner_size(cfg->attention.ring, dist->cp.size, dist->grid.cp_inner));
-    if (strcmp(m->be->name, "cpu"))
-        comm_fail_all(&dist->world, "%s: train.backend %s with parallel.cp %d: the ring runs the CPU kernels only "
-                      "(expected train.backend cpu, or parallel.cp 1)", source, m->be->name, dist->cp.size);
 }
 
 int cmd_train(int argc, char **argv) {
@@ -271,7 +265,7 @@ int cmd_train(int argc, char **argv) {
     apply_threads(&cfg);
     Model m;
     model_from_config(&m, &cfg);
-    model_join_ring(&m, &cfg, &dist, argv[0]);
+    model_join_ring(&m, &cfg, &dist);
     if (zero) model_shard_optimizer(&m, dist.dp.rank, D);
     model_alloc_optimizer(&m);
     TrainState state = {0};

@@ -17,9 +17,8 @@ OptimizerConfig optimizer_config(const Config *cfg);
 // loader_open with the run's data, vocabulary, sequence length and seed.
 void loader_from_config(Loader *l, const Config *cfg);
 // Attention over the cp ring when cp > 1 (dense, or sparse with the pattern
-// estimated over the ring). What cannot run on the ring ends every rank with
-// one line naming source. Collective.
-void model_join_ring(Model *m, const Config *cfg, const Dist *dist, const char *source);
+// estimated over the ring), with the schedule of attention.ring.
+void model_join_ring(Model *m, const Config *cfg, const Dist *dist);
 // Sum an arena [n] of backend memory over comm (through a host buffer).
 void allreduce_arena(const Comm *comm, const Backend *be, float *arena, int64_t n);
 // The start of a verb on a run file (argv[0]) and overrides: config, MPI and

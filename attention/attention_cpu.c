@@ -1,0 +1,134 @@
+// attention_cpu.c: the CPU backend's attention op (attention_cpu.h). The
+// state keeps what lives between calls: the attention config and its fixed
+// budgets, each layer's sparse pattern from the sequence's first forward
+// (reused by backward and by a recomputation), and the sequence's ring.
+#include "attention_cpu.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "../dist/util.h"
+#include "ring_sparse.h"
+#include "sparse_plan.h"
+
+struct AttnState {
+    AttentionConfig cfg;
+    int num_layers, num_heads;
+    int *budget_vertical;      // [num_layers * Hq] budget fixed, else NULL
+    int *budget_slash;         // [num_layers * Hq]
+    SparseIndex *sparse_index; // [num_layers] one rank, sparse: the layer's pattern
+    const Comm *cp;            // the ring's group; NULL = one rank
+    int inner;                 // inner ring size of the schedule
+    Ring ring;                 // this sequence's ring (attention_cpu_sequence)
+    bool ring_built;
+    RingSparse *ring_sparse;   // [num_layers] ring, sparse: the layer's pattern on the ring
+};
+
+AttnState *attention_cpu_new(const AttentionConfig *cfg, int num_layers, int num_heads) {
+    AttnState *st = xcalloc(1, sizeof(AttnState));
+    st->cfg = *cfg;
+    st->num_layers = num_layers;
+    st->num_heads = num_heads;
+    st->sparse_index = xcalloc((size_t)num_layers, sizeof(SparseIndex));
+    st->ring_sparse = xcalloc((size_t)num_layers, sizeof(RingSparse));
+    if (cfg->type != ATTN_SPARSE || cfg->budget != BUDGET_FIXED) return st;
+    const int n = num_layers * num_heads;
+    st->budget_vertical = xmalloc(sizeof(int) * (size_t)n);
+    st->budget_slash = xmalloc(sizeof(int) * (size_t)n);
+    if (strcmp(cfg->budget_file, "none")) {
+        sparse_budget_load(cfg->budget_file, num_layers, num_heads, cfg->vertical, cfg->slash, st->budget_vertical,
+                           st->budget_slash);
+        return st;
+    }
+    for (int i = 0; i < n; i++) {
+        st->budget_vertical[i] = cfg->vertical;
+        st->budget_slash[i] = cfg->slash;
+    }
+    return st;
+}
+
+void attention_cpu_free(AttnState *st) {
+    if (!st) return;
+    for (int l = 0; l < st->num_layers; l++) {
+        sparse_index_free(&st->sparse_index[l]);
+        ring_sparse_free(&st->ring_sparse[l]);
+    }
+    free(st->sparse_index);
+    free(st->ring_sparse);
+    if (st->ring_built) ring_free(&st->ring);
+    free(st->budget_vertical);
+    free(st->budget_slash);
+    free(st);
+}
+
+bool attention_cpu_set_ring(AttnState *st, const Comm *cp, int inner) {
+    if (st->ring_built) ring_free(&st->ring);
+    st->ring_built = false;
+    st->cp = cp && cp->size > 1 ? cp : NULL;
+    st->inner = inner;
+    return st->cp != NULL;
+}
+
+void attention_cpu_sequence(AttnState *st, const int64_t *pos, int64_t tokens) {
+    if (!st->cp) return;
+    if (st->ring_built) ring_free(&st->ring);
+    ring_init(&st->ring, st->cp, st->inner, pos, tokens);
+    st->ring_built = true;
+}
+
+// Layer l's fixed budgets [Hq], or NULL (budget topp).
+static const int *layer_budget(const AttnState *st, const int *budget, int l) {
+    return budget ? budget + (size_t)l * st->num_heads : NULL;
+}
+
+void attention_cpu_forward(AttnState *st, int layer, bool plan, const AttnShape *shape, const float *q,
+                           const float *k, const float *v, const int64_t *pos, float *o, float *lse,
+                           SparseStats *stats) {
+    const int *fixed_vertical = layer_budget(st, st->budget_vertical, layer);
+    const int *fixed_slash = layer_budget(st, st->budget_slash, layer);
+    const bool sparse = st->cfg.type == ATTN_SPARSE;
+    if (st->cp && !sparse) {
+        ring_attn_forward(&st->ring, &ring_dense_cpu, shape, q, k, v, o, lse);
+    } else if (st->cp) {
+        if (plan)
+            ring_sparse_plan(&st->ring, &st->cfg, shape, q, k, fixed_vertical, fixed_slash, st->cfg.ring_send,
+                             &st->ring_sparse[layer], stats);
+        ring_sparse_forward(&st->ring, &st->ring_sparse[layer], shape, q, k, v, o, lse);
+    } else if (!sparse) {
+        attn_forward_init(shape, o, lse);
+        attn_dense_forward_cpu(shape, q, pos, k, v, pos, o, lse);
+    } else {
+        attn_forward_init(shape, o, lse);
+        if (plan)
+            sparse_plan_local(&st->cfg, shape, q, k, pos, fixed_vertical, fixed_slash, &st->sparse_index[layer],
+                              stats);
+        attn_sparse_forward_cpu(shape, &st->sparse_index[layer], q, pos, k, v, pos, o, lse);
+    }
+}
+
+void attention_cpu_backward(AttnState *st, int layer, const AttnShape *shape, const float *q, const float *k,
+                            const float *v, const int64_t *pos, const float *o, const float *lse,
+                            const float *dout, float *delta, float *dq, float *dk, float *dv) {
+    const bool sparse = st->cfg.type == ATTN_SPARSE;
+    if (st->cp && !sparse) {
+        ring_attn_backward(&st->ring, &ring_dense_cpu, shape, q, k, v, o, lse, dout, dq, dk, dv);
+    } else if (st->cp) {
+        ring_sparse_backward(&st->ring, &st->ring_sparse[layer], shape, q, k, v, o, lse, dout, dq, dk, dv);
+    } else if (!sparse) {
+        attn_backward_delta(shape, o, dout, delta);
+        attn_dense_backward_cpu(shape, q, pos, k, v, pos, lse, delta, dout, dq, dk, dv);
+    } else {
+        attn_backward_delta(shape, o, dout, delta);
+        attn_sparse_backward_cpu(shape, &st->sparse_index[layer], q, pos, k, v, pos, lse, delta, dout, dq, dk, dv);
+    }
+}
+
+double attention_cpu_ring_bytes(const AttnState *st) {
+    double bytes = 0;
+    if (!st->cp || st->cfg.type != ATTN_SPARSE) return 0;
+    for (int l = 0; l < st->num_layers; l++) {
+        const RingSparse *rs = &st->ring_sparse[l];
+        bytes += (double)(rs->traffic.kv_bytes + rs->traffic.dkv_bytes + rs->column_bytes);
+    }
+    return bytes;
+}

@@ -14,7 +14,7 @@
 // what this node contributed: it adds the sum arriving from the previous node
 // (sent a whole inner loop earlier) and sends the total to the next node, or
 // after the last outer step, home to the chunk's owner.
-#include "ring.h"
+#include "ring_plan.h"
 
 #include <stdbool.h>
 #include <stdlib.h>
@@ -23,6 +23,25 @@
 #include "../dist/util.h"
 
 enum { TAG_KV_INNER = 1, TAG_KV_OUTER, TAG_DKV_INNER, TAG_DKV_OUTER, TAG_DKV_HOME };
+
+// The transfers' buffers, one set per ring: allocated at their first use,
+// grown when a later call needs more, freed by ring_free.
+typedef enum {
+    BUF_OUTER_CUR, BUF_OUTER_NEXT, BUF_INNER_0, BUF_INNER_1,  // K/V chunks travelling
+    BUF_HOP_INNER, BUF_HOP_OUTER,                              // packed K/V going out (selected)
+    BUF_STEP_0, BUF_STEP_1, BUF_NODE,                          // dK/dV accumulators going out
+    BUF_INNER_IN, BUF_OUTER_IN, BUF_HOME,                      // dK/dV accumulators coming in
+    SEL_HOP_INNER, SEL_HOP_OUTER, SEL_TRAVEL,                  // token lists [max_count + 1]
+    SEL_INNER, SEL_OUTER, SEL_HOME, SEL_SEND,
+    BUF_MASK,                                                  // [need->words]
+    BUF_DELTA,                                                 // [Hq, T]
+    RING_BUFFERS
+} RingBuffer;
+
+struct RingScratch {
+    void *buf[RING_BUFFERS];
+    size_t bytes[RING_BUFFERS];
+};
 
 static void dense_forward(void *ctx, const AttnShape *shape, const float *q, const int64_t *q_pos,
                           const float *k, const float *v, const int64_t *k_pos, float *o, float *lse) {
@@ -37,7 +56,7 @@ static void dense_backward(void *ctx, const AttnShape *shape, const float *q, co
     attn_dense_backward_cpu(shape, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk, dv);
 }
 
-const RingKernels ring_dense_cpu = {dense_forward, dense_backward, NULL, NULL, NULL};
+const RingKernels ring_dense_cpu = {.forward = dense_forward, .backward = dense_backward};
 
 int ring_inner_size(RingSchedule schedule, int cp_size, int cp_inner) {
     return schedule == RING_HIERARCHICAL ? cp_inner : cp_size;
@@ -50,6 +69,7 @@ void ring_init(Ring *ring, const Comm *cp, int inner, const int64_t *pos, int64_
     ring->cp = cp;
     ring->inner = inner;
     ring->outer = W / inner;
+    ring->scratch = xcalloc(1, sizeof(RingScratch));
     ring->counts = xmalloc((size_t)W * sizeof(int64_t));
     ring->offsets = xmalloc((size_t)(W + 1) * sizeof(int64_t));
     comm_allgather(cp, &tokens, ring->counts, 1, DT_INT64);
@@ -72,47 +92,42 @@ void ring_init(Ring *ring, const Comm *cp, int inner, const int64_t *pos, int64_
 }
 
 void ring_free(Ring *ring) {
+    for (int b = 0; b < RING_BUFFERS; b++) free(ring->scratch->buf[b]);
+    free(ring->scratch);
     free(ring->counts);
     free(ring->offsets);
     free(ring->positions);
     memset(ring, 0, sizeof(*ring));
 }
 
-// Where a rank sits and who its neighbours are; cp rank = o * inner + i.
-typedef struct {
-    int inner, outer, o, i;
-    int inner_next, inner_prev, outer_next, outer_prev;
-    int64_t kv;                // floats of K (or V) per token: Hkv * D
-} Place;
-
-static int cp_rank_at(const Place *p, int o, int i) {
-    return ((o % p->outer + p->outer) % p->outer) * p->inner + (i % p->inner + p->inner) % p->inner;
-}
-
-static Place place_of(const Ring *ring, int r, int64_t kv) {
-    Place p = {ring->inner, ring->outer, r / ring->inner, r % ring->inner, 0, 0, 0, 0, kv};
-    p.inner_next = cp_rank_at(&p, p.o, p.i + 1);
-    p.inner_prev = cp_rank_at(&p, p.o, p.i - 1);
-    p.outer_next = cp_rank_at(&p, p.o + 1, p.i);
-    p.outer_prev = cp_rank_at(&p, p.o - 1, p.i);
-    return p;
-}
-
 static Place place(const Ring *ring, const AttnShape *shape) {
     const int r = ring->cp->rank;
     CHECK(shape->q_tokens == ring->counts[r], "ring: %lld local tokens but the ring was built for %lld",
           (long long)shape->q_tokens, (long long)ring->counts[r]);
-    return place_of(ring, r, (int64_t)shape->num_kv_heads * shape->head_dim);
+    return ring_place(ring, r, (int64_t)shape->num_kv_heads * shape->head_dim);
 }
-
-// The chunk (its owner's cp rank) held at outer step so, inner step si.
-static int chunk_at(const Place *p, int so, int si) { return cp_rank_at(p, p->o - so, p->i - si); }
 
 // Floats of one chunk message (K and V, or dK and dV) of `tokens` tokens.
 static int64_t message(const Place *p, int64_t tokens) { return 2 * tokens * p->kv; }
 
-static float *chunk_buffer(const Ring *ring, const Place *p) {
-    return xmalloc((size_t)message(p, ring->max_count) * sizeof(float));
+static void *scratch(const Ring *ring, RingBuffer which, size_t bytes) {
+    RingScratch *s = ring->scratch;
+    if (bytes > s->bytes[which]) {
+        free(s->buf[which]);
+        s->buf[which] = xmalloc(bytes);
+        s->bytes[which] = bytes;
+    }
+    return s->buf[which];
+}
+
+// A chunk message of the largest chunk.
+static float *chunk_buffer(const Ring *ring, const Place *p, RingBuffer which) {
+    return scratch(ring, which, (size_t)message(p, ring->max_count) * sizeof(float));
+}
+
+// A list of up to max_count tokens (one more, so that it is never empty).
+static int64_t *token_list(const Ring *ring, RingBuffer which) {
+    return scratch(ring, which, (size_t)(ring->max_count + 1) * sizeof(int64_t));
 }
 
 // Own K and V into one chunk message.
@@ -121,95 +136,12 @@ static void pack_kv(const Place *p, int64_t tokens, const float *k, const float 
     memcpy(buf + tokens * p->kv, v, (size_t)(tokens * p->kv) * sizeof(float));
 }
 
-// The holdings of a chunk (outer steps [o_from, o_to) x inner steps
-// [i_from, i_to) of its journey) whose key-block needs one message serves.
-// Holding (0, 0) is the chunk's owner, which no message serves: K/V start
-// there, and the owner's own dK/dV contribution stays home.
-typedef struct {
-    int o_from, o_to, i_from, i_to;
-} Holdings;
-
-// K/V delivered to holding (so, si) serve the holders it reaches: via the
-// inner ring (si > 0) inner steps si .. inner-1 of outer step so; via the
-// outer ring (si == 0) every holding of outer steps so .. outer-1.
-static Holdings kv_serves(const Place *p, int so, int si) {
-    return (Holdings){so, si > 0 ? so + 1 : p->outer, si, p->inner};
-}
-
-// A dK/dV accumulator leaving holding (so, si) carries what its holders
-// added: on the inner ring (si < inner-1) inner steps 0 .. si of outer step
-// so; after the last inner step (to the next node or home) every holding of
-// outer steps 0 .. so. Other rows are zero (no holder used their block).
-static Holdings dkv_carries(const Place *p, int so, int si) {
-    return si < p->inner - 1 ? (Holdings){so, so + 1, 0, si + 1} : (Holdings){0, so + 1, 0, p->inner};
-}
-
-// The tokens of chunk c (local indices, ascending, into sel [counts[c]]) that
-// a message serving holdings h carries; returns how many. Without need: all.
-// With need: those in a key block that a holder in h uses. mask: scratch
-// [need->words].
-static int64_t selected_tokens(const Ring *ring, const Place *p, const RingNeed *need, int c, Holdings h,
-                               uint64_t *mask, int64_t *sel) {
-    const int64_t count = ring->counts[c], *pos = ring->positions + ring->offsets[c];
-    if (!need) {
-        for (int64_t t = 0; t < count; t++) sel[t] = t;
-        return count;
-    }
-    const int c_o = c / p->inner, c_i = c % p->inner;
-    memset(mask, 0, (size_t)need->words * sizeof(uint64_t));
-    for (int o = h.o_from; o < h.o_to; o++)
-        for (int i = h.i_from; i < h.i_to; i++) {
-            if (o == 0 && i == 0) continue;
-            const uint64_t *row = need->need + (int64_t)cp_rank_at(p, c_o + o, c_i + i) * need->words;
-            for (int64_t w = 0; w < need->words; w++) mask[w] |= row[w];
-        }
-    int64_t n = 0;
-    for (int64_t t = 0; t < count; t++) {
-        const int64_t b = pos[t] / need->block_size;
-        if (mask[b / 64] >> (b % 64) & 1) sel[n++] = t;
-    }
-    return n;
-}
-
-// The rows (into sel) of the dK/dV message leaving holding (so, si) of chunk
-// c; returns how many, or -1 at the owner's holding (0, 0), which sends none:
-// its contribution stays home and the accumulator starts at the next holder.
-static int64_t dkv_rows(const Ring *ring, const Place *p, const RingNeed *need, int c, int so, int si,
-                        uint64_t *mask, int64_t *sel) {
-    if (so == 0 && si == 0) return -1;
-    return selected_tokens(ring, p, need, c, dkv_carries(p, so, si), mask, sel);
-}
-
 // Rows sel[0..n) of a chunk message of `full` tokens ([2, full, kv]) into a
 // packed message [2, n, kv]; dst may be src (rows only move up).
 static void pack_rows(float *dst, const float *src, int64_t full, const int64_t *sel, int64_t n, int64_t kv) {
     for (int part = 0; part < 2; part++)
         for (int64_t j = 0; j < n; j++)
             memmove(dst + (part * n + j) * kv, src + (part * full + sel[j]) * kv, (size_t)kv * sizeof(float));
-}
-
-void ring_send_tokens(const Ring *ring, const RingNeed *need, int64_t *kv_tokens, int64_t *dkv_tokens) {
-    const int W = ring->cp->size;
-    uint64_t *mask = xmalloc((size_t)(need ? need->words : 1) * sizeof(uint64_t));
-    int64_t *sel = xmalloc((size_t)(ring->max_count + 1) * sizeof(int64_t));
-    memset(kv_tokens, 0, (size_t)W * W * sizeof(int64_t));
-    memset(dkv_tokens, 0, (size_t)W * W * sizeof(int64_t));
-    for (int r = 0; r < W; r++) {
-        const Place p = place_of(ring, r, 1);
-        for (int so = 0; so < p.outer; so++)
-            for (int si = 0; si < p.inner; si++) {
-                const int64_t at = (int64_t)r * W + so * p.inner + si;
-                const int c = chunk_at(&p, so, si);
-                if (si == 0 && so < p.outer - 1)      // outer: to holding (so + 1, 0)
-                    kv_tokens[at] += selected_tokens(ring, &p, need, c, kv_serves(&p, so + 1, 0), mask, sel);
-                if (si < p.inner - 1)                  // inner: to holding (so, si + 1)
-                    kv_tokens[at] += selected_tokens(ring, &p, need, c, kv_serves(&p, so, si + 1), mask, sel);
-                const int64_t dkv = dkv_rows(ring, &p, need, c, so, si, mask, sel);
-                dkv_tokens[at] = dkv > 0 ? dkv : 0;   // the owner's holding sends none
-            }
-    }
-    free(mask);
-    free(sel);
 }
 
 // One direction of K/V travel (inner or outer ring) with ring_send selected:
@@ -235,47 +167,63 @@ typedef struct {
     int64_t *sel;              // [max_count] scratch
 } KvTravel;
 
-static Hop hop_new(const Ring *ring, const Place *p, bool selected) {
-    Hop h = {NULL, NULL, 0, NULL};
-    if (selected) {
-        h.out = chunk_buffer(ring, p);
-        h.in_sel = xmalloc((size_t)(ring->max_count + 1) * sizeof(int64_t));
-    }
-    return h;
+// Only with ring_send selected: the packed message and the incoming token list.
+static Hop hop_new(const Ring *ring, const Place *p, bool selected, RingBuffer out, RingBuffer in_sel) {
+    if (!selected) return (Hop){0};
+    return (Hop){.out = chunk_buffer(ring, p, out), .in_sel = token_list(ring, in_sel)};
 }
 
 static KvTravel kv_travel_start(const Ring *ring, const Place *p, const RingKernels *kernels,
                                 const char *pass, const float *k, const float *v) {
     const RingNeed *need = kernels->need;
-    KvTravel t = {ring, p, kernels, pass, chunk_buffer(ring, p), chunk_buffer(ring, p),
-                  {chunk_buffer(ring, p), chunk_buffer(ring, p)},
-                  {MPI_REQUEST_NULL, MPI_REQUEST_NULL}, {MPI_REQUEST_NULL, MPI_REQUEST_NULL},
-                  hop_new(ring, p, need), hop_new(ring, p, need),
-                  xmalloc((size_t)(need ? need->words : 1) * sizeof(uint64_t)),
-                  xmalloc((size_t)(ring->max_count + 1) * sizeof(int64_t))};
+    KvTravel t = {
+        .ring = ring, .p = p, .kernels = kernels, .pass = pass,
+        .outer_cur = chunk_buffer(ring, p, BUF_OUTER_CUR),
+        .outer_next = chunk_buffer(ring, p, BUF_OUTER_NEXT),
+        .inner_buf = {chunk_buffer(ring, p, BUF_INNER_0), chunk_buffer(ring, p, BUF_INNER_1)},
+        .outer_req = {MPI_REQUEST_NULL, MPI_REQUEST_NULL},
+        .inner_req = {MPI_REQUEST_NULL, MPI_REQUEST_NULL},
+        .inner_hop = hop_new(ring, p, need, BUF_HOP_INNER, SEL_HOP_INNER),
+        .outer_hop = hop_new(ring, p, need, BUF_HOP_OUTER, SEL_HOP_OUTER),
+        .mask = scratch(ring, BUF_MASK, (size_t)(need ? need->words : 1) * sizeof(uint64_t)),
+        .sel = token_list(ring, SEL_TRAVEL),
+    };
     pack_kv(p, ring->counts[ring->cp->rank], k, v, t.outer_cur);
     return t;
 }
 
-// Post one K/V transfer: chunk `out_chunk` from `cur` to `to` (arriving at its
-// holding (so_out, si_out)), and chunk `in_chunk` from `from` into `in`
-// (arriving here at (so_in, si_in)). Packs with ring_send selected.
-static void kv_post(KvTravel *t, Hop *h, int tag, const float *cur, int out_chunk, int so_out, int si_out,
-                    int to, float *in, int in_chunk, int so_in, int si_in, int from, MPI_Request *req) {
+// One K/V transfer of a step: this rank sends chunk out_chunk (from `out`) to
+// rank `to` and receives chunk in_chunk from rank `from` into `in`; both
+// messages arrive at holding (so, si) of their chunk's journey.
+typedef struct {
+    int tag;
+    int so, si;
+    const float *out;
+    int out_chunk, to;
+    float *in;
+    int in_chunk, from;
+    Hop *hop;                  // this direction's packing (ring_send selected)
+    MPI_Request *req;          // [2] receive, send
+} KvTransfer;
+
+// Post one K/V transfer; packs with ring_send selected.
+static void kv_post(KvTravel *t, const KvTransfer *x) {
     const Place *p = t->p;
     const Ring *ring = t->ring;
     const RingNeed *need = t->kernels->need;
-    int64_t in_n = ring->counts[in_chunk], out_n = ring->counts[out_chunk];
-    const float *send = cur;
+    int64_t in_n = ring->counts[x->in_chunk], out_n = ring->counts[x->out_chunk];
+    const float *send = x->out;
     if (need) {
-        in_n = h->in_count = selected_tokens(ring, p, need, in_chunk, kv_serves(p, so_in, si_in), t->mask, h->in_sel);
-        h->in_buf = in;
-        out_n = selected_tokens(ring, p, need, out_chunk, kv_serves(p, so_out, si_out), t->mask, t->sel);
-        pack_rows(h->out, cur, ring->counts[out_chunk], t->sel, out_n, p->kv);
+        const Holdings serves = ring_kv_serves(p, x->so, x->si);
+        Hop *h = x->hop;
+        in_n = h->in_count = ring_selected_tokens(ring, p, need, x->in_chunk, serves, t->mask, h->in_sel);
+        h->in_buf = x->in;
+        out_n = ring_selected_tokens(ring, p, need, x->out_chunk, serves, t->mask, t->sel);
+        pack_rows(h->out, x->out, ring->counts[x->out_chunk], t->sel, out_n, p->kv);
         send = h->out;
     }
-    comm_irecv(ring->cp, in, message(p, in_n), DT_FLOAT, from, tag, &req[0]);
-    comm_isend(ring->cp, send, message(p, out_n), DT_FLOAT, to, tag, &req[1]);
+    comm_irecv(ring->cp, x->in, message(p, in_n), DT_FLOAT, x->from, x->tag, &x->req[0]);
+    comm_isend(ring->cp, send, message(p, out_n), DT_FLOAT, x->to, x->tag, &x->req[1]);
     if (t->kernels->traffic) {
         t->kernels->traffic->kv_bytes += message(p, out_n) * (int64_t)sizeof(float);
         t->kernels->traffic->kv_messages++;
@@ -297,8 +245,10 @@ static void kv_unpack(const KvTravel *t, const Hop *h, int c) {
 static void kv_outer_post(KvTravel *t, int so) {
     const Place *p = t->p;
     if (so == p->outer - 1) return;
-    kv_post(t, &t->outer_hop, TAG_KV_OUTER, t->outer_cur, chunk_at(p, so, 0), so + 1, 0, p->outer_next,
-            t->outer_next, chunk_at(p, so + 1, 0), so + 1, 0, p->outer_prev, t->outer_req);
+    kv_post(t, &(KvTransfer){.tag = TAG_KV_OUTER, .so = so + 1, .si = 0,
+                             .out = t->outer_cur, .out_chunk = ring_chunk_at(p, so, 0), .to = p->outer_next,
+                             .in = t->outer_next, .in_chunk = ring_chunk_at(p, so + 1, 0), .from = p->outer_prev,
+                             .hop = &t->outer_hop, .req = t->outer_req});
 }
 
 // Inner step si of outer step so holds chunk `cur`: post the next inner
@@ -307,8 +257,10 @@ static float *kv_inner_post(KvTravel *t, int so, int si, const float *cur) {
     const Place *p = t->p;
     if (si == p->inner - 1) return NULL;
     float *next = t->inner_buf[si % 2];
-    kv_post(t, &t->inner_hop, TAG_KV_INNER, cur, chunk_at(p, so, si), so, si + 1, p->inner_next, next,
-            chunk_at(p, so, si + 1), so, si + 1, p->inner_prev, t->inner_req);
+    kv_post(t, &(KvTransfer){.tag = TAG_KV_INNER, .so = so, .si = si + 1,
+                             .out = cur, .out_chunk = ring_chunk_at(p, so, si), .to = p->inner_next,
+                             .in = next, .in_chunk = ring_chunk_at(p, so, si + 1), .from = p->inner_prev,
+                             .hop = &t->inner_hop, .req = t->inner_req});
     return next;
 }
 
@@ -317,7 +269,7 @@ static void kv_inner_wait(KvTravel *t, int so, int si) {
     char op[96];
     snprintf(op, sizeof(op), "ring attention %s: K/V transfer (inner ring)", t->pass);
     comm_wait(t->ring->cp, t->inner_req, 2, op);
-    if (si < t->p->inner - 1) kv_unpack(t, &t->inner_hop, chunk_at(t->p, so, si + 1));
+    if (si < t->p->inner - 1) kv_unpack(t, &t->inner_hop, ring_chunk_at(t->p, so, si + 1));
 }
 
 // End of outer step so: the next node's chunk set is in.
@@ -325,21 +277,10 @@ static void kv_outer_wait(KvTravel *t, int so) {
     char op[96];
     snprintf(op, sizeof(op), "ring attention %s: K/V transfer (outer ring)", t->pass);
     comm_wait(t->ring->cp, t->outer_req, 2, op);
-    if (so < t->p->outer - 1) kv_unpack(t, &t->outer_hop, chunk_at(t->p, so + 1, 0));
+    if (so < t->p->outer - 1) kv_unpack(t, &t->outer_hop, ring_chunk_at(t->p, so + 1, 0));
     float *swap = t->outer_cur;
     t->outer_cur = t->outer_next;
     t->outer_next = swap;
-}
-
-static void kv_travel_free(KvTravel *t) {
-    free(t->outer_cur);
-    free(t->outer_next);
-    free(t->inner_buf[0]);
-    free(t->inner_buf[1]);
-    free(t->inner_hop.out); free(t->inner_hop.in_sel);
-    free(t->outer_hop.out); free(t->outer_hop.in_sel);
-    free(t->mask);
-    free(t->sel);
 }
 
 void ring_attn_forward(const Ring *ring, const RingKernels *kernels, const AttnShape *shape,
@@ -352,7 +293,7 @@ void ring_attn_forward(const Ring *ring, const RingKernels *kernels, const AttnS
         kv_outer_post(&t, so);
         const float *cur = t.outer_cur;
         for (int si = 0; si < p.inner; si++) {
-            int c = chunk_at(&p, so, si);
+            int c = ring_chunk_at(&p, so, si);
             const float *next = kv_inner_post(&t, so, si, cur);
             AttnShape s = *shape;
             s.k_tokens = ring->counts[c];
@@ -363,7 +304,6 @@ void ring_attn_forward(const Ring *ring, const RingKernels *kernels, const AttnS
         }
         kv_outer_wait(&t, so);
     }
-    kv_travel_free(&t);
 }
 
 // The dK/dV accumulators of the backward pass. The owner adds its own
@@ -403,34 +343,42 @@ void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const Attn
     const Comm *cp = ring->cp;
     const RingNeed *need = kernels->need;
     const int64_t T = shape->q_tokens, *q_pos = ring->positions + ring->offsets[cp->rank];
-    float *delta = xmalloc((size_t)(shape->num_heads * T) * sizeof(float));
+    float *delta = scratch(ring, BUF_DELTA, (size_t)(shape->num_heads * T + 1) * sizeof(float));
     attn_backward_delta(shape, o, dout, delta);
-    const size_t rows = (size_t)(ring->max_count + 1) * sizeof(int64_t);
-    Accumulators a = {{chunk_buffer(ring, &p), chunk_buffer(ring, &p)}, chunk_buffer(ring, &p),
-                      chunk_buffer(ring, &p), chunk_buffer(ring, &p), chunk_buffer(ring, &p),
-                      xmalloc(rows), xmalloc(rows), xmalloc(rows), xmalloc(rows), 0, 0, 0,
-                      {MPI_REQUEST_NULL, MPI_REQUEST_NULL}, MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL,
-                      MPI_REQUEST_NULL};
+    Accumulators a = {
+        .step = {chunk_buffer(ring, &p, BUF_STEP_0), chunk_buffer(ring, &p, BUF_STEP_1)},
+        .node = chunk_buffer(ring, &p, BUF_NODE),
+        .inner_in = chunk_buffer(ring, &p, BUF_INNER_IN),
+        .outer_in = chunk_buffer(ring, &p, BUF_OUTER_IN),
+        .home = chunk_buffer(ring, &p, BUF_HOME),
+        .inner_sel = token_list(ring, SEL_INNER),
+        .outer_sel = token_list(ring, SEL_OUTER),
+        .home_sel = token_list(ring, SEL_HOME),
+        .send_sel = token_list(ring, SEL_SEND),
+        .step_send = {MPI_REQUEST_NULL, MPI_REQUEST_NULL},
+        .node_send = MPI_REQUEST_NULL, .inner_recv = MPI_REQUEST_NULL, .outer_recv = MPI_REQUEST_NULL,
+        .home_recv = MPI_REQUEST_NULL,
+    };
     KvTravel t = kv_travel_start(ring, &p, kernels, "backward", k, v);
     // Home: this rank's own accumulator, from the rank that computes last on it.
-    a.home_n = dkv_rows(ring, &p, need, cp->rank, p.outer - 1, p.inner - 1, t.mask, a.home_sel);
+    a.home_n = ring_dkv_rows(ring, &p, need, cp->rank, p.outer - 1, p.inner - 1, t.mask, a.home_sel);
     if (a.home_n >= 0)
-        comm_irecv(cp, a.home, message(&p, a.home_n), DT_FLOAT, cp_rank_at(&p, p.o - 1, p.i - 1), TAG_DKV_HOME,
+        comm_irecv(cp, a.home, message(&p, a.home_n), DT_FLOAT, ring_rank_at(&p, p.o - 1, p.i - 1), TAG_DKV_HOME,
                    &a.home_recv);
     for (int so = 0; so < p.outer; so++) {
         kv_outer_post(&t, so);
         if (so > 0) {
-            a.outer_n = dkv_rows(ring, &p, need, chunk_at(&p, so, p.inner - 1), so - 1, p.inner - 1, t.mask, a.outer_sel);
+            a.outer_n = ring_dkv_rows(ring, &p, need, ring_chunk_at(&p, so, p.inner - 1), so - 1, p.inner - 1, t.mask, a.outer_sel);
             if (a.outer_n >= 0)
                 comm_irecv(cp, a.outer_in, message(&p, a.outer_n), DT_FLOAT, p.outer_prev, TAG_DKV_OUTER,
                            &a.outer_recv);
         }
         const float *cur = t.outer_cur;
         for (int si = 0; si < p.inner; si++) {
-            const int c = chunk_at(&p, so, si);
+            const int c = ring_chunk_at(&p, so, si);
             const int64_t full = ring->counts[c];
             const bool last = si == p.inner - 1;
-            a.inner_n = si > 0 ? dkv_rows(ring, &p, need, c, so, si - 1, t.mask, a.inner_sel) : -1;
+            a.inner_n = si > 0 ? ring_dkv_rows(ring, &p, need, c, so, si - 1, t.mask, a.inner_sel) : -1;
             if (a.inner_n >= 0)
                 comm_irecv(cp, a.inner_in, message(&p, a.inner_n), DT_FLOAT, p.inner_prev, TAG_DKV_INNER,
                            &a.inner_recv);
@@ -451,7 +399,7 @@ void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const Attn
                 wait_one(cp, &a.outer_recv, "dK/dV transfer (outer ring)");
                 add_rows(fresh, fresh + full * p.kv, a.outer_in, a.outer_sel, a.outer_n, p.kv);
             }
-            const int64_t n = dkv_rows(ring, &p, need, c, so, si, t.mask, a.send_sel);
+            const int64_t n = ring_dkv_rows(ring, &p, need, c, so, si, t.mask, a.send_sel);
             if (n >= 0 && n < full) pack_rows(fresh, fresh, full, a.send_sel, n, p.kv);
             int to = p.inner_next, tag = TAG_DKV_INNER;        // on, or to the next node, or home
             if (last) {
@@ -473,8 +421,4 @@ void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const Attn
     }
     MPI_Request sends[3] = {a.step_send[0], a.step_send[1], a.node_send};
     comm_wait(cp, sends, 3, "ring attention backward: dK/dV sends");
-    kv_travel_free(&t);
-    free(a.step[0]); free(a.step[1]); free(a.node); free(a.inner_in); free(a.outer_in); free(a.home);
-    free(a.inner_sel); free(a.outer_sel); free(a.home_sel); free(a.send_sel);
-    free(delta);
 }

@@ -65,6 +65,8 @@ typedef struct {
 // The dense CPU kernels of attention.h (ctx unused).
 extern const RingKernels ring_dense_cpu;
 
+typedef struct RingScratch RingScratch;
+
 // The ring of one sequence: who holds which tokens. Built once per sequence
 // (one all-gather of positions), used by every layer forward and backward.
 typedef struct {
@@ -74,6 +76,7 @@ typedef struct {
     int64_t *offsets;          // [W + 1] start of each rank's positions
     int64_t *positions;        // [N] every rank's global positions, in cp rank order
     int64_t max_count;         // largest count (buffer size)
+    RingScratch *scratch;      // the transfers' buffers (ring.c), kept until ring_free
 } Ring;
 
 // The inner ring size of a schedule for a cp group of cp_size ranks with
@@ -92,15 +95,6 @@ void ring_attn_forward(const Ring *ring, const RingKernels *kernels, const AttnS
 
 // From the forward's o, lse and the upstream dout [T, Hq, D]: accumulates (+=)
 // dq [T, Hq, D] and this rank's dk, dv [T, Hkv, D] (from every rank's queries).
-// Tokens (rows of K and V, or of dK and dV) the transfers of one ring pass
-// send, per rank and step, with `need` (NULL: whole chunks), without MPI: the
-// byte model of ring_send for any ring (ring->cp only gives the size).
-// kv_tokens [W, W]: kv_tokens[r * W + s] = K/V tokens rank r sends in step s
-// of either pass (s = so * inner + si; an outer transfer counts in the step
-// that posts it). dkv_tokens [W, W]: dK/dV accumulator tokens rank r sends at
-// the end of backward step s (on the ring, to the next node, or home).
-void ring_send_tokens(const Ring *ring, const RingNeed *need, int64_t *kv_tokens, int64_t *dkv_tokens);
-
 void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const AttnShape *shape,
                         const float *q, const float *k, const float *v, const float *o,
                         const float *lse, const float *dout, float *dq, float *dk, float *dv);

@@ -210,8 +210,8 @@ static void sparse_backward(void *ctx, const AttnShape *shape, const float *q, c
 }
 
 static RingKernels kernels_of(RingSparse *rs) {
-    return (RingKernels){sparse_forward, sparse_backward, rs,
-                         rs->send == RING_SEND_SELECTED ? &rs->need : NULL, &rs->traffic};
+    return (RingKernels){.forward = sparse_forward, .backward = sparse_backward, .ctx = rs,
+                         .need = rs->send == RING_SEND_SELECTED ? &rs->need : NULL, .traffic = &rs->traffic};
 }
 
 // Per-owner message layout of the columns: [W, max_owned, 2, kv] (K then V

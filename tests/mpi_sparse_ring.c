@@ -24,6 +24,7 @@
 
 #include "../attention/balance.h"
 #include "../attention/layout.h"
+#include "../attention/ring_plan.h"
 #include "../attention/ring_sparse.h"
 #include "../attention/sparse_plan.h"
 #include "../dist/comm.h"
@@ -252,8 +253,9 @@ static void whole_index(const SparsePattern *p, int B, SparseIndex *x) {
 static void plan_bytes(const SparsePattern *p, int B, LayoutKind layout, int W, int inner, int64_t token_bytes) {
     const int64_t N = p->seq_len, words = ring_need_words(N, B);
     Comm comm = {MPI_COMM_NULL, "cp", 0, W, 0};
-    Ring ring = {&comm, inner, W / inner, xmalloc((size_t)W * sizeof(int64_t)),
-                 xmalloc((size_t)(W + 1) * sizeof(int64_t)), xmalloc((size_t)N * sizeof(int64_t)), 0};
+    Ring ring = {.cp = &comm, .inner = inner, .outer = W / inner, .counts = xmalloc((size_t)W * sizeof(int64_t)),
+                 .offsets = xmalloc((size_t)(W + 1) * sizeof(int64_t)),
+                 .positions = xmalloc((size_t)N * sizeof(int64_t))};
     uint64_t *bits = xmalloc((size_t)(W * words) * sizeof(uint64_t));
     ring.offsets[0] = 0;
     for (int r = 0; r < W; r++) {

@@ -1,5 +1,5 @@
-# Makefile: builds build/mtrain (CPU always; CUDA objects too when nvcc is
-# present), the test programs, and runs the demo and the test suite.
+# Makefile: builds build/mtrain (CPU), the test programs, and runs the demo
+# and the test suite; with nvcc, also the CUDA kernels' GPU programs.
 #   make            build/mtrain
 #   make test       build + every CPU test; prints "N passed, N failed"
 #   make demo       train a tiny model and show that it learned
@@ -36,8 +36,7 @@ TEST_SRC = $(wildcard tests/test_*.c)
 LIB_OBJ = $(LIB_SRC:%.c=build/obj/%.o)
 ifneq ($(NVCC),)
 CU_OBJ = $(CU_SRC:%.cu=build/obj/%.cu.o)
-CFLAGS += -DMTRAIN_CUDA -I$(CUDA_HOME)/include
-LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lnccl -lstdc++
+CFLAGS += -I$(CUDA_HOME)/include
 endif
 TEST_BIN = $(TEST_SRC:tests/%.c=build/tests/%)
 # Helper programs of the Python tests (not run on their own by tests/run.sh).
@@ -73,10 +72,10 @@ build/obj/%.cu.o: %.cu $(DEPS_OK)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
-build/mtrain: build/obj/trainer/main.o $(LIB_OBJ) $(CU_OBJ)
+build/mtrain: build/obj/trainer/main.o $(LIB_OBJ)
 	$(CC) $^ -o $@ $(LDLIBS)
 
-build/tests/%: build/obj/tests/%.o $(LIB_OBJ) $(CU_OBJ)
+build/tests/%: build/obj/tests/%.o $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(LDLIBS)
 
@@ -85,7 +84,7 @@ build/tests/gpu_%: build/obj/tests/gpu_%.o $(GPU_OBJ)
 	$(CC) $^ -o $@ $(GPU_LDLIBS)
 
 # Benchmarks: scripts/bench_NAME.c -> build/bench/bench_NAME (scripts/bench_*.sh run them).
-build/bench/%: build/obj/scripts/%.o $(LIB_OBJ) $(CU_OBJ)
+build/bench/%: build/obj/scripts/%.o $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(LDLIBS)
 

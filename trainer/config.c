@@ -207,7 +207,7 @@ static void format_bound(double x, char *buf, size_t size) {
     else format_double(x, buf, size);
 }
 
-// The set of accepted values, e.g. "[1, 65536]", "> 0", "[0, 1)", "cpu, cuda, auto".
+// The set of accepted values, e.g. "[1, 65536]", "> 0", "[0, 1)", "flat, hierarchical".
 static void describe_range(const Key *k, char *buf, size_t size) {
     char lo[40], hi[40];
     format_bound(k->min, lo, sizeof(lo));

@@ -32,7 +32,7 @@ typedef struct {
     int block_size;            // tile size in tokens (queries and keys)
     RingSchedule ring;         // flat | hierarchical (ring.h)
     RingSend ring_send;        // full | selected (sparse ring: ring_sparse.h)
-    // sparse (vertical-slash) pattern estimation, DESIGN §5.2
+    // sparse (vertical-slash) pattern estimation (sparse.h)
     int last_q;                // estimation queries: the last last_q of the sequence
     double top_p;              // budget topp: fewest lines reaching this softmax mass
     int max_vertical;          // caps on the selected lines per head (topp)

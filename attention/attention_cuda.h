@@ -13,7 +13,7 @@
 //   dq            : [Tq, Hq, D] fp32      dk, dv : [Tk, Hkv, D] fp32
 // Supported: head_dim 64 and 128, Hq a multiple of Hkv (GQA, K and V never
 // repeated). shape->block_size is not used: the GPU tiles are fixed per head
-// dim (docs/ARCHITECTURE.md); results do not depend on the tiling beyond
+// dim (docs/DECISIONS.md); results do not depend on the tiling beyond
 // rounding.
 #ifndef MTRAIN_ATTENTION_CUDA_H
 #define MTRAIN_ATTENTION_CUDA_H

@@ -1,5 +1,5 @@
 // balance.h: how evenly a sparse pattern's work spreads over the ranks of a
-// ring (DESIGN §5.1, §5.5). In ring step s, rank r computes its queries
+// ring (docs/ARCHITECTURE.md, Attention). In ring step s, rank r computes its queries
 // against the key chunk of rank (r - s) mod W. Work = causal score elements
 // inside the pattern (token-exact). Two measures, 1.0 = perfect:
 //   rank imbalance  max over ranks of total work / mean (MTraining's measure:

@@ -299,7 +299,7 @@ flash_backward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_
 
 // Tile shapes per head dim (queries x keys): forward BM x BN with FWD_CTAS
 // CTAs per multiprocessor (register cap), backward BM queries per step x BN
-// keys per CTA. Chosen so that ptxas reports no spills (docs/ARCHITECTURE.md).
+// keys per CTA. Chosen so that ptxas reports no spills (docs/DECISIONS.md).
 template <int D> struct Tiles;
 template <> struct Tiles<64> { enum { FWD_BM = 128, FWD_BN = 64, FWD_CTAS = 2, BWD_BM = 64, BWD_BN = 64 }; };
 template <> struct Tiles<128> { enum { FWD_BM = 128, FWD_BN = 64, FWD_CTAS = 1, BWD_BM = 32, BWD_BN = 64 }; };

@@ -1,5 +1,5 @@
 // layout.h: how a sequence of N tokens is spread over the W ranks of a
-// context-parallel group (DESIGN §5.1), at block granularity: the sequence is
+// context-parallel group (docs/ARCHITECTURE.md, Attention), at block granularity: the sequence is
 // cut into ceil(N / B) blocks of B tokens (the last may be shorter) and each
 // rank holds whole blocks, in ascending global order:
 //   contiguous  rank r holds one run of consecutive blocks (sizes differ by <= 1)

@@ -1,4 +1,4 @@
-// ring.h: ring attention over the context-parallel group (DESIGN §5.5). Each
+// ring.h: ring attention over the context-parallel group (docs/ARCHITECTURE.md, Attention). Each
 // cp rank holds its queries and its own chunk of keys/values (kv heads only,
 // never repeated for GQA) at global positions from the token layout; the K/V
 // chunks travel around the ring so that every rank sees every chunk once.

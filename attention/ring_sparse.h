@@ -1,5 +1,5 @@
 // ring_sparse.h: dynamic sparse (vertical-slash) attention over the ring of
-// cp ranks (DESIGN §5.2–5.6). Per layer and forward pass:
+// cp ranks (docs/ARCHITECTURE.md, Attention). Per layer and forward pass:
 //   ring_sparse_plan      distributed estimation: the last last_q queries are
 //                         gathered to every rank; each rank scores them
 //                         against its own keys; the partial lse and the

@@ -1,4 +1,4 @@
-// sparse.h: dynamic sparse attention, vertical-slash (DESIGN §5.2–5.4), CPU.
+// sparse.h: dynamic sparse attention, vertical-slash (docs/ARCHITECTURE.md, Attention), CPU.
 // Per layer and forward pass:
 //   1. estimation — the last `last_q` queries of the sequence against every
 //      key, one key chunk at a time (a ring feeds the chunk it holds):

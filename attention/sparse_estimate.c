@@ -1,4 +1,4 @@
-// sparse_estimate.c: vertical-slash pattern estimation (DESIGN §5.2) on the
+// sparse_estimate.c: vertical-slash pattern estimation (docs/ARCHITECTURE.md, Attention) on the
 // CPU, see sparse.h. The last Lq queries of the sequence are scored against
 // one key chunk at a time: pass 1 merges each row's log-sum-exp over chunks,
 // pass 2 turns the final lse into softmax column sums (vertical) and diagonal

@@ -1,5 +1,5 @@
 // sparse_flash_cpu.c: block-sparse + vertical-column flash attention on the
-// CPU in fp32, one key chunk per call (sparse.h, DESIGN §5.4). The work is a
+// CPU in fp32, one key chunk per call (sparse.h, docs/ARCHITECTURE.md). The work is a
 // SparseIndex: per (q head, query block) row, the selected key blocks and the
 // extra key columns. Each call maps the chunk's local blocks to global blocks
 // and computes only the index's blocks and columns present in the chunk, with

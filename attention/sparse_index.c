@@ -1,5 +1,5 @@
-// sparse_index.c: from estimated scores to work, see sparse.h (DESIGN
-// §5.2–5.3). sparse_select picks each q head's vertical positions and slash
+// sparse_index.c: from estimated scores to work, see sparse.h.
+// sparse_select picks each q head's vertical positions and slash
 // offsets (top-p mass or fixed counts, plus sink and local lines);
 // sparse_index_build turns a pattern into per-(head, query block) key blocks
 // and extra columns; sparse_index_count measures the pattern's token-exact

@@ -1,6 +1,6 @@
 // sparse_plan.h: a layer's sparse attention pattern when one rank holds the
-// whole sequence: estimation, selection and index in one call (DESIGN §5.2–
-// 5.3). The ring (dist) composes the same steps of sparse.h with collectives.
+// whole sequence: estimation, selection and index in one call. The ring
+// (ring_sparse.h) composes the same steps of sparse.h with collectives.
 #ifndef MTRAIN_SPARSE_PLAN_H
 #define MTRAIN_SPARSE_PLAN_H
 

@@ -1,6 +1,6 @@
 // sparse_select_cuda.cu: the vertical-slash pattern on the GPU, from
 // estimation to index, with no host round trip (sparse_cuda.h; the CPU
-// version: sparse_estimate.c, sparse_index.c, DESIGN §5.2–5.3).
+// version: sparse_estimate.c, sparse_index.c, docs/ARCHITECTURE.md).
 //   estimation  per (q head, tile of 128 keys) CTA, fp32 on CUDA cores (the
 //               estimation queries are few): pass 1 writes each tile's
 //               (max, sum) per query, a merge kernel folds them into lse_est;

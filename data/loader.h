@@ -1,4 +1,4 @@
-// loader.h: the training data loader (DESIGN §7). It opens shards named by a
+// loader.h: the training data loader (docs/ARCHITECTURE.md, Data). It opens shards named by a
 // glob or a comma-separated list of globs, holds out validation documents,
 // packs documents into sequences of seq_len + 1 tokens, and hands each rank
 // its slice of a sequence in the attention layout (attention/layout.h).

@@ -1,4 +1,4 @@
-// comm.h: processes and communicators over MPI (DESIGN §6). Bootstrap from
+// comm.h: processes and communicators over MPI (docs/ARCHITECTURE.md, Dist). Bootstrap from
 // mpirun or srun (or a plain start: an MPI singleton), the rank grid
 // world = dp × cp with cp = outer × inner, and the operations on CPU buffers
 // that the trainer and the ring need: non-blocking send/recv, all-reduce,

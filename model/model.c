@@ -1,4 +1,4 @@
-// model.c: the Qwen2.5 decoder (DESIGN.md §4) as one graph over the backend
+// model.c: the Qwen2.5 decoder (docs/ARCHITECTURE.md, Model) as one graph over the backend
 // op table: parameter table, seeded initialisation, activation arena, forward,
 // fused chunked LM head + cross entropy, and backward with optional per-layer
 // activation checkpointing (recompute the layer from its saved input).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# context_extension.sh: the context-extension story on CPU (issue 7). A small
+# context_extension.sh: the context-extension story on CPU. A small
 # byte-level model learns passkey retrieval at 256 tokens, is extended 8x to
 # 2048 tokens with YaRN and a fine-tune that runs sparse ring attention on 2
 # MPI ranks, and its passkey accuracy by length is measured before and after

@@ -1,5 +1,5 @@
 # qwen2_ref.py: an independent Qwen2 (Qwen2.5) forward in plain torch float64,
-# written from the math of DESIGN.md section 4 (not from transformers). The
+# written from the Qwen2 equations (not from transformers). The
 # tests differentiate it with autograd and compare loss, logits and every
 # gradient with build/mtrain. Also makes random tiny models and writes them
 # as Hugging Face folders (config.json + model.safetensors).

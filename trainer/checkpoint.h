@@ -1,4 +1,4 @@
-// checkpoint.h: training checkpoints (DESIGN.md §8). A checkpoint is a folder
+// checkpoint.h: training checkpoints (docs/FORMATS.md). A checkpoint is a folder
 // checkpoint.dir/step_XXXXXXXX/ holding
 //   model.safetensors + config.json  a valid Hugging Face folder (F32 weights)
 //   run.yaml                         the resolved run config

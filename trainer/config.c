@@ -88,7 +88,7 @@ static const Key keys[] = {
     DOUBLE(model, rope_scaling.mscale_all_dim, 0.0, 0, INFINITY, 0, "YaRN: see `mscale`; 0 = unset."),
     BOOL(model, rope_scaling.truncate, true, "YaRN: round the blended band of dimensions outward to whole dimensions (transformers' default)."),
 
-    ENUM(attention, type, "dense", NAMES("dense", "sparse"), "Attention algorithm: `dense` = exact causal flash attention; `sparse` = dynamic vertical-slash sparse attention (DESIGN §5.2–5.4)."),
+    ENUM(attention, type, "dense", NAMES("dense", "sparse"), "Attention algorithm: `dense` = exact causal flash attention; `sparse` = dynamic vertical-slash sparse attention."),
     INT(attention, block_size, 128, 1, 65536, "Tile size in tokens for queries and keys (and the granularity of the sparse index)."),
     ENUM(attention, ring, "flat", NAMES("flat", "hierarchical"), "Ring schedule over the cp ranks: `flat` = one ring; `hierarchical` = inner rings of `parallel.cp_inner` ranks (one node) inside an outer ring, the outer transfer posted before a whole inner loop."),
     ENUM(attention, ring_send, "full", NAMES("full", "selected"), "Sparse ring: `full` = every K/V chunk travels whole; `selected` = each hop sends only the chunk's blocks that the receiving and later ranks' sparse index uses (identical results, fewer bytes)."),
@@ -102,7 +102,7 @@ static const Key keys[] = {
     INT(attention, vertical, 1024, 0, 1 << 30, "Sparse, budget `fixed`: vertical lines per head."),
     INT(attention, slash, 1024, 0, 1 << 30, "Sparse, budget `fixed`: slash lines per head."),
     STRING(attention, budget_file, "none", "Sparse, budget `fixed`: `none`, or a text file of `layer head vertical slash` lines that overrides the counts per layer and head."),
-    ENUM(attention, layout, "striped", NAMES("contiguous", "zigzag", "striped"), "How a sequence's blocks of `block_size` tokens are spread over context-parallel ranks (DESIGN §5.1); the loader hands each rank its tokens in this order."),
+    ENUM(attention, layout, "striped", NAMES("contiguous", "zigzag", "striped"), "How a sequence's blocks of `block_size` tokens are spread over context-parallel ranks; the loader hands each rank its tokens in this order."),
 
     INT(parallel, threads, 0, 0, 4096, "OpenMP threads of the CPU backend; 0 = all cores."),
     INT(parallel, dp, 0, 0, 1 << 20, "Data-parallel groups; 0 = world size / `cp`. `dp` × `cp` must equal the number of ranks."),
@@ -129,7 +129,7 @@ static const Key keys[] = {
     INT(train, loss_chunk, 1024, 1, 1 << 30, "Tokens per chunk of the fused LM head + cross entropy."),
     STRING(train, init_from, "none", "`none` (random initialisation) or a Hugging Face folder (`config.json` + `model.safetensors`) to start from."),
 
-    STRING(data, train, "synthetic", "Training data: a shard glob or comma-separated globs (`data/*.shard,extra/a.shard`), or `synthetic` for the built-in generator. Documents are shuffled per epoch from `train.seed` and packed into sequences (see docs/ARCHITECTURE.md, section Data loader)."),
+    STRING(data, train, "synthetic", "Training data: a shard glob or comma-separated globs (`data/*.shard,extra/a.shard`), or `synthetic` for the built-in generator. Documents are shuffled per epoch from `train.seed` and packed into sequences (see docs/ARCHITECTURE.md, section Data, and docs/DECISIONS.md)."),
     INT(data, val_sequences, 4, 1, 1 << 20, "Held-out sequences in each validation pass."),
     STRING(data, val, "holdout", "Validation data: `holdout` = documents of `data.train` chosen from `train.seed`, as many as `val_sequences` sequences need, never trained on; or a shard glob (comma-separated globs allowed). Synthetic data always uses held-out sequences."),
 

@@ -18,10 +18,11 @@
 # --markdown: the same as a table with demangled, shortened names, the launch
 # (threads, dynamic shared memory) and the resident CTAs per SM.
 # --check: "ok NAME" / "FAIL NAME: why" per kernel and arch (tests/run.sh
-# format): no spills; static + dynamic shared memory within the GPU's
-# per-block opt-in limit where launched, and within the 48 KiB default where
-# the host code does not raise it (cudaFuncSetAttribute); registers x threads
-# within the 65536 registers of an SM; threads within __launch_bounds__.
+# format): no spills (CUB's own kernels: at most 16 bytes); static + dynamic
+# shared memory within the GPU's per-block opt-in limit where launched, and
+# within the 48 KiB default where the host code does not raise it
+# (cudaFuncSetAttribute); registers x threads within the 65536 registers of
+# an SM; threads within __launch_bounds__.
 # A kernel missing from the launch table below gets occupancy "?", one line on
 # stderr (--check: a FAIL) and exit status 1.
 #
@@ -268,7 +269,12 @@ awk -F'\t' -v mode="$mode" '
       printf "| %s | `%s` | %d | %d | %d | %s | %s | %s | %s | %s |\n", a, short, regs, spill, smem, dyn, threads, bounds, ctas, pct
     }
     if (mode == "check" && threads != "?") {
-      if (spill == 0) print "ok no_spill " label
+      if (short ~ /^cub::/) {
+        # CUB kernels follow the tuning policies of CUB (the int64 scan of
+        # CUB 3.0 spills 8 bytes on sm_90): a few bytes allowed, more fails.
+        if (spill <= 16) print "ok library_spill " label ": " spill " bytes (CUB, at most 16)"
+        else print "FAIL library_spill " label ": " spill " bytes spilled (CUB, at most 16)"
+      } else if (spill == 0) print "ok no_spill " label
       else print "FAIL no_spill " label ": " spill " bytes spilled (stores + loads)"
       if (on == "all" || on == a) {
         cap = limit == "optin" ? optin[a] : 48 * 1024

@@ -40,7 +40,7 @@ mode=tsv
 files=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --arch) arch=${2:-}; shift 2 ;;
+    --arch) arch=${2:-}; shift; [ $# -eq 0 ] || shift ;;
     --markdown) mode=markdown; shift ;;
     --check) mode=check; shift ;;
     -*) echo "kernel_resources.sh: unknown option '$1' (expected --arch, --markdown, --check)" >&2; exit 2 ;;
@@ -53,10 +53,15 @@ case "$arch" in
   all) archs=(80 90) ;;
   *) echo "kernel_resources.sh: --arch '$arch' (expected sm_80, sm_90 or all)" >&2; exit 2 ;;
 esac
-[ ${#files[@]} -gt 0 ] || files=(attention/*.cu model/*.cu dist/*.cu)
-present=()
-for f in "${files[@]}"; do [ -e "$f" ] && present+=("$f"); done
-[ ${#present[@]} -gt 0 ] || { echo "kernel_resources.sh: no .cu file found" >&2; exit 2; }
+if [ ${#files[@]} -eq 0 ]; then
+  shopt -s nullglob
+  files=(attention/*.cu model/*.cu dist/*.cu)
+  shopt -u nullglob
+  [ ${#files[@]} -gt 0 ] || { echo "kernel_resources.sh: no .cu file in attention/, model/, dist/" >&2; exit 2; }
+fi
+for f in "${files[@]}"; do
+  [ -f "$f" ] || { echo "kernel_resources.sh: $f: no such file (expected a .cu source)" >&2; exit 2; }
+done
 [ -x "$NVCC" ] || { echo "kernel_resources.sh: nvcc not found (PATH or /usr/local/cuda/bin/nvcc)" >&2; exit 2; }
 
 # ---- launch table ----
@@ -143,8 +148,8 @@ compile() {   # compile FILE INDEX: $tmp/INDEX/{ptxas.log, *.ptx}
   fi
 }
 pids=()
-for i in "${!present[@]}"; do
-  compile "${present[$i]}" "$i" &
+for i in "${!files[@]}"; do
+  compile "${files[$i]}" "$i" &
   pids+=($!)
   if [ ${#pids[@]} -ge 2 ]; then wait "${pids[0]}" || exit 1; pids=("${pids[@]:1}"); fi
 done

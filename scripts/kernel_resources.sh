@@ -271,7 +271,8 @@ awk -F'\t' -v mode="$mode" '
     if (mode == "markdown") {
       bounds = nt == 1024 && mb == 0 ? "-" : nt (mb ? ", " mb : "")
       pct = occ ~ /^[0-9.]+$/ ? sprintf("%d%%", occ * 100 + 0.5) : occ
-      printf "| %s | `%s` | %d | %d | %d | %s | %s | %s | %s | %s |\n", a, short, regs, spill, smem, dyn, threads, bounds, ctas, pct
+      printf "| %s | `%s` | %d | %d | %d | %s | %s | %s | %s | %s |\n", a, short, regs, spill, smem, dyn,
+             on == "none" ? "-" : threads, bounds, ctas, pct
     }
     if (mode == "check" && threads != "?") {
       if (short ~ /^cub::/) {

@@ -24,7 +24,8 @@
 # (cudaFuncSetAttribute); registers x threads within the 65536 registers of
 # an SM; threads within __launch_bounds__.
 # A kernel missing from the launch table below gets occupancy "?", one line on
-# stderr (--check: a FAIL) and exit status 1.
+# stderr (--check: a FAIL) and exit status 1; --check over every source also
+# fails a row of the table that no kernel matches.
 #
 # The launch table (launch_table) holds, per kernel, the block size and the
 # dynamic shared memory its host code uses, written as the host code computes
@@ -53,7 +54,9 @@ case "$arch" in
   all) archs=(80 90) ;;
   *) echo "kernel_resources.sh: --arch '$arch' (expected sm_80, sm_90 or all)" >&2; exit 2 ;;
 esac
+all_files=0
 if [ ${#files[@]} -eq 0 ]; then
+  all_files=1
   shopt -s nullglob
   files=(attention/*.cu model/*.cu dist/*.cu)
   shopt -u nullglob
@@ -213,6 +216,7 @@ cut -f2 "$tmp/kernels.tsv" | c++filt | awk '
 
 # ---- join with the launch table, occupancy, output ----
 launch_table >"$tmp/launch.tsv"
+: >"$tmp/matched"
 paste "$tmp/kernels.tsv" "$tmp/names.tsv" | while IFS=$'\t' read -r a name regs spill smem nt mb key short; do
   launch=$'?\t?\t?\t?'
   while IFS=$'\t' read -r pat threads dyn limit on; do
@@ -220,11 +224,19 @@ paste "$tmp/kernels.tsv" "$tmp/names.tsv" | while IFS=$'\t' read -r a name regs 
     if [[ $key == $pat ]]; then
       [ "$threads" = bounds ] && threads=$nt
       launch="$threads"$'\t'"$dyn"$'\t'"$limit"$'\t'"$on"
+      echo "$pat" >>"$tmp/matched"
       break
     fi
   done <"$tmp/launch.tsv"
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$a" "$name" "$regs" "$spill" "$smem" "$nt" "$mb" "$short" "$launch"
 done | sort -t $'\t' -k8,8 -k1,1 >"$tmp/all.tsv"
+# --check over every source: a row that no kernel matches is stale.
+if [ "$mode" = check ] && [ "$all_files" = 1 ]; then
+  cut -f1 "$tmp/launch.tsv" | while IFS= read -r pat; do
+    if grep -qxF -- "$pat" "$tmp/matched"; then echo "ok launch_table_used $pat"
+    else echo "FAIL launch_table_used $pat: no kernel of the sources matches this row of the launch table"; fi
+  done
+fi
 
 # Limits of one SM and one CTA, from the CUDA C++ Programming Guide, "Compute
 # Capabilities", table "Technical Specifications per Compute Capability"

@@ -3,7 +3,8 @@
 # nvcc for sm_80 and sm_90 through scripts/kernel_resources.sh (no GPU
 # needed): per kernel and arch no spill, shared memory within the A100/H100
 # per-block limits of the launch, registers x threads within an SM, threads
-# within __launch_bounds__, and every kernel in the script's launch table.
+# within __launch_bounds__, every kernel in the script's launch table and
+# every row of that table used.
 # Then the script itself on a small probe kernel that spills and that the
 # launch table does not know: both must show. Without nvcc it cannot check
 # and says so as one failure. Prints "ok NAME" / "FAIL NAME: why".

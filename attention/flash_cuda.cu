@@ -106,9 +106,11 @@ flash_forward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_p
     int64_t q_lo, q_hi;
     tile_pos_bounds<NT>(q_pos, i0, BM, Tq, red, &q_lo, &q_hi);
     // This thread's two rows (g and g + 8 of its warp's 16); past Tq: nothing visible.
-    const int64_t row0 = i0 + warp * 16 + g, row1 = row0 + 8;
+    // Only row0 stays live through the key loop: at 2 CTAs of 256 threads an SM's
+    // 65536 registers leave 128 per thread, and D = 64 needs all of them.
+    const int64_t row0 = i0 + warp * 16 + g;
     const int64_t qp0 = row0 < Tq ? q_pos[row0] : INT64_MIN;
-    const int64_t qp1 = row1 < Tq ? q_pos[row1] : INT64_MIN;
+    const int64_t qp1 = row0 + 8 < Tq ? q_pos[row0 + 8] : INT64_MIN;
 
     auto load_kv = [&](int64_t kt, int buf) {
         const int64_t j0 = kt * BN;
@@ -141,7 +143,7 @@ flash_forward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_p
         buf ^= 1;
     }
     cp_async_wait<0>();
-    forward_merge<D>(rows, row0, row1, Tq, Hq, h, o, lse);
+    forward_merge<D>(rows, row0, row0 + 8, Tq, Hq, h, o, lse);
 }
 
 // ---- backward ----

@@ -134,6 +134,7 @@ struct RowTiles {
     const int64_t *blocks, *local_block, *col_key;
     int64_t b0, nbi, c0, ncol, total, Tk;
 
+    RowTiles() = default;                      // a __shared__ copy, assigned by one thread
     __device__ RowTiles(const int64_t *block_start, const int64_t *blocks_, const int64_t *local_block_,
                         const int64_t *col_start, const int64_t *col_key_, int64_t r, int64_t Tk_)
         : blocks(blocks_), local_block(local_block_), col_key(col_key_), b0(block_start[r]),
@@ -207,7 +208,12 @@ sparse_forward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_
     const int64_t row0 = i0 + warp * 16 + g, row1 = row0 + 8;
     const int64_t qp0 = row0 < Tq ? q_pos[row0] : INT64_MIN;
     const int64_t qp1 = row1 < Tq ? q_pos[row1] : INT64_MIN;
-    const RowTiles<BM> tiles(block_start, blocks, local_block, col_start, col_key, r, Tk);
+    // The row's walk lives in shared memory and is read where used: at 2 CTAs of 256
+    // threads an SM's 65536 registers leave 128 per thread, which D = 64 needs for
+    // the tile products and the softmax state.
+    __shared__ RowTiles<BM> tiles;
+    if (tid == 0) tiles = RowTiles<BM>(block_start, blocks, local_block, col_start, col_key, r, Tk);
+    __syncthreads();
 
     auto load_kv = [&](int64_t it, int buf) {
         tiles.template load<D, NT>(it, k, v, k_pos, Hkv, kvh, ks + buf * BN * LD, vs + buf * BN * LD,

@@ -1,0 +1,308 @@
+#!/usr/bin/env bash
+# kernel_resources.sh: the static resources of every CUDA kernel, as nvcc
+# builds it for the A100 (sm_80) and the H100 (sm_90), and the theoretical
+# occupancy of the launch the host code makes. Needs nvcc, not a GPU.
+#   scripts/kernel_resources.sh [--arch sm_80|sm_90|all] [--markdown | --check] [FILE.cu ...]
+# Default: every .cu of the project (the Makefile's CU_SRC), both archs.
+# Each file is compiled once for the chosen archs (device code only, the
+# Makefile's -O3 -std=c++17) with `-Xptxas -v` (registers, spill stores and
+# loads, static shared memory per kernel) and its PTX kept (`.maxntid` and
+# `.minnctapersm`: __launch_bounds__).
+# Output (default): a TSV, one header line, tab separated:
+#   arch kernel registers spill_bytes static_smem max_threads min_blocks occupancy
+# kernel is the mangled name; spill_bytes = spill stores + spill loads bytes;
+# max_threads from __launch_bounds__ (1024 without); min_blocks from
+# __launch_bounds__ (0 without); occupancy = resident warps / 64 per SM for the
+# host code's launch ("-": the host code never launches this kernel on that
+# GPU).
+# --markdown: the same as a table with demangled, shortened names, the launch
+# (threads, dynamic shared memory) and the resident CTAs per SM.
+# --check: "ok NAME" / "FAIL NAME: why" per kernel and arch (tests/run.sh
+# format): no spills (CUB's own kernels: at most 16 bytes); static + dynamic
+# shared memory within the GPU's per-block opt-in limit where launched, and
+# within the 48 KiB default where the host code does not raise it
+# (cudaFuncSetAttribute); registers x threads within the 65536 registers of
+# an SM; threads within __launch_bounds__.
+# A kernel missing from the launch table below gets occupancy "?", one line on
+# stderr (--check: a FAIL) and exit status 1; --check over every source also
+# fails a row of the table that no kernel matches.
+#
+# The launch table (launch_table) holds, per kernel, the block size and the
+# dynamic shared memory its host code uses, written as the host code computes
+# them from the same constants (tile shapes per head dim, block sizes); each
+# row names the host function. Keep it in step with the .cu files:
+# tests/test_kernel_resources.sh fails when a compiled kernel has no row.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+NVCC=${NVCC:-$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)}
+arch=all
+mode=tsv
+files=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --arch) arch=${2:-}; shift; [ $# -eq 0 ] || shift ;;
+    --markdown) mode=markdown; shift ;;
+    --check) mode=check; shift ;;
+    -*) echo "kernel_resources.sh: unknown option '$1' (expected --arch, --markdown, --check)" >&2; exit 2 ;;
+    *) files+=("$1"); shift ;;
+  esac
+done
+case "$arch" in
+  sm_80) archs=(80) ;;
+  sm_90) archs=(90) ;;
+  all) archs=(80 90) ;;
+  *) echo "kernel_resources.sh: --arch '$arch' (expected sm_80, sm_90 or all)" >&2; exit 2 ;;
+esac
+all_files=0
+if [ ${#files[@]} -eq 0 ]; then
+  all_files=1
+  shopt -s nullglob
+  files=(attention/*.cu model/*.cu dist/*.cu)
+  shopt -u nullglob
+  [ ${#files[@]} -gt 0 ] || { echo "kernel_resources.sh: no .cu file in attention/, model/, dist/" >&2; exit 2; }
+fi
+for f in "${files[@]}"; do
+  [ -f "$f" ] || { echo "kernel_resources.sh: $f: no such file (expected a .cu source)" >&2; exit 2; }
+done
+[ -x "$NVCC" ] || { echo "kernel_resources.sh: nvcc not found (PATH or /usr/local/cuda/bin/nvcc)" >&2; exit 2; }
+
+# ---- launch table ----
+# Bytes of the dynamic shared memory each host function requests (bf16 = 2
+# bytes, int64 = 8, fp32 = 4; rows padded to D + 8 elements).
+flash_forward_smem() {   # flash_cuda.cu forward(): (BM + 4 BN) LD bf16 + 2 BN int64
+  local D=$1 BM=$2 BN=$3; echo $(((BM + 4 * BN) * (D + 8) * 2 + 2 * BN * 8)); }
+flash_backward_smem() {  # flash_cuda.cu backward(): (2 BN + 4 BM) LD + BN (BM + 8) bf16 + 2 BM (2 fp32 + int64)
+  local D=$1 BM=$2 BN=$3; echo $(((2 * BN + 4 * BM) * (D + 8) * 2 + BN * (BM + 8) * 2 + 2 * BM * 16)); }
+sparse_forward_smem() {  # sparse_cuda.cu forward(): as the dense forward with BN = KEY_TILE = 64
+  flash_forward_smem "$1" "$2" 64; }
+sparse_backward_smem() { # sparse_cuda.cu backward_smem<D, BM, KVBUF>()
+  local D=$1 BM=$2 KVBUF=$3
+  echo $(((2 * BM + 2 * KVBUF * 64) * (D + 8) * 2 + 2 * BM * 72 * 2 + 2 * KVBUF * 64 * 8)); }
+est_smem() {             # sparse_select_cuda.cu est_smem(Lq, D) at the largest Lq = EST_MAX_Q = 128
+  local D=$1; echo $(((128 + 128) * 8 + (128 + 128) * (D + 1) * 4)); }
+
+# One row per kernel: name (a glob over the demangled name without "void "
+# and parameters), threads per block ("bounds": its __launch_bounds__),
+# dynamic shared memory bytes, whether the host raises the limit with
+# cudaFuncSetAttribute (optin / default), and the GPUs it is launched on
+# (all, sm_80, sm_90, none).
+launch_table() {
+  local D
+  # flash_cuda.cu: Tiles<64> forward 128 x 64 (2 CTAs), backward 64 x 64; Tiles<128> 128 x 64 (1 CTA), 32 x 64.
+  row 'tile_bounds_kernel' 128 0 default all            # tile_bounds()
+  row 'fill_kernel' 256 0 default all                   # attn_forward_init_cuda()
+  row 'to_bf16_kernel' 256 0 default all                # attn_output_bf16_cuda()
+  row 'delta_kernel' 256 0 default all                  # attn_backward_delta_cuda()
+  row 'flash_forward_kernel<64, 128, 64, 2>' 256 "$(flash_forward_smem 64 128 64)" optin all
+  row 'flash_forward_kernel<128, 128, 64, 1>' 256 "$(flash_forward_smem 128 128 64)" optin all
+  row 'flash_backward_kernel<64, 64, 64>' 128 "$(flash_backward_smem 64 64 64)" optin all
+  row 'flash_backward_kernel<128, 32, 64>' 128 "$(flash_backward_smem 128 32 64)" optin all
+  # sparse_cuda.cu: threads 2 BM (B = BM = 64 or 128); the backward double-buffers K/V where the
+  # device's opt-in limit allows it (D 128, B 128: H100 yes, A100 no).
+  row 'local_block_kernel' 128 0 default all            # chunk_view()
+  row 'column_count_kernel' 256 0 default all           # chunk_view()
+  row 'column_fill_kernel' 256 0 default all            # chunk_view()
+  for D in 64 128; do
+    row "sparse_forward_kernel<$D, 64, 2>" 128 "$(sparse_forward_smem $D 64)" optin all
+    row "sparse_backward_kernel<$D, 64, 2>" 128 "$(sparse_backward_smem $D 64 2)" optin all
+  done
+  row 'sparse_forward_kernel<64, 128, 2>' 256 "$(sparse_forward_smem 64 128)" optin all
+  row 'sparse_forward_kernel<128, 128, 1>' 256 "$(sparse_forward_smem 128 128)" optin all
+  row 'sparse_backward_kernel<64, 128, 2>' 256 "$(sparse_backward_smem 64 128 2)" optin all
+  row 'sparse_backward_kernel<128, 128, 2>' 256 "$(sparse_backward_smem 128 128 2)" optin sm_90
+  row 'sparse_backward_kernel<128, 128, 1>' 256 "$(sparse_backward_smem 128 128 1)" optin sm_80
+  # sparse_select_cuda.cu: EST_KEYS = 128 threads, SEL_THREADS = 256. index_row_kernel's bitmap
+  # is one bit per key block of the sequence: (N / B / 32 + 1) words, here N = 1M tokens, B = 64.
+  for D in 64 128; do
+    row "est_lse_kernel<$D>" 128 "$(est_smem $D)" optin all
+    row "est_scores_kernel<$D>" 128 "$(est_smem $D)" optin all
+  done
+  row 'est_lse_merge_kernel' 256 0 default all
+  row 'select_keys_kernel' 256 0 default all
+  row 'select_take_kernel' 32 0 default all
+  row 'select_mark_kernel' 256 0 default all
+  row 'select_gather_kernel' 256 0 default all
+  row 'index_row_kernel<false>' 256 $(((1048576 / 64 / 32 + 1) * 4)) optin all
+  row 'index_row_kernel<true>' 256 $(((1048576 / 64 / 32 + 1) * 4)) optin all
+  # CUB (DeviceScan, DeviceSegmentedRadixSort): the agent kernels launch with their policy's
+  # BLOCK_THREADS (= their __launch_bounds__) and static shared memory only; the scan's init
+  # kernel with INIT_KERNEL_THREADS = 128 (cub/device/dispatch/dispatch_scan.cuh); EmptyKernel
+  # is only instantiated (CUB reads its PTX version), never launched.
+  row 'cub::*::DeviceScanKernel<*' bounds 0 default all
+  row 'cub::*::DeviceScanInitKernel<*' 128 0 default all
+  row 'cub::*::DeviceSegmentedRadixSortKernel<*' bounds 0 default all
+  row 'cub::*EmptyKernel<void>' 0 0 default none
+}
+row() { printf '%s\t%s\t%s\t%s\t%s\n' "$@"; }
+
+# ---- compile: ptxas reports and PTX of every file, both archs ----
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+gencode=()
+for a in "${archs[@]}"; do gencode+=(-gencode "arch=compute_$a,code=sm_$a"); done
+compile() {   # compile FILE INDEX: $tmp/INDEX/{ptxas.log, *.ptx}
+  mkdir -p "$tmp/$2"
+  if ! "$NVCC" -O3 -std=c++17 "${gencode[@]}" -Xptxas -v -keep -keep-dir "$tmp/$2" -fatbin "$1" \
+       -o "$tmp/$2/out.fatbin" >"$tmp/$2/ptxas.log" 2>&1; then
+    echo "kernel_resources.sh: nvcc failed on $1:" >&2
+    grep -v '^ptxas info' "$tmp/$2/ptxas.log" | head -n 20 >&2
+    return 1
+  fi
+}
+pids=()
+for i in "${!files[@]}"; do
+  compile "${files[$i]}" "$i" &
+  pids+=($!)
+  if [ ${#pids[@]} -ge 2 ]; then wait "${pids[0]}" || exit 1; pids=("${pids[@]:1}"); fi
+done
+for p in "${pids[@]}"; do wait "$p" || exit 1; done
+
+# Per (arch, kernel): registers, spill bytes, static smem (ptxas) ...
+cat "$tmp"/*/ptxas.log | awk '
+  /Compiling entry function/ { split($0, q, "\047"); name = q[2]; arch = q[4]; spill = 0 }
+  /bytes spill stores/ { spill = $5 + $9 }
+  /ptxas info *: Used [0-9]+ registers/ && name != "" {
+    regs = 0; smem = 0
+    for (i = 1; i < NF; i++) {
+      if ($(i + 1) ~ /^registers/) regs = $i
+      if ($(i + 1) == "bytes" && $(i + 2) ~ /^smem/) smem = $i
+    }
+    print arch "\t" name "\t" regs "\t" spill "\t" smem; name = ""
+  }' | sort -u >"$tmp/ptxas.tsv"
+# ... and __launch_bounds__ (PTX .maxntid, .minnctapersm).
+for f in "$tmp"/*/*.ptx; do
+  a=sm_${archs[0]}                         # one arch: FILE.ptx; several: FILE.compute_NN.ptx
+  case "$f" in *.compute_*.ptx) a=${f##*.compute_}; a=sm_${a%.ptx} ;; esac
+  awk -v arch="$a" '
+    /\.entry / { name = $0; sub(/.*\.entry[ \t]+/, "", name); sub(/[( \t].*/, "", name); nt = 1024; mb = 0 }
+    /^[ \t]*\.maxntid/ && name != "" { gsub(/[^0-9 ]/, " "); nt = $1 * $2 * $3 }
+    /^[ \t]*\.minnctapersm/ && name != "" { mb = $2 + 0 }
+    /^[ \t]*\{/ && name != "" { print arch "\t" name "\t" nt "\t" mb; name = "" }' "$f"
+done | sort -u >"$tmp/bounds.tsv"
+join -t $'\t' <(awk -F'\t' '{print $1 "|" $2 "\t" $3 "\t" $4 "\t" $5}' "$tmp/ptxas.tsv" | sort) \
+              <(awk -F'\t' '{print $1 "|" $2 "\t" $3 "\t" $4}' "$tmp/bounds.tsv" | sort) |
+  sed 's/|/\t/' | sort -t $'\t' -k2,2 -k1,1 >"$tmp/kernels.tsv"
+if [ "$(wc -l <"$tmp/kernels.tsv")" -ne "$(wc -l <"$tmp/ptxas.tsv")" ]; then
+  echo "kernel_resources.sh: the PTX and ptxas's report do not name the same kernels" >&2
+  exit 1
+fi
+
+# Demangled names: "void " and the parameter list dropped (the key of the
+# launch table); the display name also drops CUB's versioned namespaces and
+# keeps the first two of a CUB kernel's template arguments.
+cut -f2 "$tmp/kernels.tsv" | c++filt | awk '
+  {
+    s = $0; sub(/^void /, "", s); d = 0
+    for (i = 1; i <= length(s); i++) {
+      c = substr(s, i, 1)
+      if (c == "<") d++; else if (c == ">") d--; else if (c == "(" && d == 0) { s = substr(s, 1, i - 1); break }
+    }
+    key = s
+    gsub(/CUB_[0-9A-Z_]+::|detail::|cuda::std::__[0-9]+::/, "", s)
+    if (s ~ /^cub::/) {
+      out = ""; d = 0; args = 0
+      for (i = 1; i <= length(s); i++) {
+        c = substr(s, i, 1)
+        if (c == "<") { d++; if (d == 2) { out = out "<…>"; continue } }
+        else if (c == ">") { d--; if (d == 1) continue }
+        else if (c == "," && d == 1 && ++args == 2) { out = out ", …>"; break }
+        if (d < 2) out = out c
+      }
+      s = out
+    }
+    print key "\t" s
+  }' >"$tmp/names.tsv"
+
+# ---- join with the launch table, occupancy, output ----
+launch_table >"$tmp/launch.tsv"
+: >"$tmp/matched"
+paste "$tmp/kernels.tsv" "$tmp/names.tsv" | while IFS=$'\t' read -r a name regs spill smem nt mb key short; do
+  launch=$'?\t?\t?\t?'
+  while IFS=$'\t' read -r pat threads dyn limit on; do
+    # shellcheck disable=SC2053  # pat is a glob
+    if [[ $key == $pat ]]; then
+      [ "$threads" = bounds ] && threads=$nt
+      launch="$threads"$'\t'"$dyn"$'\t'"$limit"$'\t'"$on"
+      echo "$pat" >>"$tmp/matched"
+      break
+    fi
+  done <"$tmp/launch.tsv"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$a" "$name" "$regs" "$spill" "$smem" "$nt" "$mb" "$short" "$launch"
+done | sort -t $'\t' -k8,8 -k1,1 >"$tmp/all.tsv"
+# --check over every source: a row that no kernel matches is stale.
+if [ "$mode" = check ] && [ "$all_files" = 1 ]; then
+  cut -f1 "$tmp/launch.tsv" | while IFS= read -r pat; do
+    if grep -qxF -- "$pat" "$tmp/matched"; then echo "ok launch_table_used $pat"
+    else echo "FAIL launch_table_used $pat: no kernel of the sources matches this row of the launch table"; fi
+  done
+fi
+
+# Limits of one SM and one CTA, from the CUDA C++ Programming Guide, "Compute
+# Capabilities", table "Technical Specifications per Compute Capability"
+# (8.0 = A100, 9.0 = H100): 65536 32-bit registers per SM, at most 255 per
+# thread; 64 resident warps and 32 resident CTAs per SM; shared memory per SM
+# 164 KiB (8.0) / 228 KiB (9.0), per CTA 48 KiB by default and 163 KiB (8.0) /
+# 227 KiB (9.0) when raised with cudaFuncSetAttribute. The allocation units
+# are the CUDA Occupancy Calculator's for 8.x/9.0 (as cudaOccupancy* computes
+# them): registers in units of 256 per warp, shared memory in units of 128
+# bytes, plus 1 KiB per CTA reserved by the system (the device attribute
+# cudaDevAttrReservedSharedMemoryPerBlock).
+awk -F'\t' -v mode="$mode" '
+  function ceil_to(x, u) { return int((x + u - 1) / u) * u }
+  BEGIN {
+    smem_sm["sm_80"] = 164 * 1024; optin["sm_80"] = 163 * 1024
+    smem_sm["sm_90"] = 228 * 1024; optin["sm_90"] = 227 * 1024
+    gpu["sm_80"] = "A100"; gpu["sm_90"] = "H100"
+    if (mode == "tsv") print "arch\tkernel\tregisters\tspill_bytes\tstatic_smem\tmax_threads\tmin_blocks\toccupancy"
+    if (mode == "markdown") {
+      print "| arch | kernel | registers | spill bytes | static smem | dynamic smem | threads | launch bounds | CTAs/SM | occupancy |"
+      print "|---|---|---:|---:|---:|---:|---:|---|---:|---:|"
+    }
+  }
+  {
+    a = $1; name = $2; regs = $3; spill = $4; smem = $5; nt = $6; mb = $7; short = $8
+    threads = $9; dyn = $10; limit = $11; on = $12
+    label = short " [" a "]"
+    if (threads == "?") {
+      print "kernel_resources.sh: " short " (" name ") has no row in the launch table" > "/dev/stderr"
+      missing = 1
+      if (mode == "check") print "FAIL launch_table " label ": no row (block size, dynamic shared memory)"
+      occ = "?"; ctas = "?"
+    } else if (on != "all" && on != a) {
+      occ = "-"; ctas = "-"
+    } else {
+      wpb = int((threads + 31) / 32)
+      by_warps = int(64 / wpb); if (by_warps > 32) by_warps = 32
+      by_regs = int(65536 / (ceil_to(regs * 32, 256) * wpb))
+      by_smem = int(smem_sm[a] / ceil_to(smem + dyn + 1024, 128))
+      ctas = by_warps; if (by_regs < ctas) ctas = by_regs; if (by_smem < ctas) ctas = by_smem
+      occ = sprintf("%.3f", ctas * wpb / 64)
+    }
+    if (mode == "tsv") printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a, name, regs, spill, smem, nt, mb, occ
+    if (mode == "markdown") {
+      bounds = nt == 1024 && mb == 0 ? "-" : nt (mb ? ", " mb : "")
+      pct = occ ~ /^[0-9.]+$/ ? sprintf("%d%%", occ * 100 + 0.5) : occ
+      printf "| %s | `%s` | %d | %d | %d | %s | %s | %s | %s | %s |\n", a, short, regs, spill, smem, dyn,
+             on == "none" ? "-" : threads, bounds, ctas, pct
+    }
+    if (mode == "check" && threads != "?") {
+      if (short ~ /^cub::/) {
+        # CUB kernels follow the tuning policies of CUB (the int64 scan of
+        # CUB 3.0 spills 8 bytes on sm_90): a few bytes allowed, more fails.
+        if (spill <= 16) print "ok library_spill " label ": " spill " bytes (CUB, at most 16)"
+        else print "FAIL library_spill " label ": " spill " bytes spilled (CUB, at most 16)"
+      } else if (spill == 0) print "ok no_spill " label
+      else print "FAIL no_spill " label ": " spill " bytes spilled (stores + loads)"
+      if (on == "all" || on == a) {
+        cap = limit == "optin" ? optin[a] : 48 * 1024
+        if (smem + dyn <= cap) print "ok smem " label
+        else print "FAIL smem " label ": " smem " static + " dyn " dynamic bytes > " cap " (" gpu[a] ", " limit ")"
+        if (regs * threads <= 65536) print "ok registers " label
+        else print "FAIL registers " label ": " regs " registers x " threads " threads > 65536"
+        if (threads <= nt) print "ok launch_bounds " label
+        else print "FAIL launch_bounds " label ": " threads " threads > __launch_bounds__ " nt
+      }
+    }
+  }
+  END { exit missing }' "$tmp/all.tsv"

@@ -153,6 +153,9 @@ one_line_error "text too short for perplexity" "short.txt' has 500 tokens, fewer
 one_line_error "missing model folder" "$tmp/nothing/config.json" eval.model="$tmp/nothing"
 one_line_error "no checkpoint for latest" "$tmp/empty: no complete checkpoint to evaluate" checkpoint.dir="$tmp/empty"
 one_line_error "missing text file" "$tmp/none.txt" eval.text="$tmp/none.txt"
+"$MTRAIN" eval "$tmp/run.yaml" eval.tasks=perplexity eval.tokenizer="$tmp/no/tokenizer.json" eval.out="$tmp/ppl" >/dev/null 2>"$tmp/ppl.err"
+rc=$?
+expect "perplexity on heldout needs no tokenizer (eval.tokenizer is never opened)" '[ $rc -eq 0 ] && [ -f "$tmp/ppl/results.json" ]'
 one_line_error "missing tokenizer file" "$tmp/no/tokenizer.json: cannot open" eval.tokenizer="$tmp/no/tokenizer.json"
 one_line_error "checkpoint of another model" "checkpoint has hidden_size 32 but the run has 64" model.hidden_size=64
 

@@ -136,7 +136,7 @@ static const Key keys[] = {
     INT(eval, samples, 4, 1, 1 << 20, "Samples per (task, length, depth) cell, and sequences per perplexity length."),
     STRING(eval, text, "heldout", "Text for perplexity (and for `haystack: text`): `heldout` = the loader's validation stream of `data.train` / `data.val`, or a text file tokenized with `eval.tokenizer`."),
     ENUM(eval, haystack, "filler", "filler|text", "What the `niah` needle hides in: built-in filler sentences, or `eval.text` (cycled when shorter than the haystack)."),
-    STRING(eval, tokenizer, "bytes", "Tokenizer of the task prompts and of a text file: `bytes` (ids are bytes, docs/FORMATS.md), a Hugging Face `tokenizer.json`, or the model folder holding it."),
+    STRING(eval, tokenizer, "model", "Tokenizer of the task prompts and of a text file: `model` = the evaluated folder's `tokenizer.json` when it has one, else `bytes`; `bytes` (ids are bytes, docs/FORMATS.md); a Hugging Face `tokenizer.json`, or a folder holding it. Perplexity on `heldout` needs none."),
     STRING(eval, out, "eval", "Output folder: `results.json`, `perplexity.png`, `heatmap_TASK.png`."),
     UINT64(eval, seed, 1234, "Seed of the task generators (keys, values, filler start, distractor depths)."),
 };

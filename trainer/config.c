@@ -460,19 +460,51 @@ static void fail_unknown_section(const char *where, const char *name) {
     fail("%s: unknown section %s (expected one of %s)", where, quoted, list);
 }
 
-// Unknown key in a known section: suggest the nearest key, counting a key of
-// the same name in another section as one edit away.
-static void fail_unknown_key(const char *where, const char *section, const char *key) {
+// Names users bring from elsewhere (Hugging Face config.json, other trainers)
+// and the key that means the same here; looked up whatever section they are in.
+static const struct { const char *name, *section, *key; } key_aliases[] = {
+    {"num_hidden_layers", "model", "num_layers"},
+    {"num_attention_heads", "model", "num_heads"},
+    {"num_key_value_heads", "model", "num_kv_heads"},
+    {"initializer_range", "model", "init_std"},
+    {"rope_scaling", "model", "rope_scaling.type"},
+    {"batch_size", "train", "micro_batches"},
+    {"gradient_accumulation_steps", "train", "micro_batches"},
+    {"learning_rate", "train", "lr"},
+    {"max_steps", "train", "steps"},
+    {"max_grad_norm", "train", "grad_clip"},
+    {"save_every", "checkpoint", "every"},
+    {"save_steps", "checkpoint", "every"},
+    {"eval_every", "log", "val_every"},
+};
+
+// The nearest key by edit distance, in `section` only (same_section) or in
+// the others; *distance gets its distance.
+static const Key *nearest_key(const char *section, const char *key, bool same_section, int *distance) {
     const Key *best = NULL;
-    int best_d = 1 << 20;
+    *distance = 1 << 20;
     for (int i = 0; i < NUM_KEYS; i++) {
-        int d = edit_distance(key, keys[i].key) + (strcmp(section, keys[i].section) != 0);
-        if (d < best_d) { best_d = d; best = &keys[i]; }
+        if ((strcmp(section, keys[i].section) == 0) != same_section) continue;
+        int d = edit_distance(key, keys[i].key);
+        if (d < *distance) { *distance = d; best = &keys[i]; }
     }
+    return best;
+}
+
+// Unknown key in a known section: suggest what it is called here (a known
+// alias), else the nearest key of the same section, else of another section.
+static void fail_unknown_key(const char *where, const char *section, const char *key) {
     char full[CONFIG_STR + 80], quoted[80];
     snprintf(full, sizeof(full), "%s.%s", section, key);
     quote_for_message(full, quoted, sizeof(quoted));
-    if (is_near(key, best_d))
+    for (size_t i = 0; i < sizeof(key_aliases) / sizeof(key_aliases[0]); i++)
+        if (!strcmp(key, key_aliases[i].name))
+            fail("%s: unknown key %s (did you mean '%s.%s'?)", where, quoted, key_aliases[i].section,
+                 key_aliases[i].key);
+    int d;
+    const Key *best = nearest_key(section, key, true, &d);
+    if (!best || !is_near(key, d)) best = nearest_key(section, key, false, &d);
+    if (best && is_near(key, d))
         fail("%s: unknown key %s (did you mean '%s.%s'?)", where, quoted, best->section, best->key);
     char list[1024];
     size_t n = 0;

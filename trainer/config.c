@@ -539,6 +539,12 @@ static void next_event(YamlReader *r) {
     if (!yaml_parser_parse(&r->parser, &r->event)) {
         const yaml_parser_t *p = &r->parser;
         const char *problem = p->problem ? p->problem : "cannot read the file";
+        // libyaml's words for a line that does not line up with its mapping.
+        if (p->context && strstr(p->context, "block mapping") &&
+            (strstr(problem, "expected key") || strstr(problem, "mapping values")))
+            fail("%s:%d: indentation: this line does not line up with the keys of the mapping at line %d (expected "
+                 "the keys of one section at one indentation, nested mappings indented further)", r->path,
+                 (int)p->problem_mark.line + 1, (int)p->context_mark.line + 1);
         if (p->context)
             fail("%s:%d: invalid YAML: %s (%s at line %d)", r->path, (int)p->problem_mark.line + 1, problem,
                  p->context, (int)p->context_mark.line + 1);
@@ -609,6 +615,16 @@ static void read_section(YamlReader *r, Config *cfg, const char *section, const 
             fail("%s: %s.%s: %s is not a value (expected %s)", where, section, k->key, event_kind(&r->event),
                  expected);
         }
+        // A plain value running on to the next line: that line is indented
+        // deeper than its key and was read as part of the value.
+        const yaml_mark_t *start = &r->event.start_mark, *end = &r->event.end_mark;
+        if (r->event.data.scalar.style == YAML_PLAIN_SCALAR_STYLE && end->line > start->line) {
+            char quoted[80];
+            quote_for_message(scalar_text(&r->event), quoted, sizeof(quoted));
+            fail("%s: indentation: line %d is indented deeper than %s.%s and was read as part of its value %s "
+                 "(expected each key on its own line, at the indentation of the keys of '%s')", where,
+                 (int)end->line + 1, section, k->key, quoted, section);
+        }
         set_key(cfg, k, scalar_text(&r->event), where);
     }
 }
@@ -625,6 +641,10 @@ static void read_sections(YamlReader *r, Config *cfg) {
             fail("%s: section names must be plain words, not %s (expected e.g. 'train:')", where,
                  event_kind(&r->event));
         int s = find_section(scalar_text(&r->event));
+        for (int i = 0; s < 0 && i < NUM_KEYS; i++)  // a key at the left margin
+            if (!strcmp(scalar_text(&r->event), keys[i].key))
+                fail("%s: indentation: '%s' is not a section but the key '%s.%s' (expected it indented under '%s:')",
+                     where, keys[i].key, keys[i].section, keys[i].key, keys[i].section);
         if (s < 0) fail_unknown_section(where, scalar_text(&r->event));
         if (section_line[s])
             fail("%s: section '%s' is given twice (first at line %d)", where, sections[s].name, section_line[s]);

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <yaml.h>
 
 #include "../dist/util.h"
@@ -709,21 +710,58 @@ static void load_layers(Config *cfg, const char *path, int argc, char **argv) {
     for (int i = 0; i < argc; i++) config_override(cfg, argv[i]);
 }
 
-void config_from_args(Config *cfg, const char *path, int argc, char **argv) {
+// Keys that name a file or folder, checked before any work so that a missing
+// one is reported with its key. A value equal to one of the words is not a path.
+static void check_path_keys(const Config *cfg, const char *source) {
+    const struct {
+        const char *key, *value, *word1, *word2;
+        const char *inside;    // a file the folder must hold, or NULL
+        const char *expected;
+    } paths[] = {
+        {"checkpoint.resume", cfg->checkpoint.resume, "auto", "never", "state.json",
+         "auto, never or a checkpoint folder step_XXXXXXXX"},
+        {"attention.budget_file", cfg->attention.budget_file, "none", "none", NULL, "none or a budget file"},
+        {"eval.text", cfg->eval.text, "heldout", "heldout", NULL, "heldout or a text file"},
+        {"eval.tokenizer", cfg->eval.tokenizer, "model", "bytes", NULL,
+         "model, bytes, a tokenizer.json or a folder holding one"},
+    };
+    for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); i++) {
+        const char *v = paths[i].value;
+        if (!strcmp(v, paths[i].word1) || !strcmp(v, paths[i].word2)) continue;
+        char inside[2 * CONFIG_STR];
+        snprintf(inside, sizeof(inside), "%s/%s", v, paths[i].inside ? paths[i].inside : "");
+        if (access(paths[i].inside ? inside : v, R_OK) != 0)
+            fail("%s: %s: %s: no such %s (expected %s)", source, paths[i].key, v,
+                 paths[i].inside ? "checkpoint folder" : "file or folder", paths[i].expected);
+    }
+}
+
+void config_from_args(Config *cfg, const char *path, int argc, char **argv, bool eval_model) {
+    char source[CONFIG_STR + 32];
+    snprintf(source, sizeof(source), "%s%s", path, argc > 0 ? " (with overrides)" : "");
     config_defaults(cfg);
     load_layers(cfg, path, argc, argv);
-    if (strcmp(cfg->train.init_from, "none")) {
+    const char *key = "train.init_from";
+    char folder[CONFIG_STR];
+    snprintf(folder, sizeof(folder), "%s", cfg->train.init_from);
+    if (eval_model && strcmp(cfg->eval.model, "latest")) {
+        key = "eval.model";
+        snprintf(folder, sizeof(folder), "%s", cfg->eval.model);
+    }
+    if (strcmp(folder, "none")) {
         // The folder's config.json replaces the defaults of the model section;
         // the run file and the overrides are applied again on top of it.
         char config_json[CONFIG_STR + 16];
-        snprintf(config_json, sizeof(config_json), "%s/config.json", cfg->train.init_from);
+        snprintf(config_json, sizeof(config_json), "%s/config.json", folder);
+        if (access(config_json, R_OK) != 0)
+            fail("%s: %s: %s: no config.json there (expected a Hugging Face model folder or checkpoint)", source, key,
+                 folder);
         config_defaults(cfg);
         hf_config_read(config_json, &cfg->model);
         load_layers(cfg, path, argc, argv);
     }
-    char source[CONFIG_STR + 32];
-    snprintf(source, sizeof(source), "%s%s", path, argc > 0 ? " (with overrides)" : "");
     config_validate(cfg, source);
+    check_path_keys(cfg, source);
 }
 
 // ----------------------------------------------------------------------------
@@ -928,7 +966,7 @@ int cmd_config(int argc, char **argv) {
     if (argc < 1 || argv[0][0] == '-')
         fail("usage: mtrain config RUN.yaml [section.key=value ...] | mtrain config --doc");
     Config cfg;
-    config_from_args(&cfg, argv[0], argc - 1, argv + 1);
+    config_from_args(&cfg, argv[0], argc - 1, argv + 1, false);
     config_print(&cfg, stdout);
     return 0;
 }

@@ -103,7 +103,10 @@ void config_override(Config *cfg, const char *assignment);
 // in place of the model section's defaults; the run file; the overrides
 // (argv); then validation. Keys that the run file or an override sets win
 // over the folder's config.json (model.rope_theta, model.rope_scaling, ...).
-void config_from_args(Config *cfg, const char *path, int argc, char **argv);
+// eval_model (`mtrain eval`, `tasks`): an eval.model folder (not `latest`)
+// gives the model section in place of train.init_from. A folder without a
+// config.json fails naming its key.
+void config_from_args(Config *cfg, const char *path, int argc, char **argv, bool eval_model);
 // Cross-field checks (e.g. heads divisible by kv heads) after loading.
 void config_validate(const Config *cfg, const char *source);
 // Print the fully resolved config as YAML.

@@ -432,7 +432,7 @@ int cmd_tasks(int argc, char **argv) {
     }
     Config cfg;
     Dist dist;
-    if (!run_start(kept, argv, usage, &cfg, &dist)) return 2;
+    if (!run_start(kept, argv, usage, true, &cfg, &dist)) return 2;
     EvalPlan plan;
     plan_eval(&plan, &cfg, argv[0]);
     if (!plan.grid_count) fail("%s: eval.tasks '%s' has no task to generate (expected passkey, niah or ruler)", argv[0], cfg.eval.tasks);
@@ -478,7 +478,7 @@ int cmd_tasks(int argc, char **argv) {
 int cmd_eval(int argc, char **argv) {
     Config cfg;
     Dist dist;
-    if (!run_start(argc, argv, "usage: mtrain eval RUN.yaml [section.key=value ...]", &cfg, &dist)) return 2;
+    if (!run_start(argc, argv, "usage: mtrain eval RUN.yaml [section.key=value ...]", true, &cfg, &dist)) return 2;
     if (dist.dp.size > 1)
         comm_fail_all(&dist.world, "%s: parallel.dp %d: eval splits each sequence over its ranks (expected "
                       "parallel.dp 1)", argv[0], dist.dp.size);

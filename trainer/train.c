@@ -90,12 +90,12 @@ void loader_from_config(Loader *l, const Config *cfg) {
     loader_open(l, &lc);
 }
 
-bool run_start(int argc, char **argv, const char *usage, Config *cfg, Dist *dist) {
+bool run_start(int argc, char **argv, const char *usage, bool eval_model, Config *cfg, Dist *dist) {
     if (argc < 1 || argv[0][0] == '-') {
         fprintf(stderr, "%s\n", usage);
         return false;
     }
-    config_from_args(cfg, argv[0], argc - 1, argv + 1);
+    config_from_args(cfg, argv[0], argc - 1, argv + 1, eval_model);
     dist_init(dist, NULL, NULL, cfg->parallel.timeout_s);
     dist_setup(dist, cfg->parallel.dp, cfg->parallel.cp, cfg->parallel.cp_inner, argv[0]);
     return true;
@@ -260,7 +260,7 @@ void model_join_ring(Model *m, const Config *cfg, const Dist *dist, const char *
 int cmd_train(int argc, char **argv) {
     Config cfg;
     Dist dist;
-    if (!run_start(argc, argv, "usage: mtrain train RUN.yaml [section.key=value ...]", &cfg, &dist)) return 2;
+    if (!run_start(argc, argv, "usage: mtrain train RUN.yaml [section.key=value ...]", false, &cfg, &dist)) return 2;
     // Rank 0 alone speaks; errors still reach stderr from any rank.
     if (dist.world_rank != 0 && !freopen("/dev/null", "w", stdout)) fail("/dev/null: cannot open for writing");
     int D = dist.dp.size;

@@ -173,6 +173,7 @@ int cmd_tokenize(int argc, char **argv) {
     }
     free(output_dir);
     t.writer = shard_writer_open(output, t.tokenizer->vocab_size, 0, frame_tokens);
+    shard_writer_set_tokenizer(t.writer, shard_tokenizer_of(t.tokenizer->name));
     double start = now_seconds();
     for (int i = 0; i < input_count; i++) {
         if (ends_with(inputs[i], ".jsonl")) { add_jsonl(&t, inputs[i]); continue; }
@@ -214,7 +215,10 @@ static void shard_info(const char *path) {
     for (int64_t i = 0; i < s.frame_count; i++) compressed += s.frames[i].compressed_bytes;
     int64_t raw_bytes = s.token_count * s.token_bytes;
     printf("%s\n", path);
+    char tokenizer[64];
+    shard_tokenizer_describe(s.tokenizer, tokenizer, sizeof(tokenizer));
     printf("  version      %d\n", s.version);
+    printf("  tokenizer    %s\n", tokenizer);
     printf("  vocab_size   %" PRId64 "\n", s.vocab_size);
     printf("  token dtype  uint%d\n", 8 * s.token_bytes);
     printf("  documents    %" PRId64 " (tokens per document: min %" PRId64 ", mean %.1f, max %" PRId64 ")\n", s.doc_count,

@@ -42,6 +42,7 @@ typedef struct {
     char train[CONFIG_STR];    // "synthetic" or shard glob[,glob...]
     int val_sequences;         // held-out sequences per validation pass
     char val[CONFIG_STR];      // "holdout" or shard glob
+    bool check_tokenizer;      // shards must come from train.init_from's tokenizer.json
 } DataConfig;
 
 typedef struct {

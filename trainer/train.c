@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "checkpoint.h"
 #include "commands.h"
@@ -86,7 +87,15 @@ typedef struct {
 
 void loader_from_config(Loader *l, const Config *cfg) {
     LoaderConfig lc = {cfg->data.train, cfg->data.val, cfg->model.vocab_size, cfg->train.seq_len,
-                       cfg->data.val_sequences, cfg->train.seed};
+                       cfg->data.val_sequences, cfg->train.seed, {SHARD_TOKENIZER_UNKNOWN, 0}, NULL};
+    // The model's tokenizer: train.init_from's tokenizer.json, when it has one.
+    char tokenizer[CONFIG_STR + 32], source[CONFIG_STR + 32];
+    snprintf(tokenizer, sizeof(tokenizer), "%s/tokenizer.json", cfg->train.init_from);
+    snprintf(source, sizeof(source), "train.init_from %s", cfg->train.init_from);
+    if (cfg->data.check_tokenizer && strcmp(cfg->train.init_from, "none") && access(tokenizer, R_OK) == 0) {
+        lc.tokenizer = shard_tokenizer_of(tokenizer);
+        lc.tokenizer_source = source;
+    }
     loader_open(l, &lc);
 }
 

@@ -199,6 +199,12 @@ expect_error config_path_eval_tokenizer "eval\.tokenizer: nope\.json: no such fi
 expect_error config_path_budget_file "attention\.budget_file: nope: no such file or folder" configs/tiny-cpu.yaml \
   attention.budget_file=nope
 
+touch "$tmp/a_file"
+expect_error config_output_under_a_file "log\.dir: .*/a_file/logs: cannot create it, .*/a_file is not a folder" \
+  configs/tiny-cpu.yaml log.dir="$tmp/a_file/logs"
+expect_error config_output_is_a_file "checkpoint\.dir: .*/a_file: cannot create it, .*/a_file is not a folder" \
+  configs/tiny-cpu.yaml checkpoint.dir="$tmp/a_file"
+
 # --help after any verb: its usage on stdout, exit 0.
 for verb in train config eval tasks score tokenize export detokenize data shard "shard info" "train configs/tiny-cpu.yaml"; do
   "$mtrain" $verb --help >"$tmp/out" 2>"$tmp/err"

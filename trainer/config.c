@@ -735,6 +735,24 @@ static void check_path_keys(const Config *cfg, const char *source) {
             fail("%s: %s: %s: no such %s (expected %s)", source, paths[i].key, v,
                  paths[i].inside ? "checkpoint folder" : "file or folder", paths[i].expected);
     }
+    // Output folders: created when needed, so their nearest existing
+    // ancestor must be a folder we may write in.
+    const struct { const char *key, *value; } outputs[] = {
+        {"checkpoint.dir", cfg->checkpoint.dir}, {"log.dir", cfg->log.dir}, {"eval.out", cfg->eval.out}};
+    for (size_t i = 0; i < sizeof(outputs) / sizeof(outputs[0]); i++) {
+        char existing[CONFIG_STR];
+        snprintf(existing, sizeof(existing), "%s", outputs[i].value);
+        struct stat st;
+        while (stat(existing, &st) != 0 && strchr(existing, '/')) *strrchr(existing, '/') = 0;
+        if (existing[0] == 0) snprintf(existing, sizeof(existing), "/");
+        if (stat(existing, &st) != 0) snprintf(existing, sizeof(existing), ".");
+        if (stat(existing, &st) == 0 && !S_ISDIR(st.st_mode))
+            fail("%s: %s: %s: cannot create it, %s is not a folder (expected a folder path)", source, outputs[i].key,
+                 outputs[i].value, existing);
+        if (access(existing, W_OK | X_OK) != 0)
+            fail("%s: %s: %s: cannot create it, %s is not writable (expected a folder path we may write)", source,
+                 outputs[i].key, outputs[i].value, existing);
+    }
 }
 
 void config_from_args(Config *cfg, const char *path, int argc, char **argv, bool eval_model) {

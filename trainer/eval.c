@@ -493,8 +493,8 @@ int cmd_eval(int argc, char **argv) {
     model_from_config(&m, &cfg);
     model_join_ring(&m, &cfg, &dist, argv[0]);
     if (!plan.model_path[0])
-        fail("%s: no complete checkpoint to evaluate (eval.model: latest; expected a step_XXXXXXXX folder here, "
-             "or eval.model set to a checkpoint or Hugging Face folder)", cfg.checkpoint.dir);
+        fail("checkpoint.dir: %s: no complete checkpoint to evaluate (eval.model: latest; expected a step_XXXXXXXX "
+             "folder here, or eval.model set to a checkpoint or Hugging Face folder)", cfg.checkpoint.dir);
     model_load_hf_folder(&m, plan.model_path);
     printf("eval: %s | tasks %s | lengths %s | depths %s | %d samples | tokenizer %s\n", plan.model_path,
            cfg.eval.tasks, cfg.eval.lengths, cfg.eval.depths, cfg.eval.samples, plan.tok ? plan.tokenizer : "none");

@@ -199,7 +199,6 @@ static void plan_eval(EvalPlan *p, const Config *cfg, const char *run_file) {
     }
 }
 
-
 // ----------------------------------------------------------------------------
 // Perplexity by length
 

@@ -19,13 +19,14 @@
 #   skip ERE | REASON       not run; the reason is printed
 # A command that matches no row fails the test: add a row when you add a
 # command to the docs. Commands run with bash -c in the scratch copy with a
-# time limit of $LIMIT s each, OMP_NUM_THREADS=1, and Open MPI allowed to
-# place more ranks than this machine has cores.
+# time limit of $LIMIT s each, OMP_NUM_THREADS=1, Open MPI allowed to place
+# more ranks than this machine has cores, and without the MAKEFLAGS of a
+# `make test` that runs this test.
 #   bash tests/test_docs_commands.sh        (uses build/ as built)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . tests/lib.sh
-LIMIT=120
+LIMIT=300
 
 RULES=(
   'run |^make demo$|'
@@ -103,6 +104,7 @@ for d in 1 2 3; do
 done
 export T=$tmp/T OMP_NUM_THREADS=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_hwloc_base_binding_policy=none
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
+unset MAKEFLAGS MFLAGS MAKELEVEL
 if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 # docs/PERFORMANCE.md's evaluation reads a tiny-cpu model trained into $T/ck.
 (cd "$scratch" && build/mtrain train configs/tiny-cpu.yaml train.steps=10 checkpoint.dir="$T/ck" log.dir="$T/log" \

@@ -26,11 +26,24 @@ static void open_for_model(Shard *s, const char *path, int64_t model_vocab) {
              path, s->vocab_size, model_vocab);
 }
 
+// A shard of a known tokenizer must come from the model's (when that is known).
+static void check_tokenizer(const Shard *s, const LoaderConfig *cfg) {
+    ShardTokenizer want = cfg->tokenizer, got = s->tokenizer;
+    if (want.kind == SHARD_TOKENIZER_UNKNOWN || got.kind == SHARD_TOKENIZER_UNKNOWN || shard_tokenizer_same(want, got))
+        return;
+    char want_text[64], got_text[64];
+    shard_tokenizer_describe(want, want_text, sizeof(want_text));
+    shard_tokenizer_describe(got, got_text, sizeof(got_text));
+    fail("%s: made by tokenizer %s, but the model's is %s from %s (expected shards tokenized with the model's "
+         "tokenizer; data.check_tokenizer=false trains anyway)", s->path, got_text, want_text, cfg->tokenizer_source);
+}
+
 static void add_shard(Loader *l, const char *path) {
     for (int i = 0; i < l->shard_count; i++)
         if (!strcmp(l->shards[i].path, path)) fail("%s: named twice by data.train / data.val (expected each shard once)", path);
     Shard s;
     open_for_model(&s, path, l->cfg.vocab_size);
+    check_tokenizer(&s, &l->cfg);
     l->shards = xrealloc(l->shards, sizeof(ShardInfo) * (size_t)(l->shard_count + 1));
     ShardInfo *info = &l->shards[l->shard_count++];
     info->path = xstrdup(path);

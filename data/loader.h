@@ -36,6 +36,8 @@ typedef struct {
     int64_t seq_len;           // N: input tokens per sequence
     int64_t val_sequences;     // sequences in the validation stream
     uint64_t seed;             // document order and the held-out choice
+    ShardTokenizer tokenizer;  // the model's tokenizer: a shard made by another one fails; unknown = not checked
+    const char *tokenizer_source; // where the model's tokenizer comes from, for that message
 } LoaderConfig;
 
 // Documents in stream order: document k holds stream tokens

@@ -30,7 +30,9 @@ enum {
     H_FILE_BYTES = 72,
     H_FRAME_INDEX_CHECKSUM = 80,
     H_DOC_TABLE_CHECKSUM = 88,
-    H_RESERVED = 96,
+    H_TOKENIZER_KIND = 96,      // version 2: uint32 ShardTokenizerKind, then 4 zero bytes
+    H_TOKENIZER_HASH = 104,     // version 2: uint64
+    H_RESERVED = 112,           // zero (version 1: from byte 96)
     H_HEADER_CHECKSUM = 120,
 };
 
@@ -84,7 +86,31 @@ struct ShardWriter {
     int64_t frame_count, frame_cap;
     int64_t *doc_starts;
     int64_t doc_count, doc_cap;
+    ShardTokenizer tokenizer;
 };
+
+ShardTokenizer shard_tokenizer_of(const char *name) {
+    if (!strcmp(name, "bytes")) return (ShardTokenizer){SHARD_TOKENIZER_BYTES, 0};
+    size_t bytes;
+    char *text = read_file(name, &bytes);
+    ShardTokenizer t = {SHARD_TOKENIZER_JSON, XXH64(text, bytes, 0)};
+    free(text);
+    return t;
+}
+
+bool shard_tokenizer_same(ShardTokenizer a, ShardTokenizer b) {
+    return a.kind == b.kind && a.hash == b.hash;
+}
+
+void shard_tokenizer_describe(ShardTokenizer t, char *buf, size_t size) {
+    if (t.kind == SHARD_TOKENIZER_BYTES) snprintf(buf, size, "bytes");
+    else if (t.kind == SHARD_TOKENIZER_JSON) snprintf(buf, size, "tokenizer.json xxh64 %016" PRIx64, t.hash);
+    else snprintf(buf, size, "unknown tokenizer");
+}
+
+void shard_writer_set_tokenizer(ShardWriter *w, ShardTokenizer t) {
+    w->tokenizer = t;
+}
 
 ShardWriter *shard_writer_open(const char *path, int64_t vocab_size, int token_bytes, int64_t frame_tokens) {
     if (vocab_size < 1 || vocab_size > ((int64_t)1 << 32))
@@ -207,6 +233,8 @@ void shard_writer_close(ShardWriter *w) {
     memcpy(header + H_MAGIC, SHARD_MAGIC, 8);
     put_u32(header + H_VERSION, SHARD_VERSION);
     put_u32(header + H_TOKEN_BYTES, (uint32_t)w->token_bytes);
+    put_u32(header + H_TOKENIZER_KIND, (uint32_t)w->tokenizer.kind);
+    put_u64(header + H_TOKENIZER_HASH, w->tokenizer.hash);
     put_u64(header + H_VOCAB_SIZE, (uint64_t)w->vocab_size);
     put_u64(header + H_DOC_COUNT, (uint64_t)w->doc_count);
     put_u64(header + H_TOKEN_COUNT, (uint64_t)w->token_count);
@@ -242,14 +270,24 @@ static uint8_t *read_section(Shard *s, int64_t offset, int64_t bytes) {
 static void check_header(Shard *s, const uint8_t *h) {
     const char *path = s->path;
     s->version = (int)get_u32(h + H_VERSION);
-    if (s->version != SHARD_VERSION)
-        fail("%s: unsupported shard version %u (expected %d)", path, get_u32(h + H_VERSION), SHARD_VERSION);
+    if (s->version != 1 && s->version != SHARD_VERSION)
+        fail("%s: unsupported shard version %u (expected 1 or %d)", path, get_u32(h + H_VERSION), SHARD_VERSION);
     uint64_t stored = get_u64(h + H_HEADER_CHECKSUM), computed = header_checksum(h);
     if (stored != computed)
         fail("%s: header checksum mismatch, the header is corrupt (expected %016" PRIx64 ", computed %016" PRIx64 ")",
              path, stored, computed);
-    for (int i = H_RESERVED; i < H_HEADER_CHECKSUM; i++)
-        if (h[i] != 0) fail("%s: reserved header byte %d is not zero (expected zero in version %d)", path, i, SHARD_VERSION);
+    for (int i = s->version == 1 ? H_TOKENIZER_KIND : H_RESERVED; i < H_HEADER_CHECKSUM; i++)
+        if (h[i] != 0) fail("%s: reserved header byte %d is not zero (expected zero in version %d)", path, i, s->version);
+    s->tokenizer = (ShardTokenizer){SHARD_TOKENIZER_UNKNOWN, 0};
+    if (s->version != 1) {
+        uint32_t kind = get_u32(h + H_TOKENIZER_KIND);
+        uint64_t hash = get_u64(h + H_TOKENIZER_HASH);
+        if (kind > SHARD_TOKENIZER_JSON || get_u32(h + H_TOKENIZER_KIND + 4) != 0 ||
+            (kind != SHARD_TOKENIZER_JSON && hash != 0))
+            fail("%s: tokenizer kind %u with hash %016" PRIx64 " is not valid (expected kind 0, 1 or 2, a hash only "
+                 "with kind 2)", path, kind, hash);
+        s->tokenizer = (ShardTokenizer){(ShardTokenizerKind)kind, hash};
+    }
 
     uint64_t file_bytes = get_u64(h + H_FILE_BYTES);
     if ((uint64_t)s->file_bytes < file_bytes)

@@ -10,16 +10,37 @@
 #ifndef MTRAIN_SHARD_H
 #define MTRAIN_SHARD_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
 #define SHARD_MAGIC "MTSHARD"             // 8 bytes on disk, with the NUL
-#define SHARD_VERSION 1
+#define SHARD_VERSION 2                   // version 1 (no tokenizer identity) still reads
 #define SHARD_HEADER_BYTES 128
 #define SHARD_FRAME_ENTRY_BYTES 40
 #define SHARD_DEFAULT_FRAME_TOKENS (1 << 20)
 #define SHARD_MAX_FRAME_TOKENS (1 << 26)  // bounds a reader's frame buffer
 #define SHARD_ZSTD_LEVEL 3
+
+// Which tokenizer made a shard (header bytes 96..111 of version 2).
+typedef enum {
+    SHARD_TOKENIZER_UNKNOWN = 0,  // a version 1 shard, or a writer that was not told
+    SHARD_TOKENIZER_BYTES = 1,    // the byte tokenizer (data/tokenizer_bytes.h)
+    SHARD_TOKENIZER_JSON = 2,     // a Hugging Face tokenizer.json, identified by the XXH64 of its bytes
+} ShardTokenizerKind;
+
+typedef struct {
+    ShardTokenizerKind kind;
+    uint64_t hash;                // SHARD_TOKENIZER_JSON: XXH64 (seed 0) of tokenizer.json; else 0
+} ShardTokenizer;
+
+// The identity of tokenizer `name`: "bytes", or the path of a tokenizer.json
+// (Tokenizer.name of data/tokenizer.h).
+ShardTokenizer shard_tokenizer_of(const char *name);
+bool shard_tokenizer_same(ShardTokenizer a, ShardTokenizer b);
+// "bytes", "tokenizer.json xxh64 0123456789abcdef" or "unknown tokenizer".
+void shard_tokenizer_describe(ShardTokenizer t, char *buf, size_t size);
 
 // Writer. The destination is only ever replaced by a complete shard; a token
 // id >= vocab_size removes the temporary file before it fails.
@@ -28,6 +49,8 @@ typedef struct ShardWriter ShardWriter;
 // token_bytes: 2 (uint16) or 4 (uint32); 0 picks 2 when vocab_size <= 65536.
 // frame_tokens: tokens per zstd frame; 0 = SHARD_DEFAULT_FRAME_TOKENS.
 ShardWriter *shard_writer_open(const char *path, int64_t vocab_size, int token_bytes, int64_t frame_tokens);
+// Records the tokenizer that made the tokens (default: unknown).
+void shard_writer_set_tokenizer(ShardWriter *w, ShardTokenizer t);
 // Appends one document (count may be 0).
 void shard_writer_add_document(ShardWriter *w, const uint32_t *tokens, int64_t count);
 // Writes the last frame, the index, the document table and the header to
@@ -52,6 +75,7 @@ typedef struct {
     FILE *file;
     int64_t file_bytes;
     int version;
+    ShardTokenizer tokenizer;  // unknown for version 1
     int token_bytes;           // 2 or 4
     int64_t vocab_size;        // every token id is < vocab_size
     int64_t doc_count;

@@ -7,6 +7,7 @@
 #include <cjson/cJSON.h>
 #include <limits.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -211,7 +212,45 @@ static void format_rope_scaling(char *buf, size_t cap, const ModelConfig *mc) {
     CHECK(len < cap, "rope_scaling text does not fit");
 }
 
-void hf_config_write(const char *path, const ModelConfig *mc, const char *torch_dtype) {
+// Keys of another config.json that the written one replaces although it does
+// not write them: they describe what the written keys already say.
+static const char *replaced_keys[] = {"rope_parameters", "head_dim", "dtype"};
+
+// The keys of `keep_from` (a config.json) that `owned` (the JSON object
+// mtrain writes, text ending in "\n}\n") does not have, appended to it.
+// Returns a new string.
+static char *keep_foreign_keys(const char *owned, const char *keep_from) {
+    size_t bytes;
+    char *text = read_file(keep_from, &bytes);
+    cJSON *root = cJSON_ParseWithLength(text, bytes), *mine = cJSON_Parse(owned);
+    if (!cJSON_IsObject(root)) fail("%s: not a JSON object (expected a Hugging Face config.json)", keep_from);
+    CHECK(mine, "config.json text does not parse");
+    size_t len = strlen(owned) - 3, cap = len + 16;  // without "\n}\n"
+    char *out = xmalloc(cap);
+    memcpy(out, owned, len);
+    for (const cJSON *item = root->child; item; item = item->next) {
+        bool replaced = cJSON_HasObjectItem(mine, item->string);
+        for (size_t i = 0; i < sizeof(replaced_keys) / sizeof(replaced_keys[0]); i++)
+            replaced = replaced || !strcmp(item->string, replaced_keys[i]);
+        if (replaced) continue;
+        cJSON *key = cJSON_CreateStringReference(item->string);
+        char *value = cJSON_PrintUnformatted(item), *name = cJSON_PrintUnformatted(key);
+        CHECK(value && name, "out of memory printing %s", keep_from);
+        cJSON_Delete(key);
+        size_t add = strlen(name) + strlen(value) + 8;
+        out = xrealloc(out, cap += add);
+        len += (size_t)snprintf(out + len, cap - len, ",\n  %s: %s", name, value);
+        free(value);
+        free(name);
+    }
+    snprintf(out + len, cap - len, "\n}\n");
+    cJSON_Delete(mine);
+    cJSON_Delete(root);
+    free(text);
+    return out;
+}
+
+void hf_config_write(const char *path, const ModelConfig *mc, const char *torch_dtype, const char *keep_from) {
     CHECK(mc->head_dim * mc->num_heads == mc->hidden_size, "head_dim %d x num_heads %d != hidden_size %d",
           mc->head_dim, mc->num_heads, mc->hidden_size);
     char init_std[32], rms_norm_eps[32], rope_theta[32], rope_scaling[1024], text[8192];
@@ -250,6 +289,11 @@ void hf_config_write(const char *path, const ModelConfig *mc, const char *torch_
         mc->num_heads, mc->num_layers, mc->num_kv_heads, rms_norm_eps, rope_scaling, rope_theta,
         mc->max_position_embeddings, mc->tie_word_embeddings ? "true" : "false", torch_dtype, mc->vocab_size);
     CHECK(len > 0 && (size_t)len < sizeof(text), "config.json text does not fit");
-
-    write_file_atomic(path, text, (size_t)len);
+    if (!keep_from) {
+        write_file_atomic(path, text, (size_t)len);
+        return;
+    }
+    char *merged = keep_foreign_keys(text, keep_from);
+    write_file_atomic(path, merged, strlen(merged));
+    free(merged);
 }

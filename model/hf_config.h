@@ -13,6 +13,8 @@ void hf_config_read(const char *path, ModelConfig *mc);
 // printed so that they read back bit-identical; rope_scaling is null or the
 // YaRN object (original_max_position_embeddings resolved); torch_dtype is
 // "float32" or "bfloat16", the dtype of the weights beside it.
-void hf_config_write(const char *path, const ModelConfig *mc, const char *torch_dtype);
+// keep_from (NULL = none): a config.json whose other keys (bos_token_id,
+// eos_token_id, anything mtrain does not own) are carried over unchanged.
+void hf_config_write(const char *path, const ModelConfig *mc, const char *torch_dtype, const char *keep_from);
 
 #endif

@@ -203,3 +203,21 @@ int model_write_hf_weights(const Model *m, const char *dir, StDtype dtype, uint6
     free(shard_of);
     return shards;
 }
+
+// Files of a Hugging Face folder that travel with the weights unchanged.
+static const char *side_files[] = {"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
+                                   "special_tokens_map.json", "added_tokens.json", "generation_config.json"};
+
+void hf_copy_side_files(const char *from, const char *to) {
+    for (size_t i = 0; i < sizeof(side_files) / sizeof(side_files[0]); i++) {
+        char *src = path_join(from, side_files[i]), *dst = path_join(to, side_files[i]);
+        if (access(src, F_OK) == 0) {
+            size_t bytes;
+            char *data = read_file(src, &bytes);
+            write_file_atomic(dst, data, bytes);
+            free(data);
+        }
+        free(src);
+        free(dst);
+    }
+}

@@ -25,5 +25,8 @@ void model_load_hf_weights(Model *m, const char *dir);
 int model_write_hf_weights(const Model *m, const char *dir, StDtype dtype, uint64_t max_shard_bytes);
 // Write one arena (param_mem, grad_mem, ...) under HF names as one safetensors file.
 void model_write_safetensors(const Model *m, float *arena, const char *path, StDtype dtype);
+// Copy the files of a Hugging Face folder that travel with its weights
+// (tokenizer files, generation_config.json) that `from` has into `to`.
+void hf_copy_side_files(const char *from, const char *to);
 
 #endif

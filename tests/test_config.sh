@@ -163,8 +163,55 @@ printf 'train:\n  backend: gpu\n' >"$tmp/run.yaml"
 expect_error config_bad_enum "run\.yaml:2: train\.backend: 'gpu' is not allowed \(expected one of cpu\)$" \
   "$tmp/run.yaml"
 
+printf 'train:\n  lr: "1\n' >"$tmp/run.yaml"
+expect_error config_malformed_yaml "run\.yaml:[0-9]+: invalid YAML: " "$tmp/run.yaml"
 printf 'train:\n  lr: 1\n bad: 2\n' >"$tmp/run.yaml"
-expect_error config_malformed_yaml "run\.yaml:3: invalid YAML: " "$tmp/run.yaml"
+expect_error config_indentation_shallower "run\.yaml:3: indentation: this line does not line up with the keys of the mapping" \
+  "$tmp/run.yaml"
+printf 'train:\n  steps: 5\n    lr\n' >"$tmp/run.yaml"
+expect_error config_indentation_deeper "run\.yaml:2: indentation: line 3 is indented deeper than train\.steps and was read as part of its value '5 lr'" \
+  "$tmp/run.yaml"
+printf 'train:\nsteps: 5\n' >"$tmp/run.yaml"
+expect_error config_indentation_key_at_margin "run\.yaml:2: indentation: 'steps' is not a section but the key 'train\.steps' \(expected it indented under 'train:'\)$" \
+  "$tmp/run.yaml"
+
+# Suggestions: names from Hugging Face configs and other trainers, then the
+# nearest key of the same section, then of another section.
+expect_error config_suggest_hf_layers "unknown key 'model\.num_hidden_layers' \(did you mean 'model\.num_layers'\?\)$" \
+  configs/tiny-cpu.yaml model.num_hidden_layers=2
+expect_error config_suggest_hf_heads "unknown key 'model\.num_attention_heads' \(did you mean 'model\.num_heads'\?\)$" \
+  configs/tiny-cpu.yaml model.num_attention_heads=2
+expect_error config_suggest_batch_size "unknown key 'train\.batch_size' \(did you mean 'train\.micro_batches'\?\)$" \
+  configs/tiny-cpu.yaml train.batch_size=2
+expect_error config_suggest_save_every "unknown key 'checkpoint\.save_every' \(did you mean 'checkpoint\.every'\?\)$" \
+  configs/tiny-cpu.yaml checkpoint.save_every=2
+expect_error config_suggest_same_section_first "unknown key 'attention\.budjet' \(did you mean 'attention\.budget'\?\)$" \
+  configs/tiny-cpu.yaml attention.budjet=topp
+expect_error config_suggest_other_section "unknown key 'train\.hidden_size' \(did you mean 'model\.hidden_size'\?\)$" \
+  configs/tiny-cpu.yaml train.hidden_size=2
+
+# Keys that name files or folders: a missing one is named with its key.
+expect_error config_path_resume "checkpoint\.resume: nope: no such checkpoint folder" configs/tiny-cpu.yaml checkpoint.resume=nope
+expect_error config_path_init_from "train\.init_from: nope: no config\.json there" configs/tiny-cpu.yaml train.init_from=nope
+expect_error config_path_eval_text "eval\.text: nope\.txt: no such file or folder" configs/tiny-cpu.yaml eval.text=nope.txt
+expect_error config_path_eval_tokenizer "eval\.tokenizer: nope\.json: no such file or folder" configs/tiny-cpu.yaml \
+  eval.tokenizer=nope.json
+expect_error config_path_budget_file "attention\.budget_file: nope: no such file or folder" configs/tiny-cpu.yaml \
+  attention.budget_file=nope
+
+touch "$tmp/a_file"
+expect_error config_output_under_a_file "log\.dir: .*/a_file/logs: cannot create it, .*/a_file is not a folder" \
+  configs/tiny-cpu.yaml log.dir="$tmp/a_file/logs"
+expect_error config_output_is_a_file "checkpoint\.dir: .*/a_file: cannot create it, .*/a_file is not a folder" \
+  configs/tiny-cpu.yaml checkpoint.dir="$tmp/a_file"
+
+# --help after any verb: its usage on stdout, exit 0.
+for verb in train config eval tasks score tokenize export detokenize data shard "shard info" "train configs/tiny-cpu.yaml"; do
+  "$mtrain" $verb --help >"$tmp/out" 2>"$tmp/err"
+  rc=$?
+  if [ $rc -eq 0 ] && grep -q "usage: mtrain" "$tmp/out" && [ ! -s "$tmp/err" ]; then ok "help: $verb --help"
+  else bad "help: $verb --help" "rc=$rc, stdout $(head -c 100 "$tmp/out"), stderr $(head -c 100 "$tmp/err")"; fi
+done
 
 printf 'train:\n  lr: "abc\n' >"$tmp/run.yaml"
 expect_error config_unterminated_quote "run\.yaml:3: invalid YAML: .*quoted scalar at line 2" "$tmp/run.yaml"

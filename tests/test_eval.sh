@@ -150,10 +150,21 @@ one_line_error "unknown task" "eval.tasks: 'needle' is not a task" eval.tasks=pa
 one_line_error "length too short for a task" "eval.lengths: 90 is too short for task passkey" eval.lengths=512,90 eval.tasks=passkey
 head -c 500 "$tmp/doc00.txt" >"$tmp/short.txt"
 one_line_error "text too short for perplexity" "short.txt' has 500 tokens, fewer than one sequence of length 512 needs (513" eval.tasks=perplexity eval.text="$tmp/short.txt"
-one_line_error "missing model folder" "$tmp/nothing/config.json" eval.model="$tmp/nothing"
+one_line_error "missing model folder" "eval.model: $tmp/nothing: no config.json there" eval.model="$tmp/nothing"
 one_line_error "no checkpoint for latest" "$tmp/empty: no complete checkpoint to evaluate" checkpoint.dir="$tmp/empty"
 one_line_error "missing text file" "$tmp/none.txt" eval.text="$tmp/none.txt"
-one_line_error "missing tokenizer file" "$tmp/no/tokenizer.json: cannot open" eval.tokenizer="$tmp/no/tokenizer.json"
+"$MTRAIN" eval "$tmp/run.yaml" eval.tasks=perplexity eval.tokenizer="$tmp/run.yaml" eval.out="$tmp/ppl" >/dev/null 2>"$tmp/ppl.err"
+rc=$?
+expect "perplexity on heldout needs no tokenizer (eval.tokenizer is never opened)" '[ $rc -eq 0 ] && [ -f "$tmp/ppl/results.json" ]'
+# eval.model names a folder: its config.json gives the model section (the
+# run file below has none, so the defaults would be a 64-wide model).
+sed '/^model:/,/^attention:/{/^attention:/!d}' "$tmp/run.yaml" >"$tmp/nomodel.yaml"
+"$MTRAIN" eval "$tmp/nomodel.yaml" eval.model="$tmp/ck/step_00000004" eval.tasks=perplexity eval.out="$tmp/nomodel" \
+  >/dev/null 2>"$tmp/nomodel.err"
+rc=$?
+expect "eval.model: the folder's config.json gives the model section" '[ $rc -eq 0 ] && [ -f "$tmp/nomodel/results.json" ]'
+one_line_error "missing tokenizer file" "eval.tokenizer: $tmp/no/tokenizer.json: no such file" eval.tokenizer="$tmp/no/tokenizer.json"
+one_line_error "a file that is not a tokenizer.json" "run.yaml" eval.tokenizer="$tmp/run.yaml"
 one_line_error "checkpoint of another model" "checkpoint has hidden_size 32 but the run has 64" model.hidden_size=64
 
 # Over cp MPI ranks (--oversubscribe: the ranks share the cores): cp = 2 and

@@ -51,7 +51,7 @@ static void write_shards(void) {
 static void open_loader(Loader *l, uint64_t seed) {
     char train[512];
     snprintf(train, sizeof(train), "%s/a*.shard,%s/b.shard", dir, dir);
-    LoaderConfig c = {train, "holdout", DOCS * MAX_DOC, SEQ_LEN, VAL_SEQUENCES, seed};
+    LoaderConfig c = {train, "holdout", DOCS * MAX_DOC, SEQ_LEN, VAL_SEQUENCES, seed, {SHARD_TOKENIZER_UNKNOWN, 0}, NULL};
     loader_open(l, &c);
 }
 
@@ -236,7 +236,7 @@ static void test_rank_slices(Loader *l) {
 
 static void test_synthetic(void) {
     Loader l;
-    LoaderConfig c = {"synthetic", "holdout", 97, SEQ_LEN, 2, 5};
+    LoaderConfig c = {"synthetic", "holdout", 97, SEQ_LEN, 2, 5, {SHARD_TOKENIZER_UNKNOWN, 0}, NULL};
     loader_open(&l, &c);
     PackedSequence s;
     packed_sequence_alloc(&s, SEQ_LEN);

@@ -119,8 +119,8 @@ printf 'this is not a shard, only some text that is long enough' >"$tmp/bad/magi
 expect_error "wrong magic" "$tmp/bad/magic.shard: not an mtrain shard" data.train="$tmp/bad/magic.shard"
 
 cp "$tmp/a.shard" "$tmp/bad/version.shard"
-printf '\002' | dd of="$tmp/bad/version.shard" bs=1 seek=8 conv=notrunc status=none
-expect_error "unsupported version" "$tmp/bad/version.shard: unsupported shard version 2 (expected 1)" \
+printf '\003' | dd of="$tmp/bad/version.shard" bs=1 seek=8 conv=notrunc status=none
+expect_error "unsupported version" "$tmp/bad/version.shard: unsupported shard version 3 (expected 1 or 2)" \
   data.train="$tmp/bad/version.shard"
 
 head -c -9 "$tmp/a.shard" >"$tmp/bad/short.shard"

@@ -398,12 +398,12 @@ static void test_hf_config_round_trip(void) {
     };
     const char *path = tmp_path("config.json");
     for (int i = 0; i < 3; i++) {
-        hf_config_write(path, &configs[i], "float32");
+        hf_config_write(path, &configs[i], "float32", NULL);
         ModelConfig back;
         hf_config_read(path, &back);
         EXPECT(same_config(&back, &configs[i]), "config.json round trip %d is exact", i);
     }
-    hf_config_write(path, &configs[0], "float32");
+    hf_config_write(path, &configs[0], "float32", NULL);
     char *text = read_file(path, NULL);
     EXPECT(strstr(text, "\"model_type\": \"qwen2\"") && strstr(text, "\"Qwen2ForCausalLM\"") &&
            strstr(text, "\"rope_theta\": 1000000.0,") && strstr(text, "\"rms_norm_eps\": 1e-06,") &&
@@ -454,7 +454,7 @@ static void test_hf_config_round_trip(void) {
     hf_config_read(path, &yarn);
     EXPECT(yarn.rope_scaling.type == ROPE_NONE, "rope_type default is plain RoPE");
 #undef BASE
-    hf_config_write(path, &configs[1], "bfloat16");
+    hf_config_write(path, &configs[1], "bfloat16", NULL);
     text = read_file(path, NULL);
     EXPECT(strstr(text, "  \"rope_scaling\": {\n    \"beta_fast\": 32.0,\n    \"beta_slow\": 1.0,\n"
                         "    \"factor\": 16.0,\n    \"original_max_position_embeddings\": 32768,\n"
@@ -462,7 +462,7 @@ static void test_hf_config_round_trip(void) {
            strstr(text, "\"torch_dtype\": \"bfloat16\""),
            "config.json rope_scaling object in HF's schema, torch_dtype as given");
     free(text);
-    hf_config_write(path, &configs[0], "float32");
+    hf_config_write(path, &configs[0], "float32", NULL);
     text = read_file(path, NULL);
     EXPECT(strstr(text, "  \"rope_scaling\": null,\n") != NULL, "config.json rope_scaling null without scaling");
     free(text);

@@ -172,6 +172,18 @@ static void test_empty_shard(void) {
     shard_open(&s, path2);
     EXPECT(s.doc_count == 3 && s.token_count == 0 && shard_document_length(&s, 2) == 0, "three empty documents");
     shard_close(&s);
+
+    const char *path3 = tmp_path("tokenizer.shard");
+    w = shard_writer_open(path3, 258, 0, 4);
+    shard_writer_set_tokenizer(w, (ShardTokenizer){SHARD_TOKENIZER_JSON, 0xfedcba9876543210ULL});
+    shard_writer_close(w);
+    shard_open(&s, path3);
+    char text[64];
+    shard_tokenizer_describe(s.tokenizer, text, sizeof(text));
+    EXPECT(s.version == SHARD_VERSION && s.tokenizer.kind == SHARD_TOKENIZER_JSON &&
+               !strcmp(text, "tokenizer.json xxh64 fedcba9876543210"),
+           "the tokenizer identity round-trips (%s)", text);
+    shard_close(&s);
 }
 
 static void test_dtype_choice(void) {
@@ -283,6 +295,37 @@ static void test_bad_input(void) {
     data[8] = 99;
     reseal_header(data);
     expect_failure("version 99", job_open, (Job){.path = save_case("v99.shard", data, size)}, "unsupported shard version 99");
+
+    // Version 1 (bytes 96..119 reserved): reads, tokenizer unknown; a
+    // version 1 header with a tokenizer field set is refused.
+    RESET();
+    put_u64(data + 8, 1);  // version 1 (and token_bytes 0 for a moment)
+    memcpy(data + 12, orig + 12, 4);
+    memset(data + 96, 0, 24);
+    reseal_header(data);
+    const char *v1 = save_case("v1.shard", data, size);
+    Shard old;
+    shard_open(&old, v1);
+    uint32_t first[20];
+    shard_read_tokens(&old, 0, 20, first);
+    EXPECT(old.version == 1 && old.tokenizer.kind == SHARD_TOKENIZER_UNKNOWN && !memcmp(first, c.tokens, sizeof(first)),
+           "version 1 shard reads, tokenizer unknown");
+    shard_close(&old);
+    data[96] = 1;
+    reseal_header(data);
+    expect_failure("version 1 with a tokenizer field", job_open, (Job){.path = save_case("v1tok.shard", data, size)},
+                   "reserved header byte 96 is not zero (expected zero in version 1)");
+    RESET();
+    put_u64(data + 96, 7);
+    reseal_header(data);
+    expect_failure("tokenizer kind 7", job_open, (Job){.path = save_case("kind7.shard", data, size)},
+                   "tokenizer kind 7 with hash");
+    RESET();
+    put_u64(data + 96, SHARD_TOKENIZER_BYTES);
+    put_u64(data + 104, 0x1234);
+    reseal_header(data);
+    expect_failure("bytes tokenizer with a hash", job_open, (Job){.path = save_case("byteshash.shard", data, size)},
+                   "a hash only with kind 2");
 
     int64_t cuts[] = {0, 4, 8, 64, 127, 128, 129, index_offset / 2, index_offset, index_offset + 17, doc_table_offset,
                       (int64_t)size - 1};

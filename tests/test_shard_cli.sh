@@ -113,7 +113,7 @@ expect_error "info: not a shard" nonzero "a.txt: not an mtrain shard" "$mtrain" 
 cp data/corpus.shard before.shard
 printf '{"text": "fine"}\n{"text": broken}\n' >bad.jsonl
 expect_error "tokenize: bad jsonl line" nonzero "bad.jsonl:2: invalid JSON" \
-  "$mtrain" tokenize --tokenizer bytes --input bad.jsonl --output data/corpus.shard
+  "$mtrain" tokenize --tokenizer bytes --input bad.jsonl --output data/corpus.shard --force
 if cmp -s before.shard data/corpus.shard && ! ls data | grep -q '\.tmp\.'; then pass "tokenize: failure leaves the output untouched"
 else fail "tokenize: failure leaves the output untouched" "$(ls data)"; fi
 printf '{"title": "no text"}\n' >notext.jsonl
@@ -126,8 +126,19 @@ expect_error "tokenize: jsonl text with a NUL" nonzero 'nul.jsonl:1: a \u0000 (N
 
 expect_error "tokenize: missing tokenizer file" 1 "nonexistent/tokenizer.json" \
   "$mtrain" tokenize --tokenizer nonexistent/tokenizer.json --input a.txt --output x.shard
-expect_error "tokenize: unknown input type" 2 "a.csv: unknown input type" \
-  "$mtrain" tokenize --tokenizer bytes --input a.csv --output x.shard
+expect_error "tokenize: an existing output needs --force" 1 "data/corpus.shard: already exists (expected a new file; --force replaces it)" \
+  "$mtrain" tokenize --tokenizer bytes --input a.txt --output data/corpus.shard
+if cmp -s before.shard data/corpus.shard; then pass "tokenize: an existing output is left alone without --force"
+else fail "tokenize: an existing output is left alone without --force" "data/corpus.shard changed"; fi
+printf 'x,y\n1,2\n' >table.csv
+"$mtrain" tokenize --tokenizer bytes --input table.csv --output csv.shard >/dev/null 2>&1
+"$mtrain" shard dump csv.shard --text >csv.txt 2>&1
+if printf 'x,y\n1,2\n<|endoftext|>\n' | cmp -s - csv.txt; then pass "tokenize: a file that is not .jsonl is one document of text"
+else fail "tokenize: a file that is not .jsonl is one document of text" "$(head -c 200 csv.txt)"; fi
+"$mtrain" tokenize --tokenizer bytes --input a.txt --output csv.shard --force >/dev/null 2>&1
+"$mtrain" shard dump csv.shard --text >csv.txt 2>&1
+if { cat a.txt; printf '<|endoftext|>\n'; } | cmp -s - csv.txt; then pass "tokenize --force replaces an existing output"
+else fail "tokenize --force replaces an existing output" "$(head -c 200 csv.txt)"; fi
 expect_error "tokenize: missing --output" 2 "--output is required" "$mtrain" tokenize --tokenizer bytes --input a.txt
 expect_error "shard: unknown action" 2 "unknown action 'frob'" "$mtrain" shard frob data/corpus.shard
 expect_error "shard: no action" 2 "which action" "$mtrain" shard

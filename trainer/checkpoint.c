@@ -158,7 +158,11 @@ void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state,
     join(path, sizeof(path), tmp_dir, "model.safetensors");
     model_write_safetensors(m, m->param_mem, path, ST_F32);
     join(path, sizeof(path), tmp_dir, "config.json");
-    hf_config_write(path, &m->cfg, "float32");
+    char init_config[CONFIG_STR + 16];
+    bool from_folder = strcmp(cfg->train.init_from, "none") != 0;
+    snprintf(init_config, sizeof(init_config), "%s/config.json", cfg->train.init_from);
+    hf_config_write(path, &m->cfg, "float32", from_folder ? init_config : NULL);
+    if (from_folder) hf_copy_side_files(cfg->train.init_from, tmp_dir);
     join(path, sizeof(path), tmp_dir, "run.yaml");
     FILE *f = xfopen(path, "w");
     config_print(cfg, f);

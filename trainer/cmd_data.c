@@ -1,5 +1,5 @@
-// cmd_data.c: the data verbs. `mtrain tokenize` packs text files (.txt: one
-// document per file; .jsonl: the "text" field of each line) into a token
+// cmd_data.c: the data verbs. `mtrain tokenize` packs text files (.jsonl: the
+// "text" field of each line; any other file: one document) into a token
 // shard with any tokenizer (data/tokenizer.h); `mtrain shard info|verify|dump`
 // inspects, checks and prints one; `mtrain detokenize` turns ids back into
 // text; `mtrain data RUN.yaml` shows what the loader makes of a run's data.
@@ -8,8 +8,10 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../data/shard.h"
 #include "../data/tokenizer.h"
@@ -18,10 +20,10 @@
 #include "train.h"
 
 static const char *tokenize_usage =
-    "usage: mtrain tokenize --tokenizer T --input FILE... --output OUT.shard [--frame-tokens N]\n"
+    "usage: mtrain tokenize --tokenizer T --input FILE... --output OUT.shard [--frame-tokens N] [--force]\n"
     "  T is bytes, a tokenizer.json (byte-level BPE, e.g. Qwen2.5's) or a model folder holding one.\n"
-    "  FILE.txt is one document; FILE.jsonl holds one JSON object per line whose \"text\" is a document.\n"
-    "  Every document ends with <|endoftext|>.\n";
+    "  FILE.jsonl holds one JSON object per line whose \"text\" is a document; any other FILE is one document\n"
+    "  of text. Every document ends with <|endoftext|>. An existing OUT.shard is replaced only with --force.\n";
 
 static const char *data_usage =
     "usage: mtrain data RUN.yaml [--read N] [--show G] [section.key=value ...]\n"
@@ -127,11 +129,13 @@ static void add_jsonl(Tokenize *t, const char *path) {
 int cmd_tokenize(int argc, char **argv) {
     const char *tokenizer = NULL, *output = NULL;
     int64_t frame_tokens = 0;
+    bool force = false;
     char **inputs = argv;  // input names are gathered in place: input_count <= i
     int input_count = 0;
     for (int i = 0; i < argc; i++) {
         const char *arg = argv[i];
         if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) { printf("%s", tokenize_usage); return 0; }
+        if (!strcmp(arg, "--force")) { force = true; continue; }
         if (!strcmp(arg, "--input")) {
             int before = input_count;
             while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) inputs[input_count++] = argv[++i];
@@ -154,11 +158,9 @@ int cmd_tokenize(int argc, char **argv) {
     }
     const char *missing = !tokenizer ? "--tokenizer" : !input_count ? "--input" : !output ? "--output" : NULL;
     if (missing) return usage_error(tokenize_usage, "tokenize: %s is required", missing);
-    for (int i = 0; i < input_count; i++) {
-        if (!ends_with(inputs[i], ".txt") && !ends_with(inputs[i], ".jsonl"))
-            return usage_error(tokenize_usage, "%s: unknown input type (expected a .txt or .jsonl file)", inputs[i]);
-        fclose(xfopen(inputs[i], "rb"));  // fail on a missing input before any work
-    }
+    for (int i = 0; i < input_count; i++) fclose(xfopen(inputs[i], "rb"));  // a missing input fails before any work
+    if (!force && access(output, F_OK) == 0)
+        fail("%s: already exists (expected a new file; --force replaces it)", output);
 
     Tokenize t = {.tokenizer = tokenizer_open(tokenizer)};
     if (t.tokenizer->end_of_text < 0)
@@ -171,6 +173,7 @@ int cmd_tokenize(int argc, char **argv) {
     }
     free(output_dir);
     t.writer = shard_writer_open(output, t.tokenizer->vocab_size, 0, frame_tokens);
+    shard_writer_set_tokenizer(t.writer, shard_tokenizer_of(t.tokenizer->name));
     double start = now_seconds();
     for (int i = 0; i < input_count; i++) {
         if (ends_with(inputs[i], ".jsonl")) { add_jsonl(&t, inputs[i]); continue; }
@@ -212,7 +215,10 @@ static void shard_info(const char *path) {
     for (int64_t i = 0; i < s.frame_count; i++) compressed += s.frames[i].compressed_bytes;
     int64_t raw_bytes = s.token_count * s.token_bytes;
     printf("%s\n", path);
+    char tokenizer[64];
+    shard_tokenizer_describe(s.tokenizer, tokenizer, sizeof(tokenizer));
     printf("  version      %d\n", s.version);
+    printf("  tokenizer    %s\n", tokenizer);
     printf("  vocab_size   %" PRId64 "\n", s.vocab_size);
     printf("  token dtype  uint%d\n", 8 * s.token_bytes);
     printf("  documents    %" PRId64 " (tokens per document: min %" PRId64 ", mean %.1f, max %" PRId64 ")\n", s.doc_count,
@@ -418,7 +424,7 @@ int cmd_data(int argc, char **argv) {
         i++;
     }
     Config cfg;
-    config_from_args(&cfg, argv[0], override_count, overrides);
+    config_from_args(&cfg, argv[0], override_count, overrides, false);
     Loader l;
     loader_from_config(&l, &cfg);
     loader_print_summary(&l, stdout);

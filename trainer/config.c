@@ -14,6 +14,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <yaml.h>
 
 #include "../dist/util.h"
@@ -132,6 +133,7 @@ static const Key keys[] = {
     STRING(data, train, "synthetic", "Training data: a shard glob or comma-separated globs (`data/*.shard,extra/a.shard`), or `synthetic` for the built-in generator. Documents are shuffled per epoch from `train.seed` and packed into sequences (see docs/ARCHITECTURE.md, section Data, and docs/DECISIONS.md)."),
     INT(data, val_sequences, 4, 1, 1 << 20, "Held-out sequences in each validation pass."),
     STRING(data, val, "holdout", "Validation data: `holdout` = documents of `data.train` chosen from `train.seed`, as many as `val_sequences` sequences need, never trained on; or a shard glob (comma-separated globs allowed). Synthetic data always uses held-out sequences."),
+    BOOL(data, check_tokenizer, true, "Stop when a shard was made by another tokenizer than the `tokenizer.json` of `train.init_from` (as `mtrain shard info` shows: `bytes` or the XXH64 of a tokenizer.json); `false` trains anyway. Shards of format version 1 (unknown tokenizer) are not checked."),
 
     STRING(checkpoint, dir, "checkpoints", "Folder of the checkpoints (`step_XXXXXXXX/`, `latest`)."),
     INT64(checkpoint, every, 0, 0, 1e12, "Write a checkpoint every N steps; 0 = only after the last step."),
@@ -151,7 +153,7 @@ static const Key keys[] = {
     INT(eval, samples, 4, 1, 1 << 20, "Samples per (task, length, depth) cell, and sequences per perplexity length."),
     STRING(eval, text, "heldout", "Text for perplexity (and for `haystack: text`): `heldout` = the loader's validation stream of `data.train` / `data.val`, or a text file tokenized with `eval.tokenizer`."),
     ENUM(eval, haystack, "filler", NAMES("filler", "text"), "What the `niah` needle hides in: built-in filler sentences, or `eval.text` (cycled when shorter than the haystack)."),
-    STRING(eval, tokenizer, "bytes", "Tokenizer of the task prompts and of a text file: `bytes` (ids are bytes, docs/FORMATS.md), a Hugging Face `tokenizer.json`, or the model folder holding it."),
+    STRING(eval, tokenizer, "model", "Tokenizer of the task prompts and of a text file: `model` = the evaluated folder's `tokenizer.json` when it has one, else `bytes`; `bytes` (ids are bytes, docs/FORMATS.md); a Hugging Face `tokenizer.json`, or a folder holding it. Perplexity on `heldout` needs none."),
     STRING(eval, out, "eval", "Output folder: `results.json`, `perplexity.png`, `heatmap_TASK.png`."),
     UINT64(eval, seed, 1234, "Seed of the task generators (keys, values, filler start, distractor depths)."),
 };
@@ -482,19 +484,51 @@ static void fail_unknown_section(const char *where, const char *name) {
     fail("%s: unknown section %s (expected one of %s)", where, quoted, list);
 }
 
-// Unknown key in a known section: suggest the nearest key, counting a key of
-// the same name in another section as one edit away.
-static void fail_unknown_key(const char *where, const char *section, const char *key) {
+// Names users bring from elsewhere (Hugging Face config.json, other trainers)
+// and the key that means the same here; looked up whatever section they are in.
+static const struct { const char *name, *section, *key; } key_aliases[] = {
+    {"num_hidden_layers", "model", "num_layers"},
+    {"num_attention_heads", "model", "num_heads"},
+    {"num_key_value_heads", "model", "num_kv_heads"},
+    {"initializer_range", "model", "init_std"},
+    {"rope_scaling", "model", "rope_scaling.type"},
+    {"batch_size", "train", "micro_batches"},
+    {"gradient_accumulation_steps", "train", "micro_batches"},
+    {"learning_rate", "train", "lr"},
+    {"max_steps", "train", "steps"},
+    {"max_grad_norm", "train", "grad_clip"},
+    {"save_every", "checkpoint", "every"},
+    {"save_steps", "checkpoint", "every"},
+    {"eval_every", "log", "val_every"},
+};
+
+// The nearest key by edit distance, in `section` only (same_section) or in
+// the others; *distance gets its distance.
+static const Key *nearest_key(const char *section, const char *key, bool same_section, int *distance) {
     const Key *best = NULL;
-    int best_d = 1 << 20;
+    *distance = 1 << 20;
     for (int i = 0; i < NUM_KEYS; i++) {
-        int d = edit_distance(key, keys[i].key) + (strcmp(section, keys[i].section) != 0);
-        if (d < best_d) { best_d = d; best = &keys[i]; }
+        if ((strcmp(section, keys[i].section) == 0) != same_section) continue;
+        int d = edit_distance(key, keys[i].key);
+        if (d < *distance) { *distance = d; best = &keys[i]; }
     }
+    return best;
+}
+
+// Unknown key in a known section: suggest what it is called here (a known
+// alias), else the nearest key of the same section, else of another section.
+static void fail_unknown_key(const char *where, const char *section, const char *key) {
     char full[CONFIG_STR + 80], quoted[80];
     snprintf(full, sizeof(full), "%s.%s", section, key);
     quote_for_message(full, quoted, sizeof(quoted));
-    if (is_near(key, best_d))
+    for (size_t i = 0; i < sizeof(key_aliases) / sizeof(key_aliases[0]); i++)
+        if (!strcmp(key, key_aliases[i].name))
+            fail("%s: unknown key %s (did you mean '%s.%s'?)", where, quoted, key_aliases[i].section,
+                 key_aliases[i].key);
+    int d;
+    const Key *best = nearest_key(section, key, true, &d);
+    if (!best || !is_near(key, d)) best = nearest_key(section, key, false, &d);
+    if (best && is_near(key, d))
         fail("%s: unknown key %s (did you mean '%s.%s'?)", where, quoted, best->section, best->key);
     char list[1024];
     size_t n = 0;
@@ -529,6 +563,12 @@ static void next_event(YamlReader *r) {
     if (!yaml_parser_parse(&r->parser, &r->event)) {
         const yaml_parser_t *p = &r->parser;
         const char *problem = p->problem ? p->problem : "cannot read the file";
+        // libyaml's words for a line that does not line up with its mapping.
+        if (p->context && strstr(p->context, "block mapping") &&
+            (strstr(problem, "expected key") || strstr(problem, "mapping values")))
+            fail("%s:%d: indentation: this line does not line up with the keys of the mapping at line %d (expected "
+                 "the keys of one section at one indentation, nested mappings indented further)", r->path,
+                 (int)p->problem_mark.line + 1, (int)p->context_mark.line + 1);
         if (p->context)
             fail("%s:%d: invalid YAML: %s (%s at line %d)", r->path, (int)p->problem_mark.line + 1, problem,
                  p->context, (int)p->context_mark.line + 1);
@@ -599,6 +639,16 @@ static void read_section(YamlReader *r, Config *cfg, const char *section, const 
             fail("%s: %s.%s: %s is not a value (expected %s)", where, section, k->key, event_kind(&r->event),
                  expected);
         }
+        // A plain value running on to the next line: that line is indented
+        // deeper than its key and was read as part of the value.
+        const yaml_mark_t *start = &r->event.start_mark, *end = &r->event.end_mark;
+        if (r->event.data.scalar.style == YAML_PLAIN_SCALAR_STYLE && end->line > start->line) {
+            char quoted[80];
+            quote_for_message(scalar_text(&r->event), quoted, sizeof(quoted));
+            fail("%s: indentation: line %d is indented deeper than %s.%s and was read as part of its value %s "
+                 "(expected each key on its own line, at the indentation of the keys of '%s')", where,
+                 (int)end->line + 1, section, k->key, quoted, section);
+        }
         set_key(cfg, k, scalar_text(&r->event), where);
     }
 }
@@ -615,6 +665,10 @@ static void read_sections(YamlReader *r, Config *cfg) {
             fail("%s: section names must be plain words, not %s (expected e.g. 'train:')", where,
                  event_kind(&r->event));
         int s = find_section(scalar_text(&r->event));
+        for (int i = 0; s < 0 && i < NUM_KEYS; i++)  // a key at the left margin
+            if (!strcmp(scalar_text(&r->event), keys[i].key))
+                fail("%s: indentation: '%s' is not a section but the key '%s.%s' (expected it indented under '%s:')",
+                     where, keys[i].key, keys[i].section, keys[i].key, keys[i].section);
         if (s < 0) fail_unknown_section(where, scalar_text(&r->event));
         if (section_line[s])
             fail("%s: section '%s' is given twice (first at line %d)", where, sections[s].name, section_line[s]);
@@ -679,21 +733,76 @@ static void load_layers(Config *cfg, const char *path, int argc, char **argv) {
     for (int i = 0; i < argc; i++) config_override(cfg, argv[i]);
 }
 
-void config_from_args(Config *cfg, const char *path, int argc, char **argv) {
+// Keys that name a file or folder, checked before any work so that a missing
+// one is reported with its key. A value equal to one of the words is not a path.
+static void check_path_keys(const Config *cfg, const char *source) {
+    const struct {
+        const char *key, *value, *word1, *word2;
+        const char *inside;    // a file the folder must hold, or NULL
+        const char *expected;
+    } paths[] = {
+        {"checkpoint.resume", cfg->checkpoint.resume, "auto", "never", "state.json",
+         "auto, never or a checkpoint folder step_XXXXXXXX"},
+        {"attention.budget_file", cfg->attention.budget_file, "none", "none", NULL, "none or a budget file"},
+        {"eval.text", cfg->eval.text, "heldout", "heldout", NULL, "heldout or a text file"},
+        {"eval.tokenizer", cfg->eval.tokenizer, "model", "bytes", NULL,
+         "model, bytes, a tokenizer.json or a folder holding one"},
+    };
+    for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); i++) {
+        const char *v = paths[i].value;
+        if (!strcmp(v, paths[i].word1) || !strcmp(v, paths[i].word2)) continue;
+        char inside[2 * CONFIG_STR];
+        snprintf(inside, sizeof(inside), "%s/%s", v, paths[i].inside ? paths[i].inside : "");
+        if (access(paths[i].inside ? inside : v, R_OK) != 0)
+            fail("%s: %s: %s: no such %s (expected %s)", source, paths[i].key, v,
+                 paths[i].inside ? "checkpoint folder" : "file or folder", paths[i].expected);
+    }
+    // Output folders: created when needed, so their nearest existing
+    // ancestor must be a folder we may write in.
+    const struct { const char *key, *value; } outputs[] = {
+        {"checkpoint.dir", cfg->checkpoint.dir}, {"log.dir", cfg->log.dir}, {"eval.out", cfg->eval.out}};
+    for (size_t i = 0; i < sizeof(outputs) / sizeof(outputs[0]); i++) {
+        char existing[CONFIG_STR];
+        snprintf(existing, sizeof(existing), "%s", outputs[i].value);
+        struct stat st;
+        while (stat(existing, &st) != 0 && strchr(existing, '/')) *strrchr(existing, '/') = 0;
+        if (existing[0] == 0) snprintf(existing, sizeof(existing), "/");
+        if (stat(existing, &st) != 0) snprintf(existing, sizeof(existing), ".");
+        if (stat(existing, &st) == 0 && !S_ISDIR(st.st_mode))
+            fail("%s: %s: %s: cannot create it, %s is not a folder (expected a folder path)", source, outputs[i].key,
+                 outputs[i].value, existing);
+        if (access(existing, W_OK | X_OK) != 0)
+            fail("%s: %s: %s: cannot create it, %s is not writable (expected a folder path we may write)", source,
+                 outputs[i].key, outputs[i].value, existing);
+    }
+}
+
+void config_from_args(Config *cfg, const char *path, int argc, char **argv, bool eval_model) {
+    char source[CONFIG_STR + 32];
+    snprintf(source, sizeof(source), "%s%s", path, argc > 0 ? " (with overrides)" : "");
     config_defaults(cfg);
     load_layers(cfg, path, argc, argv);
-    if (strcmp(cfg->train.init_from, "none")) {
+    const char *key = "train.init_from";
+    char folder[CONFIG_STR];
+    snprintf(folder, sizeof(folder), "%s", cfg->train.init_from);
+    if (eval_model && strcmp(cfg->eval.model, "latest")) {
+        key = "eval.model";
+        snprintf(folder, sizeof(folder), "%s", cfg->eval.model);
+    }
+    if (strcmp(folder, "none")) {
         // The folder's config.json replaces the defaults of the model section;
         // the run file and the overrides are applied again on top of it.
         char config_json[CONFIG_STR + 16];
-        snprintf(config_json, sizeof(config_json), "%s/config.json", cfg->train.init_from);
+        snprintf(config_json, sizeof(config_json), "%s/config.json", folder);
+        if (access(config_json, R_OK) != 0)
+            fail("%s: %s: %s: no config.json there (expected a Hugging Face model folder or checkpoint)", source, key,
+                 folder);
         config_defaults(cfg);
         hf_config_read(config_json, &cfg->model);
         load_layers(cfg, path, argc, argv);
     }
-    char source[CONFIG_STR + 32];
-    snprintf(source, sizeof(source), "%s%s", path, argc > 0 ? " (with overrides)" : "");
     config_validate(cfg, source);
+    check_path_keys(cfg, source);
 }
 
 // ----------------------------------------------------------------------------
@@ -909,7 +1018,7 @@ int cmd_config(int argc, char **argv) {
     if (argc < 1 || argv[0][0] == '-')
         fail("usage: mtrain config RUN.yaml [section.key=value ...] | mtrain config --doc");
     Config cfg;
-    config_from_args(&cfg, argv[0], argc - 1, argv + 1);
+    config_from_args(&cfg, argv[0], argc - 1, argv + 1, false);
     config_print(&cfg, stdout);
     return 0;
 }

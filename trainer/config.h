@@ -47,6 +47,7 @@ typedef struct {
     char train[CONFIG_STR];    // "synthetic" or shard glob[,glob...]
     int val_sequences;         // held-out sequences per validation pass
     char val[CONFIG_STR];      // "holdout" or shard glob
+    bool check_tokenizer;      // shards must come from train.init_from's tokenizer.json
 } DataConfig;
 
 typedef struct {
@@ -108,7 +109,10 @@ void config_override(Config *cfg, const char *assignment);
 // in place of the model section's defaults; the run file; the overrides
 // (argv); then validation. Keys that the run file or an override sets win
 // over the folder's config.json (model.rope_theta, model.rope_scaling, ...).
-void config_from_args(Config *cfg, const char *path, int argc, char **argv);
+// eval_model (`mtrain eval`, `tasks`): an eval.model folder (not `latest`)
+// gives the model section in place of train.init_from. A folder without a
+// config.json fails naming its key.
+void config_from_args(Config *cfg, const char *path, int argc, char **argv, bool eval_model);
 // Cross-field checks (e.g. heads divisible by kv heads) after loading.
 void config_validate(const Config *cfg, const char *source);
 // The name of an enum value of cfg, as the run file spells it: field points

@@ -69,7 +69,9 @@ typedef struct {
     int depth_count;
     TaskKind grid[TASK_COUNT];         // the task kinds of the grid, in run order
     int grid_count;
-    Tokenizer *tok;                    // eval.tokenizer
+    char model_path[CONFIG_STR + 32];  // eval.model resolved ("" when there is none yet)
+    char tokenizer[CONFIG_STR + 32];   // eval.tokenizer resolved: bytes, or a tokenizer.json / its folder
+    Tokenizer *tok;                    // opened when a task or eval.text needs it, else NULL
     int32_t *text;                     // eval.text as tokens (NULL when no task reads it)
     int64_t text_len;
 } EvalPlan;
@@ -95,7 +97,9 @@ static int32_t *heldout_tokens(const Config *cfg, int64_t *len) {
     return text;
 }
 
-static int32_t *text_file_tokens(const char *path, Tokenizer *tok, const Config *cfg, int64_t *len) {
+static int32_t *text_file_tokens(const char *path, const EvalPlan *p, int64_t *len) {
+    const Config *cfg = p->cfg;
+    Tokenizer *tok = p->tok;
     size_t bytes;
     char *raw = read_file(path, &bytes);
     TokenIds ids = {0};
@@ -110,7 +114,7 @@ static int32_t *text_file_tokens(const char *path, Tokenizer *tok, const Config 
     for (int64_t i = 0; i < *len; i++)
         if (text[i] >= cfg->model.vocab_size)
             fail("%s: token %lld has id %d, outside the model's vocabulary [0, %d) (eval.tokenizer: %s)", path,
-                 (long long)i, text[i], cfg->model.vocab_size, cfg->eval.tokenizer);
+                 (long long)i, text[i], cfg->model.vocab_size, p->tokenizer);
     return text;
 }
 
@@ -123,6 +127,22 @@ static uint64_t sample_seed(uint64_t seed, int depth_index, int sample) {
     return h;
 }
 
+// eval.model: `latest` = the newest complete checkpoint in checkpoint.dir
+// (path = "" when there is none yet), or the folder it names.
+static void resolve_model_path(const Config *cfg, char *path, size_t n) {
+    if (strcmp(cfg->eval.model, "latest")) snprintf(path, n, "%s", cfg->eval.model);
+    else if (!checkpoint_find_latest(cfg->checkpoint.dir, path, n)) path[0] = 0;
+}
+
+// eval.tokenizer: `model` = the model folder's tokenizer.json when it has
+// one, else `bytes`; anything else as given.
+static void eval_tokenizer_spec(const EvalConfig *e, const char *model_path, char *spec, size_t n) {
+    char json[CONFIG_STR + 64];
+    snprintf(json, sizeof(json), "%s/tokenizer.json", model_path);
+    if (strcmp(e->tokenizer, "model")) snprintf(spec, n, "%s", e->tokenizer);
+    else snprintf(spec, n, "%s", model_path[0] && access(json, R_OK) == 0 ? model_path : "bytes");
+}
+
 // Parse the lists, read eval.text if a task needs it, and check everything
 // that can fail (text long enough, task prompts fit their lengths, token ids
 // inside the vocabulary) before the model is loaded.
@@ -132,19 +152,19 @@ static void plan_eval(EvalPlan *p, const Config *cfg, const char *run_file) {
     p->tasks = eval_task_set(&cfg->eval, run_file);
     p->length_count = eval_length_list(&cfg->eval, run_file, p->lengths);
     p->depth_count = eval_depth_list(&cfg->eval, run_file, p->depths);
-    p->tok = tokenizer_open(cfg->eval.tokenizer);
-    if (p->tok->vocab_size > cfg->model.vocab_size)
-        fail("%s: eval.tokenizer '%s' has %lld tokens, more than model.vocab_size %d (expected a tokenizer of the "
-             "model)", run_file, cfg->eval.tokenizer, (long long)p->tok->vocab_size, cfg->model.vocab_size);
     if (p->tasks & EVAL_PASSKEY) p->grid[p->grid_count++] = TASK_PASSKEY;
     if (p->tasks & EVAL_NIAH) p->grid[p->grid_count++] = TASK_NIAH;
     if (p->tasks & EVAL_RULER)
         for (TaskKind k = TASK_RULER_SINGLE; k <= TASK_RULER_VT; k++) p->grid[p->grid_count++] = k;
 
+    resolve_model_path(cfg, p->model_path, sizeof(p->model_path));
+    eval_tokenizer_spec(&cfg->eval, p->model_path, p->tokenizer, sizeof(p->tokenizer));
     bool niah_text = (p->tasks & EVAL_NIAH) && cfg->eval.haystack == HAYSTACK_TEXT;
+    bool text_file = strcmp(cfg->eval.text, "heldout") != 0 && ((p->tasks & EVAL_PERPLEXITY) || niah_text);
+    // Perplexity on the held-out stream reads token ids: no tokenizer.
+    if (p->grid_count || text_file) p->tok = tokenizer_open(p->tokenizer);
     if ((p->tasks & EVAL_PERPLEXITY) || niah_text)
-        p->text = strcmp(cfg->eval.text, "heldout") ? text_file_tokens(cfg->eval.text, p->tok, cfg, &p->text_len)
-                                                    : heldout_tokens(cfg, &p->text_len);
+        p->text = text_file ? text_file_tokens(cfg->eval.text, p, &p->text_len) : heldout_tokens(cfg, &p->text_len);
     for (int i = 0; (p->tasks & EVAL_PERPLEXITY) && i < p->length_count; i++) {
         if (p->lengths[i] + 1 > p->text_len)
             fail("%s: eval.text '%s' has %lld tokens, fewer than one sequence of length %lld needs (%lld; expected a "
@@ -173,22 +193,10 @@ static void plan_eval(EvalPlan *p, const Config *cfg, const char *run_file) {
         for (int64_t t = 0; t < s.length + s.answer_len; t++)
             if (s.tokens[t] >= cfg->model.vocab_size)
                 fail("%s: eval.tokenizer %s gives task %s the token id %d, outside the model's vocabulary [0, %d) "
-                     "(expected a tokenizer that matches the model)", run_file, cfg->eval.tokenizer,
+                     "(expected a tokenizer that matches the model)", run_file, p->tokenizer,
                      task_name(s.kind), s.tokens[t], cfg->model.vocab_size);
         task_sample_free(&s);
     }
-}
-
-// eval.model: `latest` in checkpoint.dir, or a folder; path gets the folder.
-static void load_model(Model *m, const Config *cfg, char *path, size_t n) {
-    if (!strcmp(cfg->eval.model, "latest")) {
-        if (!checkpoint_find_latest(cfg->checkpoint.dir, path, n))
-            fail("%s: no complete checkpoint to evaluate (eval.model: latest; expected a step_XXXXXXXX folder here, "
-                 "or eval.model set to a checkpoint or Hugging Face folder)", cfg->checkpoint.dir);
-    } else {
-        snprintf(path, n, "%s", cfg->eval.model);
-    }
-    model_load_hf_folder(m, path);
 }
 
 // ----------------------------------------------------------------------------
@@ -260,7 +268,7 @@ static void write_results(const EvalPlan *p, const char *model_path, const doubl
     const EvalConfig *e = &p->cfg->eval;
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "model", model_path);
-    cJSON_AddStringToObject(root, "tokenizer", e->tokenizer);
+    cJSON_AddStringToObject(root, "tokenizer", p->tokenizer);
     cJSON_AddStringToObject(root, "text", e->text);
     cJSON_AddStringToObject(root, "haystack", config_enum_name(p->cfg, &e->haystack));
     char seed[24];  // exact: a double would round seeds above 2^53
@@ -423,7 +431,7 @@ int cmd_tasks(int argc, char **argv) {
     }
     Config cfg;
     Dist dist;
-    if (!run_start(kept, argv, usage, &cfg, &dist)) return 2;
+    if (!run_start(kept, argv, usage, true, &cfg, &dist)) return 2;
     EvalPlan plan;
     plan_eval(&plan, &cfg, argv[0]);
     if (!plan.grid_count) fail("%s: eval.tasks '%s' has no task to generate (expected passkey, niah or ruler)", argv[0], cfg.eval.tasks);
@@ -469,7 +477,7 @@ int cmd_tasks(int argc, char **argv) {
 int cmd_eval(int argc, char **argv) {
     Config cfg;
     Dist dist;
-    if (!run_start(argc, argv, "usage: mtrain eval RUN.yaml [section.key=value ...]", &cfg, &dist)) return 2;
+    if (!run_start(argc, argv, "usage: mtrain eval RUN.yaml [section.key=value ...]", true, &cfg, &dist)) return 2;
     if (dist.dp.size > 1)
         comm_fail_all(&dist.world, "%s: parallel.dp %d: eval splits each sequence over its ranks (expected "
                       "parallel.dp 1)", argv[0], dist.dp.size);
@@ -483,10 +491,12 @@ int cmd_eval(int argc, char **argv) {
     Model m;
     model_from_config(&m, &cfg);
     model_join_ring(&m, &cfg, &dist);
-    char model_path[4096];
-    load_model(&m, &cfg, model_path, sizeof(model_path));
-    printf("eval: %s | tasks %s | lengths %s | depths %s | %d samples\n", model_path, cfg.eval.tasks,
-           cfg.eval.lengths, cfg.eval.depths, cfg.eval.samples);
+    if (!plan.model_path[0])
+        fail("checkpoint.dir: %s: no complete checkpoint to evaluate (eval.model: latest; expected a step_XXXXXXXX "
+             "folder here, or eval.model set to a checkpoint or Hugging Face folder)", cfg.checkpoint.dir);
+    model_load_hf_folder(&m, plan.model_path);
+    printf("eval: %s | tasks %s | lengths %s | depths %s | %d samples | tokenizer %s\n", plan.model_path,
+           cfg.eval.tasks, cfg.eval.lengths, cfg.eval.depths, cfg.eval.samples, plan.tok ? plan.tokenizer : "none");
     if (dist.world_rank == 0) make_dirs(cfg.eval.out);
 
     double t0 = now_seconds();
@@ -504,7 +514,7 @@ int cmd_eval(int argc, char **argv) {
     char results[CONFIG_STR + 32];
     snprintf(results, sizeof(results), "%s/results.json", cfg.eval.out);
     if (dist.world_rank == 0) {
-        write_results(&plan, model_path, loss, seqs, correct, results);
+        write_results(&plan, plan.model_path, loss, seqs, correct, results);
         write_plots(&plan, loss, correct);
     }
     printf("\neval: %.1f s | results: %s | plots: %s/*.png\n", now_seconds() - t0, results, cfg.eval.out);

@@ -5,7 +5,8 @@
 // rope_theta, rope_scaling, after any overrides), the weights as BF16 (rounded
 // to nearest even) or F32 in one model.safetensors or in shards with
 // model.safetensors.index.json, and the tokenizer files of CKPT_DIR if it has
-// them. Written as OUT_DIR.tmp.<pid>/, every file fsynced, then renamed; an
+// them. config.json keeps the keys of CKPT_DIR's config.json that mtrain does
+// not write (bos_token_id, eos_token_id, ...). Written as OUT_DIR.tmp.<pid>/, every file fsynced, then renamed; an
 // existing OUT_DIR is replaced only when it is empty.
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -13,6 +14,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <libgen.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,10 +28,6 @@
 #include "checkpoint.h"
 #include "commands.h"
 #include "config.h"
-
-// Files of a Hugging Face folder that travel with the weights unchanged.
-static const char *side_files[] = {"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
-                                   "special_tokens_map.json", "added_tokens.json", "generation_config.json"};
 
 static int usage(void) {
     fprintf(stderr, "usage: mtrain export CKPT_DIR OUT_DIR [--dtype bf16|f32] [--max-shard-size SIZE] "
@@ -73,18 +71,36 @@ static void check_out_dir(const char *out) {
     closedir(d);
 }
 
-static void copy_side_files(const char *from, const char *to) {
-    for (size_t i = 0; i < sizeof(side_files) / sizeof(side_files[0]); i++) {
-        char *src = path_join(from, side_files[i]), *dst = path_join(to, side_files[i]);
-        if (access(src, F_OK) == 0) {
-            size_t bytes;
-            char *data = read_file(src, &bytes);
-            write_file_atomic(dst, data, bytes);
-            free(data);
-        }
-        free(src);
-        free(dst);
+// With --dtype bf16, the share of the weights that training moved away from
+// train.init_from (named in CKPT_DIR/run.yaml) which the rounding puts back
+// at their init_from values: a short or low-lr fine-tune can vanish in bf16.
+// A warning on stderr when that is 1% or more.
+static void warn_rounded_back(const Model *m, const ModelConfig *mc, const char *src) {
+    char *run_file = path_join(src, "run.yaml");
+    Config run;
+    config_defaults(&run);
+    bool has_run = access(run_file, R_OK) == 0;
+    if (has_run) config_load_yaml(&run, run_file);
+    free(run_file);
+    char *init_config = path_join(run.train.init_from, "config.json");
+    bool has_init = has_run && strcmp(run.train.init_from, "none") && access(init_config, R_OK) == 0;
+    free(init_config);
+    if (!has_init) return;
+    Model init;
+    model_init(&init, mc, backend_cpu());
+    model_load_hf_folder(&init, run.train.init_from);
+    int64_t changed = 0, back = 0;
+    for (int64_t i = 0; i < m->total_params; i++) {
+        float now = m->param_mem[i], before = init.param_mem[i];
+        if (now == before) continue;
+        changed++;
+        back += f32_to_bf16(now) == f32_to_bf16(before);
     }
+    model_free(&init);
+    if (changed > 0 && back * 100 >= changed)
+        fprintf(stderr, "mtrain: warning: bf16 rounding puts %.1f%% of the weights that training changed (%lld of %lld) "
+                "back at their train.init_from values (%s); --dtype f32 keeps them\n", 100.0 * (double)back / (double)changed,
+                (long long)back, (long long)changed, run.train.init_from);
 }
 
 int cmd_export(int argc, char **argv) {
@@ -126,15 +142,18 @@ int cmd_export(int argc, char **argv) {
     Model m;
     model_init(&m, &cfg.model, backend_cpu());
     model_load_hf_folder(&m, src);
+    if (dtype == ST_BF16) warn_rounded_back(&m, &cfg.model, src);
 
     char *tmp = xmalloc(strlen(out) + 32);
     sprintf(tmp, "%s.tmp.%d", out, (int)getpid());
     make_dirs(tmp);
     int files = model_write_hf_weights(&m, tmp, dtype, max_shard);
     path = path_join(tmp, "config.json");
-    hf_config_write(path, &m.cfg, dtype == ST_F32 ? "float32" : "bfloat16");
+    char *src_config = path_join(src, "config.json");
+    hf_config_write(path, &m.cfg, dtype == ST_F32 ? "float32" : "bfloat16", src_config);
+    free(src_config);
     free(path);
-    copy_side_files(src, tmp);
+    hf_copy_side_files(src, tmp);
     fsync_dir(tmp);
     rename_into_place(tmp, out);  // replaces an empty OUT_DIR
     char *parent = xstrdup(out);

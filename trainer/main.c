@@ -1,4 +1,5 @@
 // main.c: build/mtrain's entry point: dispatches the CLI verb.
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -8,24 +9,32 @@ typedef struct {
     const char *name;
     int (*run)(int argc, char **argv);
     const char *usage;
+    bool own_help;  // run(1, {"--help"}) prints its longer usage to stdout and returns 0
 } Verb;
 
 static const Verb verbs[] = {
-    {"train", cmd_train, "train RUN.yaml [section.key=value ...]   train a model"},
-    {"config", cmd_config, "config RUN.yaml [section.key=value ...]  print the resolved config (--doc: the key reference)"},
-    {"eval", cmd_eval, "eval RUN.yaml [section.key=value ...]    perplexity by length, passkey / NIAH / RULER grids (eval.*)"},
-    {"tasks", cmd_tasks, "tasks RUN.yaml --count N --output OUT.jsonl [section.key=value ...]  eval task samples as training text (JSONL)"},
-    {"score", cmd_score, "score --model DIR --tokens FILE [--grads OUT] [--logits OUT] [overrides]  loss (and gradients) of a HF model"},
-    {"tokenize", cmd_tokenize, "tokenize --tokenizer T --input FILE... --output OUT.shard [--frame-tokens N]  pack text into a token shard (T: bytes or a tokenizer.json)"},
-    {"export", cmd_export, "export CKPT_DIR OUT_DIR [--dtype bf16|f32] [--max-shard-size 5GB] [model.key=value ...]  write a HF folder"},
-    {"detokenize", cmd_detokenize, "detokenize --tokenizer T [FILE]  token ids (one document per line) back to text"},
-    {"data", cmd_data, "data RUN.yaml [--read N] [--show G] [section.key=value ...]  what the loader makes of the run's data"},
-    {"shard", cmd_shard, "shard info|verify|dump FILE [--text [--tokenizer T]]  inspect, check or print a token shard"},
+    {"train", cmd_train, "train RUN.yaml [section.key=value ...]   train a model", false},
+    {"config", cmd_config, "config RUN.yaml [section.key=value ...]  print the resolved config (--doc: the key reference)", false},
+    {"eval", cmd_eval, "eval RUN.yaml [section.key=value ...]    perplexity by length, passkey / NIAH / RULER grids (eval.*)", false},
+    {"tasks", cmd_tasks, "tasks RUN.yaml --count N --output OUT.jsonl [section.key=value ...]  eval task samples as training text (JSONL)", false},
+    {"score", cmd_score, "score --model DIR --tokens FILE [--grads OUT] [--logits OUT] [overrides]  loss (and gradients) of a HF model", false},
+    {"tokenize", cmd_tokenize, "tokenize --tokenizer T --input FILE... --output OUT.shard [--frame-tokens N]  pack text into a token shard (T: bytes or a tokenizer.json)", true},
+    {"export", cmd_export, "export CKPT_DIR OUT_DIR [--dtype bf16|f32] [--max-shard-size 5GB] [model.key=value ...]  write a HF folder", false},
+    {"detokenize", cmd_detokenize, "detokenize --tokenizer T [FILE]  token ids (one document per line) back to text", true},
+    {"data", cmd_data, "data RUN.yaml [--read N] [--show G] [section.key=value ...]  what the loader makes of the run's data", true},
+    {"shard", cmd_shard, "shard info|verify|dump FILE [--text [--tokenizer T]]  inspect, check or print a token shard", true},
 };
 
 static void usage(FILE *out) {
     fprintf(out, "usage: mtrain VERB ...\n");
     for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++) fprintf(out, "  mtrain %s\n", verbs[i].usage);
+}
+
+// -h or --help anywhere after the verb.
+static bool asks_help(int argc, char **argv) {
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return true;
+    return false;
 }
 
 int main(int argc, char **argv) {
@@ -34,7 +43,12 @@ int main(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
-        if (!strcmp(argv[1], verbs[i].name)) return verbs[i].run(argc - 2, argv + 2);
+        if (!strcmp(argv[1], verbs[i].name)) {
+            if (!asks_help(argc - 2, argv + 2)) return verbs[i].run(argc - 2, argv + 2);
+            if (verbs[i].own_help) return verbs[i].run(1, (char *[]){"--help", NULL});
+            printf("usage: mtrain %s\n", verbs[i].usage);
+            return 0;
+        }
     fprintf(stderr, "mtrain: unknown verb '%s'\n", argv[1]);
     usage(stderr);
     return 2;

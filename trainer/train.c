@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../attention/ring.h"
 #include "checkpoint.h"
@@ -87,16 +88,24 @@ typedef struct {
 
 void loader_from_config(Loader *l, const Config *cfg) {
     LoaderConfig lc = {cfg->data.train, cfg->data.val, cfg->model.vocab_size, cfg->train.seq_len,
-                       cfg->data.val_sequences, cfg->train.seed};
+                       cfg->data.val_sequences, cfg->train.seed, {SHARD_TOKENIZER_UNKNOWN, 0}, NULL};
+    // The model's tokenizer: train.init_from's tokenizer.json, when it has one.
+    char tokenizer[CONFIG_STR + 32], source[CONFIG_STR + 32];
+    snprintf(tokenizer, sizeof(tokenizer), "%s/tokenizer.json", cfg->train.init_from);
+    snprintf(source, sizeof(source), "train.init_from %s", cfg->train.init_from);
+    if (cfg->data.check_tokenizer && strcmp(cfg->train.init_from, "none") && access(tokenizer, R_OK) == 0) {
+        lc.tokenizer = shard_tokenizer_of(tokenizer);
+        lc.tokenizer_source = source;
+    }
     loader_open(l, &lc);
 }
 
-bool run_start(int argc, char **argv, const char *usage, Config *cfg, Dist *dist) {
+bool run_start(int argc, char **argv, const char *usage, bool eval_model, Config *cfg, Dist *dist) {
     if (argc < 1 || argv[0][0] == '-') {
         fprintf(stderr, "%s\n", usage);
         return false;
     }
-    config_from_args(cfg, argv[0], argc - 1, argv + 1);
+    config_from_args(cfg, argv[0], argc - 1, argv + 1, eval_model);
     dist_init(dist, NULL, NULL, cfg->parallel.timeout_s);
     dist_setup(dist, cfg->parallel.dp, cfg->parallel.cp, cfg->parallel.cp_inner, argv[0]);
     return true;
@@ -255,7 +264,7 @@ void model_join_ring(Model *m, const Config *cfg, const Dist *dist) {
 int cmd_train(int argc, char **argv) {
     Config cfg;
     Dist dist;
-    if (!run_start(argc, argv, "usage: mtrain train RUN.yaml [section.key=value ...]", &cfg, &dist)) return 2;
+    if (!run_start(argc, argv, "usage: mtrain train RUN.yaml [section.key=value ...]", false, &cfg, &dist)) return 2;
     // Rank 0 alone speaks; errors still reach stderr from any rank.
     if (dist.world_rank != 0 && !freopen("/dev/null", "w", stdout)) fail("/dev/null: cannot open for writing");
     int D = dist.dp.size;

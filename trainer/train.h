@@ -23,6 +23,7 @@ void model_join_ring(Model *m, const Config *cfg, const Dist *dist);
 void allreduce_arena(const Comm *comm, const Backend *be, float *arena, int64_t n);
 // The start of a verb on a run file (argv[0]) and overrides: config, MPI and
 // the rank grid. Prints usage and returns false when no run file is given.
-bool run_start(int argc, char **argv, const char *usage, Config *cfg, Dist *dist);
+// eval_model: see config_from_args.
+bool run_start(int argc, char **argv, const char *usage, bool eval_model, Config *cfg, Dist *dist);
 
 #endif

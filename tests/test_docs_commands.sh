@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# test_docs_commands.sh: every command that README.md and docs/*.md show runs
+# as written, on a scratch copy of the repository (its files and build/), in
+# the order the documents give them (README.md first, then docs/*.md by name;
+# a command given twice runs once), so that later commands find what earlier
+# ones wrote (a checkpoint, a shard).
+#
+# Which text is a command:
+#   - a line of a fenced ``` block that starts with one of the PREFIXES below
+#     (a trailing `\` continues it on the next line), and
+#   - an inline `code span` that starts with one of the PREFIXES and has at
+#     least two words (`mpirun` alone names the tool, not a command).
+#   A trailing `# comment` is dropped.
+# PREFIXES: make, build/mtrain, mpirun, srun, sbatch, bash scripts/, OMP_NUM_THREADS=
+#
+# Every command must match a row of RULES (first match wins):
+#   run  ERE | OVERRIDES    run it with OVERRIDES appended (section.key=value
+#                           that shrink a long run; empty: as written)
+#   skip ERE | REASON       not run; the reason is printed
+# A command that matches no row fails the test: add a row when you add a
+# command to the docs. Commands run with bash -c in the scratch copy with a
+# time limit of $LIMIT s each, OMP_NUM_THREADS=1, Open MPI allowed to place
+# more ranks than this machine has cores, and without the MAKEFLAGS of a
+# `make test` that runs this test.
+#   bash tests/test_docs_commands.sh        (uses build/ as built)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+. tests/lib.sh
+LIMIT=300
+
+RULES=(
+  'run |^make demo$|'
+  'skip|^make test$|runs the whole suite, this test included'
+  'skip|^make test-gpu$|needs a GPU'
+  'run |^mpirun -np 4 build/mtrain train configs/tiny-cpu\.yaml |train.steps=10'
+  'skip|^srun |needs a Slurm cluster (tests/test_srun.sh runs srun on a private one)'
+  'skip|^mpirun -np 2 build/mtrain score --model DIR |placeholders DIR and FILE (tests/test_hf_folders.py runs score)'
+  'run |^build/mtrain tokenize --tokenizer bytes --input corpus/|'
+  'run |^build/mtrain data configs/tiny-cpu\.yaml |'
+  'run |^build/mtrain train configs/tiny-cpu\.yaml data\.train=|train.steps=10'
+  'run |^build/mtrain eval configs/tiny-cpu\.yaml eval\.lengths=512,1024 |eval.samples=1'
+  'skip|^mpirun -np 4 build/mtrain eval RUN\.yaml |placeholder RUN.yaml and 512K-token lengths'
+  'skip|^bash scripts/context_extension\.sh$|takes about 15 minutes'
+  'run |^build/mtrain config --doc$|'
+  'run |^build/mtrain train configs/tiny-cpu\.yaml train\.lr=1e-3 train\.steps=10$|'
+  'skip|^build/mtrain config RUN\.yaml \[overrides\]$|synopsis with placeholders'
+  'skip|^bash scripts/bench_|benchmark, minutes'
+  'skip|^bash scripts/gpu_check\.sh$|needs a GPU'
+  'skip|^build/mtrain data run\.yaml --read R |placeholders R, DIR and N'
+  'skip|-np W build/tests/mpi_dist bench |placeholder W; benchmark'
+  'skip|^OMP_NUM_THREADS=1 build/tests/mpi_sparse_ring plan |benchmark'
+  'skip|^build/mtrain train big\.yaml |placeholder big.yaml (a model too large for this machine)'
+  'skip|-np NP build/mtrain train configs/demo-cpu\.yaml |placeholders NP, TH and GRID'
+  'run |^build/mtrain eval configs/tiny-cpu\.yaml checkpoint\.dir=\$T/ck |eval.lengths=1024 eval.depths=0 eval.samples=1'
+  'skip|^OMP_NUM_THREADS=1 OMPI_MCA_btl_vader_single_copy_mechanism=none$|environment settings, not a command'
+  'skip|^build/mtrain train configs/demo-cpu\.yaml .*parallel\.cp=2 |runs under the srun / mpirun -np 2 of its sentence (tests/test_srun.sh)'
+  'skip|^mpirun --oversubscribe --bind-to none -np 2$|launcher options of a command beside it'
+)
+
+# Commands as "FILE:LINE<TAB>COMMAND", in document order, each once.
+extract_commands() {
+  /usr/bin/python3 - README.md docs/*.md <<'EOF'
+import re, sys
+prefix = re.compile(r"^(make |build/mtrain |mpirun |srun |sbatch |bash scripts/|OMP_NUM_THREADS=)")
+seen = set()
+for path in sys.argv[1:]:
+    lines = open(path, encoding="utf-8").read().split("\n")
+    fenced, i = False, 0
+    while i < len(lines):
+        line, number = lines[i], i + 1
+        found = []
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif fenced:
+            text = line.strip()
+            if prefix.match(text):
+                while text.endswith("\\") and i + 1 < len(lines):
+                    i += 1
+                    text = text[:-1].rstrip() + " " + lines[i].strip()
+                found.append(text)
+        else:
+            found = [s.strip() for s in re.findall(r"`([^`]+)`", line)
+                     if prefix.match(s.strip()) and len(s.split()) >= 2]
+        for text in found:
+            text = re.sub(r"\s+#.*$", "", text).strip()
+            if text not in seen:
+                seen.add(text)
+                print(f"{path}:{number}\t{text}")
+        i += 1
+EOF
+}
+
+# The scratch copy: the repository's files and build/ (timestamps kept, so
+# make finds it up to date), a tiny corpus for the own-text example and $T for
+# the commands of docs/PERFORMANCE.md that use it.
+scratch=$tmp/repo
+mkdir -p "$scratch"
+git ls-files -z --cached --others --exclude-standard | xargs -0 cp -a --parents -t "$scratch"
+cp -a build "$scratch/build"
+mkdir -p "$scratch/corpus" "$tmp/T"
+for d in 1 2 3; do
+  awk -v d=$d 'BEGIN { srand(d); for (i = 0; i < 3000; i++) printf "%s%s", substr("the river town old road map", int(rand() * 20) + 1, 4), i % 11 == 10 ? ".\n" : " " }' \
+    >"$scratch/corpus/doc$d.txt"
+done
+export T=$tmp/T OMP_NUM_THREADS=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_hwloc_base_binding_policy=none
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+unset MAKEFLAGS MFLAGS MAKELEVEL
+if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+# docs/PERFORMANCE.md's evaluation reads a tiny-cpu model trained into $T/ck.
+(cd "$scratch" && build/mtrain train configs/tiny-cpu.yaml train.steps=10 checkpoint.dir="$T/ck" log.dir="$T/log" \
+  >/dev/null 2>&1) || bad "setup: a tiny-cpu checkpoint in \$T/ck" "train failed"
+
+commands=$(extract_commands)
+[ -n "$commands" ] || bad "commands found in the docs" "none"
+count=0
+while IFS=$'\t' read -r where command; do
+  count=$((count + 1))
+  action="" detail=""
+  for rule in "${RULES[@]}"; do
+    IFS='|' read -r kind pattern text <<<"$rule"
+    if [[ $command =~ $pattern ]]; then action=${kind% }; detail=$text; break; fi
+  done
+  case $action in
+    skip) echo "skipped $where: $command ($detail)" ;;
+    run)
+      start=$SECONDS
+      (cd "$scratch" && timeout $LIMIT bash -c "$command $detail" >"$tmp/out" 2>&1 </dev/null)
+      rc=$?
+      if [ $rc -eq 0 ]; then ok "$where runs: $command${detail:+ (+ $detail)} [$((SECONDS - start)) s]"
+      else bad "$where runs: $command${detail:+ (+ $detail)}" "exit $rc: $(tail -n 3 "$tmp/out" | tr '\n' '|')"; fi
+      ;;
+    *) bad "$where: $command" "matches no row of RULES in tests/test_docs_commands.sh (run it, or skip it with a reason)" ;;
+  esac
+done <<<"$commands"
+echo "$count documented commands"
+[ "$failures" -eq 0 ]

@@ -420,7 +420,7 @@ int cmd_data(int argc, char **argv) {
     Config cfg;
     config_from_args(&cfg, argv[0], override_count, overrides);
     Loader l;
-    loader_from_config(&l, &cfg);
+    loader_from_config(&l, &cfg, cfg.log.val_every > 0);
     loader_print_summary(&l, stdout);
     if (read > 0) data_read(&l, &cfg, read);
     if (show >= 0) data_show(&l, &cfg, show);

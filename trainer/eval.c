@@ -79,7 +79,7 @@ typedef struct {
 // previous one's last target); synthetic sequences lose their first token.
 static int32_t *heldout_tokens(const Config *cfg, int64_t *len) {
     Loader l;
-    loader_from_config(&l, cfg);
+    loader_from_config(&l, cfg, true);
     int64_t N = cfg->train.seq_len, S = cfg->data.val_sequences;
     int32_t *text = xmalloc(sizeof(int32_t) * (size_t)(S * N + 1));
     PackedSequence seq;

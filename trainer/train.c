@@ -84,9 +84,9 @@ typedef struct {
     int cp, cp_rank;
 } RunData;
 
-void loader_from_config(Loader *l, const Config *cfg) {
+void loader_from_config(Loader *l, const Config *cfg, bool validation) {
     LoaderConfig lc = {cfg->data.train, cfg->data.val, cfg->model.vocab_size, cfg->train.seq_len,
-                       cfg->data.val_sequences, cfg->train.seed};
+                       validation ? cfg->data.val_sequences : 0, cfg->train.seed};
     loader_open(l, &lc);
 }
 
@@ -104,7 +104,7 @@ bool run_start(int argc, char **argv, const char *usage, Config *cfg, Dist *dist
 static void run_data_open(RunData *d, const Config *cfg, const Dist *dist) {
     d->cp = dist->cp.size;
     d->cp_rank = dist->cp.rank;
-    loader_from_config(&d->loader, cfg);
+    loader_from_config(&d->loader, cfg, cfg->log.val_every > 0);
     packed_sequence_alloc(&d->seq, cfg->train.seq_len);
     rank_slice_alloc(&d->slice, cfg->train.seq_len);
     d->layout = (LayoutKind)layout_parse(cfg->attention.layout);

@@ -14,8 +14,9 @@ void apply_threads(const Config *cfg);
 // model_init with the backend and the attention/loss/checkpointing settings.
 void model_from_config(Model *m, const Config *cfg);
 OptimizerConfig optimizer_config(const Config *cfg);
-// loader_open with the run's data, vocabulary, sequence length and seed.
-void loader_from_config(Loader *l, const Config *cfg);
+// loader_open with the run's data, vocabulary, sequence length and seed;
+// with validation false no validation stream (nothing held out).
+void loader_from_config(Loader *l, const Config *cfg, bool validation);
 // Attention over the cp ring when cp > 1 (dense, or sparse with the pattern
 // estimated over the ring). What cannot run on the ring ends every rank with
 // one line naming source. Collective.

@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # test_train_ops.sh: the operations of a training run through build/mtrain:
-# one step trains at the peak lr and changes the weights.
+# one step trains at the peak lr and changes the weights; the end-of-run
+# summary line; resuming a finished run says so; SIGTERM / SIGINT mid-run on
+# 1 and on 2 ranks (sent to one rank: all agree) and SIGUSR1 to mpirun stop
+# after a step with a checkpoint and exit 0, and the resumed run is
+# bit-identical to an uninterrupted one; a second signal exits at once and
+# leaves the checkpoints usable.
 set -u
 cd "$(dirname "$0")/.."
 MTRAIN=${MTRAIN:-build/mtrain}
@@ -16,4 +21,105 @@ train checkpoint.dir="$tmp/one" train.steps=1 log.dir="$tmp/one_logs"
 train checkpoint.dir="$tmp/zero" train.steps=1 train.lr=0 log.dir="$tmp/zero_logs"
 expect "steps=1 trains at the peak lr" 'grep -q "\"step\": 1, .*\"lr\": 0.003[,}]" "$tmp/one_logs/metrics.jsonl"'
 expect "steps=1 changes the weights" '! cmp -s "$tmp/one/step_00000001/model.safetensors" "$tmp/zero/step_00000001/model.safetensors"'
+# The summary line: steps, tokens (64 per step), time, tokens/s, best validation loss.
+: >"$tmp/out.txt"
+train checkpoint.dir="$tmp/sum" log.dir="$tmp/sum_logs" train.steps=6 log.val_every=3
+expect "run summary line with steps, tokens, time, rate and best val loss" \
+  'grep -Eq "^run summary: steps 1-6 \| 384 tokens \| [0-9.]+ s \| [0-9]+ tok/s \| best val loss [0-9.]+$" "$tmp/out.txt"'
+best=$(sed -n 's/.*best val loss //p' "$tmp/out.txt")
+lowest=$(sed -n 's/^validation | step [0-9]* | loss //p' "$tmp/out.txt" | sort -g | head -1)
+expect "best val loss $best is the lowest validation loss $lowest" '[ -n "$best" ] && [ "$best" = "$lowest" ]'
+
+# Resuming a finished run: one line, exit 0, nothing written.
+: >"$tmp/out.txt"
+train checkpoint.dir="$tmp/sum" log.dir="$tmp/sum_logs" train.steps=6 log.val_every=3
+rc=$?
+expect "resuming a finished run says so and exits 0" \
+  '[ $rc -eq 0 ] && grep -q "^the run is finished: step 6 of train.steps = 6" "$tmp/out.txt" && ! grep -q "^step \|^run summary" "$tmp/out.txt"'
+
+# Signals. A long run (constant lr) stopped once 5 steps are logged; then the
+# same run resumed to 3 steps past the stop, against an uninterrupted run of
+# as many steps on as many ranks.
+if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+export OMPI_MCA_btl_vader_single_copy_mechanism=none OMP_NUM_THREADS=1
+SIG_RUN="$RUN train.lr_schedule=constant log.every=1000"
+launch() {  # launch NP ARGS...: mtrain train on NP ranks (1: no mpirun), in the background
+  local np=$1
+  shift
+  if [ "$np" -gt 1 ]; then
+    mpirun --oversubscribe --bind-to none -np "$np" "$MTRAIN" train $SIG_RUN parallel.cp="$np" "$@" &
+  else
+    "$MTRAIN" train $SIG_RUN "$@" &
+  fi
+}
+wait_steps() {  # wait_steps METRICS N: until METRICS has N step lines (at most 60 s)
+  for _ in $(seq 600); do
+    local n
+    n=$(grep -c '"loss"' "$1" 2>/dev/null)
+    [ "${n:-0}" -ge "$2" ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+same() { cmp -s "$1/model.safetensors" "$2/model.safetensors" && cmp -s "$1/optimizer.zst" "$2/optimizer.zst"; }
+# stop_and_resume NAME NP SIGNAL TARGET: TARGET is "rank0", "rank1" or "mpirun".
+stop_and_resume() {
+  local name=$1 np=$2 sig=$3 target=$4 dir="$tmp/$1"
+  launch "$np" checkpoint.dir="$dir" log.dir="$dir/logs" train.steps=100000 >"$tmp/$name.out" 2>&1
+  local pid=$! victim
+  wait_steps "$dir/logs/metrics.jsonl" 5 || { bad "$name: run started" "no 5 steps within 60 s"; kill -9 "$pid"; return; }
+  case $target in
+    mpirun) victim=$pid ;;
+    rank0) victim=$( ([ "$np" -gt 1 ] && pgrep -P "$pid" -x mtrain || echo "$pid") | sort -n | head -1) ;;
+    rank1) victim=$(pgrep -P "$pid" -x mtrain | sort -n | tail -1) ;;
+  esac
+  kill -"$sig" "$victim"
+  wait "$pid"
+  local rc=$?
+  local stopped
+  stopped=$(sed -n "s/^stopped by SIG$sig after step \([0-9]*\) of 100000: checkpoint .* written.*/\1/p" "$tmp/$name.out")
+  expect "$name: SIG$sig to $target: exit 0 with one line naming the step (rc $rc, step ${stopped:-none})" \
+    '[ $rc -eq 0 ] && [ -n "$stopped" ]'
+  [ -n "$stopped" ] || return
+  local total=$((stopped + 3)) step
+  step=$(printf 'step_%08d' "$stopped")
+  expect "$name: checkpoint of step $stopped written" '[ -f "$dir/$step/state.json" ] && [ "$(cat "$dir/latest")" = "$step" ]'
+  launch "$np" checkpoint.dir="$dir" log.dir="$dir/logs" train.steps="$total" >>"$tmp/$name.out" 2>&1
+  wait $!
+  launch "$np" checkpoint.dir="$dir.ref" log.dir="$dir.ref/logs" train.steps="$total" >"$tmp/$name.ref.out" 2>&1
+  wait $!
+  step=$(printf 'step_%08d' "$total")
+  expect "$name: resumed to step $total bit-identical to an uninterrupted run" 'same "$dir/$step" "$dir.ref/$step"'
+}
+stop_and_resume term1 1 TERM rank0
+stop_and_resume int1 1 INT rank0
+stop_and_resume term2 2 TERM rank1
+stop_and_resume int2 2 INT rank0
+stop_and_resume usr1_2 2 USR1 mpirun
+
+# A second signal (another one: equal signals pending at once merge) during
+# a longer step: exit at once with status 128 + the signal (SIGUSR1 or
+# SIGTERM, whichever is delivered second); the checkpoints written
+# before it are complete and the newest loads.
+dir="$tmp/twice"
+launch 1 checkpoint.dir="$dir" log.dir="$dir/logs" train.steps=100000 checkpoint.every=2 train.seq_len=1024 \
+  model.max_position_embeddings=1024 >"$tmp/twice.out" 2>&1
+pid=$!
+if wait_steps "$dir/logs/metrics.jsonl" 5; then
+  kill -USR1 "$pid"
+  kill -TERM "$pid"
+  wait "$pid"
+  rc=$?
+  expect "a second signal exits at once (status $rc)" \
+    '{ [ $rc -eq 138 ] || [ $rc -eq 143 ]; } && grep -q "second signal" "$tmp/twice.out" && ! grep -q "^stopped by" "$tmp/twice.out"'
+  newest=$(ls -d "$dir"/step_???????? | tail -1)
+  launch 1 checkpoint.dir="$dir" log.dir="$dir/logs" train.steps=1 train.seq_len=1024 \
+    model.max_position_embeddings=1024 >>"$tmp/twice.out" 2>&1
+  wait $!
+  rc=$?
+  expect "after a second signal the newest checkpoint loads" '[ $rc -eq 0 ] && grep -q "^resumed from $newest" "$tmp/twice.out"'
+else
+  bad "second signal: run started" "no 5 steps within 60 s"
+  kill -9 "$pid"
+fi
 exit $((failures > 0))

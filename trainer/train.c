@@ -7,14 +7,18 @@
 // shard, then all-gather the parameters), then rank 0 prints one line and
 // appends one JSON line to log.dir/metrics.jsonl. The loader's cursor
 // (sequences consumed) is saved in every checkpoint, so a resumed run reads
-// exactly the next sequence.
+// exactly the next sequence. SIGINT, SIGTERM or SIGUSR1 on any rank: every
+// rank finishes the step, a checkpoint is written and the run exits 0.
 #include "train.h"
 
+#include <errno.h>
 #include <math.h>
 #include <omp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "checkpoint.h"
 #include "commands.h"
@@ -137,13 +141,15 @@ static double validation_loss(Model *m, const Config *cfg, const Dist *dist, Run
 }
 
 // metrics == NULL on every rank but 0 (which alone prints and writes).
-static void log_validation(Model *m, const Config *cfg, const Dist *dist, RunData *d, int64_t step, FILE *metrics,
+// Returns the loss.
+static double log_validation(Model *m, const Config *cfg, const Dist *dist, RunData *d, int64_t step, FILE *metrics,
                            const char *path) {
     double loss = validation_loss(m, cfg, dist, d);
     printf("validation | step %lld | loss %.4f\n", (long long)step, loss);
-    if (!metrics) return;
+    if (!metrics) return loss;
     fprintf(metrics, "{\"step\": %lld, \"val_loss\": %.9g}\n", (long long)step, loss);
     if (fflush(metrics) != 0) fail("%s: write failed", path);
+    return loss;
 }
 
 static void format_eta(double seconds, char *out, size_t n) {
@@ -249,6 +255,52 @@ static float *gather_moments(const Comm *dp, bool zero, const Model *m) {
     return host;
 }
 
+// The checkpoint of state->step, collective: the moments reach rank 0 (under
+// ZeRO-1 its dp group gathers them), which writes it.
+static void save_checkpoint(const Config *cfg, const Dist *dist, bool zero, const Model *m, const TrainState *state) {
+    if (zero ? dist->cp.rank == 0 : dist->world_rank == 0) {
+        float *moments = gather_moments(&dist->dp, zero, m);
+        if (dist->world_rank == 0) checkpoint_save(cfg, m, state, moments);
+        free(moments);
+    }
+    printf("checkpoint: %s/step_%08lld\n", cfg->checkpoint.dir, (long long)state->step);
+}
+
+// The signal that asked the run to stop (SIGINT, SIGTERM or SIGUSR1), 0 = none.
+static volatile sig_atomic_t stop_signal;
+
+// A first signal is remembered: the step in progress finishes, then a
+// checkpoint is written. A second exits at once: a checkpoint being written
+// is still a .tmp folder that is never read, so none is damaged.
+static void on_stop_signal(int sig) {
+    if (stop_signal) {
+        static const char msg[] = "mtrain: second signal: exiting now without a checkpoint of this step\n";
+        ssize_t written = write(STDERR_FILENO, msg, sizeof(msg) - 1);
+        (void)written;
+        _exit(128 + sig);
+    }
+    stop_signal = sig;
+}
+
+static void catch_stop_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    const int signals[] = {SIGINT, SIGTERM, SIGUSR1};
+    for (size_t i = 0; i < sizeof(signals) / sizeof(signals[0]); i++)
+        if (sigaction(signals[i], &sa, NULL) != 0) fail("sigaction(%d): %s", signals[i], strerror(errno));
+}
+
+// After a step, on every rank: the signal any rank got (0 = none), so that
+// all of them stop after the same step.
+static int agreed_stop_signal(const Dist *dist) {
+    int64_t sig = stop_signal;
+    comm_allreduce(&dist->world, &sig, 1, DT_INT64, REDUCE_MAX);
+    return (int)sig;
+}
+
 void model_join_ring(Model *m, const Config *cfg, const Dist *dist, const char *source) {
     if (dist->cp.size == 1) return;
     model_set_ring(m, &dist->cp, ring_inner_size(cfg->attention.ring, dist->cp.size, dist->grid.cp_inner));
@@ -275,6 +327,7 @@ int cmd_train(int argc, char **argv) {
     model_alloc_optimizer(&m);
     TrainState state = {0};
     rng_seed(&state.rng, cfg.train.seed);
+    catch_stop_signals();
     start_state(&cfg, &dist, &m, &state);
     OptimizerConfig oc = optimizer_config(&cfg);
     int64_t N = cfg.train.seq_len;
@@ -300,7 +353,12 @@ int cmd_train(int argc, char **argv) {
     double train_start = now_seconds();
     int64_t first_step = state.step + 1;
     bool validate = cfg.log.val_every > 0;
-    if (validate && first_step == 1) log_validation(&m, &cfg, &dist, &data, 0, metrics, metrics_path);
+    double best_val = INFINITY;
+    if (state.step > 0 && state.step >= cfg.train.steps)
+        printf("the run is finished: step %lld of train.steps = %lld, nothing to train (raise train.steps to go on)\n",
+               (long long)state.step, (long long)cfg.train.steps);
+    else if (validate && first_step == 1)
+        best_val = log_validation(&m, &cfg, &dist, &data, 0, metrics, metrics_path);
     for (int64_t step = first_step; step <= cfg.train.steps; step++) {
         double t0 = now_seconds();
         m.be->zero(m.grad_mem, sizeof(float) * (size_t)m.total_params);
@@ -340,17 +398,26 @@ int cmd_train(int argc, char **argv) {
         }
         state.step = step;
         if (validate && (step % cfg.log.val_every == 0 || step == cfg.train.steps))
-            log_validation(&m, &cfg, &dist, &data, step, metrics, metrics_path);
+            best_val = fmin(best_val, log_validation(&m, &cfg, &dist, &data, step, metrics, metrics_path));
         state.tokens_seen += step_tokens;
-        if ((cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || step == cfg.train.steps) {
-            // The moments reach rank 0: under ZeRO-1 its dp group gathers them.
-            if (zero ? dist.cp.rank == 0 : dist.world_rank == 0) {
-                float *moments = gather_moments(&dist.dp, zero, &m);
-                if (dist.world_rank == 0) checkpoint_save(&cfg, &m, &state, moments);
-                free(moments);
-            }
-            printf("checkpoint: %s/step_%08lld\n", cfg.checkpoint.dir, (long long)step);
+        bool saved = (cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || step == cfg.train.steps;
+        if (saved) save_checkpoint(&cfg, &dist, zero, &m, &state);
+        int sig = agreed_stop_signal(&dist);
+        if (sig && step < cfg.train.steps) {
+            if (!saved) save_checkpoint(&cfg, &dist, zero, &m, &state);
+            printf("stopped by %s after step %lld of %lld: checkpoint %s/step_%08lld written; the same command "
+                   "resumes\n", sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGUSR1", (long long)step,
+                   (long long)cfg.train.steps, cfg.checkpoint.dir, (long long)step);
+            break;
         }
+    }
+    if (state.step >= first_step) {
+        double seconds = now_seconds() - train_start;
+        double tokens = (double)(state.step - first_step + 1) * (double)step_tokens;
+        char val[48] = "";
+        if (isfinite(best_val)) snprintf(val, sizeof(val), " | best val loss %.4f", best_val);
+        printf("run summary: steps %lld-%lld | %.0f tokens | %.1f s | %.0f tok/s%s\n", (long long)first_step,
+               (long long)state.step, tokens, seconds, tokens / seconds, val);
     }
     if (metrics) fclose(metrics);
     free(attention_json);

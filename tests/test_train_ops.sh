@@ -5,7 +5,9 @@
 # 1 and on 2 ranks (sent to one rank: all agree) and SIGUSR1 to mpirun stop
 # after a step with a checkpoint and exit 0, and the resumed run is
 # bit-identical to an uninterrupted one; a second signal exits at once and
-# leaves the checkpoints usable.
+# leaves the checkpoints usable; threads: parallel.threads 0 = the CPUs
+# divided by the ranks (shown in the ranks line), an oversubscribing setting
+# warns, and OpenMP waits passively unless the user chose a policy.
 set -u
 cd "$(dirname "$0")/.."
 MTRAIN=${MTRAIN:-build/mtrain}
@@ -15,6 +17,8 @@ MTRAIN=${MTRAIN:-build/mtrain}
 RUN="configs/tiny-cpu.yaml model.hidden_size=32 model.intermediate_size=64 train.steps=12 train.seq_len=64
      train.warmup_steps=0 train.min_lr=0 attention.block_size=16 log.every=1"
 train() { "$MTRAIN" train $RUN "$@" >>"$tmp/out.txt" 2>&1; }
+if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
 
 # One step of the default (cosine, no warmup) schedule: at lr, weights move.
 train checkpoint.dir="$tmp/one" train.steps=1 log.dir="$tmp/one_logs"
@@ -37,11 +41,27 @@ rc=$?
 expect "resuming a finished run says so and exits 0" \
   '[ $rc -eq 0 ] && grep -q "^the run is finished: step 6 of train.steps = 6" "$tmp/out.txt" && ! grep -q "^step \|^run summary" "$tmp/out.txt"'
 
+# Threads. nproc = the CPUs this test (and every rank, --bind-to none) may use.
+cpus=$(nproc)
+share=$((cpus / 2 > 0 ? cpus / 2 : 1))
+mpirun --oversubscribe --bind-to none -np 2 "$MTRAIN" train $RUN parallel.cp=2 train.steps=1 checkpoint.resume=never \
+  checkpoint.dir="$tmp/thr" log.dir="$tmp/thr" >"$tmp/thr.out" 2>&1
+expect "2 ranks on $cpus CPUs: the ranks line shows $share thread(s) per rank, no warning" \
+  'grep -q "^ranks: 2 = .*, $share threads\? per rank$" "$tmp/thr.out" && ! grep -q "^warning" "$tmp/thr.out"'
+mpirun --oversubscribe --bind-to none -np 2 "$MTRAIN" train $RUN parallel.cp=2 train.steps=1 checkpoint.resume=never \
+  checkpoint.dir="$tmp/thr" log.dir="$tmp/thr" parallel.threads="$cpus" >"$tmp/thr.out" 2>&1
+expect "2 ranks x parallel.threads $cpus: one warning line" \
+  '[ "$(grep -c "^warning: parallel.threads $cpus x 2 ranks on this node = $((2 * cpus)) threads on $cpus CPUs.*oversubscribed" "$tmp/thr.out")" = 1 ]'
+train checkpoint.dir="$tmp/thr1" train.steps=1 parallel.threads=$((cpus + 1)) checkpoint.resume=never 2>"$tmp/thr1.err"
+expect "one process with parallel.threads $((cpus + 1)): a warning" 'grep -q "^warning: parallel.threads $((cpus + 1)) x 1 ranks" "$tmp/out.txt"'
+OMP_DISPLAY_ENV=true "$MTRAIN" train $RUN checkpoint.dir="$tmp/wait" train.steps=1 >"$tmp/wait.out" 2>&1
+expect "OpenMP waits passively by default" 'grep -q "OMP_WAIT_POLICY = .PASSIVE." "$tmp/wait.out"'
+OMP_WAIT_POLICY=active OMP_DISPLAY_ENV=true "$MTRAIN" train $RUN checkpoint.dir="$tmp/wait2" train.steps=1 >"$tmp/wait.out" 2>&1
+expect "a wait policy the user sets is kept" 'grep -q "OMP_WAIT_POLICY = .ACTIVE." "$tmp/wait.out" && ! grep -q "PASSIVE" "$tmp/wait.out"'
+
 # Signals. A long run (constant lr) stopped once 5 steps are logged; then the
 # same run resumed to 3 steps past the stop, against an uninterrupted run of
 # as many steps on as many ranks.
-if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-export OMPI_MCA_btl_vader_single_copy_mechanism=none OMP_NUM_THREADS=1
 SIG_RUN="$RUN train.lr_schedule=constant log.every=1000"
 launch() {  # launch NP ARGS...: mtrain train on NP ranks (1: no mpirun), in the background
   local np=$1
@@ -61,6 +81,14 @@ wait_steps() {  # wait_steps METRICS N: until METRICS has N step lines (at most 
   done
   return 1
 }
+finish() {  # finish PID: its exit status, or kill -9 and 137 when it runs 60 s more
+  for _ in $(seq 600); do
+    kill -0 "$1" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -0 "$1" 2>/dev/null && pkill -9 -P "$1" && kill -9 "$1"
+  wait "$1"
+}
 same() { cmp -s "$1/model.safetensors" "$2/model.safetensors" && cmp -s "$1/optimizer.zst" "$2/optimizer.zst"; }
 # stop_and_resume NAME NP SIGNAL TARGET: TARGET is "rank0", "rank1" or "mpirun".
 stop_and_resume() {
@@ -73,8 +101,8 @@ stop_and_resume() {
     rank0) victim=$( ([ "$np" -gt 1 ] && pgrep -P "$pid" -x mtrain || echo "$pid") | sort -n | head -1) ;;
     rank1) victim=$(pgrep -P "$pid" -x mtrain | sort -n | tail -1) ;;
   esac
-  kill -"$sig" "$victim"
-  wait "$pid"
+  [ -n "$victim" ] && kill -"$sig" "$victim"
+  finish "$pid"
   local rc=$?
   local stopped
   stopped=$(sed -n "s/^stopped by SIG$sig after step \([0-9]*\) of 100000: checkpoint .* written.*/\1/p" "$tmp/$name.out")
@@ -108,7 +136,7 @@ pid=$!
 if wait_steps "$dir/logs/metrics.jsonl" 5; then
   kill -USR1 "$pid"
   kill -TERM "$pid"
-  wait "$pid"
+  finish "$pid"
   rc=$?
   expect "a second signal exits at once (status $rc)" \
     '{ [ $rc -eq 138 ] || [ $rc -eq 143 ]; } && grep -q "second signal" "$tmp/twice.out" && ! grep -q "^stopped by" "$tmp/twice.out"'

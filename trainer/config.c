@@ -89,7 +89,7 @@ static const Key keys[] = {
     STRING(attention, budget_file, "none", "Sparse, budget `fixed`: `none`, or a text file of `layer head vertical slash` lines that overrides the counts per layer and head."),
     ENUM(attention, layout, "striped", "contiguous|zigzag|striped", "How a sequence's blocks of `block_size` tokens are spread over context-parallel ranks (DESIGN §5.1); the loader hands each rank its tokens in this order."),
 
-    INT(parallel, threads, 0, 0, 4096, "OpenMP threads of the CPU backend; 0 = all cores."),
+    INT(parallel, threads, 0, 0, 4096, "OpenMP (and OpenBLAS) threads of each rank on the CPU backend; 0 = the CPUs of this node divided by the MPI ranks on it (at least 1; all CPUs for one process). A setting that oversubscribes the node gets a warning."),
     INT(parallel, dp, 0, 0, 1 << 20, "Data-parallel groups; 0 = world size / `cp`. `dp` × `cp` must equal the number of ranks."),
     INT(parallel, cp, 0, 0, 1 << 20, "Context-parallel ranks sharing one sequence (the attention ring); 0 = world size / `dp` (all ranks when `dp` is 0 too)."),
     INT(parallel, cp_inner, 0, 0, 1 << 20, "Ranks of one inner ring of the hierarchical schedule (must divide `cp`); 0 = the ranks per node (their greatest common divisor with `cp`)."),

@@ -479,7 +479,7 @@ int cmd_eval(int argc, char **argv) {
     plan_eval(&plan, &cfg, argv[0]);
     plan.split = (EvalSplit){dist.cp.size > 1 ? &dist.cp : NULL, (LayoutKind)layout_parse(cfg.attention.layout),
                              cfg.attention.block_size};
-    apply_threads(&cfg);
+    apply_threads(&cfg, &dist);
     Model m;
     model_from_config(&m, &cfg);
     model_join_ring(&m, &cfg, &dist, argv[0]);

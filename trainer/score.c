@@ -77,7 +77,7 @@ int cmd_score(int argc, char **argv) {
     if (logits_path && dist.world_size > 1)
         comm_fail_all(&dist.world, "mtrain score: --logits with %d ranks: logits are written by a single "
                       "process only (expected no --logits, or one rank)", dist.world_size);
-    apply_threads(&cfg);
+    apply_threads(&cfg, &dist);
 
     int64_t T;
     int32_t *tokens = read_token_file(tokens_path, cfg.model.vocab_size, &T);

@@ -11,6 +11,7 @@
 // rank finishes the step, a checkpoint is written and the run exits 0.
 #include "train.h"
 
+#include <cblas.h>
 #include <errno.h>
 #include <math.h>
 #include <omp.h>
@@ -23,8 +24,20 @@
 #include "checkpoint.h"
 #include "commands.h"
 
-void apply_threads(const Config *cfg) {
-    if (cfg->parallel.threads > 0) omp_set_num_threads(cfg->parallel.threads);
+int apply_threads(const Config *cfg, const Dist *dist) {
+    int share = dist->node_cpus / dist->local_size;
+    if (share > dist->rank_cpus) share = dist->rank_cpus;
+    if (share < 1) share = 1;
+    int threads = cfg->parallel.threads > 0 ? cfg->parallel.threads : share;
+    int64_t node_threads = (int64_t)threads * dist->local_size;
+    if (cfg->parallel.threads > 0 && dist->world_rank == 0 &&
+        (node_threads > dist->node_cpus || threads > dist->rank_cpus))
+        fprintf(stderr, "warning: parallel.threads %d x %d ranks on this node = %lld threads on %d CPUs (%d for "
+                "this rank): oversubscribed, every step waits for descheduled threads (parallel.threads: 0 gives %d)\n",
+                threads, dist->local_size, (long long)node_threads, dist->node_cpus, dist->rank_cpus, share);
+    omp_set_num_threads(threads);
+    openblas_set_num_threads(threads);
+    return threads;
 }
 
 void model_from_config(Model *m, const Config *cfg) {
@@ -319,7 +332,7 @@ int cmd_train(int argc, char **argv) {
     bool zero = cfg.parallel.zero == 1;
     RunData data;
     run_data_open(&data, &cfg, &dist);
-    apply_threads(&cfg);
+    int threads = apply_threads(&cfg, &dist);
     Model m;
     model_from_config(&m, &cfg);
     model_join_ring(&m, &cfg, &dist, argv[0]);
@@ -334,9 +347,9 @@ int cmd_train(int argc, char **argv) {
     int micro = cfg.train.micro_batches;
     int64_t step_tokens = N * micro * D;
     if (dist.world_size > 1)
-        printf("ranks: %d = dp %d x cp %d (ring %s, cp_inner %d, layout %s)%s, launcher %s\n", dist.world_size, D,
-               dist.cp.size, cfg.attention.ring, dist.grid.cp_inner, cfg.attention.layout, zero ? ", ZeRO-1" : "",
-               dist.launcher);
+        printf("ranks: %d = dp %d x cp %d (ring %s, cp_inner %d, layout %s)%s, launcher %s, %d thread%s per rank\n",
+               dist.world_size, D, dist.cp.size, cfg.attention.ring, dist.grid.cp_inner, cfg.attention.layout,
+               zero ? ", ZeRO-1" : "", dist.launcher, threads, threads == 1 ? "" : "s");
     print_memory(&m, layout_rank_positions(data.layout, N, data.block_size, data.cp, data.cp_rank, NULL));
 
     char metrics_path[CONFIG_STR + 32];

@@ -9,8 +9,11 @@
 #include "../model/optimizer.h"
 #include "config.h"
 
-// OpenMP threads from parallel.threads (0 = leave the default: all cores).
-void apply_threads(const Config *cfg);
+// The OpenMP (and OpenBLAS) threads of this rank: parallel.threads, or with 0
+// the node's CPUs divided by its ranks (at least 1, at most this rank's
+// CPUs). An explicit setting that oversubscribes the node gets a one-line
+// warning on stderr (rank 0). Returns the threads.
+int apply_threads(const Config *cfg, const Dist *dist);
 // model_init with the backend and the attention/loss/checkpointing settings.
 void model_from_config(Model *m, const Config *cfg);
 OptimizerConfig optimizer_config(const Config *cfg);

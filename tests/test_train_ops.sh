@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_train_ops.sh: the operations of a training run through build/mtrain:
 # one step trains at the peak lr and changes the weights; the end-of-run
-# summary line; resuming a finished run says so; SIGTERM / SIGINT mid-run on
+# summary line; progress lines of loading and checkpoint writing; resuming a finished run says so; SIGTERM / SIGINT mid-run on
 # 1 and on 2 ranks (sent to one rank: all agree) and SIGUSR1 to mpirun stop
 # after a step with a checkpoint and exit 0, and the resumed run is
 # bit-identical to an uninterrupted one; a second signal exits at once and
@@ -33,6 +33,18 @@ expect "run summary line with steps, tokens, time, rate and best val loss" \
 best=$(sed -n 's/.*best val loss //p' "$tmp/out.txt")
 lowest=$(sed -n 's/^validation | step [0-9]* | loss //p' "$tmp/out.txt" | sort -g | head -1)
 expect "best val loss $best is the lowest validation loss $lowest" '[ -n "$best" ] && [ "$best" = "$lowest" ]'
+
+# Progress lines (shown at once with MTRAIN_PROGRESS_SECONDS=0) while a
+# model folder loads and a checkpoint is written, each closed by one line;
+# the memory line counts the host memory a checkpoint write adds.
+MTRAIN_PROGRESS_SECONDS=0 "$MTRAIN" train $RUN checkpoint.dir="$tmp/prog" log.dir="$tmp/prog" train.steps=1 \
+  train.init_from="$tmp/one/step_00000001" >"$tmp/prog.out" 2>&1
+expect "progress while loading a model folder, with rate and eta" \
+  'grep -Eq "^loading $tmp/one/step_00000001: [0-9.]+/[0-9.]+ MiB \| [0-9.]+ MiB/s \| eta [0-9]+m[0-9]+s$" "$tmp/prog.out" && grep -Eq "^loading $tmp/one/step_00000001: [0-9.]+ MiB in [0-9.]+ s" "$tmp/prog.out"'
+expect "progress while writing a checkpoint, with rate and eta" \
+  'grep -Eq "^writing checkpoint $tmp/prog/step_00000001: [0-9.]+/[0-9.]+ MiB \| [0-9.]+ MiB/s \| eta" "$tmp/prog.out" && grep -Eq "^writing checkpoint $tmp/prog/step_00000001: [0-9.]+ MiB in [0-9.]+ s" "$tmp/prog.out"'
+expect "the memory line includes the checkpoint write" 'grep -Eq "^model: .*checkpoint write [0-9.]+ more on the host" "$tmp/prog.out"'
+expect "short phases print no progress by default" '! grep -q "^loading\|^writing checkpoint" "$tmp/out.txt"'
 
 # Resuming a finished run: one line, exit 0, nothing written.
 : >"$tmp/out.txt"

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../dist/progress.h"
 #include "checkpoint.h"
 #include "commands.h"
 
@@ -54,12 +55,17 @@ OptimizerConfig optimizer_config(const Config *cfg) {
     return oc;
 }
 
-static void print_memory(const Model *m, int64_t T) {
+// With the host memory a checkpoint write adds on rank 0: a copy of the
+// parameters, and under ZeRO-1 the gathered moments and one gather buffer
+// (otherwise the moments stream in pieces of a few MiB).
+static void print_memory(const Model *m, int64_t T, bool zero) {
     double mib = 1.0 / (1 << 20), p = (double)m->total_params * sizeof(float) * mib;
     double adam = 2.0 * (double)m->opt_count * sizeof(float) * mib;
-    printf("model: %lld parameters | memory MiB: params %.1f, grads %.1f, adam %.1f, activations %.1f (T=%lld%s)\n",
-           (long long)m->total_params, p, p, adam, (double)model_activation_bytes(m, T) * mib, (long long)T,
-           m->checkpoint_activations ? ", checkpointed" : "");
+    double write = p + (zero ? 3 * p : checkpoint_stream_bytes() * mib);
+    printf("model: %lld parameters | memory MiB: params %.1f, grads %.1f, adam %.1f, activations %.1f (T=%lld%s), "
+           "checkpoint write %.1f more on the host\n", (long long)m->total_params, p, p, adam,
+           (double)model_activation_bytes(m, T) * mib, (long long)T, m->checkpoint_activations ? ", checkpointed" : "",
+           write);
 }
 
 // Where the run starts: a checkpoint (checkpoint.resume), a Hugging Face
@@ -165,12 +171,6 @@ static double log_validation(Model *m, const Config *cfg, const Dist *dist, RunD
     return loss;
 }
 
-static void format_eta(double seconds, char *out, size_t n) {
-    long s = (long)(seconds + 0.5);
-    if (s >= 3600) snprintf(out, n, "%ldh%02ldm", s / 3600, s / 60 % 60);
-    else snprintf(out, n, "%ldm%02lds", s / 60, s % 60);
-}
-
 // Start (or not) collecting the sparse pattern's density and recall per layer
 // for this step's forward passes.
 static void begin_attention_stats(Model *m, const Config *cfg, int64_t step) {
@@ -253,28 +253,25 @@ static void gather_parameters(const Comm *dp, Model *m) {
     free(full);
 }
 
-// The full AdamW moments m then v [2, total_params] on the host (collective
-// over dp under ZeRO-1).
-static float *gather_moments(const Comm *dp, bool zero, const Model *m) {
+// Under ZeRO-1: the full AdamW moments m then v [2, total_params] on the host
+// (collective over dp).
+static float *gather_moments(const Comm *dp, const Model *m) {
     int64_t P = m->total_params;
     float *host = xmalloc(2 * sizeof(float) * (size_t)P);
-    if (zero) {
-        gather_shards(dp, m, m->adam_m, host);
-        gather_shards(dp, m, m->adam_v, host + P);
-    } else {
-        m->be->download(host, m->adam_m, sizeof(float) * (size_t)P);
-        m->be->download(host + P, m->adam_v, sizeof(float) * (size_t)P);
-    }
+    gather_shards(dp, m, m->adam_m, host);
+    gather_shards(dp, m, m->adam_v, host + P);
     return host;
 }
 
-// The checkpoint of state->step, collective: the moments reach rank 0 (under
-// ZeRO-1 its dp group gathers them), which writes it.
+// The checkpoint of state->step, written by rank 0: under ZeRO-1 its dp
+// group first gathers the moments, otherwise they stream from its optimizer.
 static void save_checkpoint(const Config *cfg, const Dist *dist, bool zero, const Model *m, const TrainState *state) {
-    if (zero ? dist->cp.rank == 0 : dist->world_rank == 0) {
-        float *moments = gather_moments(&dist->dp, zero, m);
+    if (zero && dist->cp.rank == 0) {
+        float *moments = gather_moments(&dist->dp, m);
         if (dist->world_rank == 0) checkpoint_save(cfg, m, state, moments);
         free(moments);
+    } else if (!zero && dist->world_rank == 0) {
+        checkpoint_save(cfg, m, state, NULL);
     }
     printf("checkpoint: %s/step_%08lld\n", cfg->checkpoint.dir, (long long)state->step);
 }
@@ -350,7 +347,7 @@ int cmd_train(int argc, char **argv) {
         printf("ranks: %d = dp %d x cp %d (ring %s, cp_inner %d, layout %s)%s, launcher %s, %d thread%s per rank\n",
                dist.world_size, D, dist.cp.size, cfg.attention.ring, dist.grid.cp_inner, cfg.attention.layout,
                zero ? ", ZeRO-1" : "", dist.launcher, threads, threads == 1 ? "" : "s");
-    print_memory(&m, layout_rank_positions(data.layout, N, data.block_size, data.cp, data.cp_rank, NULL));
+    print_memory(&m, layout_rank_positions(data.layout, N, data.block_size, data.cp, data.cp_rank, NULL), zero);
 
     char metrics_path[CONFIG_STR + 32];
     snprintf(metrics_path, sizeof(metrics_path), "%s/metrics.jsonl", cfg.log.dir);
@@ -398,7 +395,7 @@ int cmd_train(int argc, char **argv) {
         if (step % cfg.log.every == 0 || step == cfg.train.steps) {
             char eta[32];
             double elapsed = now_seconds() - train_start;
-            format_eta(elapsed / (double)(step - first_step + 1) * (double)(cfg.train.steps - step), eta, sizeof(eta));
+            format_duration(elapsed / (double)(step - first_step + 1) * (double)(cfg.train.steps - step), eta, sizeof(eta));
             printf("step %6lld/%lld | loss %.4f | grad norm %.3f | lr %.2e | %.0f tok/s | %.1f ms | eta %s%s\n",
                    (long long)step, (long long)cfg.train.steps, loss, grad_norm, lr, tokens_per_s, ms, eta,
                    attention_line);

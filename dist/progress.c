@@ -45,6 +45,12 @@ void progress_add(Progress *p, int64_t amount) {
     if (!p->shown || now - p->last_print >= (p->tty ? 0.2 : p->every)) print_line(p, now);
 }
 
+void progress_clear(Progress *p) {
+    if (!p || !p->shown || !p->tty) return;
+    printf("\r\033[K");
+    fflush(stdout);
+}
+
 void progress_end(Progress *p) {
     if (!p || !p->shown) return;
     double elapsed = now_seconds() - p->start;

@@ -28,6 +28,9 @@ void format_duration(double seconds, char *out, size_t n);
 void progress_begin(Progress *p, const char *what, int64_t total, const char *unit, double scale);
 // `amount` more units done; prints when due. p may be NULL (no progress).
 void progress_add(Progress *p, int64_t amount);
+// Erase the line being updated in place (a terminal), so that other output
+// can follow; the next update draws it again. p may be NULL.
+void progress_clear(Progress *p);
 // The phase is over: the closing line if any line was shown. p may be NULL.
 void progress_end(Progress *p);
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_train_ops.sh: the operations of a training run through build/mtrain:
 # one step trains at the peak lr and changes the weights; the end-of-run
-# summary line; progress lines of loading and checkpoint writing; resuming a finished run says so; SIGTERM / SIGINT mid-run on
+# summary line; progress lines of loading, checkpoint writing, tokenize and
+# eval; resuming a finished run says so; SIGTERM / SIGINT mid-run on
 # 1 and on 2 ranks (sent to one rank: all agree) and SIGUSR1 to mpirun stop
 # after a step with a checkpoint and exit 0, and the resumed run is
 # bit-identical to an uninterrupted one; a second signal exits at once and
@@ -45,6 +46,23 @@ expect "progress while writing a checkpoint, with rate and eta" \
   'grep -Eq "^writing checkpoint $tmp/prog/step_00000001: [0-9.]+/[0-9.]+ MiB \| [0-9.]+ MiB/s \| eta" "$tmp/prog.out" && grep -Eq "^writing checkpoint $tmp/prog/step_00000001: [0-9.]+ MiB in [0-9.]+ s" "$tmp/prog.out"'
 expect "the memory line includes the checkpoint write" 'grep -Eq "^model: .*checkpoint write [0-9.]+ more on the host" "$tmp/prog.out"'
 expect "short phases print no progress by default" '! grep -q "^loading\|^writing checkpoint" "$tmp/out.txt"'
+
+# Progress of tokenize (over the input bytes) and of each eval task (the
+# table rows stay whole between the progress lines).
+for i in 1 2 3 4 5 6; do
+  awk -v n="$i" 'BEGIN { for (j = 0; j < 200; j++) printf "{\"text\": \"doc %d line %d of words\"}\n", n, j }' >>"$tmp/docs.jsonl"
+done
+MTRAIN_PROGRESS_SECONDS=0 "$MTRAIN" tokenize --tokenizer bytes --input "$tmp/docs.jsonl" --output "$tmp/docs.shard" \
+  >"$tmp/tok.out" 2>&1
+expect "progress while tokenizing, with rate and eta" \
+  'grep -Eq "^tokenizing: [0-9.]+/[0-9.]+ MB \| [0-9.]+ MB/s \| eta" "$tmp/tok.out" && grep -q "^tokenizing: .* MB in " "$tmp/tok.out"'
+EVAL="$RUN model.vocab_size=258 data.train=$tmp/docs.shard checkpoint.dir=$tmp/ev log.dir=$tmp/ev eval.out=$tmp/ev/out"
+"$MTRAIN" train $EVAL train.steps=2 >"$tmp/ev.out" 2>&1
+MTRAIN_PROGRESS_SECONDS=0 "$MTRAIN" eval $EVAL eval.tasks=perplexity,passkey eval.lengths=128,160 eval.depths=0,1 \
+  eval.samples=2 >"$tmp/ev.out" 2>&1
+expect "progress of perplexity per length" 'grep -Eq "^perplexity at length 128: [0-9.]+/2.0 sequences \| [0-9.]+ sequences/s \| eta" "$tmp/ev.out"'
+expect "progress of a task grid" 'grep -Eq "^passkey: [0-9.]+/8.0 samples \| .* samples/s \| eta" "$tmp/ev.out" && grep -q "^passkey: 8.0 samples in " "$tmp/ev.out"'
+expect "the grid's rows stay whole" '[ "$(grep -Ec "^ +(128|160)( +[0-9]\.[0-9]{2}){2}$" "$tmp/ev.out")" = 2 ]'
 
 # Resuming a finished run: one line, exit 0, nothing written.
 : >"$tmp/out.txt"

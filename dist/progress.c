@@ -23,7 +23,9 @@ void progress_begin(Progress *p, const char *what, int64_t total, const char *un
     p->after = env ? atof(env) : 2.0;
     p->every = 2.5 * p->after;
     p->shown = false;
-    p->tty = isatty(STDOUT_FILENO);
+    // mpirun hands its ranks a pseudo-terminal whatever its own output is
+    // (often a log file), so under mpirun the lines are never redrawn.
+    p->tty = isatty(STDOUT_FILENO) && !getenv("OMPI_COMM_WORLD_SIZE");
 }
 
 static void print_line(Progress *p, double now) {

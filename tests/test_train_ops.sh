@@ -26,6 +26,12 @@ train checkpoint.dir="$tmp/one" train.steps=1 log.dir="$tmp/one_logs"
 train checkpoint.dir="$tmp/zero" train.steps=1 train.lr=0 log.dir="$tmp/zero_logs"
 expect "steps=1 trains at the peak lr" 'grep -q "\"step\": 1, .*\"lr\": 0.003[,}]" "$tmp/one_logs/metrics.jsonl"'
 expect "steps=1 changes the weights" '! cmp -s "$tmp/one/step_00000001/model.safetensors" "$tmp/zero/step_00000001/model.safetensors"'
+# The streamed optimizer state: 24 header bytes, then one zstd frame of the
+# moments m and v (2 x 4 x P bytes) that the zstd tool reads.
+params=$(sed -n 's/^model: \([0-9]*\) parameters.*/\1/p' "$tmp/out.txt" | head -1)
+raw=$(tail -c +25 "$tmp/one/step_00000001/optimizer.zst" | zstd -d -q | wc -c)
+expect "optimizer.zst holds one zstd frame of 8 x $params bytes (got $raw)" '[ -n "$params" ] && [ "$raw" = $((8 * params)) ]'
+
 # The summary line: steps, tokens (64 per step), time, tokens/s, best validation loss.
 : >"$tmp/out.txt"
 train checkpoint.dir="$tmp/sum" log.dir="$tmp/sum_logs" train.steps=6 log.val_every=3

@@ -83,7 +83,7 @@ share=$((cpus / 2 > 0 ? cpus / 2 : 1))
 mpirun --oversubscribe --bind-to none -np 2 "$MTRAIN" train $RUN parallel.cp=2 train.steps=1 checkpoint.resume=never \
   checkpoint.dir="$tmp/thr" log.dir="$tmp/thr" >"$tmp/thr.out" 2>&1
 expect "2 ranks on $cpus CPUs: the ranks line shows $share thread(s) per rank, no warning" \
-  'grep -q "^ranks: 2 = .*, $share threads\? per rank$" "$tmp/thr.out" && ! grep -q "^warning" "$tmp/thr.out"'
+  'grep -q "^ranks: 2 = .*, $share threads\? per rank, launcher mpirun$" "$tmp/thr.out" && ! grep -q "^warning" "$tmp/thr.out"'
 mpirun --oversubscribe --bind-to none -np 2 "$MTRAIN" train $RUN parallel.cp=2 train.steps=1 checkpoint.resume=never \
   checkpoint.dir="$tmp/thr" log.dir="$tmp/thr" parallel.threads="$cpus" >"$tmp/thr.out" 2>&1
 expect "2 ranks x parallel.threads $cpus: one warning line" \

@@ -344,9 +344,9 @@ int cmd_train(int argc, char **argv) {
     int micro = cfg.train.micro_batches;
     int64_t step_tokens = N * micro * D;
     if (dist.world_size > 1)
-        printf("ranks: %d = dp %d x cp %d (ring %s, cp_inner %d, layout %s)%s, launcher %s, %d thread%s per rank\n",
+        printf("ranks: %d = dp %d x cp %d (ring %s, cp_inner %d, layout %s)%s, %d thread%s per rank, launcher %s\n",
                dist.world_size, D, dist.cp.size, cfg.attention.ring, dist.grid.cp_inner, cfg.attention.layout,
-               zero ? ", ZeRO-1" : "", dist.launcher, threads, threads == 1 ? "" : "s");
+               zero ? ", ZeRO-1" : "", threads, threads == 1 ? "" : "s", dist.launcher);
     print_memory(&m, layout_rank_positions(data.layout, N, data.block_size, data.cp, data.cp_rank, NULL), zero);
 
     char metrics_path[CONFIG_STR + 32];

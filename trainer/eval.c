@@ -487,8 +487,6 @@ int cmd_eval(int argc, char **argv) {
     if (dist.dp.size > 1)
         comm_fail_all(&dist.world, "%s: parallel.dp %d: eval splits each sequence over its ranks (expected "
                       "parallel.dp 1)", argv[0], dist.dp.size);
-    // Rank 0 alone speaks and writes; errors still reach stderr from any rank.
-    if (dist.world_rank != 0 && !freopen("/dev/null", "w", stdout)) fail("/dev/null: cannot open for writing");
     EvalPlan plan;
     plan_eval(&plan, &cfg, argv[0]);
     plan.split = (EvalSplit){dist.cp.size > 1 ? &dist.cp : NULL, (LayoutKind)layout_parse(cfg.attention.layout),

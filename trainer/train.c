@@ -113,6 +113,10 @@ void loader_from_config(Loader *l, const Config *cfg, bool validation) {
     loader_open(l, &lc);
 }
 
+void quiet_other_ranks(const Dist *dist) {
+    if (dist->world_rank != 0 && !freopen("/dev/null", "w", stdout)) fail("/dev/null: cannot open for writing");
+}
+
 bool run_start(int argc, char **argv, const char *usage, Config *cfg, Dist *dist) {
     if (argc < 1 || argv[0][0] == '-') {
         fprintf(stderr, "%s\n", usage);
@@ -121,6 +125,7 @@ bool run_start(int argc, char **argv, const char *usage, Config *cfg, Dist *dist
     config_from_args(cfg, argv[0], argc - 1, argv + 1);
     dist_init(dist, NULL, NULL, cfg->parallel.timeout_s);
     dist_setup(dist, cfg->parallel.dp, cfg->parallel.cp, cfg->parallel.cp_inner, argv[0]);
+    quiet_other_ranks(dist);
     return true;
 }
 
@@ -323,8 +328,6 @@ int cmd_train(int argc, char **argv) {
     Config cfg;
     Dist dist;
     if (!run_start(argc, argv, "usage: mtrain train RUN.yaml [section.key=value ...]", &cfg, &dist)) return 2;
-    // Rank 0 alone speaks; errors still reach stderr from any rank.
-    if (dist.world_rank != 0 && !freopen("/dev/null", "w", stdout)) fail("/dev/null: cannot open for writing");
     int D = dist.dp.size;
     bool zero = cfg.parallel.zero == 1;
     RunData data;

@@ -26,8 +26,12 @@ void loader_from_config(Loader *l, const Config *cfg, bool validation);
 void model_join_ring(Model *m, const Config *cfg, const Dist *dist, const char *source);
 // Sum an arena [n] of backend memory over comm (through a host buffer).
 void allreduce_arena(const Comm *comm, const Backend *be, float *arena, int64_t n);
-// The start of a verb on a run file (argv[0]) and overrides: config, MPI and
-// the rank grid. Prints usage and returns false when no run file is given.
+// Ranks other than 0 write stdout to /dev/null: rank 0 alone speaks (errors
+// still reach stderr from any rank).
+void quiet_other_ranks(const Dist *dist);
+// The start of a verb on a run file (argv[0]) and overrides: config, MPI,
+// the rank grid, and stdout on rank 0 only. Prints usage and returns false
+// when no run file is given.
 bool run_start(int argc, char **argv, const char *usage, Config *cfg, Dist *dist);
 
 #endif

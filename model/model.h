@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "../attention/ring_sparse.h"
+#include "../dist/progress.h"
 #include "../dist/util.h"
 #include "backend.h"
 #include "model_config.h"
@@ -72,6 +73,7 @@ typedef struct {
     int64_t *positions;
     double *rope_inv_freq;   // [head_dim / 2], backend memory (model/rope.c)
     double rope_attention_factor;  // scales RoPE cos and sin (YaRN; 1 otherwise)
+    Progress *progress;      // NULL, or counts every layer of a forward and of a backward pass
 
     // Sparse attention (attention.type sparse).
     SparseIndex *sparse_index;      // [num_layers] the last forward's pattern, reused by backward

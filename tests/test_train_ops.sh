@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # test_train_ops.sh: the operations of a training run through build/mtrain:
 # one step trains at the peak lr and changes the weights; the end-of-run
-# summary line; progress lines of loading, checkpoint writing, tokenize and
-# eval; resuming a finished run says so; SIGTERM / SIGINT mid-run on
+# summary line; progress lines of loading, checkpoint writing, score,
+# tokenize and eval; resuming a finished run says so; SIGTERM / SIGINT mid-run on
 # 1 and on 2 ranks (sent to one rank: all agree) and SIGUSR1 to mpirun stop
 # after a step with a checkpoint and exit 0, and the resumed run is
 # bit-identical to an uninterrupted one; a second signal exits at once and
@@ -50,6 +50,10 @@ expect "progress while loading a model folder, with rate and eta" \
   'grep -Eq "^loading $tmp/one/step_00000001: [0-9.]+/[0-9.]+ MiB \| [0-9.]+ MiB/s \| eta [0-9]+m[0-9]+s$" "$tmp/prog.out" && grep -Eq "^loading $tmp/one/step_00000001: [0-9.]+ MiB in [0-9.]+ s" "$tmp/prog.out"'
 expect "progress while writing a checkpoint, with rate and eta" \
   'grep -Eq "^writing checkpoint $tmp/prog/step_00000001: [0-9.]+/[0-9.]+ MiB \| [0-9.]+ MiB/s \| eta" "$tmp/prog.out" && grep -Eq "^writing checkpoint $tmp/prog/step_00000001: [0-9.]+ MiB in [0-9.]+ s" "$tmp/prog.out"'
+seq 0 40 | tr '\n' ' ' >"$tmp/tokens.txt"
+MTRAIN_PROGRESS_SECONDS=0 "$MTRAIN" score --model "$tmp/one/step_00000001" --tokens "$tmp/tokens.txt" >"$tmp/score.out" 2>&1
+expect "progress while scoring, by layer" \
+  'grep -Eq "^scoring 41 tokens: [0-9.]+/4.0 layers \| [0-9.]+ layers/s \| eta" "$tmp/score.out" && grep -q "^scoring 41 tokens: 4.0 layers in " "$tmp/score.out" && grep -q "^loss " "$tmp/score.out"'
 expect "the memory line includes the checkpoint write" 'grep -Eq "^model: .*checkpoint write [0-9.]+ more on the host" "$tmp/prog.out"'
 expect "short phases print no progress by default" '! grep -q "^loading\|^writing checkpoint" "$tmp/out.txt"'
 

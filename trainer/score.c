@@ -100,7 +100,14 @@ int cmd_score(int argc, char **argv) {
         local[i] = tokens[pos[i]];
         targets[i] = pos[i] + 1 < T ? tokens[pos[i] + 1] : -1;
     }
+    Progress progress;
+    char what[64];
+    snprintf(what, sizeof(what), "scoring %lld tokens", (long long)T);
+    progress_begin(&progress, what, 2 * (int64_t)m.cfg.num_layers, "layers", 1);
+    m.progress = &progress;
     double loss = model_forward_backward(&m, local, targets, pos, n, (float)(1.0 / (double)(T - 1)));
+    m.progress = NULL;
+    progress_end(&progress);
     comm_allreduce(&dist.cp, &loss, 1, DT_DOUBLE, REDUCE_SUM);
     loss /= (double)(T - 1);
     if (grads_path) allreduce_arena(&dist.cp, m.be, m.grad_mem, m.total_params);

@@ -137,10 +137,11 @@ static int64_t non_empty_docs(const Loader *l, int64_t first, int64_t last, int6
 }
 
 // Validation: the first documents of a seeded shuffle of the candidates, as
-// many as the stream needs (val_sequences * N + 1 tokens). With held_out,
-// those documents are removed from the candidates (which stay in id order).
+// many as the stream needs (val_sequences * N + 1 tokens; none without
+// validation). With held_out, those documents are removed from the
+// candidates (which stay in id order).
 static void pick_validation(Loader *l, int64_t *candidates, int64_t *count, bool held_out, const char *key) {
-    int64_t need = l->cfg.val_sequences * l->cfg.seq_len + 1;
+    int64_t need = l->cfg.val_sequences > 0 ? l->cfg.val_sequences * l->cfg.seq_len + 1 : 0;
     int64_t *order = xmalloc(sizeof(int64_t) * (size_t)(*count + 1));
     memcpy(order, candidates, sizeof(int64_t) * (size_t)*count);
     shuffle(order, *count, l->cfg.seed ^ VAL_ORDER_SALT);
@@ -236,18 +237,24 @@ void loader_close(Loader *l) {
 }
 
 void loader_print_summary(const Loader *l, FILE *out) {
+    bool validation = l->cfg.val_sequences > 0;
     if (l->synthetic) {
-        fprintf(out, "data: synthetic (seed %llu) | validation: %lld held-out sequences\n",
-                (unsigned long long)l->cfg.seed, (long long)l->cfg.val_sequences);
+        fprintf(out, "data: synthetic (seed %llu) | validation: ", (unsigned long long)l->cfg.seed);
+        if (validation) fprintf(out, "%lld held-out sequences\n", (long long)l->cfg.val_sequences);
+        else fprintf(out, "off\n");
         return;
     }
     int val_shards = l->shard_count - l->train_shard_count;
     fprintf(out, "data: %d shards, %lld training documents, %lld tokens = %lld sequences of %lld per epoch | "
-            "validation: %lld sequences from %lld document%s ", l->train_shard_count, (long long)l->train_count,
-            (long long)l->train_tokens, (long long)l->seqs_per_epoch, (long long)l->cfg.seq_len,
-            (long long)l->cfg.val_sequences, (long long)l->val.count, l->val.count == 1 ? "" : "s");
-    if (val_shards) fprintf(out, "of data.val (%d shard%s)\n", val_shards, val_shards == 1 ? "" : "s");
-    else fprintf(out, "held out of data.train\n");
+            "validation: ", l->train_shard_count, (long long)l->train_count, (long long)l->train_tokens,
+            (long long)l->seqs_per_epoch, (long long)l->cfg.seq_len);
+    if (!validation) fprintf(out, "off, nothing held out\n");
+    else if (val_shards)
+        fprintf(out, "%lld sequences from %lld document%s of data.val (%d shard%s)\n", (long long)l->cfg.val_sequences,
+                (long long)l->val.count, l->val.count == 1 ? "" : "s", val_shards, val_shards == 1 ? "" : "s");
+    else
+        fprintf(out, "%lld sequences from %lld document%s held out of data.train\n", (long long)l->cfg.val_sequences,
+                (long long)l->val.count, l->val.count == 1 ? "" : "s");
 }
 
 // ----------------------------------------------------------------------------

@@ -34,7 +34,7 @@ typedef struct {
     const char *val;           // "holdout", or glob[,glob...] of validation shard files
     int64_t vocab_size;        // the model's: every shard's vocab_size must be <= it
     int64_t seq_len;           // N: input tokens per sequence
-    int64_t val_sequences;     // sequences in the validation stream
+    int64_t val_sequences;     // sequences in the validation stream; 0 = no validation (nothing held out)
     uint64_t seed;             // document order and the held-out choice
     ShardTokenizer tokenizer;  // the model's tokenizer: a shard made by another one fails; unknown = not checked
     const char *tokenizer_source; // where the model's tokenizer comes from, for that message

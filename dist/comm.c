@@ -3,7 +3,9 @@
 #define _GNU_SOURCE
 #include "comm.h"
 
+#include <errno.h>
 #include <limits.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,6 +94,12 @@ void dist_init(Dist *d, int *argc, char ***argv, double timeout_s) {
     MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, d->world_rank, MPI_INFO_NULL, &node));
     MPI_CHECK(MPI_Comm_rank(node, &d->local_rank));
     MPI_CHECK(MPI_Comm_size(node, &d->local_size));
+    cpu_set_t cpus;
+    CPU_ZERO(&cpus);
+    if (sched_getaffinity(0, sizeof(cpus), &cpus) != 0) fail("sched_getaffinity: %s", strerror(errno));
+    d->rank_cpus = CPU_COUNT(&cpus);
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &cpus, (int)sizeof(cpus), MPI_BYTE, MPI_BOR, node));
+    d->node_cpus = CPU_COUNT(&cpus);
     MPI_CHECK(MPI_Comm_free(&node));
 
     // mpirun sets OMPI_COMM_WORLD_LOCAL_RANK; srun sets SLURM_PROCID,

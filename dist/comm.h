@@ -44,13 +44,15 @@ typedef struct {
 typedef struct {
     int world_rank, world_size;
     int local_rank, local_size;   // within the node (shared-memory domain)
+    int node_cpus;                // CPUs this node's ranks may run on (the union of their affinity masks)
+    int rank_cpus;                // CPUs this rank may run on (its affinity mask)
     const char *launcher;         // "mpirun", "srun" (its environment cross-checked) or "none"
     Grid grid;
     Comm world, dp, cp, cp_inner, cp_outer;
 } Dist;
 
 // MPI_Init_thread (FUNNELED: only the main thread calls MPI), world rank and
-// size, local rank from MPI_Comm_split_type(SHARED), cross-checked with
+// size, local rank and the node's CPUs from MPI_Comm_split_type(SHARED), cross-checked with
 // OMPI_COMM_WORLD_LOCAL_RANK (mpirun) or SLURM_LOCALID (srun, which must also
 // give SLURM_PROCID = rank and SLURM_STEP_NUM_TASKS = world size); a mismatch
 // ends the run with one line. srun without a PMIx plugin ends with one line

@@ -31,7 +31,8 @@ static void fail_missing(const char *path, const ParamInfo *p, const char *where
 // Read from one safetensors file every parameter whose file_of entry is
 // `file` (all of them when file_of is NULL), after checking that the file
 // holds nothing else: no tensor of another shard, no foreign tensor.
-static void load_file(Model *m, const char *path, const char *const *file_of, const char *file, const char *index) {
+static void load_file(Model *m, const char *path, const char *const *file_of, const char *file, const char *index,
+                      Progress *progress) {
     SafeTensors st;
     st_open(&st, path);
     for (int t = 0; t < st.count; t++) {
@@ -52,6 +53,7 @@ static void load_file(Model *m, const char *path, const char *const *file_of, co
         if (!st_find(&st, p->name)) fail_missing(path, p, file_of ? " (the index maps it to this file)" : "");
         st_read_f32(&st, p->name, p->ndim, p->shape, host);
         m->be->upload(model_tensor(m, m->param_mem, i), host, sizeof(float) * (size_t)p->numel);
+        progress_add(progress, (int64_t)sizeof(float) * p->numel);
     }
     free(host);
     st_close(&st);
@@ -81,7 +83,7 @@ static const char **read_weight_map(const Model *m, const char *index, const cJS
     return file_of;
 }
 
-static void load_sharded(Model *m, const char *dir, const char *index) {
+static void load_sharded(Model *m, const char *dir, const char *index, Progress *progress) {
     char *text = read_file(index, NULL);
     cJSON *root = cJSON_Parse(text);
     if (!root) fail("%s: not valid JSON", index);
@@ -94,7 +96,7 @@ static void load_sharded(Model *m, const char *dir, const char *index) {
         char *path = path_join(dir, file_of[i]);
         if (access(path, F_OK) != 0)
             fail("%s: shard '%s' (holding '%s') does not exist in %s", index, file_of[i], m->params[i].name, dir);
-        load_file(m, path, file_of, file_of[i], index);
+        load_file(m, path, file_of, file_of[i], index, progress);
         free(path);
     }
     free(file_of);
@@ -102,10 +104,10 @@ static void load_sharded(Model *m, const char *dir, const char *index) {
     free(text);
 }
 
-void model_load_hf_weights(Model *m, const char *dir) {
+void model_load_hf_weights(Model *m, const char *dir, Progress *progress) {
     char *index = path_join(dir, INDEX_NAME), *single = path_join(dir, SINGLE_NAME);
-    if (access(index, F_OK) == 0) load_sharded(m, dir, index);
-    else load_file(m, single, NULL, NULL, NULL);
+    if (access(index, F_OK) == 0) load_sharded(m, dir, index, progress);
+    else load_file(m, single, NULL, NULL, NULL, progress);
     free(index);
     free(single);
 }

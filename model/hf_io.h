@@ -7,6 +7,7 @@
 
 #include <stdint.h>
 
+#include "../dist/progress.h"
 #include "model.h"
 #include "safetensors.h"
 
@@ -15,8 +16,9 @@
 // Every tensor of the table must be found exactly once with its exact shape
 // (F32, F16 or BF16, mixed freely); a tensor the model does not have is an
 // error, except lm_head.weight of a tied model and rotary_emb.inv_freq buffers.
-// Each problem is one line naming the file.
-void model_load_hf_weights(Model *m, const char *dir);
+// Each problem is one line naming the file. progress (may be NULL) counts the
+// bytes of every parameter loaded.
+void model_load_hf_weights(Model *m, const char *dir, Progress *progress);
 // Write the parameters into the existing folder `dir` as `dtype` (ST_F32, or
 // ST_BF16 rounded to nearest even): one model.safetensors when they fit in
 // max_shard_bytes of tensor data (0 = no limit), else shards of at most that

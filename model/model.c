@@ -375,6 +375,7 @@ static void model_forward(Model *m, const int32_t *tokens, const int64_t *positi
     for (int l = 0; l < c->num_layers; l++) {
         float *out = l + 1 < c->num_layers ? m->layers[l + 1].x_in : m->x_final;
         layer_forward(m, l, layer_acts(m, l), out, T);
+        progress_add(m->progress, 1);
     }
     be->rmsnorm_forward(m->h_final, m->rstd_final, m->x_final,
                         model_tensor(m, m->param_mem, model_final_norm_param(m)), T, c->hidden_size,
@@ -421,6 +422,7 @@ double model_forward_backward(Model *m, const int32_t *tokens, const int32_t *ta
         LayerActs *a = layer_acts(m, l);
         if (m->checkpoint_activations) layer_forward(m, l, a, NULL, T);
         layer_backward(m, l, a, T);
+        progress_add(m->progress, 1);
     }
     be->embedding_backward(model_tensor(m, m->grad_mem, model_embedding_param()), m->tokens, m->dx, T, H);
     return loss;

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "../dist/progress.h"
 #include "../dist/util.h"
 #include "backend.h"
 #include "model_config.h"
@@ -71,6 +72,7 @@ typedef struct {
     int64_t *positions;
     double *rope_inv_freq;   // [head_dim / 2], backend memory (model/rope.c)
     double rope_attention_factor;  // scales RoPE cos and sin (YaRN; 1 otherwise)
+    Progress *progress;      // NULL, or counts every layer of a forward and of a backward pass
 
     // Attention: the backend's state (patterns, ring), opaque here.
     AttnState *attn;

@@ -7,8 +7,10 @@
 double lr_at(const OptimizerConfig *oc, int64_t step) {
     if (oc->warmup_steps > 0 && step <= oc->warmup_steps) return oc->lr * (double)step / (double)oc->warmup_steps;
     if (oc->schedule == LR_CONSTANT) return oc->lr;
+    // Step warmup_steps + 1 is at progress 0 (the peak); min_lr is reached
+    // one step after total_steps, so the last step still learns.
     int64_t decay_steps = oc->total_steps - oc->warmup_steps;
-    double progress = decay_steps > 0 ? (double)(step - oc->warmup_steps) / (double)decay_steps : 1.0;
+    double progress = decay_steps > 0 ? (double)(step - oc->warmup_steps - 1) / (double)decay_steps : 0.0;
     if (progress > 1.0) progress = 1.0;
     double frac = oc->schedule == LR_COSINE ? 0.5 * (1.0 + cos(M_PI * progress)) : 1.0 - progress;
     return oc->min_lr + (oc->lr - oc->min_lr) * frac;

@@ -18,8 +18,12 @@ typedef struct {
     double grad_clip;          // 0 = off
 } OptimizerConfig;
 
-// Learning rate at optimizer step `step` (1-based): linear warmup from 0,
-// then constant, cosine or linear decay from lr to min_lr at total_steps.
+// Learning rate at optimizer step `step` (1-based) of total_steps T with W
+// warmup steps: lr * step / W during warmup (step W at the peak), then
+// constant, or cosine / linear decay from lr at step W + 1 towards min_lr
+// with progress (step - W - 1) / (T - W), so that min_lr would be reached one
+// step after the last: with W = 0 the first step is at lr, and no step runs
+// at lr 0 unless lr or min_lr is 0 and asked for.
 double lr_at(const OptimizerConfig *oc, int64_t step);
 // Clip and apply AdamW for step `step` (1-based) to the parameters in
 // [opt_begin, opt_begin + opt_count) (all of them unless ZeRO-1 sharded). Returns the gradient norm

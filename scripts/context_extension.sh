@@ -5,6 +5,7 @@
 # MPI ranks, and its passkey accuracy by length is measured before and after
 # (the same evaluation, sparse ring attention on 2 ranks, both times).
 #   bash scripts/context_extension.sh        (about 15 minutes on 2 cores)
+# Every stage prints its step lines (with ETA) and progress as it goes.
 # Writes context_extension/: passkey.png (accuracy by length, before and
 # after), results_before.json / results_after.json (every length x depth
 # cell), summary.txt, and the logs and checkpoints of each stage.
@@ -64,19 +65,16 @@ samples long 130 $((long - 8)) 12000 20
 #    heads form here in a few hundred steps; on passkey text alone they take
 #    far longer, because only the answer digits reward copying.
 echo "== 1. $copy_steps steps of copying at $short tokens (synthetic data)"
-$mtrain train $cfg data.train=synthetic train.steps="$copy_steps" checkpoint.dir="$out/copy" log.dir="$out/copy" \
-  | grep -E "^(step|validation)" | tail -2
+$mtrain train $cfg data.train=synthetic train.steps="$copy_steps" checkpoint.dir="$out/copy" log.dir="$out/copy"
 # 2. Passkey retrieval at the short context.
 echo "== 2. $short_steps steps of passkey retrieval at $short tokens"
 $mtrain train $cfg data.train="$out/short.shard" train.init_from="$(last "$out/copy")" train.steps="$short_steps" \
-  train.micro_batches=8 train.lr=1e-3 train.min_lr=1e-4 checkpoint.dir="$out/short" log.dir="$out/short" \
-  | grep -E "^(step|validation)" | tail -2
+  train.micro_batches=8 train.lr=1e-3 train.min_lr=1e-4 checkpoint.dir="$out/short" log.dir="$out/short"
 
 evaluate() {  # evaluate NAME MODEL [overrides]: passkey by length and depth on the ring
   local name=$1 model=$2
   shift 2
-  run_ranks $ranks eval $cfg eval.model="$model" eval.lengths=$lengths eval.out="$out/eval_$name" $sparse "$@" \
-    | sed -n '/^passkey: exact-match/,/^passkey: [0-9]/p'
+  run_ranks $ranks eval $cfg eval.model="$model" eval.lengths=$lengths eval.out="$out/eval_$name" $sparse "$@"
   cp "$out/eval_$name/results.json" "$out/results_$name.json"
 }
 # 3. Before: the short model as trained (plain RoPE), at 1x..8x its context.
@@ -89,7 +87,7 @@ echo "== 4. extension: YaRN x$factor, $long_steps steps at $long tokens, sparse 
 run_ranks $ranks train $cfg $yarn $sparse train.seq_len=$long train.micro_batches=1 train.lr=1e-3 train.min_lr=1e-4 \
   train.warmup_steps=10 data.train="$out/long.shard" data.val_sequences=2 train.init_from="$(last "$out/short")" \
   train.steps="$long_steps" checkpoint.dir="$out/long" log.dir="$out/long" log.every=500 log.attention_every=500 \
-  log.val_every="$long_steps" | grep -E "^(step|validation)" | tail -4
+  log.val_every="$long_steps"
 
 # 5. After: the extended model, same evaluation.
 echo "== 5. after: the extended model at lengths $lengths"

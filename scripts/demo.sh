@@ -11,9 +11,8 @@ rm -rf demo
 mkdir -p demo
 ranks=${DEMO_RANKS:-2}
 source scripts/cpu_ranks.sh
-threads=$(threads_per_rank "$ranks")
 attention=$(sed -n 's/^  type: *\([a-z]*\).*/\1/p' configs/demo-cpu.yaml)
-echo "== training configs/demo-cpu.yaml on $ranks MPI ranks (cp = $ranks; CPU, $(nproc) cores, $threads thread(s) per rank)"
+echo "== training configs/demo-cpu.yaml on $ranks MPI ranks (cp = $ranks; CPU, $(nproc) cores)"
 echo "   attention: $attention, over the ring of the $ranks ranks"
 run_ranks "$ranks" train configs/demo-cpu.yaml "$@"
 

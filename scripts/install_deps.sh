@@ -12,6 +12,7 @@ checks=(
   "make:/usr/bin/make"
   "libyaml-dev:/usr/include/yaml.h"
   "libzstd-dev:/usr/include/zstd.h"
+  "zstd:/usr/bin/zstd"
   "libcjson-dev:/usr/include/cjson/cJSON.h"
   "libxxhash-dev:/usr/include/xxhash.h"
   "libopenblas-openmp-dev:/usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so"

@@ -2,6 +2,7 @@
 # test_loader_cli.sh: `mtrain train` on shards made by `mtrain tokenize`:
 # a run of 12 steps equals bitwise a run of 8 resumed to 12 (across an epoch
 # boundary), the saved data cursor is the one used, a separate data.val glob,
+# documents held out only when validation runs,
 # `mtrain data` (summary, sequences sharing one token), and every bad input
 # (empty glob, seq_len longer than the data, token id >= vocabulary, shard
 # vocabulary larger than the model's, wrong magic, unsupported version,
@@ -74,6 +75,12 @@ expect "a resume from another data cursor gives another model" \
 # A separate validation glob.
 train checkpoint.dir="$tmp/val" data.val="$tmp/val.shard" train.steps=2
 expect "data.val names separate validation shards" 'grep -q "^data: 2 shards, 8 training documents.*validation: 2 sequences from 1 document of data.val (1 shard)" "$tmp/out.txt"'
+
+# data.val: holdout withholds documents only when validation runs.
+train checkpoint.dir="$tmp/held" train.steps=1
+expect "with validation, documents are held out of data.train" 'grep -q "^data: 2 shards, [1-7] training documents.*held out of data.train" "$tmp/out.txt"'
+train checkpoint.dir="$tmp/noval" train.steps=1 log.val_every=0
+expect "without validation (log.val_every 0) nothing is held out" 'grep -q "^data: 2 shards, 8 training documents.*validation: off, nothing held out" "$tmp/out.txt"'
 
 # mtrain data: the same summary as train; consecutive sequences share one
 # token (the last target of sequence g is the first input of g+1), also

@@ -144,16 +144,34 @@ static void test_accumulation(void) {
     model_free(&m);
 }
 
+// Steps 1, W (warmup end), W + 1 and T of each schedule against the formula
+// lr_s = min + (lr - min) * f((s - W - 1) / (T - W)) after warmup.
 static void test_schedule(void) {
     OptimizerConfig oc = {.lr = 1.0, .min_lr = 0.1, .warmup_steps = 10, .total_steps = 110, .schedule = LR_COSINE};
+    EXPECT(fabs(lr_at(&oc, 1) - 0.1) < 1e-12, "warmup step 1 is lr / W, not 0");
     EXPECT(fabs(lr_at(&oc, 5) - 0.5) < 1e-12, "warmup is linear from 0");
     EXPECT(fabs(lr_at(&oc, 10) - 1.0) < 1e-12, "warmup ends at the peak");
-    EXPECT(fabs(lr_at(&oc, 60) - 0.55) < 1e-12, "cosine midpoint is halfway to the floor");
-    EXPECT(fabs(lr_at(&oc, 110) - 0.1) < 1e-12, "cosine ends at the floor");
+    EXPECT(fabs(lr_at(&oc, 11) - 1.0) < 1e-12, "cosine: the first step after warmup is at the peak");
+    EXPECT(fabs(lr_at(&oc, 61) - 0.55) < 1e-12, "cosine midpoint is halfway to the floor");
+    double last = 0.1 + 0.9 * 0.5 * (1.0 + cos(M_PI * 99.0 / 100.0));
+    EXPECT(fabs(lr_at(&oc, 110) - last) < 1e-12 && lr_at(&oc, 110) > 0.1, "cosine: the last step is above the floor");
     oc.schedule = LR_LINEAR;
-    EXPECT(fabs(lr_at(&oc, 35) - 0.775) < 1e-12, "linear decay a quarter of the way");
+    EXPECT(fabs(lr_at(&oc, 11) - 1.0) < 1e-12, "linear: the first step after warmup is at the peak");
+    EXPECT(fabs(lr_at(&oc, 36) - 0.775) < 1e-12, "linear decay a quarter of the way");
+    EXPECT(fabs(lr_at(&oc, 110) - 0.109) < 1e-12, "linear: the last step is one decay step above the floor");
     oc.schedule = LR_CONSTANT;
-    EXPECT(fabs(lr_at(&oc, 100) - 1.0) < 1e-12, "constant after warmup");
+    EXPECT(fabs(lr_at(&oc, 1) - 0.1) < 1e-12 && fabs(lr_at(&oc, 110) - 1.0) < 1e-12,
+           "constant: warmup, then lr to the last step");
+    OptimizerConfig none = {.lr = 2e-3, .min_lr = 0.0, .warmup_steps = 0, .total_steps = 4, .schedule = LR_COSINE};
+    EXPECT(fabs(lr_at(&none, 1) - 2e-3) < 1e-15, "warmup 0, cosine: step 1 at the peak");
+    EXPECT(fabs(lr_at(&none, 4) - 1e-3 * (1.0 + cos(M_PI * 0.75))) < 1e-15 && lr_at(&none, 4) > 0,
+           "warmup 0, cosine: the last step above min_lr 0");
+    none.schedule = LR_LINEAR;
+    EXPECT(fabs(lr_at(&none, 1) - 2e-3) < 1e-15 && fabs(lr_at(&none, 4) - 5e-4) < 1e-15,
+           "warmup 0, linear: step 1 at the peak, step 4 at a quarter");
+    none.total_steps = 1;
+    none.schedule = LR_COSINE;
+    EXPECT(fabs(lr_at(&none, 1) - 2e-3) < 1e-15, "one step: at the peak");
 }
 
 // One AdamW step on every tensor against the formula, with clipping.

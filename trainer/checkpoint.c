@@ -12,11 +12,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#define ZSTD_STATIC_LINKING_ONLY  // ZSTD_estimateCStreamSize (exported by the shared library)
 #include <zstd.h>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "../dist/progress.h"
 #include "../model/hf_config.h"
 #include "../model/hf_io.h"
 
@@ -26,21 +28,73 @@ static void join(char *out, size_t n, const char *dir, const char *name) {
     if ((size_t)snprintf(out, n, "%s/%s", dir, name) >= n) fail("%s/%s: path too long", dir, name);
 }
 
+// Floats of the moments compressed at once when they are streamed from the
+// model (4 MiB).
+#define OPTIMIZER_PIECE ((int64_t)1 << 20)
+
+size_t checkpoint_stream_bytes(void) {
+    return sizeof(float) * (size_t)OPTIMIZER_PIECE + ZSTD_CStreamOutSize() + ZSTD_estimateCStreamSize(3);
+}
+
+static void zstd_check(size_t rc, const char *path) {
+    if (ZSTD_isError(rc)) fail("%s: zstd: %s", path, ZSTD_getErrorName(rc));
+}
+
+// Floats [first, first + count) of moment `part` (0 = m, 1 = v) [total_params]:
+// in host [2, total_params] when given, else downloaded from the model's
+// unsharded adam_m / adam_v into buf.
+static const float *moment_piece(const Model *m, const float *host, int part, int64_t first, int64_t count,
+                                 float *buf) {
+    if (host) return host + (int64_t)part * m->total_params + first;
+    m->be->download(buf, (part ? m->adam_v : m->adam_m) + first, sizeof(float) * (size_t)count);
+    return buf;
+}
+
 // optimizer.zst: magic, total floats, XXH64 of the raw moments, then m and v
-// (full tensors, whatever the sharding) as one zstd stream.
-static void write_optimizer(const char *path, const Model *m, const float *host) {
-    size_t bytes = sizeof(float) * (size_t)m->total_params;
-    uint64_t header[2] = {(uint64_t)m->total_params, XXH64(host, 2 * bytes, 0)};
-    size_t bound = ZSTD_compressBound(2 * bytes);
-    void *packed = xmalloc(bound);
-    size_t packed_bytes = ZSTD_compress(packed, bound, host, 2 * bytes, 3);
-    if (ZSTD_isError(packed_bytes)) fail("%s: zstd: %s", path, ZSTD_getErrorName(packed_bytes));
+// (full tensors, whatever the sharding) as one zstd stream, written piece by
+// piece (the checksum is filled in last), so that no second copy of the
+// moments is held.
+static void write_optimizer(const char *path, const Model *m, const float *host, Progress *progress) {
+    int64_t P = m->total_params;
+    uint64_t header[2] = {(uint64_t)P, 0};
     FILE *f = xfopen(path, "wb");
     xfwrite(OPTIMIZER_MAGIC, 8, f, path);
     xfwrite(header, sizeof(header), f, path);
-    xfwrite(packed, packed_bytes, f, path);
+    ZSTD_CCtx *z = ZSTD_createCCtx();
+    XXH64_state_t *hash = XXH64_createState();
+    if (!z || !hash) fail("%s: out of memory for the compressor", path);
+    zstd_check(ZSTD_CCtx_setParameter(z, ZSTD_c_compressionLevel, 3), path);
+    zstd_check(ZSTD_CCtx_setPledgedSrcSize(z, 2 * sizeof(float) * (size_t)P), path);
+    XXH64_reset(hash, 0);
+    size_t out_size = ZSTD_CStreamOutSize();
+    void *out = xmalloc(out_size);
+    float *buf = host ? NULL : xmalloc(sizeof(float) * (size_t)OPTIMIZER_PIECE);
+    for (int part = 0; part < 2; part++) {
+        for (int64_t first = 0; first < P; first += OPTIMIZER_PIECE) {
+            int64_t count = P - first < OPTIMIZER_PIECE ? P - first : OPTIMIZER_PIECE;
+            const float *piece = moment_piece(m, host, part, first, count, buf);
+            size_t bytes = sizeof(float) * (size_t)count;
+            XXH64_update(hash, piece, bytes);
+            ZSTD_EndDirective mode = part == 1 && first + count == P ? ZSTD_e_end : ZSTD_e_continue;
+            ZSTD_inBuffer in = {piece, bytes, 0};
+            size_t left;
+            do {
+                ZSTD_outBuffer o = {out, out_size, 0};
+                left = ZSTD_compressStream2(z, &o, &in, mode);
+                zstd_check(left, path);
+                xfwrite(out, o.pos, f, path);
+            } while (mode == ZSTD_e_end ? left != 0 : in.pos < in.size);
+            progress_add(progress, (int64_t)bytes);
+        }
+    }
+    header[1] = XXH64_digest(hash);
+    if (fseek(f, 8, SEEK_SET) != 0) fail("%s: cannot seek (%s)", path, strerror(errno));
+    xfwrite(header, sizeof(header), f, path);
     xfclose_sync(f, path);
-    free(packed);
+    free(buf);
+    free(out);
+    XXH64_freeState(hash);
+    ZSTD_freeCCtx(z);
 }
 
 static void read_optimizer(const char *path, Model *m) {
@@ -155,8 +209,14 @@ void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state,
     if ((size_t)snprintf(tmp_dir, sizeof(tmp_dir), "%s.tmp.%d", final_dir, (int)getpid()) >= sizeof(tmp_dir))
         fail("%s: path too long", final_dir);
     make_dirs(tmp_dir);
+    Progress progress;
+    char what[4200];
+    snprintf(what, sizeof(what), "writing checkpoint %s", final_dir);
+    int64_t param_bytes = (int64_t)sizeof(float) * m->total_params;
+    progress_begin(&progress, what, 3 * param_bytes, "MiB", 1 << 20);
     join(path, sizeof(path), tmp_dir, "model.safetensors");
     model_write_safetensors(m, m->param_mem, path, ST_F32);
+    progress_add(&progress, param_bytes);
     join(path, sizeof(path), tmp_dir, "config.json");
     char init_config[CONFIG_STR + 16];
     bool from_folder = strcmp(cfg->train.init_from, "none") != 0;
@@ -168,7 +228,7 @@ void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state,
     config_print(cfg, f);
     xfclose_sync(f, path);
     join(path, sizeof(path), tmp_dir, "optimizer.zst");
-    write_optimizer(path, m, moments);
+    write_optimizer(path, m, moments, &progress);
     join(path, sizeof(path), tmp_dir, "state.json");
     write_state(path, state);
     fsync_dir(tmp_dir);
@@ -181,6 +241,7 @@ void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state,
     snprintf(text, sizeof(text), "%s\n", name);
     write_file_atomic(path, text, strlen(text));
     prune(&cfg->checkpoint);
+    progress_end(&progress);
 }
 
 int checkpoint_find_latest(const char *dir, char *out, size_t out_bytes) {
@@ -217,7 +278,12 @@ void model_load_hf_folder(Model *m, const char *dir) {
     join(path, sizeof(path), dir, "config.json");
     hf_config_read(path, &got);
     check_same_model(&m->cfg, &got, path);
-    model_load_hf_weights(m, dir);
+    Progress progress;
+    char what[4200];
+    snprintf(what, sizeof(what), "loading %s", dir);
+    progress_begin(&progress, what, (int64_t)sizeof(float) * m->total_params, "MiB", 1 << 20);
+    model_load_hf_weights(m, dir, &progress);
+    progress_end(&progress);
 }
 
 void checkpoint_load(const char *dir, Model *m, TrainState *state) {

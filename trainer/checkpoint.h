@@ -22,17 +22,23 @@ typedef struct {
     Rng rng;                 // the run's RNG state
 } TrainState;
 
-// Write the checkpoint for state->step and apply the keep policy.
-// moments: host [2, total_params], the full AdamW m then v (gathered over
-// the dp ranks under ZeRO-1); the parameters come from m->param_mem.
+// Write the checkpoint for state->step and apply the keep policy, with a
+// progress line when it takes long. moments: host [2, total_params], the full
+// AdamW m then v (gathered over the dp ranks under ZeRO-1), or NULL: streamed
+// in pieces from the model's unsharded adam_m and adam_v. The parameters come
+// from m->param_mem.
 void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state, const float *moments);
+// The host bytes a checkpoint write adds to a copy of the parameters when the
+// moments stream (a piece buffer and the compressor's).
+size_t checkpoint_stream_bytes(void);
 // The newest complete checkpoint folder in dir into out; 0 if there is none.
 int checkpoint_find_latest(const char *dir, char *out, size_t out_bytes);
 // Load weights, optimizer moments and state from a checkpoint folder. Refuses
 // (one line naming the field) a checkpoint of another model shape.
 void checkpoint_load(const char *path, Model *m, TrainState *state);
 // Load the weights of a Hugging Face folder (train.init_from) into m after
-// checking that its config.json describes the same architecture.
+// checking that its config.json describes the same architecture, with a
+// progress line when it takes long.
 void model_load_hf_folder(Model *m, const char *dir);
 
 #endif

@@ -12,9 +12,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/stat.h>
 
 #include "../data/shard.h"
 #include "../data/tokenizer.h"
+#include "../dist/progress.h"
 #include "../dist/util.h"
 #include "commands.h"
 #include "train.h"
@@ -66,6 +68,7 @@ typedef struct {
     ShardWriter *writer;
     TokenIds ids;
     int64_t documents, text_bytes, tokens;
+    Progress progress;         // over the bytes of the input files
 } Tokenize;
 
 // Encodes one document (where: "FILE" or "FILE:LINE", for messages), appends
@@ -117,6 +120,7 @@ static void add_jsonl(Tokenize *t, const char *path) {
         snprintf(where, sizeof(where), "%s:%" PRId64, path, line_no);
         add_text(t, (const uint8_t *)text->valuestring, (int64_t)strlen(text->valuestring), where);
         cJSON_Delete(obj);
+        progress_add(&t->progress, (int64_t)len);
     }
     if (ferror(f)) {
         shard_writer_abort(t->writer);
@@ -174,6 +178,13 @@ int cmd_tokenize(int argc, char **argv) {
     free(output_dir);
     t.writer = shard_writer_open(output, t.tokenizer->vocab_size, 0, frame_tokens);
     shard_writer_set_tokenizer(t.writer, shard_tokenizer_of(t.tokenizer->name));
+    int64_t input_bytes = 0;
+    for (int i = 0; i < input_count; i++) {
+        struct stat st;
+        if (stat(inputs[i], &st) != 0) fail("%s: cannot stat (%s)", inputs[i], strerror(errno));
+        input_bytes += (int64_t)st.st_size;
+    }
+    progress_begin(&t.progress, "tokenizing", input_bytes, "MB", 1e6);
     double start = now_seconds();
     for (int i = 0; i < input_count; i++) {
         if (ends_with(inputs[i], ".jsonl")) { add_jsonl(&t, inputs[i]); continue; }
@@ -181,7 +192,9 @@ int cmd_tokenize(int argc, char **argv) {
         char *text = read_file(inputs[i], &bytes);
         add_text(&t, (const uint8_t *)text, (int64_t)bytes, inputs[i]);
         free(text);
+        progress_add(&t.progress, (int64_t)bytes);
     }
+    progress_end(&t.progress);
     shard_writer_close(t.writer);
     double seconds = now_seconds() - start;
     free(t.ids.ids);
@@ -426,7 +439,7 @@ int cmd_data(int argc, char **argv) {
     Config cfg;
     config_from_args(&cfg, argv[0], override_count, overrides, false);
     Loader l;
-    loader_from_config(&l, &cfg);
+    loader_from_config(&l, &cfg, cfg.log.val_every > 0);
     loader_print_summary(&l, stdout);
     if (read > 0) data_read(&l, &cfg, read);
     if (show >= 0) data_show(&l, &cfg, show);

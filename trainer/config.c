@@ -105,7 +105,7 @@ static const Key keys[] = {
     STRING(attention, budget_file, "none", "Sparse, budget `fixed`: `none`, or a text file of `layer head vertical slash` lines that overrides the counts per layer and head."),
     ENUM(attention, layout, "striped", NAMES("contiguous", "zigzag", "striped"), "How a sequence's blocks of `block_size` tokens are spread over context-parallel ranks; the loader hands each rank its tokens in this order."),
 
-    INT(parallel, threads, 0, 0, 4096, "OpenMP threads of the CPU backend; 0 = all cores."),
+    INT(parallel, threads, 0, 0, 4096, "OpenMP (and OpenBLAS) threads of each rank on the CPU backend; 0 = the CPUs of this node divided by the MPI ranks on it (at least 1; all CPUs for one process). A setting that oversubscribes the node gets a warning."),
     INT(parallel, dp, 0, 0, 1 << 20, "Data-parallel groups; 0 = world size / `cp`. `dp` × `cp` must equal the number of ranks."),
     INT(parallel, cp, 0, 0, 1 << 20, "Context-parallel ranks sharing one sequence (the attention ring); 0 = world size / `dp` (all ranks when `dp` is 0 too)."),
     INT(parallel, cp_inner, 0, 0, 1 << 20, "Ranks of one inner ring of the hierarchical schedule (must divide `cp`); 0 = the ranks per node (their greatest common divisor with `cp`)."),
@@ -116,10 +116,10 @@ static const Key keys[] = {
     INT64(train, steps, 100, 0, 1e12, "Total optimizer steps."),
     INT(train, seq_len, 256, 2, 1 << 30, "Tokens per training sequence."),
     INT(train, micro_batches, 1, 1, 1 << 20, "Sequences per optimizer step (gradient accumulation)."),
-    DOUBLE(train, lr, 1e-3, 0, 10, 0, "Peak learning rate."),
-    DOUBLE(train, min_lr, 0.0, 0, 10, 0, "Learning rate at the end of the decay; at most `lr`."),
-    INT64(train, warmup_steps, 0, 0, 1e12, "Steps of linear warmup from 0 to `lr`; at most `steps`."),
-    ENUM(train, lr_schedule, "cosine", NAMES("constant", "cosine", "linear"), "Decay from `lr` to `min_lr` after warmup."),
+    DOUBLE(train, lr, 1e-3, 0, 10, 0, "Peak learning rate: the lr of the last warmup step and of the first step after warmup (of step 1 when `warmup_steps` is 0)."),
+    DOUBLE(train, min_lr, 0.0, 0, 10, 0, "Learning rate the decay approaches: cosine and linear reach it one step after the last step, so the last step still learns (as the common schedulers do); at most `lr`."),
+    INT64(train, warmup_steps, 0, 0, 1e12, "Steps of linear warmup: step s <= `warmup_steps` uses `lr` * s / `warmup_steps` (no step at lr 0); at most `steps`."),
+    ENUM(train, lr_schedule, "cosine", NAMES("constant", "cosine", "linear"), "After warmup, from `lr` at step `warmup_steps` + 1: `constant`, or `cosine` / `linear` decay with progress (step - `warmup_steps` - 1) / (`steps` - `warmup_steps`) towards `min_lr`."),
     DOUBLE(train, weight_decay, 0.1, 0, 10, 0, "AdamW decoupled weight decay."),
     DOUBLE(train, beta1, 0.9, 0, 1, MAX_OPEN, "AdamW first-moment decay."),
     DOUBLE(train, beta2, 0.95, 0, 1, MAX_OPEN, "AdamW second-moment decay."),
@@ -132,7 +132,7 @@ static const Key keys[] = {
 
     STRING(data, train, "synthetic", "Training data: a shard glob or comma-separated globs (`data/*.shard,extra/a.shard`), or `synthetic` for the built-in generator. Documents are shuffled per epoch from `train.seed` and packed into sequences (see docs/ARCHITECTURE.md, section Data, and docs/DECISIONS.md)."),
     INT(data, val_sequences, 4, 1, 1 << 20, "Held-out sequences in each validation pass."),
-    STRING(data, val, "holdout", "Validation data: `holdout` = documents of `data.train` chosen from `train.seed`, as many as `val_sequences` sequences need, never trained on; or a shard glob (comma-separated globs allowed). Synthetic data always uses held-out sequences."),
+    STRING(data, val, "holdout", "Validation data: `holdout` = documents of `data.train` chosen from `train.seed`, as many as `val_sequences` sequences need, never trained on (only when validation runs, `log.val_every` > 0: otherwise nothing is held out); or a shard glob (comma-separated globs allowed). Synthetic data always uses held-out sequences."),
     BOOL(data, check_tokenizer, true, "Stop when a shard was made by another tokenizer than the `tokenizer.json` of `train.init_from` (as `mtrain shard info` shows: `bytes` or the XXH64 of a tokenizer.json); `false` trains anyway. Shards of format version 1 (unknown tokenizer) are not checked."),
 
     STRING(checkpoint, dir, "checkpoints", "Folder of the checkpoints (`step_XXXXXXXX/`, `latest`)."),

@@ -19,7 +19,7 @@
 typedef enum { HAYSTACK_FILLER, HAYSTACK_TEXT } HaystackKind;
 
 typedef struct {
-    int threads;               // OpenMP threads; 0 = all cores
+    int threads;               // OpenMP threads per rank; 0 = the node's CPUs / its ranks
     int dp, cp, cp_inner;      // rank grid (dist/comm.h); 0 = default
     int zero;                  // 1 = AdamW moments sharded over dp (ZeRO-1)
     double timeout_s;          // a collective that takes longer ends the job

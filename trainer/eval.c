@@ -19,6 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../dist/progress.h"
 #include "checkpoint.h"
 #include "commands.h"
 #include "train.h"
@@ -81,7 +82,7 @@ typedef struct {
 // previous one's last target); synthetic sequences lose their first token.
 static int32_t *heldout_tokens(const Config *cfg, int64_t *len) {
     Loader l;
-    loader_from_config(&l, cfg);
+    loader_from_config(&l, cfg, true);
     int64_t N = cfg->train.seq_len, S = cfg->data.val_sequences;
     int32_t *text = xmalloc(sizeof(int32_t) * (size_t)(S * N + 1));
     PackedSequence seq;
@@ -213,10 +214,16 @@ static void eval_perplexity(const EvalPlan *p, Model *m, double *loss, int *seqs
         double t0 = now_seconds(), total = 0;
         RankSlice slice;
         rank_slice_alloc(&slice, L);
+        Progress progress;
+        char what[64];
+        snprintf(what, sizeof(what), "perplexity at length %lld", (long long)L);
+        progress_begin(&progress, what, seqs[i], "sequences", 1);
         for (int s = 0; s < seqs[i]; s++) {
             split_sequence(&p->split, p->text + s * L, L, &slice);
             total += model_loss(m, slice.tokens, slice.targets, slice.positions, slice.count);
+            progress_add(&progress, 1);
         }
+        progress_end(&progress);
         rank_slice_free(&slice);
         if (p->split.comm) comm_allreduce(p->split.comm, &total, 1, DT_DOUBLE, REDUCE_SUM);
         loss[i] = total / ((double)L * seqs[i]);
@@ -238,8 +245,12 @@ static void eval_grid(const EvalPlan *p, Model *m, TaskKind kind, int *correct) 
            samples, "length");
     for (int di = 0; di < p->depth_count; di++) printf(" %6.2f", p->depths[di]);
     printf("\n");
+    // Rows are printed whole, so that progress lines fall between them.
+    Progress progress;
+    progress_begin(&progress, task_name(kind), (int64_t)p->length_count * p->depth_count * samples, "samples", 1);
     for (int li = 0; li < p->length_count; li++) {
-        printf("%10lld", (long long)p->lengths[li]);
+        char row[32 + 8 * EVAL_MAX_LIST];
+        int used = snprintf(row, sizeof(row), "%10lld", (long long)p->lengths[li]);
         for (int di = 0; di < p->depth_count; di++) {
             int *c = &correct[li * p->depth_count + di];
             *c = 0;
@@ -250,12 +261,15 @@ static void eval_grid(const EvalPlan *p, Model *m, TaskKind kind, int *correct) 
                 logits = xrealloc(logits, sizeof(float) * (size_t)(sample.answer_len * m->cfg.vocab_size));
                 *c += eval_sample_correct(m, &sample, &p->split, logits);
                 task_sample_free(&sample);
+                progress_add(&progress, 1);
             }
-            printf(" %6.2f", (double)*c / samples);
-            fflush(stdout);
+            used += snprintf(row + used, sizeof(row) - (size_t)used, " %6.2f", (double)*c / samples);
         }
-        printf("\n");
+        progress_clear(&progress);
+        printf("%s\n", row);
+        fflush(stdout);
     }
+    progress_end(&progress);
     printf("%s: %.2f s\n", task_name(kind), now_seconds() - t0);
     free(logits);
 }
@@ -481,13 +495,11 @@ int cmd_eval(int argc, char **argv) {
     if (dist.dp.size > 1)
         comm_fail_all(&dist.world, "%s: parallel.dp %d: eval splits each sequence over its ranks (expected "
                       "parallel.dp 1)", argv[0], dist.dp.size);
-    // Rank 0 alone speaks and writes; errors still reach stderr from any rank.
-    if (dist.world_rank != 0 && !freopen("/dev/null", "w", stdout)) fail("/dev/null: cannot open for writing");
     EvalPlan plan;
     plan_eval(&plan, &cfg, argv[0]);
     plan.split = (EvalSplit){dist.cp.size > 1 ? &dist.cp : NULL, cfg.attention.layout,
                              cfg.attention.block_size};
-    apply_threads(&cfg);
+    apply_threads(&cfg, &dist);
     Model m;
     model_from_config(&m, &cfg);
     model_join_ring(&m, &cfg, &dist);

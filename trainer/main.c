@@ -1,7 +1,11 @@
-// main.c: build/mtrain's entry point: dispatches the CLI verb.
+// main.c: build/mtrain's entry point: sets the OpenMP wait policy, then
+// dispatches the CLI verb.
+#include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "commands.h"
 
@@ -37,7 +41,26 @@ static bool asks_help(int argc, char **argv) {
     return false;
 }
 
+// OpenMP threads that spin while they wait for work take the CPUs of other
+// processes (the other ranks, other jobs), and a step then takes many times
+// longer (docs/PERFORMANCE.md). libgomp reads its wait policy once, when it
+// is loaded, so unless the user chose one, mtrain starts itself again with
+// OMP_WAIT_POLICY=passive (same process, before MPI starts; the binary's
+// own path keeps the process name).
+static void restart_with_passive_wait(char **argv) {
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n > 0 && setenv("OMP_WAIT_POLICY", "passive", 1) == 0) {
+        self[n] = '\0';
+        execv(self, argv);
+    }
+    fprintf(stderr, "warning: /proc/self/exe: cannot restart with OMP_WAIT_POLICY=passive (%s); idle OpenMP threads "
+            "spin\n", strerror(errno));
+}
+
 int main(int argc, char **argv) {
+    restart_with_passive_wait(argv);
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

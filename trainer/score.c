@@ -71,13 +71,14 @@ int cmd_score(int argc, char **argv) {
     Dist dist;
     dist_init(&dist, NULL, NULL, cfg.parallel.timeout_s);
     dist_setup(&dist, cfg.parallel.dp, cfg.parallel.cp, cfg.parallel.cp_inner, "mtrain score");
+    quiet_other_ranks(&dist);
     if (dist.dp.size > 1)
         comm_fail_all(&dist.world, "mtrain score: parallel.dp %d: score splits one sequence over its ranks "
                       "(expected parallel.dp 1)", dist.dp.size);
     if (logits_path && dist.world_size > 1)
         comm_fail_all(&dist.world, "mtrain score: --logits with %d ranks: logits are written by a single "
                       "process only (expected no --logits, or one rank)", dist.world_size);
-    apply_threads(&cfg);
+    apply_threads(&cfg, &dist);
 
     int64_t T;
     int32_t *tokens = read_token_file(tokens_path, cfg.model.vocab_size, &T);
@@ -99,7 +100,14 @@ int cmd_score(int argc, char **argv) {
         local[i] = tokens[pos[i]];
         targets[i] = pos[i] + 1 < T ? tokens[pos[i] + 1] : -1;
     }
+    Progress progress;
+    char what[64];
+    snprintf(what, sizeof(what), "scoring %lld tokens", (long long)T);
+    progress_begin(&progress, what, 2 * (int64_t)m.cfg.num_layers, "layers", 1);
+    m.progress = &progress;
     double loss = model_forward_backward(&m, local, targets, pos, n, (float)(1.0 / (double)(T - 1)));
+    m.progress = NULL;
+    progress_end(&progress);
     comm_allreduce(&dist.cp, &loss, 1, DT_DOUBLE, REDUCE_SUM);
     loss /= (double)(T - 1);
     if (grads_path) allreduce_arena(&dist.cp, m.be, m.grad_mem, m.total_params);

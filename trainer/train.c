@@ -7,22 +7,39 @@
 // shard, then all-gather the parameters), then rank 0 prints one line and
 // appends one JSON line to log.dir/metrics.jsonl. The loader's cursor
 // (sequences consumed) is saved in every checkpoint, so a resumed run reads
-// exactly the next sequence.
+// exactly the next sequence. SIGINT, SIGTERM or SIGUSR1 on any rank: every
+// rank finishes the step, a checkpoint is written and the run exits 0.
 #include "train.h"
 
+#include <cblas.h>
+#include <errno.h>
 #include <math.h>
 #include <omp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "../attention/ring.h"
+#include "../dist/progress.h"
 #include "checkpoint.h"
 #include "commands.h"
 
-void apply_threads(const Config *cfg) {
-    if (cfg->parallel.threads > 0) omp_set_num_threads(cfg->parallel.threads);
+int apply_threads(const Config *cfg, const Dist *dist) {
+    int share = dist->node_cpus / dist->local_size;
+    if (share > dist->rank_cpus) share = dist->rank_cpus;
+    if (share < 1) share = 1;
+    int threads = cfg->parallel.threads > 0 ? cfg->parallel.threads : share;
+    int64_t node_threads = (int64_t)threads * dist->local_size;
+    if (cfg->parallel.threads > 0 && dist->world_rank == 0 &&
+        (node_threads > dist->node_cpus || threads > dist->rank_cpus))
+        fprintf(stderr, "warning: parallel.threads %d x %d ranks on this node = %lld threads on %d CPUs (%d for "
+                "this rank): oversubscribed, every step waits for descheduled threads (parallel.threads: 0 gives %d)\n",
+                threads, dist->local_size, (long long)node_threads, dist->node_cpus, dist->rank_cpus, share);
+    omp_set_num_threads(threads);
+    openblas_set_num_threads(threads);
+    return threads;
 }
 
 void model_from_config(Model *m, const Config *cfg) {
@@ -39,12 +56,17 @@ OptimizerConfig optimizer_config(const Config *cfg) {
     return oc;
 }
 
-static void print_memory(const Model *m, int64_t T) {
+// With the host memory a checkpoint write adds on rank 0: a copy of the
+// parameters, and under ZeRO-1 the gathered moments and one gather buffer
+// (otherwise the moments stream in pieces of a few MiB).
+static void print_memory(const Model *m, int64_t T, bool zero) {
     double mib = 1.0 / (1 << 20), p = (double)m->total_params * sizeof(float) * mib;
     double adam = 2.0 * (double)m->opt_count * sizeof(float) * mib;
-    printf("model: %lld parameters | memory MiB: params %.1f, grads %.1f, adam %.1f, activations %.1f (T=%lld%s)\n",
-           (long long)m->total_params, p, p, adam, (double)model_activation_bytes(m, T) * mib, (long long)T,
-           m->checkpoint_activations ? ", checkpointed" : "");
+    double write = p + (zero ? 3 * p : checkpoint_stream_bytes() * mib);
+    printf("model: %lld parameters | memory MiB: params %.1f, grads %.1f, adam %.1f, activations %.1f (T=%lld%s), "
+           "checkpoint write %.1f more on the host\n", (long long)m->total_params, p, p, adam,
+           (double)model_activation_bytes(m, T) * mib, (long long)T, m->checkpoint_activations ? ", checkpointed" : "",
+           write);
 }
 
 // Where the run starts: a checkpoint (checkpoint.resume), a Hugging Face
@@ -86,9 +108,9 @@ typedef struct {
     int cp, cp_rank;
 } RunData;
 
-void loader_from_config(Loader *l, const Config *cfg) {
+void loader_from_config(Loader *l, const Config *cfg, bool validation) {
     LoaderConfig lc = {cfg->data.train, cfg->data.val, cfg->model.vocab_size, cfg->train.seq_len,
-                       cfg->data.val_sequences, cfg->train.seed, {SHARD_TOKENIZER_UNKNOWN, 0}, NULL};
+                       validation ? cfg->data.val_sequences : 0, cfg->train.seed, {SHARD_TOKENIZER_UNKNOWN, 0}, NULL};
     // The model's tokenizer: train.init_from's tokenizer.json, when it has one.
     char tokenizer[CONFIG_STR + 32], source[CONFIG_STR + 32];
     snprintf(tokenizer, sizeof(tokenizer), "%s/tokenizer.json", cfg->train.init_from);
@@ -100,6 +122,10 @@ void loader_from_config(Loader *l, const Config *cfg) {
     loader_open(l, &lc);
 }
 
+void quiet_other_ranks(const Dist *dist) {
+    if (dist->world_rank != 0 && !freopen("/dev/null", "w", stdout)) fail("/dev/null: cannot open for writing");
+}
+
 bool run_start(int argc, char **argv, const char *usage, bool eval_model, Config *cfg, Dist *dist) {
     if (argc < 1 || argv[0][0] == '-') {
         fprintf(stderr, "%s\n", usage);
@@ -108,13 +134,14 @@ bool run_start(int argc, char **argv, const char *usage, bool eval_model, Config
     config_from_args(cfg, argv[0], argc - 1, argv + 1, eval_model);
     dist_init(dist, NULL, NULL, cfg->parallel.timeout_s);
     dist_setup(dist, cfg->parallel.dp, cfg->parallel.cp, cfg->parallel.cp_inner, argv[0]);
+    quiet_other_ranks(dist);
     return true;
 }
 
 static void run_data_open(RunData *d, const Config *cfg, const Dist *dist) {
     d->cp = dist->cp.size;
     d->cp_rank = dist->cp.rank;
-    loader_from_config(&d->loader, cfg);
+    loader_from_config(&d->loader, cfg, cfg->log.val_every > 0);
     packed_sequence_alloc(&d->seq, cfg->train.seq_len);
     rank_slice_alloc(&d->slice, cfg->train.seq_len);
     d->layout = cfg->attention.layout;
@@ -147,19 +174,15 @@ static double validation_loss(Model *m, const Config *cfg, const Dist *dist, Run
 }
 
 // metrics == NULL on every rank but 0 (which alone prints and writes).
-static void log_validation(Model *m, const Config *cfg, const Dist *dist, RunData *d, int64_t step, FILE *metrics,
+// Returns the loss.
+static double log_validation(Model *m, const Config *cfg, const Dist *dist, RunData *d, int64_t step, FILE *metrics,
                            const char *path) {
     double loss = validation_loss(m, cfg, dist, d);
     printf("validation | step %lld | loss %.4f\n", (long long)step, loss);
-    if (!metrics) return;
+    if (!metrics) return loss;
     fprintf(metrics, "{\"step\": %lld, \"val_loss\": %.9g}\n", (long long)step, loss);
     if (fflush(metrics) != 0) fail("%s: write failed", path);
-}
-
-static void format_eta(double seconds, char *out, size_t n) {
-    long s = (long)(seconds + 0.5);
-    if (s >= 3600) snprintf(out, n, "%ldh%02ldm", s / 3600, s / 60 % 60);
-    else snprintf(out, n, "%ldm%02lds", s / 60, s % 60);
+    return loss;
 }
 
 // Start (or not) collecting the sparse pattern's density and recall per layer
@@ -241,19 +264,62 @@ static void gather_parameters(const Comm *dp, Model *m) {
     free(full);
 }
 
-// The full AdamW moments m then v [2, total_params] on the host (collective
-// over dp under ZeRO-1).
-static float *gather_moments(const Comm *dp, bool zero, const Model *m) {
+// Under ZeRO-1: the full AdamW moments m then v [2, total_params] on the host
+// (collective over dp).
+static float *gather_moments(const Comm *dp, const Model *m) {
     int64_t P = m->total_params;
     float *host = xmalloc(2 * sizeof(float) * (size_t)P);
-    if (zero) {
-        gather_shards(dp, m, m->adam_m, host);
-        gather_shards(dp, m, m->adam_v, host + P);
-    } else {
-        m->be->download(host, m->adam_m, sizeof(float) * (size_t)P);
-        m->be->download(host + P, m->adam_v, sizeof(float) * (size_t)P);
-    }
+    gather_shards(dp, m, m->adam_m, host);
+    gather_shards(dp, m, m->adam_v, host + P);
     return host;
+}
+
+// The checkpoint of state->step, written by rank 0: under ZeRO-1 its dp
+// group first gathers the moments, otherwise they stream from its optimizer.
+static void save_checkpoint(const Config *cfg, const Dist *dist, bool zero, const Model *m, const TrainState *state) {
+    if (zero && dist->cp.rank == 0) {
+        float *moments = gather_moments(&dist->dp, m);
+        if (dist->world_rank == 0) checkpoint_save(cfg, m, state, moments);
+        free(moments);
+    } else if (!zero && dist->world_rank == 0) {
+        checkpoint_save(cfg, m, state, NULL);
+    }
+    printf("checkpoint: %s/step_%08lld\n", cfg->checkpoint.dir, (long long)state->step);
+}
+
+// The signal that asked the run to stop (SIGINT, SIGTERM or SIGUSR1), 0 = none.
+static volatile sig_atomic_t stop_signal;
+
+// A first signal is remembered: the step in progress finishes, then a
+// checkpoint is written. A second exits at once: a checkpoint being written
+// is still a .tmp folder that is never read, so none is damaged.
+static void on_stop_signal(int sig) {
+    if (stop_signal) {
+        static const char msg[] = "mtrain: second signal: exiting now without a checkpoint of this step\n";
+        ssize_t written = write(STDERR_FILENO, msg, sizeof(msg) - 1);
+        (void)written;
+        _exit(128 + sig);
+    }
+    stop_signal = sig;
+}
+
+static void catch_stop_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    const int signals[] = {SIGINT, SIGTERM, SIGUSR1};
+    for (size_t i = 0; i < sizeof(signals) / sizeof(signals[0]); i++)
+        if (sigaction(signals[i], &sa, NULL) != 0) fail("sigaction(%d): %s", signals[i], strerror(errno));
+}
+
+// After a step, on every rank: the signal any rank got (0 = none), so that
+// all of them stop after the same step.
+static int agreed_stop_signal(const Dist *dist) {
+    int64_t sig = stop_signal;
+    comm_allreduce(&dist->world, &sig, 1, DT_INT64, REDUCE_MAX);
+    return (int)sig;
 }
 
 void model_join_ring(Model *m, const Config *cfg, const Dist *dist) {
@@ -265,13 +331,11 @@ int cmd_train(int argc, char **argv) {
     Config cfg;
     Dist dist;
     if (!run_start(argc, argv, "usage: mtrain train RUN.yaml [section.key=value ...]", false, &cfg, &dist)) return 2;
-    // Rank 0 alone speaks; errors still reach stderr from any rank.
-    if (dist.world_rank != 0 && !freopen("/dev/null", "w", stdout)) fail("/dev/null: cannot open for writing");
     int D = dist.dp.size;
     bool zero = cfg.parallel.zero == 1;
     RunData data;
     run_data_open(&data, &cfg, &dist);
-    apply_threads(&cfg);
+    int threads = apply_threads(&cfg, &dist);
     Model m;
     model_from_config(&m, &cfg);
     model_join_ring(&m, &cfg, &dist);
@@ -279,17 +343,18 @@ int cmd_train(int argc, char **argv) {
     model_alloc_optimizer(&m);
     TrainState state = {0};
     rng_seed(&state.rng, cfg.train.seed);
+    catch_stop_signals();
     start_state(&cfg, &dist, &m, &state);
     OptimizerConfig oc = optimizer_config(&cfg);
     int64_t N = cfg.train.seq_len;
     int micro = cfg.train.micro_batches;
     int64_t step_tokens = N * micro * D;
     if (dist.world_size > 1)
-        printf("ranks: %d = dp %d x cp %d (ring %s, cp_inner %d, layout %s)%s, launcher %s\n", dist.world_size, D,
-               dist.cp.size, config_enum_name(&cfg, &cfg.attention.ring), dist.grid.cp_inner,
-               config_enum_name(&cfg, &cfg.attention.layout), zero ? ", ZeRO-1" : "",
+        printf("ranks: %d = dp %d x cp %d (ring %s, cp_inner %d, layout %s)%s, %d thread%s per rank, launcher %s\n",
+               dist.world_size, D, dist.cp.size, config_enum_name(&cfg, &cfg.attention.ring), dist.grid.cp_inner,
+               config_enum_name(&cfg, &cfg.attention.layout), zero ? ", ZeRO-1" : "", threads, threads == 1 ? "" : "s",
                dist.launcher);
-    print_memory(&m, layout_rank_positions(data.layout, N, data.block_size, data.cp, data.cp_rank, NULL));
+    print_memory(&m, layout_rank_positions(data.layout, N, data.block_size, data.cp, data.cp_rank, NULL), zero);
 
     char metrics_path[CONFIG_STR + 32];
     snprintf(metrics_path, sizeof(metrics_path), "%s/metrics.jsonl", cfg.log.dir);
@@ -305,7 +370,12 @@ int cmd_train(int argc, char **argv) {
     double train_start = now_seconds();
     int64_t first_step = state.step + 1;
     bool validate = cfg.log.val_every > 0;
-    if (validate && first_step == 1) log_validation(&m, &cfg, &dist, &data, 0, metrics, metrics_path);
+    double best_val = INFINITY;
+    if (state.step > 0 && state.step >= cfg.train.steps)
+        printf("the run is finished: step %lld of train.steps = %lld, nothing to train (raise train.steps to go on)\n",
+               (long long)state.step, (long long)cfg.train.steps);
+    else if (validate && first_step == 1)
+        best_val = log_validation(&m, &cfg, &dist, &data, 0, metrics, metrics_path);
     for (int64_t step = first_step; step <= cfg.train.steps; step++) {
         double t0 = now_seconds();
         m.be->zero(m.grad_mem, sizeof(float) * (size_t)m.total_params);
@@ -332,7 +402,7 @@ int cmd_train(int argc, char **argv) {
         if (step % cfg.log.every == 0 || step == cfg.train.steps) {
             char eta[32];
             double elapsed = now_seconds() - train_start;
-            format_eta(elapsed / (double)(step - first_step + 1) * (double)(cfg.train.steps - step), eta, sizeof(eta));
+            format_duration(elapsed / (double)(step - first_step + 1) * (double)(cfg.train.steps - step), eta, sizeof(eta));
             printf("step %6lld/%lld | loss %.4f | grad norm %.3f | lr %.2e | %.0f tok/s | %.1f ms | eta %s%s\n",
                    (long long)step, (long long)cfg.train.steps, loss, grad_norm, lr, tokens_per_s, ms, eta,
                    attention_line);
@@ -345,17 +415,26 @@ int cmd_train(int argc, char **argv) {
         }
         state.step = step;
         if (validate && (step % cfg.log.val_every == 0 || step == cfg.train.steps))
-            log_validation(&m, &cfg, &dist, &data, step, metrics, metrics_path);
+            best_val = fmin(best_val, log_validation(&m, &cfg, &dist, &data, step, metrics, metrics_path));
         state.tokens_seen += step_tokens;
-        if ((cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || step == cfg.train.steps) {
-            // The moments reach rank 0: under ZeRO-1 its dp group gathers them.
-            if (zero ? dist.cp.rank == 0 : dist.world_rank == 0) {
-                float *moments = gather_moments(&dist.dp, zero, &m);
-                if (dist.world_rank == 0) checkpoint_save(&cfg, &m, &state, moments);
-                free(moments);
-            }
-            printf("checkpoint: %s/step_%08lld\n", cfg.checkpoint.dir, (long long)step);
+        bool saved = (cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || step == cfg.train.steps;
+        if (saved) save_checkpoint(&cfg, &dist, zero, &m, &state);
+        int sig = agreed_stop_signal(&dist);
+        if (sig && step < cfg.train.steps) {
+            if (!saved) save_checkpoint(&cfg, &dist, zero, &m, &state);
+            printf("stopped by %s after step %lld of %lld: checkpoint %s/step_%08lld written; the same command "
+                   "resumes\n", sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGUSR1", (long long)step,
+                   (long long)cfg.train.steps, cfg.checkpoint.dir, (long long)step);
+            break;
         }
+    }
+    if (state.step >= first_step) {
+        double seconds = now_seconds() - train_start;
+        double tokens = (double)(state.step - first_step + 1) * (double)step_tokens;
+        char val[48] = "";
+        if (isfinite(best_val)) snprintf(val, sizeof(val), " | best val loss %.4f", best_val);
+        printf("run summary: steps %lld-%lld | %.0f tokens | %.1f s | %.0f tok/s%s\n", (long long)first_step,
+               (long long)state.step, tokens, seconds, tokens / seconds, val);
     }
     if (metrics) fclose(metrics);
     free(attention_json);

@@ -9,21 +9,28 @@
 #include "../model/optimizer.h"
 #include "config.h"
 
-// OpenMP threads from parallel.threads (0 = leave the default: all cores).
-void apply_threads(const Config *cfg);
+// The OpenMP (and OpenBLAS) threads of this rank: parallel.threads, or with 0
+// the node's CPUs divided by its ranks (at least 1, at most this rank's
+// CPUs). An explicit setting that oversubscribes the node gets a one-line
+// warning on stderr (rank 0). Returns the threads.
+int apply_threads(const Config *cfg, const Dist *dist);
 // model_init with the backend and the attention/loss/checkpointing settings.
 void model_from_config(Model *m, const Config *cfg);
 OptimizerConfig optimizer_config(const Config *cfg);
-// loader_open with the run's data, vocabulary, sequence length and seed.
-void loader_from_config(Loader *l, const Config *cfg);
+// loader_open with the run's data, vocabulary, sequence length and seed;
+// with validation false no validation stream (nothing held out).
+void loader_from_config(Loader *l, const Config *cfg, bool validation);
 // Attention over the cp ring when cp > 1 (dense, or sparse with the pattern
 // estimated over the ring), with the schedule of attention.ring.
 void model_join_ring(Model *m, const Config *cfg, const Dist *dist);
 // Sum an arena [n] of backend memory over comm (through a host buffer).
 void allreduce_arena(const Comm *comm, const Backend *be, float *arena, int64_t n);
-// The start of a verb on a run file (argv[0]) and overrides: config, MPI and
-// the rank grid. Prints usage and returns false when no run file is given.
-// eval_model: see config_from_args.
+// Ranks other than 0 write stdout to /dev/null: rank 0 alone speaks (errors
+// still reach stderr from any rank).
+void quiet_other_ranks(const Dist *dist);
+// The start of a verb on a run file (argv[0]) and overrides: config, MPI,
+// the rank grid, and stdout on rank 0 only. Prints usage and returns false
+// when no run file is given. eval_model: see config_from_args.
 bool run_start(int argc, char **argv, const char *usage, bool eval_model, Config *cfg, Dist *dist);
 
 #endif

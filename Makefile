@@ -126,7 +126,21 @@ SIM_GPU_OBJ = build/sim/obj/dist/util.o build/sim/obj/attention/flash_cpu.o buil
 SIM_BIN = build/sim/tests/gpu_test_attention build/sim/tests/sim_selftest build/sim/tests/sim_selftest_asan \
           $(if $(SIM_HAS_CUB),build/sim/tests/gpu_test_sparse build/sim/mtrain)
 
-build-sim: $(SIM_BIN)
+build-sim: $(SIM_BIN) build/sim/launch_bounds.tsv
+
+# The kernels' __launch_bounds__ for the sim (mangled name, max threads per
+# block): the .maxntid lines of nvcc's PTX for sm_80. Without nvcc the table
+# is empty and the sim checks the device's 1024 threads only.
+build/sim/launch_bounds.tsv: $(CU_SRC)
+	@mkdir -p build/sim/ptx
+	printf 'kernel\tmax_threads\n' > $@.tmp
+	set -e; if [ -n "$(NVCC)" ]; then for f in $(CU_SRC); do \
+	  ptx=build/sim/ptx/$$(basename $$f .cu).ptx; \
+	  $(NVCC) -O3 -std=c++17 -arch=compute_80 -ptx $$f -o $$ptx; \
+	  awk '/\.entry/ { for (i = 1; i < NF; i++) if ($$i == ".entry") name = $$(i + 1); sub(/\(.*/, "", name) } \
+	       /\.maxntid/ { gsub(",", " "); print name "\t" $$2 * $$3 * $$4 }' $$ptx >> $@.tmp; \
+	done; fi
+	mv $@.tmp $@
 
 build/sim/obj/%.cu.o: %.cu $(DEPS_OK)
 	@mkdir -p $(dir $@)
@@ -134,7 +148,7 @@ build/sim/obj/%.cu.o: %.cu $(DEPS_OK)
 
 build/sim/obj/tests/cudasim/%.o: tests/cudasim/%.cpp $(DEPS_OK)
 	@mkdir -p $(dir $@)
-	$(CXX) $(SIM_CXXFLAGS) -c $< -o $@
+	$(CXX) $(SIM_CXXFLAGS) -DCUDASIM_LAUNCH_BOUNDS_FILE='"$(abspath build/sim/launch_bounds.tsv)"' -c $< -o $@
 
 build/sim/obj/%.o: %.c $(DEPS_OK)
 	@mkdir -p $(dir $@)

@@ -564,16 +564,58 @@ cudaError_t set_max_dynamic_smem(const void *fn, int bytes) {
     return cudaSuccess;
 }
 
-static std::string kernel_name(const char *spelled, const void *fn) {
+// The kernel's symbol (the Itanium mangling g++ and nvcc share), empty when unknown.
+static std::string mangled_name(const void *fn) {
     Dl_info info;
-    if (dladdr(fn, &info) && info.dli_sname) {
-        int status = 1;
-        char *d = abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &status);
-        std::string s = status == 0 && d ? d : info.dli_sname;
-        free(d);
-        return s;
-    }
-    return spelled;
+    return dladdr(fn, &info) && info.dli_sname ? info.dli_sname : "";
+}
+
+static std::string readable_name(const std::string &mangled, const char *spelled) {
+    if (mangled.empty()) return spelled;
+    int status = 1;
+    char *d = abi::__cxa_demangle(mangled.c_str(), nullptr, nullptr, &status);
+    std::string s = status == 0 && d ? d : mangled;
+    free(d);
+    return s;
+}
+
+// __launch_bounds__ of the project's kernels: mangled name -> max threads per
+// block, the .maxntid of nvcc's PTX (PTX ISA, "Performance-Tuning Directives:
+// .maxntid"), in the TSV that the build writes (header: kernel, max_threads).
+// Without it (no nvcc) only the device's 1024 is checked.
+static const std::map<std::string, uint64_t> &launch_bounds() {
+    static const std::map<std::string, uint64_t> table = [] {
+        std::map<std::string, uint64_t> t;
+        const char *path = getenv("CUDASIM_LAUNCH_BOUNDS");
+#ifdef CUDASIM_LAUNCH_BOUNDS_FILE
+        if (!path) path = CUDASIM_LAUNCH_BOUNDS_FILE;
+#endif
+        FILE *f = path && *path ? fopen(path, "r") : nullptr;
+        if (!f) return t;
+        char line[4096], name[4000];
+        int kernel_col = -1, threads_col = -1;
+        if (fgets(line, sizeof line, f)) {
+            int col = 0;
+            for (char *p = strtok(line, "\t\n"); p; p = strtok(nullptr, "\t\n"), col++) {
+                if (!strcmp(p, "kernel")) kernel_col = col;
+                if (!strcmp(p, "max_threads")) threads_col = col;
+            }
+        }
+        if (kernel_col < 0 || threads_col < 0) fail("%s: expected a header with columns kernel and max_threads", path);
+        while (fgets(line, sizeof line, f)) {
+            unsigned long long threads = 0;
+            name[0] = 0;
+            int col = 0;
+            for (char *p = strtok(line, "\t\n"); p; p = strtok(nullptr, "\t\n"), col++) {
+                if (col == kernel_col) snprintf(name, sizeof name, "%s", p);
+                if (col == threads_col) threads = strtoull(p, nullptr, 10);
+            }
+            if (name[0] && threads) t[name] = threads;
+        }
+        fclose(f);
+        return t;
+    }();
+    return table;
 }
 
 void launch_grid(const char *name, const void *fn, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
@@ -598,8 +640,14 @@ void launch_grid(const char *name, const void *fn, dim3 grid, dim3 block, size_t
         set_error(cudaErrorInvalidValue);
         return;
     }
+    const std::string mangled = mangled_name(fn);
+    auto bound = launch_bounds().find(mangled);
+    if (bound != launch_bounds().end() && threads > bound->second) {   // as a real launch: too many resources
+        set_error(cudaErrorLaunchOutOfResources);
+        return;
+    }
     auto l = std::make_shared<Launch>();
-    l->name = kernel_name(name, fn);
+    l->name = readable_name(mangled, name);
     l->grid = grid;
     l->block = block;
     l->smem = smem;

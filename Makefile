@@ -112,7 +112,8 @@ test-gpu: build-test-gpu
 # messages through dladdr. The sparse sources need the sim's CUB subset
 # (tests/cudasim/include/cub/cub.cuh) and are built when it is present.
 SIM_INC = -Itests/cudasim/include -Itests/cudasim
-SIM_CXXFLAGS = -O2 -g $(ARCH) -std=c++17 -fopenmp -fno-strict-aliasing -Wall -Wextra -Wno-unknown-pragmas -MMD -MP -D__CUDASIM__ $(SIM_INC)
+SIM_CXXFLAGS = -O2 -g $(ARCH) -std=c++17 -fopenmp -fno-strict-aliasing -Wall -Wextra -Wno-unknown-pragmas -MMD -MP \
+               -D__CUDASIM__ $(SIM_INC)
 SIM_CFLAGS = -Itests/cudasim/include $(filter-out -DMTRAIN_CUDA -I$(CUDA_HOME)/include,$(CFLAGS)) -DMTRAIN_CUDA
 SIM_LIB_SRC = $(wildcard tests/cudasim/*.cpp)
 SIM_LIB = build/sim/libcudasim.a

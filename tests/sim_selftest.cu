@@ -183,7 +183,8 @@ static void launch_limits() {
     CUDA_LAUNCH(empty_kernel, dim3(1, 1, 1), dim3(32, 1, 65), 0, 0);
     EXPECT(cudaGetLastError() == cudaErrorInvalidConfiguration, "block z 65: cudaErrorInvalidConfiguration");
     CUDA_LAUNCH(empty_kernel, 1, 32, 48 * 1024 + 16, 0);
-    EXPECT(cudaGetLastError() == cudaErrorInvalidValue, "48 KiB + 16 dynamic smem without opt-in: cudaErrorInvalidValue");
+    EXPECT(cudaGetLastError() == cudaErrorInvalidValue,
+           "48 KiB + 16 dynamic smem without opt-in: cudaErrorInvalidValue");
     CUDA_LAUNCH(empty_kernel, 1, 32, 48 * 1024, 0);
     EXPECT(cudaGetLastError() == cudaSuccess, "48 KiB dynamic smem: launches");
     EXPECT(cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024) == cudaSuccess,

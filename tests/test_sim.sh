@@ -54,9 +54,10 @@ violation() {   # CASE PATTERN
   expect "$1: exit 1 with one line: $(head -c 160 "$tmp/err")" \
     "[ $rc -eq 1 ] && [ $lines -eq 1 ] && grep -qE '$2' '$tmp/err'"
 }
-violation shfl_missing_lane '^cudasim: kernel shfl_missing_lane_kernel.* block \(0,0,0\) thread .*lane 5 of the mask has exited'
-violation misaligned_cp_async '^cudasim: kernel misaligned_cp_async_kernel.* block \(0,0,0\) thread .*16-byte aligned'
-violation barrier_divergence '^cudasim: kernel barrier_divergence_kernel.* block \(0,0,0\) thread .*__syncthreads while thread .* has exited'
+where='.* block \(0,0,0\) thread \([0-9]+,0,0\) warp [0-9]+ lane [0-9]+: '
+violation shfl_missing_lane "^cudasim: kernel shfl_missing_lane_kernel${where}.*lane 5 of the mask has exited"
+violation misaligned_cp_async "^cudasim: kernel misaligned_cp_async_kernel${where}.*16-byte aligned"
+violation barrier_divergence "^cudasim: kernel barrier_divergence_kernel${where}__syncthreads while thread .* has exited"
 
 $sim/sim_selftest_asan oob_read >"$tmp/out" 2>&1
 rc=$?
@@ -95,13 +96,15 @@ PY
   local caught=""
   for s in $seeds; do
     CUDASIM_SEED=$s "$dir/$sim/gpu_test_attention" small >"$tmp/out" 2>&1 && continue
+    local rc=$?
     [ -z "${4:-}" ] || grep -q "$4" "$tmp/out" || continue
-    caught="$caught $s($(grep -c '^FAIL' "$tmp/out") FAIL)"
+    caught="$caught $s(exit $rc, $(grep -c '^FAIL' "$tmp/out") FAIL lines)"
   done
   expect "mutant $1: the attention test fails under seeds:$caught" '[ -n "$caught" ]'
 }
 mutant "forward without the __syncthreads after cp.async.wait_group" attention/flash_cuda.cu \
-  's = s.replace("cp_async_wait<1>();\n        __syncthreads();\n\n        const bool full", "cp_async_wait<1>();\n\n        const bool full", 1)'
+  's = s.replace("cp_async_wait<1>();\n        __syncthreads();\n\n        const bool full",
+                 "cp_async_wait<1>();\n\n        const bool full", 1)'
 mutant "forward without the __syncthreads before a buffer is refilled" attention/flash_cuda.cu \
   's = s.replace("        __syncthreads();   // every warp is done with buf before it is refilled\n", "", 1)'
 mutant "pack_bf16 with its two halves swapped" attention/flash_tiles.cuh \

@@ -124,8 +124,9 @@ SIM_LDLIBS = $(filter-out -lcudart -lcublasLt -lnccl,$(LDLIBS)) -lstdc++ -ldl -r
 SIM_GPU_LDLIBS = -lstdc++ -lm -ldl -fopenmp -rdynamic
 SIM_GPU_OBJ = build/sim/obj/dist/util.o build/sim/obj/attention/flash_cpu.o build/sim/obj/attention/layout.o \
               build/sim/obj/attention/sparse_flash_cpu.o build/sim/obj/attention/sparse_index.o $(SIM_CU_OBJ)
-SIM_BIN = build/sim/tests/gpu_test_attention build/sim/tests/sim_selftest build/sim/tests/sim_selftest_asan \
-          $(if $(SIM_HAS_CUB),build/sim/tests/gpu_test_sparse build/sim/mtrain)
+SIM_GPU_TESTS = build/sim/tests/gpu_test_attention $(if $(SIM_HAS_CUB),build/sim/tests/gpu_test_sparse)
+SIM_BIN = $(SIM_GPU_TESTS) $(SIM_GPU_TESTS:%=%_asan) build/sim/tests/sim_selftest build/sim/tests/sim_selftest_asan \
+          $(if $(SIM_HAS_CUB),build/sim/mtrain)
 
 build-sim: $(SIM_BIN) build/sim/launch_bounds.tsv
 
@@ -185,6 +186,11 @@ build/sim/tests/sim_selftest_asan: build/sim/asan/tests/sim_selftest.cu.o build/
                                    $(SIM_LIB_SRC:%.cpp=build/sim/asan/%.o)
 	@mkdir -p $(dir $@)
 	$(CXX) $(SIM_ASAN) $^ -o $@ $(SIM_GPU_LDLIBS)
+
+build/sim/tests/gpu_%_asan: build/sim/asan/tests/gpu_%.o $(SIM_GPU_OBJ:build/sim/obj/%=build/sim/asan/%) \
+                            $(SIM_LIB_SRC:%.cpp=build/sim/asan/%.o)
+	@mkdir -p $(dir $@)
+	$(CC) $(SIM_ASAN) $^ -o $@ $(SIM_GPU_LDLIBS)
 
 build/sim/mtrain: build/sim/obj/trainer/main.o $(LIB_SRC:%.c=build/sim/obj/%.o) $(SIM_CU_OBJ) $(SIM_LIB)
 	$(CC) $^ -o $@ $(SIM_LDLIBS)

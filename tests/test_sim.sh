@@ -1,10 +1,11 @@
 # test_sim.sh: the CUDA sources on the CPU execution model of CUDA (build/sim/,
-# docs/SIM.md). The GPU test programs at their small sizes under three seeds;
-# the sim's self-tests, each deliberately wrong kernel caught (a wrong result
-# under some seed, poison, or one "cudasim:" line and exit 1; an out-of-bounds
-# read under AddressSanitizer); and mutations of the attention sources (a
-# __syncthreads removed, a fragment's bf16 halves swapped) that the attention
-# test must catch.
+# docs/SIM.md). The GPU test programs at their small sizes under three seeds,
+# and once built with AddressSanitizer; the sim's self-tests, each
+# deliberately wrong kernel caught (a wrong result under some seed, poison, or
+# one "cudasim:" line and exit 1; an out-of-bounds read under
+# AddressSanitizer); and mutations of the attention sources (a __syncthreads
+# removed, a fragment's bf16 halves swapped, too many threads for the
+# __launch_bounds__) that the attention test must catch.
 cd "$(dirname "$0")/.."
 source tests/lib.sh
 seeds="1 2 3"
@@ -14,8 +15,16 @@ if [ ! -x $sim/gpu_test_attention ] || [ ! -x $sim/sim_selftest ] || [ ! -x $sim
   exit 1
 fi
 
-# GPU tests, small sizes, each seed.
+# GPU tests, small sizes, each seed; once more built with AddressSanitizer
+# (out-of-bounds device accesses), seed 1.
+for prog in $sim/gpu_test_*_asan; do
+  "$prog" small >"$tmp/out" 2>&1
+  rc=$?
+  expect "$(basename "$prog") (AddressSanitizer): exit $rc, $(tail -n 1 "$tmp/out")" \
+    "[ $rc -eq 0 ] && ! grep -qE '^FAIL|AddressSanitizer' '$tmp/out'"
+done
 for prog in $sim/gpu_test_*; do
+  case "$prog" in *_asan) continue ;; esac
   for s in $seeds; do
     CUDASIM_SEED=$s $prog small >"$tmp/out" 2>&1
     rc=$?

@@ -110,16 +110,23 @@ void fiber_start(Fiber *f, void (*entry)(void *), void *arg) {
     f->sp = sp;
 }
 
+// Only AddressSanitizer needs the OS thread's stack bounds (read once per thread).
 void fiber_init_thread(Fiber *self) {
-    pthread_attr_t attr;
-    void *addr;
-    size_t bytes;
-    if (pthread_getattr_np(pthread_self(), &attr) != 0 || pthread_attr_getstack(&attr, &addr, &bytes) != 0)
-        fail("cannot read the stack bounds of an OS thread");
-    pthread_attr_destroy(&attr);
-    self->stack = (char *)addr;
-    self->stack_bytes = bytes;
     self->asan_fake_stack = nullptr;
+#ifdef CUDASIM_ASAN
+    static thread_local char *stack = nullptr;
+    static thread_local size_t bytes = 0;
+    if (!stack) {
+        pthread_attr_t attr;
+        void *addr;
+        if (pthread_getattr_np(pthread_self(), &attr) != 0 || pthread_attr_getstack(&attr, &addr, &bytes) != 0)
+            fail("cannot read the stack bounds of an OS thread");
+        pthread_attr_destroy(&attr);
+        stack = (char *)addr;
+    }
+    self->stack = stack;
+    self->stack_bytes = bytes;
+#endif
 }
 
 void fiber_entered() {

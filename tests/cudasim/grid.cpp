@@ -1,15 +1,13 @@
 // grid.cpp: execution of a kernel grid on the CPU. A grid is a set of blocks
 // run in a seeded order, on several OpenMP threads; a block's threads are
 // fibers (fiber.h) that run until they reach a barrier or a warp collective
-// or exit. When no thread can run, the scheduler completes what it can:
-// first warp collectives whose every lane of the mask waits at the same
-// operation, then __syncthreads when every thread of the block waits there;
-// anything else is a rule violation (one line, exit 1, never a hang). The
-// threads released in a phase run in an order shuffled from CUDASIM_SEED.
-// Also here: shared memory (poisoned), cp.async, ldmatrix, mma.sync, and the
-// hardware's launch checks.
+// or exit. A warp collective completes when every lane of its mask waits at
+// the same operation, __syncthreads when every thread of the block waits
+// there; when nothing can run or complete, the state is a rule violation (one
+// line, exit 1, never a hang). Each phase between barriers is scheduled from
+// CUDASIM_SEED (run_block). Also here: shared memory (poisoned), cp.async,
+// ldmatrix, mma.sync, and the hardware's launch checks.
 #include <dlfcn.h>
-#include <omp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -391,10 +389,8 @@ static void resolve_warp(Block *b, int w, std::vector<Thread *> &ready) {
                 if (!lane[src])
                     violation(lane[j], "__shfl*_sync reads lane %d, which is not in mask 0x%08x (CUDA C++ "
                                        "Programming Guide, Warp Shuffle Functions: value undefined)", src, t->mask);
-                lane[j]->out[1] = lane[src]->in[0];
+                lane[j]->out[0] = lane[src]->in[0];
             }
-            for (int j = 0; j < 32; j++)
-                if (lane[j]) lane[j]->out[0] = lane[j]->out[1];
             break;
         }
         case OP_VOTE: {

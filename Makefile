@@ -5,6 +5,8 @@
 #   make demo       train a tiny model and show that it learned
 #   make test-gpu   CUDA kernels against the CPU backend (needs a GPU)
 #   make build-test-gpu   the GPU test and benchmark programs, not run
+#   make test-sim   the CUDA sources on the CPU execution model of CUDA
+#                   (tests/cudasim/, docs/SIM.md): build/sim/, its tests run
 # With nvcc, `make` also compiles the GPU programs (build/tests/gpu_*) but
 # never runs them. CUDA_ARCHS picks the targets (default sm_80 and sm_90).
 
@@ -56,9 +58,9 @@ GPU_LDLIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc+
 endif
 DEPS_OK = build/.deps-ok
 
-.PHONY: all test demo test-gpu build-test-gpu deps clean
+.PHONY: all test demo test-gpu build-test-gpu build-sim test-sim deps clean
 all: build/mtrain $(TEST_BIN) $(GPU_BIN)
-all: $(MPI_TEST_BIN) $(TOOL_BIN)
+all: $(MPI_TEST_BIN) $(TOOL_BIN) build-sim
 
 # Every dependency present, or install it (as root) / say how.
 build/.deps-ok: scripts/install_deps.sh
@@ -101,6 +103,60 @@ build-test-gpu:
 
 test-gpu: build-test-gpu
 	@st=0; for t in build/tests/gpu_test_*; do echo "== $$t"; $$t || st=1; done; exit $$st
+
+# ---- the CPU execution model of CUDA (tests/cudasim/, docs/SIM.md) ----
+# The .cu files compiled by g++ with the sim's headers first on the include
+# path; the C objects again with -DMTRAIN_CUDA against the sim's runtime
+# header; the sim itself (every tests/cudasim/*.cpp) as a static library.
+# Binaries export their symbols (-rdynamic): the sim names kernels in its
+# messages through dladdr. The sparse sources need the sim's CUB subset
+# (tests/cudasim/include/cub/cub.cuh) and are built when it is present.
+SIM_INC = -Itests/cudasim/include -Itests/cudasim
+SIM_CXXFLAGS = -O2 -g $(ARCH) -std=c++17 -fopenmp -fno-strict-aliasing -Wall -Wextra -Wno-unknown-pragmas -MMD -MP -D__CUDASIM__ $(SIM_INC)
+SIM_CFLAGS = -Itests/cudasim/include $(filter-out -DMTRAIN_CUDA -I$(CUDA_HOME)/include,$(CFLAGS)) -DMTRAIN_CUDA
+SIM_LIB_SRC = $(wildcard tests/cudasim/*.cpp)
+SIM_LIB = build/sim/libcudasim.a
+SIM_HAS_CUB = $(wildcard tests/cudasim/include/cub/cub.cuh)
+SIM_CU_SRC = attention/flash_cuda.cu $(if $(SIM_HAS_CUB),$(filter-out attention/flash_cuda.cu,$(CU_SRC)))
+SIM_CU_OBJ = $(SIM_CU_SRC:%.cu=build/sim/obj/%.cu.o)
+SIM_LDLIBS = $(filter-out -lcudart -lcublasLt -lnccl,$(LDLIBS)) -lstdc++ -ldl -rdynamic
+SIM_GPU_LDLIBS = -lstdc++ -lm -ldl -fopenmp -rdynamic
+SIM_GPU_OBJ = build/sim/obj/dist/util.o build/sim/obj/attention/flash_cpu.o build/sim/obj/attention/layout.o \
+              build/sim/obj/attention/sparse_flash_cpu.o build/sim/obj/attention/sparse_index.o $(SIM_CU_OBJ)
+SIM_BIN = build/sim/tests/gpu_test_attention build/sim/tests/sim_selftest \
+          $(if $(SIM_HAS_CUB),build/sim/tests/gpu_test_sparse build/sim/mtrain)
+
+build-sim: $(SIM_BIN)
+
+build/sim/obj/%.cu.o: %.cu $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	$(CXX) $(SIM_CXXFLAGS) -x c++ -c $< -o $@
+
+build/sim/obj/tests/cudasim/%.o: tests/cudasim/%.cpp $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	$(CXX) $(SIM_CXXFLAGS) -c $< -o $@
+
+build/sim/obj/%.o: %.c $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	$(CC) $(SIM_CFLAGS) -c $< -o $@
+
+$(SIM_LIB): $(SIM_LIB_SRC:%.cpp=build/sim/obj/%.o)
+	@mkdir -p $(dir $@)
+	rm -f $@ && $(AR) rcs $@ $^
+
+build/sim/tests/gpu_%: build/sim/obj/tests/gpu_%.o $(SIM_GPU_OBJ) $(SIM_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $^ -o $@ $(SIM_GPU_LDLIBS)
+
+build/sim/tests/sim_%: build/sim/obj/tests/sim_%.cu.o $(SIM_LIB)
+	@mkdir -p $(dir $@)
+	$(CXX) $^ -o $@ $(SIM_GPU_LDLIBS)
+
+build/sim/mtrain: build/sim/obj/trainer/main.o $(LIB_SRC:%.c=build/sim/obj/%.o) $(SIM_CU_OBJ) $(SIM_LIB)
+	$(CC) $^ -o $@ $(SIM_LDLIBS)
+
+test-sim: build-sim
+	@bash tests/test_sim.sh
 
 clean:
 	rm -rf build

@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "../dist/cuda_check.h"
+#include "../dist/cuda_kernel.h"
 #include "attention_cuda.h"
 #include "flash_tiles.cuh"
 
@@ -91,12 +92,12 @@ flash_forward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_p
                      float *__restrict__ lse, int64_t Tq, int64_t Tk, int Hq, int Hkv,
                      float scale_log2) {
     constexpr int NT = BM * 2, LD = D + 8;
-    extern __shared__ __align__(16) unsigned char smem[];
+    DYNAMIC_SHARED(unsigned char, smem);
     bf16 *qs = reinterpret_cast<bf16 *>(smem);
     bf16 *ks = qs + BM * LD;
     bf16 *vs = ks + 2 * BN * LD;
     int64_t *kps = reinterpret_cast<int64_t *>(vs + 2 * BN * LD);
-    __shared__ int64_t red[2 * (NT / 32)];
+    STATIC_SHARED(int64_t, red, [2 * (NT / 32)]);
 
     const int tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4;
     const int h = blockIdx.y, kvh = h / (Hq / Hkv);
@@ -162,7 +163,7 @@ flash_backward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_
     constexpr int NT = BN * 2, NW = BN / 16, LD = D + 8, LDS = BM + 8;
     constexpr int WR = BM / 16, WC = NW / WR, DQC = D / WC;   // dQ: WR x WC warps of 16 x DQC
     static_assert(NW % WR == 0 && D % (16 * WC) == 0 && BM <= NT, "backward tile shape");
-    extern __shared__ __align__(16) unsigned char smem[];
+    DYNAMIC_SHARED(unsigned char, smem);
     bf16 *ks = reinterpret_cast<bf16 *>(smem);
     bf16 *vs = ks + BN * LD;
     bf16 *qs = vs + BN * LD;               // [2][BM][LD]
@@ -171,7 +172,7 @@ flash_backward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_
     float *lse_s = reinterpret_cast<float *>(dss + BN * LDS);   // [2][BM]
     float *del_s = lse_s + 2 * BM;                              // [2][BM]
     int64_t *qp_s = reinterpret_cast<int64_t *>(del_s + 2 * BM); // [2][BM]
-    __shared__ int64_t red[2 * NW];
+    STATIC_SHARED(int64_t, red, [2 * NW]);
 
     const int tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4, t4 = tid % 4;
     const int h = blockIdx.y, kvh = h / (Hq / Hkv);
@@ -327,7 +328,7 @@ static int64_t *tile_bounds(const int64_t *pos, int64_t T, int block, cudaStream
     const int64_t tiles = (T + block - 1) / block;
     int64_t *lo;
     CUDA_CHECK(cudaMallocAsync((void **)&lo, (size_t)(2 * tiles) * sizeof(int64_t), stream));
-    tile_bounds_kernel<<<blocks_for(tiles, 128), 128, 0, stream>>>(pos, T, block, lo, lo + tiles);
+    CUDA_LAUNCH(tile_bounds_kernel, blocks_for(tiles, 128), 128, 0, stream, pos, T, block, lo, lo + tiles);
     CUDA_CHECK(cudaGetLastError());
     return lo;
 }
@@ -337,7 +338,7 @@ extern "C" void attn_forward_init_cuda(const AttnShape *s, float *o_acc, float *
     const int64_t rows = s->q_tokens * s->num_heads;
     CUDA_CHECK(cudaMemsetAsync(o_acc, 0, (size_t)(rows * s->head_dim) * sizeof(float), stream));
     if (rows == 0) return;
-    fill_kernel<<<blocks_for(rows, 256), 256, 0, stream>>>(lse, rows, -INFINITY);
+    CUDA_LAUNCH(fill_kernel, blocks_for(rows, 256), 256, 0, stream, lse, rows, -INFINITY);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -351,9 +352,9 @@ static void forward(const AttnShape *s, const bf16 *q, const int64_t *q_pos, con
     int64_t *k_lo = tile_bounds(k_pos, s->k_tokens, BN, stream);
     const int64_t nkt = (s->k_tokens + BN - 1) / BN;
     const dim3 grid((unsigned)((s->q_tokens + BM - 1) / BM), (unsigned)s->num_heads);
-    kernel<<<grid, BM * 2, smem, stream>>>(q, q_pos, k, v, k_pos, k_lo, k_lo + nkt, o, lse, s->q_tokens,
-                                           s->k_tokens, s->num_heads, s->num_kv_heads,
-                                           s->scale * LOG2E);
+    CUDA_LAUNCH(kernel, grid, BM * 2, smem, stream, q, q_pos, k, v, k_pos, k_lo, k_lo + nkt, o, lse, s->q_tokens,
+                s->k_tokens, s->num_heads, s->num_kv_heads,
+                s->scale * LOG2E);
     CUDA_CHECK(cudaGetLastError());
     CUDA_CHECK(cudaFreeAsync(k_lo, stream));
 }
@@ -373,7 +374,7 @@ extern "C" void attn_output_bf16_cuda(const AttnShape *s, const float *o_acc, ui
                                       cudaStream_t stream) {
     const int64_t n = s->q_tokens * s->num_heads * s->head_dim;
     if (n == 0) return;
-    to_bf16_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(o_acc, (bf16 *)o, n);
+    CUDA_LAUNCH(to_bf16_kernel, blocks_for(n, 256), 256, 0, stream, o_acc, (bf16 *)o, n);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -385,8 +386,8 @@ extern "C" void attn_backward_delta_cuda(const AttnShape *s, const uint16_t *o, 
     check_aligned(o, "o"); check_aligned(dout, "dout");
     const int64_t blocks = (rows * 32 + 255) / 256;
     CHECK(blocks < INT32_MAX, "attention (CUDA): %lld rows is too many", (long long)rows);
-    delta_kernel<<<(unsigned)blocks, 256, 0, stream>>>((const bf16 *)o, (const bf16 *)dout, delta,
-                                                       s->q_tokens, s->num_heads, s->head_dim);
+    CUDA_LAUNCH(delta_kernel, (unsigned)blocks, 256, 0, stream, (const bf16 *)o, (const bf16 *)dout, delta,
+                s->q_tokens, s->num_heads, s->head_dim);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -403,9 +404,9 @@ static void backward(const AttnShape *s, const bf16 *q, const int64_t *q_pos, co
     int64_t *q_lo = tile_bounds(q_pos, s->q_tokens, BM, stream);
     const int64_t nqt = (s->q_tokens + BM - 1) / BM;
     const dim3 grid((unsigned)((s->k_tokens + BN - 1) / BN), (unsigned)s->num_heads);
-    kernel<<<grid, BN * 2, smem, stream>>>(q, q_pos, k, v, k_pos, q_lo, q_lo + nqt, lse, delta, dout,
-                                           dq, dk, dv, s->q_tokens, s->k_tokens, s->num_heads,
-                                           s->num_kv_heads, s->scale, s->scale * LOG2E);
+    CUDA_LAUNCH(kernel, grid, BN * 2, smem, stream, q, q_pos, k, v, k_pos, q_lo, q_lo + nqt, lse, delta, dout,
+                dq, dk, dv, s->q_tokens, s->k_tokens, s->num_heads,
+                s->num_kv_heads, s->scale, s->scale * LOG2E);
     CUDA_CHECK(cudaGetLastError());
     CUDA_CHECK(cudaFreeAsync(q_lo, stream));
 }

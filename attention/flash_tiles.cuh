@@ -15,45 +15,72 @@
 
 typedef __nv_bfloat16 bf16;
 
-// ---- PTX wrappers ----
+// ---- PTX wrappers (under the CPU execution model, -D__CUDASIM__, the sim's
+// implementation of the same instruction: tests/cudasim/grid.cpp) ----
 
+#ifndef __CUDASIM__
 __device__ __forceinline__ uint32_t smem_addr(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
+#endif
 
 // 16 bytes global -> shared, asynchronous; zero-filled (nothing read) when !valid.
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
+#ifdef __CUDASIM__
+    cudasim::cp_async16(smem, gmem, valid ? 16 : 0);
+#else
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
                  :: "r"(smem_addr(smem)), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
+#endif
 }
 __device__ __forceinline__ void cp_async_commit() {
+#ifdef __CUDASIM__
+    cudasim::cp_async_commit();
+#else
     asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
 }
 // Wait until at most N of this thread's committed groups are still in flight.
 template <int N> __device__ __forceinline__ void cp_async_wait() {
+#ifdef __CUDASIM__
+    cudasim::cp_async_wait(N);
+#else
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
+#endif
 }
 
 // Four 8x8 bf16 matrices; lanes 8i..8i+7 give the row addresses of matrix i,
 // register i receives matrix i (thread l: row l/4, columns 2(l%4), 2(l%4)+1).
 __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const bf16 *smem) {
+#ifdef __CUDASIM__
+    cudasim::ldmatrix(r, 4, false, smem);
+#else
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(smem)));
+#endif
 }
 // The same, each matrix transposed (thread l: column l/4, rows 2(l%4), 2(l%4)+1).
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const bf16 *smem) {
+#ifdef __CUDASIM__
+    cudasim::ldmatrix(r, 4, true, smem);
+#else
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(smem)));
+#endif
 }
 
 // c [16x8] += a [16x16] b [16x8]. Fragments (g = lane/4, t = lane%4):
 // a: {(g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)} as bf16 pairs;
 // b: {(k 2t..2t+1, n g), (k 2t+8.., n g)}; c: {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)}.
 __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+#ifdef __CUDASIM__
+    cudasim::mma_m16n8k16_bf16(c, a, b0, b1, c);
+#else
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
 
 // Two floats as a bf16 pair, lo in the low half (the lower column of a fragment).
@@ -62,11 +89,17 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
-// 2^x, approximate (2 ulp); 2^-inf = 0.
+// 2^x, approximate (2 ulp); 2^-inf = 0. The sim: exp2f with the .ftz
+// flush of a subnormal result (PTX ISA, ex2).
 __device__ __forceinline__ float exp2_approx(float x) {
+#ifdef __CUDASIM__
+    const float y = exp2f(x);
+    return y < 1.17549435e-38f ? 0.0f : y;
+#else
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
+#endif
 }
 
 // ---- tiles: loads, position bounds, skipping ----

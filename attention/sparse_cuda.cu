@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "../dist/cuda_check.h"
+#include "../dist/cuda_kernel.h"
 #include "flash_tiles.cuh"
 #include "sparse_cuda.h"
 
@@ -99,11 +100,11 @@ static ChunkView chunk_view(const SparseIndexCuda *x, const int64_t *k_pos, int6
                                stream));
     CUDA_CHECK(cudaMemsetAsync(c.local_block, 0xff, (size_t)nglobal * sizeof(int64_t), stream));   // -1
     CUDA_CHECK(cudaMemsetAsync(c.col_start, 0, sizeof(int64_t), stream));
-    local_block_kernel<<<blocks_for((Tk + B - 1) / B, 128), 128, 0, stream>>>(k_pos, Tk, B, c.local_block);
+    CUDA_LAUNCH(local_block_kernel, blocks_for((Tk + B - 1) / B, 128), 128, 0, stream, k_pos, Tk, B, c.local_block);
     CUDA_CHECK(cudaGetLastError());
     const int warps_grid = (int)((rows * 32 + 255) / 256);
-    column_count_kernel<<<warps_grid, 256, 0, stream>>>(x->column_start, x->columns, c.local_block, B,
-                                                        rows, c.col_start + 1);
+    CUDA_LAUNCH(column_count_kernel, warps_grid, 256, 0, stream, x->column_start, x->columns, c.local_block, B,
+                rows, c.col_start + 1);
     CUDA_CHECK(cudaGetLastError());
     size_t bytes = 0;
     CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, bytes, c.col_start + 1, c.col_start + 1, rows, stream));
@@ -111,8 +112,8 @@ static ChunkView chunk_view(const SparseIndexCuda *x, const int64_t *k_pos, int6
     CUDA_CHECK(cudaMallocAsync(&temp, bytes, stream));
     CUDA_CHECK(cub::DeviceScan::InclusiveSum(temp, bytes, c.col_start + 1, c.col_start + 1, rows, stream));
     CUDA_CHECK(cudaFreeAsync(temp, stream));
-    column_fill_kernel<<<warps_grid, 256, 0, stream>>>(x->column_start, x->columns, c.local_block, B, rows,
-                                                       c.col_start, c.col_key);
+    CUDA_LAUNCH(column_fill_kernel, warps_grid, 256, 0, stream, x->column_start, x->columns, c.local_block, B, rows,
+                c.col_start, c.col_key);
     CUDA_CHECK(cudaGetLastError());
     return c;
 }
@@ -194,7 +195,7 @@ sparse_forward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_
                       float *__restrict__ o, float *__restrict__ lse, int64_t Tq, int64_t Tk, int Hq,
                       int Hkv, int64_t nqb, float scale_log2) {
     constexpr int NT = BM * 2, LD = D + 8, BN = KEY_TILE;
-    extern __shared__ __align__(16) unsigned char smem[];
+    DYNAMIC_SHARED(unsigned char, smem);
     bf16 *qs = reinterpret_cast<bf16 *>(smem);
     bf16 *ks = qs + BM * LD;
     bf16 *vs = ks + 2 * BN * LD;
@@ -260,7 +261,7 @@ sparse_backward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q
     constexpr int NT = BM * 2, NW = BM / 16, LD = D + 8, BN = KEY_TILE, LDP = BN + 8;
     constexpr int WR = BN / 16, WC = NW / WR, DC = D / WC;   // dK, dV: WR x WC warps of 16 x DC
     static_assert(NW % WR == 0 && D % (16 * WC) == 0, "sparse backward tile shape");
-    extern __shared__ __align__(16) unsigned char smem[];
+    DYNAMIC_SHARED(unsigned char, smem);
     bf16 *qs = reinterpret_cast<bf16 *>(smem);
     bf16 *dos = qs + BM * LD;
     bf16 *ks = dos + BM * LD;              // [KVBUF][BN][LD]
@@ -423,10 +424,10 @@ static void forward(const AttnShape *s, const SparseIndexCuda *x, const ChunkVie
     auto kernel = sparse_forward_kernel<D, BM, (D == 128 && BM == 128 ? 1 : 2)>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const int64_t rows = (int64_t)s->num_heads * x->num_q_blocks;
-    kernel<<<(unsigned)rows, BM * 2, smem, stream>>>(q, q_pos, k, v, k_pos, x->block_start, x->blocks,
-                                                      c->local_block, c->col_start, c->col_key, o, lse,
-                                                      s->q_tokens, s->k_tokens, s->num_heads,
-                                                      s->num_kv_heads, x->num_q_blocks, s->scale * LOG2E);
+    CUDA_LAUNCH(kernel, (unsigned)rows, BM * 2, smem, stream, q, q_pos, k, v, k_pos, x->block_start, x->blocks,
+                c->local_block, c->col_start, c->col_key, o, lse,
+                s->q_tokens, s->k_tokens, s->num_heads,
+                s->num_kv_heads, x->num_q_blocks, s->scale * LOG2E);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -464,11 +465,11 @@ static void backward_launch(const AttnShape *s, const SparseIndexCuda *x, const 
     auto kernel = sparse_backward_kernel<D, BM, KVBUF>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const int64_t rows = (int64_t)s->num_heads * x->num_q_blocks;
-    kernel<<<(unsigned)rows, BM * 2, smem, stream>>>(q, q_pos, k, v, k_pos, lse, delta, dout, x->block_start,
-                                                      x->blocks, c->local_block, c->col_start, c->col_key,
-                                                      dq, dk, dv, s->q_tokens, s->k_tokens, s->num_heads,
-                                                      s->num_kv_heads, x->num_q_blocks, s->scale,
-                                                      s->scale * LOG2E);
+    CUDA_LAUNCH(kernel, (unsigned)rows, BM * 2, smem, stream, q, q_pos, k, v, k_pos, lse, delta, dout, x->block_start,
+                x->blocks, c->local_block, c->col_start, c->col_key,
+                dq, dk, dv, s->q_tokens, s->k_tokens, s->num_heads,
+                s->num_kv_heads, x->num_q_blocks, s->scale,
+                s->scale * LOG2E);
     CUDA_CHECK(cudaGetLastError());
 }
 

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "../dist/cuda_check.h"
+#include "../dist/cuda_kernel.h"
 #include "flash_tiles.cuh"
 #include "sparse_cuda.h"
 
@@ -69,7 +70,7 @@ __device__ __forceinline__ float dot_row(const float *a, const float *b) {
 template <int D>
 __global__ void est_lse_kernel(const bf16 *qe, const int64_t *qe_pos, const bf16 *k, const int64_t *k_pos,
                                int Lq, int64_t Tk, int Hq, int Hkv, float scale_log2, float2 *part) {
-    extern __shared__ __align__(16) unsigned char smem[];
+    DYNAMIC_SHARED(unsigned char, smem);
     int64_t *kps = reinterpret_cast<int64_t *>(smem), *qps = kps + EST_KEYS;
     float *qs = reinterpret_cast<float *>(qps + EST_MAX_Q), *ks = qs + Lq * (D + 1);
     const int h = blockIdx.y;
@@ -125,10 +126,11 @@ __global__ void est_scores_kernel(const bf16 *qe, const int64_t *qe_pos, const b
                                   const float *lse_est, int Lq, int64_t Tk, int Hq, int Hkv, int64_t N,
                                   float scale_log2, float *vertical, float *slash) {
     constexpr int W = EST_KEYS + EST_MAX_Q;        // slash window: offsets base .. base + W
-    extern __shared__ __align__(16) unsigned char smem[];
+    DYNAMIC_SHARED(unsigned char, smem);
     int64_t *kps = reinterpret_cast<int64_t *>(smem), *qps = kps + EST_KEYS;
     float *qs = reinterpret_cast<float *>(qps + EST_MAX_Q), *ks = qs + Lq * (D + 1);
-    __shared__ float lse2[EST_MAX_Q], window[W];
+    STATIC_SHARED(float, lse2, [EST_MAX_Q]);
+    STATIC_SHARED(float, window, [W]);
     const int h = blockIdx.y;
     for (int i = threadIdx.x; i < W; i += blockDim.x) window[i] = 0.0f;
     for (int i = threadIdx.x; i < Lq; i += blockDim.x) lse2[i] = lse_est[h * Lq + i] * LOG2E;
@@ -183,11 +185,11 @@ static void estimate_lse(const AttnShape *s, const bf16 *qe, const int64_t *qe_p
     CUDA_CHECK(cudaFuncSetAttribute(est_lse_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     float2 *part;
     CUDA_CHECK(cudaMallocAsync((void **)&part, (size_t)(tiles * s->num_heads * Lq) * sizeof(float2), stream));
-    est_lse_kernel<D><<<dim3((unsigned)tiles, (unsigned)s->num_heads), EST_KEYS, smem, stream>>>(
-        qe, qe_pos, k, k_pos, Lq, s->k_tokens, s->num_heads, s->num_kv_heads, s->scale * LOG2E, part);
+    CUDA_LAUNCH(est_lse_kernel<D>, dim3((unsigned)tiles, (unsigned)s->num_heads), EST_KEYS, smem, stream,
+                qe, qe_pos, k, k_pos, Lq, s->k_tokens, s->num_heads, s->num_kv_heads, s->scale * LOG2E, part);
     CUDA_CHECK(cudaGetLastError());
-    est_lse_merge_kernel<<<blocks_for((int64_t)s->num_heads * Lq * 32, 256), 256, 0, stream>>>(
-        part, tiles, Lq, s->num_heads, lse_est);
+    CUDA_LAUNCH(est_lse_merge_kernel, blocks_for((int64_t)s->num_heads * Lq * 32, 256), 256, 0, stream,
+                part, tiles, Lq, s->num_heads, lse_est);
     CUDA_CHECK(cudaGetLastError());
     CUDA_CHECK(cudaFreeAsync(part, stream));
 }
@@ -211,9 +213,9 @@ static void estimate_scores(const AttnShape *s, const bf16 *qe, const int64_t *q
     const size_t smem = est_smem(Lq, D);
     CUDA_CHECK(cudaFuncSetAttribute(est_scores_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)smem));
-    est_scores_kernel<D><<<dim3((unsigned)tiles, (unsigned)s->num_heads), EST_KEYS, smem, stream>>>(
-        qe, qe_pos, k, k_pos, lse_est, Lq, s->k_tokens, s->num_heads, s->num_kv_heads, N, s->scale * LOG2E,
-        vertical, slash);
+    CUDA_LAUNCH(est_scores_kernel<D>, dim3((unsigned)tiles, (unsigned)s->num_heads), EST_KEYS, smem, stream,
+                qe, qe_pos, k, k_pos, lse_est, Lq, s->k_tokens, s->num_heads, s->num_kv_heads, N, s->scale * LOG2E,
+                vertical, slash);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -355,7 +357,7 @@ extern "C" void sparse_select_cuda(const AttentionConfig *cfg, const float *vert
     }
     CUDA_CHECK(cudaMemsetAsync(sel, 0, (size_t)(S * N), stream));
 
-    select_keys_kernel<<<blocks_for(S * N, 256), 256, 0, stream>>>(vertical, slash, H, N, key);
+    CUDA_LAUNCH(select_keys_kernel, blocks_for(S * N, 256), 256, 0, stream, vertical, slash, H, N, key);
     CUDA_CHECK(cudaGetLastError());
     size_t bytes = 0;
     CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeysDescending(nullptr, bytes, key, sorted, (int)(S * N),
@@ -365,14 +367,15 @@ extern "C" void sparse_select_cuda(const AttentionConfig *cfg, const float *vert
     CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeysDescending(temp, bytes, key, sorted, (int)(S * N), (int)S,
                                                                  offsets, offsets + 1, 0, 64, stream));
     CUDA_CHECK(cudaFreeAsync(temp, stream));
-    select_take_kernel<<<blocks_for(S, 32), 32, 0, stream>>>(sorted, vertical, slash, H, N, d_counts, cfg->top_p,
-                                                             cfg->max_vertical, cfg->max_slash, take);
+    CUDA_LAUNCH(select_take_kernel, blocks_for(S, 32), 32, 0, stream, sorted, vertical, slash, H, N, d_counts,
+                cfg->top_p, cfg->max_vertical, cfg->max_slash, take);
     CUDA_CHECK(cudaGetLastError());
-    select_mark_kernel<<<blocks_for(S * N, 256), 256, 0, stream>>>(sorted, take, H, N, cfg->sink, cfg->local, sel);
+    CUDA_LAUNCH(select_mark_kernel, blocks_for(S * N, 256), 256, 0, stream, sorted, take, H, N, cfg->sink,
+                cfg->local, sel);
     CUDA_CHECK(cudaGetLastError());
-    select_gather_kernel<<<(unsigned)S, SEL_THREADS, 0, stream>>>(sel, H, N, p->vertical_capacity,
-                                                                  p->slash_capacity, p->vertical, p->slash,
-                                                                  p->vertical_count, p->slash_count);
+    CUDA_LAUNCH(select_gather_kernel, (unsigned)S, SEL_THREADS, 0, stream, sel, H, N, p->vertical_capacity,
+                p->slash_capacity, p->vertical, p->slash,
+                p->vertical_count, p->slash_count);
     CUDA_CHECK(cudaGetLastError());
     CUDA_CHECK(cudaFreeAsync(key, stream));
     CUDA_CHECK(cudaFreeAsync(offsets, stream));
@@ -400,7 +403,7 @@ __global__ void index_row_kernel(const SparsePatternCuda p, int B, const int64_t
                                  int64_t *block_start, int64_t *blocks, int64_t *column_start, int64_t *columns) {
     typedef cub::BlockScan<int, SEL_THREADS> Scan;
     __shared__ typename Scan::TempStorage tmp;
-    extern __shared__ unsigned int bits[];
+    DYNAMIC_SHARED(unsigned int, bits);
     const int64_t r = blockIdx.x, N = p.seq_len;
     const int h = (int)(r / nqb);
     const int64_t qb = q_blocks[r % nqb], q_lo = qb * B, q_hi = ((qb + 1) * B < N ? (qb + 1) * B : N) - 1;
@@ -479,12 +482,12 @@ extern "C" void sparse_index_build_cuda(const SparsePatternCuda *p, int block_si
     const size_t smem = (size_t)(nglobal / 32 + 1) * sizeof(unsigned);
     CUDA_CHECK(cudaFuncSetAttribute(index_row_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     CUDA_CHECK(cudaFuncSetAttribute(index_row_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    index_row_kernel<false><<<(unsigned)rows, SEL_THREADS, smem, stream>>>(*p, B, q_blocks, nqb, x->block_start,
-                                                                         x->blocks, x->column_start, x->columns);
+    CUDA_LAUNCH(index_row_kernel<false>, (unsigned)rows, SEL_THREADS, smem, stream, *p, B, q_blocks, nqb,
+                x->block_start, x->blocks, x->column_start, x->columns);
     CUDA_CHECK(cudaGetLastError());
     inclusive_sum(x->block_start + 1, rows, stream);
     inclusive_sum(x->column_start + 1, rows, stream);
-    index_row_kernel<true><<<(unsigned)rows, SEL_THREADS, smem, stream>>>(*p, B, q_blocks, nqb, x->block_start,
-                                                                        x->blocks, x->column_start, x->columns);
+    CUDA_LAUNCH(index_row_kernel<true>, (unsigned)rows, SEL_THREADS, smem, stream, *p, B, q_blocks, nqb,
+                x->block_start, x->blocks, x->column_start, x->columns);
     CUDA_CHECK(cudaGetLastError());
 }

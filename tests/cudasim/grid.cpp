@@ -1,0 +1,589 @@
+// grid.cpp: execution of a kernel grid on the CPU. A grid is a set of blocks
+// run in a seeded order, on several OpenMP threads; a block's threads are
+// fibers (fiber.h) that run until they reach a barrier or a warp collective
+// or exit. When no thread can run, the scheduler completes what it can:
+// first warp collectives whose every lane of the mask waits at the same
+// operation, then __syncthreads when every thread of the block waits there;
+// anything else is a rule violation (one line, exit 1, never a hang). The
+// threads released in a phase run in an order shuffled from CUDASIM_SEED.
+// Also here: shared memory (poisoned), cp.async, ldmatrix, mma.sync, and the
+// hardware's launch checks.
+#include <dlfcn.h>
+#include <omp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <cxxabi.h>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cudasim.h"
+#include "fiber.h"
+#include "runtime.h"
+
+namespace cudasim {
+
+thread_local ThreadState *current = nullptr;
+
+// What a thread waits at.
+enum Wait {
+    RUNNABLE,
+    AT_SYNCTHREADS,
+    AT_WARP_OP,
+    EXITED
+};
+
+// Warp operations; two lanes take part in the same collective when kind (and its variant) and mask match.
+enum WarpOp { OP_SYNCWARP, OP_SHUFFLE, OP_VOTE, OP_LDMATRIX, OP_MMA };
+static const char *warp_op_name(int op) {
+    static const char *names[] = {"__syncwarp", "__shfl*_sync", "__ballot/__any/__all_sync", "ldmatrix", "mma.sync"};
+    return names[op];
+}
+
+struct PendingCopy {
+    void *dst;
+    unsigned char data[16];
+    int64_t group;
+};
+
+struct Block;
+
+struct Thread {
+    ThreadState state;
+    Fiber fiber;
+    Block *block;
+    int linear;                 // threadIdx.x + threadIdx.y * bdx + ...
+    Wait wait;
+    int op, variant;            // warp operation and its variant (mode, matrix count, ...)
+    unsigned mask;
+    uint64_t in[8];             // this lane's operands of the collective
+    uint64_t out[4];            // its results
+    std::vector<PendingCopy> copies;
+    int64_t committed;          // cp.async groups committed so far
+};
+
+struct Block {
+    const Launch *launch;
+    std::vector<Thread> threads;
+    Fiber scheduler;
+    unsigned char *dynamic_smem;
+    struct Static { const void *site; unsigned char *p; size_t bytes; };
+    std::vector<Static> statics;
+    size_t static_bytes;
+    std::mt19937_64 rng;
+};
+
+static thread_local Thread *running = nullptr;
+
+static std::string kernel_label(const Launch *l) {
+    return l->name;
+}
+
+// One line naming kernel, block, thread and the broken rule.
+[[noreturn]] static void violation(const Thread *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void violation(const Thread *t, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    const ThreadState &s = t->state;
+    fail("kernel %s block (%u,%u,%u) thread (%u,%u,%u) warp %d lane %d: %s (CUDASIM_SEED=%llu)",
+         kernel_label(t->block->launch).c_str(), s.block_idx.x, s.block_idx.y, s.block_idx.z, s.thread_idx.x,
+         s.thread_idx.y, s.thread_idx.z, t->linear / 32, t->linear % 32, msg, (unsigned long long)seed());
+}
+
+static Thread *self(const char *what) {
+    if (!running) fail("%s called outside a kernel", what);
+    return running;
+}
+
+// Back to the scheduler until released.
+static void yield(Thread *t, Wait w) {
+    t->wait = w;
+    running = nullptr;
+    current = nullptr;
+    fiber_switch(&t->fiber, &t->block->scheduler, false);
+    running = t;
+    current = &t->state;
+}
+
+// ---- shared memory (CUDA C++ Programming Guide, "Shared Memory"; contents undefined at block start:
+// the sim fills every byte with 0xFF, a NaN as fp32 and as bf16) ----
+
+static const unsigned char POISON = 0xff;
+
+static bool in_shared(const Block *b, const void *p, size_t bytes) {
+    const unsigned char *c = (const unsigned char *)p;
+    if (b->launch->smem > 0 && c >= b->dynamic_smem && c + bytes <= b->dynamic_smem + b->launch->smem) return true;
+    for (const Block::Static &s : b->statics)
+        if (c >= s.p && c + bytes <= s.p + s.bytes) return true;
+    return false;
+}
+
+void *shared_dynamic() {
+    return self("dynamic shared memory")->block->dynamic_smem;
+}
+
+// Static __shared__ arrays: one per declaration site and block. The limit is
+// CUDA's: 48 KiB static, static + dynamic within the device's opt-in limit.
+void *shared_static(const void *site, size_t bytes, size_t align) {
+    Thread *t = self("static shared memory");
+    Block *b = t->block;
+    for (const Block::Static &s : b->statics)
+        if (s.site == site) return s.p;
+    b->static_bytes += (bytes + 15) / 16 * 16;
+    if (b->static_bytes > STATIC_SMEM_LIMIT || b->static_bytes + b->launch->smem > device_props().sharedMemPerBlockOptin)
+        violation(t, "%zu bytes of static shared memory (+ %zu dynamic) exceed the device's limit "
+                     "(CUDA C++ Programming Guide, Compute Capabilities: 48 KiB static, %zu in all)",
+                  b->static_bytes, b->launch->smem, device_props().sharedMemPerBlockOptin);
+    unsigned char *p = (unsigned char *)aligned_alloc(align < 16 ? 16 : align, (bytes + 15) / 16 * 16);
+    if (!p) fail("out of memory for shared memory");
+    memset(p, POISON, bytes);
+    b->statics.push_back({site, p, bytes});
+    return p;
+}
+
+// ---- barriers (CUDA C++ Programming Guide, "Synchronization Functions": __syncthreads waits until every
+// thread of the block has reached it; PTX ISA "bar.sync": all threads of the CTA) ----
+
+void syncthreads() {
+    yield(self("__syncthreads"), AT_SYNCTHREADS);
+}
+
+// A warp collective: post the lane's operands, wait until the scheduler completes it.
+static Thread *collective(const char *what, int op, int variant, unsigned mask) {
+    Thread *t = self(what);
+    if (!(mask >> (t->linear % 32) & 1u))
+        violation(t, "%s with mask 0x%08x that leaves out the calling lane (CUDA C++ Programming Guide, "
+                     "Warp Shuffle / Vote Functions: the caller must be in mask)", what, mask);
+    t->op = op;
+    t->variant = variant;
+    t->mask = mask;
+    return t;
+}
+
+void syncwarp(unsigned mask) {
+    Thread *t = collective("__syncwarp", OP_SYNCWARP, 0, mask);
+    yield(t, AT_WARP_OP);
+}
+
+// Without divergence tracking every live lane of the warp counts as active.
+unsigned activemask() {
+    Thread *t = self("__activemask");
+    Block *b = t->block;
+    const int w0 = t->linear / 32 * 32;
+    unsigned m = 0;
+    for (int i = 0; i < 32 && w0 + i < (int)b->threads.size(); i++)
+        if (b->threads[w0 + i].wait != EXITED) m |= 1u << i;
+    return m;
+}
+
+uint64_t shuffle(ShuffleMode mode, unsigned mask, uint64_t value, int lane_arg, int width) {
+    Thread *t = collective("__shfl*_sync", OP_SHUFFLE, mode * 64 + width, mask);
+    if (width < 1 || width > 32 || (width & (width - 1)))
+        violation(t, "shuffle width %d is not a power of two <= 32 (CUDA C++ Programming Guide, Warp Shuffle Functions)",
+                  width);
+    t->in[0] = value;
+    t->in[1] = (uint64_t)(int64_t)lane_arg;
+    yield(t, AT_WARP_OP);
+    return t->out[0];
+}
+
+unsigned vote(VoteMode mode, unsigned mask, int predicate) {
+    Thread *t = collective("__ballot/__any/__all_sync", OP_VOTE, mode, mask);
+    t->in[0] = predicate != 0;
+    yield(t, AT_WARP_OP);
+    return (unsigned)t->out[0];
+}
+
+// ---- ldmatrix (PTX ISA, "Warp-level matrix load instruction: ldmatrix"): lanes 8i..8i+7 give the 16-byte
+// row addresses of matrix i; register i of lane l receives row l/4, elements 2(l%4), 2(l%4)+1 of matrix i
+// (with .trans: elements (2(l%4), l/4) and (2(l%4)+1, l/4)) ----
+
+void ldmatrix(uint32_t *r, int count, bool trans, const void *smem_row) {
+    Thread *t = collective("ldmatrix", OP_LDMATRIX, count * 2 + trans, 0xffffffffu);
+    const int lane = t->linear % 32;
+    if (lane < 8 * count) {
+        if ((uintptr_t)smem_row % 16)
+            violation(t, "ldmatrix row address %p is not 16-byte aligned (PTX ISA, ldmatrix)", smem_row);
+        if (!in_shared(t->block, smem_row, 16))
+            violation(t, "ldmatrix row address %p is not in the block's shared memory (PTX ISA, ldmatrix: .shared)",
+                      smem_row);
+    }
+    t->in[0] = (uint64_t)(uintptr_t)smem_row;
+    yield(t, AT_WARP_OP);
+    for (int i = 0; i < count; i++) r[i] = (uint32_t)t->out[i];
+}
+
+static void complete_ldmatrix(Thread *const *lane, int count, bool trans) {
+    for (int l = 0; l < 32; l++)
+        for (int i = 0; i < count; i++) {
+            uint16_t e[2];
+            for (int k = 0; k < 2; k++) {
+                const int row = trans ? 2 * (l % 4) + k : l / 4, col = trans ? l / 4 : 2 * (l % 4) + k;
+                const uint16_t *row_p = (const uint16_t *)(uintptr_t)lane[8 * i + row]->in[0];
+                e[k] = row_p[col];
+            }
+            lane[l]->out[i] = (uint32_t)e[0] | (uint32_t)e[1] << 16;
+        }
+}
+
+// ---- mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (PTX ISA, "Matrix Fragments for mma.m16n8k16
+// with floating point type"): g = lane / 4, t = lane % 4; A regs {(g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..),
+// (g+8, 2t+8..)}; B regs {(k 2t..2t+1, n g), (k 2t+8.., n g)}; C/D {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)};
+// the low half of a register holds the lower index. Products of bf16 are exact in fp32; the sum is formed in
+// double and rounded once (the hardware's order and rounding are not specified bit for bit) ----
+
+static float bf16_bits_to_float(uint32_t bits16) {
+    const uint32_t u = bits16 << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1, const float c[4]) {
+    Thread *t = collective("mma.sync", OP_MMA, 0, 0xffffffffu);
+    for (int i = 0; i < 4; i++) t->in[i] = a[i];
+    t->in[4] = b0;
+    t->in[5] = b1;
+    for (int i = 0; i < 4; i++) {
+        uint32_t u;
+        memcpy(&u, &c[i], 4);
+        t->in[6 + i / 2] = i % 2 ? (t->in[6 + i / 2] | (uint64_t)u << 32) : u;
+    }
+    yield(t, AT_WARP_OP);
+    for (int i = 0; i < 4; i++) {
+        const uint32_t u = (uint32_t)(t->out[i / 2] >> (32 * (i % 2)));
+        memcpy(&d[i], &u, 4);
+    }
+}
+
+static void complete_mma(Thread *const *lane) {
+    float A[16][16], B[16][8], C[16][8];
+    for (int l = 0; l < 32; l++) {
+        const int g = l / 4, tq = l % 4;
+        const uint64_t *in = lane[l]->in;
+        for (int r = 0; r < 4; r++)
+            for (int h = 0; h < 2; h++)
+                A[g + 8 * (r % 2)][2 * tq + h + 8 * (r / 2)] = bf16_bits_to_float((uint32_t)(in[r] >> (16 * h)) & 0xffff);
+        for (int r = 0; r < 2; r++)
+            for (int h = 0; h < 2; h++)
+                B[2 * tq + h + 8 * r][g] = bf16_bits_to_float((uint32_t)(in[4 + r] >> (16 * h)) & 0xffff);
+        for (int i = 0; i < 4; i++) {
+            const uint32_t u = (uint32_t)(in[6 + i / 2] >> (32 * (i % 2)));
+            memcpy(&C[g + 8 * (i / 2)][2 * tq + i % 2], &u, 4);
+        }
+    }
+    for (int l = 0; l < 32; l++) {
+        const int g = l / 4, tq = l % 4;
+        uint32_t out[4];
+        for (int i = 0; i < 4; i++) {
+            const int row = g + 8 * (i / 2), col = 2 * tq + i % 2;
+            double s = C[row][col];
+            for (int k = 0; k < 16; k++) s += (double)A[row][k] * (double)B[k][col];
+            const float f = (float)s;
+            memcpy(&out[i], &f, 4);
+        }
+        lane[l]->out[0] = out[0] | (uint64_t)out[1] << 32;
+        lane[l]->out[1] = out[2] | (uint64_t)out[3] << 32;
+    }
+}
+
+// ---- cp.async (PTX ISA, "cp.async", "cp.async.commit_group", "cp.async.wait_group"): 16 bytes global ->
+// shared, both addresses 16-byte aligned; src-size bytes read, the rest zero-filled. The data lands only when
+// the thread waits for its group: until then the destination holds poison ----
+
+void cp_async16(void *smem, const void *gmem, int src_bytes) {
+    Thread *t = self("cp.async");
+    if ((uintptr_t)smem % 16 || (uintptr_t)gmem % 16)
+        violation(t, "cp.async of 16 bytes from %p to %p: both addresses must be 16-byte aligned (PTX ISA, cp.async)",
+                  gmem, smem);
+    if (!in_shared(t->block, smem, 16))
+        violation(t, "cp.async destination %p is not in the block's shared memory (PTX ISA, cp.async)", smem);
+    if (src_bytes < 0 || src_bytes > 16)
+        violation(t, "cp.async src-size %d is not in 0..16 (PTX ISA, cp.async)", src_bytes);
+    PendingCopy c;
+    c.dst = smem;
+    memset(c.data, 0, 16);
+    if (src_bytes > 0) memcpy(c.data, gmem, (size_t)src_bytes);
+    c.group = t->committed;
+    memset(smem, POISON, 16);
+    t->copies.push_back(c);
+}
+
+void cp_async_commit() {
+    self("cp.async.commit_group")->committed++;
+}
+
+// Land this thread's copies of every committed group but the newest n.
+static void land_copies(Thread *t, int64_t groups_done) {
+    size_t keep = 0;
+    for (size_t i = 0; i < t->copies.size(); i++) {
+        PendingCopy &c = t->copies[i];
+        if (c.group < groups_done) memcpy(c.dst, c.data, 16);
+        else t->copies[keep++] = c;
+    }
+    t->copies.resize(keep);
+}
+
+void cp_async_wait(int n) {
+    Thread *t = self("cp.async.wait_group");
+    land_copies(t, t->committed - n);
+}
+
+// ---- the block scheduler ----
+
+static void thread_main(void *arg) {
+    fiber_entered();
+    Thread *t = (Thread *)arg;
+    running = t;
+    current = &t->state;
+    t->block->launch->body();
+    land_copies(t, INT64_MAX);          // copies in flight at exit still land
+    t->wait = EXITED;
+    running = nullptr;
+    current = nullptr;
+    fiber_switch(&t->fiber, &t->block->scheduler, true);
+}
+
+static const char *wait_name(const Thread *t) {
+    static thread_local char buf[96];
+    if (t->wait == EXITED) return "has exited";
+    if (t->wait == AT_SYNCTHREADS) return "waits at __syncthreads";
+    snprintf(buf, sizeof buf, "waits at %s (mask 0x%08x)", warp_op_name(t->op), t->mask);
+    return buf;
+}
+
+// Complete the collectives of warp w whose lanes are all there; true when any completed.
+static bool resolve_warp(Block *b, int w, std::vector<Thread *> &ready) {
+    const int n = (int)b->threads.size(), w0 = w * 32;
+    bool progress = false;
+    for (int i = 0; i < 32 && w0 + i < n; i++) {
+        Thread *t = &b->threads[w0 + i];
+        if (t->wait != AT_WARP_OP) continue;
+        bool complete = true;
+        for (int j = 0; j < 32 && complete; j++) {
+            if (!(t->mask >> j & 1u)) continue;
+            const Thread *o = w0 + j < n ? &b->threads[w0 + j] : nullptr;
+            complete = o && o->wait == AT_WARP_OP && o->op == t->op && o->variant == t->variant && o->mask == t->mask;
+        }
+        if (!complete) continue;
+        Thread *lane[32] = {};
+        for (int j = 0; j < 32; j++)
+            if (t->mask >> j & 1u) lane[j] = &b->threads[w0 + j];
+        switch (t->op) {
+        case OP_SYNCWARP: break;
+        case OP_SHUFFLE: {
+            const int mode = t->variant / 64, width = t->variant % 64;
+            for (int j = 0; j < 32; j++) {
+                if (!lane[j]) continue;
+                const int arg = (int)(int64_t)lane[j]->in[1], seg = j / width * width;
+                int src = j;
+                if (mode == SHFL_IDX) src = seg + ((arg % width) + width) % width;
+                else if (mode == SHFL_UP) src = j - arg >= seg ? j - arg : j;
+                else if (mode == SHFL_DOWN) src = j + arg < seg + width ? j + arg : j;
+                else src = ((j ^ arg) & 31) / width == j / width ? (j ^ arg) & 31 : j;
+                if (!lane[src])
+                    violation(lane[j], "__shfl*_sync reads lane %d, which is not in mask 0x%08x (CUDA C++ "
+                                       "Programming Guide, Warp Shuffle Functions: value undefined)", src, t->mask);
+                lane[j]->out[1] = lane[src]->in[0];
+            }
+            for (int j = 0; j < 32; j++)
+                if (lane[j]) lane[j]->out[0] = lane[j]->out[1];
+            break;
+        }
+        case OP_VOTE: {
+            unsigned ballot = 0;
+            for (int j = 0; j < 32; j++)
+                if (lane[j] && lane[j]->in[0]) ballot |= 1u << j;
+            const uint64_t r = t->variant == VOTE_BALLOT ? ballot
+                               : t->variant == VOTE_ANY  ? ballot != 0
+                                                         : ballot == t->mask;
+            for (int j = 0; j < 32; j++)
+                if (lane[j]) lane[j]->out[0] = r;
+            break;
+        }
+        case OP_LDMATRIX: complete_ldmatrix(lane, t->variant / 2, t->variant % 2); break;
+        case OP_MMA: complete_mma(lane); break;
+        }
+        for (int j = 0; j < 32; j++)
+            if (lane[j]) {
+                lane[j]->wait = RUNNABLE;
+                ready.push_back(lane[j]);
+            }
+        progress = true;
+    }
+    return progress;
+}
+
+// Nothing can run and nothing completes: name the first thread that is stuck and why.
+[[noreturn]] static void deadlock(Block *b) {
+    const int n = (int)b->threads.size();
+    for (int i = 0; i < n; i++) {
+        Thread *t = &b->threads[i];
+        if (t->wait == AT_WARP_OP) {
+            for (int j = 0; j < 32; j++) {
+                if (!(t->mask >> j & 1u)) continue;
+                const int o = i / 32 * 32 + j;
+                if (o >= n)
+                    violation(t, "%s with mask 0x%08x names lane %d, which the block does not have (CUDA C++ "
+                                 "Programming Guide, Warp Shuffle Functions)", warp_op_name(t->op), t->mask, j);
+                const Thread *u = &b->threads[o];
+                if (u->wait != AT_WARP_OP || u->op != t->op || u->variant != t->variant || u->mask != t->mask)
+                    violation(t, "%s with mask 0x%08x: lane %d of the mask %s (CUDA C++ Programming Guide: every "
+                                 "lane of the mask must execute the same collective)",
+                              warp_op_name(t->op), t->mask, j, wait_name(u));
+            }
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        Thread *t = &b->threads[i];
+        if (t->wait == AT_SYNCTHREADS)
+            for (int j = 0; j < n; j++)
+                if (b->threads[j].wait != AT_SYNCTHREADS)
+                    violation(t, "__syncthreads while thread (%u,%u,%u) %s (CUDA C++ Programming Guide, "
+                                 "Synchronization Functions: barrier divergence)",
+                              b->threads[j].state.thread_idx.x, b->threads[j].state.thread_idx.y,
+                              b->threads[j].state.thread_idx.z, wait_name(&b->threads[j]));
+    }
+    fail("kernel %s: scheduler found no runnable thread and no violation", kernel_label(b->launch).c_str());
+}
+
+static void run_block(const Launch *l, uint3 block_idx, uint64_t block_linear) {
+    Block b;
+    b.launch = l;
+    b.static_bytes = 0;
+    b.rng.seed(seed() * 0x9e3779b97f4a7c15ull ^ (l->number << 32) ^ block_linear);
+    fiber_init_thread(&b.scheduler);
+    const size_t smem = l->smem > 0 ? l->smem : 16;
+    b.dynamic_smem = (unsigned char *)aligned_alloc(128, (smem + 127) / 128 * 128);
+    if (!b.dynamic_smem) fail("out of memory for shared memory");
+    memset(b.dynamic_smem, POISON, smem);
+    const dim3 bd = l->block;
+    const int n = (int)(bd.x * bd.y * bd.z);
+    b.threads.resize(n);
+    std::vector<Thread *> ready;
+    for (int i = 0; i < n; i++) {
+        Thread *t = &b.threads[i];
+        t->state.thread_idx = uint3{(unsigned)i % bd.x, (unsigned)i / bd.x % bd.y, (unsigned)i / (bd.x * bd.y)};
+        t->state.block_idx = block_idx;
+        t->state.block_dim = bd;
+        t->state.grid_dim = l->grid;
+        t->block = &b;
+        t->linear = i;
+        t->wait = RUNNABLE;
+        t->committed = 0;
+        fiber_start(&t->fiber, thread_main, t);
+        ready.push_back(t);
+    }
+    for (;;) {
+        std::shuffle(ready.begin(), ready.end(), b.rng);
+        for (Thread *t : ready) {
+            running = t;
+            fiber_switch(&b.scheduler, &t->fiber, false);
+            if (t->wait == EXITED) fiber_release(&t->fiber);
+        }
+        ready.clear();
+        bool progress = false;
+        for (int w = 0; w < (n + 31) / 32; w++) progress |= resolve_warp(&b, w, ready);
+        if (progress) continue;
+        int at_barrier = 0, exited = 0;
+        for (const Thread &t : b.threads) {
+            at_barrier += t.wait == AT_SYNCTHREADS;
+            exited += t.wait == EXITED;
+        }
+        if (exited == n) break;
+        if (at_barrier == n) {
+            for (Thread &t : b.threads) {
+                t.wait = RUNNABLE;
+                ready.push_back(&t);
+            }
+            continue;
+        }
+        deadlock(&b);
+    }
+    running = nullptr;
+    free(b.dynamic_smem);
+    for (const Block::Static &s : b.statics) free(s.p);
+}
+
+void run_grid(const Launch *l) {
+    const dim3 g = l->grid;
+    const uint64_t nblocks = (uint64_t)g.x * g.y * g.z;
+    std::vector<uint64_t> order(nblocks);
+    for (uint64_t i = 0; i < nblocks; i++) order[i] = i;
+    std::mt19937_64 rng(seed() ^ (l->number * 0x2545f4914f6cdd1dull));
+    std::shuffle(order.begin(), order.end(), rng);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (uint64_t i = 0; i < nblocks; i++) {
+        const uint64_t b = order[i];
+        run_block(l, uint3{(unsigned)(b % g.x), (unsigned)(b / g.x % g.y), (unsigned)(b / ((uint64_t)g.x * g.y))}, b);
+    }
+}
+
+// ---- launch checks (CUDA C++ Programming Guide, "Compute Capabilities", table of technical
+// specifications; "Execution Configuration"); a failed check is a launch error, no work is queued ----
+
+static std::mutex attr_mutex;
+static std::map<const void *, size_t> max_dynamic_smem;   // cudaFuncAttributeMaxDynamicSharedMemorySize
+
+cudaError_t set_max_dynamic_smem(const void *fn, int bytes) {
+    if (bytes < 0 || (size_t)bytes > device_props().sharedMemPerBlockOptin) return cudaErrorInvalidValue;
+    std::lock_guard<std::mutex> lock(attr_mutex);
+    max_dynamic_smem[fn] = (size_t)bytes;
+    return cudaSuccess;
+}
+
+static std::string kernel_name(const char *spelled, const void *fn) {
+    Dl_info info;
+    if (dladdr(fn, &info) && info.dli_sname) {
+        int status = 1;
+        char *d = abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &status);
+        std::string s = status == 0 && d ? d : info.dli_sname;
+        free(d);
+        return s;
+    }
+    return spelled;
+}
+
+void launch_grid(const char *name, const void *fn, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                 std::function<void()> body) {
+    const cudaDeviceProp &p = device_props();
+    const uint64_t threads = (uint64_t)block.x * block.y * block.z;
+    if (block.x == 0 || block.y == 0 || block.z == 0 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
+        block.x > (unsigned)p.maxThreadsDim[0] || block.y > (unsigned)p.maxThreadsDim[1] ||
+        block.z > (unsigned)p.maxThreadsDim[2] || threads > (uint64_t)p.maxThreadsPerBlock ||
+        grid.x > (unsigned)p.maxGridSize[0] || grid.y > (unsigned)p.maxGridSize[1] ||
+        grid.z > (unsigned)p.maxGridSize[2]) {
+        set_error(cudaErrorInvalidConfiguration);
+        return;
+    }
+    size_t allowed = p.sharedMemPerBlock;
+    {
+        std::lock_guard<std::mutex> lock(attr_mutex);
+        auto it = max_dynamic_smem.find(fn);
+        if (it != max_dynamic_smem.end()) allowed = it->second;
+    }
+    if (smem > allowed || smem > p.sharedMemPerBlockOptin) {
+        set_error(cudaErrorInvalidValue);
+        return;
+    }
+    auto l = std::make_shared<Launch>();
+    l->name = kernel_name(name, fn);
+    l->grid = grid;
+    l->block = block;
+    l->smem = smem;
+    l->body = std::move(body);
+    l->number = next_launch_number();
+    enqueue(stream, "kernel", [l]() { run_grid(l.get()); });
+}
+
+}  // namespace cudasim

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# test_sim_libs.sh: the sim's library subsets (tests/cudasim/: cuBLASLt, CUB,
+# NCCL over MPI) through their test programs built in build/sim/: each under
+# three CUDASIM_SEED values (the seed shuffles the interleaving of streams),
+# the NCCL program under mpirun with 2 and 4 ranks (--oversubscribe: the
+# ranks share the cores). Passes the programs' "ok NAME" / "FAIL NAME" lines
+# on, each prefixed with the seed and rank count, and fails a run that exits
+# non-zero without naming a check.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source tests/lib.sh
+
+export OMP_NUM_THREADS=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+
+# run NAME COMMAND...: the command's checks, renamed NAME/..., and one failure if it dies without a FAIL line.
+run() {
+  local name=$1; shift
+  timeout 300 "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  sed -n -E "s#^(ok|FAIL) #\\1 $name/#p" "$tmp/out"
+  failures=$((failures + $(grep -c '^FAIL ' "$tmp/out")))
+  if [ "$rc" -ne 0 ] && ! grep -q '^FAIL ' "$tmp/out"; then
+    bad "$name" "exit status $rc: $(tail -n 3 "$tmp/err" | tr '\n' ' ')"
+  fi
+}
+
+for prog in gpu_test_cublaslt gpu_test_cub mpi_gpu_nccl; do
+  if [ ! -x "build/sim/tests/$prog" ]; then
+    bad "sim_libs_$prog" "build/sim/tests/$prog is missing (run make build-sim)"
+  fi
+done
+[ "$failures" -eq 0 ] || exit 1
+
+for seed in 1 2 3; do
+  export CUDASIM_SEED=$seed
+  run "seed$seed" build/sim/tests/gpu_test_cublaslt
+  run "seed$seed" build/sim/tests/gpu_test_cub
+  for np in 2 4; do
+    run "seed$seed/np$np" mpirun --oversubscribe --bind-to none -np "$np" build/sim/tests/mpi_gpu_nccl
+  done
+done
+[ "$failures" -eq 0 ]

@@ -16,7 +16,7 @@ if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_
 # run NAME COMMAND...: the command's checks, renamed NAME/..., and one failure if it dies without a FAIL line.
 run() {
   local name=$1; shift
-  timeout 300 "$@" >"$tmp/out" 2>"$tmp/err"
+  timeout 120 "$@" >"$tmp/out" 2>"$tmp/err"
   local rc=$?
   sed -n -E "s#^(ok|FAIL) #\\1 $name/#p" "$tmp/out"
   failures=$((failures + $(grep -c '^FAIL ' "$tmp/out")))

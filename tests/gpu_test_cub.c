@@ -7,6 +7,8 @@
 // [0,1); keys equal on the bit range but not elsewhere keep their input
 // order). And the temporary-storage protocol: a size query does no work, a
 // storage one byte short is cudaErrorInvalidValue. Outputs start poisoned.
+//   gpu_test_cub             every check
+//   gpu_test_cub host-temp   a misuse the sim must stop (tests/test_sim_libs.sh)
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -161,7 +163,22 @@ static void check_segmented_sort(int num_segments, int begin_bit, int end_bit, u
     CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
-int main(void) {
+// `host-temp`: the scan given host memory as its temporary storage (a fault
+// on a GPU; the sim ends with one line naming the argument).
+static void misuse_host_temp(void) {
+    int64_t *x = poisoned(8 * sizeof(int64_t));
+    size_t bytes = 0;
+    CUDA_CHECK(gpu_cub_inclusive_sum(NULL, &bytes, x, x, 8, 0));
+    void *temp = xmalloc(bytes);
+    CUDA_CHECK(gpu_cub_inclusive_sum(temp, &bytes, x, x, 8, 0));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    printf("FAIL cub host temporary storage: accepted\n");
+    exit(1);
+}
+
+int main(int argc, char **argv) {
+    CHECK(argc == 1 || (argc == 2 && strcmp(argv[1], "host-temp") == 0), "usage: %s [host-temp]", argv[0]);
+    if (argc == 2) misuse_host_temp();
     const int64_t sizes[] = {0, 1, 1000, 1 << 20};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         check_inclusive_sum(sizes[i], 0, 10 + i);

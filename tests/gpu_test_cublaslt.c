@@ -9,6 +9,8 @@
 // argument taken the wrong way round fails in both. Also: bf16 outputs round
 // to nearest even (two exact ties), and bad arguments return the documented
 // status. Built natively with nvcc (needs a GPU) and by the sim build.
+//   gpu_test_cublaslt               every check
+//   gpu_test_cublaslt host-matrix   a misuse the sim must stop (tests/test_sim_libs.sh)
 //
 // Tolerances: fp32 outputs max|D - ref| <= 1e-5 max|ref| (other summation
 // orders), bf16 outputs 5e-3 (one rounding, 2^-9 relative).
@@ -364,9 +366,27 @@ static void check_bad_arguments(cublasLtHandle_t lt) {
     CUDA_CHECK(cudaFree(buf));
 }
 
-int main(void) {
+// `host-matrix`: a matmul given a host array as B (a fault on a GPU; the sim
+// ends with one line naming the argument).
+static void misuse_host_matrix(cublasLtHandle_t lt) {
+    float host_b[4] = {0};
+    float *a = poisoned(sizeof host_b), *d = poisoned(sizeof host_b);
+    cublasLtMatmulDesc_t desc;
+    BLT_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasLtMatrixLayout_t l;
+    BLT_CHECK(cublasLtMatrixLayoutCreate(&l, CUDA_R_32F, 2, 2, 2));
+    const float one = 1.0f, zero = 0.0f;
+    BLT_CHECK(cublasLtMatmul(lt, desc, &one, a, l, host_b, l, &zero, d, l, d, l, NULL, NULL, 0, 0));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    printf("FAIL cublaslt host matrix: accepted\n");
+    exit(1);
+}
+
+int main(int argc, char **argv) {
+    CHECK(argc == 1 || (argc == 2 && strcmp(argv[1], "host-matrix") == 0), "usage: %s [host-matrix]", argv[0]);
     cublasLtHandle_t lt;
     BLT_CHECK(cublasLtCreate(&lt));
+    if (argc == 2) misuse_host_matrix(lt);
     const cublasOperation_t ops[2] = {CUBLAS_OP_N, CUBLAS_OP_T};
     const int shapes[4][3] = {{17, 5, 67}, {1, 67, 17}, {67, 1, 1}, {64, 48, 32}};   // m, n, k
     uint64_t seed = 100;

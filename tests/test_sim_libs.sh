@@ -5,7 +5,8 @@
 # the NCCL program under mpirun with 2 and 4 ranks (--oversubscribe: the
 # ranks share the cores). Passes the programs' "ok NAME" / "FAIL NAME" lines
 # on, each prefixed with the seed and rank count, and fails a run that exits
-# non-zero without naming a check.
+# non-zero without naming a check. Also: two misuses the sim must stop with one
+# line (host memory given to CUB and to cuBLASLt).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source tests/lib.sh
@@ -40,4 +41,18 @@ for seed in 1 2 3; do
     run "seed$seed/np$np" mpirun --oversubscribe --bind-to none -np "$np" build/sim/tests/mpi_gpu_nccl
   done
 done
+
+# Misuses the sim must stop with one line naming the call and the argument.
+# expect_stop NAME PATTERN COMMAND...
+expect_stop() {
+  local name=$1 pattern=$2; shift 2
+  "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  if [ "$rc" -ne 0 ] && [ "$(wc -l <"$tmp/err")" -eq 1 ] && grep -q "$pattern" "$tmp/err"; then ok "$name"
+  else bad "$name" "exit status $rc, stderr: $(head -c 300 "$tmp/err" | tr '\n' ' ')"; fi
+}
+expect_stop sim_libs_cub_host_temp "^cudasim: cub::DeviceScan::InclusiveSum: d_temp_storage .* is not inside one device allocation" \
+  build/sim/tests/gpu_test_cub host-temp
+expect_stop sim_libs_cublaslt_host_matrix "^cudasim: cublasLtMatmul: B .* is not inside one device allocation" \
+  build/sim/tests/gpu_test_cublaslt host-matrix
 [ "$failures" -eq 0 ]

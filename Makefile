@@ -125,7 +125,7 @@ SIM_LDLIBS = $(filter-out -lcudart -lcublasLt -lnccl,$(LDLIBS)) -lstdc++ -ldl -r
 SIM_GPU_LDLIBS = -lstdc++ -lm -ldl -fopenmp -rdynamic
 SIM_GPU_OBJ = build/sim/obj/dist/util.o build/sim/obj/attention/flash_cpu.o build/sim/obj/attention/layout.o \
               build/sim/obj/attention/sparse_flash_cpu.o build/sim/obj/attention/sparse_index.o $(SIM_CU_OBJ)
-SIM_BIN = build/sim/tests/gpu_test_attention build/sim/tests/sim_selftest \
+SIM_BIN = build/sim/tests/gpu_test_attention build/sim/tests/sim_selftest build/sim/tests/sim_selftest_asan \
           $(if $(SIM_HAS_CUB),build/sim/tests/gpu_test_sparse build/sim/mtrain)
 
 build-sim: $(SIM_BIN)
@@ -150,9 +150,28 @@ build/sim/tests/gpu_%: build/sim/obj/tests/gpu_%.o $(SIM_GPU_OBJ) $(SIM_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(SIM_GPU_LDLIBS)
 
-build/sim/tests/sim_%: build/sim/obj/tests/sim_%.cu.o $(SIM_LIB)
+build/sim/tests/sim_%: build/sim/obj/tests/sim_%.cu.o build/sim/obj/dist/util.o $(SIM_LIB)
 	@mkdir -p $(dir $@)
 	$(CXX) $^ -o $@ $(SIM_GPU_LDLIBS)
+
+# The self-test and the sim once more with AddressSanitizer (out-of-bounds device accesses).
+SIM_ASAN = -fsanitize=address -fno-omit-frame-pointer
+build/sim/asan/%.cu.o: %.cu $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	$(CXX) $(SIM_CXXFLAGS) $(SIM_ASAN) -x c++ -c $< -o $@
+
+build/sim/asan/%.o: %.cpp $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	$(CXX) $(SIM_CXXFLAGS) $(SIM_ASAN) -c $< -o $@
+
+build/sim/asan/%.o: %.c $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	$(CC) $(SIM_CFLAGS) $(SIM_ASAN) -c $< -o $@
+
+build/sim/tests/sim_selftest_asan: build/sim/asan/tests/sim_selftest.cu.o build/sim/asan/dist/util.o \
+                                   $(SIM_LIB_SRC:%.cpp=build/sim/asan/%.o)
+	@mkdir -p $(dir $@)
+	$(CXX) $(SIM_ASAN) $^ -o $@ $(SIM_GPU_LDLIBS)
 
 build/sim/mtrain: build/sim/obj/trainer/main.o $(LIB_SRC:%.c=build/sim/obj/%.o) $(SIM_CU_OBJ) $(SIM_LIB)
 	$(CC) $^ -o $@ $(SIM_LDLIBS)

@@ -160,6 +160,29 @@ __device__ __forceinline__ void tile_pos_bounds(const int64_t *pos, int64_t t0, 
     *out_lo = lo; *out_hi = hi;
 }
 
+// Exclusive prefix sum of x over the NT threads of the CTA in thread order,
+// and the CTA's total: warp scans by shuffles, the warps' totals through
+// scratch [NT / 32] shared. Contains a __syncthreads; the caller syncs again
+// before it reuses scratch.
+template <int NT>
+__device__ __forceinline__ void block_exclusive_sum(int x, int *scratch, int &offset, int &total) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int inclusive = x;
+    for (int d = 1; d < 32; d *= 2) {
+        const int y = __shfl_up_sync(0xffffffffu, inclusive, d);
+        if (lane >= d) inclusive += y;
+    }
+    if (lane == 31) scratch[warp] = inclusive;
+    __syncthreads();
+    int before = 0;
+    total = 0;
+    for (int w = 0; w < NT / 32; w++) {
+        before += w < warp ? scratch[w] : 0;
+        total += scratch[w];
+    }
+    offset = before + inclusive - x;
+}
+
 // ---- warp-level tile products (one warp, 16 rows) ----
 
 template <int N>

@@ -285,8 +285,7 @@ __global__ void select_mark_kernel(const uint64_t *sorted, const int64_t *take, 
 // count [S] (at most cap by construction).
 __global__ void select_gather_kernel(const unsigned char *sel, int H, int64_t N, int64_t cap_v, int64_t cap_s,
                                      int64_t *vertical, int64_t *slash, int64_t *v_count, int64_t *s_count) {
-    typedef cub::BlockScan<int, SEL_THREADS> Scan;
-    __shared__ typename Scan::TempStorage tmp;
+    STATIC_SHARED(int, scan, [SEL_THREADS / 32]);
     const int s = blockIdx.x;
     const unsigned char *mark = sel + (int64_t)s * N;
     int64_t *list = s < H ? vertical + (int64_t)s * cap_v : slash + (int64_t)(s - H) * cap_s;
@@ -295,7 +294,7 @@ __global__ void select_gather_kernel(const unsigned char *sel, int H, int64_t N,
         const int64_t t = t0 + threadIdx.x;
         const int flag = t < N && mark[t];
         int offset, total;
-        Scan(tmp).ExclusiveSum(flag, offset, total);
+        block_exclusive_sum<SEL_THREADS>(flag, scan, offset, total);
         if (flag) list[out + offset] = t;
         out += total;
         __syncthreads();
@@ -401,8 +400,7 @@ extern "C" void sparse_pattern_free_cuda(SparsePatternCuda *p) {
 template <bool FILL>
 __global__ void index_row_kernel(const SparsePatternCuda p, int B, const int64_t *q_blocks, int64_t nqb,
                                  int64_t *block_start, int64_t *blocks, int64_t *column_start, int64_t *columns) {
-    typedef cub::BlockScan<int, SEL_THREADS> Scan;
-    __shared__ typename Scan::TempStorage tmp;
+    STATIC_SHARED(int, scan, [SEL_THREADS / 32]);
     DYNAMIC_SHARED(unsigned int, bits);
     const int64_t r = blockIdx.x, N = p.seq_len;
     const int h = (int)(r / nqb);
@@ -426,7 +424,7 @@ __global__ void index_row_kernel(const SparsePatternCuda p, int B, const int64_t
         const int64_t w = w0 + threadIdx.x;
         const unsigned word = w < words ? bits[w] : 0u;
         int offset, total;
-        Scan(tmp).ExclusiveSum(__popc(word), offset, total);
+        block_exclusive_sum<SEL_THREADS>(__popc(word), scan, offset, total);
         if (FILL)
             for (unsigned x = word; x; x &= x - 1) blocks[nb + offset++] = w * 32 + __ffs(x) - 1;
         nb += total;
@@ -437,7 +435,7 @@ __global__ void index_row_kernel(const SparsePatternCuda p, int B, const int64_t
         const int64_t kp = v < nv ? vertical[v] : INT64_MAX;
         const int flag = kp <= q_hi && !marked(kp / B);
         int offset, total;
-        Scan(tmp).ExclusiveSum(flag, offset, total);
+        block_exclusive_sum<SEL_THREADS>(flag, scan, offset, total);
         if (FILL && flag) columns[nc + offset] = kp;
         nc += total;
         __syncthreads();

@@ -11,7 +11,7 @@
 
 #ifdef __CUDASIM__
 #define CUDA_LAUNCH(kernel, grid, block, smem_bytes, stream, ...) \
-    cudasim_launch(#kernel, kernel, grid, block, smem_bytes, stream, __VA_ARGS__)
+    cudasim_launch(#kernel, kernel, grid, block, smem_bytes, stream, ##__VA_ARGS__)
 #define DYNAMIC_SHARED(type, name) type *name = static_cast<type *>(cudasim::shared_dynamic())
 #define STATIC_SHARED(type, name, dims) \
     static const char name##_site_ = 0; \

@@ -14,8 +14,10 @@
 static int checks = 0;         // checks run (check.h counts the failures)
 #define EXPECT_COUNTED(cond, ...) do { checks++; EXPECT(cond, __VA_ARGS__); } while (0)
 
-// ||a - b|| / ||b||; equal entries (both -inf too) count zero, NaN gives NaN.
-static inline double rel_frobenius(const float *a, const float *b, int64_t n) {
+// ||a - b|| / max(||b||, floor sqrt(n)); equal entries (both -inf too) count
+// zero, NaN gives NaN. The floor is for quantities that can cancel to rounding
+// noise (a dQ increment where every query sees one key: dS = P (dP - delta) = 0).
+static inline double rel_frobenius_floor(const float *a, const float *b, int64_t n, double floor) {
     double diff = 0, norm = 0;
     for (int64_t i = 0; i < n; i++) {
         if (a[i] == b[i]) { norm += isfinite(b[i]) ? (double)b[i] * b[i] : 0; continue; }
@@ -23,7 +25,11 @@ static inline double rel_frobenius(const float *a, const float *b, int64_t n) {
         diff += d * d;
         norm += (double)b[i] * b[i];
     }
-    return sqrt(diff) / (sqrt(norm) + 1e-30);
+    return sqrt(diff) / (fmax(sqrt(norm), floor * sqrt((double)n)) + 1e-30);
+}
+
+static inline double rel_frobenius(const float *a, const float *b, int64_t n) {
+    return rel_frobenius_floor(a, b, n, 0.0);
 }
 
 // n standard normal values rounded to bf16: bits and their fp32 values.

@@ -144,10 +144,10 @@ void *shared_static(const void *site, size_t bytes, size_t align) {
         violation(t, "%zu bytes of static shared memory (+ %zu dynamic) exceed the device's limit "
                      "(CUDA C++ Programming Guide, Compute Capabilities: 48 KiB static, %zu in all)",
                   b->static_bytes, b->launch->smem, device_props().sharedMemPerBlockOptin);
-    unsigned char *p = (unsigned char *)aligned_alloc(align < 16 ? 16 : align, (bytes + 15) / 16 * 16);
-    if (!p) fail("out of memory for shared memory");
+    void *p;
+    if (posix_memalign(&p, align < 16 ? 16 : align, bytes ? bytes : 1) != 0) fail("out of memory for shared memory");
     memset(p, POISON, bytes);
-    b->statics.push_back({site, p, bytes});
+    b->statics.push_back({site, (unsigned char *)p, bytes});
     return p;
 }
 
@@ -362,10 +362,9 @@ static const char *wait_name(const Thread *t) {
     return buf;
 }
 
-// Complete the collectives of warp w whose lanes are all there; true when any completed.
-static bool resolve_warp(Block *b, int w, std::vector<Thread *> &ready) {
+// Complete the collectives of warp w whose lanes are all there (released lanes go to `ready`).
+static void resolve_warp(Block *b, int w, std::vector<Thread *> &ready) {
     const int n = (int)b->threads.size(), w0 = w * 32;
-    bool progress = false;
     for (int i = 0; i < 32 && w0 + i < n; i++) {
         Thread *t = &b->threads[w0 + i];
         if (t->wait != AT_WARP_OP) continue;
@@ -419,9 +418,7 @@ static bool resolve_warp(Block *b, int w, std::vector<Thread *> &ready) {
                 lane[j]->wait = RUNNABLE;
                 ready.push_back(lane[j]);
             }
-        progress = true;
     }
-    return progress;
 }
 
 // Nothing can run and nothing completes: name the first thread that is stuck and why.
@@ -463,14 +460,15 @@ static void run_block(const Launch *l, uint3 block_idx, uint64_t block_linear) {
     b.static_bytes = 0;
     b.rng.seed(seed() * 0x9e3779b97f4a7c15ull ^ (l->number << 32) ^ block_linear);
     fiber_init_thread(&b.scheduler);
-    const size_t smem = l->smem > 0 ? l->smem : 16;
-    b.dynamic_smem = (unsigned char *)aligned_alloc(128, (smem + 127) / 128 * 128);
-    if (!b.dynamic_smem) fail("out of memory for shared memory");
-    memset(b.dynamic_smem, POISON, smem);
+    void *smem;
+    if (posix_memalign(&smem, 128, l->smem ? l->smem : 1) != 0) fail("out of memory for shared memory");
+    b.dynamic_smem = (unsigned char *)smem;
+    memset(b.dynamic_smem, POISON, l->smem);
     const dim3 bd = l->block;
     const int n = (int)(bd.x * bd.y * bd.z);
     b.threads.resize(n);
-    std::vector<Thread *> ready;
+    const int nw = (n + 31) / 32;
+    std::vector<std::vector<Thread *>> ready(nw);   // per warp: lanes that may run
     for (int i = 0; i < n; i++) {
         Thread *t = &b.threads[i];
         t->state.thread_idx = uint3{(unsigned)i % bd.x, (unsigned)i / bd.x % bd.y, (unsigned)i / (bd.x * bd.y)};
@@ -482,33 +480,57 @@ static void run_block(const Launch *l, uint3 block_idx, uint64_t block_linear) {
         t->wait = RUNNABLE;
         t->committed = 0;
         fiber_start(&t->fiber, thread_main, t);
-        ready.push_back(t);
+        ready[i / 32].push_back(t);
     }
+    // A phase runs from one __syncthreads to the next. Its schedule is drawn
+    // from the seed: either the warps one after the other in a shuffled order
+    // (each up to the barrier: the widest skew between warps) or a random warp
+    // at every step; within a warp, the lanes between two collectives in a
+    // shuffled order.
+    std::vector<int> warp_order(nw);
+    for (int w = 0; w < nw; w++) warp_order[w] = w;
+    bool sequential = false;
+    auto new_phase = [&]() {
+        std::shuffle(warp_order.begin(), warp_order.end(), b.rng);
+        sequential = b.rng() & 1;
+    };
+    new_phase();
+    std::vector<int> candidates;
     for (;;) {
-        std::shuffle(ready.begin(), ready.end(), b.rng);
-        for (Thread *t : ready) {
-            running = t;
-            fiber_switch(&b.scheduler, &t->fiber, false);
-            if (t->wait == EXITED) fiber_release(&t->fiber);
+        int w = -1;
+        if (sequential) {
+            for (int c : warp_order)
+                if (!ready[c].empty()) { w = c; break; }
+        } else {
+            candidates.clear();
+            for (int c = 0; c < nw; c++)
+                if (!ready[c].empty()) candidates.push_back(c);
+            if (!candidates.empty()) w = candidates[b.rng() % candidates.size()];
         }
-        ready.clear();
-        bool progress = false;
-        for (int w = 0; w < (n + 31) / 32; w++) progress |= resolve_warp(&b, w, ready);
-        if (progress) continue;
+        if (w >= 0) {
+            std::vector<Thread *> lanes;
+            lanes.swap(ready[w]);
+            std::shuffle(lanes.begin(), lanes.end(), b.rng);
+            for (Thread *t : lanes) {
+                running = t;
+                fiber_switch(&b.scheduler, &t->fiber, false);
+                if (t->wait == EXITED) fiber_release(&t->fiber);
+            }
+            resolve_warp(&b, w, ready[w]);
+            continue;
+        }
         int at_barrier = 0, exited = 0;
         for (const Thread &t : b.threads) {
             at_barrier += t.wait == AT_SYNCTHREADS;
             exited += t.wait == EXITED;
         }
         if (exited == n) break;
-        if (at_barrier == n) {
-            for (Thread &t : b.threads) {
-                t.wait = RUNNABLE;
-                ready.push_back(&t);
-            }
-            continue;
+        if (at_barrier != n) deadlock(&b);
+        for (Thread &t : b.threads) {
+            t.wait = RUNNABLE;
+            ready[t.linear / 32].push_back(&t);
         }
-        deadlock(&b);
+        new_phase();
     }
     running = nullptr;
     free(b.dynamic_smem);

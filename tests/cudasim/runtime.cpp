@@ -1,5 +1,5 @@
 // runtime.cpp: the host side of the sim's CUDA runtime. Device memory is host
-// memory (aligned_alloc per allocation, so that AddressSanitizer sees every
+// memory (posix_memalign per allocation, exactly the size asked, so that AddressSanitizer sees every
 // out-of-bounds access; filled with 0xFF, NaN, as cudaMalloc leaves it
 // undefined). Streams are queues of operations run lazily, when a host call
 // must wait, in an interleaving drawn from CUDASIM_SEED that respects stream
@@ -199,8 +199,8 @@ bool is_device(const void *p, size_t bytes) {
 }
 
 static void *device_alloc(size_t bytes) {
-    void *p = aligned_alloc(256, (bytes + 255) / 256 * 256 + (bytes == 0 ? 256 : 0));
-    if (!p) return nullptr;
+    void *p;
+    if (posix_memalign(&p, 256, bytes ? bytes : 1) != 0) return nullptr;
     memset(p, 0xff, bytes);
     std::lock_guard<std::mutex> lock(alloc_mutex);
     allocations[(uintptr_t)p] = bytes;

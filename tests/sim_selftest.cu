@@ -1,0 +1,303 @@
+// sim_selftest.cu: small kernels, deliberately wrong and right, with which the
+// CPU execution model of CUDA (tests/cudasim/) shows that it catches each
+// class of bug; built only for the sim (build/sim/tests/sim_selftest, and
+// sim_selftest_asan with AddressSanitizer). `sim_selftest CASE` runs one:
+//   reuse_nosync / reuse_sync    shared buffer rewritten without / with a barrier: prints wrong / correct
+//   cp_async_early / cp_async_waited   read before / after cp.async.wait_group: prints poison / correct
+//   shfl_missing_lane            a lane exits before a full-mask shuffle: one cudasim line, exit 1
+//   misaligned_cp_async          cp.async to an 8-byte aligned address: one cudasim line, exit 1
+//   barrier_divergence           __syncthreads in half the block: one cudasim line, exit 1
+//   oob_read                     reads one float past a cudaMalloc (ASan build: heap-buffer-overflow)
+//   launch_limits                launch errors as the hardware gives them (ok / FAIL lines)
+//   fragments                    mma.sync and ldmatrix element by element against the PTX ISA tables
+// tests/test_sim.sh runs each in a child process and asserts its outcome.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime.h>
+
+#include "../attention/flash_tiles.cuh"
+#include "../dist/cuda_check.h"
+#include "../dist/cuda_kernel.h"
+#include "check.h"
+
+// ---- a shared buffer reused across rounds: thread t reads what thread t+1 wrote ----
+
+template <bool SYNC>
+__global__ void reuse_kernel(int *out, int rounds) {
+    STATIC_SHARED(int, buf, [64]);
+    const int t = threadIdx.x;
+    for (int r = 0; r < rounds; r++) {
+        buf[t] = r * 1000 + t;
+        __syncthreads();
+        out[r * 64 + t] = buf[(t + 1) % 64];
+        if (SYNC) __syncthreads();   // every read done before the next round's writes
+    }
+}
+
+static void reuse(bool sync) {
+    const int rounds = 4;
+    int *d_out, out[4 * 64];
+    CUDA_CHECK(cudaMalloc((void **)&d_out, sizeof out));
+    if (sync) CUDA_LAUNCH(reuse_kernel<true>, 1, 64, 0, 0, d_out, rounds);
+    else CUDA_LAUNCH(reuse_kernel<false>, 1, 64, 0, 0, d_out, rounds);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaMemcpy(out, d_out, sizeof out, cudaMemcpyDeviceToHost));
+    int wrong = 0;
+    for (int r = 0; r < rounds; r++)
+        for (int t = 0; t < 64; t++) wrong += out[r * 64 + t] != r * 1000 + (t + 1) % 64;
+    printf("%s\n", wrong ? "wrong" : "correct");
+    CUDA_CHECK(cudaFree(d_out));
+}
+
+// ---- cp.async: the data is there only after the wait ----
+
+template <bool WAIT>
+__global__ void cp_async_kernel(const float *src, float *out) {
+    DYNAMIC_SHARED(unsigned char, smem);
+    float *s = reinterpret_cast<float *>(smem);
+    const int t = threadIdx.x;
+    cp_async16(s + 4 * t, src + 4 * t, true);
+    cp_async_commit();
+    if (WAIT) cp_async_wait<0>();
+    out[t] = s[4 * t];
+    cp_async_wait<0>();
+}
+
+static void cp_async(bool wait) {
+    float src[128], out[32], *d_src, *d_out;
+    for (int i = 0; i < 128; i++) src[i] = (float)i;
+    CUDA_CHECK(cudaMalloc((void **)&d_src, sizeof src));
+    CUDA_CHECK(cudaMalloc((void **)&d_out, sizeof out));
+    CUDA_CHECK(cudaMemcpy(d_src, src, sizeof src, cudaMemcpyHostToDevice));
+    if (wait) CUDA_LAUNCH(cp_async_kernel<true>, 1, 32, sizeof src, 0, d_src, d_out);
+    else CUDA_LAUNCH(cp_async_kernel<false>, 1, 32, sizeof src, 0, d_src, d_out);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaMemcpy(out, d_out, sizeof out, cudaMemcpyDeviceToHost));
+    int nan = 0, wrong = 0;
+    for (int t = 0; t < 32; t++) {
+        nan += isnan(out[t]);
+        wrong += out[t] != (float)(4 * t);
+    }
+    printf("%s\n", nan ? "poison" : wrong ? "wrong" : "correct");
+    CUDA_CHECK(cudaFree(d_src));
+    CUDA_CHECK(cudaFree(d_out));
+}
+
+// ---- rule violations: each ends the program with one cudasim line ----
+
+__global__ void shfl_missing_lane_kernel(float *out) {
+    const int lane = threadIdx.x % 32;
+    if (lane == 5) return;
+    out[lane] = __shfl_xor_sync(0xffffffffu, (float)lane, 1);
+}
+
+__global__ void misaligned_cp_async_kernel(const float *src) {
+    DYNAMIC_SHARED(unsigned char, smem);
+    cp_async16(smem + 8, src, true);
+    cp_async_commit();
+    cp_async_wait<0>();
+}
+
+__global__ void barrier_divergence_kernel(float *out) {
+    if (threadIdx.x < 32) __syncthreads();
+    out[threadIdx.x] = 1.0f;
+}
+
+__global__ void oob_read_kernel(const float *src, int n, float *out) {
+    float s = 0.0f;
+    for (int i = threadIdx.x; i <= n; i += blockDim.x) s += src[i];   // <= n: one past the end
+    out[threadIdx.x] = s;
+}
+
+static void violation(const char *which) {
+    float *d_a, *d_b;
+    CUDA_CHECK(cudaMalloc((void **)&d_a, 64 * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void **)&d_b, 64 * sizeof(float)));
+    CUDA_CHECK(cudaMemset(d_a, 0, 64 * sizeof(float)));
+    if (!strcmp(which, "shfl_missing_lane")) CUDA_LAUNCH(shfl_missing_lane_kernel, 1, 32, 0, 0, d_b);
+    else if (!strcmp(which, "misaligned_cp_async")) CUDA_LAUNCH(misaligned_cp_async_kernel, 1, 32, 64, 0, d_a);
+    else if (!strcmp(which, "barrier_divergence")) CUDA_LAUNCH(barrier_divergence_kernel, 1, 64, 0, 0, d_b);
+    else CUDA_LAUNCH(oob_read_kernel, 1, 32, 0, 0, d_a, 64, d_b);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaDeviceSynchronize());
+    printf("no violation reported\n");
+    CUDA_CHECK(cudaFree(d_a));
+    CUDA_CHECK(cudaFree(d_b));
+}
+
+// ---- launch checks: the cudaError_t of a real launch, non-sticky ----
+
+__global__ void empty_kernel() {}
+
+static void launch_limits() {
+    CUDA_LAUNCH(empty_kernel, 1, 1025, 0, 0);
+    EXPECT(cudaPeekAtLastError() == cudaErrorInvalidConfiguration, "1025 threads: peek gives the error");
+    EXPECT(cudaGetLastError() == cudaErrorInvalidConfiguration, "1025 threads: cudaErrorInvalidConfiguration");
+    EXPECT(cudaGetLastError() == cudaSuccess, "launch errors are not sticky");
+    CUDA_LAUNCH(empty_kernel, dim3(1, 65536), 32, 0, 0);
+    EXPECT(cudaGetLastError() == cudaErrorInvalidConfiguration, "grid y 65536: cudaErrorInvalidConfiguration");
+    CUDA_LAUNCH(empty_kernel, dim3(1, 1, 1), dim3(32, 1, 65), 0, 0);
+    EXPECT(cudaGetLastError() == cudaErrorInvalidConfiguration, "block z 65: cudaErrorInvalidConfiguration");
+    CUDA_LAUNCH(empty_kernel, 1, 32, 48 * 1024 + 16, 0);
+    EXPECT(cudaGetLastError() == cudaErrorInvalidValue, "48 KiB + 16 dynamic smem without opt-in: cudaErrorInvalidValue");
+    CUDA_LAUNCH(empty_kernel, 1, 32, 48 * 1024, 0);
+    EXPECT(cudaGetLastError() == cudaSuccess, "48 KiB dynamic smem: launches");
+    EXPECT(cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024) == cudaSuccess,
+           "opt-in to 100 KiB");
+    CUDA_LAUNCH(empty_kernel, 1, 32, 100 * 1024, 0);
+    EXPECT(cudaGetLastError() == cudaSuccess, "100 KiB after the opt-in: launches");
+    CUDA_LAUNCH(empty_kernel, 1, 32, 100 * 1024 + 16, 0);
+    EXPECT(cudaGetLastError() == cudaErrorInvalidValue, "above the opt-in: cudaErrorInvalidValue");
+    EXPECT(cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 164 * 1024) ==
+           cudaErrorInvalidValue, "opt-in above the A100's 163 KiB: cudaErrorInvalidValue");
+    (void)cudaGetLastError();
+    int optin = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+    EXPECT(optin == 163 * 1024, "device opt-in limit %d = 163 KiB (A100)", optin);
+    CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// ---- mma.sync.m16n8k16 and ldmatrix against the PTX ISA's fragment tables ----
+// (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type" and
+// "ldmatrix"), written from the tables, not from the sim: groupID = lane >> 2,
+// threadID_in_group = lane % 4.
+
+static int a_row(int lane, int i) { return (lane >> 2) + ((i == 2 || i == 3 || i == 6 || i == 7) ? 8 : 0); }
+static int a_col(int lane, int i) { return (lane % 4) * 2 + (i & 1) + (i >= 4 ? 8 : 0); }
+static int b_row(int lane, int i) { return (lane % 4) * 2 + (i & 1) + (i >= 2 ? 8 : 0); }
+static int b_col(int lane, int i) { (void)i; return lane >> 2; }
+static int c_row(int lane, int i) { return (lane >> 2) + (i >= 2 ? 8 : 0); }
+static int c_col(int lane, int i) { return (lane % 4) * 2 + (i & 1); }
+
+static uint16_t bf16_of(float f) { return __float2bfloat16_rn(f).__x; }
+static float float_of(uint16_t b) { __nv_bfloat16 x; x.__x = b; return __bfloat162float(x); }
+
+// frag [32][10]: per lane the A registers, the B registers, then the C values as bits; out [32][4].
+__global__ void mma_kernel(const uint32_t *frag, float *out) {
+    const int lane = threadIdx.x;
+    const uint32_t *f = frag + lane * 10;
+    float c[4];
+    memcpy(c, f + 6, sizeof c);
+    mma16816(c, f, f[4], f[5]);
+    for (int i = 0; i < 4; i++) out[lane * 4 + i] = c[i];
+}
+
+static void check_mma() {
+    uint16_t A[16][16], B[16][8];
+    float C[16][8];
+    srand(7);
+    for (int r = 0; r < 16; r++)
+        for (int k = 0; k < 16; k++) A[r][k] = bf16_of((float)(rand() % 17 - 8) / 4.0f);
+    for (int k = 0; k < 16; k++)
+        for (int n = 0; n < 8; n++) B[k][n] = bf16_of((float)(rand() % 13 - 6) / 8.0f);
+    for (int r = 0; r < 16; r++)
+        for (int n = 0; n < 8; n++) C[r][n] = (float)(rand() % 100) / 16.0f;
+    uint32_t frag[32][10];
+    for (int lane = 0; lane < 32; lane++) {
+        for (int reg = 0; reg < 4; reg++)   // a0..a7: two per register, the lower index in the low half
+            frag[lane][reg] = A[a_row(lane, 2 * reg)][a_col(lane, 2 * reg)] |
+                              (uint32_t)A[a_row(lane, 2 * reg + 1)][a_col(lane, 2 * reg + 1)] << 16;
+        for (int reg = 0; reg < 2; reg++)
+            frag[lane][4 + reg] = B[b_row(lane, 2 * reg)][b_col(lane, 2 * reg)] |
+                                  (uint32_t)B[b_row(lane, 2 * reg + 1)][b_col(lane, 2 * reg + 1)] << 16;
+        for (int i = 0; i < 4; i++) memcpy(&frag[lane][6 + i], &C[c_row(lane, i)][c_col(lane, i)], 4);
+    }
+    uint32_t *d_frag;
+    float *d_out, out[32][4];
+    CUDA_CHECK(cudaMalloc((void **)&d_frag, sizeof frag));
+    CUDA_CHECK(cudaMalloc((void **)&d_out, sizeof out));
+    CUDA_CHECK(cudaMemcpy(d_frag, frag, sizeof frag, cudaMemcpyHostToDevice));
+    CUDA_LAUNCH(mma_kernel, 1, 32, 0, 0, d_frag, d_out);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaMemcpy(out, d_out, sizeof out, cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (int lane = 0; lane < 32; lane++)
+        for (int i = 0; i < 4; i++) {
+            const int m = c_row(lane, i), n = c_col(lane, i);
+            double ref = C[m][n];
+            for (int k = 0; k < 16; k++) ref += (double)float_of(A[m][k]) * float_of(B[k][n]);
+            if (fabs(out[lane][i] - ref) > 1e-5 * (1 + fabs(ref))) bad++;
+        }
+    EXPECT(bad == 0, "mma.m16n8k16 bf16: %d of 512 D elements differ from the PTX table reference", bad);
+    CUDA_CHECK(cudaFree(d_frag));
+    CUDA_CHECK(cudaFree(d_out));
+}
+
+// Four 8x8 bf16 matrices in shared memory, rows 40 elements apart (80 bytes:
+// 16-byte aligned, not contiguous); lane l points at row l % 8 of matrix l / 8
+// given in reverse row order through the address (row 7 - l % 8), so that the
+// test also sees which lane's address feeds which row. out [6][32][4]:
+// x1, x2, x4, each plain and .trans.
+__global__ void ldmatrix_kernel(const uint16_t *m, uint32_t *out) {
+    DYNAMIC_SHARED(unsigned char, smem);
+    uint16_t *s = reinterpret_cast<uint16_t *>(smem);
+    const int lane = threadIdx.x;
+    for (int i = lane; i < 4 * 8 * 8; i += 32) s[(i / 8) * 40 + 8 + i % 8] = m[i];
+    __syncthreads();
+    const int mat = lane / 8, row = 7 - lane % 8;
+    const bf16 *addr = reinterpret_cast<const bf16 *>(s + (mat * 8 + row) * 40 + 8);
+    uint32_t r[4];
+    const int counts[3] = {1, 2, 4};
+    for (int v = 0; v < 6; v++) {
+        memset(r, 0, sizeof r);
+        if (counts[v / 2] == 4 && v % 2 == 0) ldmatrix_x4(r, addr);
+        else if (counts[v / 2] == 4) ldmatrix_x4_trans(r, addr);
+        else cudasim::ldmatrix(r, counts[v / 2], v % 2, addr);
+        for (int i = 0; i < 4; i++) out[(v * 32 + lane) * 4 + i] = r[i];
+    }
+}
+
+static void check_ldmatrix() {
+    uint16_t m[4][8][8];
+    for (int i = 0; i < 4; i++)
+        for (int r = 0; r < 8; r++)
+            for (int c = 0; c < 8; c++) m[i][r][c] = bf16_of((float)(i * 64 + r * 8 + c));
+    uint16_t *d_m;
+    uint32_t *d_out, out[6][32][4];
+    CUDA_CHECK(cudaMalloc((void **)&d_m, sizeof m));
+    CUDA_CHECK(cudaMalloc((void **)&d_out, sizeof out));
+    CUDA_CHECK(cudaMemcpy(d_m, m, sizeof m, cudaMemcpyHostToDevice));
+    CUDA_LAUNCH(ldmatrix_kernel, 1, 32, 32 * 40 * sizeof(uint16_t), 0, d_m, d_out);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaMemcpy(out, d_out, sizeof out, cudaMemcpyDeviceToHost));
+    const int counts[3] = {1, 2, 4};
+    for (int v = 0; v < 6; v++) {
+        const int count = counts[v / 2];
+        const bool trans = v % 2;
+        int bad = 0;
+        for (int lane = 0; lane < 32; lane++)
+            for (int i = 0; i < 4; i++) {
+                // Row q of matrix i as loaded is row 7 - q of m[i] (the addresses are reversed).
+                // The table: row groupID, elements 2t, 2t+1 (.trans: column groupID, rows 2t, 2t+1).
+                uint32_t want = 0;
+                if (i < count) {
+                    const int g = lane >> 2, t2 = (lane % 4) * 2;
+                    const uint16_t lo = trans ? m[i][7 - t2][g] : m[i][7 - g][t2];
+                    const uint16_t hi = trans ? m[i][7 - (t2 + 1)][g] : m[i][7 - g][t2 + 1];
+                    want = lo | (uint32_t)hi << 16;
+                }
+                bad += out[v][lane][i] != want;
+            }
+        EXPECT(bad == 0, "ldmatrix .x%d%s: %d of %d registers differ from the PTX table reference", count,
+               trans ? ".trans" : "", bad, 32 * 4);
+    }
+    CUDA_CHECK(cudaFree(d_m));
+    CUDA_CHECK(cudaFree(d_out));
+}
+
+int main(int argc, char **argv) {
+    CHECK(argc == 2, "usage: %s CASE (see tests/sim_selftest.cu)", argv[0]);
+    const char *c = argv[1];
+    if (!strcmp(c, "reuse_nosync") || !strcmp(c, "reuse_sync")) reuse(!strcmp(c, "reuse_sync"));
+    else if (!strcmp(c, "cp_async_early") || !strcmp(c, "cp_async_waited")) cp_async(!strcmp(c, "cp_async_waited"));
+    else if (!strcmp(c, "shfl_missing_lane") || !strcmp(c, "misaligned_cp_async") ||
+             !strcmp(c, "barrier_divergence") || !strcmp(c, "oob_read"))
+        violation(c);
+    else if (!strcmp(c, "launch_limits")) launch_limits();
+    else if (!strcmp(c, "fragments")) { check_mma(); check_ldmatrix(); }
+    else CHECK(0, "sim_selftest: unknown case %s", c);
+    return check_exit();
+}

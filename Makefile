@@ -185,7 +185,8 @@ build-sim: $(SIM_LIBS_BIN)
 OPENBLAS_LDLIBS = -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas
 build/tests/gpu_test_cublaslt: GPU_LDLIBS += -lcublasLt $(OPENBLAS_LDLIBS)
 build/tests/gpu_test_cub: build/obj/tests/gpu_cub.cu.o
-build/sim/obj/tests/cudasim/nccl.o: SIM_CXXFLAGS += $(shell mpicc --showme:compile)
+# NCCL over MPI: outside the sim library (its programs need no MPI), linked into the MPI programs.
+build/sim/obj/tests/cudasim/mpi/nccl.o: SIM_CXXFLAGS += $(shell mpicc --showme:compile)
 
 # In the sim, each links only what it calls (not the attention kernels).
 build/sim/tests/gpu_test_cublaslt: build/sim/obj/tests/gpu_test_cublaslt.o build/sim/obj/dist/util.o $(SIM_LIB)
@@ -197,8 +198,8 @@ build/sim/tests/gpu_test_cub: build/sim/obj/tests/gpu_test_cub.o build/sim/obj/t
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(SIM_GPU_LDLIBS)
 
-build/sim/tests/mpi_gpu_nccl: build/sim/obj/tests/mpi_gpu_nccl.o build/sim/obj/dist/comm.o build/sim/obj/dist/util.o \
-                              $(SIM_LIB)
+build/sim/tests/mpi_gpu_nccl: build/sim/obj/tests/mpi_gpu_nccl.o build/sim/obj/tests/cudasim/mpi/nccl.o \
+                              build/sim/obj/dist/comm.o build/sim/obj/dist/util.o $(SIM_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(SIM_LDLIBS)
 

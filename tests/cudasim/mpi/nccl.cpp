@@ -1,4 +1,4 @@
-// nccl.cpp: the NCCL subset of the CPU execution model of CUDA (declared in
+// mpi/nccl.cpp: the NCCL subset of the CPU execution model of CUDA (declared in
 // include/nccl.h), over MPI. Semantics from the NCCL documentation (API:
 // "Communicator Creation and Management Functions", "Collective Communication
 // Functions", "Group Calls", "Point To Point Communication Functions").
@@ -30,10 +30,10 @@
 #include <memory>
 #include <vector>
 
-#include "cudasim.h"
+#include "../cudasim.h"
 
 extern "C" {
-#include "../../dist/util.h"
+#include "../../../dist/util.h"
 }
 
 #define NCCL_MPI(call) CHECK((call) == MPI_SUCCESS, "cudasim: NCCL over MPI: %s failed", #call)

@@ -42,8 +42,8 @@ struct cublasLtMatmulPreferenceOpaque {
 // The one algorithm of the sim: data[0] marks it, data[1] is its workspace need.
 static const uint64_t ALGO_MAGIC = 0x53494d414c474fULL;
 // Workspace the algorithm asks for (at most what the preference allows): not
-// used for arithmetic, but filled with garbage, so that a caller that shares it
-// between concurrent matmuls sees wrong results.
+// used for arithmetic, but filled with garbage when the matmul runs, so that a
+// caller that keeps its own data in memory it lent as workspace loses it.
 static const size_t ALGO_WORKSPACE = 1 << 20;
 
 // cuBLAS documentation, cublasLtCreate() / cublasLtDestroy().

@@ -282,7 +282,10 @@ int main(int argc, char **argv) {
     W = dist.world_size;
     R = dist.world_rank;
     CHECK(W >= 2 && W % 2 == 0, "mpi_gpu_nccl: run on an even number of ranks >= 2 (got %d)", W);
-    CUDA_CHECK(cudaSetDevice(0));
+    int devices;
+    CUDA_CHECK(cudaGetDeviceCount(&devices));
+    // One GPU per rank on a GPU node (NCCL refuses two ranks on one GPU); under the sim each process has its own.
+    CUDA_CHECK(cudaSetDevice(dist.local_rank % devices));
     CUDA_CHECK(cudaStreamCreate(&stream));
     ncclUniqueId id;
     if (R == 0) NCCL_CHECK(ncclGetUniqueId(&id));

@@ -209,4 +209,4 @@ test-sim: build-sim
 clean:
 	rm -rf build
 
--include $(shell find build/obj -name '*.d' 2>/dev/null)
+-include $(shell find build/obj build/sim -name '*.d' 2>/dev/null)

@@ -32,6 +32,9 @@ static inline double rel_frobenius(const float *a, const float *b, int64_t n) {
     return rel_frobenius_floor(a, b, n, 0.0);
 }
 
+// RMS below which a dQ or dK increment is rounding noise (N = 1: one key per query).
+#define GRAD_FLOOR 1e-3
+
 // n standard normal values rounded to bf16: bits and their fp32 values.
 static inline void random_bf16(Rng *rng, int64_t n, uint16_t **bits, float **values) {
     *bits = xmalloc((size_t)n * sizeof(uint16_t));

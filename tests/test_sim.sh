@@ -1,0 +1,102 @@
+# test_sim.sh: the CUDA sources on the CPU execution model of CUDA (build/sim/,
+# docs/SIM.md). The GPU test programs at their small sizes under three seeds;
+# the sim's self-tests, each deliberately wrong kernel caught (a wrong result
+# under some seed, poison, or one "cudasim:" line and exit 1; an out-of-bounds
+# read under AddressSanitizer); and mutations of the attention sources (a
+# __syncthreads removed, a fragment's bf16 halves swapped) that the attention
+# test must catch.
+cd "$(dirname "$0")/.."
+source tests/lib.sh
+seeds="1 2 3"
+sim=build/sim/tests
+if [ ! -x $sim/gpu_test_attention ] || [ ! -x $sim/sim_selftest ] || [ ! -x $sim/sim_selftest_asan ]; then
+  bad "sim build" "programs missing in $sim (make build-sim)"
+  exit 1
+fi
+
+# GPU tests, small sizes, each seed.
+for prog in $sim/gpu_test_*; do
+  for s in $seeds; do
+    CUDASIM_SEED=$s $prog small >"$tmp/out" 2>&1
+    rc=$?
+    name="$(basename "$prog") seed $s"
+    if [ $rc -eq 0 ] && ! grep -q '^FAIL' "$tmp/out"; then
+      ok "$name: $(tail -n 1 "$tmp/out")"
+    else
+      bad "$name" "exit $rc; $(grep -m 3 -E '^FAIL|^cudasim' "$tmp/out" | tr '\n' ' ')"
+    fi
+  done
+done
+
+# Self-tests that print a result: the wrong kernel wrong under some seed, the right one right under all.
+results() { for s in $seeds; do CUDASIM_SEED=$s $sim/sim_selftest "$1" 2>&1; done | sort -u | tr '\n' ' '; }
+r=$(results reuse_nosync)
+expect "missing __syncthreads before reusing a shared buffer: wrong under some seed ($r)" '[[ "$r" == *wrong* ]]'
+r=$(results reuse_sync)
+expect "with the __syncthreads: correct under every seed ($r)" '[ "$r" = "correct " ]'
+r=$(results cp_async_early)
+expect "read before cp.async.wait_group sees poison ($r)" '[ "$r" = "poison " ]'
+r=$(results cp_async_waited)
+expect "read after cp.async.wait_group sees the data ($r)" '[ "$r" = "correct " ]'
+
+# Rule violations: exit 1 with one line naming kernel, block, thread and rule.
+violation() {   # CASE PATTERN
+  $sim/sim_selftest "$1" >"$tmp/out" 2>"$tmp/err"
+  local rc=$? lines
+  lines=$(wc -l <"$tmp/err")
+  expect "$1: exit 1 with one line: $(head -c 160 "$tmp/err")" \
+    "[ $rc -eq 1 ] && [ $lines -eq 1 ] && grep -qE '$2' '$tmp/err'"
+}
+violation shfl_missing_lane '^cudasim: kernel shfl_missing_lane_kernel.* block \(0,0,0\) thread .*lane 5 of the mask has exited'
+violation misaligned_cp_async '^cudasim: kernel misaligned_cp_async_kernel.* block \(0,0,0\) thread .*16-byte aligned'
+violation barrier_divergence '^cudasim: kernel barrier_divergence_kernel.* block \(0,0,0\) thread .*__syncthreads while thread .* has exited'
+
+$sim/sim_selftest_asan oob_read >"$tmp/out" 2>&1
+rc=$?
+expect "out-of-bounds device read: AddressSanitizer heap-buffer-overflow in the kernel (exit $rc)" \
+  "[ $rc -ne 0 ] && grep -q 'heap-buffer-overflow' '$tmp/out' && grep -q 'in oob_read_kernel' '$tmp/out'"
+
+# Self-tests that check themselves (launch errors; mma and ldmatrix against the PTX tables).
+for c in launch_limits fragments; do
+  $sim/sim_selftest $c >"$tmp/out" 2>&1
+  rc=$?
+  cat "$tmp/out"
+  expect "sim_selftest $c exits 0" "[ $rc -eq 0 ]"
+done
+
+# Mutations of the attention sources, built in a copy: the attention test must fail.
+mutant() {   # NAME FILE PROGRAM(python, reads and writes the file's text in s)
+  local dir="$tmp/mutant"
+  rm -rf "$dir" && mkdir -p "$dir/build"
+  cp -rp Makefile attention dist model tests "$dir/"
+  cp -rp build/sim "$dir/build/"
+  if ! /usr/bin/python3 - "$dir/$2" "$3" <<'PY'
+import sys
+path, code = sys.argv[1], sys.argv[2]
+s = open(path).read()
+env = {"s": s}
+exec(code, env)
+if env["s"] == s:
+    sys.exit(1)
+open(path, "w").write(env["s"])
+PY
+  then bad "mutant $1" "the patch did not apply to $2"; return; fi
+  if ! make -C "$dir" -s DEPS_OK= build/sim/tests/gpu_test_attention >"$tmp/build.log" 2>&1; then
+    bad "mutant $1" "build failed: $(tail -n 3 "$tmp/build.log" | tr '\n' ' ')"
+    return
+  fi
+  local caught=""
+  for s in $seeds; do
+    CUDASIM_SEED=$s "$dir/$sim/gpu_test_attention" small >"$tmp/out" 2>&1 && continue
+    caught="$caught $s($(grep -c '^FAIL' "$tmp/out") FAIL)"
+  done
+  expect "mutant $1: the attention test fails under seeds:$caught" '[ -n "$caught" ]'
+}
+mutant "forward without the __syncthreads after cp.async.wait_group" attention/flash_cuda.cu \
+  's = s.replace("cp_async_wait<1>();\n        __syncthreads();\n\n        const bool full", "cp_async_wait<1>();\n\n        const bool full", 1)'
+mutant "forward without the __syncthreads before a buffer is refilled" attention/flash_cuda.cu \
+  's = s.replace("        __syncthreads();   // every warp is done with buf before it is refilled\n", "", 1)'
+mutant "pack_bf16 with its two halves swapped" attention/flash_tiles.cuh \
+  's = s.replace("__floats2bfloat162_rn(lo, hi)", "__floats2bfloat162_rn(hi, lo)", 1)'
+
+[ $failures -eq 0 ]

@@ -7,7 +7,7 @@
 // [0,1); keys equal on the bit range but not elsewhere keep their input
 // order). And the temporary-storage protocol: a size query does no work, a
 // storage one byte short is cudaErrorInvalidValue. Outputs start poisoned.
-//   gpu_test_cub             every check
+//   gpu_test_cub [small]     every check (all small: `small` as the other GPU tests take it)
 //   gpu_test_cub host-temp   a misuse the sim must stop (tests/test_sim_libs.sh)
 #include <stdio.h>
 #include <stdlib.h>
@@ -177,8 +177,10 @@ static void misuse_host_temp(void) {
 }
 
 int main(int argc, char **argv) {
-    CHECK(argc == 1 || (argc == 2 && strcmp(argv[1], "host-temp") == 0), "usage: %s [host-temp]", argv[0]);
-    if (argc == 2) misuse_host_temp();
+    const int misuse = argc == 2 && strcmp(argv[1], "host-temp") == 0;
+    CHECK(argc == 1 || misuse || (argc == 2 && strcmp(argv[1], "small") == 0), "usage: %s [small|host-temp]",
+          argv[0]);
+    if (misuse) misuse_host_temp();
     const int64_t sizes[] = {0, 1, 1000, 1 << 20};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         check_inclusive_sum(sizes[i], 0, 10 + i);

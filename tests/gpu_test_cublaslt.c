@@ -9,7 +9,7 @@
 // argument taken the wrong way round fails in both. Also: bf16 outputs round
 // to nearest even (two exact ties), and bad arguments return the documented
 // status. Built natively with nvcc (needs a GPU) and by the sim build.
-//   gpu_test_cublaslt               every check
+//   gpu_test_cublaslt [small]       every check (all small: `small` as the other GPU tests take it)
 //   gpu_test_cublaslt host-matrix   a misuse the sim must stop (tests/test_sim_libs.sh)
 //
 // Tolerances: fp32 outputs max|D - ref| <= 1e-5 max|ref| (other summation
@@ -383,10 +383,12 @@ static void misuse_host_matrix(cublasLtHandle_t lt) {
 }
 
 int main(int argc, char **argv) {
-    CHECK(argc == 1 || (argc == 2 && strcmp(argv[1], "host-matrix") == 0), "usage: %s [host-matrix]", argv[0]);
+    const int misuse = argc == 2 && strcmp(argv[1], "host-matrix") == 0;
+    CHECK(argc == 1 || misuse || (argc == 2 && strcmp(argv[1], "small") == 0), "usage: %s [small|host-matrix]",
+          argv[0]);
     cublasLtHandle_t lt;
     BLT_CHECK(cublasLtCreate(&lt));
-    if (argc == 2) misuse_host_matrix(lt);
+    if (misuse) misuse_host_matrix(lt);
     const cublasOperation_t ops[2] = {CUBLAS_OP_N, CUBLAS_OP_T};
     const int shapes[4][3] = {{17, 5, 67}, {1, 67, 17}, {67, 1, 1}, {64, 48, 32}};   // m, n, k
     uint64_t seed = 100;

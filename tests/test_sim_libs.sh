@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # test_sim_libs.sh: the sim's library subsets (tests/cudasim/: cuBLASLt, CUB,
-# NCCL over MPI) through their test programs built in build/sim/: each under
-# three CUDASIM_SEED values (the seed shuffles the interleaving of streams),
-# the NCCL program under mpirun with 2 and 4 ranks (--oversubscribe: the
-# ranks share the cores). Passes the programs' "ok NAME" / "FAIL NAME" lines
-# on, each prefixed with the seed and rank count, and fails a run that exits
-# non-zero without naming a check. Also: two misuses the sim must stop with one
-# line (host memory given to CUB and to cuBLASLt).
+# NCCL over MPI) beyond what tests/test_sim.sh runs (which runs every
+# build/sim/tests/gpu_test_*, gpu_test_cublaslt and gpu_test_cub included,
+# under three seeds): the NCCL program build/sim/tests/mpi_gpu_nccl under
+# mpirun with 2 and 4 ranks (--oversubscribe: the ranks share the cores), each
+# with CUDASIM_SEED 1, 2 and 3, its "ok NAME" / "FAIL NAME" lines passed on
+# prefixed with the seed and rank count (a run that exits non-zero without
+# naming a check fails); and two misuses the sim must stop with one line (host
+# memory given to CUB and to cuBLASLt).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source tests/lib.sh
@@ -35,8 +36,6 @@ done
 
 for seed in 1 2 3; do
   export CUDASIM_SEED=$seed
-  run "seed$seed" build/sim/tests/gpu_test_cublaslt
-  run "seed$seed" build/sim/tests/gpu_test_cub
   for np in 2 4; do
     run "seed$seed/np$np" mpirun --oversubscribe --bind-to none -np "$np" build/sim/tests/mpi_gpu_nccl
   done

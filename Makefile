@@ -114,7 +114,8 @@ test-gpu: build-test-gpu
 # messages through dladdr. The sparse sources need the sim's CUB subset
 # (tests/cudasim/include/cub/cub.cuh) and are built when it is present.
 SIM_INC = -Itests/cudasim/include -Itests/cudasim
-SIM_CXXFLAGS = -O2 -g $(ARCH) -std=c++17 -fopenmp -fno-strict-aliasing -Wall -Wextra -Wno-unknown-pragmas -MMD -MP -D__CUDASIM__ $(SIM_INC)
+SIM_CXXFLAGS = -O2 -g $(ARCH) -std=c++17 -fopenmp -fno-strict-aliasing -Wall -Wextra -Wno-unknown-pragmas -MMD -MP \
+               -D__CUDASIM__ $(SIM_INC)
 SIM_CFLAGS = -Itests/cudasim/include $(filter-out -DMTRAIN_CUDA -I$(CUDA_HOME)/include,$(CFLAGS)) -DMTRAIN_CUDA
 SIM_LIB_SRC = $(wildcard tests/cudasim/*.cpp)
 SIM_LIB = build/sim/libcudasim.a
@@ -128,7 +129,21 @@ SIM_GPU_OBJ = build/sim/obj/dist/util.o build/sim/obj/attention/flash_cpu.o buil
 SIM_BIN = build/sim/tests/gpu_test_attention build/sim/tests/sim_selftest build/sim/tests/sim_selftest_asan \
           $(if $(SIM_HAS_CUB),build/sim/tests/gpu_test_sparse build/sim/mtrain)
 
-build-sim: $(SIM_BIN)
+build-sim: $(SIM_BIN) build/sim/launch_bounds.tsv
+
+# The kernels' __launch_bounds__ for the sim (mangled name, max threads per
+# block): the .maxntid lines of nvcc's PTX for sm_80. Without nvcc the table
+# is empty and the sim checks the device's 1024 threads only.
+build/sim/launch_bounds.tsv: $(CU_SRC)
+	@mkdir -p build/sim/ptx
+	printf 'kernel\tmax_threads\n' > $@.tmp
+	set -e; if [ -n "$(NVCC)" ]; then for f in $(CU_SRC); do \
+	  ptx=build/sim/ptx/$$(basename $$f .cu).ptx; \
+	  $(NVCC) -O3 -std=c++17 -arch=compute_80 -ptx $$f -o $$ptx; \
+	  awk '/\.entry/ { for (i = 1; i < NF; i++) if ($$i == ".entry") name = $$(i + 1); sub(/\(.*/, "", name) } \
+	       /\.maxntid/ { gsub(",", " "); print name "\t" $$2 * $$3 * $$4 }' $$ptx >> $@.tmp; \
+	done; fi
+	mv $@.tmp $@
 
 build/sim/obj/%.cu.o: %.cu $(DEPS_OK)
 	@mkdir -p $(dir $@)
@@ -136,7 +151,7 @@ build/sim/obj/%.cu.o: %.cu $(DEPS_OK)
 
 build/sim/obj/tests/cudasim/%.o: tests/cudasim/%.cpp $(DEPS_OK)
 	@mkdir -p $(dir $@)
-	$(CXX) $(SIM_CXXFLAGS) -c $< -o $@
+	$(CXX) $(SIM_CXXFLAGS) -DCUDASIM_LAUNCH_BOUNDS_FILE='"$(abspath build/sim/launch_bounds.tsv)"' -c $< -o $@
 
 build/sim/obj/%.o: %.c $(DEPS_OK)
 	@mkdir -p $(dir $@)

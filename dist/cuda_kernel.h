@@ -15,7 +15,8 @@
 #define DYNAMIC_SHARED(type, name) type *name = static_cast<type *>(cudasim::shared_dynamic())
 #define STATIC_SHARED(type, name, dims) \
     static const char name##_site_ = 0; \
-    type(&name) dims = *reinterpret_cast<type(*) dims>(cudasim::shared_static(&name##_site_, sizeof(type dims), alignof(type)))
+    type(&name) dims = \
+        *reinterpret_cast<type(*) dims>(cudasim::shared_static(&name##_site_, sizeof(type dims), alignof(type)))
 #else
 #define CUDA_LAUNCH(kernel, grid, block, smem_bytes, stream, ...) \
     kernel<<<grid, block, smem_bytes, stream>>>(__VA_ARGS__)

@@ -4,6 +4,9 @@
 // sim_selftest_asan with AddressSanitizer). `sim_selftest CASE` runs one:
 //   reuse_nosync / reuse_sync    shared buffer rewritten without / with a barrier: prints wrong / correct
 //   cp_async_early / cp_async_waited   read before / after cp.async.wait_group: prints poison / correct
+//   streams_nowait / streams_event / streams_legacy   a kernel on stream 2 reads what one on stream 1
+//                                wrote: no dependency / cudaStreamWaitEvent / stream 2 is the legacy
+//                                default stream: prints wrong / correct / correct
 //   shfl_missing_lane            a lane exits before a full-mask shuffle: one cudasim line, exit 1
 //   misaligned_cp_async          cp.async to an 8-byte aligned address: one cudasim line, exit 1
 //   barrier_divergence           __syncthreads in half the block: one cudasim line, exit 1
@@ -86,6 +89,44 @@ static void cp_async(bool wait) {
     CUDA_CHECK(cudaFree(d_out));
 }
 
+// ---- streams: a consumer on one stream of what a producer on another wrote ----
+
+__global__ void produce_kernel(float *x, float v) { x[threadIdx.x] = v; }
+__global__ void consume_kernel(const float *x, float *y) { y[threadIdx.x] = x[threadIdx.x] + 1.0f; }
+
+// Eight rounds (the interleaving is drawn anew each time): "wrong" when any round read stale data.
+static void streams(const char *how) {
+    cudaStream_t s1, s2 = 0;
+    CUDA_CHECK(cudaStreamCreate(&s1));
+    if (strcmp(how, "legacy")) CUDA_CHECK(cudaStreamCreate(&s2));
+    cudaEvent_t done;
+    CUDA_CHECK(cudaEventCreate(&done));
+    float *d_x, *d_y, y[32];
+    CUDA_CHECK(cudaMalloc((void **)&d_x, sizeof y));
+    CUDA_CHECK(cudaMalloc((void **)&d_y, sizeof y));
+    int wrong = 0;
+    for (int round = 1; round <= 8; round++) {
+        CUDA_CHECK(cudaMemset(d_x, 0, sizeof y));
+        CUDA_LAUNCH(produce_kernel, 1, 32, 0, s1, d_x, (float)round);
+        CUDA_CHECK(cudaGetLastError());
+        if (!strcmp(how, "event")) {
+            CUDA_CHECK(cudaEventRecord(done, s1));
+            CUDA_CHECK(cudaStreamWaitEvent(s2, done, 0));
+        }
+        CUDA_LAUNCH(consume_kernel, 1, 32, 0, s2, d_x, d_y);
+        CUDA_CHECK(cudaGetLastError());
+        CUDA_CHECK(cudaDeviceSynchronize());
+        CUDA_CHECK(cudaMemcpy(y, d_y, sizeof y, cudaMemcpyDeviceToHost));
+        for (int i = 0; i < 32; i++) wrong += y[i] != (float)round + 1.0f;
+    }
+    printf("%s\n", wrong ? "wrong" : "correct");
+    CUDA_CHECK(cudaFree(d_x));
+    CUDA_CHECK(cudaFree(d_y));
+    CUDA_CHECK(cudaEventDestroy(done));
+    CUDA_CHECK(cudaStreamDestroy(s1));
+    if (s2) CUDA_CHECK(cudaStreamDestroy(s2));
+}
+
 // ---- rule violations: each ends the program with one cudasim line ----
 
 __global__ void shfl_missing_lane_kernel(float *out) {
@@ -142,7 +183,8 @@ static void launch_limits() {
     CUDA_LAUNCH(empty_kernel, dim3(1, 1, 1), dim3(32, 1, 65), 0, 0);
     EXPECT(cudaGetLastError() == cudaErrorInvalidConfiguration, "block z 65: cudaErrorInvalidConfiguration");
     CUDA_LAUNCH(empty_kernel, 1, 32, 48 * 1024 + 16, 0);
-    EXPECT(cudaGetLastError() == cudaErrorInvalidValue, "48 KiB + 16 dynamic smem without opt-in: cudaErrorInvalidValue");
+    EXPECT(cudaGetLastError() == cudaErrorInvalidValue,
+           "48 KiB + 16 dynamic smem without opt-in: cudaErrorInvalidValue");
     CUDA_LAUNCH(empty_kernel, 1, 32, 48 * 1024, 0);
     EXPECT(cudaGetLastError() == cudaSuccess, "48 KiB dynamic smem: launches");
     EXPECT(cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024) == cudaSuccess,
@@ -293,6 +335,7 @@ int main(int argc, char **argv) {
     const char *c = argv[1];
     if (!strcmp(c, "reuse_nosync") || !strcmp(c, "reuse_sync")) reuse(!strcmp(c, "reuse_sync"));
     else if (!strcmp(c, "cp_async_early") || !strcmp(c, "cp_async_waited")) cp_async(!strcmp(c, "cp_async_waited"));
+    else if (!strncmp(c, "streams_", 8)) streams(c + 8);
     else if (!strcmp(c, "shfl_missing_lane") || !strcmp(c, "misaligned_cp_async") ||
              !strcmp(c, "barrier_divergence") || !strcmp(c, "oob_read"))
         violation(c);

@@ -38,6 +38,13 @@ r=$(results cp_async_early)
 expect "read before cp.async.wait_group sees poison ($r)" '[ "$r" = "poison " ]'
 r=$(results cp_async_waited)
 expect "read after cp.async.wait_group sees the data ($r)" '[ "$r" = "correct " ]'
+r=$(results streams_nowait)
+expect "a kernel reading another stream's result without cudaStreamWaitEvent: wrong under some seed ($r)" \
+  '[[ "$r" == *wrong* ]]'
+r=$(results streams_event)
+expect "with cudaStreamWaitEvent: correct under every seed ($r)" '[ "$r" = "correct " ]'
+r=$(results streams_legacy)
+expect "the legacy default stream waits for a blocking stream: correct under every seed ($r)" '[ "$r" = "correct " ]'
 
 # Rule violations: exit 1 with one line naming kernel, block, thread and rule.
 violation() {   # CASE PATTERN
@@ -47,9 +54,10 @@ violation() {   # CASE PATTERN
   expect "$1: exit 1 with one line: $(head -c 160 "$tmp/err")" \
     "[ $rc -eq 1 ] && [ $lines -eq 1 ] && grep -qE '$2' '$tmp/err'"
 }
-violation shfl_missing_lane '^cudasim: kernel shfl_missing_lane_kernel.* block \(0,0,0\) thread .*lane 5 of the mask has exited'
-violation misaligned_cp_async '^cudasim: kernel misaligned_cp_async_kernel.* block \(0,0,0\) thread .*16-byte aligned'
-violation barrier_divergence '^cudasim: kernel barrier_divergence_kernel.* block \(0,0,0\) thread .*__syncthreads while thread .* has exited'
+where='.* block \(0,0,0\) thread \([0-9]+,0,0\) warp [0-9]+ lane [0-9]+: '
+violation shfl_missing_lane "^cudasim: kernel shfl_missing_lane_kernel${where}.*lane 5 of the mask has exited"
+violation misaligned_cp_async "^cudasim: kernel misaligned_cp_async_kernel${where}.*16-byte aligned"
+violation barrier_divergence "^cudasim: kernel barrier_divergence_kernel${where}__syncthreads while thread .* has exited"
 
 $sim/sim_selftest_asan oob_read >"$tmp/out" 2>&1
 rc=$?
@@ -65,7 +73,7 @@ for c in launch_limits fragments; do
 done
 
 # Mutations of the attention sources, built in a copy: the attention test must fail.
-mutant() {   # NAME FILE PROGRAM(python, reads and writes the file's text in s)
+mutant() {   # NAME FILE PROGRAM(python, reads and writes the file's text in s) [PATTERN the failing output shows]
   local dir="$tmp/mutant"
   rm -rf "$dir" && mkdir -p "$dir/build"
   cp -rp Makefile attention dist model tests "$dir/"
@@ -88,15 +96,24 @@ PY
   local caught=""
   for s in $seeds; do
     CUDASIM_SEED=$s "$dir/$sim/gpu_test_attention" small >"$tmp/out" 2>&1 && continue
-    caught="$caught $s($(grep -c '^FAIL' "$tmp/out") FAIL)"
+    local rc=$?
+    [ -z "${4:-}" ] || grep -q "$4" "$tmp/out" || continue
+    caught="$caught $s(exit $rc, $(grep -c '^FAIL' "$tmp/out") FAIL lines)"
   done
   expect "mutant $1: the attention test fails under seeds:$caught" '[ -n "$caught" ]'
 }
 mutant "forward without the __syncthreads after cp.async.wait_group" attention/flash_cuda.cu \
-  's = s.replace("cp_async_wait<1>();\n        __syncthreads();\n\n        const bool full", "cp_async_wait<1>();\n\n        const bool full", 1)'
+  's = s.replace("cp_async_wait<1>();\n        __syncthreads();\n\n        const bool full",
+                 "cp_async_wait<1>();\n\n        const bool full", 1)'
 mutant "forward without the __syncthreads before a buffer is refilled" attention/flash_cuda.cu \
   's = s.replace("        __syncthreads();   // every warp is done with buf before it is refilled\n", "", 1)'
 mutant "pack_bf16 with its two halves swapped" attention/flash_tiles.cuh \
   's = s.replace("__floats2bfloat162_rn(lo, hi)", "__floats2bfloat162_rn(hi, lo)", 1)'
+# With nvcc the sim knows each kernel's __launch_bounds__ (build/sim/launch_bounds.tsv).
+if [ "$(wc -l <build/sim/launch_bounds.tsv)" -gt 1 ]; then
+  mutant "forward launched with more threads than its __launch_bounds__" attention/flash_cuda.cu \
+    's = s.replace("CUDA_LAUNCH(kernel, grid, BM * 2, smem", "CUDA_LAUNCH(kernel, grid, BM * 4, smem", 1)' \
+    'too many resources requested for launch'
+fi
 
 [ $failures -eq 0 ]

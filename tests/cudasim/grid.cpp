@@ -82,10 +82,6 @@ struct Block {
 
 static thread_local Thread *running = nullptr;
 
-static std::string kernel_label(const Launch *l) {
-    return l->name;
-}
-
 // One line naming kernel, block, thread and the broken rule.
 [[noreturn]] static void violation(const Thread *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void violation(const Thread *t, const char *fmt, ...) {
@@ -96,7 +92,7 @@ static void violation(const Thread *t, const char *fmt, ...) {
     va_end(ap);
     const ThreadState &s = t->state;
     fail("kernel %s block (%u,%u,%u) thread (%u,%u,%u) warp %d lane %d: %s (CUDASIM_SEED=%llu)",
-         kernel_label(t->block->launch).c_str(), s.block_idx.x, s.block_idx.y, s.block_idx.z, s.thread_idx.x,
+         t->block->launch->name.c_str(), s.block_idx.x, s.block_idx.y, s.block_idx.z, s.thread_idx.x,
          s.thread_idx.y, s.thread_idx.z, t->linear / 32, t->linear % 32, msg, (unsigned long long)seed());
 }
 
@@ -140,7 +136,8 @@ void *shared_static(const void *site, size_t bytes, size_t align) {
     for (const Block::Static &s : b->statics)
         if (s.site == site) return s.p;
     b->static_bytes += (bytes + 15) / 16 * 16;
-    if (b->static_bytes > STATIC_SMEM_LIMIT || b->static_bytes + b->launch->smem > device_props().sharedMemPerBlockOptin)
+    if (b->static_bytes > STATIC_SMEM_LIMIT ||
+        b->static_bytes + b->launch->smem > device_props().sharedMemPerBlockOptin)
         violation(t, "%zu bytes of static shared memory (+ %zu dynamic) exceed the device's limit "
                      "(CUDA C++ Programming Guide, Compute Capabilities: 48 KiB static, %zu in all)",
                   b->static_bytes, b->launch->smem, device_props().sharedMemPerBlockOptin);
@@ -189,8 +186,8 @@ unsigned activemask() {
 uint64_t shuffle(ShuffleMode mode, unsigned mask, uint64_t value, int lane_arg, int width) {
     Thread *t = collective("__shfl*_sync", OP_SHUFFLE, mode * 64 + width, mask);
     if (width < 1 || width > 32 || (width & (width - 1)))
-        violation(t, "shuffle width %d is not a power of two <= 32 (CUDA C++ Programming Guide, Warp Shuffle Functions)",
-                  width);
+        violation(t, "shuffle width %d is not a power of two <= 32 (CUDA C++ Programming Guide, "
+                     "Warp Shuffle Functions)", width);
     t->in[0] = value;
     t->in[1] = (uint64_t)(int64_t)lane_arg;
     yield(t, AT_WARP_OP);
@@ -273,7 +270,8 @@ static void complete_mma(Thread *const *lane) {
         const uint64_t *in = lane[l]->in;
         for (int r = 0; r < 4; r++)
             for (int h = 0; h < 2; h++)
-                A[g + 8 * (r % 2)][2 * tq + h + 8 * (r / 2)] = bf16_bits_to_float((uint32_t)(in[r] >> (16 * h)) & 0xffff);
+                A[g + 8 * (r % 2)][2 * tq + h + 8 * (r / 2)] =
+                    bf16_bits_to_float((uint32_t)(in[r] >> (16 * h)) & 0xffff);
         for (int r = 0; r < 2; r++)
             for (int h = 0; h < 2; h++)
                 B[2 * tq + h + 8 * r][g] = bf16_bits_to_float((uint32_t)(in[4 + r] >> (16 * h)) & 0xffff);
@@ -451,7 +449,7 @@ static void resolve_warp(Block *b, int w, std::vector<Thread *> &ready) {
                               b->threads[j].state.thread_idx.x, b->threads[j].state.thread_idx.y,
                               b->threads[j].state.thread_idx.z, wait_name(&b->threads[j]));
     }
-    fail("kernel %s: scheduler found no runnable thread and no violation", kernel_label(b->launch).c_str());
+    fail("kernel %s: scheduler found no runnable thread and no violation", b->launch->name.c_str());
 }
 
 static void run_block(const Launch *l, uint3 block_idx, uint64_t block_linear) {
@@ -564,16 +562,58 @@ cudaError_t set_max_dynamic_smem(const void *fn, int bytes) {
     return cudaSuccess;
 }
 
-static std::string kernel_name(const char *spelled, const void *fn) {
+// The kernel's symbol (the Itanium mangling g++ and nvcc share), empty when unknown.
+static std::string mangled_name(const void *fn) {
     Dl_info info;
-    if (dladdr(fn, &info) && info.dli_sname) {
-        int status = 1;
-        char *d = abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &status);
-        std::string s = status == 0 && d ? d : info.dli_sname;
-        free(d);
-        return s;
-    }
-    return spelled;
+    return dladdr(fn, &info) && info.dli_sname ? info.dli_sname : "";
+}
+
+static std::string readable_name(const std::string &mangled, const char *spelled) {
+    if (mangled.empty()) return spelled;
+    int status = 1;
+    char *d = abi::__cxa_demangle(mangled.c_str(), nullptr, nullptr, &status);
+    std::string s = status == 0 && d ? d : mangled;
+    free(d);
+    return s;
+}
+
+// __launch_bounds__ of the project's kernels: mangled name -> max threads per
+// block, the .maxntid of nvcc's PTX (PTX ISA, "Performance-Tuning Directives:
+// .maxntid"), in the TSV that the build writes (header: kernel, max_threads).
+// Without it (no nvcc) only the device's 1024 is checked.
+static const std::map<std::string, uint64_t> &launch_bounds() {
+    static const std::map<std::string, uint64_t> table = [] {
+        std::map<std::string, uint64_t> t;
+        const char *path = getenv("CUDASIM_LAUNCH_BOUNDS");
+#ifdef CUDASIM_LAUNCH_BOUNDS_FILE
+        if (!path) path = CUDASIM_LAUNCH_BOUNDS_FILE;
+#endif
+        FILE *f = path && *path ? fopen(path, "r") : nullptr;
+        if (!f) return t;
+        char line[4096], name[4000];
+        int kernel_col = -1, threads_col = -1;
+        if (fgets(line, sizeof line, f)) {
+            int col = 0;
+            for (char *p = strtok(line, "\t\n"); p; p = strtok(nullptr, "\t\n"), col++) {
+                if (!strcmp(p, "kernel")) kernel_col = col;
+                if (!strcmp(p, "max_threads")) threads_col = col;
+            }
+        }
+        if (kernel_col < 0 || threads_col < 0) fail("%s: expected a header with columns kernel and max_threads", path);
+        while (fgets(line, sizeof line, f)) {
+            unsigned long long threads = 0;
+            name[0] = 0;
+            int col = 0;
+            for (char *p = strtok(line, "\t\n"); p; p = strtok(nullptr, "\t\n"), col++) {
+                if (col == kernel_col) snprintf(name, sizeof name, "%s", p);
+                if (col == threads_col) threads = strtoull(p, nullptr, 10);
+            }
+            if (name[0] && threads) t[name] = threads;
+        }
+        fclose(f);
+        return t;
+    }();
+    return table;
 }
 
 void launch_grid(const char *name, const void *fn, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
@@ -598,8 +638,14 @@ void launch_grid(const char *name, const void *fn, dim3 grid, dim3 block, size_t
         set_error(cudaErrorInvalidValue);
         return;
     }
+    const std::string mangled = mangled_name(fn);
+    auto bound = launch_bounds().find(mangled);
+    if (bound != launch_bounds().end() && threads > bound->second) {   // as a real launch: too many resources
+        set_error(cudaErrorLaunchOutOfResources);
+        return;
+    }
     auto l = std::make_shared<Launch>();
-    l->name = kernel_name(name, fn);
+    l->name = readable_name(mangled, name);
     l->grid = grid;
     l->block = block;
     l->smem = smem;

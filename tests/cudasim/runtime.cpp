@@ -414,7 +414,10 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
 }
 
 cudaError_t cudaEventCreate(cudaEvent_t *event) { *event = new CUevent_st; return cudaSuccess; }
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) { (void)flags; return cudaEventCreate(event); }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
+    (void)flags;
+    return cudaEventCreate(event);
+}
 cudaError_t cudaEventDestroy(cudaEvent_t event) { delete event; return cudaSuccess; }
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {

@@ -87,7 +87,9 @@ static inline void cudasim_launch(const char *name, void (*kernel)(P...), dim3 g
 static inline void __syncthreads() { cudasim::syncthreads(); }
 static inline void __syncwarp(unsigned mask = 0xffffffffu) { cudasim::syncwarp(mask); }
 static inline unsigned __activemask() { return cudasim::activemask(); }
-static inline unsigned __ballot_sync(unsigned mask, int pred) { return cudasim::vote(cudasim::VOTE_BALLOT, mask, pred); }
+static inline unsigned __ballot_sync(unsigned mask, int pred) {
+    return cudasim::vote(cudasim::VOTE_BALLOT, mask, pred);
+}
 static inline int __any_sync(unsigned mask, int pred) { return (int)cudasim::vote(cudasim::VOTE_ANY, mask, pred); }
 static inline int __all_sync(unsigned mask, int pred) { return (int)cudasim::vote(cudasim::VOTE_ALL, mask, pred); }
 
@@ -147,10 +149,13 @@ CUDASIM_MINMAX(double)
 
 // ---- atomics (CUDA C++ Programming Guide, "Atomic Functions"): real atomics, blocks run on several threads ----
 
-template <typename T> static inline T cudasim_atomic_add(T *p, T v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+template <typename T> static inline T cudasim_atomic_add(T *p, T v) {
+    return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
 static inline int atomicAdd(int *p, int v) { return cudasim_atomic_add(p, v); }
 static inline unsigned atomicAdd(unsigned *p, unsigned v) { return cudasim_atomic_add(p, v); }
-static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v) { return cudasim_atomic_add(p, v); }
+typedef unsigned long long cudasim_ull;
+static inline cudasim_ull atomicAdd(cudasim_ull *p, cudasim_ull v) { return cudasim_atomic_add(p, v); }
 static inline long long atomicAdd(long long *p, long long v) { return cudasim_atomic_add(p, v); }
 static inline float atomicAdd(float *p, float v) {
     uint32_t old = __atomic_load_n((uint32_t *)p, __ATOMIC_RELAXED), next;
@@ -175,7 +180,7 @@ template <typename T> static inline T cudasim_atomic_cas(T *p, T expected, T des
 }
 static inline int atomicCAS(int *p, int e, int d) { return cudasim_atomic_cas(p, e, d); }
 static inline unsigned atomicCAS(unsigned *p, unsigned e, unsigned d) { return cudasim_atomic_cas(p, e, d); }
-static inline unsigned long long atomicCAS(unsigned long long *p, unsigned long long e, unsigned long long d) {
+static inline cudasim_ull atomicCAS(cudasim_ull *p, cudasim_ull e, cudasim_ull d) {
     return cudasim_atomic_cas(p, e, d);
 }
 template <typename T> static inline T cudasim_atomic_max(T *p, T v) {
@@ -191,7 +196,7 @@ template <typename T> static inline T cudasim_atomic_min(T *p, T v) {
 static inline int atomicMax(int *p, int v) { return cudasim_atomic_max(p, v); }
 static inline unsigned atomicMax(unsigned *p, unsigned v) { return cudasim_atomic_max(p, v); }
 static inline long long atomicMax(long long *p, long long v) { return cudasim_atomic_max(p, v); }
-static inline unsigned long long atomicMax(unsigned long long *p, unsigned long long v) { return cudasim_atomic_max(p, v); }
+static inline cudasim_ull atomicMax(cudasim_ull *p, cudasim_ull v) { return cudasim_atomic_max(p, v); }
 static inline int atomicMin(int *p, int v) { return cudasim_atomic_min(p, v); }
 static inline long long atomicMin(long long *p, long long v) { return cudasim_atomic_min(p, v); }
 static inline int atomicExch(int *p, int v) { return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); }

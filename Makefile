@@ -44,13 +44,15 @@ TEST_BIN = $(TEST_SRC:tests/%.c=build/tests/%)
 # Helper programs of the Python tests (not run on their own by tests/run.sh).
 TOOL_BIN = $(patsubst tests/%.c,build/tests/%,$(wildcard tests/tool_*.c))
 # MPI test programs (tests/mpi_*.c): run under mpirun by tests/test_dist.sh, not by the runner.
-MPI_TEST_BIN = $(patsubst tests/%.c,build/tests/%,$(wildcard tests/mpi_*.c))
+MPI_TEST_BIN = $(patsubst tests/%.c,build/tests/%,$(filter-out tests/mpi_gpu_%,$(wildcard tests/mpi_*.c)))
 
 # GPU programs (tests/gpu_*.c): only libc, OpenMP, the CUDA runtime and the
 # objects below, so that they build on a GPU machine that lacks the trainer's
 # libraries (test-gpu skips the dependency check: DEPS_OK=).
 ifneq ($(NVCC),)
 GPU_BIN = $(patsubst tests/%.c,build/tests/%,$(wildcard tests/gpu_*.c))
+# MPI programs on GPUs (tests/mpi_gpu_*.c: NCCL), built like the MPI tests.
+MPI_TEST_BIN += $(patsubst tests/%.c,build/tests/%,$(wildcard tests/mpi_gpu_*.c))
 GPU_OBJ = build/obj/dist/util.o build/obj/attention/flash_cpu.o build/obj/attention/layout.o \
           build/obj/attention/sparse_flash_cpu.o build/obj/attention/sparse_index.o $(CU_OBJ)
 GPU_LDLIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++ -lm -fopenmp
@@ -195,6 +197,33 @@ build/sim/tests/gpu_%_asan: build/sim/asan/tests/gpu_%.o $(SIM_GPU_OBJ:build/sim
 	$(CC) $(SIM_ASAN) $^ -o $@ $(SIM_GPU_LDLIBS)
 
 build/sim/mtrain: build/sim/obj/trainer/main.o $(LIB_SRC:%.c=build/sim/obj/%.o) $(SIM_CU_OBJ) $(SIM_LIB)
+	$(CC) $^ -o $@ $(SIM_LDLIBS)
+
+# ---- the sim's library subsets: cuBLASLt, CUB, NCCL (tests/cudasim/, docs/SIM-libraries.md) ----
+# Their test programs, natively (with nvcc) against the real libraries and
+# in build/sim/ against the subsets; tests/test_sim_libs.sh runs the sim ones.
+SIM_LIBS_BIN = build/sim/tests/gpu_test_cublaslt build/sim/tests/gpu_test_cub build/sim/tests/mpi_gpu_nccl
+build-sim: $(SIM_LIBS_BIN)
+
+OPENBLAS_LDLIBS = -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas
+build/tests/gpu_test_cublaslt: GPU_LDLIBS += -lcublasLt $(OPENBLAS_LDLIBS)
+build/tests/gpu_test_cub: build/obj/tests/gpu_cub.cu.o
+# NCCL over MPI: outside the sim library (its programs need no MPI), linked into the MPI programs.
+build/sim/obj/tests/cudasim/mpi/nccl.o: SIM_CXXFLAGS += $(shell mpicc --showme:compile)
+
+# In the sim, each links only what it calls (not the attention kernels).
+build/sim/tests/gpu_test_cublaslt: build/sim/obj/tests/gpu_test_cublaslt.o build/sim/obj/dist/util.o $(SIM_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $^ -o $@ $(SIM_GPU_LDLIBS) $(OPENBLAS_LDLIBS)
+
+build/sim/tests/gpu_test_cub: build/sim/obj/tests/gpu_test_cub.o build/sim/obj/tests/gpu_cub.cu.o \
+                              build/sim/obj/dist/util.o $(SIM_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $^ -o $@ $(SIM_GPU_LDLIBS)
+
+build/sim/tests/mpi_gpu_nccl: build/sim/obj/tests/mpi_gpu_nccl.o build/sim/obj/tests/cudasim/mpi/nccl.o \
+                              build/sim/obj/dist/comm.o build/sim/obj/dist/util.o $(SIM_LIB)
+	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(SIM_LDLIBS)
 
 test-sim: build-sim

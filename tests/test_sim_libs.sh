@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# test_sim_libs.sh: the sim's library subsets (tests/cudasim/: cuBLASLt, CUB,
+# NCCL over MPI) beyond what tests/test_sim.sh runs (which runs every
+# build/sim/tests/gpu_test_*, gpu_test_cublaslt and gpu_test_cub included,
+# under three seeds): the NCCL program build/sim/tests/mpi_gpu_nccl under
+# mpirun with 2 and 4 ranks (--oversubscribe: the ranks share the cores), each
+# with CUDASIM_SEED 1, 2 and 3, its "ok NAME" / "FAIL NAME" lines passed on
+# prefixed with the seed and rank count (a run that exits non-zero without
+# naming a check fails); and two misuses the sim must stop with one line (host
+# memory given to CUB and to cuBLASLt).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source tests/lib.sh
+
+export OMP_NUM_THREADS=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+
+# run NAME COMMAND...: the command's checks, renamed NAME/..., and one failure if it dies without a FAIL line.
+run() {
+  local name=$1; shift
+  timeout 120 "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  sed -n -E "s#^(ok|FAIL) #\\1 $name/#p" "$tmp/out"
+  failures=$((failures + $(grep -c '^FAIL ' "$tmp/out")))
+  if [ "$rc" -ne 0 ] && ! grep -q '^FAIL ' "$tmp/out"; then
+    bad "$name" "exit status $rc: $(tail -n 3 "$tmp/err" | tr '\n' ' ')"
+  fi
+}
+
+for prog in gpu_test_cublaslt gpu_test_cub mpi_gpu_nccl; do
+  if [ ! -x "build/sim/tests/$prog" ]; then
+    bad "sim_libs_$prog" "build/sim/tests/$prog is missing (run make build-sim)"
+  fi
+done
+[ "$failures" -eq 0 ] || exit 1
+
+for seed in 1 2 3; do
+  export CUDASIM_SEED=$seed
+  for np in 2 4; do
+    run "seed$seed/np$np" mpirun --oversubscribe --bind-to none -np "$np" build/sim/tests/mpi_gpu_nccl
+  done
+done
+
+# Misuses the sim must stop with one line naming the call and the argument.
+# expect_stop NAME PATTERN COMMAND...
+expect_stop() {
+  local name=$1 pattern=$2; shift 2
+  "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  if [ "$rc" -ne 0 ] && [ "$(wc -l <"$tmp/err")" -eq 1 ] && grep -q "$pattern" "$tmp/err"; then ok "$name"
+  else bad "$name" "exit status $rc, stderr: $(head -c 300 "$tmp/err" | tr '\n' ' ')"; fi
+}
+not_device="is not inside one device allocation"
+expect_stop sim_libs_cub_host_temp "^cudasim: cub::DeviceScan::InclusiveSum: d_temp_storage .* $not_device" \
+  build/sim/tests/gpu_test_cub host-temp
+expect_stop sim_libs_cublaslt_host_matrix "^cudasim: cublasLtMatmul: B .* $not_device" \
+  build/sim/tests/gpu_test_cublaslt host-matrix
+[ "$failures" -eq 0 ]

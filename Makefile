@@ -51,8 +51,10 @@ MPI_TEST_BIN = $(patsubst tests/%.c,build/tests/%,$(filter-out tests/mpi_gpu_%,$
 # libraries (test-gpu skips the dependency check: DEPS_OK=).
 ifneq ($(NVCC),)
 GPU_BIN = $(patsubst tests/%.c,build/tests/%,$(wildcard tests/gpu_*.c))
-# MPI programs on GPUs (tests/mpi_gpu_*.c: NCCL), built like the MPI tests.
+# MPI programs on GPUs (tests/mpi_gpu_*.c: NCCL), built like the MPI tests
+# with the CUDA runtime and NCCL added.
 MPI_TEST_BIN += $(patsubst tests/%.c,build/tests/%,$(wildcard tests/mpi_gpu_*.c))
+build/tests/mpi_gpu_%: LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lnccl -lstdc++
 GPU_OBJ = build/obj/dist/util.o build/obj/attention/flash_cpu.o build/obj/attention/layout.o \
           build/obj/attention/sparse_flash_cpu.o build/obj/attention/sparse_index.o $(CU_OBJ)
 GPU_LDLIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++ -lm -fopenmp

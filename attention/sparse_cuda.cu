@@ -212,9 +212,10 @@ sparse_forward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_
     // The row's walk lives in shared memory and is read where used: at 2 CTAs of 256
     // threads an SM's 65536 registers leave 128 per thread, which D = 64 needs for
     // the tile products and the softmax state.
-    __shared__ RowTiles<BM> tiles;
-    if (tid == 0) tiles = RowTiles<BM>(block_start, blocks, local_block, col_start, col_key, r, Tk);
+    STATIC_SHARED(RowTiles<BM>, row_tiles, [1]);
+    if (tid == 0) row_tiles[0] = RowTiles<BM>(block_start, blocks, local_block, col_start, col_key, r, Tk);
     __syncthreads();
+    const RowTiles<BM> &tiles = row_tiles[0];
 
     auto load_kv = [&](int64_t it, int buf) {
         tiles.template load<D, NT>(it, k, v, k_pos, Hkv, kvh, ks + buf * BN * LD, vs + buf * BN * LD,

@@ -201,7 +201,7 @@ build/sim/tests/gpu_%_asan: build/sim/asan/tests/gpu_%.o $(SIM_GPU_OBJ:build/sim
 build/sim/mtrain: build/sim/obj/trainer/main.o $(LIB_SRC:%.c=build/sim/obj/%.o) $(SIM_CU_OBJ) $(SIM_LIB)
 	$(CC) $^ -o $@ $(SIM_LDLIBS)
 
-# ---- the sim's library subsets: cuBLASLt, CUB, NCCL (tests/cudasim/, docs/SIM-libraries.md) ----
+# ---- the sim's library subsets: cuBLASLt, CUB, NCCL (tests/cudasim/, docs/SIM.md) ----
 # Their test programs, natively (with nvcc) against the real libraries and
 # in build/sim/ against the subsets; tests/test_sim_libs.sh runs the sim ones.
 SIM_LIBS_BIN = build/sim/tests/gpu_test_cublaslt build/sim/tests/gpu_test_cub build/sim/tests/mpi_gpu_nccl

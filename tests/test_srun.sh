@@ -44,9 +44,24 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 c=$tmp/cluster
 mkdir -p "$c/state" "$c/spool" "$c/munge" "$c/pmix"
 daemons=()
+# The daemons and what they started (slurmstepd), TERM first; slurmd can
+# ignore SIGTERM while a step winds down, so whatever still runs after 10 s
+# gets SIGKILL: the test never hangs in its cleanup.
+descendants() {
+  local child
+  for child in $(pgrep -P "$1"); do echo "$child"; descendants "$child"; done
+}
 stop_cluster() {
-  local pid
-  for pid in "${daemons[@]}"; do kill "$pid" 2>/dev/null; done
+  local pid procs=() i alive
+  for pid in "${daemons[@]}"; do procs+=("$pid" $(descendants "$pid")); done
+  [ ${#procs[@]} -gt 0 ] && kill "${procs[@]}" 2>/dev/null
+  for i in $(seq 20); do
+    alive=0
+    for pid in "${procs[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [ "$alive" -eq 0 ] && break
+    sleep 0.5
+  done
+  [ ${#procs[@]} -gt 0 ] && kill -9 "${procs[@]}" 2>/dev/null
   for pid in "${daemons[@]}"; do wait "$pid" 2>/dev/null; done
   rm -rf "$tmp"
 }

@@ -88,7 +88,8 @@ build/tests/%: build/obj/tests/%.o $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(LDLIBS)
 
-build/tests/gpu_%: build/obj/tests/gpu_%.o $(GPU_OBJ)
+# A static pattern rule: the GPU programs never fall to the rule above.
+$(GPU_BIN): build/tests/gpu_%: build/obj/tests/gpu_%.o $(GPU_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(GPU_LDLIBS)
 

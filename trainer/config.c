@@ -457,6 +457,12 @@ static void format_value(const Key *k, const Value *v, char *buf, size_t size) {
     }
 }
 
+// Enum values that this build does not have, and why it refuses them.
+static const struct { const char *section, *key, *value, *why; } unbuilt_values[] = {
+    {"train", "backend", "cuda", "the CUDA backend is not built yet"},
+    {"train", "backend", "auto", "the CUDA backend is not built yet, so there is nothing to choose from"},
+};
+
 // Parse, check and store one value; `where` is "FILE:LINE" or "override '...'".
 static void set_key(Config *cfg, const Key *k, const char *text, const char *where) {
     char why[200], expected[300];
@@ -467,6 +473,11 @@ static void set_key(Config *cfg, const Key *k, const char *text, const char *whe
     if (!in_range(k, &v)) {
         char quoted[80];
         quote_for_message(text, quoted, sizeof(quoted));
+        for (size_t i = 0; k->type == T_ENUM && i < sizeof(unbuilt_values) / sizeof(unbuilt_values[0]); i++)
+            if (!strcmp(k->section, unbuilt_values[i].section) && !strcmp(k->key, unbuilt_values[i].key) &&
+                !strcmp(text, unbuilt_values[i].value))
+                fail("%s: %s.%s: %s: %s (expected %s)", where, k->section, k->key, quoted, unbuilt_values[i].why,
+                     expected);
         bool text_key = k->type == T_STRING || k->type == T_PATH;
         const char *problem = k->type == T_ENUM ? "is not allowed"
                             : text_key && !text[0] ? "is empty"

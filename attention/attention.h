@@ -24,7 +24,11 @@ typedef enum { RING_SEND_FULL, RING_SEND_SELECTED } RingSend;
 // attention.budget: how many vertical / slash lines a head keeps (sparse.h)
 typedef enum { BUDGET_TOPP, BUDGET_FIXED } SparseBudget;
 
-// Bytes of attention.budget_file (the run config's string size).
+// attention.budget_file: the counts of `vertical` / `slash` for every head,
+// or a file of "layer head vertical slash" lines (budget_file_path).
+typedef enum { BUDGET_FILE_NONE, BUDGET_FILE_PATH } BudgetFile;
+
+// Bytes of attention.budget_file_path (the run config's string size).
 #define ATTN_PATH_MAX 512
 
 typedef struct {
@@ -42,7 +46,8 @@ typedef struct {
     SparseBudget budget;       // topp | fixed
     int vertical;              // budget fixed: vertical lines per head
     int slash;                 // budget fixed: slash lines per head
-    char budget_file[ATTN_PATH_MAX]; // none, or a file of "layer head vertical slash" lines
+    BudgetFile budget_file;    // none | a file (budget_file_path)
+    char budget_file_path[ATTN_PATH_MAX]; // BUDGET_FILE_PATH: the file of "layer head vertical slash" lines
     LayoutKind layout;         // contiguous | zigzag | striped (attention/layout.h)
 } AttentionConfig;
 

@@ -5,7 +5,6 @@
 #include "attention_cpu.h"
 
 #include <stdlib.h>
-#include <string.h>
 
 #include "../dist/util.h"
 #include "ring_sparse.h"
@@ -35,8 +34,8 @@ AttnState *attention_cpu_new(const AttentionConfig *cfg, int num_layers, int num
     const int n = num_layers * num_heads;
     st->budget_vertical = xmalloc(sizeof(int) * (size_t)n);
     st->budget_slash = xmalloc(sizeof(int) * (size_t)n);
-    if (strcmp(cfg->budget_file, "none")) {
-        sparse_budget_load(cfg->budget_file, num_layers, num_heads, cfg->vertical, cfg->slash, st->budget_vertical,
+    if (cfg->budget_file == BUDGET_FILE_PATH) {
+        sparse_budget_load(cfg->budget_file_path, num_layers, num_heads, cfg->vertical, cfg->slash, st->budget_vertical,
                            st->budget_slash);
         return st;
     }

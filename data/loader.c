@@ -169,7 +169,7 @@ static void pick_validation(Loader *l, int64_t *candidates, int64_t *count, bool
 }
 
 const DocStream *loader_epoch_order(Loader *l, int64_t e) {
-    CHECK(!l->synthetic && e >= 0, "loader_epoch_order: epoch %" PRId64 " of a shard loader", e);
+    CHECK(!l->cfg.synthetic && e >= 0, "loader_epoch_order: epoch %" PRId64 " of a shard loader", e);
     if (l->epoch_index == e) return &l->epoch;
     l->epoch.count = l->train_count;
     memcpy(l->epoch.docs, l->train_docs, sizeof(int64_t) * (size_t)l->train_count);
@@ -187,13 +187,8 @@ void loader_open(Loader *l, const LoaderConfig *cfg) {
     l->cfg = *cfg;
     l->epoch_index = -1;
     for (int i = 0; i < LOADER_OPEN_SHARDS; i++) l->open_shard[i] = -1;
-    l->synthetic = !strcmp(cfg->train, "synthetic");
-    if (l->synthetic) {
-        if (strcmp(cfg->val, "holdout"))
-            fail("%s: data.val names shards but data.train is 'synthetic' (expected data.val: holdout)", cfg->val);
-        return;
-    }
-    bool held_out = !strcmp(cfg->val, "holdout");
+    if (cfg->synthetic) return;
+    bool held_out = cfg->val_held_out;
     add_shards(l, cfg->train, "data.train");
     int64_t train_doc_end = l->doc_count;
     l->train_shard_count = l->shard_count;
@@ -238,7 +233,7 @@ void loader_close(Loader *l) {
 
 void loader_print_summary(const Loader *l, FILE *out) {
     bool validation = l->cfg.val_sequences > 0;
-    if (l->synthetic) {
+    if (l->cfg.synthetic) {
         fprintf(out, "data: synthetic (seed %llu) | validation: ", (unsigned long long)l->cfg.seed);
         if (validation) fprintf(out, "%lld held-out sequences\n", (long long)l->cfg.val_sequences);
         else fprintf(out, "off\n");
@@ -309,7 +304,7 @@ static void synthetic_packed(const Loader *l, int64_t index, PackedSequence *out
 void loader_train_sequence(Loader *l, int64_t g, PackedSequence *out) {
     CHECK(g >= 0 && out->seq_len == l->cfg.seq_len, "loader_train_sequence: sequence %" PRId64 " of length %" PRId64, g,
           out->seq_len);
-    if (l->synthetic) { synthetic_packed(l, g, out); return; }
+    if (l->cfg.synthetic) { synthetic_packed(l, g, out); return; }
     const DocStream *st = loader_epoch_order(l, g / l->seqs_per_epoch);
     read_stream(l, st, (g % l->seqs_per_epoch) * l->cfg.seq_len, out);
 }
@@ -317,7 +312,7 @@ void loader_train_sequence(Loader *l, int64_t g, PackedSequence *out) {
 void loader_val_sequence(Loader *l, int64_t i, PackedSequence *out) {
     CHECK(i >= 0 && i < l->cfg.val_sequences && out->seq_len == l->cfg.seq_len,
           "loader_val_sequence: sequence %" PRId64 " of %" PRId64, i, l->cfg.val_sequences);
-    if (l->synthetic) { synthetic_packed(l, -1 - i, out); return; }
+    if (l->cfg.synthetic) { synthetic_packed(l, -1 - i, out); return; }
     read_stream(l, &l->val, i * l->cfg.seq_len, out);
 }
 

@@ -30,8 +30,10 @@
 #define LOADER_OPEN_SHARDS 8   // shards kept open at once (each holds frame buffers)
 
 typedef struct {
-    const char *train;         // "synthetic", or glob[,glob...] of shard files
-    const char *val;           // "holdout", or glob[,glob...] of validation shard files
+    bool synthetic;            // the built-in generator (data/synthetic.h) instead of shards; train and val unused
+    const char *train;         // glob[,glob...] of shard files
+    bool val_held_out;         // validation documents held out of train's (always, for synthetic data)
+    const char *val;           // else glob[,glob...] of validation shard files
     int64_t vocab_size;        // the model's: every shard's vocab_size must be <= it
     int64_t seq_len;           // N: input tokens per sequence
     int64_t val_sequences;     // sequences in the validation stream; 0 = no validation (nothing held out)
@@ -58,7 +60,6 @@ typedef struct {
 
 typedef struct {
     LoaderConfig cfg;
-    bool synthetic;
     int shard_count;
     int train_shard_count;
     ShardInfo *shards;         // train_shard_count training shards, then data.val shards

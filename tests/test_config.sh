@@ -163,6 +163,14 @@ printf 'train:\n  backend: gpu\n' >"$tmp/run.yaml"
 expect_error config_bad_enum "run\.yaml:2: train\.backend: 'gpu' is not allowed \(expected one of cpu\)$" \
   "$tmp/run.yaml"
 
+# Backends advertised elsewhere but not in this build: their own reason.
+printf 'train:\n  backend: cuda\n' >"$tmp/run.yaml"
+expect_error config_backend_cuda_not_built \
+  "run\.yaml:2: train\.backend: 'cuda': the CUDA backend is not built yet \(expected one of cpu\)$" "$tmp/run.yaml"
+expect_error config_backend_auto_not_built \
+  "^mtrain: override 'train\.backend=auto': train\.backend: 'auto': the CUDA backend is not built yet, .*\(expected one of cpu\)$" \
+  configs/tiny-cpu.yaml train.backend=auto
+
 printf 'train:\n  lr: "1\n' >"$tmp/run.yaml"
 expect_error config_malformed_yaml "run\.yaml:[0-9]+: invalid YAML: " "$tmp/run.yaml"
 printf 'train:\n  lr: 1\n bad: 2\n' >"$tmp/run.yaml"
@@ -198,6 +206,28 @@ expect_error config_path_eval_tokenizer "eval\.tokenizer: nope\.json: no such fi
   eval.tokenizer=nope.json
 expect_error config_path_budget_file "attention\.budget_file: nope: no such file or folder" configs/tiny-cpu.yaml \
   attention.budget_file=nope
+
+# Keyword-or-path keys: a keyword is the keyword, anything else a path, and
+# both print back as they were given.
+mkdir -p "$tmp/ck/step_00000003" "$tmp/hf"
+touch "$tmp/ck/step_00000003/state.json" "$tmp/hf/config.json" "$tmp/none" "$tmp/book.txt"
+mtrain_path=$(realpath "$mtrain") run_file=$(realpath configs/tiny-cpu.yaml)
+(cd "$tmp" && "$mtrain_path" config "$run_file" checkpoint.resume=ck/step_00000003 'data.train=a/*.shard,b.shard' \
+    data.val=v.shard attention.budget_file=./none eval.model=hf eval.text=book.txt eval.tokenizer=bytes \
+    >"$tmp/paths.yaml" 2>"$tmp/err" && "$mtrain_path" config "$tmp/paths.yaml" >"$tmp/paths2.yaml" 2>>"$tmp/err")
+if [ $? -eq 0 ] && cmp -s "$tmp/paths.yaml" "$tmp/paths2.yaml"; then
+  has_lines config_keyword_or_path "$tmp/paths.yaml" "  resume: ck/step_00000003" '  train: "a/*.shard,b.shard"' \
+    "  val: v.shard" '  budget_file: "./none"' "  model: hf" "  text: book.txt" "  tokenizer: bytes" \
+    "  init_from: none"
+else
+  bad config_keyword_or_path "exit status or print -> load -> print differs: $(head -c 300 "$tmp/err")"
+fi
+expect_error config_keyword_or_path_empty \
+  "^mtrain: override 'train\.init_from=': train\.init_from: '' is empty \(expected none, or a Hugging Face folder: 1 to 511 bytes\)$" \
+  configs/tiny-cpu.yaml train.init_from=
+expect_error config_val_shards_with_synthetic \
+  "data\.val: v\.shard names shards but data\.train is 'synthetic' \(expected data\.val: holdout\)$" \
+  configs/tiny-cpu.yaml data.train=synthetic data.val=v.shard
 
 touch "$tmp/a_file"
 expect_error config_output_under_a_file "log\.dir: .*/a_file/logs: cannot create it, .*/a_file is not a folder" \

@@ -51,7 +51,8 @@ static void write_shards(void) {
 static void open_loader(Loader *l, uint64_t seed) {
     char train[512];
     snprintf(train, sizeof(train), "%s/a*.shard,%s/b.shard", dir, dir);
-    LoaderConfig c = {train, "holdout", DOCS * MAX_DOC, SEQ_LEN, VAL_SEQUENCES, seed, {SHARD_TOKENIZER_UNKNOWN, 0}, NULL};
+    LoaderConfig c = {.train = train, .val_held_out = true, .vocab_size = DOCS * MAX_DOC, .seq_len = SEQ_LEN,
+                      .val_sequences = VAL_SEQUENCES, .seed = seed, .tokenizer = {SHARD_TOKENIZER_UNKNOWN, 0}};
     loader_open(l, &c);
 }
 
@@ -236,7 +237,8 @@ static void test_rank_slices(Loader *l) {
 
 static void test_synthetic(void) {
     Loader l;
-    LoaderConfig c = {"synthetic", "holdout", 97, SEQ_LEN, 2, 5, {SHARD_TOKENIZER_UNKNOWN, 0}, NULL};
+    LoaderConfig c = {.synthetic = true, .val_held_out = true, .vocab_size = 97, .seq_len = SEQ_LEN, .val_sequences = 2,
+                      .seed = 5, .tokenizer = {SHARD_TOKENIZER_UNKNOWN, 0}};
     loader_open(&l, &c);
     PackedSequence s;
     packed_sequence_alloc(&s, SEQ_LEN);

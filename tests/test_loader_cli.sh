@@ -119,7 +119,7 @@ expect_error "data.val too short" "$tmp/val.shard: data.val has" data.val="$tmp/
 expect_error "shard vocabulary larger than the model's" \
   "$tmp/a.shard: vocabulary size 258 is larger than the model's (expected <= model.vocab_size = 200)" model.vocab_size=200
 expect_error "a shard named twice" "$tmp/a.shard: named twice" data.train="$tmp/a.shard,$tmp/[ab].shard"
-expect_error "data.val with synthetic data" "data.val names shards but data.train is 'synthetic'" \
+expect_error "data.val with synthetic data" "data.val: $tmp/val.shard names shards but data.train is 'synthetic'" \
   data.train=synthetic data.val="$tmp/val.shard"
 
 printf 'this is not a shard, only some text that is long enough' >"$tmp/bad/magic.shard"

@@ -219,10 +219,10 @@ void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state,
     progress_add(&progress, param_bytes);
     join(path, sizeof(path), tmp_dir, "config.json");
     char init_config[CONFIG_STR + 16];
-    bool from_folder = strcmp(cfg->train.init_from, "none") != 0;
-    snprintf(init_config, sizeof(init_config), "%s/config.json", cfg->train.init_from);
+    bool from_folder = cfg->train.init_from == INIT_FOLDER;
+    snprintf(init_config, sizeof(init_config), "%s/config.json", cfg->train.init_from_path);
     hf_config_write(path, &m->cfg, "float32", from_folder ? init_config : NULL);
-    if (from_folder) hf_copy_side_files(cfg->train.init_from, tmp_dir);
+    if (from_folder) hf_copy_side_files(cfg->train.init_from_path, tmp_dir);
     join(path, sizeof(path), tmp_dir, "run.yaml");
     FILE *f = xfopen(path, "w");
     config_print(cfg, f);

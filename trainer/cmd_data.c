@@ -406,7 +406,7 @@ static void data_show(Loader *l, const Config *cfg, int64_t g) {
     PackedSequence seq;
     packed_sequence_alloc(&seq, cfg->train.seq_len);
     loader_train_sequence(l, g, &seq);
-    int64_t per_epoch = l->synthetic ? 0 : l->seqs_per_epoch;
+    int64_t per_epoch = l->cfg.synthetic ? 0 : l->seqs_per_epoch;
     printf("sequence %" PRId64, g);
     if (per_epoch) printf(" (epoch %" PRId64 ", sequence %" PRId64 " of %" PRId64 ")", g / per_epoch, g % per_epoch, per_epoch);
     printf("\ndocument starts:");

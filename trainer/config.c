@@ -24,7 +24,9 @@
 // ----------------------------------------------------------------------------
 // The schema
 
-typedef enum { T_INT, T_INT64, T_UINT64, T_DOUBLE, T_BOOL, T_STRING, T_ENUM } KeyType;
+// T_PATH: a keyword or a path. The kind (int) is the keyword's index, or the
+// number of keywords for a path; the path goes to the field KEY_path.
+typedef enum { T_INT, T_INT64, T_UINT64, T_DOUBLE, T_BOOL, T_STRING, T_ENUM, T_PATH } KeyType;
 
 // Range bounds of numbers are inclusive unless flagged open.
 enum { MIN_OPEN = 1, MAX_OPEN = 2 };
@@ -37,19 +39,23 @@ typedef struct {
     const char *def;        // default value, as text
     double min, max;        // numbers only
     int open;               // MIN_OPEN | MAX_OPEN
-    const char *const *names; // enums only: the names of the C enum's values 0, 1, ..., then NULL
+    const char *const *names; // enums and T_PATH: the names of the C enum's values 0, 1, ..., then NULL
     const char *meaning;
+    size_t path_offset;     // T_PATH only: into Config, the path's char[CONFIG_STR]
+    const char *path_what;  // T_PATH only: what the path names ("a text file")
 } Key;
 
 // Each key names its Config field, so the key and the field cannot drift apart.
 #define FIELD(sec, key) #sec, #key, offsetof(Config, sec.key)
-#define INT(sec, key, def, lo, hi, doc) {FIELD(sec, key), T_INT, #def, lo, hi, 0, NULL, doc}
-#define INT64(sec, key, def, lo, hi, doc) {FIELD(sec, key), T_INT64, #def, lo, hi, 0, NULL, doc}
-#define UINT64(sec, key, def, doc) {FIELD(sec, key), T_UINT64, #def, 0, 0, 0, NULL, doc}
-#define DOUBLE(sec, key, def, lo, hi, open, doc) {FIELD(sec, key), T_DOUBLE, #def, lo, hi, open, NULL, doc}
-#define BOOL(sec, key, def, doc) {FIELD(sec, key), T_BOOL, #def, 0, 0, 0, NULL, doc}
-#define STRING(sec, key, def, doc) {FIELD(sec, key), T_STRING, def, 0, 0, 0, NULL, doc}
-#define ENUM(sec, key, def, names, doc) {FIELD(sec, key), T_ENUM, def, 0, 0, 0, names, doc}
+#define INT(sec, key, def, lo, hi, doc) {FIELD(sec, key), T_INT, #def, lo, hi, 0, NULL, doc, 0, NULL}
+#define INT64(sec, key, def, lo, hi, doc) {FIELD(sec, key), T_INT64, #def, lo, hi, 0, NULL, doc, 0, NULL}
+#define UINT64(sec, key, def, doc) {FIELD(sec, key), T_UINT64, #def, 0, 0, 0, NULL, doc, 0, NULL}
+#define DOUBLE(sec, key, def, lo, hi, open, doc) {FIELD(sec, key), T_DOUBLE, #def, lo, hi, open, NULL, doc, 0, NULL}
+#define BOOL(sec, key, def, doc) {FIELD(sec, key), T_BOOL, #def, 0, 0, 0, NULL, doc, 0, NULL}
+#define STRING(sec, key, def, doc) {FIELD(sec, key), T_STRING, def, 0, 0, 0, NULL, doc, 0, NULL}
+#define ENUM(sec, key, def, names, doc) {FIELD(sec, key), T_ENUM, def, 0, 0, 0, names, doc, 0, NULL}
+#define PATH(sec, key, def, names, what, doc) \
+    {FIELD(sec, key), T_PATH, def, 0, 0, 0, names, doc, offsetof(Config, sec.key##_path), what}
 #define NAMES(...) ((const char *const[]){__VA_ARGS__, NULL})
 
 // Enum keys are stored as C enums, read and written as int.
@@ -64,7 +70,18 @@ ENUM_FIELD_IS_INT(attention, layout);
 ENUM_FIELD_IS_INT(train, backend);
 ENUM_FIELD_IS_INT(train, lr_schedule);
 ENUM_FIELD_IS_INT(eval, haystack);
-_Static_assert(sizeof(((Config *)0)->attention.budget_file) == CONFIG_STR, "attention.budget_file is a config string");
+// Keyword-or-path keys: an int-sized kind, and a path of CONFIG_STR bytes.
+#define PATH_FIELDS(sec, key) \
+    ENUM_FIELD_IS_INT(sec, key); \
+    _Static_assert(sizeof(((Config *)0)->sec.key##_path) == CONFIG_STR, #sec "." #key "_path is not a config string")
+PATH_FIELDS(attention, budget_file);
+PATH_FIELDS(train, init_from);
+PATH_FIELDS(data, train);
+PATH_FIELDS(data, val);
+PATH_FIELDS(checkpoint, resume);
+PATH_FIELDS(eval, model);
+PATH_FIELDS(eval, text);
+PATH_FIELDS(eval, tokenizer);
 
 static const Key keys[] = {
     INT(model, vocab_size, 256, 2, 1 << 24, "Vocabulary size (rows of the embedding and the LM head)."),
@@ -102,7 +119,7 @@ static const Key keys[] = {
     ENUM(attention, budget, "topp", NAMES("topp", "fixed"), "Sparse: `topp` selects by cumulative mass (`top_p`); `fixed` takes the top `vertical` / `slash` lines per head."),
     INT(attention, vertical, 1024, 0, 1 << 30, "Sparse, budget `fixed`: vertical lines per head."),
     INT(attention, slash, 1024, 0, 1 << 30, "Sparse, budget `fixed`: slash lines per head."),
-    STRING(attention, budget_file, "none", "Sparse, budget `fixed`: `none`, or a text file of `layer head vertical slash` lines that overrides the counts per layer and head."),
+    PATH(attention, budget_file, "none", NAMES("none"), "a budget file", "Sparse, budget `fixed`: `none`, or a text file of `layer head vertical slash` lines that overrides the counts per layer and head."),
     ENUM(attention, layout, "striped", NAMES("contiguous", "zigzag", "striped"), "How a sequence's blocks of `block_size` tokens are spread over context-parallel ranks; the loader hands each rank its tokens in this order."),
 
     INT(parallel, threads, 0, 0, 4096, "OpenMP (and OpenBLAS) threads of each rank on the CPU backend; 0 = the CPUs of this node divided by the MPI ranks on it (at least 1; all CPUs for one process). A setting that oversubscribes the node gets a warning."),
@@ -128,32 +145,32 @@ static const Key keys[] = {
     UINT64(train, seed, 1234, "Seed of the initialisation and of the data order."),
     BOOL(train, checkpoint_activations, false, "Recompute each layer's activations in the backward pass (saves memory)."),
     INT(train, loss_chunk, 1024, 1, 1 << 30, "Tokens per chunk of the fused LM head + cross entropy."),
-    STRING(train, init_from, "none", "`none` (random initialisation) or a Hugging Face folder (`config.json` + `model.safetensors`) to start from."),
+    PATH(train, init_from, "none", NAMES("none"), "a Hugging Face folder", "`none` (random initialisation) or a Hugging Face folder (`config.json` + `model.safetensors`) to start from."),
 
-    STRING(data, train, "synthetic", "Training data: a shard glob or comma-separated globs (`data/*.shard,extra/a.shard`), or `synthetic` for the built-in generator. Documents are shuffled per epoch from `train.seed` and packed into sequences (see docs/ARCHITECTURE.md, section Data, and docs/DECISIONS.md)."),
+    PATH(data, train, "synthetic", NAMES("synthetic"), "comma-separated shard globs", "Training data: a shard glob or comma-separated globs (`data/*.shard,extra/a.shard`), or `synthetic` for the built-in generator. Documents are shuffled per epoch from `train.seed` and packed into sequences (see docs/ARCHITECTURE.md, section Data, and docs/DECISIONS.md)."),
     INT(data, val_sequences, 4, 1, 1 << 20, "Held-out sequences in each validation pass."),
-    STRING(data, val, "holdout", "Validation data: `holdout` = documents of `data.train` chosen from `train.seed`, as many as `val_sequences` sequences need, never trained on (only when validation runs, `log.val_every` > 0: otherwise nothing is held out); or a shard glob (comma-separated globs allowed). Synthetic data always uses held-out sequences."),
+    PATH(data, val, "holdout", NAMES("holdout"), "comma-separated shard globs", "Validation data: `holdout` = documents of `data.train` chosen from `train.seed`, as many as `val_sequences` sequences need, never trained on (only when validation runs, `log.val_every` > 0: otherwise nothing is held out); or a shard glob (comma-separated globs allowed). Synthetic data always uses held-out sequences."),
     BOOL(data, check_tokenizer, true, "Stop when a shard was made by another tokenizer than the `tokenizer.json` of `train.init_from` (as `mtrain shard info` shows: `bytes` or the XXH64 of a tokenizer.json); `false` trains anyway. Shards of format version 1 (unknown tokenizer) are not checked."),
 
     STRING(checkpoint, dir, "checkpoints", "Folder of the checkpoints (`step_XXXXXXXX/`, `latest`)."),
     INT64(checkpoint, every, 0, 0, 1e12, "Write a checkpoint every N steps; 0 = only after the last step."),
     INT(checkpoint, keep, 3, 1, 1 << 20, "Keep the newest K checkpoints (older ones are removed)."),
     INT64(checkpoint, keep_every, 0, 0, 1e12, "Also keep every checkpoint whose step is a multiple of M, for good; 0 = none."),
-    STRING(checkpoint, resume, "auto", "`auto`: continue from the newest complete checkpoint in `dir` if any; `never`: start fresh; or a checkpoint folder."),
+    PATH(checkpoint, resume, "auto", NAMES("auto", "never"), "a checkpoint folder", "`auto`: continue from the newest complete checkpoint in `dir` if any; `never`: start fresh; or a checkpoint folder."),
 
     STRING(log, dir, "logs", "Folder of `metrics.jsonl`."),
     INT(log, every, 1, 1, 1e9, "Print a step line every N steps."),
     INT64(log, val_every, 0, 0, 1e12, "Validation loss before training and every N steps (and after the last); 0 = off."),
     INT64(log, attention_every, 0, 0, 1e12, "Sparse attention: every N steps, per layer the density (computed / causal score elements) and the recall (estimated softmax mass inside the pattern) in the step line and `metrics.jsonl`; 0 = off."),
 
-    STRING(eval, model, "latest", "Model to evaluate: `latest` = the newest complete checkpoint in `checkpoint.dir`, or a checkpoint / Hugging Face folder (its `config.json` must match the `model` section)."),
+    PATH(eval, model, "latest", NAMES("latest"), "a checkpoint or Hugging Face folder", "Model to evaluate: `latest` = the newest complete checkpoint in `checkpoint.dir`, or a checkpoint / Hugging Face folder (its `config.json` must match the `model` section)."),
     STRING(eval, tasks, "perplexity,passkey,niah,ruler", "Comma-separated tasks: `perplexity` (by length, on `eval.text`), `passkey`, `niah` (needle in a haystack), `ruler` (single key, multi-key, multi-value, variable tracking)."),
     STRING(eval, lengths, "512,1024", "Comma-separated context lengths in tokens (each >= 2; a task's prompt is exactly this long, its answer follows)."),
     STRING(eval, depths, "0,0.25,0.5,0.75,1", "Comma-separated needle depths in [0, 1]: where in the haystack the asked needle sits (0 = start, 1 = end)."),
     INT(eval, samples, 4, 1, 1 << 20, "Samples per (task, length, depth) cell, and sequences per perplexity length."),
-    STRING(eval, text, "heldout", "Text for perplexity (and for `haystack: text`): `heldout` = the loader's validation stream of `data.train` / `data.val`, or a text file tokenized with `eval.tokenizer`."),
+    PATH(eval, text, "heldout", NAMES("heldout"), "a text file", "Text for perplexity (and for `haystack: text`): `heldout` = the loader's validation stream of `data.train` / `data.val`, or a text file tokenized with `eval.tokenizer`."),
     ENUM(eval, haystack, "filler", NAMES("filler", "text"), "What the `niah` needle hides in: built-in filler sentences, or `eval.text` (cycled when shorter than the haystack)."),
-    STRING(eval, tokenizer, "model", "Tokenizer of the task prompts and of a text file: `model` = the evaluated folder's `tokenizer.json` when it has one, else `bytes`; `bytes` (ids are bytes, docs/FORMATS.md); a Hugging Face `tokenizer.json`, or a folder holding it. Perplexity on `heldout` needs none."),
+    PATH(eval, tokenizer, "model", NAMES("model", "bytes"), "a tokenizer.json or a folder holding one", "Tokenizer of the task prompts and of a text file: `model` = the evaluated folder's `tokenizer.json` when it has one, else `bytes`; `bytes` (ids are bytes, docs/FORMATS.md); a Hugging Face `tokenizer.json`, or a folder holding it. Perplexity on `heldout` needs none."),
     STRING(eval, out, "eval", "Output folder: `results.json`, `perplexity.png`, `heatmap_TASK.png`."),
     UINT64(eval, seed, 1234, "Seed of the task generators (keys, values, filler start, distractor depths)."),
 };
@@ -180,12 +197,12 @@ static const Section sections[] = {
 // ----------------------------------------------------------------------------
 // Values: parse text, check ranges, store into and fetch from Config
 
-typedef union {
-    int64_t i;      // T_INT, T_INT64, T_ENUM (the value's index, -1 = not allowed)
+typedef struct {
+    int64_t i;      // T_INT, T_INT64, T_ENUM and T_PATH (the value's index, -1 = not allowed)
     uint64_t u;     // T_UINT64
     double d;       // T_DOUBLE
     bool b;         // T_BOOL
-    const char *s;  // T_STRING
+    const char *s;  // T_STRING, and T_PATH's path ("" for a keyword)
 } Value;
 
 // Shortest decimal text that reads back as exactly x, always with a '.' so
@@ -231,11 +248,13 @@ static void describe_range(const Key *k, char *buf, size_t size) {
     case T_STRING:
         snprintf(buf, size, "1 to %d bytes", CONFIG_STR - 1);
         break;
-    case T_ENUM: {
+    case T_ENUM: case T_PATH: {
         size_t n = 0;
         buf[0] = 0;
         for (int i = 0; k->names[i] && n < size; i++)
             n += (size_t)snprintf(buf + n, size - n, "%s%s", i ? ", " : "", k->names[i]);
+        if (k->type == T_PATH && n < size)
+            snprintf(buf + n, size - n, ", or %s: 1 to %d bytes", k->path_what, CONFIG_STR - 1);
         break;
     }
     }
@@ -253,6 +272,7 @@ static void describe_expected(const Key *k, char *buf, size_t size) {
     case T_BOOL: snprintf(buf, size, "true or false"); break;
     case T_STRING: snprintf(buf, size, "a string of %s", range); break;
     case T_ENUM: snprintf(buf, size, "one of %s", range); break;
+    case T_PATH: snprintf(buf, size, "%s", range); break;
     }
 }
 
@@ -265,6 +285,7 @@ static const char *type_name(KeyType type) {
     case T_BOOL: return "bool";
     case T_STRING: return "string";
     case T_ENUM: return "enum";
+    case T_PATH: return "keyword or path";
     }
     return "?";
 }
@@ -281,6 +302,18 @@ static const char *enum_name(const Key *k, int64_t index) {
     for (int64_t i = 0; k->names[i]; i++)
         if (i == index) return k->names[i];
     return NULL;
+}
+
+// The kind of a T_PATH key's path: the number of its keywords.
+static int64_t path_kind(const Key *k) {
+    int64_t n = 0;
+    while (k->names[n]) n++;
+    return n;
+}
+
+// A string of 1 to CONFIG_STR - 1 bytes.
+static bool string_fits(const char *s) {
+    return s[0] != 0 && strlen(s) < CONFIG_STR;
 }
 
 // Quote a user-supplied value for a one-line message: control characters
@@ -304,8 +337,9 @@ static bool in_range(const Key *k, const Value *v) {
         bool below_max = k->open & MAX_OPEN ? v->d < k->max : v->d <= k->max;
         return isfinite(v->d) && above_min && below_max;
     }
-    case T_STRING: return v->s[0] != 0 && strlen(v->s) < CONFIG_STR;
+    case T_STRING: return string_fits(v->s);
     case T_ENUM: return enum_name(k, v->i) != NULL;
+    case T_PATH: return enum_name(k, v->i) != NULL || (v->i == path_kind(k) && string_fits(v->s));
     case T_UINT64: case T_BOOL: return true;
     }
     return false;
@@ -345,6 +379,11 @@ static bool parse_value(const Key *k, const char *text, Value *v, char *why, siz
     case T_ENUM:
         v->i = enum_index(k, text);
         return true;
+    case T_PATH:
+        v->i = enum_index(k, text);
+        v->s = v->i < 0 ? text : "";
+        if (v->i < 0) v->i = path_kind(k);
+        return true;
     }
     return false;
 }
@@ -359,19 +398,27 @@ static void store(const Key *k, Config *cfg, const Value *v) {
     case T_BOOL: *(bool *)p = v->b; break;
     case T_STRING: snprintf((char *)p, CONFIG_STR, "%s", v->s); break;
     case T_ENUM: *(int *)p = (int)v->i; break;
+    case T_PATH:
+        *(int *)p = (int)v->i;
+        snprintf((char *)cfg + k->path_offset, CONFIG_STR, "%s", v->s);
+        break;
     }
 }
 
 static Value fetch(const Key *k, const Config *cfg) {
     const void *p = (const char *)cfg + k->offset;
-    Value v;
+    Value v = {0};
     switch (k->type) {
     case T_INT: case T_ENUM: v.i = *(const int *)p; break;
     case T_INT64: v.i = *(const int64_t *)p; break;
     case T_UINT64: v.u = *(const uint64_t *)p; break;
     case T_DOUBLE: v.d = *(const double *)p; break;
     case T_BOOL: v.b = *(const bool *)p; break;
-    default: v.s = (const char *)p; break;
+    case T_STRING: v.s = (const char *)p; break;
+    case T_PATH:
+        v.i = *(const int *)p;
+        v.s = (const char *)cfg + k->path_offset;
+        break;
     }
     return v;
 }
@@ -406,8 +453,15 @@ static void format_value(const Key *k, const Value *v, char *buf, size_t size) {
     case T_BOOL: snprintf(buf, size, "%s", v->b ? "true" : "false"); break;
     case T_STRING: snprintf(buf, size, "%s", v->s); break;
     case T_ENUM: snprintf(buf, size, "%s", enum_name(k, v->i) ? enum_name(k, v->i) : "?"); break;
+    case T_PATH: snprintf(buf, size, "%s", enum_name(k, v->i) ? enum_name(k, v->i) : v->s); break;
     }
 }
+
+// Enum values that this build does not have, and why it refuses them.
+static const struct { const char *section, *key, *value, *why; } unbuilt_values[] = {
+    {"train", "backend", "cuda", "the CUDA backend is not built yet"},
+    {"train", "backend", "auto", "the CUDA backend is not built yet, so there is nothing to choose from"},
+};
 
 // Parse, check and store one value; `where` is "FILE:LINE" or "override '...'".
 static void set_key(Config *cfg, const Key *k, const char *text, const char *where) {
@@ -419,9 +473,15 @@ static void set_key(Config *cfg, const Key *k, const char *text, const char *whe
     if (!in_range(k, &v)) {
         char quoted[80];
         quote_for_message(text, quoted, sizeof(quoted));
+        for (size_t i = 0; k->type == T_ENUM && i < sizeof(unbuilt_values) / sizeof(unbuilt_values[0]); i++)
+            if (!strcmp(k->section, unbuilt_values[i].section) && !strcmp(k->key, unbuilt_values[i].key) &&
+                !strcmp(text, unbuilt_values[i].value))
+                fail("%s: %s.%s: %s: %s (expected %s)", where, k->section, k->key, quoted, unbuilt_values[i].why,
+                     expected);
+        bool text_key = k->type == T_STRING || k->type == T_PATH;
         const char *problem = k->type == T_ENUM ? "is not allowed"
-                            : k->type == T_STRING && !text[0] ? "is empty"
-                            : k->type == T_STRING ? "is too long" : "is out of range";
+                            : text_key && !text[0] ? "is empty"
+                            : text_key ? "is too long" : "is out of range";
         fail("%s: %s.%s: %s %s (expected %s)", where, k->section, k->key, quoted, problem, expected);
     }
     store(k, cfg, &v);
@@ -734,23 +794,25 @@ static void load_layers(Config *cfg, const char *path, int argc, char **argv) {
 }
 
 // Keys that name a file or folder, checked before any work so that a missing
-// one is reported with its key. A value equal to one of the words is not a path.
+// one is reported with its key. A key that holds a keyword is not checked.
 static void check_path_keys(const Config *cfg, const char *source) {
     const struct {
-        const char *key, *value, *word1, *word2;
+        const char *key;
+        const char *value;     // the path, or NULL for a keyword
         const char *inside;    // a file the folder must hold, or NULL
         const char *expected;
     } paths[] = {
-        {"checkpoint.resume", cfg->checkpoint.resume, "auto", "never", "state.json",
+        {"checkpoint.resume", cfg->checkpoint.resume == RESUME_PATH ? cfg->checkpoint.resume_path : NULL, "state.json",
          "auto, never or a checkpoint folder step_XXXXXXXX"},
-        {"attention.budget_file", cfg->attention.budget_file, "none", "none", NULL, "none or a budget file"},
-        {"eval.text", cfg->eval.text, "heldout", "heldout", NULL, "heldout or a text file"},
-        {"eval.tokenizer", cfg->eval.tokenizer, "model", "bytes", NULL,
+        {"attention.budget_file", cfg->attention.budget_file == BUDGET_FILE_PATH ? cfg->attention.budget_file_path : NULL,
+         NULL, "none or a budget file"},
+        {"eval.text", cfg->eval.text == TEXT_FILE ? cfg->eval.text_path : NULL, NULL, "heldout or a text file"},
+        {"eval.tokenizer", cfg->eval.tokenizer == TOKENIZER_FILE ? cfg->eval.tokenizer_path : NULL, NULL,
          "model, bytes, a tokenizer.json or a folder holding one"},
     };
     for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); i++) {
         const char *v = paths[i].value;
-        if (!strcmp(v, paths[i].word1) || !strcmp(v, paths[i].word2)) continue;
+        if (!v) continue;
         char inside[2 * CONFIG_STR];
         snprintf(inside, sizeof(inside), "%s/%s", v, paths[i].inside ? paths[i].inside : "");
         if (access(paths[i].inside ? inside : v, R_OK) != 0)
@@ -782,14 +844,17 @@ void config_from_args(Config *cfg, const char *path, int argc, char **argv, bool
     snprintf(source, sizeof(source), "%s%s", path, argc > 0 ? " (with overrides)" : "");
     config_defaults(cfg);
     load_layers(cfg, path, argc, argv);
+    // The folder that gives the model section, copied: loading again resets cfg.
     const char *key = "train.init_from";
     char folder[CONFIG_STR];
-    snprintf(folder, sizeof(folder), "%s", cfg->train.init_from);
-    if (eval_model && strcmp(cfg->eval.model, "latest")) {
+    bool from_folder = cfg->train.init_from == INIT_FOLDER;
+    snprintf(folder, sizeof(folder), "%s", cfg->train.init_from_path);
+    if (eval_model && cfg->eval.model == EVAL_MODEL_FOLDER) {
         key = "eval.model";
-        snprintf(folder, sizeof(folder), "%s", cfg->eval.model);
+        from_folder = true;
+        snprintf(folder, sizeof(folder), "%s", cfg->eval.model_path);
     }
-    if (strcmp(folder, "none")) {
+    if (from_folder) {
         // The folder's config.json replaces the defaults of the model section;
         // the run file and the overrides are applied again on top of it.
         char config_json[CONFIG_STR + 16];
@@ -846,6 +911,10 @@ void config_validate(const Config *cfg, const char *source) {
     if (t->warmup_steps > t->steps)
         fail("%s: train.warmup_steps: %lld is more than train.steps = %lld (expected warmup_steps <= steps)", source,
              (long long)t->warmup_steps, (long long)t->steps);
+    const DataConfig *d = &cfg->data;
+    if (d->train == DATA_SYNTHETIC && d->val == VAL_SHARDS)
+        fail("%s: data.val: %s names shards but data.train is 'synthetic' (expected data.val: holdout)", source,
+             d->val_path);
     int64_t lengths[EVAL_MAX_LIST];
     double depths[EVAL_MAX_LIST];
     eval_task_set(&cfg->eval, source);
@@ -936,12 +1005,13 @@ int eval_depth_list(const EvalConfig *e, const char *source, double *out) {
 const char *config_enum_name(const Config *cfg, const void *field) {
     size_t offset = (size_t)((const char *)field - (const char *)cfg);
     for (int i = 0; i < NUM_KEYS; i++)
-        if (keys[i].type == T_ENUM && keys[i].offset == offset) {
-            const char *name = enum_name(&keys[i], *(const int *)field);
-            CHECK(name, "%s.%s holds %d, not one of its values", keys[i].section, keys[i].key, *(const int *)field);
-            return name;
+        if ((keys[i].type == T_ENUM || keys[i].type == T_PATH) && keys[i].offset == offset) {
+            Value v = fetch(&keys[i], cfg);
+            CHECK(in_range(&keys[i], &v), "%s.%s holds %d, not one of its values", keys[i].section, keys[i].key,
+                  *(const int *)field);
+            return keys[i].type == T_PATH && v.i == path_kind(&keys[i]) ? v.s : enum_name(&keys[i], v.i);
         }
-    fail("config_enum_name: no enum key at offset %zu of Config", offset);
+    fail("config_enum_name: no enum or keyword-or-path key at offset %zu of Config", offset);
 }
 
 void config_print(const Config *cfg, FILE *out) {
@@ -962,7 +1032,7 @@ void config_print(const Config *cfg, FILE *out) {
             }
             if (dot) fprintf(out, "    %s: ", dot + 1);
             else fprintf(out, "  %s: ", k->key);
-            if (k->type == T_STRING) print_yaml_string(v.s, out);
+            if (k->type == T_STRING || (k->type == T_PATH && v.i == path_kind(k))) print_yaml_string(v.s, out);
             else { format_value(k, &v, text, sizeof(text)); fputs(text, out); }
             fputc('\n', out);
         }
@@ -980,11 +1050,13 @@ void config_print_doc(FILE *out) {
           "order, after the file. `build/mtrain config RUN.yaml [overrides]` prints the fully resolved\n"
           "configuration as YAML.\n\n"
           "Values are checked strictly: integers must be whole decimal integers, numbers accept `3e-4`,\n"
-          "bools are `true` or `false`. Unknown sections or keys, values of the wrong type or out of range,\n"
-          "keys given twice, malformed YAML and inconsistent combinations (e.g. `num_heads` not a multiple of\n"
-          "`num_kv_heads`, `min_lr` above `lr`, `warmup_steps` above `steps`) stop the program before any\n"
-          "work with one line on stderr naming the file and line (or the override), the key, the problem\n"
-          "and what was expected, e.g.\n\n"
+          "bools are `true` or `false`; a key of type keyword or path reads one of its keywords as that\n"
+          "keyword and anything else as a path (`./none` is a file named `none`). Unknown sections or keys,\n"
+          "values of the wrong type or out of range, keys given twice, malformed YAML and inconsistent\n"
+          "combinations (e.g. `num_heads` not a multiple of `num_kv_heads`, `min_lr` above `lr`,\n"
+          "`warmup_steps` above `steps`, `data.val` shards with `data.train: synthetic`) stop the program\n"
+          "before any work with one line on stderr naming the file and line (or the override), the key, the\n"
+          "problem and what was expected, e.g.\n\n"
           "```\n"
           "mtrain: run.yaml:7: unknown key 'train.lrr' (did you mean 'train.lr'?)\n"
           "```\n",

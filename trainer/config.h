@@ -18,6 +18,16 @@
 // eval.haystack: what the needle of `niah` hides in.
 typedef enum { HAYSTACK_FILLER, HAYSTACK_TEXT } HaystackKind;
 
+// Keys that hold a keyword or a path: the kind (the keywords first, the path
+// last), and beside it the path itself (KEY_path, "" for a keyword).
+typedef enum { INIT_NONE, INIT_FOLDER } InitFrom;                          // train.init_from
+typedef enum { DATA_SYNTHETIC, DATA_SHARDS } DataTrain;                    // data.train
+typedef enum { VAL_HOLDOUT, VAL_SHARDS } DataVal;                          // data.val
+typedef enum { RESUME_AUTO, RESUME_NEVER, RESUME_PATH } ResumeFrom;        // checkpoint.resume
+typedef enum { EVAL_MODEL_LATEST, EVAL_MODEL_FOLDER } EvalModel;           // eval.model
+typedef enum { TEXT_HELDOUT, TEXT_FILE } EvalText;                         // eval.text
+typedef enum { TOKENIZER_MODEL, TOKENIZER_BYTES, TOKENIZER_FILE } EvalTokenizer; // eval.tokenizer
+
 typedef struct {
     int threads;               // OpenMP threads per rank; 0 = the node's CPUs / its ranks
     int dp, cp, cp_inner;      // rank grid (dist/comm.h); 0 = default
@@ -40,13 +50,16 @@ typedef struct {
     uint64_t seed;             // initialisation and data order
     bool checkpoint_activations; // recompute each layer in backward
     int loss_chunk;            // tokens per fused LM-head + cross-entropy chunk
-    char init_from[CONFIG_STR]; // "none" or a Hugging Face folder to start from
+    InitFrom init_from;        // none | a Hugging Face folder to start from (init_from_path)
+    char init_from_path[CONFIG_STR];
 } TrainConfig;
 
 typedef struct {
-    char train[CONFIG_STR];    // "synthetic" or shard glob[,glob...]
+    DataTrain train;           // synthetic | shards (train_path: glob[,glob...])
+    char train_path[CONFIG_STR];
     int val_sequences;         // held-out sequences per validation pass
-    char val[CONFIG_STR];      // "holdout" or shard glob
+    DataVal val;               // holdout | shards (val_path: glob[,glob...])
+    char val_path[CONFIG_STR];
     bool check_tokenizer;      // shards must come from train.init_from's tokenizer.json
 } DataConfig;
 
@@ -55,7 +68,8 @@ typedef struct {
     int64_t every;             // write a checkpoint every N steps (0 = only at the end)
     int keep;                  // keep the newest K checkpoints
     int64_t keep_every;        // and permanently every M-th step (0 = none)
-    char resume[CONFIG_STR];   // auto | never | a checkpoint folder
+    ResumeFrom resume;         // auto | never | a checkpoint folder (resume_path)
+    char resume_path[CONFIG_STR];
 } CheckpointConfig;
 
 typedef struct {
@@ -66,14 +80,17 @@ typedef struct {
 } LogConfig;
 
 typedef struct {
-    char model[CONFIG_STR];    // "latest" (newest checkpoint in checkpoint.dir) or a checkpoint / HF folder
+    EvalModel model;           // latest (newest checkpoint in checkpoint.dir) | a checkpoint / HF folder (model_path)
+    char model_path[CONFIG_STR];
     char tasks[CONFIG_STR];    // comma list of perplexity, passkey, niah, ruler
     char lengths[CONFIG_STR];  // comma list of context lengths in tokens
     char depths[CONFIG_STR];   // comma list of needle depths in [0, 1]
     int samples;               // samples per cell (and per perplexity length)
-    char text[CONFIG_STR];     // "heldout" (the loader's validation stream) or a text file
+    EvalText text;             // heldout (the loader's validation stream) | a text file (text_path)
+    char text_path[CONFIG_STR];
     HaystackKind haystack;     // filler | text: what NIAH hides its needle in
-    char tokenizer[CONFIG_STR]; // bytes
+    EvalTokenizer tokenizer;   // model | bytes | a tokenizer.json or its folder (tokenizer_path)
+    char tokenizer_path[CONFIG_STR];
     char out[CONFIG_STR];      // results.json and the PNG plots go here
     uint64_t seed;             // task generation
 } EvalConfig;
@@ -115,8 +132,9 @@ void config_override(Config *cfg, const char *assignment);
 void config_from_args(Config *cfg, const char *path, int argc, char **argv, bool eval_model);
 // Cross-field checks (e.g. heads divisible by kv heads) after loading.
 void config_validate(const Config *cfg, const char *source);
-// The name of an enum value of cfg, as the run file spells it: field points
-// into cfg (e.g. &cfg->attention.layout).
+// The value of an enum key of cfg as the run file spells it, or of a
+// keyword-or-path key its keyword or path: field points into cfg (e.g.
+// &cfg->attention.layout, &cfg->eval.text).
 const char *config_enum_name(const Config *cfg, const void *field);
 // Print the fully resolved config as YAML.
 void config_print(const Config *cfg, FILE *out);

@@ -131,17 +131,17 @@ static uint64_t sample_seed(uint64_t seed, int depth_index, int sample) {
 // eval.model: `latest` = the newest complete checkpoint in checkpoint.dir
 // (path = "" when there is none yet), or the folder it names.
 static void resolve_model_path(const Config *cfg, char *path, size_t n) {
-    if (strcmp(cfg->eval.model, "latest")) snprintf(path, n, "%s", cfg->eval.model);
+    if (cfg->eval.model == EVAL_MODEL_FOLDER) snprintf(path, n, "%s", cfg->eval.model_path);
     else if (!checkpoint_find_latest(cfg->checkpoint.dir, path, n)) path[0] = 0;
 }
 
-// eval.tokenizer: `model` = the model folder's tokenizer.json when it has
-// one, else `bytes`; anything else as given.
+// eval.tokenizer as a tokenizer spec (data/tokenizer.h): `model` = the model
+// folder's tokenizer.json when it has one, else bytes; `bytes`; or the path.
 static void eval_tokenizer_spec(const EvalConfig *e, const char *model_path, char *spec, size_t n) {
     char json[CONFIG_STR + 64];
     snprintf(json, sizeof(json), "%s/tokenizer.json", model_path);
-    if (strcmp(e->tokenizer, "model")) snprintf(spec, n, "%s", e->tokenizer);
-    else snprintf(spec, n, "%s", model_path[0] && access(json, R_OK) == 0 ? model_path : "bytes");
+    bool model_json = e->tokenizer == TOKENIZER_MODEL && model_path[0] && access(json, R_OK) == 0;
+    snprintf(spec, n, "%s", e->tokenizer == TOKENIZER_FILE ? e->tokenizer_path : model_json ? model_path : "bytes");
 }
 
 // Parse the lists, read eval.text if a task needs it, and check everything
@@ -161,15 +161,15 @@ static void plan_eval(EvalPlan *p, const Config *cfg, const char *run_file) {
     resolve_model_path(cfg, p->model_path, sizeof(p->model_path));
     eval_tokenizer_spec(&cfg->eval, p->model_path, p->tokenizer, sizeof(p->tokenizer));
     bool niah_text = (p->tasks & EVAL_NIAH) && cfg->eval.haystack == HAYSTACK_TEXT;
-    bool text_file = strcmp(cfg->eval.text, "heldout") != 0 && ((p->tasks & EVAL_PERPLEXITY) || niah_text);
+    bool text_file = cfg->eval.text == TEXT_FILE && ((p->tasks & EVAL_PERPLEXITY) || niah_text);
     // Perplexity on the held-out stream reads token ids: no tokenizer.
     if (p->grid_count || text_file) p->tok = tokenizer_open(p->tokenizer);
     if ((p->tasks & EVAL_PERPLEXITY) || niah_text)
-        p->text = text_file ? text_file_tokens(cfg->eval.text, p, &p->text_len) : heldout_tokens(cfg, &p->text_len);
+        p->text = text_file ? text_file_tokens(cfg->eval.text_path, p, &p->text_len) : heldout_tokens(cfg, &p->text_len);
     for (int i = 0; (p->tasks & EVAL_PERPLEXITY) && i < p->length_count; i++) {
         if (p->lengths[i] + 1 > p->text_len)
             fail("%s: eval.text '%s' has %lld tokens, fewer than one sequence of length %lld needs (%lld; expected a "
-                 "longer text, more data.val_sequences, or shorter eval.lengths)", run_file, cfg->eval.text,
+                 "longer text, more data.val_sequences, or shorter eval.lengths)", run_file, config_enum_name(cfg, &cfg->eval.text),
                  (long long)p->text_len, (long long)p->lengths[i], (long long)p->lengths[i] + 1);
     }
     int64_t shortest = p->lengths[0];
@@ -207,7 +207,7 @@ static void plan_eval(EvalPlan *p, const Config *cfg, const char *run_file) {
 // targets); as many as fit, at most eval.samples: seqs[i] of them.
 static void eval_perplexity(const EvalPlan *p, Model *m, double *loss, int *seqs) {
     printf("\nperplexity on %s (%lld tokens), up to %d sequences per length\n%10s %6s %10s %12s %8s\n",
-           p->cfg->eval.text, (long long)p->text_len, p->cfg->eval.samples, "length", "seqs", "loss", "perplexity", "s");
+           config_enum_name(p->cfg, &p->cfg->eval.text), (long long)p->text_len, p->cfg->eval.samples, "length", "seqs", "loss", "perplexity", "s");
     for (int i = 0; i < p->length_count; i++) {
         int64_t L = p->lengths[i], fit = (p->text_len - 1) / L;
         seqs[i] = fit < p->cfg->eval.samples ? (int)fit : p->cfg->eval.samples;
@@ -283,7 +283,7 @@ static void write_results(const EvalPlan *p, const char *model_path, const doubl
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "model", model_path);
     cJSON_AddStringToObject(root, "tokenizer", p->tokenizer);
-    cJSON_AddStringToObject(root, "text", e->text);
+    cJSON_AddStringToObject(root, "text", config_enum_name(p->cfg, &e->text));
     cJSON_AddStringToObject(root, "haystack", config_enum_name(p->cfg, &e->haystack));
     char seed[24];  // exact: a double would round seeds above 2^53
     snprintf(seed, sizeof(seed), "%llu", (unsigned long long)e->seed);

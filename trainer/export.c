@@ -82,13 +82,13 @@ static void warn_rounded_back(const Model *m, const ModelConfig *mc, const char 
     bool has_run = access(run_file, R_OK) == 0;
     if (has_run) config_load_yaml(&run, run_file);
     free(run_file);
-    char *init_config = path_join(run.train.init_from, "config.json");
-    bool has_init = has_run && strcmp(run.train.init_from, "none") && access(init_config, R_OK) == 0;
+    char *init_config = path_join(run.train.init_from_path, "config.json");
+    bool has_init = has_run && run.train.init_from == INIT_FOLDER && access(init_config, R_OK) == 0;
     free(init_config);
     if (!has_init) return;
     Model init;
     model_init(&init, mc, backend_cpu());
-    model_load_hf_folder(&init, run.train.init_from);
+    model_load_hf_folder(&init, run.train.init_from_path);
     int64_t changed = 0, back = 0;
     for (int64_t i = 0; i < m->total_params; i++) {
         float now = m->param_mem[i], before = init.param_mem[i];
@@ -100,7 +100,7 @@ static void warn_rounded_back(const Model *m, const ModelConfig *mc, const char 
     if (changed > 0 && back * 100 >= changed)
         fprintf(stderr, "mtrain: warning: bf16 rounding puts %.1f%% of the weights that training changed (%lld of %lld) "
                 "back at their train.init_from values (%s); --dtype f32 keeps them\n", 100.0 * (double)back / (double)changed,
-                (long long)back, (long long)changed, run.train.init_from);
+                (long long)back, (long long)changed, run.train.init_from_path);
 }
 
 int cmd_export(int argc, char **argv) {

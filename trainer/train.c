@@ -74,24 +74,24 @@ static void print_memory(const Model *m, int64_t T, bool zero) {
 // picks the latest checkpoint and every rank loads that one.
 static void start_state(const Config *cfg, const Dist *dist, Model *m, TrainState *state) {
     char path[4096];
-    const char *resume = cfg->checkpoint.resume;
-    int found = 0;
-    if (!strcmp(resume, "auto")) {
+    const CheckpointConfig *c = &cfg->checkpoint;
+    bool found = false;
+    if (c->resume == RESUME_AUTO) {
         int64_t step = -1;
-        if (dist->world_rank == 0 && checkpoint_find_latest(cfg->checkpoint.dir, path, sizeof(path)))
+        if (dist->world_rank == 0 && checkpoint_find_latest(c->dir, path, sizeof(path)))
             step = strtoll(strrchr(path, '_') + 1, NULL, 10);
         comm_broadcast(&dist->world, &step, 1, DT_INT64, 0);
-        found = step >= 0 && snprintf(path, sizeof(path), "%s/step_%08lld", cfg->checkpoint.dir, (long long)step) > 0;
-    } else {
-        found = strcmp(resume, "never") && snprintf(path, sizeof(path), "%s", resume) > 0;
+        found = step >= 0 && snprintf(path, sizeof(path), "%s/step_%08lld", c->dir, (long long)step) > 0;
+    } else if (c->resume == RESUME_PATH) {
+        found = snprintf(path, sizeof(path), "%s", c->resume_path) > 0;
     }
     if (found) {
         checkpoint_load(path, m, state);
         printf("resumed from %s: step %lld, %lld tokens seen\n", path, (long long)state->step,
                (long long)state->tokens_seen);
-    } else if (strcmp(cfg->train.init_from, "none")) {
-        model_load_hf_folder(m, cfg->train.init_from);
-        printf("initialised from %s\n", cfg->train.init_from);
+    } else if (cfg->train.init_from == INIT_FOLDER) {
+        model_load_hf_folder(m, cfg->train.init_from_path);
+        printf("initialised from %s\n", cfg->train.init_from_path);
     } else {
         model_init_weights(m, cfg->train.seed);
     }
@@ -109,13 +109,21 @@ typedef struct {
 } RunData;
 
 void loader_from_config(Loader *l, const Config *cfg, bool validation) {
-    LoaderConfig lc = {cfg->data.train, cfg->data.val, cfg->model.vocab_size, cfg->train.seq_len,
-                       validation ? cfg->data.val_sequences : 0, cfg->train.seed, {SHARD_TOKENIZER_UNKNOWN, 0}, NULL};
+    const DataConfig *d = &cfg->data;
+    LoaderConfig lc = {.synthetic = d->train == DATA_SYNTHETIC,
+                       .train = d->train_path,
+                       .val_held_out = d->val == VAL_HOLDOUT,
+                       .val = d->val_path,
+                       .vocab_size = cfg->model.vocab_size,
+                       .seq_len = cfg->train.seq_len,
+                       .val_sequences = validation ? d->val_sequences : 0,
+                       .seed = cfg->train.seed,
+                       .tokenizer = {SHARD_TOKENIZER_UNKNOWN, 0}};
     // The model's tokenizer: train.init_from's tokenizer.json, when it has one.
     char tokenizer[CONFIG_STR + 32], source[CONFIG_STR + 32];
-    snprintf(tokenizer, sizeof(tokenizer), "%s/tokenizer.json", cfg->train.init_from);
-    snprintf(source, sizeof(source), "train.init_from %s", cfg->train.init_from);
-    if (cfg->data.check_tokenizer && strcmp(cfg->train.init_from, "none") && access(tokenizer, R_OK) == 0) {
+    snprintf(tokenizer, sizeof(tokenizer), "%s/tokenizer.json", cfg->train.init_from_path);
+    snprintf(source, sizeof(source), "train.init_from %s", cfg->train.init_from_path);
+    if (d->check_tokenizer && cfg->train.init_from == INIT_FOLDER && access(tokenizer, R_OK) == 0) {
         lc.tokenizer = shard_tokenizer_of(tokenizer);
         lc.tokenizer_source = source;
     }
@@ -146,7 +154,7 @@ static void run_data_open(RunData *d, const Config *cfg, const Dist *dist) {
     rank_slice_alloc(&d->slice, cfg->train.seq_len);
     d->layout = cfg->attention.layout;
     d->block_size = cfg->attention.block_size;
-    if (!d->loader.synthetic) loader_print_summary(&d->loader, stdout);
+    if (!d->loader.cfg.synthetic) loader_print_summary(&d->loader, stdout);
 }
 
 static void run_data_close(RunData *d) {

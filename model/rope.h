@@ -9,7 +9,7 @@
 
 #include "model_config.h"
 
-// Is rope_scaling YaRN (type "yarn"), rather than plain RoPE ("none" or "")?
+// Is rope_scaling YaRN (ROPE_YARN), rather than plain RoPE (ROPE_NONE)?
 bool rope_is_yarn(const RopeScaling *rs);
 // The pre-extension context length: original_max_position_embeddings, or
 // max_position_embeddings when that is 0.

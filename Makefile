@@ -60,9 +60,9 @@ GPU_OBJ = build/obj/dist/util.o build/obj/attention/flash_cpu.o build/obj/attent
 GPU_LDLIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++ -lm -fopenmp
 endif
 DEPS_OK = build/.deps-ok
-# The objects of the test, tool and benchmark programs are kept (make would
-# delete them as intermediates and rebuild every program on the next make).
-.SECONDARY: $(patsubst %.c,build/obj/%.o,$(wildcard tests/*.c scripts/*.c))
+# Nothing built is an intermediate: make would delete the objects of the
+# test programs and of the sim and rebuild them on the next make.
+.SECONDARY:
 
 .PHONY: all test demo test-gpu build-test-gpu build-sim test-sim deps clean
 all: build/mtrain $(TEST_BIN) $(GPU_BIN)

@@ -2,7 +2,9 @@
 # test_makefile.sh: a fresh build of a test program, then a second make has
 # nothing to do (its object is kept, so nothing is recompiled or relinked).
 # Runs in a copy of the tree with the library objects of build/ and no test
-# objects, so that the first make is the fresh build.
+# objects, so that the first make is the fresh build. Then the real tree, as
+# `make test` built it: `make all` has nothing left to do (no object of the
+# CPU, GPU or sim programs was deleted as an intermediate).
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib.sh
@@ -16,4 +18,5 @@ expect "its object is kept" '[ -f "$copy/build/obj/tests/test_rope.o" ]'
 expect "second make -q: up to date" 'make -s -C "$copy" -q build/tests/test_rope'
 make -C "$copy" -n build/tests/test_rope >"$tmp/dry.txt" 2>&1
 expect "second make -n: nothing to do" 'grep -q "is up to date" "$tmp/dry.txt" && ! grep -q " -o " "$tmp/dry.txt"'
+expect "make -q all after make all: up to date" 'make -s -q all'
 exit $((failures > 0))

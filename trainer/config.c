@@ -129,6 +129,7 @@ static const Key keys[] = {
     BOOL(train, checkpoint_activations, false, "Recompute each layer's activations in the backward pass (saves memory)."),
     INT(train, loss_chunk, 1024, 1, 1 << 30, "Tokens per chunk of the fused LM head + cross entropy."),
     STRING(train, init_from, "none", "`none` (random initialisation) or a Hugging Face folder (`config.json` + `model.safetensors`) to start from."),
+    INT(train, max_bad_steps, 5, 1, 1 << 30, "A step whose loss or gradient norm is not finite on any rank is skipped on every rank (weights and AdamW state unchanged, its sequences consumed) and logged; this many in a row stop the run (exit 1, checkpoints kept). For testing, `MTRAIN_TEST_NAN_STEP=N[,RANK[,COUNT]]` in the environment makes the loss and gradient of COUNT steps from step N (default 1) NaN on world rank RANK (default 0)."),
 
     STRING(data, train, "synthetic", "Training data: a shard glob or comma-separated globs (`data/*.shard,extra/a.shard`), or `synthetic` for the built-in generator. Documents are shuffled per epoch from `train.seed` and packed into sequences (see docs/ARCHITECTURE.md, section Data, and docs/DECISIONS.md)."),
     INT(data, val_sequences, 4, 1, 1 << 20, "Held-out sequences in each validation pass."),
@@ -139,7 +140,8 @@ static const Key keys[] = {
     INT64(checkpoint, every, 0, 0, 1e12, "Write a checkpoint every N steps; 0 = only after the last step."),
     INT(checkpoint, keep, 3, 1, 1 << 20, "Keep the newest K checkpoints (older ones are removed)."),
     INT64(checkpoint, keep_every, 0, 0, 1e12, "Also keep every checkpoint whose step is a multiple of M, for good; 0 = none."),
-    STRING(checkpoint, resume, "auto", "`auto`: continue from the newest complete checkpoint in `dir` if any; `never`: start fresh; or a checkpoint folder."),
+    STRING(checkpoint, resume, "auto", "`auto`: continue from the newest complete checkpoint in `dir` if any (refused when it belongs to another run: its fingerprint, the keys that decide what a run computes, differs); `never`: start fresh; or a checkpoint folder."),
+    BOOL(checkpoint, overwrite, false, "With `resume: never`, a `dir` holding another run's checkpoints is refused; `true` removes them and starts fresh."),
 
     STRING(log, dir, "logs", "Folder of `metrics.jsonl`."),
     INT(log, every, 1, 1, 1e9, "Print a step line every N steps."),
@@ -942,6 +944,24 @@ const char *config_enum_name(const Config *cfg, const void *field) {
             return name;
         }
     fail("config_enum_name: no enum key at offset %zu of Config", offset);
+}
+
+size_t config_run_keys(const Config *cfg, char *out, size_t size) {
+    char text[CONFIG_STR + 64];
+    size_t used = 0;
+    out[0] = '\0';
+    for (int i = 0; i < NUM_KEYS; i++) {
+        const Key *k = &keys[i];
+        bool run_section = !strcmp(k->section, "model") || !strcmp(k->section, "attention") ||
+                           !strcmp(k->section, "data") || !strcmp(k->section, "train");
+        if (!run_section || !strcmp(k->key, "steps") || !strcmp(k->key, "backend") ||
+            !strcmp(k->key, "max_bad_steps"))
+            continue;
+        Value v = fetch(k, cfg);
+        format_value(k, &v, text, sizeof(text));
+        if (used < size) used += (size_t)snprintf(out + used, size - used, "%s.%s=%s\n", k->section, k->key, text);
+    }
+    return used < size ? used : size - 1;
 }
 
 void config_print(const Config *cfg, FILE *out) {

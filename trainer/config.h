@@ -41,6 +41,7 @@ typedef struct {
     bool checkpoint_activations; // recompute each layer in backward
     int loss_chunk;            // tokens per fused LM-head + cross-entropy chunk
     char init_from[CONFIG_STR]; // "none" or a Hugging Face folder to start from
+    int max_bad_steps;         // non-finite steps in a row (each skipped) that stop the run
 } TrainConfig;
 
 typedef struct {
@@ -56,6 +57,7 @@ typedef struct {
     int keep;                  // keep the newest K checkpoints
     int64_t keep_every;        // and permanently every M-th step (0 = none)
     char resume[CONFIG_STR];   // auto | never | a checkpoint folder
+    bool overwrite;            // resume: never may replace another run's checkpoints in dir
 } CheckpointConfig;
 
 typedef struct {
@@ -118,6 +120,11 @@ void config_validate(const Config *cfg, const char *source);
 // The name of an enum value of cfg, as the run file spells it: field points
 // into cfg (e.g. &cfg->attention.layout).
 const char *config_enum_name(const Config *cfg, const void *field);
+// The keys that decide what a run computes, "section.key=value\n" each, in
+// schema order: the model, attention and data sections and the train section
+// but train.steps (raised to go on) and train.backend. Checkpoints record it
+// as the run's fingerprint. Returns the length (truncated at size - 1).
+size_t config_run_keys(const Config *cfg, char *out, size_t size);
 // Print the fully resolved config as YAML.
 void config_print(const Config *cfg, FILE *out);
 // Print docs/CONFIG.md (markdown table of every key).

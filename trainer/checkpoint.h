@@ -32,7 +32,7 @@ typedef struct {
 // in pieces from the model's unsharded adam_m and adam_v. The parameters come
 // from m->param_mem.
 // Pruning never removes the checkpoint just written nor resumed_from (the
-// folder the run resumed from, or NULL).
+// folder an explicit checkpoint.resume loaded, or NULL).
 void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state, const float *moments,
                      const char *resumed_from);
 // Before a run writes into dir: remove the step_*.tmp.PID/ and .del.PID/

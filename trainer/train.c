@@ -74,16 +74,17 @@ static void print_memory(const Model *m, int64_t T, bool zero) {
 // up after writers that died (checkpoint_recover_dir). With `auto`, rank 0
 // picks the latest complete checkpoint, refuses one of another run, and every
 // rank loads that one; with `never`, a folder of another run's checkpoints is
-// refused unless checkpoint.overwrite. resumed_from [4096] gets the folder
-// loaded, or "" when none.
-static void start_state(const Config *cfg, const Dist *dist, Model *m, TrainState *state, char *resumed_from) {
-    char *path = resumed_from, diff[2048];
+// refused unless checkpoint.overwrite. rolled_back_from [4096] gets the
+// folder an explicit checkpoint.resume loaded (kept from pruning: a roll-back
+// must not delete its own start), or "".
+static void start_state(const Config *cfg, const Dist *dist, Model *m, TrainState *state, char *rolled_back_from) {
+    char path[4096], diff[2048];
     const char *resume = cfg->checkpoint.resume;
     int found = 0;
     if (dist->world_rank == 0) checkpoint_recover_dir(cfg->checkpoint.dir);
     if (!strcmp(resume, "auto")) {
         int64_t step = -1;
-        if (dist->world_rank == 0 && checkpoint_find_latest(cfg->checkpoint.dir, path, 4096)) {
+        if (dist->world_rank == 0 && checkpoint_find_latest(cfg->checkpoint.dir, path, sizeof(path))) {
             if (!checkpoint_same_run(path, cfg, diff, sizeof(diff)))
                 fail("%s: a checkpoint of another run (%s); checkpoint.resume auto continues only the same run: use "
                      "another checkpoint.dir, or checkpoint.resume=never checkpoint.overwrite=true to start afresh",
@@ -91,16 +92,16 @@ static void start_state(const Config *cfg, const Dist *dist, Model *m, TrainStat
             step = strtoll(strrchr(path, '_') + 1, NULL, 10);
         }
         comm_broadcast(&dist->world, &step, 1, DT_INT64, 0);
-        found = step >= 0 && snprintf(path, 4096, "%s/step_%08lld", cfg->checkpoint.dir, (long long)step) > 0;
+        found = step >= 0 && snprintf(path, sizeof(path), "%s/step_%08lld", cfg->checkpoint.dir, (long long)step) > 0;
     } else if (!strcmp(resume, "never")) {
         if (dist->world_rank == 0) checkpoint_clear_other_runs(cfg);
     } else {
-        found = snprintf(path, 4096, "%s", resume) > 0;
+        found = snprintf(path, sizeof(path), "%s", resume) > 0;
         if (dist->world_rank == 0 && !checkpoint_same_run(path, cfg, diff, sizeof(diff)))
             fprintf(stderr, "warning: %s: resuming a checkpoint of another run, as checkpoint.resume asks (%s)\n",
                     path, diff);
     }
-    if (!found) path[0] = '\0';
+    snprintf(rolled_back_from, 4096, "%s", found && strcmp(resume, "auto") ? path : "");
     if (found) {
         checkpoint_load(path, m, state);
         if (state->step > cfg->train.steps)
@@ -322,8 +323,8 @@ static float *gather_moments(const Comm *dp, const Model *m) {
 // The checkpoint of state->step, written by rank 0: under ZeRO-1 its dp
 // group first gathers the moments, otherwise they stream from its optimizer.
 static void save_checkpoint(const Config *cfg, const Dist *dist, bool zero, const Model *m, const TrainState *state,
-                            const char *resumed_from) {
-    const char *protect = resumed_from[0] ? resumed_from : NULL;
+                            const char *rolled_back_from) {
+    const char *protect = rolled_back_from[0] ? rolled_back_from : NULL;
     if (zero && dist->cp.rank == 0) {
         float *moments = gather_moments(&dist->dp, m);
         if (dist->world_rank == 0) checkpoint_save(cfg, m, state, moments, protect);
@@ -418,8 +419,8 @@ int cmd_train(int argc, char **argv) {
     TrainState state = {0};
     rng_seed(&state.rng, cfg.train.seed);
     catch_stop_signals();
-    char resumed_from[4096];
-    start_state(&cfg, &dist, &m, &state, resumed_from);
+    char rolled_back_from[4096];
+    start_state(&cfg, &dist, &m, &state, rolled_back_from);
     int64_t nan_first, nan_last;
     test_nan_steps(&dist, &nan_first, &nan_last);
     int bad_in_a_row = 0;
@@ -520,10 +521,10 @@ int cmd_train(int argc, char **argv) {
             best_val = fmin(best_val, log_validation(&m, &cfg, &dist, &data, step, metrics, metrics_path));
         state.tokens_seen += step_tokens;
         bool saved = (cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || step == cfg.train.steps;
-        if (saved) save_checkpoint(&cfg, &dist, zero, &m, &state, resumed_from);
+        if (saved) save_checkpoint(&cfg, &dist, zero, &m, &state, rolled_back_from);
         int sig = agreed_stop_signal(&dist);
         if (sig && step < cfg.train.steps) {
-            if (!saved) save_checkpoint(&cfg, &dist, zero, &m, &state, resumed_from);
+            if (!saved) save_checkpoint(&cfg, &dist, zero, &m, &state, rolled_back_from);
             printf("stopped by %s after step %lld of %lld: checkpoint %s/step_%08lld written; the same command "
                    "resumes\n", sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGUSR1", (long long)step,
                    (long long)cfg.train.steps, cfg.checkpoint.dir, (long long)step);

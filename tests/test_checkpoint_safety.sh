@@ -15,8 +15,7 @@ set -u
 cd "$(dirname "$0")/.."
 MTRAIN=${MTRAIN:-build/mtrain}
 . tests/lib.sh
-if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-export OMPI_MCA_btl_vader_single_copy_mechanism=none
+mpirun_env
 
 RUN="configs/tiny-cpu.yaml model.hidden_size=32 model.intermediate_size=64 train.steps=6 train.seq_len=64
      train.warmup_steps=0 attention.block_size=16 log.every=1 checkpoint.every=1 checkpoint.keep=100"
@@ -76,7 +75,7 @@ ref="$tmp/ref"
 cp -r "$ref" "$tmp/replace"
 train 1 replace checkpoint.resume="$tmp/replace/step_00000004"
 expect "re-running from step 4 replaces step 6 with an identical one" \
-  'same "$tmp/replace/step_00000006" "$ref/step_00000006" && ! ls -d "$tmp"/replace/*.old.* 2>/dev/null'
+  'same "$tmp/replace/step_00000006" "$ref/step_00000006" && [ -z "$(find "$tmp/replace" -name "*.old.*")" ]'
 # Leftovers of dead writers: a replacement interrupted before (.old, final
 # missing: put back) and after (.old, final present: removed) the new
 # folder's rename; a pruning (.del) and a write (.tmp) interrupted; a live
@@ -86,11 +85,12 @@ dead=$(dead_pid)
 mv "$tmp/left/step_00000006" "$tmp/left/step_00000006.old.$dead"
 cp -r "$ref/step_00000005" "$tmp/left/step_00000005.old.$dead"
 mkdir "$tmp/left/step_00000002.del.$dead" "$tmp/left/step_00000007.tmp.$dead" "$tmp/left/step_00000008.tmp.$$"
+echo step_00000007 >"$tmp/left/latest.tmp.$dead"
 : >"$tmp/left/step_00000007.tmp.$dead/model.safetensors"
 train 1 left train.steps=7
 expect "an interrupted replacement is put back, and resumed" 'grep -q "^resumed from $tmp/left/step_00000006: step 6" "$tmp/left.out"'
 expect "leftovers of dead writers are removed, with a warning each" \
-  '! ls -d "$tmp"/left/*.old.* "$tmp"/left/*.del.* "$tmp"/left/step_00000007.tmp.* 2>/dev/null && [ "$(grep -c "^warning: .*: removed (left by process $dead, which is gone)" "$tmp/left.out")" = 3 ]'
+  '[ -z "$(find "$tmp/left" -name "*.old.*" -o -name "*.del.*" -o -name "*.tmp.$dead")" ] && [ "$(grep -c "^warning: .*: removed (left by process $dead, which is gone)" "$tmp/left.out")" = 4 ]'
 expect "a live writer's temporary folder is left alone" '[ -d "$tmp/left/step_00000008.tmp.$$" ]'
 
 # Another run's folder (another seed): resume never refuses with one line and

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <stddef.h>
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
@@ -356,18 +357,21 @@ static void prune(const CheckpointConfig *c, int64_t written, const char *resume
     free(steps);
 }
 
-// "step_XXXXXXXX.KIND.PID" -> PID when KIND matches; 0 otherwise.
+// "NAME.KIND.PID" -> PID when KIND matches; 0 otherwise.
 static int leftover_pid(const char *name, const char *kind) {
+    const char *dot = strrchr(name, '.');
     size_t kind_len = strlen(kind);
-    if (strncmp(name, "step_", 5) || strlen(name) < 15 + kind_len || name[13] != '.' ||
-        strncmp(name + 14, kind, kind_len) || name[14 + kind_len] != '.')
+    if (!dot || dot - name < (ptrdiff_t)kind_len + 2 || dot[-(ptrdiff_t)kind_len - 1] != '.' ||
+        strncmp(dot - kind_len, kind, kind_len))
         return 0;
     char *end;
-    long pid = strtol(name + 15 + kind_len, &end, 10);
-    return *end || pid <= 0 || pid > INT_MAX ? 0 : (int)pid;
+    long pid = strtol(dot + 1, &end, 10);
+    return *end || end == dot + 1 || pid <= 0 || pid > INT_MAX ? 0 : (int)pid;
 }
 
-static bool process_alive(int pid) { return kill(pid, 0) == 0 || errno == EPERM; }
+// Whether another process with this id is running (this process has not
+// written yet: a leftover with its own id is an earlier process's).
+static bool other_process_alive(int pid) { return pid != (int)getpid() && (kill(pid, 0) == 0 || errno == EPERM); }
 
 void checkpoint_recover_dir(const char *dir) {
     DIR *d = opendir(dir);
@@ -379,13 +383,15 @@ void checkpoint_recover_dir(const char *dir) {
         int tmp = leftover_pid(e->d_name, "tmp"), old = leftover_pid(e->d_name, "old"),
             del = leftover_pid(e->d_name, "del");
         int pid = tmp ? tmp : old ? old : del;
-        if (!pid || process_alive(pid)) continue;
-        char path[4096], final_dir[4096];
+        if (!pid || other_process_alive(pid)) continue;
+        char path[4096], final_path[4096];
         join(path, sizeof(path), dir, e->d_name);
-        snprintf(final_dir, sizeof(final_dir), "%s/%.13s", dir, e->d_name);
-        if (old && access(final_dir, F_OK) != 0) {
-            rename_into_place(path, final_dir);
-            fprintf(stderr, "warning: %s: restored from %s (a replacement was interrupted)\n", final_dir, path);
+        join(final_path, sizeof(final_path), dir, e->d_name);
+        *strrchr(final_path, '.') = '\0';  // NAME.KIND.PID -> NAME
+        *strrchr(final_path, '.') = '\0';
+        if (old && access(final_path, F_OK) != 0) {
+            rename_into_place(path, final_path);
+            fprintf(stderr, "warning: %s: restored from %s (a replacement was interrupted)\n", final_path, path);
         } else {
             remove_tree(path);
             fprintf(stderr, "warning: %s: removed (left by process %d, which is gone)\n", path, pid);

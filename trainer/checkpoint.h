@@ -35,9 +35,10 @@ typedef struct {
 // folder an explicit checkpoint.resume loaded, or NULL).
 void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state, const float *moments,
                      const char *resumed_from);
-// Before a run writes into dir: remove the step_*.tmp.PID/ and .del.PID/
-// folders of writers no longer alive, and put back (or remove, when the new
-// one made it) a step_*.old.PID/ folder moved aside by a replacement.
+// Before a run writes into dir (checkpoint.dir, log.dir): remove the
+// NAME.tmp.PID and NAME.del.PID files and folders of writers no longer alive
+// (write_file_atomic's temporaries included), and put back (or remove, when
+// the new one made it) a NAME.old.PID folder moved aside by a replacement.
 void checkpoint_recover_dir(const char *dir);
 // Whether the checkpoint folder dir records the fingerprint of cfg's run
 // (config_run_keys); when not, diff gets the differing keys as

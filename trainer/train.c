@@ -440,6 +440,7 @@ int cmd_train(int argc, char **argv) {
     FILE *metrics = NULL;
     if (dist.world_rank == 0) {
         make_dirs(cfg.log.dir);
+        checkpoint_recover_dir(cfg.log.dir);
         metrics = open_metrics(metrics_path, state.step);
     }
 

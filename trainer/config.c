@@ -947,19 +947,24 @@ const char *config_enum_name(const Config *cfg, const void *field) {
 }
 
 size_t config_run_keys(const Config *cfg, char *out, size_t size) {
-    char text[CONFIG_STR + 64];
+    // How a run is computed, not what: resumable with other values.
+    static const char *const how[] = {"train.steps", "train.backend", "train.max_bad_steps", "train.micro_batches",
+                                      "train.loss_chunk", "train.checkpoint_activations", "attention.ring",
+                                      "attention.ring_send", "attention.layout"};
+    char text[CONFIG_STR + 64], name[128];
     size_t used = 0;
     out[0] = '\0';
     for (int i = 0; i < NUM_KEYS; i++) {
         const Key *k = &keys[i];
         bool run_section = !strcmp(k->section, "model") || !strcmp(k->section, "attention") ||
                            !strcmp(k->section, "data") || !strcmp(k->section, "train");
-        if (!run_section || !strcmp(k->key, "steps") || !strcmp(k->key, "backend") ||
-            !strcmp(k->key, "max_bad_steps"))
-            continue;
+        snprintf(name, sizeof(name), "%s.%s", k->section, k->key);
+        bool excluded = false;
+        for (size_t j = 0; j < sizeof(how) / sizeof(how[0]); j++) excluded |= !strcmp(name, how[j]);
+        if (!run_section || excluded) continue;
         Value v = fetch(k, cfg);
         format_value(k, &v, text, sizeof(text));
-        if (used < size) used += (size_t)snprintf(out + used, size - used, "%s.%s=%s\n", k->section, k->key, text);
+        if (used < size) used += (size_t)snprintf(out + used, size - used, "%s=%s\n", name, text);
     }
     return used < size ? used : size - 1;
 }
@@ -996,7 +1001,7 @@ void config_print_doc(FILE *out) {
           "`train`, `data`, `checkpoint`, `log`, `eval`), each a mapping of `key: value` lines. Every key is optional:\n"
           "a key that is not given keeps the default listed below. Any key can be overridden on the command\n"
           "line after the run file as `section.key=value`, e.g.\n"
-          "`build/mtrain train configs/tiny-cpu.yaml train.lr=1e-3 train.steps=10`; overrides are applied in\n"
+          "`build/mtrain train configs/tiny-cpu.yaml train.lr=1e-3 train.steps=10 checkpoint.dir=checkpoints/lr1e-3`; overrides are applied in\n"
           "order, after the file. `build/mtrain config RUN.yaml [overrides]` prints the fully resolved\n"
           "configuration as YAML.\n\n"
           "Values are checked strictly: integers must be whole decimal integers, numbers accept `3e-4`,\n"

@@ -121,9 +121,12 @@ void config_validate(const Config *cfg, const char *source);
 // into cfg (e.g. &cfg->attention.layout).
 const char *config_enum_name(const Config *cfg, const void *field);
 // The keys that decide what a run computes, "section.key=value\n" each, in
-// schema order: the model, attention and data sections and the train section
-// but train.steps (raised to go on) and train.backend. Checkpoints record it
-// as the run's fingerprint. Returns the length (truncated at size - 1).
+// schema order: the model, attention, data and train sections but the keys
+// of how it is computed (train.steps, raised to go on; train.backend,
+// max_bad_steps, micro_batches, which changes with the grid, loss_chunk,
+// checkpoint_activations; attention.ring, ring_send, layout). Checkpoints
+// record it as the run's fingerprint. Returns the length (truncated at
+// size - 1).
 size_t config_run_keys(const Config *cfg, char *out, size_t size);
 // Print the fully resolved config as YAML.
 void config_print(const Config *cfg, FILE *out);

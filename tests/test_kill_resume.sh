@@ -31,6 +31,12 @@ launch() {  # launch NP DIR ARGS...: mtrain train into DIR on NP ranks, in the b
   fi
 }
 
+newest_step() {  # newest_step DIR: the newest step folder's step, 0 when none
+  local newest
+  newest=$(ls -d "$1"/step_???????? 2>/dev/null | tail -1)
+  [ -n "$newest" ] && echo $((10#${newest##*_})) || echo 0
+}
+
 # kill_and_resume NAME NP STEPS KILLS: the uninterrupted run, then KILLS
 # random SIGKILLs with a resume after each, then the run to its end.
 kill_and_resume() {
@@ -46,8 +52,12 @@ kill_and_resume() {
   done
   wait "$pid"
   local startup_ms=$first_ms step_ms=$(( ($(now_ms) - start - first_ms) / steps + 1 ))
-  local range_ms=$(( startup_ms + 8 * step_ms )) done_kills=0 landed=0
-  echo "$name: start-up $startup_ms ms, $step_ms ms per step with its checkpoint, delays 0-$range_ms ms"
+  # Delays up to start-up plus 6 steps: some kills land in start-up (loading,
+  # recovering), the rest within a few steps and their checkpoints. The range
+  # follows the load of the machine: it shrinks after a launch that got more
+  # than 3 steps done and grows after one that got none.
+  local range_ms=$(( startup_ms + 6 * step_ms )) done_kills=0 landed=0 before=0 after
+  echo "$name: start-up $startup_ms ms, $step_ms ms per step with its checkpoint, delays 0-$range_ms ms at first"
   while [ "$done_kills" -lt "$kills" ]; do
     launch "$np" "$dir" train.steps="$steps"
     local pid=$! delay=$(( RANDOM * range_ms / 32768 ))
@@ -64,12 +74,16 @@ kill_and_resume() {
     if [ -n "$victims" ] && kill -9 $victims 2>/dev/null; then done_kills=$((done_kills + 1)); fi
     wait "$pid"
     [ -f "$dir/step_$(printf %08d "$steps")/state.json" ] && break
+    after=$(newest_step "$dir")
+    if [ $((after - before)) -gt 3 ]; then range_ms=$((range_ms * 2 / 3)); fi
+    if [ "$after" -eq "$before" ]; then range_ms=$((range_ms * 5 / 4)); fi
+    before=$after
   done
   launch "$np" "$dir" train.steps="$steps"
   wait $!
   local rc=$?
   landed=$(grep -c "^warning: .*\(removed (left by process\|restored from\)" "$dir.out")
-  echo "$name: $done_kills kills; leftovers of killed checkpoint writes and prunes cleaned up at restart: $landed"
+  echo "$name: $done_kills kills (delays 0-$range_ms ms at last); leftovers of killed checkpoint writes and prunes cleaned up at restart: $landed"
   local last
   last=$(printf 'step_%08d' "$steps")
   expect "$name: $done_kills kills (at least $kills) before the run ended" '[ "$done_kills" -ge "$kills" ]'
@@ -87,6 +101,6 @@ kill_and_resume() {
   expect "$name: no leftover of a killed writer stays (found:${leftovers:- none})" '[ -z "$leftovers" ]'
   expect "$name: the keep policy holds (2 checkpoints)" '[ "$(ls -d "$dir"/step_???????? | wc -l)" = 2 ]'
 }
-kill_and_resume one_rank 1 100 24
-kill_and_resume two_ranks 2 30 6
+kill_and_resume one_rank 1 200 24
+kill_and_resume two_ranks 2 60 6
 exit $((failures > 0))

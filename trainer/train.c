@@ -362,6 +362,22 @@ static int first_bad_rank(const Dist *dist, const Model *m, double local_loss) {
     return (int)rank;
 }
 
+// The step line and the metrics.jsonl line (metrics == NULL: none) of a
+// skipped step; rank = the first rank whose loss or gradient was not finite,
+// -1 when only their sum overflowed.
+static void log_bad_step(int64_t step, int64_t steps, double loss, double grad_norm, int rank, double lr,
+                         int in_a_row, int max_bad_steps, FILE *metrics, const char *metrics_path) {
+    char where[48] = "in the summed gradient";
+    if (rank >= 0) snprintf(where, sizeof(where), "first on rank %d", rank);
+    printf("step %6lld/%lld | bad step: loss %g, grad norm %g (non-finite %s): skipped, %d in a row "
+           "(train.max_bad_steps %d)\n", (long long)step, (long long)steps, loss, grad_norm, where, in_a_row,
+           max_bad_steps);
+    fflush(stdout);
+    if (!metrics) return;
+    fprintf(metrics, "{\"step\": %lld, \"bad_step\": true, \"rank\": %d, \"lr\": %.9g}\n", (long long)step, rank, lr);
+    if (fflush(metrics) != 0) fail("%s: write failed", metrics_path);
+}
+
 // The signal that asked the run to stop (SIGINT, SIGTERM or SIGUSR1), 0 = none.
 static volatile sig_atomic_t stop_signal;
 
@@ -484,19 +500,11 @@ int cmd_train(int argc, char **argv) {
         if (!isfinite(grad_norm)) {
             // optimizer_step changes nothing on a non-finite norm; the step's sequences stay consumed.
             bad_in_a_row++;
-            printf("step %6lld/%lld | bad step: loss %g, grad norm %g (non-finite first on rank %d): skipped, %d in a "
-                   "row (train.max_bad_steps %d)\n", (long long)step, (long long)cfg.train.steps, loss, grad_norm,
-                   bad_rank < dist.world_size ? bad_rank : 0, bad_in_a_row, cfg.train.max_bad_steps);
-            fflush(stdout);
-            if (metrics) {
-                fprintf(metrics, "{\"step\": %lld, \"bad_step\": true, \"rank\": %d, \"lr\": %.9g}\n",
-                        (long long)step, bad_rank < dist.world_size ? bad_rank : 0, lr);
-                if (fflush(metrics) != 0) fail("%s: write failed", metrics_path);
-            }
+            log_bad_step(step, cfg.train.steps, loss, grad_norm, bad_rank < dist.world_size ? bad_rank : -1, lr,
+                         bad_in_a_row, cfg.train.max_bad_steps, metrics, metrics_path);
             if (bad_in_a_row >= cfg.train.max_bad_steps)
-                fail("step %lld: %d bad steps in a row (train.max_bad_steps): training diverged; the checkpoints "
-                     "in %s are kept, the newest at step %lld", (long long)step, bad_in_a_row, cfg.checkpoint.dir,
-                     (long long)state.step);
+                fail("step %lld: %d bad steps in a row (train.max_bad_steps): training diverged; the checkpoints in "
+                     "%s are kept", (long long)step, bad_in_a_row, cfg.checkpoint.dir);
         } else {
             bad_in_a_row = 0;
             if (zero) gather_parameters(&dist.dp, &m);

@@ -47,7 +47,7 @@ kill_and_resume() {
   launch "$np" "$ref" train.steps="$steps"
   local pid=$!
   while kill -0 "$pid" 2>/dev/null; do
-    [ "$first_ms" -eq 0 ] && [ -f "$ref/step_00000001/state.json" ] && first_ms=$(( $(now_ms) - start ))
+    [ "$first_ms" -eq 0 ] && [ "$(newest_step "$ref")" -gt 0 ] && first_ms=$(( $(now_ms) - start ))
     sleep 0.01
   done
   wait "$pid"

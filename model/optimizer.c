@@ -19,6 +19,8 @@ double lr_at(const OptimizerConfig *oc, int64_t step) {
 double optimizer_step(Model *m, const OptimizerConfig *oc, int64_t step, double *lr_out) {
     const Backend *be = m->be;
     double norm = sqrt(be->sum_squares(m->grad_mem, m->total_params));
+    if (lr_out) *lr_out = lr_at(oc, step);
+    if (!isfinite(norm)) return norm;  // a bad step: parameters and moments stay as they are
     if (oc->grad_clip > 0 && norm > oc->grad_clip) be->scale(m->grad_mem, (float)(oc->grad_clip / norm), m->total_params);
     double lr = lr_at(oc, step);
     model_alloc_optimizer(m);

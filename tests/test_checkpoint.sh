@@ -70,12 +70,19 @@ train checkpoint.dir="$tmp/keep" checkpoint.every=2 checkpoint.keep=2 checkpoint
 kept=$(cd "$tmp/keep" && ls -d step_* | tr '\n' ' ')
 expect "keep policy leaves steps 4 8 10 (got: $kept)" '[ "$kept" = "step_00000004 step_00000008 step_00000010 " ]'
 
-# A checkpoint of another model shape is refused, and left untouched.
+# A checkpoint of another model shape is refused, and left untouched: resume
+# auto names the run's differing key; an explicit checkpoint.resume warns that
+# the run differs, then names the field.
 sum_before=$(cat "$tmp/ref/step_00000012"/* | md5sum)
 "$MTRAIN" train "$tmp/run.yaml" checkpoint.dir="$tmp/ref" model.hidden_size=48 train.steps=20 >"$tmp/shape.out" 2>"$tmp/shape.err"
 rc=$?
 expect "other model shape exits non-zero" '[ $rc -ne 0 ]'
-expect "other model shape: one line naming the field" '[ $(wc -l <"$tmp/shape.err") -eq 1 ] && grep -q "step_00000012/config.json: checkpoint has hidden_size 32 but the run has 48" "$tmp/shape.err"'
+expect "other model shape: one line naming the key" '[ $(wc -l <"$tmp/shape.err") -eq 1 ] && grep -q "step_00000012: a checkpoint of another run (model.hidden_size 32 -> 48)" "$tmp/shape.err"'
+"$MTRAIN" train "$tmp/run.yaml" checkpoint.dir="$tmp/shape" checkpoint.resume="$tmp/ref/step_00000012" model.hidden_size=48 \
+  train.steps=20 >"$tmp/shape.out" 2>"$tmp/shape.err"
+rc=$?
+expect "explicit resume of another shape exits non-zero" '[ $rc -ne 0 ]'
+expect "explicit resume of another shape: the field" 'grep -q "^warning: .*step_00000012: resuming a checkpoint of another run" "$tmp/shape.err" && grep -q "step_00000012/config.json: checkpoint has hidden_size 32 but the run has 48" "$tmp/shape.err" && [ $(wc -l <"$tmp/shape.err") -eq 2 ]'
 expect "refused checkpoint is unchanged" '[ "$(cat "$tmp/ref/step_00000012"/* | md5sum)" = "$sum_before" ]'
 
 # Checkpoints are Hugging Face folders: score loads one; init_from starts from one.

@@ -48,7 +48,7 @@ RULES=(
   'skip|^mpirun -np 4 build/mtrain eval RUN\.yaml |placeholder RUN.yaml and 512K-token lengths'
   'skip|^bash scripts/context_extension\.sh$|takes about 15 minutes'
   'run |^build/mtrain config --doc$|'
-  'run |^build/mtrain train configs/tiny-cpu\.yaml train\.lr=1e-3 train\.steps=10$|'
+  'run |^build/mtrain train configs/tiny-cpu\.yaml train\.lr=1e-3 train\.steps=10 checkpoint\.dir=checkpoints/lr1e-3$|'
   'skip|^build/mtrain config RUN\.yaml \[overrides\]$|synopsis with placeholders'
   'skip|^bash scripts/bench_|benchmark, minutes'
   'skip|^bash scripts/gpu_check\.sh$|needs a GPU'

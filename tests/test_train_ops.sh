@@ -181,7 +181,7 @@ if wait_steps "$dir/logs/metrics.jsonl" 5; then
   expect "a second signal exits at once (status $rc)" \
     '{ [ $rc -eq 138 ] || [ $rc -eq 143 ]; } && grep -q "second signal" "$tmp/twice.out" && ! grep -q "^stopped by" "$tmp/twice.out"'
   newest=$(ls -d "$dir"/step_???????? | tail -1)
-  launch 1 checkpoint.dir="$dir" log.dir="$dir/logs" train.steps=1 train.seq_len=1024 \
+  launch 1 checkpoint.dir="$dir" log.dir="$dir/logs" train.steps=$((10#${newest##*_})) train.seq_len=1024 \
     model.max_position_embeddings=1024 >>"$tmp/twice.out" 2>&1
   wait $!
   rc=$?

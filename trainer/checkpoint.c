@@ -7,10 +7,15 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <stddef.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #define ZSTD_STATIC_LINKING_ONLY  // ZSTD_estimateCStreamSize (exported by the shared library)
 #include <zstd.h>
@@ -121,7 +126,41 @@ static void read_optimizer(const char *path, Model *m) {
     free(file);
 }
 
-static void write_state(const char *path, const TrainState *s) {
+// XXH64 of a whole file, read in pieces of 1 MiB.
+static uint64_t file_xxh64(const char *path) {
+    FILE *f = xfopen(path, "rb");
+    XXH64_state_t *hash = XXH64_createState();
+    if (!hash) fail("%s: out of memory for the checksum", path);
+    XXH64_reset(hash, 0);
+    size_t piece = (size_t)1 << 20;
+    char *buf = xmalloc(piece);
+    for (size_t got; (got = fread(buf, 1, piece, f)) > 0;) XXH64_update(hash, buf, got);
+    if (ferror(f)) fail("%s: read error (%s)", path, strerror(errno));
+    fclose(f);
+    uint64_t digest = XXH64_digest(hash);
+    XXH64_freeState(hash);
+    free(buf);
+    return digest;
+}
+
+// The run fingerprint: XXH64 of config_run_keys' text (run_keys [RUN_KEYS_BYTES]).
+#define RUN_KEYS_BYTES 16384
+static uint64_t run_fingerprint(const Config *cfg, char *run_keys) {
+    size_t n = config_run_keys(cfg, run_keys, RUN_KEYS_BYTES);
+    return XXH64(run_keys, n, 0);
+}
+
+static void add_hex(cJSON *root, const char *key, uint64_t value) {
+    char text[24];
+    snprintf(text, sizeof(text), "%016" PRIx64, value);
+    cJSON_AddStringToObject(root, key, text);
+}
+
+// state.json: the TrainState, the XXH64 of model.safetensors and the run's
+// fingerprint with the keys it hashes.
+static void write_state(const char *path, const TrainState *s, uint64_t model_hash, const Config *cfg) {
+    char *run_keys = xmalloc(RUN_KEYS_BYTES);
+    uint64_t fingerprint = run_fingerprint(cfg, run_keys);
     cJSON *root = cJSON_CreateObject();
     cJSON_AddNumberToObject(root, "step", (double)s->step);
     cJSON_AddNumberToObject(root, "tokens_seen", (double)s->tokens_seen);
@@ -130,22 +169,48 @@ static void write_state(const char *path, const TrainState *s) {
     for (int i = 0; i < 4; i++) snprintf(word[i], sizeof(word[i]), "%016" PRIx64, s->rng.s[i]);
     const char *words[4] = {word[0], word[1], word[2], word[3]};
     cJSON_AddItemToObject(root, "rng", cJSON_CreateStringArray(words, 4));
+    add_hex(root, "model_xxh64", model_hash);
+    add_hex(root, "fingerprint", fingerprint);
+    cJSON_AddStringToObject(root, "run_keys", run_keys);
     char *text = cJSON_Print(root);
     write_file_atomic(path, text, strlen(text));
     free(text);
     cJSON_Delete(root);
+    free(run_keys);
 }
+
+// Counts are exact in a JSON double up to 2^53.
+#define STATE_COUNT_MAX 9007199254740992.0
 
 static int64_t state_int(const cJSON *root, const char *key, const char *path) {
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, key);
-    if (!cJSON_IsNumber(item) || item->valuedouble < 0) fail("%s: field '%s' is missing or not a count", path, key);
-    return (int64_t)item->valuedouble;
+    if (!cJSON_IsNumber(item)) fail("%s: field '%s' is missing or not a number (expected a count)", path, key);
+    double v = item->valuedouble;
+    if (!(v >= 0 && v <= STATE_COUNT_MAX) || v != floor(v))
+        fail("%s: field '%s' is %g (expected a whole count in [0, 2^53])", path, key, v);
+    return (int64_t)v;
 }
 
-static void read_state(const char *path, TrainState *s) {
+static uint64_t state_hex(const cJSON *root, const char *key, const char *path) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, key);
+    char *end;
+    uint64_t value = 0;
+    if (!cJSON_IsString(item) || !item->valuestring[0] || (value = strtoull(item->valuestring, &end, 16), *end))
+        fail("%s: field '%s' is missing or not a hex word", path, key);
+    return value;
+}
+
+static cJSON *read_state_json(const char *path) {
     char *text = read_file(path, NULL);
     cJSON *root = cJSON_Parse(text);
+    free(text);
     if (!cJSON_IsObject(root)) fail("%s: not a JSON object", path);
+    return root;
+}
+
+// The TrainState and the XXH64 of model.safetensors recorded in state.json.
+static void read_state(const char *path, TrainState *s, uint64_t *model_hash) {
+    cJSON *root = read_state_json(path);
     s->step = state_int(root, "step", path);
     s->tokens_seen = state_int(root, "tokens_seen", path);
     s->data_cursor = state_int(root, "data_cursor", path);
@@ -157,8 +222,47 @@ static void read_state(const char *path, TrainState *s) {
         if (!cJSON_IsString(w) || (s->rng.s[i] = strtoull(w->valuestring, &end, 16), *end))
             fail("%s: field 'rng' must be 4 hex words", path);
     }
+    *model_hash = state_hex(root, "model_xxh64", path);
     cJSON_Delete(root);
-    free(text);
+}
+
+// Appends to diff "key CHECKPOINT -> RUN" for every line of `ours` whose key
+// has another value (or none) in `theirs` ("key=value\n" lines).
+static void describe_key_changes(const char *theirs, const char *ours, char *diff, size_t diff_size) {
+    size_t used = strlen(diff);
+    for (const char *line = ours; *line;) {
+        const char *eq = strchr(line, '='), *nl = strchr(line, '\n');
+        if (!eq || !nl) break;
+        size_t key_len = (size_t)(eq - line) + 1, value_len = (size_t)(nl - eq) - 1;
+        const char *other = NULL;
+        for (const char *t = theirs; t && *t; t = strchr(t, '\n') ? strchr(t, '\n') + 1 : NULL)
+            if (!strncmp(t, line, key_len)) { other = t + key_len; break; }
+        size_t other_len = other ? strcspn(other, "\n") : 0;
+        if ((!other || other_len != value_len || strncmp(other, eq + 1, value_len)) && used < diff_size)
+            used += (size_t)snprintf(diff + used, diff_size - used, "%s%.*s %.*s -> %.*s", used ? ", " : "",
+                                     (int)(key_len - 1), line, other ? (int)other_len : 6, other ? other : "(none)",
+                                     (int)value_len, eq + 1);
+        line = nl + 1;
+    }
+}
+
+bool checkpoint_same_run(const char *dir, const Config *cfg, char *diff, size_t diff_size) {
+    char path[4096];
+    join(path, sizeof(path), dir, "state.json");
+    cJSON *root = read_state_json(path);
+    char *ours = xmalloc(RUN_KEYS_BYTES);
+    uint64_t fingerprint = run_fingerprint(cfg, ours);
+    const cJSON *keys = cJSON_GetObjectItemCaseSensitive(root, "run_keys");
+    bool same = state_hex(root, "fingerprint", path) == fingerprint;
+    diff[0] = '\0';
+    if (!same) {
+        if (!cJSON_IsString(keys)) fail("%s: field 'run_keys' is missing or not a string", path);
+        describe_key_changes(keys->valuestring, ours, diff, diff_size);
+        if (!diff[0]) snprintf(diff, diff_size, "keys of another mtrain version");
+    }
+    free(ours);
+    cJSON_Delete(root);
+    return same;
 }
 
 // "step_00001234" -> 1234; -1 for any other name (temporaries included).
@@ -175,39 +279,137 @@ static int remove_entry(const char *path, const struct stat *sb, int flag, struc
     return 0;
 }
 
-// Keep the newest `keep` checkpoints and every one whose step is a multiple
-// of keep_every (when > 0); remove the rest.
-static void prune(const CheckpointConfig *c) {
-    DIR *d = opendir(c->dir);
-    if (!d) fail("%s: cannot open directory (%s)", c->dir, strerror(errno));
+static void remove_tree(const char *path) {
+    if (nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0) fail("%s: cannot remove", path);
+}
+
+// Remove a checkpoint folder so that a kill midway never leaves part of it
+// under its final name: renamed to NAME.del.PID first (removed by
+// checkpoint_recover_dir if this process dies), then deleted.
+static void remove_checkpoint(const char *path) {
+    char doomed[4200];
+    snprintf(doomed, sizeof(doomed), "%s.del.%d", path, (int)getpid());
+    rename_into_place(path, doomed);
+    remove_tree(doomed);
+}
+
+// The steps of dir's step_XXXXXXXX folders [*count], unsorted (malloc'd).
+static int64_t *list_steps(const char *dir, int *count) {
+    DIR *d = opendir(dir);
+    *count = 0;
+    if (!d) {
+        if (errno == ENOENT) return NULL;
+        fail("%s: cannot open directory (%s)", dir, strerror(errno));
+    }
     int64_t *steps = NULL;
-    int n = 0;
     for (struct dirent *e; (e = readdir(d));) {
         int64_t s = step_of(e->d_name);
         if (s < 0) continue;
-        steps = xrealloc(steps, sizeof(int64_t) * (size_t)(n + 1));
-        steps[n++] = s;
+        steps = xrealloc(steps, sizeof(int64_t) * (size_t)(*count + 1));
+        steps[(*count)++] = s;
     }
     closedir(d);
+    return steps;
+}
+
+static void step_path(char *out, size_t size, const char *dir, int64_t step) {
+    if ((size_t)snprintf(out, size, "%s/step_%08lld", dir, (long long)step) >= size) fail("%s: path too long", dir);
+}
+
+// Whether two paths name the same folder.
+static bool same_folder(const char *a, const char *b) {
+    struct stat sa, sb;
+    return b && stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+// A checkpoint folder is complete when it holds every file the writer puts
+// in it (state.json last); the renamed-in folder always is, unless damaged.
+static bool checkpoint_complete(const char *dir) {
+    static const char *const files[] = {"model.safetensors", "config.json", "run.yaml", "optimizer.zst", "state.json"};
+    char path[4096];
+    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+        join(path, sizeof(path), dir, files[i]);
+        if (access(path, R_OK) != 0) return false;
+    }
+    return true;
+}
+
+// Keep the newest `keep` complete checkpoints and every one whose step is a multiple
+// of keep_every (when > 0); remove the rest, but never the checkpoint just
+// written (step `written`) nor the folder the run resumed from. Incomplete
+// folders are neither counted nor removed.
+static void prune(const CheckpointConfig *c, int64_t written, const char *resumed_from) {
+    int n;
+    int64_t *steps = list_steps(c->dir, &n);
+    char path[4096];
+    for (int i = 0; i < n; i++) {
+        step_path(path, sizeof(path), c->dir, steps[i]);
+        if (!checkpoint_complete(path)) steps[i--] = steps[--n];
+    }
     for (int i = 0; i < n; i++) {
         int newer = 0;
         for (int j = 0; j < n; j++) newer += steps[j] > steps[i];
         bool permanent = c->keep_every > 0 && steps[i] % c->keep_every == 0;
-        if (newer < c->keep || permanent) continue;
-        char path[4096];
-        snprintf(path, sizeof(path), "%s/step_%08lld", c->dir, (long long)steps[i]);
-        if (nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0) fail("%s: cannot remove", path);
+        if (newer < c->keep || permanent || steps[i] == written) continue;
+        step_path(path, sizeof(path), c->dir, steps[i]);
+        if (!same_folder(path, resumed_from)) remove_checkpoint(path);
     }
     free(steps);
 }
 
-void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state, const float *moments) {
+// "NAME.KIND.PID" -> PID when KIND matches; 0 otherwise.
+static int leftover_pid(const char *name, const char *kind) {
+    const char *dot = strrchr(name, '.');
+    size_t kind_len = strlen(kind);
+    if (!dot || dot - name < (ptrdiff_t)kind_len + 2 || dot[-(ptrdiff_t)kind_len - 1] != '.' ||
+        strncmp(dot - kind_len, kind, kind_len))
+        return 0;
+    char *end;
+    long pid = strtol(dot + 1, &end, 10);
+    return *end || end == dot + 1 || pid <= 0 || pid > INT_MAX ? 0 : (int)pid;
+}
+
+// Whether another process with this id is running (this process has not
+// written yet: a leftover with its own id is an earlier process's).
+static bool other_process_alive(int pid) { return pid != (int)getpid() && (kill(pid, 0) == 0 || errno == EPERM); }
+
+void checkpoint_recover_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) {
+        if (errno == ENOENT) return;
+        fail("%s: cannot open directory (%s)", dir, strerror(errno));
+    }
+    for (struct dirent *e; (e = readdir(d));) {
+        int tmp = leftover_pid(e->d_name, "tmp"), old = leftover_pid(e->d_name, "old"),
+            del = leftover_pid(e->d_name, "del");
+        int pid = tmp ? tmp : old ? old : del;
+        if (!pid || other_process_alive(pid)) continue;
+        char path[4096], final_path[4096];
+        join(path, sizeof(path), dir, e->d_name);
+        join(final_path, sizeof(final_path), dir, e->d_name);
+        *strrchr(final_path, '.') = '\0';  // NAME.KIND.PID -> NAME
+        *strrchr(final_path, '.') = '\0';
+        if (old && access(final_path, F_OK) != 0) {
+            rename_into_place(path, final_path);
+            fprintf(stderr, "warning: %s: restored from %s (a replacement was interrupted)\n", final_path, path);
+        } else {
+            remove_tree(path);
+            fprintf(stderr, "warning: %s: removed (left by process %d, which is gone)\n", path, pid);
+        }
+    }
+    closedir(d);
+    fsync_dir(dir);
+}
+
+void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state, const float *moments,
+                     const char *resumed_from) {
     const char *dir = cfg->checkpoint.dir;
-    char name[32], final_dir[4096], tmp_dir[4096], path[4096];
+    char name[32], final_dir[4096], tmp_dir[4096], old_dir[4200], path[4096];
     snprintf(name, sizeof(name), "step_%08lld", (long long)state->step);
     join(final_dir, sizeof(final_dir), dir, name);
     if ((size_t)snprintf(tmp_dir, sizeof(tmp_dir), "%s.tmp.%d", final_dir, (int)getpid()) >= sizeof(tmp_dir))
         fail("%s: path too long", final_dir);
+    snprintf(old_dir, sizeof(old_dir), "%s.old.%d", final_dir, (int)getpid());
     make_dirs(tmp_dir);
     Progress progress;
     char what[4200];
@@ -216,6 +418,7 @@ void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state,
     progress_begin(&progress, what, 3 * param_bytes, "MiB", 1 << 20);
     join(path, sizeof(path), tmp_dir, "model.safetensors");
     model_write_safetensors(m, m->param_mem, path, ST_F32);
+    uint64_t model_hash = file_xxh64(path);
     progress_add(&progress, param_bytes);
     join(path, sizeof(path), tmp_dir, "config.json");
     char init_config[CONFIG_STR + 16];
@@ -230,35 +433,62 @@ void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state,
     join(path, sizeof(path), tmp_dir, "optimizer.zst");
     write_optimizer(path, m, moments, &progress);
     join(path, sizeof(path), tmp_dir, "state.json");
-    write_state(path, state);
+    write_state(path, state, model_hash, cfg);
     fsync_dir(tmp_dir);
-    if (access(final_dir, F_OK) == 0 && nftw(final_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
-        fail("%s: cannot replace", final_dir);
+    // An existing step_N/ is moved aside, not deleted, until the new one is in
+    // place: a kill in between leaves step_N.old.PID/, which
+    // checkpoint_recover_dir renames back.
+    bool replacing = access(final_dir, F_OK) == 0;
+    if (replacing) rename_into_place(final_dir, old_dir);
     rename_into_place(tmp_dir, final_dir);
     fsync_dir(dir);
+    if (replacing) remove_tree(old_dir);
     join(path, sizeof(path), dir, "latest");
     char text[64];
     snprintf(text, sizeof(text), "%s\n", name);
     write_file_atomic(path, text, strlen(text));
-    prune(&cfg->checkpoint);
+    prune(&cfg->checkpoint, state->step, resumed_from);
     progress_end(&progress);
 }
 
 int checkpoint_find_latest(const char *dir, char *out, size_t out_bytes) {
-    DIR *d = opendir(dir);
-    if (!d) {
-        if (errno == ENOENT) return 0;
-        fail("%s: cannot open directory (%s)", dir, strerror(errno));
-    }
+    int n;
+    int64_t *steps = list_steps(dir, &n);
     int64_t best = -1;
-    for (struct dirent *e; (e = readdir(d));) {
-        int64_t s = step_of(e->d_name);
-        if (s > best) best = s;
+    for (;;) {
+        int64_t newest = -1;
+        for (int i = 0; i < n; i++)
+            if (steps[i] > newest && (best < 0 || steps[i] < best)) newest = steps[i];
+        if (newest < 0) break;
+        step_path(out, out_bytes, dir, newest);
+        if (checkpoint_complete(out)) {
+            free(steps);
+            return 1;
+        }
+        fprintf(stderr, "warning: %s is incomplete (a file is missing): skipped, looking for an older checkpoint\n",
+                out);
+        best = newest;
     }
-    closedir(d);
-    if (best < 0) return 0;
-    snprintf(out, out_bytes, "%s/step_%08lld", dir, (long long)best);
-    return 1;
+    free(steps);
+    return 0;
+}
+
+void checkpoint_clear_other_runs(const Config *cfg) {
+    const char *dir = cfg->checkpoint.dir;
+    int n;
+    int64_t *steps = list_steps(dir, &n);
+    char path[4096], diff[2048];
+    for (int i = 0; i < n; i++) {
+        step_path(path, sizeof(path), dir, steps[i]);
+        if (!checkpoint_complete(path) || checkpoint_same_run(path, cfg, diff, sizeof(diff))) continue;
+        if (!cfg->checkpoint.overwrite)
+            fail("%s: a checkpoint of another run (%s) and checkpoint.resume is never: use another "
+                 "checkpoint.dir, or checkpoint.overwrite=true to remove that run's checkpoints",
+                 path, diff);
+        remove_checkpoint(path);
+        printf("removed %s: a checkpoint of another run (checkpoint.overwrite)\n", path);
+    }
+    free(steps);
 }
 
 // Refuse weights of another architecture, naming the first differing field.
@@ -288,9 +518,15 @@ void model_load_hf_folder(Model *m, const char *dir) {
 
 void checkpoint_load(const char *dir, Model *m, TrainState *state) {
     char path[4096];
+    uint64_t model_hash;
+    join(path, sizeof(path), dir, "state.json");
+    read_state(path, state, &model_hash);
+    join(path, sizeof(path), dir, "model.safetensors");
+    uint64_t got = file_xxh64(path);
+    if (got != model_hash)
+        fail("%s: checksum mismatch: XXH64 %016" PRIx64 ", state.json records %016" PRIx64 " (file is damaged)", path,
+             got, model_hash);
     model_load_hf_folder(m, dir);
     join(path, sizeof(path), dir, "optimizer.zst");
     read_optimizer(path, m);
-    join(path, sizeof(path), dir, "state.json");
-    read_state(path, state);
 }

@@ -3,10 +3,14 @@
 //   model.safetensors + config.json  a valid Hugging Face folder (F32 weights)
 //   run.yaml                         the resolved run config
 //   optimizer.zst                    AdamW moments, zstd-compressed, checksummed
-//   state.json                       step, tokens seen, data cursor, RNG state
+//   state.json                       step, tokens seen, data cursor, RNG state,
+//                                    XXH64 of model.safetensors, run fingerprint
 // It is written as step_XXXXXXXX.tmp.<pid>/, every file fsynced, then renamed;
 // the `latest` pointer file moves last. A folder without the final name is
 // never read, so a process killed while writing leaves the previous one in use.
+// A step folder being replaced is first moved to step_XXXXXXXX.old.<pid>/, one
+// being pruned to step_XXXXXXXX.del.<pid>/; checkpoint_recover_dir cleans up
+// after a writer that died in any of these windows.
 #ifndef MTRAIN_CHECKPOINT_H
 #define MTRAIN_CHECKPOINT_H
 
@@ -27,14 +31,32 @@ typedef struct {
 // AdamW m then v (gathered over the dp ranks under ZeRO-1), or NULL: streamed
 // in pieces from the model's unsharded adam_m and adam_v. The parameters come
 // from m->param_mem.
-void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state, const float *moments);
+// Pruning never removes the checkpoint just written nor resumed_from (the
+// folder an explicit checkpoint.resume loaded, or NULL).
+void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state, const float *moments,
+                     const char *resumed_from);
+// Before a run writes into dir (checkpoint.dir, log.dir): remove the
+// NAME.tmp.PID and NAME.del.PID files and folders of writers no longer alive
+// (write_file_atomic's temporaries included), and put back (or remove, when
+// the new one made it) a NAME.old.PID folder moved aside by a replacement.
+void checkpoint_recover_dir(const char *dir);
+// Whether the checkpoint folder dir records the fingerprint of cfg's run
+// (config_run_keys); when not, diff gets the differing keys as
+// "key CHECKPOINT -> RUN, ...".
+bool checkpoint_same_run(const char *dir, const Config *cfg, char *diff, size_t diff_size);
+// For checkpoint.resume: never: fail (one line) when checkpoint.dir holds a
+// checkpoint of another run or an incomplete one, unless checkpoint.overwrite,
+// which removes them.
+void checkpoint_clear_other_runs(const Config *cfg);
 // The host bytes a checkpoint write adds to a copy of the parameters when the
 // moments stream (a piece buffer and the compressor's).
 size_t checkpoint_stream_bytes(void);
-// The newest complete checkpoint folder in dir into out; 0 if there is none.
+// The newest complete checkpoint folder in dir into out (warning about newer
+// incomplete ones it skips); 0 if there is none.
 int checkpoint_find_latest(const char *dir, char *out, size_t out_bytes);
 // Load weights, optimizer moments and state from a checkpoint folder. Refuses
-// (one line naming the field) a checkpoint of another model shape.
+// (one line naming the field) a checkpoint of another model shape, weights
+// whose XXH64 differs from state.json's, and counts outside [0, 2^53].
 void checkpoint_load(const char *path, Model *m, TrainState *state);
 // Load the weights of a Hugging Face folder (train.init_from) into m after
 // checking that its config.json describes the same architecture, with a

@@ -146,6 +146,7 @@ static const Key keys[] = {
     BOOL(train, checkpoint_activations, false, "Recompute each layer's activations in the backward pass (saves memory)."),
     INT(train, loss_chunk, 1024, 1, 1 << 30, "Tokens per chunk of the fused LM head + cross entropy."),
     PATH(train, init_from, "none", NAMES("none"), "a Hugging Face folder", "`none` (random initialisation) or a Hugging Face folder (`config.json` + `model.safetensors`) to start from."),
+    INT(train, max_bad_steps, 5, 1, 1 << 30, "A step whose loss or gradient norm is not finite on any rank is skipped on every rank (weights and AdamW state unchanged, its sequences consumed) and logged; this many in a row stop the run (exit 1, checkpoints kept). For testing, `MTRAIN_TEST_NAN_STEP=N[,RANK[,COUNT]]` in the environment makes the loss and gradient of COUNT steps from step N (default 1) NaN on world rank RANK (default 0)."),
 
     PATH(data, train, "synthetic", NAMES("synthetic"), "comma-separated shard globs", "Training data: a shard glob or comma-separated globs (`data/*.shard,extra/a.shard`), or `synthetic` for the built-in generator. Documents are shuffled per epoch from `train.seed` and packed into sequences (see docs/ARCHITECTURE.md, section Data, and docs/DECISIONS.md)."),
     INT(data, val_sequences, 4, 1, 1 << 20, "Held-out sequences in each validation pass."),
@@ -156,7 +157,8 @@ static const Key keys[] = {
     INT64(checkpoint, every, 0, 0, 1e12, "Write a checkpoint every N steps; 0 = only after the last step."),
     INT(checkpoint, keep, 3, 1, 1 << 20, "Keep the newest K checkpoints (older ones are removed)."),
     INT64(checkpoint, keep_every, 0, 0, 1e12, "Also keep every checkpoint whose step is a multiple of M, for good; 0 = none."),
-    PATH(checkpoint, resume, "auto", NAMES("auto", "never"), "a checkpoint folder", "`auto`: continue from the newest complete checkpoint in `dir` if any; `never`: start fresh; or a checkpoint folder."),
+    PATH(checkpoint, resume, "auto", NAMES("auto", "never"), "a checkpoint folder", "`auto`: continue from the newest complete checkpoint in `dir` if any (refused when it belongs to another run: its fingerprint, the keys that decide what a run computes, differs); `never`: start fresh; or a checkpoint folder."),
+    BOOL(checkpoint, overwrite, false, "With `resume: never`, a `dir` holding another run's checkpoints is refused; `true` removes them and starts fresh."),
 
     STRING(log, dir, "logs", "Folder of `metrics.jsonl`."),
     INT(log, every, 1, 1, 1e9, "Print a step line every N steps."),
@@ -1014,6 +1016,29 @@ const char *config_enum_name(const Config *cfg, const void *field) {
     fail("config_enum_name: no enum or keyword-or-path key at offset %zu of Config", offset);
 }
 
+size_t config_run_keys(const Config *cfg, char *out, size_t size) {
+    // How a run is computed, not what: resumable with other values.
+    static const char *const how[] = {"train.steps", "train.backend", "train.max_bad_steps", "train.micro_batches",
+                                      "train.loss_chunk", "train.checkpoint_activations", "attention.ring",
+                                      "attention.ring_send", "attention.layout"};
+    char text[CONFIG_STR + 64], name[128];
+    size_t used = 0;
+    out[0] = '\0';
+    for (int i = 0; i < NUM_KEYS; i++) {
+        const Key *k = &keys[i];
+        bool run_section = !strcmp(k->section, "model") || !strcmp(k->section, "attention") ||
+                           !strcmp(k->section, "data") || !strcmp(k->section, "train");
+        snprintf(name, sizeof(name), "%s.%s", k->section, k->key);
+        bool excluded = false;
+        for (size_t j = 0; j < sizeof(how) / sizeof(how[0]); j++) excluded |= !strcmp(name, how[j]);
+        if (!run_section || excluded) continue;
+        Value v = fetch(k, cfg);
+        format_value(k, &v, text, sizeof(text));
+        if (used < size) used += (size_t)snprintf(out + used, size - used, "%s=%s\n", name, text);
+    }
+    return used < size ? used : size - 1;
+}
+
 void config_print(const Config *cfg, FILE *out) {
     char text[CONFIG_STR + 64];
     for (int s = 0; s < NUM_SECTIONS; s++) {
@@ -1046,7 +1071,7 @@ void config_print_doc(FILE *out) {
           "`train`, `data`, `checkpoint`, `log`, `eval`), each a mapping of `key: value` lines. Every key is optional:\n"
           "a key that is not given keeps the default listed below. Any key can be overridden on the command\n"
           "line after the run file as `section.key=value`, e.g.\n"
-          "`build/mtrain train configs/tiny-cpu.yaml train.lr=1e-3 train.steps=10`; overrides are applied in\n"
+          "`build/mtrain train configs/tiny-cpu.yaml train.lr=1e-3 train.steps=10 checkpoint.dir=checkpoints/lr1e-3`; overrides are applied in\n"
           "order, after the file. `build/mtrain config RUN.yaml [overrides]` prints the fully resolved\n"
           "configuration as YAML.\n\n"
           "Values are checked strictly: integers must be whole decimal integers, numbers accept `3e-4`,\n"

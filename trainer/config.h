@@ -52,6 +52,7 @@ typedef struct {
     int loss_chunk;            // tokens per fused LM-head + cross-entropy chunk
     InitFrom init_from;        // none | a Hugging Face folder to start from (init_from_path)
     char init_from_path[CONFIG_STR];
+    int max_bad_steps;         // non-finite steps in a row (each skipped) that stop the run
 } TrainConfig;
 
 typedef struct {
@@ -70,6 +71,7 @@ typedef struct {
     int64_t keep_every;        // and permanently every M-th step (0 = none)
     ResumeFrom resume;         // auto | never | a checkpoint folder (resume_path)
     char resume_path[CONFIG_STR];
+    bool overwrite;            // resume: never may replace another run's checkpoints in dir
 } CheckpointConfig;
 
 typedef struct {
@@ -136,6 +138,14 @@ void config_validate(const Config *cfg, const char *source);
 // keyword-or-path key its keyword or path: field points into cfg (e.g.
 // &cfg->attention.layout, &cfg->eval.text).
 const char *config_enum_name(const Config *cfg, const void *field);
+// The keys that decide what a run computes, "section.key=value\n" each, in
+// schema order: the model, attention, data and train sections but the keys
+// of how it is computed (train.steps, raised to go on; train.backend,
+// max_bad_steps, micro_batches, which changes with the grid, loss_chunk,
+// checkpoint_activations; attention.ring, ring_send, layout). Checkpoints
+// record it as the run's fingerprint. Returns the length (truncated at
+// size - 1).
+size_t config_run_keys(const Config *cfg, char *out, size_t size);
 // Print the fully resolved config as YAML.
 void config_print(const Config *cfg, FILE *out);
 // Print docs/CONFIG.md (markdown table of every key).

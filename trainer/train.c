@@ -70,23 +70,43 @@ static void print_memory(const Model *m, int64_t T, bool zero) {
 }
 
 // Where the run starts: a checkpoint (checkpoint.resume), a Hugging Face
-// folder (train.init_from), or the seeded initialisation. With `auto`, rank 0
-// picks the latest checkpoint and every rank loads that one.
-static void start_state(const Config *cfg, const Dist *dist, Model *m, TrainState *state) {
-    char path[4096];
+// folder (train.init_from), or the seeded initialisation. Rank 0 first cleans
+// up after writers that died (checkpoint_recover_dir). With `auto`, rank 0
+// picks the latest complete checkpoint, refuses one of another run, and every
+// rank loads that one; with `never`, a folder of another run's checkpoints is
+// refused unless checkpoint.overwrite. rolled_back_from [4096] gets the
+// folder an explicit checkpoint.resume loaded (kept from pruning: a roll-back
+// must not delete its own start), or "".
+static void start_state(const Config *cfg, const Dist *dist, Model *m, TrainState *state, char *rolled_back_from) {
+    char path[4096], diff[2048];
     const CheckpointConfig *c = &cfg->checkpoint;
     bool found = false;
+    if (dist->world_rank == 0) checkpoint_recover_dir(c->dir);
     if (c->resume == RESUME_AUTO) {
         int64_t step = -1;
-        if (dist->world_rank == 0 && checkpoint_find_latest(c->dir, path, sizeof(path)))
+        if (dist->world_rank == 0 && checkpoint_find_latest(c->dir, path, sizeof(path))) {
+            if (!checkpoint_same_run(path, cfg, diff, sizeof(diff)))
+                fail("%s: a checkpoint of another run (%s); checkpoint.resume auto continues only the same run: use "
+                     "another checkpoint.dir, or checkpoint.resume=never checkpoint.overwrite=true to start afresh",
+                     path, diff);
             step = strtoll(strrchr(path, '_') + 1, NULL, 10);
+        }
         comm_broadcast(&dist->world, &step, 1, DT_INT64, 0);
         found = step >= 0 && snprintf(path, sizeof(path), "%s/step_%08lld", c->dir, (long long)step) > 0;
-    } else if (c->resume == RESUME_PATH) {
+    } else if (c->resume == RESUME_NEVER) {
+        if (dist->world_rank == 0) checkpoint_clear_other_runs(cfg);
+    } else {
         found = snprintf(path, sizeof(path), "%s", c->resume_path) > 0;
+        if (dist->world_rank == 0 && !checkpoint_same_run(path, cfg, diff, sizeof(diff)))
+            fprintf(stderr, "warning: %s: resuming a checkpoint of another run, as checkpoint.resume asks (%s)\n",
+                    path, diff);
     }
+    snprintf(rolled_back_from, 4096, "%s", found && c->resume == RESUME_PATH ? path : "");
     if (found) {
         checkpoint_load(path, m, state);
+        if (state->step > cfg->train.steps)
+            fail("%s: the checkpoint is at step %lld, beyond train.steps = %lld (raise train.steps, or resume an "
+                 "earlier checkpoint)", path, (long long)state->step, (long long)cfg->train.steps);
         printf("resumed from %s: step %lld, %lld tokens seen\n", path, (long long)state->step,
                (long long)state->tokens_seen);
     } else if (cfg->train.init_from == INIT_FOLDER) {
@@ -95,6 +115,32 @@ static void start_state(const Config *cfg, const Dist *dist, Model *m, TrainStat
     } else {
         model_init_weights(m, cfg->train.seed);
     }
+}
+
+// metrics.jsonl of a run at `step`: the lines of later steps (written before
+// the run stopped without a checkpoint of them) are dropped, so that no step
+// appears twice; a fresh run (step 0) starts an empty file. Rewritten under a
+// temporary name, then renamed. Returns the file, open for appending.
+static FILE *open_metrics(const char *path, int64_t step) {
+    size_t bytes = 0;
+    char *text = step > 0 && access(path, F_OK) == 0 ? read_file(path, &bytes) : NULL;
+    char *kept = xmalloc(bytes + 1);
+    size_t used = 0;
+    for (char *line = text; line && line < text + bytes;) {
+        char *end = memchr(line, '\n', (size_t)(text + bytes - line));
+        size_t len = end ? (size_t)(end - line) + 1 : (size_t)(text + bytes - line);
+        long long line_step = -1;
+        // Lines are written whole with '\n' last; one cut short by a kill is dropped.
+        if (end && sscanf(line, "{\"step\": %lld", &line_step) == 1 && line_step <= step) {
+            memcpy(kept + used, line, len);
+            used += len;
+        }
+        line += len;
+    }
+    write_file_atomic(path, kept, used);
+    free(kept);
+    free(text);
+    return xfopen(path, "a");
 }
 
 // The data of a run: the loader, one packed sequence and this rank's slice of
@@ -284,15 +330,60 @@ static float *gather_moments(const Comm *dp, const Model *m) {
 
 // The checkpoint of state->step, written by rank 0: under ZeRO-1 its dp
 // group first gathers the moments, otherwise they stream from its optimizer.
-static void save_checkpoint(const Config *cfg, const Dist *dist, bool zero, const Model *m, const TrainState *state) {
+static void save_checkpoint(const Config *cfg, const Dist *dist, bool zero, const Model *m, const TrainState *state,
+                            const char *rolled_back_from) {
+    const char *protect = rolled_back_from[0] ? rolled_back_from : NULL;
     if (zero && dist->cp.rank == 0) {
         float *moments = gather_moments(&dist->dp, m);
-        if (dist->world_rank == 0) checkpoint_save(cfg, m, state, moments);
+        if (dist->world_rank == 0) checkpoint_save(cfg, m, state, moments, protect);
         free(moments);
     } else if (!zero && dist->world_rank == 0) {
-        checkpoint_save(cfg, m, state, NULL);
+        checkpoint_save(cfg, m, state, NULL, protect);
     }
     printf("checkpoint: %s/step_%08lld\n", cfg->checkpoint.dir, (long long)state->step);
+}
+
+// MTRAIN_TEST_NAN_STEP=N[,RANK[,COUNT]] (for tests): steps N .. N + COUNT - 1
+// get a NaN loss and gradient on world rank RANK (default 0; COUNT default
+// 1). Sets [*first, *last] on that rank, else leaves them at 0.
+static void test_nan_steps(const Dist *dist, int64_t *first, int64_t *last) {
+    const char *text = getenv("MTRAIN_TEST_NAN_STEP");
+    *first = *last = 0;
+    if (!text || !text[0]) return;
+    long long step = 0, count = 1;
+    int rank = 0, n = 0;
+    if (sscanf(text, "%lld%n,%d%n,%lld%n", &step, &n, &rank, &n, &count, &n) < 1 || text[n] || step < 1 || rank < 0 ||
+        count < 1)
+        fail("MTRAIN_TEST_NAN_STEP=%s: expected STEP[,RANK[,COUNT]] (step >= 1, rank >= 0, count >= 1)", text);
+    if (rank != dist->world_rank) return;
+    *first = step;
+    *last = step + count - 1;
+}
+
+// After the local forward and backward passes of a step, before any
+// reduction: the lowest world rank whose loss or gradient is not finite, or
+// world_size when every rank's are (collective over the world).
+static int first_bad_rank(const Dist *dist, const Model *m, double local_loss) {
+    bool bad = !isfinite(local_loss) || !isfinite(m->be->sum_squares(m->grad_mem, m->total_params));
+    int64_t rank = bad ? dist->world_rank : dist->world_size;
+    comm_allreduce(&dist->world, &rank, 1, DT_INT64, REDUCE_MIN);
+    return (int)rank;
+}
+
+// The step line and the metrics.jsonl line (metrics == NULL: none) of a
+// skipped step; rank = the first rank whose loss or gradient was not finite,
+// -1 when only their sum overflowed.
+static void log_bad_step(int64_t step, int64_t steps, double loss, double grad_norm, int rank, double lr,
+                         int in_a_row, int max_bad_steps, FILE *metrics, const char *metrics_path) {
+    char where[48] = "in the summed gradient";
+    if (rank >= 0) snprintf(where, sizeof(where), "first on rank %d", rank);
+    printf("step %6lld/%lld | bad step: loss %g, grad norm %g (non-finite %s): skipped, %d in a row "
+           "(train.max_bad_steps %d)\n", (long long)step, (long long)steps, loss, grad_norm, where, in_a_row,
+           max_bad_steps);
+    fflush(stdout);
+    if (!metrics) return;
+    fprintf(metrics, "{\"step\": %lld, \"bad_step\": true, \"rank\": %d, \"lr\": %.9g}\n", (long long)step, rank, lr);
+    if (fflush(metrics) != 0) fail("%s: write failed", metrics_path);
 }
 
 // The signal that asked the run to stop (SIGINT, SIGTERM or SIGUSR1), 0 = none.
@@ -352,7 +443,11 @@ int cmd_train(int argc, char **argv) {
     TrainState state = {0};
     rng_seed(&state.rng, cfg.train.seed);
     catch_stop_signals();
-    start_state(&cfg, &dist, &m, &state);
+    char rolled_back_from[4096];
+    start_state(&cfg, &dist, &m, &state, rolled_back_from);
+    int64_t nan_first, nan_last;
+    test_nan_steps(&dist, &nan_first, &nan_last);
+    int bad_in_a_row = 0;
     OptimizerConfig oc = optimizer_config(&cfg);
     int64_t N = cfg.train.seq_len;
     int micro = cfg.train.micro_batches;
@@ -369,7 +464,8 @@ int cmd_train(int argc, char **argv) {
     FILE *metrics = NULL;
     if (dist.world_rank == 0) {
         make_dirs(cfg.log.dir);
-        metrics = xfopen(metrics_path, "a");
+        checkpoint_recover_dir(cfg.log.dir);
+        metrics = open_metrics(metrics_path, state.step);
     }
 
     char attention_line[128];
@@ -396,18 +492,34 @@ int cmd_train(int argc, char **argv) {
                                            data.slice.count, (float)(1.0 / (double)step_tokens));
         }
         state.data_cursor += (int64_t)micro * D;
+        if (step >= nan_first && step <= nan_last) {
+            static const float not_a_number = NAN;
+            loss = NAN;
+            m.be->upload(m.grad_mem, &not_a_number, sizeof(float));
+        }
+        int bad_rank = first_bad_rank(&dist, &m, loss);
         allreduce_arena(&dist.world, m.be, m.grad_mem, m.total_params);
         comm_allreduce(&dist.world, &loss, 1, DT_DOUBLE, REDUCE_SUM);
         loss /= (double)step_tokens;
         end_attention_stats(&m, &dist, attention_line, sizeof(attention_line), attention_json,
                             attention_json_size);
-        double lr;
-        double grad_norm = optimizer_step(&m, &oc, step, &lr);
-        if (zero) gather_parameters(&dist.dp, &m);
+        double lr = lr_at(&oc, step);
+        double grad_norm = bad_rank < dist.world_size ? NAN : optimizer_step(&m, &oc, step, &lr);
+        if (!isfinite(grad_norm)) {
+            // optimizer_step changes nothing on a non-finite norm; the step's sequences stay consumed.
+            bad_in_a_row++;
+            log_bad_step(step, cfg.train.steps, loss, grad_norm, bad_rank < dist.world_size ? bad_rank : -1, lr,
+                         bad_in_a_row, cfg.train.max_bad_steps, metrics, metrics_path);
+            if (bad_in_a_row >= cfg.train.max_bad_steps)
+                fail("step %lld: %d bad steps in a row (train.max_bad_steps): training diverged; the checkpoints in "
+                     "%s are kept", (long long)step, bad_in_a_row, cfg.checkpoint.dir);
+        } else {
+            bad_in_a_row = 0;
+            if (zero) gather_parameters(&dist.dp, &m);
+        }
         double ms = 1e3 * (now_seconds() - t0);
         double tokens_per_s = (double)step_tokens / (ms * 1e-3);
-        if (!isfinite(loss)) fail("step %lld: loss is %f: training diverged", (long long)step, loss);
-        if (step % cfg.log.every == 0 || step == cfg.train.steps) {
+        if (bad_in_a_row == 0 && (step % cfg.log.every == 0 || step == cfg.train.steps)) {
             char eta[32];
             double elapsed = now_seconds() - train_start;
             format_duration(elapsed / (double)(step - first_step + 1) * (double)(cfg.train.steps - step), eta, sizeof(eta));
@@ -416,7 +528,7 @@ int cmd_train(int argc, char **argv) {
                    attention_line);
             fflush(stdout);
         }
-        if (metrics) {
+        if (metrics && bad_in_a_row == 0) {
             fprintf(metrics, "{\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, \"ms\": %.3f%s}\n",
                     (long long)step, loss, grad_norm, lr, tokens_per_s, ms, attention_json);
             if (fflush(metrics) != 0) fail("%s: write failed", metrics_path);
@@ -426,10 +538,10 @@ int cmd_train(int argc, char **argv) {
             best_val = fmin(best_val, log_validation(&m, &cfg, &dist, &data, step, metrics, metrics_path));
         state.tokens_seen += step_tokens;
         bool saved = (cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || step == cfg.train.steps;
-        if (saved) save_checkpoint(&cfg, &dist, zero, &m, &state);
+        if (saved) save_checkpoint(&cfg, &dist, zero, &m, &state, rolled_back_from);
         int sig = agreed_stop_signal(&dist);
         if (sig && step < cfg.train.steps) {
-            if (!saved) save_checkpoint(&cfg, &dist, zero, &m, &state);
+            if (!saved) save_checkpoint(&cfg, &dist, zero, &m, &state, rolled_back_from);
             printf("stopped by %s after step %lld of %lld: checkpoint %s/step_%08lld written; the same command "
                    "resumes\n", sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGUSR1", (long long)step,
                    (long long)cfg.train.steps, cfg.checkpoint.dir, (long long)step);

@@ -231,7 +231,38 @@ build/sim/tests/mpi_gpu_nccl: build/sim/obj/tests/mpi_gpu_nccl.o build/sim/obj/t
 test-sim: build-sim
 	@bash tests/test_sim.sh
 
+# ---- libFuzzer targets (tests/fuzz/, docs/PERFORMANCE.md "Fuzzing") ----
+# Each reader of untrusted files under clang's libFuzzer with ASan and UBSan:
+# build/fuzz/fuzz_NAME from tests/fuzz/fuzz_NAME.c, the harness tests/fuzz/fuzz.c
+# and the library compiled again into build/fuzz/obj/. `make fuzz` seeds each
+# corpus (build/fuzz/corpus/NAME) and runs every target FUZZ_RUNS times, one
+# after another.
+FUZZ_RUNS ?= 1000000
+FUZZ_CFLAGS = $(filter-out -O3 $(ARCH),$(CFLAGS)) -O1 -g -fno-omit-frame-pointer \
+              -fsanitize=address,undefined -fno-sanitize-recover=undefined
+FUZZ_WRAP = -Wl,--wrap=exit,--wrap=fopen,--wrap=fclose,--wrap=mmap,--wrap=munmap
+FUZZ_NAMES = $(filter-out seeds,$(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c)))
+FUZZ_BIN = $(FUZZ_NAMES:%=build/fuzz/fuzz_%)
+FUZZ_LIB_OBJ = $(LIB_SRC:%.c=build/fuzz/obj/%.o)
+.SECONDARY: $(patsubst %.c,build/fuzz/obj/%.o,$(wildcard tests/fuzz/*.c))
+
+.PHONY: build-fuzz fuzz
+build-fuzz: $(FUZZ_BIN) build/fuzz/fuzz_seeds
+
+build/fuzz/obj/%.o: %.c $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+build/fuzz/fuzz_%: build/fuzz/obj/tests/fuzz/fuzz_%.o build/fuzz/obj/tests/fuzz/fuzz.o $(FUZZ_LIB_OBJ)
+	clang -fsanitize=fuzzer,address,undefined $(FUZZ_WRAP) $^ -o $@ $(LDLIBS)
+
+build/fuzz/fuzz_seeds: build/fuzz/obj/tests/fuzz/fuzz_seeds.o $(FUZZ_LIB_OBJ)
+	clang -fsanitize=fuzzer-no-link,address,undefined $^ -o $@ $(LDLIBS)
+
+fuzz: build-fuzz
+	@st=0; for name in $(FUZZ_NAMES); do bash tests/fuzz/run.sh $$name $(FUZZ_RUNS) || st=1; done; exit $$st
+
 clean:
 	rm -rf build
 
--include $(shell find build/obj build/sim -name '*.d' 2>/dev/null)
+-include $(shell find build/obj build/sim build/fuzz -name '*.d' 2>/dev/null)

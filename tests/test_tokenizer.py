@@ -455,4 +455,5 @@ def main():
     finish()
 
 
-main()
+if __name__ == "__main__":
+    main()

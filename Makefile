@@ -2,6 +2,10 @@
 # and the test suite; with nvcc, also the CUDA kernels' GPU programs.
 #   make            build/mtrain
 #   make test       build + every CPU test; prints "N passed, N failed"
+#   make test SANITIZE=1   the same build with ASan + UBSan + leak checks in
+#                   build/san/, its test programs and the shell tests that run
+#                   $$MTRAIN (tests/run.sh says which)
+#   make fuzz       the readers of input files under libFuzzer (tests/fuzz/)
 #   make demo       train a tiny model and show that it learned
 #   make test-gpu   CUDA kernels against the CPU backend (needs a GPU)
 #   make build-test-gpu   the GPU test and benchmark programs, not run
@@ -97,8 +101,13 @@ build/bench/%: build/obj/scripts/%.o $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(LDLIBS)
 
+ifeq ($(SANITIZE),1)
+test: build-san
+	@$(SAN_ENV) MTRAIN_BUILD=build/san bash tests/run.sh
+else
 test: all
 	@bash tests/run.sh
+endif
 
 demo: all
 	@bash scripts/demo.sh
@@ -231,6 +240,33 @@ build/sim/tests/mpi_gpu_nccl: build/sim/obj/tests/mpi_gpu_nccl.o build/sim/obj/t
 test-sim: build-sim
 	@bash tests/test_sim.sh
 
+# ---- make test SANITIZE=1: AddressSanitizer, UndefinedBehaviorSanitizer and
+# LeakSanitizer over the library, build/san/mtrain and the test programs, all
+# in build/san/ (never mixed with build/obj/). Any report ends the program
+# with a non-zero status and goes to its stderr, which the runner logs (UBSan
+# does not recover; gcc's UBSan has no log file of its own). Open MPI's own
+# leaks are suppressed (tests/sanitize.supp).
+SAN_FLAGS = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+SAN_CFLAGS = $(filter-out -O3,$(CFLAGS)) -O2 -g $(SAN_FLAGS)
+SAN_LIB_OBJ = $(LIB_SRC:%.c=build/san/obj/%.o)
+SAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
+          LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitize.supp:print_suppressions=0 \
+          UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+.PHONY: build-san
+.SECONDARY: $(patsubst %.c,build/san/obj/%.o,$(wildcard tests/*.c))
+build-san: build/san/mtrain $(TEST_BIN:build/%=build/san/%)
+
+build/san/obj/%.o: %.c $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	$(CC) $(SAN_CFLAGS) -c $< -o $@
+
+build/san/mtrain: build/san/obj/trainer/main.o $(SAN_LIB_OBJ)
+	$(CC) $(SAN_FLAGS) $^ -o $@ $(LDLIBS)
+
+build/san/tests/%: build/san/obj/tests/%.o $(SAN_LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(SAN_FLAGS) $^ -o $@ $(LDLIBS)
+
 # ---- libFuzzer targets (tests/fuzz/, docs/PERFORMANCE.md "Fuzzing") ----
 # Each reader of untrusted files under clang's libFuzzer with ASan and UBSan:
 # build/fuzz/fuzz_NAME from tests/fuzz/fuzz_NAME.c, the harness tests/fuzz/fuzz.c
@@ -265,4 +301,4 @@ fuzz: build-fuzz
 clean:
 	rm -rf build
 
--include $(shell find build/obj build/sim build/fuzz -name '*.d' 2>/dev/null)
+-include $(shell find build/obj build/sim build/fuzz build/san -name '*.d' 2>/dev/null)

@@ -109,6 +109,7 @@ static void release_input_resources(void) {
 void __wrap_exit(int status) {
     if (tracking) {
         release_input_resources();
+        stopping_on_error = 0;  // the next input's leaks are checked again
         longjmp(on_exit_jump, 1);
     }
     __real_exit(status);

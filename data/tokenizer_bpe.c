@@ -206,6 +206,18 @@ static int64_t byte_level_decode(const char *s, uint8_t *out) {
     return n;
 }
 
+// Offset of the first byte of s[0..n) that is not valid UTF-8, or -1.
+static int64_t utf8_invalid_at(const uint8_t *s, int64_t n) {
+    for (int64_t i = 0; i < n;) {
+        if (s[i] < 0x80) { i++; continue; }
+        utf8proc_int32_t cp;
+        utf8proc_ssize_t k = utf8proc_iterate(s + i, n - i, &cp);
+        if (k < 0) return i;
+        i += k;
+    }
+    return -1;
+}
+
 // ----------------------------------------------------------------------------
 // Loading: every problem is one line naming the file and the field.
 
@@ -217,6 +229,21 @@ static void bad(const TokenizerBpe *t, const char *field, const char *fmt, ...) 
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     fail("%s: %s %s", t->path, field, msg);
+}
+
+// s in quotes for a message, at most 40 of its bytes, with each byte outside
+// printable ASCII (and " and \\) as \\xNN: s may be any bytes.
+static const char *quote_bytes(const char *s, char *buf, size_t cap) {
+    size_t n = 0;
+    buf[n++] = '"';
+    for (int i = 0; s[i] && i < 40 && n + 6 < cap; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x20 || c >= 0x7f || c == '"' || c == '\\') n += (size_t)snprintf(buf + n, cap - n, "\\x%02X", c);
+        else buf[n++] = (char)c;
+    }
+    buf[n++] = '"';
+    buf[n] = 0;
+    return buf;
 }
 
 // A JSON value in words, for messages: missing, null, "text", 12, an object ...
@@ -385,6 +412,10 @@ static void load_added(TokenizerBpe *t, const cJSON *root) {
         if (!is_id(id)) bad(t, f, "id is %s (expected a whole number >= 0)", describe(id, buf, sizeof(buf)));
         if (!cJSON_IsString(content) || !content->valuestring[0])
             bad(t, f, "content is %s (expected the token's text)", describe(content, buf, sizeof(buf)));
+        int64_t invalid = utf8_invalid_at((const uint8_t *)content->valuestring, (int64_t)strlen(content->valuestring));
+        if (invalid >= 0)
+            bad(t, f, "content %s is not valid UTF-8 (at byte %lld; expected the token's text in UTF-8)",
+                quote_bytes(content->valuestring, buf, sizeof(buf)), (long long)invalid);
         const char *flags[] = {"lstrip", "rstrip", "single_word"};
         for (int k = 0; k < 3; k++) expect_bool(t, a, f, flags[k], 0, 0);
         AddedSet *set = &t->added[cJSON_IsTrue(field(a, "normalized"))];
@@ -673,18 +704,6 @@ static int64_t added_find(const AddedSet *set, const uint8_t *text, int64_t n, i
             }
         }
     return n;
-}
-
-// Offset of the first byte of s[0..n) that is not valid UTF-8, or -1.
-static int64_t utf8_invalid_at(const uint8_t *s, int64_t n) {
-    for (int64_t i = 0; i < n;) {
-        if (s[i] < 0x80) { i++; continue; }
-        utf8proc_int32_t cp;
-        utf8proc_ssize_t k = utf8proc_iterate(s + i, n - i, &cp);
-        if (k < 0) return i;
-        i += k;
-    }
-    return -1;
 }
 
 // Encodes a stretch of raw text that holds no raw-matched added token:

@@ -313,6 +313,20 @@ def test_bad_files(work, tiny_path):
         expect_error(f"bad tokenizer.json: {name}", ["tokenize", "--tokenizer", path, "--input", txt, "--output", out],
                      substring, out, f"{path}: ")
 
+    # Added tokens that are not UTF-8 (raw bytes: the JSON parser passes them on).
+    for name, raw, said in (("a byte 0xFF", b"<b\xff>", '"<b\\xFF>" is not valid UTF-8 (at byte 2;'),
+                            ("an overlong encoding", b"<\xc0\xaf>", '"<\\xC0\\xAF>" is not valid UTF-8 (at byte 1;'),
+                            ("a cut sequence", b"x\xe4\xb8", '"x\\xE4\\xB8" is not valid UTF-8 (at byte 1;')):
+        t = tiny_tokenizer()
+        t["added_tokens"][1]["content"] = "@CONTENT@"
+        path = os.path.join(work, f"bad_added_{name.replace(' ', '_')}.json")
+        with open(path, "wb") as f:
+            f.write(json.dumps(t, ensure_ascii=False).encode("utf-8").replace(b"@CONTENT@", raw))
+        out = os.path.join(work, "bad.shard")
+        expect_error(f"bad tokenizer.json: added token with {name}",
+                     ["tokenize", "--tokenizer", path, "--input", txt, "--output", out],
+                     f"added_tokens[1] content {said}", out, f"{path}: ")
+
     notjson = os.path.join(work, "notjson.json")
     with open(notjson, "w") as f:
         f.write('{"model": {"type": "BPE",')

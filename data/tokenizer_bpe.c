@@ -89,7 +89,7 @@ static int strmap_put(StrMap *m, const uint8_t *key, size_t len, uint64_t value)
     StrSlot *s = strmap_slot(m, key, len, hash);
     int existed = s->hash != 0;
     if (!existed) {
-        if (m->arena_bytes + (int64_t)len > m->arena_cap) {
+        if (!m->arena || m->arena_bytes + (int64_t)len > m->arena_cap) {  // an empty first key needs an arena too
             m->arena_cap = 2 * (m->arena_bytes + (int64_t)len) + 4096;
             m->arena = xrealloc(m->arena, (size_t)m->arena_cap);
         }

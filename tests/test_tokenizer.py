@@ -239,6 +239,14 @@ def test_tiny(work):
             continue
         for text, w, g in zip(texts, want, got):
             check(f"tiny ({form} merges) {text!r} -> {w}", g == w + [300], f"got {g}")
+    # A vocabulary whose first token is empty (the input, from the fuzzer, is
+    # tests/fuzz/regressions/tokenizer/) loads and encodes as without it.
+    empty_first = tiny_tokenizer()
+    empty_first["model"]["vocab"] = {"": 303, **empty_first["model"]["vocab"]}
+    path = write_json(os.path.join(work, "empty_first.json"), empty_first)
+    got, err = encode_many(work, path, ["abc", "xy xy"], "empty_first")
+    check("vocab with an empty first token encodes as without it",
+          got == [[ord("a"), v["bc"], 300], [v["xy"], ord(" "), v["xy"], 300]], f"got {got}, {err}")
     return write_json(os.path.join(work, "tiny.json"), tiny)
 
 

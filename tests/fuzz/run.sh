@@ -11,8 +11,9 @@ corpus=build/fuzz/corpus/$name seeds=build/fuzz/seeds
 crashes=build/fuzz/crashes/$name
 mkdir -p "$corpus" "$crashes" "$seeds"
 
-# Seeds: the run files in configs/, the tests' tiny tokenizer.json, and files
-# written by mtrain's own writers (build/fuzz/fuzz_seeds).
+# Seeds: the run files in configs/, the tests' tiny tokenizer.json, files
+# written by mtrain's own writers (build/fuzz/fuzz_seeds), and every input
+# that once crashed a reader (tests/fuzz/regressions/NAME/).
 build/fuzz/fuzz_seeds "$seeds"
 case $name in
   config_yaml) cp configs/*.yaml "$corpus"/ ;;
@@ -24,6 +25,7 @@ for form in ("string", "array"):
     t.write_json(os.path.join(sys.argv[1], f"tiny_{form}.json"), t.tiny_tokenizer(form))' "$corpus" ;;
   *) cp "$seeds/$name"/* "$corpus"/ ;;
 esac
+if [ -d tests/fuzz/regressions/"$name" ]; then cp tests/fuzz/regressions/"$name"/* "$corpus"/; fi
 
 log=build/fuzz/$name.log
 start=$(date +%s)

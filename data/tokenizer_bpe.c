@@ -281,9 +281,13 @@ static void expect_bool(const TokenizerBpe *t, const cJSON *obj, const char *whe
     bad(t, f, "is %s (expected %s: only that is supported)", describe(v, buf, sizeof(buf)), want ? "true" : "false");
 }
 
-// A whole number in [0, 2^31).
+// Token ids index a table of pieces, so they are bounded: 2^24 is 64 times
+// the largest vocabularies in use (Qwen2.5: 151 665 tokens).
+#define BPE_MAX_IDS (1 << 24)
+
+// A whole number in [0, BPE_MAX_IDS).
 static int is_id(const cJSON *v) {
-    return cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < 2147483648.0 &&
+    return cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < BPE_MAX_IDS &&
            v->valuedouble == (double)(int64_t)v->valuedouble;
 }
 
@@ -292,8 +296,8 @@ static void load_vocab(TokenizerBpe *t, const cJSON *vocab) {
     if (!cJSON_IsObject(vocab))
         bad(t, "model.vocab", "is %s (expected an object mapping each token to its id)", describe(vocab, buf, sizeof(buf)));
     for (const cJSON *item = vocab->child; item; item = item->next) {
-        if (!is_id(item)) bad(t, "model.vocab", "token \"%.60s\" has id %s (expected a whole number >= 0)", item->string,
-                              describe(item, buf, sizeof(buf)));
+        if (!is_id(item)) bad(t, "model.vocab", "token \"%.60s\" has id %s (expected a whole number in [0, %d))", item->string,
+                              describe(item, buf, sizeof(buf)), BPE_MAX_IDS);
         uint8_t *bytes = xmalloc(strlen(item->string) + 1);
         int64_t len = byte_level_decode(item->string, bytes);
         if (len < 0) bad(t, "model.vocab", "token \"%.60s\" has a character outside the byte-level alphabet (expected "
@@ -409,7 +413,7 @@ static void load_added(TokenizerBpe *t, const cJSON *root) {
     for (const cJSON *a = list->child; a; a = a->next, i++) {
         snprintf(f, sizeof(f), "added_tokens[%d]", i);
         const cJSON *id = field(a, "id"), *content = field(a, "content");
-        if (!is_id(id)) bad(t, f, "id is %s (expected a whole number >= 0)", describe(id, buf, sizeof(buf)));
+        if (!is_id(id)) bad(t, f, "id is %s (expected a whole number in [0, %d))", describe(id, buf, sizeof(buf)), BPE_MAX_IDS);
         if (!cJSON_IsString(content) || !content->valuestring[0])
             bad(t, f, "content is %s (expected the token's text)", describe(content, buf, sizeof(buf)));
         int64_t invalid = utf8_invalid_at((const uint8_t *)content->valuestring, (int64_t)strlen(content->valuestring));

@@ -312,6 +312,10 @@ def test_bad_files(work, tiny_path):
         ("no decoder", drop("decoder"), "decoder.type is missing"),
         ("template post_processor", setter({"type": "TemplateProcessing"}, "post_processor"),
          'post_processor.type is "TemplateProcessing"'),
+        ("vocab id beyond the id table", setter(16777216, "model", "vocab", "zz"),
+         'token "zz" has id 1.67772e+07 (expected a whole number in [0, 16777216))'),
+        ("added token id beyond the id table", setter(2000000000, "added_tokens", 2, "id"),
+         "added_tokens[2] id is 2e+09 (expected a whole number in [0, 16777216))"),
         ("added token without id", drop("added_tokens", 0, "id"), "added_tokens[0] id is missing"),
         ("added token with lstrip", setter(True, "added_tokens", 1, "lstrip"), "added_tokens[1].lstrip is true"),
     ]

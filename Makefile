@@ -2,6 +2,10 @@
 # and the test suite; with nvcc, also the CUDA kernels' GPU programs.
 #   make            build/mtrain
 #   make test       build + every CPU test; prints "N passed, N failed"
+#   make test SANITIZE=1   the same build with ASan + UBSan + leak checks in
+#                   build/san/, its test programs and the shell tests that run
+#                   $$MTRAIN (tests/run.sh says which)
+#   make fuzz       the readers of input files under libFuzzer (tests/fuzz/)
 #   make demo       train a tiny model and show that it learned
 #   make test-gpu   CUDA kernels against the CPU backend (needs a GPU)
 #   make build-test-gpu   the GPU test and benchmark programs, not run
@@ -98,8 +102,13 @@ build/bench/%: build/obj/scripts/%.o $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(LDLIBS)
 
+ifeq ($(SANITIZE),1)
+test: build-san $(filter-out build/tests/mpi_gpu_%,$(MPI_TEST_BIN))
+	@$(SAN_ENV) MTRAIN_BUILD=build/san bash tests/run.sh
+else
 test: all
 	@bash tests/run.sh
+endif
 
 demo: all
 	@bash scripts/demo.sh
@@ -232,7 +241,65 @@ build/sim/tests/mpi_gpu_nccl: build/sim/obj/tests/mpi_gpu_nccl.o build/sim/obj/t
 test-sim: build-sim
 	@bash tests/test_sim.sh
 
+# ---- make test SANITIZE=1: AddressSanitizer, UndefinedBehaviorSanitizer and
+# LeakSanitizer over the library, build/san/mtrain and the test programs, all
+# in build/san/ (never mixed with build/obj/). Any report ends the program
+# with a non-zero status and goes to its stderr, which the runner logs (UBSan
+# does not recover; gcc's UBSan has no log file of its own). Open MPI's own
+# leaks are suppressed (tests/sanitize.supp): allocation stacks are unwound
+# in full (fast_unwind_on_malloc=0), so that they reach the Open MPI library
+# that called a plugin (PMIx, hwloc) unloaded before the leak check.
+SAN_FLAGS = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+SAN_CFLAGS = $(filter-out -O3,$(CFLAGS)) -O2 -g $(SAN_FLAGS)
+SAN_LIB_OBJ = $(LIB_SRC:%.c=build/san/obj/%.o)
+SAN_ENV = ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0 \
+          LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitize.supp:print_suppressions=0 \
+          UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+.PHONY: build-san
+build-san: build/san/mtrain $(TEST_BIN:build/%=build/san/%)
+
+build/san/obj/%.o: %.c $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	$(CC) $(SAN_CFLAGS) -c $< -o $@
+
+build/san/mtrain: build/san/obj/trainer/main.o $(SAN_LIB_OBJ)
+	$(CC) $(SAN_FLAGS) $^ -o $@ $(LDLIBS)
+
+build/san/tests/%: build/san/obj/tests/%.o $(SAN_LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(SAN_FLAGS) $^ -o $@ $(LDLIBS)
+
+# ---- libFuzzer targets (tests/fuzz/, docs/PERFORMANCE.md "Fuzzing") ----
+# Each reader of untrusted files under clang's libFuzzer with ASan and UBSan:
+# build/fuzz/fuzz_NAME from tests/fuzz/fuzz_NAME.c, the harness tests/fuzz/fuzz.c
+# and the library compiled again into build/fuzz/obj/. `make fuzz` seeds each
+# corpus (build/fuzz/corpus/NAME) and runs every target FUZZ_RUNS times, one
+# after another.
+FUZZ_RUNS ?= 1000000
+FUZZ_CFLAGS = $(filter-out -O3 $(ARCH),$(CFLAGS)) -O1 -g -fno-omit-frame-pointer \
+              -fsanitize=address,undefined -fno-sanitize-recover=undefined
+FUZZ_WRAP = -Wl,--wrap=exit,--wrap=fopen,--wrap=fclose,--wrap=mmap,--wrap=munmap
+FUZZ_NAMES = $(filter-out seeds,$(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c)))
+FUZZ_BIN = $(FUZZ_NAMES:%=build/fuzz/fuzz_%)
+FUZZ_LIB_OBJ = $(LIB_SRC:%.c=build/fuzz/obj/%.o)
+
+.PHONY: build-fuzz fuzz
+build-fuzz: $(FUZZ_BIN) build/fuzz/fuzz_seeds
+
+build/fuzz/obj/%.o: %.c $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+build/fuzz/fuzz_%: build/fuzz/obj/tests/fuzz/fuzz_%.o build/fuzz/obj/tests/fuzz/fuzz.o $(FUZZ_LIB_OBJ)
+	clang -fsanitize=fuzzer,address,undefined $(FUZZ_WRAP) $^ -o $@ $(LDLIBS)
+
+build/fuzz/fuzz_seeds: build/fuzz/obj/tests/fuzz/fuzz_seeds.o $(FUZZ_LIB_OBJ)
+	clang -fsanitize=fuzzer-no-link,address,undefined $^ -o $@ $(LDLIBS)
+
+fuzz: build-fuzz
+	@st=0; for name in $(FUZZ_NAMES); do bash tests/fuzz/run.sh $$name $(FUZZ_RUNS) || st=1; done; exit $$st
+
 clean:
 	rm -rf build
 
--include $(shell find build/obj build/sim -name '*.d' 2>/dev/null)
+-include $(shell find build/obj build/sim build/fuzz build/san -name '*.d' 2>/dev/null)

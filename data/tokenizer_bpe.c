@@ -89,7 +89,7 @@ static int strmap_put(StrMap *m, const uint8_t *key, size_t len, uint64_t value)
     StrSlot *s = strmap_slot(m, key, len, hash);
     int existed = s->hash != 0;
     if (!existed) {
-        if (m->arena_bytes + (int64_t)len > m->arena_cap) {
+        if (!m->arena || m->arena_bytes + (int64_t)len > m->arena_cap) {  // an empty first key needs an arena too
             m->arena_cap = 2 * (m->arena_bytes + (int64_t)len) + 4096;
             m->arena = xrealloc(m->arena, (size_t)m->arena_cap);
         }
@@ -206,6 +206,18 @@ static int64_t byte_level_decode(const char *s, uint8_t *out) {
     return n;
 }
 
+// Offset of the first byte of s[0..n) that is not valid UTF-8, or -1.
+static int64_t utf8_invalid_at(const uint8_t *s, int64_t n) {
+    for (int64_t i = 0; i < n;) {
+        if (s[i] < 0x80) { i++; continue; }
+        utf8proc_int32_t cp;
+        utf8proc_ssize_t k = utf8proc_iterate(s + i, n - i, &cp);
+        if (k < 0) return i;
+        i += k;
+    }
+    return -1;
+}
+
 // ----------------------------------------------------------------------------
 // Loading: every problem is one line naming the file and the field.
 
@@ -217,6 +229,21 @@ static void bad(const TokenizerBpe *t, const char *field, const char *fmt, ...) 
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     fail("%s: %s %s", t->path, field, msg);
+}
+
+// s in quotes for a message, at most 40 of its bytes, with each byte outside
+// printable ASCII (and " and \\) as \\xNN: s may be any bytes.
+static const char *quote_bytes(const char *s, char *buf, size_t cap) {
+    size_t n = 0;
+    buf[n++] = '"';
+    for (int i = 0; s[i] && i < 40 && n + 6 < cap; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x20 || c >= 0x7f || c == '"' || c == '\\') n += (size_t)snprintf(buf + n, cap - n, "\\x%02X", c);
+        else buf[n++] = (char)c;
+    }
+    buf[n++] = '"';
+    buf[n] = 0;
+    return buf;
 }
 
 // A JSON value in words, for messages: missing, null, "text", 12, an object ...
@@ -254,9 +281,13 @@ static void expect_bool(const TokenizerBpe *t, const cJSON *obj, const char *whe
     bad(t, f, "is %s (expected %s: only that is supported)", describe(v, buf, sizeof(buf)), want ? "true" : "false");
 }
 
-// A whole number in [0, 2^31).
+// Token ids index a table of pieces, so they are bounded: 2^24 is 64 times
+// the largest vocabularies in use (Qwen2.5: 151 665 tokens).
+#define BPE_MAX_IDS (1 << 24)
+
+// A whole number in [0, BPE_MAX_IDS).
 static int is_id(const cJSON *v) {
-    return cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < 2147483648.0 &&
+    return cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble < BPE_MAX_IDS &&
            v->valuedouble == (double)(int64_t)v->valuedouble;
 }
 
@@ -265,8 +296,8 @@ static void load_vocab(TokenizerBpe *t, const cJSON *vocab) {
     if (!cJSON_IsObject(vocab))
         bad(t, "model.vocab", "is %s (expected an object mapping each token to its id)", describe(vocab, buf, sizeof(buf)));
     for (const cJSON *item = vocab->child; item; item = item->next) {
-        if (!is_id(item)) bad(t, "model.vocab", "token \"%.60s\" has id %s (expected a whole number >= 0)", item->string,
-                              describe(item, buf, sizeof(buf)));
+        if (!is_id(item)) bad(t, "model.vocab", "token \"%.60s\" has id %s (expected a whole number in [0, %d))", item->string,
+                              describe(item, buf, sizeof(buf)), BPE_MAX_IDS);
         uint8_t *bytes = xmalloc(strlen(item->string) + 1);
         int64_t len = byte_level_decode(item->string, bytes);
         if (len < 0) bad(t, "model.vocab", "token \"%.60s\" has a character outside the byte-level alphabet (expected "
@@ -382,9 +413,13 @@ static void load_added(TokenizerBpe *t, const cJSON *root) {
     for (const cJSON *a = list->child; a; a = a->next, i++) {
         snprintf(f, sizeof(f), "added_tokens[%d]", i);
         const cJSON *id = field(a, "id"), *content = field(a, "content");
-        if (!is_id(id)) bad(t, f, "id is %s (expected a whole number >= 0)", describe(id, buf, sizeof(buf)));
+        if (!is_id(id)) bad(t, f, "id is %s (expected a whole number in [0, %d))", describe(id, buf, sizeof(buf)), BPE_MAX_IDS);
         if (!cJSON_IsString(content) || !content->valuestring[0])
             bad(t, f, "content is %s (expected the token's text)", describe(content, buf, sizeof(buf)));
+        int64_t invalid = utf8_invalid_at((const uint8_t *)content->valuestring, (int64_t)strlen(content->valuestring));
+        if (invalid >= 0)
+            bad(t, f, "content %s is not valid UTF-8 (at byte %lld; expected the token's text in UTF-8)",
+                quote_bytes(content->valuestring, buf, sizeof(buf)), (long long)invalid);
         const char *flags[] = {"lstrip", "rstrip", "single_word"};
         for (int k = 0; k < 3; k++) expect_bool(t, a, f, flags[k], 0, 0);
         AddedSet *set = &t->added[cJSON_IsTrue(field(a, "normalized"))];
@@ -673,18 +708,6 @@ static int64_t added_find(const AddedSet *set, const uint8_t *text, int64_t n, i
             }
         }
     return n;
-}
-
-// Offset of the first byte of s[0..n) that is not valid UTF-8, or -1.
-static int64_t utf8_invalid_at(const uint8_t *s, int64_t n) {
-    for (int64_t i = 0; i < n;) {
-        if (s[i] < 0x80) { i++; continue; }
-        utf8proc_int32_t cp;
-        utf8proc_ssize_t k = utf8proc_iterate(s + i, n - i, &cp);
-        if (k < 0) return i;
-        i += k;
-    }
-    return -1;
 }
 
 // Encodes a stretch of raw text that holds no raw-matched added token:

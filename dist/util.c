@@ -12,6 +12,11 @@
 #include <time.h>
 #include <unistd.h>
 
+volatile int stopping_on_error;
+// LeakSanitizer (make test SANITIZE=1) asks this before it checks for leaks.
+int __lsan_is_turned_off(void);
+int __lsan_is_turned_off(void) { return stopping_on_error; }
+
 void fail(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -19,6 +24,7 @@ void fail(const char *fmt, ...) {
     vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n");
     va_end(ap);
+    stopping_on_error = 1;
     exit(1);
 }
 
@@ -29,6 +35,7 @@ void fail_at(const char *file, int line, const char *fmt, ...) {
     vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n");
     va_end(ap);
+    stopping_on_error = 1;
     exit(1);
 }
 

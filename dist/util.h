@@ -15,6 +15,10 @@ void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 // Internal errors: print file:line and the message, exit(1).
 void fail_at(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4), noreturn));
+// Set by fail() and fail_at(): a run stopped on an error leaves its memory to
+// the operating system, so LeakSanitizer (make test SANITIZE=1) checks only
+// runs that end normally.
+extern volatile int stopping_on_error;
 #define FAIL(...) fail_at(__FILE__, __LINE__, __VA_ARGS__)
 #define CHECK(cond, ...) do { if (!(cond)) fail_at(__FILE__, __LINE__, __VA_ARGS__); } while (0)
 

@@ -29,6 +29,9 @@ checks=(
   "slurmctld:/usr/sbin/slurmctld"
   "slurmd:/usr/sbin/slurmd"
   "slurm-client:/usr/bin/srun"
+  "clang:/usr/bin/clang"
+  "libclang-rt-14-dev:/usr/lib/llvm-14/lib/clang/14.0.6/lib/linux/libclang_rt.fuzzer-x86_64.a"
+  "libomp-14-dev:/usr/lib/llvm-14/lib/libomp.so"
 )
 
 missing=()

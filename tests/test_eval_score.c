@@ -87,6 +87,7 @@ static void test_model_greedy(void) {
         free(logits);
         task_sample_free(&s);
     }
+    tokenizer_close(tok);
 
     int64_t T = 50;
     int32_t tokens[50];

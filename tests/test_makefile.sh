@@ -4,7 +4,9 @@
 # Runs in a copy of the tree with the library objects of build/ and no test
 # objects, so that the first make is the fresh build. Then the real tree, as
 # `make test` built it: `make all` has nothing left to do (no object of the
-# CPU, GPU or sim programs was deleted as an intermediate).
+# CPU, GPU or sim programs was deleted as an intermediate). The sanitized
+# build (make test SANITIZE=1) and the fuzz targets write only under their
+# own folders, build/san/ and build/fuzz/.
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib.sh
@@ -18,5 +20,11 @@ expect "its object is kept" '[ -f "$copy/build/obj/tests/test_rope.o" ]'
 expect "second make -q: up to date" 'make -s -C "$copy" -q build/tests/test_rope'
 make -C "$copy" -n build/tests/test_rope >"$tmp/dry.txt" 2>&1
 expect "second make -n: nothing to do" 'grep -q "is up to date" "$tmp/dry.txt" && ! grep -q " -o " "$tmp/dry.txt"'
+for pair in build-san:build/san build-fuzz:build/fuzz; do
+  target=${pair%%:*} dir=${pair#*:}
+  make -C "$copy" -B -n "$target" 2>/dev/null | grep -o ' -o [^ ]*' | awk '{print $2}' >"$tmp/outputs.txt"
+  expect "make $target writes only under $dir/ ($(wc -l <"$tmp/outputs.txt") files)" \
+    '[ -s "$tmp/outputs.txt" ] && ! grep -v "^$dir/" "$tmp/outputs.txt"'
+done
 expect "make -q all after make all: up to date" 'make -s -q all'
 exit $((failures > 0))

@@ -256,5 +256,6 @@ int main(void) {
         task_sample_free(&c);
         task_sample_free(&t);
     }
+    tokenizer_close(tok);
     return check_exit();
 }

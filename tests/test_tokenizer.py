@@ -239,6 +239,14 @@ def test_tiny(work):
             continue
         for text, w, g in zip(texts, want, got):
             check(f"tiny ({form} merges) {text!r} -> {w}", g == w + [300], f"got {g}")
+    # A vocabulary whose first token is empty (the input, from the fuzzer, is
+    # tests/fuzz/regressions/tokenizer/) loads and encodes as without it.
+    empty_first = tiny_tokenizer()
+    empty_first["model"]["vocab"] = {"": 303, **empty_first["model"]["vocab"]}
+    path = write_json(os.path.join(work, "empty_first.json"), empty_first)
+    got, err = encode_many(work, path, ["abc", "xy xy"], "empty_first")
+    check("vocab with an empty first token encodes as without it",
+          got == [[ord("a"), v["bc"], 300], [v["xy"], ord(" "), v["xy"], 300]], f"got {got}, {err}")
     return write_json(os.path.join(work, "tiny.json"), tiny)
 
 
@@ -304,6 +312,10 @@ def test_bad_files(work, tiny_path):
         ("no decoder", drop("decoder"), "decoder.type is missing"),
         ("template post_processor", setter({"type": "TemplateProcessing"}, "post_processor"),
          'post_processor.type is "TemplateProcessing"'),
+        ("vocab id beyond the id table", setter(16777216, "model", "vocab", "zz"),
+         'token "zz" has id 1.67772e+07 (expected a whole number in [0, 16777216))'),
+        ("added token id beyond the id table", setter(2000000000, "added_tokens", 2, "id"),
+         "added_tokens[2] id is 2e+09 (expected a whole number in [0, 16777216))"),
         ("added token without id", drop("added_tokens", 0, "id"), "added_tokens[0] id is missing"),
         ("added token with lstrip", setter(True, "added_tokens", 1, "lstrip"), "added_tokens[1].lstrip is true"),
     ]
@@ -312,6 +324,20 @@ def test_bad_files(work, tiny_path):
         out = os.path.join(work, "bad.shard")
         expect_error(f"bad tokenizer.json: {name}", ["tokenize", "--tokenizer", path, "--input", txt, "--output", out],
                      substring, out, f"{path}: ")
+
+    # Added tokens that are not UTF-8 (raw bytes: the JSON parser passes them on).
+    for name, raw, said in (("a byte 0xFF", b"<b\xff>", '"<b\\xFF>" is not valid UTF-8 (at byte 2;'),
+                            ("an overlong encoding", b"<\xc0\xaf>", '"<\\xC0\\xAF>" is not valid UTF-8 (at byte 1;'),
+                            ("a cut sequence", b"x\xe4\xb8", '"x\\xE4\\xB8" is not valid UTF-8 (at byte 1;')):
+        t = tiny_tokenizer()
+        t["added_tokens"][1]["content"] = "@CONTENT@"
+        path = os.path.join(work, f"bad_added_{name.replace(' ', '_')}.json")
+        with open(path, "wb") as f:
+            f.write(json.dumps(t, ensure_ascii=False).encode("utf-8").replace(b"@CONTENT@", raw))
+        out = os.path.join(work, "bad.shard")
+        expect_error(f"bad tokenizer.json: added token with {name}",
+                     ["tokenize", "--tokenizer", path, "--input", txt, "--output", out],
+                     f"added_tokens[1] content {said}", out, f"{path}: ")
 
     notjson = os.path.join(work, "notjson.json")
     with open(notjson, "w") as f:
@@ -455,4 +481,5 @@ def main():
     finish()
 
 
-main()
+if __name__ == "__main__":
+    main()

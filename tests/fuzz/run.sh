@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# run.sh: runs one libFuzzer target over its corpus, seeded from mtrain's own
+# test inputs, and prints its figures (executions, time, coverage).
+#   bash tests/fuzz/run.sh NAME RUNS    (after make build-fuzz)
+# NAME: config_yaml | hf_config | safetensors | shard | tokenizer. Inputs that
+# crash are written to build/fuzz/crashes/NAME/ and fail the run.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+name=$1 runs=$2
+corpus=build/fuzz/corpus/$name seeds=build/fuzz/seeds
+crashes=build/fuzz/crashes/$name
+mkdir -p "$corpus" "$crashes" "$seeds"
+
+# Seeds: the run files in configs/, the tests' tiny tokenizer.json, files
+# written by mtrain's own writers (build/fuzz/fuzz_seeds), and every input
+# that once crashed a reader (tests/fuzz/regressions/NAME/).
+build/fuzz/fuzz_seeds "$seeds"
+case $name in
+  config_yaml) cp configs/*.yaml "$corpus"/ ;;
+  tokenizer) python3 -c '
+import os, sys
+sys.path.insert(0, "tests")
+import test_tokenizer as t
+for form in ("string", "array"):
+    t.write_json(os.path.join(sys.argv[1], f"tiny_{form}.json"), t.tiny_tokenizer(form))' "$corpus" ;;
+  *) cp "$seeds/$name"/* "$corpus"/ ;;
+esac
+if [ -d tests/fuzz/regressions/"$name" ]; then cp tests/fuzz/regressions/"$name"/* "$corpus"/; fi
+
+log=build/fuzz/$name.log
+start=$(date +%s)
+status=0
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  build/fuzz/fuzz_"$name" "$corpus" -runs="$runs" -max_len=8192 -close_fd_mask=2 -print_final_stats=1 \
+  -artifact_prefix="$crashes/" >"$log" 2>&1 || status=$?
+seconds=$(( $(date +%s) - start ))
+execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
+cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2 || true)
+feat=$(grep -o 'ft: [0-9]*' "$log" | tail -1 | cut -d' ' -f2 || true)
+echo "fuzz $name: ${execs:-?} executions in ${seconds} s, coverage ${cov:-?} edges, ${feat:-?} features," \
+     "corpus $(ls "$corpus" | wc -l) inputs, exit $status (log $log)"
+if [ "$status" -ne 0 ]; then
+  grep -m5 'ERROR\|SUMMARY\|runtime error' "$log" || true
+  exit 1
+fi

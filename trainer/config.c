@@ -129,6 +129,7 @@ static const Key keys[] = {
     BOOL(train, checkpoint_activations, false, "Recompute each layer's activations in the backward pass (saves memory)."),
     INT(train, loss_chunk, 1024, 1, 1 << 30, "Tokens per chunk of the fused LM head + cross entropy."),
     STRING(train, init_from, "none", "`none` (random initialisation) or a Hugging Face folder (`config.json` + `model.safetensors`) to start from."),
+    BOOL(train, memory_check, true, "Before allocating, compare the planned memory of the run (as `mtrain plan` prints it; CPU backend: the host memory of every rank on this node) with what the node has (`MemAvailable`) and refuse the run with the breakdown when it does not fit; `false` starts anyway."),
 
     STRING(data, train, "synthetic", "Training data: a shard glob or comma-separated globs (`data/*.shard,extra/a.shard`), or `synthetic` for the built-in generator. Documents are shuffled per epoch from `train.seed` and packed into sequences (see docs/ARCHITECTURE.md, section Data, and docs/DECISIONS.md)."),
     INT(data, val_sequences, 4, 1, 1 << 20, "Held-out sequences in each validation pass."),

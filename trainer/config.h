@@ -41,6 +41,7 @@ typedef struct {
     bool checkpoint_activations; // recompute each layer in backward
     int loss_chunk;            // tokens per fused LM-head + cross-entropy chunk
     char init_from[CONFIG_STR]; // "none" or a Hugging Face folder to start from
+    bool memory_check;         // refuse a run whose planned memory exceeds what the node has
 } TrainConfig;
 
 typedef struct {

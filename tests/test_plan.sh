@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# test_plan.sh: `mtrain plan` and the memory check of `mtrain train`. On the
+# CPU backend the planned peak host memory is within 15% of the peak RSS that
+# `mtrain train` measures (getrusage, in its run summary) for six runs of
+# different shape; the cluster run files pass the plan on their GPUs; a run
+# that cannot fit is refused with one line; bad plan options get one line;
+# metrics.jsonl carries MFU and RSS.
+#   MTRAIN=path/to/mtrain bash tests/test_plan.sh   (default build/mtrain)
+set -u
+cd "$(dirname "$0")/.."
+MTRAIN=${MTRAIN:-build/mtrain}
+. tests/lib.sh
+
+base="configs/tiny-cpu.yaml train.steps=2 train.warmup_steps=0 checkpoint.resume=never parallel.threads=1"
+mid="model.hidden_size=512 model.intermediate_size=1376 model.num_layers=4 model.num_heads=8 model.num_kv_heads=2"
+runs=(
+  "saved $mid train.seq_len=512 model.max_position_embeddings=512"
+  "checkpointed $mid train.seq_len=512 model.max_position_embeddings=512 train.checkpoint_activations=true"
+  "vocab model.vocab_size=32000 model.hidden_size=256 model.intermediate_size=688 model.num_heads=4 model.tie_word_embeddings=false train.loss_chunk=256"
+  "long model.hidden_size=256 model.intermediate_size=688 model.num_layers=4 model.num_heads=4 train.seq_len=2048 model.max_position_embeddings=2048"
+  "sparse model.hidden_size=256 model.intermediate_size=688 model.num_layers=4 model.num_heads=4 train.seq_len=2048 model.max_position_embeddings=2048 attention.type=sparse attention.block_size=64"
+  "zero $mid train.seq_len=256 parallel.zero=1 train.micro_batches=2"
+)
+for run in "${runs[@]}"; do
+  name=${run%% *}
+  # shellcheck disable=SC2086
+  "$MTRAIN" train $base checkpoint.dir="$tmp/ck_$name" log.dir="$tmp/log_$name" ${run#* } >"$tmp/$name.out" 2>&1
+  summary=$(grep '^run summary' "$tmp/$name.out")
+  measured=$(sed -n 's/.*peak RSS \([0-9.]*\) MiB.*/\1/p' <<<"$summary")
+  planned=$(sed -n 's/.*(planned \([0-9.]*\)).*/\1/p' <<<"$summary")
+  if [ -z "$measured" ] || [ -z "$planned" ]; then
+    bad "plan_rss_$name" "no peak RSS / planned figures in the run summary: $(tail -2 "$tmp/$name.out")"
+    continue
+  fi
+  echo "# $name: planned $planned MiB, measured peak RSS $measured MiB"
+  expect "plan_rss_$name" "awk -v p=$planned -v m=$measured 'BEGIN { d = (p - m) / m; exit !(d <= 0.15 && d >= -0.15 && m > 40) }'"
+  # plan prints the same total as the train check
+  # shellcheck disable=SC2086
+  total=$("$MTRAIN" plan $base checkpoint.dir="$tmp/ck_$name" log.dir="$tmp/log_$name" ${run#* } |
+          awk '$1 == "total" { print $2 }')
+  expect "plan_total_$name" "awk -v t=$total -v p=$planned 'BEGIN { d = t * 1024 - p; exit !(d < 1 && d > -1) }'"
+done
+expect plan_metrics_fields "grep -q '\"mfu\": [0-9.]*, \"rss_mib\": [0-9.]*' '$tmp/log_saved/metrics.jsonl'"
+expect plan_step_line "grep -Eq 'MFU [0-9.]+% \| RSS [0-9]+ MiB' '$tmp/saved.out'"
+
+for pair in qwen2.5-3b-512k-32xa100:a100-80g qwen2.5-0.5b-128k-8xa100:a100-80g qwen2.5-7b-512k-32xh100:h100; do
+  cfg=configs/${pair%%:*}.yaml gpu=${pair##*:}
+  "$MTRAIN" plan "$cfg" --gpu "$gpu" train.init_from=none >"$tmp/plan.out" 2>&1
+  expect "plan_fits_${pair%%:*}" "[ $? -eq 0 ] && grep -q '^fits: yes' '$tmp/plan.out' && grep -q '^predicted step' '$tmp/plan.out'"
+  "$MTRAIN" config "$cfg" train.init_from=none >/dev/null 2>&1
+  expect "plan_config_parses_${pair%%:*}" "[ $? -eq 0 ]"
+done
+# the 3B run without checkpointing or ZeRO on 40 GB A100s does not fit: the advice names what to change
+"$MTRAIN" plan configs/qwen2.5-3b-512k-32xa100.yaml --gpu a100-40g train.init_from=none \
+  train.checkpoint_activations=false parallel.zero=0 >"$tmp/nofit.out" 2>&1
+expect plan_nofit_advice "grep -q '^fits: NO' '$tmp/nofit.out' && grep -q '^to fit: train.checkpoint_activations=true' '$tmp/nofit.out'"
+
+"$MTRAIN" plan configs/tiny-cpu.yaml --gpu v100 >"$tmp/out" 2>"$tmp/err"
+expect plan_bad_gpu "[ $? -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ] && grep -q 'expected a100-40g' '$tmp/err'"
+"$MTRAIN" plan configs/tiny-cpu.yaml --density 2 >"$tmp/out" 2>"$tmp/err"
+expect plan_bad_density "[ $? -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ]"
+
+# a run far larger than this machine is refused before it allocates, with the breakdown
+"$MTRAIN" train configs/tiny-cpu.yaml model.hidden_size=16384 model.intermediate_size=65536 model.num_layers=16 \
+  model.num_heads=128 model.num_kv_heads=8 checkpoint.dir="$tmp/ck_big" log.dir="$tmp/log_big" >"$tmp/out" 2>"$tmp/err"
+expect train_refuses_unfit "[ $? -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ] && grep -q 'does not fit: .*parameters (fp32) .*MemAvailable.*train.memory_check=false' '$tmp/err'"
+[ "$failures" -eq 0 ]

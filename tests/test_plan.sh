@@ -64,4 +64,21 @@ expect plan_bad_density "[ $? -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ]"
 "$MTRAIN" train configs/tiny-cpu.yaml model.hidden_size=16384 model.intermediate_size=65536 model.num_layers=16 \
   model.num_heads=128 model.num_kv_heads=8 checkpoint.dir="$tmp/ck_big" log.dir="$tmp/log_big" >"$tmp/out" 2>"$tmp/err"
 expect train_refuses_unfit "[ $? -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ] && grep -q 'does not fit: .*parameters (fp32) .*MemAvailable.*train.memory_check=false' '$tmp/err'"
+# mtrain plot: loss, throughput and density PNGs of a sparse run with validation
+"$MTRAIN" train configs/tiny-cpu.yaml train.steps=8 train.warmup_steps=0 attention.type=sparse log.attention_every=2 \
+  log.val_every=4 checkpoint.resume=never checkpoint.dir="$tmp/ck_plot" log.dir="$tmp/log_plot" >/dev/null 2>&1
+"$MTRAIN" plot "$tmp/log_plot" >"$tmp/plot.out" 2>"$tmp/plot.err"
+expect plot_runs "[ $? -eq 0 ] && grep -q '^plot: 8 steps' '$tmp/plot.out'"
+for png in loss throughput density; do
+  f=$tmp/log_plot/$png.png
+  expect "plot_png_$png" "[ -f '$f' ] && [ \"\$(head -c 8 '$f' | od -An -tx1 | tr -d ' \n')\" = 89504e470d0a1a0a ] && [ \$(stat -c %s '$f') -gt 10000 ]"
+done
+expect plot_pngs_differ "! cmp -s '$tmp/log_plot/loss.png' '$tmp/log_plot/throughput.png'"
+expect plot_no_tmp_left "[ -z \"\$(ls '$tmp/log_plot' | grep tmp)\" ]"
+"$MTRAIN" plot "$tmp/nowhere" >"$tmp/out" 2>"$tmp/err"
+expect plot_missing_dir "[ $? -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ] && grep -q 'metrics.jsonl' '$tmp/err'"
+mkdir -p "$tmp/bad"
+printf '{"step": 1, "loss": 2}\nnot json\n' >"$tmp/bad/metrics.jsonl"
+"$MTRAIN" plot "$tmp/bad" >"$tmp/out" 2>"$tmp/err"
+expect plot_bad_line "[ $? -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ] && grep -q 'metrics.jsonl:2: not a metrics line' '$tmp/err'"
 [ "$failures" -eq 0 ]

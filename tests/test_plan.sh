@@ -45,8 +45,8 @@ expect plan_step_line "grep -Eq 'MFU [0-9.]+% \| RSS [0-9]+ MiB' '$tmp/saved.out
 
 for pair in qwen2.5-3b-512k-32xa100:a100-80g qwen2.5-0.5b-128k-8xa100:a100-80g qwen2.5-7b-512k-32xh100:h100; do
   cfg=configs/${pair%%:*}.yaml gpu=${pair##*:}
-  "$MTRAIN" plan "$cfg" --gpu "$gpu" train.init_from=none >"$tmp/plan.out" 2>&1
-  expect "plan_fits_${pair%%:*}" "[ $? -eq 0 ] && grep -q '^fits: yes' '$tmp/plan.out' && grep -q '^predicted step' '$tmp/plan.out'"
+  "$MTRAIN" plan "$cfg" train.init_from=none >"$tmp/plan.out" 2>&1
+  expect "plan_fits_${pair%%:*}" "[ $? -eq 0 ] && grep -q '^fits: yes' '$tmp/plan.out' && grep -q '^predicted step' '$tmp/plan.out' && grep -q '^plan: CUDA backend as designed .* on $gpu:' '$tmp/plan.out'"
   "$MTRAIN" config "$cfg" train.init_from=none >/dev/null 2>&1
   expect "plan_config_parses_${pair%%:*}" "[ $? -eq 0 ]"
 done
@@ -56,7 +56,17 @@ done
 expect plan_nofit_advice "grep -q '^fits: NO' '$tmp/nofit.out' && grep -q '^to fit: train.checkpoint_activations=true' '$tmp/nofit.out'"
 
 "$MTRAIN" plan configs/tiny-cpu.yaml --gpu v100 >"$tmp/out" 2>"$tmp/err"
-expect plan_bad_gpu "[ $? -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ] && grep -q 'expected a100-40g' '$tmp/err'"
+expect plan_bad_gpu "[ $? -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ] && grep -q 'hardware.gpu.*expected one of none, a100-40g' '$tmp/err'"
+"$MTRAIN" plan configs/tiny-cpu.yaml hardware.hbm_gib=10 >"$tmp/out" 2>"$tmp/err"
+expect plan_partial_gpu "[ $? -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ] && grep -q 'needs every figure' '$tmp/err'"
+# a profile's figure replaced by the section: 10 GiB of HBM, 92% usable
+"$MTRAIN" plan configs/tiny-cpu.yaml hardware.gpu=h100 hardware.hbm_gib=10 >"$tmp/out" 2>&1
+expect plan_hardware_figure "grep -q '^fits: yes (.* of 9.20 GiB usable' '$tmp/out'"
+# CPU MFU against a configured peak: 1 GFLOP/s makes the predicted step FLOPs / 1e9 seconds
+"$MTRAIN" plan configs/tiny-cpu.yaml hardware.peak_tflops=0.001 >"$tmp/out" 2>&1
+flops=$(sed -n 's/^FLOPs per step per rank: \([0-9.e+]*\) dense.*/\1/p' "$tmp/out")
+step=$(sed -n 's/^predicted step: \([0-9.]*\) s .*of hardware.peak_tflops$/\1/p' "$tmp/out")
+expect plan_cpu_configured_peak "[ -n '$step' ] && awk -v f=$flops -v s=$step 'BEGIN { d = f / 1e9 - s; exit !(d < 0.002 && d > -0.002) }'"
 "$MTRAIN" plan configs/tiny-cpu.yaml --density 2 >"$tmp/out" 2>"$tmp/err"
 expect plan_bad_density "[ $? -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ]"
 

@@ -64,6 +64,7 @@ ENUM_FIELD_IS_INT(attention, layout);
 ENUM_FIELD_IS_INT(train, backend);
 ENUM_FIELD_IS_INT(train, lr_schedule);
 ENUM_FIELD_IS_INT(eval, haystack);
+ENUM_FIELD_IS_INT(hardware, gpu);
 _Static_assert(sizeof(((Config *)0)->attention.budget_file) == CONFIG_STR, "attention.budget_file is a config string");
 
 static const Key keys[] = {
@@ -157,6 +158,14 @@ static const Key keys[] = {
     STRING(eval, tokenizer, "model", "Tokenizer of the task prompts and of a text file: `model` = the evaluated folder's `tokenizer.json` when it has one, else `bytes`; `bytes` (ids are bytes, docs/FORMATS.md); a Hugging Face `tokenizer.json`, or a folder holding it. Perplexity on `heldout` needs none."),
     STRING(eval, out, "eval", "Output folder: `results.json`, `perplexity.png`, `heatmap_TASK.png`."),
     UINT64(eval, seed, 1234, "Seed of the task generators (keys, values, filler start, distractor depths)."),
+
+    ENUM(hardware, gpu, "none", NAMES("none", "a100-40g", "a100-80g", "h100", "h200"), "GPU profile of `mtrain plan` (`--gpu` overrides it): `none` = plan the CPU backend (unless `peak_tflops` and `hbm_gib` describe a GPU); a name = the datasheet figures of that GPU (SXM, trainer/plan.c). The keys below replace single figures."),
+    DOUBLE(hardware, peak_tflops, 0.0, 0, 1e6, 0, "Dense bf16 peak TFLOP/s of one GPU; 0 = the profile's. On the CPU backend: the TFLOP/s of one rank that MFU (step line, metrics.jsonl) is measured against; 0 = the rate of an sgemm measured at start."),
+    DOUBLE(hardware, hbm_gib, 0.0, 0, 1e6, 0, "Memory of one GPU in GiB; 0 = the profile's."),
+    DOUBLE(hardware, hbm_gbs, 0.0, 0, 1e6, 0, "Memory bandwidth of one GPU, GB/s; 0 = the profile's."),
+    DOUBLE(hardware, nvlink_gbs, 0.0, 0, 1e6, 0, "GPU-to-GPU bandwidth inside a node (NVLink), GB/s per direction; 0 = the profile's."),
+    DOUBLE(hardware, network_gbs, 0.0, 0, 1e6, 0, "Bandwidth of one GPU across nodes (its share of the node's NICs), GB/s per direction; 0 = the profile's."),
+    INT(hardware, gpus_per_node, 0, 0, 1024, "GPUs per node (the inner ring when `parallel.cp_inner` is 0); 0 = the profile's."),
 };
 #define NUM_KEYS ((int)(sizeof(keys) / sizeof(keys[0])))
 
@@ -175,6 +184,7 @@ static const Section sections[] = {
     {"checkpoint", "Where checkpoints go."},
     {"log", "Progress lines and metrics."},
     {"eval", "`mtrain eval`: perplexity by length, passkey / needle-in-a-haystack grids, RULER-style tasks (see README, Evaluation)."},
+    {"hardware", "The machine `mtrain plan` plans for (see docs/PERFORMANCE.md, Planner), and the peak MFU is measured against."},
 };
 #define NUM_SECTIONS ((int)(sizeof(sections) / sizeof(sections[0])))
 

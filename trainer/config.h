@@ -79,6 +79,19 @@ typedef struct {
     uint64_t seed;             // task generation
 } EvalConfig;
 
+// hardware.gpu: the planner's GPU profiles (trainer/plan.c).
+typedef enum { GPU_NONE, GPU_A100_40G, GPU_A100_80G, GPU_H100, GPU_H200 } GpuKind;
+
+typedef struct {
+    GpuKind gpu;               // none | a100-40g | a100-80g | h100 | h200
+    double peak_tflops;        // dense bf16 peak (CPU backend: the FLOP/s MFU is measured against); 0 = the profile's / measured
+    double hbm_gib;            // memory per GPU; 0 = the profile's
+    double hbm_gbs;            // memory bandwidth GB/s; 0 = the profile's
+    double nvlink_gbs;         // GPU to GPU inside a node, GB/s per direction; 0 = the profile's
+    double network_gbs;        // per GPU across nodes, GB/s per direction; 0 = the profile's
+    int gpus_per_node;         // 0 = the profile's
+} HardwareConfig;
+
 typedef struct {
     ModelConfig model;
     AttentionConfig attention;
@@ -88,6 +101,7 @@ typedef struct {
     CheckpointConfig checkpoint;
     LogConfig log;
     EvalConfig eval;
+    HardwareConfig hardware;
 } Config;
 
 // The eval lists, parsed. config_validate checks them; these parse them

@@ -49,13 +49,52 @@ static const GpuProfile gpu_profiles[] = {
 
 static const double GIB = 1.0 / (1 << 30);
 
-bool gpu_profile(const char *name, GpuProfile *out) {
+// The best rate of a few 512^3 sgemm on this rank's threads.
+static double measure_cpu_flops(void) {
+    enum { N = 512 };
+    float *a = xmalloc(sizeof(float) * 3 * N * N);
+    for (int i = 0; i < 3 * N * N; i++) a[i] = (float)(i % 7) * 0.1f;
+    double best = 0;
+    for (int r = 0; r < 4; r++) {
+        double t0 = now_seconds();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, a, N, a + N * N, N, 0.0f,
+                    a + 2 * N * N, N);
+        double s = now_seconds() - t0;
+        if (s > 0 && 2.0 * N * N * N / s > best) best = 2.0 * N * N * N / s;
+    }
+    free(a);
+    return best;
+}
+
+// A figure of the hardware section in place of the profile's.
+static void replace_figure(double *figure, double configured) {
+    if (configured > 0) *figure = configured;
+}
+
+bool plan_gpu(const Config *cfg, GpuProfile *out) {
+    const HardwareConfig *h = &cfg->hardware;
+    const char *name = config_enum_name(cfg, &h->gpu);
+    memset(out, 0, sizeof(*out));
+    snprintf(out->name, sizeof(out->name), "custom");
     for (size_t i = 0; i < sizeof(gpu_profiles) / sizeof(gpu_profiles[0]); i++)
-        if (!strcmp(gpu_profiles[i].name, name)) {
-            *out = gpu_profiles[i];
-            return true;
-        }
-    return false;
+        if (!strcmp(gpu_profiles[i].name, name)) *out = gpu_profiles[i];
+    if (h->gpu == GPU_NONE && h->hbm_gib <= 0) return false;
+    replace_figure(&out->peak_tflops, h->peak_tflops);
+    replace_figure(&out->hbm_gib, h->hbm_gib);
+    replace_figure(&out->hbm_gbs, h->hbm_gbs);
+    replace_figure(&out->nvlink_gbs, h->nvlink_gbs);
+    replace_figure(&out->internode_gbs, h->network_gbs);
+    if (h->gpus_per_node > 0) out->gpus_per_node = h->gpus_per_node;
+    if (!(out->peak_tflops > 0 && out->hbm_gbs > 0 && out->nvlink_gbs > 0 && out->internode_gbs > 0 &&
+          out->gpus_per_node > 0))
+        fail("hardware: a GPU without a profile (hardware.gpu: none) needs every figure: peak_tflops, hbm_gib, hbm_gbs, "
+             "nvlink_gbs, network_gbs and gpus_per_node (expected all > 0, or hardware.gpu naming a profile)");
+    return true;
+}
+
+double plan_cpu_peak(const Config *cfg, bool *measured) {
+    *measured = !(cfg->hardware.peak_tflops > 0);
+    return *measured ? measure_cpu_flops() : cfg->hardware.peak_tflops * 1e12;
 }
 
 // Parameters of the Qwen2 model c (model.c's table).
@@ -195,7 +234,8 @@ static void plan_communication(Plan *p, const Config *cfg) {
     p->reduce_s = R > 1 ? bytes * (R - 1) / R / nodes_bw : 0;
 }
 
-void plan_build(Plan *p, const Config *cfg, const GpuProfile *gpu, double cpu_peak_flops, double density_override) {
+void plan_build(Plan *p, const Config *cfg, const GpuProfile *gpu, double cpu_peak_flops, bool peak_measured,
+                double density_override) {
     memset(p, 0, sizeof(*p));
     Config c = *cfg;
     ModelConfig *mc = &c.model;
@@ -203,6 +243,7 @@ void plan_build(Plan *p, const Config *cfg, const GpuProfile *gpu, double cpu_pe
     p->gpu = gpu != NULL;
     if (gpu) p->hw = *gpu;
     p->peak_flops = gpu ? gpu->peak_tflops * 1e12 : cpu_peak_flops;
+    p->peak_measured = !gpu && peak_measured;
     p->dp = cfg->parallel.dp > 0 ? cfg->parallel.dp : 1;
     p->cp = cfg->parallel.cp > 0 ? cfg->parallel.cp : 1;
     int inner_default = gpu ? gpu->gpus_per_node : p->cp;
@@ -268,21 +309,6 @@ double plan_rss_peak(void) {
     return (double)ru.ru_maxrss * 1024;
 }
 
-double plan_measure_cpu_flops(void) {
-    enum { N = 512 };
-    float *a = xmalloc(sizeof(float) * 3 * N * N);
-    for (int i = 0; i < 3 * N * N; i++) a[i] = (float)(i % 7) * 0.1f;
-    double best = 0;
-    for (int r = 0; r < 4; r++) {
-        double t0 = now_seconds();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, a, N, a + N * N, N, 0.0f,
-                    a + 2 * N * N, N);
-        double s = now_seconds() - t0;
-        if (s > 0 && 2.0 * N * N * N / s > best) best = 2.0 * N * N * N / s;
-    }
-    free(a);
-    return best;
-}
 
 // What to change when the run does not fit: the first settings (activation
 // checkpointing, ZeRO-1, then cp doubled) under which it does.
@@ -302,7 +328,7 @@ static void print_advice(const Plan *p, const Config *cfg, FILE *out) {
             c.parallel.cp = (c.parallel.cp > 0 ? c.parallel.cp : 1) * 2;
         }
         Plan q;
-        plan_build(&q, &c, p->gpu ? &hw : NULL, 0, p->density_assumed ? p->density : 0);
+        plan_build(&q, &c, p->gpu ? &hw : NULL, 0, false, p->density_assumed ? p->density : 0);
         double limit = p->gpu ? q.capacity_bytes : plan_mem_available();
         if (q.total_bytes <= limit) {
             fprintf(out, "to fit:");
@@ -350,7 +376,7 @@ void plan_print(const Plan *p, const Config *cfg, FILE *out) {
     if (p->step_s > 0)
         fprintf(out, "predicted step: %.3f s (compute %.3f, ring exposed %.3f, gradient reduction %.3f) | %.0f tokens/s "
                 "| MFU %.1f%%%s\n", p->step_s, p->compute_s, p->ring_exposed_s, p->reduce_s, p->tokens_per_s,
-                100 * p->mfu, p->gpu ? "" : " of the measured sgemm rate");
+                100 * p->mfu, p->gpu ? "" : p->peak_measured ? " of the measured sgemm rate" : " of hardware.peak_tflops");
     double limit = p->gpu ? p->capacity_bytes : plan_mem_available();
     bool fits = p->total_bytes <= limit;
     if (p->gpu)
@@ -370,32 +396,34 @@ int cmd_plan(int argc, char **argv) {
         fprintf(stderr, "%s\n", usage);
         return 2;
     }
-    GpuProfile gpu;
-    bool on_gpu = false;
     double density = 0;
     char **overrides = xmalloc(sizeof(char *) * (size_t)argc);
+    char gpu_override[64] = "";
     int n = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--gpu") || !strcmp(argv[i], "--density")) {
-            if (i + 1 >= argc) fail("mtrain plan: %s needs a value (%s)", argv[i], usage);
-            const char *v = argv[++i];
-            if (argv[i - 1][2] == 'g') {
-                if (!gpu_profile(v, &gpu)) fail("mtrain plan: --gpu %s: unknown (expected a100-40g, a100-80g, h100 or h200)", v);
-                on_gpu = true;
-            } else {
-                char *end;
-                density = strtod(v, &end);
-                if (*end || !(density > 0 && density <= 1)) fail("mtrain plan: --density %s: expected a number in (0, 1]", v);
-            }
-        } else {
+        bool gpu = !strcmp(argv[i], "--gpu");
+        if (!gpu && strcmp(argv[i], "--density")) {
             overrides[n++] = argv[i];
+            continue;
         }
+        if (i + 1 >= argc) fail("plan: %s needs a value (%s)", argv[i], usage);
+        const char *v = argv[++i];
+        if (gpu) {
+            snprintf(gpu_override, sizeof(gpu_override), "hardware.gpu=%s", v);
+            continue;
+        }
+        char *end;
+        density = strtod(v, &end);
+        if (*end || !(density > 0 && density <= 1)) fail("plan: --density %s: expected a number in (0, 1]", v);
     }
+    if (gpu_override[0]) overrides[n++] = gpu_override;
     Config cfg;
     config_from_args(&cfg, argv[0], n, overrides, false);
     free(overrides);
+    GpuProfile gpu;
+    bool on_gpu = plan_gpu(&cfg, &gpu), measured = false;
     Plan p;
-    plan_build(&p, &cfg, on_gpu ? &gpu : NULL, on_gpu ? 0 : plan_measure_cpu_flops(), density);
+    plan_build(&p, &cfg, on_gpu ? &gpu : NULL, on_gpu ? 0 : plan_cpu_peak(&cfg, &measured), measured, density);
     plan_print(&p, &cfg, stdout);
     return 0;
 }

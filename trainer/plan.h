@@ -24,8 +24,14 @@ typedef struct {
     int gpus_per_node;
 } GpuProfile;
 
-// The profile called name (a100-40g, a100-80g, h100, h200); false if none.
-bool gpu_profile(const char *name, GpuProfile *out);
+// The GPU of cfg's hardware section: the profile hardware.gpu names with
+// every figure the section sets in its place, or a GPU the section describes
+// in full; false when it names none (plan the CPU backend). A partial
+// description without a profile stops with one line.
+bool plan_gpu(const Config *cfg, GpuProfile *out);
+// FLOP/s of one rank of the CPU backend: hardware.peak_tflops when set, else
+// the best of a few sgemm on this rank's threads (*measured says which).
+double plan_cpu_peak(const Config *cfg, bool *measured);
 
 #define PLAN_MAX_ITEMS 16
 
@@ -37,7 +43,8 @@ typedef struct {
 typedef struct {
     bool gpu;                    // false: the CPU backend (fp32, host memory)
     GpuProfile hw;               // gpu only
-    double peak_flops;           // FLOP/s of one rank: the GPU's datasheet bf16, or the measured CPU sgemm rate
+    double peak_flops;           // FLOP/s of one rank: the GPU's bf16 peak, or the CPU's (plan_cpu_peak)
+    bool peak_measured;          // CPU: peak_flops is a measured sgemm rate (not hardware.peak_tflops)
     int dp, cp, cp_inner, cp_outer;
     int64_t tokens;              // tokens of the longest cp rank's slice of one sequence
     int64_t params;              // parameters
@@ -59,15 +66,15 @@ typedef struct {
 } Plan;
 
 // The plan of cfg: on gpu (NULL = the CPU backend, whose FLOP/s is
-// cpu_peak_flops; 0 = unknown, no times). density_override in (0, 1] replaces
-// the expected density of sparse attention; 0 = none.
-void plan_build(Plan *p, const Config *cfg, const GpuProfile *gpu, double cpu_peak_flops, double density_override);
+// cpu_peak_flops, measured or configured; 0 = unknown, no times).
+// density_override in (0, 1] replaces the expected density of sparse
+// attention; 0 = none.
+void plan_build(Plan *p, const Config *cfg, const GpuProfile *gpu, double cpu_peak_flops, bool peak_measured,
+                double density_override);
 // The full report: memory table, FLOPs, ring, times, verdict and advice.
 void plan_print(const Plan *p, const Config *cfg, FILE *out);
 // "params 0.10 + grads 0.10 + ... = 0.45 GiB" on one line.
 void plan_breakdown(const Plan *p, char *line, size_t size);
-// The CPU backend's FLOP/s on this rank's threads: the best of a few sgemm.
-double plan_measure_cpu_flops(void);
 // Bytes /proc/meminfo calls MemAvailable (0 if unreadable).
 double plan_mem_available(void);
 // Resident set of this process now, and its peak so far (bytes).

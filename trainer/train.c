@@ -336,7 +336,9 @@ static void check_memory(const Config *cfg, const Dist *dist, Plan *plan) {
     grid.parallel.dp = dist->dp.size;
     grid.parallel.cp = dist->cp.size;
     grid.parallel.cp_inner = dist->grid.cp_inner;
-    plan_build(plan, &grid, NULL, plan_measure_cpu_flops(), 0);
+    bool measured;
+    double peak = plan_cpu_peak(cfg, &measured);
+    plan_build(plan, &grid, NULL, peak, measured, 0);
     double need = plan->total_bytes * dist->local_size, available = plan_mem_available();
     if (!cfg->train.memory_check || available <= 0 || need <= available) return;
     char line[1024];

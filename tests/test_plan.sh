@@ -91,4 +91,21 @@ mkdir -p "$tmp/bad"
 printf '{"step": 1, "loss": 2}\nnot json\n' >"$tmp/bad/metrics.jsonl"
 "$MTRAIN" plot "$tmp/bad" >"$tmp/out" 2>"$tmp/err"
 expect plot_bad_line "[ $? -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ] && grep -q 'metrics.jsonl:2: not a metrics line' '$tmp/err'"
+# scripts/sbatch_example.sh outside Slurm, srun replaced by a shim that runs
+# the command: plans, trains, and on SIGUSR1 (Slurm's warning signal, sent to
+# the batch shell) the run stops after a step with a checkpoint and exits 0.
+mkdir -p "$tmp/bin"
+printf '#!/usr/bin/env bash\nwhile [ "${1#--}" != "$1" ]; do shift; done\nexec "$@"\n' >"$tmp/bin/srun"
+chmod +x "$tmp/bin/srun"
+PATH=$tmp/bin:$PATH bash scripts/sbatch_example.sh configs/tiny-cpu.yaml train.steps=100000 checkpoint.dir="$tmp/ck_sb" \
+  log.dir="$tmp/log_sb" checkpoint.resume=never >"$tmp/sb.out" 2>&1 &
+sb=$!
+for _ in $(seq 100); do grep -q '^step' "$tmp/sb.out" && break; sleep 0.2; done
+kill -USR1 "$sb"
+wait "$sb"
+expect sbatch_usr1_checkpoint "[ $? -eq 0 ] && grep -q '^fits: yes' '$tmp/sb.out' && grep -q '^stopped by SIGUSR1 after step' '$tmp/sb.out' && [ -e '$tmp/ck_sb/latest' ]"
+PATH=$tmp/bin:$PATH bash scripts/sbatch_example.sh configs/tiny-cpu.yaml model.hidden_size=16384 \
+  model.intermediate_size=65536 model.num_layers=16 model.num_heads=128 model.num_kv_heads=8 \
+  checkpoint.dir="$tmp/ck_sb2" log.dir="$tmp/log_sb2" >"$tmp/sb2.out" 2>&1
+expect sbatch_refuses_unfit "[ $? -eq 1 ] && grep -q 'does not fit (plan above); not starting' '$tmp/sb2.out' && [ ! -d '$tmp/ck_sb2' ]"
 [ "$failures" -eq 0 ]

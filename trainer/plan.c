@@ -209,9 +209,12 @@ static void plan_flops(Plan *p, const Config *cfg) {
 
 // Ring traffic of one layer per ring step (bf16 K/V forward; K/V and the
 // fp32 dK/dV accumulators backward), the time of one hop inside and across
-// nodes, what of it the attention compute of that step does not hide, and
-// the gradient reduction over dp x cp (reduce-scatter + bf16 all-gather
-// under ZeRO, an all-reduce otherwise), counted as not overlapped.
+// nodes, and what of it attention compute does not hide: an inner hop
+// overlaps one ring step's attention, an outer hop of the hierarchical ring
+// the whole inner round (cp_inner steps); a flat ring that spans nodes waits
+// for its slowest (network) hop at every step. Then the gradient reduction
+// over dp x cp (reduce-scatter + bf16 all-gather under ZeRO, an all-reduce
+// otherwise), counted as not overlapped.
 static void plan_communication(Plan *p, const Config *cfg) {
     const ModelConfig *c = &cfg->model;
     double KD = (double)c->num_kv_heads * c->head_dim, T = (double)p->tokens;
@@ -219,13 +222,14 @@ static void plan_communication(Plan *p, const Config *cfg) {
     p->ring_fwd_bytes = 2 * T * KD * elem;
     p->ring_bwd_bytes = 2 * T * KD * elem + 2 * T * KD * 4;
     if (!p->gpu) return;
-    double inner_bw = p->hw.nvlink_gbs * 1e9;
-    double outer_bw = (p->cp_outer > 1 ? p->hw.internode_gbs : p->hw.nvlink_gbs) * 1e9;
+    bool spans_nodes = p->cp > p->hw.gpus_per_node;
+    double inner_bw = (p->cp_outer == 1 && spans_nodes ? p->hw.internode_gbs : p->hw.nvlink_gbs) * 1e9;
+    double outer_bw = (spans_nodes ? p->hw.internode_gbs : p->hw.nvlink_gbs) * 1e9;
     p->ring_inner_s = (p->ring_fwd_bytes + p->ring_bwd_bytes) / inner_bw;
     p->ring_outer_s = (p->ring_fwd_bytes + p->ring_bwd_bytes) / outer_bw;
     double inner_hops = (double)(p->cp_inner - 1) * p->cp_outer, outer_hops = p->cp_outer - 1;
     double per_layer = inner_hops * fmax(0, p->ring_inner_s - p->attention_step_s) +
-                       outer_hops * fmax(0, p->ring_outer_s - p->attention_step_s);
+                       outer_hops * fmax(0, p->ring_outer_s - p->cp_inner * p->attention_step_s);
     p->ring_exposed_s = per_layer * c->num_layers * cfg->train.micro_batches;
     int R = p->dp * p->cp;
     double nodes_bw = (R > p->hw.gpus_per_node ? p->hw.internode_gbs : p->hw.nvlink_gbs) * 1e9;
@@ -370,9 +374,10 @@ void plan_print(const Plan *p, const Config *cfg, FILE *out) {
         fprintf(out, "ring step of one layer: %.2f MiB forward (K/V), %.2f MiB backward (K/V + dK/dV)%s\n",
                 p->ring_fwd_bytes / (1 << 20), p->ring_bwd_bytes / (1 << 20), p->gpu ? "" : " (fp32)");
     if (p->gpu && p->cp > 1)
-        fprintf(out, "  transfer %.2f ms inner (NVLink), %.2f ms outer (%s) vs %.2f ms attention compute per ring "
-                "step: %s\n", 1e3 * p->ring_inner_s, 1e3 * p->ring_outer_s, p->cp_outer > 1 ? "network" : "NVLink",
-                1e3 * p->attention_step_s, p->ring_exposed_s > 0 ? "not hidden" : "hidden");
+        fprintf(out, "  transfer %.2f ms per inner hop, %.2f ms per outer hop (%s) vs %.2f ms attention compute per "
+                "ring step: %s\n", 1e3 * p->ring_inner_s, 1e3 * p->ring_outer_s,
+                p->cp > p->hw.gpus_per_node ? "network" : "NVLink", 1e3 * p->attention_step_s,
+                p->ring_exposed_s > 0 ? "not hidden" : "hidden");
     if (p->step_s > 0)
         fprintf(out, "predicted step: %.3f s (compute %.3f, ring exposed %.3f, gradient reduction %.3f) | %.0f tokens/s "
                 "| MFU %.1f%%%s\n", p->step_s, p->compute_s, p->ring_exposed_s, p->reduce_s, p->tokens_per_s,

@@ -141,9 +141,10 @@ static int64_t rank_tokens(const Config *cfg, int cp) {
 }
 
 // Host memory of world rank 0 on the CPU backend (fp32): the arenas, the
-// activation arena, and the largest of the host copies made at start
-// (initialisation), per step (gradient all-reduce, ZeRO gather) and at a
-// checkpoint write (trainer/train.c, print_memory).
+// activation arena, and the host copies of a checkpoint write, the largest
+// of those made beside the activations (the initialisation's, the gradient
+// all-reduce's and ZeRO's gathers are at most as large; trainer/train.c,
+// print_memory).
 static void plan_cpu_memory(Plan *p, const Config *cfg, double acts, double lm_chunk, int64_t opt_count) {
     double P = 4.0 * (double)p->params;
     const ModelConfig *c = &cfg->model;
@@ -154,9 +155,7 @@ static void plan_cpu_memory(Plan *p, const Config *cfg, double acts, double lm_c
     add_item(p, "activations", acts - lm_chunk);
     add_item(p, "LM-head chunk", lm_chunk);
     if (p->cp > 1) add_item(p, "ring buffers (K/V, dK/dV)", 4.0 * 4.0 * (double)p->tokens * c->num_kv_heads * c->head_dim);
-    double copies = P + (zero ? 3 * P : (double)checkpoint_stream_bytes());
-    if (p->dp * p->cp > 1 && P > copies) copies = P;
-    add_item(p, "host copies (checkpoint write)", copies);
+    add_item(p, "host copies (checkpoint write)", P + (zero ? 3 * P : (double)checkpoint_stream_bytes()));
     add_item(p, "runtime (binary, libraries, MPI)", CPU_RUNTIME_BYTES);
 }
 
@@ -199,10 +198,10 @@ static void plan_flops(Plan *p, const Config *cfg) {
     p->hardware_flops = p->model_flops + recompute;
     if (p->peak_flops <= 0) return;
     double attn_eff = p->density < 1.0 ? SPARSE_ATTENTION_EFFICIENCY : DENSE_ATTENTION_EFFICIENCY;
-    double attention = (4.5 * attn_fwd * p->density) / (p->peak_flops * (p->gpu ? attn_eff : 1.0));
+    double attn_passes = cfg->train.checkpoint_activations ? 4.5 : 3.5;
+    double attention = attn_passes * attn_fwd * p->density / (p->peak_flops * (p->gpu ? attn_eff : 1.0));
     double gemm_s = (gemm + (cfg->train.checkpoint_activations ? gemm / 3.0 : 0)) /
                     (p->peak_flops * (p->gpu ? GEMM_EFFICIENCY : 1.0));
-    if (!cfg->train.checkpoint_activations) attention *= 3.5 / 4.5;
     p->compute_s = gemm_s + attention;
     p->attention_step_s = attention / (micro * c->num_layers * p->cp);
 }
@@ -314,6 +313,12 @@ double plan_rss_peak(void) {
 }
 
 
+// GPU: the plan within the usable HBM; CPU: every rank (one node) within MemAvailable.
+static bool plan_fits(const Plan *p) {
+    if (p->gpu) return p->total_bytes <= p->capacity_bytes;
+    return p->total_bytes * p->dp * p->cp <= plan_mem_available();
+}
+
 // What to change when the run does not fit: the first settings (activation
 // checkpointing, ZeRO-1, then cp doubled) under which it does.
 static void print_advice(const Plan *p, const Config *cfg, FILE *out) {
@@ -333,8 +338,7 @@ static void print_advice(const Plan *p, const Config *cfg, FILE *out) {
         }
         Plan q;
         plan_build(&q, &c, p->gpu ? &hw : NULL, 0, false, p->density_assumed ? p->density : 0);
-        double limit = p->gpu ? q.capacity_bytes : plan_mem_available();
-        if (q.total_bytes <= limit) {
+        if (plan_fits(&q)) {
             fprintf(out, "to fit:");
             for (int i = 0; i < n; i++) fprintf(out, " %s", changes[i]);
             if (c.parallel.cp != cfg->parallel.cp) fprintf(out, " parallel.cp=%d (%d ranks)", c.parallel.cp,
@@ -382,15 +386,13 @@ void plan_print(const Plan *p, const Config *cfg, FILE *out) {
         fprintf(out, "predicted step: %.3f s (compute %.3f, ring exposed %.3f, gradient reduction %.3f) | %.0f tokens/s "
                 "| MFU %.1f%%%s\n", p->step_s, p->compute_s, p->ring_exposed_s, p->reduce_s, p->tokens_per_s,
                 100 * p->mfu, p->gpu ? "" : p->peak_measured ? " of the measured sgemm rate" : " of hardware.peak_tflops");
-    double limit = p->gpu ? p->capacity_bytes : plan_mem_available();
-    bool fits = p->total_bytes <= limit;
+    bool fits = plan_fits(p);
     if (p->gpu)
         fprintf(out, "fits: %s (%.2f of %.2f GiB usable: %.0f%% of HBM)\n", fits ? "yes" : "NO", p->total_bytes * GIB,
-                limit * GIB, 100 * HBM_USABLE);
+                p->capacity_bytes * GIB, 100 * HBM_USABLE);
     else
-        fprintf(out, "fits: %s (%.2f GiB x %d ranks on one node vs MemAvailable %.2f GiB)\n",
-                p->total_bytes * p->dp * p->cp <= limit ? "yes" : "NO", p->total_bytes * GIB, p->dp * p->cp,
-                limit * GIB);
+        fprintf(out, "fits: %s (%.2f GiB x %d ranks on one node vs MemAvailable %.2f GiB)\n", fits ? "yes" : "NO",
+                p->total_bytes * GIB, p->dp * p->cp, plan_mem_available() * GIB);
     if (!fits) print_advice(p, cfg, out);
 }
 

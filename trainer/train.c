@@ -329,8 +329,9 @@ void model_join_ring(Model *m, const Config *cfg, const Dist *dist) {
 }
 
 // The plan's check before anything large is allocated: the host memory of
-// every rank on this node against MemAvailable. Returns the plan (its FLOPs
-// give the MFU of the step lines).
+// the ranks on rank 0's node against its MemAvailable; every rank takes
+// rank 0's verdict (as a config error, each says so). Fills plan, whose FLOPs
+// give the MFU of the step lines.
 static void check_memory(const Config *cfg, const Dist *dist, Plan *plan) {
     Config grid = *cfg;
     grid.parallel.dp = dist->dp.size;
@@ -339,7 +340,9 @@ static void check_memory(const Config *cfg, const Dist *dist, Plan *plan) {
     bool measured;
     double peak = plan_cpu_peak(cfg, &measured);
     plan_build(plan, &grid, NULL, peak, measured, 0);
-    double need = plan->total_bytes * dist->local_size, available = plan_mem_available();
+    double figures[2] = {plan->total_bytes * dist->local_size, plan_mem_available()};
+    comm_broadcast(&dist->world, figures, 2, DT_DOUBLE, 0);
+    double need = figures[0], available = figures[1];
     if (!cfg->train.memory_check || available <= 0 || need <= available) return;
     char line[1024];
     plan_breakdown(plan, line, sizeof(line));

@@ -2,7 +2,7 @@
 # test_plan.sh: `mtrain plan` and the memory check of `mtrain train`. On the
 # CPU backend the planned peak host memory is within 15% of the peak RSS that
 # `mtrain train` measures (getrusage, in its run summary) for six runs of
-# different shape; the cluster run files pass the plan on their GPUs; a run
+# different shape on one rank and two on two ranks (cp 2; dp 2 with ZeRO-1); the cluster run files pass the plan on their GPUs; a run
 # that cannot fit is refused with one line; bad plan options get one line;
 # metrics.jsonl carries MFU and RSS.
 #   MTRAIN=path/to/mtrain bash tests/test_plan.sh   (default build/mtrain)
@@ -21,10 +21,20 @@ runs=(
   "sparse model.hidden_size=256 model.intermediate_size=688 model.num_layers=4 model.num_heads=4 train.seq_len=2048 model.max_position_embeddings=2048 attention.type=sparse attention.block_size=64"
   "zero $mid train.seq_len=256 parallel.zero=1 train.micro_batches=2"
 )
+# two ranks (peak RSS of rank 0): the ring of cp 2, and ZeRO-1 over dp 2
+if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+runs+=(
+  "np2_cp2 $mid train.seq_len=512 model.max_position_embeddings=512 parallel.cp=2"
+  "np2_dp2_zero $mid train.seq_len=512 model.max_position_embeddings=512 parallel.dp=2 parallel.zero=1"
+)
 for run in "${runs[@]}"; do
   name=${run%% *}
+  launch=()
+  case $name in np2_*) launch=(mpirun -np 2 --oversubscribe --bind-to none) ;; esac
   # shellcheck disable=SC2086
-  "$MTRAIN" train $base checkpoint.dir="$tmp/ck_$name" log.dir="$tmp/log_$name" ${run#* } >"$tmp/$name.out" 2>&1
+  "${launch[@]}" "$MTRAIN" train $base checkpoint.dir="$tmp/ck_$name" log.dir="$tmp/log_$name" ${run#* } \
+    >"$tmp/$name.out" 2>&1
   summary=$(grep '^run summary' "$tmp/$name.out")
   measured=$(sed -n 's/.*peak RSS \([0-9.]*\) MiB.*/\1/p' <<<"$summary")
   planned=$(sed -n 's/.*(planned \([0-9.]*\)).*/\1/p' <<<"$summary")

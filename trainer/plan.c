@@ -141,10 +141,10 @@ static int64_t rank_tokens(const Config *cfg, int cp) {
 }
 
 // Host memory of world rank 0 on the CPU backend (fp32): the arenas, the
-// activation arena, and the host copies of a checkpoint write, the largest
-// of those made beside the activations (the initialisation's, the gradient
-// all-reduce's and ZeRO's gathers are at most as large; trainer/train.c,
-// print_memory).
+// activation arena, and the larger of the host copies made beside it: a
+// checkpoint write's (trainer/train.c, print_memory) or, on several ranks,
+// the gradient all-reduce's (the arena's host copy, and as much again inside
+// MPI: measured). The initialisation's copy and ZeRO's gathers are smaller.
 static void plan_cpu_memory(Plan *p, const Config *cfg, double acts, double lm_chunk, int64_t opt_count) {
     double P = 4.0 * (double)p->params;
     const ModelConfig *c = &cfg->model;
@@ -155,7 +155,9 @@ static void plan_cpu_memory(Plan *p, const Config *cfg, double acts, double lm_c
     add_item(p, "activations", acts - lm_chunk);
     add_item(p, "LM-head chunk", lm_chunk);
     if (p->cp > 1) add_item(p, "ring buffers (K/V, dK/dV)", 4.0 * 4.0 * (double)p->tokens * c->num_kv_heads * c->head_dim);
-    add_item(p, "host copies (checkpoint write)", P + (zero ? 3 * P : (double)checkpoint_stream_bytes()));
+    double checkpoint_write = P + (zero ? 3 * P : (double)checkpoint_stream_bytes());
+    double allreduce = p->dp * p->cp > 1 ? 2 * P : 0;  // the arena's host copy and MPI's reduction buffer
+    add_item(p, "host copies (checkpoint write or all-reduce)", fmax(checkpoint_write, allreduce));
     add_item(p, "runtime (binary, libraries, MPI)", CPU_RUNTIME_BYTES);
 }
 

@@ -332,7 +332,7 @@ static void print_advice(const Plan *p, const Config *cfg, FILE *out) {
         if (!c.train.checkpoint_activations) {
             c.train.checkpoint_activations = true;
             changes[n++] = "train.checkpoint_activations=true";
-        } else if (c.parallel.zero == 0 && (p->dp * p->cp > 1 || !p->gpu)) {
+        } else if (c.parallel.zero == 0 && (p->gpu ? p->dp * p->cp : p->dp) > 1) {  // ZeRO-1's shards
             c.parallel.zero = 1;
             changes[n++] = "parallel.zero=1";
         } else {
@@ -349,7 +349,10 @@ static void print_advice(const Plan *p, const Config *cfg, FILE *out) {
             return;
         }
     }
-    fprintf(out, "to fit: no setting of checkpointing, ZeRO-1 and cp up to %d fits; use larger GPUs\n", c.parallel.cp);
+    fprintf(out, "to fit: no setting of checkpointing, ZeRO-1 and cp up to %d fits (ZeRO-1 leaves %.2f GiB of "
+            "weights and gradients on every %s); use %s\n", c.parallel.cp,
+            (p->gpu ? 6.0 : 8.0) * (double)p->params * GIB, p->gpu ? "GPU" : "rank",
+            p->gpu ? "GPUs with more memory" : "more nodes, or nodes with more memory");
 }
 
 void plan_print(const Plan *p, const Config *cfg, FILE *out) {

@@ -195,18 +195,20 @@ static int64_t layer_act_floats(const ModelConfig *c, int64_t T) {
 }
 
 // Floats of the backward buffers and the loss chunk.
-static int64_t grad_act_floats(const Model *m, int64_t T) {
-    const ModelConfig *c = &m->cfg;
+static int64_t grad_act_floats(const ModelConfig *c, int loss_chunk, int64_t T) {
     int64_t H = c->hidden_size, I = c->intermediate_size;
     int64_t QD = (int64_t)c->num_heads * c->head_dim, KD = (int64_t)c->num_kv_heads * c->head_dim;
-    return T * (2 * H + 2 * QD + 2 * KD + 3 * I) + (int64_t)c->num_heads * T + (int64_t)m->loss_chunk * c->vocab_size;
+    return T * (2 * H + 2 * QD + 2 * KD + 3 * I) + (int64_t)c->num_heads * T + (int64_t)loss_chunk * c->vocab_size;
+}
+
+int64_t model_activation_floats(const ModelConfig *c, bool checkpoint_activations, int loss_chunk, int64_t T) {
+    int64_t per_layer = layer_act_floats(c, T);
+    int64_t kept = checkpoint_activations ? per_layer : per_layer * c->num_layers;
+    return T * (int64_t)c->hidden_size * (c->num_layers + 2) + T + kept + grad_act_floats(c, loss_chunk, T);
 }
 
 static int64_t activation_floats(const Model *m, int64_t T) {
-    const ModelConfig *c = &m->cfg;
-    int64_t per_layer = layer_act_floats(c, T);
-    int64_t kept = m->checkpoint_activations ? per_layer : per_layer * c->num_layers;
-    return T * (int64_t)c->hidden_size * (c->num_layers + 2) + T + kept + grad_act_floats(m, T);
+    return model_activation_floats(&m->cfg, m->checkpoint_activations, m->loss_chunk, T);
 }
 
 size_t model_activation_bytes(const Model *m, int64_t T) { return (size_t)activation_floats(m, T) * sizeof(float); }

@@ -130,5 +130,9 @@ void model_logits_range(Model *m, const int32_t *tokens, const int64_t *position
                         int64_t count, float *logits_host);
 // Bytes of activation memory for T tokens (printed at start-up).
 size_t model_activation_bytes(const Model *m, int64_t T);
+// Elements of that arena for a model of shape c (head_dim set), without
+// building one (trainer/plan.c): saved activations, backward buffers and
+// the LM-head chunk [loss_chunk, vocab].
+int64_t model_activation_floats(const ModelConfig *c, bool checkpoint_activations, int loss_chunk, int64_t T);
 
 #endif

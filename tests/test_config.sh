@@ -56,7 +56,7 @@ else
 fi
 
 sections=$(grep -E '^[a-z]+:$' "$tmp/tiny.yaml" | tr -d ':\n')
-if [ "$sections" = "modelattentionparalleltraindatacheckpointlogeval" ]; then ok config_section_order
+if [ "$sections" = "modelattentionparalleltraindatacheckpointlogevalhardware" ]; then ok config_section_order
 else bad config_section_order "sections in order '$sections'"; fi
 
 if [ "$(grep -cE '^  (  )?[a-z0-9_]*: ' "$tmp/tiny.yaml")" -eq "$(grep -c '^| `' docs/CONFIG.md)" ]; then

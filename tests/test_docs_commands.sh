@@ -64,6 +64,12 @@ RULES=(
   'skip|^OMP_NUM_THREADS=1 OMPI_MCA_btl_vader_single_copy_mechanism=none$|environment settings, not a command'
   'skip|^build/mtrain train configs/demo-cpu\.yaml .*parallel\.cp=2 |runs under the srun / mpirun -np 2 of its sentence (tests/test_srun.sh)'
   'skip|^mpirun --oversubscribe --bind-to none -np 2$|launcher options of a command beside it'
+  'run |^build/mtrain plan configs/tiny-cpu\.yaml$|'
+  'run |^build/mtrain plan configs/qwen2\.5-[0-9.]+b-[0-9]+k-32x[a-z0-9]+\.yaml train\.init_from=none|'
+  'skip|^sbatch scripts/sbatch_example\.sh |needs a Slurm cluster (tests/test_plan.sh runs the script with an srun shim)'
+  'skip|^mpirun -np 32 --hostfile hosts |32 ranks on 4 nodes of GPUs'
+  'run |^build/mtrain plot logs/tiny-cpu$|'
+  'skip|^build/mtrain plan configs/NAME\.yaml |placeholder NAME (the README runs two of these run files)'
 )
 
 # Commands as "FILE:LINE<TAB>COMMAND", in document order, each once.

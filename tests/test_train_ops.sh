@@ -36,8 +36,8 @@ expect "optimizer.zst holds one zstd frame of 8 x $params bytes (got $raw)" '[ -
 : >"$tmp/out.txt"
 train checkpoint.dir="$tmp/sum" log.dir="$tmp/sum_logs" train.steps=6 log.val_every=3
 expect "run summary line with steps, tokens, time, rate and best val loss" \
-  'grep -Eq "^run summary: steps 1-6 \| 384 tokens \| [0-9.]+ s \| [0-9]+ tok/s \| best val loss [0-9.]+$" "$tmp/out.txt"'
-best=$(sed -n 's/.*best val loss //p' "$tmp/out.txt")
+  'grep -Eq "^run summary: steps 1-6 \| 384 tokens \| [0-9.]+ s \| [0-9]+ tok/s \| best val loss [0-9.]+ \| peak RSS [0-9.]+ MiB \(planned [0-9.]+\)$" "$tmp/out.txt"'
+best=$(sed -n 's/.*best val loss \([0-9.]*\).*/\1/p' "$tmp/out.txt")
 lowest=$(sed -n 's/^validation | step [0-9]* | loss //p' "$tmp/out.txt" | sort -g | head -1)
 expect "best val loss $best is the lowest validation loss $lowest" '[ -n "$best" ] && [ "$best" = "$lowest" ]'
 

@@ -11,7 +11,9 @@ int cmd_tokenize(int argc, char **argv);  // trainer/cmd_data.c
 int cmd_shard(int argc, char **argv);     // trainer/cmd_data.c
 int cmd_data(int argc, char **argv);      // trainer/cmd_data.c
 int cmd_detokenize(int argc, char **argv);  // trainer/cmd_data.c
-int cmd_export(int argc, char **argv);
-int cmd_tasks(int argc, char **argv);     // trainer/eval.c    // trainer/export.c
+int cmd_export(int argc, char **argv);    // trainer/export.c
+int cmd_tasks(int argc, char **argv);     // trainer/eval.c
+int cmd_plan(int argc, char **argv);      // trainer/plan.c
+int cmd_plot(int argc, char **argv);      // trainer/plot.c
 
 #endif

@@ -82,6 +82,7 @@ PATH_FIELDS(checkpoint, resume);
 PATH_FIELDS(eval, model);
 PATH_FIELDS(eval, text);
 PATH_FIELDS(eval, tokenizer);
+ENUM_FIELD_IS_INT(hardware, gpu);
 
 static const Key keys[] = {
     INT(model, vocab_size, 256, 2, 1 << 24, "Vocabulary size (rows of the embedding and the LM head)."),
@@ -147,6 +148,7 @@ static const Key keys[] = {
     INT(train, loss_chunk, 1024, 1, 1 << 30, "Tokens per chunk of the fused LM head + cross entropy."),
     PATH(train, init_from, "none", NAMES("none"), "a Hugging Face folder", "`none` (random initialisation) or a Hugging Face folder (`config.json` + `model.safetensors`) to start from."),
     INT(train, max_bad_steps, 5, 1, 1 << 30, "A step whose loss or gradient norm is not finite on any rank is skipped on every rank (weights and AdamW state unchanged, its sequences consumed) and logged; this many in a row stop the run (exit 1, checkpoints kept). For testing, `MTRAIN_TEST_NAN_STEP=N[,RANK[,COUNT]]` in the environment makes the loss and gradient of COUNT steps from step N (default 1) NaN on world rank RANK (default 0)."),
+    BOOL(train, memory_check, true, "Before allocating, compare the planned memory of the run (as `mtrain plan` prints it; CPU backend: the host memory of every rank on this node) with what the node has (`MemAvailable`) and refuse the run with the breakdown when it does not fit; `false` starts anyway."),
 
     PATH(data, train, "synthetic", NAMES("synthetic"), "comma-separated shard globs", "Training data: a shard glob or comma-separated globs (`data/*.shard,extra/a.shard`), or `synthetic` for the built-in generator. Documents are shuffled per epoch from `train.seed` and packed into sequences (see docs/ARCHITECTURE.md, section Data, and docs/DECISIONS.md)."),
     INT(data, val_sequences, 4, 1, 1 << 20, "Held-out sequences in each validation pass."),
@@ -175,6 +177,14 @@ static const Key keys[] = {
     PATH(eval, tokenizer, "model", NAMES("model", "bytes"), "a tokenizer.json or a folder holding one", "Tokenizer of the task prompts and of a text file: `model` = the evaluated folder's `tokenizer.json` when it has one, else `bytes`; `bytes` (ids are bytes, docs/FORMATS.md); a Hugging Face `tokenizer.json`, or a folder holding it. Perplexity on `heldout` needs none."),
     STRING(eval, out, "eval", "Output folder: `results.json`, `perplexity.png`, `heatmap_TASK.png`."),
     UINT64(eval, seed, 1234, "Seed of the task generators (keys, values, filler start, distractor depths)."),
+
+    ENUM(hardware, gpu, "none", NAMES("none", "a100-40g", "a100-80g", "h100", "h200"), "GPU profile of `mtrain plan` (`--gpu` overrides it): `none` = plan the CPU backend (unless `peak_tflops` and `hbm_gib` describe a GPU); a name = the datasheet figures of that GPU (SXM, trainer/plan.c). The keys below replace single figures."),
+    DOUBLE(hardware, peak_tflops, 0.0, 0, 1e6, 0, "Dense bf16 peak TFLOP/s of one GPU; 0 = the profile's. On the CPU backend: the TFLOP/s of one rank that MFU (step line, metrics.jsonl) is measured against; 0 = the rate of an sgemm measured at start."),
+    DOUBLE(hardware, hbm_gib, 0.0, 0, 1e6, 0, "Memory of one GPU in GiB; 0 = the profile's."),
+    DOUBLE(hardware, hbm_gbs, 0.0, 0, 1e6, 0, "Memory bandwidth of one GPU, GB/s; 0 = the profile's."),
+    DOUBLE(hardware, nvlink_gbs, 0.0, 0, 1e6, 0, "GPU-to-GPU bandwidth inside a node (NVLink), GB/s per direction; 0 = the profile's."),
+    DOUBLE(hardware, network_gbs, 0.0, 0, 1e6, 0, "Bandwidth of one GPU across nodes (its share of the node's NICs), GB/s per direction; 0 = the profile's."),
+    INT(hardware, gpus_per_node, 0, 0, 1024, "GPUs per node (the inner ring when `parallel.cp_inner` is 0); 0 = the profile's."),
 };
 #define NUM_KEYS ((int)(sizeof(keys) / sizeof(keys[0])))
 
@@ -193,6 +203,7 @@ static const Section sections[] = {
     {"checkpoint", "Where checkpoints go."},
     {"log", "Progress lines and metrics."},
     {"eval", "`mtrain eval`: perplexity by length, passkey / needle-in-a-haystack grids, RULER-style tasks (see README, Evaluation)."},
+    {"hardware", "The machine `mtrain plan` plans for (see docs/PERFORMANCE.md, Planner), and the peak MFU is measured against."},
 };
 #define NUM_SECTIONS ((int)(sizeof(sections) / sizeof(sections[0])))
 

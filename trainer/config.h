@@ -53,6 +53,7 @@ typedef struct {
     InitFrom init_from;        // none | a Hugging Face folder to start from (init_from_path)
     char init_from_path[CONFIG_STR];
     int max_bad_steps;         // non-finite steps in a row (each skipped) that stop the run
+    bool memory_check;         // refuse a run whose planned memory exceeds what the node has
 } TrainConfig;
 
 typedef struct {
@@ -97,6 +98,19 @@ typedef struct {
     uint64_t seed;             // task generation
 } EvalConfig;
 
+// hardware.gpu: the planner's GPU profiles (trainer/plan.c).
+typedef enum { GPU_NONE, GPU_A100_40G, GPU_A100_80G, GPU_H100, GPU_H200 } GpuKind;
+
+typedef struct {
+    GpuKind gpu;               // none | a100-40g | a100-80g | h100 | h200
+    double peak_tflops;        // dense bf16 peak (CPU backend: the FLOP/s MFU is measured against); 0 = the profile's / measured
+    double hbm_gib;            // memory per GPU; 0 = the profile's
+    double hbm_gbs;            // memory bandwidth GB/s; 0 = the profile's
+    double nvlink_gbs;         // GPU to GPU inside a node, GB/s per direction; 0 = the profile's
+    double network_gbs;        // per GPU across nodes, GB/s per direction; 0 = the profile's
+    int gpus_per_node;         // 0 = the profile's
+} HardwareConfig;
+
 typedef struct {
     ModelConfig model;
     AttentionConfig attention;
@@ -106,6 +120,7 @@ typedef struct {
     CheckpointConfig checkpoint;
     LogConfig log;
     EvalConfig eval;
+    HardwareConfig hardware;
 } Config;
 
 // The eval lists, parsed. config_validate checks them; these parse them

@@ -327,8 +327,7 @@ static void write_results(const EvalPlan *p, const char *model_path, const doubl
 // ----------------------------------------------------------------------------
 // PNG plots (gnuplot)
 
-// A gnuplot single-quoted string ('' stands for ').
-static void gp_string(FILE *gp, const char *s) {
+void gp_string(FILE *gp, const char *s) {
     fputc('\'', gp);
     for (; *s; s++) {
         if (*s == '\'') fputc('\'', gp);
@@ -337,7 +336,7 @@ static void gp_string(FILE *gp, const char *s) {
     fputc('\'', gp);
 }
 
-static void gp_output(FILE *gp, const char *out_dir, const char *name) {
+void gp_output(FILE *gp, const char *out_dir, const char *name) {
     char path[CONFIG_STR + 96];
     snprintf(path, sizeof(path), "%s/%s.tmp", out_dir, name);
     fputs("set output ", gp);

@@ -11,6 +11,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "../attention/layout.h"
 #include "../data/tasks.h"
@@ -32,5 +33,11 @@ typedef struct {
 // answer: each rank checks the answer rows it holds, the verdicts are ANDed
 // over the ranks. logits is room for [answer_len, V] floats.
 bool eval_sample_correct(Model *m, const TaskSample *s, const EvalSplit *split, float *logits);
+
+// gnuplot (the PNG plots of eval and of `mtrain plot`): a single-quoted
+// string ('' stands for '), and `set output` to out_dir/name.tmp (renamed
+// into place once gnuplot succeeded).
+void gp_string(FILE *gp, const char *s);
+void gp_output(FILE *gp, const char *out_dir, const char *name);
 
 #endif

@@ -25,6 +25,7 @@
 #include "../dist/progress.h"
 #include "checkpoint.h"
 #include "commands.h"
+#include "plan.h"
 
 int apply_threads(const Config *cfg, const Dist *dist) {
     int share = dist->node_cpus / dist->local_size;
@@ -426,6 +427,29 @@ void model_join_ring(Model *m, const Config *cfg, const Dist *dist) {
     model_set_ring(m, &dist->cp, ring_inner_size(cfg->attention.ring, dist->cp.size, dist->grid.cp_inner));
 }
 
+// The plan's check before anything large is allocated: the host memory of
+// the ranks on rank 0's node against its MemAvailable; every rank takes
+// rank 0's verdict (as a config error, each says so). Fills plan, whose FLOPs
+// give the MFU of the step lines.
+static void check_memory(const Config *cfg, const Dist *dist, Plan *plan) {
+    Config grid = *cfg;
+    grid.parallel.dp = dist->dp.size;
+    grid.parallel.cp = dist->cp.size;
+    grid.parallel.cp_inner = dist->grid.cp_inner;
+    bool measured;
+    double peak = plan_cpu_peak(cfg, &measured);
+    plan_build(plan, &grid, NULL, peak, measured, 0);
+    double figures[2] = {plan->total_bytes * dist->local_size, plan_mem_available()};
+    comm_broadcast(&dist->world, figures, 2, DT_DOUBLE, 0);
+    double need = figures[0], available = figures[1];
+    if (!cfg->train.memory_check || available <= 0 || need <= available) return;
+    char line[1024];
+    plan_breakdown(plan, line, sizeof(line));
+    fail("train: the run does not fit: %d rank%s x (%s) = %.2f GiB > MemAvailable %.2f GiB (mtrain plan "
+         "suggests changes; train.memory_check=false starts anyway)", dist->local_size, dist->local_size == 1 ? "" :
+         "s", line, need / (1 << 30), available / (1 << 30));
+}
+
 int cmd_train(int argc, char **argv) {
     Config cfg;
     Dist dist;
@@ -435,6 +459,8 @@ int cmd_train(int argc, char **argv) {
     RunData data;
     run_data_open(&data, &cfg, &dist);
     int threads = apply_threads(&cfg, &dist);
+    Plan plan;
+    check_memory(&cfg, &dist, &plan);
     Model m;
     model_from_config(&m, &cfg);
     model_join_ring(&m, &cfg, &dist);
@@ -519,18 +545,21 @@ int cmd_train(int argc, char **argv) {
         }
         double ms = 1e3 * (now_seconds() - t0);
         double tokens_per_s = (double)step_tokens / (ms * 1e-3);
+        double mfu = plan.peak_flops > 0 ? plan.model_flops / (ms * 1e-3 * plan.peak_flops) : 0;
+        double rss_mib = plan_rss_now() / (1 << 20);
         if (bad_in_a_row == 0 && (step % cfg.log.every == 0 || step == cfg.train.steps)) {
             char eta[32];
             double elapsed = now_seconds() - train_start;
             format_duration(elapsed / (double)(step - first_step + 1) * (double)(cfg.train.steps - step), eta, sizeof(eta));
-            printf("step %6lld/%lld | loss %.4f | grad norm %.3f | lr %.2e | %.0f tok/s | %.1f ms | eta %s%s\n",
-                   (long long)step, (long long)cfg.train.steps, loss, grad_norm, lr, tokens_per_s, ms, eta,
-                   attention_line);
+            printf("step %6lld/%lld | loss %.4f | grad norm %.3f | lr %.2e | %.0f tok/s | MFU %.1f%% | RSS %.0f MiB | "
+                   "%.1f ms | eta %s%s\n", (long long)step, (long long)cfg.train.steps, loss, grad_norm, lr, tokens_per_s,
+                   100 * mfu, rss_mib, ms, eta, attention_line);
             fflush(stdout);
         }
         if (metrics && bad_in_a_row == 0) {
-            fprintf(metrics, "{\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, \"ms\": %.3f%s}\n",
-                    (long long)step, loss, grad_norm, lr, tokens_per_s, ms, attention_json);
+            fprintf(metrics, "{\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, "
+                    "\"mfu\": %.6f, \"rss_mib\": %.1f, \"ms\": %.3f%s}\n", (long long)step, loss, grad_norm, lr,
+                    tokens_per_s, mfu, rss_mib, ms, attention_json);
             if (fflush(metrics) != 0) fail("%s: write failed", metrics_path);
         }
         state.step = step;
@@ -553,8 +582,9 @@ int cmd_train(int argc, char **argv) {
         double tokens = (double)(state.step - first_step + 1) * (double)step_tokens;
         char val[48] = "";
         if (isfinite(best_val)) snprintf(val, sizeof(val), " | best val loss %.4f", best_val);
-        printf("run summary: steps %lld-%lld | %.0f tokens | %.1f s | %.0f tok/s%s\n", (long long)first_step,
-               (long long)state.step, tokens, seconds, tokens / seconds, val);
+        printf("run summary: steps %lld-%lld | %.0f tokens | %.1f s | %.0f tok/s%s | peak RSS %.1f MiB (planned "
+               "%.1f)\n", (long long)first_step, (long long)state.step, tokens, seconds, tokens / seconds, val,
+               plan_rss_peak() / (1 << 20), plan.total_bytes / (1 << 20));
     }
     if (metrics) fclose(metrics);
     free(attention_json);

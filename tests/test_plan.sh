@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# test_plan.sh: `mtrain plan` and the memory check of `mtrain train`. On the
+# CPU backend the planned peak host memory is within 15% of the peak RSS that
+# `mtrain train` measures (getrusage, in its run summary) for six runs of
+# different shape on one rank and two on two ranks (cp 2; dp 2 with ZeRO-1); the cluster run files pass the plan on their GPUs; a run
+# that cannot fit is refused with one line; bad plan options get one line;
+# metrics.jsonl carries MFU and RSS.
+#   MTRAIN=path/to/mtrain bash tests/test_plan.sh   (default build/mtrain)
+set -u
+cd "$(dirname "$0")/.."
+MTRAIN=${MTRAIN:-build/mtrain}
+. tests/lib.sh
+
+base="configs/tiny-cpu.yaml train.steps=2 train.warmup_steps=0 checkpoint.resume=never parallel.threads=1"
+mid="model.hidden_size=512 model.intermediate_size=1376 model.num_layers=4 model.num_heads=8 model.num_kv_heads=2"
+runs=(
+  "saved $mid train.seq_len=512 model.max_position_embeddings=512"
+  "checkpointed $mid train.seq_len=512 model.max_position_embeddings=512 train.checkpoint_activations=true"
+  "vocab model.vocab_size=32000 model.hidden_size=256 model.intermediate_size=688 model.num_heads=4 model.tie_word_embeddings=false train.loss_chunk=256"
+  "long model.hidden_size=256 model.intermediate_size=688 model.num_layers=4 model.num_heads=4 train.seq_len=2048 model.max_position_embeddings=2048"
+  "sparse model.hidden_size=256 model.intermediate_size=688 model.num_layers=4 model.num_heads=4 train.seq_len=2048 model.max_position_embeddings=2048 attention.type=sparse attention.block_size=64"
+  "zero $mid train.seq_len=256 parallel.zero=1 train.micro_batches=2"
+)
+# two ranks (peak RSS of rank 0): the ring of cp 2, and ZeRO-1 over dp 2
+if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+runs+=(
+  "np2_cp2 $mid train.seq_len=512 model.max_position_embeddings=512 parallel.cp=2"
+  "np2_dp2_zero $mid train.seq_len=512 model.max_position_embeddings=512 parallel.dp=2 parallel.zero=1"
+)
+for run in "${runs[@]}"; do
+  name=${run%% *}
+  launch=()
+  case $name in np2_*) launch=(mpirun -np 2 --oversubscribe --bind-to none) ;; esac
+  # shellcheck disable=SC2086
+  "${launch[@]}" "$MTRAIN" train $base checkpoint.dir="$tmp/ck_$name" log.dir="$tmp/log_$name" ${run#* } \
+    >"$tmp/$name.out" 2>&1
+  summary=$(grep '^run summary' "$tmp/$name.out")
+  measured=$(sed -n 's/.*peak RSS \([0-9.]*\) MiB.*/\1/p' <<<"$summary")
+  planned=$(sed -n 's/.*(planned \([0-9.]*\)).*/\1/p' <<<"$summary")
+  if [ -z "$measured" ] || [ -z "$planned" ]; then
+    bad "plan_rss_$name" "no peak RSS / planned figures in the run summary: $(tail -2 "$tmp/$name.out")"
+    continue
+  fi
+  echo "# $name: planned $planned MiB, measured peak RSS $measured MiB"
+  expect "plan_rss_$name" "awk -v p=$planned -v m=$measured 'BEGIN { d = (p - m) / m; exit !(d <= 0.15 && d >= -0.15 && m > 40) }'"
+  # plan prints the same total as the train check
+  # shellcheck disable=SC2086
+  total=$("$MTRAIN" plan $base checkpoint.dir="$tmp/ck_$name" log.dir="$tmp/log_$name" ${run#* } |
+          awk '$1 == "total" { print $2 }')
+  expect "plan_total_$name" "awk -v t=$total -v p=$planned 'BEGIN { d = t * 1024 - p; exit !(d < 1 && d > -1) }'"
+done
+expect plan_metrics_fields "grep -q '\"mfu\": [0-9.]*, \"rss_mib\": [0-9.]*' '$tmp/log_saved/metrics.jsonl'"
+expect plan_step_line "grep -Eq 'MFU [0-9.]+% \| RSS [0-9]+ MiB' '$tmp/saved.out'"
+
+for pair in qwen2.5-3b-512k-32xa100:a100-80g qwen2.5-0.5b-128k-8xa100:a100-80g qwen2.5-7b-512k-32xh100:h100; do
+  cfg=configs/${pair%%:*}.yaml gpu=${pair##*:}
+  "$MTRAIN" plan "$cfg" train.init_from=none >"$tmp/plan.out" 2>&1
+  expect "plan_fits_${pair%%:*}" "[ $? -eq 0 ] && grep -q '^fits: yes' '$tmp/plan.out' && grep -q '^predicted step' '$tmp/plan.out' && grep -q '^plan: CUDA backend as designed .* on $gpu:' '$tmp/plan.out'"
+  "$MTRAIN" config "$cfg" train.init_from=none >/dev/null 2>&1
+  expect "plan_config_parses_${pair%%:*}" "[ $? -eq 0 ]"
+done
+# the 3B run without checkpointing or ZeRO on 40 GB A100s does not fit: the advice names what to change
+"$MTRAIN" plan configs/qwen2.5-3b-512k-32xa100.yaml --gpu a100-40g train.init_from=none \
+  train.checkpoint_activations=false parallel.zero=0 >"$tmp/nofit.out" 2>&1
+expect plan_nofit_advice "grep -q '^fits: NO' '$tmp/nofit.out' && grep -q '^to fit: train.checkpoint_activations=true' '$tmp/nofit.out'"
+
+"$MTRAIN" plan configs/tiny-cpu.yaml --gpu v100 >"$tmp/out" 2>"$tmp/err"
+expect plan_bad_gpu "[ $? -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ] && grep -q 'hardware.gpu.*expected one of none, a100-40g' '$tmp/err'"
+"$MTRAIN" plan configs/tiny-cpu.yaml hardware.hbm_gib=10 >"$tmp/out" 2>"$tmp/err"
+expect plan_partial_gpu "[ $? -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ] && grep -q 'needs every figure' '$tmp/err'"
+# a profile's figure replaced by the section: 10 GiB of HBM, 92% usable
+"$MTRAIN" plan configs/tiny-cpu.yaml hardware.gpu=h100 hardware.hbm_gib=10 >"$tmp/out" 2>&1
+expect plan_hardware_figure "grep -q '^fits: yes (.* of 9.20 GiB usable' '$tmp/out'"
+# CPU MFU against a configured peak: 1 GFLOP/s makes the predicted step FLOPs / 1e9 seconds
+"$MTRAIN" plan configs/tiny-cpu.yaml hardware.peak_tflops=0.001 >"$tmp/out" 2>&1
+flops=$(sed -n 's/^FLOPs per step per rank: \([0-9.e+]*\) dense.*/\1/p' "$tmp/out")
+step=$(sed -n 's/^predicted step: \([0-9.]*\) s .*of hardware.peak_tflops$/\1/p' "$tmp/out")
+expect plan_cpu_configured_peak "[ -n '$step' ] && awk -v f=$flops -v s=$step 'BEGIN { d = f / 1e9 - s; exit !(d < 0.002 && d > -0.002) }'"
+"$MTRAIN" plan configs/tiny-cpu.yaml --density 2 >"$tmp/out" 2>"$tmp/err"
+expect plan_bad_density "[ $? -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ]"
+
+# a run far larger than this machine is refused before it allocates, with the breakdown
+"$MTRAIN" train configs/tiny-cpu.yaml model.hidden_size=16384 model.intermediate_size=65536 model.num_layers=16 \
+  model.num_heads=128 model.num_kv_heads=8 checkpoint.dir="$tmp/ck_big" log.dir="$tmp/log_big" >"$tmp/out" 2>"$tmp/err"
+expect train_refuses_unfit "[ $? -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ] && grep -q 'does not fit: .*parameters (fp32) .*MemAvailable.*train.memory_check=false' '$tmp/err'"
+# mtrain plot: loss, throughput and density PNGs of a sparse run with validation
+"$MTRAIN" train configs/tiny-cpu.yaml train.steps=8 train.warmup_steps=0 attention.type=sparse log.attention_every=2 \
+  log.val_every=4 checkpoint.resume=never checkpoint.dir="$tmp/ck_plot" log.dir="$tmp/log_plot" >/dev/null 2>&1
+"$MTRAIN" plot "$tmp/log_plot" >"$tmp/plot.out" 2>"$tmp/plot.err"
+expect plot_runs "[ $? -eq 0 ] && grep -q '^plot: 8 steps' '$tmp/plot.out'"
+for png in loss throughput density; do
+  f=$tmp/log_plot/$png.png
+  expect "plot_png_$png" "[ -f '$f' ] && [ \"\$(head -c 8 '$f' | od -An -tx1 | tr -d ' \n')\" = 89504e470d0a1a0a ] && [ \$(stat -c %s '$f') -gt 10000 ]"
+done
+expect plot_pngs_differ "! cmp -s '$tmp/log_plot/loss.png' '$tmp/log_plot/throughput.png'"
+expect plot_no_tmp_left "[ -z \"\$(ls '$tmp/log_plot' | grep tmp)\" ]"
+"$MTRAIN" plot "$tmp/nowhere" >"$tmp/out" 2>"$tmp/err"
+expect plot_missing_dir "[ $? -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ] && grep -q 'metrics.jsonl' '$tmp/err'"
+mkdir -p "$tmp/bad"
+printf '{"step": 1, "loss": 2}\nnot json\n' >"$tmp/bad/metrics.jsonl"
+"$MTRAIN" plot "$tmp/bad" >"$tmp/out" 2>"$tmp/err"
+expect plot_bad_line "[ $? -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ] && grep -q 'metrics.jsonl:2: not a metrics line' '$tmp/err'"
+# scripts/sbatch_example.sh outside Slurm, srun replaced by a shim that runs
+# the command: plans, trains, and on SIGUSR1 (Slurm's warning signal, sent to
+# the batch shell) the run stops after a step with a checkpoint and exits 0.
+mkdir -p "$tmp/bin"
+printf '#!/usr/bin/env bash\nwhile [ "${1#--}" != "$1" ]; do shift; done\nexec "$@"\n' >"$tmp/bin/srun"
+chmod +x "$tmp/bin/srun"
+PATH=$tmp/bin:$PATH bash scripts/sbatch_example.sh configs/tiny-cpu.yaml train.steps=100000 checkpoint.dir="$tmp/ck_sb" \
+  log.dir="$tmp/log_sb" checkpoint.resume=never >"$tmp/sb.out" 2>&1 &
+sb=$!
+for _ in $(seq 100); do grep -q '^step' "$tmp/sb.out" && break; sleep 0.2; done
+kill -USR1 "$sb"
+wait "$sb"
+expect sbatch_usr1_checkpoint "[ $? -eq 0 ] && grep -q '^fits: yes' '$tmp/sb.out' && grep -q '^stopped by SIGUSR1 after step' '$tmp/sb.out' && [ -e '$tmp/ck_sb/latest' ]"
+PATH=$tmp/bin:$PATH bash scripts/sbatch_example.sh configs/tiny-cpu.yaml model.hidden_size=16384 \
+  model.intermediate_size=65536 model.num_layers=16 model.num_heads=128 model.num_kv_heads=8 \
+  checkpoint.dir="$tmp/ck_sb2" log.dir="$tmp/log_sb2" >"$tmp/sb2.out" 2>&1
+expect sbatch_refuses_unfit "[ $? -eq 1 ] && grep -q 'does not fit (plan above); not starting' '$tmp/sb2.out' && [ ! -d '$tmp/ck_sb2' ]"
+[ "$failures" -eq 0 ]

@@ -1,0 +1,84 @@
+// plan.h: the memory and time plan of a run (`mtrain plan`, and the check
+// `mtrain train` makes before it allocates). Two targets: the CPU backend as
+// built (fp32 everywhere; host memory of one rank, validated against the
+// measured peak RSS: docs/PERFORMANCE.md) and the CUDA backend as designed
+// (bf16 compute weights and activations, fp32 master weights, gradients and
+// AdamW moments, ZeRO-1 over dp x cp, chunked LM head) on a GPU profile.
+#ifndef MTRAIN_PLAN_H
+#define MTRAIN_PLAN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "config.h"
+
+// One GPU of a cluster: the datasheet figures the plan needs.
+typedef struct {
+    char name[32];
+    double peak_tflops;      // dense bf16 tensor-core TFLOP/s
+    double hbm_gib;          // memory per GPU
+    double hbm_gbs;          // memory bandwidth, GB/s
+    double nvlink_gbs;       // GPU-to-GPU inside a node, GB/s per direction
+    double internode_gbs;    // per GPU across nodes (its share of the node's NICs), GB/s per direction
+    int gpus_per_node;
+} GpuProfile;
+
+// The GPU of cfg's hardware section: the profile hardware.gpu names with
+// every figure the section sets in its place, or a GPU the section describes
+// in full; false when it names none (plan the CPU backend). A partial
+// description without a profile stops with one line.
+bool plan_gpu(const Config *cfg, GpuProfile *out);
+// FLOP/s of one rank of the CPU backend: hardware.peak_tflops when set, else
+// the best of a few sgemm on this rank's threads (*measured says which).
+double plan_cpu_peak(const Config *cfg, bool *measured);
+
+#define PLAN_MAX_ITEMS 16
+
+typedef struct {
+    const char *name;
+    double bytes;
+} PlanItem;
+
+typedef struct {
+    bool gpu;                    // false: the CPU backend (fp32, host memory)
+    GpuProfile hw;               // gpu only
+    double peak_flops;           // FLOP/s of one rank: the GPU's bf16 peak, or the CPU's (plan_cpu_peak)
+    bool peak_measured;          // CPU: peak_flops is a measured sgemm rate (not hardware.peak_tflops)
+    int dp, cp, cp_inner, cp_outer;
+    int64_t tokens;              // tokens of the longest cp rank's slice of one sequence
+    int64_t params;              // parameters
+    double density;              // fraction of the causal attention computed (1 = dense)
+    bool density_assumed;        // sparse top_p: the caps' bound or --density, not a configured budget
+    PlanItem items[PLAN_MAX_ITEMS];
+    int num_items;
+    double total_bytes;          // peak memory of one rank
+    double capacity_bytes;       // GPU: HBM; CPU: 0 (the caller compares with MemAvailable)
+    double activations_saved, activations_checkpointed;  // bytes, both settings
+    double model_flops;          // per rank per optimizer step, at the density (no recomputation)
+    double dense_model_flops;    // the same with dense attention
+    double hardware_flops;       // with the forward recomputation of activation checkpointing
+    double ring_fwd_bytes, ring_bwd_bytes;  // one ring step of one layer: K/V; K/V + dK/dV
+    double ring_inner_s, ring_outer_s;      // time of those on the inner (NVLink) and outer (network) links
+    double attention_step_s;     // attention compute of one ring step of one layer (forward + backward)
+    double compute_s, ring_exposed_s, reduce_s, step_s;
+    double tokens_per_s, mfu;
+} Plan;
+
+// The plan of cfg: on gpu (NULL = the CPU backend, whose FLOP/s is
+// cpu_peak_flops, measured or configured; 0 = unknown, no times).
+// density_override in (0, 1] replaces the expected density of sparse
+// attention; 0 = none.
+void plan_build(Plan *p, const Config *cfg, const GpuProfile *gpu, double cpu_peak_flops, bool peak_measured,
+                double density_override);
+// The full report: memory table, FLOPs, ring, times, verdict and advice.
+void plan_print(const Plan *p, const Config *cfg, FILE *out);
+// "params 0.10 + grads 0.10 + ... = 0.45 GiB" on one line.
+void plan_breakdown(const Plan *p, char *line, size_t size);
+// Bytes /proc/meminfo calls MemAvailable (0 if unreadable).
+double plan_mem_available(void);
+// Resident set of this process now, and its peak so far (bytes).
+double plan_rss_now(void);
+double plan_rss_peak(void);
+
+#endif

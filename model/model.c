@@ -285,7 +285,7 @@ static LayerActs *layer_acts(Model *m, int l) {
 static AttnShape attn_shape(const Model *m, int64_t T) {
     const ModelConfig *c = &m->cfg;
     AttnShape s = {T, T, c->num_heads, c->num_kv_heads, c->head_dim, m->attention.block_size,
-                   (float)(1.0 / sqrt((double)c->head_dim))};
+                   (float)(1.0 / sqrt((double)c->head_dim)), NULL, 0};
     return s;
 }
 

@@ -109,7 +109,7 @@ static void check_case(LayoutKind layout, int64_t N, const char *budget, int inn
              (long long)N);
 
     // Reference: the single-rank plan and kernels on the whole sequence.
-    AttnShape full = {N, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D)};
+    AttnShape full = {N, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), NULL, 0};
     SparseIndex ref = {0};
     SparseStats ref_stats = {0};
     sparse_plan_local(&cfg, &full, q, k, all_pos, NULL, NULL, &ref, &ref_stats);
@@ -130,7 +130,7 @@ static void check_case(LayoutKind layout, int64_t N, const char *budget, int inn
     float *edq = gather_rows(e.dq, wq, pos, T), *edk = gather_rows(e.dk, wk, pos, T), *edv = gather_rows(e.dv, wk, pos, T);
     Ring ring;
     ring_init(&ring, &dist.cp, inner, pos, T);
-    AttnShape shape = {T, 0, Hq, Hkv, D, B, full.scale};
+    AttnShape shape = {T, 0, Hq, Hkv, D, B, full.scale, NULL, 0};
     Grads got[2];
     int64_t bytes[2][2];       // [full, selected][K/V, dK/dV]
     for (int send = 0; send < 2; send++) {

@@ -240,7 +240,8 @@ static void test_overfit(void) {
 // Loss and gradients of the targets outside document A = positions [31, 70)
 // (and outside 30, whose target is A's first token), with A's tokens as
 // given, dense or sparse attention (block 16, documents crossing blocks, a
-// one-token document at 30); documents masked when `docs`.
+// one-token document at 30; sparse: a pattern estimated from the last 16
+// queries, top_p 0.5, sink 4, local 8); documents masked when `docs`.
 static double loss_outside_a(const int32_t *seq, bool docs, AttnType type, float **grads) {
     static const int64_t starts[] = {0, 30, 31, 70};
     const int64_t T = 96;
@@ -248,8 +249,9 @@ static double loss_outside_a(const int32_t *seq, bool docs, AttnType type, float
     Model m;
     model_init(&m, &c, backend_cpu());
     model_init_weights(&m, 12);
-    m.attention.block_size = 16;
-    m.attention.type = type;
+    const AttentionConfig attention = {.type = type, .block_size = 16, .last_q = 16, .top_p = 0.5,
+                                       .max_vertical = 8, .max_slash = 4, .sink = 4, .local = 8};
+    model_set_attention(&m, &attention);
     m.loss_chunk = 10;
     model_set_documents(&m, docs ? starts : NULL, 4);
     int32_t targets[96];
@@ -271,19 +273,22 @@ static void test_documents(void) {
     model_init(&shape, &c, backend_cpu());
     const long n = (long)shape.total_params;
     model_free(&shape);
-    for (int docs = 1; docs >= 0; docs--) {
-        float *g0, *g1;
-        const double l0 = loss_outside_a(seq, docs, ATTN_DENSE, &g0);
-        const double l1 = loss_outside_a(changed, docs, ATTN_DENSE, &g1);
-        const double dg = max_rel_diff(g1, g0, n), dl = fabs(l1 - l0) / l0;
-        if (docs)
-            EXPECT(dl < 1e-7 && dg < 1e-6, "documents masked: changing document A leaves the others' loss "
-                   "(%.1e) and gradients (%.1e) unchanged", dl, dg);
-        else
-            EXPECT(dl > 1e-4 && dg > 1e-3, "documents not masked: changing document A changes the others' loss "
-                   "(%.1e) and gradients (%.1e)", dl, dg);
-        free(g0); free(g1);
-    }
+    for (int docs = 1; docs >= 0; docs--)
+        for (int sparse = 0; sparse < 2; sparse++) {
+            const AttnType type = sparse ? ATTN_SPARSE : ATTN_DENSE;
+            const char *name = sparse ? "sparse" : "dense";
+            float *g0, *g1;
+            const double l0 = loss_outside_a(seq, docs, type, &g0);
+            const double l1 = loss_outside_a(changed, docs, type, &g1);
+            const double dg = max_rel_diff(g1, g0, n), dl = fabs(l1 - l0) / l0;
+            if (docs)
+                EXPECT(dl < 1e-7 && dg < 1e-6, "%s, documents masked: changing document A leaves the others' "
+                       "loss (%.1e) and gradients (%.1e) unchanged", name, dl, dg);
+            else
+                EXPECT(dl > 1e-4 && dg > 1e-3, "%s, documents not masked: changing document A changes the "
+                       "others' loss (%.1e) and gradients (%.1e)", name, dl, dg);
+            free(g0); free(g1);
+        }
 }
 
 int main(void) {

@@ -89,8 +89,8 @@ int cmd_score(int argc, char **argv) {
     apply_threads(&cfg, &dist);
 
     if (cfg.data.doc_mask != (docs_path != NULL))
-        fail("mtrain score: %s (expected data.doc_mask=true with --docs FILE, or neither)",
-             docs_path ? "--docs without data.doc_mask=true" : "data.doc_mask=true without --docs FILE");
+        comm_fail_all(&dist.world, "mtrain score: %s (expected data.doc_mask=true with --docs FILE, or neither)",
+                      docs_path ? "--docs without data.doc_mask=true" : "data.doc_mask=true without --docs FILE");
     if (docs_path && dist.cp.size > 1)
         comm_fail_all(&dist.world, "mtrain score: data.doc_mask with parallel.cp %d: the ring does not carry "
                       "documents (expected parallel.cp 1)", dist.cp.size);

@@ -109,9 +109,10 @@ void sparse_estimate_recall(const AttnShape *shape, const SparseIndex *est_index
 void sparse_index_documents(const AttnShape *shape, int sink, SparseIndex *index);
 
 // stats->computed and stats->causal for the index's query blocks (q_pos as in
-// the kernels, q_tokens of them); adds to stats.
+// the kernels, q_tokens of them), counting only keys of each query's document
+// when doc_starts is not NULL (attention.h); adds to stats.
 void sparse_index_count(const SparseIndex *index, const int64_t *q_pos, int64_t q_tokens,
-                        SparseStats *stats);
+                        const int64_t *doc_starts, int64_t doc_count, SparseStats *stats);
 
 // Fixed budgets per layer and q head from `path` (attention.budget_file): text
 // lines "layer head vertical slash", '#' starts a comment; a head not listed

@@ -289,7 +289,7 @@ void sparse_index_documents(const AttnShape *shape, int sink, SparseIndex *index
 }
 
 void sparse_index_count(const SparseIndex *index, const int64_t *q_pos, int64_t q_tokens,
-                        SparseStats *stats) {
+                        const int64_t *doc_starts, int64_t doc_count, SparseStats *stats) {
     const int B = index->block_size;
     const int64_t nqb = index->num_q_blocks, N = index->seq_len;
     double computed = 0.0, causal = 0.0;
@@ -302,15 +302,18 @@ void sparse_index_count(const SparseIndex *index, const int64_t *q_pos, int64_t 
         const int64_t nc = index->column_start[r + 1] - index->column_start[r];
         int64_t row_computed = 0, row_causal = 0, c = 0;
         for (int64_t t = i * B; t < t_end; t++) {                // q_pos ascending in a block
-            const int64_t q = q_pos[t];
-            row_causal += q + 1;
+            const int64_t q = q_pos[t], doc_first = attn_doc_first(doc_starts, doc_count, q);
+            const int64_t first = doc_first < 0 ? 0 : doc_first;  // keys first .. q visible
+            row_causal += q - first + 1;
             for (int64_t b = 0; b < nb; b++) {
-                const int64_t k_lo = blocks[b] * B;
+                const int64_t k_lo = blocks[b] * B > first ? blocks[b] * B : first;
                 const int64_t k_hi = ((blocks[b] + 1) * B < N ? (blocks[b] + 1) * B : N) - 1;
-                if (k_lo <= q) row_computed += (q < k_hi ? q : k_hi) - k_lo + 1;
+                if (k_lo <= q && k_lo <= k_hi) row_computed += (q < k_hi ? q : k_hi) - k_lo + 1;
             }
             while (c < nc && cols[c] <= q) c++;
-            row_computed += c;
+            int64_t before = 0;                                  // columns before the document
+            while (before < c && cols[before] < first) before++;
+            row_computed += c - before;
         }
         computed += (double)row_computed;
         causal += (double)row_causal;

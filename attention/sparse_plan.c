@@ -43,7 +43,7 @@ void sparse_plan_local(const AttentionConfig *cfg, const AttnShape *shape, const
     index_for_blocks(&pattern, shape, cfg->sink, 0, (T - 1) / B, index);
 
     if (stats) {
-        sparse_index_count(index, pos, T, stats);
+        sparse_index_count(index, pos, T, shape->doc_starts, shape->doc_count, stats);
         SparseIndex est_index;
         index_for_blocks(&pattern, shape, cfg->sink, qe_pos[0] / B, qe_pos[Lq - 1] / B, &est_index);
         double *covered = xcalloc((size_t)Hq, sizeof(double));

@@ -312,7 +312,7 @@ static void plan(int64_t N, int B, bool shared) {
             int64_t *pos = xmalloc((size_t)N * sizeof(int64_t));
             for (int64_t i = 0; i < N; i++) pos[i] = i;
             SparseStats s = {0};
-            sparse_index_count(&x, pos, N, &s);
+            sparse_index_count(&x, pos, N, NULL, 0, &s);
             if (1.0 - s.computed / s.causal >= targets[t]) lo = mid; else hi = mid - 1;
             free(pos);
             sparse_index_free(&x);
@@ -323,7 +323,7 @@ static void plan(int64_t N, int B, bool shared) {
         int64_t *pos = xmalloc((size_t)N * sizeof(int64_t));
         for (int64_t i = 0; i < N; i++) pos[i] = i;
         SparseStats s = {0};
-        sparse_index_count(&x, pos, N, &s);
+        sparse_index_count(&x, pos, N, NULL, 0, &s);
         printf("\nsparsity %.3f (S = %d slash lines per head)\n\n", 1.0 - s.computed / s.causal, lo);
         printf("MiB per rank and layer; forward: K/V; backward: K/V and dK/dV accumulators\n\n"
                "| layout | W (outer x inner) | forward full | forward selected | ratio | backward full | "

@@ -537,7 +537,7 @@ static void test_index(void) {
                     int ok = check_index(&p, &ix, B, qbs, nqb, &computed, &causal);
                     SparseStats st = {0};
                     const int64_t nq = block_positions(qbs, nqb, B, N, q_pos);
-                    sparse_index_count(&ix, q_pos, nq, &st);
+                    sparse_index_count(&ix, q_pos, nq, NULL, 0, &st);
                     if (ok && (st.computed != computed || st.causal != causal))
                         bad("count computed %.0f causal %.0f, brute force %.0f / %.0f",
                                  st.computed, st.causal, computed, causal);
@@ -566,7 +566,7 @@ static void test_index(void) {
         SparseIndex ix;
         sparse_index_build(&p, B, qbs, 16, &ix);
         SparseStats st = {0};
-        sparse_index_count(&ix, q_pos, block_positions(qbs, 16, B, N, q_pos), &st);
+        sparse_index_count(&ix, q_pos, block_positions(qbs, 16, B, N, q_pos), NULL, 0, &st);
         int ok = ix.column_start[2 * 16] == 0;
         for (int64_t r = 0; r < 2 * 16; r++) ok &= ix.block_start[r + 1] - ix.block_start[r] == r % 16 + 1;
         EXPECT(ok && st.computed == st.causal && st.causal == 2.0 * N * (N + 1) / 2,
@@ -784,7 +784,7 @@ static int bench_main(int64_t N) {
     double covered[14] = {0};
     sparse_estimate_recall(&est, &est_ix, qe, qe_pos, k, pos, lse, covered);
     SparseStats st = {0};
-    sparse_index_count(&ix, pos, N, &st);
+    sparse_index_count(&ix, pos, N, NULL, 0, &st);
     double t4 = now_seconds();
     AttnShape dense = {N, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), NULL, 0};
     float *o = floats(N * Hq * D), *dl = floats(N * Hq);
@@ -910,6 +910,25 @@ static void test_documents_index(void) {
         EXPECT(bad_blocks == 0 && bad_columns == 0, "documents: index of random pattern %d against the brute "
                "force (%d rows with wrong blocks, %d with wrong columns; %lld of %lld blocks kept)", trial,
                bad_blocks, bad_columns, (long long)dx.block_start[Hq * nqb], (long long)ix.block_start[Hq * nqb]);
+        // Density counts: only (query, key) pairs of one document.
+        double computed = 0, causal = 0;
+        for (int64_t r = 0; r < Hq * nqb; r++) {
+            const int64_t q0 = qb[r % nqb] * B, q1 = q0 + B < N ? q0 + B : N;
+            memset(want, 0, (size_t)N);
+            for (int64_t e = dx.block_start[r]; e < dx.block_start[r + 1]; e++)
+                memset(want + dx.blocks[e] * B, 1, (size_t)(dx.blocks[e] * B + B < N ? B : N - dx.blocks[e] * B));
+            for (int64_t e = dx.column_start[r]; e < dx.column_start[r + 1]; e++) want[dx.columns[e]] = 1;
+            for (int64_t i = q0; i < q1; i++)
+                for (int64_t j = 0; j <= i; j++)
+                    if (doc_of(starts, nd, j) == doc_of(starts, nd, i)) { causal++; computed += want[j]; }
+        }
+        SparseStats st = {0};
+        int64_t *q_pos = xmalloc((size_t)N * sizeof(int64_t));
+        for (int64_t t = 0; t < N; t++) q_pos[t] = t;
+        sparse_index_count(&dx, q_pos, N, starts, nd, &st);
+        free(q_pos);
+        EXPECT(st.computed == computed && st.causal == causal, "documents: density counts of pattern %d "
+               "(computed %.0f of %.0f, brute force %.0f of %.0f)", trial, st.computed, st.causal, computed, causal);
         sparse_index_free(&ix);
         sparse_index_free(&dx);
         sparse_pattern_free(&p);

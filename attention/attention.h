@@ -65,12 +65,24 @@ typedef struct {
     int head_dim;              // D
     int block_size;            // tile size
     float scale;               // usually 1/sqrt(D)
+    // data.doc_mask: the sorted global positions where a document begins
+    // (doc_starts [doc_count]; the same list for every chunk and rank). A
+    // query then sees only keys of its own document: those at or after the
+    // last start <= its position. NULL: one document (causal mask only).
+    const int64_t *doc_starts;
+    int64_t doc_count;
 } AttnShape;
 
 // Start a running result: o = 0, lse = -inf.
 void attn_forward_init(const AttnShape *shape, float *o, float *lse);
 
-// Causal attention of q against one key chunk (mask: k_pos <= q_pos), merged
+// The first key position a query at position p may see: the last of the
+// sorted doc_starts [doc_count] <= p; INT64_MIN when there is none (no
+// documents, or p before the first start).
+int64_t attn_doc_first(const int64_t *doc_starts, int64_t doc_count, int64_t p);
+
+// Causal attention of q against one key chunk (mask: k_pos <= q_pos, and
+// k_pos >= attn_doc_first(q_pos) with documents), merged
 // into the running (o, lse) by log-sum-exp in fp32. o stays normalised after
 // every call; rows that see no key in this chunk are left unchanged.
 void attn_dense_forward_cpu(const AttnShape *shape, const float *q, const int64_t *q_pos,

@@ -2,7 +2,8 @@
 // per call (see attention.h). Tiles of block_size queries x block_size keys,
 // online softmax with fp32 running max/sum/accumulator, never a Tq x Tk matrix.
 // The mask is by global position (key j visible to query i iff
-// k_pos[j] <= q_pos[i]); per-tile position bounds skip fully masked tiles and
+// k_pos[j] <= q_pos[i], and with documents k_pos[j] at or after the start of
+// query i's document); per-tile position bounds skip fully masked tiles and
 // drop the per-element test in fully visible ones. Parallel over (head, tile)
 // with one owner per output tile, so results do not depend on thread count.
 // The backward (FlashAttention-2, P recomputed from the final LSE) makes two
@@ -16,6 +17,15 @@
 #include "attention.h"
 #include "flash_tiles.h"
 #include "../dist/util.h"
+
+int64_t attn_doc_first(const int64_t *doc_starts, int64_t doc_count, int64_t p) {
+    int64_t lo = 0, hi = doc_count;                                // first start > p: hi
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (doc_starts[mid] <= p) lo = mid + 1; else hi = mid;
+    }
+    return hi == 0 ? INT64_MIN : doc_starts[hi - 1];
+}
 
 void attn_forward_init(const AttnShape *shape, float *o, float *lse) {
     int64_t rows = shape->q_tokens * shape->num_heads;
@@ -41,12 +51,13 @@ void attn_dense_forward_cpu(const AttnShape *shape, const float *q, const int64_
             const int bq = tile_len(d.Tq, i0, d.B);
             forward_begin(&d, &b, q, h, i0, bq);
             for (int64_t kt = 0; kt < t.nkt; kt++) {
-                if (t.k_lo[kt] > t.q_hi[qt]) continue;           // every key after every query
+                if (tile_hidden(&t, qt, kt)) continue;
                 const int64_t j0 = kt * d.B;
                 const int bk = tile_len(d.Tk, j0, d.B);
                 load_cols(b.kT, k, j0, NULL, bk, d.Hkv, g, d.D, d.Bp);
                 load_rows(b.vs, v, j0, NULL, bk, d.Hkv, g, d.D, d.Dp, 1.0f);
-                forward_tile(&d, &b, q_pos + i0, k_pos + j0, t.k_hi[kt] <= t.q_lo[qt], bq, bk);
+                forward_tile(&d, &b, q_pos + i0, t.q_first + i0, k_pos + j0, tile_full(&t, qt, kt),
+                             bq, bk);
             }
             forward_end(&d, &b, h, i0, bq, o, lse);
         }
@@ -74,10 +85,10 @@ void attn_dense_backward_cpu(const AttnShape *shape, const float *q, const int64
                              const float *k, const float *v, const int64_t *k_pos,
                              const float *lse, const float *delta, const float *dout,
                              float *dq, float *dk, float *dv) {
-    const GradArgs a = {dims_of(shape), q, k, v, lse, delta, dout, q_pos, k_pos};
-    const Dims d = a.d;
+    const Dims d = dims_of(shape);
     const Tiles t = make_tiles(&d, q_pos, k_pos);
     if (t.nqt == 0 || t.nkt == 0) { free(t.q_lo); return; }
+    const GradArgs a = {d, q, k, v, lse, delta, dout, q_pos, k_pos, t.q_first};
 
     #pragma omp parallel
     {
@@ -94,10 +105,10 @@ void attn_dense_backward_cpu(const AttnShape *shape, const float *q, const int64
             load_cols(b.vT, v, j0, NULL, bk, d.Hkv, g, d.D, d.Bp);
             for (int h = g * d.group; h < (g + 1) * d.group; h++) {
                 for (int64_t qt = 0; qt < t.nqt; qt++) {
-                    if (t.k_lo[kt] > t.q_hi[qt]) continue;
+                    if (tile_hidden(&t, qt, kt)) continue;
                     const int64_t i0 = qt * d.B;
                     grad_pair_kv(&a, &b, h, i0, tile_len(d.Tq, i0, d.B), k_pos + j0, bk,
-                                 t.k_hi[kt] <= t.q_lo[qt]);
+                                 tile_full(&t, qt, kt));
                 }
             }
             grad_store_kv(&a, &b, g, j0, bk, dk, dv);
@@ -113,13 +124,13 @@ void attn_dense_backward_cpu(const AttnShape *shape, const float *q, const int64
             memset(b.acc, 0, (size_t)d.B * d.Dp * sizeof(float));
             grad_load_query(&a, &b, h, i0, bq);
             for (int64_t kt = 0; kt < t.nkt; kt++) {
-                if (t.k_lo[kt] > t.q_hi[qt]) continue;
+                if (tile_hidden(&t, qt, kt)) continue;
                 const int64_t j0 = kt * d.B;
                 const int bk = tile_len(d.Tk, j0, d.B);
                 load_cols(b.kT, k, j0, NULL, bk, d.Hkv, g, d.D, d.Bp);
                 load_cols(b.vT, v, j0, NULL, bk, d.Hkv, g, d.D, d.Bp);
                 load_rows(b.ks, k, j0, NULL, bk, d.Hkv, g, d.D, d.Dp, 1.0f);
-                grad_pair_q(&a, &b, h, i0, bq, k_pos + j0, bk, t.k_hi[kt] <= t.q_lo[qt]);
+                grad_pair_q(&a, &b, h, i0, bq, k_pos + j0, bk, tile_full(&t, qt, kt));
             }
             grad_store_q(&a, &b, h, i0, bq, dq);
         }

@@ -35,6 +35,8 @@ typedef struct {
     int64_t Tq, Tk;
     int Hq, Hkv, group, D, B, Bp, Dp;
     float scale;
+    const int64_t *doc_starts;   // AttnShape's documents (NULL: none)
+    int64_t doc_count;
 } Dims;
 
 static inline Dims dims_of(const AttnShape *s) {
@@ -44,7 +46,8 @@ static inline Dims dims_of(const AttnShape *s) {
     CHECK(s->head_dim >= 1 && s->q_tokens >= 0 && s->k_tokens >= 0, "attention: bad shape");
     return (Dims){s->q_tokens, s->k_tokens, s->num_heads, s->num_kv_heads,
                   s->num_heads / s->num_kv_heads, s->head_dim, s->block_size,
-                  round_up(s->block_size), round_up(s->head_dim), s->scale};
+                  round_up(s->block_size), round_up(s->head_dim), s->scale,
+                  s->doc_starts, s->doc_count};
 }
 
 // dst [n, ld] = mult * x[t, head, :] with x [T, H, D], for the n tokens
@@ -138,19 +141,36 @@ static inline void tile_bounds(const int64_t *pos, int64_t T, int block, int64_t
 }
 
 // Tile counts and per-tile position bounds of one call: lo/hi [nqt] for the
-// queries, [nkt] for the keys (one allocation, free(q_lo)).
+// queries, [nkt] for the keys; q_first [Tq] the first key position each query
+// may see (attn_doc_first) and f_lo/f_hi [nqt] its bounds per query tile
+// (one allocation, free(q_lo)).
 typedef struct {
     int64_t nqt, nkt;
-    int64_t *q_lo, *q_hi, *k_lo, *k_hi;
+    int64_t *q_lo, *q_hi, *k_lo, *k_hi, *q_first, *f_lo, *f_hi;
 } Tiles;
 
 static inline Tiles make_tiles(const Dims *d, const int64_t *q_pos, const int64_t *k_pos) {
     Tiles t = {.nqt = (d->Tq + d->B - 1) / d->B, .nkt = (d->Tk + d->B - 1) / d->B};
-    t.q_lo = xmalloc((size_t)(2 * t.nqt + 2 * t.nkt + 1) * sizeof(int64_t));
+    t.q_lo = xmalloc((size_t)(4 * t.nqt + 2 * t.nkt + d->Tq + 1) * sizeof(int64_t));
     t.q_hi = t.q_lo + t.nqt; t.k_lo = t.q_hi + t.nqt; t.k_hi = t.k_lo + t.nkt;
+    t.f_lo = t.k_hi + t.nkt; t.f_hi = t.f_lo + t.nqt; t.q_first = t.f_hi + t.nqt;
     tile_bounds(q_pos, d->Tq, d->B, t.q_lo, t.q_hi);
     tile_bounds(k_pos, d->Tk, d->B, t.k_lo, t.k_hi);
+    for (int64_t i = 0; i < d->Tq; i++)
+        t.q_first[i] = attn_doc_first(d->doc_starts, d->doc_count, q_pos[i]);
+    tile_bounds(t.q_first, d->Tq, d->B, t.f_lo, t.f_hi);
     return t;
+}
+
+// Query tile qt sees no key of key tile kt: every key after every query, or
+// before the document of every query.
+static inline int tile_hidden(const Tiles *t, int64_t qt, int64_t kt) {
+    return t->k_lo[kt] > t->q_hi[qt] || t->k_hi[kt] < t->f_lo[qt];
+}
+
+// Every query of tile qt sees every key of tile kt (no per-element mask).
+static inline int tile_full(const Tiles *t, int64_t qt, int64_t kt) {
+    return t->k_hi[kt] <= t->q_lo[qt] && t->k_lo[kt] >= t->f_hi[qt];
 }
 
 // Per-thread tile buffers of the forward (64-byte aligned; free with
@@ -184,12 +204,13 @@ static inline void forward_begin(const Dims *d, ForwardBuffers *b, const float *
 }
 
 // One key tile (in b->kT, b->vs; key positions kp [bk]) of the online softmax
-// of the query tile in b->qs (positions qp [bq]): S = scale Q K^T, masked
-// where kp[j] > qp[i] unless `full` (every key visible); m and l updated, acc
-// rescaled, then acc += P V.
+// of the query tile in b->qs (positions qp [bq], first visible key positions
+// qf [bq]): S = scale Q K^T, masked where kp[j] > qp[i] or kp[j] < qf[i]
+// unless `full` (every key visible); m and l updated, acc rescaled, then
+// acc += P V.
 static inline __attribute__((always_inline)) void
-forward_tile(const Dims *d, ForwardBuffers *b, const int64_t *qp, const int64_t *kp, int full,
-             int bq, int bk) {
+forward_tile(const Dims *d, ForwardBuffers *b, const int64_t *qp, const int64_t *qf,
+             const int64_t *kp, int full, int bq, int bk) {
     const int Bp = d->Bp, Dp = d->Dp, D = d->D;
     float *s = b->s, *m = b->m, *l = b->l, *acc = b->acc;
     const float *qs = b->qs, *kT = b->kT, *vs = b->vs;
@@ -197,9 +218,9 @@ forward_tile(const Dims *d, ForwardBuffers *b, const int64_t *qp, const int64_t 
     for (int i = 0; i < bq; i++) {
         float *restrict srow = s + (int64_t)i * Bp;
         if (!full) {
-            const int64_t qpi = qp[i];
+            const int64_t qpi = qp[i], qfi = qf[i];
             for (int j = 0; j < bk; j++)
-                if (kp[j] > qpi) srow[j] = -INFINITY;
+                if (kp[j] > qpi || kp[j] < qfi) srow[j] = -INFINITY;
         }
         float mx = m[i];
         for (int j = 0; j < bk; j++) mx = srow[j] > mx ? srow[j] : mx;
@@ -249,6 +270,7 @@ typedef struct {
     Dims d;
     const float *q, *k, *v, *lse, *delta, *dout;
     const int64_t *q_pos, *k_pos;
+    const int64_t *q_first;        // [Tq] first visible key position (Tiles.q_first)
 } GradArgs;
 
 // Per-thread tile buffers of the backward (64-byte aligned; free with
@@ -279,7 +301,8 @@ static inline void grad_load_query(const GradArgs *a, GradBuffers *b, int h, int
 }
 
 // One (query tile, key tile) pair: p = P and ds = P (dP - delta), [bq, Bp]
-// each, zero on masked entries (kp[j] > q_pos[i], unless `full`) and on rows
+// each, zero on masked entries (kp[j] > q_pos[i] or kp[j] < q_first[i],
+// unless `full`) and on rows
 // that never saw a key (lse = -inf). The query tile of q head h (queries
 // i0 .. i0 + bq) is in b->qs, b->dos, the key tile (positions kp [bk]) in
 // b->kT, b->vT.
@@ -287,7 +310,7 @@ static inline void grad_pair(const GradArgs *a, GradBuffers *b, int h, int64_t i
                              const int64_t *kp, int bk, int full) {
     const int Bp = a->d.Bp, Dp = a->d.Dp;
     const float *lse = a->lse + h * a->d.Tq + i0, *delta = a->delta + h * a->d.Tq + i0;
-    const int64_t *qp = a->q_pos + i0;
+    const int64_t *qp = a->q_pos + i0, *qf = a->q_first + i0;
     float *restrict p = b->p, *restrict ds = b->ds;
     gemm_tile(p, Bp, b->qs, Dp, 1, b->kT, Bp, bq, round_up(bk), a->d.D, 0);    // S = scale Q K^T
     gemm_tile(ds, Bp, b->dos, Dp, 1, b->vT, Bp, bq, round_up(bk), a->d.D, 0);  // dP = dO V^T
@@ -300,7 +323,7 @@ static inline void grad_pair(const GradArgs *a, GradBuffers *b, int h, int64_t i
         const float li = lse[i], di = delta[i];
         if (!full)
             for (int j = 0; j < bk; j++)
-                if (kp[j] > qp[i]) prow[j] = -INFINITY;
+                if (kp[j] > qp[i] || kp[j] < qf[i]) prow[j] = -INFINITY;
         for (int j = 0; j < bk; j++) {
             prow[j] = exp_fast(prow[j] - li);
             dsrow[j] = prow[j] * (dsrow[j] - di);

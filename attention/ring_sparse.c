@@ -111,7 +111,7 @@ static void plan_stats(const Ring *ring, const RingSparse *rs, const AttnShape *
     const int Hq = est->num_heads, B = rs->index.block_size;
     const int64_t Lq = est->q_tokens, *pos = ring->positions + ring->offsets[ring->cp->rank];
     SparseStats mine = {0};
-    sparse_index_count(&rs->index, pos, est->k_tokens, &mine);
+    sparse_index_count(&rs->index, pos, est->k_tokens, NULL, 0, &mine);
     SparseIndex est_index;
     const int64_t first = qe_pos[0] / B, count = qe_pos[Lq - 1] / B - first + 1;
     int64_t *blocks = xmalloc((size_t)count * sizeof(int64_t));

@@ -98,10 +98,21 @@ void sparse_estimate_recall(const AttnShape *shape, const SparseIndex *est_index
                             const float *qe, const int64_t *qe_pos, const float *k,
                             const int64_t *k_pos, const float *lse_est, double *covered);
 
+// Documents (shape->doc_starts, attention.h): each row keeps only the blocks
+// and columns that hold a key of one of its queries' documents, and gets the
+// sink of every such document as columns: its first `sink` tokens (clipped to
+// the document and to the row's last query; the sequence's first document,
+// which may continue one cut at position 0, has positions 0 .. sink - 1),
+// except where a kept block holds them. The slash lines (local among them)
+// need nothing: the kernels mask their cross-document keys per element.
+// Without documents the index is left as it is.
+void sparse_index_documents(const AttnShape *shape, int sink, SparseIndex *index);
+
 // stats->computed and stats->causal for the index's query blocks (q_pos as in
-// the kernels, q_tokens of them); adds to stats.
+// the kernels, q_tokens of them), counting only keys of each query's document
+// when doc_starts is not NULL (attention.h); adds to stats.
 void sparse_index_count(const SparseIndex *index, const int64_t *q_pos, int64_t q_tokens,
-                        SparseStats *stats);
+                        const int64_t *doc_starts, int64_t doc_count, SparseStats *stats);
 
 // Fixed budgets per layer and q head from `path` (attention.budget_file): text
 // lines "layer head vertical slash", '#' starts a comment; a head not listed

@@ -34,7 +34,8 @@ static void pos_range(const int64_t *pos, int64_t n, int64_t *lo, int64_t *hi) {
 }
 
 // s [Lq, n] = scale * qe[:, h, :] k[j0 .. j0+n, kv head of h, :]^T, with -inf
-// where the key lies after the query (k_pos > qe_pos). q_lo, q_hi: the range
+// where the key lies after the query (k_pos > qe_pos) or, with documents
+// (sh->doc_starts), before the query's document. q_lo, q_hi: the range
 // of qe_pos. Returns 0 when every key of the tile lies after every query (s
 // untouched).
 static int score_tile(const AttnShape *sh, const float *qe, const int64_t *qe_pos, int64_t q_lo,
@@ -47,10 +48,12 @@ static int score_tile(const AttnShape *sh, const float *qe, const int64_t *qe_po
     if (k_lo > q_hi) return 0;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Lq, n, D, sh->scale, qe + (int64_t)h * D,
                 Hq * D, k + (j0 * Hkv + g) * (int64_t)D, Hkv * D, 0.0f, s, n);
-    if (k_hi <= q_lo) return 1;                                  // every key visible
-    for (int i = 0; i < Lq; i++)
+    if (k_hi <= q_lo && !sh->doc_starts) return 1;               // every key visible
+    for (int i = 0; i < Lq; i++) {
+        const int64_t first = attn_doc_first(sh->doc_starts, sh->doc_count, qe_pos[i]);
         for (int j = 0; j < n; j++)
-            if (k_pos[j0 + j] > qe_pos[i]) s[(int64_t)i * n + j] = -INFINITY;
+            if (k_pos[j0 + j] > qe_pos[i] || k_pos[j0 + j] < first) s[(int64_t)i * n + j] = -INFINITY;
+    }
     return 1;
 }
 

@@ -141,19 +141,20 @@ static void chunk_view_free(ChunkView *c) {
 
 // Gather up to B columns (local key tokens idx [n]) of kv head g: kT [D, Bp]
 // and, into `rows` [n, Dp], v (forward) or k (backward); kp [n] their
-// positions. Returns 1 when every one is visible to every query at or after
-// q_lo (no mask needed).
+// positions. Returns 1 when every one is visible to every query of tile qt
+// (no mask needed).
 static int gather_columns(const Dims *d, const float *k, const float *rows_src,
-                          const int64_t *k_pos, const int64_t *idx, int n, int g, int64_t q_lo,
-                          float *kT, float *rows, int64_t *kp) {
+                          const int64_t *k_pos, const int64_t *idx, int n, int g, const Tiles *t,
+                          int64_t qt, float *kT, float *rows, int64_t *kp) {
     load_cols(kT, k, 0, idx, n, d->Hkv, g, d->D, d->Bp);
     load_rows(rows, rows_src, 0, idx, n, d->Hkv, g, d->D, d->Dp, 1.0f);
-    int64_t hi = 0;
+    int64_t lo = INT64_MAX, hi = 0;
     for (int j = 0; j < n; j++) {
         kp[j] = k_pos[idx[j]];
         hi = kp[j] > hi ? kp[j] : hi;
+        lo = kp[j] < lo ? kp[j] : lo;
     }
-    return hi <= q_lo;
+    return hi <= t->q_lo[qt] && lo >= t->f_hi[qt];
 }
 
 void attn_sparse_forward_part_cpu(SparsePart part, const AttnShape *shape,
@@ -178,17 +179,18 @@ void attn_sparse_forward_part_cpu(SparsePart part, const AttnShape *shape,
             forward_begin(&d, &b, q, h, i0, bq);
             for (int64_t e = index->block_start[r]; e < index->block_start[r + 1]; e++) {
                 const int64_t kt = c.local_block[index->blocks[e]], j0 = kt * d.B;
-                if (kt < 0) continue;                              // block not in this chunk
+                if (kt < 0 || tile_hidden(&t, i, kt)) continue;    // not in this chunk, or masked
                 const int bk = tile_len(d.Tk, j0, d.B);
                 load_cols(b.kT, k, j0, NULL, bk, d.Hkv, g, d.D, d.Bp);
                 load_rows(b.vs, v, j0, NULL, bk, d.Hkv, g, d.D, d.Dp, 1.0f);
-                forward_tile(&d, &b, q_pos + i0, k_pos + j0, t.k_hi[kt] <= t.q_lo[i], bq, bk);
+                forward_tile(&d, &b, q_pos + i0, t.q_first + i0, k_pos + j0, tile_full(&t, i, kt),
+                             bq, bk);
             }
             for (int64_t e = c.col_start[r]; e < c.col_start[r + 1]; e += d.B) {
                 const int n = tile_len(c.col_start[r + 1], e, d.B);
-                const int full = gather_columns(&d, k, v, k_pos, c.col_key + e, n, g, t.q_lo[i],
+                const int full = gather_columns(&d, k, v, k_pos, c.col_key + e, n, g, &t, i,
                                                 b.kT, b.vs, kp);
-                forward_tile(&d, &b, q_pos + i0, kp, full, bq, n);
+                forward_tile(&d, &b, q_pos + i0, t.q_first + i0, kp, full, bq, n);
             }
             forward_end(&d, &b, h, i0, bq, o, lse);
         }
@@ -252,11 +254,11 @@ void attn_sparse_backward_part_cpu(SparsePart part, const AttnShape *shape,
                                    const float *k, const float *v, const int64_t *k_pos,
                                    const float *lse, const float *delta, const float *dout,
                                    float *dq, float *dk, float *dv) {
-    const GradArgs a = {dims_of(shape), q, k, v, lse, delta, dout, q_pos, k_pos};
-    const Dims d = a.d;
+    const Dims d = dims_of(shape);
     if (d.Tq == 0 || d.Tk == 0) return;
     ChunkView c = chunk_view(part, &d, index, q_pos, k_pos);
     const Tiles t = make_tiles(&d, q_pos, k_pos);
+    const GradArgs a = {d, q, k, v, lse, delta, dout, q_pos, k_pos, t.q_first};
     const int64_t nqb = t.nqt, nkt = t.nkt, group_rows = d.group * nqb;
     KeyView kv = key_view(&d, index, &c, nkt);
     // Column scratch of one kv group: per slot, dV part then dK part [2, Dp].
@@ -283,17 +285,17 @@ void attn_sparse_backward_part_cpu(SparsePart part, const AttnShape *shape,
                 grad_load_query(&a, &b, h, i0, bq);
                 for (int64_t e = index->block_start[r]; e < index->block_start[r + 1]; e++) {
                     const int64_t kt = c.local_block[index->blocks[e]], j0 = kt * d.B;
-                    if (kt < 0) continue;
+                    if (kt < 0 || tile_hidden(&t, i, kt)) continue;
                     const int bk = tile_len(d.Tk, j0, d.B);
                     load_cols(b.kT, k, j0, NULL, bk, d.Hkv, g, d.D, d.Bp);
                     load_cols(b.vT, v, j0, NULL, bk, d.Hkv, g, d.D, d.Bp);
                     load_rows(b.ks, k, j0, NULL, bk, d.Hkv, g, d.D, d.Dp, 1.0f);
-                    grad_pair_q(&a, &b, h, i0, bq, k_pos + j0, bk, t.k_hi[kt] <= t.q_lo[i]);
+                    grad_pair_q(&a, &b, h, i0, bq, k_pos + j0, bk, tile_full(&t, i, kt));
                 }
                 for (int64_t e = c.col_start[r]; e < c.col_start[r + 1]; e += d.B) {
                     const int n = tile_len(c.col_start[r + 1], e, d.B);
-                    const int full = gather_columns(&d, k, k, k_pos, c.col_key + e, n, g,
-                                                    t.q_lo[i], b.kT, b.ks, kp);
+                    const int full = gather_columns(&d, k, k, k_pos, c.col_key + e, n, g, &t,
+                                                    i, b.kT, b.ks, kp);
                     load_cols(b.vT, v, 0, c.col_key + e, n, d.Hkv, g, d.D, d.Bp);
                     grad_pair_q(&a, &b, h, i0, bq, kp, n, full);
                     float *sv = scratch + (e - slot0) * ld, *sk = sv + d.Dp;
@@ -316,8 +318,9 @@ void attn_sparse_backward_part_cpu(SparsePart part, const AttnShape *shape,
                     const int64_t bucket = h * nkt + kt;
                     for (int64_t e = kv.q_start[bucket]; e < kv.q_start[bucket + 1]; e++) {
                         const int64_t i = kv.q_block[e], i0 = i * d.B;
+                        if (tile_hidden(&t, i, kt)) continue;
                         grad_pair_kv(&a, &b, h, i0, tile_len(d.Tq, i0, d.B), k_pos + j0, bk,
-                                     t.k_hi[kt] <= t.q_lo[i]);
+                                     tile_full(&t, i, kt));
                     }
                     for (int64_t e = kv.s_start[bucket]; e < kv.s_start[bucket + 1]; e++) {
                         const int64_t s = kv.slot[e], j = c.col_key[s] - j0;

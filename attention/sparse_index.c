@@ -8,6 +8,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -205,8 +206,90 @@ void sparse_index_build(const SparsePattern *pattern, int block_size, const int6
     }
 }
 
+// Whether the ascending blocks [n] hold block b.
+static bool has_block(const int64_t *blocks, int64_t n, int64_t b) {
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (blocks[mid] < b) lo = mid + 1; else hi = mid;
+    }
+    return lo < n && blocks[lo] == b;
+}
+
+// Column p as entry *n of columns (NULL: only counted) unless one of the
+// ascending blocks [nb] holds it.
+static void add_column(int64_t p, int B, const int64_t *blocks, int64_t nb, int64_t *columns, int64_t *n) {
+    if (has_block(blocks, nb, p / B)) return;
+    if (columns) columns[*n] = p;
+    (*n)++;
+}
+
+// Row r of x restricted to its queries' documents (sparse_index_documents):
+// into blocks, columns (NULL: only counts) ascending; *nb, *nc the counts.
+static void document_row(const AttnShape *s, int sink, const SparseIndex *x, int64_t r,
+                         int64_t *blocks, int64_t *columns, int64_t *nb, int64_t *nc) {
+    const int B = x->block_size;
+    const int64_t qb = x->q_blocks[r % x->num_q_blocks], N = x->seq_len;
+    const int64_t q_last = ((qb + 1) * B < N ? (qb + 1) * B : N) - 1;
+    const int64_t first = attn_doc_first(s->doc_starts, s->doc_count, qb * B);
+    const int64_t lo = first < 0 ? 0 : first;                    // earliest visible key
+    // The row's blocks are ascending: the kept ones (ending after lo) are a suffix.
+    const int64_t total = x->block_start[r + 1] - x->block_start[r];
+    int64_t kept = 0;
+    for (int64_t e = x->block_start[r]; e < x->block_start[r + 1]; e++) kept += (x->blocks[e] + 1) * B > lo;
+    const int64_t *kept_blocks = x->blocks + x->block_start[r] + (total - kept);
+    if (blocks) memcpy(blocks, kept_blocks, (size_t)kept * sizeof(int64_t));
+    // Columns at or after lo merged with the sink of each document from lo to
+    // q_last (disjoint ascending ranges), without repeats or kept blocks.
+    const int64_t end = x->column_start[r + 1];
+    int64_t e = x->column_start[r], n = 0, next = 0;
+    while (e < end && x->columns[e] < lo) e++;
+    while (next < s->doc_count && s->doc_starts[next] <= lo) next++;
+    for (int64_t start = lo; start <= q_last;) {
+        const int64_t doc_end = next < s->doc_count ? s->doc_starts[next] : N;
+        int64_t sink_end = start + sink < doc_end ? start + sink : doc_end;
+        sink_end = sink_end < q_last + 1 ? sink_end : q_last + 1;
+        for (; e < end && x->columns[e] < start; e++) add_column(x->columns[e], B, kept_blocks, kept, columns, &n);
+        for (int64_t p = start; p < sink_end; p++) add_column(p, B, kept_blocks, kept, columns, &n);
+        while (e < end && x->columns[e] < sink_end) e++;
+        if (next >= s->doc_count) break;
+        start = s->doc_starts[next++];
+    }
+    for (; e < end; e++) add_column(x->columns[e], B, kept_blocks, kept, columns, &n);
+    *nb = kept;
+    *nc = n;
+}
+
+void sparse_index_documents(const AttnShape *shape, int sink, SparseIndex *index) {
+    if (!shape->doc_starts || shape->doc_count == 0) return;
+    const int64_t rows = (int64_t)index->num_heads * index->num_q_blocks;
+    SparseIndex out = *index;
+    out.q_blocks = xmalloc((size_t)(index->num_q_blocks + 1) * sizeof(int64_t));
+    memcpy(out.q_blocks, index->q_blocks, (size_t)index->num_q_blocks * sizeof(int64_t));
+    out.block_start = xmalloc((size_t)(rows + 1) * sizeof(int64_t));
+    out.column_start = xmalloc((size_t)(rows + 1) * sizeof(int64_t));
+    out.block_start[0] = out.column_start[0] = 0;
+    #pragma omp parallel for schedule(dynamic, 16)
+    for (int64_t r = 0; r < rows; r++)
+        document_row(shape, sink, index, r, NULL, NULL, out.block_start + r + 1, out.column_start + r + 1);
+    for (int64_t r = 0; r < rows; r++) {
+        out.block_start[r + 1] += out.block_start[r];
+        out.column_start[r + 1] += out.column_start[r];
+    }
+    out.blocks = xmalloc((size_t)(out.block_start[rows] + 1) * sizeof(int64_t));
+    out.columns = xmalloc((size_t)(out.column_start[rows] + 1) * sizeof(int64_t));
+    #pragma omp parallel for schedule(dynamic, 16)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t nb, nc;
+        document_row(shape, sink, index, r, out.blocks + out.block_start[r], out.columns + out.column_start[r],
+                     &nb, &nc);
+    }
+    sparse_index_free(index);
+    *index = out;
+}
+
 void sparse_index_count(const SparseIndex *index, const int64_t *q_pos, int64_t q_tokens,
-                        SparseStats *stats) {
+                        const int64_t *doc_starts, int64_t doc_count, SparseStats *stats) {
     const int B = index->block_size;
     const int64_t nqb = index->num_q_blocks, N = index->seq_len;
     double computed = 0.0, causal = 0.0;
@@ -219,15 +302,18 @@ void sparse_index_count(const SparseIndex *index, const int64_t *q_pos, int64_t 
         const int64_t nc = index->column_start[r + 1] - index->column_start[r];
         int64_t row_computed = 0, row_causal = 0, c = 0;
         for (int64_t t = i * B; t < t_end; t++) {                // q_pos ascending in a block
-            const int64_t q = q_pos[t];
-            row_causal += q + 1;
+            const int64_t q = q_pos[t], doc_first = attn_doc_first(doc_starts, doc_count, q);
+            const int64_t first = doc_first < 0 ? 0 : doc_first;  // keys first .. q visible
+            row_causal += q - first + 1;
             for (int64_t b = 0; b < nb; b++) {
-                const int64_t k_lo = blocks[b] * B;
+                const int64_t k_lo = blocks[b] * B > first ? blocks[b] * B : first;
                 const int64_t k_hi = ((blocks[b] + 1) * B < N ? (blocks[b] + 1) * B : N) - 1;
-                if (k_lo <= q) row_computed += (q < k_hi ? q : k_hi) - k_lo + 1;
+                if (k_lo <= q && k_lo <= k_hi) row_computed += (q < k_hi ? q : k_hi) - k_lo + 1;
             }
             while (c < nc && cols[c] <= q) c++;
-            row_computed += c;
+            int64_t before = 0;                                  // columns before the document
+            while (before < c && cols[before] < first) before++;
+            row_computed += c - before;
         }
         computed += (double)row_computed;
         causal += (double)row_causal;

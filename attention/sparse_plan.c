@@ -7,13 +7,15 @@
 
 #include "../dist/util.h"
 
-// Index rows for the query blocks first_block .. last_block.
-static void index_for_blocks(const SparsePattern *pattern, int block_size, int64_t first_block,
-                             int64_t last_block, SparseIndex *index) {
+// Index rows for the query blocks first_block .. last_block, restricted to
+// the shape's documents (sink: cfg->sink per document).
+static void index_for_blocks(const SparsePattern *pattern, const AttnShape *shape, int sink,
+                             int64_t first_block, int64_t last_block, SparseIndex *index) {
     int64_t count = last_block - first_block + 1;
     int64_t *blocks = xmalloc(sizeof(int64_t) * (size_t)count);
     for (int64_t i = 0; i < count; i++) blocks[i] = first_block + i;
-    sparse_index_build(pattern, block_size, blocks, count, index);
+    sparse_index_build(pattern, shape->block_size, blocks, count, index);
+    sparse_index_documents(shape, sink, index);
     free(blocks);
 }
 
@@ -38,12 +40,12 @@ void sparse_plan_local(const AttentionConfig *cfg, const AttnShape *shape, const
     SparsePattern pattern;
     sparse_select(cfg, vertical, slash, Hq, T, fixed_vertical, fixed_slash, &pattern);
     sparse_index_free(index);
-    index_for_blocks(&pattern, B, 0, (T - 1) / B, index);
+    index_for_blocks(&pattern, shape, cfg->sink, 0, (T - 1) / B, index);
 
     if (stats) {
-        sparse_index_count(index, pos, T, stats);
+        sparse_index_count(index, pos, T, shape->doc_starts, shape->doc_count, stats);
         SparseIndex est_index;
-        index_for_blocks(&pattern, B, qe_pos[0] / B, qe_pos[Lq - 1] / B, &est_index);
+        index_for_blocks(&pattern, shape, cfg->sink, qe_pos[0] / B, qe_pos[Lq - 1] / B, &est_index);
         double *covered = xcalloc((size_t)Hq, sizeof(double));
         sparse_estimate_recall(&est, &est_index, qe, qe_pos, k, pos, lse_est, covered);
         for (int h = 0; h < Hq; h++) stats->covered_mass += covered[h];

@@ -114,6 +114,12 @@ void model_set_ring(Model *m, const struct Comm *cp, int inner) {
     m->ring_inner = inner;
 }
 
+void model_set_documents(Model *m, const int64_t *doc_starts, int64_t count) {
+    m->doc_count = doc_starts ? count : 0;
+    m->doc_starts = xrealloc(m->doc_starts, (size_t)(m->doc_count + 1) * sizeof(int64_t));
+    if (m->doc_count) memcpy(m->doc_starts, doc_starts, (size_t)count * sizeof(int64_t));
+}
+
 int64_t model_shard_size(const Model *m, int shards) { return (m->total_params + shards - 1) / shards; }
 
 void model_shard_optimizer(Model *m, int shard, int shards) {
@@ -152,6 +158,7 @@ void model_free(Model *m) {
     free(m->params);
     be->attention_free(m->attn);
     free(m->attention_stats);
+    free(m->doc_starts);
     memset(m, 0, sizeof(*m));
 }
 
@@ -285,7 +292,8 @@ static LayerActs *layer_acts(Model *m, int l) {
 static AttnShape attn_shape(const Model *m, int64_t T) {
     const ModelConfig *c = &m->cfg;
     AttnShape s = {T, T, c->num_heads, c->num_kv_heads, c->head_dim, m->attention.block_size,
-                   (float)(1.0 / sqrt((double)c->head_dim))};
+                   (float)(1.0 / sqrt((double)c->head_dim)), m->doc_count ? m->doc_starts : NULL,
+                   m->doc_count};
     return s;
 }
 

@@ -82,6 +82,8 @@ typedef struct {
     // Context parallelism (model_set_ring): cp == NULL runs attention locally.
     const struct Comm *cp;
     int ring_inner;                 // inner ring size of the schedule
+    // Documents (model_set_documents): attention masked by document when set.
+    int64_t *doc_starts, doc_count;  // [doc_count] sorted global positions (none: no mask)
 } Model;
 
 // Build the table for cfg and allocate parameters and gradients (zero).
@@ -94,6 +96,10 @@ void model_free(Model *m);
 // on; cp == NULL or a single rank: locally. Every forward is then collective
 // over cp (one ring per sequence, built from the positions).
 void model_set_ring(Model *m, const struct Comm *cp, int inner);
+// Mask attention by document from now on: the sorted global positions where a
+// document begins (doc_starts [count], copied); a query sees only keys of its
+// own document. NULL: one document per sequence (the causal mask only).
+void model_set_documents(Model *m, const int64_t *doc_starts, int64_t count);
 // ZeRO-1: hold and update the AdamW moments of shard `shard` of `shards`
 // equal runs of the arena (the last shorter) only. Before model_alloc_optimizer.
 void model_shard_optimizer(Model *m, int shard, int shards);

@@ -64,7 +64,7 @@ static double density(const SparseIndex *x) {
     int64_t *pos = xmalloc((size_t)x->seq_len * sizeof(int64_t));
     for (int64_t t = 0; t < x->seq_len; t++) pos[t] = t;
     SparseStats stats = {0};
-    sparse_index_count(x, pos, x->seq_len, &stats);
+    sparse_index_count(x, pos, x->seq_len, NULL, 0, &stats);
     free(pos);
     return stats.computed / stats.causal;
 }

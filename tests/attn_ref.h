@@ -110,6 +110,26 @@ static void reference(const AttnShape *s, const unsigned char *mask, const doubl
     free(p);
 }
 
+// The document mask of a problem with documents (p->s.doc_starts): [Hq, Tq,
+// Tk], 1 where key j and query i lie in one document (as many starts at or
+// before each position); NULL without documents. Causality is the reference's.
+static unsigned char *doc_mask(const Problem *p) {
+    const AttnShape *s = &p->s;
+    if (!s->doc_starts) return NULL;
+    const int64_t Tq = s->q_tokens, Tk = s->k_tokens;
+    unsigned char *mask = xmalloc((size_t)(s->num_heads * Tq * Tk + 1));
+    for (int64_t i = 0; i < Tq; i++)
+        for (int64_t j = 0; j < Tk; j++) {
+            int64_t di = 0, dj = 0;
+            for (int64_t d = 0; d < s->doc_count; d++) {
+                di += s->doc_starts[d] <= p->qp[i];
+                dj += s->doc_starts[d] <= p->kp[j];
+            }
+            for (int h = 0; h < s->num_heads; h++) mask[(h * Tq + i) * Tk + j] = di == dj;
+        }
+    return mask;
+}
+
 // max |a - b| / max |b|; infinite when a and b disagree on which entries are -inf.
 static double rel_err(const float *a, const double *b, int64_t n) {
     double diff = 0, scale = 0;

@@ -68,7 +68,7 @@ int main(int argc, char **argv) {
 
     for (int a = 1; a < argc; a++) {
         const int64_t n = strtoll(argv[a], NULL, 10);
-        const AttnShape s = {n, n, HQ, HKV, HEAD_DIM, 64, 0.08838834764831845f};   // 1/sqrt(128)
+        const AttnShape s = {n, n, HQ, HKV, HEAD_DIM, 64, 0.08838834764831845f, NULL, 0};   // 1/sqrt(128)
         const int reps = n >= 65536 ? 3 : 10;
         float fwd[10], bwd[10];
         for (int r = -1; r < reps; r++) {                  // r = -1: warm-up

@@ -48,7 +48,7 @@ typedef struct {
 } Chunk;
 
 static AttnShape shape_of(const Case *c, int64_t Tq, int64_t Tk) {
-    return (AttnShape){Tq, Tk, c->Hq, c->Hkv, c->D, LAYOUT_BLOCK, 1.0f / sqrtf((float)c->D)};
+    return (AttnShape){Tq, Tk, c->Hq, c->Hkv, c->D, LAYOUT_BLOCK, 1.0f / sqrtf((float)c->D), NULL, 0};
 }
 
 // Forward of every chunk on the GPU into fresh (poisoned, then initialised)

@@ -69,7 +69,7 @@ typedef struct {
 } Results;
 
 static AttnShape shape_of(const Case *c, int64_t Tq, int64_t Tk) {
-    return (AttnShape){Tq, Tk, c->Hq, c->Hkv, c->D, c->B, 1.0f / sqrtf((float)c->D)};
+    return (AttnShape){Tq, Tk, c->Hq, c->Hkv, c->D, c->B, 1.0f / sqrtf((float)c->D), NULL, 0};
 }
 
 static int64_t total_keys(const Inputs *in) {

@@ -108,9 +108,11 @@ def parse_score(stdout):
     return loss, ntok
 
 
-def score(model_dir, tokens_path, grads=None, logits=None, overrides=(), timeout=300):
+def score(model_dir, tokens_path, grads=None, logits=None, overrides=(), timeout=300, docs=None):
     """Run `mtrain score`; returns (CompletedProcess, loss, tokens)."""
     args = ["score", "--model", model_dir, "--tokens", tokens_path]
+    if docs:
+        args += ["--docs", docs]
     if grads:
         args += ["--grads", grads]
     if logits:

@@ -109,7 +109,7 @@ static void check_case(LayoutKind layout, int64_t N, const char *budget, int inn
              (long long)N);
 
     // Reference: the single-rank plan and kernels on the whole sequence.
-    AttnShape full = {N, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D)};
+    AttnShape full = {N, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), NULL, 0};
     SparseIndex ref = {0};
     SparseStats ref_stats = {0};
     sparse_plan_local(&cfg, &full, q, k, all_pos, NULL, NULL, &ref, &ref_stats);
@@ -130,7 +130,7 @@ static void check_case(LayoutKind layout, int64_t N, const char *budget, int inn
     float *edq = gather_rows(e.dq, wq, pos, T), *edk = gather_rows(e.dk, wk, pos, T), *edv = gather_rows(e.dv, wk, pos, T);
     Ring ring;
     ring_init(&ring, &dist.cp, inner, pos, T);
-    AttnShape shape = {T, 0, Hq, Hkv, D, B, full.scale};
+    AttnShape shape = {T, 0, Hq, Hkv, D, B, full.scale, NULL, 0};
     Grads got[2];
     int64_t bytes[2][2];       // [full, selected][K/V, dK/dV]
     for (int send = 0; send < 2; send++) {
@@ -312,7 +312,7 @@ static void plan(int64_t N, int B, bool shared) {
             int64_t *pos = xmalloc((size_t)N * sizeof(int64_t));
             for (int64_t i = 0; i < N; i++) pos[i] = i;
             SparseStats s = {0};
-            sparse_index_count(&x, pos, N, &s);
+            sparse_index_count(&x, pos, N, NULL, 0, &s);
             if (1.0 - s.computed / s.causal >= targets[t]) lo = mid; else hi = mid - 1;
             free(pos);
             sparse_index_free(&x);
@@ -323,7 +323,7 @@ static void plan(int64_t N, int B, bool shared) {
         int64_t *pos = xmalloc((size_t)N * sizeof(int64_t));
         for (int64_t i = 0; i < N; i++) pos[i] = i;
         SparseStats s = {0};
-        sparse_index_count(&x, pos, N, &s);
+        sparse_index_count(&x, pos, N, NULL, 0, &s);
         printf("\nsparsity %.3f (S = %d slash lines per head)\n\n", 1.0 - s.computed / s.causal, lo);
         printf("MiB per rank and layer; forward: K/V; backward: K/V and dK/dV accumulators\n\n"
                "| layout | W (outer x inner) | forward full | forward selected | ratio | backward full | "

@@ -145,8 +145,10 @@ def rotate_half(x):
     return torch.cat([-x[..., d:], x[..., :d]], dim=-1)
 
 
-def forward(cfg, params, tokens):
-    """Logits [T, V] (float64) of one sequence of token ids [T]."""
+def forward(cfg, params, tokens, doc_starts=None):
+    """Logits [T, V] (float64) of one sequence of token ids [T]; with
+    doc_starts (ascending positions where a document begins) a query sees
+    only keys of its own document."""
     H = cfg["hidden_size"]
     Hq, Hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     D, g = H // Hq, Hq // Hkv
@@ -154,6 +156,11 @@ def forward(cfg, params, tokens):
     T = tokens.shape[0]
     cos, sin = rope_cos_sin(T, D, float(cfg["rope_theta"]), cfg.get("rope_scaling"), cfg["max_position_embeddings"])
     mask = torch.ones(T, T, dtype=torch.bool).tril()
+    if doc_starts is not None:
+        doc = torch.zeros(T, dtype=torch.long)
+        for s in doc_starts:
+            doc[s:] += 1
+        mask &= doc[:, None] == doc[None, :]
     x = params["model.embed_tokens.weight"][tokens]                       # [T, H]
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # angles in fp64; float32 runs are for experiments
     for i in range(cfg["num_hidden_layers"]):
@@ -188,10 +195,10 @@ def loss_fn(logits, tokens):
     return torch.nn.functional.cross_entropy(logits[:-1], tokens[1:])
 
 
-def loss_and_grads(cfg, params, tokens):
+def loss_and_grads(cfg, params, tokens, doc_starts=None):
     """(loss float, logits [T,V] float64, grads dict name -> float64 tensor)."""
     leaves = {n: t.detach().to(torch.float64).clone().requires_grad_(True) for n, t in params.items()}
-    logits = forward(cfg, leaves, tokens)
+    logits = forward(cfg, leaves, tokens, doc_starts)
     loss = loss_fn(logits, tokens)
     loss.backward()
     return loss.item(), logits.detach(), {n: t.grad.detach() for n, t in leaves.items()}

@@ -63,7 +63,8 @@ static void compare(const Problem *p, int nchunks, const int64_t *cuts, const in
     double *rdq = ro + p->nq, *rdk = rdq + p->nq, *rdv = rdk + p->nk, *rlse = rdv + p->nk;
     float *o = xmalloc((size_t)(2 * p->nq + 2 * p->nk + p->nl) * sizeof(float));
     float *dq = o + p->nq, *dk = dq + p->nq, *dv = dk + p->nk, *lse = dv + p->nk;
-    reference(&p->s, NULL, q, p->qp, k, v, p->kp, w, ro, rlse, grads ? rdq : NULL, rdk, rdv);
+    unsigned char *mask = doc_mask(p);
+    reference(&p->s, mask, q, p->qp, k, v, p->kp, w, ro, rlse, grads ? rdq : NULL, rdk, rdv);
     kernel_forward(p, nchunks, cuts, order, o, lse);
     err[0] = rel_err(o, ro, p->nq);
     err[1] = rel_err(lse, rlse, p->nl);
@@ -74,7 +75,7 @@ static void compare(const Problem *p, int nchunks, const int64_t *cuts, const in
         err[3] = rel_err(dk, rdk, p->nk);
         err[4] = rel_err(dv, rdv, p->nk);
     }
-    free(q); free(k); free(v); free(w); free(ro); free(o);
+    free(q); free(k); free(v); free(w); free(ro); free(o); free(mask);
 }
 
 static const int ORDER[] = {0, 1, 2, 3};
@@ -318,28 +319,70 @@ static void test_untouched_rows(void) {
     free_problem(&p);
 }
 
-// Timing (printed only; best of 2 runs): T = 4096, Hq = 8, Hkv = 2, D = 64, block 64.
-static void timing(void) {
-    Problem p = make_problem(4096, 4096, 8, 2, 64, 64, 8000);
-    float *o = xmalloc((size_t)(2 * p.nq + 2 * p.nk + p.nl) * sizeof(float));
-    float *dq = o + p.nq, *dk = dq + p.nq, *dv = dk + p.nk, *lse = dv + p.nk;
-    const int64_t cuts[] = {0, 4096};
-    const double flops = 4.0 * 4096 * 4096 / 2 * 64 * 8;   // causal forward
-    double fwd = INFINITY, bwd = INFINITY;
+// Documents (AttnShape.doc_starts): position 0 continuing a document, starts
+// on and off tile boundaries, one-token documents (17, 41, the last token),
+// a document crossing several tiles; positions 0.. and the striped layout
+// (ranks' queries against all keys), one and three key chunks, block 16.
+static void test_documents(void) {
+    static const int64_t starts[] = {5, 16, 17, 18, 40, 41, 42, 100, 149};
+    const int64_t cuts[] = {0, 33, 97, 150};
+    static const int order[] = {2, 0, 1};
+    for (int striped = 0; striped < 2; striped++)
+        for (int chunked = 0; chunked < 2; chunked++) {
+            Problem p = make_problem(150, 150, 4, 2, 32, 16, 9000 + 2 * striped + chunked);
+            p.s.doc_starts = starts;
+            p.s.doc_count = (int64_t)(sizeof starts / sizeof starts[0]);
+            if (striped) {
+                p.s.q_tokens = layout_rank_positions(LAYOUT_STRIPED, 150, 16, 3, 1, p.qp);
+                p.nq = p.s.q_tokens * 4 * 32; p.nl = 4 * p.s.q_tokens;
+            }
+            const int64_t one[] = {0, 150};
+            double err[5];
+            compare(&p, chunked ? 3 : 1, chunked ? cuts : one, chunked ? order : ORDER, 1, err);
+            EXPECT(err[0] < TOL_FWD && err[1] < TOL_FWD && err[2] < TOL_GRAD &&
+                   err[3] < TOL_GRAD && err[4] < TOL_GRAD,
+                   "documents, %s queries, %d key chunk(s): o %.1e lse %.1e dq %.1e dk %.1e dv %.1e",
+                   striped ? "striped" : "all", chunked ? 3 : 1, err[0], err[1], err[2], err[3],
+                   err[4]);
+            free_problem(&p);
+        }
+}
+
+// Best of 2 runs of the forward and the backward of p over one chunk (seconds).
+static void time_kernels(const Problem *p, double *fwd, double *bwd) {
+    float *o = xmalloc((size_t)(2 * p->nq + 2 * p->nk + p->nl) * sizeof(float));
+    float *dq = o + p->nq, *dk = dq + p->nq, *dv = dk + p->nk, *lse = dv + p->nk;
+    const int64_t cuts[] = {0, p->s.k_tokens};
+    *fwd = *bwd = INFINITY;
     for (int rep = 0; rep < 2; rep++) {
         double t0 = now_seconds();
-        kernel_forward(&p, 1, cuts, ORDER, o, lse);
+        kernel_forward(p, 1, cuts, ORDER, o, lse);
         double t1 = now_seconds();
-        kernel_backward(&p, 1, cuts, ORDER, o, lse, dq, dk, dv);
+        kernel_backward(p, 1, cuts, ORDER, o, lse, dq, dk, dv);
         double t2 = now_seconds();
-        fwd = fmin(fwd, t1 - t0);
-        bwd = fmin(bwd, t2 - t1);
+        *fwd = fmin(*fwd, t1 - t0);
+        *bwd = fmin(*bwd, t2 - t1);
     }
+    free(o);
+}
+
+// Timing (printed only): T = 4096, Hq = 8, Hkv = 2, D = 64, block 64; then
+// with 8 documents of 512 tokens, against the ideal 1/8 of the causal time.
+static void timing(void) {
+    static const int64_t starts[] = {512, 1024, 1536, 2048, 2560, 3072, 3584};
+    Problem p = make_problem(4096, 4096, 8, 2, 64, 64, 8000);
+    const double flops = 4.0 * 4096 * 4096 / 2 * 64 * 8;   // causal forward
+    double fwd, bwd, doc_fwd, doc_bwd;
+    time_kernels(&p, &fwd, &bwd);
     printf("timing T=4096 Hq=8 Hkv=2 D=64 block=64, %d threads: forward %.0f ms "
            "(%.1f GFLOP/s), backward %.0f ms (%.1f GFLOP/s counting 2.5x forward flops)\n",
            omp_get_max_threads(), 1e3 * fwd, flops / fwd * 1e-9, 1e3 * bwd,
            2.5 * flops / bwd * 1e-9);
-    free(o);
+    p.s.doc_starts = starts;
+    p.s.doc_count = 7;
+    time_kernels(&p, &doc_fwd, &doc_bwd);
+    printf("timing with 8 documents of 512 tokens: forward %.0f ms (%.3f of causal), backward %.0f ms "
+           "(%.3f of causal); ideal 0.125\n", 1e3 * doc_fwd, doc_fwd / fwd, 1e3 * doc_bwd, doc_bwd / bwd);
     free_problem(&p);
 }
 
@@ -351,6 +394,7 @@ int main(void) {
     test_finite_differences();
     test_determinism();
     test_untouched_rows();
+    test_documents();
     timing();
     return check_exit();
 }

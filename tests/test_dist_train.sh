@@ -19,7 +19,8 @@
 #   sparse       attention with dp = 2 (cp = 1), and on the ring (cp = 2, 4;
 #                ring_send full and selected), equals one rank;
 #   rank 0       alone writes metrics.jsonl lines and prints step lines;
-#   bad input    score with dp > 1 ends with one line.
+#   bad input    score with dp > 1, and train and score with data.doc_mask
+#                and cp > 1, end with one line.
 # Tolerances (fp32; only the summation order differs: attention merged chunk by
 # chunk by log-sum-exp, gradients summed over ranks in another order):
 #   loss        relative 1e-5 (one step), 1e-4 (each of 20 steps)
@@ -269,3 +270,8 @@ expect_error dist_score_dp_refused 'mtrain score: parallel\.dp 2: .*expected par
   score bad 2 parallel.dp=2
 expect_error dist_score_logits_refused 'mtrain score: --logits with 2 ranks' "$tmp/bad.err" \
   score bad 2 --logits "$tmp/l.safetensors"
+expect_error dist_train_doc_mask_refused 'data\.doc_mask: true with parallel\.cp 2: .*expected parallel\.cp 1' \
+  "$tmp/doc_mask_cp2.out" train doc_mask_cp2 2 train.steps=1 parallel.cp=2 data.doc_mask=true
+echo "0 10" >"$tmp/docs.txt"
+expect_error dist_score_doc_mask_refused 'mtrain score: data\.doc_mask with parallel\.cp 2: .*expected parallel\.cp 1' \
+  "$tmp/bad.err" score bad 2 --docs "$tmp/docs.txt" data.doc_mask=true

@@ -62,20 +62,28 @@ def one_line_error(p, tag, needles):
     check(f"{tag} error names {', '.join(needles)}", not missing, f"missing {missing} in {p.stderr!r}")
 
 
-def compare_run(tag, cfg, params, tokens, d, overrides):
-    """Write the model, score it with grads and logits, compare everything."""
+def compare_run(tag, cfg, params, tokens, d, overrides, doc_starts=None):
+    """Write the model, score it with grads and logits (and the documents),
+    compare everything."""
     mdir = os.path.join(d, tag)
     ref.write_model(mdir, cfg, params)
     tok_path = os.path.join(d, tag + ".tokens")
     ref.write_tokens(tok_path, tokens)
+    docs = None
+    if doc_starts is not None:
+        docs = os.path.join(d, tag + ".docs")
+        with open(docs, "w") as f:
+            f.write(" ".join(str(s) for s in doc_starts) + "\n")
+        overrides = overrides + ["data.doc_mask=true"]
     gpath, lpath = os.path.join(d, tag + ".grads.st"), os.path.join(d, tag + ".logits.st")
-    p, loss, ntok = harness.score(mdir, tok_path, grads=gpath, logits=lpath, overrides=CPU + overrides)
+    p, loss, ntok = harness.score(mdir, tok_path, grads=gpath, logits=lpath, overrides=CPU + overrides,
+                                  docs=docs)
     check(f"{tag} score runs", p.returncode == 0 and loss is not None,
           f"exit {p.returncode}, stderr: {p.stderr.strip()[-500:]}, stdout: {p.stdout.strip()[-300:]}")
     if p.returncode != 0 or loss is None:
         return None
     check(f"{tag} tokens line", ntok == len(tokens), f"tokens {ntok}, expected {len(tokens)}")
-    rloss, rlogits, rgrads = ref.loss_and_grads(cfg, params, tokens)
+    rloss, rlogits, rgrads = ref.loss_and_grads(cfg, params, tokens, doc_starts)
     lerr = abs(loss - rloss) / abs(rloss)
     check(f"{tag} loss", lerr < LOSS_TOL, f"mtrain {loss!r} reference {rloss!r} rel err {lerr:.2e}")
 
@@ -108,6 +116,35 @@ def test_configs(d):
         params = ref.random_model(cfg, seed=i)
         tokens = ref.random_tokens(cfg, T, seed=i)
         compare_run(tag, cfg, params, tokens, d, overrides)
+
+
+DOC_STARTS = [5, 16, 17, 40, 41, 100, 149]
+
+
+def test_documents(d):
+    """data.doc_mask with --docs: documents crossing tiles, one-token
+    documents, position 0 continuing a document; dense and sparse (top_p = 1
+    keeps every line: it must equal dense); and the one-line refusals."""
+    cfg = ref.make_config(vocab=97, hidden=32, inter=64, layers=2, heads=4, kv_heads=2, theta=1e6, tied=False)
+    params = ref.random_model(cfg, seed=40)
+    tokens = ref.random_tokens(cfg, 150, seed=40)
+    base = ["attention.block_size=16", "train.loss_chunk=7"]
+    compare_run("docs_dense", cfg, params, tokens, d, base, DOC_STARTS)
+    compare_run("docs_sparse", cfg, params, tokens, d, base + [
+        "attention.type=sparse", "attention.top_p=1", "attention.last_q=16",
+        "attention.max_vertical=150", "attention.max_slash=150"], DOC_STARTS)
+    mdir, tok_path = os.path.join(d, "docs_dense"), os.path.join(d, "docs_dense.tokens")
+    bad = {"unsorted": "5 40 17", "outside": "5 150", "garbage": "5 x"}
+    for name, text in bad.items():
+        path = os.path.join(d, name + ".docs")
+        with open(path, "w") as f:
+            f.write(text + "\n")
+        p = harness.score(mdir, tok_path, overrides=CPU + ["data.doc_mask=true"], docs=path)[0]
+        one_line_error(p, f"document starts {name}", [path, "document start"])
+    p = harness.score(mdir, tok_path, overrides=CPU + ["data.doc_mask=true"])[0]
+    one_line_error(p, "doc_mask without --docs", ["data.doc_mask", "--docs"])
+    p = harness.score(mdir, tok_path, overrides=CPU, docs=os.path.join(d, "docs_dense.docs"))[0]
+    one_line_error(p, "--docs without doc_mask", ["data.doc_mask", "--docs"])
 
 
 def test_checkpoint_activations(d):
@@ -250,6 +287,7 @@ def main():
         test_checkpoint_activations(d)
         test_half_files(d)
         test_bad_inputs(d)
+        test_documents(d)
     harness.finish()
 
 

@@ -133,7 +133,7 @@ static void test_estimation(void) {
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         const int64_t N = cases[c].N, Lq = cases[c].Lq;
         const int Hq = cases[c].Hq, Hkv = cases[c].Hkv, D = cases[c].D;
-        AttnShape s = {Lq, N, Hq, Hkv, D, cases[c].B, 1.0f / sqrtf((float)D)};
+        AttnShape s = {Lq, N, Hq, Hkv, D, cases[c].B, 1.0f / sqrtf((float)D), NULL, 0};
         float *qe = randn(&rng, Lq * Hq * D, 1.5), *k = randn(&rng, N * Hkv * D, 1.5);
         int64_t *qe_pos = last_positions(N, Lq), *k_pos = last_positions(N, N);
         double *rl = doubles(Hq * Lq);
@@ -537,7 +537,7 @@ static void test_index(void) {
                     int ok = check_index(&p, &ix, B, qbs, nqb, &computed, &causal);
                     SparseStats st = {0};
                     const int64_t nq = block_positions(qbs, nqb, B, N, q_pos);
-                    sparse_index_count(&ix, q_pos, nq, &st);
+                    sparse_index_count(&ix, q_pos, nq, NULL, 0, &st);
                     if (ok && (st.computed != computed || st.causal != causal))
                         bad("count computed %.0f causal %.0f, brute force %.0f / %.0f",
                                  st.computed, st.causal, computed, causal);
@@ -566,7 +566,7 @@ static void test_index(void) {
         SparseIndex ix;
         sparse_index_build(&p, B, qbs, 16, &ix);
         SparseStats st = {0};
-        sparse_index_count(&ix, q_pos, block_positions(qbs, 16, B, N, q_pos), &st);
+        sparse_index_count(&ix, q_pos, block_positions(qbs, 16, B, N, q_pos), NULL, 0, &st);
         int ok = ix.column_start[2 * 16] == 0;
         for (int64_t r = 0; r < 2 * 16; r++) ok &= ix.block_start[r + 1] - ix.block_start[r] == r % 16 + 1;
         EXPECT(ok && st.computed == st.causal && st.causal == 2.0 * N * (N + 1) / 2,
@@ -585,7 +585,7 @@ static void test_recall(void) {
     const int Hq = 4, Hkv = 2, D = 32, B = 16, W = 3;
     Rng rng;
     rng_seed(&rng, 9);
-    AttnShape s = {Lq, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D)};
+    AttnShape s = {Lq, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), NULL, 0};
     float *qe = randn(&rng, Lq * Hq * D, 2.0), *k = randn(&rng, N * Hkv * D, 2.0);
     int64_t *qe_pos = last_positions(N, Lq);
     double *rl = doubles(Hq * Lq);
@@ -640,7 +640,7 @@ static void test_planted(void) {
     const int nv[2] = {2, 1}, ns[2] = {6, 5};
     Rng rng;
     rng_seed(&rng, 17);
-    AttnShape s = {Lq, N, Hq, 1, D, B, 1.0f};
+    AttnShape s = {Lq, N, Hq, 1, D, B, 1.0f, NULL, 0};
     float *k = randn(&rng, N * D, 0.02), *qe = xcalloc((size_t)(Lq * Hq * D), sizeof(float));
     for (int64_t j = 0; j < N; j++) k[j * D + j] += 1.0f;
     int64_t *qe_pos = last_positions(N, Lq), *k_pos = last_positions(N, N);
@@ -758,7 +758,7 @@ static int bench_main(int64_t N) {
     rng_seed(&rng, 1);
     float *q = randn(&rng, N * Hq * D, 1.0), *k = randn(&rng, N * Hkv * D, 1.0), *vv = randn(&rng, N * Hkv * D, 1.0);
     int64_t *pos = last_positions(N, N);
-    AttnShape est = {Lq, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D)};
+    AttnShape est = {Lq, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), NULL, 0};
     float *lse = floats(Hq * Lq);
     float *v = xcalloc((size_t)(Hq * N), sizeof(float)), *sl = xcalloc((size_t)(Hq * N), sizeof(float));
     for (int64_t i = 0; i < Hq * Lq; i++) lse[i] = -INFINITY;
@@ -784,9 +784,9 @@ static int bench_main(int64_t N) {
     double covered[14] = {0};
     sparse_estimate_recall(&est, &est_ix, qe, qe_pos, k, pos, lse, covered);
     SparseStats st = {0};
-    sparse_index_count(&ix, pos, N, &st);
+    sparse_index_count(&ix, pos, N, NULL, 0, &st);
     double t4 = now_seconds();
-    AttnShape dense = {N, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D)};
+    AttnShape dense = {N, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), NULL, 0};
     float *o = floats(N * Hq * D), *dl = floats(N * Hq);
     attn_forward_init(&dense, o, dl);
     double t5 = now_seconds();
@@ -806,6 +806,152 @@ static int bench_main(int64_t N) {
     return 0;
 }
 
+// ------------------------------------------------------------- documents
+
+// The document of position p: how many of the starts [n] are at or before it.
+static int64_t doc_of(const int64_t *starts, int64_t n, int64_t p) {
+    int64_t d = 0;
+    for (int64_t i = 0; i < n; i++) d += starts[i] <= p;
+    return d;
+}
+
+// Estimation with documents sees only the estimation queries' document: with
+// every estimation query in the document [250, 300), the scores over all keys
+// equal those over that document's keys alone, and earlier keys score 0.
+static void test_documents_estimation(void) {
+    static const int64_t starts[] = {100, 250};
+    const int64_t N = 300, Lq = 40, first = 250;
+    const int Hq = 4, Hkv = 2, D = 32, B = 16;
+    Rng rng;
+    rng_seed(&rng, 21);
+    AttnShape s = {Lq, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), starts, 2};
+    float *qe = randn(&rng, Lq * Hq * D, 2.0), *k = randn(&rng, N * Hkv * D, 2.0);
+    int64_t *qe_pos = last_positions(N, Lq);
+    float *lse = floats(2 * Hq * Lq), *lse_doc = lse + Hq * Lq;
+    float *v = floats(4 * Hq * N), *sl = v + Hq * N, *v_doc = sl + Hq * N, *sl_doc = v_doc + Hq * N;
+    estimate_chunked(s, qe, qe_pos, k, N, 1, 0, 1, lse, v, sl);
+    AttnShape doc = s;
+    doc.doc_starts = NULL;
+    doc.doc_count = 0;
+    doc.k_tokens = N - first;
+    int64_t *pos = xmalloc((size_t)N * sizeof(int64_t));
+    for (int64_t t = 0; t < N - first; t++) pos[t] = first + t;
+    for (int64_t i = 0; i < Hq * Lq; i++) lse_doc[i] = -INFINITY;
+    memset(v_doc, 0, 2 * (size_t)(Hq * N) * sizeof(float));
+    const float *k_doc = k + first * Hkv * D;
+    sparse_estimate_lse(&doc, qe, qe_pos, k_doc, pos, lse_doc);
+    sparse_estimate_scores(&doc, qe, qe_pos, k_doc, pos, lse_doc, N, v_doc, sl_doc);
+    int before = 1;
+    for (int h = 0; h < Hq; h++)
+        for (int64_t j = 0; j < first; j++) before &= v[h * N + j] == 0.0f;
+    const double dl = max_rel_diff(lse, lse_doc, Hq * Lq), dv = max_rel_diff(v, v_doc, Hq * N);
+    const double ds = max_rel_diff(sl, sl_doc, Hq * N);
+    EXPECT(before && dl < 1e-6 && dv < 1e-5 && ds < 1e-5, "documents: estimation over all keys equals "
+           "estimation over the queries' document (lse %.1e, vertical %.1e, slash %.1e), earlier keys 0",
+           dl, dv, ds);
+    free(qe); free(k); free(qe_pos); free(lse); free(v); free(pos);
+}
+
+// sparse_index_documents on random patterns against a brute force per row:
+// the blocks kept are exactly those holding a (query, key) pair of one
+// document with key <= query; the columns are the row's columns in its
+// queries' documents plus every document's first `sink` tokens up to the
+// row's last query, minus the kept blocks, ascending.
+static void test_documents_index(void) {
+    static const int64_t starts[] = {5, 16, 17, 40, 41, 100, 149, 250};
+    const int64_t N = 300, nd = 8;
+    const int Hq = 3, B = 16, sink = 3;
+    const int64_t nqb = (N + B - 1) / B;
+    AttnShape s = {N, N, Hq, 1, 8, B, 1.0f, starts, nd};
+    int64_t *qb = xmalloc((size_t)nqb * sizeof(int64_t));
+    for (int64_t i = 0; i < nqb; i++) qb[i] = i;
+    char *want = xmalloc((size_t)N), *block_ok = xmalloc((size_t)nqb);
+    Rng rng;
+    rng_seed(&rng, 23);
+    for (int trial = 0; trial < 3; trial++) {
+        SparsePattern p = random_pattern(&rng, Hq, N, 0.05 + 0.1 * trial, 0.05 + 0.05 * trial);
+        SparseIndex ix, dx;
+        sparse_index_build(&p, B, qb, nqb, &ix);
+        sparse_index_build(&p, B, qb, nqb, &dx);
+        sparse_index_documents(&s, sink, &dx);
+        int bad_blocks = 0, bad_columns = 0;
+        for (int64_t r = 0; r < Hq * nqb; r++) {
+            const int64_t q0 = qb[r % nqb] * B, q1 = q0 + B < N ? q0 + B : N;
+            memset(block_ok, 0, (size_t)nqb);
+            for (int64_t i = q0; i < q1; i++)
+                for (int64_t j = 0; j <= i; j++) block_ok[j / B] |= doc_of(starts, nd, j) == doc_of(starts, nd, i);
+            int64_t n = 0;
+            for (int64_t e = ix.block_start[r]; e < ix.block_start[r + 1]; e++) {
+                if (!block_ok[ix.blocks[e]]) continue;
+                bad_blocks += n >= dx.block_start[r + 1] - dx.block_start[r] ||
+                              dx.blocks[dx.block_start[r] + n] != ix.blocks[e];
+                n++;
+            }
+            bad_blocks += n != dx.block_start[r + 1] - dx.block_start[r];
+            memset(want, 0, (size_t)N);
+            const int64_t lo_doc = doc_of(starts, nd, q0);
+            for (int64_t e = ix.column_start[r]; e < ix.column_start[r + 1]; e++)
+                want[ix.columns[e]] = doc_of(starts, nd, ix.columns[e]) >= lo_doc;
+            for (int64_t j = 0; j < q1; j++) {
+                const int64_t d = doc_of(starts, nd, j), start = d ? starts[d - 1] : 0;
+                if (d >= lo_doc && j - start < sink) want[j] = 1;
+            }
+            for (int64_t e = dx.block_start[r]; e < dx.block_start[r + 1]; e++)
+                memset(want + dx.blocks[e] * B, 0, (size_t)(dx.blocks[e] * B + B < N ? B : N - dx.blocks[e] * B));
+            n = 0;
+            for (int64_t j = 0; j < N; j++) {
+                if (!want[j]) continue;
+                bad_columns += n >= dx.column_start[r + 1] - dx.column_start[r] ||
+                               dx.columns[dx.column_start[r] + n] != j;
+                n++;
+            }
+            bad_columns += n != dx.column_start[r + 1] - dx.column_start[r];
+        }
+        EXPECT(bad_blocks == 0 && bad_columns == 0, "documents: index of random pattern %d against the brute "
+               "force (%d rows with wrong blocks, %d with wrong columns; %lld of %lld blocks kept)", trial,
+               bad_blocks, bad_columns, (long long)dx.block_start[Hq * nqb], (long long)ix.block_start[Hq * nqb]);
+        // Density counts: only (query, key) pairs of one document.
+        double computed = 0, causal = 0;
+        for (int64_t r = 0; r < Hq * nqb; r++) {
+            const int64_t q0 = qb[r % nqb] * B, q1 = q0 + B < N ? q0 + B : N;
+            memset(want, 0, (size_t)N);
+            for (int64_t e = dx.block_start[r]; e < dx.block_start[r + 1]; e++)
+                memset(want + dx.blocks[e] * B, 1, (size_t)(dx.blocks[e] * B + B < N ? B : N - dx.blocks[e] * B));
+            for (int64_t e = dx.column_start[r]; e < dx.column_start[r + 1]; e++) want[dx.columns[e]] = 1;
+            for (int64_t i = q0; i < q1; i++)
+                for (int64_t j = 0; j <= i; j++)
+                    if (doc_of(starts, nd, j) == doc_of(starts, nd, i)) { causal++; computed += want[j]; }
+        }
+        SparseStats st = {0};
+        int64_t *q_pos = xmalloc((size_t)N * sizeof(int64_t));
+        for (int64_t t = 0; t < N; t++) q_pos[t] = t;
+        sparse_index_count(&dx, q_pos, N, starts, nd, &st);
+        free(q_pos);
+        EXPECT(st.computed == computed && st.causal == causal, "documents: density counts of pattern %d "
+               "(computed %.0f of %.0f, brute force %.0f of %.0f)", trial, st.computed, st.causal, computed, causal);
+        sparse_index_free(&ix);
+        sparse_index_free(&dx);
+        sparse_pattern_free(&p);
+    }
+    AttnShape none = s;
+    none.doc_starts = NULL;
+    SparsePattern p = random_pattern(&rng, Hq, N, 0.1, 0.1);
+    SparseIndex ix, same;
+    sparse_index_build(&p, B, qb, nqb, &ix);
+    sparse_index_build(&p, B, qb, nqb, &same);
+    sparse_index_documents(&none, sink, &same);
+    const int64_t rows = Hq * nqb;
+    EXPECT(!memcmp(ix.block_start, same.block_start, (size_t)(rows + 1) * sizeof(int64_t)) &&
+           !memcmp(ix.blocks, same.blocks, (size_t)ix.block_start[rows] * sizeof(int64_t)) &&
+           !memcmp(ix.column_start, same.column_start, (size_t)(rows + 1) * sizeof(int64_t)) &&
+           !memcmp(ix.columns, same.columns, (size_t)ix.column_start[rows] * sizeof(int64_t)),
+           "no documents: the index is left as it is");
+    sparse_index_free(&ix);
+    sparse_index_free(&same);
+    sparse_pattern_free(&p);
+    free(qb); free(want); free(block_ok);
+}
+
 int main(int argc, char **argv) {
     if (argc == 5 && !strcmp(argv[1], "--budget")) return budget_main(argv[2], atoi(argv[3]), atoi(argv[4]));
     if (argc == 3 && !strcmp(argv[1], "--bench")) return bench_main(atoll(argv[2]));
@@ -815,5 +961,7 @@ int main(int argc, char **argv) {
     test_recall();
     test_planted();
     test_budget_good();
+    test_documents_estimation();
+    test_documents_index();
     return check_exit();
 }

@@ -181,7 +181,10 @@ static void against_reference(const Problem *p, const SparseIndex *x, const Resu
     double *v = to_double(p->v, p->nk), *w = to_double(p->w, p->nq);
     double *ro = xmalloc((size_t)(2 * p->nq + 2 * p->nk + p->nl) * sizeof(double));
     double *rdq = ro + p->nq, *rdk = rdq + p->nq, *rdv = rdk + p->nk, *rlse = rdv + p->nk;
-    unsigned char *mask = index_mask(x, p);
+    unsigned char *mask = index_mask(x, p), *docs = doc_mask(p);
+    if (docs)
+        for (int64_t e = 0; e < p->nl * p->s.k_tokens; e++) mask[e] &= docs[e];
+    free(docs);
     reference(&p->s, mask, q, p->qp, k, v, p->kp, w, ro, rlse, rdq, rdk, rdv);
     err[0] = rel_err(r->o, ro, p->nq);
     err[1] = rel_err(r->lse, rlse, p->nl);
@@ -519,6 +522,37 @@ static void test_parts(void) {
     free(whole.pos); free(striped.pos); free_case(&cs);
 }
 
+// Documents (AttnShape.doc_starts) crossing blocks, one-token documents and
+// position 0 continuing a document, block 16: a random index against the
+// masked reference, all queries and the striped queries of rank 1 of 3 over
+// the 3 ranks' key chunks; the index of every causal block equals the dense
+// kernel with the same documents.
+static void test_documents(void) {
+    static const int64_t starts[] = {5, 16, 17, 18, 40, 41, 42, 100, 149};
+    for (int W = 0; W < 4; W += 3) {
+        Case cs = make_case(150, 16, 4, 2, 32, W, 1, 0.4, 0.2, 700 + W);
+        cs.p.s.doc_starts = starts;
+        cs.p.s.doc_count = (int64_t)(sizeof starts / sizeof starts[0]);
+        Chunks c = make_chunks(W ? LAYOUT_STRIPED : LAYOUT_CONTIGUOUS, 150, 16, W ? W : 1);
+        Result res = run(&cs.p, &cs.x, &c, NULL, 0);
+        double err[5];
+        against_reference(&cs.p, &cs.x, &res, err);
+        EXPECT(err[0] < TOL_FWD && err[1] < TOL_FWD && err[2] < TOL_GRAD && err[3] < TOL_GRAD &&
+               err[4] < TOL_GRAD, "documents, random index, %s: o %.1e lse %.1e dq %.1e dk %.1e "
+               "dv %.1e", W ? "striped rank 1 of 3, 3 chunks" : "one chunk", err[0], err[1],
+               err[2], err[3], err[4]);
+        free(res.o); free(c.pos); free_case(&cs);
+    }
+    Case cs = make_case(150, 16, 4, 2, 32, 0, 0, 1.0, 0.0, 710);
+    cs.p.s.doc_starts = starts;
+    cs.p.s.doc_count = (int64_t)(sizeof starts / sizeof starts[0]);
+    Chunks c = make_chunks(LAYOUT_CONTIGUOUS, 150, 16, 1);
+    Result sparse = run(&cs.p, &cs.x, &c, NULL, 0), dense = run(&cs.p, &cs.x, &c, NULL, 1);
+    const double diff = result_diff(&cs.p, &sparse, &dense);
+    EXPECT(diff < 1e-6, "documents: every causal block equals the dense kernel (%.1e)", diff);
+    free(sparse.o); free(dense.o); free(c.pos); free_case(&cs);
+}
+
 int main(void) {
     test_random_indices();
     test_dense_equivalence();
@@ -527,5 +561,6 @@ int main(void) {
     test_poisoned_output();
     test_determinism();
     test_parts();
+    test_documents();
     return check_exit();
 }

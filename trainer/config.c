@@ -154,6 +154,7 @@ static const Key keys[] = {
     INT(data, val_sequences, 4, 1, 1 << 20, "Held-out sequences in each validation pass."),
     PATH(data, val, "holdout", NAMES("holdout"), "comma-separated shard globs", "Validation data: `holdout` = documents of `data.train` chosen from `train.seed`, as many as `val_sequences` sequences need, never trained on (only when validation runs, `log.val_every` > 0: otherwise nothing is held out); or a shard glob (comma-separated globs allowed). Synthetic data always uses held-out sequences."),
     BOOL(data, check_tokenizer, true, "Stop when a shard was made by another tokenizer than the `tokenizer.json` of `train.init_from` (as `mtrain shard info` shows: `bytes` or the XXH64 of a tokenizer.json); `false` trains anyway. Shards of format version 1 (unknown tokenizer) are not checked."),
+    BOOL(data, doc_mask, false, "Document-aware attention: a query attends only to earlier keys of its own document (the packed sequence's document starts), in every attention kernel on the CPU; `false` lets every token attend across the documents packed into its sequence, as pretraining mixes do. Needs `parallel.cp` = 1 (the ring does not carry documents) and the CPU backend."),
 
     STRING(checkpoint, dir, "checkpoints", "Folder of the checkpoints (`step_XXXXXXXX/`, `latest`)."),
     INT64(checkpoint, every, 0, 0, 1e12, "Write a checkpoint every N steps; 0 = only after the last step."),

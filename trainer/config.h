@@ -63,6 +63,7 @@ typedef struct {
     DataVal val;               // holdout | shards (val_path: glob[,glob...])
     char val_path[CONFIG_STR];
     bool check_tokenizer;      // shards must come from train.init_from's tokenizer.json
+    bool doc_mask;             // a query attends only to keys of its own document
 } DataConfig;
 
 typedef struct {

@@ -1,7 +1,9 @@
 // score.c: `mtrain score --model DIR --tokens FILE`: the mean next-token cross
 // entropy of a Hugging Face Qwen2 folder on one token sequence, and optionally
 // the gradient of that loss for every parameter (--grads) and the logits
-// (--logits), both as F32 safetensors. The reference tests drive it.
+// (--logits), both as F32 safetensors; with --docs FILE (ascending document
+// start positions) and data.doc_mask=true, attention masked by document.
+// The reference tests drive it.
 // Under mpirun/srun the ranks form one context-parallel group (dp must be 1):
 // each scores its tokens of the layout (attention.layout) with attention over
 // the ring; rank 0 prints the one loss and writes the summed gradients.
@@ -17,11 +19,13 @@
 #include "commands.h"
 #include "train.h"
 
-// Whitespace-separated token ids; each must be in [0, vocab_size).
-static int32_t *read_token_file(const char *path, int vocab_size, int64_t *count) {
+// Whitespace-separated integers (`what`s), each in [0, limit) (`range` names
+// the limit); strictly ascending when `ascending`.
+static int64_t *read_int_file(const char *path, const char *what, int64_t limit, const char *range,
+                              bool ascending, int64_t *count) {
     char *text = read_file(path, NULL);
     int64_t n = 0, cap = 1024;
-    int32_t *tokens = xmalloc(sizeof(int32_t) * (size_t)cap);
+    int64_t *values = xmalloc(sizeof(int64_t) * (size_t)cap);
     char *s = text;
     for (;;) {
         while (*s == ' ' || *s == '\n' || *s == '\t' || *s == '\r') s++;
@@ -30,32 +34,36 @@ static int32_t *read_token_file(const char *path, int vocab_size, int64_t *count
         errno = 0;
         long long v = strtoll(s, &end, 10);
         if (end == s || errno || (*end && *end != ' ' && *end != '\n' && *end != '\t' && *end != '\r'))
-            fail("%s: token %lld is not an integer", path, (long long)n);
-        if (v < 0 || v >= vocab_size)
-            fail("%s: token %lld is %lld, outside the model's vocabulary [0, %d)", path, (long long)n, v, vocab_size);
-        if (n == cap) tokens = xrealloc(tokens, sizeof(int32_t) * (size_t)(cap *= 2));
-        tokens[n++] = (int32_t)v;
+            fail("%s: %s %lld is not an integer", path, what, (long long)n);
+        if (v < 0 || v >= limit)
+            fail("%s: %s %lld is %lld, outside %s [0, %lld)", path, what, (long long)n, v, range, (long long)limit);
+        if (ascending && n > 0 && v <= values[n - 1])
+            fail("%s: %s %lld is %lld, not after the previous %lld (expected ascending)", path, what,
+                 (long long)n, v, (long long)values[n - 1]);
+        if (n == cap) values = xrealloc(values, sizeof(int64_t) * (size_t)(cap *= 2));
+        values[n++] = v;
         s = end;
     }
     free(text);
     *count = n;
-    return tokens;
+    return values;
 }
 
 static int usage(void) {
-    fprintf(stderr, "usage: mtrain score --model DIR --tokens FILE [--grads OUT.safetensors] "
+    fprintf(stderr, "usage: mtrain score --model DIR --tokens FILE [--docs FILE] [--grads OUT.safetensors] "
                     "[--logits OUT.safetensors] [section.key=value ...]\n");
     return 2;
 }
 
 int cmd_score(int argc, char **argv) {
-    const char *model_dir = NULL, *tokens_path = NULL, *grads_path = NULL, *logits_path = NULL;
+    const char *model_dir = NULL, *tokens_path = NULL, *docs_path = NULL, *grads_path = NULL, *logits_path = NULL;
     Config cfg;
     config_defaults(&cfg);
     int first_override = argc;
     for (int i = 0; i < argc; i++) {
         const char **slot = !strcmp(argv[i], "--model") ? &model_dir
                           : !strcmp(argv[i], "--tokens") ? &tokens_path
+                          : !strcmp(argv[i], "--docs") ? &docs_path
                           : !strcmp(argv[i], "--grads") ? &grads_path
                           : !strcmp(argv[i], "--logits") ? &logits_path : NULL;
         if (!slot) { first_override = i; break; }
@@ -80,13 +88,28 @@ int cmd_score(int argc, char **argv) {
                       "process only (expected no --logits, or one rank)", dist.world_size);
     apply_threads(&cfg, &dist);
 
+    if (cfg.data.doc_mask != (docs_path != NULL))
+        comm_fail_all(&dist.world, "mtrain score: %s (expected data.doc_mask=true with --docs FILE, or neither)",
+                      docs_path ? "--docs without data.doc_mask=true" : "data.doc_mask=true without --docs FILE");
+    if (docs_path && dist.cp.size > 1)
+        comm_fail_all(&dist.world, "mtrain score: data.doc_mask with parallel.cp %d: the ring does not carry "
+                      "documents (expected parallel.cp 1)", dist.cp.size);
     int64_t T;
-    int32_t *tokens = read_token_file(tokens_path, cfg.model.vocab_size, &T);
+    int64_t *ids = read_int_file(tokens_path, "token", cfg.model.vocab_size, "the model's vocabulary", false, &T);
     if (T < 2) fail("%s: %lld tokens (expected at least 2 to predict one)", tokens_path, (long long)T);
+    int32_t *tokens = xmalloc(sizeof(int32_t) * (size_t)T);
+    for (int64_t t = 0; t < T; t++) tokens[t] = (int32_t)ids[t];
+    free(ids);
     Model m;
     model_from_config(&m, &cfg);
     model_join_ring(&m, &cfg, &dist);
     model_load_hf_folder(&m, model_dir);
+    if (docs_path) {
+        int64_t count;
+        int64_t *starts = read_int_file(docs_path, "document start", T, "the token positions", true, &count);
+        model_set_documents(&m, starts, count);
+        free(starts);
+    }
 
     // This rank's tokens in the layout (all of them on one rank) and their targets.
     LayoutKind layout = cfg.attention.layout;

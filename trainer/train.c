@@ -153,6 +153,7 @@ typedef struct {
     LayoutKind layout;
     int block_size;
     int cp, cp_rank;
+    bool doc_mask;             // data.doc_mask: attention masked by the sequence's documents
 } RunData;
 
 void loader_from_config(Loader *l, const Config *cfg, bool validation) {
@@ -196,6 +197,10 @@ bool run_start(int argc, char **argv, const char *usage, bool eval_model, Config
 static void run_data_open(RunData *d, const Config *cfg, const Dist *dist) {
     d->cp = dist->cp.size;
     d->cp_rank = dist->cp.rank;
+    d->doc_mask = cfg->data.doc_mask;
+    if (d->doc_mask && d->cp > 1)
+        comm_fail_all(&dist->world, "data.doc_mask: true with parallel.cp %d: the ring does not carry documents "
+                      "(expected parallel.cp 1)", d->cp);
     loader_from_config(&d->loader, cfg, cfg->log.val_every > 0);
     packed_sequence_alloc(&d->seq, cfg->train.seq_len);
     rank_slice_alloc(&d->slice, cfg->train.seq_len);
@@ -210,9 +215,11 @@ static void run_data_close(RunData *d) {
     rank_slice_free(&d->slice);
 }
 
-// d->slice = this rank's part of d->seq.
-static void slice_sequence(RunData *d) {
+// d->slice = this rank's part of d->seq; m masks attention by d->seq's
+// documents under data.doc_mask.
+static void slice_sequence(RunData *d, Model *m) {
     loader_rank_slice(&d->seq, d->layout, d->block_size, d->cp, d->cp_rank, &d->slice);
+    if (d->doc_mask) model_set_documents(m, d->seq.doc_starts, d->seq.doc_start_count);
 }
 
 // Mean next-token loss over the validation stream: dp rank d scores
@@ -221,7 +228,7 @@ static double validation_loss(Model *m, const Config *cfg, const Dist *dist, Run
     double total = 0;
     for (int i = dist->dp.rank; i < cfg->data.val_sequences; i += dist->dp.size) {
         loader_val_sequence(&d->loader, i, &d->seq);
-        slice_sequence(d);
+        slice_sequence(d, m);
         total += model_loss(m, d->slice.tokens, d->slice.targets, d->slice.positions, d->slice.count);
     }
     comm_allreduce(&dist->world, &total, 1, DT_DOUBLE, REDUCE_SUM);
@@ -513,7 +520,7 @@ int cmd_train(int argc, char **argv) {
         begin_attention_stats(&m, &cfg, step);
         for (int mb = 0; mb < micro; mb++) {
             loader_train_sequence(&data.loader, state.data_cursor + (int64_t)mb * D + dist.dp.rank, &data.seq);
-            slice_sequence(&data);
+            slice_sequence(&data, &m);
             loss += model_forward_backward(&m, data.slice.tokens, data.slice.targets, data.slice.positions,
                                            data.slice.count, (float)(1.0 / (double)step_tokens));
         }

@@ -111,7 +111,7 @@ static void test_checkpointing(void) {
     float *ckpt = download_arena(&m, m.grad_mem);
     EXPECT(!memcmp(plain, ckpt, sizeof(float) * (size_t)m.total_params),
            "activation checkpointing gives bitwise identical gradients");
-    Model deep_plain = {.cfg = c, .loss_chunk = 10}, deep_ckpt = deep_plain;
+    Model deep_plain = {.cfg = c, .be = backend_cpu(), .loss_chunk = 10}, deep_ckpt = deep_plain;
     deep_plain.cfg.num_layers = deep_ckpt.cfg.num_layers = 16;
     deep_ckpt.checkpoint_activations = true;
     EXPECT(model_activation_bytes(&deep_ckpt, 4096) < 0.5 * (double)model_activation_bytes(&deep_plain, 4096),

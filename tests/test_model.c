@@ -395,7 +395,7 @@ static void test_loading_refreshes(void) {
     enum { T = 24 };
     int32_t seq[T + 1];
     synthetic_sequence(8, 0, tiny_config().vocab_size, seq, T + 1);
-    char dir[] = "/tmp/test_backend_types_XXXXXX";
+    char dir[] = "/tmp/test_model_XXXXXX";
     CHECK(mkdtemp(dir), "mkdtemp %s", dir);
     char path[64];
     snprintf(path, sizeof(path), "%s/model.safetensors", dir);

@@ -2,6 +2,7 @@
 // state keeps what lives between calls: the attention config and its fixed
 // budgets, each layer's sparse pattern from the sequence's first forward
 // (reused by backward and by a recomputation), and the sequence's ring.
+// Its tensors are fp32: the table's Act arguments are cast on entry.
 #include "attention_cpu.h"
 
 #include <stdlib.h>
@@ -80,9 +81,11 @@ static const int *layer_budget(const AttnState *st, const int *budget, int l) {
     return budget ? budget + (size_t)l * st->num_heads : NULL;
 }
 
-void attention_cpu_forward(AttnState *st, int layer, bool plan, const AttnShape *shape, const float *q,
-                           const float *k, const float *v, const int64_t *pos, float *o, float *lse,
+void attention_cpu_forward(AttnState *st, int layer, bool plan, const AttnShape *shape, const Act *q_act,
+                           const Act *k_act, const Act *v_act, const int64_t *pos, Act *o_act, float *lse,
                            SparseStats *stats) {
+    const float *q = (const float *)q_act, *k = (const float *)k_act, *v = (const float *)v_act;
+    float *o = (float *)o_act;
     const int *fixed_vertical = layer_budget(st, st->budget_vertical, layer);
     const int *fixed_slash = layer_budget(st, st->budget_slash, layer);
     const bool sparse = st->cfg.type == ATTN_SPARSE;
@@ -105,9 +108,12 @@ void attention_cpu_forward(AttnState *st, int layer, bool plan, const AttnShape 
     }
 }
 
-void attention_cpu_backward(AttnState *st, int layer, const AttnShape *shape, const float *q, const float *k,
-                            const float *v, const int64_t *pos, const float *o, const float *lse,
-                            const float *dout, float *delta, float *dq, float *dk, float *dv) {
+void attention_cpu_backward(AttnState *st, int layer, const AttnShape *shape, const Act *q_act, const Act *k_act,
+                            const Act *v_act, const int64_t *pos, const Act *o_act, const float *lse,
+                            const Act *dout_act, float *delta, Act *dq_act, Act *dk_act, Act *dv_act) {
+    const float *q = (const float *)q_act, *k = (const float *)k_act, *v = (const float *)v_act;
+    const float *o = (const float *)o_act, *dout = (const float *)dout_act;
+    float *dq = (float *)dq_act, *dk = (float *)dk_act, *dv = (float *)dv_act;
     const bool sparse = st->cfg.type == ATTN_SPARSE;
     if (st->cp && !sparse) {
         ring_attn_backward(&st->ring, &ring_dense_cpu, shape, q, k, v, o, lse, dout, dq, dk, dv);

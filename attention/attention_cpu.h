@@ -8,18 +8,18 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "../model/backend.h"
 #include "sparse.h"
 
 AttnState *attention_cpu_new(const AttentionConfig *cfg, int num_layers, int num_heads);
 void attention_cpu_free(AttnState *st);
 bool attention_cpu_set_ring(AttnState *st, const struct Comm *cp, int inner);
 void attention_cpu_sequence(AttnState *st, const int64_t *pos, int64_t tokens);
-void attention_cpu_forward(AttnState *st, int layer, bool plan, const AttnShape *shape, const float *q,
-                           const float *k, const float *v, const int64_t *pos, float *o, float *lse,
-                           SparseStats *stats);
-void attention_cpu_backward(AttnState *st, int layer, const AttnShape *shape, const float *q, const float *k,
-                            const float *v, const int64_t *pos, const float *o, const float *lse,
-                            const float *dout, float *delta, float *dq, float *dk, float *dv);
+void attention_cpu_forward(AttnState *st, int layer, bool plan, const AttnShape *shape, const Act *q,
+                           const Act *k, const Act *v, const int64_t *pos, Act *o, float *lse, SparseStats *stats);
+void attention_cpu_backward(AttnState *st, int layer, const AttnShape *shape, const Act *q, const Act *k,
+                            const Act *v, const int64_t *pos, const Act *o, const float *lse, const Act *dout,
+                            float *delta, Act *dq, Act *dk, Act *dv);
 double attention_cpu_ring_bytes(const AttnState *st);
 
 #endif

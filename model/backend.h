@@ -4,6 +4,18 @@
 //   - weights are Hugging Face layout: W[out, in] row-major;
 //   - every backward op ACCUMULATES (+=) into its gradient outputs (d*),
 //     both parameter gradients and input gradients; callers zero them.
+// Element types (the compiler keeps them apart):
+//   - float: master weights, parameter gradients, AdamW moments (the arenas
+//     the optimizer, checkpoints and the dp/cp reduction see) and the per-row
+//     statistics (rmsnorm rstd [T], attention lse and delta [Hq, T]);
+//   - Act: activations, activation gradients and the LM-head logits chunk,
+//     act_bytes per element (CPU: fp32; CUDA: bf16);
+//   - Weight: the compute copy of the weights that matmul, rmsnorm and the
+//     embedding read, weight_bytes per element (CPU: the fp32 master itself;
+//     CUDA: a bf16 copy), made by weights_new and refreshed from the master by
+//     weights_refresh after every change of the master.
+// Arithmetic inside every op is fp32 (bf16 is storage only); a backward op
+// with Act outputs reads, adds and writes once.
 #ifndef MTRAIN_BACKEND_H
 #define MTRAIN_BACKEND_H
 
@@ -13,8 +25,15 @@
 
 #include "../attention/sparse.h"
 
+// A backend's activation tensor and its compute copy of the weights: opaque,
+// addressed in elements of act_bytes / weight_bytes (model.c).
+typedef struct Act Act;
+typedef struct Weight Weight;
+
 typedef struct {
     const char *name;
+    size_t act_bytes;     // bytes of one Act element
+    size_t weight_bytes;  // bytes of one Weight element
 
     // memory
     void *(*alloc)(size_t bytes);                 // zero-filled
@@ -24,51 +43,58 @@ typedef struct {
     void (*download)(void *host_dst, const void *src, size_t bytes);
     void (*copy)(void *dst, const void *src, size_t bytes);
 
+    // The compute copy of master[n] (backend memory, fp32), filled from it.
+    Weight *(*weights_new)(float *master, int64_t n);
+    void (*weights_free)(Weight *w, float *master);
+    // w[n] = master[n] in the compute type (after every change of the master).
+    void (*weights_refresh)(Weight *w, const float *master, int64_t n);
+    // host[n] = src[n] as fp32 (host memory).
+    void (*act_to_host)(float *host, const Act *src, int64_t n);
+
     // out[T, H] = table[tokens[t], :]
-    void (*embedding_forward)(float *out, const int32_t *tokens, const float *table, int64_t T, int H);
+    void (*embedding_forward)(Act *out, const int32_t *tokens, const Weight *table, int64_t T, int H);
     // dtable[tokens[t], :] += dout[t, :]
-    void (*embedding_backward)(float *dtable, const int32_t *tokens, const float *dout, int64_t T, int H);
+    void (*embedding_backward)(float *dtable, const int32_t *tokens, const Act *dout, int64_t T, int H);
 
     // out[T, OC] = inp[T, IC] @ weight[OC, IC]^T (+ bias[OC] when not NULL)
-    void (*matmul_forward)(float *out, const float *inp, const float *weight, const float *bias,
-                           int64_t T, int IC, int OC);
+    void (*matmul_forward)(Act *out, const Act *inp, const Weight *weight, const Weight *bias, int64_t T, int IC,
+                           int OC);
     // dinp += dout @ weight; dweight += dout^T @ inp; dbias += colsum(dout). NULL skips.
-    void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
-                            const float *inp, const float *weight, int64_t T, int IC, int OC);
+    void (*matmul_backward)(Act *dinp, float *dweight, float *dbias, const Act *dout, const Act *inp,
+                            const Weight *weight, int64_t T, int IC, int OC);
 
     // out = inp * rstd * weight, rstd[T] = 1/sqrt(mean(inp^2) + eps)
-    void (*rmsnorm_forward)(float *out, float *rstd, const float *inp, const float *weight,
-                            int64_t T, int H, float eps);
-    void (*rmsnorm_backward)(float *dinp, float *dweight, const float *dout, const float *inp,
-                             const float *weight, const float *rstd, int64_t T, int H);
+    void (*rmsnorm_forward)(Act *out, float *rstd, const Act *inp, const Weight *weight, int64_t T, int H,
+                            float eps);
+    void (*rmsnorm_backward)(Act *dinp, float *dweight, const Act *dout, const Act *inp, const Weight *weight,
+                             const float *rstd, int64_t T, int H);
 
     // In place on x[T, heads, D]: rotate-half RoPE at global positions pos[T],
     // angle_i = pos · inv_freq[i] in double (inv_freq [D/2], backend memory, from
     // model/rope.c), cos and sin multiplied by attention_factor (YaRN; else 1).
     // inverse = 0 rotates by +angle (forward), 1 by -angle (the transpose, for backward).
-    void (*rope)(float *x, const int64_t *pos, int64_t T, int heads, int D, const double *inv_freq,
+    void (*rope)(Act *x, const int64_t *pos, int64_t T, int heads, int D, const double *inv_freq,
                  double attention_factor, int inverse);
 
     // out[n] = silu(gate[n]) * up[n]
-    void (*swiglu_forward)(float *out, const float *gate, const float *up, int64_t n);
-    void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate,
-                            const float *up, int64_t n);
+    void (*swiglu_forward)(Act *out, const Act *gate, const Act *up, int64_t n);
+    void (*swiglu_backward)(Act *dgate, Act *dup, const Act *dout, const Act *gate, const Act *up, int64_t n);
 
     // y[n] += x[n]
-    void (*accumulate)(float *y, const float *x, int64_t n);
-    // x[n] *= s
+    void (*accumulate)(Act *y, const Act *x, int64_t n);
+    // x[n] *= s (gradients)
     void (*scale)(float *x, float s, int64_t n);
-    // sum of x[n]^2 in double
+    // sum of x[n]^2 in double (gradients)
     double (*sum_squares)(const float *x, int64_t n);
 
     // In place: logits[C, V] -> dlogits = (softmax - onehot(target)) * grad_scale for
     // rows whose target >= 0 (others zero). Returns the summed cross entropy.
-    double (*cross_entropy)(float *logits, const int32_t *targets, int64_t C, int V, float grad_scale);
+    double (*cross_entropy)(Act *logits, const int32_t *targets, int64_t C, int V, float grad_scale);
 
     // Attention: one op with four cases, on one rank or over the cp ring,
     // dense or sparse (attention.type), behind an opaque state per model.
     // q, o, dq, dout [T, Hq, D]; k, v, dk, dv [T, Hkv, D] (after RoPE); lse
-    // [Hq, T]; pos [T] this rank's global positions (backend memory).
+    // [Hq, T] fp32; pos [T] this rank's global positions (backend memory).
     AttnState *(*attention_new)(const AttentionConfig *cfg, int num_layers, int num_heads);
     void (*attention_free)(AttnState *st);
     // Over the ring of cp (inner ranks per inner ring) from now on; returns
@@ -80,19 +106,19 @@ typedef struct {
     // Layer `layer`: o, lse from q, k, v. Sparse: plan = estimate the layer's
     // pattern (a sequence's first forward); else reuse the last one (a
     // recomputation). stats: NULL, or the pattern's density and recall added.
-    void (*attention_forward)(AttnState *st, int layer, bool plan, const AttnShape *shape, const float *q,
-                              const float *k, const float *v, const int64_t *pos, float *o, float *lse,
+    void (*attention_forward)(AttnState *st, int layer, bool plan, const AttnShape *shape, const Act *q,
+                              const Act *k, const Act *v, const int64_t *pos, Act *o, float *lse,
                               SparseStats *stats);
     // From the forward's o, lse and dout: accumulates (+=) dq, dk, dv.
-    // delta: scratch [Hq, T].
-    void (*attention_backward)(AttnState *st, int layer, const AttnShape *shape, const float *q,
-                               const float *k, const float *v, const int64_t *pos, const float *o,
-                               const float *lse, const float *dout, float *delta, float *dq, float *dk, float *dv);
+    // delta: fp32 scratch [Hq, T].
+    void (*attention_backward)(AttnState *st, int layer, const AttnShape *shape, const Act *q, const Act *k,
+                               const Act *v, const int64_t *pos, const Act *o, const float *lse, const Act *dout,
+                               float *delta, Act *dq, Act *dk, Act *dv);
     // Bytes this rank sent over the ring for the last sequence's sparse
     // attention (K/V and dK/dV hops, gathered columns); 0 otherwise.
     double (*attention_ring_bytes)(const AttnState *st);
 
-    // AdamW on n parameters: m, v updated; param -= lr * (mhat/(sqrt(vhat)+eps) + wd*param).
+    // AdamW on n fp32 master parameters: m, v updated; param -= lr * (mhat/(sqrt(vhat)+eps) + wd*param).
     void (*adamw)(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int64_t step);
 } Backend;

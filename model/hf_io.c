@@ -108,6 +108,7 @@ void model_load_hf_weights(Model *m, const char *dir, Progress *progress) {
     char *index = path_join(dir, INDEX_NAME), *single = path_join(dir, SINGLE_NAME);
     if (access(index, F_OK) == 0) load_sharded(m, dir, index, progress);
     else load_file(m, single, NULL, NULL, NULL, progress);
+    model_weights_changed(m);
     free(index);
     free(single);
 }

@@ -17,7 +17,7 @@
 // (F32, F16 or BF16, mixed freely); a tensor the model does not have is an
 // error, except lm_head.weight of a tied model and rotary_emb.inv_freq buffers.
 // Each problem is one line naming the file. progress (may be NULL) counts the
-// bytes of every parameter loaded.
+// bytes of every parameter loaded. Refreshes the compute copy.
 void model_load_hf_weights(Model *m, const char *dir, Progress *progress);
 // Write the parameters into the existing folder `dir` as `dtype` (ST_F32, or
 // ST_BF16 rounded to nearest even): one model.safetensors when they fit in

@@ -5,7 +5,9 @@
 // Attention is one op of the backend (on one rank or, under context
 // parallelism, over the ring of the cp group): everything else is
 // token-local, so a rank runs the same graph on its own tokens at their
-// global positions.
+// global positions. Element types follow model/backend.h: the ops read the
+// compute copy of the weights (weight_mem) and write Act activations and fp32
+// row statistics; gradients and the optimizer stay on the fp32 arenas.
 #include "model.h"
 
 #include <math.h>
@@ -93,6 +95,7 @@ void model_init(Model *m, const ModelConfig *config, const Backend *be) {
     size_t bytes = (size_t)m->total_params * sizeof(float);
     m->param_mem = be->alloc(bytes);
     m->grad_mem = be->alloc(bytes);
+    m->weight_mem = be->weights_new(m->param_mem, m->total_params);
     m->opt_count = m->total_params;
     size_t rope_bytes = sizeof(double) * (size_t)(cfg->head_dim / 2);
     double *inv_freq = xmalloc(rope_bytes);
@@ -138,7 +141,8 @@ void model_alloc_optimizer(Model *m) {
 static void free_activations(Model *m) {
     const Backend *be = m->be;
     if (!m->max_tokens) return;
-    be->free(m->layers[0].x_in);  // the arena starts with layer 0's input
+    be->free(m->activation_arena);
+    m->activation_arena = NULL;
     be->free(m->tokens);
     be->free(m->targets);
     be->free(m->positions);
@@ -150,6 +154,7 @@ static void free_activations(Model *m) {
 void model_free(Model *m) {
     const Backend *be = m->be;
     free_activations(m);
+    be->weights_free(m->weight_mem, m->param_mem);
     be->free(m->param_mem);
     be->free(m->grad_mem);
     be->free(m->rope_inv_freq);
@@ -177,6 +182,11 @@ int model_param_index(const Model *m, const char *name) {
     return -1;
 }
 float *model_tensor(const Model *m, float *arena, int index) { return arena + m->params[index].offset; }
+Weight *model_weight(const Model *m, int index) {
+    return (Weight *)((char *)m->weight_mem + (size_t)m->params[index].offset * m->be->weight_bytes);
+}
+
+void model_weights_changed(Model *m) { m->be->weights_refresh(m->weight_mem, m->param_mem, m->total_params); }
 
 void model_init_weights(Model *m, uint64_t seed) {
     Rng rng;
@@ -192,56 +202,88 @@ void model_init_weights(Model *m, uint64_t seed) {
     }
     m->be->upload(m->param_mem, host, sizeof(float) * (size_t)m->total_params);
     free(host);
+    model_weights_changed(m);
 }
 
-// Floats of one layer's saved activations, excluding x_in.
-static int64_t layer_act_floats(const ModelConfig *c, int64_t T) {
+// Elements of (part of) the activation arena: Act tensors and fp32 statistics.
+typedef struct {
+    int64_t act, stat;
+} ArenaCount;
+
+// One layer's saved activations, excluding x_in.
+static ArenaCount layer_act_count(const ModelConfig *c, int64_t T) {
     int64_t H = c->hidden_size, I = c->intermediate_size;
     int64_t QD = (int64_t)c->num_heads * c->head_dim, KD = (int64_t)c->num_kv_heads * c->head_dim;
-    return T * (2 + 3 * H + 2 * QD + 2 * KD + 3 * I) + (int64_t)c->num_heads * T;
+    return (ArenaCount){T * (3 * H + 2 * QD + 2 * KD + 3 * I), 2 * T + (int64_t)c->num_heads * T};
 }
 
-// Floats of the backward buffers and the loss chunk.
-static int64_t grad_act_floats(const ModelConfig *c, int loss_chunk, int64_t T) {
+// The backward buffers and the loss chunk.
+static ArenaCount grad_act_count(const ModelConfig *c, int loss_chunk, int64_t T) {
     int64_t H = c->hidden_size, I = c->intermediate_size;
     int64_t QD = (int64_t)c->num_heads * c->head_dim, KD = (int64_t)c->num_kv_heads * c->head_dim;
-    return T * (2 * H + 2 * QD + 2 * KD + 3 * I) + (int64_t)c->num_heads * T + (int64_t)loss_chunk * c->vocab_size;
+    return (ArenaCount){T * (2 * H + 2 * QD + 2 * KD + 3 * I) + (int64_t)loss_chunk * c->vocab_size,
+                        (int64_t)c->num_heads * T};
 }
 
-int64_t model_activation_floats(const ModelConfig *c, bool checkpoint_activations, int loss_chunk, int64_t T) {
-    int64_t per_layer = layer_act_floats(c, T);
-    int64_t kept = checkpoint_activations ? per_layer : per_layer * c->num_layers;
-    return T * (int64_t)c->hidden_size * (c->num_layers + 2) + T + kept + grad_act_floats(c, loss_chunk, T);
+static ArenaCount activation_count(const ModelConfig *c, bool checkpoint_activations, int loss_chunk, int64_t T) {
+    ArenaCount layer = layer_act_count(c, T), grad = grad_act_count(c, loss_chunk, T);
+    int64_t kept = checkpoint_activations ? 1 : c->num_layers;
+    return (ArenaCount){T * (int64_t)c->hidden_size * (c->num_layers + 2) + kept * layer.act + grad.act,
+                        T + kept * layer.stat + grad.stat};
 }
 
-static int64_t activation_floats(const Model *m, int64_t T) {
-    return model_activation_floats(&m->cfg, m->checkpoint_activations, m->loss_chunk, T);
+size_t model_activation_arena_bytes(const ModelConfig *c, bool checkpoint_activations, int loss_chunk, int64_t T,
+                                    size_t act_bytes) {
+    ArenaCount n = activation_count(c, checkpoint_activations, loss_chunk, T);
+    return (size_t)n.act * act_bytes + (size_t)n.stat * sizeof(float);
 }
 
-size_t model_activation_bytes(const Model *m, int64_t T) { return (size_t)activation_floats(m, T) * sizeof(float); }
+size_t model_activation_bytes(const Model *m, int64_t T) {
+    return model_activation_arena_bytes(&m->cfg, m->checkpoint_activations, m->loss_chunk, T, m->be->act_bytes);
+}
 
-static float *take(float **cursor, int64_t count) {
-    float *p = *cursor;
-    *cursor += count;
+// The Act element `elements` after base.
+static Act *act_at(const Model *m, Act *base, int64_t elements) {
+    return (Act *)((char *)base + (size_t)elements * m->be->act_bytes);
+}
+
+static void zero_act(const Model *m, Act *x, int64_t n) { m->be->zero(x, m->be->act_bytes * (size_t)n); }
+
+// Carves the activation arena: statistics from stat on, Act tensors from act on.
+typedef struct {
+    const Model *m;
+    float *stat;
+    Act *act;
+} ArenaCursor;
+
+static float *take_stat(ArenaCursor *cur, int64_t count) {
+    float *p = cur->stat;
+    cur->stat += count;
     return p;
 }
 
-static void carve_layer(LayerActs *a, float **cur, const ModelConfig *c, int64_t T) {
+static Act *take_act(ArenaCursor *cur, int64_t count) {
+    Act *p = cur->act;
+    cur->act = act_at(cur->m, p, count);
+    return p;
+}
+
+static void carve_layer(LayerActs *a, ArenaCursor *cur, const ModelConfig *c, int64_t T) {
     int64_t H = c->hidden_size, I = c->intermediate_size;
     int64_t QD = (int64_t)c->num_heads * c->head_dim, KD = (int64_t)c->num_kv_heads * c->head_dim;
-    a->rstd_attn = take(cur, T);
-    a->h_attn = take(cur, T * H);
-    a->q = take(cur, T * QD);
-    a->k = take(cur, T * KD);
-    a->v = take(cur, T * KD);
-    a->att = take(cur, T * QD);
-    a->lse = take(cur, (int64_t)c->num_heads * T);
-    a->x_mid = take(cur, T * H);
-    a->rstd_mlp = take(cur, T);
-    a->h_mlp = take(cur, T * H);
-    a->gate = take(cur, T * I);
-    a->up = take(cur, T * I);
-    a->act = take(cur, T * I);
+    a->rstd_attn = take_stat(cur, T);
+    a->h_attn = take_act(cur, T * H);
+    a->q = take_act(cur, T * QD);
+    a->k = take_act(cur, T * KD);
+    a->v = take_act(cur, T * KD);
+    a->att = take_act(cur, T * QD);
+    a->lse = take_stat(cur, (int64_t)c->num_heads * T);
+    a->x_mid = take_act(cur, T * H);
+    a->rstd_mlp = take_stat(cur, T);
+    a->h_mlp = take_act(cur, T * H);
+    a->gate = take_act(cur, T * I);
+    a->up = take_act(cur, T * I);
+    a->act = take_act(cur, T * I);
 }
 
 // Size the activation arena for T tokens (grows, never shrinks; at least one
@@ -254,27 +296,33 @@ static void ensure_activations(Model *m, int64_t T) {
     const ModelConfig *c = &m->cfg;
     int64_t H = c->hidden_size, I = c->intermediate_size;
     int64_t QD = (int64_t)c->num_heads * c->head_dim, KD = (int64_t)c->num_kv_heads * c->head_dim;
-    float *arena = be->alloc(model_activation_bytes(m, T));
-    float *cur = arena;
+    // The fp32 statistics first (aligned for any act_bytes), then the Act tensors.
+    ArenaCount count = activation_count(c, m->checkpoint_activations, m->loss_chunk, T);
+    size_t bytes = model_activation_bytes(m, T);
+    m->activation_arena = be->alloc(bytes);
+    float *stats = m->activation_arena;
+    Act *acts = (Act *)(stats + count.stat);
+    ArenaCursor cur = {m, stats, acts};
     m->layers = xcalloc((size_t)c->num_layers, sizeof(LayerActs));
-    for (int l = 0; l < c->num_layers; l++) m->layers[l].x_in = take(&cur, T * H);
-    m->x_final = take(&cur, T * H);
-    m->rstd_final = take(&cur, T);
-    m->h_final = take(&cur, T * H);
+    for (int l = 0; l < c->num_layers; l++) m->layers[l].x_in = take_act(&cur, T * H);
+    m->x_final = take_act(&cur, T * H);
+    m->rstd_final = take_stat(&cur, T);
+    m->h_final = take_act(&cur, T * H);
     if (m->checkpoint_activations) carve_layer(&m->scratch, &cur, c, T);
     else for (int l = 0; l < c->num_layers; l++) carve_layer(&m->layers[l], &cur, c, T);
-    m->dx = take(&cur, T * H);
-    m->dh = take(&cur, T * H);
-    m->dq = take(&cur, T * QD);
-    m->datt = take(&cur, T * QD);
-    m->dk = take(&cur, T * KD);
-    m->dv = take(&cur, T * KD);
-    m->dgate = take(&cur, T * I);
-    m->dup = take(&cur, T * I);
-    m->dact = take(&cur, T * I);
-    m->delta = take(&cur, (int64_t)c->num_heads * T);
-    m->logits = take(&cur, (int64_t)m->loss_chunk * c->vocab_size);
-    CHECK(cur - arena == activation_floats(m, T), "activation arena miscounted");
+    m->dx = take_act(&cur, T * H);
+    m->dh = take_act(&cur, T * H);
+    m->dq = take_act(&cur, T * QD);
+    m->datt = take_act(&cur, T * QD);
+    m->dk = take_act(&cur, T * KD);
+    m->dv = take_act(&cur, T * KD);
+    m->dgate = take_act(&cur, T * I);
+    m->dup = take_act(&cur, T * I);
+    m->dact = take_act(&cur, T * I);
+    m->delta = take_stat(&cur, (int64_t)c->num_heads * T);
+    m->logits = take_act(&cur, (int64_t)m->loss_chunk * c->vocab_size);
+    CHECK(cur.stat == (float *)acts && (char *)cur.act == (char *)m->activation_arena + bytes,
+          "activation arena miscounted");
     m->tokens = be->alloc(sizeof(int32_t) * (size_t)T);
     m->targets = be->alloc(sizeof(int32_t) * (size_t)T);
     m->positions = be->alloc(sizeof(int64_t) * (size_t)T);
@@ -299,12 +347,12 @@ static AttnShape attn_shape(const Model *m, int64_t T) {
 
 // One decoder layer on a->x_in; the result goes to out ([T, H]) unless NULL
 // (a recomputation for backward needs only the saved activations).
-static void layer_forward(Model *m, int l, LayerActs *a, float *out, int64_t T) {
+static void layer_forward(Model *m, int l, LayerActs *a, Act *out, int64_t T) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     int H = c->hidden_size, I = c->intermediate_size;
     int QD = c->num_heads * c->head_dim, KD = c->num_kv_heads * c->head_dim;
-#define W(which) model_tensor(m, m->param_mem, model_layer_param(m, l, which))
+#define W(which) model_weight(m, model_layer_param(m, l, which))
     be->rmsnorm_forward(a->h_attn, a->rstd_attn, a->x_in, W(LAYER_INPUT_NORM), T, H, (float)c->rms_norm_eps);
     be->matmul_forward(a->q, a->h_attn, W(LAYER_Q_WEIGHT), W(LAYER_Q_BIAS), T, H, QD);
     be->matmul_forward(a->k, a->h_attn, W(LAYER_K_WEIGHT), W(LAYER_K_BIAS), T, H, KD);
@@ -333,31 +381,30 @@ static void layer_backward(Model *m, int l, LayerActs *a, int64_t T) {
     const ModelConfig *c = &m->cfg;
     int H = c->hidden_size, I = c->intermediate_size;
     int QD = c->num_heads * c->head_dim, KD = c->num_kv_heads * c->head_dim;
-    size_t f = sizeof(float);
-#define W(which) model_tensor(m, m->param_mem, model_layer_param(m, l, which))
+#define W(which) model_weight(m, model_layer_param(m, l, which))
 #define G(which) model_tensor(m, m->grad_mem, model_layer_param(m, l, which))
     // MLP: out = x_mid + down(silu(gate(h)) * up(h)), h = norm(x_mid)
-    be->zero(m->dact, f * (size_t)(T * I));
+    zero_act(m, m->dact, T * I);
     be->matmul_backward(m->dact, G(LAYER_DOWN_WEIGHT), NULL, m->dx, a->act, W(LAYER_DOWN_WEIGHT), T, I, H);
-    be->zero(m->dgate, f * (size_t)(T * I));
-    be->zero(m->dup, f * (size_t)(T * I));
+    zero_act(m, m->dgate, T * I);
+    zero_act(m, m->dup, T * I);
     be->swiglu_backward(m->dgate, m->dup, m->dact, a->gate, a->up, T * I);
-    be->zero(m->dh, f * (size_t)(T * H));
+    zero_act(m, m->dh, T * H);
     be->matmul_backward(m->dh, G(LAYER_GATE_WEIGHT), NULL, m->dgate, a->h_mlp, W(LAYER_GATE_WEIGHT), T, H, I);
     be->matmul_backward(m->dh, G(LAYER_UP_WEIGHT), NULL, m->dup, a->h_mlp, W(LAYER_UP_WEIGHT), T, H, I);
     be->rmsnorm_backward(m->dx, G(LAYER_POST_NORM), m->dh, a->x_mid, W(LAYER_POST_NORM), a->rstd_mlp, T, H);
     // attention: x_mid = x_in + o_proj(attention(rope(q), rope(k), v)), from h = norm(x_in)
-    be->zero(m->datt, f * (size_t)(T * QD));
+    zero_act(m, m->datt, T * QD);
     be->matmul_backward(m->datt, G(LAYER_O_WEIGHT), NULL, m->dx, a->att, W(LAYER_O_WEIGHT), T, QD, H);
     AttnShape s = attn_shape(m, T);
-    be->zero(m->dq, f * (size_t)(T * QD));
-    be->zero(m->dk, f * (size_t)(T * KD));
-    be->zero(m->dv, f * (size_t)(T * KD));
+    zero_act(m, m->dq, T * QD);
+    zero_act(m, m->dk, T * KD);
+    zero_act(m, m->dv, T * KD);
     be->attention_backward(m->attn, l, &s, a->q, a->k, a->v, m->positions, a->att, a->lse, m->datt, m->delta,
                            m->dq, m->dk, m->dv);
     be->rope(m->dq, m->positions, T, c->num_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 1);
     be->rope(m->dk, m->positions, T, c->num_kv_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 1);
-    be->zero(m->dh, f * (size_t)(T * H));
+    zero_act(m, m->dh, T * H);
     be->matmul_backward(m->dh, G(LAYER_Q_WEIGHT), G(LAYER_Q_BIAS), m->dq, a->h_attn, W(LAYER_Q_WEIGHT), T, H, QD);
     be->matmul_backward(m->dh, G(LAYER_K_WEIGHT), G(LAYER_K_BIAS), m->dk, a->h_attn, W(LAYER_K_WEIGHT), T, H, KD);
     be->matmul_backward(m->dh, G(LAYER_V_WEIGHT), G(LAYER_V_BIAS), m->dv, a->h_attn, W(LAYER_V_WEIGHT), T, H, KD);
@@ -380,16 +427,14 @@ static void model_forward(Model *m, const int32_t *tokens, const int64_t *positi
     be->attention_sequence(m->attn, pos, T);
     free(pos);
     be->upload(m->tokens, tokens, sizeof(int32_t) * (size_t)T);
-    be->embedding_forward(m->layers[0].x_in, m->tokens, model_tensor(m, m->param_mem, model_embedding_param()), T,
-                          c->hidden_size);
+    be->embedding_forward(m->layers[0].x_in, m->tokens, model_weight(m, model_embedding_param()), T, c->hidden_size);
     for (int l = 0; l < c->num_layers; l++) {
-        float *out = l + 1 < c->num_layers ? m->layers[l + 1].x_in : m->x_final;
+        Act *out = l + 1 < c->num_layers ? m->layers[l + 1].x_in : m->x_final;
         layer_forward(m, l, layer_acts(m, l), out, T);
         progress_add(m->progress, 1);
     }
-    be->rmsnorm_forward(m->h_final, m->rstd_final, m->x_final,
-                        model_tensor(m, m->param_mem, model_final_norm_param(m)), T, c->hidden_size,
-                        (float)c->rms_norm_eps);
+    be->rmsnorm_forward(m->h_final, m->rstd_final, m->x_final, model_weight(m, model_final_norm_param(m)), T,
+                        c->hidden_size, (float)c->rms_norm_eps);
 }
 
 // Fused LM head + cross entropy over h_final, one chunk of tokens at a time.
@@ -398,15 +443,16 @@ static double head_loss(Model *m, const int32_t *targets, int64_t T, float grad_
     const Backend *be = m->be;
     int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
     be->upload(m->targets, targets, sizeof(int32_t) * (size_t)T);
-    float *head = model_tensor(m, m->param_mem, model_head_param(m));
+    const Weight *head = model_weight(m, model_head_param(m));
     float *dhead = model_tensor(m, m->grad_mem, model_head_param(m));
-    if (backward) be->zero(m->dh, sizeof(float) * (size_t)(T * H));
+    if (backward) zero_act(m, m->dh, T * H);
     double loss = 0;
     for (int64_t c0 = 0; c0 < T; c0 += m->loss_chunk) {
         int64_t n = T - c0 < m->loss_chunk ? T - c0 : m->loss_chunk;
-        be->matmul_forward(m->logits, m->h_final + c0 * H, head, NULL, n, H, V);
+        Act *h = act_at(m, m->h_final, c0 * H);
+        be->matmul_forward(m->logits, h, head, NULL, n, H, V);
         loss += be->cross_entropy(m->logits, m->targets + c0, n, V, grad_scale);
-        if (backward) be->matmul_backward(m->dh + c0 * H, dhead, NULL, m->logits, m->h_final + c0 * H, head, n, H, V);
+        if (backward) be->matmul_backward(act_at(m, m->dh, c0 * H), dhead, NULL, m->logits, h, head, n, H, V);
     }
     return loss;
 }
@@ -424,10 +470,10 @@ double model_forward_backward(Model *m, const int32_t *tokens, const int32_t *ta
     int H = c->hidden_size;
     model_forward(m, tokens, positions, T);
     double loss = head_loss(m, targets, T, grad_scale, true);
-    be->zero(m->dx, sizeof(float) * (size_t)(T * H));
+    zero_act(m, m->dx, T * H);
     int fn = model_final_norm_param(m);
-    be->rmsnorm_backward(m->dx, model_tensor(m, m->grad_mem, fn), m->dh, m->x_final, model_tensor(m, m->param_mem, fn),
-                         m->rstd_final, T, H);
+    be->rmsnorm_backward(m->dx, model_tensor(m, m->grad_mem, fn), m->dh, m->x_final, model_weight(m, fn), m->rstd_final,
+                         T, H);
     for (int l = c->num_layers - 1; l >= 0; l--) {
         LayerActs *a = layer_acts(m, l);
         if (m->checkpoint_activations) layer_forward(m, l, a, NULL, T);
@@ -445,11 +491,11 @@ void model_logits_range(Model *m, const int32_t *tokens, const int64_t *position
     CHECK(first >= 0 && count >= 0 && first + count <= T, "logits of [%lld, %lld) of %lld tokens", (long long)first,
           (long long)(first + count), (long long)T);
     model_forward(m, tokens, positions, T);
-    float *head = model_tensor(m, m->param_mem, model_head_param(m));
+    const Weight *head = model_weight(m, model_head_param(m));
     for (int64_t c0 = 0; c0 < count; c0 += m->loss_chunk) {
         int64_t n = count - c0 < m->loss_chunk ? count - c0 : m->loss_chunk;
-        m->be->matmul_forward(m->logits, m->h_final + (first + c0) * H, head, NULL, n, H, V);
-        m->be->download(logits_host + c0 * V, m->logits, sizeof(float) * (size_t)(n * V));
+        m->be->matmul_forward(m->logits, act_at(m, m->h_final, (first + c0) * H), head, NULL, n, H, V);
+        m->be->act_to_host(logits_host + c0 * V, m->logits, n * V);
     }
 }
 

@@ -1,7 +1,10 @@
 // model.h: the Qwen2.5 graph over a backend op table. One parameter table
 // (Hugging Face names, shapes, weight-decay flags) describes every tensor;
-// parameters, gradients and AdamW moments are one flat arena each, laid out
-// in table order. Forward/backward run one sequence of T tokens at a time:
+// parameters, gradients and AdamW moments are one flat fp32 arena each, laid
+// out in table order; the backend's compute copy of the parameters (Weight,
+// refreshed by model_weights_changed) has the same layout. Activations are
+// the backend's Act type, row statistics fp32 (model/backend.h).
+// Forward/backward run one sequence of T tokens at a time:
 // the whole sequence on one rank, or this rank's tokens (at their global
 // positions) with attention over the context-parallel ring (model_set_ring).
 #ifndef MTRAIN_MODEL_H
@@ -36,16 +39,16 @@ typedef struct {
 
 // Activations of one layer kept for backward (all [T, ...], token-major).
 typedef struct {
-    float *x_in;             // [T, H] residual stream entering the layer
+    Act *x_in;               // [T, H] residual stream entering the layer
     float *rstd_attn;        // [T]
-    float *h_attn;           // [T, H] normed input of attention
-    float *q, *k, *v;        // [T, Hq*D], [T, Hkv*D] x2 (after RoPE)
-    float *att;              // [T, Hq*D] attention output
+    Act *h_attn;             // [T, H] normed input of attention
+    Act *q, *k, *v;          // [T, Hq*D], [T, Hkv*D] x2 (after RoPE)
+    Act *att;                // [T, Hq*D] attention output
     float *lse;              // [Hq, T]
-    float *x_mid;            // [T, H] residual after attention
+    Act *x_mid;              // [T, H] residual after attention
     float *rstd_mlp;         // [T]
-    float *h_mlp;            // [T, H]
-    float *gate, *up, *act;  // [T, I] x3
+    Act *h_mlp;              // [T, H]
+    Act *gate, *up, *act;    // [T, I] x3
 } LayerActs;
 
 typedef struct {
@@ -58,16 +61,20 @@ typedef struct {
     int num_params;
     ParamInfo *params;       // the parameter table
     int64_t total_params;    // floats in each arena
-    float *param_mem, *grad_mem;   // backend memory [total_params]
+    float *param_mem, *grad_mem;   // backend memory [total_params]: fp32 master weights, gradients
+    Weight *weight_mem;            // the backend's compute copy of param_mem [total_params]
     int64_t opt_begin, opt_count;  // the arena range whose AdamW moments this rank holds and updates
     float *adam_m, *adam_v;        // backend memory [opt_count] (ZeRO-1: this dp rank's shard)
 
     int64_t max_tokens;      // T the activations were sized for (0 = none yet)
+    void *activation_arena;  // backend memory: the fp32 statistics, then the Act tensors
     LayerActs *layers;       // [num_layers]; with checkpointing only x_in is per layer
     LayerActs scratch;       // the shared recompute buffers under checkpointing
-    float *x_final, *rstd_final, *h_final;  // [T, H], [T], [T, H]
-    float *dx, *dh, *dq, *dk, *dv, *datt, *dgate, *dup, *dact, *delta;
-    float *logits;           // [loss_chunk, V]
+    Act *x_final, *h_final;  // [T, H]
+    float *rstd_final;       // [T]
+    Act *dx, *dh, *dq, *dk, *dv, *datt, *dgate, *dup, *dact;
+    float *delta;            // [Hq, T]
+    Act *logits;             // [loss_chunk, V]
     int32_t *tokens, *targets;
     int64_t *positions;
     double *rope_inv_freq;   // [head_dim / 2], backend memory (model/rope.c)
@@ -109,6 +116,9 @@ int64_t model_shard_size(const Model *m, int shards);
 void model_alloc_optimizer(Model *m);
 // Seeded initialisation: matrices N(0, init_std), norms 1, biases 0.
 void model_init_weights(Model *m, uint64_t seed);
+// param_mem changed (optimizer step, ZeRO gather, loading, initialisation):
+// refresh the compute copy from it. Every writer of param_mem calls this.
+void model_weights_changed(Model *m);
 // Index of a tensor in the table: layer tensor, embedding, final norm, head.
 int model_layer_param(const Model *m, int layer, LayerTensor which);
 int model_param_index(const Model *m, const char *name);  // -1 if absent
@@ -117,6 +127,8 @@ int model_final_norm_param(const Model *m);
 int model_head_param(const Model *m);  // the embedding when tied
 // Backend pointer to a tensor in an arena (param_mem, grad_mem, ...).
 float *model_tensor(const Model *m, float *arena, int index);
+// Backend pointer to a tensor's compute copy (in weight_mem).
+Weight *model_weight(const Model *m, int index);
 
 // One sequence (or this rank's part of it): forward, fused chunked LM head +
 // cross entropy, backward. tokens, targets and positions are host arrays [T]
@@ -136,9 +148,11 @@ void model_logits_range(Model *m, const int32_t *tokens, const int64_t *position
                         int64_t count, float *logits_host);
 // Bytes of activation memory for T tokens (printed at start-up).
 size_t model_activation_bytes(const Model *m, int64_t T);
-// Elements of that arena for a model of shape c (head_dim set), without
-// building one (trainer/plan.c): saved activations, backward buffers and
-// the LM-head chunk [loss_chunk, vocab].
-int64_t model_activation_floats(const ModelConfig *c, bool checkpoint_activations, int loss_chunk, int64_t T);
+// Bytes of that arena for a model of shape c (head_dim set) on a backend
+// whose Act elements take act_bytes, without building one (trainer/plan.c):
+// saved activations, backward buffers and the LM-head chunk [loss_chunk,
+// vocab] in act_bytes each, the row statistics (rstd, lse, delta) in fp32.
+size_t model_activation_arena_bytes(const ModelConfig *c, bool checkpoint_activations, int loss_chunk, int64_t T,
+                                    size_t act_bytes);
 
 #endif

@@ -1,6 +1,8 @@
 // ops_cpu.c: the CPU backend: fp32 ops with OpenMP, matmuls through OpenBLAS
 // (cblas_sgemm). Every reduction runs in a fixed order, so results are
 // bitwise reproducible for a given thread count (resume relies on it).
+// Act and Weight are fp32 here, and the compute weights are the master
+// itself: each op casts its table-typed arguments to float on entry.
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
@@ -15,13 +17,27 @@ static void cpu_free(void *ptr) { free(ptr); }
 static void cpu_zero(void *ptr, size_t bytes) { memset(ptr, 0, bytes); }
 static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
 
-static void embedding_forward(float *out, const int32_t *tokens, const float *table, int64_t T, int H) {
+// The compute weights are the fp32 master: nothing to copy or refresh.
+static Weight *weights_new(float *master, int64_t n) {
+    (void)n;
+    return (Weight *)master;
+}
+static void weights_free(Weight *w, float *master) { CHECK((float *)w == master, "CPU weights are the master"); }
+static void weights_refresh(Weight *w, const float *master, int64_t n) {
+    (void)w; (void)master; (void)n;
+}
+static void act_to_host(float *host, const Act *src, int64_t n) { memcpy(host, src, sizeof(float) * (size_t)n); }
+
+static void embedding_forward(Act *out_act, const int32_t *tokens, const Weight *table_w, int64_t T, int H) {
+    float *out = (float *)out_act;
+    const float *table = (const float *)table_w;
     #pragma omp parallel for
     for (int64_t t = 0; t < T; t++) memcpy(out + t * H, table + (int64_t)tokens[t] * H, (size_t)H * sizeof(float));
 }
 
 // Parallel over columns so that repeated tokens never race.
-static void embedding_backward(float *dtable, const int32_t *tokens, const float *dout, int64_t T, int H) {
+static void embedding_backward(float *dtable, const int32_t *tokens, const Act *dout_act, int64_t T, int H) {
+    const float *dout = (const float *)dout_act;
     #pragma omp parallel for
     for (int c0 = 0; c0 < H; c0 += 16) {
         int c1 = c0 + 16 < H ? c0 + 16 : H;
@@ -33,8 +49,10 @@ static void embedding_backward(float *dtable, const int32_t *tokens, const float
     }
 }
 
-static void matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
-                           int64_t T, int IC, int OC) {
+static void matmul_forward(Act *out_act, const Act *inp_act, const Weight *weight_w, const Weight *bias_w, int64_t T,
+                           int IC, int OC) {
+    float *out = (float *)out_act;
+    const float *inp = (const float *)inp_act, *weight = (const float *)weight_w, *bias = (const float *)bias_w;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, OC, IC, 1.0f, inp, IC, weight, IC,
                 0.0f, out, OC);
     if (!bias) return;
@@ -45,8 +63,10 @@ static void matmul_forward(float *out, const float *inp, const float *weight, co
     }
 }
 
-static void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                            const float *inp, const float *weight, int64_t T, int IC, int OC) {
+static void matmul_backward(Act *dinp_act, float *dweight, float *dbias, const Act *dout_act, const Act *inp_act,
+                            const Weight *weight_w, int64_t T, int IC, int OC) {
+    float *dinp = (float *)dinp_act;
+    const float *dout = (const float *)dout_act, *inp = (const float *)inp_act, *weight = (const float *)weight_w;
     // dinp[T, IC] += dout[T, OC] @ weight[OC, IC]
     if (dinp)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, IC, OC, 1.0f, dout, OC, weight, IC,
@@ -66,8 +86,10 @@ static void matmul_backward(float *dinp, float *dweight, float *dbias, const flo
     }
 }
 
-static void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
-                            int64_t T, int H, float eps) {
+static void rmsnorm_forward(Act *out_act, float *rstd, const Act *inp_act, const Weight *weight_w, int64_t T, int H,
+                            float eps) {
+    float *out = (float *)out_act;
+    const float *inp = (const float *)inp_act, *weight = (const float *)weight_w;
     #pragma omp parallel for
     for (int64_t t = 0; t < T; t++) {
         const float *x = inp + t * H;
@@ -82,8 +104,10 @@ static void rmsnorm_forward(float *out, float *rstd, const float *inp, const flo
 
 // y = x r w with r = (mean(x^2) + eps)^-1/2:
 // dx = r (w dy) - x r^3 mean(w dy x);  dw += sum_t dy x r.
-static void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
-                             const float *weight, const float *rstd, int64_t T, int H) {
+static void rmsnorm_backward(Act *dinp_act, float *dweight, const Act *dout_act, const Act *inp_act,
+                             const Weight *weight_w, const float *rstd, int64_t T, int H) {
+    float *dinp = (float *)dinp_act;
+    const float *dout = (const float *)dout_act, *inp = (const float *)inp_act, *weight = (const float *)weight_w;
     #pragma omp parallel for
     for (int64_t t = 0; t < T; t++) {
         const float *x = inp + t * H, *dy = dout + t * H;
@@ -105,8 +129,9 @@ static void rmsnorm_backward(float *dinp, float *dweight, const float *dout, con
 }
 
 // Angles in double: at 512K positions an fp32 angle is off by ~0.03 rad.
-static void rope(float *x, const int64_t *pos, int64_t T, int heads, int D, const double *inv_freq,
+static void rope(Act *x_act, const int64_t *pos, int64_t T, int heads, int D, const double *inv_freq,
                  double attention_factor, int inverse) {
+    float *x = (float *)x_act;
     int half = D / 2;
     #pragma omp parallel
     {
@@ -131,7 +156,9 @@ static void rope(float *x, const int64_t *pos, int64_t T, int heads, int D, cons
     }
 }
 
-static void swiglu_forward(float *out, const float *gate, const float *up, int64_t n) {
+static void swiglu_forward(Act *out_act, const Act *gate_act, const Act *up_act, int64_t n) {
+    float *out = (float *)out_act;
+    const float *gate = (const float *)gate_act, *up = (const float *)up_act;
     #pragma omp parallel for
     for (int64_t i = 0; i < n; i++) {
         float g = gate[i];
@@ -139,8 +166,10 @@ static void swiglu_forward(float *out, const float *gate, const float *up, int64
     }
 }
 
-static void swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
-                            const float *up, int64_t n) {
+static void swiglu_backward(Act *dgate_act, Act *dup_act, const Act *dout_act, const Act *gate_act,
+                            const Act *up_act, int64_t n) {
+    float *dgate = (float *)dgate_act, *dup = (float *)dup_act;
+    const float *dout = (const float *)dout_act, *gate = (const float *)gate_act, *up = (const float *)up_act;
     #pragma omp parallel for
     for (int64_t i = 0; i < n; i++) {
         float g = gate[i], s = 1.0f / (1.0f + expf(-g));
@@ -149,7 +178,9 @@ static void swiglu_backward(float *dgate, float *dup, const float *dout, const f
     }
 }
 
-static void accumulate(float *y, const float *x, int64_t n) {
+static void accumulate(Act *y_act, const Act *x_act, int64_t n) {
+    float *y = (float *)y_act;
+    const float *x = (const float *)x_act;
     #pragma omp parallel for
     for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
@@ -177,7 +208,8 @@ static double sum_squares(const float *x, int64_t n) {
     return total;
 }
 
-static double cross_entropy(float *logits, const int32_t *targets, int64_t C, int V, float grad_scale) {
+static double cross_entropy(Act *logits_act, const int32_t *targets, int64_t C, int V, float grad_scale) {
+    float *logits = (float *)logits_act;
     double *row_loss = xmalloc(sizeof(double) * (size_t)(C ? C : 1));
     #pragma omp parallel for
     for (int64_t t = 0; t < C; t++) {
@@ -217,12 +249,18 @@ static void adamw(float *param, const float *grad, float *m, float *v, int64_t n
 
 static const Backend cpu_backend = {
     .name = "cpu",
+    .act_bytes = sizeof(float),
+    .weight_bytes = sizeof(float),
     .alloc = cpu_alloc,
     .free = cpu_free,
     .zero = cpu_zero,
     .upload = cpu_copy,
     .download = cpu_copy,
     .copy = cpu_copy,
+    .weights_new = weights_new,
+    .weights_free = weights_free,
+    .weights_refresh = weights_refresh,
+    .act_to_host = act_to_host,
     .embedding_forward = embedding_forward,
     .embedding_backward = embedding_backward,
     .matmul_forward = matmul_forward,

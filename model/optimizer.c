@@ -35,6 +35,7 @@ double optimizer_step(Model *m, const OptimizerConfig *oc, int64_t step, double 
                   (float)lr, (float)oc->beta1, (float)oc->beta2, (float)oc->eps,
                   p->decay ? (float)oc->weight_decay : 0.0f, step);
     }
+    model_weights_changed(m);
     if (lr_out) *lr_out = lr;
     return norm;
 }

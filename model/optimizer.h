@@ -26,8 +26,9 @@ typedef struct {
 // at lr 0 unless lr or min_lr is 0 and asked for.
 double lr_at(const OptimizerConfig *oc, int64_t step);
 // Clip and apply AdamW for step `step` (1-based) to the parameters in
-// [opt_begin, opt_begin + opt_count) (all of them unless ZeRO-1 sharded). Returns the gradient norm
-// before clipping; *lr_out gets the learning rate used.
+// [opt_begin, opt_begin + opt_count) (all of them unless ZeRO-1 sharded), then
+// refresh the compute copy. Returns the gradient norm before clipping; *lr_out
+// gets the learning rate used.
 double optimizer_step(Model *m, const OptimizerConfig *oc, int64_t step, double *lr_out);
 
 #endif

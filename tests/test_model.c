@@ -2,12 +2,21 @@
 // seeded initialisation, activation checkpointing (bitwise identical
 // gradients), gradient accumulation, LR schedules, AdamW against a hand
 // computation, clipping, overfitting one fixed batch, and document masking
-// (one document's tokens do not reach the others' loss and gradients).
+// (one document's tokens do not reach the others' loss and gradients), and
+// the element-type contract of the backend table: a backend whose compute
+// weights are a copy of their own (the CPU ops on a separate fp32 buffer, as
+// a GPU's bf16 copy would be) trains, loads an HF folder and scores bit for
+// bit like the CPU backend, which fails if any writer of param_mem leaves the
+// copy stale; the activation arena counts its statistics in fp32 whatever
+// act_bytes.
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../data/synthetic.h"
+#include "../model/hf_io.h"
 #include "../model/model.h"
 #include "../model/optimizer.h"
 #include "check.h"
@@ -111,7 +120,7 @@ static void test_checkpointing(void) {
     float *ckpt = download_arena(&m, m.grad_mem);
     EXPECT(!memcmp(plain, ckpt, sizeof(float) * (size_t)m.total_params),
            "activation checkpointing gives bitwise identical gradients");
-    Model deep_plain = {.cfg = c, .loss_chunk = 10}, deep_ckpt = deep_plain;
+    Model deep_plain = {.cfg = c, .be = backend_cpu(), .loss_chunk = 10}, deep_ckpt = deep_plain;
     deep_plain.cfg.num_layers = deep_ckpt.cfg.num_layers = 16;
     deep_ckpt.checkpoint_activations = true;
     EXPECT(model_activation_bytes(&deep_ckpt, 4096) < 0.5 * (double)model_activation_bytes(&deep_plain, 4096),
@@ -291,6 +300,145 @@ static void test_documents(void) {
         }
 }
 
+// The CPU backend with compute weights of its own: a separate fp32 buffer,
+// filled only by weights_new and weights_refresh.
+static int64_t refreshes;
+
+static Weight *copy_weights_new(float *master, int64_t n) {
+    float *w = xmalloc(sizeof(float) * (size_t)n);
+    memcpy(w, master, sizeof(float) * (size_t)n);
+    return (Weight *)w;
+}
+
+static void copy_weights_free(Weight *w, float *master) {
+    (void)master;
+    free(w);
+}
+
+static void copy_weights_refresh(Weight *w, const float *master, int64_t n) {
+    memcpy(w, master, sizeof(float) * (size_t)n);
+    refreshes++;
+}
+
+static Backend copying_backend(void) {
+    Backend be = *backend_cpu();
+    be.name = "cpu-with-copy";
+    be.weights_new = copy_weights_new;
+    be.weights_free = copy_weights_free;
+    be.weights_refresh = copy_weights_refresh;
+    return be;
+}
+
+static const OptimizerConfig adam = {.lr = 1e-2, .min_lr = 0.0, .warmup_steps = 0, .total_steps = 10,
+                                     .schedule = LR_CONSTANT, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.99,
+                                     .eps = 1e-8, .grad_clip = 1.0};
+
+// Losses of `steps` training steps on seq from seed-7 weights, then the loss
+// after the last step, into losses [steps + 1].
+static void train_losses(const Backend *be, const int32_t *seq, int64_t T, int steps, double *losses) {
+    ModelConfig c = tiny_config();
+    Model m;
+    model_init(&m, &c, be);
+    model_init_weights(&m, 7);
+    for (int s = 1; s <= steps; s++) {
+        m.be->zero(m.grad_mem, sizeof(float) * (size_t)m.total_params);
+        losses[s - 1] = model_forward_backward(&m, seq, seq + 1, NULL, T, 1.0f / (float)T);
+        optimizer_step(&m, &adam, s, NULL);
+    }
+    losses[steps] = model_loss(&m, seq, seq + 1, NULL, T);
+    model_free(&m);
+}
+
+static void test_training_refreshes(void) {
+    enum { T = 40, STEPS = 3 };
+    int32_t seq[T + 1];
+    synthetic_sequence(4, 0, tiny_config().vocab_size, seq, T + 1);
+    Backend copying = copying_backend();
+    double cpu[STEPS + 1], copy[STEPS + 1];
+    train_losses(backend_cpu(), seq, T, STEPS, cpu);
+    refreshes = 0;
+    train_losses(&copying, seq, T, STEPS, copy);
+    EXPECT(!memcmp(cpu, copy, sizeof(cpu)) && cpu[STEPS] < cpu[0],
+           "a backend with its own weight copy trains bit for bit like the CPU backend (loss %.6f -> %.6f)",
+           cpu[0] / T, cpu[STEPS] / T);
+    EXPECT(refreshes == 1 + STEPS, "the copy is refreshed by the initialisation and by each optimizer step "
+           "(%lld refreshes)", (long long)refreshes);
+}
+
+// The copy is really separate (so the test above can fail): a change of
+// param_mem is seen by the ops only after model_weights_changed.
+static void test_stale_copy_detected(void) {
+    enum { T = 24 };
+    int32_t seq[T + 1];
+    synthetic_sequence(6, 0, tiny_config().vocab_size, seq, T + 1);
+    ModelConfig c = tiny_config();
+    Backend copying = copying_backend();
+    Model m;
+    model_init(&m, &c, &copying);
+    model_init_weights(&m, 3);
+    double before = model_loss(&m, seq, seq + 1, NULL, T);
+    int head = model_head_param(&m);
+    float *w = model_tensor(&m, m.param_mem, head);
+    for (int64_t i = 0; i < m.params[head].numel; i++) w[i] *= 3.0f;
+    double stale = model_loss(&m, seq, seq + 1, NULL, T);
+    model_weights_changed(&m);
+    double fresh = model_loss(&m, seq, seq + 1, NULL, T);
+    EXPECT(stale == before && fresh != before,
+           "the ops read the compute copy: unchanged until model_weights_changed (%.6f, %.6f, then %.6f)",
+           before / T, stale / T, fresh / T);
+    model_free(&m);
+}
+
+// Weights written to an HF folder by one model load into a model on the
+// copying backend: the same loss (loading refreshes the copy).
+static void test_loading_refreshes(void) {
+    enum { T = 24 };
+    int32_t seq[T + 1];
+    synthetic_sequence(8, 0, tiny_config().vocab_size, seq, T + 1);
+    char dir[] = "/tmp/test_model_XXXXXX";
+    CHECK(mkdtemp(dir), "mkdtemp %s", dir);
+    char path[64];
+    snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+    ModelConfig c = tiny_config();
+    Model source, loaded;
+    model_init(&source, &c, backend_cpu());
+    model_init_weights(&source, 21);
+    double want = model_loss(&source, seq, seq + 1, NULL, T);
+    model_write_safetensors(&source, source.param_mem, path, ST_F32);
+    Backend copying = copying_backend();
+    model_init(&loaded, &c, &copying);
+    model_init_weights(&loaded, 22);
+    double other = model_loss(&loaded, seq, seq + 1, NULL, T);
+    model_load_hf_weights(&loaded, dir, NULL);
+    double got = model_loss(&loaded, seq, seq + 1, NULL, T);
+    EXPECT(got == want && other != want, "loading an HF folder refreshes the copy: loss %.6f as saved (%.6f before)",
+           got / T, other / T);
+    model_free(&source);
+    model_free(&loaded);
+    unlink(path);
+    rmdir(dir);
+}
+
+// Statistics (rstd per norm, lse per layer, the final rstd, delta) stay fp32:
+// the arena with 2-byte activations is half the 4-byte one's activations plus
+// all of its statistics.
+static void test_arena_bytes(void) {
+    ModelConfig c = tiny_config();
+    const int64_t T = 37, L = c.num_layers, Hq = c.num_heads;
+    for (int ckpt = 0; ckpt < 2; ckpt++) {
+        size_t fp32 = model_activation_arena_bytes(&c, ckpt, 10, T, 4);
+        size_t bf16 = model_activation_arena_bytes(&c, ckpt, 10, T, 2);
+        int64_t kept = ckpt ? 1 : L;
+        int64_t stats = kept * (2 * T + Hq * T) + T + Hq * T;
+        size_t acts16 = fp32 - bf16;  // the Act elements x 2 bytes
+        EXPECT(bf16 == acts16 + 4 * (size_t)stats, "%s: %lld statistics fp32 in the bf16 arena (%zu vs %zu bytes)",
+               ckpt ? "checkpointed" : "saved", (long long)stats, bf16, fp32);
+    }
+    Model cpu = {.cfg = c, .be = backend_cpu(), .loss_chunk = 10};
+    EXPECT(model_activation_bytes(&cpu, T) == model_activation_arena_bytes(&c, false, 10, T, 4),
+           "the CPU backend's arena uses 4-byte activations");
+}
+
 int main(void) {
     test_param_table();
     test_init();
@@ -300,5 +448,9 @@ int main(void) {
     test_adamw();
     test_overfit();
     test_documents();
+    test_training_refreshes();
+    test_stale_copy_detected();
+    test_loading_refreshes();
+    test_arena_bytes();
     return check_exit();
 }

@@ -83,7 +83,7 @@ static void test_rope_op(void) {
     float x[T * H * D], y[T * H * D];
     for (int i = 0; i < T * H * D; i++) x[i] = (float)sin(0.37 * i + 1.0);
     memcpy(y, x, sizeof(x));
-    be->rope(y, pos, T, H, D, inv, af, 0);
+    be->rope((Act *)y, pos, T, H, D, inv, af, 0);  // the CPU backend: Act is fp32
     double worst = 0;
     for (int t = 0; t < T; t++)
         for (int h = 0; h < H; h++)
@@ -96,7 +96,7 @@ static void test_rope_op(void) {
                 worst = fmax(worst, fabs(y[(t * H + h) * D + i] - want));
             }
     EXPECT(worst < 1e-6, "rope op = af (x cos + rotate_half(x) sin) (max err %.2e)", worst);
-    be->rope(y, pos, T, H, D, inv, af, 1);
+    be->rope((Act *)y, pos, T, H, D, inv, af, 1);  // the CPU backend: Act is fp32
     double back = 0;
     for (int i = 0; i < T * H * D; i++) back = fmax(back, fabs(y[i] - af * af * x[i]));
     EXPECT(back < 1e-6, "inverse rope is the transpose: R^T R x = af^2 x (max err %.2e)", back);

@@ -46,6 +46,9 @@ static const GpuProfile gpu_profiles[] = {
 #define CPU_RUNTIME_BYTES (12.0 * (1 << 20))
 // GPU: the plan must leave this much of HBM to the allocator's fragmentation.
 #define HBM_USABLE 0.92
+// The CUDA backend's act_bytes and weight_bytes (model/backend.h): bf16.
+#define GPU_ACT_BYTES 2
+#define GPU_WEIGHT_BYTES 2
 
 static const double GIB = 1.0 / (1 << 30);
 
@@ -161,27 +164,27 @@ static void plan_cpu_memory(Plan *p, const Config *cfg, double acts, double lm_c
     add_item(p, "runtime (binary, libraries, MPI)", CPU_RUNTIME_BYTES);
 }
 
-// Memory of one GPU under the CUDA backend as designed: bf16 compute weights
-// and activations, fp32 master weights, gradients and moments (ZeRO-1 shards
-// master weights and moments over dp x cp), fp32 softmax statistics.
-static void plan_gpu_memory(Plan *p, const Config *cfg, double acts_floats, double lm_chunk_floats) {
+// Memory of one GPU under the CUDA backend as designed: bf16 compute weights,
+// activations and LM-head chunk, fp32 row statistics (inside the activation
+// arena), fp32 master weights, gradients and moments (ZeRO-1 shards master
+// weights and moments over dp x cp). acts: the activation arena's bytes.
+static void plan_gpu_memory(Plan *p, const Config *cfg, double acts, double lm_chunk) {
     const ModelConfig *c = &cfg->model;
     const AttentionConfig *a = &cfg->attention;
     double P = (double)p->params;
     double shards = cfg->parallel.zero == 1 ? (double)p->dp * p->cp : 1.0;
     int64_t T = p->tokens, KD = (int64_t)c->num_kv_heads * c->head_dim;
-    add_item(p, "weights bf16 (compute)", 2 * P);
+    add_item(p, "weights bf16 (compute)", GPU_WEIGHT_BYTES * P);
     add_item(p, "weights fp32 (master)", 4 * P / shards);
     add_item(p, "gradients fp32", 4 * P);
     add_item(p, "AdamW moments fp32", 8 * P / shards);
-    add_item(p, "activations bf16", 2 * (acts_floats - lm_chunk_floats));
-    double attention = 2.0 * 4.0 * (double)c->num_heads * (double)T;  // lse and delta of one layer, fp32
+    add_item(p, "activations bf16 (statistics fp32)", acts - lm_chunk);
     if (a->type == ATTN_SPARSE)  // estimation scores of one layer, the index of every layer (int32)
-        attention += 4.0 * c->num_heads * (double)a->last_q * (double)T +
-                     4.0 * c->num_layers * c->num_heads * (double)(a->max_vertical + a->max_slash + a->sink + a->local);
-    add_item(p, "attention index and scratch", attention);
+        add_item(p, "attention index and scratch",
+                 4.0 * c->num_heads * (double)a->last_q * (double)T +
+                 4.0 * c->num_layers * c->num_heads * (double)(a->max_vertical + a->max_slash + a->sink + a->local));
     if (p->cp > 1) add_item(p, "ring buffers (2 x K/V bf16, 2 x dK/dV fp32)", 2.0 * (double)T * KD * (2 * 2 + 2 * 4));
-    add_item(p, "LM-head chunk (fp32 logits)", 4 * lm_chunk_floats);
+    add_item(p, "LM-head chunk (bf16 logits)", lm_chunk);
     add_item(p, "workspaces (CUDA, NCCL, cuBLASLt)", GPU_RUNTIME_BYTES);
 }
 
@@ -261,20 +264,20 @@ void plan_build(Plan *p, const Config *cfg, const GpuProfile *gpu, double cpu_pe
     p->density = density_override > 0 ? density_override : expected_density(&c.attention, c.train.seq_len);
     p->density_assumed = cfg->attention.type == ATTN_SPARSE &&
                          (density_override > 0 || cfg->attention.budget == BUDGET_TOPP);
-    double lm_chunk = (double)c.train.loss_chunk * mc->vocab_size;
-    p->activations_saved = (double)model_activation_floats(mc, false, c.train.loss_chunk, p->tokens);
-    p->activations_checkpointed = (double)model_activation_floats(mc, true, c.train.loss_chunk, p->tokens);
-    double acts = c.train.checkpoint_activations ? p->activations_checkpointed : p->activations_saved;
-    double elem = gpu ? 2.0 : 4.0;
-    p->activations_saved = elem * (p->activations_saved - lm_chunk);
-    p->activations_checkpointed = elem * (p->activations_checkpointed - lm_chunk);
+    size_t act_bytes = gpu ? GPU_ACT_BYTES : sizeof(float);  // the CPU backend's act_bytes
+    double lm_chunk = (double)act_bytes * (double)c.train.loss_chunk * mc->vocab_size;
+    p->activations_saved =
+        (double)model_activation_arena_bytes(mc, false, c.train.loss_chunk, p->tokens, act_bytes) - lm_chunk;
+    p->activations_checkpointed =
+        (double)model_activation_arena_bytes(mc, true, c.train.loss_chunk, p->tokens, act_bytes) - lm_chunk;
+    double acts = lm_chunk + (c.train.checkpoint_activations ? p->activations_checkpointed : p->activations_saved);
     if (gpu) {
         plan_gpu_memory(p, &c, acts, lm_chunk);
         p->capacity_bytes = gpu->hbm_gib * (1 << 30) * HBM_USABLE;
     } else {
         int64_t shards = cfg->parallel.zero == 1 ? p->dp : 1;
         int64_t opt_count = (p->params + shards - 1) / shards;
-        plan_cpu_memory(p, &c, 4.0 * acts, 4.0 * lm_chunk, opt_count);
+        plan_cpu_memory(p, &c, acts, lm_chunk, opt_count);
     }
     plan_flops(p, &c);
     plan_communication(p, &c);

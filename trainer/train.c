@@ -317,13 +317,15 @@ static void gather_shards(const Comm *dp, const Model *m, const float *shard, fl
     free(send);
 }
 
-// After a ZeRO-1 update: every dp rank's updated shard into param_mem.
+// After a ZeRO-1 update: every dp rank's updated shard into param_mem (and
+// the compute copy).
 static void gather_parameters(const Comm *dp, Model *m) {
     size_t bytes = sizeof(float) * (size_t)m->total_params;
     float *full = xmalloc(bytes);
     gather_shards(dp, m, m->param_mem + m->opt_begin, full);
     m->be->upload(m->param_mem, full, bytes);
     free(full);
+    model_weights_changed(m);
 }
 
 // Under ZeRO-1: the full AdamW moments m then v [2, total_params] on the host

@@ -12,6 +12,10 @@
 // Needs a GPU (`make test-gpu`), or the sim (tests/test_sim.sh).
 //   build/tests/gpu_test_attention_op         every case
 //   build/tests/gpu_test_attention_op small   the small cases
+//   build/tests/gpu_test_attention_op refuse-ring | refuse-docs
+//                                             what the op refuses: a ring of
+//                                             2 ranks, documents (exit 1 with
+//                                             one line; tests/test_sim.sh)
 //
 // Inputs are planted so that the pattern has no near-ties to flip between the
 // CPU's and the GPU's fp32 estimation: every query attends strongly (logit
@@ -339,9 +343,30 @@ static void run_case(const Case *c, uint64_t seed) {
     free_inputs(&in[1]);
 }
 
+// What the op refuses; each call ends the program with one line.
+static void refuse(const char *what) {
+    const Case c = {200, 64, 4, 2, 64, KIND_SPARSE_FIXED};
+    const AttentionConfig cfg = config_of(&c, c.kind);
+    AttnState *st = attention_cuda_new(&cfg, 1, c.Hq);
+    if (strcmp(what, "refuse-ring") == 0) attention_cuda_set_ring(st, 2, 1);
+    int64_t *pos = iota(c.T);
+    attention_cuda_sequence(st, pos, c.T);
+    const int64_t doc_starts[] = {0, 100};
+    AttnShape s = shape_of(&c);
+    s.doc_starts = doc_starts;
+    s.doc_count = 2;
+    attention_cuda_forward(st, 0, true, &s, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0);
+    free(pos);
+    attention_cuda_free(st);
+}
+
 int main(int argc, char **argv) {
     const int small = argc > 1 && strcmp(argv[1], "small") == 0;
-    CHECK(argc == 1 || small, "usage: %s [small]", argv[0]);
+    if (argc == 2 && strncmp(argv[1], "refuse-", 7) == 0) {
+        refuse(argv[1]);
+        return 0;
+    }
+    CHECK(argc == 1 || small, "usage: %s [small | refuse-ring | refuse-docs]", argv[0]);
     // {T, D, Hq, Hkv, B, kind}
     static const Case cases[] = {
         {1, 64, 2, 1, 64, KIND_DENSE},

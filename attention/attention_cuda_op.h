@@ -29,8 +29,9 @@ extern "C" {
 
 AttnState *attention_cuda_new(const AttentionConfig *cfg, int num_layers, int num_heads);
 void attention_cuda_free(AttnState *st);
-// cp_size: ranks of the cp group (the Comm's size; 1 or less without one).
-// Returns false for one rank; a ring fails with one line.
+// cp_size: ranks of the cp group (the Comm's size; 1 or less without one;
+// a number, not the Comm, since the .cu files see no MPI header). Returns
+// false for one rank; a ring fails with one line.
 bool attention_cuda_set_ring(AttnState *st, int cp_size, int inner);
 // A new sequence: pos [tokens] its positions (host).
 void attention_cuda_sequence(AttnState *st, const int64_t *pos, int64_t tokens);

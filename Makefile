@@ -97,6 +97,10 @@ $(GPU_BIN): build/tests/gpu_%: build/obj/tests/gpu_%.o $(GPU_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(GPU_LDLIBS)
 
+# The attention op's test compares with the CPU backend's op: it links the library and its libraries.
+build/tests/gpu_test_attention_op: $(LIB_OBJ)
+build/tests/gpu_test_attention_op: GPU_LDLIBS += $(LDLIBS)
+
 # Benchmarks: scripts/bench_NAME.c -> build/bench/bench_NAME (scripts/bench_*.sh run them).
 build/bench/%: build/obj/scripts/%.o $(LIB_OBJ)
 	@mkdir -p $(dir $@)
@@ -140,7 +144,8 @@ SIM_LDLIBS = $(filter-out -lcudart -lcublasLt -lnccl,$(LDLIBS)) -lstdc++ -ldl -r
 SIM_GPU_LDLIBS = -lstdc++ -lm -ldl -fopenmp -rdynamic
 SIM_GPU_OBJ = build/sim/obj/dist/util.o build/sim/obj/attention/flash_cpu.o build/sim/obj/attention/layout.o \
               build/sim/obj/attention/sparse_flash_cpu.o build/sim/obj/attention/sparse_index.o $(SIM_CU_OBJ)
-SIM_GPU_TESTS = build/sim/tests/gpu_test_attention $(if $(SIM_HAS_CUB),build/sim/tests/gpu_test_sparse)
+SIM_GPU_TESTS = build/sim/tests/gpu_test_attention \
+                $(if $(SIM_HAS_CUB),build/sim/tests/gpu_test_sparse build/sim/tests/gpu_test_attention_op)
 SIM_BIN = $(SIM_GPU_TESTS) $(SIM_GPU_TESTS:%=%_asan) build/sim/tests/sim_selftest build/sim/tests/sim_selftest_asan \
           $(if $(SIM_HAS_CUB),build/sim/mtrain)
 
@@ -180,6 +185,10 @@ build/sim/tests/gpu_%: build/sim/obj/tests/gpu_%.o $(SIM_GPU_OBJ) $(SIM_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(SIM_GPU_LDLIBS)
 
+# The attention op's test compares with the CPU backend's op: it links the library and its libraries.
+build/sim/tests/gpu_test_attention_op: $(LIB_SRC:%.c=build/sim/obj/%.o)
+build/sim/tests/gpu_test_attention_op: SIM_GPU_LDLIBS = $(SIM_LDLIBS)
+
 build/sim/tests/sim_%: build/sim/obj/tests/sim_%.cu.o build/sim/obj/dist/util.o $(SIM_LIB)
 	@mkdir -p $(dir $@)
 	$(CXX) $^ -o $@ $(SIM_GPU_LDLIBS)
@@ -207,6 +216,9 @@ build/sim/tests/gpu_%_asan: build/sim/asan/tests/gpu_%.o $(SIM_GPU_OBJ:build/sim
                             $(SIM_LIB_SRC:%.cpp=build/sim/asan/%.o)
 	@mkdir -p $(dir $@)
 	$(CC) $(SIM_ASAN) $^ -o $@ $(SIM_GPU_LDLIBS)
+
+build/sim/tests/gpu_test_attention_op_asan: $(LIB_SRC:%.c=build/sim/asan/%.o)
+build/sim/tests/gpu_test_attention_op_asan: SIM_GPU_LDLIBS = $(SIM_LDLIBS)
 
 build/sim/mtrain: build/sim/obj/trainer/main.o $(LIB_SRC:%.c=build/sim/obj/%.o) $(SIM_CU_OBJ) $(SIM_LIB)
 	$(CC) $^ -o $@ $(SIM_LDLIBS)

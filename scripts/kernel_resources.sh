@@ -125,6 +125,8 @@ launch_table() {
   row 'select_gather_kernel' 256 0 default all
   row 'index_row_kernel<false>' 256 $(((1048576 / 64 / 32 + 1) * 4)) optin all
   row 'index_row_kernel<true>' 256 $(((1048576 / 64 / 32 + 1) * 4)) optin all
+  # attention_cuda_op.cu: ADD_THREADS = 256.
+  row 'add_into_bf16_kernel' 256 0 default all          # add_into_bf16()
   # CUB (DeviceScan, DeviceSegmentedRadixSort): the agent kernels launch with their policy's
   # BLOCK_THREADS (= their __launch_bounds__) and static shared memory only; the scan's init
   # kernel with INIT_KERNEL_THREADS = 128 (cub/device/dispatch/dispatch_scan.cuh); EmptyKernel

@@ -3,7 +3,8 @@
 # and once built with AddressSanitizer; the sim's self-tests, each
 # deliberately wrong kernel caught (a wrong result under some seed, poison, or
 # one "cudasim:" line and exit 1; an out-of-bounds read under
-# AddressSanitizer); and mutations of the attention sources (a __syncthreads
+# AddressSanitizer); what the CUDA attention op refuses (one line, exit 1);
+# and mutations of the attention sources (a __syncthreads
 # removed, a fragment's bf16 halves swapped, too many threads for the
 # __launch_bounds__) that the attention test must catch.
 cd "$(dirname "$0")/.."
@@ -56,8 +57,8 @@ r=$(results streams_legacy)
 expect "the legacy default stream waits for a blocking stream: correct under every seed ($r)" '[ "$r" = "correct " ]'
 
 # Rule violations: exit 1 with one line naming kernel, block, thread and rule.
-violation() {   # CASE PATTERN
-  $sim/sim_selftest "$1" >"$tmp/out" 2>"$tmp/err"
+violation() {   # CASE PATTERN [PROGRAM, default the self-test]
+  "${3:-$sim/sim_selftest}" "$1" >"$tmp/out" 2>"$tmp/err"
   local rc=$? lines
   lines=$(wc -l <"$tmp/err")
   expect "$1: exit 1 with one line: $(head -c 160 "$tmp/err")" \
@@ -67,6 +68,9 @@ where='.* block \(0,0,0\) thread \([0-9]+,0,0\) warp [0-9]+ lane [0-9]+: '
 violation shfl_missing_lane "^cudasim: kernel shfl_missing_lane_kernel${where}.*lane 5 of the mask has exited"
 violation misaligned_cp_async "^cudasim: kernel misaligned_cp_async_kernel${where}.*16-byte aligned"
 violation barrier_divergence "^cudasim: kernel barrier_divergence_kernel${where}__syncthreads while thread .* has exited"
+# What the CUDA attention op refuses, likewise: a ring, documents.
+violation refuse-ring 'parallel.cp 2: the CUDA backend.s attention runs on one rank only' $sim/gpu_test_attention_op
+violation refuse-docs 'data.doc_mask: the CUDA attention kernels do not mask documents' $sim/gpu_test_attention_op
 
 $sim/sim_selftest_asan oob_read >"$tmp/out" 2>&1
 rc=$?

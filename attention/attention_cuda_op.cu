@@ -1,0 +1,323 @@
+// attention_cuda_op.cu: the CUDA backend's attention op on one GPU
+// (attention_cuda_op.h), composed from the kernels of flash_cuda.cu,
+// sparse_cuda.cu and sparse_select_cuda.cu, as attention_cpu.c composes the
+// CPU kernels. The state keeps what lives between calls: the config and its
+// fixed budgets, each layer's device index from the sequence's plan forward,
+// the sequence's positions (host), and the scratch, allocated once and grown:
+//   o_acc            [T, Hq, D] fp32   the forward's running output
+//   dq_acc           [T, Hq, D] fp32   the backward's sums, then added into
+//   dk_acc, dv_acc   [T, Hkv, D] fp32  the bf16 dq, dk, dv
+//   lse_est          [Hq, last_q] fp32 estimation (plan forward)
+//   vertical, slash  [Hq, T] fp32      estimation scores (plan forward)
+//   q_blocks         [T / B] int64     the query blocks of the index
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+// sparse.h is C (sparse_budget_load, sparse_index_count, sparse_index_free): first, with C linkage.
+extern "C" {
+#include "sparse.h"
+}
+#include "../dist/cuda_check.h"
+#include "../dist/cuda_kernel.h"
+#include "attention_cuda.h"
+#include "attention_cuda_op.h"
+#include "sparse_cuda.h"
+
+#define ADD_THREADS 256
+// sparse_select_cuda.cu's estimation takes at most this many queries.
+#define EST_MAX_QUERIES 128
+
+// A device buffer that only grows.
+typedef struct {
+    void *ptr;
+    size_t bytes;
+} Scratch;
+
+struct AttnState {
+    AttentionConfig cfg;
+    int num_layers, num_heads;
+    int *budget_vertical;        // [num_layers * Hq] budget fixed, else NULL
+    int *budget_slash;           // [num_layers * Hq]
+    SparseIndexCuda *index;      // [num_layers] the layer's index (sparse)
+    bool *planned;               // [num_layers] index holds this sequence's pattern
+    int64_t *pos;                // [tokens] the sequence's positions (host)
+    int64_t tokens;
+    bool pos_is_iota;            // pos[t] == t for every t
+    Scratch o_acc, dq_acc, dk_acc, dv_acc, lse_est, vertical, slash, q_blocks;
+};
+
+// ---- the one kernel of its own: fp32 sums added into bf16 tensors ----
+
+// y[i] = bf16(float(y[i]) + x[i]): one rounding per element.
+__global__ void __launch_bounds__(ADD_THREADS) add_into_bf16_kernel(const float *x, __nv_bfloat16 *y, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = __float2bfloat16(__bfloat162float(y[i]) + x[i]);
+}
+
+static void add_into_bf16(const float *x, uint16_t *y, int64_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    const int64_t blocks = (n + ADD_THREADS - 1) / ADD_THREADS;
+    CUDA_LAUNCH(add_into_bf16_kernel, (unsigned)(blocks < 65536 ? blocks : 65536), ADD_THREADS, 0, stream, x,
+                (__nv_bfloat16 *)y, n);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- state ----
+
+// At least `bytes` of s; a larger buffer replaces it (cudaFree waits for the
+// device, so no queued work still uses the old one).
+static void *scratch(Scratch *s, size_t bytes) {
+    if (bytes <= s->bytes) return s->ptr;
+    if (s->ptr) CUDA_CHECK(cudaFree(s->ptr));
+    CUDA_CHECK(cudaMalloc(&s->ptr, bytes));
+    s->bytes = bytes;
+    return s->ptr;
+}
+
+static void scratch_free(Scratch *s) {
+    if (s->ptr) CUDA_CHECK(cudaFree(s->ptr));
+    *s = Scratch{};
+}
+
+extern "C" AttnState *attention_cuda_new(const AttentionConfig *cfg, int num_layers, int num_heads) {
+    const bool sparse = cfg->type == ATTN_SPARSE;
+    CHECK(!sparse || cfg->block_size == 64 || cfg->block_size == 128,
+          "attention.block_size %d: the CUDA sparse attention supports 64 and 128", cfg->block_size);
+    CHECK(!sparse || cfg->last_q <= EST_MAX_QUERIES,
+          "attention.last_q %d: the CUDA sparse estimation takes at most %d queries", cfg->last_q, EST_MAX_QUERIES);
+    AttnState *st = (AttnState *)xcalloc(1, sizeof(AttnState));
+    st->cfg = *cfg;
+    st->num_layers = num_layers;
+    st->num_heads = num_heads;
+    st->index = (SparseIndexCuda *)xcalloc((size_t)num_layers, sizeof(SparseIndexCuda));
+    st->planned = (bool *)xcalloc((size_t)num_layers, sizeof(bool));
+    if (!sparse || cfg->budget != BUDGET_FIXED) return st;
+    const int n = num_layers * num_heads;
+    st->budget_vertical = (int *)xmalloc(sizeof(int) * (size_t)n);
+    st->budget_slash = (int *)xmalloc(sizeof(int) * (size_t)n);
+    if (cfg->budget_file == BUDGET_FILE_PATH) {
+        sparse_budget_load(cfg->budget_file_path, num_layers, num_heads, cfg->vertical, cfg->slash,
+                           st->budget_vertical, st->budget_slash);
+        return st;
+    }
+    for (int i = 0; i < n; i++) {
+        st->budget_vertical[i] = cfg->vertical;
+        st->budget_slash[i] = cfg->slash;
+    }
+    return st;
+}
+
+static void forget_plans(AttnState *st) {
+    for (int l = 0; l < st->num_layers; l++) {
+        if (st->planned[l]) sparse_index_free_cuda(&st->index[l]);
+        st->planned[l] = false;
+    }
+}
+
+extern "C" void attention_cuda_free(AttnState *st) {
+    if (!st) return;
+    forget_plans(st);
+    Scratch *all[] = {&st->o_acc, &st->dq_acc, &st->dk_acc, &st->dv_acc, &st->lse_est,
+                      &st->vertical, &st->slash, &st->q_blocks};
+    for (Scratch *s : all) scratch_free(s);
+    free(st->index);
+    free(st->planned);
+    free(st->pos);
+    free(st->budget_vertical);
+    free(st->budget_slash);
+    free(st);
+}
+
+extern "C" bool attention_cuda_set_ring(AttnState *st, int cp_size, int inner) {
+    (void)st;
+    (void)inner;
+    CHECK(cp_size <= 1, "parallel.cp %d: the CUDA backend's attention runs on one rank only (parallel.cp: 1, or "
+          "train.backend: cpu for a ring)", cp_size);
+    return false;
+}
+
+extern "C" void attention_cuda_sequence(AttnState *st, const int64_t *pos, int64_t tokens) {
+    forget_plans(st);
+    free(st->pos);
+    st->pos = (int64_t *)xmalloc(sizeof(int64_t) * (size_t)(tokens > 0 ? tokens : 1));
+    st->tokens = tokens;
+    st->pos_is_iota = true;
+    for (int64_t t = 0; t < tokens; t++) {
+        st->pos[t] = pos[t];
+        st->pos_is_iota &= pos[t] == t;
+    }
+}
+
+// ---- the sparse plan ----
+
+// Layer l's fixed budgets [Hq], or NULL (budget topp).
+static const int *layer_budget(const AttnState *st, const int *budget, int l) {
+    return budget ? budget + (size_t)l * st->num_heads : NULL;
+}
+
+static int64_t *index_array_to_host(const int64_t *dev, int64_t n) {
+    int64_t *host = (int64_t *)xmalloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+    if (n > 0) CUDA_CHECK(cudaMemcpy(host, dev, sizeof(int64_t) * (size_t)n, cudaMemcpyDeviceToHost));
+    return host;
+}
+
+// stats->computed, causal of the layer's index: counted on the host
+// (sparse_index_count) from a copy of the index.
+static void count_density(const AttnState *st, const SparseIndexCuda *dev, cudaStream_t stream,
+                          SparseStats *stats) {
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    const int64_t rows = dev->num_heads * dev->num_q_blocks;
+    SparseIndex host = {dev->num_heads, dev->block_size, dev->seq_len, dev->num_q_blocks, NULL, NULL, NULL, NULL,
+                        NULL};
+    host.q_blocks = index_array_to_host(dev->q_blocks, dev->num_q_blocks);
+    host.block_start = index_array_to_host(dev->block_start, rows + 1);
+    host.column_start = index_array_to_host(dev->column_start, rows + 1);
+    host.blocks = index_array_to_host(dev->blocks, host.block_start[rows]);
+    host.columns = index_array_to_host(dev->columns, host.column_start[rows]);
+    sparse_index_count(&host, st->pos, st->tokens, NULL, 0, stats);
+    sparse_index_free(&host);
+}
+
+// stats->covered_mass, estimation_rows: the estimation rows' softmax mass
+// inside the pattern, exp(lse_in - lse_est), where lse_in is the sparse
+// forward's LSE of the query blocks that hold those rows (the pattern's
+// share of each row's exp-sum). Uses o_acc and vertical as scratch.
+static void count_recall(AttnState *st, const SparsePatternCuda *pattern, const AttnShape *s, int64_t Lq,
+                         const uint16_t *q, const uint16_t *k, const uint16_t *v, const int64_t *pos,
+                         cudaStream_t stream, SparseStats *stats) {
+    const int64_t T = s->q_tokens, B = s->block_size, first = (T - Lq) / B, nqb = (T - 1) / B + 1;
+    const int Hq = s->num_heads;
+    SparseIndexCuda est_index;
+    sparse_index_build_cuda(pattern, (int)B, (const int64_t *)st->q_blocks.ptr + first, nqb - first, &est_index,
+                            stream);
+    AttnShape rows = *s;
+    rows.q_tokens = T - first * B;
+    float *o_acc = (float *)st->o_acc.ptr, *lse_in = (float *)st->vertical.ptr;   // [Hq, rows]
+    attn_forward_init_cuda(&rows, o_acc, lse_in, stream);
+    attn_sparse_forward_cuda(&rows, &est_index, q + (size_t)(first * B * Hq * s->head_dim), pos + first * B, k, v,
+                             pos, o_acc, lse_in, stream);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    float *in = (float *)xmalloc(sizeof(float) * (size_t)(Hq * rows.q_tokens));
+    float *est = (float *)xmalloc(sizeof(float) * (size_t)(Hq * Lq));
+    CUDA_CHECK(cudaMemcpy(in, lse_in, sizeof(float) * (size_t)(Hq * rows.q_tokens), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(est, st->lse_est.ptr, sizeof(float) * (size_t)(Hq * Lq), cudaMemcpyDeviceToHost));
+    const int64_t skip = rows.q_tokens - Lq;   // rows of the first block before the estimation rows
+    for (int h = 0; h < Hq; h++)
+        for (int64_t e = 0; e < Lq; e++)
+            stats->covered_mass += exp((double)in[h * rows.q_tokens + skip + e] - (double)est[h * Lq + e]);
+    stats->estimation_rows += (double)(Hq * Lq);
+    free(in);
+    free(est);
+    sparse_index_free_cuda(&est_index);
+}
+
+// Estimation (the last min(last_q, T) queries against every key), selection
+// and index of layer l, all on the GPU; replaces the layer's index.
+static void plan_layer(AttnState *st, int l, const AttnShape *s, const uint16_t *q, const uint16_t *k,
+                       const uint16_t *v, const int64_t *pos, cudaStream_t stream, SparseStats *stats) {
+    const int64_t T = s->q_tokens, B = s->block_size, nqb = (T - 1) / B + 1;
+    const int Hq = s->num_heads;
+    const int64_t Lq = st->cfg.last_q < T ? st->cfg.last_q : T;
+    AttnShape est = *s;
+    est.q_tokens = Lq;
+    const uint16_t *qe = q + (size_t)((T - Lq) * Hq * s->head_dim);   // [Lq, Hq, D]
+    const int64_t *qe_pos = pos + (T - Lq);
+
+    // lse_est = -inf through the forward's init (o_acc, rewritten by the forward, takes its zeros).
+    float *lse_est = (float *)scratch(&st->lse_est, sizeof(float) * (size_t)(Hq * Lq));
+    attn_forward_init_cuda(&est, (float *)st->o_acc.ptr, lse_est, stream);
+    sparse_estimate_lse_cuda(&est, qe, qe_pos, k, pos, lse_est, stream);
+    float *vertical = (float *)scratch(&st->vertical, sizeof(float) * (size_t)(Hq * T));
+    float *slash = (float *)scratch(&st->slash, sizeof(float) * (size_t)(Hq * T));
+    CUDA_CHECK(cudaMemsetAsync(vertical, 0, sizeof(float) * (size_t)(Hq * T), stream));
+    CUDA_CHECK(cudaMemsetAsync(slash, 0, sizeof(float) * (size_t)(Hq * T), stream));
+    sparse_estimate_scores_cuda(&est, qe, qe_pos, k, pos, lse_est, T, vertical, slash, stream);
+
+    SparsePatternCuda pattern;
+    sparse_select_cuda(&st->cfg, vertical, slash, Hq, T, layer_budget(st, st->budget_vertical, l),
+                       layer_budget(st, st->budget_slash, l), &pattern, stream);
+    int64_t *blocks = (int64_t *)xmalloc(sizeof(int64_t) * (size_t)nqb);
+    for (int64_t i = 0; i < nqb; i++) blocks[i] = i;   // positions 0 .. T-1: local block i is global block i
+    int64_t *q_blocks = (int64_t *)scratch(&st->q_blocks, sizeof(int64_t) * (size_t)nqb);
+    CUDA_CHECK(cudaMemcpyAsync(q_blocks, blocks, sizeof(int64_t) * (size_t)nqb, cudaMemcpyHostToDevice, stream));
+    free(blocks);   // pageable source: staged when cudaMemcpyAsync returns
+    if (st->planned[l]) sparse_index_free_cuda(&st->index[l]);
+    sparse_index_build_cuda(&pattern, (int)B, q_blocks, nqb, &st->index[l], stream);
+    st->planned[l] = true;
+    if (stats) {
+        count_density(st, &st->index[l], stream, stats);
+        count_recall(st, &pattern, s, Lq, q, k, v, pos, stream, stats);
+    }
+    sparse_pattern_free_cuda(&pattern);
+}
+
+// ---- forward and backward ----
+
+static void check_call(const AttnState *st, int layer, const AttnShape *s) {
+    CHECK(s->doc_starts == NULL, "data.doc_mask: the CUDA attention kernels do not mask documents (train.backend: "
+          "cpu does)");
+    CHECK(layer >= 0 && layer < st->num_layers, "attention (CUDA): layer %d outside [0, %d)", layer,
+          st->num_layers);
+    CHECK(s->q_tokens == s->k_tokens && s->q_tokens >= 1, "attention (CUDA): %lld queries and %lld keys (one "
+          "rank: the same tokens, at least one)", (long long)s->q_tokens, (long long)s->k_tokens);
+    if (st->cfg.type != ATTN_SPARSE) return;
+    CHECK(s->block_size == 64 || s->block_size == 128,
+          "attention.block_size %d: the CUDA sparse attention supports 64 and 128", s->block_size);
+    CHECK(st->tokens == s->q_tokens && st->pos_is_iota, "attention (CUDA): the sparse attention of %lld tokens "
+          "needs the sequence's positions 0 .. T-1 (attention_cuda_sequence)", (long long)s->q_tokens);
+}
+
+extern "C" void attention_cuda_forward(AttnState *st, int layer, bool plan, const AttnShape *shape,
+                                       const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                       const int64_t *pos, uint16_t *o, float *lse, SparseStats *stats,
+                                       cudaStream_t stream) {
+    check_call(st, layer, shape);
+    const size_t nq = (size_t)(shape->q_tokens * shape->num_heads * shape->head_dim);
+    float *o_acc = (float *)scratch(&st->o_acc, sizeof(float) * nq);
+    if (st->cfg.type != ATTN_SPARSE) {
+        attn_forward_init_cuda(shape, o_acc, lse, stream);
+        attn_dense_forward_cuda(shape, q, pos, k, v, pos, o_acc, lse, stream);
+    } else {
+        if (plan) plan_layer(st, layer, shape, q, k, v, pos, stream, stats);
+        CHECK(st->planned[layer], "attention (CUDA): layer %d recomputed before its sequence's plan forward",
+              layer);
+        attn_forward_init_cuda(shape, o_acc, lse, stream);
+        attn_sparse_forward_cuda(shape, &st->index[layer], q, pos, k, v, pos, o_acc, lse, stream);
+    }
+    attn_output_bf16_cuda(shape, o_acc, o, stream);
+}
+
+extern "C" void attention_cuda_backward(AttnState *st, int layer, const AttnShape *shape, const uint16_t *q,
+                                        const uint16_t *k, const uint16_t *v, const int64_t *pos,
+                                        const uint16_t *o, const float *lse, const uint16_t *dout, float *delta,
+                                        uint16_t *dq, uint16_t *dk, uint16_t *dv, cudaStream_t stream) {
+    check_call(st, layer, shape);
+    const bool sparse = st->cfg.type == ATTN_SPARSE;
+    CHECK(!sparse || st->planned[layer], "attention (CUDA): layer %d backward before its sequence's plan forward",
+          layer);
+    const int64_t nq = shape->q_tokens * shape->num_heads * shape->head_dim;
+    const int64_t nk = shape->k_tokens * shape->num_kv_heads * shape->head_dim;
+    float *dq_acc = (float *)scratch(&st->dq_acc, sizeof(float) * (size_t)nq);
+    float *dk_acc = (float *)scratch(&st->dk_acc, sizeof(float) * (size_t)nk);
+    float *dv_acc = (float *)scratch(&st->dv_acc, sizeof(float) * (size_t)nk);
+    CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, sizeof(float) * (size_t)nq, stream));
+    CUDA_CHECK(cudaMemsetAsync(dk_acc, 0, sizeof(float) * (size_t)nk, stream));
+    CUDA_CHECK(cudaMemsetAsync(dv_acc, 0, sizeof(float) * (size_t)nk, stream));
+    attn_backward_delta_cuda(shape, o, dout, delta, stream);
+    if (sparse)
+        attn_sparse_backward_cuda(shape, &st->index[layer], q, pos, k, v, pos, lse, delta, dout, dq_acc, dk_acc,
+                                  dv_acc, stream);
+    else
+        attn_dense_backward_cuda(shape, q, pos, k, v, pos, lse, delta, dout, dq_acc, dk_acc, dv_acc, stream);
+    add_into_bf16(dq_acc, dq, nq, stream);
+    add_into_bf16(dk_acc, dk, nk, stream);
+    add_into_bf16(dv_acc, dv, nk, stream);
+}
+
+extern "C" double attention_cuda_ring_bytes(const AttnState *st) {
+    (void)st;
+    return 0;
+}

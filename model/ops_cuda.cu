@@ -22,6 +22,7 @@ typedef __nv_bfloat16 bf16;
 #define MAX_BLOCKS 2048       // grid of the element-wise kernels: >= one full wave on an A100 and an H100
 #define MAX_ROW_BLOCKS 65535  // grid of the row kernels (each block strides over the rows)
 #define RMSNORM_BWD_BLOCKS 512 // blocks, and so dweight partial sums, of the RMSNorm backward
+#define RMSNORM_BWD_MAX_H 8192 // its dweight sums: H fp32 of shared memory, within the default 48 KiB
 #define EMBEDDING_BWD_BLOCKS 512 // about this many (vocab range, column tile) blocks in the embedding backward
 
 __device__ __forceinline__ float ld(const bf16 *p) { return __bfloat162float(*p); }
@@ -325,8 +326,9 @@ extern "C" void rmsnorm_forward_cuda(uint16_t *out, float *rstd, const uint16_t 
 extern "C" void rmsnorm_backward_cuda(uint16_t *dinp, float *dweight, const uint16_t *dout, const uint16_t *inp,
                                       const uint16_t *weight, const float *rstd, int64_t T, int H,
                                       cudaStream_t stream) {
+    CHECK(H <= RMSNORM_BWD_MAX_H, "rmsnorm_backward_cuda: H = %d is above %d (dweight sums in shared memory)", H,
+          RMSNORM_BWD_MAX_H);
     const size_t smem = (size_t)H * sizeof(float);
-    CHECK(smem <= 48 * 1024, "rmsnorm_backward_cuda: H = %d is above 12288 (dweight sums in shared memory)", H);
     if (T == 0) return;
     const int blocks = T < RMSNORM_BWD_BLOCKS ? (int)T : RMSNORM_BWD_BLOCKS;
     float *partial;

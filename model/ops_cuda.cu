@@ -1,11 +1,11 @@
 // ops_cuda.cu: the element-wise, normalisation, embedding, loss and optimizer
 // kernels of the CUDA backend (API and semantics: ops_cuda.h). Every kernel
-// has blocks of THREADS threads; element-wise kernels stride over the whole
-// tensor from a grid of at most MAX_BLOCKS blocks; row kernels (RMSNorm, cross
-// entropy) give each row to one block. Reductions combine in a fixed order
-// (warp butterflies, then the warps in order, then blocks' partial sums in
-// order by one more kernel), never with atomics, so every result is bitwise
-// reproducible.
+// has blocks of THREADS threads and a grid of at most MAX_BLOCKS blocks that
+// stride over the tensor: element-wise kernels one element per thread, row
+// kernels (RMSNorm, cross entropy) one row per block at a time. Reductions
+// combine in a fixed order (warp butterflies, then the warps in order, then
+// blocks' partial sums in order by one more kernel), never with atomics, so
+// every result is bitwise reproducible.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -19,8 +19,7 @@ typedef __nv_bfloat16 bf16;
 
 #define THREADS 256           // threads per block of every kernel
 #define WARPS (THREADS / 32)
-#define MAX_BLOCKS 2048       // grid of the element-wise kernels: >= one full wave on an A100 and an H100
-#define MAX_ROW_BLOCKS 65535  // grid of the row kernels (each block strides over the rows)
+#define MAX_BLOCKS 2048       // largest grid: >= one full wave on an A100 and an H100; blocks stride beyond it
 #define RMSNORM_BWD_BLOCKS 512 // blocks, and so dweight partial sums, of the RMSNorm backward
 #define RMSNORM_BWD_MAX_H 8192 // its dweight sums: H fp32 of shared memory, within the default 48 KiB
 #define EMBEDDING_BWD_BLOCKS 512 // about this many (vocab range, column tile) blocks in the embedding backward
@@ -249,7 +248,6 @@ cross_entropy_kernel(bf16 *logits, const int32_t *targets, int64_t C, int V, flo
         for (int c = threadIdx.x; c < V; c += THREADS) softmax_merge(m, s, ld(row + c), 1.0f);
         for (int off = 16; off > 0; off /= 2)
             softmax_merge(m, s, __shfl_xor_sync(0xffffffffu, m, off), __shfl_xor_sync(0xffffffffu, s, off));
-        __syncthreads();   // the previous row's merge is done with the parts
         if (threadIdx.x % 32 == 0) {
             part_max[threadIdx.x / 32] = m;
             part_sum[threadIdx.x / 32] = s;
@@ -260,7 +258,7 @@ cross_entropy_kernel(bf16 *logits, const int32_t *targets, int64_t C, int V, flo
         for (int w = 1; w < WARPS; w++) softmax_merge(m, s, part_max[w], part_sum[w]);
         const float lse = m + logf(s);
         if (threadIdx.x == 0) row_loss[t] = (double)lse - ld(row + target);
-        __syncthreads();   // the target's logit is read before it is overwritten
+        __syncthreads();   // x[target] and the parts are read before they are overwritten
         for (int c = threadIdx.x; c < V; c += THREADS) {
             const float g = expf(ld(row + c) - lse) * grad_scale;
             st(row + c, c == target ? g - grad_scale : g);
@@ -292,7 +290,7 @@ static unsigned grid_for(int64_t n) {
     return (unsigned)(b < 1 ? 1 : b > MAX_BLOCKS ? MAX_BLOCKS : b);
 }
 
-static unsigned row_grid(int64_t rows) { return (unsigned)(rows > MAX_ROW_BLOCKS ? MAX_ROW_BLOCKS : rows); }
+static unsigned row_grid(int64_t rows) { return (unsigned)(rows > MAX_BLOCKS ? MAX_BLOCKS : rows); }
 
 extern "C" void embedding_forward_cuda(uint16_t *out, const int32_t *tokens, const uint16_t *table, int64_t T,
                                        int H, cudaStream_t stream) {

@@ -470,11 +470,13 @@ int main(int argc, char **argv) {
     test_embedding(37, 896, 257);
     test_embedding(130, 40, 1000);
     test_embedding(130, 896, 1000);
+    test_embedding(600, 40, 257);        // several chunks of token ids per block
     test_rmsnorm(1, 24);
     test_rmsnorm(7, 40);
     test_rmsnorm(37, 896);
     test_rmsnorm(130, 40);
     test_rmsnorm(130, 896);
+    test_rmsnorm(2100, 300);             // several rows per block (both grids are capped), every warp busy
     test_rope(1, 2, 64, 1.0, 0);
     test_rope(7, 3, 64, 1.0, 1);
     test_rope(37, 2, 128, 1.2, 0);
@@ -485,11 +487,12 @@ int main(int argc, char **argv) {
     test_accumulate_scale(1);
     test_accumulate_scale(130 * 40);
     test_sum_squares(1, 7);
-    test_sum_squares(130 * 896, 300001);   // several blocks of partial sums
+    test_sum_squares(130 * 896, 600001);   // a full grid, several elements per thread
     test_cross_entropy(1, 257);
     test_cross_entropy(7, 1000);
     test_cross_entropy(37, 257);
     test_cross_entropy(130, 1000);
+    test_cross_entropy(2100, 257);       // several rows per block
     test_adamw(7);
     test_adamw(130 * 40 + 3);
     test_conversions(1000);

@@ -22,7 +22,7 @@ typedef __nv_bfloat16 bf16;
 #define MAX_BLOCKS 2048       // largest grid: >= one full wave on an A100 and an H100; blocks stride beyond it
 #define RMSNORM_BWD_BLOCKS 512 // blocks, and so dweight partial sums, of the RMSNorm backward
 #define RMSNORM_BWD_MAX_H 8192 // its dweight sums: H fp32 of shared memory, within the default 48 KiB
-#define EMBEDDING_BWD_BLOCKS 512 // about this many (vocab range, column tile) blocks in the embedding backward
+#define EMBEDDING_BWD_BLOCKS 512 // about this many (vocabulary class, column tile) blocks in the embedding backward
 
 __device__ __forceinline__ float ld(const bf16 *p) { return __bfloat162float(*p); }
 __device__ __forceinline__ void st(bf16 *p, float x) { *p = __float2bfloat16(x); }
@@ -50,17 +50,16 @@ embedding_forward_kernel(bf16 *out, const int32_t *tokens, const bf16 *table, in
     }
 }
 
-// Block (r, y) owns the vocabulary rows [r rows_per_range, (r + 1) rows_per_range)
-// and the columns [y THREADS, (y + 1) THREADS), one per thread; it scans every
+// Block (r, y) owns the vocabulary rows v with v % gridDim.x == r (frequent
+// tokens, often neighbours in a BPE vocabulary, land in different blocks) and
+// the columns [y THREADS, (y + 1) THREADS), one per thread; it scans every
 // token in order (THREADS at a time through shared memory, a warp ballot per
 // 32) and adds the matching rows of dout. A run of equal tokens is summed in a
 // register, loaded from and stored to dtable once: the additions per element
 // are the CPU's, in increasing t, with no atomics.
 __global__ void __launch_bounds__(THREADS)
-embedding_backward_kernel(float *dtable, const int32_t *tokens, const bf16 *dout, int64_t T, int H, int V,
-                          int rows_per_range) {
+embedding_backward_kernel(float *dtable, const int32_t *tokens, const bf16 *dout, int64_t T, int H) {
     STATIC_SHARED(int32_t, chunk, [THREADS]);
-    const int v0 = blockIdx.x * rows_per_range, v1 = min(V, v0 + rows_per_range);
     const int col = blockIdx.y * THREADS + threadIdx.x, lane = threadIdx.x % 32;
     int64_t run = -1;   // the row being summed in acc
     float acc = 0.0f;
@@ -70,7 +69,7 @@ embedding_backward_kernel(float *dtable, const int32_t *tokens, const bf16 *dout
         __syncthreads();
         for (int w = 0; w < THREADS; w += 32) {
             const int32_t tok = chunk[w + lane];
-            unsigned hits = __ballot_sync(0xffffffffu, tok >= v0 && tok < v1);
+            unsigned hits = __ballot_sync(0xffffffffu, tok >= 0 && tok % gridDim.x == blockIdx.x);
             while (hits) {
                 const int i = __ffs((int)hits) - 1;
                 hits &= hits - 1;
@@ -301,15 +300,11 @@ extern "C" void embedding_forward_cuda(uint16_t *out, const int32_t *tokens, con
 }
 
 extern "C" void embedding_backward_cuda(float *dtable, const int32_t *tokens, const uint16_t *dout, int64_t T,
-                                        int H, int V, cudaStream_t stream) {
+                                        int H, cudaStream_t stream) {
     if (T == 0) return;
     const int tiles = (H + THREADS - 1) / THREADS;
-    int ranges = (EMBEDDING_BWD_BLOCKS + tiles - 1) / tiles;
-    ranges = ranges < V ? ranges : V;
-    const int rows_per_range = (V + ranges - 1) / ranges;
-    const dim3 grid((unsigned)((V + rows_per_range - 1) / rows_per_range), (unsigned)tiles);
-    CUDA_LAUNCH(embedding_backward_kernel, grid, THREADS, 0, stream, dtable, tokens, (const bf16 *)dout, T, H, V,
-                rows_per_range);
+    const dim3 grid((unsigned)((EMBEDDING_BWD_BLOCKS + tiles - 1) / tiles), (unsigned)tiles);
+    CUDA_LAUNCH(embedding_backward_kernel, grid, THREADS, 0, stream, dtable, tokens, (const bf16 *)dout, T, H);
     CUDA_CHECK(cudaGetLastError());
 }
 

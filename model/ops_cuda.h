@@ -28,7 +28,7 @@ void embedding_forward_cuda(uint16_t *out, const int32_t *tokens, const uint16_t
 // dtable[tokens[t], :] += dout[t, :] (dtable [V, H] fp32, dout [T, H] bf16),
 // each row's additions in increasing t, as on the CPU.
 void embedding_backward_cuda(float *dtable, const int32_t *tokens, const uint16_t *dout, int64_t T, int H,
-                             int V, cudaStream_t stream);
+                             cudaStream_t stream);
 
 // out[T, H] bf16 = inp * rstd * weight, rstd[T] fp32 = 1/sqrt(mean(inp^2) + eps)
 // (mean square in double).

@@ -145,7 +145,7 @@ SIM_GPU_LDLIBS = -lstdc++ -lm -ldl -fopenmp -rdynamic
 SIM_GPU_OBJ = build/sim/obj/dist/util.o build/sim/obj/attention/flash_cpu.o build/sim/obj/attention/layout.o \
               build/sim/obj/attention/sparse_flash_cpu.o build/sim/obj/attention/sparse_index.o $(SIM_CU_OBJ)
 SIM_GPU_TESTS = build/sim/tests/gpu_test_attention \
-                $(if $(SIM_HAS_CUB),build/sim/tests/gpu_test_sparse build/sim/tests/gpu_test_attention_op)
+                $(if $(SIM_HAS_CUB),build/sim/tests/gpu_test_sparse build/sim/tests/gpu_test_attention_op build/sim/tests/gpu_test_ops)
 SIM_BIN = $(SIM_GPU_TESTS) $(SIM_GPU_TESTS:%=%_asan) build/sim/tests/sim_selftest build/sim/tests/sim_selftest_asan \
           $(if $(SIM_HAS_CUB),build/sim/mtrain)
 

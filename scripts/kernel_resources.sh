@@ -118,6 +118,13 @@ launch_table() {
     row "est_lse_kernel<$D>" 128 "$(est_smem $D)" optin all
     row "est_scores_kernel<$D>" 128 "$(est_smem $D)" optin all
   done
+  # model/ops_cuda.cu: THREADS = 256 everywhere; the RMSNorm backward's dweight sums take H fp32 of
+  # dynamic shared memory, at most RMSNORM_BWD_MAX_H = 8192.
+  for k in embedding_forward embedding_backward rmsnorm_forward add_column_sums rope swiglu_forward \
+           swiglu_backward accumulate scale f32_to_bf16 bf16_to_f32 sum_squares add_sum cross_entropy adamw; do
+    row "${k}_kernel" 256 0 default all
+  done
+  row 'rmsnorm_backward_kernel' 256 $((8192 * 4)) default all   # rmsnorm_backward_cuda()
   row 'est_lse_merge_kernel' 256 0 default all
   row 'select_keys_kernel' 256 0 default all
   row 'select_take_kernel' 32 0 default all

@@ -1,0 +1,429 @@
+// ops_cuda.cu: the element-wise, normalisation, embedding, loss and optimizer
+// kernels of the CUDA backend (API and semantics: ops_cuda.h). Every kernel
+// has blocks of THREADS threads and a grid of at most MAX_BLOCKS blocks that
+// stride over the tensor: element-wise kernels one element per thread, row
+// kernels (RMSNorm, cross entropy) one row per block at a time. Reductions
+// combine in a fixed order (warp butterflies, then the warps in order, then
+// blocks' partial sums in order by one more kernel), never with atomics, so
+// every result is bitwise reproducible.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "../dist/cuda_check.h"
+#include "../dist/cuda_kernel.h"
+#include "ops_cuda.h"
+
+typedef __nv_bfloat16 bf16;
+
+#define THREADS 256           // threads per block of every kernel
+#define WARPS (THREADS / 32)
+#define MAX_BLOCKS 2048       // largest grid: >= one full wave on an A100 and an H100; blocks stride beyond it
+#define RMSNORM_BWD_BLOCKS 512 // blocks, and so dweight partial sums, of the RMSNorm backward
+#define RMSNORM_BWD_MAX_H 8192 // its dweight sums: H fp32 of shared memory, within the default 48 KiB
+#define EMBEDDING_BWD_BLOCKS 512 // about this many (vocabulary class, column tile) blocks in the embedding backward
+
+__device__ __forceinline__ float ld(const bf16 *p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void st(bf16 *p, float x) { *p = __float2bfloat16(x); }
+
+// Sum of v over the block, returned to every thread (scratch [WARPS]; the
+// block's threads all call it). Butterflies give every lane the same bits.
+__device__ __forceinline__ double block_sum(double v, double *scratch) {
+    for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+    __syncthreads();   // scratch free from the previous call
+    if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
+    __syncthreads();
+    double total = scratch[0];
+    for (int w = 1; w < WARPS; w++) total += scratch[w];
+    return total;
+}
+
+// ---- embedding ----
+
+// out[t, :] = table[tokens[t], :]; each block strides over the rows.
+__global__ void __launch_bounds__(THREADS)
+embedding_forward_kernel(bf16 *out, const int32_t *tokens, const bf16 *table, int64_t T, int H) {
+    for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+        const bf16 *src = table + (int64_t)tokens[t] * H;
+        for (int c = threadIdx.x; c < H; c += THREADS) out[t * H + c] = src[c];
+    }
+}
+
+// Block (r, y) owns the vocabulary rows v with v % gridDim.x == r (frequent
+// tokens, often neighbours in a BPE vocabulary, land in different blocks) and
+// the columns [y THREADS, (y + 1) THREADS), one per thread; it scans every
+// token in order (THREADS at a time through shared memory, a warp ballot per
+// 32) and adds the matching rows of dout. A run of equal tokens is summed in a
+// register, loaded from and stored to dtable once: the additions per element
+// are the CPU's, in increasing t, with no atomics.
+__global__ void __launch_bounds__(THREADS)
+embedding_backward_kernel(float *dtable, const int32_t *tokens, const bf16 *dout, int64_t T, int H) {
+    STATIC_SHARED(int32_t, chunk, [THREADS]);
+    const int col = blockIdx.y * THREADS + threadIdx.x, lane = threadIdx.x % 32;
+    int64_t run = -1;   // the row being summed in acc
+    float acc = 0.0f;
+    for (int64_t t0 = 0; t0 < T; t0 += THREADS) {
+        __syncthreads();   // every warp is done with the previous chunk
+        chunk[threadIdx.x] = t0 + threadIdx.x < T ? tokens[t0 + threadIdx.x] : -1;
+        __syncthreads();
+        for (int w = 0; w < THREADS; w += 32) {
+            const int32_t tok = chunk[w + lane];
+            unsigned hits = __ballot_sync(0xffffffffu, tok >= 0 && tok % gridDim.x == blockIdx.x);
+            while (hits) {
+                const int i = __ffs((int)hits) - 1;
+                hits &= hits - 1;
+                if (col >= H) continue;
+                const int64_t row = chunk[w + i];
+                if (row != run) {
+                    if (run >= 0) dtable[run * H + col] = acc;
+                    run = row;
+                    acc = dtable[run * H + col];
+                }
+                acc += ld(dout + (t0 + w + i) * H + col);
+            }
+        }
+    }
+    if (run >= 0) dtable[run * H + col] = acc;
+}
+
+// ---- RMSNorm ----
+
+__global__ void __launch_bounds__(THREADS)
+rmsnorm_forward_kernel(bf16 *out, float *rstd, const bf16 *inp, const bf16 *weight, int64_t T, int H, float eps) {
+    STATIC_SHARED(double, scratch, [WARPS]);
+    for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+        const bf16 *x = inp + t * H;
+        double ss = 0;
+        for (int c = threadIdx.x; c < H; c += THREADS) {
+            const double xc = ld(x + c);
+            ss += xc * xc;
+        }
+        ss = block_sum(ss, scratch);
+        const float r = (float)(1.0 / sqrt(ss / H + eps));
+        if (threadIdx.x == 0) rstd[t] = r;
+        for (int c = threadIdx.x; c < H; c += THREADS) st(out + t * H + c, ld(x + c) * r * ld(weight + c));
+    }
+}
+
+// dinp rows as on the CPU; block b takes rows b, b + gridDim.x, ... and sums
+// dy x r per column in shared memory (each thread its own columns), then
+// writes them to partial[b, H].
+__global__ void __launch_bounds__(THREADS)
+rmsnorm_backward_kernel(bf16 *dinp, float *partial, const bf16 *dout, const bf16 *inp, const bf16 *weight,
+                        const float *rstd, int64_t T, int H) {
+    DYNAMIC_SHARED(float, dw);
+    STATIC_SHARED(double, scratch, [WARPS]);
+    for (int c = threadIdx.x; c < H; c += THREADS) dw[c] = 0.0f;
+    for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+        const bf16 *x = inp + t * H, *dy = dout + t * H;
+        double dot = 0;
+        for (int c = threadIdx.x; c < H; c += THREADS) dot += (double)ld(weight + c) * ld(dy + c) * ld(x + c);
+        dot = block_sum(dot, scratch);
+        const float r = rstd[t], coef = (float)(dot / H) * r * r * r;
+        for (int c = threadIdx.x; c < H; c += THREADS) {
+            const float xc = ld(x + c), dyc = ld(dy + c);
+            bf16 *dx = dinp + t * H + c;
+            st(dx, ld(dx) + (r * ld(weight + c) * dyc - coef * xc));
+            dw[c] += dyc * xc * r;
+        }
+    }
+    for (int c = threadIdx.x; c < H; c += THREADS) partial[(int64_t)blockIdx.x * H + c] = dw[c];
+}
+
+// out[c] += sum over r of partial[r, c], r in order (one thread per column).
+__global__ void __launch_bounds__(THREADS) add_column_sums_kernel(float *out, const float *partial, int rows, int H) {
+    const int c = blockIdx.x * THREADS + threadIdx.x;
+    if (c >= H) return;
+    float acc = 0.0f;
+    for (int r = 0; r < rows; r++) acc += partial[(int64_t)r * H + c];
+    out[c] += acc;
+}
+
+// ---- RoPE ----
+
+// One thread per (t, i < D/2): the angle's cos and sin once, then every head.
+__global__ void __launch_bounds__(THREADS)
+rope_kernel(bf16 *x, const int64_t *pos, int64_t T, int heads, int D, const double *inv_freq,
+            double attention_factor, int inverse) {
+    const int half = D / 2;
+    for (int64_t p = (int64_t)blockIdx.x * THREADS + threadIdx.x; p < T * half; p += (int64_t)gridDim.x * THREADS) {
+        const int64_t t = p / half;
+        const int i = (int)(p % half);
+        const double angle = (double)pos[t] * inv_freq[i];
+        const float c = (float)(attention_factor * cos(angle));
+        const float s = (float)(attention_factor * (inverse ? -sin(angle) : sin(angle)));
+        for (int h = 0; h < heads; h++) {
+            bf16 *v = x + (t * heads + h) * D;
+            const float x1 = ld(v + i), x2 = ld(v + half + i);
+            st(v + i, x1 * c - x2 * s);
+            st(v + half + i, x2 * c + x1 * s);
+        }
+    }
+}
+
+// ---- element-wise ----
+
+#define FOR_EACH(i, n) for (int64_t i = (int64_t)blockIdx.x * THREADS + threadIdx.x; i < (n); \
+                            i += (int64_t)gridDim.x * THREADS)
+
+__global__ void __launch_bounds__(THREADS) swiglu_forward_kernel(bf16 *out, const bf16 *gate, const bf16 *up, int64_t n) {
+    FOR_EACH(i, n) {
+        const float g = ld(gate + i);
+        st(out + i, g / (1.0f + expf(-g)) * ld(up + i));
+    }
+}
+
+__global__ void __launch_bounds__(THREADS)
+swiglu_backward_kernel(bf16 *dgate, bf16 *dup, const bf16 *dout, const bf16 *gate, const bf16 *up, int64_t n) {
+    FOR_EACH(i, n) {
+        const float g = ld(gate + i), s = 1.0f / (1.0f + expf(-g)), dy = ld(dout + i);
+        st(dgate + i, ld(dgate + i) + dy * ld(up + i) * s * (1.0f + g * (1.0f - s)));
+        st(dup + i, ld(dup + i) + dy * g * s);
+    }
+}
+
+__global__ void __launch_bounds__(THREADS) accumulate_kernel(bf16 *y, const bf16 *x, int64_t n) {
+    FOR_EACH(i, n) st(y + i, ld(y + i) + ld(x + i));
+}
+
+__global__ void __launch_bounds__(THREADS) scale_kernel(float *x, float s, int64_t n) {
+    FOR_EACH(i, n) x[i] *= s;
+}
+
+__global__ void __launch_bounds__(THREADS) f32_to_bf16_kernel(bf16 *out, const float *in, int64_t n) {
+    FOR_EACH(i, n) st(out + i, in[i]);
+}
+
+__global__ void __launch_bounds__(THREADS) bf16_to_f32_kernel(float *out, const bf16 *in, int64_t n) {
+    FOR_EACH(i, n) out[i] = ld(in + i);
+}
+
+// ---- reductions to one double ----
+
+// partial[b] = this block's share of sum x^2 (grid-strided, in double).
+__global__ void __launch_bounds__(THREADS) sum_squares_kernel(const float *x, int64_t n, double *partial) {
+    STATIC_SHARED(double, scratch, [WARPS]);
+    double acc = 0;
+    FOR_EACH(i, n) acc += (double)x[i] * x[i];
+    acc = block_sum(acc, scratch);
+    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+// *total += sum of partial[n], one block.
+__global__ void __launch_bounds__(THREADS) add_sum_kernel(double *total, const double *partial, int64_t n) {
+    STATIC_SHARED(double, scratch, [WARPS]);
+    double acc = 0;
+    for (int64_t i = threadIdx.x; i < n; i += THREADS) acc += partial[i];
+    acc = block_sum(acc, scratch);
+    if (threadIdx.x == 0) *total += acc;
+}
+
+// ---- cross entropy ----
+
+// (max, sum of exp(x - max)) of two parts of a row; max -inf: an empty part.
+__device__ __forceinline__ void softmax_merge(float &m, float &s, float m2, float s2) {
+    const float mx = fmaxf(m, m2);
+    if (mx == -INFINITY) return;
+    s = s * expf(m - mx) + s2 * expf(m2 - mx);
+    m = mx;
+}
+
+// One block per row: online max and sum per thread, merged over the block,
+// then the row rewritten as its gradient; row_loss[row] = lse - x[target].
+__global__ void __launch_bounds__(THREADS)
+cross_entropy_kernel(bf16 *logits, const int32_t *targets, int64_t C, int V, float grad_scale, double *row_loss) {
+    STATIC_SHARED(float, part_max, [WARPS]);
+    STATIC_SHARED(float, part_sum, [WARPS]);
+    for (int64_t t = blockIdx.x; t < C; t += gridDim.x) {
+        bf16 *row = logits + t * V;
+        const int32_t target = targets[t];
+        if (target < 0) {
+            for (int c = threadIdx.x; c < V; c += THREADS) st(row + c, 0.0f);
+            if (threadIdx.x == 0) row_loss[t] = 0;
+            continue;
+        }
+        float m = -INFINITY, s = 0.0f;
+        for (int c = threadIdx.x; c < V; c += THREADS) softmax_merge(m, s, ld(row + c), 1.0f);
+        for (int off = 16; off > 0; off /= 2)
+            softmax_merge(m, s, __shfl_xor_sync(0xffffffffu, m, off), __shfl_xor_sync(0xffffffffu, s, off));
+        if (threadIdx.x % 32 == 0) {
+            part_max[threadIdx.x / 32] = m;
+            part_sum[threadIdx.x / 32] = s;
+        }
+        __syncthreads();
+        m = part_max[0];
+        s = part_sum[0];
+        for (int w = 1; w < WARPS; w++) softmax_merge(m, s, part_max[w], part_sum[w]);
+        const float lse = m + logf(s);
+        if (threadIdx.x == 0) row_loss[t] = (double)lse - ld(row + target);
+        __syncthreads();   // x[target] and the parts are read before they are overwritten
+        for (int c = threadIdx.x; c < V; c += THREADS) {
+            const float g = expf(ld(row + c) - lse) * grad_scale;
+            st(row + c, c == target ? g - grad_scale : g);
+        }
+    }
+}
+
+// ---- AdamW ----
+
+__global__ void __launch_bounds__(THREADS)
+adamw_kernel(float *param, bf16 *param_bf16, const float *grad, float *m, float *v, int64_t n, float lr,
+             float beta1, float beta2, float eps, float weight_decay, float c1, float c2) {
+    FOR_EACH(i, n) {
+        const float g = grad[i];
+        const float mi = beta1 * m[i] + (1.0f - beta1) * g, vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        const float mhat = mi / c1, vhat = vi / c2;
+        const float p = param[i] - lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * param[i]);
+        param[i] = p;
+        st(param_bf16 + i, p);
+    }
+}
+
+// ---- host side ----
+
+static unsigned grid_for(int64_t n) {
+    const int64_t b = (n + THREADS - 1) / THREADS;
+    return (unsigned)(b < 1 ? 1 : b > MAX_BLOCKS ? MAX_BLOCKS : b);
+}
+
+static unsigned row_grid(int64_t rows) { return (unsigned)(rows > MAX_BLOCKS ? MAX_BLOCKS : rows); }
+
+extern "C" void embedding_forward_cuda(uint16_t *out, const int32_t *tokens, const uint16_t *table, int64_t T,
+                                       int H, cudaStream_t stream) {
+    if (T == 0) return;
+    CUDA_LAUNCH(embedding_forward_kernel, row_grid(T), THREADS, 0, stream, (bf16 *)out, tokens,
+                (const bf16 *)table, T, H);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+extern "C" void embedding_backward_cuda(float *dtable, const int32_t *tokens, const uint16_t *dout, int64_t T,
+                                        int H, cudaStream_t stream) {
+    if (T == 0) return;
+    const int tiles = (H + THREADS - 1) / THREADS;
+    const dim3 grid((unsigned)((EMBEDDING_BWD_BLOCKS + tiles - 1) / tiles), (unsigned)tiles);
+    CUDA_LAUNCH(embedding_backward_kernel, grid, THREADS, 0, stream, dtable, tokens, (const bf16 *)dout, T, H);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+extern "C" void rmsnorm_forward_cuda(uint16_t *out, float *rstd, const uint16_t *inp, const uint16_t *weight,
+                                     int64_t T, int H, float eps, cudaStream_t stream) {
+    if (T == 0) return;
+    CUDA_LAUNCH(rmsnorm_forward_kernel, row_grid(T), THREADS, 0, stream, (bf16 *)out, rstd, (const bf16 *)inp,
+                (const bf16 *)weight, T, H, eps);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+extern "C" void rmsnorm_backward_cuda(uint16_t *dinp, float *dweight, const uint16_t *dout, const uint16_t *inp,
+                                      const uint16_t *weight, const float *rstd, int64_t T, int H,
+                                      cudaStream_t stream) {
+    CHECK(H <= RMSNORM_BWD_MAX_H, "rmsnorm_backward_cuda: H = %d is above %d (dweight sums in shared memory)", H,
+          RMSNORM_BWD_MAX_H);
+    const size_t smem = (size_t)H * sizeof(float);
+    if (T == 0) return;
+    const int blocks = T < RMSNORM_BWD_BLOCKS ? (int)T : RMSNORM_BWD_BLOCKS;
+    float *partial;
+    CUDA_CHECK(cudaMallocAsync((void **)&partial, (size_t)blocks * smem, stream));
+    CUDA_LAUNCH(rmsnorm_backward_kernel, blocks, THREADS, smem, stream, (bf16 *)dinp, partial, (const bf16 *)dout,
+                (const bf16 *)inp, (const bf16 *)weight, rstd, T, H);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_LAUNCH(add_column_sums_kernel, (H + THREADS - 1) / THREADS, THREADS, 0, stream, dweight, partial, blocks, H);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaFreeAsync(partial, stream));
+}
+
+extern "C" void rope_cuda(uint16_t *x, const int64_t *pos, int64_t T, int heads, int D, const double *inv_freq,
+                          double attention_factor, int inverse, cudaStream_t stream) {
+    CHECK(D > 0 && D % 2 == 0, "rope_cuda: head dim %d is not even", D);
+    if (T == 0) return;
+    CUDA_LAUNCH(rope_kernel, grid_for(T * (D / 2)), THREADS, 0, stream, (bf16 *)x, pos, T, heads, D, inv_freq,
+                attention_factor, inverse);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+extern "C" void swiglu_forward_cuda(uint16_t *out, const uint16_t *gate, const uint16_t *up, int64_t n,
+                                    cudaStream_t stream) {
+    if (n == 0) return;
+    CUDA_LAUNCH(swiglu_forward_kernel, grid_for(n), THREADS, 0, stream, (bf16 *)out, (const bf16 *)gate,
+                (const bf16 *)up, n);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+extern "C" void swiglu_backward_cuda(uint16_t *dgate, uint16_t *dup, const uint16_t *dout, const uint16_t *gate,
+                                     const uint16_t *up, int64_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    CUDA_LAUNCH(swiglu_backward_kernel, grid_for(n), THREADS, 0, stream, (bf16 *)dgate, (bf16 *)dup,
+                (const bf16 *)dout, (const bf16 *)gate, (const bf16 *)up, n);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+extern "C" void accumulate_cuda(uint16_t *y, const uint16_t *x, int64_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    CUDA_LAUNCH(accumulate_kernel, grid_for(n), THREADS, 0, stream, (bf16 *)y, (const bf16 *)x, n);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+extern "C" void scale_cuda(float *x, float s, int64_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    CUDA_LAUNCH(scale_kernel, grid_for(n), THREADS, 0, stream, x, s, n);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// *total += sum of partial[n], then partial released (stream order).
+static void add_partials(double *total, double *partial, int64_t n, cudaStream_t stream) {
+    CUDA_LAUNCH(add_sum_kernel, 1, THREADS, 0, stream, total, (const double *)partial, n);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaFreeAsync(partial, stream));
+}
+
+extern "C" void sum_squares_cuda(const float *x, int64_t n, double *total, cudaStream_t stream) {
+    if (n == 0) return;
+    const unsigned blocks = grid_for(n);
+    double *partial;
+    CUDA_CHECK(cudaMallocAsync((void **)&partial, blocks * sizeof(double), stream));
+    CUDA_LAUNCH(sum_squares_kernel, blocks, THREADS, 0, stream, x, n, partial);
+    CUDA_CHECK(cudaGetLastError());
+    add_partials(total, partial, blocks, stream);
+}
+
+extern "C" double read_double_cuda(const double *value, cudaStream_t stream) {
+    double host;
+    CUDA_CHECK(cudaMemcpyAsync(&host, value, sizeof(double), cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    return host;
+}
+
+extern "C" void cross_entropy_cuda(uint16_t *logits, const int32_t *targets, int64_t C, int V, float grad_scale,
+                                   double *loss, cudaStream_t stream) {
+    if (C == 0) return;
+    double *row_loss;
+    CUDA_CHECK(cudaMallocAsync((void **)&row_loss, (size_t)C * sizeof(double), stream));
+    CUDA_LAUNCH(cross_entropy_kernel, row_grid(C), THREADS, 0, stream, (bf16 *)logits, targets, C, V, grad_scale,
+                row_loss);
+    CUDA_CHECK(cudaGetLastError());
+    add_partials(loss, row_loss, C, stream);
+}
+
+extern "C" void adamw_cuda(float *param, uint16_t *param_bf16, const float *grad, float *m, float *v, int64_t n,
+                           float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step,
+                           cudaStream_t stream) {
+    if (n == 0) return;
+    const float c1 = 1.0f - powf(beta1, (float)step), c2 = 1.0f - powf(beta2, (float)step);
+    CUDA_LAUNCH(adamw_kernel, grid_for(n), THREADS, 0, stream, param, (bf16 *)param_bf16, grad, m, v, n, lr, beta1,
+                beta2, eps, weight_decay, c1, c2);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+extern "C" void f32_to_bf16_cuda(uint16_t *out, const float *in, int64_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    CUDA_LAUNCH(f32_to_bf16_kernel, grid_for(n), THREADS, 0, stream, (bf16 *)out, in, n);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+extern "C" void bf16_to_f32_cuda(float *out, const uint16_t *in, int64_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    CUDA_LAUNCH(bf16_to_f32_kernel, grid_for(n), THREADS, 0, stream, out, (const bf16 *)in, n);
+    CUDA_CHECK(cudaGetLastError());
+}

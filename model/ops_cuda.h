@@ -1,0 +1,88 @@
+// ops_cuda.h: the element-wise, normalisation, embedding, loss and optimizer
+// kernels of the CUDA backend (ops_cuda.cu), callable from C. Each one has the
+// semantics of the CPU op of the same name in model/ops_cpu.c (model/backend.h
+// documents them); the element types are the CUDA backend's: activations and
+// compute weights bf16, passed as uint16_t (the bits of a bf16; dist/util.h
+// converts on the host), master weights, gradients, moments and per-row
+// statistics fp32. Arithmetic is fp32 inside the kernels, reductions fp32 or
+// double where the CPU op uses double.
+//
+// Every pointer is device memory; every call is enqueued on `stream` and
+// returns at once (errors through CUDA_CHECK). Backward ops ACCUMULATE (+=)
+// into their gradient outputs; a bf16 output is read, added to in fp32 and
+// rounded once. Every reduction runs in an order fixed by the shapes (no
+// atomics), so results are bitwise reproducible.
+#ifndef MTRAIN_OPS_CUDA_H
+#define MTRAIN_OPS_CUDA_H
+
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// out[T, H] bf16 = table[tokens[t], :] (table [V, H] bf16, tokens in [0, V)).
+void embedding_forward_cuda(uint16_t *out, const int32_t *tokens, const uint16_t *table, int64_t T, int H,
+                            cudaStream_t stream);
+// dtable[tokens[t], :] += dout[t, :] (dtable [V, H] fp32, dout [T, H] bf16),
+// each row's additions in increasing t, as on the CPU.
+void embedding_backward_cuda(float *dtable, const int32_t *tokens, const uint16_t *dout, int64_t T, int H,
+                             cudaStream_t stream);
+
+// out[T, H] bf16 = inp * rstd * weight, rstd[T] fp32 = 1/sqrt(mean(inp^2) + eps)
+// (mean square in double).
+void rmsnorm_forward_cuda(uint16_t *out, float *rstd, const uint16_t *inp, const uint16_t *weight, int64_t T,
+                          int H, float eps, cudaStream_t stream);
+// dinp[T, H] bf16 += r (w dy) - x r^3 mean(w dy x); dweight[H] fp32 += sum_t dy x r.
+// H at most 8192 (dweight's per-block partial sums live in shared memory).
+void rmsnorm_backward_cuda(uint16_t *dinp, float *dweight, const uint16_t *dout, const uint16_t *inp,
+                           const uint16_t *weight, const float *rstd, int64_t T, int H, cudaStream_t stream);
+
+// In place on x[T, heads, D] bf16: rotate-half RoPE at positions pos[T],
+// angle_i = pos * inv_freq[i] in double (inv_freq [D/2] from model/rope.c),
+// cos and sin in double times attention_factor, rounded to fp32; inverse = 1
+// rotates by -angle (the backward).
+void rope_cuda(uint16_t *x, const int64_t *pos, int64_t T, int heads, int D, const double *inv_freq,
+               double attention_factor, int inverse, cudaStream_t stream);
+
+// out[n] = silu(gate[n]) * up[n], all bf16.
+void swiglu_forward_cuda(uint16_t *out, const uint16_t *gate, const uint16_t *up, int64_t n, cudaStream_t stream);
+// dgate += dout up s (1 + g (1 - s)), dup += dout g s with s = sigmoid(g); all bf16.
+void swiglu_backward_cuda(uint16_t *dgate, uint16_t *dup, const uint16_t *dout, const uint16_t *gate,
+                          const uint16_t *up, int64_t n, cudaStream_t stream);
+
+// y[n] += x[n], bf16.
+void accumulate_cuda(uint16_t *y, const uint16_t *x, int64_t n, cudaStream_t stream);
+// x[n] *= s, fp32 (gradient clipping).
+void scale_cuda(float *x, float s, int64_t n, cudaStream_t stream);
+// *total += sum of x[n]^2 (fp32 x, double sums); total is one device double,
+// so the squares of many tensors add up on the GPU and are read once
+// (read_double_cuda).
+void sum_squares_cuda(const float *x, int64_t n, double *total, cudaStream_t stream);
+// The value of the device double *value once `stream` has reached this call
+// (waits for the stream).
+double read_double_cuda(const double *value, cudaStream_t stream);
+
+// In place: logits[C, V] bf16 -> dlogits = (softmax - onehot(target)) * grad_scale
+// for rows with target >= 0, zero rows otherwise; *loss (one device double) +=
+// the summed cross entropy of the rows (each row's in fp32, summed in double).
+void cross_entropy_cuda(uint16_t *logits, const int32_t *targets, int64_t C, int V, float grad_scale,
+                        double *loss, cudaStream_t stream);
+
+// AdamW on n fp32 parameters (m, v updated, the CPU op's formula) and the bf16
+// compute copy param_bf16[n] written from the updated parameters.
+void adamw_cuda(float *param, uint16_t *param_bf16, const float *grad, float *m, float *v, int64_t n, float lr,
+                float beta1, float beta2, float eps, float weight_decay, int64_t step, cudaStream_t stream);
+
+// out[n] bf16 = in[n] rounded to nearest even: also the refresh of the bf16
+// compute weights from the fp32 master.
+void f32_to_bf16_cuda(uint16_t *out, const float *in, int64_t n, cudaStream_t stream);
+// out[n] fp32 = in[n] bf16 (exact).
+void bf16_to_f32_cuda(float *out, const uint16_t *in, int64_t n, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -63,6 +63,19 @@ int64_t ring_dkv_rows(const Ring *ring, const Place *p, const RingNeed *need, in
     return ring_selected_tokens(ring, p, need, c, dkv_carries(p, so, si), mask, sel);
 }
 
+bool ring_chunk_visible(const int64_t *q_pos, int64_t Tq, const int64_t *k_pos, int64_t Tk,
+                        const int64_t *doc_starts, int64_t doc_count) {
+    // A query q sees keys in [first(q), q]; both ends grow with q, so one
+    // pass over the keys finds the first at or after each query's first.
+    int64_t j = 0;
+    for (int64_t i = 0; i < Tq && j < Tk; i++) {
+        const int64_t first = attn_doc_first(doc_starts, doc_count, q_pos[i]);
+        while (j < Tk && k_pos[j] < first) j++;
+        if (j < Tk && k_pos[j] <= q_pos[i]) return true;
+    }
+    return false;
+}
+
 void ring_send_tokens(const Ring *ring, const RingNeed *need, int64_t *kv_tokens, int64_t *dkv_tokens) {
     const int W = ring->cp->size;
     uint64_t *mask = xmalloc((size_t)(need ? need->words : 1) * sizeof(uint64_t));

@@ -6,6 +6,7 @@
 #ifndef MTRAIN_RING_PLAN_H
 #define MTRAIN_RING_PLAN_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "ring.h"
@@ -46,6 +47,11 @@ int64_t ring_selected_tokens(const Ring *ring, const Place *p, const RingNeed *n
 // its contribution stays home and the accumulator starts at the next holder.
 int64_t ring_dkv_rows(const Ring *ring, const Place *p, const RingNeed *need, int c, int so, int si,
                       uint64_t *mask, int64_t *sel);
+// Whether some query at q_pos [Tq] sees some key at k_pos [Tk] (both
+// ascending): k <= q and, with documents (doc_starts [doc_count], attention.h),
+// k in q's document. A ring step whose chunk fails this has no attention work.
+bool ring_chunk_visible(const int64_t *q_pos, int64_t Tq, const int64_t *k_pos, int64_t Tk,
+                        const int64_t *doc_starts, int64_t doc_count);
 
 // Tokens (rows of K and V, or of dK and dV) the transfers of one ring pass
 // send, per rank and step, with `need` (NULL: whole chunks), without MPI: the

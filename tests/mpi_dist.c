@@ -6,7 +6,8 @@
 //   mpi_dist grid DP CP INNER            communicator shapes and rank order for this request
 //   mpi_dist grid-errors                 bad parallel.* settings give clear reasons (dist_grid)
 //   mpi_dist setup DP CP INNER           dist_setup only (a bad request must end every rank)
-//   mpi_dist ring flat|hierarchical INNER  ring attention against the single-rank kernel
+//   mpi_dist ring flat|hierarchical INNER  ring attention against the single-rank kernel,
+//                                        without and with documents (steps skipped)
 //   mpi_dist kill                        the last rank SIGKILLs itself inside an all-reduce
 //   mpi_dist skip                        the last rank skips an all-reduce (time-out)
 //   mpi_dist bench N flat|hierarchical INNER  times the ring (zigzag) and the single-rank kernel
@@ -191,9 +192,26 @@ static float *gather_cols(const float *lse, int H, int64_t N, const int64_t *pos
     return out;
 }
 
-// One sequence of N tokens in `layout` on the cp ranks: forward and backward
-// of the ring against the single-rank kernel. Returns nothing; checks.
-static void check_ring_case(LayoutKind layout, int64_t N, int inner, const char *schedule) {
+// The dense CPU kernels, counting the ring steps that call them (ctx: int64_t [2]).
+static void counted_forward(void *ctx, const AttnShape *shape, const float *q, const int64_t *q_pos,
+                            const float *k, const float *v, const int64_t *k_pos, float *o, float *lse) {
+    ((int64_t *)ctx)[0]++;
+    ring_dense_cpu.forward(NULL, shape, q, q_pos, k, v, k_pos, o, lse);
+}
+
+static void counted_backward(void *ctx, const AttnShape *shape, const float *q, const int64_t *q_pos,
+                             const float *k, const float *v, const int64_t *k_pos, const float *lse,
+                             const float *delta, const float *dout, float *dq, float *dk, float *dv) {
+    ((int64_t *)ctx)[1]++;
+    ring_dense_cpu.backward(NULL, shape, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk, dv);
+}
+
+// One sequence of N tokens in `layout` on the cp ranks, with the documents of
+// `docs`: forward and backward of the ring against the single-rank kernel on
+// the whole sequence with the same documents. With one document per rank of
+// the contiguous layout every step but the own chunk's is skipped: each rank
+// holding tokens calls the kernels once per pass. Returns nothing; checks.
+static void check_ring_case(LayoutKind layout, int64_t N, int inner, const char *schedule, DocSet docs) {
     const int Hq = 4, Hkv = 2, D = 8, B = 16;
     const int W = dist.cp.size, r = dist.cp.rank;
     const int64_t wq = (int64_t)Hq * D, wk = (int64_t)Hkv * D;
@@ -203,8 +221,11 @@ static void check_ring_case(LayoutKind layout, int64_t N, int inner, const char 
     int64_t *all_pos = xmalloc((size_t)N * sizeof(int64_t));
     for (int64_t t = 0; t < N; t++) all_pos[t] = t;
 
+    int64_t starts[64];
+    const int64_t doc_count = doc_set_starts(docs, N, B, W, starts);
+
     // Reference: one call on the whole sequence.
-    AttnShape full = {N, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), NULL, 0};
+    AttnShape full = {N, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), doc_count ? starts : NULL, doc_count};
     float *o = xmalloc((size_t)(N * wq) * sizeof(float)), *lse = xmalloc((size_t)(Hq * N) * sizeof(float));
     float *dq = xcalloc((size_t)(N * wq), sizeof(float));
     float *dk = xcalloc((size_t)(N * wk), sizeof(float)), *dv = xcalloc((size_t)(N * wk), sizeof(float));
@@ -222,12 +243,14 @@ static void check_ring_case(LayoutKind layout, int64_t N, int inner, const char 
     float *lw = gather_rows(w, wq, pos, T);
     Ring ring;
     ring_init(&ring, &dist.cp, inner, pos, T);
-    AttnShape shape = {T, 0, Hq, Hkv, D, B, full.scale, NULL, 0};
+    AttnShape shape = {T, 0, Hq, Hkv, D, B, full.scale, full.doc_starts, full.doc_count};
     float *ro = xmalloc((size_t)(T * wq + 1) * sizeof(float)), *rlse = xmalloc((size_t)(Hq * T + 1) * sizeof(float));
     float *rdq = xcalloc((size_t)(T * wq + 1), sizeof(float));
     float *rdk = xcalloc((size_t)(T * wk + 1), sizeof(float)), *rdv = xcalloc((size_t)(T * wk + 1), sizeof(float));
-    ring_attn_forward(&ring, &ring_dense_cpu, &shape, lq, lk, lv, ro, rlse);
-    ring_attn_backward(&ring, &ring_dense_cpu, &shape, lq, lk, lv, ro, rlse, lw, rdq, rdk, rdv);
+    int64_t calls[2] = {0, 0};
+    const RingKernels counted = {.forward = counted_forward, .backward = counted_backward, .ctx = calls};
+    ring_attn_forward(&ring, &counted, &shape, lq, lk, lv, ro, rlse);
+    ring_attn_backward(&ring, &counted, &shape, lq, lk, lv, ro, rlse, lw, rdq, rdk, rdv);
 
     float *eo = gather_rows(o, wq, pos, T), *e_lse = gather_cols(lse, Hq, N, pos, T);
     float *edq = gather_rows(dq, wq, pos, T), *edk = gather_rows(dk, wk, pos, T), *edv = gather_rows(dv, wk, pos, T);
@@ -236,11 +259,16 @@ static void check_ring_case(LayoutKind layout, int64_t N, int inner, const char 
                            fmax(max_rel_diff(rdk, edk, T * wk), max_rel_diff(rdv, edv, T * wk)));
     double errs[2] = {err_fwd, err_grad};
     comm_allreduce(&dist.world, errs, 2, DT_DOUBLE, REDUCE_MAX);
-    const char *lname = layout_name(layout);
-    expect_all(err_fwd < TOL_FWD, "ring_%s_%s_W%d_inner%d_N%lld_forward (max rel err %.2e)", schedule, lname, W, inner,
-               (long long)N, errs[0]);
-    expect_all(err_grad < TOL_GRAD, "ring_%s_%s_W%d_inner%d_N%lld_backward (max rel err %.2e)", schedule, lname, W,
-               inner, (long long)N, errs[1]);
+    const char *lname = layout_name(layout), *dname = doc_set_suffix(docs);
+    expect_all(err_fwd < TOL_FWD, "ring_%s_%s_W%d_inner%d_N%lld%s_forward (max rel err %.2e)", schedule, lname, W,
+               inner, (long long)N, dname, errs[0]);
+    expect_all(err_grad < TOL_GRAD, "ring_%s_%s_W%d_inner%d_N%lld%s_backward (max rel err %.2e)", schedule, lname, W,
+               inner, (long long)N, dname, errs[1]);
+    if (docs == DOCS_PER_RANK && layout == LAYOUT_CONTIGUOUS)
+        expect_all(calls[0] == (T > 0) && calls[1] == (T > 0),
+                   "ring_%s_W%d_inner%d_N%lld_docs_per_rank_steps_skipped (rank %d: %lld forward, %lld backward "
+                   "kernel calls of %d steps)", schedule, W, inner, (long long)N, r, (long long)calls[0],
+                   (long long)calls[1], W);
 
     ring_free(&ring);
     free(q); free(k); free(v); free(w); free(all_pos); free(o); free(lse); free(dq); free(dk); free(dv); free(delta);
@@ -255,9 +283,10 @@ static void check_ring(const char *schedule, int cp_inner) {
     // N not a multiple of W·B (ranks hold different block counts, the last
     // block is short), and a short sequence where some ranks hold nothing.
     const int64_t lengths[] = {(int64_t)W * B * 2 + 7, 40};
-    for (int l = 0; l < 3; l++)
-        for (size_t n = 0; n < sizeof(lengths) / sizeof(lengths[0]); n++)
-            check_ring_case((LayoutKind)l, lengths[n], inner, schedule);
+    for (int docs = 0; docs < DOC_SETS; docs++)
+        for (int l = 0; l < 3; l++)
+            for (size_t n = 0; n < sizeof(lengths) / sizeof(lengths[0]); n++)
+                check_ring_case((LayoutKind)l, lengths[n], inner, schedule, (DocSet)docs);
 }
 
 // Timing, not a check: best of 3 of the ring forward and backward on N

@@ -8,9 +8,13 @@
 //       exactly) and its density counts; O, LSE, dQ, dK, dV of the sparse
 //       ring equal the single-rank sparse kernel with that pattern, for
 //       ring_send full and selected; selected gives bit-identical results
-//       and sends fewer K/V bytes than full; top_p 1 equals the dense
+//       and sends fewer K/V bytes than full; ring_send_tokens counts the
+//       bytes each rank sent (0 for chunks not sent); top_p 1 equals the dense
 //       kernel; with one document per rank (contiguous) selected sends
 //       nothing.
+//   mpi_sparse_ring bench N MEDIAN_DOC   (timing, not a check) per layout,
+//       dense and sparse ring attention (flat) without and with documents of
+//       log-normal lengths: forward and backward time, bytes sent per rank.
 //   mpi_sparse_ring plan N B shared|independent   (one process, no
 //       communication) byte model and balance of a planted vertical-slash
 //       pattern (the same lines in every head, or drawn per head) at ~90% and
@@ -203,6 +207,21 @@ static int64_t check_case(LayoutKind layout, int64_t N, const char *budget, int 
         }
         bytes[send][0] = rs.traffic.kv_bytes;
         bytes[send][1] = rs.traffic.dkv_bytes;
+        // The byte planner (no MPI) counts what the passes sent: K/V in both.
+        int64_t *kv_tokens = xmalloc((size_t)(W * W) * sizeof(int64_t));
+        int64_t *dkv_tokens = xmalloc((size_t)(W * W) * sizeof(int64_t));
+        ring_send_tokens(&ring, send ? &rs.need : NULL, kv_tokens, dkv_tokens);
+        int64_t planned[2] = {0, 0};
+        for (int s = 0; s < W; s++) {
+            planned[0] += 2 * kv_tokens[r * W + s] * 2 * wk * (int64_t)sizeof(float);
+            planned[1] += dkv_tokens[r * W + s] * 2 * wk * (int64_t)sizeof(float);
+        }
+        expect_all(planned[0] == bytes[send][0] && planned[1] == bytes[send][1],
+                   "sparse_ring_%s_%s_byte_planner (rank %d: planned %lld + %lld, sent %lld + %lld)", mode, tag, r,
+                   (long long)planned[0], (long long)planned[1], (long long)bytes[send][0],
+                   (long long)bytes[send][1]);
+        free(kv_tokens);
+        free(dkv_tokens);
         comm_allreduce(&dist.world, bytes[send], 2, DT_INT64, REDUCE_SUM);
         ring_sparse_free(&rs);
     }
@@ -400,6 +419,113 @@ static void plan(int64_t N, int B, bool shared) {
     }
 }
 
+// ----------------------------------------------------------------------------
+// Ring time and bytes with documents (timing, not a check).
+
+// Document starts of a log-normal length mix over N tokens (median `median`,
+// sigma 1.2 in log space, at least 16 tokens; seeded, the same on every
+// rank) into starts [N]; returns how many. *ideal = sum len^2 / N^2.
+static int64_t lognormal_documents(int64_t N, double median, int64_t *starts, double *ideal) {
+    Rng rng;
+    rng_seed(&rng, 42);
+    int64_t count = 0;
+    *ideal = 0;
+    for (int64_t at = 0; at < N;) {
+        int64_t len = (int64_t)(median * exp(1.2 * rng_normal(&rng)));
+        len = len < 16 ? 16 : len > N - at ? N - at : len;
+        starts[count++] = at;
+        *ideal += (double)len * (double)len / ((double)N * (double)N);
+        at += len;
+    }
+    return count;
+}
+
+// Best of `reps` of one ring pass pair over the cp ranks: forward and
+// backward seconds (slowest rank) into t [2]; sparse: rs planned inside the
+// forward's time. The kernels' traffic is zeroed first and so holds one pair.
+static void time_ring(const Ring *ring, RingKernels *dense, RingSparse *rs, const AttentionConfig *cfg,
+                      const AttnShape *shape, const float *q, const float *k, const float *v, const float *w,
+                      float *o, float *lse, float *dq, float *dk, float *dv, int reps, double *t) {
+    t[0] = t[1] = 1e30;
+    for (int rep = 0; rep < reps; rep++) {
+        double together = 0;
+        comm_allreduce(&dist.world, &together, 1, DT_DOUBLE, REDUCE_SUM);
+        const double t0 = now_seconds();
+        if (rs) {
+            ring_sparse_plan(ring, cfg, shape, q, k, NULL, NULL, cfg->ring_send, rs, NULL);
+            ring_sparse_forward(ring, rs, shape, q, k, v, o, lse);
+        } else {
+            *dense->traffic = (RingTraffic){0};
+            ring_attn_forward(ring, dense, shape, q, k, v, o, lse);
+        }
+        const double t1 = now_seconds();
+        if (rs) ring_sparse_backward(ring, rs, shape, q, k, v, o, lse, w, dq, dk, dv);
+        else ring_attn_backward(ring, dense, shape, q, k, v, o, lse, w, dq, dk, dv);
+        double dt[2] = {t1 - t0, now_seconds() - t1};
+        comm_allreduce(&dist.world, dt, 2, DT_DOUBLE, REDUCE_MAX);
+        t[0] = fmin(t[0], dt[0]);
+        t[1] = fmin(t[1], dt[1]);
+    }
+}
+
+// Per layout, dense (ring_send full) and sparse (fixed budget, ring_send
+// selected) ring attention on N tokens without and with the document mix:
+// forward and backward time and the bytes each rank sent, as a table.
+static void bench(int64_t N, double median) {
+    dist_setup(&dist, 1, 0, 0, "mpi_sparse_ring");
+    const int Hq = 8, Hkv = 2, D = 64, B = 128, W = dist.cp.size;
+    const int64_t wq = (int64_t)Hq * D, wk = (int64_t)Hkv * D;
+    AttentionConfig cfg = sparse_cfg("fixed");
+    cfg.block_size = B;
+    cfg.last_q = 64;
+    cfg.sink = 64;
+    cfg.local = 128;
+    cfg.vertical = 64;
+    cfg.slash = 8;
+    cfg.ring_send = RING_SEND_SELECTED;
+    int64_t *starts = xmalloc((size_t)N * sizeof(int64_t)), *pos = xmalloc((size_t)N * sizeof(int64_t));
+    double ideal;
+    const int64_t doc_count = lognormal_documents(N, median, starts, &ideal);
+    Rng rng;
+    rng_seed(&rng, 7);
+    float *q = randn(&rng, N * wq), *k = randn(&rng, N * wk), *v = randn(&rng, N * wk), *w = randn(&rng, N * wq);
+    Grads g = grads_new(N, wq, wk, Hq);
+    if (dist.world_rank == 0)
+        printf("N=%lld W=%d Hq=%d Hkv=%d D=%d B=%d fp32, %lld documents (log-normal lengths, median %.0f, sigma 1.2, "
+               ">= 16 tokens; sum len^2 / N^2 = %.3f); sparse: fixed %d vertical + %d slash lines, sink %d, local %d, "
+               "ring_send selected\n\n| layout | attention | documents | forward s | backward s | MiB sent per rank |\n"
+               "|---|---|---|---|---|---|\n",
+               (long long)N, W, Hq, Hkv, D, B, (long long)doc_count, median, ideal, cfg.vertical, cfg.slash, cfg.sink,
+               cfg.local);
+    for (int l = 0; l < 3; l++) {
+        const int64_t T = layout_rank_positions((LayoutKind)l, N, B, W, dist.cp.rank, pos);
+        Ring ring;
+        ring_init(&ring, &dist.cp, W, pos, T);
+        for (int sparse = 0; sparse < 2; sparse++)
+            for (int docs = 0; docs < 2; docs++) {
+                AttnShape shape = {T, 0, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), docs ? starts : NULL,
+                                   docs ? doc_count : 0};
+                RingTraffic traffic = {0};
+                RingKernels dense = ring_dense_cpu;
+                dense.traffic = &traffic;
+                RingSparse rs = {0};
+                double t[2];
+                time_ring(&ring, &dense, sparse ? &rs : NULL, &cfg, &shape, q, k, v, w, g.o, g.lse, g.dq, g.dk, g.dv,
+                          2, t);
+                double bytes = sparse ? (double)(rs.traffic.kv_bytes + rs.traffic.dkv_bytes + rs.column_bytes)
+                                      : (double)(traffic.kv_bytes + traffic.dkv_bytes);
+                comm_allreduce(&dist.world, &bytes, 1, DT_DOUBLE, REDUCE_SUM);
+                if (dist.world_rank == 0)
+                    printf("| %s | %s | %s | %.3f | %.3f | %.2f |\n", layout_name((LayoutKind)l),
+                           sparse ? "sparse" : "dense", docs ? "yes" : "no", t[0], t[1], bytes / W / 1048576.0);
+                ring_sparse_free(&rs);
+            }
+        ring_free(&ring);
+    }
+    grads_free(&g);
+    free(starts); free(pos); free(q); free(k); free(v); free(w);
+}
+
 int main(int argc, char **argv) {
     const char *timeout = getenv("MTRAIN_TIMEOUT_S");
     dist_init(&dist, &argc, &argv, timeout ? atof(timeout) : 60.0);
@@ -408,8 +534,12 @@ int main(int argc, char **argv) {
         check(argv[2], atoi(argv[3]));
     } else if (!strcmp(mode, "plan") && argc == 5) {
         plan(atoll(argv[2]), atoi(argv[3]), !strcmp(argv[4], "shared"));
+    } else if (!strcmp(mode, "bench") && argc == 4) {
+        bench(atoll(argv[2]), atof(argv[3]));
     } else {
-        if (dist.world_rank == 0) fprintf(stderr, "usage: mpi_sparse_ring check flat|hierarchical INNER | plan N B shared|independent\n");
+        if (dist.world_rank == 0)
+            fprintf(stderr, "usage: mpi_sparse_ring check flat|hierarchical INNER | plan N B shared|independent | "
+                            "bench N MEDIAN_DOC\n");
         dist_finalize(&dist);
         return 2;
     }

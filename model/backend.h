@@ -88,8 +88,8 @@ typedef struct {
     void (*attention_backward)(AttnState *st, int layer, const AttnShape *shape, const float *q,
                                const float *k, const float *v, const int64_t *pos, const float *o,
                                const float *lse, const float *dout, float *delta, float *dq, float *dk, float *dv);
-    // Bytes this rank sent over the ring for the last sequence's sparse
-    // attention (K/V and dK/dV hops, gathered columns); 0 otherwise.
+    // Bytes this rank sent over the ring for the last sequence's attention
+    // (K/V and dK/dV hops; sparse: also the gathered columns); 0 on one rank.
     double (*attention_ring_bytes)(const AttnState *st);
 
     // AdamW on n parameters: m, v updated; param -= lr * (mhat/(sqrt(vhat)+eps) + wd*param).

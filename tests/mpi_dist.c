@@ -7,7 +7,8 @@
 //   mpi_dist grid-errors                 bad parallel.* settings give clear reasons (dist_grid)
 //   mpi_dist setup DP CP INNER           dist_setup only (a bad request must end every rank)
 //   mpi_dist ring flat|hierarchical INNER  ring attention against the single-rank kernel,
-//                                        without and with documents (steps skipped)
+//                                        without and with documents (steps skipped);
+//                                        ring_send selected: the same bits, fewer bytes
 //   mpi_dist kill                        the last rank SIGKILLs itself inside an all-reduce
 //   mpi_dist skip                        the last rank skips an all-reduce (time-out)
 //   mpi_dist bench N flat|hierarchical INNER  times the ring (zigzag) and the single-rank kernel
@@ -23,7 +24,8 @@
 #include <unistd.h>
 
 #include "../attention/layout.h"
-#include "../attention/ring.h"
+#include "../attention/ring_plan.h"
+#include "../attention/ring_sparse.h"
 #include "../dist/comm.h"
 #include "../dist/util.h"
 #include "mpi_check.h"
@@ -248,9 +250,38 @@ static void check_ring_case(LayoutKind layout, int64_t N, int inner, const char 
     float *rdq = xcalloc((size_t)(T * wq + 1), sizeof(float));
     float *rdk = xcalloc((size_t)(T * wk + 1), sizeof(float)), *rdv = xcalloc((size_t)(T * wk + 1), sizeof(float));
     int64_t calls[2] = {0, 0};
-    const RingKernels counted = {.forward = counted_forward, .backward = counted_backward, .ctx = calls};
+    RingTraffic traffic[2] = {{0}, {0}};       // ring_send full, selected
+    const RingKernels counted = {.forward = counted_forward, .backward = counted_backward, .ctx = calls,
+                                 .traffic = &traffic[0]};
     ring_attn_forward(&ring, &counted, &shape, lq, lk, lv, ro, rlse);
     ring_attn_backward(&ring, &counted, &shape, lq, lk, lv, ro, rlse, lw, rdq, rdk, rdv);
+
+    // ring_send selected: the same results to the bit, fewer bytes, as the
+    // byte planner counts them.
+    const int64_t words = ring_need_words(N, B);
+    uint64_t *bits = xmalloc((size_t)(W * words) * sizeof(uint64_t));
+    ring_dense_need(&ring, &shape, words, bits);
+    const RingNeed need = {B, words, bits};
+    RingKernels selected = ring_dense_cpu;
+    selected.need = &need;
+    selected.traffic = &traffic[1];
+    float *so = xmalloc((size_t)(T * wq + 1) * sizeof(float)), *slse = xmalloc((size_t)(Hq * T + 1) * sizeof(float));
+    float *sdq = xcalloc((size_t)(T * wq + 1), sizeof(float));
+    float *sdk = xcalloc((size_t)(T * wk + 1), sizeof(float)), *sdv = xcalloc((size_t)(T * wk + 1), sizeof(float));
+    ring_attn_forward(&ring, &selected, &shape, lq, lk, lv, so, slse);
+    ring_attn_backward(&ring, &selected, &shape, lq, lk, lv, so, slse, lw, sdq, sdk, sdv);
+    const int identical = !memcmp(so, ro, (size_t)(T * wq) * sizeof(float)) &&
+                          !memcmp(slse, rlse, (size_t)(Hq * T) * sizeof(float)) &&
+                          !memcmp(sdq, rdq, (size_t)(T * wq) * sizeof(float)) &&
+                          !memcmp(sdk, rdk, (size_t)(T * wk) * sizeof(float)) &&
+                          !memcmp(sdv, rdv, (size_t)(T * wk) * sizeof(float));
+    int64_t *kv_tokens = xmalloc((size_t)(W * W) * sizeof(int64_t)), *dkv_tokens = xmalloc((size_t)(W * W) * sizeof(int64_t));
+    ring_send_tokens(&ring, &need, kv_tokens, dkv_tokens);
+    int64_t planned = 0;
+    for (int s = 0; s < W; s++) planned += (2 * kv_tokens[r * W + s] + dkv_tokens[r * W + s]) * 2 * wk * (int64_t)sizeof(float);
+    int64_t sent[2] = {traffic[0].kv_bytes + traffic[0].dkv_bytes, traffic[1].kv_bytes + traffic[1].dkv_bytes};
+    const int planner_ok = planned == sent[1];
+    comm_allreduce(&dist.world, sent, 2, DT_INT64, REDUCE_SUM);
 
     float *eo = gather_rows(o, wq, pos, T), *e_lse = gather_cols(lse, Hq, N, pos, T);
     float *edq = gather_rows(dq, wq, pos, T), *edk = gather_rows(dk, wk, pos, T), *edv = gather_rows(dv, wk, pos, T);
@@ -264,6 +295,17 @@ static void check_ring_case(LayoutKind layout, int64_t N, int inner, const char 
                inner, (long long)N, dname, errs[0]);
     expect_all(err_grad < TOL_GRAD, "ring_%s_%s_W%d_inner%d_N%lld%s_backward (max rel err %.2e)", schedule, lname, W,
                inner, (long long)N, dname, errs[1]);
+    expect_all(identical, "ring_selected_%s_%s_W%d_inner%d_N%lld%s_identical", schedule, lname, W, inner,
+               (long long)N, dname);
+    expect_all(planner_ok, "ring_selected_%s_%s_W%d_inner%d_N%lld%s_byte_planner (rank %d: planned %lld, sent %lld)",
+               schedule, lname, W, inner, (long long)N, dname, r, (long long)planned,
+               (long long)(traffic[1].kv_bytes + traffic[1].dkv_bytes));
+    // Never more; nothing at all with one document per contiguous rank.
+    const int nothing = docs == DOCS_PER_RANK && layout == LAYOUT_CONTIGUOUS;
+    expect_all(sent[1] <= sent[0] && (!nothing || sent[1] == 0),
+               "ring_selected_%s_%s_W%d_inner%d_N%lld%s_bytes (full %lld, selected %lld)", schedule, lname, W, inner,
+               (long long)N, dname, (long long)sent[0], (long long)sent[1]);
+    free(bits); free(kv_tokens); free(dkv_tokens); free(so); free(slse); free(sdq); free(sdk); free(sdv);
     if (docs == DOCS_PER_RANK && layout == LAYOUT_CONTIGUOUS)
         expect_all(calls[0] == (T > 0) && calls[1] == (T > 0),
                    "ring_%s_W%d_inner%d_N%lld_docs_per_rank_steps_skipped (rank %d: %lld forward, %lld backward "

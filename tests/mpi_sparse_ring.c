@@ -13,8 +13,9 @@
 //       kernel; with one document per rank (contiguous) selected sends
 //       nothing.
 //   mpi_sparse_ring bench N MEDIAN_DOC   (timing, not a check) per layout,
-//       dense and sparse ring attention (flat) without and with documents of
-//       log-normal lengths: forward and backward time, bytes sent per rank.
+//       dense (ring_send full, selected) and sparse (selected) ring attention
+//       (flat) without and with documents of log-normal lengths: forward and
+//       backward time, bytes sent per rank.
 //   mpi_sparse_ring plan N B shared|independent   (one process, no
 //       communication) byte model and balance of a planted vertical-slash
 //       pattern (the same lines in every head, or drawn per head) at ~90% and
@@ -468,9 +469,10 @@ static void time_ring(const Ring *ring, RingKernels *dense, RingSparse *rs, cons
     }
 }
 
-// Per layout, dense (ring_send full) and sparse (fixed budget, ring_send
-// selected) ring attention on N tokens without and with the document mix:
-// forward and backward time and the bytes each rank sent, as a table.
+// Per layout, dense (ring_send full and selected) and sparse (fixed budget,
+// ring_send selected) ring attention on N tokens without and with the
+// document mix: forward and backward time and the bytes each rank sent, as a
+// table.
 static void bench(int64_t N, double median) {
     dist_setup(&dist, 1, 0, 0, "mpi_sparse_ring");
     const int Hq = 8, Hkv = 2, D = 64, B = 128, W = dist.cp.size;
@@ -484,6 +486,8 @@ static void bench(int64_t N, double median) {
     cfg.slash = 8;
     cfg.ring_send = RING_SEND_SELECTED;
     int64_t *starts = xmalloc((size_t)N * sizeof(int64_t)), *pos = xmalloc((size_t)N * sizeof(int64_t));
+    const int64_t words = ring_need_words(N, B);
+    uint64_t *need_bits = xmalloc((size_t)(W * words) * sizeof(uint64_t));
     double ideal;
     const int64_t doc_count = lognormal_documents(N, median, starts, &ideal);
     Rng rng;
@@ -492,22 +496,28 @@ static void bench(int64_t N, double median) {
     Grads g = grads_new(N, wq, wk, Hq);
     if (dist.world_rank == 0)
         printf("N=%lld W=%d Hq=%d Hkv=%d D=%d B=%d fp32, %lld documents (log-normal lengths, median %.0f, sigma 1.2, "
-               ">= 16 tokens; sum len^2 / N^2 = %.3f); sparse: fixed %d vertical + %d slash lines, sink %d, local %d, "
-               "ring_send selected\n\n| layout | attention | documents | forward s | backward s | MiB sent per rank |\n"
-               "|---|---|---|---|---|---|\n",
+               ">= 16 tokens; sum len^2 / N^2 = %.3f); sparse: fixed %d vertical + %d slash lines, sink %d, local %d"
+               "\n\n| layout | attention | ring_send | documents | forward s | backward s | MiB sent per rank |\n"
+               "|---|---|---|---|---|---|---|\n",
                (long long)N, W, Hq, Hkv, D, B, (long long)doc_count, median, ideal, cfg.vertical, cfg.slash, cfg.sink,
                cfg.local);
     for (int l = 0; l < 3; l++) {
         const int64_t T = layout_rank_positions((LayoutKind)l, N, B, W, dist.cp.rank, pos);
         Ring ring;
         ring_init(&ring, &dist.cp, W, pos, T);
-        for (int sparse = 0; sparse < 2; sparse++)
+        for (int kind = 0; kind < 3; kind++)       // dense full, dense selected, sparse selected
             for (int docs = 0; docs < 2; docs++) {
+                const bool sparse = kind == 2;
                 AttnShape shape = {T, 0, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), docs ? starts : NULL,
                                    docs ? doc_count : 0};
                 RingTraffic traffic = {0};
                 RingKernels dense = ring_dense_cpu;
                 dense.traffic = &traffic;
+                const RingNeed need = {B, words, need_bits};
+                if (kind == 1) {
+                    ring_dense_need(&ring, &shape, words, need_bits);
+                    dense.need = &need;
+                }
                 RingSparse rs = {0};
                 double t[2];
                 time_ring(&ring, &dense, sparse ? &rs : NULL, &cfg, &shape, q, k, v, w, g.o, g.lse, g.dq, g.dk, g.dv,
@@ -516,14 +526,15 @@ static void bench(int64_t N, double median) {
                                       : (double)(traffic.kv_bytes + traffic.dkv_bytes);
                 comm_allreduce(&dist.world, &bytes, 1, DT_DOUBLE, REDUCE_SUM);
                 if (dist.world_rank == 0)
-                    printf("| %s | %s | %s | %.3f | %.3f | %.2f |\n", layout_name((LayoutKind)l),
-                           sparse ? "sparse" : "dense", docs ? "yes" : "no", t[0], t[1], bytes / W / 1048576.0);
+                    printf("| %s | %s | %s | %s | %.3f | %.3f | %.2f |\n", layout_name((LayoutKind)l),
+                           sparse ? "sparse" : "dense", kind ? "selected" : "full", docs ? "yes" : "no", t[0], t[1],
+                           bytes / W / 1048576.0);
                 ring_sparse_free(&rs);
             }
         ring_free(&ring);
     }
     grads_free(&g);
-    free(starts); free(pos); free(q); free(k); free(v); free(w);
+    free(starts); free(pos); free(q); free(k); free(v); free(w); free(need_bits);
 }
 
 int main(int argc, char **argv) {

@@ -19,9 +19,10 @@
 #   sparse       attention with dp = 2 (cp = 1), and on the ring (cp = 2, 4;
 #                ring_send full and selected), equals one rank;
 #   documents    data.doc_mask on a shard of short documents: cp = 2 (every
-#                layout), 4 (hierarchical), sparse cp = 4 (ring_send full and
-#                selected; fewer ring bytes than without documents) equal one
-#                rank; score --docs on 4 ranks (every layout) equals one rank;
+#                layout), 4 (hierarchical; dense ring_send selected), sparse
+#                cp = 4 (ring_send full and selected; fewer ring bytes than
+#                without documents) equal one rank; score --docs on 4 ranks
+#                (every layout) equals one rank;
 #   rank 0       alone writes metrics.jsonl lines and prints step lines;
 #   bad input    score with dp > 1 ends with one line.
 # Tolerances (fp32; only the summation order differs: attention merged chunk by
@@ -235,6 +236,9 @@ for layout in contiguous zigzag striped; do
 done
 train docs_cp4_hier 4 train.steps=1 parallel.cp=4 parallel.cp_inner=2 attention.ring=hierarchical $DOCS
 same_step docs_cp4_hier docs_ref1
+# Dense ring_send selected: each hop carries only blocks of the receivers' documents.
+train docs_cp4_selected 4 train.steps=1 parallel.cp=4 attention.layout=contiguous attention.ring_send=selected $DOCS
+same_step docs_cp4_selected docs_ref1
 # Sparse on the ring with documents (per-document sinks, fixed budget).
 train docs_sparse_ref1 1 train.steps=1 $DOCS $SPARSE attention.sink=2
 for send in full selected; do

@@ -66,8 +66,8 @@ void ring_init(Ring *ring, const Comm *cp, int inner, const int64_t *pos, int64_
     CHECK(inner > 0 && cp->size % inner == 0, "ring: inner ring of %d ranks does not divide cp = %d", inner,
           cp->size);
     for (int64_t t = 1; t < tokens; t++)
-        CHECK(pos[t] > pos[t - 1], "ring: position %lld of this rank (%lld) does not follow %lld (expected ascending)",
-              (long long)t, (long long)pos[t], (long long)pos[t - 1]);
+        CHECK(pos[t] > pos[t - 1], "ring: this rank's token %lld at position %lld does not follow position %lld "
+              "(expected ascending positions)", (long long)t, (long long)pos[t], (long long)pos[t - 1]);
     const int W = cp->size;
     ring->cp = cp;
     ring->inner = inner;

@@ -1,13 +1,15 @@
 // attention_cpu.c: the CPU backend's attention op (attention_cpu.h). The
 // state keeps what lives between calls: the attention config and its fixed
 // budgets, each layer's sparse pattern from the sequence's first forward
-// (reused by backward and by a recomputation), and the sequence's ring.
+// (reused by backward and by a recomputation), and the sequence's ring (and
+// for dense attention on it, what ring_send selected sends and the bytes).
 // Its tensors are fp32: the table's Act arguments are cast on entry.
 #include "attention_cpu.h"
 
 #include <stdlib.h>
 
 #include "../dist/util.h"
+#include "ring_plan.h"
 #include "ring_sparse.h"
 #include "sparse_plan.h"
 
@@ -22,6 +24,10 @@ struct AttnState {
     Ring ring;                 // this sequence's ring (attention_cpu_sequence)
     bool ring_built;
     RingSparse *ring_sparse;   // [num_layers] ring, sparse: the layer's pattern on the ring
+    RingKernels ring_dense;    // ring, dense: the kernels with this sequence's need and traffic
+    RingNeed dense_need;       // ring_send selected: key blocks each rank's queries read
+    uint64_t *dense_need_bits; // [cp size, dense_need.words]
+    RingTraffic dense_traffic; // bytes the dense ring sent for this sequence
 };
 
 AttnState *attention_cpu_new(const AttentionConfig *cfg, int num_layers, int num_heads) {
@@ -58,6 +64,7 @@ void attention_cpu_free(AttnState *st) {
     if (st->ring_built) ring_free(&st->ring);
     free(st->budget_vertical);
     free(st->budget_slash);
+    free(st->dense_need_bits);
     free(st);
 }
 
@@ -74,6 +81,22 @@ void attention_cpu_sequence(AttnState *st, const int64_t *pos, int64_t tokens) {
     if (st->ring_built) ring_free(&st->ring);
     ring_init(&st->ring, st->cp, st->inner, pos, tokens);
     st->ring_built = true;
+    st->dense_traffic = (RingTraffic){0};
+}
+
+// The dense ring's kernels for shape: with ring_send selected, each hop
+// carries only the key blocks that the receiving and later ranks' queries
+// read (with documents: blocks of their documents).
+static const RingKernels *dense_ring_kernels(AttnState *st, const AttnShape *shape) {
+    st->ring_dense = ring_dense_cpu;
+    st->ring_dense.traffic = &st->dense_traffic;
+    if (st->cfg.ring_send != RING_SEND_SELECTED) return &st->ring_dense;
+    const int64_t words = ring_need_words(st->ring.offsets[st->cp->size], shape->block_size);
+    st->dense_need_bits = xrealloc(st->dense_need_bits, (size_t)(st->cp->size * words) * sizeof(uint64_t));
+    ring_dense_need(&st->ring, shape, words, st->dense_need_bits);
+    st->dense_need = (RingNeed){.block_size = shape->block_size, .words = words, .need = st->dense_need_bits};
+    st->ring_dense.need = &st->dense_need;
+    return &st->ring_dense;
 }
 
 // Layer l's fixed budgets [Hq], or NULL (budget topp).
@@ -90,7 +113,7 @@ void attention_cpu_forward(AttnState *st, int layer, bool plan, const AttnShape 
     const int *fixed_slash = layer_budget(st, st->budget_slash, layer);
     const bool sparse = st->cfg.type == ATTN_SPARSE;
     if (st->cp && !sparse) {
-        ring_attn_forward(&st->ring, &ring_dense_cpu, shape, q, k, v, o, lse);
+        ring_attn_forward(&st->ring, dense_ring_kernels(st, shape), shape, q, k, v, o, lse);
     } else if (st->cp) {
         if (plan)
             ring_sparse_plan(&st->ring, &st->cfg, shape, q, k, fixed_vertical, fixed_slash, st->cfg.ring_send,
@@ -116,7 +139,7 @@ void attention_cpu_backward(AttnState *st, int layer, const AttnShape *shape, co
     float *dq = (float *)dq_act, *dk = (float *)dk_act, *dv = (float *)dv_act;
     const bool sparse = st->cfg.type == ATTN_SPARSE;
     if (st->cp && !sparse) {
-        ring_attn_backward(&st->ring, &ring_dense_cpu, shape, q, k, v, o, lse, dout, dq, dk, dv);
+        ring_attn_backward(&st->ring, dense_ring_kernels(st, shape), shape, q, k, v, o, lse, dout, dq, dk, dv);
     } else if (st->cp) {
         ring_sparse_backward(&st->ring, &st->ring_sparse[layer], shape, q, k, v, o, lse, dout, dq, dk, dv);
     } else if (!sparse) {
@@ -129,8 +152,8 @@ void attention_cpu_backward(AttnState *st, int layer, const AttnShape *shape, co
 }
 
 double attention_cpu_ring_bytes(const AttnState *st) {
-    double bytes = 0;
-    if (!st->cp || st->cfg.type != ATTN_SPARSE) return 0;
+    if (!st->cp) return 0;
+    double bytes = (double)(st->dense_traffic.kv_bytes + st->dense_traffic.dkv_bytes);
     for (int l = 0; l < st->num_layers; l++) {
         const RingSparse *rs = &st->ring_sparse[l];
         bytes += (double)(rs->traffic.kv_bytes + rs->traffic.dkv_bytes + rs->column_bytes);

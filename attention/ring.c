@@ -65,6 +65,9 @@ int ring_inner_size(RingSchedule schedule, int cp_size, int cp_inner) {
 void ring_init(Ring *ring, const Comm *cp, int inner, const int64_t *pos, int64_t tokens) {
     CHECK(inner > 0 && cp->size % inner == 0, "ring: inner ring of %d ranks does not divide cp = %d", inner,
           cp->size);
+    for (int64_t t = 1; t < tokens; t++)
+        CHECK(pos[t] > pos[t - 1], "ring: this rank's token %lld at position %lld does not follow position %lld "
+              "(expected ascending positions)", (long long)t, (long long)pos[t], (long long)pos[t - 1]);
     const int W = cp->size;
     ring->cp = cp;
     ring->inner = inner;
@@ -222,7 +225,8 @@ static void kv_post(KvTravel *t, const KvTransfer *x) {
         pack_rows(h->out, x->out, ring->counts[x->out_chunk], t->sel, out_n, p->kv);
         send = h->out;
     }
-    comm_irecv(ring->cp, x->in, message(p, in_n), DT_FLOAT, x->from, x->tag, &x->req[0]);
+    if (in_n > 0) comm_irecv(ring->cp, x->in, message(p, in_n), DT_FLOAT, x->from, x->tag, &x->req[0]);
+    if (out_n == 0) return;                    // nothing of it is used on the way: no message
     comm_isend(ring->cp, send, message(p, out_n), DT_FLOAT, x->to, x->tag, &x->req[1]);
     if (t->kernels->traffic) {
         t->kernels->traffic->kv_bytes += message(p, out_n) * (int64_t)sizeof(float);
@@ -283,6 +287,14 @@ static void kv_outer_wait(KvTravel *t, int so) {
     t->outer_next = swap;
 }
 
+// Whether this rank's queries see any key of chunk c (else the step has no
+// attention work: its kernels are not called).
+static bool chunk_visible(const Ring *ring, const AttnShape *shape, int c) {
+    const int me = ring->cp->rank;
+    return ring_chunk_visible(ring->positions + ring->offsets[me], ring->counts[me], ring->positions + ring->offsets[c],
+                              ring->counts[c], shape->doc_starts, shape->doc_count);
+}
+
 void ring_attn_forward(const Ring *ring, const RingKernels *kernels, const AttnShape *shape,
                        const float *q, const float *k, const float *v, float *o, float *lse) {
     const Place p = place(ring, shape);
@@ -297,8 +309,9 @@ void ring_attn_forward(const Ring *ring, const RingKernels *kernels, const AttnS
             const float *next = kv_inner_post(&t, so, si, cur);
             AttnShape s = *shape;
             s.k_tokens = ring->counts[c];
-            kernels->forward(kernels->ctx, &s, q, q_pos, cur, cur + s.k_tokens * p.kv,
-                             ring->positions + ring->offsets[c], o, lse);
+            if (chunk_visible(ring, shape, c))
+                kernels->forward(kernels->ctx, &s, q, q_pos, cur, cur + s.k_tokens * p.kv,
+                                 ring->positions + ring->offsets[c], o, lse);
             kv_inner_wait(&t, so, si);
             cur = next;
         }
@@ -362,14 +375,14 @@ void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const Attn
     KvTravel t = kv_travel_start(ring, &p, kernels, "backward", k, v);
     // Home: this rank's own accumulator, from the rank that computes last on it.
     a.home_n = ring_dkv_rows(ring, &p, need, cp->rank, p.outer - 1, p.inner - 1, t.mask, a.home_sel);
-    if (a.home_n >= 0)
+    if (a.home_n > 0)
         comm_irecv(cp, a.home, message(&p, a.home_n), DT_FLOAT, ring_rank_at(&p, p.o - 1, p.i - 1), TAG_DKV_HOME,
                    &a.home_recv);
     for (int so = 0; so < p.outer; so++) {
         kv_outer_post(&t, so);
         if (so > 0) {
             a.outer_n = ring_dkv_rows(ring, &p, need, ring_chunk_at(&p, so, p.inner - 1), so - 1, p.inner - 1, t.mask, a.outer_sel);
-            if (a.outer_n >= 0)
+            if (a.outer_n > 0)
                 comm_irecv(cp, a.outer_in, message(&p, a.outer_n), DT_FLOAT, p.outer_prev, TAG_DKV_OUTER,
                            &a.outer_recv);
         }
@@ -379,7 +392,7 @@ void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const Attn
             const int64_t full = ring->counts[c];
             const bool last = si == p.inner - 1;
             a.inner_n = si > 0 ? ring_dkv_rows(ring, &p, need, c, so, si - 1, t.mask, a.inner_sel) : -1;
-            if (a.inner_n >= 0)
+            if (a.inner_n > 0)
                 comm_irecv(cp, a.inner_in, message(&p, a.inner_n), DT_FLOAT, p.inner_prev, TAG_DKV_INNER,
                            &a.inner_recv);
             const float *next = kv_inner_post(&t, so, si, cur);
@@ -389,13 +402,15 @@ void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const Attn
             AttnShape s = *shape;
             s.k_tokens = full;
             const bool own = so == 0 && si == 0;      // own chunk: its dK/dV stay home
-            kernels->backward(kernels->ctx, &s, q, q_pos, cur, cur + full * p.kv, ring->positions + ring->offsets[c],
-                              lse, delta, dout, dq, own ? dk : fresh, own ? dv : fresh + full * p.kv);
-            if (a.inner_n >= 0) {
+            if (chunk_visible(ring, shape, c))
+                kernels->backward(kernels->ctx, &s, q, q_pos, cur, cur + full * p.kv,
+                                  ring->positions + ring->offsets[c], lse, delta, dout, dq, own ? dk : fresh,
+                                  own ? dv : fresh + full * p.kv);
+            if (a.inner_n > 0) {
                 wait_one(cp, &a.inner_recv, "dK/dV transfer (inner ring)");
                 add_rows(fresh, fresh + full * p.kv, a.inner_in, a.inner_sel, a.inner_n, p.kv);
             }
-            if (last && so > 0 && a.outer_n >= 0) {
+            if (last && so > 0 && a.outer_n > 0) {
                 wait_one(cp, &a.outer_recv, "dK/dV transfer (outer ring)");
                 add_rows(fresh, fresh + full * p.kv, a.outer_in, a.outer_sel, a.outer_n, p.kv);
             }
@@ -406,7 +421,7 @@ void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const Attn
                 to = so < p.outer - 1 ? p.outer_next : c;
                 tag = so < p.outer - 1 ? TAG_DKV_OUTER : TAG_DKV_HOME;
             }
-            if (n >= 0) {
+            if (n > 0) {
                 comm_isend(cp, fresh, message(&p, n), DT_FLOAT, to, tag, last ? &a.node_send : &a.step_send[si % 2]);
                 if (kernels->traffic) kernels->traffic->dkv_bytes += message(&p, n) * (int64_t)sizeof(float);
             }
@@ -415,7 +430,7 @@ void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const Attn
         }
         kv_outer_wait(&t, so);
     }
-    if (a.home_n >= 0) {
+    if (a.home_n > 0) {
         wait_one(cp, &a.home_recv, "dK/dV transfer (home)");
         add_rows(dk, dv, a.home, a.home_sel, a.home_n, p.kv);
     }

@@ -13,7 +13,13 @@
 //                 node moves to the next node (outer transfer, posted before
 //                 a whole inner loop) while the inner ring rotates chunks
 //                 inside the node, one step per chunk.
-// Ranks may hold different numbers of tokens (any N, any layout).
+// Ranks may hold different numbers of tokens (any N, any layout); each
+// rank's positions ascend.
+// Documents (AttnShape.doc_starts: global positions, the same list on every
+// rank) travel nowhere: a rank derives a received chunk's documents from the
+// chunk's positions. A step whose chunk holds no key that a local query may
+// see (ring_chunk_visible: causal and document mask) calls no kernel; a
+// message that carries no token (ring_send selected) is not posted.
 //
 // The per-step work is a pair of kernel callbacks, so the dense kernels of
 // attention.h and the sparse ones of sparse.h (with a SparseIndex as ctx)

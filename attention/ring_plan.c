@@ -63,6 +63,38 @@ int64_t ring_dkv_rows(const Ring *ring, const Place *p, const RingNeed *need, in
     return ring_selected_tokens(ring, p, need, c, dkv_carries(p, so, si), mask, sel);
 }
 
+bool ring_chunk_visible(const int64_t *q_pos, int64_t Tq, const int64_t *k_pos, int64_t Tk,
+                        const int64_t *doc_starts, int64_t doc_count) {
+    // A query q sees keys in [first(q), q]; both ends grow with q, so one
+    // pass over the keys finds the first at or after each query's first.
+    int64_t j = 0;
+    for (int64_t i = 0; i < Tq && j < Tk; i++) {
+        const int64_t first = attn_doc_first(doc_starts, doc_count, q_pos[i]);
+        while (j < Tk && k_pos[j] < first) j++;
+        if (j < Tk && k_pos[j] <= q_pos[i]) return true;
+    }
+    return false;
+}
+
+void ring_dense_need(const Ring *ring, const AttnShape *shape, int64_t words, uint64_t *bits) {
+    const int W = ring->cp->size, B = shape->block_size;
+    memset(bits, 0, (size_t)(W * words) * sizeof(uint64_t));
+    for (int r = 0; r < W; r++) {
+        const int64_t T = ring->counts[r], *pos = ring->positions + ring->offsets[r];
+        uint64_t *row = bits + r * words;
+        for (int64_t t = 0; t < T; t++)
+            CHECK(pos[t] - t % B == pos[t - t % B] && pos[t - t % B] % B == 0,
+                  "ring: rank %d token %lld at position %lld is not in a whole block of %d (expected a layout's "
+                  "block-aligned positions)", r, (long long)t, (long long)pos[t], B);
+        for (int64_t i0 = 0; i0 < T; i0 += B) {               // query tile: tokens i0 .. last
+            const int64_t last = (i0 + B < T ? i0 + B : T) - 1;
+            const int64_t first = attn_doc_first(shape->doc_starts, shape->doc_count, pos[i0]);
+            for (int64_t b = first > 0 ? first / B : 0; b <= pos[last] / B; b++)
+                row[b / 64] |= (uint64_t)1 << (b % 64);
+        }
+    }
+}
+
 void ring_send_tokens(const Ring *ring, const RingNeed *need, int64_t *kv_tokens, int64_t *dkv_tokens) {
     const int W = ring->cp->size;
     uint64_t *mask = xmalloc((size_t)(need ? need->words : 1) * sizeof(uint64_t));

@@ -6,6 +6,7 @@
 #ifndef MTRAIN_RING_PLAN_H
 #define MTRAIN_RING_PLAN_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "ring.h"
@@ -46,6 +47,19 @@ int64_t ring_selected_tokens(const Ring *ring, const Place *p, const RingNeed *n
 // its contribution stays home and the accumulator starts at the next holder.
 int64_t ring_dkv_rows(const Ring *ring, const Place *p, const RingNeed *need, int c, int so, int si,
                       uint64_t *mask, int64_t *sel);
+// Whether some query at q_pos [Tq] sees some key at k_pos [Tk] (both
+// ascending): k <= q and, with documents (doc_starts [doc_count], attention.h),
+// k in q's document. A ring step whose chunk fails this has no attention work.
+bool ring_chunk_visible(const int64_t *q_pos, int64_t Tq, const int64_t *k_pos, int64_t Tk,
+                        const int64_t *doc_starts, int64_t doc_count);
+
+// ring_send selected for the dense kernels (attention.h): bit b of row r of
+// bits [cp size, words] (words = ceil(ceil(N / B) / 64), B = block_size) is
+// set when some query tile of rank r reads key block b, i.e. the block holds
+// a key at or before the tile's last query and at or after the start of its
+// first query's document (without documents: every block up to the last
+// query's). Every rank's tokens must be whole blocks of B (layout.h).
+void ring_dense_need(const Ring *ring, const AttnShape *shape, int64_t words, uint64_t *bits);
 
 // Tokens (rows of K and V, or of dK and dV) the transfers of one ring pass
 // send, per rank and step, with `need` (NULL: whole chunks), without MPI: the

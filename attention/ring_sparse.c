@@ -70,14 +70,33 @@ static void combine_sums(const Comm *cp, float *x, int64_t n) {
     free(mine);
 }
 
-// The gathered columns: the union of the pattern's vertical positions, where
-// each lives (owner rank, local token) and its slot among its owner's.
+// mark [N]: 1 at every position that some cp rank's index holds as a column
+// (each rank's column bits [ceil(N / 64)], all-gathered and ORed).
+static char *mark_index_columns(const Ring *ring, const SparseIndex *index) {
+    const int W = ring->cp->size;
+    const int64_t N = index->seq_len, words = ring_need_words(N, 1);
+    const int64_t rows = (int64_t)index->num_heads * index->num_q_blocks;
+    uint64_t *mine = xcalloc((size_t)words + 1, sizeof(uint64_t));
+    uint64_t *all = xmalloc((size_t)(W * words + 1) * sizeof(uint64_t));
+    for (int64_t e = 0; e < index->column_start[rows]; e++)
+        mine[index->columns[e] / 64] |= (uint64_t)1 << (index->columns[e] % 64);
+    comm_allgather(ring->cp, mine, all, words, DT_INT64);
+    char *mark = xcalloc((size_t)N, 1);
+    for (int r = 0; r < W; r++)
+        for (int64_t x = 0; x < N; x++) mark[x] |= (char)(all[r * words + x / 64] >> (x % 64) & 1);
+    free(mine);
+    free(all);
+    return mark;
+}
+
+// The gathered columns: the union of every rank's index columns (vertical
+// positions outside the row's blocks, and with documents each document's
+// sink), where each lives (owner rank, local token) and its slot among its
+// owner's. Collective over ring->cp.
 static void plan_columns(const Ring *ring, RingSparse *rs) {
     const int W = ring->cp->size;
-    const SparsePattern *p = &rs->pattern;
-    const int64_t N = p->seq_len;
-    char *mark = xcalloc((size_t)N, 1);
-    for (int64_t e = 0; e < p->vertical_start[p->num_heads]; e++) mark[p->vertical[e]] = 1;
+    const int64_t N = rs->pattern.seq_len;
+    char *mark = mark_index_columns(ring, &rs->index);
     int *owner = xmalloc((size_t)N * sizeof(int));
     int64_t *local = xmalloc((size_t)N * sizeof(int64_t)), *owned = xcalloc((size_t)W, sizeof(int64_t));
     for (int r = 0; r < W; r++)
@@ -106,17 +125,18 @@ static void plan_columns(const Ring *ring, RingSparse *rs) {
 }
 
 // Density and recall of the pattern summed over cp, added to stats.
-static void plan_stats(const Ring *ring, const RingSparse *rs, const AttnShape *est, const float *qe,
+static void plan_stats(const Ring *ring, const RingSparse *rs, int sink, const AttnShape *est, const float *qe,
                        const int64_t *qe_pos, const float *k, const float *lse, SparseStats *stats) {
     const int Hq = est->num_heads, B = rs->index.block_size;
     const int64_t Lq = est->q_tokens, *pos = ring->positions + ring->offsets[ring->cp->rank];
     SparseStats mine = {0};
-    sparse_index_count(&rs->index, pos, est->k_tokens, NULL, 0, &mine);
+    sparse_index_count(&rs->index, pos, est->k_tokens, est->doc_starts, est->doc_count, &mine);
     SparseIndex est_index;
     const int64_t first = qe_pos[0] / B, count = qe_pos[Lq - 1] / B - first + 1;
     int64_t *blocks = xmalloc((size_t)count * sizeof(int64_t));
     for (int64_t i = 0; i < count; i++) blocks[i] = first + i;
     sparse_index_build(&rs->pattern, B, blocks, count, &est_index);
+    sparse_index_documents(est, sink, &est_index);
     double *sums = xcalloc((size_t)Hq + 2, sizeof(double));      // computed, causal, covered [Hq]
     sparse_estimate_recall(est, &est_index, qe, qe_pos, k, pos, lse, sums + 2);
     sums[0] = mine.computed;
@@ -163,6 +183,7 @@ void ring_sparse_plan(const Ring *ring, const AttentionConfig *cfg, const AttnSh
     int64_t *q_blocks = xmalloc((size_t)(nqb + 1) * sizeof(int64_t));
     for (int64_t i = 0; i < nqb; i++) q_blocks[i] = pos[i * B] / B;
     sparse_index_build(&rs->pattern, B, q_blocks, nqb, &rs->index);
+    sparse_index_documents(shape, cfg->sink, &rs->index);
 
     // Which key blocks every rank uses, and the gathered columns.
     rs->need.block_size = B;
@@ -174,7 +195,7 @@ void ring_sparse_plan(const Ring *ring, const AttentionConfig *cfg, const AttnSh
     rs->need.need = rs->need_bits;
     plan_columns(ring, rs);
 
-    if (stats) plan_stats(ring, rs, &est, qe, qe_pos, k, lse, stats);
+    if (stats) plan_stats(ring, rs, cfg->sink, &est, qe, qe_pos, k, lse, stats);
     free(qe); free(qe_pos); free(lse); free(scores); free(q_blocks); free(row);
 }
 

@@ -7,10 +7,13 @@
 //                         every rank holds bit-identical inputs and selects
 //                         the identical pattern (no rank-0 funnel), the same
 //                         lines as sparse_plan_local on the whole sequence;
-//                         then the index of this rank's query blocks and
-//                         which key blocks every rank uses.
-//   ring_sparse_forward   the K/V rows at the pattern's vertical positions are
-//                         all-gathered to every rank and computed once, in
+//                         then the index of this rank's query blocks (with
+//                         documents cut to its queries' documents, as on one
+//                         rank) and which key blocks every rank uses.
+//   ring_sparse_forward   the K/V rows at the index columns of every rank
+//                         (vertical lines; with documents also each
+//                         document's sink) are all-gathered to every rank
+//                         and computed once, in
 //                         ring step 0 (SPARSE_COLUMNS); the ring steps compute
 //                         only blocks (SPARSE_BLOCKS). ring_send selected
 //                         sends each hop only the blocks still needed.
@@ -33,7 +36,7 @@ typedef struct {
     RingSend send;
     RingNeed need;             // key blocks each cp rank's index uses (need.need = need_bits)
     uint64_t *need_bits;       // [W, need.words]
-    // Gathered vertical columns: the union over q heads of pattern.vertical.
+    // Gathered columns: the union of every cp rank's index columns.
     int64_t num_columns;
     int64_t *columns;          // [num_columns] ascending global positions
     int *column_owner;         // [num_columns] cp rank holding each

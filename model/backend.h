@@ -114,8 +114,8 @@ typedef struct {
     void (*attention_backward)(AttnState *st, int layer, const AttnShape *shape, const Act *q, const Act *k,
                                const Act *v, const int64_t *pos, const Act *o, const float *lse, const Act *dout,
                                float *delta, Act *dq, Act *dk, Act *dv);
-    // Bytes this rank sent over the ring for the last sequence's sparse
-    // attention (K/V and dK/dV hops, gathered columns); 0 otherwise.
+    // Bytes this rank sent over the ring for the last sequence's attention
+    // (K/V and dK/dV hops; sparse: also the gathered columns); 0 on one rank.
     double (*attention_ring_bytes)(const AttnState *st);
 
     // AdamW on n fp32 master parameters: m, v updated; param -= lr * (mhat/(sqrt(vhat)+eps) + wd*param).

@@ -6,7 +6,9 @@
 //   mpi_dist grid DP CP INNER            communicator shapes and rank order for this request
 //   mpi_dist grid-errors                 bad parallel.* settings give clear reasons (dist_grid)
 //   mpi_dist setup DP CP INNER           dist_setup only (a bad request must end every rank)
-//   mpi_dist ring flat|hierarchical INNER  ring attention against the single-rank kernel
+//   mpi_dist ring flat|hierarchical INNER  ring attention against the single-rank kernel,
+//                                        without and with documents (steps skipped);
+//                                        ring_send selected: the same bits, fewer bytes
 //   mpi_dist kill                        the last rank SIGKILLs itself inside an all-reduce
 //   mpi_dist skip                        the last rank skips an all-reduce (time-out)
 //   mpi_dist bench N flat|hierarchical INNER  times the ring (zigzag) and the single-rank kernel
@@ -22,7 +24,8 @@
 #include <unistd.h>
 
 #include "../attention/layout.h"
-#include "../attention/ring.h"
+#include "../attention/ring_plan.h"
+#include "../attention/ring_sparse.h"
 #include "../dist/comm.h"
 #include "../dist/util.h"
 #include "mpi_check.h"
@@ -191,9 +194,26 @@ static float *gather_cols(const float *lse, int H, int64_t N, const int64_t *pos
     return out;
 }
 
-// One sequence of N tokens in `layout` on the cp ranks: forward and backward
-// of the ring against the single-rank kernel. Returns nothing; checks.
-static void check_ring_case(LayoutKind layout, int64_t N, int inner, const char *schedule) {
+// The dense CPU kernels, counting the ring steps that call them (ctx: int64_t [2]).
+static void counted_forward(void *ctx, const AttnShape *shape, const float *q, const int64_t *q_pos,
+                            const float *k, const float *v, const int64_t *k_pos, float *o, float *lse) {
+    ((int64_t *)ctx)[0]++;
+    ring_dense_cpu.forward(NULL, shape, q, q_pos, k, v, k_pos, o, lse);
+}
+
+static void counted_backward(void *ctx, const AttnShape *shape, const float *q, const int64_t *q_pos,
+                             const float *k, const float *v, const int64_t *k_pos, const float *lse,
+                             const float *delta, const float *dout, float *dq, float *dk, float *dv) {
+    ((int64_t *)ctx)[1]++;
+    ring_dense_cpu.backward(NULL, shape, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk, dv);
+}
+
+// One sequence of N tokens in `layout` on the cp ranks, with the documents of
+// `docs`: forward and backward of the ring against the single-rank kernel on
+// the whole sequence with the same documents. With one document per rank of
+// the contiguous layout every step but the own chunk's is skipped: each rank
+// holding tokens calls the kernels once per pass. Returns nothing; checks.
+static void check_ring_case(LayoutKind layout, int64_t N, int inner, const char *schedule, DocSet docs) {
     const int Hq = 4, Hkv = 2, D = 8, B = 16;
     const int W = dist.cp.size, r = dist.cp.rank;
     const int64_t wq = (int64_t)Hq * D, wk = (int64_t)Hkv * D;
@@ -203,8 +223,11 @@ static void check_ring_case(LayoutKind layout, int64_t N, int inner, const char 
     int64_t *all_pos = xmalloc((size_t)N * sizeof(int64_t));
     for (int64_t t = 0; t < N; t++) all_pos[t] = t;
 
+    int64_t starts[64];
+    const int64_t doc_count = doc_set_starts(docs, N, B, W, starts);
+
     // Reference: one call on the whole sequence.
-    AttnShape full = {N, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), NULL, 0};
+    AttnShape full = {N, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), doc_count ? starts : NULL, doc_count};
     float *o = xmalloc((size_t)(N * wq) * sizeof(float)), *lse = xmalloc((size_t)(Hq * N) * sizeof(float));
     float *dq = xcalloc((size_t)(N * wq), sizeof(float));
     float *dk = xcalloc((size_t)(N * wk), sizeof(float)), *dv = xcalloc((size_t)(N * wk), sizeof(float));
@@ -222,12 +245,43 @@ static void check_ring_case(LayoutKind layout, int64_t N, int inner, const char 
     float *lw = gather_rows(w, wq, pos, T);
     Ring ring;
     ring_init(&ring, &dist.cp, inner, pos, T);
-    AttnShape shape = {T, 0, Hq, Hkv, D, B, full.scale, NULL, 0};
+    AttnShape shape = {T, 0, Hq, Hkv, D, B, full.scale, full.doc_starts, full.doc_count};
     float *ro = xmalloc((size_t)(T * wq + 1) * sizeof(float)), *rlse = xmalloc((size_t)(Hq * T + 1) * sizeof(float));
     float *rdq = xcalloc((size_t)(T * wq + 1), sizeof(float));
     float *rdk = xcalloc((size_t)(T * wk + 1), sizeof(float)), *rdv = xcalloc((size_t)(T * wk + 1), sizeof(float));
-    ring_attn_forward(&ring, &ring_dense_cpu, &shape, lq, lk, lv, ro, rlse);
-    ring_attn_backward(&ring, &ring_dense_cpu, &shape, lq, lk, lv, ro, rlse, lw, rdq, rdk, rdv);
+    int64_t calls[2] = {0, 0};
+    RingTraffic traffic[2] = {{0}, {0}};       // ring_send full, selected
+    const RingKernels counted = {.forward = counted_forward, .backward = counted_backward, .ctx = calls,
+                                 .traffic = &traffic[0]};
+    ring_attn_forward(&ring, &counted, &shape, lq, lk, lv, ro, rlse);
+    ring_attn_backward(&ring, &counted, &shape, lq, lk, lv, ro, rlse, lw, rdq, rdk, rdv);
+
+    // ring_send selected: the same results to the bit, fewer bytes, as the
+    // byte planner counts them.
+    const int64_t words = ring_need_words(N, B);
+    uint64_t *bits = xmalloc((size_t)(W * words) * sizeof(uint64_t));
+    ring_dense_need(&ring, &shape, words, bits);
+    const RingNeed need = {B, words, bits};
+    RingKernels selected = ring_dense_cpu;
+    selected.need = &need;
+    selected.traffic = &traffic[1];
+    float *so = xmalloc((size_t)(T * wq + 1) * sizeof(float)), *slse = xmalloc((size_t)(Hq * T + 1) * sizeof(float));
+    float *sdq = xcalloc((size_t)(T * wq + 1), sizeof(float));
+    float *sdk = xcalloc((size_t)(T * wk + 1), sizeof(float)), *sdv = xcalloc((size_t)(T * wk + 1), sizeof(float));
+    ring_attn_forward(&ring, &selected, &shape, lq, lk, lv, so, slse);
+    ring_attn_backward(&ring, &selected, &shape, lq, lk, lv, so, slse, lw, sdq, sdk, sdv);
+    const int identical = !memcmp(so, ro, (size_t)(T * wq) * sizeof(float)) &&
+                          !memcmp(slse, rlse, (size_t)(Hq * T) * sizeof(float)) &&
+                          !memcmp(sdq, rdq, (size_t)(T * wq) * sizeof(float)) &&
+                          !memcmp(sdk, rdk, (size_t)(T * wk) * sizeof(float)) &&
+                          !memcmp(sdv, rdv, (size_t)(T * wk) * sizeof(float));
+    int64_t *kv_tokens = xmalloc((size_t)(W * W) * sizeof(int64_t)), *dkv_tokens = xmalloc((size_t)(W * W) * sizeof(int64_t));
+    ring_send_tokens(&ring, &need, kv_tokens, dkv_tokens);
+    int64_t planned = 0;
+    for (int s = 0; s < W; s++) planned += (2 * kv_tokens[r * W + s] + dkv_tokens[r * W + s]) * 2 * wk * (int64_t)sizeof(float);
+    int64_t sent[2] = {traffic[0].kv_bytes + traffic[0].dkv_bytes, traffic[1].kv_bytes + traffic[1].dkv_bytes};
+    const int planner_ok = planned == sent[1];
+    comm_allreduce(&dist.world, sent, 2, DT_INT64, REDUCE_SUM);
 
     float *eo = gather_rows(o, wq, pos, T), *e_lse = gather_cols(lse, Hq, N, pos, T);
     float *edq = gather_rows(dq, wq, pos, T), *edk = gather_rows(dk, wk, pos, T), *edv = gather_rows(dv, wk, pos, T);
@@ -236,11 +290,27 @@ static void check_ring_case(LayoutKind layout, int64_t N, int inner, const char 
                            fmax(max_rel_diff(rdk, edk, T * wk), max_rel_diff(rdv, edv, T * wk)));
     double errs[2] = {err_fwd, err_grad};
     comm_allreduce(&dist.world, errs, 2, DT_DOUBLE, REDUCE_MAX);
-    const char *lname = layout_name(layout);
-    expect_all(err_fwd < TOL_FWD, "ring_%s_%s_W%d_inner%d_N%lld_forward (max rel err %.2e)", schedule, lname, W, inner,
-               (long long)N, errs[0]);
-    expect_all(err_grad < TOL_GRAD, "ring_%s_%s_W%d_inner%d_N%lld_backward (max rel err %.2e)", schedule, lname, W,
-               inner, (long long)N, errs[1]);
+    const char *lname = layout_name(layout), *dname = doc_set_suffix(docs);
+    expect_all(err_fwd < TOL_FWD, "ring_%s_%s_W%d_inner%d_N%lld%s_forward (max rel err %.2e)", schedule, lname, W,
+               inner, (long long)N, dname, errs[0]);
+    expect_all(err_grad < TOL_GRAD, "ring_%s_%s_W%d_inner%d_N%lld%s_backward (max rel err %.2e)", schedule, lname, W,
+               inner, (long long)N, dname, errs[1]);
+    expect_all(identical, "ring_selected_%s_%s_W%d_inner%d_N%lld%s_identical", schedule, lname, W, inner,
+               (long long)N, dname);
+    expect_all(planner_ok, "ring_selected_%s_%s_W%d_inner%d_N%lld%s_byte_planner (rank %d: planned %lld, sent %lld)",
+               schedule, lname, W, inner, (long long)N, dname, r, (long long)planned,
+               (long long)(traffic[1].kv_bytes + traffic[1].dkv_bytes));
+    // Never more; nothing at all with one document per contiguous rank.
+    const int nothing = docs == DOCS_PER_RANK && layout == LAYOUT_CONTIGUOUS;
+    expect_all(sent[1] <= sent[0] && (!nothing || sent[1] == 0),
+               "ring_selected_%s_%s_W%d_inner%d_N%lld%s_bytes (full %lld, selected %lld)", schedule, lname, W, inner,
+               (long long)N, dname, (long long)sent[0], (long long)sent[1]);
+    free(bits); free(kv_tokens); free(dkv_tokens); free(so); free(slse); free(sdq); free(sdk); free(sdv);
+    if (docs == DOCS_PER_RANK && layout == LAYOUT_CONTIGUOUS)
+        expect_all(calls[0] == (T > 0) && calls[1] == (T > 0),
+                   "ring_%s_W%d_inner%d_N%lld_docs_per_rank_steps_skipped (rank %d: %lld forward, %lld backward "
+                   "kernel calls of %d steps)", schedule, W, inner, (long long)N, r, (long long)calls[0],
+                   (long long)calls[1], W);
 
     ring_free(&ring);
     free(q); free(k); free(v); free(w); free(all_pos); free(o); free(lse); free(dq); free(dk); free(dv); free(delta);
@@ -255,9 +325,10 @@ static void check_ring(const char *schedule, int cp_inner) {
     // N not a multiple of W·B (ranks hold different block counts, the last
     // block is short), and a short sequence where some ranks hold nothing.
     const int64_t lengths[] = {(int64_t)W * B * 2 + 7, 40};
-    for (int l = 0; l < 3; l++)
-        for (size_t n = 0; n < sizeof(lengths) / sizeof(lengths[0]); n++)
-            check_ring_case((LayoutKind)l, lengths[n], inner, schedule);
+    for (int docs = 0; docs < DOC_SETS; docs++)
+        for (int l = 0; l < 3; l++)
+            for (size_t n = 0; n < sizeof(lengths) / sizeof(lengths[0]); n++)
+                check_ring_case((LayoutKind)l, lengths[n], inner, schedule, (DocSet)docs);
 }
 
 // Timing, not a check: best of 3 of the ring forward and backward on N

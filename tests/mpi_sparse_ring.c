@@ -2,12 +2,20 @@
 // under mpirun by tests/test_sparse_ring.sh. Every rank checks its own part;
 // each check is all-reduced and rank 0 prints "ok NAME" or "FAIL NAME: why".
 //   mpi_sparse_ring check flat|hierarchical INNER
-//       per layout, budget (fixed, topp) and length: the distributed pattern
+//       per layout, budget (fixed, topp) and length, without and with
+//       documents (tests/mpi_check.h): the distributed pattern
 //       equals sparse_plan_local's on the whole sequence (every index row,
 //       exactly) and its density counts; O, LSE, dQ, dK, dV of the sparse
 //       ring equal the single-rank sparse kernel with that pattern, for
 //       ring_send full and selected; selected gives bit-identical results
-//       and sends fewer K/V bytes than full.
+//       and sends fewer K/V bytes than full; ring_send_tokens counts the
+//       bytes each rank sent (0 for chunks not sent); top_p 1 equals the dense
+//       kernel; with one document per rank (contiguous) selected sends
+//       nothing.
+//   mpi_sparse_ring bench N MEDIAN_DOC   (timing, not a check) per layout,
+//       dense (ring_send full, selected) and sparse (selected) ring attention
+//       (flat) without and with documents of log-normal lengths: forward and
+//       backward time, bytes sent per rank.
 //   mpi_sparse_ring plan N B shared|independent   (one process, no
 //       communication) byte model and balance of a planted vertical-slash
 //       pattern (the same lines in every head, or drawn per head) at ~90% and
@@ -93,23 +101,35 @@ static Grads grads_new(int64_t T, int64_t wq, int64_t wk, int Hq) {
 
 static void grads_free(Grads *g) { free(g->o); free(g->lse); free(g->dq); free(g->dk); free(g->dv); }
 
-// One sequence of N tokens in `layout` on the cp ranks.
-static void check_case(LayoutKind layout, int64_t N, const char *budget, int inner, const char *schedule) {
+// One sequence of N tokens in `layout` on the cp ranks with the documents of
+// `docs`. budget "dense": top_p 1 with caps >= N and every query estimating,
+// so the pattern keeps every visible line and the ring must also equal the
+// dense single-rank kernel. Returns the K/V + dK/dV ring bytes of ring_send
+// selected, summed over ranks.
+static int64_t check_case(LayoutKind layout, int64_t N, const char *budget, int inner, const char *schedule,
+                          DocSet docs) {
     const int Hq = 4, Hkv = 2, D = 8, B = 16;
     const int W = dist.cp.size, r = dist.cp.rank;
     const int64_t wq = (int64_t)Hq * D, wk = (int64_t)Hkv * D, nb = (N + B - 1) / B;
-    const AttentionConfig cfg = sparse_cfg(budget);
+    const bool dense = !strcmp(budget, "dense");
+    AttentionConfig cfg = sparse_cfg(dense ? "topp" : budget);
+    if (dense) {
+        cfg.top_p = 1.0;
+        cfg.max_vertical = cfg.max_slash = cfg.last_q = (int)N;
+    }
+    int64_t starts[64];
+    const int64_t doc_count = doc_set_starts(docs, N, B, W, starts);
     Rng rng;
     rng_seed(&rng, 2000 + (uint64_t)N);
     float *q = randn(&rng, N * wq), *k = randn(&rng, N * wk), *v = randn(&rng, N * wk), *w = randn(&rng, N * wq);
     int64_t *all_pos = xmalloc((size_t)N * sizeof(int64_t));
     for (int64_t t = 0; t < N; t++) all_pos[t] = t;
     char tag[128];
-    snprintf(tag, sizeof(tag), "%s_%s_%s_W%d_inner%d_N%lld", schedule, layout_name(layout), budget, W, inner,
-             (long long)N);
+    snprintf(tag, sizeof(tag), "%s_%s_%s_W%d_inner%d_N%lld%s", schedule, layout_name(layout), budget, W, inner,
+             (long long)N, doc_set_suffix(docs));
 
     // Reference: the single-rank plan and kernels on the whole sequence.
-    AttnShape full = {N, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), NULL, 0};
+    AttnShape full = {N, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), doc_count ? starts : NULL, doc_count};
     SparseIndex ref = {0};
     SparseStats ref_stats = {0};
     sparse_plan_local(&cfg, &full, q, k, all_pos, NULL, NULL, &ref, &ref_stats);
@@ -119,6 +139,13 @@ static void check_case(LayoutKind layout, int64_t N, const char *budget, int inn
     attn_sparse_forward_cpu(&full, &ref, q, all_pos, k, v, all_pos, e.o, e.lse);
     attn_backward_delta(&full, e.o, w, delta);
     attn_sparse_backward_cpu(&full, &ref, q, all_pos, k, v, all_pos, e.lse, delta, w, e.dq, e.dk, e.dv);
+    Grads x = grads_new(N, wq, wk, Hq);        // budget dense: the dense kernel
+    if (dense) {
+        attn_forward_init(&full, x.o, x.lse);
+        attn_dense_forward_cpu(&full, q, all_pos, k, v, all_pos, x.o, x.lse);
+        attn_backward_delta(&full, x.o, w, delta);
+        attn_dense_backward_cpu(&full, q, all_pos, k, v, all_pos, x.lse, delta, w, x.dq, x.dk, x.dv);
+    }
 
     // This rank's slice and the ring.
     int64_t T = layout_rank_positions(layout, N, B, W, r, NULL);
@@ -130,7 +157,9 @@ static void check_case(LayoutKind layout, int64_t N, const char *budget, int inn
     float *edq = gather_rows(e.dq, wq, pos, T), *edk = gather_rows(e.dk, wk, pos, T), *edv = gather_rows(e.dv, wk, pos, T);
     Ring ring;
     ring_init(&ring, &dist.cp, inner, pos, T);
-    AttnShape shape = {T, 0, Hq, Hkv, D, B, full.scale, NULL, 0};
+    AttnShape shape = {T, 0, Hq, Hkv, D, B, full.scale, full.doc_starts, full.doc_count};
+    float *xo = gather_rows(x.o, wq, pos, T), *x_lse = gather_cols(x.lse, Hq, N, pos, T);
+    float *xdq = gather_rows(x.dq, wq, pos, T), *xdk = gather_rows(x.dk, wk, pos, T), *xdv = gather_rows(x.dv, wk, pos, T);
     Grads got[2];
     int64_t bytes[2][2];       // [full, selected][K/V, dK/dV]
     for (int send = 0; send < 2; send++) {
@@ -145,6 +174,7 @@ static void check_case(LayoutKind layout, int64_t N, const char *budget, int inn
                     same &= same_row(&rs.index, h * rs.index.num_q_blocks + i, &ref, h * nb + rs.index.q_blocks[i]);
             SparseIndex whole;
             sparse_index_build(&rs.pattern, B, ref.q_blocks, nb, &whole);
+            sparse_index_documents(&full, cfg.sink, &whole);
             for (int64_t row = 0; row < Hq * nb; row++) same &= same_row(&whole, row, &ref, row);
             sparse_index_free(&whole);
             expect_all(same, "sparse_ring_pattern_%s", tag);
@@ -166,8 +196,33 @@ static void check_case(LayoutKind layout, int64_t N, const char *budget, int inn
         const char *mode = send ? "selected" : "full";
         expect_all(mine[0] < TOL_FWD, "sparse_ring_%s_%s_forward (max rel err %.2e)", mode, tag, errs[0]);
         expect_all(mine[1] < TOL_GRAD, "sparse_ring_%s_%s_backward (max rel err %.2e)", mode, tag, errs[1]);
+        if (dense) {
+            double derr[2] = {fmax(max_rel_diff(g->o, xo, T * wq), max_rel_diff(g->lse, x_lse, Hq * T)),
+                              fmax(max_rel_diff(g->dq, xdq, T * wq),
+                                   fmax(max_rel_diff(g->dk, xdk, T * wk), max_rel_diff(g->dv, xdv, T * wk)))};
+            const double dmine[2] = {derr[0], derr[1]};
+            comm_allreduce(&dist.world, derr, 2, DT_DOUBLE, REDUCE_MAX);
+            expect_all(dmine[0] < TOL_FWD && dmine[1] < TOL_GRAD,
+                       "sparse_ring_%s_%s_equals_dense (max rel err forward %.2e, backward %.2e)", mode, tag, derr[0],
+                       derr[1]);
+        }
         bytes[send][0] = rs.traffic.kv_bytes;
         bytes[send][1] = rs.traffic.dkv_bytes;
+        // The byte planner (no MPI) counts what the passes sent: K/V in both.
+        int64_t *kv_tokens = xmalloc((size_t)(W * W) * sizeof(int64_t));
+        int64_t *dkv_tokens = xmalloc((size_t)(W * W) * sizeof(int64_t));
+        ring_send_tokens(&ring, send ? &rs.need : NULL, kv_tokens, dkv_tokens);
+        int64_t planned[2] = {0, 0};
+        for (int s = 0; s < W; s++) {
+            planned[0] += 2 * kv_tokens[r * W + s] * 2 * wk * (int64_t)sizeof(float);
+            planned[1] += dkv_tokens[r * W + s] * 2 * wk * (int64_t)sizeof(float);
+        }
+        expect_all(planned[0] == bytes[send][0] && planned[1] == bytes[send][1],
+                   "sparse_ring_%s_%s_byte_planner (rank %d: planned %lld + %lld, sent %lld + %lld)", mode, tag, r,
+                   (long long)planned[0], (long long)planned[1], (long long)bytes[send][0],
+                   (long long)bytes[send][1]);
+        free(kv_tokens);
+        free(dkv_tokens);
         comm_allreduce(&dist.world, bytes[send], 2, DT_INT64, REDUCE_SUM);
         ring_sparse_free(&rs);
     }
@@ -186,10 +241,12 @@ static void check_case(LayoutKind layout, int64_t N, const char *budget, int inn
                    (long long)bytes[0][m], (long long)bytes[1][m]);
 
     ring_free(&ring);
-    grads_free(&got[0]); grads_free(&got[1]); grads_free(&e);
+    grads_free(&got[0]); grads_free(&got[1]); grads_free(&e); grads_free(&x);
     sparse_index_free(&ref);
     free(q); free(k); free(v); free(w); free(all_pos); free(delta); free(pos);
     free(lq); free(lk); free(lv); free(lw); free(eo); free(e_lse); free(edq); free(edk); free(edv);
+    free(xo); free(x_lse); free(xdq); free(xdk); free(xdv);
+    return bytes[1][0] + bytes[1][1];
 }
 
 static void check(const char *schedule, int cp_inner) {
@@ -199,10 +256,20 @@ static void check(const char *schedule, int cp_inner) {
     // Ranks with different block counts and a short last block; a short
     // sequence where some ranks hold nothing.
     const int64_t lengths[] = {(int64_t)W * B * 4 + 7, 40};
-    for (int l = 0; l < 3; l++)
-        for (size_t n = 0; n < sizeof(lengths) / sizeof(lengths[0]); n++)
-            check_case((LayoutKind)l, lengths[n], n == 0 ? "fixed" : "topp", inner, schedule);
-    check_case(LAYOUT_STRIPED, lengths[0], "topp", inner, schedule);
+    for (int docs = 0; docs < DOC_SETS; docs++) {
+        for (int l = 0; l < 3; l++)
+            for (size_t n = 0; n < sizeof(lengths) / sizeof(lengths[0]); n++)
+                check_case((LayoutKind)l, lengths[n], n == 0 ? "fixed" : "topp", inner, schedule, (DocSet)docs);
+        check_case(LAYOUT_STRIPED, lengths[0], "topp", inner, schedule, (DocSet)docs);
+        check_case(LAYOUT_ZIGZAG, lengths[0], "dense", inner, schedule, (DocSet)docs);
+    }
+    // One document per rank of the contiguous layout: no rank's queries see
+    // another's keys, so ring_send selected sends no K/V and no dK/dV at all.
+    const int64_t without = check_case(LAYOUT_CONTIGUOUS, lengths[0], "topp", inner, schedule, DOCS_NONE);
+    const int64_t with = check_case(LAYOUT_CONTIGUOUS, lengths[0], "topp", inner, schedule, DOCS_PER_RANK);
+    expect_all(with == 0 && (W == 1 || without > 0),
+               "sparse_ring_%s_W%d_docs_per_rank_selected_sends_nothing (%lld bytes, %lld without documents)",
+               schedule, W, (long long)with, (long long)without);
 }
 
 // ----------------------------------------------------------------------------
@@ -353,6 +420,123 @@ static void plan(int64_t N, int B, bool shared) {
     }
 }
 
+// ----------------------------------------------------------------------------
+// Ring time and bytes with documents (timing, not a check).
+
+// Document starts of a log-normal length mix over N tokens (median `median`,
+// sigma 1.2 in log space, at least 16 tokens; seeded, the same on every
+// rank) into starts [N]; returns how many. *ideal = sum len^2 / N^2.
+static int64_t lognormal_documents(int64_t N, double median, int64_t *starts, double *ideal) {
+    Rng rng;
+    rng_seed(&rng, 42);
+    int64_t count = 0;
+    *ideal = 0;
+    for (int64_t at = 0; at < N;) {
+        int64_t len = (int64_t)(median * exp(1.2 * rng_normal(&rng)));
+        len = len < 16 ? 16 : len > N - at ? N - at : len;
+        starts[count++] = at;
+        *ideal += (double)len * (double)len / ((double)N * (double)N);
+        at += len;
+    }
+    return count;
+}
+
+// Best of `reps` of one ring pass pair over the cp ranks: forward and
+// backward seconds (slowest rank) into t [2]; sparse: rs planned inside the
+// forward's time. The kernels' traffic is zeroed first and so holds one pair.
+static void time_ring(const Ring *ring, RingKernels *dense, RingSparse *rs, const AttentionConfig *cfg,
+                      const AttnShape *shape, const float *q, const float *k, const float *v, const float *w,
+                      float *o, float *lse, float *dq, float *dk, float *dv, int reps, double *t) {
+    t[0] = t[1] = 1e30;
+    for (int rep = 0; rep < reps; rep++) {
+        double together = 0;
+        comm_allreduce(&dist.world, &together, 1, DT_DOUBLE, REDUCE_SUM);
+        const double t0 = now_seconds();
+        if (rs) {
+            ring_sparse_plan(ring, cfg, shape, q, k, NULL, NULL, cfg->ring_send, rs, NULL);
+            ring_sparse_forward(ring, rs, shape, q, k, v, o, lse);
+        } else {
+            *dense->traffic = (RingTraffic){0};
+            ring_attn_forward(ring, dense, shape, q, k, v, o, lse);
+        }
+        const double t1 = now_seconds();
+        if (rs) ring_sparse_backward(ring, rs, shape, q, k, v, o, lse, w, dq, dk, dv);
+        else ring_attn_backward(ring, dense, shape, q, k, v, o, lse, w, dq, dk, dv);
+        double dt[2] = {t1 - t0, now_seconds() - t1};
+        comm_allreduce(&dist.world, dt, 2, DT_DOUBLE, REDUCE_MAX);
+        t[0] = fmin(t[0], dt[0]);
+        t[1] = fmin(t[1], dt[1]);
+    }
+}
+
+// Per layout, dense (ring_send full and selected) and sparse (fixed budget,
+// ring_send selected) ring attention on N tokens without and with the
+// document mix: forward and backward time and the bytes each rank sent, as a
+// table.
+static void bench(int64_t N, double median) {
+    dist_setup(&dist, 1, 0, 0, "mpi_sparse_ring");
+    const int Hq = 8, Hkv = 2, D = 64, B = 128, W = dist.cp.size;
+    const int64_t wq = (int64_t)Hq * D, wk = (int64_t)Hkv * D;
+    AttentionConfig cfg = sparse_cfg("fixed");
+    cfg.block_size = B;
+    cfg.last_q = 64;
+    cfg.sink = 64;
+    cfg.local = 128;
+    cfg.vertical = 64;
+    cfg.slash = 8;
+    cfg.ring_send = RING_SEND_SELECTED;
+    int64_t *starts = xmalloc((size_t)N * sizeof(int64_t)), *pos = xmalloc((size_t)N * sizeof(int64_t));
+    const int64_t words = ring_need_words(N, B);
+    uint64_t *need_bits = xmalloc((size_t)(W * words) * sizeof(uint64_t));
+    double ideal;
+    const int64_t doc_count = lognormal_documents(N, median, starts, &ideal);
+    Rng rng;
+    rng_seed(&rng, 7);
+    float *q = randn(&rng, N * wq), *k = randn(&rng, N * wk), *v = randn(&rng, N * wk), *w = randn(&rng, N * wq);
+    Grads g = grads_new(N, wq, wk, Hq);
+    if (dist.world_rank == 0)
+        printf("N=%lld W=%d Hq=%d Hkv=%d D=%d B=%d fp32, %lld documents (log-normal lengths, median %.0f, sigma 1.2, "
+               ">= 16 tokens; sum len^2 / N^2 = %.3f); sparse: fixed %d vertical + %d slash lines, sink %d, local %d"
+               "\n\n| layout | attention | ring_send | documents | forward s | backward s | MiB sent per rank |\n"
+               "|---|---|---|---|---|---|---|\n",
+               (long long)N, W, Hq, Hkv, D, B, (long long)doc_count, median, ideal, cfg.vertical, cfg.slash, cfg.sink,
+               cfg.local);
+    for (int l = 0; l < 3; l++) {
+        const int64_t T = layout_rank_positions((LayoutKind)l, N, B, W, dist.cp.rank, pos);
+        Ring ring;
+        ring_init(&ring, &dist.cp, W, pos, T);
+        for (int kind = 0; kind < 3; kind++)       // dense full, dense selected, sparse selected
+            for (int docs = 0; docs < 2; docs++) {
+                const bool sparse = kind == 2;
+                AttnShape shape = {T, 0, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), docs ? starts : NULL,
+                                   docs ? doc_count : 0};
+                RingTraffic traffic = {0};
+                RingKernels dense = ring_dense_cpu;
+                dense.traffic = &traffic;
+                const RingNeed need = {B, words, need_bits};
+                if (kind == 1) {
+                    ring_dense_need(&ring, &shape, words, need_bits);
+                    dense.need = &need;
+                }
+                RingSparse rs = {0};
+                double t[2];
+                time_ring(&ring, &dense, sparse ? &rs : NULL, &cfg, &shape, q, k, v, w, g.o, g.lse, g.dq, g.dk, g.dv,
+                          2, t);
+                double bytes = sparse ? (double)(rs.traffic.kv_bytes + rs.traffic.dkv_bytes + rs.column_bytes)
+                                      : (double)(traffic.kv_bytes + traffic.dkv_bytes);
+                comm_allreduce(&dist.world, &bytes, 1, DT_DOUBLE, REDUCE_SUM);
+                if (dist.world_rank == 0)
+                    printf("| %s | %s | %s | %s | %.3f | %.3f | %.2f |\n", layout_name((LayoutKind)l),
+                           sparse ? "sparse" : "dense", kind ? "selected" : "full", docs ? "yes" : "no", t[0], t[1],
+                           bytes / W / 1048576.0);
+                ring_sparse_free(&rs);
+            }
+        ring_free(&ring);
+    }
+    grads_free(&g);
+    free(starts); free(pos); free(q); free(k); free(v); free(w); free(need_bits);
+}
+
 int main(int argc, char **argv) {
     const char *timeout = getenv("MTRAIN_TIMEOUT_S");
     dist_init(&dist, &argc, &argv, timeout ? atof(timeout) : 60.0);
@@ -361,8 +545,12 @@ int main(int argc, char **argv) {
         check(argv[2], atoi(argv[3]));
     } else if (!strcmp(mode, "plan") && argc == 5) {
         plan(atoll(argv[2]), atoi(argv[3]), !strcmp(argv[4], "shared"));
+    } else if (!strcmp(mode, "bench") && argc == 4) {
+        bench(atoll(argv[2]), atof(argv[3]));
     } else {
-        if (dist.world_rank == 0) fprintf(stderr, "usage: mpi_sparse_ring check flat|hierarchical INNER | plan N B shared|independent\n");
+        if (dist.world_rank == 0)
+            fprintf(stderr, "usage: mpi_sparse_ring check flat|hierarchical INNER | plan N B shared|independent | "
+                            "bench N MEDIAN_DOC\n");
         dist_finalize(&dist);
         return 2;
     }

@@ -3,9 +3,10 @@
 # (--oversubscribe: several ranks share the cores). Runs build/tests/mpi_dist
 # (see tests/mpi_dist.c) with 1, 2, 4 and 8 ranks: collectives, communicator
 # shapes, bad parallel.* settings, dense ring attention (every layout, flat and
-# hierarchical) against the single-rank kernel, sparse ring attention
-# (build/tests/mpi_sparse_ring: distributed pattern, ring_send full and
-# selected), a rank that dies and a rank that skips a collective. Prints
+# hierarchical, without and with documents) against the single-rank kernel,
+# sparse ring attention (build/tests/mpi_sparse_ring: distributed pattern,
+# ring_send full and selected, documents), a rank that dies and a rank that
+# skips a collective. Prints
 # "ok NAME" / "FAIL NAME: why".
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -18,9 +18,13 @@
 #                over dp 2);
 #   sparse       attention with dp = 2 (cp = 1), and on the ring (cp = 2, 4;
 #                ring_send full and selected), equals one rank;
+#   documents    data.doc_mask on a shard of short documents: cp = 2 (every
+#                layout), 4 (hierarchical; dense ring_send selected), sparse
+#                cp = 4 (ring_send full and selected; fewer ring bytes than
+#                without documents) equal one rank; score --docs on 4 ranks
+#                (every layout) equals one rank;
 #   rank 0       alone writes metrics.jsonl lines and prints step lines;
-#   bad input    score with dp > 1, and train and score with data.doc_mask
-#                and cp > 1, end with one line.
+#   bad input    score with dp > 1 ends with one line.
 # Tolerances (fp32; only the summation order differs: attention merged chunk by
 # chunk by log-sum-exp, gradients summed over ranks in another order):
 #   loss        relative 1e-5 (one step), 1e-4 (each of 20 steps)
@@ -207,6 +211,48 @@ train long1 1 train.steps=20 train.eps=1e-8 checkpoint.every=0 log.val_every=0
 train long4 4 train.steps=20 train.eps=1e-8 checkpoint.every=0 log.val_every=0 parallel.cp=4 attention.layout=zigzag
 expect dist_train_20_steps_cp4 compare losses "$tmp/long4/metrics.jsonl" "$tmp/long1/metrics.jsonl" 1e-4 20
 
+# --- documents (data.doc_mask) over the ring ---
+
+# A shard of short documents (byte tokens; 4 to 70 tokens each), so that a
+# sequence of 128 packs several and documents cross block and rank boundaries.
+"$PY" -c '
+import json, random
+random.seed(11)
+for d in range(120):
+    print(json.dumps({"text": "".join(random.choice("abcdefgh ") for _ in range(random.randrange(3, 70)))}))
+' >"$tmp/docs.jsonl"
+build/mtrain tokenize --tokenizer bytes --input "$tmp/docs.jsonl" --output "$tmp/docs.shard" >"$tmp/tok.out" 2>&1 ||
+  bad dist_train_docs_shard "tokenize failed: $(tail -n 2 "$tmp/tok.out" | tr '\n' ' ')"
+DOCS="model.vocab_size=258 data.train=$tmp/docs.shard data.doc_mask=true"
+train docs_ref1 1 train.steps=1 $DOCS
+train nodocs_ref1 1 train.steps=1 $DOCS data.doc_mask=false
+# The mask must change the step, or the comparisons below could not fail.
+if compare weights "$tmp/docs_ref1/step_00000001/model.safetensors" "$tmp/nodocs_ref1/step_00000001/model.safetensors" \
+  1e-6 >/dev/null 2>&1; then bad dist_train_doc_mask_differs "data.doc_mask true and false give the same weights"
+else ok dist_train_doc_mask_differs; fi
+for layout in contiguous zigzag striped; do
+  train "docs_cp2_$layout" 2 train.steps=1 parallel.cp=2 attention.layout=$layout $DOCS
+  same_step "docs_cp2_$layout" docs_ref1
+done
+train docs_cp4_hier 4 train.steps=1 parallel.cp=4 parallel.cp_inner=2 attention.ring=hierarchical $DOCS
+same_step docs_cp4_hier docs_ref1
+# Dense ring_send selected: each hop carries only blocks of the receivers' documents.
+train docs_cp4_selected 4 train.steps=1 parallel.cp=4 attention.layout=contiguous attention.ring_send=selected $DOCS
+same_step docs_cp4_selected docs_ref1
+# Sparse on the ring with documents (per-document sinks, fixed budget).
+train docs_sparse_ref1 1 train.steps=1 $DOCS $SPARSE attention.sink=2
+for send in full selected; do
+  train "docs_sparse_cp4_$send" 4 train.steps=1 parallel.cp=4 attention.ring_send=$send log.attention_every=1 \
+    $DOCS $SPARSE attention.sink=2
+  same_step "docs_sparse_cp4_$send" docs_sparse_ref1
+done
+train docs_sparse_cp4_nodocs 4 train.steps=1 parallel.cp=4 attention.ring_send=selected log.attention_every=1 \
+  $DOCS $SPARSE attention.sink=2 data.doc_mask=false
+# Documents leave fewer key blocks that a rank's queries use: fewer ring bytes.
+docs=$(ring_bytes docs_sparse_cp4_selected) nodocs=$(ring_bytes docs_sparse_cp4_nodocs)
+if [ -n "$docs" ] && [ -n "$nodocs" ] && [ "$docs" -lt "$nodocs" ]; then ok dist_train_docs_fewer_ring_bytes
+else bad dist_train_docs_fewer_ring_bytes "ring_bytes with documents '$docs', without '$nodocs'"; fi
+
 # --- mtrain score under mpirun ---
 
 model=$tmp/ref1/step_00000001
@@ -251,6 +297,21 @@ if [ -n "$short4" ] && awk -v a="$short4" -v b="$short1" 'BEGIN { d = (a - b) / 
 else bad score_4_empty_ranks "loss '$short4', single rank $short1: $(tail -n 2 "$tmp/short4.err" | tr '\n' ' ')"; fi
 cp "$tmp/long.txt" "$tmp/tokens.txt"
 
+# Documents (--docs): starts crossing blocks and ranks, one-token documents.
+echo "5 6 7 30 33 64 90 116" >"$tmp/docs.txt"
+score docs1 1 --grads "$tmp/docs1.safetensors" --docs "$tmp/docs.txt" data.doc_mask=true
+docs1=$(sed -n 's/^loss //p' "$tmp/docs1.out")
+if [ -n "$docs1" ] && [ "$docs1" != "$ref_loss" ]; then ok score_docs_differs
+else bad score_docs_differs "loss with documents '$docs1', without $ref_loss"; fi
+for layout in contiguous zigzag striped; do
+  name=score_docs_4_$layout
+  score "$name" 4 --grads "$tmp/$name.safetensors" --docs "$tmp/docs.txt" data.doc_mask=true attention.layout=$layout
+  loss=$(sed -n 's/^loss //p' "$tmp/$name.out")
+  if [ -n "$loss" ] && awk -v a="$loss" -v b="$docs1" 'BEGIN { d = (a - b) / b; exit !(d < 1e-5 && d > -1e-5) }'; then
+    expect "${name}_grads" compare grads "$tmp/$name.safetensors" "$tmp/docs1.safetensors" 1e-5
+  else bad "$name" "loss '$loss', single rank $docs1: $(tail -n 2 "$tmp/$name.err" | tr '\n' ' ')"; fi
+done
+
 # --- bad input: one line from rank 0, non-zero exit ---
 
 # expect_error NAME PATTERN FILE CMD...: CMD (writing its messages to FILE) fails with one matching line.
@@ -270,8 +331,3 @@ expect_error dist_score_dp_refused 'mtrain score: parallel\.dp 2: .*expected par
   score bad 2 parallel.dp=2
 expect_error dist_score_logits_refused 'mtrain score: --logits with 2 ranks' "$tmp/bad.err" \
   score bad 2 --logits "$tmp/l.safetensors"
-expect_error dist_train_doc_mask_refused 'data\.doc_mask: true with parallel\.cp 2: .*expected parallel\.cp 1' \
-  "$tmp/doc_mask_cp2.out" train doc_mask_cp2 2 train.steps=1 parallel.cp=2 data.doc_mask=true
-echo "0 10" >"$tmp/docs.txt"
-expect_error dist_score_doc_mask_refused 'mtrain score: data\.doc_mask with parallel\.cp 2: .*expected parallel\.cp 1' \
-  "$tmp/bad.err" score bad 2 --docs "$tmp/docs.txt" data.doc_mask=true

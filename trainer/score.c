@@ -91,9 +91,6 @@ int cmd_score(int argc, char **argv) {
     if (cfg.data.doc_mask != (docs_path != NULL))
         comm_fail_all(&dist.world, "mtrain score: %s (expected data.doc_mask=true with --docs FILE, or neither)",
                       docs_path ? "--docs without data.doc_mask=true" : "data.doc_mask=true without --docs FILE");
-    if (docs_path && dist.cp.size > 1)
-        comm_fail_all(&dist.world, "mtrain score: data.doc_mask with parallel.cp %d: the ring does not carry "
-                      "documents (expected parallel.cp 1)", dist.cp.size);
     int64_t T;
     int64_t *ids = read_int_file(tokens_path, "token", cfg.model.vocab_size, "the model's vocabulary", false, &T);
     if (T < 2) fail("%s: %lld tokens (expected at least 2 to predict one)", tokens_path, (long long)T);

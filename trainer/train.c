@@ -198,9 +198,6 @@ static void run_data_open(RunData *d, const Config *cfg, const Dist *dist) {
     d->cp = dist->cp.size;
     d->cp_rank = dist->cp.rank;
     d->doc_mask = cfg->data.doc_mask;
-    if (d->doc_mask && d->cp > 1)
-        comm_fail_all(&dist->world, "data.doc_mask: true with parallel.cp %d: the ring does not carry documents "
-                      "(expected parallel.cp 1)", d->cp);
     loader_from_config(&d->loader, cfg, cfg->log.val_every > 0);
     packed_sequence_alloc(&d->seq, cfg->train.seq_len);
     rank_slice_alloc(&d->slice, cfg->train.seq_len);

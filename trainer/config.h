@@ -64,6 +64,7 @@ typedef struct {
     char val_path[CONFIG_STR];
     bool check_tokenizer;      // shards must come from train.init_from's tokenizer.json
     bool doc_mask;             // a query attends only to keys of its own document
+    bool reset_positions;      // RoPE positions restart at 0 at each document start
 } DataConfig;
 
 typedef struct {

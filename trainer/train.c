@@ -154,6 +154,7 @@ typedef struct {
     int block_size;
     int cp, cp_rank;
     bool doc_mask;             // data.doc_mask: attention masked by the sequence's documents
+    bool reset_positions;      // data.reset_positions: RoPE positions restart at each document
 } RunData;
 
 void loader_from_config(Loader *l, const Config *cfg, bool validation) {
@@ -198,6 +199,7 @@ static void run_data_open(RunData *d, const Config *cfg, const Dist *dist) {
     d->cp = dist->cp.size;
     d->cp_rank = dist->cp.rank;
     d->doc_mask = cfg->data.doc_mask;
+    d->reset_positions = cfg->data.reset_positions;
     if (d->doc_mask && d->cp > 1)
         comm_fail_all(&dist->world, "data.doc_mask: true with parallel.cp %d: the ring does not carry documents "
                       "(expected parallel.cp 1)", d->cp);
@@ -216,10 +218,12 @@ static void run_data_close(RunData *d) {
 }
 
 // d->slice = this rank's part of d->seq; m masks attention by d->seq's
-// documents under data.doc_mask.
+// documents under data.doc_mask and restarts RoPE at them under
+// data.reset_positions.
 static void slice_sequence(RunData *d, Model *m) {
     loader_rank_slice(&d->seq, d->layout, d->block_size, d->cp, d->cp_rank, &d->slice);
     if (d->doc_mask) model_set_documents(m, d->seq.doc_starts, d->seq.doc_start_count);
+    if (d->reset_positions) model_set_rope_documents(m, d->seq.doc_starts, d->seq.doc_start_count);
 }
 
 // Mean next-token loss over the validation stream: dp rank d scores

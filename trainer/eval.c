@@ -41,7 +41,7 @@ bool answer_exact_match(const float *logits, int64_t V, const int32_t *answer, i
 
 // slice = this rank's part of the sequence tokens [T + 1] (inputs and targets).
 static void split_sequence(const EvalSplit *split, int32_t *tokens, int64_t T, RankSlice *slice) {
-    PackedSequence seq = {.seq_len = T, .tokens = tokens};
+    PackedSequence seq = {.seq_len = T, .tokens = tokens, .targets = tokens + 1};
     loader_rank_slice(&seq, split->layout, split->block_size, split->comm ? split->comm->size : 1,
                       split->comm ? split->comm->rank : 0, slice);
 }

@@ -82,9 +82,9 @@ void packed_step_alloc(PackedStep *s, int64_t seq_len, int micro_batches, int ra
     s->ranks = ranks;
     s->inputs = xmalloc(sizeof(int32_t) * (size_t)total);
     s->targets = xmalloc(sizeof(int32_t) * (size_t)total);
-    s->doc_starts = xmalloc(sizeof(int64_t) * (size_t)total);
-    s->pieces = xmalloc(sizeof(PackPiece) * (size_t)(total + 1 + count));
-    s->doc_count = s->piece_count = 0;
+    s->doc_starts = NULL;
+    s->pieces = NULL;
+    s->doc_count = s->doc_capacity = s->piece_count = 0;
 }
 
 void packed_step_free(PackedStep *s) {
@@ -103,6 +103,11 @@ void packed_step_read(Loader *l, int64_t cursor, PackedStep *s) {
         loader_train_sequence(l, cursor + i, &seq);
         memcpy(s->inputs + i * N, seq.tokens, sizeof(int32_t) * (size_t)N);
         memcpy(s->targets + i * N, seq.targets, sizeof(int32_t) * (size_t)N);
+        if (s->doc_count + seq.doc_start_count > s->doc_capacity) {
+            s->doc_capacity = 2 * (s->doc_count + seq.doc_start_count);
+            s->doc_starts = xrealloc(s->doc_starts, sizeof(int64_t) * (size_t)s->doc_capacity);
+            s->pieces = xrealloc(s->pieces, sizeof(PackPiece) * (size_t)(s->doc_capacity + 1 + s->count));
+        }
         for (int64_t k = 0; k < seq.doc_start_count; k++) s->doc_starts[s->doc_count++] = i * N + seq.doc_starts[k];
     }
     packed_sequence_free(&seq);

@@ -44,9 +44,9 @@ typedef struct {
     int64_t count;             // sequences (bins) in the step: micro-batches × ranks
     int ranks;                 // dp ranks
     int32_t *inputs, *targets; // [count * N] the sequential sequences joined
-    int64_t *doc_starts;       // [count * N] where the joined stream's documents begin
-    int64_t doc_count;
-    PackPiece *pieces;         // [count * N + 1 + count] the plan
+    int64_t *doc_starts;       // [doc_capacity] where the joined stream's documents begin
+    int64_t doc_count, doc_capacity;
+    PackPiece *pieces;         // [doc_capacity + 1 + count] the plan
     int64_t piece_count;
 } PackedStep;
 

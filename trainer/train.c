@@ -1,7 +1,9 @@
 // train.c: `mtrain train RUN.yaml`: the training loop, on one rank or on a
 // grid of dp × cp ranks (dist/comm.h). Per step: zero the gradients, run
 // micro_batches sequences forward+backward (dp rank d takes sequence
-// cursor + mb * dp + d; a cp rank its slice of it in the layout, attention
+// cursor + mb * dp + d, or under data.packing: balanced sequence mb * dp + d
+// of those re-dealt by attention work; a cp rank its slice of it in the
+// layout, attention
 // over the ring), one all-reduce of the gradient arena over the world
 // (summed over cp, averaged over dp), clip, AdamW (ZeRO-1: on this dp rank's
 // shard, then all-gather the parameters), then rank 0 prints one line and

@@ -3,8 +3,7 @@
 // micro_batches sequences forward+backward (dp rank d takes sequence
 // cursor + mb * dp + d, or under data.packing: balanced sequence mb * dp + d
 // of those re-dealt by attention work; a cp rank its slice of it in the
-// layout, attention
-// over the ring), one all-reduce of the gradient arena over the world
+// layout, attention over the ring), one all-reduce of the gradient arena over the world
 // (summed over cp, averaged over dp), clip, AdamW (ZeRO-1: on this dp rank's
 // shard, then all-gather the parameters), then rank 0 prints one line and
 // appends one JSON line to log.dir/metrics.jsonl. The loader's cursor

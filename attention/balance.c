@@ -49,15 +49,36 @@ void balance_work(const SparseIndex *index, LayoutKind layout, int world, bool g
     free(blocks);
 }
 
-double balance_rank_imbalance(const double *work, int world) {
+void balance_document_work(LayoutKind layout, int64_t N, int B, int world, const int64_t *doc_starts,
+                           int64_t count, double *work) {
+    int64_t *pos = xmalloc(sizeof(int64_t) * (size_t)N);
+    for (int r = 0; r < world; r++) {
+        int64_t n = layout_rank_positions(layout, N, B, world, r, pos), next = 0;
+        work[r] = 0;
+        for (int64_t i = 0; i < n; i++) {  // positions ascend
+            while (next < count && doc_starts[next] <= pos[i]) next++;
+            work[r] += (double)(pos[i] - (next > 0 ? doc_starts[next - 1] : 0) + 1);
+        }
+    }
+    free(pos);
+}
+
+double balance_max_over_mean(const double *work, int world) {
     double busiest = 0, total = 0;
     for (int r = 0; r < world; r++) {
-        double w = 0;
-        for (int s = 0; s < world; s++) w += work[r * world + s];
-        if (w > busiest) busiest = w;
-        total += w;
+        if (work[r] > busiest) busiest = work[r];
+        total += work[r];
     }
     return total > 0 ? busiest / (total / world) : 1.0;
+}
+
+double balance_rank_imbalance(const double *work, int world) {
+    double *rank = xcalloc((size_t)world, sizeof(double));
+    for (int r = 0; r < world; r++)
+        for (int s = 0; s < world; s++) rank[r] += work[r * world + s];
+    double result = balance_max_over_mean(rank, world);
+    free(rank);
+    return result;
 }
 
 double balance_step_imbalance(const double *work, int world) {

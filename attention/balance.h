@@ -21,6 +21,16 @@
 void balance_work(const SparseIndex *index, LayoutKind layout, int world, bool gathered_columns,
                   double *work);
 
+// work [world]: score elements of dense causal attention masked by document
+// (a query sees the keys from its document's start to itself) that each
+// rank's queries compute, for N tokens in blocks of B with documents
+// beginning at doc_starts [count] (ascending; tokens before the first start
+// form one document).
+void balance_document_work(LayoutKind layout, int64_t N, int B, int world, const int64_t *doc_starts,
+                           int64_t count, double *work);
+// max over ranks / mean of work [world] (1.0 = perfect).
+double balance_max_over_mean(const double *work, int world);
+
 double balance_rank_imbalance(const double *work, int world);
 double balance_step_imbalance(const double *work, int world);
 

@@ -258,12 +258,14 @@ void loader_print_summary(const Loader *l, FILE *out) {
 void packed_sequence_alloc(PackedSequence *s, int64_t seq_len) {
     s->seq_len = seq_len;
     s->tokens = xmalloc(sizeof(int32_t) * (size_t)(seq_len + 1));
+    s->targets = xmalloc(sizeof(int32_t) * (size_t)seq_len);
     s->doc_starts = xmalloc(sizeof(int64_t) * (size_t)seq_len);
     s->doc_start_count = 0;
 }
 
 void packed_sequence_free(PackedSequence *s) {
     free(s->tokens);
+    free(s->targets);
     free(s->doc_starts);
 }
 
@@ -292,11 +294,13 @@ static void read_stream(Loader *l, const DocStream *st, int64_t start, PackedSeq
         shard_read_tokens(open_shard(l, s), l->shards[s].doc_starts[d] + offset, n, (uint32_t *)out->tokens + filled);
         filled += n;
     }
+    memcpy(out->targets, out->tokens + 1, sizeof(int32_t) * (size_t)out->seq_len);
 }
 
 // Synthetic data is one document per sequence.
 static void synthetic_packed(const Loader *l, int64_t index, PackedSequence *out) {
     synthetic_sequence(l->cfg.seed, index, (int)l->cfg.vocab_size, out->tokens, out->seq_len + 1);
+    memcpy(out->targets, out->tokens + 1, sizeof(int32_t) * (size_t)out->seq_len);
     out->doc_starts[0] = 0;
     out->doc_start_count = 1;
 }
@@ -338,6 +342,6 @@ void loader_rank_slice(const PackedSequence *seq, LayoutKind kind, int block_siz
     for (int64_t j = 0; j < out->count; j++) {
         int64_t p = out->positions[j];
         out->tokens[j] = seq->tokens[p];
-        out->targets[j] = seq->tokens[p + 1];
+        out->targets[j] = seq->targets[p];
     }
 }

@@ -81,7 +81,8 @@ typedef struct {
 // One packed sequence.
 typedef struct {
     int64_t seq_len;           // N
-    int32_t *tokens;           // [N + 1]: inputs tokens[0..N), targets tokens[1..N]
+    int32_t *tokens;           // [N + 1]: inputs tokens[0..N) (sequential packing: targets tokens[1..N])
+    int32_t *targets;          // [N] next-token targets (data/packing.h: not always the next input)
     int64_t *doc_starts;       // positions in [0, N) where a document begins
     int64_t doc_start_count;   // (position 0 may continue a document: then it is not listed)
 } PackedSequence;

@@ -117,10 +117,19 @@ void model_set_ring(Model *m, const struct Comm *cp, int inner) {
     m->ring_inner = inner;
 }
 
+// *kept = a copy of doc_starts [count] (none when NULL), *kept_count its length.
+static void keep_starts(int64_t **kept, int64_t *kept_count, const int64_t *doc_starts, int64_t count) {
+    *kept_count = doc_starts ? count : 0;
+    *kept = xrealloc(*kept, (size_t)(*kept_count + 1) * sizeof(int64_t));
+    if (*kept_count) memcpy(*kept, doc_starts, (size_t)count * sizeof(int64_t));
+}
+
 void model_set_documents(Model *m, const int64_t *doc_starts, int64_t count) {
-    m->doc_count = doc_starts ? count : 0;
-    m->doc_starts = xrealloc(m->doc_starts, (size_t)(m->doc_count + 1) * sizeof(int64_t));
-    if (m->doc_count) memcpy(m->doc_starts, doc_starts, (size_t)count * sizeof(int64_t));
+    keep_starts(&m->doc_starts, &m->doc_count, doc_starts, count);
+}
+
+void model_set_rope_documents(Model *m, const int64_t *doc_starts, int64_t count) {
+    keep_starts(&m->rope_doc_starts, &m->rope_doc_count, doc_starts, count);
 }
 
 int64_t model_shard_size(const Model *m, int shards) { return (m->total_params + shards - 1) / shards; }
@@ -146,6 +155,7 @@ static void free_activations(Model *m) {
     be->free(m->tokens);
     be->free(m->targets);
     be->free(m->positions);
+    be->free(m->rope_positions);
     free(m->layers);
     m->layers = NULL;
     m->max_tokens = 0;
@@ -164,6 +174,7 @@ void model_free(Model *m) {
     be->attention_free(m->attn);
     free(m->attention_stats);
     free(m->doc_starts);
+    free(m->rope_doc_starts);
     memset(m, 0, sizeof(*m));
 }
 
@@ -326,6 +337,7 @@ static void ensure_activations(Model *m, int64_t T) {
     m->tokens = be->alloc(sizeof(int32_t) * (size_t)T);
     m->targets = be->alloc(sizeof(int32_t) * (size_t)T);
     m->positions = be->alloc(sizeof(int64_t) * (size_t)T);
+    m->rope_positions = be->alloc(sizeof(int64_t) * (size_t)T);
     m->max_tokens = T;
 }
 
@@ -357,8 +369,8 @@ static void layer_forward(Model *m, int l, LayerActs *a, Act *out, int64_t T) {
     be->matmul_forward(a->q, a->h_attn, W(LAYER_Q_WEIGHT), W(LAYER_Q_BIAS), T, H, QD);
     be->matmul_forward(a->k, a->h_attn, W(LAYER_K_WEIGHT), W(LAYER_K_BIAS), T, H, KD);
     be->matmul_forward(a->v, a->h_attn, W(LAYER_V_WEIGHT), W(LAYER_V_BIAS), T, H, KD);
-    be->rope(a->q, m->positions, T, c->num_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 0);
-    be->rope(a->k, m->positions, T, c->num_kv_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 0);
+    be->rope(a->q, m->rope_positions, T, c->num_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 0);
+    be->rope(a->k, m->rope_positions, T, c->num_kv_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 0);
     // A recomputation (out == NULL) reuses the sparse pattern of the first forward.
     AttnShape s = attn_shape(m, T);
     be->attention_forward(m->attn, l, out != NULL, &s, a->q, a->k, a->v, m->positions, a->att, a->lse,
@@ -402,8 +414,8 @@ static void layer_backward(Model *m, int l, LayerActs *a, int64_t T) {
     zero_act(m, m->dv, T * KD);
     be->attention_backward(m->attn, l, &s, a->q, a->k, a->v, m->positions, a->att, a->lse, m->datt, m->delta,
                            m->dq, m->dk, m->dv);
-    be->rope(m->dq, m->positions, T, c->num_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 1);
-    be->rope(m->dk, m->positions, T, c->num_kv_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 1);
+    be->rope(m->dq, m->rope_positions, T, c->num_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 1);
+    be->rope(m->dk, m->rope_positions, T, c->num_kv_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 1);
     zero_act(m, m->dh, T * H);
     be->matmul_backward(m->dh, G(LAYER_Q_WEIGHT), G(LAYER_Q_BIAS), m->dq, a->h_attn, W(LAYER_Q_WEIGHT), T, H, QD);
     be->matmul_backward(m->dh, G(LAYER_K_WEIGHT), G(LAYER_K_BIAS), m->dk, a->h_attn, W(LAYER_K_WEIGHT), T, H, KD);
@@ -421,10 +433,12 @@ static void model_forward(Model *m, const int32_t *tokens, const int64_t *positi
         if (tokens[t] < 0 || tokens[t] >= c->vocab_size)
             fail("token %d at position %lld is outside the vocabulary [0, %d)", tokens[t], (long long)t, c->vocab_size);
     ensure_activations(m, T);
-    int64_t *pos = xmalloc(sizeof(int64_t) * (size_t)T);
+    int64_t *pos = xmalloc(2 * sizeof(int64_t) * (size_t)T), *rope_pos = pos + T;
     for (int64_t t = 0; t < T; t++) pos[t] = positions ? positions[t] : t;
     be->upload(m->positions, pos, sizeof(int64_t) * (size_t)T);
     be->attention_sequence(m->attn, pos, T);
+    rope_document_positions(pos, T, m->rope_doc_starts, m->rope_doc_count, rope_pos);
+    be->upload(m->rope_positions, rope_pos, sizeof(int64_t) * (size_t)T);
     free(pos);
     be->upload(m->tokens, tokens, sizeof(int32_t) * (size_t)T);
     be->embedding_forward(m->layers[0].x_in, m->tokens, model_weight(m, model_embedding_param()), T, c->hidden_size);

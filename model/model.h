@@ -76,7 +76,8 @@ typedef struct {
     float *delta;            // [Hq, T]
     Act *logits;             // [loss_chunk, V]
     int32_t *tokens, *targets;
-    int64_t *positions;
+    int64_t *positions;      // [T] global positions (masks, ring layouts)
+    int64_t *rope_positions; // [T] the positions RoPE rotates by (model_set_rope_documents)
     double *rope_inv_freq;   // [head_dim / 2], backend memory (model/rope.c)
     double rope_attention_factor;  // scales RoPE cos and sin (YaRN; 1 otherwise)
     Progress *progress;      // NULL, or counts every layer of a forward and of a backward pass
@@ -91,6 +92,8 @@ typedef struct {
     int ring_inner;                 // inner ring size of the schedule
     // Documents (model_set_documents): attention masked by document when set.
     int64_t *doc_starts, doc_count;  // [doc_count] sorted global positions (none: no mask)
+    // RoPE positions restart at these documents (model_set_rope_documents).
+    int64_t *rope_doc_starts, rope_doc_count;  // [rope_doc_count] sorted global positions (none: global)
 } Model;
 
 // Build the table for cfg and allocate parameters and gradients (zero).
@@ -107,6 +110,10 @@ void model_set_ring(Model *m, const struct Comm *cp, int inner);
 // document begins (doc_starts [count], copied); a query sees only keys of its
 // own document. NULL: one document per sequence (the causal mask only).
 void model_set_documents(Model *m, const int64_t *doc_starts, int64_t count);
+// RoPE positions restart at 0 at each of these sorted global positions from
+// now on (doc_starts [count], copied; data.reset_positions), while masks and
+// the ring keep the global positions. NULL: RoPE uses the global positions.
+void model_set_rope_documents(Model *m, const int64_t *doc_starts, int64_t count);
 // ZeRO-1: hold and update the AdamW moments of shard `shard` of `shards`
 // equal runs of the arena (the last shorter) only. Before model_alloc_optimizer.
 void model_shard_optimizer(Model *m, int shard, int shards);

@@ -52,3 +52,14 @@ double rope_frequencies(const ModelConfig *c, int D, double *inv_freq) {
     if (rs->mscale > 0 && rs->mscale_all_dim > 0) return yarn_mscale(s, rs->mscale) / yarn_mscale(s, rs->mscale_all_dim);
     return yarn_mscale(s, 1.0);
 }
+
+void rope_document_positions(const int64_t *positions, int64_t T, const int64_t *doc_starts, int64_t count,
+                             int64_t *out) {
+    int64_t next = 0;  // documents [0, next) begin at or before positions[t]
+    for (int64_t t = 0; t < T; t++) {
+        CHECK(t == 0 || positions[t] > positions[t - 1], "rope_document_positions: positions not ascending at %lld",
+              (long long)t);
+        while (next < count && doc_starts[next] <= positions[t]) next++;
+        out[t] = positions[t] - (next > 0 ? doc_starts[next - 1] : 0);
+    }
+}

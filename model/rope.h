@@ -6,6 +6,7 @@
 #define MTRAIN_ROPE_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "model_config.h"
 
@@ -17,5 +18,11 @@ int rope_original_context(const ModelConfig *c);
 // Fill inv_freq [D/2] for head dimension D; returns the attention factor
 // (1 for plain RoPE).
 double rope_frequencies(const ModelConfig *c, int D, double *inv_freq);
+// The RoPE position of each token when positions restart at every document:
+// out[t] = positions[t] - (the largest document start <= positions[t], or 0).
+// positions [T] ascending global positions (one rank's tokens in its layout),
+// doc_starts [count] ascending global positions where a document begins.
+void rope_document_positions(const int64_t *positions, int64_t T, const int64_t *doc_starts, int64_t count,
+                             int64_t *out);
 
 #endif

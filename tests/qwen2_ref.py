@@ -127,14 +127,15 @@ def yarn_inv_freq(D, theta, scaling, max_pos):
     return inv_freq, af
 
 
-def rope_cos_sin(T, D, theta, scaling=None, max_pos=4096):
-    """cos, sin [T, D] of rotate-half RoPE; with a YaRN rope_scaling dict the
-    YaRN frequencies, and both multiplied by its attention factor."""
+def rope_cos_sin(T, D, theta, scaling=None, max_pos=4096, pos=None):
+    """cos, sin [T, D] of rotate-half RoPE at positions pos [T] (default
+    0..T-1); with a YaRN rope_scaling dict the YaRN frequencies, and both
+    multiplied by its attention factor."""
     if scaling and scaling.get("rope_type", scaling.get("type")) == "yarn":
         inv_freq, af = yarn_inv_freq(D, theta, scaling, max_pos)
     else:
         inv_freq, af = theta ** (-torch.arange(0, D, 2, dtype=torch.float64) / D), 1.0  # [D/2]
-    pos = torch.arange(T, dtype=torch.float64)
+    pos = torch.arange(T, dtype=torch.float64) if pos is None else pos.to(torch.float64)
     freqs = pos[:, None] * inv_freq[None, :]                                # [T, D/2]
     emb = torch.cat([freqs, freqs], dim=-1)                                 # [T, D]
     return emb.cos() * af, emb.sin() * af
@@ -145,18 +146,31 @@ def rotate_half(x):
     return torch.cat([-x[..., d:], x[..., :d]], dim=-1)
 
 
-def forward(cfg, params, tokens, doc_starts=None):
+def document_positions(T, doc_starts):
+    """RoPE positions [T] restarting at 0 at each of doc_starts (ascending);
+    tokens before the first start count from 0."""
+    pos = torch.arange(T)
+    first = torch.zeros(T, dtype=torch.long)
+    for s in doc_starts:
+        first[s:] = s
+    return pos - first
+
+
+def forward(cfg, params, tokens, doc_starts=None, mask_docs=True, reset_positions=False):
     """Logits [T, V] (float64) of one sequence of token ids [T]; with
     doc_starts (ascending positions where a document begins) a query sees
-    only keys of its own document."""
+    only keys of its own document when mask_docs, and RoPE positions restart
+    at each document when reset_positions."""
     H = cfg["hidden_size"]
     Hq, Hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     D, g = H // Hq, Hq // Hkv
     eps = cfg["rms_norm_eps"]
     T = tokens.shape[0]
-    cos, sin = rope_cos_sin(T, D, float(cfg["rope_theta"]), cfg.get("rope_scaling"), cfg["max_position_embeddings"])
+    pos = document_positions(T, doc_starts) if reset_positions else None
+    cos, sin = rope_cos_sin(T, D, float(cfg["rope_theta"]), cfg.get("rope_scaling"), cfg["max_position_embeddings"],
+                            pos)
     mask = torch.ones(T, T, dtype=torch.bool).tril()
-    if doc_starts is not None:
+    if doc_starts is not None and mask_docs:
         doc = torch.zeros(T, dtype=torch.long)
         for s in doc_starts:
             doc[s:] += 1
@@ -195,10 +209,10 @@ def loss_fn(logits, tokens):
     return torch.nn.functional.cross_entropy(logits[:-1], tokens[1:])
 
 
-def loss_and_grads(cfg, params, tokens, doc_starts=None):
+def loss_and_grads(cfg, params, tokens, doc_starts=None, mask_docs=True, reset_positions=False):
     """(loss float, logits [T,V] float64, grads dict name -> float64 tensor)."""
     leaves = {n: t.detach().to(torch.float64).clone().requires_grad_(True) for n, t in params.items()}
-    logits = forward(cfg, leaves, tokens, doc_starts)
+    logits = forward(cfg, leaves, tokens, doc_starts, mask_docs, reset_positions)
     loss = loss_fn(logits, tokens)
     loss.backward()
     return loss.item(), logits.detach(), {n: t.grad.detach() for n, t in leaves.items()}

@@ -6,8 +6,9 @@
 #   one step     for dp × cp = 1×2, 2×1, 1×4, 2×2 and every layout: the step's
 #                loss and the weights of the checkpoint written after it equal
 #                a single-rank run with micro_batches = dp;
-#   score        under mpirun (cp = 2, 4, every layout; and 20 tokens on 4
-#                ranks, two of them empty) = single-rank score: loss and
+#   score        under mpirun (cp = 2, 4, every layout; 20 tokens on 4
+#                ranks, two of them empty; RoPE positions restarting at
+#                documents on cp 2) = single-rank score: loss and
 #                every gradient tensor;
 #   20 steps     cp = 4 tracks cp = 1 step by step;
 #   ZeRO-1       parallel.zero=1 equals zero=0 (dp 2, and dp 2 × cp 2), and a
@@ -283,6 +284,18 @@ for layout in contiguous zigzag striped; do
     expect "${name}_grads" compare grads "$tmp/$name.safetensors" "$tmp/score1.safetensors" 1e-5
   done
 done
+
+# RoPE positions restarting at documents (data.reset_positions, no mask) on
+# cp 2: every rank derives them from its global positions, as one rank does.
+echo "10 40 41 77" >"$tmp/reset_docs.txt"
+score reset1 1 --grads "$tmp/reset1.safetensors" --docs "$tmp/reset_docs.txt" data.reset_positions=true
+score reset2 2 --grads "$tmp/reset2.safetensors" --docs "$tmp/reset_docs.txt" data.reset_positions=true \
+  attention.layout=zigzag
+reset1=$(sed -n 's/^loss //p' "$tmp/reset1.out") reset2=$(sed -n 's/^loss //p' "$tmp/reset2.out")
+if [ -n "$reset2" ] && [ -n "$reset1" ] && [ "$reset1" != "$ref_loss" ] &&
+   awk -v a="$reset2" -v b="$reset1" 'BEGIN { d = (a - b) / b; exit !(d < 1e-5 && d > -1e-5) }'; then
+  expect score_2_reset_positions compare grads "$tmp/reset2.safetensors" "$tmp/reset1.safetensors" 1e-5
+else bad score_2_reset_positions "loss '$reset2', single rank '$reset1' (global positions $ref_loss): $(tail -n 2 "$tmp/reset2.err" | tr '\n' ' ')"; fi
 
 # 20 tokens in blocks of 16 on 4 ranks, contiguous: ranks 2 and 3 hold none
 # and still take part in the ring.

@@ -2,7 +2,9 @@
 # test_eval.sh: `mtrain eval` end to end on a tiny model trained for a few
 # steps on a byte-level text shard: every task runs, results.json is valid
 # JSON with exactly the expected cells and accuracies in [0, 1], perplexity
-# on the held-out stream equals the trainer's own validation loss, the PNGs
+# on the held-out stream equals the trainer's own validation loss (also with
+# documents masked and RoPE restarting at each: data.doc_mask,
+# data.reset_positions), the PNGs
 # are PNGs, a text file and a text haystack work, reruns are identical, bad
 # eval settings end with one clear line and a non-zero exit, and eval over
 # 2 and 4 context-parallel MPI ranks (dense and sparse attention) equals one
@@ -104,6 +106,28 @@ fit=$("$PY" -c 'import json,sys; print(*[r["samples"] for r in json.load(open(sy
 expect "perplexity uses as many sequences as the 1025 held-out tokens hold (got: $fit)" '[ "$fit" = "3 1" ]'
 expect "perplexity loss at length 128 x 8 ($got) = training validation loss ($val)" \
   '"$PY" -c "import sys; sys.exit(abs($got - $val) > 1e-5 * $val)"'
+
+# Documents: with data.doc_mask and data.reset_positions, perplexity on the
+# held-out stream of short documents masks and renumbers them as the
+# trainer's validation does (equal losses), and the mask changes the loss.
+awk 'BEGIN { srand(11); split("the a river town bright quiet stone winter map road house light old new small", w, " ");
+  for (d = 0; d < 60; d++) { f = sprintf("'"$tmp"'/short%02d.txt", d); s = ""; n = 5 + int(rand() * 40);
+    for (i = 0; i < n; i++) s = s w[int(rand() * 15) + 1] " "; print s > f; close(f) } }'
+"$MTRAIN" tokenize --tokenizer bytes --input "$tmp"/short*.txt --output "$tmp/short.shard" >/dev/null
+docs="data.train=$tmp/short.shard data.doc_mask=true data.reset_positions=true checkpoint.dir=$tmp/ck_docs log.dir=$tmp/logs_docs"
+"$MTRAIN" train "$tmp/run.yaml" $docs train.steps=2 log.val_every=2 >"$tmp/docs_train.out" 2>&1
+val=$(grep '"val_loss"' "$tmp/logs_docs/metrics.jsonl" | tail -1 | sed 's/.*"val_loss": \([0-9.e+-]*\).*/\1/')
+ppl_loss() {
+  "$MTRAIN" eval "$tmp/run.yaml" $docs eval.tasks=perplexity eval.lengths=128 eval.samples=8 eval.out="$tmp/$1" "${@:2}" \
+    >/dev/null 2>&1
+  "$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["perplexity"][0]["loss"])' "$tmp/$1/results.json"
+}
+masked=$(ppl_loss ppl_docs)
+unmasked=$(ppl_loss ppl_nodocs data.doc_mask=false data.reset_positions=false)
+expect "documents: perplexity with doc_mask and reset_positions ($masked) = validation loss ($val)" \
+  '"$PY" -c "import sys; sys.exit(abs($masked - $val) > 1e-5 * $val)"'
+expect "documents: perplexity without the mask ($unmasked) differs ($masked)" \
+  '"$PY" -c "import sys; sys.exit(abs($masked - $unmasked) < 1e-4 * $masked)"'
 
 # Same config, same results, byte for byte.
 "$MTRAIN" eval "$tmp/run.yaml" eval.out="$tmp/again" >/dev/null 2>&1

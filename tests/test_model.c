@@ -8,7 +8,8 @@
 // a GPU's bf16 copy would be) trains, loads an HF folder and scores bit for
 // bit like the CPU backend, which fails if any writer of param_mem leaves the
 // copy stale; the activation arena counts its statistics in fp32 whatever
-// act_bytes.
+// act_bytes; and packed documents with RoPE positions restarting at each
+// equal to each alone.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -439,6 +440,50 @@ static void test_arena_bytes(void) {
            "the CPU backend's arena uses 4-byte activations");
 }
 
+// data.reset_positions with data.doc_mask: a sequence packing documents
+// [0, 40) and [40, 72) has the loss and gradients of the two documents run
+// alone (each at positions 0.., with the same next-token targets). RoPE is
+// relative, so this holds up to rounding with the global positions too; the
+// positions themselves are checked in test_rope, and the unmasked case, where
+// they change the result, against the reference in test_reference.py.
+static double packed_or_alone(const int32_t *seq, bool packed, float **grads) {
+    static const int64_t starts[] = {0, 40};
+    const int64_t T = 72;
+    ModelConfig c = tiny_config();
+    Model m;
+    model_init(&m, &c, backend_cpu());
+    model_init_weights(&m, 21);
+    m.loss_chunk = 16;
+    m.be->zero(m.grad_mem, sizeof(float) * (size_t)m.total_params);
+    double loss = 0;
+    if (packed) {
+        model_set_documents(&m, starts, 2);
+        model_set_rope_documents(&m, starts, 2);
+        loss = model_forward_backward(&m, seq, seq + 1, NULL, T, 1.0f);
+    } else {
+        loss = model_forward_backward(&m, seq, seq + 1, NULL, starts[1], 1.0f) +
+               model_forward_backward(&m, seq + starts[1], seq + starts[1] + 1, NULL, T - starts[1], 1.0f);
+    }
+    *grads = download_arena(&m, m.grad_mem);
+    model_free(&m);
+    return loss;
+}
+
+static void test_reset_positions(void) {
+    int32_t seq[73];
+    synthetic_sequence(9, 0, tiny_config().vocab_size, seq, 73);
+    float *gp, *ga;
+    const double packed = packed_or_alone(seq, true, &gp), alone = packed_or_alone(seq, false, &ga);
+    Model shape;
+    ModelConfig c = tiny_config();
+    model_init(&shape, &c, backend_cpu());
+    const double dg = max_rel_diff(gp, ga, (long)shape.total_params), dl = fabs(packed - alone) / alone;
+    model_free(&shape);
+    EXPECT(dl < 1e-6 && dg < 1e-5, "reset positions, documents masked: two packed documents have the loss (%.1e) "
+           "and gradients (%.1e) of the two run alone", dl, dg);
+    free(gp); free(ga);
+}
+
 int main(void) {
     test_param_table();
     test_init();
@@ -452,5 +497,6 @@ int main(void) {
     test_stale_copy_detected();
     test_loading_refreshes();
     test_arena_bytes();
+    test_reset_positions();
     return check_exit();
 }

@@ -62,8 +62,9 @@ def one_line_error(p, tag, needles):
     check(f"{tag} error names {', '.join(needles)}", not missing, f"missing {missing} in {p.stderr!r}")
 
 
-def compare_run(tag, cfg, params, tokens, d, overrides, doc_starts=None):
-    """Write the model, score it with grads and logits (and the documents),
+def compare_run(tag, cfg, params, tokens, d, overrides, doc_starts=None, mask_docs=True, reset_positions=False):
+    """Write the model, score it with grads and logits (and the documents:
+    masked when mask_docs, RoPE restarting at each when reset_positions),
     compare everything."""
     mdir = os.path.join(d, tag)
     ref.write_model(mdir, cfg, params)
@@ -74,7 +75,8 @@ def compare_run(tag, cfg, params, tokens, d, overrides, doc_starts=None):
         docs = os.path.join(d, tag + ".docs")
         with open(docs, "w") as f:
             f.write(" ".join(str(s) for s in doc_starts) + "\n")
-        overrides = overrides + ["data.doc_mask=true"]
+        overrides = overrides + [f"data.doc_mask={str(mask_docs).lower()}",
+                                 f"data.reset_positions={str(reset_positions).lower()}"]
     gpath, lpath = os.path.join(d, tag + ".grads.st"), os.path.join(d, tag + ".logits.st")
     p, loss, ntok = harness.score(mdir, tok_path, grads=gpath, logits=lpath, overrides=CPU + overrides,
                                   docs=docs)
@@ -83,7 +85,7 @@ def compare_run(tag, cfg, params, tokens, d, overrides, doc_starts=None):
     if p.returncode != 0 or loss is None:
         return None
     check(f"{tag} tokens line", ntok == len(tokens), f"tokens {ntok}, expected {len(tokens)}")
-    rloss, rlogits, rgrads = ref.loss_and_grads(cfg, params, tokens, doc_starts)
+    rloss, rlogits, rgrads = ref.loss_and_grads(cfg, params, tokens, doc_starts, mask_docs, reset_positions)
     lerr = abs(loss - rloss) / abs(rloss)
     check(f"{tag} loss", lerr < LOSS_TOL, f"mtrain {loss!r} reference {rloss!r} rel err {lerr:.2e}")
 
@@ -133,6 +135,16 @@ def test_documents(d):
     compare_run("docs_sparse", cfg, params, tokens, d, base + [
         "attention.type=sparse", "attention.top_p=1", "attention.last_q=16",
         "attention.max_vertical=150", "attention.max_slash=150"], DOC_STARTS)
+    # RoPE restarting at each document: without the mask tokens attend across
+    # documents at distances of two numberings (the reference differs from
+    # the global-position run); with it only rounding changes.
+    compare_run("docs_reset_unmasked", cfg, params, tokens, d, base, DOC_STARTS, mask_docs=False,
+                reset_positions=True)
+    compare_run("docs_reset_masked", cfg, params, tokens, d, base, DOC_STARTS, reset_positions=True)
+    global_loss = ref.loss_and_grads(cfg, params, tokens)[0]
+    reset_loss = ref.loss_and_grads(cfg, params, tokens, DOC_STARTS, mask_docs=False, reset_positions=True)[0]
+    check("docs_reset_unmasked differs from global positions", abs(reset_loss - global_loss) > 1e-4 * abs(global_loss),
+          f"reset {reset_loss!r} global {global_loss!r}")
     mdir, tok_path = os.path.join(d, "docs_dense"), os.path.join(d, "docs_dense.tokens")
     bad = {"unsorted": "5 40 17", "outside": "5 150", "garbage": "5 x"}
     for name, text in bad.items():
@@ -145,6 +157,8 @@ def test_documents(d):
     one_line_error(p, "doc_mask without --docs", ["data.doc_mask", "--docs"])
     p = harness.score(mdir, tok_path, overrides=CPU, docs=os.path.join(d, "docs_dense.docs"))[0]
     one_line_error(p, "--docs without doc_mask", ["data.doc_mask", "--docs"])
+    p = harness.score(mdir, tok_path, overrides=CPU + ["data.reset_positions=true"])[0]
+    one_line_error(p, "reset_positions without --docs", ["data.reset_positions", "--docs"])
 
 
 def test_checkpoint_activations(d):

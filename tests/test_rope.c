@@ -3,7 +3,7 @@
 // keeps the high-frequency pairs, divides the low ones by the factor, blends
 // between, and derives the attention factor; the rope op rotates by
 // pos·inv_freq with cos and sin scaled by the attention factor, and its
-// inverse is the transpose. With arguments it prints a table for
+// inverse is the transpose; positions restart at document starts. With arguments it prints a table for
 // tests/test_rope.py to compare with its torch reference:
 //   test_rope table D THETA FACTOR ORIGINAL MAX_POS BETA_FAST BETA_SLOW ATTENTION_FACTOR MSCALE MSCALE_ALL_DIM TRUNCATE
 // prints "attention_factor X" and one "inv_freq I X" line per pair (%.17g).
@@ -119,6 +119,24 @@ static int print_table(char **argv) {
     return 0;
 }
 
+// RoPE positions restarting at documents: a sequence starting mid-document
+// (positions before the first start count from 0), a one-token document, and
+// one rank's striped slice (global positions with gaps).
+static void test_document_positions(void) {
+    const int64_t starts[] = {3, 4, 9};
+    int64_t all[12], out[12];
+    for (int t = 0; t < 12; t++) all[t] = t;
+    rope_document_positions(all, 12, starts, 3, out);
+    const int64_t want[12] = {0, 1, 2, 0, 0, 1, 2, 3, 4, 0, 1, 2};
+    EXPECT(!memcmp(out, want, sizeof(want)), "document positions of a whole sequence restart at 3, 4 and 9");
+    const int64_t slice[6] = {2, 3, 6, 7, 10, 11}, slice_want[6] = {2, 0, 2, 3, 1, 2};
+    rope_document_positions(slice, 6, starts, 3, out);
+    EXPECT(!memcmp(out, slice_want, sizeof(slice_want)), "document positions of a striped slice (blocks of 2 on "
+           "rank 1 of 2) count from each token's own document start");
+    rope_document_positions(slice, 6, NULL, 0, out);
+    EXPECT(!memcmp(out, slice, sizeof(slice)), "no documents: the global positions");
+}
+
 int main(int argc, char **argv) {
     if (argc == 13 && !strcmp(argv[1], "table")) return print_table(argv + 2);
     if (argc != 1) {
@@ -129,5 +147,6 @@ int main(int argc, char **argv) {
     test_plain();
     test_yarn_shape();
     test_rope_op();
+    test_document_positions();
     return check_exit();
 }

@@ -70,6 +70,7 @@ ENUM_FIELD_IS_INT(attention, layout);
 ENUM_FIELD_IS_INT(train, backend);
 ENUM_FIELD_IS_INT(train, lr_schedule);
 ENUM_FIELD_IS_INT(eval, haystack);
+ENUM_FIELD_IS_INT(data, packing);
 // Keyword-or-path keys: an int-sized kind, and a path of CONFIG_STR bytes.
 #define PATH_FIELDS(sec, key) \
     ENUM_FIELD_IS_INT(sec, key); \
@@ -155,6 +156,8 @@ static const Key keys[] = {
     PATH(data, val, "holdout", NAMES("holdout"), "comma-separated shard globs", "Validation data: `holdout` = documents of `data.train` chosen from `train.seed`, as many as `val_sequences` sequences need, never trained on (only when validation runs, `log.val_every` > 0: otherwise nothing is held out); or a shard glob (comma-separated globs allowed). Synthetic data always uses held-out sequences."),
     BOOL(data, check_tokenizer, true, "Stop when a shard was made by another tokenizer than the `tokenizer.json` of `train.init_from` (as `mtrain shard info` shows: `bytes` or the XXH64 of a tokenizer.json); `false` trains anyway. Shards of format version 1 (unknown tokenizer) are not checked."),
     BOOL(data, doc_mask, false, "Document-aware attention: a query attends only to earlier keys of its own document (the packed sequence's document starts), in every attention kernel on the CPU; `false` lets every token attend across the documents packed into its sequence, as pretraining mixes do. Works with any `parallel.cp` (every cp rank knows the document starts; ring steps whose chunk holds no key of the rank's documents do no attention work, and with `attention.ring_send: selected` are not sent). Needs the CPU backend."),
+    BOOL(data, reset_positions, false, "RoPE positions restart at 0 at each document start of a packed sequence (a token continuing a document from the previous sequence counts from the sequence start), so every document is seen at the positions it would have alone; masks and the ring layouts keep the sequence's global positions. With `doc_mask: true` this changes nothing but rounding (RoPE scores depend only on the distance between query and key); with `doc_mask: false` tokens then attend across documents at distances that mix the two numberings. Also `mtrain score --docs`."),
+    ENUM(data, packing, "sequential", NAMES("sequential", "balanced"), "How a step's training sequences are formed. `sequential`: consecutive windows of the shuffled document stream (docs/ARCHITECTURE.md, Data). `balanced`: the same windows of the step (dp ranks x micro-batches sequences) cut into their documents, which are dealt longest first into the step's sequences so that each holds about the same attention work (the sum of L(L+1)/2 over its documents, what `doc_mask: true` computes), splitting a document only where no sequence has room for it; every token of the step is used once, the data cursor and resume are as exact as with `sequential`. Each rank reads the whole step's sequences. Validation sequences stay sequential."),
 
     STRING(checkpoint, dir, "checkpoints", "Folder of the checkpoints (`step_XXXXXXXX/`, `latest`)."),
     INT64(checkpoint, every, 0, 0, 1e12, "Write a checkpoint every N steps; 0 = only after the last step."),

@@ -9,6 +9,10 @@
 // split over them in attention.layout, attention runs over the ring, losses
 // are summed and answer verdicts ANDed over the ranks; rank 0 alone prints
 // and writes results.json and the plots.
+// Documents: perplexity on the held-out stream (eval.text: heldout) packs
+// several documents into each sequence, so data.doc_mask and
+// data.reset_positions apply to it as in training's validation; a task
+// sample is one prompt and a text file one document, so they have none.
 #include "eval.h"
 
 #include <cjson/cJSON.h>
@@ -37,7 +41,7 @@ bool answer_exact_match(const float *logits, int64_t V, const int32_t *answer, i
 
 // slice = this rank's part of the sequence tokens [T + 1] (inputs and targets).
 static void split_sequence(const EvalSplit *split, int32_t *tokens, int64_t T, RankSlice *slice) {
-    PackedSequence seq = {.seq_len = T, .tokens = tokens};
+    PackedSequence seq = {.seq_len = T, .tokens = tokens, .targets = tokens + 1};
     loader_rank_slice(&seq, split->layout, split->block_size, split->comm ? split->comm->size : 1,
                       split->comm ? split->comm->rank : 0, slice);
 }
@@ -75,22 +79,30 @@ typedef struct {
     Tokenizer *tok;                    // opened when a task or eval.text needs it, else NULL
     int32_t *text;                     // eval.text as tokens (NULL when no task reads it)
     int64_t text_len;
+    int64_t *text_doc_starts;          // [text_doc_count] where documents of the held-out text begin, ascending
+    int64_t text_doc_count;            // (0 for a text file: one document)
 } EvalPlan;
 
-// The validation stream of the run's loader: its sequences joined. With
-// shards that is the packed stream itself (a sequence starts with the
-// previous one's last target); synthetic sequences lose their first token.
-static int32_t *heldout_tokens(const Config *cfg, int64_t *len) {
+// The validation stream of the run's loader: its sequences joined, and where
+// its documents begin (doc_starts [S * N], *doc_count of them). With shards
+// that is the packed stream itself (a sequence starts with the previous
+// one's last target); synthetic sequences (one document each) lose their
+// first token, so a document begins at their second.
+static int32_t *heldout_tokens(const Config *cfg, int64_t *len, int64_t **doc_starts, int64_t *doc_count) {
     Loader l;
     loader_from_config(&l, cfg, true);
     int64_t N = cfg->train.seq_len, S = cfg->data.val_sequences;
     int32_t *text = xmalloc(sizeof(int32_t) * (size_t)(S * N + 1));
+    *doc_starts = xmalloc(sizeof(int64_t) * (size_t)(S * N));
+    *doc_count = 0;
     PackedSequence seq;
     packed_sequence_alloc(&seq, N);
     for (int64_t i = 0; i < S; i++) {
         loader_val_sequence(&l, i, &seq);
         int64_t skip = i > 0;
         memcpy(text + i * N + skip, seq.tokens + skip, sizeof(int32_t) * (size_t)(N + 1 - skip));
+        for (int64_t k = 0; k < seq.doc_start_count; k++)
+            (*doc_starts)[(*doc_count)++] = i * N + (l.cfg.synthetic && k == 0 ? skip : seq.doc_starts[k]);
     }
     packed_sequence_free(&seq);
     loader_close(&l);
@@ -165,7 +177,8 @@ static void plan_eval(EvalPlan *p, const Config *cfg, const char *run_file) {
     // Perplexity on the held-out stream reads token ids: no tokenizer.
     if (p->grid_count || text_file) p->tok = tokenizer_open(p->tokenizer);
     if ((p->tasks & EVAL_PERPLEXITY) || niah_text)
-        p->text = text_file ? text_file_tokens(cfg->eval.text_path, p, &p->text_len) : heldout_tokens(cfg, &p->text_len);
+        p->text = text_file ? text_file_tokens(cfg->eval.text_path, p, &p->text_len)
+                            : heldout_tokens(cfg, &p->text_len, &p->text_doc_starts, &p->text_doc_count);
     for (int i = 0; (p->tasks & EVAL_PERPLEXITY) && i < p->length_count; i++) {
         if (p->lengths[i] + 1 > p->text_len)
             fail("%s: eval.text '%s' has %lld tokens, fewer than one sequence of length %lld needs (%lld; expected a "
@@ -203,8 +216,23 @@ static void plan_eval(EvalPlan *p, const Config *cfg, const char *run_file) {
 // ----------------------------------------------------------------------------
 // Perplexity by length
 
+// The documents of eval.text that begin in [first, first + L), relative to
+// first, for the model under data.doc_mask / data.reset_positions; starts
+// [L] is scratch.
+static void set_text_documents(const EvalPlan *p, Model *m, int64_t first, int64_t L, int64_t *starts) {
+    const DataConfig *d = &p->cfg->data;
+    if (!d->doc_mask && !d->reset_positions) return;
+    int64_t count = 0;
+    for (int64_t k = 0; k < p->text_doc_count; k++)
+        if (p->text_doc_starts[k] >= first && p->text_doc_starts[k] < first + L)
+            starts[count++] = p->text_doc_starts[k] - first;
+    if (d->doc_mask) model_set_documents(m, starts, count);
+    if (d->reset_positions) model_set_rope_documents(m, starts, count);
+}
+
 // Sequence s of length L is eval.text tokens [s·L, s·L + L] (inputs and
-// targets); as many as fit, at most eval.samples: seqs[i] of them.
+// targets); as many as fit, at most eval.samples: seqs[i] of them. Leaves
+// the model without documents.
 static void eval_perplexity(const EvalPlan *p, Model *m, double *loss, int *seqs) {
     printf("\nperplexity on %s (%lld tokens), up to %d sequences per length\n%10s %6s %10s %12s %8s\n",
            config_enum_name(p->cfg, &p->cfg->eval.text), (long long)p->text_len, p->cfg->eval.samples, "length", "seqs", "loss", "perplexity", "s");
@@ -214,22 +242,27 @@ static void eval_perplexity(const EvalPlan *p, Model *m, double *loss, int *seqs
         double t0 = now_seconds(), total = 0;
         RankSlice slice;
         rank_slice_alloc(&slice, L);
+        int64_t *starts = xmalloc(sizeof(int64_t) * (size_t)L);
         Progress progress;
         char what[64];
         snprintf(what, sizeof(what), "perplexity at length %lld", (long long)L);
         progress_begin(&progress, what, seqs[i], "sequences", 1);
         for (int s = 0; s < seqs[i]; s++) {
             split_sequence(&p->split, p->text + s * L, L, &slice);
+            set_text_documents(p, m, s * L, L, starts);
             total += model_loss(m, slice.tokens, slice.targets, slice.positions, slice.count);
             progress_add(&progress, 1);
         }
         progress_end(&progress);
+        free(starts);
         rank_slice_free(&slice);
         if (p->split.comm) comm_allreduce(p->split.comm, &total, 1, DT_DOUBLE, REDUCE_SUM);
         loss[i] = total / ((double)L * seqs[i]);
         printf("%10lld %6d %10.4f %12.3f %8.2f\n", (long long)L, seqs[i], loss[i], exp(loss[i]), now_seconds() - t0);
         fflush(stdout);
     }
+    model_set_documents(m, NULL, 0);
+    model_set_rope_documents(m, NULL, 0);
 }
 
 // ----------------------------------------------------------------------------
@@ -482,6 +515,7 @@ int cmd_tasks(int argc, char **argv) {
     rename_into_place(tmp, output);
     printf("tasks: %lld samples of %s at lengths %s -> %s\n", (long long)count, cfg.eval.tasks, cfg.eval.lengths, output);
     free(plan.text);
+    free(plan.text_doc_starts);
     tokenizer_close(plan.tok);
     dist_finalize(&dist);
     return 0;
@@ -533,6 +567,7 @@ int cmd_eval(int argc, char **argv) {
     for (int g = 0; g < plan.grid_count; g++) free(correct[g]);
     free(loss);
     free(plan.text);
+    free(plan.text_doc_starts);
     tokenizer_close(plan.tok);
     model_free(&m);
     dist_finalize(&dist);

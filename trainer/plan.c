@@ -158,6 +158,9 @@ static void plan_cpu_memory(Plan *p, const Config *cfg, double acts, double lm_c
     add_item(p, "activations", acts - lm_chunk);
     add_item(p, "LM-head chunk", lm_chunk);
     if (p->cp > 1) add_item(p, "ring buffers (K/V, dK/dV)", 4.0 * 4.0 * (double)p->tokens * c->num_kv_heads * c->head_dim);
+    if (cfg->data.packing == PACKING_BALANCED)  // data/packing.h: the step's inputs and targets (int32)
+        add_item(p, "balanced packing (the step's tokens)",
+                 8.0 * (double)cfg->train.seq_len * cfg->train.micro_batches * p->dp);
     double checkpoint_write = P + (zero ? 3 * P : (double)checkpoint_stream_bytes());
     double allreduce = p->dp * p->cp > 1 ? 2 * P : 0;  // the arena's host copy and MPI's reduction buffer
     add_item(p, "host copies (checkpoint write or all-reduce)", fmax(checkpoint_write, allreduce));

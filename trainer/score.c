@@ -2,7 +2,8 @@
 // entropy of a Hugging Face Qwen2 folder on one token sequence, and optionally
 // the gradient of that loss for every parameter (--grads) and the logits
 // (--logits), both as F32 safetensors; with --docs FILE (ascending document
-// start positions) and data.doc_mask=true, attention masked by document.
+// start positions), attention masked by document (data.doc_mask=true) and/or
+// RoPE positions restarting at each document (data.reset_positions=true).
 // The reference tests drive it.
 // Under mpirun/srun the ranks form one context-parallel group (dp must be 1):
 // each scores its tokens of the layout (attention.layout) with attention over
@@ -88,9 +89,12 @@ int cmd_score(int argc, char **argv) {
                       "process only (expected no --logits, or one rank)", dist.world_size);
     apply_threads(&cfg, &dist);
 
-    if (cfg.data.doc_mask != (docs_path != NULL))
-        comm_fail_all(&dist.world, "mtrain score: %s (expected data.doc_mask=true with --docs FILE, or neither)",
-                      docs_path ? "--docs without data.doc_mask=true" : "data.doc_mask=true without --docs FILE");
+    bool documents = cfg.data.doc_mask || cfg.data.reset_positions;
+    if (documents != (docs_path != NULL))
+        comm_fail_all(&dist.world, "mtrain score: %s (expected data.doc_mask=true and/or data.reset_positions=true "
+                      "with --docs FILE, or neither)", docs_path ? "--docs without data.doc_mask=true or "
+                      "data.reset_positions=true" : cfg.data.doc_mask ? "data.doc_mask=true without --docs FILE" :
+                      "data.reset_positions=true without --docs FILE");
     int64_t T;
     int64_t *ids = read_int_file(tokens_path, "token", cfg.model.vocab_size, "the model's vocabulary", false, &T);
     if (T < 2) fail("%s: %lld tokens (expected at least 2 to predict one)", tokens_path, (long long)T);
@@ -104,7 +108,8 @@ int cmd_score(int argc, char **argv) {
     if (docs_path) {
         int64_t count;
         int64_t *starts = read_int_file(docs_path, "document start", T, "the token positions", true, &count);
-        model_set_documents(&m, starts, count);
+        if (cfg.data.doc_mask) model_set_documents(&m, starts, count);
+        if (cfg.data.reset_positions) model_set_rope_documents(&m, starts, count);
         free(starts);
     }
 

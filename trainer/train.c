@@ -1,8 +1,9 @@
 // train.c: `mtrain train RUN.yaml`: the training loop, on one rank or on a
 // grid of dp × cp ranks (dist/comm.h). Per step: zero the gradients, run
 // micro_batches sequences forward+backward (dp rank d takes sequence
-// cursor + mb * dp + d; a cp rank its slice of it in the layout, attention
-// over the ring), one all-reduce of the gradient arena over the world
+// cursor + mb * dp + d, or under data.packing: balanced sequence mb * dp + d
+// of those re-dealt by attention work; a cp rank its slice of it in the
+// layout, attention over the ring), one all-reduce of the gradient arena over the world
 // (summed over cp, averaged over dp), clip, AdamW (ZeRO-1: on this dp rank's
 // shard, then all-gather the parameters), then rank 0 prints one line and
 // appends one JSON line to log.dir/metrics.jsonl. The loader's cursor
@@ -22,6 +23,7 @@
 #include <unistd.h>
 
 #include "../attention/ring.h"
+#include "../data/packing.h"
 #include "../dist/progress.h"
 #include "checkpoint.h"
 #include "commands.h"
@@ -145,15 +147,19 @@ static FILE *open_metrics(const char *path, int64_t step) {
 }
 
 // The data of a run: the loader, one packed sequence and this rank's slice of
-// it (cp rank `cp_rank` of `cp` in the layout).
+// it (cp rank `cp_rank` of `cp` in the layout); under data.packing: balanced
+// the step's sequences (data/packing.h).
 typedef struct {
     Loader loader;
+    bool balanced;             // data.packing: balanced
+    PackedStep step;           // the step's documents and plan (balanced only)
     PackedSequence seq;
     RankSlice slice;
     LayoutKind layout;
     int block_size;
     int cp, cp_rank;
     bool doc_mask;             // data.doc_mask: attention masked by the sequence's documents
+    bool reset_positions;      // data.reset_positions: RoPE positions restart at each document
 } RunData;
 
 void loader_from_config(Loader *l, const Config *cfg, bool validation) {
@@ -198,9 +204,13 @@ static void run_data_open(RunData *d, const Config *cfg, const Dist *dist) {
     d->cp = dist->cp.size;
     d->cp_rank = dist->cp.rank;
     d->doc_mask = cfg->data.doc_mask;
+    d->reset_positions = cfg->data.reset_positions;
     loader_from_config(&d->loader, cfg, cfg->log.val_every > 0);
     packed_sequence_alloc(&d->seq, cfg->train.seq_len);
     rank_slice_alloc(&d->slice, cfg->train.seq_len);
+    d->balanced = cfg->data.packing == PACKING_BALANCED;
+    if (d->balanced)
+        packed_step_alloc(&d->step, cfg->train.seq_len, cfg->train.micro_batches, dist->dp.size);
     d->layout = cfg->attention.layout;
     d->block_size = cfg->attention.block_size;
     if (!d->loader.cfg.synthetic) loader_print_summary(&d->loader, stdout);
@@ -210,13 +220,24 @@ static void run_data_close(RunData *d) {
     loader_close(&d->loader);
     packed_sequence_free(&d->seq);
     rank_slice_free(&d->slice);
+    if (d->balanced) packed_step_free(&d->step);
+}
+
+// d->seq = training sequence `index` of the step that begins at `cursor`
+// (micro-batch index / dp on dp rank index mod dp); under balanced packing
+// from the step read by packed_step_read.
+static void step_sequence(RunData *d, int64_t cursor, int64_t index) {
+    if (d->balanced) packed_step_sequence(&d->step, (int)index, &d->seq);
+    else loader_train_sequence(&d->loader, cursor + index, &d->seq);
 }
 
 // d->slice = this rank's part of d->seq; m masks attention by d->seq's
-// documents under data.doc_mask.
+// documents under data.doc_mask and restarts RoPE at them under
+// data.reset_positions.
 static void slice_sequence(RunData *d, Model *m) {
     loader_rank_slice(&d->seq, d->layout, d->block_size, d->cp, d->cp_rank, &d->slice);
     if (d->doc_mask) model_set_documents(m, d->seq.doc_starts, d->seq.doc_start_count);
+    if (d->reset_positions) model_set_rope_documents(m, d->seq.doc_starts, d->seq.doc_start_count);
 }
 
 // Mean next-token loss over the validation stream: dp rank d scores
@@ -517,8 +538,9 @@ int cmd_train(int argc, char **argv) {
         m.be->zero(m.grad_mem, sizeof(float) * (size_t)m.total_params);
         double loss = 0;
         begin_attention_stats(&m, &cfg, step);
+        if (data.balanced) packed_step_read(&data.loader, state.data_cursor, &data.step);
         for (int mb = 0; mb < micro; mb++) {
-            loader_train_sequence(&data.loader, state.data_cursor + (int64_t)mb * D + dist.dp.rank, &data.seq);
+            step_sequence(&data, state.data_cursor, (int64_t)mb * D + dist.dp.rank);
             slice_sequence(&data, &m);
             loss += model_forward_backward(&m, data.slice.tokens, data.slice.targets, data.slice.positions,
                                            data.slice.count, (float)(1.0 / (double)step_tokens));

@@ -50,8 +50,8 @@ TOOL_BIN = $(patsubst tests/%.c,build/tests/%,$(wildcard tests/tool_*.c))
 # MPI test programs (tests/mpi_*.c): run under mpirun by tests/test_dist.sh, not by the runner.
 MPI_TEST_BIN = $(patsubst tests/%.c,build/tests/%,$(filter-out tests/mpi_gpu_%,$(wildcard tests/mpi_*.c)))
 
-# GPU programs (tests/gpu_*.c): only libc, OpenMP, the CUDA runtime and the
-# objects below, so that they build on a GPU machine that lacks the trainer's
+# GPU programs (tests/gpu_*.c): only libc, OpenMP, the CUDA runtime, cuBLASLt
+# (model/matmul_cuda.cu) and the objects below, so that they build on a GPU machine that lacks the trainer's
 # libraries (test-gpu skips the dependency check: DEPS_OK=).
 ifneq ($(NVCC),)
 GPU_BIN = $(patsubst tests/%.c,build/tests/%,$(wildcard tests/gpu_*.c))
@@ -61,7 +61,7 @@ MPI_TEST_BIN += $(patsubst tests/%.c,build/tests/%,$(wildcard tests/mpi_gpu_*.c)
 build/tests/mpi_gpu_%: LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lnccl -lstdc++
 GPU_OBJ = build/obj/dist/util.o build/obj/attention/flash_cpu.o build/obj/attention/layout.o \
           build/obj/attention/sparse_flash_cpu.o build/obj/attention/sparse_index.o $(CU_OBJ)
-GPU_LDLIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++ -lm -fopenmp
+GPU_LDLIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lstdc++ -lm -fopenmp
 endif
 DEPS_OK = build/.deps-ok
 # Nothing built is an intermediate: make would delete the objects of the
@@ -138,13 +138,14 @@ SIM_CFLAGS = -Itests/cudasim/include $(filter-out -DMTRAIN_CUDA -I$(CUDA_HOME)/i
 SIM_LIB_SRC = $(wildcard tests/cudasim/*.cpp)
 SIM_LIB = build/sim/libcudasim.a
 SIM_HAS_CUB = $(wildcard tests/cudasim/include/cub/cub.cuh)
-SIM_CU_SRC = attention/flash_cuda.cu $(if $(SIM_HAS_CUB),$(filter-out attention/flash_cuda.cu,$(CU_SRC)))
+SIM_CU_NO_CUB = attention/flash_cuda.cu model/matmul_cuda.cu
+SIM_CU_SRC = $(SIM_CU_NO_CUB) $(if $(SIM_HAS_CUB),$(filter-out $(SIM_CU_NO_CUB),$(CU_SRC)))
 SIM_CU_OBJ = $(SIM_CU_SRC:%.cu=build/sim/obj/%.cu.o)
 SIM_LDLIBS = $(filter-out -lcudart -lcublasLt -lnccl,$(LDLIBS)) -lstdc++ -ldl -rdynamic
 SIM_GPU_LDLIBS = -lstdc++ -lm -ldl -fopenmp -rdynamic
 SIM_GPU_OBJ = build/sim/obj/dist/util.o build/sim/obj/attention/flash_cpu.o build/sim/obj/attention/layout.o \
               build/sim/obj/attention/sparse_flash_cpu.o build/sim/obj/attention/sparse_index.o $(SIM_CU_OBJ)
-SIM_GPU_TESTS = build/sim/tests/gpu_test_attention \
+SIM_GPU_TESTS = build/sim/tests/gpu_test_attention build/sim/tests/gpu_test_matmul \
                 $(if $(SIM_HAS_CUB),build/sim/tests/gpu_test_sparse build/sim/tests/gpu_test_attention_op build/sim/tests/gpu_test_ops)
 SIM_BIN = $(SIM_GPU_TESTS) $(SIM_GPU_TESTS:%=%_asan) build/sim/tests/sim_selftest build/sim/tests/sim_selftest_asan \
           $(if $(SIM_HAS_CUB),build/sim/mtrain)
@@ -230,7 +231,7 @@ SIM_LIBS_BIN = build/sim/tests/gpu_test_cublaslt build/sim/tests/gpu_test_cub bu
 build-sim: $(SIM_LIBS_BIN)
 
 OPENBLAS_LDLIBS = -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas
-build/tests/gpu_test_cublaslt: GPU_LDLIBS += -lcublasLt $(OPENBLAS_LDLIBS)
+build/tests/gpu_test_cublaslt: GPU_LDLIBS += $(OPENBLAS_LDLIBS)
 build/tests/gpu_test_cub: build/obj/tests/gpu_cub.cu.o
 # NCCL over MPI: outside the sim library (its programs need no MPI), linked into the MPI programs.
 build/sim/obj/tests/cudasim/mpi/nccl.o: SIM_CXXFLAGS += $(shell mpicc --showme:compile)

@@ -6,8 +6,9 @@
 # mpirun with 2 and 4 ranks (--oversubscribe: the ranks share the cores), each
 # with CUDASIM_SEED 1, 2 and 3, its "ok NAME" / "FAIL NAME" lines passed on
 # prefixed with the seed and rank count (a run that exits non-zero without
-# naming a check fails); and two misuses the sim must stop with one line (host
-# memory given to CUB and to cuBLASLt).
+# naming a check fails); and three misuses the sim must stop with one line
+# (host memory given to CUB and to cuBLASLt, matrices less aligned than the
+# cuBLASLt algorithm was chosen for).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source tests/lib.sh
@@ -55,4 +56,7 @@ expect_stop sim_libs_cub_host_temp "^cudasim: cub::DeviceScan::InclusiveSum: d_t
   build/sim/tests/gpu_test_cub host-temp
 expect_stop sim_libs_cublaslt_host_matrix "^cudasim: cublasLtMatmul: B .* $not_device" \
   build/sim/tests/gpu_test_cublaslt host-matrix
+expect_stop sim_libs_cublaslt_misaligned \
+  "^cudasim: cublasLtMatmul: A .* is not 256-byte aligned, as the algorithm from the heuristic assumes" \
+  build/sim/tests/gpu_test_cublaslt misaligned
 [ "$failures" -eq 0 ]

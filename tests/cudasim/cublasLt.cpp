@@ -37,9 +37,11 @@ struct cublasLtMatrixLayoutOpaque {
 
 struct cublasLtMatmulPreferenceOpaque {
     uint64_t max_workspace = 0;
+    uint32_t min_alignment[4] = {256, 256, 256, 256};   // A, B, C, D
 };
 
-// The one algorithm of the sim: data[0] marks it, data[1] is its workspace need.
+// The one algorithm of the sim: data[0] marks it, data[1] is its workspace
+// need, data[2..5] the alignments of A, B, C, D it was chosen for.
 static const uint64_t ALGO_MAGIC = 0x53494d414c474fULL;
 // Workspace the algorithm asks for (at most what the preference allows): not
 // used for arithmetic, but filled with garbage when the matmul runs, so that a
@@ -101,6 +103,13 @@ extern "C" cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t matmulD
     return CUBLAS_STATUS_SUCCESS;
 }
 
+// An attribute's value: buf holds exactly size bytes, else CUBLAS_STATUS_INVALID_VALUE.
+static cublasStatus_t copy_attribute(void *dst, size_t size, const void *buf, size_t sizeInBytes) {
+    if (sizeInBytes != size) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(dst, buf, size);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
 // cuBLAS documentation, cublasLtMatmulDescSetAttribute() and
 // cublasLtMatmulDescAttributes_t: buf NULL or sizeInBytes not the size of the
 // attribute -> CUBLAS_STATUS_INVALID_VALUE.
@@ -128,13 +137,9 @@ extern "C" cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t ma
         return CUBLAS_STATUS_SUCCESS;
     }
     case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
-        if (sizeInBytes != sizeof(void *)) return CUBLAS_STATUS_INVALID_VALUE;
-        memcpy(&matmulDesc->bias, buf, sizeof(void *));
-        return CUBLAS_STATUS_SUCCESS;
+        return copy_attribute(&matmulDesc->bias, sizeof(void *), buf, sizeInBytes);
     case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
-        if (sizeInBytes != sizeof(int32_t)) return CUBLAS_STATUS_INVALID_VALUE;
-        memcpy(&matmulDesc->bias_type, buf, sizeof(int32_t));
-        return CUBLAS_STATUS_SUCCESS;
+        return copy_attribute(&matmulDesc->bias_type, sizeof(int32_t), buf, sizeInBytes);
     case CUBLASLT_MATMUL_DESC_COMPUTE_TYPE:
     case CUBLASLT_MATMUL_DESC_SCALE_TYPE:
         break;
@@ -180,14 +185,25 @@ extern "C" cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreferen
     return CUBLAS_STATUS_SUCCESS;
 }
 
+// cublasLtMatmulPreferenceAttributes_t: MAX_WORKSPACE_BYTES (uint64_t) and
+// MIN_ALIGNMENT_{A,B,C,D}_BYTES (uint32_t, default 256: "selecting a smaller
+// value will exclude algorithms that can not work with matrix A that is not
+// as strictly aligned as they need").
 extern "C" cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
                                                                cublasLtMatmulPreferenceAttributes_t attr,
                                                                const void *buf, size_t sizeInBytes) {
     if (!pref || !buf) return CUBLAS_STATUS_INVALID_VALUE;
-    if (attr != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES || sizeInBytes != sizeof(uint64_t))
-        return CUBLAS_STATUS_INVALID_VALUE;
-    memcpy(&pref->max_workspace, buf, sizeof(uint64_t));
-    return CUBLAS_STATUS_SUCCESS;
+    switch (attr) {
+    case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES:
+        return copy_attribute(&pref->max_workspace, sizeof(uint64_t), buf, sizeInBytes);
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES:
+        return copy_attribute(&pref->min_alignment[attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES],
+                              sizeof(uint32_t), buf, sizeInBytes);
+    }
+    return CUBLAS_STATUS_INVALID_VALUE;
 }
 
 static size_t element_bytes(cudaDataType_t t) { return t == CUDA_R_16BF ? 2 : 4; }
@@ -239,7 +255,8 @@ static cublasStatus_t check_matmul(const cublasLtMatmulDescOpaque *d, const cubl
 }
 
 // cuBLAS documentation, cublasLtMatmulAlgoGetHeuristic(): one algorithm, whose
-// workspace need is at most the preference's maximum.
+// workspace need is at most the preference's maximum, and which assumes the
+// preference's minimum alignments of A, B, C and D.
 extern "C" cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightHandle,
                                                          cublasLtMatmulDesc_t operationDesc,
                                                          cublasLtMatrixLayout_t Adesc, cublasLtMatrixLayout_t Bdesc,
@@ -260,6 +277,7 @@ extern "C" cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightH
     memset(&r, 0, sizeof r);
     r.algo.data[0] = ALGO_MAGIC;
     r.algo.data[1] = need;
+    for (int i = 0; i < 4; i++) r.algo.data[2 + i] = preference->min_alignment[i];
     r.workspaceSize = need;
     r.state = CUBLAS_STATUS_SUCCESS;
     r.wavesCount = 1.0f;
@@ -339,6 +357,15 @@ static void require_device(const void *p, size_t bytes, const char *what) {
         cudasim::fail("cublasLtMatmul: %s (%p, %zu bytes) is not inside one device allocation", what, p, bytes);
 }
 
+// An algorithm from the heuristic may rely on the alignment it was chosen for
+// (cublasLtMatmulPreferenceAttributes_t, MIN_ALIGNMENT_*_BYTES); given a less
+// aligned matrix it may fault or read wrong data on a GPU, so the sim stops.
+static void require_alignment(const void *p, uint64_t alignment, const char *what) {
+    if (alignment > 1 && (uintptr_t)p % alignment != 0)
+        cudasim::fail("cublasLtMatmul: %s (%p) is not %llu-byte aligned, as the algorithm from the heuristic assumes "
+                      "(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_%s_BYTES)", what, p, (unsigned long long)alignment, what);
+}
+
 // cuBLAS documentation, cublasLtMatmul(): D = alpha * op(A) op(B) + beta * C.
 // In place (C == D) needs C's and D's layouts to be the same; the workspace
 // must be at least what the algorithm needs (else CUBLAS_STATUS_INVALID_VALUE).
@@ -370,6 +397,12 @@ extern "C" cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtM
     if (mc.beta != 0) require_device(C, span_bytes(Cdesc), "C");
     require_device(D, span_bytes(Ddesc), "D");
     require_device(workspace, need, "the workspace");
+    if (algo) {
+        require_alignment(A, algo->data[2], "A");
+        require_alignment(B, algo->data[3], "B");
+        if (mc.beta != 0) require_alignment(C, algo->data[4], "C");
+        require_alignment(D, algo->data[5], "D");
+    }
     const cudaDataType_t bt = bias_type(computeDesc, Ddesc);
     const uint64_t bias_len = computeDesc->epilogue == CUBLASLT_EPILOGUE_BGRADB ? Ddesc->cols : Ddesc->rows;
     if (computeDesc->epilogue != CUBLASLT_EPILOGUE_DEFAULT)

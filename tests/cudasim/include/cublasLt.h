@@ -2,7 +2,8 @@
 // CPU execution model (tests/cudasim/cublasLt.cpp): handles, matmul
 // descriptors (CUBLAS_COMPUTE_32F, CUDA_R_32F scale, transposes, bias and
 // bias-gradient epilogues), column-major matrix layouts of bf16 or fp32,
-// preferences (workspace size), the heuristic query and cublasLtMatmul.
+// preferences (workspace size, minimum alignments of the matrices), the
+// heuristic query and cublasLtMatmul.
 // Names, values and signatures as in the toolkit's cublasLt.h and
 // cublas_api.h; compiles as C and as C++.
 #ifndef CUDASIM_CUBLASLT_H
@@ -79,7 +80,13 @@ typedef enum {
 
 typedef enum { CUBLASLT_ORDER_COL = 0, CUBLASLT_ORDER_ROW = 1 } cublasLtOrder_t;
 
-typedef enum { CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1 } cublasLtMatmulPreferenceAttributes_t;
+typedef enum {
+    CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,   // uint64_t
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5, // uint32_t, default 256
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8
+} cublasLtMatmulPreferenceAttributes_t;
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *lightHandle);
 cublasStatus_t cublasLtDestroy(cublasLtHandle_t lightHandle);

@@ -1,0 +1,262 @@
+// matmul_cuda.cu: the GEMMs of the CUDA backend (API in matmul_cuda.h):
+// forward, dinp and dweight through cuBLASLt (bf16 A and B, fp32 compute),
+// the bias added by cuBLASLt's BIAS epilogue, the bias gradient by a
+// two-pass column sum of our own.
+//
+// Row-major <-> column-major, once for every call below: cuBLASLt reads
+// matrices column-major, and a row-major X[r, c] (element at r * ld + c) read
+// column-major is X^T, c x r with the same leading dimension. So each
+// row-major product Y = P Q is asked as Y^T = Q^T P^T on the same memory,
+// with no copy and no transpose of data:
+//   forward  out^T[OC, T]  = W[OC, IC]      . inp^T[IC, T]   A = W (stored IC x OC) op T,  B = inp op N
+//   dinp     dinp^T[IC, T] += W^T[IC, OC]   . dout^T[OC, T]  A = W op N,  B = dout (stored OC x T) op N
+//   dweight  dW^T[IC, OC]  += inp^T[IC, T]  . dout[T, OC]    A = inp op N,  B = dout op T
+// The bias of the forward is a vector over out^T's rows (OC): the BIAS
+// epilogue's vector of D's rows, added to every column (token).
+//
+// The bias gradient does not use the BGRADB epilogue: that epilogue writes
+// (does not add to) its vector, while the backend accumulates into dbias, and
+// it rides on the dweight GEMM, which a caller may skip (dweight NULL). A
+// column sum in two passes (partial sums per slice of tokens into the
+// workspace, then the slices in order) is as cheap (one read of dout) and
+// gives the same bits on every run.
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../dist/cuda_check.h"
+#include "../dist/cuda_kernel.h"
+#include "matmul_cuda.h"
+
+// Everything that selects an algorithm: shape, transposes, output type,
+// epilogue and the alignment (bytes, power of two <= 256) of A, B, C = D.
+typedef struct {
+    int64_t m, n, k;
+    int32_t transa, transb, d_type, epilogue;
+    uint32_t align_a, align_b, align_d;
+} GemmKey;
+
+typedef struct {
+    GemmKey key;
+    cublasLtMatmulAlgo_t algo;
+} GemmAlgo;
+
+// Distinct problems of one model: 7 GEMMs x 3 per layer shape, the LM head and
+// its last chunk, times a few alignments. When full, the oldest entry goes.
+#define ALGO_CACHE_SIZE 128
+
+struct MatmulCuda {
+    cublasLtHandle_t lt;
+    void *workspace;   // MATMUL_CUDA_WORKSPACE_BYTES
+    GemmAlgo cache[ALGO_CACHE_SIZE];
+    int cached;        // entries filled
+    int next;          // the entry replaced when the cache is full
+};
+
+// ---- kernels: the bias gradient ----
+
+#define BIAS_COLS 32    // columns per block: one per lane
+#define BIAS_WARPS 8    // token rows read at once per block
+#define BIAS_SUM_THREADS 256
+
+// partial[s, o] = sum over the tokens t of slice s of dout[t, o], fp32.
+// grid (ceil(OC / 32), slices), block (32, 8): lane -> column, warp -> every 8th token.
+__global__ void __launch_bounds__(BIAS_COLS * BIAS_WARPS)
+bias_grad_partial_kernel(const __nv_bfloat16 *dout, float *partial, int64_t T, int OC, int64_t slice_tokens) {
+    STATIC_SHARED(float, sums, [BIAS_WARPS][BIAS_COLS]);
+    const int col = blockIdx.x * BIAS_COLS + threadIdx.x;
+    const int64_t t0 = (int64_t)blockIdx.y * slice_tokens;
+    const int64_t t1 = t0 + slice_tokens < T ? t0 + slice_tokens : T;
+    float s = 0.0f;
+    if (col < OC)
+        for (int64_t t = t0 + threadIdx.y; t < t1; t += BIAS_WARPS) s += __bfloat162float(dout[t * OC + col]);
+    sums[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y != 0 || col >= OC) return;
+    float total = 0.0f;
+    for (int w = 0; w < BIAS_WARPS; w++) total += sums[w][threadIdx.x];
+    partial[(int64_t)blockIdx.y * OC + col] = total;
+}
+
+// dbias[o] += sum over slices s (in order) of partial[s, o].
+__global__ void __launch_bounds__(BIAS_SUM_THREADS)
+bias_grad_sum_kernel(const float *partial, float *dbias, int OC, int slices) {
+    const int col = blockIdx.x * BIAS_SUM_THREADS + threadIdx.x;
+    if (col >= OC) return;
+    float s = 0.0f;
+    for (int i = 0; i < slices; i++) s += partial[(int64_t)i * OC + col];
+    dbias[col] += s;
+}
+
+// ---- the context ----
+
+extern "C" MatmulCuda *matmul_cuda_create(void) {
+    MatmulCuda *mm = (MatmulCuda *)xmalloc(sizeof *mm);
+    memset(mm, 0, sizeof *mm);
+    CUBLAS_CHECK(cublasLtCreate(&mm->lt));
+    CUDA_CHECK(cudaMalloc(&mm->workspace, MATMUL_CUDA_WORKSPACE_BYTES));
+    return mm;
+}
+
+extern "C" void matmul_cuda_destroy(MatmulCuda *mm) {
+    if (!mm) return;
+    CUDA_CHECK(cudaFree(mm->workspace));   // synchronises the device first
+    CUBLAS_CHECK(cublasLtDestroy(mm->lt));
+    free(mm);
+}
+
+static void check_aligned(const void *p, const char *name) {
+    CHECK(((uintptr_t)p & 15) == 0, "matmul (CUDA): %s is not 16-byte aligned", name);
+}
+
+// The largest power of two <= 256 that divides the address (cuBLASLt's
+// preferences assume 256 unless told otherwise).
+static uint32_t alignment_of(const void *p) {
+    uint32_t a = 256;
+    while (a > 1 && ((uintptr_t)p & (a - 1))) a /= 2;
+    return a;
+}
+
+// The heuristic's best algorithm for this problem, from the cache or asked once.
+static const cublasLtMatmulAlgo_t *find_algo(MatmulCuda *mm, const GemmKey *key, cublasLtMatmulDesc_t desc,
+                                             cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
+                                             cublasLtMatrixLayout_t ld) {
+    for (int i = 0; i < mm->cached; i++)
+        if (memcmp(&mm->cache[i].key, key, sizeof *key) == 0) return &mm->cache[i].algo;
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t max_workspace = MATMUL_CUDA_WORKSPACE_BYTES;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                      &max_workspace, sizeof max_workspace));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                      &key->align_a, sizeof key->align_a));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                      &key->align_b, sizeof key->align_b));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                      &key->align_d, sizeof key->align_d));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                      &key->align_d, sizeof key->align_d));
+    cublasLtMatmulHeuristicResult_t result;
+    int found = 0;
+    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(mm->lt, desc, la, lb, ld, ld, pref, 1, &result, &found));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    CHECK(found == 1, "matmul (CUDA): cuBLASLt has no algorithm for m %lld n %lld k %lld", (long long)key->m,
+          (long long)key->n, (long long)key->k);
+    GemmAlgo *slot;
+    if (mm->cached < ALGO_CACHE_SIZE) {
+        slot = &mm->cache[mm->cached++];
+    } else {
+        slot = &mm->cache[mm->next];
+        mm->next = (mm->next + 1) % ALGO_CACHE_SIZE;
+    }
+    slot->key = *key;
+    slot->algo = result.algo;
+    return &slot->algo;
+}
+
+// D[m, n] = op(A) op(B) + beta D (+ bias[m] when not NULL), cuBLASLt's
+// column-major terms; A (a_rows x a_cols) and B (b_rows x b_cols) bf16 as
+// stored, packed (leading dimension = rows); D packed, of type d_type; bias bf16.
+static void gemm(MatmulCuda *mm, const uint16_t *a, int64_t a_rows, int64_t a_cols, cublasOperation_t ta,
+                 const uint16_t *b, int64_t b_rows, int64_t b_cols, cublasOperation_t tb, void *d,
+                 cudaDataType_t d_type, float beta, const uint16_t *bias, cudaStream_t stream) {
+    GemmKey key;
+    memset(&key, 0, sizeof key);   // the padding too: keys are compared with memcmp
+    key.m = ta == CUBLAS_OP_N ? a_rows : a_cols;
+    key.k = ta == CUBLAS_OP_N ? a_cols : a_rows;
+    key.n = tb == CUBLAS_OP_N ? b_cols : b_rows;
+    key.transa = ta;
+    key.transb = tb;
+    key.d_type = d_type;
+    key.epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    key.align_a = alignment_of(a);
+    key.align_b = alignment_of(b);
+    key.align_d = alignment_of(d);
+
+    cublasLtMatmulDesc_t desc;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const int32_t op_a = ta, op_b = tb;
+    const uint32_t epilogue = (uint32_t)key.epilogue;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+    if (bias) {
+        const int32_t bias_type = CUDA_R_16BF;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                                    sizeof bias_type));
+    }
+    cublasLtMatrixLayout_t la, lb, ld;
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, (uint64_t)a_rows, (uint64_t)a_cols, a_rows));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, (uint64_t)b_rows, (uint64_t)b_cols, b_rows));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, d_type, (uint64_t)key.m, (uint64_t)key.n, key.m));
+    const cublasLtMatmulAlgo_t *algo = find_algo(mm, &key, desc, la, lb, ld);
+    const float alpha = 1.0f;
+    CUBLAS_CHECK(cublasLtMatmul(mm->lt, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, algo, mm->workspace,
+                                MATMUL_CUDA_WORKSPACE_BYTES, stream));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(ld));
+    CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));
+}
+
+static void check_dims(int64_t T, int IC, int OC) {
+    CHECK(T >= 0 && IC > 0 && OC > 0, "matmul (CUDA): shape T %lld IC %d OC %d (expected T >= 0, IC, OC > 0)",
+          (long long)T, IC, OC);
+}
+
+// ---- the operations ----
+
+extern "C" void matmul_forward_cuda(MatmulCuda *mm, uint16_t *out, const uint16_t *inp, const uint16_t *weight,
+                                    const uint16_t *bias, int64_t T, int IC, int OC, cudaStream_t stream) {
+    check_dims(T, IC, OC);
+    if (T == 0) return;
+    check_aligned(out, "out"); check_aligned(inp, "inp"); check_aligned(weight, "weight");
+    if (bias) check_aligned(bias, "bias");
+    gemm(mm, weight, IC, OC, CUBLAS_OP_T, inp, IC, T, CUBLAS_OP_N, out, CUDA_R_16BF, 0.0f, bias, stream);
+}
+
+// dbias[OC] += colsum(dout[T, OC]): slices of tokens summed into the workspace, then the slices in order.
+static void bias_grad(MatmulCuda *mm, float *dbias, const uint16_t *dout, int64_t T, int OC, cudaStream_t stream) {
+    const int col_blocks = (OC + BIAS_COLS - 1) / BIAS_COLS;
+    // About 1024 blocks (several waves on 108-132 SMs), each slice at least 64 tokens, the partial sums
+    // within the workspace.
+    int64_t slices = (1024 + col_blocks - 1) / col_blocks;
+    const int64_t most_by_tokens = (T + 63) / 64;
+    const int64_t most_by_workspace = (int64_t)(MATMUL_CUDA_WORKSPACE_BYTES / ((size_t)OC * sizeof(float)));
+    if (slices > most_by_tokens) slices = most_by_tokens;
+    if (slices > most_by_workspace) slices = most_by_workspace;
+    if (slices > 65535) slices = 65535;
+    const int64_t slice_tokens = (T + slices - 1) / slices;
+    slices = (T + slice_tokens - 1) / slice_tokens;
+    float *partial = (float *)mm->workspace;
+    CUDA_LAUNCH(bias_grad_partial_kernel, dim3((unsigned)col_blocks, (unsigned)slices), dim3(BIAS_COLS, BIAS_WARPS),
+                0, stream, (const __nv_bfloat16 *)dout, partial, T, OC, slice_tokens);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_LAUNCH(bias_grad_sum_kernel, (unsigned)((OC + BIAS_SUM_THREADS - 1) / BIAS_SUM_THREADS), BIAS_SUM_THREADS,
+                0, stream, (const float *)partial, dbias, OC, (int)slices);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+extern "C" void matmul_backward_cuda(MatmulCuda *mm, uint16_t *dinp, float *dweight, float *dbias,
+                                     const uint16_t *dout, const uint16_t *inp, const uint16_t *weight, int64_t T,
+                                     int IC, int OC, cudaStream_t stream) {
+    check_dims(T, IC, OC);
+    if (T == 0) return;
+    check_aligned(dout, "dout");
+    if (dinp) {
+        check_aligned(dinp, "dinp"); check_aligned(weight, "weight");
+        gemm(mm, weight, IC, OC, CUBLAS_OP_N, dout, OC, T, CUBLAS_OP_N, dinp, CUDA_R_16BF, 1.0f, NULL, stream);
+    }
+    if (dweight) {
+        check_aligned(dweight, "dweight"); check_aligned(inp, "inp");
+        gemm(mm, inp, IC, T, CUBLAS_OP_N, dout, OC, T, CUBLAS_OP_T, dweight, CUDA_R_32F, 1.0f, NULL, stream);
+    }
+    if (dbias) {
+        check_aligned(dbias, "dbias");
+        bias_grad(mm, dbias, dout, T, OC, stream);
+    }
+}

@@ -1,0 +1,52 @@
+// matmul_cuda.h: the GEMMs of the CUDA backend through cuBLASLt (matmul_cuda.cu),
+// callable from C. Same semantics as the CPU backend's matmul_forward/backward
+// (model/backend.h): weights in the Hugging Face layout W[OC, IC] row-major,
+// activations token-major, backward ops accumulating (+=), NULL skips.
+//
+// Element types (the CUDA backend's mixed precision): activations, their
+// gradients and the compute weights and bias are bf16 (uint16_t here: the bits
+// of a bf16), the weight and bias gradients fp32; every product is summed in
+// fp32 (CUBLAS_COMPUTE_32F) and a bf16 output is rounded once.
+//   inp, dinp   : [T, IC] bf16        out, dout : [T, OC] bf16
+//   weight      : [OC, IC] bf16       bias      : [OC] bf16
+//   dweight     : [OC, IC] fp32       dbias     : [OC] fp32
+// Every pointer is device memory, 16-byte aligned. Every call is enqueued on
+// `stream` (asynchronous; errors through CUDA_CHECK / CUBLAS_CHECK). One
+// context serves one stream at a time: its calls share one workspace.
+#ifndef MTRAIN_MATMUL_CUDA_H
+#define MTRAIN_MATMUL_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// The cuBLASLt handle, the workspace (MATMUL_CUDA_WORKSPACE_BYTES of device
+// memory) and the cache of the heuristic's algorithms per problem.
+typedef struct MatmulCuda MatmulCuda;
+
+#define MATMUL_CUDA_WORKSPACE_BYTES ((size_t)32 << 20)
+
+MatmulCuda *matmul_cuda_create(void);
+// Waits for the device (the workspace may be in use), then frees everything.
+void matmul_cuda_destroy(MatmulCuda *mm);
+
+// out[T, OC] = inp[T, IC] @ weight[OC, IC]^T (+ bias[OC] when not NULL).
+void matmul_forward_cuda(MatmulCuda *mm, uint16_t *out, const uint16_t *inp, const uint16_t *weight,
+                         const uint16_t *bias, int64_t T, int IC, int OC, cudaStream_t stream);
+
+// dinp[T, IC] += dout @ weight;  dweight[OC, IC] += dout^T @ inp;  dbias[OC] += colsum(dout).
+// NULL dinp, dweight or dbias skips that output. dbias is summed in a fixed
+// order (no atomics): the same inputs give the same bits.
+void matmul_backward_cuda(MatmulCuda *mm, uint16_t *dinp, float *dweight, float *dbias, const uint16_t *dout,
+                          const uint16_t *inp, const uint16_t *weight, int64_t T, int IC, int OC,
+                          cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -29,6 +29,13 @@
 extern "C" {
 #endif
 
+// The documents of a call on the device: q_first [Tq] (int64), the first key
+// position each query may see (attn_doc_first of shape->doc_starts, host
+// memory, at every q_pos [Tq], device memory), in stream-ordered scratch
+// (release with cudaFreeAsync on `stream`). NULL without documents. The
+// kernels with documents call it themselves.
+int64_t *attn_doc_first_cuda(const AttnShape *shape, const int64_t *q_pos, cudaStream_t stream);
+
 // Start a running result: o_acc = 0, lse = -inf.
 void attn_forward_init_cuda(const AttnShape *shape, float *o_acc, float *lse, cudaStream_t stream);
 

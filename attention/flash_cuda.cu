@@ -380,11 +380,7 @@ extern "C" void attn_forward_init_cuda(const AttnShape *s, float *o_acc, float *
     CUDA_CHECK(cudaGetLastError());
 }
 
-// The documents of a call on the device, in stream-ordered scratch (release
-// with cudaFreeAsync): q_first [Tq] the first key position each query may
-// see, from the host's shape->doc_starts and the device's q_pos. NULL
-// without documents.
-static int64_t *doc_first_cuda(const AttnShape *s, const int64_t *q_pos, cudaStream_t stream) {
+extern "C" int64_t *attn_doc_first_cuda(const AttnShape *s, const int64_t *q_pos, cudaStream_t stream) {
     if (s->doc_starts == NULL || s->doc_count == 0) return NULL;
     int64_t *first;
     CUDA_CHECK(cudaMallocAsync((void **)&first, (size_t)(s->q_tokens + s->doc_count) * sizeof(int64_t), stream));
@@ -422,7 +418,7 @@ extern "C" void attn_dense_forward_cuda(const AttnShape *s, const uint16_t *q, c
     if (s->q_tokens == 0 || s->k_tokens == 0) return;
     check_aligned(q, "q"); check_aligned(k, "k"); check_aligned(v, "v"); check_aligned(o_acc, "o_acc");
     const bf16 *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
-    int64_t *q_first = doc_first_cuda(s, q_pos, stream);
+    int64_t *q_first = attn_doc_first_cuda(s, q_pos, stream);
     if (s->head_dim == 64 && q_first) forward<64, true>(s, qb, q_pos, q_first, kb, vb, k_pos, o_acc, lse, stream);
     else if (s->head_dim == 64) forward<64, false>(s, qb, q_pos, NULL, kb, vb, k_pos, o_acc, lse, stream);
     else if (q_first) forward<128, true>(s, qb, q_pos, q_first, kb, vb, k_pos, o_acc, lse, stream);
@@ -482,7 +478,7 @@ extern "C" void attn_dense_backward_cuda(const AttnShape *s, const uint16_t *q, 
     check_aligned(q, "q"); check_aligned(k, "k"); check_aligned(v, "v"); check_aligned(dout, "dout");
     const bf16 *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
     const bf16 *dob = (const bf16 *)dout;
-    int64_t *q_first = doc_first_cuda(s, q_pos, stream);
+    int64_t *q_first = attn_doc_first_cuda(s, q_pos, stream);
     if (s->head_dim == 64 && q_first)
         backward<64, true>(s, qb, q_pos, q_first, kb, vb, k_pos, lse, delta, dob, dq, dk, dv, stream);
     else if (s->head_dim == 64)

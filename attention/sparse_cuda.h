@@ -58,8 +58,10 @@ void sparse_index_to_cuda(const SparseIndex *host, SparseIndexCuda *dev);
 void sparse_index_free_cuda(SparseIndexCuda *dev);
 
 // As attn_dense_forward_cuda, computing only the index's blocks and columns
-// that lie in this key chunk (causal mask token-exact), merged into the
-// running (o_acc, lse) in fp32: sparse and dense chunks can be mixed.
+// that lie in this key chunk (causal mask token-exact, and with documents,
+// shape->doc_starts, the document mask: the index restricted to the
+// documents by sparse_index_documents), merged into the running (o_acc,
+// lse) in fp32: sparse and dense chunks can be mixed.
 void attn_sparse_forward_cuda(const AttnShape *shape, const SparseIndexCuda *index,
                               const uint16_t *q, const int64_t *q_pos, const uint16_t *k,
                               const uint16_t *v, const int64_t *k_pos, float *o_acc, float *lse,

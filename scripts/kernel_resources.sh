@@ -97,7 +97,7 @@ launch_table() {
   row 'to_bf16_kernel' 256 0 default all                # attn_output_bf16_cuda()
   row 'delta_kernel' 256 0 default all                  # attn_backward_delta_cuda()
   # Each with and without documents (the last template argument).
-  row 'doc_first_kernel' 128 0 default all              # doc_first_cuda()
+  row 'doc_first_kernel' 128 0 default all              # attn_doc_first_cuda()
   local docs
   for docs in false true; do
     local d=$([ $docs = true ] && echo 1 || echo 0)
@@ -111,15 +111,18 @@ launch_table() {
   row 'local_block_kernel' 128 0 default all            # chunk_view()
   row 'column_count_kernel' 256 0 default all           # chunk_view()
   row 'column_fill_kernel' 256 0 default all            # chunk_view()
-  for D in 64 128; do
-    row "sparse_forward_kernel<$D, 64, 2>" 128 "$(sparse_forward_smem $D 64)" optin all
-    row "sparse_backward_kernel<$D, 64, 2>" 128 "$(sparse_backward_smem $D 64 2)" optin all
+  # Each with and without documents (the last template argument).
+  for docs in false true; do
+    for D in 64 128; do
+      row "sparse_forward_kernel<$D, 64, 2, $docs>" 128 "$(sparse_forward_smem $D 64)" optin all
+      row "sparse_backward_kernel<$D, 64, 2, $docs>" 128 "$(sparse_backward_smem $D 64 2)" optin all
+    done
+    row "sparse_forward_kernel<64, 128, 2, $docs>" 256 "$(sparse_forward_smem 64 128)" optin all
+    row "sparse_forward_kernel<128, 128, 1, $docs>" 256 "$(sparse_forward_smem 128 128)" optin all
+    row "sparse_backward_kernel<64, 128, 2, $docs>" 256 "$(sparse_backward_smem 64 128 2)" optin all
+    row "sparse_backward_kernel<128, 128, 2, $docs>" 256 "$(sparse_backward_smem 128 128 2)" optin sm_90
+    row "sparse_backward_kernel<128, 128, 1, $docs>" 256 "$(sparse_backward_smem 128 128 1)" optin sm_80
   done
-  row 'sparse_forward_kernel<64, 128, 2>' 256 "$(sparse_forward_smem 64 128)" optin all
-  row 'sparse_forward_kernel<128, 128, 1>' 256 "$(sparse_forward_smem 128 128)" optin all
-  row 'sparse_backward_kernel<64, 128, 2>' 256 "$(sparse_backward_smem 64 128 2)" optin all
-  row 'sparse_backward_kernel<128, 128, 2>' 256 "$(sparse_backward_smem 128 128 2)" optin sm_90
-  row 'sparse_backward_kernel<128, 128, 1>' 256 "$(sparse_backward_smem 128 128 1)" optin sm_80
   # sparse_select_cuda.cu: EST_KEYS = 128 threads, SEL_THREADS = 256. index_row_kernel's bitmap
   # is one bit per key block of the sequence: (N / B / 32 + 1) words, here N = 1M tokens, B = 64.
   for D in 64 128; do

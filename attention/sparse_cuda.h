@@ -78,13 +78,15 @@ void attn_sparse_backward_cuda(const AttnShape *shape, const SparseIndexCuda *in
 // Estimation pass 1 on the GPU (sparse_select_cuda.cu), as
 // sparse_estimate_lse: shape q_tokens = Lq (1 to 128) estimation queries qe
 // [Lq, Hq, D] bf16 at qe_pos [Lq], k_tokens = this chunk's keys k [Tk, Hkv, D]
-// bf16 at k_pos; merges into lse_est [Hq, Lq] (fp32, starts at -inf).
+// bf16 at k_pos; merges into lse_est [Hq, Lq] (fp32, starts at -inf). With
+// documents (shape->doc_starts) a query sees only keys of its document.
 void sparse_estimate_lse_cuda(const AttnShape *shape, const uint16_t *qe, const int64_t *qe_pos,
                               const uint16_t *k, const int64_t *k_pos, float *lse_est,
                               cudaStream_t stream);
 
 // Pass 2, as sparse_estimate_scores: with the final lse_est, vertical [Hq, N]
-// and slash [Hq, N] (fp32, start at zero) += this chunk's softmax sums.
+// and slash [Hq, N] (fp32, start at zero) += this chunk's softmax sums
+// (same-document scores only, with documents).
 void sparse_estimate_scores_cuda(const AttnShape *shape, const uint16_t *qe, const int64_t *qe_pos,
                                  const uint16_t *k, const int64_t *k_pos, const float *lse_est,
                                  int64_t seq_len, float *vertical, float *slash, cudaStream_t stream);

@@ -328,7 +328,8 @@ static int64_t *from_device_i64(const int64_t *dev, int64_t n) {
     return x;
 }
 
-// Estimation reference in double: lse [Hq, Lq], vertical and slash [Hq, N].
+// Estimation reference in double: lse [Hq, Lq], vertical and slash [Hq, N];
+// with documents only keys of each query's document.
 static void estimate_reference(const Case *c, const Inputs *in, int Lq, const float *qef, const int64_t *qe_pos,
                                double *lse, double *vertical, double *slash) {
     const double scale = 1.0 / sqrt((double)c->D);
@@ -337,9 +338,11 @@ static void estimate_reference(const Case *c, const Inputs *in, int Lq, const fl
         for (int e = 0; e < Lq; e++) {
             for (int pass = 0; pass < 2; pass++) {
                 double m = -INFINITY, l = 0;
+                const AttnShape s = shape_of(c, Lq, 0);
+                const int64_t first = attn_doc_first(s.doc_starts, s.doc_count, qe_pos[e]);
                 for (int i = 0; i < in->nch; i++)
                     for (int64_t j = 0; j < in->T[i]; j++) {
-                        if (in->pos[i][j] > qe_pos[e]) continue;
+                        if (in->pos[i][j] > qe_pos[e] || in->pos[i][j] < first) continue;
                         double x = 0;
                         for (int d = 0; d < c->D; d++)
                             x += (double)qef[((int64_t)e * c->Hq + h) * c->D + d] *
@@ -375,8 +378,8 @@ static void run_select_case(const SelectCase *sc, uint64_t seed) {
     Rng rng;
     rng_seed(&rng, seed);
     char name[160];
-    snprintf(name, sizeof name, "select N=%lld D=%d Hq=%d Hkv=%d B=%d chunks=%d Lq=%d %s", (long long)N, c->D, Hq,
-             c->Hkv, c->B, c->world, Lq, sc->budget);
+    snprintf(name, sizeof name, "select N=%lld D=%d Hq=%d Hkv=%d B=%d chunks=%d Lq=%d %s%s", (long long)N, c->D,
+             Hq, c->Hkv, c->B, c->world, Lq, sc->budget, c->docs ? " documents" : "");
     Inputs in = make_inputs(c, &rng);
     uint16_t *qe;
     float *qef;
@@ -500,6 +503,7 @@ int main(int argc, char **argv) {
     static const SelectCase select_cases[] = {
         {{200, 64, 4, 2, 64, 1, 0, 0, 0}, 16, "topp"},
         {{300, 128, 4, 1, 64, 2, 1, 0, 0}, 64, "fixed"},
+        {{300, 64, 4, 2, 64, 2, 0, 0, 1}, 100, "topp"},
         {{1500, 128, 8, 2, 128, 3, 2, 0, 0}, 64, "topp"},
         {{2000, 64, 4, 4, 64, 2, 0, 0, 0}, 128, "fixed"},
         {{3000, 128, 16, 2, 64, 1, 0, 0, 0}, 64, "topp"},

@@ -257,8 +257,8 @@ static void plan_layer(AttnState *st, int l, const AttnShape *s, const uint16_t 
 // ---- forward and backward ----
 
 static void check_call(const AttnState *st, int layer, const AttnShape *s) {
-    CHECK(s->doc_starts == NULL, "data.doc_mask: the CUDA attention kernels do not mask documents (train.backend: "
-          "cpu does)");
+    CHECK(s->doc_starts == NULL || st->cfg.type != ATTN_SPARSE, "data.doc_mask with attention.type sparse: the "
+          "CUDA sparse attention does not mask documents (attention.type dense or train.backend cpu does)");
     CHECK(layer >= 0 && layer < st->num_layers, "attention (CUDA): layer %d outside [0, %d)", layer,
           st->num_layers);
     CHECK(s->q_tokens == s->k_tokens && s->q_tokens >= 1, "attention (CUDA): %lld queries and %lld keys (one "

@@ -18,8 +18,11 @@
 //             dQ = dS K, added to global dq with fp32 atomics. dK, dV are added
 //             with fp32 atomics at the end (GQA: several q heads per kv head).
 // The mask is by global position (key j visible to query i iff
-// k_pos[j] <= q_pos[i]); per-tile position bounds skip tiles with no visible
-// pair and drop the per-element test where every pair is visible.
+// k_pos[j] <= q_pos[i], and with documents k_pos[j] >= q_first[i], the first
+// position of query i's document); per-tile position bounds skip tiles with
+// no visible pair and drop the per-element test where every pair is visible.
+// Documents are a template parameter: without them the kernels are the
+// causal ones, with no extra load or test.
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -32,6 +35,21 @@
 #define LOG2E 1.4426950408889634f
 
 // ---- small kernels ----
+
+// first[i] = the last of the sorted starts [count] <= pos[i], INT64_MIN when
+// there is none (attn_doc_first of attention.h, per query on the device).
+__global__ void doc_first_kernel(const int64_t *pos, int64_t T, const int64_t *starts, int64_t count,
+                                 int64_t *first) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < T;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t lo = 0, hi = count;                        // first start > pos[i]: hi
+        while (lo < hi) {
+            const int64_t mid = lo + (hi - lo) / 2;
+            if (starts[mid] <= pos[i]) lo = mid + 1; else hi = mid;
+        }
+        first[i] = hi == 0 ? INT64_MIN : starts[hi - 1];
+    }
+}
 
 // Min and max position of each tile of `block` tokens: pos [T] -> lo, hi [ceil(T / block)].
 __global__ void tile_bounds_kernel(const int64_t *pos, int64_t T, int block, int64_t *lo, int64_t *hi) {
@@ -81,11 +99,13 @@ __global__ void delta_kernel(const bf16 *o, const bf16 *dout, float *delta, int6
 
 // Grid (ceil(Tq / BM), Hq), BM / 16 warps, registers capped for CTAS CTAs
 // per multiprocessor. Key tiles of BN; k_lo, k_hi are
-// their position bounds. Shared: q [BM][LD], k, v [2][BN][LD], key positions
-// [2][BN] (INT64_MAX past Tk).
-template <int D, int BM, int BN, int CTAS>
+// their position bounds. DOCS: q_first [Tq] the first key position each
+// query may see (NULL otherwise). Shared: q [BM][LD], k, v [2][BN][LD], key
+// positions [2][BN] (INT64_MAX past Tk).
+template <int D, int BM, int BN, int CTAS, bool DOCS>
 __global__ void __launch_bounds__(BM * 2, CTAS)
 flash_forward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_pos,
+                     const int64_t *__restrict__ q_first,
                      const bf16 *__restrict__ k, const bf16 *__restrict__ v,
                      const int64_t *__restrict__ k_pos, const int64_t *__restrict__ k_lo,
                      const int64_t *__restrict__ k_hi, float *__restrict__ o,
@@ -104,14 +124,20 @@ flash_forward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_p
     const int64_t i0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * BM;   // heavier (later) tiles first
     const int64_t nkt = (Tk + BN - 1) / BN;
 
-    int64_t q_lo, q_hi;
+    int64_t q_lo, q_hi, f_lo = 0, f_hi = 0;      // f: bounds of the tile's document starts
     tile_pos_bounds<NT>(q_pos, i0, BM, Tq, red, &q_lo, &q_hi);
+    if (DOCS) {
+        __syncthreads();                          // every thread has read red
+        tile_pos_bounds<NT>(q_first, i0, BM, Tq, red, &f_lo, &f_hi);
+    }
     // This thread's two rows (g and g + 8 of its warp's 16); past Tq: nothing visible.
     // Only row0 stays live through the key loop: at 2 CTAs of 256 threads an SM's
     // 65536 registers leave 128 per thread, and D = 64 needs all of them.
     const int64_t row0 = i0 + warp * 16 + g;
     const int64_t qp0 = row0 < Tq ? q_pos[row0] : INT64_MIN;
     const int64_t qp1 = row0 + 8 < Tq ? q_pos[row0 + 8] : INT64_MIN;
+    const int64_t qf0 = DOCS && row0 < Tq ? q_first[row0] : 0;
+    const int64_t qf1 = DOCS && row0 + 8 < Tq ? q_first[row0 + 8] : 0;
 
     auto load_kv = [&](int64_t kt, int buf) {
         const int64_t j0 = kt * BN;
@@ -121,7 +147,7 @@ flash_forward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_p
     };
 
     load_tile<D, NT>(qs, q, i0, BM, Tq, Hq, h);
-    int64_t kt = next_tile<true>(k_lo, 0, nkt, q_hi);
+    int64_t kt = next_tile<true, DOCS>(k_lo, 0, nkt, q_hi, k_hi, f_lo);
     if (kt < nkt) load_kv(kt, 0);
     cp_async_commit();
 
@@ -130,15 +156,16 @@ flash_forward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_p
     int buf = 0;
 
     while (kt < nkt) {
-        const int64_t nxt = next_tile<true>(k_lo, kt + 1, nkt, q_hi);
+        const int64_t nxt = next_tile<true, DOCS>(k_lo, kt + 1, nkt, q_hi, k_hi, f_lo);
         if (nxt < nkt) load_kv(nxt, buf ^ 1);
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
 
-        const bool full = (kt + 1) * BN <= Tk && k_hi[kt] <= q_lo;   // every pair visible
-        forward_tile<D, BN>(rows, qs + warp * 16 * LD, ks + buf * BN * LD, vs + buf * BN * LD,
-                            kps + buf * BN, full, qp0, qp1, scale_log2);
+        const bool full = (kt + 1) * BN <= Tk && k_hi[kt] <= q_lo &&   // every pair visible
+                          (!DOCS || k_lo[kt] >= f_hi);
+        forward_tile<D, BN, DOCS>(rows, qs + warp * 16 * LD, ks + buf * BN * LD, vs + buf * BN * LD,
+                                  kps + buf * BN, full, qp0, qp1, scale_log2, qf0, qf1);
         __syncthreads();   // every warp is done with buf before it is refilled
         kt = nxt;
         buf ^= 1;
@@ -150,12 +177,16 @@ flash_forward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_p
 // ---- backward ----
 
 // Grid (ceil(Tk / BN), Hq), BN / 16 warps. Query tiles of BM; q_lo, q_hi are
-// their position bounds. Shared: k, v [BN][LD]; q, dout [2][BM][LD];
-// dS^T [BN][BM + 8]; per query of the two buffered tiles, lse (log2 units),
-// delta and position (INT64_MIN: masked, past Tq or lse = -inf).
-template <int D, int BM, int BN>
+// their position bounds. DOCS: q_first [Tq] the first key position each
+// query may see, f_lo, f_hi its bounds per query tile (NULL otherwise).
+// Shared: k, v [BN][LD]; q, dout [2][BM][LD]; dS^T [BN][BM + 8]; per query
+// of the two buffered tiles, lse (log2 units), delta, position (INT64_MIN:
+// masked, past Tq or lse = -inf) and with DOCS q_first.
+template <int D, int BM, int BN, bool DOCS>
 __global__ void __launch_bounds__(BN * 2)
 flash_backward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_pos,
+                      const int64_t *__restrict__ q_first, const int64_t *__restrict__ f_lo,
+                      const int64_t *__restrict__ f_hi,
                       const bf16 *__restrict__ k, const bf16 *__restrict__ v,
                       const int64_t *__restrict__ k_pos, const int64_t *__restrict__ q_lo,
                       const int64_t *__restrict__ q_hi, const float *__restrict__ lse,
@@ -174,6 +205,7 @@ flash_backward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_
     float *lse_s = reinterpret_cast<float *>(dss + BN * LDS);   // [2][BM]
     float *del_s = lse_s + 2 * BM;                              // [2][BM]
     int64_t *qp_s = reinterpret_cast<int64_t *>(del_s + 2 * BM); // [2][BM]
+    int64_t *qf_s = qp_s + 2 * BM;                               // [2][BM], DOCS only
     STATIC_SHARED(int64_t, red, [2 * NW]);
 
     const int tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4, t4 = tid % 4;
@@ -199,12 +231,13 @@ flash_backward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_
             lse_s[buf * BM + tid] = live ? L * LOG2E : 0.0f;
             del_s[buf * BM + tid] = live ? delta[h * Tq + row] : 0.0f;
             qp_s[buf * BM + tid] = live ? q_pos[row] : INT64_MIN;
+            if (DOCS) qf_s[buf * BM + tid] = live ? q_first[row] : 0;
         }
     };
 
     load_tile<D, NT>(ks, k, j0, BN, Tk, Hkv, kvh);
     load_tile<D, NT>(vs, v, j0, BN, Tk, Hkv, kvh);
-    int64_t qt = next_tile<false>(q_hi, 0, nqt, k_lo);
+    int64_t qt = next_tile<false, DOCS>(q_hi, 0, nqt, k_lo, f_lo, k_hi);
     if (qt < nqt) load_q(qt, 0);
     cp_async_commit();
     if (qt >= nqt) { cp_async_wait<0>(); return; }   // no query sees these keys
@@ -217,7 +250,7 @@ flash_backward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_
     const int wr = warp % WR, wc = warp / WR;
 
     while (qt < nqt) {
-        const int64_t nxt = next_tile<false>(q_hi, qt + 1, nqt, k_lo);
+        const int64_t nxt = next_tile<false, DOCS>(q_hi, qt + 1, nqt, k_lo, f_lo, k_hi);
         if (nxt < nqt) load_q(nxt, buf ^ 1);
         cp_async_commit();
         cp_async_wait<1>();
@@ -226,8 +259,8 @@ flash_backward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_
         const int64_t i0 = qt * BM;
         const bf16 *qb = qs + buf * BM * LD, *dob = dos + buf * BM * LD;
         const float *ls = lse_s + buf * BM, *ds = del_s + buf * BM;
-        const int64_t *qp = qp_s + buf * BM;
-        const bool full = keys_complete && i0 + BM <= Tq && k_hi <= q_lo[qt];
+        const int64_t *qp = qp_s + buf * BM, *qf = qf_s + buf * BM;
+        const bool full = keys_complete && i0 + BM <= Tq && k_hi <= q_lo[qt] && (!DOCS || k_lo >= f_hi[qt]);
 
         // S^T = K Q^T and dP^T = V dO^T: 16 keys x BM queries per warp.
         float st[BM / 8][4], dpt[BM / 8][4];
@@ -243,7 +276,10 @@ flash_backward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_
             for (int e = 0; e < 4; e++) {
                 const int col = n * 8 + 2 * t4 + (e & 1);
                 float x = st[n][e] * scale_log2 - ls[col];
-                if (!full && (e < 2 ? kp0 : kp1) > qp[col]) x = -INFINITY;
+                if (!full) {
+                    const int64_t key = e < 2 ? kp0 : kp1;
+                    if (key > qp[col] || (DOCS && key < qf[col])) x = -INFINITY;
+                }
                 const float p = exp2_approx(x);
                 st[n][e] = p;
                 dpt[n][e] = p * (dpt[n][e] - ds[col]);
@@ -344,19 +380,33 @@ extern "C" void attn_forward_init_cuda(const AttnShape *s, float *o_acc, float *
     CUDA_CHECK(cudaGetLastError());
 }
 
-template <int D>
-static void forward(const AttnShape *s, const bf16 *q, const int64_t *q_pos, const bf16 *k,
-                    const bf16 *v, const int64_t *k_pos, float *o, float *lse, cudaStream_t stream) {
+extern "C" int64_t *attn_doc_first_cuda(const AttnShape *s, const int64_t *q_pos, cudaStream_t stream) {
+    if (s->doc_starts == NULL || s->doc_count == 0) return NULL;
+    int64_t *first;
+    CUDA_CHECK(cudaMallocAsync((void **)&first, (size_t)(s->q_tokens + s->doc_count) * sizeof(int64_t), stream));
+    int64_t *starts = first + s->q_tokens;
+    // Pageable source: staged before cudaMemcpyAsync returns.
+    CUDA_CHECK(cudaMemcpyAsync(starts, s->doc_starts, (size_t)s->doc_count * sizeof(int64_t),
+                               cudaMemcpyHostToDevice, stream));
+    CUDA_LAUNCH(doc_first_kernel, blocks_for(s->q_tokens, 128), 128, 0, stream, q_pos, s->q_tokens, starts,
+                s->doc_count, first);
+    CUDA_CHECK(cudaGetLastError());
+    return first;
+}
+
+template <int D, bool DOCS>
+static void forward(const AttnShape *s, const bf16 *q, const int64_t *q_pos, const int64_t *q_first,
+                    const bf16 *k, const bf16 *v, const int64_t *k_pos, float *o, float *lse,
+                    cudaStream_t stream) {
     constexpr int BM = Tiles<D>::FWD_BM, BN = Tiles<D>::FWD_BN, LD = D + 8;
     const size_t smem = (size_t)(BM + 4 * BN) * LD * sizeof(bf16) + 2 * BN * sizeof(int64_t);
-    auto kernel = flash_forward_kernel<D, BM, BN, Tiles<D>::FWD_CTAS>;
+    auto kernel = flash_forward_kernel<D, BM, BN, Tiles<D>::FWD_CTAS, DOCS>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int64_t *k_lo = tile_bounds(k_pos, s->k_tokens, BN, stream);
     const int64_t nkt = (s->k_tokens + BN - 1) / BN;
     const dim3 grid((unsigned)((s->q_tokens + BM - 1) / BM), (unsigned)s->num_heads);
-    CUDA_LAUNCH(kernel, grid, BM * 2, smem, stream, q, q_pos, k, v, k_pos, k_lo, k_lo + nkt, o, lse, s->q_tokens,
-                s->k_tokens, s->num_heads, s->num_kv_heads,
-                s->scale * LOG2E);
+    CUDA_LAUNCH(kernel, grid, BM * 2, smem, stream, q, q_pos, q_first, k, v, k_pos, k_lo, k_lo + nkt, o, lse,
+                s->q_tokens, s->k_tokens, s->num_heads, s->num_kv_heads, s->scale * LOG2E);
     CUDA_CHECK(cudaGetLastError());
     CUDA_CHECK(cudaFreeAsync(k_lo, stream));
 }
@@ -368,8 +418,12 @@ extern "C" void attn_dense_forward_cuda(const AttnShape *s, const uint16_t *q, c
     if (s->q_tokens == 0 || s->k_tokens == 0) return;
     check_aligned(q, "q"); check_aligned(k, "k"); check_aligned(v, "v"); check_aligned(o_acc, "o_acc");
     const bf16 *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
-    if (s->head_dim == 64) forward<64>(s, qb, q_pos, kb, vb, k_pos, o_acc, lse, stream);
-    else forward<128>(s, qb, q_pos, kb, vb, k_pos, o_acc, lse, stream);
+    int64_t *q_first = attn_doc_first_cuda(s, q_pos, stream);
+    if (s->head_dim == 64 && q_first) forward<64, true>(s, qb, q_pos, q_first, kb, vb, k_pos, o_acc, lse, stream);
+    else if (s->head_dim == 64) forward<64, false>(s, qb, q_pos, NULL, kb, vb, k_pos, o_acc, lse, stream);
+    else if (q_first) forward<128, true>(s, qb, q_pos, q_first, kb, vb, k_pos, o_acc, lse, stream);
+    else forward<128, false>(s, qb, q_pos, NULL, kb, vb, k_pos, o_acc, lse, stream);
+    if (q_first) CUDA_CHECK(cudaFreeAsync(q_first, stream));
 }
 
 extern "C" void attn_output_bf16_cuda(const AttnShape *s, const float *o_acc, uint16_t *o,
@@ -393,24 +447,26 @@ extern "C" void attn_backward_delta_cuda(const AttnShape *s, const uint16_t *o, 
     CUDA_CHECK(cudaGetLastError());
 }
 
-template <int D>
-static void backward(const AttnShape *s, const bf16 *q, const int64_t *q_pos, const bf16 *k,
-                     const bf16 *v, const int64_t *k_pos, const float *lse, const float *delta,
+template <int D, bool DOCS>
+static void backward(const AttnShape *s, const bf16 *q, const int64_t *q_pos, const int64_t *q_first,
+                     const bf16 *k, const bf16 *v, const int64_t *k_pos, const float *lse, const float *delta,
                      const bf16 *dout, float *dq, float *dk, float *dv, cudaStream_t stream) {
     constexpr int BM = Tiles<D>::BWD_BM, BN = Tiles<D>::BWD_BN, LD = D + 8;
     const size_t smem = (size_t)(2 * BN + 4 * BM) * LD * sizeof(bf16) +
                         (size_t)BN * (BM + 8) * sizeof(bf16) +
-                        2 * BM * (2 * sizeof(float) + sizeof(int64_t));
-    auto kernel = flash_backward_kernel<D, BM, BN>;
+                        2 * BM * (2 * sizeof(float) + (DOCS ? 2 : 1) * sizeof(int64_t));
+    auto kernel = flash_backward_kernel<D, BM, BN, DOCS>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    int64_t *q_lo = tile_bounds(q_pos, s->q_tokens, BM, stream);
     const int64_t nqt = (s->q_tokens + BM - 1) / BM;
+    int64_t *q_lo = tile_bounds(q_pos, s->q_tokens, BM, stream);
+    int64_t *f_lo = DOCS ? tile_bounds(q_first, s->q_tokens, BM, stream) : NULL;
     const dim3 grid((unsigned)((s->k_tokens + BN - 1) / BN), (unsigned)s->num_heads);
-    CUDA_LAUNCH(kernel, grid, BN * 2, smem, stream, q, q_pos, k, v, k_pos, q_lo, q_lo + nqt, lse, delta, dout,
-                dq, dk, dv, s->q_tokens, s->k_tokens, s->num_heads,
+    CUDA_LAUNCH(kernel, grid, BN * 2, smem, stream, q, q_pos, q_first, f_lo, DOCS ? f_lo + nqt : NULL, k, v,
+                k_pos, q_lo, q_lo + nqt, lse, delta, dout, dq, dk, dv, s->q_tokens, s->k_tokens, s->num_heads,
                 s->num_kv_heads, s->scale, s->scale * LOG2E);
     CUDA_CHECK(cudaGetLastError());
     CUDA_CHECK(cudaFreeAsync(q_lo, stream));
+    if (DOCS) CUDA_CHECK(cudaFreeAsync(f_lo, stream));
 }
 
 extern "C" void attn_dense_backward_cuda(const AttnShape *s, const uint16_t *q, const int64_t *q_pos,
@@ -422,6 +478,14 @@ extern "C" void attn_dense_backward_cuda(const AttnShape *s, const uint16_t *q, 
     check_aligned(q, "q"); check_aligned(k, "k"); check_aligned(v, "v"); check_aligned(dout, "dout");
     const bf16 *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
     const bf16 *dob = (const bf16 *)dout;
-    if (s->head_dim == 64) backward<64>(s, qb, q_pos, kb, vb, k_pos, lse, delta, dob, dq, dk, dv, stream);
-    else backward<128>(s, qb, q_pos, kb, vb, k_pos, lse, delta, dob, dq, dk, dv, stream);
+    int64_t *q_first = attn_doc_first_cuda(s, q_pos, stream);
+    if (s->head_dim == 64 && q_first)
+        backward<64, true>(s, qb, q_pos, q_first, kb, vb, k_pos, lse, delta, dob, dq, dk, dv, stream);
+    else if (s->head_dim == 64)
+        backward<64, false>(s, qb, q_pos, NULL, kb, vb, k_pos, lse, delta, dob, dq, dk, dv, stream);
+    else if (q_first)
+        backward<128, true>(s, qb, q_pos, q_first, kb, vb, k_pos, lse, delta, dob, dq, dk, dv, stream);
+    else
+        backward<128, false>(s, qb, q_pos, NULL, kb, vb, k_pos, lse, delta, dob, dq, dk, dv, stream);
+    if (q_first) CUDA_CHECK(cudaFreeAsync(q_first, stream));
 }

@@ -128,13 +128,19 @@ __device__ __forceinline__ void load_tile(bf16 *s, const bf16 *x, int64_t t0, in
 
 // The first tile t' >= t (n when none) that is not skipped: key tiles with
 // bound = k_lo > limit = q_hi (forward), query tiles with bound = q_hi <
-// limit = k_lo (backward). Every lane of a warp calls it alike; 32 tiles a step.
-template <bool KEYS>
-__device__ __forceinline__ int64_t next_tile(const int64_t *bound, int64_t t, int64_t n, int64_t limit) {
+// limit = k_lo (backward). With DOCS also key tiles wholly before every
+// query's document (doc_bound = k_hi < doc_limit = the query tile's lowest
+// document start) and query tiles whose documents all start after every key
+// (doc_bound = the tiles' lowest document start > doc_limit = k_hi). Every
+// lane of a warp calls it alike; 32 tiles a step.
+template <bool KEYS, bool DOCS = false>
+__device__ __forceinline__ int64_t next_tile(const int64_t *bound, int64_t t, int64_t n, int64_t limit,
+                                             const int64_t *doc_bound = nullptr, int64_t doc_limit = 0) {
     const int lane = threadIdx.x % 32;
     for (; t < n; t += 32) {
         const int64_t i = t + lane;
-        const bool take = i < n && (KEYS ? bound[i] <= limit : bound[i] >= limit);
+        bool take = i < n && (KEYS ? bound[i] <= limit : bound[i] >= limit);
+        if (DOCS && take) take = KEYS ? doc_bound[i] >= doc_limit : doc_bound[i] <= doc_limit;
         const unsigned mask = __ballot_sync(0xffffffffu, take);
         if (mask) return t + __ffs((int)mask) - 1;
     }
@@ -270,12 +276,14 @@ __device__ __forceinline__ void softmax_rows_init(SoftmaxRows<D> &r) {
 
 // One key tile of BN keys (kb, vb [BN][D + 8], positions kp [BN]) into the
 // warp's rows: S = Q K^T (qw: the warp's 16 query rows), scaled to log2
-// units, masked by position (key visible iff kp <= qp) unless `full`, online
+// units, masked by position (key visible iff kp <= qp, and with DOCS
+// kp >= qf, the first position of the row's document) unless `full`, online
 // softmax, O += P V with P taken from the score accumulators.
-template <int D, int BN>
+template <int D, int BN, bool DOCS = false>
 __device__ __forceinline__ void forward_tile(SoftmaxRows<D> &r, const bf16 *qw, const bf16 *kb,
                                              const bf16 *vb, const int64_t *kp, bool full,
-                                             int64_t qp0, int64_t qp1, float scale_log2) {
+                                             int64_t qp0, int64_t qp1, float scale_log2,
+                                             int64_t qf0 = 0, int64_t qf1 = 0) {
     constexpr int LD = D + 8;
     const int t4 = threadIdx.x % 4;
     float s[BN / 8][4];
@@ -288,7 +296,10 @@ __device__ __forceinline__ void forward_tile(SoftmaxRows<D> &r, const bf16 *qw, 
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             s[n][e] *= scale_log2;
-            if (!full && kp[n * 8 + 2 * t4 + (e & 1)] > (e < 2 ? qp0 : qp1)) s[n][e] = -INFINITY;
+            if (!full) {
+                const int64_t key = kp[n * 8 + 2 * t4 + (e & 1)];
+                if (key > (e < 2 ? qp0 : qp1) || (DOCS && key < (e < 2 ? qf0 : qf1))) s[n][e] = -INFINITY;
+            }
         }
         mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
         mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));

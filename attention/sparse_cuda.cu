@@ -12,7 +12,12 @@
 // selected block present in the chunk (B / 64 tiles), then the row's columns
 // gathered 64 at a time (K and V rows loaded by token with cp.async). The
 // mask is token-exact by position, dropped where the tile's last (largest)
-// position is at or before the block's first query.
+// position is at or before the block's first query. With documents (a
+// template parameter, as in flash_cuda.cu) also k_pos >= q_first, the start
+// of the query's document, dropped where the tile's first (smallest)
+// position is at or after the block's last query's document start; the
+// index itself holds no block or column without a key of the row's
+// documents (sparse_index_documents), so no tile is skipped here.
 //   forward   the dense kernel's per-tile online softmax and final merge into
 //             the running fp32 (o_acc, lse) (flash_tiles.cuh).
 //   backward  query-major: the CTA holds dQ of its row in registers and adds
@@ -29,6 +34,7 @@
 
 #include "../dist/cuda_check.h"
 #include "../dist/cuda_kernel.h"
+#include "attention_cuda.h"
 #include "flash_tiles.cuh"
 #include "sparse_cuda.h"
 
@@ -184,12 +190,13 @@ struct RowTiles {
 // ---- forward ----
 
 // Grid (Hq * nqb) rows, BM / 16 warps, registers capped for CTAS CTAs per
-// multiprocessor. Shared: q [BM][LD], k, v [2][BN][LD], key positions [2][BN]
-// (INT64_MAX where the tile is short).
-template <int D, int BM, int CTAS>
+// multiprocessor. DOCS: q_first [Tq] the first key position each query may
+// see (NULL otherwise). Shared: q [BM][LD], k, v [2][BN][LD], key positions
+// [2][BN] (INT64_MAX where the tile is short).
+template <int D, int BM, int CTAS, bool DOCS>
 __global__ void __launch_bounds__(BM * 2, CTAS)
 sparse_forward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_pos,
-                      const bf16 *__restrict__ k, const bf16 *__restrict__ v,
+                      const int64_t *__restrict__ q_first, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
                       const int64_t *__restrict__ k_pos, const int64_t *__restrict__ block_start,
                       const int64_t *__restrict__ blocks, const int64_t *__restrict__ local_block,
                       const int64_t *__restrict__ col_start, const int64_t *__restrict__ col_key,
@@ -209,6 +216,12 @@ sparse_forward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_
     const int64_t row0 = i0 + warp * 16 + g, row1 = row0 + 8;
     const int64_t qp0 = row0 < Tq ? q_pos[row0] : INT64_MIN;
     const int64_t qp1 = row1 < Tq ? q_pos[row1] : INT64_MIN;
+    // DOCS: the block's document starts in shared memory, read where used (registers
+    // as for the walk below); its queries are consecutive positions, so the last
+    // real query's document starts last (f_last).
+    STATIC_SHARED(int64_t, qf_s, [DOCS ? BM : 1]);
+    const int f_last = (int)(min(Tq - i0, (int64_t)BM) - 1);
+    if (DOCS && tid < BM) qf_s[tid] = i0 + tid < Tq ? q_first[i0 + tid] : 0;
     // The row's walk lives in shared memory and is read where used: at 2 CTAs of 256
     // threads an SM's 65536 registers leave 128 per thread, which D = 64 needs for
     // the tile products and the softmax state.
@@ -238,8 +251,10 @@ sparse_forward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_
         __syncthreads();
 
         const int64_t *kp = kps + buf * BN;
-        forward_tile<D, BN>(rows, qs + warp * 16 * LD, ks + buf * BN * LD, vs + buf * BN * LD, kp,
-                            kp[BN - 1] <= q_lo, qp0, qp1, scale_log2);
+        const bool full = kp[BN - 1] <= q_lo && (!DOCS || kp[0] >= qf_s[f_last]);
+        forward_tile<D, BN, DOCS>(rows, qs + warp * 16 * LD, ks + buf * BN * LD, vs + buf * BN * LD, kp,
+                                  full, qp0, qp1, scale_log2, DOCS ? qf_s[warp * 16 + g] : 0,
+                                  DOCS ? qf_s[warp * 16 + g + 8] : 0);
         __syncthreads();   // every warp is done with buf before it is refilled
         it = nxt;
         buf ^= 1;
@@ -253,11 +268,11 @@ sparse_forward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_
 // Grid (Hq * nqb) rows, BM / 16 warps. KVBUF key/value buffers (2: the next
 // tile loads during this one; 1 where shared memory is short, see backward()). Shared: q,
 // dout [BM][LD]; k, v [KVBUF][BN][LD]; P and dS [BM][BN + 8] (bf16); key
-// positions and local tokens [KVBUF][BN].
-template <int D, int BM, int KVBUF>
+// positions and local tokens [KVBUF][BN]. DOCS: q_first as the forward's.
+template <int D, int BM, int KVBUF, bool DOCS>
 __global__ void __launch_bounds__(BM * 2)
 sparse_backward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_pos,
-                       const bf16 *__restrict__ k, const bf16 *__restrict__ v,
+                       const int64_t *__restrict__ q_first, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
                        const int64_t *__restrict__ k_pos, const float *__restrict__ lse,
                        const float *__restrict__ delta, const bf16 *__restrict__ dout,
                        const int64_t *__restrict__ block_start, const int64_t *__restrict__ blocks,
@@ -285,9 +300,10 @@ sparse_backward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q
     const RowTiles<BM> tiles(block_start, blocks, local_block, col_start, col_key, r, Tk);
 
     // This thread's two queries (g and g + 8 of its warp's 16): lse in log2
-    // units (+inf: the row is dead, past Tq or saw no key), delta, position.
+    // units (+inf: the row is dead, past Tq or saw no key), delta, position,
+    // with DOCS its document's start.
     float L[2], del[2];
-    int64_t qp[2];
+    int64_t qp[2], qf[2];
 #pragma unroll
     for (int half = 0; half < 2; half++) {
         const int64_t row = i0 + warp * 16 + g + half * 8;
@@ -296,7 +312,9 @@ sparse_backward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q
         L[half] = live ? l * LOG2E : INFINITY;
         del[half] = live ? delta[h * Tq + row] : 0.0f;
         qp[half] = live ? q_pos[row] : INT64_MIN;
+        qf[half] = DOCS && live ? q_first[row] : 0;
     }
+    const int64_t f_hi = DOCS ? q_first[min(Tq, i0 + BM) - 1] : 0;   // as the forward's
 
     auto load_kv = [&](int64_t it, int buf) {
         tiles.template load<D, NT>(it, k, v, k_pos, Hkv, kvh, ks + buf * BN * LD, vs + buf * BN * LD,
@@ -323,7 +341,7 @@ sparse_backward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q
 
         const bf16 *kb = ks + buf * BN * LD, *vb = vs + buf * BN * LD;
         const int64_t *kp = kps + buf * BN, *kt = ktok + buf * BN;
-        const bool full = kp[BN - 1] <= q_lo;
+        const bool full = kp[BN - 1] <= q_lo && (!DOCS || kp[0] >= f_hi);
 
         // S = Q K^T and dP = dO V^T: 16 queries x BN keys per warp.
         float s[BN / 8][4], dp[BN / 8][4];
@@ -338,7 +356,10 @@ sparse_backward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 float x = s[n][e] * scale_log2 - L[e / 2];
-                if (!full && kp[n * 8 + 2 * t4 + (e & 1)] > qp[e / 2]) x = -INFINITY;
+                if (!full) {
+                    const int64_t key = kp[n * 8 + 2 * t4 + (e & 1)];
+                    if (key > qp[e / 2] || (DOCS && key < qf[e / 2])) x = -INFINITY;
+                }
                 const float p = exp2_approx(x);
                 s[n][e] = p;
                 dp[n][e] = p * (dp[n][e] - del[e / 2]);
@@ -422,20 +443,29 @@ static void check_aligned(const void *p, const char *name) {
     CHECK(((uintptr_t)p & 15) == 0, "sparse attention (CUDA): %s is not 16-byte aligned", name);
 }
 
-template <int D, int BM>
-static void forward(const AttnShape *s, const SparseIndexCuda *x, const ChunkView *c, const bf16 *q,
-                    const int64_t *q_pos, const bf16 *k, const bf16 *v, const int64_t *k_pos, float *o,
-                    float *lse, cudaStream_t stream) {
+template <int D, int BM, bool DOCS>
+static void forward_launch(const AttnShape *s, const SparseIndexCuda *x, const ChunkView *c, const bf16 *q,
+                           const int64_t *q_pos, const int64_t *q_first, const bf16 *k, const bf16 *v,
+                           const int64_t *k_pos, float *o, float *lse, cudaStream_t stream) {
     constexpr int LD = D + 8, BN = KEY_TILE;
     const size_t smem = (size_t)(BM + 4 * BN) * LD * sizeof(bf16) + 2 * BN * sizeof(int64_t);
-    auto kernel = sparse_forward_kernel<D, BM, (D == 128 && BM == 128 ? 1 : 2)>;
+    auto kernel = sparse_forward_kernel<D, BM, (D == 128 && BM == 128 ? 1 : 2), DOCS>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const int64_t rows = (int64_t)s->num_heads * x->num_q_blocks;
-    CUDA_LAUNCH(kernel, (unsigned)rows, BM * 2, smem, stream, q, q_pos, k, v, k_pos, x->block_start, x->blocks,
+    CUDA_LAUNCH(kernel, (unsigned)rows, BM * 2, smem, stream, q, q_pos, q_first, k, v, k_pos, x->block_start, x->blocks,
                 c->local_block, c->col_start, c->col_key, o, lse,
                 s->q_tokens, s->k_tokens, s->num_heads,
                 s->num_kv_heads, x->num_q_blocks, s->scale * LOG2E);
     CUDA_CHECK(cudaGetLastError());
+}
+
+// With documents (q_first not NULL) or without.
+template <int D, int BM>
+static void forward(const AttnShape *s, const SparseIndexCuda *x, const ChunkView *c, const bf16 *q,
+                    const int64_t *q_pos, const int64_t *q_first, const bf16 *k, const bf16 *v,
+                    const int64_t *k_pos, float *o, float *lse, cudaStream_t stream) {
+    if (q_first) forward_launch<D, BM, true>(s, x, c, q, q_pos, q_first, k, v, k_pos, o, lse, stream);
+    else forward_launch<D, BM, false>(s, x, c, q, q_pos, NULL, k, v, k_pos, o, lse, stream);
 }
 
 extern "C" void attn_sparse_forward_cuda(const AttnShape *s, const SparseIndexCuda *x, const uint16_t *q,
@@ -446,12 +476,14 @@ extern "C" void attn_sparse_forward_cuda(const AttnShape *s, const SparseIndexCu
     if (s->q_tokens == 0 || s->k_tokens == 0) return;
     check_aligned(q, "q"); check_aligned(k, "k"); check_aligned(v, "v"); check_aligned(o_acc, "o_acc");
     ChunkView c = chunk_view(x, k_pos, s->k_tokens, stream);
+    int64_t *qf = attn_doc_first_cuda(s, q_pos, stream);
     const bf16 *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
     const int key = s->head_dim * 1000 + x->block_size;
-    if (key == 64064) forward<64, 64>(s, x, &c, qb, q_pos, kb, vb, k_pos, o_acc, lse, stream);
-    else if (key == 64128) forward<64, 128>(s, x, &c, qb, q_pos, kb, vb, k_pos, o_acc, lse, stream);
-    else if (key == 128064) forward<128, 64>(s, x, &c, qb, q_pos, kb, vb, k_pos, o_acc, lse, stream);
-    else forward<128, 128>(s, x, &c, qb, q_pos, kb, vb, k_pos, o_acc, lse, stream);
+    if (key == 64064) forward<64, 64>(s, x, &c, qb, q_pos, qf, kb, vb, k_pos, o_acc, lse, stream);
+    else if (key == 64128) forward<64, 128>(s, x, &c, qb, q_pos, qf, kb, vb, k_pos, o_acc, lse, stream);
+    else if (key == 128064) forward<128, 64>(s, x, &c, qb, q_pos, qf, kb, vb, k_pos, o_acc, lse, stream);
+    else forward<128, 128>(s, x, &c, qb, q_pos, qf, kb, vb, k_pos, o_acc, lse, stream);
+    if (qf) CUDA_CHECK(cudaFreeAsync(qf, stream));
     chunk_view_free(&c, stream);
 }
 
@@ -463,16 +495,16 @@ static size_t backward_smem() {
            2 * KVBUF * BN * sizeof(int64_t);
 }
 
-template <int D, int BM, int KVBUF>
+template <int D, int BM, int KVBUF, bool DOCS>
 static void backward_launch(const AttnShape *s, const SparseIndexCuda *x, const ChunkView *c, const bf16 *q,
-                            const int64_t *q_pos, const bf16 *k, const bf16 *v, const int64_t *k_pos,
-                            const float *lse, const float *delta, const bf16 *dout, float *dq, float *dk,
-                            float *dv, cudaStream_t stream) {
+                            const int64_t *q_pos, const int64_t *q_first, const bf16 *k, const bf16 *v,
+                            const int64_t *k_pos, const float *lse, const float *delta, const bf16 *dout,
+                            float *dq, float *dk, float *dv, cudaStream_t stream) {
     const size_t smem = backward_smem<D, BM, KVBUF>();
-    auto kernel = sparse_backward_kernel<D, BM, KVBUF>;
+    auto kernel = sparse_backward_kernel<D, BM, KVBUF, DOCS>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const int64_t rows = (int64_t)s->num_heads * x->num_q_blocks;
-    CUDA_LAUNCH(kernel, (unsigned)rows, BM * 2, smem, stream, q, q_pos, k, v, k_pos, lse, delta, dout, x->block_start,
+    CUDA_LAUNCH(kernel, (unsigned)rows, BM * 2, smem, stream, q, q_pos, q_first, k, v, k_pos, lse, delta, dout, x->block_start,
                 x->blocks, c->local_block, c->col_start, c->col_key,
                 dq, dk, dv, s->q_tokens, s->k_tokens, s->num_heads,
                 s->num_kv_heads, x->num_q_blocks, s->scale,
@@ -480,23 +512,37 @@ static void backward_launch(const AttnShape *s, const SparseIndexCuda *x, const 
     CUDA_CHECK(cudaGetLastError());
 }
 
+// With documents (q_first not NULL) or without.
+template <int D, int BM, int KVBUF>
+static void backward_docs(const AttnShape *s, const SparseIndexCuda *x, const ChunkView *c, const bf16 *q,
+                          const int64_t *q_pos, const int64_t *q_first, const bf16 *k, const bf16 *v,
+                          const int64_t *k_pos, const float *lse, const float *delta, const bf16 *dout,
+                          float *dq, float *dk, float *dv, cudaStream_t stream) {
+    if (q_first)
+        backward_launch<D, BM, KVBUF, true>(s, x, c, q, q_pos, q_first, k, v, k_pos, lse, delta, dout, dq, dk,
+                                            dv, stream);
+    else
+        backward_launch<D, BM, KVBUF, false>(s, x, c, q, q_pos, NULL, k, v, k_pos, lse, delta, dout, dq, dk, dv,
+                                             stream);
+}
+
 // Double-buffered K/V where the device's shared memory allows (D 128 with
 // B 128 needs 176 KB: sm_90 yes, sm_80 no), else single-buffered.
 template <int D, int BM>
 static void backward(const AttnShape *s, const SparseIndexCuda *x, const ChunkView *c, const bf16 *q,
-                     const int64_t *q_pos, const bf16 *k, const bf16 *v, const int64_t *k_pos,
-                     const float *lse, const float *delta, const bf16 *dout, float *dq, float *dk,
-                     float *dv, cudaStream_t stream) {
+                     const int64_t *q_pos, const int64_t *q_first, const bf16 *k, const bf16 *v,
+                     const int64_t *k_pos, const float *lse, const float *delta, const bf16 *dout, float *dq,
+                     float *dk, float *dv, cudaStream_t stream) {
     if constexpr (D == 128 && BM == 128) {
         int device, optin;
         CUDA_CHECK(cudaGetDevice(&device));
         CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
         if ((size_t)optin < backward_smem<D, BM, 2>()) {
-            backward_launch<D, BM, 1>(s, x, c, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk, dv, stream);
+            backward_docs<D, BM, 1>(s, x, c, q, q_pos, q_first, k, v, k_pos, lse, delta, dout, dq, dk, dv, stream);
             return;
         }
     }
-    backward_launch<D, BM, 2>(s, x, c, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk, dv, stream);
+    backward_docs<D, BM, 2>(s, x, c, q, q_pos, q_first, k, v, k_pos, lse, delta, dout, dq, dk, dv, stream);
 }
 
 extern "C" void attn_sparse_backward_cuda(const AttnShape *s, const SparseIndexCuda *x, const uint16_t *q,
@@ -508,13 +554,17 @@ extern "C" void attn_sparse_backward_cuda(const AttnShape *s, const SparseIndexC
     if (s->q_tokens == 0 || s->k_tokens == 0) return;
     check_aligned(q, "q"); check_aligned(k, "k"); check_aligned(v, "v"); check_aligned(dout, "dout");
     ChunkView c = chunk_view(x, k_pos, s->k_tokens, stream);
+    int64_t *qf = attn_doc_first_cuda(s, q_pos, stream);
     const bf16 *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
     const bf16 *dob = (const bf16 *)dout;
     const int key = s->head_dim * 1000 + x->block_size;
-    if (key == 64064) backward<64, 64>(s, x, &c, qb, q_pos, kb, vb, k_pos, lse, delta, dob, dq, dk, dv, stream);
-    else if (key == 64128) backward<64, 128>(s, x, &c, qb, q_pos, kb, vb, k_pos, lse, delta, dob, dq, dk, dv, stream);
-    else if (key == 128064) backward<128, 64>(s, x, &c, qb, q_pos, kb, vb, k_pos, lse, delta, dob, dq, dk, dv, stream);
-    else backward<128, 128>(s, x, &c, qb, q_pos, kb, vb, k_pos, lse, delta, dob, dq, dk, dv, stream);
+    if (key == 64064) backward<64, 64>(s, x, &c, qb, q_pos, qf, kb, vb, k_pos, lse, delta, dob, dq, dk, dv, stream);
+    else if (key == 64128)
+        backward<64, 128>(s, x, &c, qb, q_pos, qf, kb, vb, k_pos, lse, delta, dob, dq, dk, dv, stream);
+    else if (key == 128064)
+        backward<128, 64>(s, x, &c, qb, q_pos, qf, kb, vb, k_pos, lse, delta, dob, dq, dk, dv, stream);
+    else backward<128, 128>(s, x, &c, qb, q_pos, qf, kb, vb, k_pos, lse, delta, dob, dq, dk, dv, stream);
+    if (qf) CUDA_CHECK(cudaFreeAsync(qf, stream));
     chunk_view_free(&c, stream);
 }
 

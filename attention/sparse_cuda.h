@@ -58,8 +58,10 @@ void sparse_index_to_cuda(const SparseIndex *host, SparseIndexCuda *dev);
 void sparse_index_free_cuda(SparseIndexCuda *dev);
 
 // As attn_dense_forward_cuda, computing only the index's blocks and columns
-// that lie in this key chunk (causal mask token-exact), merged into the
-// running (o_acc, lse) in fp32: sparse and dense chunks can be mixed.
+// that lie in this key chunk (causal mask token-exact, and with documents,
+// shape->doc_starts, the document mask: the index restricted to the
+// documents by sparse_index_documents), merged into the running (o_acc,
+// lse) in fp32: sparse and dense chunks can be mixed.
 void attn_sparse_forward_cuda(const AttnShape *shape, const SparseIndexCuda *index,
                               const uint16_t *q, const int64_t *q_pos, const uint16_t *k,
                               const uint16_t *v, const int64_t *k_pos, float *o_acc, float *lse,
@@ -76,13 +78,15 @@ void attn_sparse_backward_cuda(const AttnShape *shape, const SparseIndexCuda *in
 // Estimation pass 1 on the GPU (sparse_select_cuda.cu), as
 // sparse_estimate_lse: shape q_tokens = Lq (1 to 128) estimation queries qe
 // [Lq, Hq, D] bf16 at qe_pos [Lq], k_tokens = this chunk's keys k [Tk, Hkv, D]
-// bf16 at k_pos; merges into lse_est [Hq, Lq] (fp32, starts at -inf).
+// bf16 at k_pos; merges into lse_est [Hq, Lq] (fp32, starts at -inf). With
+// documents (shape->doc_starts) a query sees only keys of its document.
 void sparse_estimate_lse_cuda(const AttnShape *shape, const uint16_t *qe, const int64_t *qe_pos,
                               const uint16_t *k, const int64_t *k_pos, float *lse_est,
                               cudaStream_t stream);
 
 // Pass 2, as sparse_estimate_scores: with the final lse_est, vertical [Hq, N]
-// and slash [Hq, N] (fp32, start at zero) += this chunk's softmax sums.
+// and slash [Hq, N] (fp32, start at zero) += this chunk's softmax sums
+// (same-document scores only, with documents).
 void sparse_estimate_scores_cuda(const AttnShape *shape, const uint16_t *qe, const int64_t *qe_pos,
                                  const uint16_t *k, const int64_t *k_pos, const float *lse_est,
                                  int64_t seq_len, float *vertical, float *slash, cudaStream_t stream);

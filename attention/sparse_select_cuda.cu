@@ -6,7 +6,9 @@
 //               (max, sum) per query, a merge kernel folds them into lse_est;
 //               pass 2 adds the softmax column sums to vertical (one owner
 //               per key) and the diagonal sums to slash (shared-memory
-//               window, then one global atomic per offset).
+//               window, then one global atomic per offset). With documents
+//               a key counts for a query only at or after the start of the
+//               query's document (qe_first, attn_doc_first_cuda).
 //   selection   per (q head, kind) segment: keys (score bits << 32 | ~index),
 //               sorted descending by CUB's segmented radix sort (unique keys:
 //               descending score, ties to the smaller index, as the CPU);
@@ -24,6 +26,7 @@
 
 #include "../dist/cuda_check.h"
 #include "../dist/cuda_kernel.h"
+#include "attention_cuda.h"
 #include "flash_tiles.cuh"
 #include "sparse_cuda.h"
 
@@ -37,11 +40,13 @@
 
 // Shared tiles of one estimation CTA (q head h, keys j0 .. j0 + EST_KEYS):
 // queries qs [Lq][D + 1] scaled to log2 units, keys ks [EST_KEYS][D + 1]
-// (zero past Tk), their positions kps (INT64_MAX past Tk), qps [Lq].
+// (zero past Tk), their positions kps (INT64_MAX past Tk), qps [Lq], and
+// qfs [Lq] the first key position each query sees (qe_first; INT64_MIN for
+// every query when it is NULL: no documents).
 template <int D>
-__device__ void est_load(const bf16 *qe, const int64_t *qe_pos, const bf16 *k, const int64_t *k_pos, int Lq,
-                         int64_t Tk, int Hq, int Hkv, int h, int64_t j0, float scale_log2, float *qs,
-                         float *ks, int64_t *kps, int64_t *qps) {
+__device__ void est_load(const bf16 *qe, const int64_t *qe_pos, const int64_t *qe_first, const bf16 *k,
+                         const int64_t *k_pos, int Lq, int64_t Tk, int Hq, int Hkv, int h, int64_t j0,
+                         float scale_log2, float *qs, float *ks, int64_t *kps, int64_t *qps, int64_t *qfs) {
     const int kvh = h / (Hq / Hkv);
     for (int i = threadIdx.x; i < Lq * D; i += blockDim.x) {
         const int e = i / D, d = i % D;
@@ -53,7 +58,10 @@ __device__ void est_load(const bf16 *qe, const int64_t *qe_pos, const bf16 *k, c
         ks[j * (D + 1) + d] = t < Tk ? __bfloat162float(k[(t * Hkv + kvh) * D + d]) : 0.0f;
     }
     for (int i = threadIdx.x; i < EST_KEYS; i += blockDim.x) kps[i] = j0 + i < Tk ? k_pos[j0 + i] : INT64_MAX;
-    for (int i = threadIdx.x; i < Lq; i += blockDim.x) qps[i] = qe_pos[i];
+    for (int i = threadIdx.x; i < Lq; i += blockDim.x) {
+        qps[i] = qe_pos[i];
+        qfs[i] = qe_first ? qe_first[i] : INT64_MIN;
+    }
     __syncthreads();
 }
 
@@ -68,18 +76,20 @@ __device__ __forceinline__ float dot_row(const float *a, const float *b) {
 // Grid (key tiles, Hq), EST_KEYS threads; one thread per estimation query:
 // part [Hq][tiles][Lq] = (max, sum) of its visible scores in the tile (log2 units).
 template <int D>
-__global__ void est_lse_kernel(const bf16 *qe, const int64_t *qe_pos, const bf16 *k, const int64_t *k_pos,
-                               int Lq, int64_t Tk, int Hq, int Hkv, float scale_log2, float2 *part) {
+__global__ void est_lse_kernel(const bf16 *qe, const int64_t *qe_pos, const int64_t *qe_first, const bf16 *k,
+                               const int64_t *k_pos, int Lq, int64_t Tk, int Hq, int Hkv, float scale_log2,
+                               float2 *part) {
     DYNAMIC_SHARED(unsigned char, smem);
     int64_t *kps = reinterpret_cast<int64_t *>(smem), *qps = kps + EST_KEYS;
     float *qs = reinterpret_cast<float *>(qps + EST_MAX_Q), *ks = qs + Lq * (D + 1);
+    STATIC_SHARED(int64_t, qfs, [EST_MAX_Q]);
     const int h = blockIdx.y;
-    est_load<D>(qe, qe_pos, k, k_pos, Lq, Tk, Hq, Hkv, h, (int64_t)blockIdx.x * EST_KEYS, scale_log2, qs, ks,
-                kps, qps);
+    est_load<D>(qe, qe_pos, qe_first, k, k_pos, Lq, Tk, Hq, Hkv, h, (int64_t)blockIdx.x * EST_KEYS, scale_log2,
+                qs, ks, kps, qps, qfs);
     for (int e = threadIdx.x; e < Lq; e += blockDim.x) {
         float m = -INFINITY, l = 0.0f;
         for (int j = 0; j < EST_KEYS; j++) {
-            if (kps[j] > qps[e]) continue;
+            if (kps[j] > qps[e] || kps[j] < qfs[e]) continue;
             const float s = dot_row<D>(qs + e * (D + 1), ks + j * (D + 1));
             if (s > m) { l = l * exp2f(m - s) + 1.0f; m = s; }
             else l += exp2f(s - m);
@@ -122,20 +132,21 @@ __global__ void est_lse_merge_kernel(const float2 *part, int64_t tiles, int Lq, 
 // lse_est) over the estimation queries that see it; vertical [Hq, N] at the
 // key's position += its column sum; slash [Hq, N] at q - k += each P.
 template <int D>
-__global__ void est_scores_kernel(const bf16 *qe, const int64_t *qe_pos, const bf16 *k, const int64_t *k_pos,
-                                  const float *lse_est, int Lq, int64_t Tk, int Hq, int Hkv, int64_t N,
-                                  float scale_log2, float *vertical, float *slash) {
+__global__ void est_scores_kernel(const bf16 *qe, const int64_t *qe_pos, const int64_t *qe_first, const bf16 *k,
+                                  const int64_t *k_pos, const float *lse_est, int Lq, int64_t Tk, int Hq, int Hkv,
+                                  int64_t N, float scale_log2, float *vertical, float *slash) {
     constexpr int W = EST_KEYS + EST_MAX_Q;        // slash window: offsets base .. base + W
     DYNAMIC_SHARED(unsigned char, smem);
     int64_t *kps = reinterpret_cast<int64_t *>(smem), *qps = kps + EST_KEYS;
     float *qs = reinterpret_cast<float *>(qps + EST_MAX_Q), *ks = qs + Lq * (D + 1);
     STATIC_SHARED(float, lse2, [EST_MAX_Q]);
     STATIC_SHARED(float, window, [W]);
+    STATIC_SHARED(int64_t, qfs, [EST_MAX_Q]);
     const int h = blockIdx.y;
     for (int i = threadIdx.x; i < W; i += blockDim.x) window[i] = 0.0f;
     for (int i = threadIdx.x; i < Lq; i += blockDim.x) lse2[i] = lse_est[h * Lq + i] * LOG2E;
-    est_load<D>(qe, qe_pos, k, k_pos, Lq, Tk, Hq, Hkv, h, (int64_t)blockIdx.x * EST_KEYS, scale_log2, qs, ks,
-                kps, qps);
+    est_load<D>(qe, qe_pos, qe_first, k, k_pos, Lq, Tk, Hq, Hkv, h, (int64_t)blockIdx.x * EST_KEYS, scale_log2,
+                qs, ks, kps, qps, qfs);
     // Offsets of contiguous keys and queries fall in the window; others go
     // straight to global memory.
     const int64_t base = qps[0] - kps[0] - (EST_KEYS - 1);
@@ -144,7 +155,7 @@ __global__ void est_scores_kernel(const bf16 *qe, const int64_t *qe_pos, const b
     if (kp != INT64_MAX) {
         float col = 0.0f;
         for (int e = 0; e < Lq; e++) {
-            if (kp > qps[e] || lse2[e] == -INFINITY) continue;
+            if (kp > qps[e] || kp < qfs[e] || lse2[e] == -INFINITY) continue;
             const float p = exp2f(dot_row<D>(qs + e * (D + 1), ks + j * (D + 1)) - lse2[e]);
             col += p;
             const int64_t d = qps[e] - kp, w = d - base;
@@ -185,9 +196,12 @@ static void estimate_lse(const AttnShape *s, const bf16 *qe, const int64_t *qe_p
     CUDA_CHECK(cudaFuncSetAttribute(est_lse_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     float2 *part;
     CUDA_CHECK(cudaMallocAsync((void **)&part, (size_t)(tiles * s->num_heads * Lq) * sizeof(float2), stream));
+    int64_t *qe_first = attn_doc_first_cuda(s, qe_pos, stream);
     CUDA_LAUNCH(est_lse_kernel<D>, dim3((unsigned)tiles, (unsigned)s->num_heads), EST_KEYS, smem, stream,
-                qe, qe_pos, k, k_pos, Lq, s->k_tokens, s->num_heads, s->num_kv_heads, s->scale * LOG2E, part);
+                qe, qe_pos, qe_first, k, k_pos, Lq, s->k_tokens, s->num_heads, s->num_kv_heads, s->scale * LOG2E,
+                part);
     CUDA_CHECK(cudaGetLastError());
+    if (qe_first) CUDA_CHECK(cudaFreeAsync(qe_first, stream));
     CUDA_LAUNCH(est_lse_merge_kernel, blocks_for((int64_t)s->num_heads * Lq * 32, 256), 256, 0, stream,
                 part, tiles, Lq, s->num_heads, lse_est);
     CUDA_CHECK(cudaGetLastError());
@@ -213,10 +227,12 @@ static void estimate_scores(const AttnShape *s, const bf16 *qe, const int64_t *q
     const size_t smem = est_smem(Lq, D);
     CUDA_CHECK(cudaFuncSetAttribute(est_scores_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)smem));
+    int64_t *qe_first = attn_doc_first_cuda(s, qe_pos, stream);
     CUDA_LAUNCH(est_scores_kernel<D>, dim3((unsigned)tiles, (unsigned)s->num_heads), EST_KEYS, smem, stream,
-                qe, qe_pos, k, k_pos, lse_est, Lq, s->k_tokens, s->num_heads, s->num_kv_heads, N, s->scale * LOG2E,
-                vertical, slash);
+                qe, qe_pos, qe_first, k, k_pos, lse_est, Lq, s->k_tokens, s->num_heads, s->num_kv_heads, N,
+                s->scale * LOG2E, vertical, slash);
     CUDA_CHECK(cudaGetLastError());
+    if (qe_first) CUDA_CHECK(cudaFreeAsync(qe_first, stream));
 }
 
 extern "C" void sparse_estimate_scores_cuda(const AttnShape *s, const uint16_t *qe, const int64_t *qe_pos,

@@ -72,8 +72,10 @@ done
 # bytes, int64 = 8, fp32 = 4; rows padded to D + 8 elements).
 flash_forward_smem() {   # flash_cuda.cu forward(): (BM + 4 BN) LD bf16 + 2 BN int64
   local D=$1 BM=$2 BN=$3; echo $(((BM + 4 * BN) * (D + 8) * 2 + 2 * BN * 8)); }
-flash_backward_smem() {  # flash_cuda.cu backward(): (2 BN + 4 BM) LD + BN (BM + 8) bf16 + 2 BM (2 fp32 + int64)
-  local D=$1 BM=$2 BN=$3; echo $(((2 * BN + 4 * BM) * (D + 8) * 2 + BN * (BM + 8) * 2 + 2 * BM * 16)); }
+flash_backward_smem() {  # flash_cuda.cu backward(): (2 BN + 4 BM) LD + BN (BM + 8) bf16
+                         # + 2 BM (2 fp32 + int64, + int64 with documents: DOCS 1)
+  local D=$1 BM=$2 BN=$3 DOCS=$4
+  echo $(((2 * BN + 4 * BM) * (D + 8) * 2 + BN * (BM + 8) * 2 + 2 * BM * (16 + 8 * DOCS))); }
 sparse_forward_smem() {  # sparse_cuda.cu forward(): as the dense forward with BN = KEY_TILE = 64
   flash_forward_smem "$1" "$2" 64; }
 sparse_backward_smem() { # sparse_cuda.cu backward_smem<D, BM, KVBUF>()
@@ -94,24 +96,33 @@ launch_table() {
   row 'fill_kernel' 256 0 default all                   # attn_forward_init_cuda()
   row 'to_bf16_kernel' 256 0 default all                # attn_output_bf16_cuda()
   row 'delta_kernel' 256 0 default all                  # attn_backward_delta_cuda()
-  row 'flash_forward_kernel<64, 128, 64, 2>' 256 "$(flash_forward_smem 64 128 64)" optin all
-  row 'flash_forward_kernel<128, 128, 64, 1>' 256 "$(flash_forward_smem 128 128 64)" optin all
-  row 'flash_backward_kernel<64, 64, 64>' 128 "$(flash_backward_smem 64 64 64)" optin all
-  row 'flash_backward_kernel<128, 32, 64>' 128 "$(flash_backward_smem 128 32 64)" optin all
+  # Each with and without documents (the last template argument).
+  row 'doc_first_kernel' 128 0 default all              # attn_doc_first_cuda()
+  local docs
+  for docs in false true; do
+    local d=$([ $docs = true ] && echo 1 || echo 0)
+    row "flash_forward_kernel<64, 128, 64, 2, $docs>" 256 "$(flash_forward_smem 64 128 64)" optin all
+    row "flash_forward_kernel<128, 128, 64, 1, $docs>" 256 "$(flash_forward_smem 128 128 64)" optin all
+    row "flash_backward_kernel<64, 64, 64, $docs>" 128 "$(flash_backward_smem 64 64 64 $d)" optin all
+    row "flash_backward_kernel<128, 32, 64, $docs>" 128 "$(flash_backward_smem 128 32 64 $d)" optin all
+  done
   # sparse_cuda.cu: threads 2 BM (B = BM = 64 or 128); the backward double-buffers K/V where the
   # device's opt-in limit allows it (D 128, B 128: H100 yes, A100 no).
   row 'local_block_kernel' 128 0 default all            # chunk_view()
   row 'column_count_kernel' 256 0 default all           # chunk_view()
   row 'column_fill_kernel' 256 0 default all            # chunk_view()
-  for D in 64 128; do
-    row "sparse_forward_kernel<$D, 64, 2>" 128 "$(sparse_forward_smem $D 64)" optin all
-    row "sparse_backward_kernel<$D, 64, 2>" 128 "$(sparse_backward_smem $D 64 2)" optin all
+  # Each with and without documents (the last template argument).
+  for docs in false true; do
+    for D in 64 128; do
+      row "sparse_forward_kernel<$D, 64, 2, $docs>" 128 "$(sparse_forward_smem $D 64)" optin all
+      row "sparse_backward_kernel<$D, 64, 2, $docs>" 128 "$(sparse_backward_smem $D 64 2)" optin all
+    done
+    row "sparse_forward_kernel<64, 128, 2, $docs>" 256 "$(sparse_forward_smem 64 128)" optin all
+    row "sparse_forward_kernel<128, 128, 1, $docs>" 256 "$(sparse_forward_smem 128 128)" optin all
+    row "sparse_backward_kernel<64, 128, 2, $docs>" 256 "$(sparse_backward_smem 64 128 2)" optin all
+    row "sparse_backward_kernel<128, 128, 2, $docs>" 256 "$(sparse_backward_smem 128 128 2)" optin sm_90
+    row "sparse_backward_kernel<128, 128, 1, $docs>" 256 "$(sparse_backward_smem 128 128 1)" optin sm_80
   done
-  row 'sparse_forward_kernel<64, 128, 2>' 256 "$(sparse_forward_smem 64 128)" optin all
-  row 'sparse_forward_kernel<128, 128, 1>' 256 "$(sparse_forward_smem 128 128)" optin all
-  row 'sparse_backward_kernel<64, 128, 2>' 256 "$(sparse_backward_smem 64 128 2)" optin all
-  row 'sparse_backward_kernel<128, 128, 2>' 256 "$(sparse_backward_smem 128 128 2)" optin sm_90
-  row 'sparse_backward_kernel<128, 128, 1>' 256 "$(sparse_backward_smem 128 128 1)" optin sm_80
   # sparse_select_cuda.cu: EST_KEYS = 128 threads, SEL_THREADS = 256. index_row_kernel's bitmap
   # is one bit per key block of the sequence: (N / B / 32 + 1) words, here N = 1M tokens, B = 64.
   for D in 64 128; do

@@ -3,7 +3,11 @@
 // inputs, fresh random ones per case: lengths that are not multiples of the
 // tiles, head dims 64 and 128, GQA ratios 1, 2, 4 and 8, and key chunks taken
 // from a striped layout (attention/layout.h) merged in ring order, so rows that
-// see nothing of a chunk occur. Needs a GPU; run by `make test-gpu`.
+// see nothing of a chunk occur; with documents (data.doc_mask) of DOC_STARTS:
+// documents crossing tile boundaries, one-token documents, positions before
+// the first document, and query tiles that see no key of earlier key tiles
+// (a document starting at a tile boundary). Needs a GPU; run by `make
+// test-gpu` and under the sim (tests/test_sim.sh).
 //   build/tests/gpu_test_attention         every case
 //   build/tests/gpu_test_attention small   the small cases (compute-sanitizer)
 //
@@ -30,11 +34,20 @@
 #define TOL_LSE 1e-4
 #define LAYOUT_BLOCK 64      // tokens per layout block (striped chunks)
 
+// Document starts of the cases with documents (those below the sequence's
+// length): positions 0..2 before the first document; [5, 6) and [256, 257)
+// one token; [6, 129) and [129, 200) across tile boundaries (32, 64, 128),
+// so a query tile holds queries of a document that covers whole earlier key
+// tiles and queries that see none of them; 256 at a tile boundary, so whole
+// key tiles lie before every document of a query tile.
+static const int64_t DOC_STARTS[] = {3, 5, 6, 129, 200, 256, 257, 1000, 2050, 4000};
+
 typedef struct {
     int64_t n;       // sequence length
     int D, Hq, Hkv;
     int world;       // 1: queries and keys are the whole sequence; else striped chunks
     int rank;        // the queries' rank (world > 1); chunks come in ring order from it
+    int docs;        // 1: documents at DOC_STARTS; 0: one document
 } Case;
 
 // One key chunk: positions and bf16 K, V (host bits, fp32 values, device copies).
@@ -48,7 +61,11 @@ typedef struct {
 } Chunk;
 
 static AttnShape shape_of(const Case *c, int64_t Tq, int64_t Tk) {
-    return (AttnShape){Tq, Tk, c->Hq, c->Hkv, c->D, LAYOUT_BLOCK, 1.0f / sqrtf((float)c->D), NULL, 0};
+    int64_t count = 0;
+    while (c->docs && count < (int64_t)(sizeof DOC_STARTS / sizeof DOC_STARTS[0]) && DOC_STARTS[count] < c->n)
+        count++;
+    return (AttnShape){Tq, Tk, c->Hq, c->Hkv, c->D, LAYOUT_BLOCK, 1.0f / sqrtf((float)c->D),
+                       count > 0 ? DOC_STARTS : NULL, count};
 }
 
 // Forward of every chunk on the GPU into fresh (poisoned, then initialised)
@@ -71,8 +88,8 @@ static void run_case(const Case *c, uint64_t seed) {
     rng_seed(&rng, seed);
     const int D = c->D, Hq = c->Hq, Hkv = c->Hkv;
     char name[160];
-    snprintf(name, sizeof name, "N=%lld D=%d Hq=%d Hkv=%d chunks=%d", (long long)c->n, D, Hq, Hkv,
-             c->world);
+    snprintf(name, sizeof name, "N=%lld D=%d Hq=%d Hkv=%d chunks=%d%s", (long long)c->n, D, Hq, Hkv,
+             c->world, c->docs ? " documents" : "");
 
     // Positions: the queries' and each chunk's, in ring order (own rank first).
     const int nch = c->world;
@@ -201,19 +218,24 @@ static void run_case(const Case *c, uint64_t seed) {
 int main(int argc, char **argv) {
     const int small = argc > 1 && strcmp(argv[1], "small") == 0;
     CHECK(argc == 1 || small, "usage: %s [small]", argv[0]);
-    // {n, D, Hq, Hkv, world, rank}
+    // {n, D, Hq, Hkv, world, rank, docs}
     static const Case cases[] = {
-        {1, 64, 2, 2, 1, 0},
-        {17, 128, 4, 2, 1, 0},
-        {100, 64, 8, 1, 1, 0},
-        {100, 128, 4, 4, 2, 1},
-        {300, 64, 4, 1, 3, 0},
-        {300, 128, 4, 2, 1, 0},
-        {1000, 128, 8, 1, 3, 2},
-        {1000, 64, 4, 2, 1, 0},
-        {1000, 128, 2, 2, 2, 0},
-        {4099, 128, 16, 2, 1, 0},
-        {4099, 64, 8, 8, 3, 1},
+        {1, 64, 2, 2, 1, 0, 0},
+        {17, 128, 4, 2, 1, 0, 0},
+        {100, 64, 8, 1, 1, 0, 0},
+        {100, 128, 4, 4, 2, 1, 0},
+        {300, 64, 4, 1, 3, 0, 0},
+        {300, 128, 4, 2, 1, 0, 0},
+        {6, 64, 2, 1, 1, 0, 1},
+        {300, 64, 2, 1, 1, 0, 1},
+        {300, 128, 2, 2, 3, 1, 1},
+        {1000, 128, 8, 1, 3, 2, 0},
+        {1000, 64, 4, 2, 1, 0, 0},
+        {1000, 128, 2, 2, 2, 0, 0},
+        {1000, 128, 4, 2, 1, 0, 1},
+        {4099, 128, 16, 2, 1, 0, 0},
+        {4099, 64, 8, 8, 3, 1, 0},
+        {4099, 64, 8, 2, 1, 0, 1},
     };
     int count = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -1,8 +1,8 @@
 // gpu_test_attention_op.c: the CUDA backend's attention op
 // (attention/attention_cuda_op.cu) against the CPU backend's attention op
 // (backend_cpu()->attention_*, fp32) on the same bf16-rounded inputs, on one
-// rank: dense; sparse with top_p = 1 (every line: must equal dense); sparse
-// with fixed budgets. GQA 1, 2 and 7, head dims 64 and 128, lengths that are
+// rank: dense, without and with documents (DOC_STARTS); sparse with top_p = 1
+// (every line: must equal dense); sparse with fixed budgets. GQA 1, 2 and 7, head dims 64 and 128, lengths that are
 // not multiples of the block. Each case runs two layers with different
 // inputs and patterns, then recomputes layer 0 (plan = false), which must
 // give layer 0's first output bit for bit (the forward has no atomics and
@@ -14,8 +14,9 @@
 //   build/tests/gpu_test_attention_op small   the small cases
 //   build/tests/gpu_test_attention_op refuse-ring | refuse-docs
 //                                             what the op refuses: a ring of
-//                                             2 ranks, documents (exit 1 with
-//                                             one line; tests/test_sim.sh)
+//                                             2 ranks, documents with sparse
+//                                             attention (exit 1 with one line;
+//                                             tests/test_sim.sh)
 //
 // Inputs are planted so that the pattern has no near-ties to flip between the
 // CPU's and the GPU's fp32 estimation: every query attends strongly (logit
@@ -59,7 +60,13 @@ typedef struct {
     int64_t T;
     int D, Hq, Hkv, B;
     Kind kind;
+    int docs;        // 1: documents at DOC_STARTS (dense only); 0: one document
 } Case;
+
+// Document starts of the cases with documents: one-token documents at 2 and
+// 65, documents across the blocks, the last one past T for the short cases.
+static const int64_t DOC_STARTS[] = {2, 3, 40, 65, 66, 150, 500};
+#define DOC_COUNT (int64_t)(sizeof DOC_STARTS / sizeof DOC_STARTS[0])
 
 // One layer's inputs: bf16 bits on the host, their fp32 values, device copies.
 typedef struct {
@@ -179,7 +186,8 @@ static AttentionConfig config_of(const Case *c, Kind kind) {
 }
 
 static AttnShape shape_of(const Case *c) {
-    return (AttnShape){c->T, c->T, c->Hq, c->Hkv, c->D, c->B, 1.0f / sqrtf((float)c->D), NULL, 0};
+    return (AttnShape){c->T, c->T, c->Hq, c->Hkv, c->D, c->B, 1.0f / sqrtf((float)c->D),
+                       c->docs ? DOC_STARTS : NULL, c->docs ? DOC_COUNT : 0};
 }
 
 // ---- runs ----
@@ -308,8 +316,8 @@ static void run_case(const Case *c, uint64_t seed) {
     rng_seed(&rng, seed);
     Inputs in[2] = {make_inputs(c, 0, &rng), make_inputs(c, 1, &rng)};
     char name[160];
-    snprintf(name, sizeof name, "T=%lld D=%d Hq=%d Hkv=%d B=%d %s", (long long)c->T, c->D, c->Hq, c->Hkv, c->B,
-             kind_name(c->kind));
+    snprintf(name, sizeof name, "T=%lld D=%d Hq=%d Hkv=%d B=%d %s%s", (long long)c->T, c->D, c->Hq, c->Hkv, c->B,
+             kind_name(c->kind), c->docs ? " documents" : "");
     const int64_t nl = c->T * c->Hq;
     // Sparse with every line is checked against the CPU's dense op; the rest against the CPU op of its kind.
     Results cpu = cpu_run(c, c->kind == KIND_SPARSE_TOPP1 ? KIND_DENSE : c->kind, in);
@@ -345,7 +353,7 @@ static void run_case(const Case *c, uint64_t seed) {
 
 // What the op refuses; each call ends the program with one line.
 static void refuse(const char *what) {
-    const Case c = {200, 64, 4, 2, 64, KIND_SPARSE_FIXED};
+    const Case c = {200, 64, 4, 2, 64, KIND_SPARSE_FIXED, 0};
     const AttentionConfig cfg = config_of(&c, c.kind);
     AttnState *st = attention_cuda_new(&cfg, 1, c.Hq);
     if (strcmp(what, "refuse-ring") == 0) attention_cuda_set_ring(st, 2, 1);
@@ -367,18 +375,20 @@ int main(int argc, char **argv) {
         return 0;
     }
     CHECK(argc == 1 || small, "usage: %s [small | refuse-ring | refuse-docs]", argv[0]);
-    // {T, D, Hq, Hkv, B, kind}
+    // {T, D, Hq, Hkv, B, kind, docs}
     static const Case cases[] = {
-        {1, 64, 2, 1, 64, KIND_DENSE},
-        {200, 64, 4, 2, 64, KIND_DENSE},
-        {333, 128, 7, 1, 128, KIND_DENSE},
-        {7, 64, 2, 1, 64, KIND_SPARSE_FIXED},
-        {200, 64, 4, 2, 64, KIND_SPARSE_TOPP1},
-        {200, 64, 14, 2, 64, KIND_SPARSE_FIXED},
-        {333, 128, 7, 1, 64, KIND_SPARSE_FIXED},
-        {333, 128, 4, 2, 64, KIND_SPARSE_TOPP1},
-        {1000, 128, 14, 2, 128, KIND_SPARSE_FIXED},
-        {1000, 64, 8, 1, 64, KIND_DENSE},
+        {1, 64, 2, 1, 64, KIND_DENSE, 0},
+        {200, 64, 4, 2, 64, KIND_DENSE, 0},
+        {333, 128, 7, 1, 128, KIND_DENSE, 0},
+        {200, 64, 4, 2, 64, KIND_DENSE, 1},
+        {333, 128, 7, 1, 128, KIND_DENSE, 1},
+        {7, 64, 2, 1, 64, KIND_SPARSE_FIXED, 0},
+        {200, 64, 4, 2, 64, KIND_SPARSE_TOPP1, 0},
+        {200, 64, 14, 2, 64, KIND_SPARSE_FIXED, 0},
+        {333, 128, 7, 1, 64, KIND_SPARSE_FIXED, 0},
+        {333, 128, 4, 2, 64, KIND_SPARSE_TOPP1, 0},
+        {1000, 128, 14, 2, 128, KIND_SPARSE_FIXED, 0},
+        {1000, 64, 8, 1, 64, KIND_DENSE, 0},
     };
     int count = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

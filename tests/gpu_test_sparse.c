@@ -5,8 +5,10 @@
 // into an index by sparse_index_build, lengths that are not multiples of the
 // block, blocks 64 and 128, head dims 64 and 128, GQA 1, 2 and 8, 1 to 3 key
 // chunks of a striped layout (block = the index's block) merged in ring
-// order. Also: the all-blocks index (every slash offset) against the dense
-// CUDA kernels on the same inputs. And the GPU pattern pipeline
+// order; with documents (DOC_STARTS: one-token documents, documents across
+// blocks and tiles), the index restricted by sparse_index_documents as the
+// CPU op does. Also: the all-blocks index (every slash offset) against the
+// dense CUDA kernels on the same inputs, with and without documents. And the GPU pattern pipeline
 // (attention/sparse_select_cuda.cu): estimation against a double-precision
 // reference; selection and index against sparse_select / sparse_index_build
 // run on the GPU's own scores (copied back), which must give identical lines
@@ -40,6 +42,12 @@
 #define TOL 1e-2
 #define TOL_LSE 1e-4
 #define TOL_DENSE 1e-3
+#define DOC_SINK 4           // attention.sink of the cases with documents
+
+// Document starts of the cases with documents (those below the sequence's
+// length): positions 0..2 before the first document, one-token documents at
+// 5 and 256, documents crossing the 64- and 128-token blocks and tiles.
+static const int64_t DOC_STARTS[] = {3, 5, 6, 129, 200, 256, 257, 700, 1000, 2050, 4000};
 
 typedef struct {
     int64_t n;       // sequence length
@@ -47,6 +55,7 @@ typedef struct {
     int world;       // 1: queries and keys are the whole sequence; else striped chunks
     int rank;        // the queries' rank; chunks come in ring order from it
     double density;  // probability of each vertical line and slash line; < 0: all blocks
+    int docs;        // 1: documents at DOC_STARTS; 0: one document
 } Case;
 
 // The inputs of one case: queries (rank's tokens) and the key chunks in ring
@@ -69,7 +78,11 @@ typedef struct {
 } Results;
 
 static AttnShape shape_of(const Case *c, int64_t Tq, int64_t Tk) {
-    return (AttnShape){Tq, Tk, c->Hq, c->Hkv, c->D, c->B, 1.0f / sqrtf((float)c->D), NULL, 0};
+    int64_t count = 0;
+    while (c->docs && count < (int64_t)(sizeof DOC_STARTS / sizeof DOC_STARTS[0]) && DOC_STARTS[count] < c->n)
+        count++;
+    return (AttnShape){Tq, Tk, c->Hq, c->Hkv, c->D, c->B, 1.0f / sqrtf((float)c->D),
+                       count > 0 ? DOC_STARTS : NULL, count};
 }
 
 static int64_t total_keys(const Inputs *in) {
@@ -128,7 +141,8 @@ static void free_results(Results *r) {
 // A random vertical-slash pattern (each vertical line with probability
 // `density`, each slash with density / 10 so that many rows keep columns
 // outside their blocks, offset 0 always; density < 0: every offset, i.e.
-// every causal block) and its index for the queries' blocks.
+// every causal block) and its index for the queries' blocks, restricted to
+// the documents where there are some.
 static void make_index(const Case *c, const Inputs *in, Rng *rng, SparseIndex *index) {
     const int64_t N = c->n;
     SparsePattern p = {.num_heads = c->Hq, .seq_len = N};
@@ -150,6 +164,8 @@ static void make_index(const Case *c, const Inputs *in, Rng *rng, SparseIndex *i
     int64_t *q_blocks = xmalloc((size_t)nqb * sizeof(int64_t));
     for (int64_t i = 0; i < nqb; i++) q_blocks[i] = in->qpos[i * c->B] / c->B;
     sparse_index_build(&p, c->B, q_blocks, nqb, index);
+    const AttnShape s = shape_of(c, in->Tq, in->Tq);
+    sparse_index_documents(&s, DOC_SINK, index);
     free(q_blocks);
     sparse_pattern_free(&p);
 }
@@ -274,9 +290,9 @@ static void run_case(const Case *c, uint64_t seed) {
     make_index(c, &in, &rng, &index);
     const int64_t rows = c->Hq * index.num_q_blocks;
     char name[200];
-    snprintf(name, sizeof name, "N=%lld D=%d Hq=%d Hkv=%d B=%d chunks=%d %s (%lld blocks, %lld columns)",
+    snprintf(name, sizeof name, "N=%lld D=%d Hq=%d Hkv=%d B=%d chunks=%d %s%s (%lld blocks, %lld columns)",
              (long long)c->n, c->D, c->Hq, c->Hkv, c->B, c->world, c->density < 0 ? "all-blocks" : "random",
-             (long long)index.block_start[rows], (long long)index.column_start[rows]);
+             c->docs ? " documents" : "", (long long)index.block_start[rows], (long long)index.column_start[rows]);
     SparseIndexCuda d_index;
     sparse_index_to_cuda(&index, &d_index);
     const int64_t nl = in.Tq * c->Hq, nk = total_keys(&in) * c->Hkv * c->D;
@@ -312,7 +328,8 @@ static int64_t *from_device_i64(const int64_t *dev, int64_t n) {
     return x;
 }
 
-// Estimation reference in double: lse [Hq, Lq], vertical and slash [Hq, N].
+// Estimation reference in double: lse [Hq, Lq], vertical and slash [Hq, N];
+// with documents only keys of each query's document.
 static void estimate_reference(const Case *c, const Inputs *in, int Lq, const float *qef, const int64_t *qe_pos,
                                double *lse, double *vertical, double *slash) {
     const double scale = 1.0 / sqrt((double)c->D);
@@ -321,9 +338,11 @@ static void estimate_reference(const Case *c, const Inputs *in, int Lq, const fl
         for (int e = 0; e < Lq; e++) {
             for (int pass = 0; pass < 2; pass++) {
                 double m = -INFINITY, l = 0;
+                const AttnShape s = shape_of(c, Lq, 0);
+                const int64_t first = attn_doc_first(s.doc_starts, s.doc_count, qe_pos[e]);
                 for (int i = 0; i < in->nch; i++)
                     for (int64_t j = 0; j < in->T[i]; j++) {
-                        if (in->pos[i][j] > qe_pos[e]) continue;
+                        if (in->pos[i][j] > qe_pos[e] || in->pos[i][j] < first) continue;
                         double x = 0;
                         for (int d = 0; d < c->D; d++)
                             x += (double)qef[((int64_t)e * c->Hq + h) * c->D + d] *
@@ -359,8 +378,8 @@ static void run_select_case(const SelectCase *sc, uint64_t seed) {
     Rng rng;
     rng_seed(&rng, seed);
     char name[160];
-    snprintf(name, sizeof name, "select N=%lld D=%d Hq=%d Hkv=%d B=%d chunks=%d Lq=%d %s", (long long)N, c->D, Hq,
-             c->Hkv, c->B, c->world, Lq, sc->budget);
+    snprintf(name, sizeof name, "select N=%lld D=%d Hq=%d Hkv=%d B=%d chunks=%d Lq=%d %s%s", (long long)N, c->D,
+             Hq, c->Hkv, c->B, c->world, Lq, sc->budget, c->docs ? " documents" : "");
     Inputs in = make_inputs(c, &rng);
     uint16_t *qe;
     float *qef;
@@ -456,18 +475,23 @@ static void run_select_case(const SelectCase *sc, uint64_t seed) {
 int main(int argc, char **argv) {
     const int small = argc > 1 && strcmp(argv[1], "small") == 0;
     CHECK(argc == 1 || small, "usage: %s [small]", argv[0]);
-    // {n, D, Hq, Hkv, B, world, rank, density}
+    // {n, D, Hq, Hkv, B, world, rank, density, docs}
     static const Case cases[] = {
-        {1, 64, 2, 2, 64, 1, 0, 0.1},
-        {100, 128, 4, 2, 64, 1, 0, 0.1},
-        {300, 64, 8, 1, 128, 2, 1, 0.1},
-        {300, 128, 4, 4, 64, 3, 0, -1},
-        {1000, 128, 8, 1, 64, 3, 2, 0.05},
-        {1000, 64, 4, 2, 128, 1, 0, 0.05},
-        {1000, 128, 2, 2, 128, 2, 0, -1},
-        {2500, 128, 16, 2, 128, 3, 1, 0.02},
-        {4099, 64, 8, 8, 64, 2, 1, 0.02},
-        {4099, 128, 16, 2, 64, 1, 0, -1},
+        {1, 64, 2, 2, 64, 1, 0, 0.1, 0},
+        {100, 128, 4, 2, 64, 1, 0, 0.1, 0},
+        {300, 64, 8, 1, 128, 2, 1, 0.1, 0},
+        {300, 128, 4, 4, 64, 3, 0, -1, 0},
+        {300, 64, 4, 2, 64, 1, 0, 0.1, 1},
+        {300, 128, 4, 1, 128, 3, 1, 0.1, 1},
+        {300, 64, 2, 2, 64, 2, 0, -1, 1},
+        {1000, 128, 8, 1, 64, 3, 2, 0.05, 0},
+        {1000, 64, 4, 2, 128, 1, 0, 0.05, 0},
+        {1000, 128, 2, 2, 128, 2, 0, -1, 0},
+        {1000, 128, 8, 2, 64, 3, 2, 0.05, 1},
+        {2500, 64, 4, 1, 128, 1, 0, 0.05, 1},
+        {2500, 128, 16, 2, 128, 3, 1, 0.02, 0},
+        {4099, 64, 8, 8, 64, 2, 1, 0.02, 0},
+        {4099, 128, 16, 2, 64, 1, 0, -1, 0},
     };
     int count = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -475,13 +499,14 @@ int main(int argc, char **argv) {
         run_case(&cases[i], 2000 + i);
         count++;
     }
-    // {{n, D, Hq, Hkv, B, world, rank, unused}, Lq, budget}
+    // {{n, D, Hq, Hkv, B, world, rank, unused, docs}, Lq, budget}
     static const SelectCase select_cases[] = {
-        {{200, 64, 4, 2, 64, 1, 0, 0}, 16, "topp"},
-        {{300, 128, 4, 1, 64, 2, 1, 0}, 64, "fixed"},
-        {{1500, 128, 8, 2, 128, 3, 2, 0}, 64, "topp"},
-        {{2000, 64, 4, 4, 64, 2, 0, 0}, 128, "fixed"},
-        {{3000, 128, 16, 2, 64, 1, 0, 0}, 64, "topp"},
+        {{200, 64, 4, 2, 64, 1, 0, 0, 0}, 16, "topp"},
+        {{300, 128, 4, 1, 64, 2, 1, 0, 0}, 64, "fixed"},
+        {{300, 64, 4, 2, 64, 2, 0, 0, 1}, 100, "topp"},
+        {{1500, 128, 8, 2, 128, 3, 2, 0, 0}, 64, "topp"},
+        {{2000, 64, 4, 4, 64, 2, 0, 0, 0}, 128, "fixed"},
+        {{3000, 128, 16, 2, 64, 1, 0, 0, 0}, 64, "topp"},
     };
     for (size_t i = 0; i < sizeof select_cases / sizeof select_cases[0]; i++) {
         if (small && select_cases[i].c.n > 300) continue;

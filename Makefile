@@ -146,7 +146,8 @@ SIM_GPU_LDLIBS = -lstdc++ -lm -ldl -fopenmp -rdynamic
 SIM_GPU_OBJ = build/sim/obj/dist/util.o build/sim/obj/attention/flash_cpu.o build/sim/obj/attention/layout.o \
               build/sim/obj/attention/sparse_flash_cpu.o build/sim/obj/attention/sparse_index.o $(SIM_CU_OBJ)
 SIM_GPU_TESTS = build/sim/tests/gpu_test_attention build/sim/tests/gpu_test_matmul \
-                $(if $(SIM_HAS_CUB),build/sim/tests/gpu_test_sparse build/sim/tests/gpu_test_attention_op build/sim/tests/gpu_test_ops)
+                $(if $(SIM_HAS_CUB),build/sim/tests/gpu_test_sparse build/sim/tests/gpu_test_attention_op build/sim/tests/gpu_test_ops \
+                build/sim/tests/gpu_test_backend)
 SIM_BIN = $(SIM_GPU_TESTS) $(SIM_GPU_TESTS:%=%_asan) build/sim/tests/sim_selftest build/sim/tests/sim_selftest_asan \
           $(if $(SIM_HAS_CUB),build/sim/mtrain)
 
@@ -187,8 +188,8 @@ build/sim/tests/gpu_%: build/sim/obj/tests/gpu_%.o $(SIM_GPU_OBJ) $(SIM_LIB)
 	$(CC) $^ -o $@ $(SIM_GPU_LDLIBS)
 
 # The attention op's test compares with the CPU backend's op: it links the library and its libraries.
-build/sim/tests/gpu_test_attention_op: $(LIB_SRC:%.c=build/sim/obj/%.o)
-build/sim/tests/gpu_test_attention_op: SIM_GPU_LDLIBS = $(SIM_LDLIBS)
+build/sim/tests/gpu_test_attention_op build/sim/tests/gpu_test_backend: $(LIB_SRC:%.c=build/sim/obj/%.o)
+build/sim/tests/gpu_test_attention_op build/sim/tests/gpu_test_backend: SIM_GPU_LDLIBS = $(SIM_LDLIBS)
 
 build/sim/tests/sim_%: build/sim/obj/tests/sim_%.cu.o build/sim/obj/dist/util.o $(SIM_LIB)
 	@mkdir -p $(dir $@)
@@ -218,8 +219,8 @@ build/sim/tests/gpu_%_asan: build/sim/asan/tests/gpu_%.o $(SIM_GPU_OBJ:build/sim
 	@mkdir -p $(dir $@)
 	$(CC) $(SIM_ASAN) $^ -o $@ $(SIM_GPU_LDLIBS)
 
-build/sim/tests/gpu_test_attention_op_asan: $(LIB_SRC:%.c=build/sim/asan/%.o)
-build/sim/tests/gpu_test_attention_op_asan: SIM_GPU_LDLIBS = $(SIM_LDLIBS)
+build/sim/tests/gpu_test_attention_op_asan build/sim/tests/gpu_test_backend_asan: $(LIB_SRC:%.c=build/sim/asan/%.o)
+build/sim/tests/gpu_test_attention_op_asan build/sim/tests/gpu_test_backend_asan: SIM_GPU_LDLIBS = $(SIM_LDLIBS)
 
 build/sim/mtrain: build/sim/obj/trainer/main.o $(LIB_SRC:%.c=build/sim/obj/%.o) $(SIM_CU_OBJ) $(SIM_LIB)
 	$(CC) $^ -o $@ $(SIM_LDLIBS)

@@ -1,0 +1,49 @@
+# test_cuda_backend.sh: train.backend from the command line. build/mtrain
+# (the CPU build, or a machine without a GPU) refuses `cuda` with one line
+# saying what is missing and runs `auto` on the CPU; build/sim/mtrain trains
+# on the CUDA backend under the sim (docs/SIM.md) with losses that follow the
+# CPU backend's step for step (relative 1e-2: bf16 activations, see
+# tests/gpu_test_backend.c) from the same seed and synthetic data.
+#   MTRAIN=path/to/mtrain bash tests/test_cuda_backend.sh   (default build/mtrain)
+cd "$(dirname "$0")/.."
+source tests/lib.sh
+mtrain=${MTRAIN:-build/mtrain}
+sim=build/sim/mtrain
+
+# A model the CUDA attention takes (head_dim 64), small enough for the sim.
+model="model.hidden_size=128 model.intermediate_size=256 model.num_heads=2 model.num_kv_heads=1 model.head_dim=64"
+run() {  # BINARY BACKEND STEPS NAME
+  $1 train configs/tiny-cpu.yaml $model train.backend=$2 train.steps=$3 train.warmup_steps=1 train.seq_len=128 \
+    log.every=1 checkpoint.dir="$tmp/ck-$4" log.dir="$tmp/log-$4" >"$tmp/$4.out" 2>"$tmp/$4.err"
+}
+
+# On a machine with a GPU the refusal does not apply (not counted).
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  run "$mtrain" cuda 1 refuse
+  rc=$?
+  expect "train.backend=cuda without CUDA in the build or a GPU: exit 1 ($rc), one line ($(cat "$tmp/refuse.err"))" \
+    "[ $rc -eq 1 ] && [ \$(wc -l <'$tmp/refuse.err') -eq 1 ] &&
+     grep -Eq '^mtrain: train\.backend: cuda: (this build has no CUDA backend|no GPU visible)' '$tmp/refuse.err'"
+  run "$mtrain" auto 2 auto
+  rc=$?
+  expect "train.backend=auto without a GPU trains on the CPU: exit $rc, 2 steps" \
+    "[ $rc -eq 0 ] && [ \$(grep -c '^step ' '$tmp/auto.out') -eq 2 ]"
+fi
+
+if [ ! -x "$sim" ]; then
+  bad "sim build" "$sim missing (make build-sim)"
+  exit 1
+fi
+steps=5
+run "$sim" cpu $steps cpu
+run "$sim" cuda $steps cuda
+rc=$?
+expect "sim: train.backend=cuda trains $steps steps (exit $rc; $(tail -n 1 "$tmp/cuda.err"))" \
+  "[ $rc -eq 0 ] && [ \$(grep -c '^step ' '$tmp/cuda.out') -eq $steps ]"
+losses() { sed -n 's/^step .*| loss \([0-9.]*\) |.*/\1/p' "$1"; }
+paste <(losses "$tmp/cpu.out") <(losses "$tmp/cuda.out") >"$tmp/losses"
+worst=$(awk 'BEGIN { w = 0 } { r = ($2 - $1) / $1; if (r < 0) r = -r; if (r > w) w = r } END { printf "%.2e", w }' \
+  "$tmp/losses")
+expect "sim: the CUDA backend's losses follow the CPU's over $steps steps (worst relative $worst <= 1e-2)" \
+  "[ \$(wc -l <'$tmp/losses') -eq $steps ] && awk -v w=$worst 'BEGIN { exit !(w <= 1e-2) }'"
+exit $((failures > 0))

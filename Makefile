@@ -54,7 +54,13 @@ MPI_TEST_BIN = $(patsubst tests/%.c,build/tests/%,$(filter-out tests/mpi_gpu_%,$
 # (model/matmul_cuda.cu) and the objects below, so that they build on a GPU machine that lacks the trainer's
 # libraries (test-gpu skips the dependency check: DEPS_OK=).
 ifneq ($(NVCC),)
-GPU_BIN = $(patsubst tests/%.c,build/tests/%,$(wildcard tests/gpu_*.c))
+GPU_BIN = $(patsubst tests/%.c,build/tests/%,$(filter-out tests/gpu_test_backend.c,$(wildcard tests/gpu_*.c)))
+# The trainer with the CUDA backend (train.backend: cuda | auto) and the test
+# of that backend: every C object again with -DMTRAIN_CUDA (build/cuda/obj),
+# linked with the CUDA objects, the CUDA runtime and cuBLASLt. build/mtrain
+# stays the CPU build (docs/DECISIONS.md).
+CUDA_LIB_OBJ = $(LIB_SRC:%.c=build/cuda/obj/%.o)
+CUDA_BIN = build/cuda/mtrain build/tests/gpu_test_backend
 # MPI programs on GPUs (tests/mpi_gpu_*.c: NCCL), built like the MPI tests
 # with the CUDA runtime and NCCL added.
 MPI_TEST_BIN += $(patsubst tests/%.c,build/tests/%,$(wildcard tests/mpi_gpu_*.c))
@@ -69,7 +75,7 @@ DEPS_OK = build/.deps-ok
 .SECONDARY:
 
 .PHONY: all test demo test-gpu build-test-gpu build-sim test-sim deps clean
-all: build/mtrain $(TEST_BIN) $(GPU_BIN)
+all: build/mtrain $(TEST_BIN) $(GPU_BIN) $(CUDA_BIN)
 all: $(MPI_TEST_BIN) $(TOOL_BIN) build-sim
 
 # Every dependency present, or install it (as root) / say how.
@@ -97,6 +103,17 @@ $(GPU_BIN): build/tests/gpu_%: build/obj/tests/gpu_%.o $(GPU_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(GPU_LDLIBS)
 
+build/cuda/obj/%.o: %.c $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DMTRAIN_CUDA -c $< -o $@
+
+build/cuda/mtrain: build/cuda/obj/trainer/main.o $(CUDA_LIB_OBJ) $(CU_OBJ)
+	$(CC) $^ -o $@ $(LDLIBS) $(GPU_LDLIBS)
+
+build/tests/gpu_test_backend: build/cuda/obj/tests/gpu_test_backend.o $(CUDA_LIB_OBJ) $(CU_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $^ -o $@ $(LDLIBS) $(GPU_LDLIBS)
+
 # The attention op's test compares with the CPU backend's op: it links the library and its libraries.
 build/tests/gpu_test_attention_op: $(LIB_OBJ)
 build/tests/gpu_test_attention_op: GPU_LDLIBS += $(LDLIBS)
@@ -119,7 +136,7 @@ demo: all
 
 build-test-gpu:
 	@test -n "$(NVCC)" || { echo "make: build-test-gpu needs nvcc (none on PATH or in /usr/local/cuda)"; exit 1; }
-	$(MAKE) DEPS_OK= $(GPU_BIN)
+	$(MAKE) DEPS_OK= $(GPU_BIN) $(CUDA_BIN)
 
 test-gpu: build-test-gpu
 	@st=0; for t in build/tests/gpu_test_*; do echo "== $$t"; $$t || st=1; done; exit $$st

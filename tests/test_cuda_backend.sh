@@ -1,6 +1,6 @@
-# test_cuda_backend.sh: train.backend from the command line. build/mtrain
-# (the CPU build, or a machine without a GPU) refuses `cuda` with one line
-# saying what is missing and runs `auto` on the CPU; build/sim/mtrain trains
+# test_cuda_backend.sh: train.backend from the command line. Without a GPU,
+# build/mtrain (the CPU build) and build/cuda/mtrain refuse `cuda` with one
+# line saying what is missing and run `auto` on the CPU; build/sim/mtrain trains
 # on the CUDA backend under the sim (docs/SIM.md) with losses that follow the
 # CPU backend's step for step (relative 1e-2: bf16 activations, see
 # tests/gpu_test_backend.c) from the same seed and synthetic data.
@@ -17,17 +17,21 @@ run() {  # BINARY BACKEND STEPS NAME
     log.every=1 checkpoint.dir="$tmp/ck-$4" log.dir="$tmp/log-$4" >"$tmp/$4.out" 2>"$tmp/$4.err"
 }
 
-# On a machine with a GPU the refusal does not apply (not counted).
+# On a machine with a GPU the refusal does not apply (not counted). Both
+# builds: the CPU one and, when nvcc built it, the one with the CUDA backend.
 if ! nvidia-smi -L >/dev/null 2>&1; then
-  run "$mtrain" cuda 1 refuse
-  rc=$?
-  expect "train.backend=cuda without CUDA in the build or a GPU: exit 1 ($rc), one line ($(cat "$tmp/refuse.err"))" \
-    "[ $rc -eq 1 ] && [ \$(wc -l <'$tmp/refuse.err') -eq 1 ] &&
-     grep -Eq '^mtrain: train\.backend: cuda: (this build has no CUDA backend|no GPU visible)' '$tmp/refuse.err'"
-  run "$mtrain" auto 2 auto
-  rc=$?
-  expect "train.backend=auto without a GPU trains on the CPU: exit $rc, 2 steps" \
-    "[ $rc -eq 0 ] && [ \$(grep -c '^step ' '$tmp/auto.out') -eq 2 ]"
+  for bin in "$mtrain" $( [ -x build/cuda/mtrain ] && echo build/cuda/mtrain ); do
+    auto=auto-$(echo "$bin" | tr / -)
+    run "$bin" cuda 1 refuse
+    rc=$?
+    expect "$bin: train.backend=cuda without CUDA in the build or a GPU: exit 1 ($rc), one line ($(cat "$tmp/refuse.err"))" \
+      "[ $rc -eq 1 ] && [ \$(wc -l <'$tmp/refuse.err') -eq 1 ] &&
+       grep -Eq '^mtrain: train\.backend: cuda: (this build has no CUDA backend|no GPU visible)' '$tmp/refuse.err'"
+    run "$bin" auto 2 "$auto"
+    rc=$?
+    expect "$bin: train.backend=auto without a GPU trains on the CPU: exit $rc, 2 steps" \
+      "[ $rc -eq 0 ] && [ \$(grep -c '^step ' '$tmp/$auto.out') -eq 2 ]"
+  done
 fi
 
 if [ ! -x "$sim" ]; then

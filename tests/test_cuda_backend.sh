@@ -38,7 +38,7 @@ if [ ! -x "$sim" ]; then
   bad "sim build" "$sim missing (make build-sim)"
   exit 1
 fi
-steps=5
+steps=20
 run "$sim" cpu $steps cpu
 run "$sim" cuda $steps cuda
 rc=$?

@@ -3,7 +3,8 @@
 # line saying what is missing and run `auto` on the CPU; build/sim/mtrain trains
 # on the CUDA backend under the sim (docs/SIM.md) with losses that follow the
 # CPU backend's step for step (relative 1e-2: bf16 activations, see
-# tests/gpu_test_backend.c) from the same seed and synthetic data.
+# tests/gpu_test_backend.c) from the same seed and synthetic data, and
+# `mtrain score` on the CUDA backend gives the CPU's loss.
 #   MTRAIN=path/to/mtrain bash tests/test_cuda_backend.sh   (default build/mtrain)
 cd "$(dirname "$0")/.."
 source tests/lib.sh
@@ -50,4 +51,13 @@ worst=$(awk 'BEGIN { w = 0 } { r = ($2 - $1) / $1; if (r < 0) r = -r; if (r > w)
   "$tmp/losses")
 expect "sim: the CUDA backend's losses follow the CPU's over $steps steps (worst relative $worst <= 1e-2)" \
   "[ \$(wc -l <'$tmp/losses') -eq $steps ] && awk -v w=$worst 'BEGIN { exit !(w <= 1e-2) }'"
+# mtrain score on the last checkpoint: the same loss on both backends.
+awk 'BEGIN { srand(3); for (i = 0; i < 100; i++) printf "%d ", int(rand() * 256); print "" }' >"$tmp/tokens.txt"
+for b in cpu cuda; do
+  $sim score --model "$tmp/ck-cpu/step_$(printf %08d $steps)" --tokens "$tmp/tokens.txt" train.backend=$b \
+    >"$tmp/score-$b.out" 2>"$tmp/score-$b.err"
+done
+a=$(sed -n 's/^loss //p' "$tmp/score-cpu.out") c=$(sed -n 's/^loss //p' "$tmp/score-cuda.out")
+expect "sim: mtrain score train.backend=cuda gives the CPU's loss (cuda $c, cpu $a; relative 1e-2)" \
+  "[ -n '$a' ] && [ -n '$c' ] && awk -v a='$a' -v c='$c' 'BEGIN { r = (c - a) / a; if (r < 0) r = -r; exit !(r <= 1e-2) }'"
 exit $((failures > 0))

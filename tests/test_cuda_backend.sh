@@ -4,7 +4,7 @@
 # on the CUDA backend under the sim (docs/SIM.md) with losses that follow the
 # CPU backend's step for step (relative 1e-2: bf16 activations, see
 # tests/gpu_test_backend.c) from the same seed and synthetic data, and
-# `mtrain score` on the CUDA backend gives the CPU's loss.
+# `mtrain score` and `mtrain eval` on the CUDA backend give the CPU's loss.
 #   MTRAIN=path/to/mtrain bash tests/test_cuda_backend.sh   (default build/mtrain)
 cd "$(dirname "$0")/.."
 source tests/lib.sh
@@ -59,5 +59,15 @@ for b in cpu cuda; do
 done
 a=$(sed -n 's/^loss //p' "$tmp/score-cpu.out") c=$(sed -n 's/^loss //p' "$tmp/score-cuda.out")
 expect "sim: mtrain score train.backend=cuda gives the CPU's loss (cuda $c, cpu $a; relative 1e-2)" \
+  "[ -n '$a' ] && [ -n '$c' ] && awk -v a='$a' -v c='$c' 'BEGIN { r = (c - a) / a; if (r < 0) r = -r; exit !(r <= 1e-2) }'"
+# mtrain eval (perplexity) on the same checkpoint: the same loss on both backends.
+for b in cpu cuda; do
+  $sim eval configs/tiny-cpu.yaml $model train.backend=$b train.seq_len=128 checkpoint.dir="$tmp/ck-cpu" \
+    eval.tasks=perplexity eval.lengths=128 eval.samples=1 eval.out="$tmp/eval-$b" >/dev/null 2>&1
+done
+eval_loss() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["perplexity"][0]["loss"])' \
+  "$tmp/eval-$1/results.json" 2>/dev/null; }
+a=$(eval_loss cpu) c=$(eval_loss cuda)
+expect "sim: mtrain eval train.backend=cuda gives the CPU's perplexity loss (cuda $c, cpu $a; relative 1e-2)" \
   "[ -n '$a' ] && [ -n '$c' ] && awk -v a='$a' -v c='$c' 'BEGIN { r = (c - a) / a; if (r < 0) r = -r; exit !(r <= 1e-2) }'"
 exit $((failures > 0))

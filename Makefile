@@ -54,7 +54,13 @@ MPI_TEST_BIN = $(patsubst tests/%.c,build/tests/%,$(filter-out tests/mpi_gpu_%,$
 # (model/matmul_cuda.cu) and the objects below, so that they build on a GPU machine that lacks the trainer's
 # libraries (test-gpu skips the dependency check: DEPS_OK=).
 ifneq ($(NVCC),)
-GPU_BIN = $(patsubst tests/%.c,build/tests/%,$(wildcard tests/gpu_*.c))
+GPU_BIN = $(patsubst tests/%.c,build/tests/%,$(filter-out tests/gpu_test_backend.c,$(wildcard tests/gpu_*.c)))
+# The trainer with the CUDA backend (train.backend: cuda | auto) and the test
+# of that backend: every C object again with -DMTRAIN_CUDA (build/cuda/obj),
+# linked with the CUDA objects, the CUDA runtime and cuBLASLt. build/mtrain
+# stays the CPU build (docs/DECISIONS.md).
+CUDA_LIB_OBJ = $(LIB_SRC:%.c=build/cuda/obj/%.o)
+CUDA_BIN = build/cuda/mtrain build/tests/gpu_test_backend
 # MPI programs on GPUs (tests/mpi_gpu_*.c: NCCL), built like the MPI tests
 # with the CUDA runtime and NCCL added.
 MPI_TEST_BIN += $(patsubst tests/%.c,build/tests/%,$(wildcard tests/mpi_gpu_*.c))
@@ -69,7 +75,7 @@ DEPS_OK = build/.deps-ok
 .SECONDARY:
 
 .PHONY: all test demo test-gpu build-test-gpu build-sim test-sim deps clean
-all: build/mtrain $(TEST_BIN) $(GPU_BIN)
+all: build/mtrain $(TEST_BIN) $(GPU_BIN) $(CUDA_BIN)
 all: $(MPI_TEST_BIN) $(TOOL_BIN) build-sim
 
 # Every dependency present, or install it (as root) / say how.
@@ -97,6 +103,17 @@ $(GPU_BIN): build/tests/gpu_%: build/obj/tests/gpu_%.o $(GPU_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(GPU_LDLIBS)
 
+build/cuda/obj/%.o: %.c $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DMTRAIN_CUDA -c $< -o $@
+
+build/cuda/mtrain: build/cuda/obj/trainer/main.o $(CUDA_LIB_OBJ) $(CU_OBJ)
+	$(CC) $^ -o $@ $(LDLIBS) $(GPU_LDLIBS)
+
+build/tests/gpu_test_backend: build/cuda/obj/tests/gpu_test_backend.o $(CUDA_LIB_OBJ) $(CU_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $^ -o $@ $(LDLIBS) $(GPU_LDLIBS)
+
 # The attention op's test compares with the CPU backend's op: it links the library and its libraries.
 build/tests/gpu_test_attention_op: $(LIB_OBJ)
 build/tests/gpu_test_attention_op: GPU_LDLIBS += $(LDLIBS)
@@ -119,7 +136,7 @@ demo: all
 
 build-test-gpu:
 	@test -n "$(NVCC)" || { echo "make: build-test-gpu needs nvcc (none on PATH or in /usr/local/cuda)"; exit 1; }
-	$(MAKE) DEPS_OK= $(GPU_BIN)
+	$(MAKE) DEPS_OK= $(GPU_BIN) $(CUDA_BIN)
 
 test-gpu: build-test-gpu
 	@st=0; for t in build/tests/gpu_test_*; do echo "== $$t"; $$t || st=1; done; exit $$st
@@ -146,7 +163,8 @@ SIM_GPU_LDLIBS = -lstdc++ -lm -ldl -fopenmp -rdynamic
 SIM_GPU_OBJ = build/sim/obj/dist/util.o build/sim/obj/attention/flash_cpu.o build/sim/obj/attention/layout.o \
               build/sim/obj/attention/sparse_flash_cpu.o build/sim/obj/attention/sparse_index.o $(SIM_CU_OBJ)
 SIM_GPU_TESTS = build/sim/tests/gpu_test_attention build/sim/tests/gpu_test_matmul \
-                $(if $(SIM_HAS_CUB),build/sim/tests/gpu_test_sparse build/sim/tests/gpu_test_attention_op build/sim/tests/gpu_test_ops)
+                $(if $(SIM_HAS_CUB),build/sim/tests/gpu_test_sparse build/sim/tests/gpu_test_attention_op build/sim/tests/gpu_test_ops \
+                build/sim/tests/gpu_test_backend)
 SIM_BIN = $(SIM_GPU_TESTS) $(SIM_GPU_TESTS:%=%_asan) build/sim/tests/sim_selftest build/sim/tests/sim_selftest_asan \
           $(if $(SIM_HAS_CUB),build/sim/mtrain)
 
@@ -187,8 +205,8 @@ build/sim/tests/gpu_%: build/sim/obj/tests/gpu_%.o $(SIM_GPU_OBJ) $(SIM_LIB)
 	$(CC) $^ -o $@ $(SIM_GPU_LDLIBS)
 
 # The attention op's test compares with the CPU backend's op: it links the library and its libraries.
-build/sim/tests/gpu_test_attention_op: $(LIB_SRC:%.c=build/sim/obj/%.o)
-build/sim/tests/gpu_test_attention_op: SIM_GPU_LDLIBS = $(SIM_LDLIBS)
+build/sim/tests/gpu_test_attention_op build/sim/tests/gpu_test_backend: $(LIB_SRC:%.c=build/sim/obj/%.o)
+build/sim/tests/gpu_test_attention_op build/sim/tests/gpu_test_backend: SIM_GPU_LDLIBS = $(SIM_LDLIBS)
 
 build/sim/tests/sim_%: build/sim/obj/tests/sim_%.cu.o build/sim/obj/dist/util.o $(SIM_LIB)
 	@mkdir -p $(dir $@)
@@ -218,8 +236,8 @@ build/sim/tests/gpu_%_asan: build/sim/asan/tests/gpu_%.o $(SIM_GPU_OBJ:build/sim
 	@mkdir -p $(dir $@)
 	$(CC) $(SIM_ASAN) $^ -o $@ $(SIM_GPU_LDLIBS)
 
-build/sim/tests/gpu_test_attention_op_asan: $(LIB_SRC:%.c=build/sim/asan/%.o)
-build/sim/tests/gpu_test_attention_op_asan: SIM_GPU_LDLIBS = $(SIM_LDLIBS)
+build/sim/tests/gpu_test_attention_op_asan build/sim/tests/gpu_test_backend_asan: $(LIB_SRC:%.c=build/sim/asan/%.o)
+build/sim/tests/gpu_test_attention_op_asan build/sim/tests/gpu_test_backend_asan: SIM_GPU_LDLIBS = $(SIM_LDLIBS)
 
 build/sim/mtrain: build/sim/obj/trainer/main.o $(LIB_SRC:%.c=build/sim/obj/%.o) $(SIM_CU_OBJ) $(SIM_LIB)
 	$(CC) $^ -o $@ $(SIM_LDLIBS)

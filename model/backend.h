@@ -123,12 +123,22 @@ typedef struct {
                   float beta1, float beta2, float eps, float weight_decay, int64_t step);
 } Backend;
 
-// train.backend: the backends this build has.
-typedef enum { BACKEND_CPU } BackendKind;
+// train.backend: cpu, cuda, or auto (cuda when this build has it and a GPU
+// is visible, else cpu).
+typedef enum { BACKEND_CPU, BACKEND_CUDA, BACKEND_AUTO } BackendKind;
 
 // The CPU backend (fp32, OpenMP, OpenBLAS).
 const Backend *backend_cpu(void);
-// The backend of train.backend.
+#ifdef MTRAIN_CUDA
+// The CUDA backend (bf16 compute, fp32 master; model/backend_cuda.c): its
+// stream and cuBLASLt context are made on the first call, which fails with
+// one line when no GPU is visible.
+const Backend *backend_cuda(void);
+// Whether a GPU is visible; else why not (one line into why[why_size]).
+bool backend_cuda_visible(char *why, size_t why_size);
+#endif
+// The backend of train.backend; one line and exit 1 when this build or this
+// machine lacks it.
 const Backend *backend_select(BackendKind kind);
 
 #endif

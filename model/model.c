@@ -221,26 +221,35 @@ typedef struct {
     int64_t act, stat;
 } ArenaCount;
 
+// Every Act tensor and the statistics as a whole take a multiple of
+// ARENA_ALIGN elements, so that each starts 16-byte aligned whatever the
+// shapes (the CUDA backend's cuBLASLt matmuls need it).
+#define ARENA_ALIGN 64
+static int64_t arena_span(int64_t elements) { return (elements + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN; }
+
 // One layer's saved activations, excluding x_in.
 static ArenaCount layer_act_count(const ModelConfig *c, int64_t T) {
     int64_t H = c->hidden_size, I = c->intermediate_size;
     int64_t QD = (int64_t)c->num_heads * c->head_dim, KD = (int64_t)c->num_kv_heads * c->head_dim;
-    return (ArenaCount){T * (3 * H + 2 * QD + 2 * KD + 3 * I), 2 * T + (int64_t)c->num_heads * T};
+    return (ArenaCount){3 * arena_span(T * H) + 2 * arena_span(T * QD) + 2 * arena_span(T * KD) +
+                            3 * arena_span(T * I),
+                        2 * T + (int64_t)c->num_heads * T};
 }
 
 // The backward buffers and the loss chunk.
 static ArenaCount grad_act_count(const ModelConfig *c, int loss_chunk, int64_t T) {
     int64_t H = c->hidden_size, I = c->intermediate_size;
     int64_t QD = (int64_t)c->num_heads * c->head_dim, KD = (int64_t)c->num_kv_heads * c->head_dim;
-    return (ArenaCount){T * (2 * H + 2 * QD + 2 * KD + 3 * I) + (int64_t)loss_chunk * c->vocab_size,
+    return (ArenaCount){2 * arena_span(T * H) + 2 * arena_span(T * QD) + 2 * arena_span(T * KD) +
+                            3 * arena_span(T * I) + arena_span((int64_t)loss_chunk * c->vocab_size),
                         (int64_t)c->num_heads * T};
 }
 
 static ArenaCount activation_count(const ModelConfig *c, bool checkpoint_activations, int loss_chunk, int64_t T) {
     ArenaCount layer = layer_act_count(c, T), grad = grad_act_count(c, loss_chunk, T);
     int64_t kept = checkpoint_activations ? 1 : c->num_layers;
-    return (ArenaCount){T * (int64_t)c->hidden_size * (c->num_layers + 2) + kept * layer.act + grad.act,
-                        T + kept * layer.stat + grad.stat};
+    return (ArenaCount){arena_span(T * (int64_t)c->hidden_size) * (c->num_layers + 2) + kept * layer.act + grad.act,
+                        arena_span(T + kept * layer.stat + grad.stat)};
 }
 
 size_t model_activation_arena_bytes(const ModelConfig *c, bool checkpoint_activations, int loss_chunk, int64_t T,
@@ -275,7 +284,7 @@ static float *take_stat(ArenaCursor *cur, int64_t count) {
 
 static Act *take_act(ArenaCursor *cur, int64_t count) {
     Act *p = cur->act;
-    cur->act = act_at(cur->m, p, count);
+    cur->act = act_at(cur->m, p, arena_span(count));
     return p;
 }
 
@@ -307,7 +316,7 @@ static void ensure_activations(Model *m, int64_t T) {
     const ModelConfig *c = &m->cfg;
     int64_t H = c->hidden_size, I = c->intermediate_size;
     int64_t QD = (int64_t)c->num_heads * c->head_dim, KD = (int64_t)c->num_kv_heads * c->head_dim;
-    // The fp32 statistics first (aligned for any act_bytes), then the Act tensors.
+    // The fp32 statistics first (padded to ARENA_ALIGN), then the Act tensors.
     ArenaCount count = activation_count(c, m->checkpoint_activations, m->loss_chunk, T);
     size_t bytes = model_activation_bytes(m, T);
     m->activation_arena = be->alloc(bytes);
@@ -332,7 +341,7 @@ static void ensure_activations(Model *m, int64_t T) {
     m->dact = take_act(&cur, T * I);
     m->delta = take_stat(&cur, (int64_t)c->num_heads * T);
     m->logits = take_act(&cur, (int64_t)m->loss_chunk * c->vocab_size);
-    CHECK(cur.stat == (float *)acts && (char *)cur.act == (char *)m->activation_arena + bytes,
+    CHECK(cur.stat <= (float *)acts && (char *)cur.act == (char *)m->activation_arena + bytes,
           "activation arena miscounted");
     m->tokens = be->alloc(sizeof(int32_t) * (size_t)T);
     m->targets = be->alloc(sizeof(int32_t) * (size_t)T);

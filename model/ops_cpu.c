@@ -286,7 +286,19 @@ static const Backend cpu_backend = {
 
 const Backend *backend_cpu(void) { return &cpu_backend; }
 
+#ifdef MTRAIN_CUDA
 const Backend *backend_select(BackendKind kind) {
-    CHECK(kind == BACKEND_CPU, "train.backend %d is not a backend of this build", (int)kind);
+    char why[160];
+    if (kind == BACKEND_AUTO) return backend_cuda_visible(why, sizeof(why)) ? backend_cuda() : &cpu_backend;
+    if (kind == BACKEND_CUDA) {
+        if (!backend_cuda_visible(why, sizeof(why))) fail("train.backend: cuda: %s", why);
+        return backend_cuda();
+    }
     return &cpu_backend;
 }
+#else
+const Backend *backend_select(BackendKind kind) {
+    if (kind == BACKEND_CUDA) fail("train.backend: cuda: this build has no CUDA backend (build/mtrain is the CPU build; `make build/cuda/mtrain` with nvcc has it)");
+    return &cpu_backend;
+}
+#endif

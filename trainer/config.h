@@ -38,7 +38,7 @@ typedef struct {
 } ParallelConfig;
 
 typedef struct {
-    BackendKind backend;       // cpu
+    BackendKind backend;       // cpu, cuda, auto
     int64_t steps;             // total optimizer steps
     int seq_len;               // tokens per sequence
     int micro_batches;         // sequences per optimizer step (gradient accumulation)

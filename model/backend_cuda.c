@@ -1,0 +1,248 @@
+// backend_cuda.c: the CUDA backend's table (model/backend.h): memory through
+// the CUDA runtime, and the ops of model/ops_cuda.h, model/matmul_cuda.h and
+// attention/attention_cuda_op.h bound with the backend's one stream and its
+// one cuBLASLt context. Activations and compute weights are bf16 (the ops'
+// uint16_t), master weights, gradients, moments and statistics fp32.
+// Everything is enqueued on the one stream; download, act_to_host and the ops
+// that return a double (sum_squares, cross_entropy) wait for it, and upload
+// waits too, so the host buffer is free again when it returns.
+// Built only with MTRAIN_CUDA (the sim build, and the nvcc build of mtrain).
+#ifdef MTRAIN_CUDA
+
+#include <stdio.h>
+
+#include "../attention/attention_cuda_op.h"
+#include "../dist/comm.h"
+#include "../dist/cuda_check.h"
+#include "../dist/util.h"
+#include "backend.h"
+#include "matmul_cuda.h"
+#include "ops_cuda.h"
+
+// The compute copies made by weights_new, so that adamw finds the bf16 copy
+// of the master range it updates and writes it in the same pass.
+#define MAX_WEIGHT_COPIES 8
+typedef struct {
+    const float *master;
+    uint16_t *bf16;
+    int64_t n;
+} WeightCopy;
+
+static struct {
+    bool ready;
+    cudaStream_t stream;
+    MatmulCuda *mm;
+    double *total;  // one device double: sum_squares' and cross_entropy's result
+    WeightCopy copies[MAX_WEIGHT_COPIES];
+} cuda;
+
+static void *cuda_alloc(size_t bytes) {
+    void *ptr = NULL;
+    CUDA_CHECK(cudaMalloc(&ptr, bytes ? bytes : 1));
+    CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, cuda.stream));
+    return ptr;
+}
+static void cuda_free(void *ptr) { CUDA_CHECK(cudaFree(ptr)); }
+static void cuda_zero(void *ptr, size_t bytes) { CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, cuda.stream)); }
+static void cuda_upload(void *dst, const void *host_src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, cuda.stream));
+    CUDA_CHECK(cudaStreamSynchronize(cuda.stream));
+}
+static void cuda_download(void *host_dst, const void *src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, cuda.stream));
+    CUDA_CHECK(cudaStreamSynchronize(cuda.stream));
+}
+static void cuda_copy(void *dst, const void *src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda.stream));
+}
+
+static Weight *weights_new(float *master, int64_t n) {
+    int slot = 0;
+    while (slot < MAX_WEIGHT_COPIES && cuda.copies[slot].master) slot++;
+    CHECK(slot < MAX_WEIGHT_COPIES, "CUDA backend: more than %d models at once", MAX_WEIGHT_COPIES);
+    uint16_t *bf16 = cuda_alloc(sizeof(uint16_t) * (size_t)n);
+    f32_to_bf16_cuda(bf16, master, n, cuda.stream);
+    cuda.copies[slot] = (WeightCopy){master, bf16, n};
+    return (Weight *)bf16;
+}
+static void weights_free(Weight *w, float *master) {
+    for (int i = 0; i < MAX_WEIGHT_COPIES; i++)
+        if (cuda.copies[i].master == master) {
+            CHECK(cuda.copies[i].bf16 == (uint16_t *)w, "CUDA backend: the compute weights of another master");
+            cuda_free(w);
+            cuda.copies[i] = (WeightCopy){0};
+            return;
+        }
+    FAIL("CUDA backend: weights_free of a master without compute weights");
+}
+static void weights_refresh(Weight *w, const float *master, int64_t n) {
+    f32_to_bf16_cuda((uint16_t *)w, master, n, cuda.stream);
+}
+// Widened to fp32 on the device, then downloaded.
+static void act_to_host(float *host, const Act *src, int64_t n) {
+    float *wide = NULL;
+    CUDA_CHECK(cudaMallocAsync((void **)&wide, sizeof(float) * (size_t)(n ? n : 1), cuda.stream));
+    bf16_to_f32_cuda(wide, (const uint16_t *)src, n, cuda.stream);
+    cuda_download(host, wide, sizeof(float) * (size_t)n);
+    CUDA_CHECK(cudaFreeAsync(wide, cuda.stream));
+}
+
+static void embedding_forward(Act *out, const int32_t *tokens, const Weight *table, int64_t T, int H) {
+    embedding_forward_cuda((uint16_t *)out, tokens, (const uint16_t *)table, T, H, cuda.stream);
+}
+static void embedding_backward(float *dtable, const int32_t *tokens, const Act *dout, int64_t T, int H) {
+    embedding_backward_cuda(dtable, tokens, (const uint16_t *)dout, T, H, cuda.stream);
+}
+
+static void matmul_forward(Act *out, const Act *inp, const Weight *weight, const Weight *bias, int64_t T, int IC,
+                           int OC) {
+    matmul_forward_cuda(cuda.mm, (uint16_t *)out, (const uint16_t *)inp, (const uint16_t *)weight,
+                        (const uint16_t *)bias, T, IC, OC, cuda.stream);
+}
+static void matmul_backward(Act *dinp, float *dweight, float *dbias, const Act *dout, const Act *inp,
+                            const Weight *weight, int64_t T, int IC, int OC) {
+    matmul_backward_cuda(cuda.mm, (uint16_t *)dinp, dweight, dbias, (const uint16_t *)dout, (const uint16_t *)inp,
+                         (const uint16_t *)weight, T, IC, OC, cuda.stream);
+}
+
+static void rmsnorm_forward(Act *out, float *rstd, const Act *inp, const Weight *weight, int64_t T, int H,
+                            float eps) {
+    rmsnorm_forward_cuda((uint16_t *)out, rstd, (const uint16_t *)inp, (const uint16_t *)weight, T, H, eps,
+                         cuda.stream);
+}
+static void rmsnorm_backward(Act *dinp, float *dweight, const Act *dout, const Act *inp, const Weight *weight,
+                             const float *rstd, int64_t T, int H) {
+    rmsnorm_backward_cuda((uint16_t *)dinp, dweight, (const uint16_t *)dout, (const uint16_t *)inp,
+                          (const uint16_t *)weight, rstd, T, H, cuda.stream);
+}
+
+static void rope(Act *x, const int64_t *pos, int64_t T, int heads, int D, const double *inv_freq,
+                 double attention_factor, int inverse) {
+    rope_cuda((uint16_t *)x, pos, T, heads, D, inv_freq, attention_factor, inverse, cuda.stream);
+}
+
+static void swiglu_forward(Act *out, const Act *gate, const Act *up, int64_t n) {
+    swiglu_forward_cuda((uint16_t *)out, (const uint16_t *)gate, (const uint16_t *)up, n, cuda.stream);
+}
+static void swiglu_backward(Act *dgate, Act *dup, const Act *dout, const Act *gate, const Act *up, int64_t n) {
+    swiglu_backward_cuda((uint16_t *)dgate, (uint16_t *)dup, (const uint16_t *)dout, (const uint16_t *)gate,
+                         (const uint16_t *)up, n, cuda.stream);
+}
+
+static void accumulate(Act *y, const Act *x, int64_t n) {
+    accumulate_cuda((uint16_t *)y, (const uint16_t *)x, n, cuda.stream);
+}
+static void scale(float *x, float s, int64_t n) { scale_cuda(x, s, n, cuda.stream); }
+static double sum_squares(const float *x, int64_t n) {
+    cuda_zero(cuda.total, sizeof(double));
+    sum_squares_cuda(x, n, cuda.total, cuda.stream);
+    return read_double_cuda(cuda.total, cuda.stream);
+}
+static double cross_entropy(Act *logits, const int32_t *targets, int64_t C, int V, float grad_scale) {
+    cuda_zero(cuda.total, sizeof(double));
+    cross_entropy_cuda((uint16_t *)logits, targets, C, V, grad_scale, cuda.total, cuda.stream);
+    return read_double_cuda(cuda.total, cuda.stream);
+}
+
+static bool attention_set_ring(AttnState *st, const struct Comm *cp, int inner) {
+    return attention_cuda_set_ring(st, cp ? cp->size : 1, inner);
+}
+static void attention_forward(AttnState *st, int layer, bool plan, const AttnShape *shape, const Act *q,
+                              const Act *k, const Act *v, const int64_t *pos, Act *o, float *lse,
+                              SparseStats *stats) {
+    attention_cuda_forward(st, layer, plan, shape, (const uint16_t *)q, (const uint16_t *)k, (const uint16_t *)v,
+                           pos, (uint16_t *)o, lse, stats, cuda.stream);
+}
+static void attention_backward(AttnState *st, int layer, const AttnShape *shape, const Act *q, const Act *k,
+                               const Act *v, const int64_t *pos, const Act *o, const float *lse, const Act *dout,
+                               float *delta, Act *dq, Act *dk, Act *dv) {
+    attention_cuda_backward(st, layer, shape, (const uint16_t *)q, (const uint16_t *)k, (const uint16_t *)v, pos,
+                            (const uint16_t *)o, lse, (const uint16_t *)dout, delta, (uint16_t *)dq,
+                            (uint16_t *)dk, (uint16_t *)dv, cuda.stream);
+}
+
+// The bf16 copy of param[n] is written by the same kernel: found among the
+// compute copies by the master range param lies in.
+static void adamw(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, int64_t step) {
+    uint16_t *bf16 = NULL;
+    for (int i = 0; i < MAX_WEIGHT_COPIES && !bf16; i++) {
+        const WeightCopy *c = &cuda.copies[i];
+        if (c->master && param >= c->master && param + n <= c->master + c->n) bf16 = c->bf16 + (param - c->master);
+    }
+    CHECK(bf16, "CUDA backend: adamw on parameters that have no compute weights");
+    adamw_cuda(param, bf16, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step, cuda.stream);
+}
+
+static const Backend cuda_backend = {
+    .name = "cuda",
+    .act_bytes = sizeof(uint16_t),
+    .weight_bytes = sizeof(uint16_t),
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .zero = cuda_zero,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .copy = cuda_copy,
+    .weights_new = weights_new,
+    .weights_free = weights_free,
+    .weights_refresh = weights_refresh,
+    .act_to_host = act_to_host,
+    .embedding_forward = embedding_forward,
+    .embedding_backward = embedding_backward,
+    .matmul_forward = matmul_forward,
+    .matmul_backward = matmul_backward,
+    .rmsnorm_forward = rmsnorm_forward,
+    .rmsnorm_backward = rmsnorm_backward,
+    .rope = rope,
+    .swiglu_forward = swiglu_forward,
+    .swiglu_backward = swiglu_backward,
+    .accumulate = accumulate,
+    .scale = scale,
+    .sum_squares = sum_squares,
+    .cross_entropy = cross_entropy,
+    .attention_new = attention_cuda_new,
+    .attention_free = attention_cuda_free,
+    .attention_set_ring = attention_set_ring,
+    .attention_sequence = attention_cuda_sequence,
+    .attention_forward = attention_forward,
+    .attention_backward = attention_backward,
+    .attention_ring_bytes = attention_cuda_ring_bytes,
+    .adamw = adamw,
+};
+
+bool backend_cuda_visible(char *why, size_t why_size) {
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess) {
+        snprintf(why, why_size, "no GPU visible (cudaGetDeviceCount: %s)", cudaGetErrorString(err));
+        return false;
+    }
+    if (count == 0) {
+        snprintf(why, why_size, "no GPU visible (cudaGetDeviceCount: 0 devices)");
+        return false;
+    }
+    return true;
+}
+
+// The stream, the cuBLASLt context and the result double, made on first use.
+// The ops' scratch comes from cudaMallocAsync: the default pool keeps what
+// was freed instead of returning it to the device after every synchronisation.
+const Backend *backend_cuda(void) {
+    if (cuda.ready) return &cuda_backend;
+    char why[160];
+    CHECK(backend_cuda_visible(why, sizeof(why)), "train.backend: cuda: %s", why);
+    CUDA_CHECK(cudaStreamCreate(&cuda.stream));
+    cudaMemPool_t pool;
+    int device = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+    uint64_t keep = UINT64_MAX;
+    CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    cuda.mm = matmul_cuda_create();
+    CUDA_CHECK(cudaMalloc((void **)&cuda.total, sizeof(double)));
+    cuda.ready = true;
+    return &cuda_backend;
+}
+
+#endif

@@ -1,0 +1,73 @@
+# test_cuda_backend.sh: train.backend from the command line. Without a GPU,
+# build/mtrain (the CPU build) and build/cuda/mtrain refuse `cuda` with one
+# line saying what is missing and run `auto` on the CPU; build/sim/mtrain trains
+# on the CUDA backend under the sim (docs/SIM.md) with losses that follow the
+# CPU backend's step for step (relative 1e-2: bf16 activations, see
+# tests/gpu_test_backend.c) from the same seed and synthetic data, and
+# `mtrain score` and `mtrain eval` on the CUDA backend give the CPU's loss.
+#   MTRAIN=path/to/mtrain bash tests/test_cuda_backend.sh   (default build/mtrain)
+cd "$(dirname "$0")/.."
+source tests/lib.sh
+mtrain=${MTRAIN:-build/mtrain}
+sim=build/sim/mtrain
+
+# A model the CUDA attention takes (head_dim 64), small enough for the sim.
+model="model.hidden_size=128 model.intermediate_size=256 model.num_heads=2 model.num_kv_heads=1 model.head_dim=64"
+run() {  # BINARY BACKEND STEPS NAME
+  $1 train configs/tiny-cpu.yaml $model train.backend=$2 train.steps=$3 train.warmup_steps=1 train.seq_len=128 \
+    log.every=1 checkpoint.dir="$tmp/ck-$4" log.dir="$tmp/log-$4" >"$tmp/$4.out" 2>"$tmp/$4.err"
+}
+
+# On a machine with a GPU the refusal does not apply (not counted). Both
+# builds: the CPU one and, when nvcc built it, the one with the CUDA backend.
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  for bin in "$mtrain" $( [ -x build/cuda/mtrain ] && echo build/cuda/mtrain ); do
+    auto=auto-$(echo "$bin" | tr / -)
+    run "$bin" cuda 1 refuse
+    rc=$?
+    expect "$bin: train.backend=cuda without CUDA in the build or a GPU: exit 1 ($rc), one line ($(cat "$tmp/refuse.err"))" \
+      "[ $rc -eq 1 ] && [ \$(wc -l <'$tmp/refuse.err') -eq 1 ] &&
+       grep -Eq '^mtrain: train\.backend: cuda: (this build has no CUDA backend|no GPU visible)' '$tmp/refuse.err'"
+    run "$bin" auto 2 "$auto"
+    rc=$?
+    expect "$bin: train.backend=auto without a GPU trains on the CPU: exit $rc, 2 steps" \
+      "[ $rc -eq 0 ] && [ \$(grep -c '^step ' '$tmp/$auto.out') -eq 2 ]"
+  done
+fi
+
+if [ ! -x "$sim" ]; then
+  bad "sim build" "$sim missing (make build-sim)"
+  exit 1
+fi
+steps=20
+run "$sim" cpu $steps cpu
+run "$sim" cuda $steps cuda
+rc=$?
+expect "sim: train.backend=cuda trains $steps steps (exit $rc; $(tail -n 1 "$tmp/cuda.err"))" \
+  "[ $rc -eq 0 ] && [ \$(grep -c '^step ' '$tmp/cuda.out') -eq $steps ]"
+losses() { sed -n 's/^step .*| loss \([0-9.]*\) |.*/\1/p' "$1"; }
+paste <(losses "$tmp/cpu.out") <(losses "$tmp/cuda.out") >"$tmp/losses"
+worst=$(awk 'BEGIN { w = 0 } { r = ($2 - $1) / $1; if (r < 0) r = -r; if (r > w) w = r } END { printf "%.2e", w }' \
+  "$tmp/losses")
+expect "sim: the CUDA backend's losses follow the CPU's over $steps steps (worst relative $worst <= 1e-2)" \
+  "[ \$(wc -l <'$tmp/losses') -eq $steps ] && awk -v w=$worst 'BEGIN { exit !(w <= 1e-2) }'"
+# mtrain score on the last checkpoint: the same loss on both backends.
+awk 'BEGIN { srand(3); for (i = 0; i < 100; i++) printf "%d ", int(rand() * 256); print "" }' >"$tmp/tokens.txt"
+for b in cpu cuda; do
+  $sim score --model "$tmp/ck-cpu/step_$(printf %08d $steps)" --tokens "$tmp/tokens.txt" train.backend=$b \
+    >"$tmp/score-$b.out" 2>"$tmp/score-$b.err"
+done
+a=$(sed -n 's/^loss //p' "$tmp/score-cpu.out") c=$(sed -n 's/^loss //p' "$tmp/score-cuda.out")
+expect "sim: mtrain score train.backend=cuda gives the CPU's loss (cuda $c, cpu $a; relative 1e-2)" \
+  "[ -n '$a' ] && [ -n '$c' ] && awk -v a='$a' -v c='$c' 'BEGIN { r = (c - a) / a; if (r < 0) r = -r; exit !(r <= 1e-2) }'"
+# mtrain eval (perplexity) on the same checkpoint: the same loss on both backends.
+for b in cpu cuda; do
+  $sim eval configs/tiny-cpu.yaml $model train.backend=$b train.seq_len=128 checkpoint.dir="$tmp/ck-cpu" \
+    eval.tasks=perplexity eval.lengths=128 eval.samples=1 eval.out="$tmp/eval-$b" >/dev/null 2>&1
+done
+eval_loss() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["perplexity"][0]["loss"])' \
+  "$tmp/eval-$1/results.json" 2>/dev/null; }
+a=$(eval_loss cpu) c=$(eval_loss cuda)
+expect "sim: mtrain eval train.backend=cuda gives the CPU's perplexity loss (cuda $c, cpu $a; relative 1e-2)" \
+  "[ -n '$a' ] && [ -n '$c' ] && awk -v a='$a' -v c='$c' 'BEGIN { r = (c - a) / a; if (r < 0) r = -r; exit !(r <= 1e-2) }'"
+exit $((failures > 0))

@@ -37,19 +37,7 @@ AttnState *attention_cpu_new(const AttentionConfig *cfg, int num_layers, int num
     st->num_heads = num_heads;
     st->sparse_index = xcalloc((size_t)num_layers, sizeof(SparseIndex));
     st->ring_sparse = xcalloc((size_t)num_layers, sizeof(RingSparse));
-    if (cfg->type != ATTN_SPARSE || cfg->budget != BUDGET_FIXED) return st;
-    const int n = num_layers * num_heads;
-    st->budget_vertical = xmalloc(sizeof(int) * (size_t)n);
-    st->budget_slash = xmalloc(sizeof(int) * (size_t)n);
-    if (cfg->budget_file == BUDGET_FILE_PATH) {
-        sparse_budget_load(cfg->budget_file_path, num_layers, num_heads, cfg->vertical, cfg->slash, st->budget_vertical,
-                           st->budget_slash);
-        return st;
-    }
-    for (int i = 0; i < n; i++) {
-        st->budget_vertical[i] = cfg->vertical;
-        st->budget_slash[i] = cfg->slash;
-    }
+    sparse_budget_tables(cfg, num_layers, num_heads, &st->budget_vertical, &st->budget_slash);
     return st;
 }
 

@@ -94,19 +94,7 @@ extern "C" AttnState *attention_cuda_new(const AttentionConfig *cfg, int num_lay
     st->num_heads = num_heads;
     st->index = (SparseIndexCuda *)xcalloc((size_t)num_layers, sizeof(SparseIndexCuda));
     st->planned = (bool *)xcalloc((size_t)num_layers, sizeof(bool));
-    if (!sparse || cfg->budget != BUDGET_FIXED) return st;
-    const int n = num_layers * num_heads;
-    st->budget_vertical = (int *)xmalloc(sizeof(int) * (size_t)n);
-    st->budget_slash = (int *)xmalloc(sizeof(int) * (size_t)n);
-    if (cfg->budget_file == BUDGET_FILE_PATH) {
-        sparse_budget_load(cfg->budget_file_path, num_layers, num_heads, cfg->vertical, cfg->slash,
-                           st->budget_vertical, st->budget_slash);
-        return st;
-    }
-    for (int i = 0; i < n; i++) {
-        st->budget_vertical[i] = cfg->vertical;
-        st->budget_slash[i] = cfg->slash;
-    }
+    sparse_budget_tables(cfg, num_layers, num_heads, &st->budget_vertical, &st->budget_slash);
     return st;
 }
 

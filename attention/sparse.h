@@ -120,6 +120,12 @@ void sparse_index_count(const SparseIndex *index, const int64_t *q_pos, int64_t 
 // with "path:line: what is wrong, what was expected".
 void sparse_budget_load(const char *path, int num_layers, int num_heads, int default_vertical,
                         int default_slash, int *vertical, int *slash);
+// The fixed budgets of every layer and q head under cfg, as the attention
+// ops keep them: *vertical = *slash = NULL unless cfg is sparse with budget
+// fixed; else two malloc'd [num_layers * num_heads] tables, from
+// cfg->budget_file_path when set (sparse_budget_load), else cfg's vertical
+// and slash everywhere.
+void sparse_budget_tables(const AttentionConfig *cfg, int num_layers, int num_heads, int **vertical, int **slash);
 
 void sparse_pattern_free(SparsePattern *pattern);
 void sparse_index_free(SparseIndex *index);

@@ -387,3 +387,19 @@ void sparse_budget_load(const char *path, int num_layers, int num_heads, int def
     }
     free(text); free(line_of);
 }
+
+void sparse_budget_tables(const AttentionConfig *cfg, int num_layers, int num_heads, int **vertical, int **slash) {
+    *vertical = *slash = NULL;
+    if (cfg->type != ATTN_SPARSE || cfg->budget != BUDGET_FIXED) return;
+    const int n = num_layers * num_heads;
+    *vertical = xmalloc(sizeof(int) * (size_t)n);
+    *slash = xmalloc(sizeof(int) * (size_t)n);
+    if (cfg->budget_file == BUDGET_FILE_PATH) {
+        sparse_budget_load(cfg->budget_file_path, num_layers, num_heads, cfg->vertical, cfg->slash, *vertical, *slash);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        (*vertical)[i] = cfg->vertical;
+        (*slash)[i] = cfg->slash;
+    }
+}

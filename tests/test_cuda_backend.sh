@@ -53,17 +53,28 @@ run "$sim" cuda $steps cuda
 rc=$?
 expect "sim: train.backend=cuda trains $steps steps (exit $rc; $(tail -n 1 "$tmp/cuda.err"))" \
   "[ $rc -eq 0 ] && [ \$(grep -c '^step ' '$tmp/cuda.out') -eq $steps ]"
-# The memory plan at start (CUDA backend only): every item, and the total of `mtrain plan --gpu h100`.
-plan_total=$($sim plan configs/tiny-cpu.yaml $model train.seq_len=128 --gpu h100 | awk '$1 == "total" { printf "%.2f", $2 }')
-line=$(grep '^memory plan (cuda backend, one GPU): ' "$tmp/cuda.out")
-missing=
-for item in 'weights bf16 (compute)' 'weights fp32 (master)' 'gradients fp32' 'AdamW moments fp32' 'activations bf16' \
-  'LM-head chunk' 'workspaces'; do
-  grep -qF "$item" <<<"$line" || missing="$missing, $item"
-done
-expect "sim: the CUDA backend prints its memory plan at start, total $plan_total GiB as mtrain plan --gpu h100 (items missing: ${missing#, }; $line)" \
-  "[ -n '$plan_total' ] && [ -z '$missing' ] && ! grep -q '^memory plan' '$tmp/cpu.out' &&
-   grep -q '= $plan_total GiB\$' <<<'$line'"
+# The memory plan at start (CUDA backend only): every item, and the total of
+# `mtrain plan --gpu h100` for the same run; dense (the 50-step run) and
+# sparse (one step: the attention index and scratch too).
+check_plan() {  # NAME ITEMS... (after --) OVERRIDES...
+  local name=$1 item missing= items=()
+  shift
+  while [ "$1" != -- ]; do items+=("$1"); shift; done
+  shift
+  local total line
+  total=$($sim plan configs/tiny-cpu.yaml $model train.seq_len=128 "$@" --gpu h100 | awk '$1 == "total" { printf "%.2f", $2 }')
+  line=$(grep '^memory plan (cuda backend, one GPU): ' "$tmp/$name.out")
+  for item in 'weights bf16 (compute)' 'weights fp32 (master)' 'gradients fp32' 'AdamW moments fp32' \
+    'activations bf16' 'LM-head chunk' 'workspaces' "${items[@]}"; do
+    grep -qF "$item" <<<"$line" || missing="$missing, $item"
+  done
+  expect "sim: $name: the CUDA backend prints its memory plan at start, total $total GiB as mtrain plan --gpu h100 (missing: ${missing#, }; $line)" \
+    "[ -n '$total' ] && [ -z '$missing' ] && grep -q '= $total GiB\$' <<<'$line'"
+}
+check_plan cuda --
+expect "sim: the CPU backend prints no GPU memory plan" "! grep -q '^memory plan' '$tmp/cpu.out'"
+run "$sim" cuda 1 plan-sparse attention.type=sparse
+check_plan plan-sparse 'attention index and scratch' -- attention.type=sparse
 losses() { sed -n 's/^step .*| loss \([0-9.]*\) |.*/\1/p' "$@"; }
 # FILE_A FILE_B: the worst relative difference of their loss columns, and the final one's.
 compare_losses() {

@@ -1,12 +1,14 @@
 // gpu_test_backend.c: the whole model on the CUDA backend (model/backend_cuda.c)
 // against the CPU backend: the same weights (made on the CPU, uploaded to
 // both), the same synthetic sequence; one forward and backward, then one
-// AdamW step and the loss again. Cases: GQA (2 query heads on 1 KV head),
-// head_dim 64, tied and untied embeddings, dense attention and sparse with
-// top_p = 1, a length that is not a multiple of the 64-token tile (T = 130).
+// AdamW step and the loss again. Cases: GQA ratios 2:1 and 4:1 and plain
+// multi-head (2:2), head_dim 64 and 128, tied and untied embeddings, YaRN,
+// dense attention, sparse with top_p = 1 (whose loss must equal dense's on the
+// same model) and sparse with a fixed budget, lengths that are not a multiple
+// of the 64-token tile (T = 37, 130).
 // Needs a GPU (`make test-gpu`), or the sim (tests/test_sim.sh).
 //   build/tests/gpu_test_backend         every case
-//   build/tests/gpu_test_backend small   the untied dense and the tied sparse case
+//   build/tests/gpu_test_backend small   the first four cases (each of the above once)
 //
 // Tolerances: the loss within 1e-2 relative (bf16 activations: 2^-9 per
 // rounding, a few dozen roundings along the two layers, errors that average
@@ -15,7 +17,9 @@
 // bf16 compute weights, each product summed in fp32: a few 2^-9 roundings per
 // layer, compounded over both layers and the head); the loss after one AdamW
 // step within 1e-2 and below the first (the step went through the bf16 copy
-// of the updated master, which the second forward reads).
+// of the updated master, which the second forward reads). Sparse with
+// top_p = 1 keeps every line, so its CUDA loss equals the dense case's CUDA
+// loss within 1e-5 relative (the same tiles, summed in another order).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,24 +29,38 @@
 #include "../model/optimizer.h"
 #include "check.h"
 
+// The attention of a case: dense, sparse keeping every line (top_p = 1), or
+// sparse with a fixed budget of vertical and slash lines per head.
+typedef enum { CASE_DENSE, CASE_SPARSE_TOPP1, CASE_SPARSE_FIXED } CaseAttention;
+
 typedef struct {
     const char *name;
-    bool tied, sparse;
+    int heads, kv_heads, head_dim;
+    bool tied, yarn;
+    CaseAttention attention;
     int64_t T;
 } Case;
 
 static ModelConfig case_model(const Case *k) {
-    ModelConfig c = {.vocab_size = 256, .hidden_size = 128, .intermediate_size = 256, .num_layers = 2,
-                     .num_heads = 2, .num_kv_heads = 1, .head_dim = 64, .rope_theta = 10000.0,
-                     .rms_norm_eps = 1e-6, .tie_word_embeddings = k->tied, .init_std = 0.05,
-                     .max_position_embeddings = 4096};
+    ModelConfig c = {.vocab_size = 256, .hidden_size = k->heads * k->head_dim, .intermediate_size = 256,
+                     .num_layers = 2, .num_heads = k->heads, .num_kv_heads = k->kv_heads,
+                     .head_dim = k->head_dim, .rope_theta = 10000.0, .rms_norm_eps = 1e-6,
+                     .tie_word_embeddings = k->tied, .init_std = 0.05, .max_position_embeddings = 4096};
+    if (k->yarn)
+        c.rope_scaling = (RopeScaling){.type = ROPE_YARN, .factor = 4.0, .original_max_position_embeddings = 1024,
+                                       .beta_fast = 32, .beta_slow = 1, .truncate = true};
     return c;
 }
 
 static AttentionConfig case_attention(const Case *k) {
-    AttentionConfig a = {.type = k->sparse ? ATTN_SPARSE : ATTN_DENSE, .block_size = 64, .last_q = 64,
-                         .top_p = 1.0, .max_vertical = 4096, .max_slash = 4096, .sink = 0, .local = 1,
-                         .budget = BUDGET_TOPP};
+    AttentionConfig a = {.type = k->attention == CASE_DENSE ? ATTN_DENSE : ATTN_SPARSE, .block_size = 64,
+                         .last_q = 64, .top_p = 1.0, .max_vertical = 4096, .max_slash = 4096, .sink = 0,
+                         .local = 1, .budget = BUDGET_TOPP};
+    if (k->attention == CASE_SPARSE_FIXED) {
+        a.budget = BUDGET_FIXED;
+        a.vertical = 16;
+        a.slash = 16;
+    }
     return a;
 }
 
@@ -78,7 +96,8 @@ static void train_step(Model *m, const float *weights, const int32_t *seq, int64
     loss[1] = model_loss(m, seq, seq + 1, NULL, T) / (double)T;
 }
 
-static void run_case(const Case *k) {
+// Returns the CUDA backend's first loss.
+static double run_case(const Case *k) {
     ModelConfig c = case_model(k);
     AttentionConfig a = case_attention(k);
     Model cpu, gpu;
@@ -125,17 +144,25 @@ static void run_case(const Case *k) {
     free(grad_gpu);
     model_free(&cpu);
     model_free(&gpu);
+    return loss_gpu[0];
 }
 
 int main(int argc, char **argv) {
     bool small = argc > 1 && !strcmp(argv[1], "small");
+    // The second case is the first one's model with sparse attention at top_p = 1.
     const Case cases[] = {
-        {"untied dense T=130", false, false, 130},
-        {"tied sparse top_p=1 T=128", true, true, 128},
-        {"tied dense T=37", true, false, 37},
-        {"untied sparse top_p=1 T=130", false, true, 130},
+        {"GQA 2:1 hd64 untied dense T=130", 2, 1, 64, false, false, CASE_DENSE, 130},
+        {"GQA 2:1 hd64 untied sparse top_p=1 T=130", 2, 1, 64, false, false, CASE_SPARSE_TOPP1, 130},
+        {"GQA 4:1 hd64 tied YaRN dense T=37", 4, 1, 64, true, true, CASE_DENSE, 37},
+        {"MHA 2:2 hd128 untied sparse fixed 16+16 T=130", 2, 2, 128, false, false, CASE_SPARSE_FIXED, 130},
+        {"GQA 2:1 hd64 tied sparse top_p=1 T=128", 2, 1, 64, true, false, CASE_SPARSE_TOPP1, 128},
+        {"GQA 2:1 hd128 tied YaRN sparse fixed 16+16 T=130", 2, 1, 128, true, true, CASE_SPARSE_FIXED, 130},
     };
-    int n = small ? 2 : (int)(sizeof(cases) / sizeof(cases[0]));
-    for (int i = 0; i < n; i++) run_case(&cases[i]);
+    int n = small ? 4 : (int)(sizeof(cases) / sizeof(cases[0]));
+    double loss[sizeof(cases) / sizeof(cases[0])];
+    for (int i = 0; i < n; i++) loss[i] = run_case(&cases[i]);
+    double rel = fabs(loss[1] - loss[0]) / loss[0];
+    EXPECT(rel <= 1e-5, "sparse with top_p = 1 equals dense on the CUDA backend: loss %.6f vs %.6f (relative %.2e <= 1e-5)",
+           loss[1], loss[0], rel);
     return check_exit();
 }

@@ -1,6 +1,7 @@
 # harness.py: shared helpers of the Python reference tests: check() prints
 # "ok NAME" / "FAIL NAME: why" lines for tests/run.sh, run() calls build/mtrain,
-# and the safetensors reader/writer used to hand tensors to and from mtrain.
+# the safetensors reader/writer used to hand tensors to and from mtrain, and
+# the checks of a score's logits and gradient names against the reference.
 import json
 import os
 import struct
@@ -127,3 +128,22 @@ def rel_err(got, ref):
     den = float(ref.abs().max()) if ref.numel() else 0.0
     num = float((got - ref).abs().max()) if ref.numel() else 0.0
     return num / den if den > 0 else num
+
+
+def check_logits(tag, path, want, tol):
+    """The logits file of `mtrain score --logits` at path against want [T, V]:
+    max |got - want| / max |want| < tol."""
+    logits = read_safetensors(path)
+    got = logits.get("logits")
+    if got is not None and tuple(got.shape) == tuple(want.shape):
+        e = rel_err(got.to(want.dtype), want)
+        check(f"{tag} logits", e < tol, f"max abs err / max abs = {e:.2e}")
+    else:
+        check(f"{tag} logits", False, f"tensors {[(k, list(v.shape)) for k, v in logits.items()]}, "
+              f"expected logits {list(want.shape)}")
+
+
+def check_grad_names(tag, grads, params):
+    """The gradients file holds exactly the model's parameters."""
+    check(f"{tag} grad names", set(grads) == set(params),
+          f"missing {sorted(set(params) - set(grads))}, extra {sorted(set(grads) - set(params))}")

@@ -89,17 +89,9 @@ def compare_run(tag, cfg, params, tokens, d, overrides, doc_starts=None, mask_do
     lerr = abs(loss - rloss) / abs(rloss)
     check(f"{tag} loss", lerr < LOSS_TOL, f"mtrain {loss!r} reference {rloss!r} rel err {lerr:.2e}")
 
-    logits = harness.read_safetensors(lpath)
-    if "logits" in logits and tuple(logits["logits"].shape) == tuple(rlogits.shape):
-        e = harness.rel_err(logits["logits"], rlogits)
-        check(f"{tag} logits", e < LOGITS_TOL, f"max abs err / max abs = {e:.2e}")
-    else:
-        check(f"{tag} logits", False, f"tensors {[(k, list(v.shape)) for k, v in logits.items()]}, "
-              f"expected logits {list(rlogits.shape)}")
-
+    harness.check_logits(tag, lpath, rlogits, LOGITS_TOL)
     grads = harness.read_safetensors(gpath)
-    check(f"{tag} grad names", set(grads) == set(params),
-          f"missing {sorted(set(params) - set(grads))}, extra {sorted(set(grads) - set(params))}")
+    harness.check_grad_names(tag, grads, params)
     for name, rg in rgrads.items():
         g = grads.get(name)
         if g is None:

@@ -299,6 +299,19 @@ void plan_breakdown(const Plan *p, char *line, size_t size) {
     if (used < size) snprintf(line + used, size - used, " = %.2f GiB", p->total_bytes * GIB);
 }
 
+void plan_print_gpu_memory(const Config *cfg, FILE *out) {
+    GpuProfile hw;
+    bool named = plan_gpu(cfg, &hw);
+    if (!named) hw = (GpuProfile){.name = "unnamed", .gpus_per_node = 1};  // no figures: no time, no capacity
+    Plan p;
+    plan_build(&p, cfg, &hw, 0, false, 0);
+    char line[1024];
+    plan_breakdown(&p, line, sizeof(line));
+    fprintf(out, "memory plan (cuda backend, one GPU): %s", line);
+    if (named) fprintf(out, " of %.2f GiB usable on %s", p.capacity_bytes * GIB, hw.name);
+    fputc('\n', out);
+}
+
 static double read_status_kib(const char *path, const char *key) {
     FILE *f = fopen(path, "r");
     if (!f) return 0;

@@ -75,6 +75,11 @@ void plan_build(Plan *p, const Config *cfg, const GpuProfile *gpu, double cpu_pe
 void plan_print(const Plan *p, const Config *cfg, FILE *out);
 // "params 0.10 + grads 0.10 + ... = 0.45 GiB" on one line.
 void plan_breakdown(const Plan *p, char *line, size_t size);
+// The memory plan of one GPU on the CUDA backend (bf16 activations and
+// compute weights, fp32 master, gradients and moments) for cfg, one line into
+// out: each item and the total in GiB, and the usable HBM of the GPU that the
+// hardware section names (none named: the items only).
+void plan_print_gpu_memory(const Config *cfg, FILE *out);
 // Bytes /proc/meminfo calls MemAvailable (0 if unreadable).
 double plan_mem_available(void);
 // Resident set of this process now, and its peak so far (bytes).

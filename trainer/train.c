@@ -457,7 +457,8 @@ void model_join_ring(Model *m, const Config *cfg, const Dist *dist) {
 // The plan's check before anything large is allocated: the host memory of
 // the ranks on rank 0's node against its MemAvailable; every rank takes
 // rank 0's verdict (as a config error, each says so). Fills plan, whose FLOPs
-// give the MFU of the step lines.
+// give the MFU of the step lines. On the CUDA backend rank 0 also prints the
+// memory plan of its GPU.
 static void check_memory(const Config *cfg, const Dist *dist, Plan *plan) {
     Config grid = *cfg;
     grid.parallel.dp = dist->dp.size;
@@ -466,6 +467,8 @@ static void check_memory(const Config *cfg, const Dist *dist, Plan *plan) {
     bool measured;
     double peak = plan_cpu_peak(cfg, &measured);
     plan_build(plan, &grid, NULL, peak, measured, 0);
+    if (dist->world_rank == 0 && !strcmp(backend_select(cfg->train.backend)->name, "cuda"))
+        plan_print_gpu_memory(&grid, stdout);
     double figures[2] = {plan->total_bytes * dist->local_size, plan_mem_available()};
     comm_broadcast(&dist->world, figures, 2, DT_DOUBLE, 0);
     double need = figures[0], available = figures[1];

@@ -13,6 +13,7 @@
 
 #include "../attention/attention_cuda_op.h"
 #include "../dist/comm.h"
+#include "../dist/comm_device.h"
 #include "../dist/cuda_check.h"
 #include "../dist/util.h"
 #include "backend.h"
@@ -161,6 +162,10 @@ static void attention_backward(AttnState *st, int layer, const AttnShape *shape,
                             (uint16_t *)dk, (uint16_t *)dv, cuda.stream);
 }
 
+static void allreduce_sum(const struct Comm *c, float *buf, int64_t n) {
+    comm_device_allreduce(c, buf, n, cuda.stream);
+}
+
 // The bf16 copy of param[n] is written by the same kernel: found among the
 // compute copies by the master range param lies in.
 static void adamw(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1,
@@ -208,6 +213,7 @@ static const Backend cuda_backend = {
     .attention_forward = attention_forward,
     .attention_backward = attention_backward,
     .attention_ring_bytes = attention_cuda_ring_bytes,
+    .allreduce_sum = allreduce_sum,
     .adamw = adamw,
 };
 

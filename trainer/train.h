@@ -23,7 +23,8 @@ void loader_from_config(Loader *l, const Config *cfg, bool validation);
 // Attention over the cp ring when cp > 1 (dense, or sparse with the pattern
 // estimated over the ring), with the schedule of attention.ring.
 void model_join_ring(Model *m, const Config *cfg, const Dist *dist);
-// Sum an arena [n] of backend memory over comm (through a host buffer).
+// Sum an arena [n] of backend memory over comm (the backend's allreduce_sum:
+// MPI on the CPU, the device communicator on the GPU).
 void allreduce_arena(const Comm *comm, const Backend *be, float *arena, int64_t n);
 // Ranks other than 0 write stdout to /dev/null: rank 0 alone speaks (errors
 // still reach stderr from any rank).

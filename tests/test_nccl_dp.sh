@@ -5,7 +5,8 @@
 #   nccl       dp 2 with parallel.comm: nccl (the gradient all-reduce on the
 #              device arena through NCCL; the ranks line says so) equals one
 #              rank with micro_batches 2: every step's loss (relative 1e-5)
-#              and the weights of the last checkpoint (max |w - w_ref| < 1e-6);
+#              and the weights of the last checkpoint (max |w - w_ref| < 1e-6),
+#              under CUDASIM_SEED 1, 2 and 3 (the sim's interleavings);
 #   mpi        parallel.comm: mpi (staged through host memory) gives the same
 #              weights as nccl, bit for bit (a sum of 2 fp32 values rounds once
 #              whatever the order);
@@ -83,6 +84,12 @@ expect "nccl_dp_uses_nccl: the ranks line names NCCL for nccl and not for mpi" \
 read -r loss weights < <(differ nccl ref)
 expect "nccl_dp_equals_one_rank: dp 2 over NCCL = one rank with micro_batches 2 (loss $loss <= 1e-5 relative, weights $weights <= 1e-6)" \
   "below '$loss' 1e-5 && below '$weights' 1e-6"
+for seed in 2 3; do
+  CUDASIM_SEED=$seed train nccl_seed$seed 2 2 parallel.dp=2
+  read -r loss weights < <(differ nccl_seed$seed ref)
+  expect "nccl_dp_equals_one_rank_seed$seed: the same under CUDASIM_SEED=$seed (loss $loss, weights $weights)" \
+    "below '$loss' 1e-5 && below '$weights' 1e-6"
+done
 read -r loss weights < <(differ mpi nccl)
 expect "nccl_dp_mpi_equals_nccl: parallel.comm: mpi = nccl (loss $loss, weights $weights: both 0)" \
   "below '$loss' 0 && below '$weights' 0"

@@ -191,10 +191,7 @@ void quiet_other_ranks(const Dist *dist) {
     if (dist->world_rank != 0 && !freopen("/dev/null", "w", stdout)) fail("/dev/null: cannot open for writing");
 }
 
-// The CUDA backend's ranks (train.backend cuda, or auto with a GPU): each to
-// its GPU, with the device communicators of parallel.comm, before the backend
-// is first used (without a GPU, backend_select says why).
-static void join_devices(const Config *cfg, Dist *dist) {
+void join_devices(const Config *cfg, Dist *dist) {
 #ifdef MTRAIN_CUDA
     char why[160];
     if (cfg->train.backend != BACKEND_CPU && backend_cuda_visible(why, sizeof(why)))

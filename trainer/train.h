@@ -29,8 +29,12 @@ void allreduce_arena(const Comm *comm, const Backend *be, float *arena, int64_t 
 // Ranks other than 0 write stdout to /dev/null: rank 0 alone speaks (errors
 // still reach stderr from any rank).
 void quiet_other_ranks(const Dist *dist);
+// The CUDA backend's ranks (train.backend cuda, or auto with a GPU): each to
+// its GPU, with the device communicators of parallel.comm, before the backend
+// is first used (without a GPU, backend_select says why). A collective.
+void join_devices(const Config *cfg, Dist *dist);
 // The start of a verb on a run file (argv[0]) and overrides: config, MPI,
-// the rank grid, and stdout on rank 0 only. Prints usage and returns false
+// the rank grid, the GPUs (join_devices), and stdout on rank 0 only. Prints usage and returns false
 // when no run file is given. eval_model: see config_from_args.
 bool run_start(int argc, char **argv, const char *usage, bool eval_model, Config *cfg, Dist *dist);
 

@@ -5,7 +5,8 @@
 // uint16_t), master weights, gradients, moments and statistics fp32.
 // Everything is enqueued on the one stream; download, act_to_host and the ops
 // that return a double (sum_squares, cross_entropy) wait for it, and upload
-// waits too, so the host buffer is free again when it returns.
+// waits too, so the host buffer is free again when it returns; allreduce_sum
+// (dist/comm_device.h: NCCL or host-staged) returns with the sum in place.
 // Built only with MTRAIN_CUDA (the sim build, and the nvcc build of mtrain).
 #ifdef MTRAIN_CUDA
 

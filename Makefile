@@ -110,6 +110,9 @@ build/cuda/obj/%.o: %.c $(DEPS_OK)
 build/cuda/mtrain: build/cuda/obj/trainer/main.o $(CUDA_LIB_OBJ) $(CU_OBJ)
 	$(CC) $^ -o $@ $(LDLIBS) $(GPU_LDLIBS)
 
+# The CUDA backend's device communicators (dist/comm_device.c) use NCCL.
+build/cuda/mtrain build/tests/gpu_test_backend: GPU_LDLIBS += -lnccl
+
 build/tests/gpu_test_backend: build/cuda/obj/tests/gpu_test_backend.o $(CUDA_LIB_OBJ) $(CU_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(LDLIBS) $(GPU_LDLIBS)
@@ -154,6 +157,9 @@ SIM_CXXFLAGS = -O2 -g $(ARCH) -std=c++17 -fopenmp -fno-strict-aliasing -Wall -We
 SIM_CFLAGS = -Itests/cudasim/include $(filter-out -DMTRAIN_CUDA -I$(CUDA_HOME)/include,$(CFLAGS)) -DMTRAIN_CUDA
 SIM_LIB_SRC = $(wildcard tests/cudasim/*.cpp)
 SIM_LIB = build/sim/libcudasim.a
+# The sim's NCCL over MPI (tests/cudasim/mpi/), linked into the MPI programs
+# (mtrain and the tests that link the library: the device communicators).
+SIM_NCCL_OBJ = build/sim/obj/tests/cudasim/mpi/nccl.o
 SIM_HAS_CUB = $(wildcard tests/cudasim/include/cub/cub.cuh)
 SIM_CU_NO_CUB = attention/flash_cuda.cu model/matmul_cuda.cu
 SIM_CU_SRC = $(SIM_CU_NO_CUB) $(if $(SIM_HAS_CUB),$(filter-out $(SIM_CU_NO_CUB),$(CU_SRC)))
@@ -205,7 +211,8 @@ build/sim/tests/gpu_%: build/sim/obj/tests/gpu_%.o $(SIM_GPU_OBJ) $(SIM_LIB)
 	$(CC) $^ -o $@ $(SIM_GPU_LDLIBS)
 
 # The attention op's test compares with the CPU backend's op: it links the library and its libraries.
-build/sim/tests/gpu_test_attention_op build/sim/tests/gpu_test_backend: $(LIB_SRC:%.c=build/sim/obj/%.o)
+build/sim/tests/gpu_test_attention_op build/sim/tests/gpu_test_backend: $(LIB_SRC:%.c=build/sim/obj/%.o) \
+    $(SIM_NCCL_OBJ)
 build/sim/tests/gpu_test_attention_op build/sim/tests/gpu_test_backend: SIM_GPU_LDLIBS = $(SIM_LDLIBS)
 
 build/sim/tests/sim_%: build/sim/obj/tests/sim_%.cu.o build/sim/obj/dist/util.o $(SIM_LIB)
@@ -236,10 +243,11 @@ build/sim/tests/gpu_%_asan: build/sim/asan/tests/gpu_%.o $(SIM_GPU_OBJ:build/sim
 	@mkdir -p $(dir $@)
 	$(CC) $(SIM_ASAN) $^ -o $@ $(SIM_GPU_LDLIBS)
 
-build/sim/tests/gpu_test_attention_op_asan build/sim/tests/gpu_test_backend_asan: $(LIB_SRC:%.c=build/sim/asan/%.o)
+build/sim/tests/gpu_test_attention_op_asan build/sim/tests/gpu_test_backend_asan: $(LIB_SRC:%.c=build/sim/asan/%.o) \
+    $(SIM_NCCL_OBJ:build/sim/obj/%=build/sim/asan/%)
 build/sim/tests/gpu_test_attention_op_asan build/sim/tests/gpu_test_backend_asan: SIM_GPU_LDLIBS = $(SIM_LDLIBS)
 
-build/sim/mtrain: build/sim/obj/trainer/main.o $(LIB_SRC:%.c=build/sim/obj/%.o) $(SIM_CU_OBJ) $(SIM_LIB)
+build/sim/mtrain: build/sim/obj/trainer/main.o $(LIB_SRC:%.c=build/sim/obj/%.o) $(SIM_CU_OBJ) $(SIM_NCCL_OBJ) $(SIM_LIB)
 	$(CC) $^ -o $@ $(SIM_LDLIBS)
 
 # ---- the sim's library subsets: cuBLASLt, CUB, NCCL (tests/cudasim/, docs/SIM.md) ----
@@ -252,7 +260,7 @@ OPENBLAS_LDLIBS = -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas
 build/tests/gpu_test_cublaslt: GPU_LDLIBS += $(OPENBLAS_LDLIBS)
 build/tests/gpu_test_cub: build/obj/tests/gpu_cub.cu.o
 # NCCL over MPI: outside the sim library (its programs need no MPI), linked into the MPI programs.
-build/sim/obj/tests/cudasim/mpi/nccl.o: SIM_CXXFLAGS += $(shell mpicc --showme:compile)
+build/sim/obj/tests/cudasim/mpi/nccl.o build/sim/asan/tests/cudasim/mpi/nccl.o: SIM_CXXFLAGS += $(shell mpicc --showme:compile)
 
 # In the sim, each links only what it calls (not the attention kernels).
 build/sim/tests/gpu_test_cublaslt: build/sim/obj/tests/gpu_test_cublaslt.o build/sim/obj/dist/util.o $(SIM_LIB)

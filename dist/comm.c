@@ -60,7 +60,7 @@ static int env_int(const char *name) {
 }
 
 static Comm make_comm(MPI_Comm comm, const char *name, double timeout_s) {
-    Comm c = {comm, name, 0, 1, timeout_s};
+    Comm c = {comm, name, 0, 1, timeout_s, NULL};
     MPI_CHECK(MPI_Comm_rank(comm, &c.rank));
     MPI_CHECK(MPI_Comm_size(comm, &c.size));
     return c;
@@ -188,6 +188,7 @@ void dist_setup(Dist *d, int dp, int cp, int cp_inner, const char *source) {
 }
 
 void dist_finalize(Dist *d) {
+    if (d->leave_devices) d->leave_devices(d);
     Comm *comms[] = {&d->dp, &d->cp, &d->cp_inner, &d->cp_outer};
     for (size_t i = 0; i < sizeof(comms) / sizeof(comms[0]); i++)
         if (comms[i]->name) MPI_CHECK(MPI_Comm_free(&comms[i]->comm));

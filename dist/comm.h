@@ -33,6 +33,7 @@ typedef struct Comm {
     const char *name;          // "world", "dp", "cp", "cp-inner", "cp-outer"
     int rank, size;
     double timeout_s;          // every wait on it gives up after this long
+    struct ncclComm *nccl;     // its NCCL communicator for device buffers (dist/comm_device.h), or NULL
 } Comm;
 
 // The shape of the rank grid, decided before any communicator exists.
@@ -41,7 +42,7 @@ typedef struct {
 } Grid;
 
 // This process in the job.
-typedef struct {
+typedef struct Dist {
     int world_rank, world_size;
     int local_rank, local_size;   // within the node (shared-memory domain)
     int node_cpus;                // CPUs this node's ranks may run on (the union of their affinity masks)
@@ -49,6 +50,7 @@ typedef struct {
     const char *launcher;         // "mpirun", "srun" (its environment cross-checked) or "none"
     Grid grid;
     Comm world, dp, cp, cp_inner, cp_outer;
+    void (*leave_devices)(struct Dist *d);  // set by comm_device_join: frees the NCCL communicators
 } Dist;
 
 // MPI_Init_thread (FUNNELED: only the main thread calls MPI), world rank and
@@ -72,7 +74,7 @@ int dist_grid(int world, int ranks_per_node, int dp, int cp, int cp_inner, Grid 
 // where the settings came from, e.g. the run file).
 void dist_setup(Dist *d, int dp, int cp, int cp_inner, const char *source);
 
-// Free the communicators and MPI_Finalize.
+// Free the communicators (the NCCL ones first) and MPI_Finalize.
 void dist_finalize(Dist *d);
 
 // Every rank of c prints "mtrain: <message>" on rank 0 of c only and exits

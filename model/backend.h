@@ -118,6 +118,11 @@ typedef struct {
     // (K/V and dK/dV hops; sparse: also the gathered columns); 0 on one rank.
     double (*attention_ring_bytes)(const AttnState *st);
 
+    // In place, the sum over the ranks of c of every rank's buf [n] (fp32,
+    // backend memory): the gradient reduction. CPU: MPI; CUDA: the device
+    // communicator (dist/comm_device.h: NCCL, or staged through the host).
+    void (*allreduce_sum)(const struct Comm *c, float *buf, int64_t n);
+
     // AdamW on n fp32 master parameters: m, v updated; param -= lr * (mhat/(sqrt(vhat)+eps) + wd*param).
     void (*adamw)(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int64_t step);

@@ -5,7 +5,8 @@
 // uint16_t), master weights, gradients, moments and statistics fp32.
 // Everything is enqueued on the one stream; download, act_to_host and the ops
 // that return a double (sum_squares, cross_entropy) wait for it, and upload
-// waits too, so the host buffer is free again when it returns.
+// waits too, so the host buffer is free again when it returns; allreduce_sum
+// (dist/comm_device.h: NCCL or host-staged) returns with the sum in place.
 // Built only with MTRAIN_CUDA (the sim build, and the nvcc build of mtrain).
 #ifdef MTRAIN_CUDA
 
@@ -13,6 +14,7 @@
 
 #include "../attention/attention_cuda_op.h"
 #include "../dist/comm.h"
+#include "../dist/comm_device.h"
 #include "../dist/cuda_check.h"
 #include "../dist/util.h"
 #include "backend.h"
@@ -161,6 +163,10 @@ static void attention_backward(AttnState *st, int layer, const AttnShape *shape,
                             (uint16_t *)dk, (uint16_t *)dv, cuda.stream);
 }
 
+static void allreduce_sum(const struct Comm *c, float *buf, int64_t n) {
+    comm_device_allreduce(c, buf, n, cuda.stream);
+}
+
 // The bf16 copy of param[n] is written by the same kernel: found among the
 // compute copies by the master range param lies in.
 static void adamw(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1,
@@ -208,6 +214,7 @@ static const Backend cuda_backend = {
     .attention_forward = attention_forward,
     .attention_backward = attention_backward,
     .attention_ring_bytes = attention_cuda_ring_bytes,
+    .allreduce_sum = allreduce_sum,
     .adamw = adamw,
 };
 

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../dist/comm.h"
 #include "../dist/util.h"
 #include "../attention/attention_cpu.h"
 #include "backend.h"
@@ -247,6 +248,8 @@ static void adamw(float *param, const float *grad, float *m, float *v, int64_t n
     }
 }
 
+static void allreduce_sum(const Comm *c, float *buf, int64_t n) { comm_allreduce(c, buf, n, DT_FLOAT, REDUCE_SUM); }
+
 static const Backend cpu_backend = {
     .name = "cpu",
     .act_bytes = sizeof(float),
@@ -281,6 +284,7 @@ static const Backend cpu_backend = {
     .attention_forward = attention_cpu_forward,
     .attention_backward = attention_cpu_backward,
     .attention_ring_bytes = attention_cpu_ring_bytes,
+    .allreduce_sum = allreduce_sum,
     .adamw = adamw,
 };
 

@@ -20,11 +20,6 @@
 #include "gpu_common.h"
 #include "mpi_check.h"
 
-#define NCCL_CHECK(call) do { \
-    ncclResult_t nccl_rc_ = (call); \
-    if (nccl_rc_ != ncclSuccess) fail_at(__FILE__, __LINE__, "NCCL: %s: %s", #call, ncclGetErrorString(nccl_rc_)); \
-} while (0)
-
 // expect_all, counted (gpu_common.h's counter).
 #define EXPECT_ALL(...) do { checks++; expect_all(__VA_ARGS__); } while (0)
 

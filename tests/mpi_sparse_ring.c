@@ -319,7 +319,7 @@ static void whole_index(const SparsePattern *p, int B, SparseIndex *x) {
 // gathered columns' bytes per rank.
 static void plan_bytes(const SparsePattern *p, int B, LayoutKind layout, int W, int inner, int64_t token_bytes) {
     const int64_t N = p->seq_len, words = ring_need_words(N, B);
-    Comm comm = {MPI_COMM_NULL, "cp", 0, W, 0};
+    Comm comm = {MPI_COMM_NULL, "cp", 0, W, 0, NULL};
     Ring ring = {.cp = &comm, .inner = inner, .outer = W / inner, .counts = xmalloc((size_t)W * sizeof(int64_t)),
                  .offsets = xmalloc((size_t)(W + 1) * sizeof(int64_t)),
                  .positions = xmalloc((size_t)N * sizeof(int64_t))};

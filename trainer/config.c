@@ -67,6 +67,7 @@ ENUM_FIELD_IS_INT(attention, ring);
 ENUM_FIELD_IS_INT(attention, ring_send);
 ENUM_FIELD_IS_INT(attention, budget);
 ENUM_FIELD_IS_INT(attention, layout);
+ENUM_FIELD_IS_INT(parallel, comm);
 ENUM_FIELD_IS_INT(train, backend);
 ENUM_FIELD_IS_INT(train, lr_schedule);
 ENUM_FIELD_IS_INT(eval, haystack);
@@ -129,9 +130,10 @@ static const Key keys[] = {
     INT(parallel, cp, 0, 0, 1 << 20, "Context-parallel ranks sharing one sequence (the attention ring); 0 = world size / `dp` (all ranks when `dp` is 0 too)."),
     INT(parallel, cp_inner, 0, 0, 1 << 20, "Ranks of one inner ring of the hierarchical schedule (must divide `cp`); 0 = the ranks per node (their greatest common divisor with `cp`)."),
     INT(parallel, zero, 0, 0, 1, "ZeRO stage: 0 = every rank holds the whole AdamW state; 1 = the AdamW moments are sharded over the `dp` ranks (each updates its share of the parameters, then they are all-gathered). Checkpoints hold full tensors either way."),
+    ENUM(parallel, comm, "nccl", NAMES("nccl", "mpi"), "How the CUDA backend moves device buffers between ranks (the gradient all-reduce): `nccl` = NCCL communicators beside the MPI ones, one GPU per rank (more ranks than GPUs on a node stops the run with one line); `mpi` = staged through host memory and the MPI communicators, for machines where NCCL cannot run (ranks then share the node's GPUs, rank on the node modulo GPUs). The CPU backend always uses MPI."),
     DOUBLE(parallel, timeout_s, 600.0, 0, 1e9, MIN_OPEN, "A transfer or collective that does not complete within this many seconds ends every rank with a message naming the rank and operation."),
 
-    ENUM(train, backend, "cpu", NAMES("cpu", "cuda", "auto"), "Compute backend: `cpu` (fp32, OpenMP, OpenBLAS); `cuda` (one GPU per rank: bf16 activations and compute weights, fp32 master weights, gradients and AdamW moments; cuBLASLt matmuls, flash attention; one rank, no `parallel.cp` ring, no `data.doc_mask`); `auto` = `cuda` when this build has the CUDA backend and a GPU is visible, else `cpu`. `cuda` in a build without it or with no GPU visible stops the run with one line saying which. Also picks the backend of `mtrain score` and `mtrain eval`."),
+    ENUM(train, backend, "cpu", NAMES("cpu", "cuda", "auto"), "Compute backend: `cpu` (fp32, OpenMP, OpenBLAS); `cuda` (one GPU per rank: bf16 activations and compute weights, fp32 master weights, gradients and AdamW moments; cuBLASLt matmuls, flash attention; data parallel over ranks with `parallel.dp`, gradients summed per `parallel.comm`; no `parallel.cp` ring, no `data.doc_mask`); `auto` = `cuda` when this build has the CUDA backend and a GPU is visible, else `cpu`. `cuda` in a build without it or with no GPU visible stops the run with one line saying which. Also picks the backend of `mtrain score` and `mtrain eval`."),
     INT64(train, steps, 100, 0, 1e12, "Total optimizer steps."),
     INT(train, seq_len, 256, 2, 1 << 30, "Tokens per training sequence."),
     INT(train, micro_batches, 1, 1, 1 << 20, "Sequences per optimizer step (gradient accumulation)."),

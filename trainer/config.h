@@ -26,6 +26,7 @@ typedef enum { INIT_NONE, INIT_FOLDER } InitFrom;                          // tr
 typedef enum { DATA_SYNTHETIC, DATA_SHARDS } DataTrain;                    // data.train
 typedef enum { VAL_HOLDOUT, VAL_SHARDS } DataVal;                          // data.val
 typedef enum { RESUME_AUTO, RESUME_NEVER, RESUME_PATH } ResumeFrom;        // checkpoint.resume
+typedef enum { COMM_NCCL, COMM_MPI } CommKind;                           // parallel.comm
 typedef enum { EVAL_MODEL_LATEST, EVAL_MODEL_FOLDER } EvalModel;           // eval.model
 typedef enum { TEXT_HELDOUT, TEXT_FILE } EvalText;                         // eval.text
 typedef enum { TOKENIZER_MODEL, TOKENIZER_BYTES, TOKENIZER_FILE } EvalTokenizer; // eval.tokenizer
@@ -34,6 +35,7 @@ typedef struct {
     int threads;               // OpenMP threads per rank; 0 = the node's CPUs / its ranks
     int dp, cp, cp_inner;      // rank grid (dist/comm.h); 0 = default
     int zero;                  // 1 = AdamW moments sharded over dp (ZeRO-1)
+    CommKind comm;             // nccl | mpi: device buffers between ranks (the CUDA backend)
     double timeout_s;          // a collective that takes longer ends the job
 } ParallelConfig;
 

@@ -81,6 +81,7 @@ int cmd_score(int argc, char **argv) {
     dist_init(&dist, NULL, NULL, cfg.parallel.timeout_s);
     dist_setup(&dist, cfg.parallel.dp, cfg.parallel.cp, cfg.parallel.cp_inner, "mtrain score");
     quiet_other_ranks(&dist);
+    join_devices(&cfg, &dist);
     if (dist.dp.size > 1)
         comm_fail_all(&dist.world, "mtrain score: parallel.dp %d: score splits one sequence over its ranks "
                       "(expected parallel.dp 1)", dist.dp.size);

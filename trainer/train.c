@@ -25,6 +25,9 @@
 #include "../attention/ring.h"
 #include "../data/packing.h"
 #include "../dist/progress.h"
+#ifdef MTRAIN_CUDA
+#include "../dist/comm_device.h"
+#endif
 #include "checkpoint.h"
 #include "commands.h"
 #include "plan.h"
@@ -188,6 +191,17 @@ void quiet_other_ranks(const Dist *dist) {
     if (dist->world_rank != 0 && !freopen("/dev/null", "w", stdout)) fail("/dev/null: cannot open for writing");
 }
 
+void join_devices(const Config *cfg, Dist *dist) {
+#ifdef MTRAIN_CUDA
+    char why[160];
+    if (cfg->train.backend != BACKEND_CPU && backend_cuda_visible(why, sizeof(why)))
+        comm_device_join(dist, cfg->parallel.comm == COMM_NCCL);
+#else
+    (void)cfg;
+    (void)dist;
+#endif
+}
+
 bool run_start(int argc, char **argv, const char *usage, bool eval_model, Config *cfg, Dist *dist) {
     if (argc < 1 || argv[0][0] == '-') {
         fprintf(stderr, "%s\n", usage);
@@ -197,6 +211,7 @@ bool run_start(int argc, char **argv, const char *usage, bool eval_model, Config
     dist_init(dist, NULL, NULL, cfg->parallel.timeout_s);
     dist_setup(dist, cfg->parallel.dp, cfg->parallel.cp, cfg->parallel.cp_inner, argv[0]);
     quiet_other_ranks(dist);
+    join_devices(cfg, dist);
     return true;
 }
 
@@ -313,13 +328,7 @@ static void end_attention_stats(Model *m, const Dist *dist, char *line, size_t l
 }
 
 void allreduce_arena(const Comm *comm, const Backend *be, float *arena, int64_t n) {
-    if (comm->size == 1) return;
-    size_t bytes = sizeof(float) * (size_t)n;
-    float *host = xmalloc(bytes);
-    be->download(host, arena, bytes);
-    comm_allreduce(comm, host, n, DT_FLOAT, REDUCE_SUM);
-    be->upload(arena, host, bytes);
-    free(host);
+    if (comm->size > 1) be->allreduce_sum(comm, arena, n);
 }
 
 // ZeRO-1: every dp rank's shard [opt_count] (backend memory, this rank's
@@ -509,10 +518,10 @@ int cmd_train(int argc, char **argv) {
     int micro = cfg.train.micro_batches;
     int64_t step_tokens = N * micro * D;
     if (dist.world_size > 1)
-        printf("ranks: %d = dp %d x cp %d (ring %s, cp_inner %d, layout %s)%s, %d thread%s per rank, launcher %s\n",
+        printf("ranks: %d = dp %d x cp %d (ring %s, cp_inner %d, layout %s)%s%s, %d thread%s per rank, launcher %s\n",
                dist.world_size, D, dist.cp.size, config_enum_name(&cfg, &cfg.attention.ring), dist.grid.cp_inner,
-               config_enum_name(&cfg, &cfg.attention.layout), zero ? ", ZeRO-1" : "", threads, threads == 1 ? "" : "s",
-               dist.launcher);
+               config_enum_name(&cfg, &cfg.attention.layout), zero ? ", ZeRO-1" : "",
+               dist.world.nccl ? ", gradients over NCCL" : "", threads, threads == 1 ? "" : "s", dist.launcher);
     print_memory(&m, layout_rank_positions(data.layout, N, data.block_size, data.cp, data.cp_rank, NULL), zero);
 
     char metrics_path[CONFIG_STR + 32];

@@ -23,13 +23,18 @@ void loader_from_config(Loader *l, const Config *cfg, bool validation);
 // Attention over the cp ring when cp > 1 (dense, or sparse with the pattern
 // estimated over the ring), with the schedule of attention.ring.
 void model_join_ring(Model *m, const Config *cfg, const Dist *dist);
-// Sum an arena [n] of backend memory over comm (through a host buffer).
+// Sum an arena [n] of backend memory over comm (the backend's allreduce_sum:
+// MPI on the CPU, the device communicator on the GPU).
 void allreduce_arena(const Comm *comm, const Backend *be, float *arena, int64_t n);
 // Ranks other than 0 write stdout to /dev/null: rank 0 alone speaks (errors
 // still reach stderr from any rank).
 void quiet_other_ranks(const Dist *dist);
+// The CUDA backend's ranks (train.backend cuda, or auto with a GPU): each to
+// its GPU, with the device communicators of parallel.comm, before the backend
+// is first used (without a GPU, backend_select says why). A collective.
+void join_devices(const Config *cfg, Dist *dist);
 // The start of a verb on a run file (argv[0]) and overrides: config, MPI,
-// the rank grid, and stdout on rank 0 only. Prints usage and returns false
+// the rank grid, the GPUs (join_devices), and stdout on rank 0 only. Prints usage and returns false
 // when no run file is given. eval_model: see config_from_args.
 bool run_start(int argc, char **argv, const char *usage, bool eval_model, Config *cfg, Dist *dist);
 

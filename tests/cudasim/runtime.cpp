@@ -261,18 +261,39 @@ const char *cudaGetErrorString(cudaError_t e) {
     }
 }
 
-cudaError_t cudaGetDevice(int *device) { *device = 0; return cudaSuccess; }
-cudaError_t cudaSetDevice(int device) { return result(device == 0 ? cudaSuccess : cudaErrorInvalidDevice); }
-cudaError_t cudaGetDeviceCount(int *count) { *count = 1; return cudaSuccess; }
+// The devices this process sees: CUDASIM_DEVICES (default 1), all of them
+// names of the one simulated device, so that a program choosing its GPU from
+// its rank on the node can be run as on a node with that many GPUs.
+static int device_count() {
+    static const int n = [] {
+        const char *e = getenv("CUDASIM_DEVICES");
+        if (!e || !*e) return 1;
+        char *end;
+        const long v = strtol(e, &end, 10);
+        if (*end || v < 1 || v > 1024) fail("CUDASIM_DEVICES=%s: expected a number of devices from 1 to 1024", e);
+        return (int)v;
+    }();
+    return n;
+}
+static int current_device = 0;
+static bool valid_device(int device) { return device >= 0 && device < device_count(); }
+
+cudaError_t cudaGetDevice(int *device) { *device = current_device; return cudaSuccess; }
+cudaError_t cudaSetDevice(int device) {
+    if (!valid_device(device)) return result(cudaErrorInvalidDevice);
+    current_device = device;
+    return cudaSuccess;
+}
+cudaError_t cudaGetDeviceCount(int *count) { *count = device_count(); return cudaSuccess; }
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int device) {
-    if (device != 0) return result(cudaErrorInvalidDevice);
+    if (!valid_device(device)) return result(cudaErrorInvalidDevice);
     *prop = device_props();
     return cudaSuccess;
 }
 
 cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device) {
-    if (device != 0) return result(cudaErrorInvalidDevice);
+    if (!valid_device(device)) return result(cudaErrorInvalidDevice);
     const cudaDeviceProp &p = device_props();
     switch (attr) {
     case cudaDevAttrMaxThreadsPerBlock: *value = p.maxThreadsPerBlock; break;
@@ -291,7 +312,7 @@ cudaError_t cudaDeviceSynchronize(void) { drain(0); return cudaSuccess; }
 
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *pool, int device) {
     static CUmemPoolHandle_st pool0{0};
-    if (device != 0) return result(cudaErrorInvalidDevice);
+    if (!valid_device(device)) return result(cudaErrorInvalidDevice);
     *pool = &pool0;
     return cudaSuccess;
 }

@@ -1,0 +1,29 @@
+// comm_device.h: the device side of the communicators (docs/ARCHITECTURE.md,
+// Dist), for the CUDA backend. Each rank binds to one GPU of its node, and
+// under parallel.comm: nccl every communicator of dist/comm.h with more than
+// one rank gets an NCCL communicator beside its MPI one (Comm.nccl: same
+// ranks, same order, made from a unique id broadcast over the MPI one).
+// The operations take device buffers and a stream: through NCCL when the
+// communicator has one, otherwise staged through host memory and the MPI
+// operation of dist/comm.h (parallel.comm: mpi). Built with MTRAIN_CUDA only.
+#ifndef MTRAIN_COMM_DEVICE_H
+#define MTRAIN_COMM_DEVICE_H
+
+#include <cuda_runtime_api.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "comm.h"
+
+// Bind this rank to GPU (node-local rank) modulo (GPUs on the node), before
+// the CUDA backend is first used; with nccl, more ranks on a node than GPUs
+// ends every rank with one line (NCCL needs a GPU per rank), else the NCCL
+// communicators of world, dp, cp, cp-inner and cp-outer are made. A
+// collective over the world: every rank calls it.
+void comm_device_join(Dist *d, bool nccl);
+
+// In place, the sum over c of every rank's buf [count] (device memory, fp32),
+// ordered on stream; returns when the sum is in buf.
+void comm_device_allreduce(const Comm *c, float *buf, int64_t count, cudaStream_t stream);
+
+#endif

@@ -385,8 +385,8 @@ static void layer_forward(Model *m, int l, LayerActs *a, Act *out, int64_t T) {
     be->attention_forward(m->attn, l, out != NULL, &s, a->q, a->k, a->v, m->positions, a->att, a->lse,
                           m->collect_attention_stats ? &m->attention_stats[l] : NULL);
     be->matmul_forward(a->x_mid, a->att, W(LAYER_O_WEIGHT), NULL, T, QD, H);
-    be->accumulate(a->x_mid, a->x_in, T * H);
-    be->rmsnorm_forward(a->h_mlp, a->rstd_mlp, a->x_mid, W(LAYER_POST_NORM), T, H, (float)c->rms_norm_eps);
+    be->residual_rmsnorm_forward(a->h_mlp, a->rstd_mlp, a->x_mid, a->x_in, W(LAYER_POST_NORM), T, H,
+                                 (float)c->rms_norm_eps);
     be->matmul_forward(a->gate, a->h_mlp, W(LAYER_GATE_WEIGHT), NULL, T, H, I);
     be->matmul_forward(a->up, a->h_mlp, W(LAYER_UP_WEIGHT), NULL, T, H, I);
     be->swiglu_forward(a->act, a->gate, a->up, T * I);
@@ -413,6 +413,7 @@ static void layer_backward(Model *m, int l, LayerActs *a, int64_t T) {
     zero_act(m, m->dh, T * H);
     be->matmul_backward(m->dh, G(LAYER_GATE_WEIGHT), NULL, m->dgate, a->h_mlp, W(LAYER_GATE_WEIGHT), T, H, I);
     be->matmul_backward(m->dh, G(LAYER_UP_WEIGHT), NULL, m->dup, a->h_mlp, W(LAYER_UP_WEIGHT), T, H, I);
+    // d(x_mid) = d(out) (the residual, already in dx) + the norm's gradient, added in place.
     be->rmsnorm_backward(m->dx, G(LAYER_POST_NORM), m->dh, a->x_mid, W(LAYER_POST_NORM), a->rstd_mlp, T, H);
     // attention: x_mid = x_in + o_proj(attention(rope(q), rope(k), v)), from h = norm(x_in)
     zero_act(m, m->datt, T * QD);

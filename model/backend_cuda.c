@@ -136,9 +136,6 @@ static void swiglu_backward(Act *dgate, Act *dup, const Act *dout, const Act *ga
                          (const uint16_t *)up, n, cuda.stream);
 }
 
-static void accumulate(Act *y, const Act *x, int64_t n) {
-    accumulate_cuda((uint16_t *)y, (const uint16_t *)x, n, cuda.stream);
-}
 static void scale(float *x, float s, int64_t n) { scale_cuda(x, s, n, cuda.stream); }
 static double sum_squares(const float *x, int64_t n) {
     cuda_zero(cuda.total, sizeof(double));
@@ -209,7 +206,6 @@ static const Backend cuda_backend = {
     .rope = rope,
     .swiglu_forward = swiglu_forward,
     .swiglu_backward = swiglu_backward,
-    .accumulate = accumulate,
     .scale = scale,
     .sum_squares = sum_squares,
     .cross_entropy = cross_entropy,

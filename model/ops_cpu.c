@@ -193,13 +193,6 @@ static void swiglu_backward(Act *dgate_act, Act *dup_act, const Act *dout_act, c
     }
 }
 
-static void accumulate(Act *y_act, const Act *x_act, int64_t n) {
-    float *y = (float *)y_act;
-    const float *x = (const float *)x_act;
-    #pragma omp parallel for
-    for (int64_t i = 0; i < n; i++) y[i] += x[i];
-}
-
 static void scale(float *x, float s, int64_t n) {
     #pragma omp parallel for
     for (int64_t i = 0; i < n; i++) x[i] *= s;
@@ -288,7 +281,6 @@ static const Backend cpu_backend = {
     .rope = rope,
     .swiglu_forward = swiglu_forward,
     .swiglu_backward = swiglu_backward,
-    .accumulate = accumulate,
     .scale = scale,
     .sum_squares = sum_squares,
     .cross_entropy = cross_entropy,

@@ -491,10 +491,12 @@ static int kernel_rows(const Plan *p, const Config *cfg, KernelRow *rows) {
                        L * (2 * T * KD + 8 * c->num_heads * T), KERNEL_FP32);
     n = add_kernel(rows, n, "embedding forward", 1, 0, 4 * T * H, KERNEL_MEMORY);
     n = add_kernel(rows, n, "embedding backward", 1, 0, 10 * T * H, KERNEL_MEMORY);
-    n = add_kernel(rows, n, "rmsnorm forward (input, final)", L * fwd + 1, 0, (L * fwd + 1) * 4 * T * H,
+    // Both residual adds of a layer fused with the norm after them; the input norm alone for the first
+    // layer and in every recomputation.
+    const double input_norms = 1 + L * (fwd - 1), fused_norms = 2 * L + L * (fwd - 1);
+    n = add_kernel(rows, n, "rmsnorm forward (input)", input_norms, 0, input_norms * 4 * T * H, KERNEL_MEMORY);
+    n = add_kernel(rows, n, "residual add + rmsnorm (fused)", fused_norms, 0, fused_norms * 8 * T * H,
                    KERNEL_MEMORY);
-    n = add_kernel(rows, n, "residual add + rmsnorm (fused)", L * fwd, 0, L * fwd * 8 * T * H, KERNEL_MEMORY);
-    n = add_kernel(rows, n, "residual add (layer output)", L, 0, L * 6 * T * H, KERNEL_MEMORY);
     n = add_kernel(rows, n, "rmsnorm backward", 2 * L + 1, 0, (2 * L + 1) * 8 * T * H, KERNEL_MEMORY);
     n = add_kernel(rows, n, "rope forward (q, k)", 2 * L * fwd, 0, L * fwd * 4 * T * (QD + KD), KERNEL_MEMORY);
     n = add_kernel(rows, n, "rope backward (dq, dk)", 2 * L, 0, L * 4 * T * (QD + KD), KERNEL_MEMORY);

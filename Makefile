@@ -341,4 +341,4 @@ fuzz: build-fuzz
 clean:
 	rm -rf build
 
--include $(shell find build/obj build/sim build/fuzz build/san -name '*.d' 2>/dev/null)
+-include $(shell find build/obj build/cuda build/sim build/fuzz build/san -name '*.d' 2>/dev/null)

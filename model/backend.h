@@ -68,6 +68,12 @@ typedef struct {
                             float eps);
     void (*rmsnorm_backward)(Act *dinp, float *dweight, const Act *dout, const Act *inp, const Weight *weight,
                              const float *rstd, int64_t T, int H);
+    // The residual add and the norm after it in one pass: x[T, H] += delta
+    // (one rounding to the Act type), then out = rmsnorm(x) as
+    // rmsnorm_forward of that x. Its backward is rmsnorm_backward alone: it
+    // accumulates into d(x), which already holds the residual's gradient.
+    void (*residual_rmsnorm_forward)(Act *out, float *rstd, Act *x, const Act *delta, const Weight *weight,
+                                     int64_t T, int H, float eps);
 
     // In place on x[T, heads, D]: rotate-half RoPE at global positions pos[T],
     // angle_i = pos · inv_freq[i] in double (inv_freq [D/2], backend memory, from
@@ -80,8 +86,6 @@ typedef struct {
     void (*swiglu_forward)(Act *out, const Act *gate, const Act *up, int64_t n);
     void (*swiglu_backward)(Act *dgate, Act *dup, const Act *dout, const Act *gate, const Act *up, int64_t n);
 
-    // y[n] += x[n]
-    void (*accumulate)(Act *y, const Act *x, int64_t n);
     // x[n] *= s (gradients)
     void (*scale)(float *x, float s, int64_t n);
     // sum of x[n]^2 in double (gradients)

@@ -118,6 +118,11 @@ static void rmsnorm_backward(Act *dinp, float *dweight, const Act *dout, const A
                           (const uint16_t *)weight, rstd, T, H, cuda.stream);
 }
 
+static void residual_rmsnorm_forward(Act *out, float *rstd, Act *x, const Act *delta, const Weight *weight,
+                                     int64_t T, int H, float eps) {
+    residual_rmsnorm_forward_cuda((uint16_t *)out, rstd, (uint16_t *)x, (const uint16_t *)delta,
+                                  (const uint16_t *)weight, T, H, eps, cuda.stream);
+}
 static void rope(Act *x, const int64_t *pos, int64_t T, int heads, int D, const double *inv_freq,
                  double attention_factor, int inverse) {
     rope_cuda((uint16_t *)x, pos, T, heads, D, inv_freq, attention_factor, inverse, cuda.stream);
@@ -131,9 +136,6 @@ static void swiglu_backward(Act *dgate, Act *dup, const Act *dout, const Act *ga
                          (const uint16_t *)up, n, cuda.stream);
 }
 
-static void accumulate(Act *y, const Act *x, int64_t n) {
-    accumulate_cuda((uint16_t *)y, (const uint16_t *)x, n, cuda.stream);
-}
 static void scale(float *x, float s, int64_t n) { scale_cuda(x, s, n, cuda.stream); }
 static double sum_squares(const float *x, int64_t n) {
     cuda_zero(cuda.total, sizeof(double));
@@ -200,10 +202,10 @@ static const Backend cuda_backend = {
     .matmul_backward = matmul_backward,
     .rmsnorm_forward = rmsnorm_forward,
     .rmsnorm_backward = rmsnorm_backward,
+    .residual_rmsnorm_forward = residual_rmsnorm_forward,
     .rope = rope,
     .swiglu_forward = swiglu_forward,
     .swiglu_backward = swiglu_backward,
-    .accumulate = accumulate,
     .scale = scale,
     .sum_squares = sum_squares,
     .cross_entropy = cross_entropy,

@@ -87,19 +87,33 @@ static void matmul_backward(Act *dinp_act, float *dweight, float *dbias, const A
     }
 }
 
+// One row: y[H] = x * r * weight, *rstd = r = 1/sqrt(mean(x^2) + eps).
+static void rmsnorm_row(float *y, float *rstd, const float *x, const float *weight, int H, float eps) {
+    double ss = 0;
+    for (int i = 0; i < H; i++) ss += (double)x[i] * x[i];
+    float r = (float)(1.0 / sqrt(ss / H + eps));
+    *rstd = r;
+    for (int i = 0; i < H; i++) y[i] = x[i] * r * weight[i];
+}
+
 static void rmsnorm_forward(Act *out_act, float *rstd, const Act *inp_act, const Weight *weight_w, int64_t T, int H,
                             float eps) {
     float *out = (float *)out_act;
     const float *inp = (const float *)inp_act, *weight = (const float *)weight_w;
     #pragma omp parallel for
+    for (int64_t t = 0; t < T; t++) rmsnorm_row(out + t * H, rstd + t, inp + t * H, weight, H, eps);
+}
+
+static void residual_rmsnorm_forward(Act *out_act, float *rstd, Act *x_act, const Act *delta_act,
+                                     const Weight *weight_w, int64_t T, int H, float eps) {
+    float *out = (float *)out_act, *x = (float *)x_act;
+    const float *delta = (const float *)delta_act, *weight = (const float *)weight_w;
+    #pragma omp parallel for
     for (int64_t t = 0; t < T; t++) {
-        const float *x = inp + t * H;
-        double ss = 0;
-        for (int i = 0; i < H; i++) ss += (double)x[i] * x[i];
-        float r = (float)(1.0 / sqrt(ss / H + eps));
-        rstd[t] = r;
-        float *y = out + t * H;
-        for (int i = 0; i < H; i++) y[i] = x[i] * r * weight[i];
+        float *row = x + t * H;
+        const float *d = delta + t * H;
+        for (int i = 0; i < H; i++) row[i] += d[i];
+        rmsnorm_row(out + t * H, rstd + t, row, weight, H, eps);
     }
 }
 
@@ -177,13 +191,6 @@ static void swiglu_backward(Act *dgate_act, Act *dup_act, const Act *dout_act, c
         dgate[i] += dout[i] * up[i] * s * (1.0f + g * (1.0f - s));
         dup[i] += dout[i] * g * s;
     }
-}
-
-static void accumulate(Act *y_act, const Act *x_act, int64_t n) {
-    float *y = (float *)y_act;
-    const float *x = (const float *)x_act;
-    #pragma omp parallel for
-    for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
 
 static void scale(float *x, float s, int64_t n) {
@@ -270,10 +277,10 @@ static const Backend cpu_backend = {
     .matmul_backward = matmul_backward,
     .rmsnorm_forward = rmsnorm_forward,
     .rmsnorm_backward = rmsnorm_backward,
+    .residual_rmsnorm_forward = residual_rmsnorm_forward,
     .rope = rope,
     .swiglu_forward = swiglu_forward,
     .swiglu_backward = swiglu_backward,
-    .accumulate = accumulate,
     .scale = scale,
     .sum_squares = sum_squares,
     .cross_entropy = cross_entropy,

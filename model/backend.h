@@ -122,6 +122,12 @@ typedef struct {
     // backend memory): the gradient reduction. CPU: MPI; CUDA: the device
     // communicator (dist/comm_device.h: NCCL, or staged through the host).
     void (*allreduce_sum)(const struct Comm *c, float *buf, int64_t n);
+    // ZeRO-1, in place on arena [c->size * count] (fp32, backend memory):
+    // reduce_scatter_sum puts block r of the sum over c into block r on rank r
+    // (the other blocks are undefined afterwards); allgather copies block r of
+    // rank r to every rank.
+    void (*reduce_scatter_sum)(const struct Comm *c, float *arena, int64_t count);
+    void (*allgather)(const struct Comm *c, float *arena, int64_t count);
 
     // AdamW on n fp32 master parameters: m, v updated; param -= lr * (mhat/(sqrt(vhat)+eps) + wd*param).
     void (*adamw)(float *param, const float *grad, float *m, float *v, int64_t n, float lr,

@@ -166,6 +166,12 @@ static void attention_backward(AttnState *st, int layer, const AttnShape *shape,
 static void allreduce_sum(const struct Comm *c, float *buf, int64_t n) {
     comm_device_allreduce(c, buf, n, cuda.stream);
 }
+static void reduce_scatter_sum(const struct Comm *c, float *arena, int64_t count) {
+    comm_device_reduce_scatter(c, arena, count, cuda.stream);
+}
+static void allgather(const struct Comm *c, float *arena, int64_t count) {
+    comm_device_allgather(c, arena, count, cuda.stream);
+}
 
 // The bf16 copy of param[n] is written by the same kernel: found among the
 // compute copies by the master range param lies in.
@@ -215,6 +221,8 @@ static const Backend cuda_backend = {
     .attention_backward = attention_backward,
     .attention_ring_bytes = attention_cuda_ring_bytes,
     .allreduce_sum = allreduce_sum,
+    .reduce_scatter_sum = reduce_scatter_sum,
+    .allgather = allgather,
     .adamw = adamw,
 };
 

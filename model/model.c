@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../dist/comm.h"
 #include "rope.h"
 
 // The tensors of one decoder layer: HF suffix, weight decay, initialisation.
@@ -97,6 +98,7 @@ void model_init(Model *m, const ModelConfig *config, const Backend *be) {
     m->grad_mem = be->alloc(bytes);
     m->weight_mem = be->weights_new(m->param_mem, m->total_params);
     m->opt_count = m->total_params;
+    m->arena_floats = m->total_params;
     size_t rope_bytes = sizeof(double) * (size_t)(cfg->head_dim / 2);
     double *inv_freq = xmalloc(rope_bytes);
     m->rope_attention_factor = rope_frequencies(cfg, cfg->head_dim, inv_freq);
@@ -134,11 +136,23 @@ void model_set_rope_documents(Model *m, const int64_t *doc_starts, int64_t count
 
 int64_t model_shard_size(const Model *m, int shards) { return (m->total_params + shards - 1) / shards; }
 
-void model_shard_optimizer(Model *m, int shard, int shards) {
+void model_shard_optimizer(Model *m, const struct Comm *over) {
     CHECK(!m->adam_m, "model_shard_optimizer after the moments were allocated");
+    int shard = over->rank, shards = over->size;
+    m->opt_comm = over;
     int64_t size = model_shard_size(m, shards);
     m->opt_begin = size * shard < m->total_params ? size * shard : m->total_params;
     m->opt_count = m->total_params - m->opt_begin < size ? m->total_params - m->opt_begin : size;
+    if (size * shards == m->arena_floats) return;
+    // Room for the last shard's padding: the arenas again, longer (zero-filled; the weights are set later).
+    const Backend *be = m->be;
+    be->weights_free(m->weight_mem, m->param_mem);
+    be->free(m->param_mem);
+    be->free(m->grad_mem);
+    m->arena_floats = size * shards;
+    m->param_mem = be->alloc(sizeof(float) * (size_t)m->arena_floats);
+    m->grad_mem = be->alloc(sizeof(float) * (size_t)m->arena_floats);
+    m->weight_mem = be->weights_new(m->param_mem, m->total_params);
 }
 
 void model_alloc_optimizer(Model *m) {

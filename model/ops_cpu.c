@@ -250,6 +250,17 @@ static void adamw(float *param, const float *grad, float *m, float *v, int64_t n
 
 static void allreduce_sum(const Comm *c, float *buf, int64_t n) { comm_allreduce(c, buf, n, DT_FLOAT, REDUCE_SUM); }
 
+// MPI's reduce-scatter may not write inside its input: the block is summed
+// into a scratch copy first.
+static void reduce_scatter_sum(const Comm *c, float *arena, int64_t count) {
+    float *sum = xmalloc(sizeof(float) * (size_t)(count > 0 ? count : 1));
+    comm_reduce_scatter(c, arena, sum, count, DT_FLOAT);
+    memcpy(arena + (int64_t)c->rank * count, sum, sizeof(float) * (size_t)count);
+    free(sum);
+}
+
+static void allgather(const Comm *c, float *arena, int64_t count) { comm_allgather(c, NULL, arena, count, DT_FLOAT); }
+
 static const Backend cpu_backend = {
     .name = "cpu",
     .act_bytes = sizeof(float),
@@ -285,6 +296,8 @@ static const Backend cpu_backend = {
     .attention_backward = attention_cpu_backward,
     .attention_ring_bytes = attention_cpu_ring_bytes,
     .allreduce_sum = allreduce_sum,
+    .reduce_scatter_sum = reduce_scatter_sum,
+    .allgather = allgather,
     .adamw = adamw,
 };
 

@@ -254,6 +254,10 @@ void comm_allreduce(const Comm *c, void *buf, int64_t count, DType type, ReduceO
     comm_wait(c, &req, 1, names[op]);
 }
 
+void comm_iallreduce_sum(const Comm *c, void *buf, int64_t count, DType type, MPI_Request *req) {
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, mpi_count(count), mpi_type(type), MPI_SUM, c->comm, req));
+}
+
 void comm_reduce_scatter(const Comm *c, const void *send, void *recv, int64_t count, DType type) {
     MPI_Request req;
     MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, mpi_count(count), mpi_type(type), MPI_SUM, c->comm, &req));

@@ -97,6 +97,9 @@ void comm_timed_out(const Comm *c, const char *op) __attribute__((noreturn));
 
 // Collectives, each waiting with the deadline. In place: buf [count].
 void comm_allreduce(const Comm *c, void *buf, int64_t count, DType type, ReduceOp op);
+// Non-blocking, in place: the sum over c of buf [count]; finish with
+// comm_wait (op "all-reduce (sum)"). MPI progresses it inside MPI calls.
+void comm_iallreduce_sum(const Comm *c, void *buf, int64_t count, DType type, MPI_Request *req);
 // Sum of every rank's send [size * count], this rank's block into recv [count].
 void comm_reduce_scatter(const Comm *c, const void *send, void *recv, int64_t count, DType type);
 // Every rank's send [count] into recv [size * count], in rank order; send

@@ -118,6 +118,23 @@ void comm_device_allreduce(const Comm *c, float *buf, int64_t count, cudaStream_
     free(host);
 }
 
+void comm_device_allreduce_start(const Comm *c, float *buf, int64_t count, cudaStream_t stream,
+                                 cudaStream_t comm_stream) {
+    static cudaEvent_t computed;  // re-recorded per bucket: each wait takes the record of its call
+    if (!c->nccl) {
+        comm_device_allreduce(c, buf, count, stream);
+        return;
+    }
+    if (!computed) CUDA_CHECK(cudaEventCreateWithFlags(&computed, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(computed, stream));
+    CUDA_CHECK(cudaStreamWaitEvent(comm_stream, computed, 0));
+    NCCL_CHECK(ncclAllReduce(buf, buf, (size_t)count, ncclFloat32, ncclSum, c->nccl, comm_stream));
+}
+
+void comm_device_allreduce_finish(const Comm *c, cudaStream_t comm_stream) {
+    if (c->nccl) watch_device(c, comm_stream, "all-reduce (sum)");
+}
+
 void comm_device_reduce_scatter(const Comm *c, float *arena, int64_t count, cudaStream_t stream) {
     if (c->size == 1) return;
     float *block = arena + (int64_t)c->rank * count;

@@ -500,6 +500,11 @@ double model_loss(Model *m, const int32_t *tokens, const int32_t *targets, const
     return head_loss(m, targets, T, 0.0f, false);
 }
 
+// The arena from offset on is final for this backward pass (Model.grads_final).
+static void grads_final(Model *m, int64_t offset) {
+    if (m->grads_final) m->grads_final(m->grads_final_ctx, offset);
+}
+
 double model_forward_backward(Model *m, const int32_t *tokens, const int32_t *targets,
                               const int64_t *positions, int64_t T, float grad_scale) {
     const Backend *be = m->be;
@@ -511,13 +516,16 @@ double model_forward_backward(Model *m, const int32_t *tokens, const int32_t *ta
     int fn = model_final_norm_param(m);
     be->rmsnorm_backward(m->dx, model_tensor(m, m->grad_mem, fn), m->dh, m->x_final, model_weight(m, fn), m->rstd_final,
                          T, H);
+    grads_final(m, m->params[fn].offset);
     for (int l = c->num_layers - 1; l >= 0; l--) {
         LayerActs *a = layer_acts(m, l);
         if (m->checkpoint_activations) layer_forward(m, l, a, NULL, T);
         layer_backward(m, l, a, T);
+        grads_final(m, m->params[model_layer_param(m, l, LAYER_INPUT_NORM)].offset);
         progress_add(m->progress, 1);
     }
     be->embedding_backward(model_tensor(m, m->grad_mem, model_embedding_param()), m->tokens, m->dx, T, H);
+    grads_final(m, 0);
     return loss;
 }
 

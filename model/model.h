@@ -90,6 +90,12 @@ typedef struct {
     SparseStats *attention_stats;   // [num_layers]
 
     // Context parallelism (model_set_ring): cp == NULL runs attention locally.
+    // Called by model_forward_backward as soon as a suffix of the gradient
+    // arena is final for the pass: [offset, arena end) gets none of its
+    // gradient after this (the final norm and LM head, then each layer from
+    // the last, then the embedding at offset 0). NULL: not called.
+    void (*grads_final)(void *ctx, int64_t offset);
+    void *grads_final_ctx;
     const struct Comm *cp;
     int ring_inner;                 // inner ring size of the schedule
     // Documents (model_set_documents): attention masked by document when set.

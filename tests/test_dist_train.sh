@@ -11,6 +11,8 @@
 #                documents on cp 2) = single-rank score: loss and
 #                every gradient tensor;
 #   20 steps     cp = 4 tracks cp = 1 step by step;
+#   buckets      the gradient all-reduce in small buckets equals one
+#                all-reduce (dp 2: bit for bit) and one rank (dp 2 × cp 2);
 #   ZeRO-1       parallel.zero=1 (moments sharded over dp × cp) equals zero=0
 #                (dp 2, cp 2: bit for bit; dp 2 × cp 2), and a sharded run
 #                resumed from its checkpoint equals one that never stopped,
@@ -132,6 +134,11 @@ else ok dist_train_references_differ; fi
 
 train dp2 2 train.steps=1 parallel.dp=2
 same_step dp2 ref2
+# The gradient all-reduce in buckets of 0.01 MiB (several per layer, started
+# during the backward) adds the same 2 values as one all-reduce: bit for bit.
+train dp2_buckets 2 train.steps=1 parallel.dp=2 parallel.bucket_mb=0.01
+expect dist_train_buckets_bitwise compare weights "$tmp/dp2_buckets/step_00000001/model.safetensors" \
+  "$tmp/dp2/step_00000001/model.safetensors" 0
 for layout in contiguous zigzag striped; do
   train "cp2_$layout" 2 train.steps=1 parallel.cp=2 attention.layout=$layout
   same_step "cp2_$layout" ref1
@@ -140,6 +147,8 @@ for layout in contiguous zigzag striped; do
   train "dp2cp2_$layout" 4 train.steps=1 parallel.dp=2 parallel.cp=2 attention.layout=$layout
   same_step "dp2cp2_$layout" ref2
 done
+train dp2cp2_buckets 4 train.steps=1 parallel.dp=2 parallel.cp=2 parallel.bucket_mb=0.01
+same_step dp2cp2_buckets ref2
 
 # Sparse attention with dp only (cp = 1: each rank's pattern on its own sequence).
 SPARSE="attention.type=sparse attention.budget=fixed attention.vertical=2 attention.slash=2 attention.sink=0 attention.local=16"

@@ -333,6 +333,39 @@ void allreduce_arena(const Comm *comm, const Backend *be, float *arena, int64_t 
     if (comm->size > 1) be->allreduce_sum(comm, arena, n);
 }
 
+// The gradient all-reduce in buckets (parallel.bucket_mb): during the last
+// micro-batch's backward, each time the final suffix of the arena
+// (Model.grads_final) has grown by at least a bucket past what was started,
+// that part starts reducing; the rest, from the embedding on, after the
+// micro-batches (bucket_finish), then every sum is waited for.
+typedef struct {
+    const Comm *comm;
+    Model *m;
+    int64_t bucket;    // floats per bucket, at least
+    int64_t started;   // [started, total_params) has started reducing
+} GradBuckets;
+
+static void bucket_ready(void *ctx, int64_t offset) {
+    GradBuckets *b = ctx;
+    if (offset == 0 || b->started - offset < b->bucket) return;
+    b->m->be->allreduce_sum_start(b->comm, b->m->grad_mem + offset, b->started - offset);
+    b->started = offset;
+}
+
+// From the next backward on (the step's last), start buckets as they are final.
+static void bucket_begin(GradBuckets *b) {
+    b->started = b->m->total_params;
+    b->m->grads_final = bucket_ready;
+    b->m->grads_final_ctx = b;
+}
+
+static void bucket_finish(GradBuckets *b) {
+    Model *m = b->m;
+    m->grads_final = NULL;
+    if (b->started > 0) m->be->allreduce_sum_start(b->comm, m->grad_mem, b->started);
+    m->be->allreduce_sum_finish(b->comm);
+}
+
 // ZeRO-1: every rank's shard [opt_count] (backend memory, this rank's
 // part of an arena) into full [total_params] on the host (collective over the
 // ranks the moments are sharded over).
@@ -409,11 +442,14 @@ static void test_fault(const Dist *dist) {
     sleep((unsigned)(10 * dist->world.timeout_s + 10));
 }
 
-// After the local forward and backward passes of a step, before any
-// reduction: the lowest world rank whose loss or gradient is not finite, or
-// world_size when every rank's are (collective over the world).
-static int first_bad_rank(const Dist *dist, const Model *m, double local_loss) {
-    bool bad = !isfinite(local_loss) || !isfinite(m->be->sum_squares(m->grad_mem, m->total_params));
+// After the local forward and backward passes of a step: the lowest world
+// rank whose loss or (grads_local: before any reduction) gradient is not
+// finite, or world_size when every rank's are (collective over the world).
+// With bucketed reduction the gradient is already being summed: a rank whose
+// loss is finite and gradient is not shows in the summed gradient's norm.
+static int first_bad_rank(const Dist *dist, const Model *m, double local_loss, bool grads_local) {
+    bool bad = !isfinite(local_loss) ||
+               (grads_local && !isfinite(m->be->sum_squares(m->grad_mem, m->total_params)));
     int64_t rank = bad ? dist->world_rank : dist->world_size;
     comm_allreduce(&dist->world, &rank, 1, DT_INT64, REDUCE_MIN);
     return (int)rank;
@@ -524,6 +560,8 @@ int cmd_train(int argc, char **argv) {
     start_state(&cfg, &dist, &m, &state, rolled_back_from);
     int64_t nan_first, nan_last;
     test_nan_steps(&dist, &nan_first, &nan_last);
+    bool bucketed = !zero && dist.world_size > 1 && cfg.parallel.bucket_mb > 0;
+    GradBuckets buckets = {&dist.world, &m, (int64_t)(cfg.parallel.bucket_mb * (1 << 20) / sizeof(float)), 0};
     int bad_in_a_row = 0;
     OptimizerConfig oc = optimizer_config(&cfg);
     int64_t N = cfg.train.seq_len;
@@ -564,6 +602,7 @@ int cmd_train(int argc, char **argv) {
         begin_attention_stats(&m, &cfg, step);
         if (data.balanced) packed_step_read(&data.loader, state.data_cursor, &data.step);
         for (int mb = 0; mb < micro; mb++) {
+            if (bucketed && mb == micro - 1) bucket_begin(&buckets);
             step_sequence(&data, state.data_cursor, (int64_t)mb * D + dist.dp.rank);
             slice_sequence(&data, &m);
             loss += model_forward_backward(&m, data.slice.tokens, data.slice.targets, data.slice.positions,
@@ -575,9 +614,10 @@ int cmd_train(int argc, char **argv) {
             loss = NAN;
             m.be->upload(m.grad_mem, &not_a_number, sizeof(float));
         }
-        int bad_rank = first_bad_rank(&dist, &m, loss);
+        int bad_rank = first_bad_rank(&dist, &m, loss, !bucketed);
         if (step == first_step) test_fault(&dist);
-        if (zero && dist.world_size > 1)
+        if (bucketed) bucket_finish(&buckets);
+        else if (zero && dist.world_size > 1)
             m.be->reduce_scatter_sum(&dist.world, m.grad_mem, model_shard_size(&m, dist.world_size));
         else allreduce_arena(&dist.world, m.be, m.grad_mem, m.total_params);
         comm_allreduce(&dist.world, &loss, 1, DT_DOUBLE, REDUCE_SUM);

@@ -3,8 +3,9 @@
 // micro_batches sequences forward+backward (dp rank d takes sequence
 // cursor + mb * dp + d, or under data.packing: balanced sequence mb * dp + d
 // of those re-dealt by attention work; a cp rank its slice of it in the
-// layout, attention over the ring), one all-reduce of the gradient arena over the world
-// (summed over cp, averaged over dp; ZeRO-1: a reduce-scatter, each rank
+// layout, attention over the ring), the all-reduce of the gradient arena over
+// the world (summed over cp, averaged over dp), in buckets started during the
+// last micro-batch's backward (ZeRO-1: one reduce-scatter after it, each rank
 // receiving its shard of the sum), clip, AdamW (ZeRO-1: on this rank's shard
 // of the world, dp × cp ranks holding the same parameters, then all-gather
 // the parameters), then rank 0 prints one line and

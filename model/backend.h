@@ -126,6 +126,20 @@ typedef struct {
     // backend memory): the gradient reduction. CPU: MPI; CUDA: the device
     // communicator (dist/comm_device.h: NCCL, or staged through the host).
     void (*allreduce_sum)(const struct Comm *c, float *buf, int64_t n);
+    // The same in buckets: allreduce_sum_start begins the sum of buf [n]
+    // behind the work queued so far and returns (CPU: MPI non-blocking; CUDA:
+    // NCCL on the communication stream, which waits for the compute stream by
+    // an event); allreduce_sum_finish waits for every sum started on c, so
+    // that later work sees them. Between the two the started buffers must not
+    // change.
+    void (*allreduce_sum_start)(const struct Comm *c, float *buf, int64_t n);
+    void (*allreduce_sum_finish)(const struct Comm *c);
+    // ZeRO-1, in place on arena [c->size * count] (fp32, backend memory):
+    // reduce_scatter_sum puts block r of the sum over c into block r on rank r
+    // (the other blocks are undefined afterwards); allgather copies block r of
+    // rank r to every rank.
+    void (*reduce_scatter_sum)(const struct Comm *c, float *arena, int64_t count);
+    void (*allgather)(const struct Comm *c, float *arena, int64_t count);
 
     // AdamW on n fp32 master parameters: m, v updated; param -= lr * (mhat/(sqrt(vhat)+eps) + wd*param).
     void (*adamw)(float *param, const float *grad, float *m, float *v, int64_t n, float lr,

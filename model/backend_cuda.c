@@ -7,6 +7,8 @@
 // that return a double (sum_squares, cross_entropy) wait for it, and upload
 // waits too, so the host buffer is free again when it returns; allreduce_sum
 // (dist/comm_device.h: NCCL or host-staged) returns with the sum in place.
+// The bucketed reduction runs on a second stream, the communication stream,
+// each bucket after an event of the compute stream.
 // Built only with MTRAIN_CUDA (the sim build, and the nvcc build of mtrain).
 #ifdef MTRAIN_CUDA
 
@@ -33,6 +35,7 @@ typedef struct {
 static struct {
     bool ready;
     cudaStream_t stream;
+    cudaStream_t comm_stream;  // the bucketed gradient reduction (allreduce_sum_start)
     MatmulCuda *mm;
     double *total;  // one device double: sum_squares' and cross_entropy's result
     WeightCopy copies[MAX_WEIGHT_COPIES];
@@ -168,6 +171,16 @@ static void attention_backward(AttnState *st, int layer, const AttnShape *shape,
 static void allreduce_sum(const struct Comm *c, float *buf, int64_t n) {
     comm_device_allreduce(c, buf, n, cuda.stream);
 }
+static void allreduce_sum_start(const struct Comm *c, float *buf, int64_t n) {
+    comm_device_allreduce_start(c, buf, n, cuda.stream, cuda.comm_stream);
+}
+static void allreduce_sum_finish(const struct Comm *c) { comm_device_allreduce_finish(c, cuda.comm_stream); }
+static void reduce_scatter_sum(const struct Comm *c, float *arena, int64_t count) {
+    comm_device_reduce_scatter(c, arena, count, cuda.stream);
+}
+static void allgather(const struct Comm *c, float *arena, int64_t count) {
+    comm_device_allgather(c, arena, count, cuda.stream);
+}
 
 // The bf16 copy of param[n] is written by the same kernel: found among the
 // compute copies by the master range param lies in.
@@ -217,6 +230,10 @@ static const Backend cuda_backend = {
     .attention_backward = attention_backward,
     .attention_ring_bytes = attention_cuda_ring_bytes,
     .allreduce_sum = allreduce_sum,
+    .allreduce_sum_start = allreduce_sum_start,
+    .allreduce_sum_finish = allreduce_sum_finish,
+    .reduce_scatter_sum = reduce_scatter_sum,
+    .allgather = allgather,
     .adamw = adamw,
 };
 
@@ -242,6 +259,7 @@ const Backend *backend_cuda(void) {
     char why[160];
     CHECK(backend_cuda_visible(why, sizeof(why)), "train.backend: cuda: %s", why);
     CUDA_CHECK(cudaStreamCreate(&cuda.stream));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&cuda.comm_stream, cudaStreamNonBlocking));
     cudaMemPool_t pool;
     int device = 0;
     CUDA_CHECK(cudaGetDevice(&device));

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../dist/comm.h"
 #include "rope.h"
 
 // The tensors of one decoder layer: HF suffix, weight decay, initialisation.
@@ -97,6 +98,7 @@ void model_init(Model *m, const ModelConfig *config, const Backend *be) {
     m->grad_mem = be->alloc(bytes);
     m->weight_mem = be->weights_new(m->param_mem, m->total_params);
     m->opt_count = m->total_params;
+    m->arena_floats = m->total_params;
     size_t rope_bytes = sizeof(double) * (size_t)(cfg->head_dim / 2);
     double *inv_freq = xmalloc(rope_bytes);
     m->rope_attention_factor = rope_frequencies(cfg, cfg->head_dim, inv_freq);
@@ -134,11 +136,23 @@ void model_set_rope_documents(Model *m, const int64_t *doc_starts, int64_t count
 
 int64_t model_shard_size(const Model *m, int shards) { return (m->total_params + shards - 1) / shards; }
 
-void model_shard_optimizer(Model *m, int shard, int shards) {
+void model_shard_optimizer(Model *m, const struct Comm *over) {
     CHECK(!m->adam_m, "model_shard_optimizer after the moments were allocated");
+    int shard = over->rank, shards = over->size;
+    m->opt_comm = over;
     int64_t size = model_shard_size(m, shards);
     m->opt_begin = size * shard < m->total_params ? size * shard : m->total_params;
     m->opt_count = m->total_params - m->opt_begin < size ? m->total_params - m->opt_begin : size;
+    if (size * shards == m->arena_floats) return;
+    // Room for the last shard's padding: the arenas again, longer (zero-filled; the weights are set later).
+    const Backend *be = m->be;
+    be->weights_free(m->weight_mem, m->param_mem);
+    be->free(m->param_mem);
+    be->free(m->grad_mem);
+    m->arena_floats = size * shards;
+    m->param_mem = be->alloc(sizeof(float) * (size_t)m->arena_floats);
+    m->grad_mem = be->alloc(sizeof(float) * (size_t)m->arena_floats);
+    m->weight_mem = be->weights_new(m->param_mem, m->total_params);
 }
 
 void model_alloc_optimizer(Model *m) {
@@ -513,6 +527,11 @@ double model_loss(Model *m, const int32_t *tokens, const int32_t *targets, const
     return head_loss(m, targets, T, 0.0f, false);
 }
 
+// The arena from offset on is final for this backward pass (Model.grads_final).
+static void grads_final(Model *m, int64_t offset) {
+    if (m->grads_final) m->grads_final(m->grads_final_ctx, offset);
+}
+
 double model_forward_backward(Model *m, const int32_t *tokens, const int32_t *targets,
                               const int64_t *positions, int64_t T, float grad_scale) {
     const Backend *be = m->be;
@@ -524,13 +543,16 @@ double model_forward_backward(Model *m, const int32_t *tokens, const int32_t *ta
     int fn = model_final_norm_param(m);
     be->rmsnorm_backward(m->dx, model_tensor(m, m->grad_mem, fn), m->dh, m->x_final, model_weight(m, fn), m->rstd_final,
                          T, H);
+    grads_final(m, m->params[fn].offset);
     for (int l = c->num_layers - 1; l >= 0; l--) {
         LayerActs *a = layer_acts(m, l);
         if (m->checkpoint_activations) layer_forward(m, l, a, NULL, T);
         layer_backward(m, l, a, T);
+        grads_final(m, m->params[model_layer_param(m, l, LAYER_INPUT_NORM)].offset);
         progress_add(m->progress, 1);
     }
     be->embedding_backward(model_tensor(m, m->grad_mem, model_embedding_param()), m->tokens, m->dx, T, H);
+    grads_final(m, 0);
     return loss;
 }
 

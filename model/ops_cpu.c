@@ -257,6 +257,34 @@ static void adamw(float *param, const float *grad, float *m, float *v, int64_t n
 
 static void allreduce_sum(const Comm *c, float *buf, int64_t n) { comm_allreduce(c, buf, n, DT_FLOAT, REDUCE_SUM); }
 
+// The sums started and not yet finished: [started_count] of [started_capacity].
+static MPI_Request *started;
+static int started_count, started_capacity;
+
+static void allreduce_sum_start(const Comm *c, float *buf, int64_t n) {
+    if (started_count == started_capacity) {
+        started_capacity = started_capacity ? 2 * started_capacity : 16;
+        started = xrealloc(started, sizeof(MPI_Request) * (size_t)started_capacity);
+    }
+    comm_iallreduce_sum(c, buf, n, DT_FLOAT, &started[started_count++]);
+}
+
+static void allreduce_sum_finish(const Comm *c) {
+    comm_wait(c, started, started_count, "all-reduce (sum)");
+    started_count = 0;
+}
+
+// MPI's reduce-scatter may not write inside its input: the block is summed
+// into a scratch copy first.
+static void reduce_scatter_sum(const Comm *c, float *arena, int64_t count) {
+    float *sum = xmalloc(sizeof(float) * (size_t)(count > 0 ? count : 1));
+    comm_reduce_scatter(c, arena, sum, count, DT_FLOAT);
+    memcpy(arena + (int64_t)c->rank * count, sum, sizeof(float) * (size_t)count);
+    free(sum);
+}
+
+static void allgather(const Comm *c, float *arena, int64_t count) { comm_allgather(c, NULL, arena, count, DT_FLOAT); }
+
 static const Backend cpu_backend = {
     .name = "cpu",
     .act_bytes = sizeof(float),
@@ -292,6 +320,10 @@ static const Backend cpu_backend = {
     .attention_backward = attention_cpu_backward,
     .attention_ring_bytes = attention_cpu_ring_bytes,
     .allreduce_sum = allreduce_sum,
+    .allreduce_sum_start = allreduce_sum_start,
+    .allreduce_sum_finish = allreduce_sum_finish,
+    .reduce_scatter_sum = reduce_scatter_sum,
+    .allgather = allgather,
     .adamw = adamw,
 };
 

@@ -283,7 +283,7 @@ void plan_build(Plan *p, const Config *cfg, const GpuProfile *gpu, double cpu_pe
         plan_gpu_memory(p, &c, acts, lm_chunk);
         p->capacity_bytes = gpu->hbm_gib * (1 << 30) * HBM_USABLE;
     } else {
-        int64_t shards = cfg->parallel.zero == 1 ? p->dp : 1;
+        int64_t shards = cfg->parallel.zero == 1 ? (int64_t)p->dp * p->cp : 1;  // ZeRO-1 over dp x cp
         int64_t opt_count = (p->params + shards - 1) / shards;
         plan_cpu_memory(p, &c, acts, lm_chunk, opt_count);
     }
@@ -356,7 +356,7 @@ static void print_advice(const Plan *p, const Config *cfg, FILE *out) {
         if (!c.train.checkpoint_activations) {
             c.train.checkpoint_activations = true;
             changes[n++] = "train.checkpoint_activations=true";
-        } else if (c.parallel.zero == 0 && (p->gpu ? p->dp * p->cp : p->dp) > 1) {  // ZeRO-1's shards
+        } else if (c.parallel.zero == 0 && p->dp * p->cp > 1) {  // ZeRO-1's shards
             c.parallel.zero = 1;
             changes[n++] = "parallel.zero=1";
         } else {

@@ -18,12 +18,15 @@
 // the memory's activation type, or dK then dV (fp32) for an accumulator. The
 // ring's memory (RingMemory: host and MPI, or a GPU) holds every buffer and
 // moves every message; the schedule is the same for all. Order of posting:
-// between two ranks in one direction, messages are posted in the same order
-// on both sides (a sender's dK/dV before its next K/V, a receiver's dK/dV
-// receive before its K/V receive), and the home receive is posted at the end,
-// after the last step's send: so a transport without tags that runs each batch
-// of posted transfers to completion before the next (NCCL groups on one
-// stream, ring_cuda.c) neither mismatches messages nor waits on a later step.
+// every rank calls the memory's wait at the same points of the schedule
+// (whether or not it has a transfer to wait for), and posts the receive of
+// every message between the same two of those points as its sender posts the
+// send (a dK/dV accumulator's receive right after this rank's own send of the
+// step); between two ranks in one direction messages are posted in the same
+// order on both sides. So a transport without tags that hands each batch of
+// transfers posted between two waits over as one group, run to completion
+// before the next (NCCL groups on one stream, dist/comm_device.h), neither
+// mismatches messages nor waits for a later group.
 #include "ring_plan.h"
 
 #include <stdbool.h>
@@ -500,22 +503,13 @@ void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const Attn
     };
     KvTravel t = kv_travel_start(ring, &p, kernels, "backward", k, v);
     for (int so = 0; so < p.outer; so++) {
-        if (so > 0) {           // before this step's K/V receive from the same rank (order of posting)
-            a.outer_n = ring_dkv_rows(ring, &p, need, ring_chunk_at(&p, so, p.inner - 1), so - 1, p.inner - 1, t.mask, a.outer_sel);
-            if (a.outer_n > 0)
-                m->recv(m->ctx, cp, a.outer_in, dkv_message(&p, a.outer_n), p.outer_prev, TAG_DKV_OUTER,
-                        &a.outer_recv);
-        }
         kv_outer_post(&t, so);
         const char *cur = t.outer_cur;
+        a.inner_n = -1;                               // the first inner step receives no inner accumulator
         for (int si = 0; si < p.inner; si++) {
             const int c = ring_chunk_at(&p, so, si);
             const int64_t full = ring->counts[c];
             const bool last = si == p.inner - 1;
-            a.inner_n = si > 0 ? ring_dkv_rows(ring, &p, need, c, so, si - 1, t.mask, a.inner_sel) : -1;
-            if (a.inner_n > 0)
-                m->recv(m->ctx, cp, a.inner_in, dkv_message(&p, a.inner_n), p.inner_prev, TAG_DKV_INNER,
-                        &a.inner_recv);
             const char *next = kv_inner_post(&t, so, si, cur);
             float *fresh = last ? a.node : a.step[si % 2];
             wait_one(ring, last ? &a.node_send : &a.step_send[si % 2], "dK/dV send buffer reuse");
@@ -527,13 +521,13 @@ void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const Attn
                 kernels->backward(kernels->ctx, &s, q, q_pos, cur, cur + kv_message(ring, &p, full) / 2,
                                   ring->kernel_positions + ring->offsets[c], lse, delta, dout, dq, own ? dk : fresh,
                                   own ? dv : fresh + full * p.kv);
-            if (a.inner_n > 0) {
-                wait_one(ring, &a.inner_recv, "dK/dV transfer (inner ring)");
+            wait_one(ring, &a.inner_recv, "dK/dV transfer (inner ring)");
+            if (a.inner_n > 0)
                 m->add_rows(m->ctx, fresh, fresh + full * p.kv, a.inner_in, a.inner_sel, a.inner_n, p.kv);
-            }
-            if (last && so > 0 && a.outer_n > 0) {
+            if (last && so > 0) {
                 wait_one(ring, &a.outer_recv, "dK/dV transfer (outer ring)");
-                m->add_rows(m->ctx, fresh, fresh + full * p.kv, a.outer_in, a.outer_sel, a.outer_n, p.kv);
+                if (a.outer_n > 0)
+                    m->add_rows(m->ctx, fresh, fresh + full * p.kv, a.outer_in, a.outer_sel, a.outer_n, p.kv);
             }
             const int64_t n = ring_dkv_rows(ring, &p, need, c, so, si, t.mask, a.send_sel);
             if (n >= 0 && n < full) m->gather_rows(m->ctx, fresh, fresh, full, a.send_sel, n, (size_t)p.kv * sizeof(float));
@@ -546,19 +540,32 @@ void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const Attn
                 m->send(m->ctx, cp, fresh, dkv_message(&p, n), to, tag, last ? &a.node_send : &a.step_send[si % 2]);
                 if (kernels->traffic) kernels->traffic->dkv_bytes += (int64_t)dkv_message(&p, n);
             }
+            // The receive of what the previous holder sends now (order of posting): for the next inner
+            // step, or the next node's sum, or this rank's own accumulator home.
+            if (!last) {
+                a.inner_n = ring_dkv_rows(ring, &p, need, ring_chunk_at(&p, so, si + 1), so, si, t.mask, a.inner_sel);
+                if (a.inner_n > 0)
+                    m->recv(m->ctx, cp, a.inner_in, dkv_message(&p, a.inner_n), p.inner_prev, TAG_DKV_INNER,
+                            &a.inner_recv);
+            } else if (so < p.outer - 1) {
+                a.outer_n = ring_dkv_rows(ring, &p, need, ring_chunk_at(&p, so + 1, p.inner - 1), so, p.inner - 1,
+                                          t.mask, a.outer_sel);
+                if (a.outer_n > 0)
+                    m->recv(m->ctx, cp, a.outer_in, dkv_message(&p, a.outer_n), p.outer_prev, TAG_DKV_OUTER,
+                            &a.outer_recv);
+            } else {
+                a.home_n = ring_dkv_rows(ring, &p, need, cp->rank, p.outer - 1, p.inner - 1, t.mask, a.home_sel);
+                if (a.home_n > 0)
+                    m->recv(m->ctx, cp, a.home, dkv_message(&p, a.home_n), ring_rank_at(&p, p.o - 1, p.i - 1),
+                            TAG_DKV_HOME, &a.home_recv);
+            }
             kv_inner_wait(&t, so, si);
             cur = next;
         }
         kv_outer_wait(&t, so);
     }
-    // Home: this rank's own accumulator, from the rank that computes last on it.
-    a.home_n = ring_dkv_rows(ring, &p, need, cp->rank, p.outer - 1, p.inner - 1, t.mask, a.home_sel);
-    if (a.home_n > 0) {
-        m->recv(m->ctx, cp, a.home, dkv_message(&p, a.home_n), ring_rank_at(&p, p.o - 1, p.i - 1), TAG_DKV_HOME,
-                &a.home_recv);
-        wait_one(ring, &a.home_recv, "dK/dV transfer (home)");
-        m->add_rows(m->ctx, dk, dv, a.home, a.home_sel, a.home_n, p.kv);
-    }
+    wait_one(ring, &a.home_recv, "dK/dV transfer (home)");
+    if (a.home_n > 0) m->add_rows(m->ctx, dk, dv, a.home, a.home_sel, a.home_n, p.kv);
     RingRequest sends[3] = {a.step_send[0], a.step_send[1], a.node_send};
     m->wait(m->ctx, cp, sends, 3, "ring attention backward: dK/dV sends");
 }

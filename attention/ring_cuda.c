@@ -29,6 +29,7 @@ struct RingCuda {
     DeviceExchange *exchange;  // made on the first call, with that stream
     int64_t *sel;              // [sel_count] device copy of a token list
     int64_t sel_count;
+    size_t sel_bytes;
     void *staging;             // [staging_bytes] in-place row moves go through it
     size_t staging_bytes;
     RingMemory memory;
@@ -40,10 +41,14 @@ struct RingCuda {
 
 // ---- the device memory ----
 
+// Zeroed: with ring_send selected a chunk's unsent rows stay as they were,
+// and the dense kernels read them under the causal mask (weight 0, so they
+// must be finite).
 static void *dev_alloc(void *ctx, size_t bytes) {
-    (void)ctx;
+    RingCuda *rc = ctx;
     void *p = NULL;
     CUDA_CHECK(cudaMalloc(&p, bytes > 0 ? bytes : 1));
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, rc->stream));
     return p;
 }
 
@@ -62,33 +67,32 @@ static void dev_zero(void *ctx, void *dst, size_t bytes) {
     CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, rc->stream));
 }
 
-// sel [n] (host) on the device.
+// sel [n] (host) on the device (room made by begin).
 static const int64_t *device_sel(RingCuda *rc, const int64_t *sel, int64_t n) {
-    if (n > rc->sel_count) {
-        if (rc->sel) CUDA_CHECK(cudaFree(rc->sel));
-        CUDA_CHECK(cudaMalloc((void **)&rc->sel, sizeof(int64_t) * (size_t)n));
-        rc->sel_count = n;
-    }
+    CHECK(n <= rc->sel_count, "ring attention (CUDA): a list of %lld tokens (room for %lld)", (long long)n,
+          (long long)rc->sel_count);
     // pageable source: staged when cudaMemcpyAsync returns
     CUDA_CHECK(cudaMemcpyAsync(rc->sel, sel, sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice, rc->stream));
     return rc->sel;
 }
 
-static void *staging(RingCuda *rc, size_t bytes) {
-    if (bytes > rc->staging_bytes) {
-        if (rc->staging) CUDA_CHECK(cudaFree(rc->staging));
-        CUDA_CHECK(cudaMalloc(&rc->staging, bytes));
-        rc->staging_bytes = bytes;
-    }
-    return rc->staging;
-}
-
 // In place (dst == src) the source is copied aside first: threads move rows in any order.
 static const void *apart(RingCuda *rc, const void *dst, const void *src, size_t bytes) {
     if (dst != src) return src;
-    void *copy = staging(rc, bytes);
-    CUDA_CHECK(cudaMemcpyAsync(copy, src, bytes, cudaMemcpyDeviceToDevice, rc->stream));
-    return copy;
+    CHECK(bytes <= rc->staging_bytes, "ring attention (CUDA): a message of %zu bytes (room for %zu)", bytes,
+          rc->staging_bytes);
+    CUDA_CHECK(cudaMemcpyAsync(rc->staging, src, bytes, cudaMemcpyDeviceToDevice, rc->stream));
+    return rc->staging;
+}
+
+// At least `bytes` of *buf (device). Only between ring calls: cudaFree waits
+// for the whole device, which inside a call would wait for transfers whose
+// peers wait for this host.
+static void room(void **buf, size_t *have, size_t bytes) {
+    if (bytes <= *have) return;
+    if (*buf) CUDA_CHECK(cudaFree(*buf));
+    CUDA_CHECK(cudaMalloc(buf, bytes));
+    *have = bytes;
 }
 
 static void dev_gather_rows(void *ctx, void *dst, const void *src, int64_t full, const int64_t *sel, int64_t n,
@@ -126,15 +130,9 @@ static void dev_recv(void *ctx, const Comm *c, void *buf, size_t bytes, int from
     req->id = comm_device_recv(rc->exchange, buf, bytes, from, tag);
 }
 
-// The latest transfer first: with NCCL its group holds the others (a send
-// and a receive posted together must be handed over together).
 static void dev_wait(void *ctx, const Comm *c, RingRequest *reqs, int n, const char *op) {
     RingCuda *rc = ctx;
     (void)c;
-    int latest = 0;
-    for (int i = 1; i < n; i++)
-        if (reqs[i].id > reqs[latest].id) latest = i;
-    comm_device_wait(rc->exchange, reqs[latest].id, op);
     for (int i = 0; i < n; i++) {
         comm_device_wait(rc->exchange, reqs[i].id, op);
         reqs[i] = RING_REQUEST_NULL;
@@ -221,6 +219,10 @@ static const RingKernels *begin(RingCuda *rc, const AttnShape *shape, cudaStream
     CHECK(rc->built, "ring attention (CUDA): a call before the sequence's positions (ring_cuda_sequence)");
     rc->stream = stream;
     if (!rc->exchange) rc->exchange = comm_device_exchange_new(rc->cp, stream);
+    const int64_t rows = rc->ring.max_count + 1, kv = (int64_t)shape->num_kv_heads * shape->head_dim;
+    room((void **)&rc->sel, &rc->sel_bytes, sizeof(int64_t) * (size_t)rows);
+    rc->sel_count = rows;
+    room(&rc->staging, &rc->staging_bytes, sizeof(float) * (size_t)(2 * rows * kv));
     if (rc->send != RING_SEND_SELECTED) return &rc->kernels;
     const int64_t words = ring_need_words(rc->ring.offsets[rc->cp->size], shape->block_size);
     rc->need_bits = xrealloc(rc->need_bits, (size_t)(rc->cp->size * words) * sizeof(uint64_t));

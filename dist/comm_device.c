@@ -181,9 +181,10 @@ int64_t comm_device_recv(DeviceExchange *x, void *buf, size_t bytes, int from, i
     return post(x, false, buf, bytes, from, tag);
 }
 
-// NCCL: transfers [issued, id] as one group on the comm stream, after the
-// compute stream's work up to the last one's posting.
-static void issue(DeviceExchange *x, int64_t id) {
+// NCCL: every transfer posted and not yet handed over, as one group on the
+// comm stream, after the compute stream's work up to the last one's posting.
+static void issue(DeviceExchange *x) {
+    const int64_t id = x->posted - 1;
     CUDA_CHECK(cudaStreamWaitEvent(x->comm, find(x, id)->posted, 0));
     NCCL_CHECK(ncclGroupStart());
     for (int64_t i = x->issued; i <= id; i++) {
@@ -198,14 +199,13 @@ static void issue(DeviceExchange *x, int64_t id) {
 }
 
 void comm_device_wait(DeviceExchange *x, int64_t id, const char *op) {
-    if (id < 0) return;
     if (x->c->nccl) {
-        if (id >= x->issued) issue(x, id);
-        CUDA_CHECK(cudaStreamWaitEvent(x->compute, x->group_done, 0));
+        if (x->posted > x->issued) issue(x);
+        if (id >= 0) CUDA_CHECK(cudaStreamWaitEvent(x->compute, x->group_done, 0));
         return;
     }
-    Transfer *t = find(x, id);
-    if (!t) return;            // waited for already
+    Transfer *t = id >= 0 ? find(x, id) : NULL;
+    if (!t) return;            // nothing, or waited for already
     comm_wait(x->c, &t->req, 1, op);
     if (!t->send) CUDA_CHECK(cudaMemcpyAsync(t->dev, t->host, t->bytes, cudaMemcpyHostToDevice, x->compute));
     free(t->host);             // pageable source: staged when cudaMemcpyAsync returns

@@ -32,10 +32,13 @@ void comm_device_allreduce(const Comm *c, float *buf, int64_t count, cudaStream_
 // `compute` before it was posted; a wait orders the work enqueued on
 // `compute` after it behind the transfer. With NCCL the host never waits: the
 // posted transfers are collected and handed to NCCL as one group on the
-// exchange's communication stream when a wait needs one of them (every
-// transfer posted before it joins that group, in order; between two ranks,
-// transfers pair up in the order they are posted), and the compute stream
-// waits for the group by an event. Without NCCL (parallel.comm: mpi) a send
+// exchange's communication stream at every wait (the transfers posted since
+// the previous wait, in order; between two ranks, transfers pair up in the
+// order they are posted), and the compute stream waits for the group by an
+// event. Groups run one after the other: each message's send and receive
+// must be posted between the same two waits of their ranks (which wait at
+// the same points), and nothing may wait for the whole device (cudaFree,
+// cudaDeviceSynchronize) while transfers are outstanding. Without NCCL (parallel.comm: mpi) a send
 // waits for the compute stream and goes through host memory and MPI
 // non-blocking, a receive is copied to the device at its wait.
 typedef struct DeviceExchange DeviceExchange;
@@ -44,7 +47,8 @@ void comm_device_exchange_free(DeviceExchange *x);
 // Each returns the transfer's id (>= 0) for comm_device_wait.
 int64_t comm_device_send(DeviceExchange *x, const void *buf, size_t bytes, int to, int tag);
 int64_t comm_device_recv(DeviceExchange *x, void *buf, size_t bytes, int from, int tag);
-// op names the transfer in a time-out message. id -1: nothing to wait for.
+// Hands the transfers posted so far over (NCCL), then waits for transfer id
+// (-1: none). op names the transfer in a time-out message.
 void comm_device_wait(DeviceExchange *x, int64_t id, const char *op);
 
 #endif

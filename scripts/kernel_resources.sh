@@ -145,6 +145,9 @@ launch_table() {
   row 'index_row_kernel<true>' 256 $(((1048576 / 64 / 32 + 1) * 4)) optin all
   # attention_cuda_op.cu: ADD_THREADS = 256.
   row 'add_into_bf16_kernel' 256 0 default all          # add_into_bf16()
+  # ring_rows_cuda.cu: ROW_THREADS = 256.
+  row 'move_rows_kernel' 256 0 default all
+  row 'add_rows_kernel' 256 0 default all
   # matmul_cuda.cu: the bias gradient, BIAS_COLS x BIAS_WARPS = 32 x 8 and BIAS_SUM_THREADS = 256 (bias_grad()).
   row 'bias_grad_partial_kernel' 256 0 default all
   row 'bias_grad_sum_kernel' 256 0 default all

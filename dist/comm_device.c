@@ -92,6 +92,8 @@ void comm_device_allreduce(const Comm *c, float *buf, int64_t count, cudaStream_
 
 // Transfers posted and not yet waited for (MPI) or not yet handed to NCCL.
 #define EXCHANGE_SLOTS 16
+// NCCL: the last groups handed over whose completion events are kept.
+#define EXCHANGE_GROUPS 8
 
 typedef struct {
     int64_t id;                // -1: free slot
@@ -107,7 +109,9 @@ typedef struct {
 struct DeviceExchange {
     const Comm *c;
     cudaStream_t compute, comm;  // comm: NCCL's stream
-    cudaEvent_t group_done;      // NCCL: the last group handed over
+    cudaEvent_t group_done[EXCHANGE_GROUPS];  // NCCL: group g's completion at g % EXCHANGE_GROUPS
+    int64_t group_end[EXCHANGE_GROUPS];       // the id after group g's last transfer
+    int64_t groups;                           // groups handed over
     int64_t posted, issued;      // NCCL: ids [issued, posted) wait in slots
     Transfer slot[EXCHANGE_SLOTS];
 };
@@ -119,7 +123,7 @@ DeviceExchange *comm_device_exchange_new(const Comm *c, cudaStream_t compute) {
     for (int s = 0; s < EXCHANGE_SLOTS; s++) x->slot[s].id = -1;
     if (!c->nccl) return x;
     CUDA_CHECK(cudaStreamCreateWithFlags(&x->comm, cudaStreamNonBlocking));
-    CUDA_CHECK(cudaEventCreate(&x->group_done));
+    for (int g = 0; g < EXCHANGE_GROUPS; g++) CUDA_CHECK(cudaEventCreate(&x->group_done[g]));
     for (int s = 0; s < EXCHANGE_SLOTS; s++)
         CUDA_CHECK(cudaEventCreate(&x->slot[s].posted));
     return x;
@@ -130,7 +134,7 @@ void comm_device_exchange_free(DeviceExchange *x) {
     if (x->c->nccl) {
         CUDA_CHECK(cudaStreamSynchronize(x->comm));
         for (int s = 0; s < EXCHANGE_SLOTS; s++) CUDA_CHECK(cudaEventDestroy(x->slot[s].posted));
-        CUDA_CHECK(cudaEventDestroy(x->group_done));
+        for (int g = 0; g < EXCHANGE_GROUPS; g++) CUDA_CHECK(cudaEventDestroy(x->group_done[g]));
         CUDA_CHECK(cudaStreamDestroy(x->comm));
     }
     for (int s = 0; s < EXCHANGE_SLOTS; s++) free(x->slot[s].host);
@@ -193,15 +197,26 @@ static void issue(DeviceExchange *x) {
         else NCCL_CHECK(ncclRecv(t->dev, t->bytes, ncclUint8, t->peer, x->c->nccl, x->comm));
     }
     NCCL_CHECK(ncclGroupEnd());
-    CUDA_CHECK(cudaEventRecord(x->group_done, x->comm));
+    const int64_t g = x->groups++;
+    CUDA_CHECK(cudaEventRecord(x->group_done[g % EXCHANGE_GROUPS], x->comm));
+    x->group_end[g % EXCHANGE_GROUPS] = id + 1;
     for (int64_t i = x->issued; i <= id; i++) find(x, i)->id = -1;
     x->issued = id + 1;
+}
+
+// NCCL: the event of the group that holds transfer id (handed over), or of
+// a later one when that group's event was reused (the comm stream runs the
+// groups in order, so a later one's completion implies it).
+static cudaEvent_t group_event(const DeviceExchange *x, int64_t id) {
+    int64_t g = x->groups > EXCHANGE_GROUPS ? x->groups - EXCHANGE_GROUPS : 0;
+    while (g < x->groups - 1 && x->group_end[g % EXCHANGE_GROUPS] <= id) g++;
+    return x->group_done[g % EXCHANGE_GROUPS];
 }
 
 void comm_device_wait(DeviceExchange *x, int64_t id, const char *op) {
     if (x->c->nccl) {
         if (x->posted > x->issued) issue(x);
-        if (id >= 0) CUDA_CHECK(cudaStreamWaitEvent(x->compute, x->group_done, 0));
+        if (id >= 0) CUDA_CHECK(cudaStreamWaitEvent(x->compute, group_event(x, id), 0));
         return;
     }
     Transfer *t = id >= 0 ? find(x, id) : NULL;

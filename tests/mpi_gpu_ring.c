@@ -9,7 +9,9 @@
 // weight sits on a few keys, so a chunk lost, repeated or placed at the wrong
 // positions moves its output by far more than the tolerance), runs the
 // one-GPU op on all of it and the ring op on its own rows, and compares its
-// rows of o, lse, and of the dq, dk, dv increments.
+// rows of o, lse, and of the dq, dk, dv increments; and the bytes the ring
+// sent (attention_cuda_ring_bytes) with those ring_send_tokens plans: K/V as
+// bf16 in both passes, dK/dV as fp32.
 // Tolerances: o, dq, dk, dv are bf16 (each rounded once from fp32 sums that
 // the ring adds in another order: 2^-9 relative per rounding, up to 2^-8 per
 // element when the fp32 sums straddle a rounding boundary), so relative
@@ -22,6 +24,8 @@
 
 #include "../attention/attention_cuda_op.h"
 #include "../attention/layout.h"
+#include "../attention/ring_plan.h"
+#include "../attention/ring_sparse.h"
 #include "../dist/comm_device.h"
 #include "../dist/cuda_check.h"
 #include "../dist/util.h"
@@ -39,6 +43,7 @@ enum { N = 128, B = 16, HQ = 4, HKV = 2, D = 64 };
 // rows of the whole sequence's; o, lse and the dq, dk, dv increments (fp32, host).
 typedef struct {
     float *o, *lse, *dq, *dk, *dv;
+    double bytes;              // sent in the ring
 } Result;
 
 static Result run_op(const AttentionConfig *cfg, const Comm *cp, int inner, const AttnShape *shape,
@@ -62,7 +67,7 @@ static Result run_op(const AttentionConfig *cfg, const Comm *cp, int inner, cons
     attention_cuda_backward(st, 0, shape, d_q, d_k, d_v, d_pos, d_o, d_lse, d_dout, d_delta, d_dq, d_dk, d_dv, 0);
     CUDA_CHECK(cudaDeviceSynchronize());
     Result r = {from_device_bf16(d_o, nq), from_device_f32(d_lse, HQ * T), from_device_bf16(d_dq, nq),
-                from_device_bf16(d_dk, nk), from_device_bf16(d_dv, nk)};
+                from_device_bf16(d_dk, nk), from_device_bf16(d_dv, nk), attention_cuda_ring_bytes(st)};
     void *all[] = {d_q, d_k, d_v, d_dout, d_pos, d_o, d_lse, d_delta, d_dq, d_dk, d_dv};
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) CUDA_CHECK(cudaFree(all[i]));
     attention_cuda_free(st);
@@ -99,6 +104,29 @@ static uint16_t *random_bits(Rng *rng, int64_t n, double scale) {
     return x;
 }
 
+// The bytes this rank's ring sends for one forward and backward, by the
+// byte planner (ring_send_tokens), for ring_send `send`.
+static double planned_bytes(int inner, RingSend send, const AttnShape *shape, const int64_t *pos, int64_t T) {
+    const int W = dist.cp.size, r = dist.cp.rank;
+    Ring ring;
+    ring_init(&ring, &dist.cp, inner, pos, T);
+    const int64_t words = ring_need_words(N, B);
+    uint64_t *bits = xmalloc((size_t)(W * words) * sizeof(uint64_t));
+    ring_dense_need(&ring, shape, words, bits);
+    const RingNeed need = {B, words, bits};
+    int64_t *kv = xcalloc((size_t)(W * W), sizeof(int64_t)), *dkv = xcalloc((size_t)(W * W), sizeof(int64_t));
+    ring_send_tokens(&ring, send == RING_SEND_SELECTED ? &need : NULL, kv, dkv);
+    double bytes = 0;
+    for (int s = 0; s < W; s++)
+        bytes += 2.0 * (double)kv[r * W + s] * 2 * HKV * D * sizeof(uint16_t) +
+                 (double)dkv[r * W + s] * 2 * HKV * D * sizeof(float);
+    free(bits);
+    free(kv);
+    free(dkv);
+    ring_free(&ring);
+    return bytes;
+}
+
 static void check_case(int inner, LayoutKind layout, RingSend send, DocSet docs) {
     const int W = dist.cp.size, r = dist.cp.rank;
     Rng rng;
@@ -121,6 +149,7 @@ static void check_case(int inner, LayoutKind layout, RingSend send, DocSet docs)
     AttnShape shape = full;
     shape.q_tokens = shape.k_tokens = T;
     Result ring = run_op(&cfg, &dist.cp, inner, &shape, lq, lk, lv, ldout, pos, T);
+    const double planned = planned_bytes(inner, send, &shape, pos, T);
 
     float *o = rows(ref.o, HQ * D * sizeof(float), pos, T), *lse = lse_rows(ref.lse, pos, T);
     float *dq = rows(ref.dq, HQ * D * sizeof(float), pos, T), *dk = rows(ref.dk, HKV * D * sizeof(float), pos, T);
@@ -138,6 +167,8 @@ static void check_case(int inner, LayoutKind layout, RingSend send, DocSet docs)
     EXPECT_ALL(e_dq <= TOL_BF16 && e_dk <= TOL_BF16 && e_dv <= TOL_BF16,
                "cuda_ring_backward_cp%d_%s_%s_%s%s: dq %.2e, dk %.2e, dv %.2e <= %.0e", W, ring_name, layout_name,
                send_name, doc_set_suffix(docs), worst[2], worst[3], worst[4], TOL_BF16);
+    EXPECT_ALL(ring.bytes == planned && planned > 0, "cuda_ring_bytes_cp%d_%s_%s_%s%s: rank %d sent %.0f bytes, "
+               "planned %.0f", W, ring_name, layout_name, send_name, doc_set_suffix(docs), r, ring.bytes, planned);
     void *all[] = {q, k, v, dout, iota, pos, lq, lk, lv, ldout, o, lse, dq, dk, dv};
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) free(all[i]);
     result_free(&ref);

@@ -12,8 +12,9 @@
 #              step's loss within 2e-4 relative and every weight of the last
 #              checkpoint within 4e-3 of the one-rank run;
 #   unit       build/sim/tests/mpi_gpu_ring (the op's outputs and gradients
-#              against one GPU, every layout, ring_send and documents) on 2
-#              ranks flat and 4 hierarchical, one seed each;
+#              against one GPU, every layout, ring_send and documents, and
+#              the bytes it sent against the byte planner) on 2 ranks flat
+#              and 4 hierarchical, one seed each;
 #   mpi        parallel.comm: mpi (host-staged) gives the nccl run's weights
 #              (within 1e-6: the same kernels on the same messages);
 #   sparse     sparse attention on a ring ends with a line saying so.
@@ -82,8 +83,8 @@ for run in "1 2 2" "3 4 2"; do
   rc=$?
   sed "s/^\(ok\|FAIL\) /\1 seed${seed}_/" "$tmp/unit.out" | grep -E '^(ok|FAIL) '
   failures=$((failures + $(grep -c '^FAIL ' "$tmp/unit.out")))
-  expect "cuda_ring_unit_seed${seed}_np${np}_inner$inner: mpi_gpu_ring ran its 16 checks (exit $rc)" \
-    "[ $rc -eq 0 ] && [ \$(grep -c '^ok ' '$tmp/unit.out') -eq 16 ]"
+  expect "cuda_ring_unit_seed${seed}_np${np}_inner$inner: mpi_gpu_ring ran its 24 checks (exit $rc)" \
+    "[ $rc -eq 0 ] && [ \$(grep -c '^ok ' '$tmp/unit.out') -eq 24 ]"
 done
 
 CUDASIM_SEED=1 train mpi 2 parallel.cp=2 parallel.comm=mpi

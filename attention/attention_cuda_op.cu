@@ -1,8 +1,9 @@
 // attention_cuda_op.cu: the CUDA backend's attention op on one GPU
 // (attention_cuda_op.h), composed from the kernels of flash_cuda.cu,
 // sparse_cuda.cu and sparse_select_cuda.cu, as attention_cpu.c composes the
-// CPU kernels; over a cp ring (dense), ring_cuda.h runs ring.c's schedules on
-// device buffers. The state keeps what lives between calls: the config and its
+// CPU kernels; over a cp ring (dense), the AttnRingCuda bound by the backend
+// (ring_cuda.h) runs ring.c's schedules on device buffers. The state keeps
+// what lives between calls: the config and its
 // fixed budgets, each layer's device index from the sequence's plan forward,
 // the sequence's positions (host), and the scratch, allocated once and grown:
 //   o_acc            [T, Hq, D] fp32   the forward's running output
@@ -25,7 +26,6 @@ extern "C" {
 #include "../dist/cuda_kernel.h"
 #include "attention_cuda.h"
 #include "attention_cuda_op.h"
-#include "ring_cuda.h"
 #include "sparse_cuda.h"
 
 #define ADD_THREADS 256
@@ -48,7 +48,7 @@ struct AttnState {
     int64_t *pos;                // [tokens] the sequence's positions (host)
     int64_t tokens;
     bool pos_is_iota;            // pos[t] == t for every t
-    RingCuda *ring;              // the cp ring, or NULL on one rank
+    AttnRingCuda ring;           // the cp ring (ring.ring NULL on one rank)
     Scratch o_acc, dq_acc, dk_acc, dv_acc, lse_est, vertical, slash, q_blocks;
 };
 
@@ -114,7 +114,7 @@ extern "C" void attention_cuda_free(AttnState *st) {
     Scratch *all[] = {&st->o_acc, &st->dq_acc, &st->dk_acc, &st->dv_acc, &st->lse_est,
                       &st->vertical, &st->slash, &st->q_blocks};
     for (Scratch *s : all) scratch_free(s);
-    ring_cuda_free(st->ring);
+    if (st->ring.ring) st->ring.free(st->ring.ring);
     free(st->index);
     free(st->planned);
     free(st->pos);
@@ -123,14 +123,13 @@ extern "C" void attention_cuda_free(AttnState *st) {
     free(st);
 }
 
-extern "C" bool attention_cuda_set_ring(AttnState *st, const struct Comm *cp, int inner) {
-    ring_cuda_free(st->ring);
-    st->ring = NULL;
-    const int cp_size = ring_cuda_group_size(cp);
-    if (cp_size <= 1) return false;
+extern "C" bool attention_cuda_set_ring(AttnState *st, const AttnRingCuda *ring) {
+    if (st->ring.ring) st->ring.free(st->ring.ring);
+    st->ring = AttnRingCuda{};
+    if (!ring) return false;
     CHECK(st->cfg.type != ATTN_SPARSE, "attention.type sparse with parallel.cp %d: the CUDA backend's ring "
-          "attention is dense (attention.type dense, or train.backend cpu for a sparse ring)", cp_size);
-    st->ring = ring_cuda_new(cp, inner, st->cfg.ring_send);
+          "attention is dense (attention.type dense, or train.backend cpu for a sparse ring)", ring->cp_size);
+    st->ring = *ring;
     return true;
 }
 
@@ -144,7 +143,7 @@ extern "C" void attention_cuda_sequence(AttnState *st, const int64_t *pos, int64
         st->pos[t] = pos[t];
         st->pos_is_iota &= pos[t] == t;
     }
-    if (st->ring) ring_cuda_sequence(st->ring, pos, tokens);
+    if (st->ring.ring) st->ring.sequence(st->ring.ring, pos, tokens);
 }
 
 // ---- the sparse plan ----
@@ -257,7 +256,7 @@ static void check_call(const AttnState *st, int layer, const AttnShape *s) {
           "CUDA sparse attention does not mask documents (attention.type dense or train.backend cpu does)");
     CHECK(layer >= 0 && layer < st->num_layers, "attention (CUDA): layer %d outside [0, %d)", layer,
           st->num_layers);
-    CHECK(s->q_tokens == s->k_tokens && (s->q_tokens >= 1 || st->ring), "attention (CUDA): %lld queries and %lld "
+    CHECK(s->q_tokens == s->k_tokens && (s->q_tokens >= 1 || st->ring.ring), "attention (CUDA): %lld queries and %lld "
           "keys (this rank's tokens, at least one without a ring)", (long long)s->q_tokens, (long long)s->k_tokens);
     if (st->cfg.type != ATTN_SPARSE) return;
     CHECK(s->block_size == 64 || s->block_size == 128,
@@ -273,8 +272,8 @@ extern "C" void attention_cuda_forward(AttnState *st, int layer, bool plan, cons
     check_call(st, layer, shape);
     const size_t nq = (size_t)(shape->q_tokens * shape->num_heads * shape->head_dim);
     float *o_acc = (float *)scratch(&st->o_acc, sizeof(float) * nq);
-    if (st->ring) {
-        ring_cuda_forward(st->ring, shape, q, k, v, o_acc, lse, stream);
+    if (st->ring.ring) {
+        st->ring.forward(st->ring.ring, shape, st->cfg.ring_send, q, k, v, o_acc, lse, stream);
     } else if (st->cfg.type != ATTN_SPARSE) {
         attn_forward_init_cuda(shape, o_acc, lse, stream);
         attn_dense_forward_cuda(shape, q, pos, k, v, pos, o_acc, lse, stream);
@@ -304,8 +303,9 @@ extern "C" void attention_cuda_backward(AttnState *st, int layer, const AttnShap
     CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, sizeof(float) * (size_t)nq, stream));
     CUDA_CHECK(cudaMemsetAsync(dk_acc, 0, sizeof(float) * (size_t)nk, stream));
     CUDA_CHECK(cudaMemsetAsync(dv_acc, 0, sizeof(float) * (size_t)nk, stream));
-    if (st->ring) {
-        ring_cuda_backward(st->ring, shape, q, k, v, o, lse, dout, dq_acc, dk_acc, dv_acc, stream);
+    if (st->ring.ring) {
+        st->ring.backward(st->ring.ring, shape, st->cfg.ring_send, q, k, v, o, lse, dout, dq_acc, dk_acc, dv_acc,
+                          stream);
     } else {
         attn_backward_delta_cuda(shape, o, dout, delta, stream);
         if (sparse)
@@ -320,5 +320,5 @@ extern "C" void attention_cuda_backward(AttnState *st, int layer, const AttnShap
 }
 
 extern "C" double attention_cuda_ring_bytes(const AttnState *st) {
-    return st->ring ? ring_cuda_bytes(st->ring) : 0;
+    return st->ring.ring ? st->ring.bytes(st->ring.ring) : 0;
 }

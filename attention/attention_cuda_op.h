@@ -29,13 +29,27 @@
 extern "C" {
 #endif
 
-struct Comm;
+// A cp ring's attention on device buffers, bound by the caller
+// (attention/ring_cuda.h: ring_cuda_new), so that the op and the programs
+// that link only the kernels need no MPI. ring is the ring's own state.
+typedef struct {
+    void *ring;
+    int cp_size;
+    void (*sequence)(void *ring, const int64_t *pos, int64_t tokens);
+    void (*forward)(void *ring, const AttnShape *shape, RingSend send, const uint16_t *q, const uint16_t *k,
+                    const uint16_t *v, float *o_acc, float *lse, cudaStream_t stream);
+    void (*backward)(void *ring, const AttnShape *shape, RingSend send, const uint16_t *q, const uint16_t *k,
+                     const uint16_t *v, const uint16_t *o, const float *lse, const uint16_t *dout, float *dq_acc,
+                     float *dk_acc, float *dv_acc, cudaStream_t stream);
+    double (*bytes)(const void *ring);
+    void (*free)(void *ring);
+} AttnRingCuda;
 
 AttnState *attention_cuda_new(const AttentionConfig *cfg, int num_layers, int num_heads);
 void attention_cuda_free(AttnState *st);
-// cp: the cp group (NULL or one rank: no ring), inner: ranks per inner ring.
+// ring: the cp ring (NULL: none; the state owns and frees ring->ring).
 // Returns whether there is a ring; sparse attention on a ring fails with one line.
-bool attention_cuda_set_ring(AttnState *st, const struct Comm *cp, int inner);
+bool attention_cuda_set_ring(AttnState *st, const AttnRingCuda *ring);
 // A new sequence: pos [tokens] its positions (host).
 void attention_cuda_sequence(AttnState *st, const int64_t *pos, int64_t tokens);
 // stats: NULL, or the layer's density (computed, causal) and recall

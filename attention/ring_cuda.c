@@ -18,10 +18,9 @@
 #include "ring_rows_cuda.h"
 #include "ring_sparse.h"
 
-struct RingCuda {
+typedef struct {
     const Comm *cp;
     int inner;
-    RingSend send;
     Ring ring;
     bool built;
     int64_t *positions;        // [N] the ring's positions on the device
@@ -37,7 +36,7 @@ struct RingCuda {
     RingNeed need;             // ring_send selected: key blocks each rank's queries read
     uint64_t *need_bits;       // [cp size, need.words]
     RingTraffic traffic;
-};
+} RingCuda;
 
 // ---- the device memory ----
 
@@ -166,24 +165,6 @@ static void dense_backward(void *ctx, const AttnShape *shape, const void *q, con
 
 // ---- the ring ----
 
-int ring_cuda_group_size(const Comm *cp) { return cp ? cp->size : 1; }
-
-RingCuda *ring_cuda_new(const Comm *cp, int inner, RingSend send) {
-    RingCuda *rc = xcalloc(1, sizeof(RingCuda));
-    rc->cp = cp;
-    rc->inner = inner;
-    rc->send = send;
-    rc->memory = (RingMemory){
-        .act_bytes = sizeof(uint16_t), .alloc = dev_alloc, .release = dev_release, .copy = dev_copy,
-        .zero = dev_zero, .gather_rows = dev_gather_rows, .scatter_rows = dev_scatter_rows,
-        .add_rows = dev_add_rows, .send = dev_send, .recv = dev_recv, .wait = dev_wait,
-        .forward_init = dev_forward_init, .backward_delta = dev_backward_delta, .ctx = rc,
-    };
-    rc->kernels = (RingKernels){.forward = dense_forward, .backward = dense_backward, .ctx = rc,
-                                .traffic = &rc->traffic};
-    return rc;
-}
-
 static void forget_sequence(RingCuda *rc) {
     if (!rc->built) return;
     ring_free(&rc->ring);
@@ -192,8 +173,8 @@ static void forget_sequence(RingCuda *rc) {
     rc->built = false;
 }
 
-void ring_cuda_free(RingCuda *rc) {
-    if (!rc) return;
+static void ring_free_cuda(void *ring) {
+    RingCuda *rc = ring;
     forget_sequence(rc);
     comm_device_exchange_free(rc->exchange);
     if (rc->sel) CUDA_CHECK(cudaFree(rc->sel));
@@ -202,7 +183,8 @@ void ring_cuda_free(RingCuda *rc) {
     free(rc);
 }
 
-void ring_cuda_sequence(RingCuda *rc, const int64_t *pos, int64_t tokens) {
+static void ring_sequence(void *ring, const int64_t *pos, int64_t tokens) {
+    RingCuda *rc = ring;
     forget_sequence(rc);
     ring_init(&rc->ring, rc->cp, rc->inner, pos, tokens);
     const int64_t N = rc->ring.offsets[rc->cp->size];
@@ -215,7 +197,7 @@ void ring_cuda_sequence(RingCuda *rc, const int64_t *pos, int64_t tokens) {
 
 // The call's stream, the exchange, and with ring_send selected the key
 // blocks each rank's queries read for this shape.
-static const RingKernels *begin(RingCuda *rc, const AttnShape *shape, cudaStream_t stream) {
+static const RingKernels *begin(RingCuda *rc, const AttnShape *shape, RingSend send, cudaStream_t stream) {
     CHECK(rc->built, "ring attention (CUDA): a call before the sequence's positions (ring_cuda_sequence)");
     rc->stream = stream;
     if (!rc->exchange) rc->exchange = comm_device_exchange_new(rc->cp, stream);
@@ -223,7 +205,8 @@ static const RingKernels *begin(RingCuda *rc, const AttnShape *shape, cudaStream
     room((void **)&rc->sel, &rc->sel_bytes, sizeof(int64_t) * (size_t)rows);
     rc->sel_count = rows;
     room(&rc->staging, &rc->staging_bytes, sizeof(float) * (size_t)(2 * rows * kv));
-    if (rc->send != RING_SEND_SELECTED) return &rc->kernels;
+    rc->kernels.need = NULL;
+    if (send != RING_SEND_SELECTED) return &rc->kernels;
     const int64_t words = ring_need_words(rc->ring.offsets[rc->cp->size], shape->block_size);
     rc->need_bits = xrealloc(rc->need_bits, (size_t)(rc->cp->size * words) * sizeof(uint64_t));
     ring_dense_need(&rc->ring, shape, words, rc->need_bits);
@@ -232,19 +215,39 @@ static const RingKernels *begin(RingCuda *rc, const AttnShape *shape, cudaStream
     return &rc->kernels;
 }
 
-void ring_cuda_forward(RingCuda *rc, const AttnShape *shape, const uint16_t *q, const uint16_t *k,
-                       const uint16_t *v, float *o_acc, float *lse, cudaStream_t stream) {
-    ring_attn_forward(&rc->ring, begin(rc, shape, stream), shape, q, k, v, o_acc, lse);
+static void ring_forward(void *ring, const AttnShape *shape, RingSend send, const uint16_t *q, const uint16_t *k,
+                         const uint16_t *v, float *o_acc, float *lse, cudaStream_t stream) {
+    RingCuda *rc = ring;
+    ring_attn_forward(&rc->ring, begin(rc, shape, send, stream), shape, q, k, v, o_acc, lse);
 }
 
-void ring_cuda_backward(RingCuda *rc, const AttnShape *shape, const uint16_t *q, const uint16_t *k,
-                        const uint16_t *v, const uint16_t *o, const float *lse, const uint16_t *dout,
-                        float *dq_acc, float *dk_acc, float *dv_acc, cudaStream_t stream) {
-    ring_attn_backward(&rc->ring, begin(rc, shape, stream), shape, q, k, v, o, lse, dout, dq_acc, dk_acc, dv_acc);
+static void ring_backward(void *ring, const AttnShape *shape, RingSend send, const uint16_t *q, const uint16_t *k,
+                          const uint16_t *v, const uint16_t *o, const float *lse, const uint16_t *dout,
+                          float *dq_acc, float *dk_acc, float *dv_acc, cudaStream_t stream) {
+    RingCuda *rc = ring;
+    ring_attn_backward(&rc->ring, begin(rc, shape, send, stream), shape, q, k, v, o, lse, dout, dq_acc, dk_acc,
+                       dv_acc);
 }
 
-double ring_cuda_bytes(const RingCuda *rc) {
+static double ring_bytes(const void *ring) {
+    const RingCuda *rc = ring;
     return (double)(rc->traffic.kv_bytes + rc->traffic.dkv_bytes);
+}
+
+AttnRingCuda ring_cuda_new(const Comm *cp, int inner) {
+    RingCuda *rc = xcalloc(1, sizeof(RingCuda));
+    rc->cp = cp;
+    rc->inner = inner;
+    rc->memory = (RingMemory){
+        .act_bytes = sizeof(uint16_t), .alloc = dev_alloc, .release = dev_release, .copy = dev_copy,
+        .zero = dev_zero, .gather_rows = dev_gather_rows, .scatter_rows = dev_scatter_rows,
+        .add_rows = dev_add_rows, .send = dev_send, .recv = dev_recv, .wait = dev_wait,
+        .forward_init = dev_forward_init, .backward_delta = dev_backward_delta, .ctx = rc,
+    };
+    rc->kernels = (RingKernels){.forward = dense_forward, .backward = dense_backward, .ctx = rc,
+                                .traffic = &rc->traffic};
+    return (AttnRingCuda){.ring = rc, .cp_size = cp->size, .sequence = ring_sequence, .forward = ring_forward,
+                          .backward = ring_backward, .bytes = ring_bytes, .free = ring_free_cuda};
 }
 
 #endif

@@ -13,6 +13,7 @@
 #include <stdio.h>
 
 #include "../attention/attention_cuda_op.h"
+#include "../attention/ring_cuda.h"
 #include "../dist/comm.h"
 #include "../dist/comm_device.h"
 #include "../dist/cuda_check.h"
@@ -146,6 +147,11 @@ static double cross_entropy(Act *logits, const int32_t *targets, int64_t C, int 
     return read_double_cuda(cuda.total, cuda.stream);
 }
 
+static bool attention_set_ring(AttnState *st, const struct Comm *cp, int inner) {
+    if (!cp || cp->size <= 1) return attention_cuda_set_ring(st, NULL);
+    const AttnRingCuda ring = ring_cuda_new(cp, inner);
+    return attention_cuda_set_ring(st, &ring);
+}
 static void attention_forward(AttnState *st, int layer, bool plan, const AttnShape *shape, const Act *q,
                               const Act *k, const Act *v, const int64_t *pos, Act *o, float *lse,
                               SparseStats *stats) {
@@ -206,7 +212,7 @@ static const Backend cuda_backend = {
     .cross_entropy = cross_entropy,
     .attention_new = attention_cuda_new,
     .attention_free = attention_cuda_free,
-    .attention_set_ring = attention_cuda_set_ring,
+    .attention_set_ring = attention_set_ring,
     .attention_sequence = attention_cuda_sequence,
     .attention_forward = attention_forward,
     .attention_backward = attention_backward,

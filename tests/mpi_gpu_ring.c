@@ -24,6 +24,7 @@
 
 #include "../attention/attention_cuda_op.h"
 #include "../attention/layout.h"
+#include "../attention/ring_cuda.h"
 #include "../attention/ring_plan.h"
 #include "../attention/ring_sparse.h"
 #include "../dist/comm_device.h"
@@ -51,7 +52,10 @@ static Result run_op(const AttentionConfig *cfg, const Comm *cp, int inner, cons
                      const int64_t *pos, int64_t T) {
     const int64_t nq = T * HQ * D, nk = T * HKV * D;
     AttnState *st = attention_cuda_new(cfg, 1, HQ);
-    attention_cuda_set_ring(st, cp, inner);
+    if (cp) {
+        const AttnRingCuda ring = ring_cuda_new(cp, inner);
+        attention_cuda_set_ring(st, &ring);
+    }
     attention_cuda_sequence(st, pos, T);
     uint16_t *d_q = to_device(q, (size_t)nq * 2), *d_k = to_device(k, (size_t)nk * 2);
     uint16_t *d_v = to_device(v, (size_t)nk * 2), *d_dout = to_device(dout, (size_t)nq * 2);

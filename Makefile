@@ -117,6 +117,11 @@ build/tests/gpu_test_backend: build/cuda/obj/tests/gpu_test_backend.o $(CUDA_LIB
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(LDLIBS) $(GPU_LDLIBS)
 
+# The ring test on GPUs: the library's CUDA build (the attention op and its ring), NCCL.
+build/tests/mpi_gpu_ring: build/cuda/obj/tests/mpi_gpu_ring.o $(CUDA_LIB_OBJ) $(CU_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $^ -o $@ $(LDLIBS) $(GPU_LDLIBS) -lnccl
+
 # The attention op's test compares with the CPU backend's op: it links the library and its libraries.
 build/tests/gpu_test_attention_op: $(LIB_OBJ)
 build/tests/gpu_test_attention_op: GPU_LDLIBS += $(LDLIBS)
@@ -248,6 +253,15 @@ build/sim/tests/gpu_test_attention_op_asan build/sim/tests/gpu_test_backend_asan
 build/sim/tests/gpu_test_attention_op_asan build/sim/tests/gpu_test_backend_asan: SIM_GPU_LDLIBS = $(SIM_LDLIBS)
 
 build/sim/mtrain: build/sim/obj/trainer/main.o $(LIB_SRC:%.c=build/sim/obj/%.o) $(SIM_CU_OBJ) $(SIM_NCCL_OBJ) $(SIM_LIB)
+	$(CC) $^ -o $@ $(SIM_LDLIBS)
+
+# The CUDA attention op over a cp ring against one GPU (tests/test_cuda_ring.sh runs it under mpirun).
+ifneq ($(SIM_HAS_CUB),)
+build-sim: build/sim/tests/mpi_gpu_ring
+endif
+build/sim/tests/mpi_gpu_ring: build/sim/obj/tests/mpi_gpu_ring.o $(LIB_SRC:%.c=build/sim/obj/%.o) $(SIM_CU_OBJ) \
+                              $(SIM_NCCL_OBJ) $(SIM_LIB)
+	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(SIM_LDLIBS)
 
 # ---- the sim's library subsets: cuBLASLt, CUB, NCCL (tests/cudasim/, docs/SIM.md) ----

@@ -1,7 +1,9 @@
 // attention_cuda_op.cu: the CUDA backend's attention op on one GPU
 // (attention_cuda_op.h), composed from the kernels of flash_cuda.cu,
 // sparse_cuda.cu and sparse_select_cuda.cu, as attention_cpu.c composes the
-// CPU kernels. The state keeps what lives between calls: the config and its
+// CPU kernels; over a cp ring (dense), the AttnRingCuda bound by the backend
+// (ring_cuda.h) runs ring.c's schedules on device buffers. The state keeps
+// what lives between calls: the config and its
 // fixed budgets, each layer's device index from the sequence's plan forward,
 // the sequence's positions (host), and the scratch, allocated once and grown:
 //   o_acc            [T, Hq, D] fp32   the forward's running output
@@ -46,6 +48,7 @@ struct AttnState {
     int64_t *pos;                // [tokens] the sequence's positions (host)
     int64_t tokens;
     bool pos_is_iota;            // pos[t] == t for every t
+    AttnRingCuda ring;           // the cp ring (ring.ring NULL on one rank)
     Scratch o_acc, dq_acc, dk_acc, dv_acc, lse_est, vertical, slash, q_blocks;
 };
 
@@ -95,6 +98,7 @@ extern "C" void attention_cuda_free(AttnState *st) {
     Scratch *all[] = {&st->o_acc, &st->dq_acc, &st->dk_acc, &st->dv_acc, &st->lse_est,
                       &st->vertical, &st->slash, &st->q_blocks};
     for (Scratch *s : all) scratch_free(s);
+    if (st->ring.ring) st->ring.free(st->ring.ring);
     free(st->index);
     free(st->planned);
     free(st->pos);
@@ -103,12 +107,14 @@ extern "C" void attention_cuda_free(AttnState *st) {
     free(st);
 }
 
-extern "C" bool attention_cuda_set_ring(AttnState *st, int cp_size, int inner) {
-    (void)st;
-    (void)inner;
-    CHECK(cp_size <= 1, "parallel.cp %d: the CUDA backend's attention runs on one rank only (parallel.cp: 1, or "
-          "train.backend: cpu for a ring)", cp_size);
-    return false;
+extern "C" bool attention_cuda_set_ring(AttnState *st, const AttnRingCuda *ring) {
+    if (st->ring.ring) st->ring.free(st->ring.ring);
+    st->ring = AttnRingCuda{};
+    if (!ring) return false;
+    CHECK(st->cfg.type != ATTN_SPARSE, "attention.type sparse with parallel.cp %d: the CUDA backend's ring "
+          "attention is dense (attention.type dense, or train.backend cpu for a sparse ring)", ring->cp_size);
+    st->ring = *ring;
+    return true;
 }
 
 extern "C" void attention_cuda_sequence(AttnState *st, const int64_t *pos, int64_t tokens) {
@@ -121,6 +127,7 @@ extern "C" void attention_cuda_sequence(AttnState *st, const int64_t *pos, int64
         st->pos[t] = pos[t];
         st->pos_is_iota &= pos[t] == t;
     }
+    if (st->ring.ring) st->ring.sequence(st->ring.ring, pos, tokens);
 }
 
 // ---- the sparse plan ----
@@ -233,8 +240,8 @@ static void check_call(const AttnState *st, int layer, const AttnShape *s) {
           "CUDA sparse attention does not mask documents (attention.type dense or train.backend cpu does)");
     CHECK(layer >= 0 && layer < st->num_layers, "attention (CUDA): layer %d outside [0, %d)", layer,
           st->num_layers);
-    CHECK(s->q_tokens == s->k_tokens && s->q_tokens >= 1, "attention (CUDA): %lld queries and %lld keys (one "
-          "rank: the same tokens, at least one)", (long long)s->q_tokens, (long long)s->k_tokens);
+    CHECK(s->q_tokens == s->k_tokens && (s->q_tokens >= 1 || st->ring.ring), "attention (CUDA): %lld queries and %lld "
+          "keys (this rank's tokens, at least one without a ring)", (long long)s->q_tokens, (long long)s->k_tokens);
     if (st->cfg.type != ATTN_SPARSE) return;
     CHECK(s->block_size == 64 || s->block_size == 128,
           "attention.block_size %d: the CUDA sparse attention supports 64 and 128", s->block_size);
@@ -249,7 +256,9 @@ extern "C" void attention_cuda_forward(AttnState *st, int layer, bool plan, cons
     check_call(st, layer, shape);
     const size_t nq = (size_t)(shape->q_tokens * shape->num_heads * shape->head_dim);
     float *o_acc = (float *)scratch(&st->o_acc, sizeof(float) * nq);
-    if (st->cfg.type != ATTN_SPARSE) {
+    if (st->ring.ring) {
+        st->ring.forward(st->ring.ring, shape, st->cfg.ring_send, q, k, v, o_acc, lse, stream);
+    } else if (st->cfg.type != ATTN_SPARSE) {
         attn_forward_init_cuda(shape, o_acc, lse, stream);
         attn_dense_forward_cuda(shape, q, pos, k, v, pos, o_acc, lse, stream);
     } else {
@@ -278,18 +287,22 @@ extern "C" void attention_cuda_backward(AttnState *st, int layer, const AttnShap
     CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, sizeof(float) * (size_t)nq, stream));
     CUDA_CHECK(cudaMemsetAsync(dk_acc, 0, sizeof(float) * (size_t)nk, stream));
     CUDA_CHECK(cudaMemsetAsync(dv_acc, 0, sizeof(float) * (size_t)nk, stream));
-    attn_backward_delta_cuda(shape, o, dout, delta, stream);
-    if (sparse)
-        attn_sparse_backward_cuda(shape, &st->index[layer], q, pos, k, v, pos, lse, delta, dout, dq_acc, dk_acc,
-                                  dv_acc, stream);
-    else
-        attn_dense_backward_cuda(shape, q, pos, k, v, pos, lse, delta, dout, dq_acc, dk_acc, dv_acc, stream);
+    if (st->ring.ring) {
+        st->ring.backward(st->ring.ring, shape, st->cfg.ring_send, q, k, v, o, lse, dout, dq_acc, dk_acc, dv_acc,
+                          stream);
+    } else {
+        attn_backward_delta_cuda(shape, o, dout, delta, stream);
+        if (sparse)
+            attn_sparse_backward_cuda(shape, &st->index[layer], q, pos, k, v, pos, lse, delta, dout, dq_acc, dk_acc,
+                                      dv_acc, stream);
+        else
+            attn_dense_backward_cuda(shape, q, pos, k, v, pos, lse, delta, dout, dq_acc, dk_acc, dv_acc, stream);
+    }
     launch_add_into((__nv_bfloat16 *)dq, dq_acc, nq, stream);
     launch_add_into((__nv_bfloat16 *)dk, dk_acc, nk, stream);
     launch_add_into((__nv_bfloat16 *)dv, dv_acc, nk, stream);
 }
 
 extern "C" double attention_cuda_ring_bytes(const AttnState *st) {
-    (void)st;
-    return 0;
+    return st->ring.ring ? st->ring.bytes(st->ring.ring) : 0;
 }

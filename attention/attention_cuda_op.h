@@ -11,7 +11,8 @@
 //   lse, delta     : [Hq, T] fp32                       pos : [T] int64 (device)
 // dq, dk, dv are ACCUMULATED (+=): the kernels' fp32 sums live in the state's
 // scratch and are added into the bf16 outputs with one rounding.
-// One rank only: a ring (cp_size > 1) fails with one line. Documents
+// Over a cp ring (more than one rank) dense attention runs ring.c's schedules
+// on device buffers (ring_cuda.h); sparse fails with one line. Documents
 // (shape->doc_starts) are masked by the dense kernels; with sparse attention
 // they fail with one line. Supported as the kernels: head_dim 64 and 128,
 // GQA; sparse: block_size 64 or 128, last_q <= 128, positions 0 .. T-1.
@@ -28,12 +29,27 @@
 extern "C" {
 #endif
 
+// A cp ring's attention on device buffers, bound by the caller
+// (attention/ring_cuda.h: ring_cuda_new), so that the op and the programs
+// that link only the kernels need no MPI. ring is the ring's own state.
+typedef struct {
+    void *ring;
+    int cp_size;
+    void (*sequence)(void *ring, const int64_t *pos, int64_t tokens);
+    void (*forward)(void *ring, const AttnShape *shape, RingSend send, const uint16_t *q, const uint16_t *k,
+                    const uint16_t *v, float *o_acc, float *lse, cudaStream_t stream);
+    void (*backward)(void *ring, const AttnShape *shape, RingSend send, const uint16_t *q, const uint16_t *k,
+                     const uint16_t *v, const uint16_t *o, const float *lse, const uint16_t *dout, float *dq_acc,
+                     float *dk_acc, float *dv_acc, cudaStream_t stream);
+    double (*bytes)(const void *ring);
+    void (*free)(void *ring);
+} AttnRingCuda;
+
 AttnState *attention_cuda_new(const AttentionConfig *cfg, int num_layers, int num_heads);
 void attention_cuda_free(AttnState *st);
-// cp_size: ranks of the cp group (the Comm's size; 1 or less without one;
-// a number, not the Comm, since the .cu files see no MPI header). Returns
-// false for one rank; a ring fails with one line.
-bool attention_cuda_set_ring(AttnState *st, int cp_size, int inner);
+// ring: the cp ring (NULL: none; the state owns and frees ring->ring).
+// Returns whether there is a ring; sparse attention on a ring fails with one line.
+bool attention_cuda_set_ring(AttnState *st, const AttnRingCuda *ring);
 // A new sequence: pos [tokens] its positions (host).
 void attention_cuda_sequence(AttnState *st, const int64_t *pos, int64_t tokens);
 // stats: NULL, or the layer's density (computed, causal) and recall
@@ -46,7 +62,7 @@ void attention_cuda_backward(AttnState *st, int layer, const AttnShape *shape, c
                              const uint16_t *k, const uint16_t *v, const int64_t *pos, const uint16_t *o,
                              const float *lse, const uint16_t *dout, float *delta, uint16_t *dq, uint16_t *dk,
                              uint16_t *dv, cudaStream_t stream);
-// No ring, no ring traffic: 0.
+// Bytes this rank sent in the ring for the sequence (0 without a ring).
 double attention_cuda_ring_bytes(const AttnState *st);
 
 #ifdef __cplusplus

@@ -2,8 +2,7 @@
 // communicator, forward and backward, with a kernel callback per step (see
 // ring.h).
 //
-// A chunk message is one float buffer [2, Tk, Hkv, D]: K then V of the chunk
-// (or dK then dV for an accumulator). At outer step so and inner step si,
+// At outer step so and inner step si,
 // rank (o, i) holds the chunk of rank ((o - so) mod outer, (i - si) mod inner).
 //
 // Backward accumulators: the owner adds its own chunk's dK/dV at home; at
@@ -14,6 +13,20 @@
 // what this node contributed: it adds the sum arriving from the previous node
 // (sent a whole inner loop earlier) and sends the total to the next node, or
 // after the last outer step, home to the chunk's owner.
+//
+// A chunk message is one buffer [2, Tk, Hkv, D]: K then V of the chunk in
+// the memory's activation type, or dK then dV (fp32) for an accumulator. The
+// ring's memory (RingMemory: host and MPI, or a GPU) holds every buffer and
+// moves every message; the schedule is the same for all. Order of posting:
+// every rank calls the memory's wait at the same points of the schedule
+// (whether or not it has a transfer to wait for), and posts the receive of
+// every message between the same two of those points as its sender posts the
+// send (a dK/dV accumulator's receive right after this rank's own send of the
+// step); between two ranks in one direction messages are posted in the same
+// order on both sides. So a transport without tags that hands each batch of
+// transfers posted between two waits over as one group, run to completion
+// before the next (NCCL groups on one stream, dist/comm_device.h), neither
+// mismatches messages nor waits for a later group.
 #include "ring_plan.h"
 
 #include <stdbool.h>
@@ -25,7 +38,8 @@
 enum { TAG_KV_INNER = 1, TAG_KV_OUTER, TAG_DKV_INNER, TAG_DKV_OUTER, TAG_DKV_HOME };
 
 // The transfers' buffers, one set per ring: allocated at their first use,
-// grown when a later call needs more, freed by ring_free.
+// grown when a later call needs more, freed by ring_free. Messages, the mask
+// and delta live in the ring's memory; token lists (SEL_*, BUF_MASK) on the host.
 typedef enum {
     BUF_OUTER_CUR, BUF_OUTER_NEXT, BUF_INNER_0, BUF_INNER_1,  // K/V chunks travelling
     BUF_HOP_INNER, BUF_HOP_OUTER,                              // packed K/V going out (selected)
@@ -43,20 +57,111 @@ struct RingScratch {
     size_t bytes[RING_BUFFERS];
 };
 
-static void dense_forward(void *ctx, const AttnShape *shape, const float *q, const int64_t *q_pos,
-                          const float *k, const float *v, const int64_t *k_pos, float *o, float *lse) {
+static void dense_forward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos,
+                          const void *k, const void *v, const int64_t *k_pos, float *o, float *lse) {
     (void)ctx;
     attn_dense_forward_cpu(shape, q, q_pos, k, v, k_pos, o, lse);
 }
 
-static void dense_backward(void *ctx, const AttnShape *shape, const float *q, const int64_t *q_pos,
-                           const float *k, const float *v, const int64_t *k_pos, const float *lse,
-                           const float *delta, const float *dout, float *dq, float *dk, float *dv) {
+static void dense_backward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos,
+                           const void *k, const void *v, const int64_t *k_pos, const float *lse,
+                           const float *delta, const void *dout, float *dq, float *dk, float *dv) {
     (void)ctx;
     attn_dense_backward_cpu(shape, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk, dv);
 }
 
 const RingKernels ring_dense_cpu = {.forward = dense_forward, .backward = dense_backward};
+
+// ---- host memory: MPI on host buffers ----
+
+static void *host_alloc(void *ctx, size_t bytes) {
+    (void)ctx;
+    return xmalloc(bytes);
+}
+
+static void host_release(void *ctx, void *buf) {
+    (void)ctx;
+    free(buf);
+}
+
+static void host_copy(void *ctx, void *dst, const void *src, size_t bytes) {
+    (void)ctx;
+    memcpy(dst, src, bytes);
+}
+
+static void host_zero(void *ctx, void *dst, size_t bytes) {
+    (void)ctx;
+    memset(dst, 0, bytes);
+}
+
+// Rows only move up (sel[j] >= j), so going up from the first is safe in place.
+static void host_gather_rows(void *ctx, void *dst, const void *src, int64_t full, const int64_t *sel, int64_t n,
+                             size_t row_bytes) {
+    (void)ctx;
+    for (int64_t part = 0; part < 2; part++)
+        for (int64_t j = 0; j < n; j++)
+            memmove((char *)dst + (size_t)(part * n + j) * row_bytes,
+                    (const char *)src + (size_t)(part * full + sel[j]) * row_bytes, row_bytes);
+}
+
+// Rows only move down, so going down from the last is safe in place.
+static void host_scatter_rows(void *ctx, void *dst, const void *src, int64_t full, const int64_t *sel, int64_t n,
+                              size_t row_bytes) {
+    (void)ctx;
+    for (int64_t part = 1; part >= 0; part--)
+        for (int64_t j = n - 1; j >= 0; j--)
+            memmove((char *)dst + (size_t)(part * full + sel[j]) * row_bytes,
+                    (const char *)src + (size_t)(part * n + j) * row_bytes, row_bytes);
+}
+
+static void host_add_rows(void *ctx, float *dk, float *dv, const float *in, const int64_t *sel, int64_t n,
+                          int64_t kv) {
+    (void)ctx;
+    for (int part = 0; part < 2; part++)
+        for (int64_t j = 0; j < n; j++) {
+            float *row = (part ? dv : dk) + sel[j] * kv;
+            const float *from = in + (part * n + j) * kv;
+            for (int64_t x = 0; x < kv; x++) row[x] += from[x];
+        }
+}
+
+static void host_send(void *ctx, const Comm *c, const void *buf, size_t bytes, int to, int tag, RingRequest *req) {
+    (void)ctx;
+    comm_isend(c, buf, (int64_t)(bytes / sizeof(float)), DT_FLOAT, to, tag, &req->mpi);
+}
+
+static void host_recv(void *ctx, const Comm *c, void *buf, size_t bytes, int from, int tag, RingRequest *req) {
+    (void)ctx;
+    comm_irecv(c, buf, (int64_t)(bytes / sizeof(float)), DT_FLOAT, from, tag, &req->mpi);
+}
+
+#define RING_MAX_WAIT 4
+
+static void host_wait(void *ctx, const Comm *c, RingRequest *reqs, int n, const char *op) {
+    (void)ctx;
+    MPI_Request mpi[RING_MAX_WAIT];
+    CHECK(n <= RING_MAX_WAIT, "ring: %d requests in one wait (at most %d)", n, RING_MAX_WAIT);
+    for (int i = 0; i < n; i++) mpi[i] = reqs[i].mpi;
+    comm_wait(c, mpi, n, op);
+    for (int i = 0; i < n; i++) reqs[i] = RING_REQUEST_NULL;
+}
+
+static void host_forward_init(void *ctx, const AttnShape *shape, float *o, float *lse) {
+    (void)ctx;
+    attn_forward_init(shape, o, lse);
+}
+
+static void host_backward_delta(void *ctx, const AttnShape *shape, const void *o, const void *dout, float *delta) {
+    (void)ctx;
+    attn_backward_delta(shape, o, dout, delta);
+}
+
+const RingMemory ring_host_memory = {
+    .act_bytes = sizeof(float), .alloc = host_alloc, .release = host_release, .copy = host_copy,
+    .zero = host_zero, .gather_rows = host_gather_rows, .scatter_rows = host_scatter_rows,
+    .add_rows = host_add_rows, .send = host_send, .recv = host_recv, .wait = host_wait,
+    .forward_init = host_forward_init, .backward_delta = host_backward_delta,
+};
 
 int ring_inner_size(RingSchedule schedule, int cp_size, int cp_inner) {
     return schedule == RING_HIERARCHICAL ? cp_inner : cp_size;
@@ -73,6 +178,7 @@ void ring_init(Ring *ring, const Comm *cp, int inner, const int64_t *pos, int64_
     ring->inner = inner;
     ring->outer = W / inner;
     ring->scratch = xcalloc(1, sizeof(RingScratch));
+    ring->memory = &ring_host_memory;
     ring->counts = xmalloc((size_t)W * sizeof(int64_t));
     ring->offsets = xmalloc((size_t)(W + 1) * sizeof(int64_t));
     comm_allgather(cp, &tokens, ring->counts, 1, DT_INT64);
@@ -90,12 +196,39 @@ void ring_init(Ring *ring, const Comm *cp, int inner, const int64_t *pos, int64_
     ring->positions = xmalloc((size_t)ring->offsets[W] * sizeof(int64_t));
     for (int r = 0; r < W; r++)
         memcpy(ring->positions + ring->offsets[r], all + r * ring->max_count, (size_t)ring->counts[r] * sizeof(int64_t));
+    ring->kernel_positions = ring->positions;
     free(mine);
     free(all);
 }
 
+// Token lists and the block mask live on the host, the rest in the ring's memory.
+static bool on_host(RingBuffer which) { return which >= SEL_HOP_INNER && which <= BUF_MASK; }
+
+static void release_buffer(const Ring *ring, RingBuffer which) {
+    void *buf = ring->scratch->buf[which];
+    if (!buf) return;
+    if (on_host(which)) free(buf);
+    else ring->memory->release(ring->memory->ctx, buf);
+}
+
+// Frees every buffer (their next use allocates them again).
+static void release_buffers(Ring *ring) {
+    RingScratch *s = ring->scratch;
+    for (int b = 0; b < RING_BUFFERS; b++) {
+        release_buffer(ring, (RingBuffer)b);
+        s->buf[b] = NULL;
+        s->bytes[b] = 0;
+    }
+}
+
+void ring_set_memory(Ring *ring, const RingMemory *memory, const int64_t *kernel_positions) {
+    release_buffers(ring);
+    ring->memory = memory;
+    ring->kernel_positions = kernel_positions;
+}
+
 void ring_free(Ring *ring) {
-    for (int b = 0; b < RING_BUFFERS; b++) free(ring->scratch->buf[b]);
+    release_buffers(ring);
     free(ring->scratch);
     free(ring->counts);
     free(ring->offsets);
@@ -110,50 +243,52 @@ static Place place(const Ring *ring, const AttnShape *shape) {
     return ring_place(ring, r, (int64_t)shape->num_kv_heads * shape->head_dim);
 }
 
-// Floats of one chunk message (K and V, or dK and dV) of `tokens` tokens.
-static int64_t message(const Place *p, int64_t tokens) { return 2 * tokens * p->kv; }
+// Bytes of one K/V message (activations) and of one dK/dV message (fp32) of `tokens` tokens.
+static size_t kv_message(const Ring *ring, const Place *p, int64_t tokens) {
+    return (size_t)(2 * tokens * p->kv) * ring->memory->act_bytes;
+}
+static size_t dkv_message(const Place *p, int64_t tokens) { return (size_t)(2 * tokens * p->kv) * sizeof(float); }
 
-static void *scratch(const Ring *ring, RingBuffer which, size_t bytes) {
+// Buffer `which`, at least `bytes` (on_host: where it lives).
+static void *buffer(const Ring *ring, RingBuffer which, size_t bytes) {
     RingScratch *s = ring->scratch;
+    const RingMemory *m = ring->memory;
     if (bytes > s->bytes[which]) {
-        free(s->buf[which]);
-        s->buf[which] = xmalloc(bytes);
+        release_buffer(ring, which);
+        s->buf[which] = on_host(which) ? xmalloc(bytes) : m->alloc(m->ctx, bytes);
         s->bytes[which] = bytes;
     }
     return s->buf[which];
 }
 
-// A chunk message of the largest chunk.
-static float *chunk_buffer(const Ring *ring, const Place *p, RingBuffer which) {
-    return scratch(ring, which, (size_t)message(p, ring->max_count) * sizeof(float));
+// A message of the largest chunk: K/V (activations) or dK/dV (fp32).
+static void *kv_buffer(const Ring *ring, const Place *p, RingBuffer which) {
+    return buffer(ring, which, kv_message(ring, p, ring->max_count));
+}
+static float *dkv_buffer(const Ring *ring, const Place *p, RingBuffer which) {
+    return buffer(ring, which, dkv_message(p, ring->max_count));
 }
 
-// A list of up to max_count tokens (one more, so that it is never empty).
+// A host list of up to max_count tokens (one more, so that it is never empty).
 static int64_t *token_list(const Ring *ring, RingBuffer which) {
-    return scratch(ring, which, (size_t)(ring->max_count + 1) * sizeof(int64_t));
+    return buffer(ring, which, (size_t)(ring->max_count + 1) * sizeof(int64_t));
 }
 
 // Own K and V into one chunk message.
-static void pack_kv(const Place *p, int64_t tokens, const float *k, const float *v, float *buf) {
-    memcpy(buf, k, (size_t)(tokens * p->kv) * sizeof(float));
-    memcpy(buf + tokens * p->kv, v, (size_t)(tokens * p->kv) * sizeof(float));
-}
-
-// Rows sel[0..n) of a chunk message of `full` tokens ([2, full, kv]) into a
-// packed message [2, n, kv]; dst may be src (rows only move up).
-static void pack_rows(float *dst, const float *src, int64_t full, const int64_t *sel, int64_t n, int64_t kv) {
-    for (int part = 0; part < 2; part++)
-        for (int64_t j = 0; j < n; j++)
-            memmove(dst + (part * n + j) * kv, src + (part * full + sel[j]) * kv, (size_t)kv * sizeof(float));
+static void pack_kv(const Ring *ring, const Place *p, int64_t tokens, const void *k, const void *v, char *buf) {
+    const RingMemory *m = ring->memory;
+    const size_t half = kv_message(ring, p, tokens) / 2;
+    m->copy(m->ctx, buf, k, half);
+    m->copy(m->ctx, buf + half, v, half);
 }
 
 // One direction of K/V travel (inner or outer ring) with ring_send selected:
 // the packed message going out, and the token list of the one coming in.
 typedef struct {
-    float *out;                // [2, n, kv] packed message being sent
+    char *out;                 // [2, n, kv] packed message being sent
     int64_t *in_sel;           // [max_count] local tokens of the incoming message
     int64_t in_count;
-    float *in_buf;             // where it arrives (unpacked there after the wait)
+    char *in_buf;              // where it arrives (unpacked there after the wait)
 } Hop;
 
 // The K/V travel of both passes: the chunks held at every step, in order,
@@ -163,8 +298,8 @@ typedef struct {
     const Place *p;
     const RingKernels *kernels;
     const char *pass;          // "forward" | "backward", for time-out messages
-    float *outer_cur, *outer_next, *inner_buf[2];
-    MPI_Request outer_req[2], inner_req[2];
+    char *outer_cur, *outer_next, *inner_buf[2];
+    RingRequest outer_req[2], inner_req[2];
     Hop inner_hop, outer_hop;  // used with kernels->need only
     uint64_t *mask;            // [need->words] scratch
     int64_t *sel;              // [max_count] scratch
@@ -173,25 +308,25 @@ typedef struct {
 // Only with ring_send selected: the packed message and the incoming token list.
 static Hop hop_new(const Ring *ring, const Place *p, bool selected, RingBuffer out, RingBuffer in_sel) {
     if (!selected) return (Hop){0};
-    return (Hop){.out = chunk_buffer(ring, p, out), .in_sel = token_list(ring, in_sel)};
+    return (Hop){.out = kv_buffer(ring, p, out), .in_sel = token_list(ring, in_sel)};
 }
 
 static KvTravel kv_travel_start(const Ring *ring, const Place *p, const RingKernels *kernels,
-                                const char *pass, const float *k, const float *v) {
+                                const char *pass, const void *k, const void *v) {
     const RingNeed *need = kernels->need;
     KvTravel t = {
         .ring = ring, .p = p, .kernels = kernels, .pass = pass,
-        .outer_cur = chunk_buffer(ring, p, BUF_OUTER_CUR),
-        .outer_next = chunk_buffer(ring, p, BUF_OUTER_NEXT),
-        .inner_buf = {chunk_buffer(ring, p, BUF_INNER_0), chunk_buffer(ring, p, BUF_INNER_1)},
-        .outer_req = {MPI_REQUEST_NULL, MPI_REQUEST_NULL},
-        .inner_req = {MPI_REQUEST_NULL, MPI_REQUEST_NULL},
+        .outer_cur = kv_buffer(ring, p, BUF_OUTER_CUR),
+        .outer_next = kv_buffer(ring, p, BUF_OUTER_NEXT),
+        .inner_buf = {kv_buffer(ring, p, BUF_INNER_0), kv_buffer(ring, p, BUF_INNER_1)},
+        .outer_req = {RING_REQUEST_NULL, RING_REQUEST_NULL},
+        .inner_req = {RING_REQUEST_NULL, RING_REQUEST_NULL},
         .inner_hop = hop_new(ring, p, need, BUF_HOP_INNER, SEL_HOP_INNER),
         .outer_hop = hop_new(ring, p, need, BUF_HOP_OUTER, SEL_HOP_OUTER),
-        .mask = scratch(ring, BUF_MASK, (size_t)(need ? need->words : 1) * sizeof(uint64_t)),
+        .mask = buffer(ring, BUF_MASK, (size_t)(need ? need->words : 1) * sizeof(uint64_t)),
         .sel = token_list(ring, SEL_TRAVEL),
     };
-    pack_kv(p, ring->counts[ring->cp->rank], k, v, t.outer_cur);
+    pack_kv(ring, p, ring->counts[ring->cp->rank], k, v, t.outer_cur);
     return t;
 }
 
@@ -201,48 +336,47 @@ static KvTravel kv_travel_start(const Ring *ring, const Place *p, const RingKern
 typedef struct {
     int tag;
     int so, si;
-    const float *out;
+    const char *out;
     int out_chunk, to;
-    float *in;
+    char *in;
     int in_chunk, from;
     Hop *hop;                  // this direction's packing (ring_send selected)
-    MPI_Request *req;          // [2] receive, send
+    RingRequest *req;          // [2] receive, send
 } KvTransfer;
 
 // Post one K/V transfer; packs with ring_send selected.
 static void kv_post(KvTravel *t, const KvTransfer *x) {
     const Place *p = t->p;
     const Ring *ring = t->ring;
+    const RingMemory *m = ring->memory;
     const RingNeed *need = t->kernels->need;
+    const size_t row = (size_t)p->kv * m->act_bytes;
     int64_t in_n = ring->counts[x->in_chunk], out_n = ring->counts[x->out_chunk];
-    const float *send = x->out;
+    const char *send = x->out;
     if (need) {
         const Holdings serves = ring_kv_serves(p, x->so, x->si);
         Hop *h = x->hop;
         in_n = h->in_count = ring_selected_tokens(ring, p, need, x->in_chunk, serves, t->mask, h->in_sel);
         h->in_buf = x->in;
         out_n = ring_selected_tokens(ring, p, need, x->out_chunk, serves, t->mask, t->sel);
-        pack_rows(h->out, x->out, ring->counts[x->out_chunk], t->sel, out_n, p->kv);
+        m->gather_rows(m->ctx, h->out, x->out, ring->counts[x->out_chunk], t->sel, out_n, row);
         send = h->out;
     }
-    if (in_n > 0) comm_irecv(ring->cp, x->in, message(p, in_n), DT_FLOAT, x->from, x->tag, &x->req[0]);
+    if (in_n > 0) m->recv(m->ctx, ring->cp, x->in, kv_message(ring, p, in_n), x->from, x->tag, &x->req[0]);
     if (out_n == 0) return;                    // nothing of it is used on the way: no message
-    comm_isend(ring->cp, send, message(p, out_n), DT_FLOAT, x->to, x->tag, &x->req[1]);
+    m->send(m->ctx, ring->cp, send, kv_message(ring, p, out_n), x->to, x->tag, &x->req[1]);
     if (t->kernels->traffic) {
-        t->kernels->traffic->kv_bytes += message(p, out_n) * (int64_t)sizeof(float);
+        t->kernels->traffic->kv_bytes += (int64_t)kv_message(ring, p, out_n);
         t->kernels->traffic->kv_messages++;
     }
 }
 
-// After the wait: a packed message of chunk c back into the chunk's layout
-// (in place; rows only move up, so going down from the last is safe).
+// After the wait: a packed message of chunk c back into the chunk's layout.
 static void kv_unpack(const KvTravel *t, const Hop *h, int c) {
     if (!t->kernels->need) return;
-    const int64_t kv = t->p->kv, n = h->in_count, full = t->ring->counts[c];
-    for (int part = 1; part >= 0; part--)
-        for (int64_t j = n - 1; j >= 0; j--)
-            memmove(h->in_buf + (part * full + h->in_sel[j]) * kv, h->in_buf + (part * n + j) * kv,
-                    (size_t)kv * sizeof(float));
+    const RingMemory *m = t->ring->memory;
+    m->scatter_rows(m->ctx, h->in_buf, h->in_buf, t->ring->counts[c], h->in_sel, h->in_count,
+                    (size_t)t->p->kv * m->act_bytes);
 }
 
 // Start of outer step so: post the node's chunk set onward (outer ring).
@@ -257,10 +391,10 @@ static void kv_outer_post(KvTravel *t, int so) {
 
 // Inner step si of outer step so holds chunk `cur`: post the next inner
 // transfer and return the buffer it arrives in (NULL at the last inner step).
-static float *kv_inner_post(KvTravel *t, int so, int si, const float *cur) {
+static char *kv_inner_post(KvTravel *t, int so, int si, const char *cur) {
     const Place *p = t->p;
     if (si == p->inner - 1) return NULL;
-    float *next = t->inner_buf[si % 2];
+    char *next = t->inner_buf[si % 2];
     kv_post(t, &(KvTransfer){.tag = TAG_KV_INNER, .so = so, .si = si + 1,
                              .out = cur, .out_chunk = ring_chunk_at(p, so, si), .to = p->inner_next,
                              .in = next, .in_chunk = ring_chunk_at(p, so, si + 1), .from = p->inner_prev,
@@ -270,19 +404,21 @@ static float *kv_inner_post(KvTravel *t, int so, int si, const float *cur) {
 
 // End of inner step si of outer step so: the next chunk is in.
 static void kv_inner_wait(KvTravel *t, int so, int si) {
+    const RingMemory *m = t->ring->memory;
     char op[96];
     snprintf(op, sizeof(op), "ring attention %s: K/V transfer (inner ring)", t->pass);
-    comm_wait(t->ring->cp, t->inner_req, 2, op);
+    m->wait(m->ctx, t->ring->cp, t->inner_req, 2, op);
     if (si < t->p->inner - 1) kv_unpack(t, &t->inner_hop, ring_chunk_at(t->p, so, si + 1));
 }
 
 // End of outer step so: the next node's chunk set is in.
 static void kv_outer_wait(KvTravel *t, int so) {
+    const RingMemory *m = t->ring->memory;
     char op[96];
     snprintf(op, sizeof(op), "ring attention %s: K/V transfer (outer ring)", t->pass);
-    comm_wait(t->ring->cp, t->outer_req, 2, op);
+    m->wait(m->ctx, t->ring->cp, t->outer_req, 2, op);
     if (so < t->p->outer - 1) kv_unpack(t, &t->outer_hop, ring_chunk_at(t->p, so + 1, 0));
-    float *swap = t->outer_cur;
+    char *swap = t->outer_cur;
     t->outer_cur = t->outer_next;
     t->outer_next = swap;
 }
@@ -296,22 +432,23 @@ static bool chunk_visible(const Ring *ring, const AttnShape *shape, int c) {
 }
 
 void ring_attn_forward(const Ring *ring, const RingKernels *kernels, const AttnShape *shape,
-                       const float *q, const float *k, const float *v, float *o, float *lse) {
+                       const void *q, const void *k, const void *v, float *o, float *lse) {
     const Place p = place(ring, shape);
-    const int64_t *q_pos = ring->positions + ring->offsets[ring->cp->rank];
-    attn_forward_init(shape, o, lse);
+    const RingMemory *m = ring->memory;
+    const int64_t *q_pos = ring->kernel_positions + ring->offsets[ring->cp->rank];
+    m->forward_init(m->ctx, shape, o, lse);
     KvTravel t = kv_travel_start(ring, &p, kernels, "forward", k, v);
     for (int so = 0; so < p.outer; so++) {
         kv_outer_post(&t, so);
-        const float *cur = t.outer_cur;
+        const char *cur = t.outer_cur;
         for (int si = 0; si < p.inner; si++) {
             int c = ring_chunk_at(&p, so, si);
-            const float *next = kv_inner_post(&t, so, si, cur);
+            const char *next = kv_inner_post(&t, so, si, cur);
             AttnShape s = *shape;
             s.k_tokens = ring->counts[c];
             if (chunk_visible(ring, shape, c))
-                kernels->forward(kernels->ctx, &s, q, q_pos, cur, cur + s.k_tokens * p.kv,
-                                 ring->positions + ring->offsets[c], o, lse);
+                kernels->forward(kernels->ctx, &s, q, q_pos, cur, cur + kv_message(ring, &p, s.k_tokens) / 2,
+                                 ring->kernel_positions + ring->offsets[c], o, lse);
             kv_inner_wait(&t, so, si);
             cur = next;
         }
@@ -330,110 +467,105 @@ typedef struct {
     float *inner_in, *outer_in, *home;
     int64_t *inner_sel, *outer_sel, *home_sel, *send_sel;  // [max_count] rows of the messages
     int64_t inner_n, outer_n, home_n;
-    MPI_Request step_send[2], node_send, inner_recv, outer_recv, home_recv;
+    RingRequest step_send[2], node_send, inner_recv, outer_recv, home_recv;
 } Accumulators;
 
-// dk, dv [tokens, kv] += the packed message in [2, n, kv] at rows sel.
-static void add_rows(float *dk, float *dv, const float *in, const int64_t *sel, int64_t n, int64_t kv) {
-    for (int part = 0; part < 2; part++)
-        for (int64_t j = 0; j < n; j++) {
-            float *row = (part ? dv : dk) + sel[j] * kv;
-            const float *from = in + (part * n + j) * kv;
-            for (int64_t x = 0; x < kv; x++) row[x] += from[x];
-        }
-}
-
-static void wait_one(const Comm *cp, MPI_Request *req, const char *what) {
+static void wait_one(const Ring *ring, RingRequest *req, const char *what) {
+    const RingMemory *m = ring->memory;
     char op[96];
     snprintf(op, sizeof(op), "ring attention backward: %s", what);
-    comm_wait(cp, req, 1, op);
+    m->wait(m->ctx, ring->cp, req, 1, op);
 }
 
 void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const AttnShape *shape,
-                        const float *q, const float *k, const float *v, const float *o,
-                        const float *lse, const float *dout, float *dq, float *dk, float *dv) {
+                        const void *q, const void *k, const void *v, const void *o,
+                        const float *lse, const void *dout, float *dq, float *dk, float *dv) {
     const Place p = place(ring, shape);
     const Comm *cp = ring->cp;
+    const RingMemory *m = ring->memory;
     const RingNeed *need = kernels->need;
-    const int64_t T = shape->q_tokens, *q_pos = ring->positions + ring->offsets[cp->rank];
-    float *delta = scratch(ring, BUF_DELTA, (size_t)(shape->num_heads * T + 1) * sizeof(float));
-    attn_backward_delta(shape, o, dout, delta);
+    const int64_t T = shape->q_tokens, *q_pos = ring->kernel_positions + ring->offsets[cp->rank];
+    float *delta = buffer(ring, BUF_DELTA, (size_t)(shape->num_heads * T + 1) * sizeof(float));
+    m->backward_delta(m->ctx, shape, o, dout, delta);
     Accumulators a = {
-        .step = {chunk_buffer(ring, &p, BUF_STEP_0), chunk_buffer(ring, &p, BUF_STEP_1)},
-        .node = chunk_buffer(ring, &p, BUF_NODE),
-        .inner_in = chunk_buffer(ring, &p, BUF_INNER_IN),
-        .outer_in = chunk_buffer(ring, &p, BUF_OUTER_IN),
-        .home = chunk_buffer(ring, &p, BUF_HOME),
+        .step = {dkv_buffer(ring, &p, BUF_STEP_0), dkv_buffer(ring, &p, BUF_STEP_1)},
+        .node = dkv_buffer(ring, &p, BUF_NODE),
+        .inner_in = dkv_buffer(ring, &p, BUF_INNER_IN),
+        .outer_in = dkv_buffer(ring, &p, BUF_OUTER_IN),
+        .home = dkv_buffer(ring, &p, BUF_HOME),
         .inner_sel = token_list(ring, SEL_INNER),
         .outer_sel = token_list(ring, SEL_OUTER),
         .home_sel = token_list(ring, SEL_HOME),
         .send_sel = token_list(ring, SEL_SEND),
-        .step_send = {MPI_REQUEST_NULL, MPI_REQUEST_NULL},
-        .node_send = MPI_REQUEST_NULL, .inner_recv = MPI_REQUEST_NULL, .outer_recv = MPI_REQUEST_NULL,
-        .home_recv = MPI_REQUEST_NULL,
+        .step_send = {RING_REQUEST_NULL, RING_REQUEST_NULL},
+        .node_send = RING_REQUEST_NULL, .inner_recv = RING_REQUEST_NULL, .outer_recv = RING_REQUEST_NULL,
+        .home_recv = RING_REQUEST_NULL,
     };
     KvTravel t = kv_travel_start(ring, &p, kernels, "backward", k, v);
-    // Home: this rank's own accumulator, from the rank that computes last on it.
-    a.home_n = ring_dkv_rows(ring, &p, need, cp->rank, p.outer - 1, p.inner - 1, t.mask, a.home_sel);
-    if (a.home_n > 0)
-        comm_irecv(cp, a.home, message(&p, a.home_n), DT_FLOAT, ring_rank_at(&p, p.o - 1, p.i - 1), TAG_DKV_HOME,
-                   &a.home_recv);
     for (int so = 0; so < p.outer; so++) {
         kv_outer_post(&t, so);
-        if (so > 0) {
-            a.outer_n = ring_dkv_rows(ring, &p, need, ring_chunk_at(&p, so, p.inner - 1), so - 1, p.inner - 1, t.mask, a.outer_sel);
-            if (a.outer_n > 0)
-                comm_irecv(cp, a.outer_in, message(&p, a.outer_n), DT_FLOAT, p.outer_prev, TAG_DKV_OUTER,
-                           &a.outer_recv);
-        }
-        const float *cur = t.outer_cur;
+        const char *cur = t.outer_cur;
+        a.inner_n = -1;                               // the first inner step receives no inner accumulator
         for (int si = 0; si < p.inner; si++) {
             const int c = ring_chunk_at(&p, so, si);
             const int64_t full = ring->counts[c];
             const bool last = si == p.inner - 1;
-            a.inner_n = si > 0 ? ring_dkv_rows(ring, &p, need, c, so, si - 1, t.mask, a.inner_sel) : -1;
-            if (a.inner_n > 0)
-                comm_irecv(cp, a.inner_in, message(&p, a.inner_n), DT_FLOAT, p.inner_prev, TAG_DKV_INNER,
-                           &a.inner_recv);
-            const float *next = kv_inner_post(&t, so, si, cur);
+            const char *next = kv_inner_post(&t, so, si, cur);
             float *fresh = last ? a.node : a.step[si % 2];
-            wait_one(cp, last ? &a.node_send : &a.step_send[si % 2], "dK/dV send buffer reuse");
-            memset(fresh, 0, (size_t)message(&p, full) * sizeof(float));
+            wait_one(ring, last ? &a.node_send : &a.step_send[si % 2], "dK/dV send buffer reuse");
+            m->zero(m->ctx, fresh, dkv_message(&p, full));
             AttnShape s = *shape;
             s.k_tokens = full;
             const bool own = so == 0 && si == 0;      // own chunk: its dK/dV stay home
             if (chunk_visible(ring, shape, c))
-                kernels->backward(kernels->ctx, &s, q, q_pos, cur, cur + full * p.kv,
-                                  ring->positions + ring->offsets[c], lse, delta, dout, dq, own ? dk : fresh,
+                kernels->backward(kernels->ctx, &s, q, q_pos, cur, cur + kv_message(ring, &p, full) / 2,
+                                  ring->kernel_positions + ring->offsets[c], lse, delta, dout, dq, own ? dk : fresh,
                                   own ? dv : fresh + full * p.kv);
-            if (a.inner_n > 0) {
-                wait_one(cp, &a.inner_recv, "dK/dV transfer (inner ring)");
-                add_rows(fresh, fresh + full * p.kv, a.inner_in, a.inner_sel, a.inner_n, p.kv);
-            }
-            if (last && so > 0 && a.outer_n > 0) {
-                wait_one(cp, &a.outer_recv, "dK/dV transfer (outer ring)");
-                add_rows(fresh, fresh + full * p.kv, a.outer_in, a.outer_sel, a.outer_n, p.kv);
+            wait_one(ring, &a.inner_recv, "dK/dV transfer (inner ring)");
+            if (a.inner_n > 0)
+                m->add_rows(m->ctx, fresh, fresh + full * p.kv, a.inner_in, a.inner_sel, a.inner_n, p.kv);
+            if (last && so > 0) {
+                wait_one(ring, &a.outer_recv, "dK/dV transfer (outer ring)");
+                if (a.outer_n > 0)
+                    m->add_rows(m->ctx, fresh, fresh + full * p.kv, a.outer_in, a.outer_sel, a.outer_n, p.kv);
             }
             const int64_t n = ring_dkv_rows(ring, &p, need, c, so, si, t.mask, a.send_sel);
-            if (n >= 0 && n < full) pack_rows(fresh, fresh, full, a.send_sel, n, p.kv);
+            if (n >= 0 && n < full) m->gather_rows(m->ctx, fresh, fresh, full, a.send_sel, n, (size_t)p.kv * sizeof(float));
             int to = p.inner_next, tag = TAG_DKV_INNER;        // on, or to the next node, or home
             if (last) {
                 to = so < p.outer - 1 ? p.outer_next : c;
                 tag = so < p.outer - 1 ? TAG_DKV_OUTER : TAG_DKV_HOME;
             }
             if (n > 0) {
-                comm_isend(cp, fresh, message(&p, n), DT_FLOAT, to, tag, last ? &a.node_send : &a.step_send[si % 2]);
-                if (kernels->traffic) kernels->traffic->dkv_bytes += message(&p, n) * (int64_t)sizeof(float);
+                m->send(m->ctx, cp, fresh, dkv_message(&p, n), to, tag, last ? &a.node_send : &a.step_send[si % 2]);
+                if (kernels->traffic) kernels->traffic->dkv_bytes += (int64_t)dkv_message(&p, n);
+            }
+            // The receive of what the previous holder sends now (order of posting): for the next inner
+            // step, or the next node's sum, or this rank's own accumulator home.
+            if (!last) {
+                a.inner_n = ring_dkv_rows(ring, &p, need, ring_chunk_at(&p, so, si + 1), so, si, t.mask, a.inner_sel);
+                if (a.inner_n > 0)
+                    m->recv(m->ctx, cp, a.inner_in, dkv_message(&p, a.inner_n), p.inner_prev, TAG_DKV_INNER,
+                            &a.inner_recv);
+            } else if (so < p.outer - 1) {
+                a.outer_n = ring_dkv_rows(ring, &p, need, ring_chunk_at(&p, so + 1, p.inner - 1), so, p.inner - 1,
+                                          t.mask, a.outer_sel);
+                if (a.outer_n > 0)
+                    m->recv(m->ctx, cp, a.outer_in, dkv_message(&p, a.outer_n), p.outer_prev, TAG_DKV_OUTER,
+                            &a.outer_recv);
+            } else {
+                a.home_n = ring_dkv_rows(ring, &p, need, cp->rank, p.outer - 1, p.inner - 1, t.mask, a.home_sel);
+                if (a.home_n > 0)
+                    m->recv(m->ctx, cp, a.home, dkv_message(&p, a.home_n), ring_rank_at(&p, p.o - 1, p.i - 1),
+                            TAG_DKV_HOME, &a.home_recv);
             }
             kv_inner_wait(&t, so, si);
             cur = next;
         }
         kv_outer_wait(&t, so);
     }
-    if (a.home_n > 0) {
-        wait_one(cp, &a.home_recv, "dK/dV transfer (home)");
-        add_rows(dk, dv, a.home, a.home_sel, a.home_n, p.kv);
-    }
-    MPI_Request sends[3] = {a.step_send[0], a.step_send[1], a.node_send};
-    comm_wait(cp, sends, 3, "ring attention backward: dK/dV sends");
+    wait_one(ring, &a.home_recv, "dK/dV transfer (home)");
+    if (a.home_n > 0) m->add_rows(m->ctx, dk, dv, a.home, a.home_sel, a.home_n, p.kv);
+    RingRequest sends[3] = {a.step_send[0], a.step_send[1], a.node_send};
+    m->wait(m->ctx, cp, sends, 3, "ring attention backward: dK/dV sends");
 }

@@ -55,18 +55,60 @@ typedef struct {
 
 // One ring step: queries against one key chunk. shape->k_tokens is the
 // chunk's token count. Same contracts as attn_dense_forward_cpu and
-// attn_dense_backward_cpu (merge into o/lse; accumulate dq, dk, dv).
+// attn_dense_backward_cpu (merge into o/lse; accumulate dq, dk, dv), in the
+// ring's memory (RingMemory): q, k, v, dout are its activations (fp32 on the
+// host, bf16 on a GPU); o (the running output), lse, delta, dq, dk, dv fp32.
 // need: NULL sends whole chunks (ring_send full). traffic: NULL or counted.
 typedef struct {
-    void (*forward)(void *ctx, const AttnShape *shape, const float *q, const int64_t *q_pos, const float *k,
-                    const float *v, const int64_t *k_pos, float *o, float *lse);
-    void (*backward)(void *ctx, const AttnShape *shape, const float *q, const int64_t *q_pos, const float *k,
-                     const float *v, const int64_t *k_pos, const float *lse, const float *delta,
-                     const float *dout, float *dq, float *dk, float *dv);
+    void (*forward)(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos, const void *k,
+                    const void *v, const int64_t *k_pos, float *o, float *lse);
+    void (*backward)(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos, const void *k,
+                     const void *v, const int64_t *k_pos, const float *lse, const float *delta,
+                     const void *dout, float *dq, float *dk, float *dv);
     void *ctx;
     const RingNeed *need;
     RingTraffic *traffic;
 } RingKernels;
+
+// A message transfer in flight: an MPI request (host memory) or a device
+// exchange's operation id (dist/comm_device.h); RING_REQUEST_NULL is done.
+typedef struct {
+    MPI_Request mpi;
+    int64_t id;
+} RingRequest;
+#define RING_REQUEST_NULL ((RingRequest){MPI_REQUEST_NULL, -1})
+
+// Where the ring's buffers live and how its messages move: the schedules of
+// ring.c are the same for every memory. ring_host_memory is host memory and
+// MPI; attention/ring_cuda.c has the GPU's (NCCL or host-staged MPI). A K/V
+// element has act_bytes bytes; dK/dV accumulators and o, lse are fp32.
+// Rows: a message [2, n, row_bytes] holds rows of K then V (dK then dV).
+typedef struct {
+    size_t act_bytes;
+    void *(*alloc)(void *ctx, size_t bytes);
+    void (*release)(void *ctx, void *buf);
+    void (*copy)(void *ctx, void *dst, const void *src, size_t bytes);   // buffers do not overlap
+    void (*zero)(void *ctx, void *dst, size_t bytes);
+    // dst [2, n] = rows sel[0..n) of src [2, full]; dst may be src.
+    void (*gather_rows)(void *ctx, void *dst, const void *src, int64_t full, const int64_t *sel, int64_t n,
+                        size_t row_bytes);
+    // Rows sel[j] of dst [2, full] = row j of src [2, n]; dst may be src.
+    void (*scatter_rows)(void *ctx, void *dst, const void *src, int64_t full, const int64_t *sel, int64_t n,
+                         size_t row_bytes);
+    // dk, dv [*, kv] rows sel[j] += row j of in [2, n, kv] (fp32).
+    void (*add_rows)(void *ctx, float *dk, float *dv, const float *in, const int64_t *sel, int64_t n, int64_t kv);
+    void (*send)(void *ctx, const Comm *c, const void *buf, size_t bytes, int to, int tag, RingRequest *req);
+    void (*recv)(void *ctx, const Comm *c, void *buf, size_t bytes, int from, int tag, RingRequest *req);
+    // Until reqs [n] are done (for the kernels that follow: on a GPU the
+    // compute stream waits, not the host).
+    void (*wait)(void *ctx, const Comm *c, RingRequest *reqs, int n, const char *op);
+    // o = 0, lse = -inf (attn_forward_init); delta from o and dout (attn_backward_delta).
+    void (*forward_init)(void *ctx, const AttnShape *shape, float *o, float *lse);
+    void (*backward_delta)(void *ctx, const AttnShape *shape, const void *o, const void *dout, float *delta);
+    void *ctx;
+} RingMemory;
+
+extern const RingMemory ring_host_memory;
 
 // The dense CPU kernels of attention.h (ctx unused).
 extern const RingKernels ring_dense_cpu;
@@ -83,6 +125,8 @@ typedef struct {
     int64_t *positions;        // [N] every rank's global positions, in cp rank order
     int64_t max_count;         // largest count (buffer size)
     RingScratch *scratch;      // the transfers' buffers (ring.c), kept until ring_free
+    const RingMemory *memory;  // where buffers live: ring_host_memory unless ring_set_memory
+    const int64_t *kernel_positions;  // positions as the kernels read them (in memory)
 } Ring;
 
 // The inner ring size of a schedule for a cp group of cp_size ranks with
@@ -93,16 +137,21 @@ int ring_inner_size(RingSchedule schedule, int cp_size, int cp_inner);
 // inner must divide cp->size. Collective over cp.
 void ring_init(Ring *ring, const Comm *cp, int inner, const int64_t *pos, int64_t tokens);
 void ring_free(Ring *ring);
+// The ring's buffers from now on in `memory`, and kernel_positions [N] there:
+// `positions` in that memory (the caller keeps it until ring_free).
+void ring_set_memory(Ring *ring, const RingMemory *memory, const int64_t *kernel_positions);
 
 // shape: q_tokens = this rank's tokens; k_tokens is ignored (set per chunk).
-// q, o [T, Hq, D]; k, v [T, Hkv, D]; lse [Hq, T] fp32. Writes o and lse.
+// q [T, Hq, D]; k, v [T, Hkv, D] (activations of the memory); o [T, Hq, D]
+// and lse [Hq, T] fp32. Writes o and lse.
 void ring_attn_forward(const Ring *ring, const RingKernels *kernels, const AttnShape *shape,
-                       const float *q, const float *k, const float *v, float *o, float *lse);
+                       const void *q, const void *k, const void *v, float *o, float *lse);
 
-// From the forward's o, lse and the upstream dout [T, Hq, D]: accumulates (+=)
-// dq [T, Hq, D] and this rank's dk, dv [T, Hkv, D] (from every rank's queries).
+// From the forward's o (activation), lse and the upstream dout [T, Hq, D]
+// (activation): accumulates (+=) fp32 dq [T, Hq, D] and this rank's fp32 dk,
+// dv [T, Hkv, D] (from every rank's queries).
 void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const AttnShape *shape,
-                        const float *q, const float *k, const float *v, const float *o,
-                        const float *lse, const float *dout, float *dq, float *dk, float *dv);
+                        const void *q, const void *k, const void *v, const void *o,
+                        const float *lse, const void *dout, float *dq, float *dk, float *dv);
 
 #endif

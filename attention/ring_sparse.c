@@ -201,8 +201,8 @@ void ring_sparse_plan(const Ring *ring, const AttentionConfig *cfg, const AttnSh
 
 // ------------------------------------------------------------- attention
 
-static void sparse_forward(void *ctx, const AttnShape *shape, const float *q, const int64_t *q_pos,
-                           const float *k, const float *v, const int64_t *k_pos, float *o, float *lse) {
+static void sparse_forward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos,
+                           const void *k, const void *v, const int64_t *k_pos, float *o, float *lse) {
     RingSparse *rs = ctx;
     attn_sparse_forward_part_cpu(SPARSE_BLOCKS, shape, &rs->index, q, q_pos, k, v, k_pos, o, lse);
     if (!rs->columns_pending) return;
@@ -214,9 +214,9 @@ static void sparse_forward(void *ctx, const AttnShape *shape, const float *q, co
                                  rs->column_kv + kv, rs->columns, o, lse);
 }
 
-static void sparse_backward(void *ctx, const AttnShape *shape, const float *q, const int64_t *q_pos,
-                            const float *k, const float *v, const int64_t *k_pos, const float *lse,
-                            const float *delta, const float *dout, float *dq, float *dk, float *dv) {
+static void sparse_backward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos,
+                            const void *k, const void *v, const int64_t *k_pos, const float *lse,
+                            const float *delta, const void *dout, float *dq, float *dk, float *dv) {
     RingSparse *rs = ctx;
     attn_sparse_backward_part_cpu(SPARSE_BLOCKS, shape, &rs->index, q, q_pos, k, v, k_pos, lse, delta,
                                   dout, dq, dk, dv);

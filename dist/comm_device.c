@@ -167,4 +167,144 @@ void comm_device_allgather(const Comm *c, float *arena, int64_t count, cudaStrea
     free(host);
 }
 
+// ---- point-to-point exchanges ----
+
+// Transfers posted and not yet waited for (MPI) or not yet handed to NCCL.
+#define EXCHANGE_SLOTS 16
+// NCCL: the last groups handed over whose completion events are kept.
+#define EXCHANGE_GROUPS 8
+
+typedef struct {
+    int64_t id;                // -1: free slot
+    bool send;
+    void *dev;                 // the device buffer
+    size_t bytes;
+    int peer;
+    void *host;                // MPI: the staging copy
+    MPI_Request req;           // MPI
+    cudaEvent_t posted;        // NCCL: the compute stream when it was posted
+} Transfer;
+
+struct DeviceExchange {
+    const Comm *c;
+    cudaStream_t compute, comm;  // comm: NCCL's stream
+    cudaEvent_t group_done[EXCHANGE_GROUPS];  // NCCL: group g's completion at g % EXCHANGE_GROUPS
+    int64_t group_end[EXCHANGE_GROUPS];       // the id after group g's last transfer
+    int64_t groups;                           // groups handed over
+    int64_t posted, issued;      // NCCL: ids [issued, posted) wait in slots
+    Transfer slot[EXCHANGE_SLOTS];
+};
+
+DeviceExchange *comm_device_exchange_new(const Comm *c, cudaStream_t compute) {
+    DeviceExchange *x = xcalloc(1, sizeof(DeviceExchange));
+    x->c = c;
+    x->compute = compute;
+    for (int s = 0; s < EXCHANGE_SLOTS; s++) x->slot[s].id = -1;
+    if (!c->nccl) return x;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&x->comm, cudaStreamNonBlocking));
+    for (int g = 0; g < EXCHANGE_GROUPS; g++) CUDA_CHECK(cudaEventCreate(&x->group_done[g]));
+    for (int s = 0; s < EXCHANGE_SLOTS; s++)
+        CUDA_CHECK(cudaEventCreate(&x->slot[s].posted));
+    return x;
+}
+
+void comm_device_exchange_free(DeviceExchange *x) {
+    if (!x) return;
+    if (x->c->nccl) {
+        CUDA_CHECK(cudaStreamSynchronize(x->comm));
+        for (int s = 0; s < EXCHANGE_SLOTS; s++) CUDA_CHECK(cudaEventDestroy(x->slot[s].posted));
+        for (int g = 0; g < EXCHANGE_GROUPS; g++) CUDA_CHECK(cudaEventDestroy(x->group_done[g]));
+        CUDA_CHECK(cudaStreamDestroy(x->comm));
+    }
+    for (int s = 0; s < EXCHANGE_SLOTS; s++) free(x->slot[s].host);
+    free(x);
+}
+
+static Transfer *free_slot(DeviceExchange *x) {
+    for (int s = 0; s < EXCHANGE_SLOTS; s++)
+        if (x->slot[s].id < 0) return &x->slot[s];
+    FAIL("device exchange on %s: more than %d transfers outstanding", x->c->name, EXCHANGE_SLOTS);
+    return NULL;
+}
+
+static Transfer *find(DeviceExchange *x, int64_t id) {
+    for (int s = 0; s < EXCHANGE_SLOTS; s++)
+        if (x->slot[s].id == id) return &x->slot[s];
+    return NULL;
+}
+
+static int64_t post(DeviceExchange *x, bool send, void *buf, size_t bytes, int peer, int tag) {
+    CHECK(bytes % sizeof(float) == 0, "device exchange on %s: %zu bytes (expected a multiple of 4)", x->c->name,
+          bytes);
+    Transfer *t = free_slot(x);
+    const int64_t id = x->posted++;
+    *t = (Transfer){.id = id, .send = send, .dev = buf, .bytes = bytes, .peer = peer, .req = MPI_REQUEST_NULL,
+                    .posted = t->posted};
+    if (x->c->nccl) {
+        CUDA_CHECK(cudaEventRecord(t->posted, x->compute));
+        return id;
+    }
+    const int64_t count = (int64_t)(bytes / sizeof(float));
+    t->host = xmalloc(bytes > 0 ? bytes : 1);
+    if (send) {
+        CUDA_CHECK(cudaMemcpyAsync(t->host, buf, bytes, cudaMemcpyDeviceToHost, x->compute));
+        CUDA_CHECK(cudaStreamSynchronize(x->compute));
+        comm_isend(x->c, t->host, count, DT_FLOAT, peer, tag, &t->req);
+    } else {
+        comm_irecv(x->c, t->host, count, DT_FLOAT, peer, tag, &t->req);
+    }
+    return id;
+}
+
+int64_t comm_device_send(DeviceExchange *x, const void *buf, size_t bytes, int to, int tag) {
+    return post(x, true, (void *)buf, bytes, to, tag);
+}
+
+int64_t comm_device_recv(DeviceExchange *x, void *buf, size_t bytes, int from, int tag) {
+    return post(x, false, buf, bytes, from, tag);
+}
+
+// NCCL: every transfer posted and not yet handed over, as one group on the
+// comm stream, after the compute stream's work up to the last one's posting.
+static void issue(DeviceExchange *x) {
+    const int64_t id = x->posted - 1;
+    CUDA_CHECK(cudaStreamWaitEvent(x->comm, find(x, id)->posted, 0));
+    NCCL_CHECK(ncclGroupStart());
+    for (int64_t i = x->issued; i <= id; i++) {
+        Transfer *t = find(x, i);
+        if (t->send) NCCL_CHECK(ncclSend(t->dev, t->bytes, ncclUint8, t->peer, x->c->nccl, x->comm));
+        else NCCL_CHECK(ncclRecv(t->dev, t->bytes, ncclUint8, t->peer, x->c->nccl, x->comm));
+    }
+    NCCL_CHECK(ncclGroupEnd());
+    const int64_t g = x->groups++;
+    CUDA_CHECK(cudaEventRecord(x->group_done[g % EXCHANGE_GROUPS], x->comm));
+    x->group_end[g % EXCHANGE_GROUPS] = id + 1;
+    for (int64_t i = x->issued; i <= id; i++) find(x, i)->id = -1;
+    x->issued = id + 1;
+}
+
+// NCCL: the event of the group that holds transfer id (handed over), or of
+// a later one when that group's event was reused (the comm stream runs the
+// groups in order, so a later one's completion implies it).
+static cudaEvent_t group_event(const DeviceExchange *x, int64_t id) {
+    int64_t g = x->groups > EXCHANGE_GROUPS ? x->groups - EXCHANGE_GROUPS : 0;
+    while (g < x->groups - 1 && x->group_end[g % EXCHANGE_GROUPS] <= id) g++;
+    return x->group_done[g % EXCHANGE_GROUPS];
+}
+
+void comm_device_wait(DeviceExchange *x, int64_t id, const char *op) {
+    if (x->c->nccl) {
+        if (x->posted > x->issued) issue(x);
+        if (id >= 0) CUDA_CHECK(cudaStreamWaitEvent(x->compute, group_event(x, id), 0));
+        return;
+    }
+    Transfer *t = id >= 0 ? find(x, id) : NULL;
+    if (!t) return;            // nothing, or waited for already
+    comm_wait(x->c, &t->req, 1, op);
+    if (!t->send) CUDA_CHECK(cudaMemcpyAsync(t->dev, t->host, t->bytes, cudaMemcpyHostToDevice, x->compute));
+    free(t->host);             // pageable source: staged when cudaMemcpyAsync returns
+    t->host = NULL;
+    t->id = -1;
+}
+
 #endif

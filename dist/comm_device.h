@@ -51,4 +51,29 @@ void comm_device_reduce_scatter(const Comm *c, float *arena, int64_t count, cuda
 // parameters after a ZeRO-1 update). Returns when every block is in place.
 void comm_device_allgather(const Comm *c, float *arena, int64_t count, cudaStream_t stream);
 
+// Point-to-point transfers of device buffers over c, posted one by one and
+// waited for later (the ring attention's, attention/ring_cuda.c); bytes a
+// multiple of 4. Every transfer is ordered after the work enqueued on
+// `compute` before it was posted; a wait orders the work enqueued on
+// `compute` after it behind the transfer. With NCCL the host never waits: the
+// posted transfers are collected and handed to NCCL as one group on the
+// exchange's communication stream at every wait (the transfers posted since
+// the previous wait, in order; between two ranks, transfers pair up in the
+// order they are posted), and the compute stream waits for the group by an
+// event. Groups run one after the other: each message's send and receive
+// must be posted between the same two waits of their ranks (which wait at
+// the same points), and nothing may wait for the whole device (cudaFree,
+// cudaDeviceSynchronize) while transfers are outstanding. Without NCCL (parallel.comm: mpi) a send
+// waits for the compute stream and goes through host memory and MPI
+// non-blocking, a receive is copied to the device at its wait.
+typedef struct DeviceExchange DeviceExchange;
+DeviceExchange *comm_device_exchange_new(const Comm *c, cudaStream_t compute);
+void comm_device_exchange_free(DeviceExchange *x);
+// Each returns the transfer's id (>= 0) for comm_device_wait.
+int64_t comm_device_send(DeviceExchange *x, const void *buf, size_t bytes, int to, int tag);
+int64_t comm_device_recv(DeviceExchange *x, void *buf, size_t bytes, int from, int tag);
+// Hands the transfers posted so far over (NCCL), then waits for transfer id
+// (-1: none). op names the transfer in a time-out message.
+void comm_device_wait(DeviceExchange *x, int64_t id, const char *op);
+
 #endif

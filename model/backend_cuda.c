@@ -15,6 +15,7 @@
 #include <stdio.h>
 
 #include "../attention/attention_cuda_op.h"
+#include "../attention/ring_cuda.h"
 #include "../dist/comm.h"
 #include "../dist/comm_device.h"
 #include "../dist/cuda_check.h"
@@ -152,7 +153,9 @@ static double cross_entropy(Act *logits, const int32_t *targets, int64_t C, int 
 }
 
 static bool attention_set_ring(AttnState *st, const struct Comm *cp, int inner) {
-    return attention_cuda_set_ring(st, cp ? cp->size : 1, inner);
+    if (!cp || cp->size <= 1) return attention_cuda_set_ring(st, NULL);
+    const AttnRingCuda ring = ring_cuda_new(cp, inner);
+    return attention_cuda_set_ring(st, &ring);
 }
 static void attention_forward(AttnState *st, int layer, bool plan, const AttnShape *shape, const Act *q,
                               const Act *k, const Act *v, const int64_t *pos, Act *o, float *lse,

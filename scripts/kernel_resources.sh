@@ -145,6 +145,9 @@ launch_table() {
   # dist/cuda_elementwise.cuh (in ops_cuda.cu, flash_cuda.cu, attention_cuda_op.cu): ELEMENTWISE_THREADS = 256.
   row 'convert_kernel<*' 256 0 default all              # launch_convert()
   row 'add_into_kernel<*' 256 0 default all             # launch_add_into()
+  # ring_rows_cuda.cu: ELEMENTWISE_THREADS = 256 (dist/cuda_elementwise.cuh).
+  row 'move_rows_kernel' 256 0 default all
+  row 'add_rows_kernel' 256 0 default all
   # matmul_cuda.cu: the bias gradient, BIAS_COLS x BIAS_WARPS = 32 x 8 and BIAS_SUM_THREADS = 256 (bias_grad()).
   row 'bias_grad_partial_kernel' 256 0 default all
   row 'bias_grad_sum_kernel' 256 0 default all

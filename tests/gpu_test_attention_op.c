@@ -13,8 +13,9 @@
 //   build/tests/gpu_test_attention_op         every case
 //   build/tests/gpu_test_attention_op small   the small cases
 //   build/tests/gpu_test_attention_op refuse-ring | refuse-docs
-//                                             what the op refuses: a ring of
-//                                             2 ranks, documents with sparse
+//                                             what the op refuses: sparse
+//                                             attention on a ring of 2 ranks,
+//                                             documents with sparse
 //                                             attention (exit 1 with one line;
 //                                             tests/test_sim.sh)
 //
@@ -260,7 +261,7 @@ static Results gpu_run(const Case *c, Kind kind, Inputs in[2], const char *name)
     int64_t *pos = iota(c->T);
     int64_t *d_pos = to_device(pos, (size_t)c->T * sizeof(int64_t));
     AttnState *st = attention_cuda_new(&cfg, 2, c->Hq);
-    EXPECT_COUNTED(!attention_cuda_set_ring(st, 1, 1), "%s: no ring on one rank", name);
+    EXPECT_COUNTED(!attention_cuda_set_ring(st, NULL), "%s: no ring on one rank", name);
     attention_cuda_sequence(st, pos, c->T);
     uint16_t *d_o = poisoned((size_t)in[0].nq * sizeof(uint16_t));
     float *d_lse = poisoned((size_t)nl * sizeof(float));
@@ -356,7 +357,8 @@ static void refuse(const char *what) {
     const Case c = {200, 64, 4, 2, 64, KIND_SPARSE_FIXED, 0};
     const AttentionConfig cfg = config_of(&c, c.kind);
     AttnState *st = attention_cuda_new(&cfg, 1, c.Hq);
-    if (strcmp(what, "refuse-ring") == 0) attention_cuda_set_ring(st, 2, 1);
+    const AttnRingCuda two = {.cp_size = 2};   // refused before any call into it
+    if (strcmp(what, "refuse-ring") == 0) attention_cuda_set_ring(st, &two);
     int64_t *pos = iota(c.T);
     attention_cuda_sequence(st, pos, c.T);
     const int64_t doc_starts[] = {0, 100};

@@ -195,15 +195,15 @@ static float *gather_cols(const float *lse, int H, int64_t N, const int64_t *pos
 }
 
 // The dense CPU kernels, counting the ring steps that call them (ctx: int64_t [2]).
-static void counted_forward(void *ctx, const AttnShape *shape, const float *q, const int64_t *q_pos,
-                            const float *k, const float *v, const int64_t *k_pos, float *o, float *lse) {
+static void counted_forward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos,
+                            const void *k, const void *v, const int64_t *k_pos, float *o, float *lse) {
     ((int64_t *)ctx)[0]++;
     ring_dense_cpu.forward(NULL, shape, q, q_pos, k, v, k_pos, o, lse);
 }
 
-static void counted_backward(void *ctx, const AttnShape *shape, const float *q, const int64_t *q_pos,
-                             const float *k, const float *v, const int64_t *k_pos, const float *lse,
-                             const float *delta, const float *dout, float *dq, float *dk, float *dv) {
+static void counted_backward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos,
+                             const void *k, const void *v, const int64_t *k_pos, const float *lse,
+                             const float *delta, const void *dout, float *dq, float *dk, float *dv) {
     ((int64_t *)ctx)[1]++;
     ring_dense_cpu.backward(NULL, shape, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk, dv);
 }

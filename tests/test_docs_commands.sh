@@ -41,6 +41,7 @@ RULES=(
   'run |^mpirun -np 4 --oversubscribe build/mtrain train configs/tiny-cpu\.yaml |train.steps=10'
   'run |^build/mtrain train configs/tiny-cpu\.yaml checkpoint\.resume=never$|train.steps=10'
   'skip|^mpirun -np 2 build/tests/mpi_gpu_nccl$|needs two GPUs (tests/test_sim_libs.sh runs it under the sim)'
+  'skip|^mpirun -np 4 build/tests/mpi_gpu_ring 2$|needs four GPUs (tests/test_cuda_ring.sh runs it under the sim)'
   'run |^mpirun -np 4 build/mtrain train configs/tiny-cpu\.yaml |train.steps=10'
   'skip|^srun |needs a Slurm cluster (tests/test_srun.sh runs srun on a private one)'
   'skip|^mpirun -np 2 build/mtrain score --model DIR |placeholders DIR and FILE (tests/test_hf_folders.py runs score)'

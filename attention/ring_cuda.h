@@ -1,0 +1,26 @@
+// ring_cuda.h: ring attention on device buffers (ring_cuda.c), for the CUDA
+// attention op (attention_cuda_op.cu): the schedules of ring.c over a
+// RingMemory on the GPU, where K/V travel as bf16 and the dK/dV accumulators
+// as fp32 through dist/comm_device.h's exchange (NCCL on a communication
+// stream, or host-staged MPI under parallel.comm: mpi), with the dense
+// kernels of attention_cuda.h per ring step; ring_send selected sends only
+// the key blocks later holders read (ring_dense_need). The op calls it
+// through the AttnRingCuda that ring_cuda_new returns (attention_cuda_op.h):
+//   sequence  a new sequence: this rank's positions (host); collective over cp
+//   forward   q [T, Hq, D], k, v [T, Hkv, D] bf16 -> o_acc [T, Hq, D] fp32
+//             and lse [Hq, T] over every rank's keys (written)
+//   backward  from o, dout bf16 and lse: dq_acc [T, Hq, D] and this rank's
+//             dk_acc, dv_acc [T, Hkv, D] fp32, accumulated (+=) over every
+//             rank's queries
+//   bytes     bytes this rank sent in the ring since the sequence began
+// Every call is enqueued on the op's stream.
+#ifndef MTRAIN_RING_CUDA_H
+#define MTRAIN_RING_CUDA_H
+
+#include "../dist/comm.h"
+#include "attention_cuda_op.h"
+
+// The ring over cp (more than one rank) with inner ranks per inner ring.
+AttnRingCuda ring_cuda_new(const Comm *cp, int inner);
+
+#endif

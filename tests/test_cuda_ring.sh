@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# test_cuda_ring.sh: ring attention on device buffers (attention/ring_cuda.c)
+# under the sim (build/sim/mtrain, docs/SIM.md; its NCCL runs over MPI): a
+# small model trained 3 steps with train.backend cuda on cp 2 and 4 ranks
+# under mpirun, each rank holding its share of a 256-token sequence (whole
+# blocks of 32), compared with the same training on one rank:
+#   ring       flat and hierarchical (cp_inner 2 of cp 4), zigzag and
+#              striped, ring_send full and selected, spread over
+#              CUDASIM_SEED 1, 2 and 3 (the sim's stream interleavings: a
+#              transfer not ordered by an event against the kernels reads or
+#              overwrites a buffer at the wrong time under some seed): every
+#              step's loss within 2e-4 relative and every weight of the last
+#              checkpoint within 4e-3 of the one-rank run;
+#   unit       build/sim/tests/mpi_gpu_ring (the op's outputs and gradients
+#              against one GPU, every layout, ring_send and documents, and
+#              the bytes it sent against the byte planner) on 2 ranks flat
+#              and 4 hierarchical, one seed each;
+#   mpi        parallel.comm: mpi (host-staged) gives the nccl run's weights
+#              (within 1e-6: the same kernels on the same messages);
+#   sparse     sparse attention on a ring ends with a line saying so.
+# At initialisation attention is nearly uniform, so these runs catch a ring
+# that fails, hangs, corrupts or loses messages, not small errors of the
+# attention itself: tests/mpi_gpu_ring.c compares the ring's outputs and
+# gradients with one GPU's on sharp attention.
+# Tolerances: activations are bf16 (8 significant bits, 2^-9 relative per
+# rounding); the ring merges chunks by log-sum-exp in fp32 in another order
+# than one kernel over the whole sequence and sums dK/dV in another order,
+# so bf16 roundings differ. Measured: loss <= 5e-5 relative, weights <=
+# 1.8e-3 (AdamW with lr 1e-2 and eps 1e-3 moves a weight by up to ~1e-2 per
+# step, so near-zero gradients whose sign flips under rounding move it by a
+# few 1e-3). A ring that lost or doubled a chunk changes the loss at 1e-2.
+cd "$(dirname "$0")/.."
+source tests/lib.sh
+mpirun_env
+export OMP_NUM_THREADS=1
+sim=build/sim/mtrain
+PY=/usr/bin/python3
+if [ ! -x "$sim" ] || [ ! -x build/sim/tests/mpi_gpu_ring ]; then
+  bad cuda_ring_binary "$sim or build/sim/tests/mpi_gpu_ring missing (make build-sim)"
+  exit 1
+fi
+
+RUN="model.hidden_size=128 model.intermediate_size=256 model.num_layers=2 model.num_heads=2 model.num_kv_heads=1
+     model.head_dim=64 train.backend=cuda train.steps=3 train.seq_len=256 attention.block_size=32
+     train.lr_schedule=constant train.lr=1e-2 train.warmup_steps=0 train.eps=1e-3 train.grad_clip=0 log.every=1
+     checkpoint.resume=never"
+
+# train NAME NP ARGS...: on NP ranks (1: no mpirun), one GPU each, into
+# $tmp/NAME (metrics and checkpoints); stdout+stderr in $tmp/NAME.out.
+train() {
+  local name=$1 np=$2
+  shift 2
+  local launch=()
+  [ "$np" -gt 1 ] && launch=(mpirun --oversubscribe --bind-to none -np "$np")
+  CUDASIM_DEVICES=$np timeout 120 "${launch[@]}" "$sim" train configs/tiny-cpu.yaml $RUN \
+    log.dir="$tmp/$name" checkpoint.dir="$tmp/$name" "$@" </dev/null >"$tmp/$name.out" 2>&1
+}
+differ() { "$PY" tests/compare_runs.py "$tmp/$1" "$tmp/$2" 3; }
+below() { awk -v x="$1" -v tol="$2" 'BEGIN { exit !(x != "-" && x + 0 <= tol + 0) }'; }
+
+train ref 1
+# seed cp ring layout ring_send
+cases="1 2 flat striped full
+1 4 flat zigzag selected
+2 4 hierarchical zigzag selected
+3 4 hierarchical striped full"
+while read -r seed cp ring layout send; do
+  name=cp${cp}_${ring}_${layout}_${send}_seed$seed
+  CUDASIM_SEED=$seed train "$name" "$cp" parallel.cp="$cp" attention.ring="$ring" parallel.cp_inner=2 \
+    attention.layout="$layout" attention.ring_send="$send"
+  rc=$?
+  read -r loss weights < <(differ "$name" ref)
+  expect "cuda_ring_$name: cp $cp $ring $layout ring_send $send under CUDASIM_SEED=$seed = one rank (exit $rc; loss $loss <= 2e-4 relative, weights $weights <= 4e-3)" \
+    "[ $rc -eq 0 ] && grep -q '^ranks: $cp = dp 1 x cp $cp (ring $ring' '$tmp/$name.out' && below '$loss' 2e-4 && below '$weights' 4e-3"
+done <<<"$cases"
+
+# The attention itself against one GPU (mpi_gpu_ring prints its own ok/FAIL
+# lines): flat on 2 ranks, hierarchical 2 x 2.
+for run in "1 2 2" "3 4 2"; do
+  read -r seed np inner <<<"$run"
+  CUDASIM_SEED=$seed CUDASIM_DEVICES=$np timeout 120 mpirun --oversubscribe --bind-to none -np "$np" \
+    build/sim/tests/mpi_gpu_ring "$inner" </dev/null >"$tmp/unit.out" 2>&1
+  rc=$?
+  sed "s/^\(ok\|FAIL\) /\1 seed${seed}_/" "$tmp/unit.out" | grep -E '^(ok|FAIL) '
+  failures=$((failures + $(grep -c '^FAIL ' "$tmp/unit.out")))
+  expect "cuda_ring_unit_seed${seed}_np${np}_inner$inner: mpi_gpu_ring ran its 24 checks (exit $rc)" \
+    "[ $rc -eq 0 ] && [ \$(grep -c '^ok ' '$tmp/unit.out') -eq 24 ]"
+done
+
+CUDASIM_SEED=1 train mpi 2 parallel.cp=2 parallel.comm=mpi
+read -r loss weights < <(differ mpi cp2_flat_striped_full_seed1)
+expect "cuda_ring_mpi_equals_nccl: parallel.comm: mpi = nccl on cp 2 (loss $loss, weights $weights <= 1e-6)" \
+  "grep -q '^ranks: 2 = dp 1 x cp 2' '$tmp/mpi.out' && ! grep -q 'gradients over NCCL' '$tmp/mpi.out' && below '$loss' 1e-6 && below '$weights' 1e-6"
+
+train sparse 2 parallel.cp=2 attention.type=sparse attention.block_size=64
+rc=$?
+expect "cuda_ring_sparse_refused: sparse attention on a ring ends with a line saying so (exit $rc: $(grep -m1 '^mtrain' "$tmp/sparse.out"))" \
+  "[ $rc -ne 0 ] && grep -q \"^mtrain: .*attention.type sparse with parallel.cp 2: the CUDA backend's ring attention is dense\" '$tmp/sparse.out' &&
+   ! grep -q '^step ' '$tmp/sparse.out'"
+exit $((failures > 0))

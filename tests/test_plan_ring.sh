@@ -5,7 +5,7 @@
 # bytes, link times and the mean attention per step equal a hand computation
 # from the printed inputs; each layer total is the sum the printed rows give;
 # the hierarchical ring hides every sparse transfer while the flat one does
-# not. With only the local band (fixed budget, no slash lines) ring_send
+# not. With the contiguous layout a step's time is its slowest rank's. With only the local band (fixed budget, no slash lines) ring_send
 # selected sends one chunk's K/V and then nothing. Bad uses get one line.
 #   MTRAIN=path/to/mtrain bash tests/test_plan_ring.sh   (default build/mtrain)
 set -u
@@ -61,6 +61,16 @@ for col in 3:1:$dense_eff 4:$density:$sparse_eff; do
   mean=$(awk -F'|' -v c="$c" '{ s += $c } END { print s / NR }' "$tmp/flat_fwd")
   expect "ring_hand_attention_col$c" "awk -v m=$mean -v h=$hand 'BEGIN { exit !(m >= h * 0.999 && m <= h * 1.02) }'"
 done
+
+# Contiguous layout: in step 0 every rank computes its own causal triangle
+# (the mean pairs), in later steps the slowest rank a whole earlier chunk
+# (twice the mean), so a step's time is its slowest rank's, not the mean.
+# shellcheck disable=SC2086
+"$MTRAIN" plan $run3b --ring attention.layout=contiguous >"$tmp/contig.out" 2>&1
+hand=$(awk -v n="$seq" -v w="$cp" -v h="$hq" -v d="$d" -v e="$dense_eff" -v p="$peak" \
+       'BEGIN { print 4 * h * d * n * n / 2 / (w * w) / (p * 1e12 * e / 100) * 1e3 }')
+read -r step0 step1 < <(awk -F'|' '/^## flat/{f = 1} f && /^\| 0\.[01] \|/ { printf "%s ", $3 } f && /^\| 0\.1 \|/ { exit }' "$tmp/contig.out")
+expect ring_step_slowest_rank "near $step0 $hand 0.01 && near $step1 \$(awk -v h=$hand 'BEGIN { print 2 * h }') 0.01"
 
 # Each layer total is the sum the rows give: flat, every step max(compute,
 # hop); hierarchical, every round of 8 max(sum of max(compute, inner hop), outer hop).

@@ -229,8 +229,9 @@ static bool step_hidden(const RingTable *t, bool backward, int a, int m, int s) 
 
 static const char *yes_no(bool b) { return b ? "yes" : "NO"; }
 
-// The per-step table of one pass, then the layer's totals.
-static void print_pass(const RingTable *t, bool backward, FILE *out) {
+// The per-step table of one pass, then the layer's totals; ms [3]: the
+// layer's time dense with ring_send full, sparse full, sparse selected.
+static void print_pass(const RingTable *t, bool backward, FILE *out, double ms[3]) {
     const double MIB = 1.0 / (1 << 20);
     const int inner = t->ring.inner;
     fprintf(out, "\n%s, per ring step of one layer (ms, MiB; full / selected)\n\n", backward ? "backward" : "forward");
@@ -251,7 +252,7 @@ static void print_pass(const RingTable *t, bool backward, FILE *out) {
         fprintf(out, "%s, %s, %s |\n", yes_no(step_hidden(t, backward, DENSE, FULL, s)),
                 yes_no(step_hidden(t, backward, SPARSE, FULL, s)), yes_no(step_hidden(t, backward, SPARSE, SELECTED, s)));
     }
-    double att[3], ms[3];
+    double att[3];
     ms[0] = layer_ms(t, backward, DENSE, FULL, &att[0]);
     ms[1] = layer_ms(t, backward, SPARSE, FULL, &att[1]);
     ms[2] = layer_ms(t, backward, SPARSE, SELECTED, &att[2]);
@@ -270,10 +271,10 @@ static void table_free(RingTable *t) {
     free(t->ring.counts); free(t->ring.offsets); free(t->ring.positions);
 }
 
-// The table of cfg under one schedule (inner ranks per inner ring; inner =
-// cp: flat). Returns the layer's forward and backward ms [a][m][pass] in sums.
+// The tables of cfg under one schedule (inner ranks per inner ring; inner =
+// cp: flat). ms [2][3]: the layer's forward and backward time as print_pass.
 static void print_schedule(const Config *cfg, const GpuProfile *gpu, double density, int inner, FILE *out,
-                           double sums[3][2]) {
+                           double ms[2][3]) {
     Config c = *cfg;
     c.attention.ring = inner == cfg->parallel.cp ? RING_FLAT : RING_HIERARCHICAL;
     c.parallel.cp_inner = inner;
@@ -290,13 +291,7 @@ static void print_schedule(const Config *cfg, const GpuProfile *gpu, double dens
         fprintf(out, ", outer hops %.4g GB/s (%s)", t.plan[SPARSE].outer_gbs,
                 t.plan[SPARSE].outer_gbs == gpu->nvlink_gbs ? "NVLink" : "network");
     fputc('\n', out);
-    for (int pass = 0; pass < 2; pass++) {
-        print_pass(&t, pass == 1, out);
-        double attention;
-        sums[0][pass] = layer_ms(&t, pass == 1, DENSE, FULL, &attention);
-        sums[1][pass] = layer_ms(&t, pass == 1, SPARSE, FULL, &attention);
-        sums[2][pass] = layer_ms(&t, pass == 1, SPARSE, SELECTED, &attention);
-    }
+    for (int pass = 0; pass < 2; pass++) print_pass(&t, pass == 1, out, ms[pass]);
     table_free(&t);
 }
 
@@ -334,15 +329,15 @@ void plan_ring_print(const Config *cfg, const GpuProfile *gpu, double density, F
             "dK/dV accumulators add to the link their step uses and the last one goes home after the last step%s\n",
             cfg->train.checkpoint_activations ? "; with activation checkpointing the backward recomputes the forward "
             "first (one more forward pass)" : "");
-    double sums[2][3][2];
+    double ms[2][2][3];  // [flat, hierarchical][forward, backward][dense full, sparse full, sparse selected]
     int hier = cfg->parallel.cp_inner > 0 && cfg->parallel.cp_inner < W ? cfg->parallel.cp_inner
                : gpu->gpus_per_node < W && W % gpu->gpus_per_node == 0 ? gpu->gpus_per_node : W;
-    print_schedule(cfg, gpu, density, W, out, sums[0]);
-    if (hier < W) print_schedule(cfg, gpu, density, hier, out, sums[1]);
+    print_schedule(cfg, gpu, density, W, out, ms[0]);
+    if (hier < W) print_schedule(cfg, gpu, density, hier, out, ms[1]);
     fprintf(out, "\n## per layer, ms (forward / backward)\n\n| ring | dense full | sparse full | sparse selected |\n"
             "|---|---|---|---|\n");
     for (int h = 0; h < (hier < W ? 2 : 1); h++)
         fprintf(out, "| %s %d x %d | %.2f / %.2f | %.2f / %.2f | %.2f / %.2f |\n", h ? "hierarchical" : "flat",
-                h ? W / hier : 1, h ? hier : W, sums[h][0][0], sums[h][0][1], sums[h][1][0], sums[h][1][1],
-                sums[h][2][0], sums[h][2][1]);
+                h ? W / hier : 1, h ? hier : W, ms[h][0][0], ms[h][1][0], ms[h][0][1], ms[h][1][1], ms[h][0][2],
+                ms[h][1][2]);
 }

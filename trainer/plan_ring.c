@@ -216,18 +216,22 @@ static double layer_ms(const RingTable *t, bool backward, int a, int m, double *
     return total;
 }
 
-// Whether step s's transfers fit under compute a with ring_send m: the inner
-// one under the step, the outer one (at inner step 0) under the round.
-static bool step_hidden(const RingTable *t, bool backward, int a, int m, int s) {
-    const int inner = t->ring.inner;
-    if (load_ms(t, backward, m, INNER, s) > step_ms(t, backward, a, s)) return false;
-    if (s % inner) return true;
-    double round = 0;
-    for (int si = 0; si < inner; si++) round += step_ms(t, backward, a, s + si);
-    return load_ms(t, backward, m, OUTER, s) <= round;
+// Whether step s's transfer on link l fits under compute a with ring_send
+// m: an inner one under the step, an outer one (inner step 0) under the round.
+static bool step_hidden(const RingTable *t, bool backward, int a, int m, int l, int s) {
+    double compute = 0;
+    for (int si = 0; si < (l == INNER ? 1 : t->ring.inner); si++) compute += step_ms(t, backward, a, s + si);
+    return load_ms(t, backward, m, l, s) <= compute;
 }
 
-static const char *yes_no(bool b) { return b ? "yes" : "NO"; }
+// "yes, NO, yes": whether step s's transfer on link l is hidden, dense with
+// ring_send full, sparse full, sparse selected.
+static void print_hidden(const RingTable *t, bool backward, int l, int s, FILE *out) {
+    const bool hidden[3] = {step_hidden(t, backward, DENSE, FULL, l, s), step_hidden(t, backward, SPARSE, FULL, l, s),
+                            step_hidden(t, backward, SPARSE, SELECTED, l, s)};
+    for (int i = 0; i < 3; i++) fprintf(out, "%s%s", i ? ", " : "", hidden[i] ? "yes" : "NO");
+    fprintf(out, " |");
+}
 
 // The per-step table of one pass, then the layer's totals; ms [3]: the
 // layer's time dense with ring_send full, sparse full, sparse selected.
@@ -236,8 +240,9 @@ static void print_pass(const RingTable *t, bool backward, FILE *out, double ms[3
     const int inner = t->ring.inner;
     fprintf(out, "\n%s, per ring step of one layer (ms, MiB; full / selected)\n\n", backward ? "backward" : "forward");
     fprintf(out, "| step (outer.inner) | attention dense | attention sparse | K/V MiB | %sinner ms | outer ms | "
-            "hidden: dense full, sparse full, sparse selected |\n", backward ? "dK/dV MiB (sent after the step) | " : "");
-    fprintf(out, "|---|---|---|---|%s---|---|---|\n", backward ? "---|" : "");
+            "inner hidden: dense full, sparse full, sparse selected | outer hidden: the same |\n",
+            backward ? "dK/dV MiB (sent after the step) | " : "");
+    fprintf(out, "|---|---|---|---|%s---|---|---|---|\n", backward ? "---|" : "");
     for (int s = 0; s < t->W; s++) {
         fprintf(out, "| %d.%d | %.3f | %.3f | %.2f / %.2f | ", s / inner, s % inner, step_ms(t, backward, DENSE, s),
                 step_ms(t, backward, SPARSE, s), (t->kv[FULL][INNER][s] + t->kv[FULL][OUTER][s]) * MIB,
@@ -245,12 +250,16 @@ static void print_pass(const RingTable *t, bool backward, FILE *out, double ms[3
         if (backward)
             fprintf(out, "%.2f / %.2f%s | ", t->dkv[FULL][s] * MIB, t->dkv[SELECTED][s] * MIB,
                     s == t->W - 1 ? " home" : dkv_link(t, s % inner) == OUTER ? " outer" : "");
+        const bool outer = s % inner == 0 && t->ring.outer > 1;
         fprintf(out, "%.3f / %.3f | ", load_ms(t, backward, FULL, INNER, s), load_ms(t, backward, SELECTED, INNER, s));
-        if (s % inner || t->ring.outer == 1) fprintf(out, "- | ");
-        else fprintf(out, "%.3f / %.3f | ", load_ms(t, backward, FULL, OUTER, s),
-                     load_ms(t, backward, SELECTED, OUTER, s));
-        fprintf(out, "%s, %s, %s |\n", yes_no(step_hidden(t, backward, DENSE, FULL, s)),
-                yes_no(step_hidden(t, backward, SPARSE, FULL, s)), yes_no(step_hidden(t, backward, SPARSE, SELECTED, s)));
+        if (outer) fprintf(out, "%.3f / %.3f | ", load_ms(t, backward, FULL, OUTER, s),
+                           load_ms(t, backward, SELECTED, OUTER, s));
+        else fprintf(out, "- | ");
+        print_hidden(t, backward, INNER, s, out);
+        fputc(' ', out);
+        if (outer) print_hidden(t, backward, OUTER, s, out);
+        else fprintf(out, "- |");
+        fputc('\n', out);
     }
     double att[3];
     ms[0] = layer_ms(t, backward, DENSE, FULL, &att[0]);

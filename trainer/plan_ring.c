@@ -339,8 +339,8 @@ void plan_ring_print(const Config *cfg, const GpuProfile *gpu, double density, F
             cfg->train.checkpoint_activations ? "; with activation checkpointing the backward recomputes the forward "
             "first (one more forward pass)" : "");
     double ms[2][2][3];  // [flat, hierarchical][forward, backward][dense full, sparse full, sparse selected]
-    int hier = cfg->parallel.cp_inner > 0 && cfg->parallel.cp_inner < W ? cfg->parallel.cp_inner
-               : gpu->gpus_per_node < W && W % gpu->gpus_per_node == 0 ? gpu->gpus_per_node : W;
+    int hier = cfg->parallel.cp_inner > 0 && cfg->parallel.cp_inner < W ? cfg->parallel.cp_inner : gpu->gpus_per_node;
+    if (!(hier < W && W % hier == 0)) hier = W;  // no hierarchical ring: the flat one only
     print_schedule(cfg, gpu, density, W, out, ms[0]);
     if (hier < W) print_schedule(cfg, gpu, density, hier, out, ms[1]);
     fprintf(out, "\n## per layer, ms (forward / backward)\n\n| ring | dense full | sparse full | sparse selected |\n"

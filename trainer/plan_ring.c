@@ -65,7 +65,7 @@ static void ring_build(RingTable *t, const Config *cfg, int inner) {
 // step. Sparse work is assumed to spread over the steps as causal work does.
 static void step_attention(RingTable *t) {
     const int W = t->W;
-    double *work = xcalloc((size_t)W, sizeof(double)), total = 0;
+    double *slowest = xcalloc((size_t)W, sizeof(double)), total = 0;
     for (int r = 0; r < W; r++) {
         const Place p = ring_place(&t->ring, r, 1);
         for (int s = 0; s < W; s++) {
@@ -73,15 +73,15 @@ static void step_attention(RingTable *t) {
             double pairs = causal_pairs(t->ring.positions + t->ring.offsets[r], t->ring.counts[r],
                                         t->ring.positions + t->ring.offsets[c], t->ring.counts[c]);
             total += pairs;
-            if (pairs > work[s]) work[s] = pairs;
+            if (pairs > slowest[s]) slowest[s] = pairs;
         }
     }
     for (int a = DENSE; a <= SPARSE; a++) {
         t->attention[a] = xmalloc((size_t)W * sizeof(double));
         for (int s = 0; s < W; s++)
-            t->attention[a][s] = 1e3 * t->plan[a].attention_fwd_step_s * work[s] / (total / ((double)W * W));
+            t->attention[a][s] = 1e3 * t->plan[a].attention_fwd_step_s * slowest[s] / (total / ((double)W * W));
     }
-    free(work);
+    free(slowest);
 }
 
 // Key blocks every rank's query blocks use under the planted pattern into

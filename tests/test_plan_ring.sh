@@ -47,10 +47,10 @@ dkv_mib=$(awk -v t="$tokens" -v h="$hkv" -v d="$d" 'BEGIN { printf "%.2f", 2 * t
 flat_ms=$(awk -v t="$tokens" -v h="$hkv" -v d="$d" -v bw="$network" 'BEGIN { print 2 * t * h * d * 2 / (bw * 1e9) * 1e3 }')
 inner_ms=$(awk -v t="$tokens" -v h="$hkv" -v d="$d" -v bw="$nvlink" 'BEGIN { print 2 * t * h * d * 2 / (bw * 1e9) * 1e3 }')
 outer_bwd_ms=$(awk -v t="$tokens" -v h="$hkv" -v d="$d" -v bw="$network" 'BEGIN { print 2 * t * h * d * 6 / (bw * 1e9) * 1e3 }')
-IFS='|' read -r _ step att_d att_s kv hop _ < <(sed -n 2p "$tmp/flat_fwd")
+IFS='|' read -r _ _ _ _ kv hop _ < <(sed -n 2p "$tmp/flat_fwd")
 expect ring_hand_kv_bytes "[ '${kv// /}' = '$kv_mib/$kv_mib' ] && [ '$kv_mib' = 16.00 ]"
 expect ring_hand_flat_hop "near ${hop%%/*} $flat_ms 0.001 && [ \$(echo '$hop' | tr -d ' ' | cut -d/ -f1) = \$(echo '$hop' | tr -d ' ' | cut -d/ -f2) ]"
-IFS='|' read -r _ step att_d att_s kv dkv hop outer _ < <(sed -n 9p "$tmp/hier_bwd")
+IFS='|' read -r _ step _ _ _ dkv hop outer _ < <(sed -n 9p "$tmp/hier_bwd")
 expect ring_hand_hier_step "[ '${step// /}' = 1.0 ] && [ '${dkv// /}' = '$dkv_mib/$dkv_mib' ] && near ${hop%%/*} $inner_ms 0.001 && near ${outer%%/*} $outer_bwd_ms 0.001"
 # Mean attention per step: forward FLOPs 4 Hq D x N^2/2 causal pairs over W^2
 # (rank, step) pairs, at the density and efficiency; each printed step is its
@@ -75,10 +75,10 @@ expect ring_step_slowest_rank "near $step0 $hand 0.01 && near $step1 \$(awk -v h
 
 # Each layer total is the sum the rows give: flat, every step max(compute,
 # hop); hierarchical, every round of 8 max(sum of max(compute, inner hop), outer hop).
-read -r flat_total flat_att flat_exposed < <(total flat forward)
+read -r flat_total _ flat_exposed < <(total flat forward)
 sum=$(awk -F'|' '{ split($6, h, "/"); s += ($4 > h[1] ? $4 : h[1]) } END { print s }' "$tmp/flat_fwd")
 expect ring_flat_total_from_rows "near $sum $flat_total 0.05"
-read -r hier_total hier_att hier_exposed < <(total hierarchical backward)
+read -r hier_total _ _ < <(total hierarchical backward)
 sum=$(awk -F'|' '{ split($7, h, "/"); split($8, o, "/"); r += ($4 > h[1] ? $4 : h[1]); if (o[1] + 0 > 0) out = o[1];
   if (NR % 8 == 0) { s += (r > out ? r : out); r = 0; out = 0 } } END { print s }' "$tmp/hier_bwd")
 home=$(awk -v t="$tokens" -v h="$hkv" -v d="$d" -v bw="$network" 'BEGIN { print 2 * t * h * d * 4 / (bw * 1e9) * 1e3 }')

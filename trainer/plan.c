@@ -115,20 +115,25 @@ static int64_t matmul_weights(const ModelConfig *c) {
     return c->num_layers * (2 * H * QD + 2 * H * KD + 3 * H * F) + (int64_t)c->vocab_size * H;
 }
 
+// A sparse pattern's lines other than its chosen slash lines, counted as
+// vertical lines (a vertical line covers on average half of the queries, a
+// slash line nearly all of them: two): a fixed budget's or the top_p cap's
+// vertical lines, the sink and the local diagonals.
+static double other_lines(const AttentionConfig *a) {
+    double vertical = a->budget == BUDGET_FIXED ? a->vertical : a->max_vertical;
+    return vertical + a->sink + 2.0 * a->local;
+}
+
 // Fraction of the causal score matrix sparse attention computes: a fixed
-// budget's lines, or the top_p caps (an upper bound). A vertical line covers
-// on average half of the queries, a slash line nearly all of them.
+// budget's lines, or the top_p caps (an upper bound).
 static double expected_density(const AttentionConfig *a, int64_t seq_len) {
     if (a->type == ATTN_DENSE) return 1.0;
-    double vertical = a->budget == BUDGET_FIXED ? a->vertical : a->max_vertical;
     double slash = a->budget == BUDGET_FIXED ? a->slash : a->max_slash;
-    double lines = vertical + 2.0 * (slash + a->local) + a->sink;
-    return fmin(1.0, lines / (double)seq_len);
+    return fmin(1.0, (other_lines(a) + 2.0 * slash) / (double)seq_len);
 }
 
 double plan_slash_lines(const AttentionConfig *a, int64_t seq_len, double density) {
-    double vertical = a->budget == BUDGET_FIXED ? a->vertical : a->max_vertical;
-    return fmax(0.0, (density * (double)seq_len - vertical - a->sink) / 2.0 - a->local);
+    return fmax(0.0, (density * (double)seq_len - other_lines(a)) / 2.0);
 }
 
 static void add_item(Plan *p, const char *name, double bytes) {

@@ -313,10 +313,12 @@ build/san/tests/%: build/san/obj/tests/%.o $(SAN_LIB_OBJ)
 # build/fuzz/fuzz_NAME from tests/fuzz/fuzz_NAME.c, the harness tests/fuzz/fuzz.c
 # and the library compiled again into build/fuzz/obj/. `make fuzz` seeds each
 # corpus (build/fuzz/corpus/NAME) and runs every target FUZZ_RUNS times, one
-# after another.
+# after another. At -O1 under the sanitizers clang does not vectorize the
+# kernels' `omp simd` loops, which it reports as a failed pass: not a defect
+# of the fuzzed readers, so that warning is off here.
 FUZZ_RUNS ?= 1000000
 FUZZ_CFLAGS = $(filter-out -O3 $(ARCH),$(CFLAGS)) -O1 -g -fno-omit-frame-pointer \
-              -fsanitize=address,undefined -fno-sanitize-recover=undefined
+              -fsanitize=address,undefined -fno-sanitize-recover=undefined -Wno-pass-failed
 FUZZ_WRAP = -Wl,--wrap=exit,--wrap=fopen,--wrap=fclose,--wrap=mmap,--wrap=munmap
 FUZZ_NAMES = $(filter-out seeds,$(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c)))
 FUZZ_BIN = $(FUZZ_NAMES:%=build/fuzz/fuzz_%)
@@ -341,4 +343,4 @@ fuzz: build-fuzz
 clean:
 	rm -rf build
 
--include $(shell find build/obj build/sim build/fuzz build/san -name '*.d' 2>/dev/null)
+-include $(shell find build/obj build/cuda build/sim build/fuzz build/san -name '*.d' 2>/dev/null)

@@ -21,12 +21,12 @@ extern "C" {
 #include "sparse.h"
 }
 #include "../dist/cuda_check.h"
+#include "../dist/cuda_elementwise.cuh"
 #include "../dist/cuda_kernel.h"
 #include "attention_cuda.h"
 #include "attention_cuda_op.h"
 #include "sparse_cuda.h"
 
-#define ADD_THREADS 256
 // sparse_select_cuda.cu's estimation takes at most this many queries.
 #define EST_MAX_QUERIES 128
 
@@ -48,22 +48,6 @@ struct AttnState {
     bool pos_is_iota;            // pos[t] == t for every t
     Scratch o_acc, dq_acc, dk_acc, dv_acc, lse_est, vertical, slash, q_blocks;
 };
-
-// ---- the one kernel of its own: fp32 sums added into bf16 tensors ----
-
-// y[i] = bf16(float(y[i]) + x[i]): one rounding per element.
-__global__ void __launch_bounds__(ADD_THREADS) add_into_bf16_kernel(const float *x, __nv_bfloat16 *y, int64_t n) {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        y[i] = __float2bfloat16(__bfloat162float(y[i]) + x[i]);
-}
-
-static void add_into_bf16(const float *x, uint16_t *y, int64_t n, cudaStream_t stream) {
-    if (n == 0) return;
-    const int64_t blocks = (n + ADD_THREADS - 1) / ADD_THREADS;
-    CUDA_LAUNCH(add_into_bf16_kernel, (unsigned)(blocks < 65536 ? blocks : 65536), ADD_THREADS, 0, stream, x,
-                (__nv_bfloat16 *)y, n);
-    CUDA_CHECK(cudaGetLastError());
-}
 
 // ---- state ----
 
@@ -300,9 +284,9 @@ extern "C" void attention_cuda_backward(AttnState *st, int layer, const AttnShap
                                   dv_acc, stream);
     else
         attn_dense_backward_cuda(shape, q, pos, k, v, pos, lse, delta, dout, dq_acc, dk_acc, dv_acc, stream);
-    add_into_bf16(dq_acc, dq, nq, stream);
-    add_into_bf16(dk_acc, dk, nk, stream);
-    add_into_bf16(dv_acc, dv, nk, stream);
+    launch_add_into((__nv_bfloat16 *)dq, dq_acc, nq, stream);
+    launch_add_into((__nv_bfloat16 *)dk, dk_acc, nk, stream);
+    launch_add_into((__nv_bfloat16 *)dv, dv_acc, nk, stream);
 }
 
 extern "C" double attention_cuda_ring_bytes(const AttnState *st) {

@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "../dist/cuda_check.h"
+#include "../dist/cuda_elementwise.cuh"
 #include "../dist/cuda_kernel.h"
 #include "attention_cuda.h"
 #include "flash_tiles.cuh"
@@ -71,12 +72,6 @@ __global__ void fill_kernel(float *x, int64_t n, float value) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
         x[i] = value;
-}
-
-__global__ void to_bf16_kernel(const float *x, bf16 *y, int64_t n) {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
-        y[i] = __float2bfloat16_rn(x[i]);
 }
 
 // One warp per (token, head) row: delta[h, t] = sum_d o[t, h, d] dout[t, h, d].
@@ -355,18 +350,13 @@ static void check_aligned(const void *p, const char *name) {
     CHECK(((uintptr_t)p & 15) == 0, "attention (CUDA): %s is not 16-byte aligned", name);
 }
 
-static int blocks_for(int64_t n, int threads) {
-    const int64_t b = (n + threads - 1) / threads;
-    return (int)(b < 65536 ? (b > 0 ? b : 1) : 65536);
-}
-
 // Position bounds of the tiles of pos [T] (tiles of `block`) in stream-ordered
 // scratch: lo = *bounds, hi = lo + tiles; release with cudaFreeAsync(lo).
 static int64_t *tile_bounds(const int64_t *pos, int64_t T, int block, cudaStream_t stream) {
     const int64_t tiles = (T + block - 1) / block;
     int64_t *lo;
     CUDA_CHECK(cudaMallocAsync((void **)&lo, (size_t)(2 * tiles) * sizeof(int64_t), stream));
-    CUDA_LAUNCH(tile_bounds_kernel, blocks_for(tiles, 128), 128, 0, stream, pos, T, block, lo, lo + tiles);
+    CUDA_LAUNCH(tile_bounds_kernel, grid_for(tiles, 128), 128, 0, stream, pos, T, block, lo, lo + tiles);
     CUDA_CHECK(cudaGetLastError());
     return lo;
 }
@@ -376,7 +366,7 @@ extern "C" void attn_forward_init_cuda(const AttnShape *s, float *o_acc, float *
     const int64_t rows = s->q_tokens * s->num_heads;
     CUDA_CHECK(cudaMemsetAsync(o_acc, 0, (size_t)(rows * s->head_dim) * sizeof(float), stream));
     if (rows == 0) return;
-    CUDA_LAUNCH(fill_kernel, blocks_for(rows, 256), 256, 0, stream, lse, rows, -INFINITY);
+    CUDA_LAUNCH(fill_kernel, grid_for(rows, 256), 256, 0, stream, lse, rows, -INFINITY);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -388,7 +378,7 @@ extern "C" int64_t *attn_doc_first_cuda(const AttnShape *s, const int64_t *q_pos
     // Pageable source: staged before cudaMemcpyAsync returns.
     CUDA_CHECK(cudaMemcpyAsync(starts, s->doc_starts, (size_t)s->doc_count * sizeof(int64_t),
                                cudaMemcpyHostToDevice, stream));
-    CUDA_LAUNCH(doc_first_kernel, blocks_for(s->q_tokens, 128), 128, 0, stream, q_pos, s->q_tokens, starts,
+    CUDA_LAUNCH(doc_first_kernel, grid_for(s->q_tokens, 128), 128, 0, stream, q_pos, s->q_tokens, starts,
                 s->doc_count, first);
     CUDA_CHECK(cudaGetLastError());
     return first;
@@ -428,10 +418,7 @@ extern "C" void attn_dense_forward_cuda(const AttnShape *s, const uint16_t *q, c
 
 extern "C" void attn_output_bf16_cuda(const AttnShape *s, const float *o_acc, uint16_t *o,
                                       cudaStream_t stream) {
-    const int64_t n = s->q_tokens * s->num_heads * s->head_dim;
-    if (n == 0) return;
-    CUDA_LAUNCH(to_bf16_kernel, blocks_for(n, 256), 256, 0, stream, o_acc, (bf16 *)o, n);
-    CUDA_CHECK(cudaGetLastError());
+    launch_convert((bf16 *)o, o_acc, s->q_tokens * s->num_heads * s->head_dim, stream);
 }
 
 extern "C" void attn_backward_delta_cuda(const AttnShape *s, const uint16_t *o, const uint16_t *dout,

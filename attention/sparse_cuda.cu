@@ -33,6 +33,7 @@
 #include <stdint.h>
 
 #include "../dist/cuda_check.h"
+#include "../dist/cuda_elementwise.cuh"
 #include "../dist/cuda_kernel.h"
 #include "attention_cuda.h"
 #include "flash_tiles.cuh"
@@ -90,11 +91,6 @@ struct ChunkView {
     int64_t *col_key;          // [index->column_capacity]
 };
 
-static int blocks_for(int64_t n, int threads) {
-    const int64_t b = (n + threads - 1) / threads;
-    return (int)(b < 65536 ? (b > 0 ? b : 1) : 65536);
-}
-
 static ChunkView chunk_view(const SparseIndexCuda *x, const int64_t *k_pos, int64_t Tk,
                             cudaStream_t stream) {
     const int B = x->block_size;
@@ -106,7 +102,7 @@ static ChunkView chunk_view(const SparseIndexCuda *x, const int64_t *k_pos, int6
                                stream));
     CUDA_CHECK(cudaMemsetAsync(c.local_block, 0xff, (size_t)nglobal * sizeof(int64_t), stream));   // -1
     CUDA_CHECK(cudaMemsetAsync(c.col_start, 0, sizeof(int64_t), stream));
-    CUDA_LAUNCH(local_block_kernel, blocks_for((Tk + B - 1) / B, 128), 128, 0, stream, k_pos, Tk, B, c.local_block);
+    CUDA_LAUNCH(local_block_kernel, grid_for((Tk + B - 1) / B, 128), 128, 0, stream, k_pos, Tk, B, c.local_block);
     CUDA_CHECK(cudaGetLastError());
     const int warps_grid = (int)((rows * 32 + 255) / 256);
     CUDA_LAUNCH(column_count_kernel, warps_grid, 256, 0, stream, x->column_start, x->columns, c.local_block, B,

@@ -216,18 +216,20 @@ void comm_wait(const Comm *c, MPI_Request *reqs, int n, const char *op) {
         int done = 0;
         MPI_CHECK(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE));
         if (done) return;
-        if (now_seconds() > deadline) {
-            fprintf(stderr, "mtrain: rank %d: %s on %s did not complete within %g s\n", world_rank(), op, c->name,
-                    c->timeout_s);
-            fflush(stderr);
-            MPI_Abort(MPI_COMM_WORLD, 1);
-            exit(1);
-        }
+        if (now_seconds() > deadline) comm_timed_out(c, op);
         // Poll without pausing for the first 2 ms (a collective's rounds between
         // ranks that are all waiting: a sleep per round would add up), then
         // sleep so that ranks sharing cores leave them to the ranks that compute.
         if (now_seconds() - start > 2e-3) nanosleep(&(struct timespec){0, 100000}, NULL);
     }
+}
+
+void comm_timed_out(const Comm *c, const char *op) {
+    fprintf(stderr, "mtrain: rank %d: %s on %s did not complete within %g s\n", world_rank(), op, c->name,
+            c->timeout_s);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    exit(1);
 }
 
 // ----------------------------------------------------------------------------
@@ -252,6 +254,10 @@ void comm_allreduce(const Comm *c, void *buf, int64_t count, DType type, ReduceO
     comm_wait(c, &req, 1, names[op]);
 }
 
+void comm_iallreduce_sum(const Comm *c, void *buf, int64_t count, DType type, MPI_Request *req) {
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, mpi_count(count), mpi_type(type), MPI_SUM, c->comm, req));
+}
+
 void comm_reduce_scatter(const Comm *c, const void *send, void *recv, int64_t count, DType type) {
     MPI_Request req;
     MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, mpi_count(count), mpi_type(type), MPI_SUM, c->comm, &req));
@@ -260,7 +266,7 @@ void comm_reduce_scatter(const Comm *c, const void *send, void *recv, int64_t co
 
 void comm_allgather(const Comm *c, const void *send, void *recv, int64_t count, DType type) {
     MPI_Request req;
-    MPI_CHECK(MPI_Iallgather(send, mpi_count(count), mpi_type(type), recv, mpi_count(count), mpi_type(type), c->comm,
+    MPI_CHECK(MPI_Iallgather(send ? send : MPI_IN_PLACE, mpi_count(count), mpi_type(type), recv, mpi_count(count), mpi_type(type), c->comm,
                              &req));
     comm_wait(c, &req, 1, "all-gather");
 }

@@ -91,11 +91,19 @@ void comm_irecv(const Comm *c, void *buf, int64_t count, DType type, int peer, i
 // until the deadline; `op` names the operation in the time-out message.
 void comm_wait(const Comm *c, MPI_Request *reqs, int n, const char *op);
 
+// The end of a wait past c's deadline: "mtrain: rank R: OP on COMM did not
+// complete within S s" on stderr, then MPI_Abort ends every rank.
+void comm_timed_out(const Comm *c, const char *op) __attribute__((noreturn));
+
 // Collectives, each waiting with the deadline. In place: buf [count].
 void comm_allreduce(const Comm *c, void *buf, int64_t count, DType type, ReduceOp op);
+// Non-blocking, in place: the sum over c of buf [count]; finish with
+// comm_wait (op "all-reduce (sum)"). MPI progresses it inside MPI calls.
+void comm_iallreduce_sum(const Comm *c, void *buf, int64_t count, DType type, MPI_Request *req);
 // Sum of every rank's send [size * count], this rank's block into recv [count].
 void comm_reduce_scatter(const Comm *c, const void *send, void *recv, int64_t count, DType type);
-// Every rank's send [count] into recv [size * count], in rank order.
+// Every rank's send [count] into recv [size * count], in rank order; send
+// NULL: in place, this rank's block already at recv + rank * count.
 void comm_allgather(const Comm *c, const void *send, void *recv, int64_t count, DType type);
 // root's buf [count] to every rank.
 void comm_broadcast(const Comm *c, void *buf, int64_t count, DType type, int root);

@@ -22,8 +22,33 @@
 // collective over the world: every rank calls it.
 void comm_device_join(Dist *d, bool nccl);
 
+// Every NCCL operation below is watched until it completes: a failure
+// reported by NCCL, or no completion within parallel.timeout_s (a rank that
+// skipped the collective), aborts the communicator and ends the whole job
+// with "mtrain: rank R: OP on COMM did not complete within S s" (or "...
+// failed: NCCL: ..."). The staged path waits through dist/comm.h's deadline.
+
 // In place, the sum over c of every rank's buf [count] (device memory, fp32),
 // ordered on stream; returns when the sum is in buf.
 void comm_device_allreduce(const Comm *c, float *buf, int64_t count, cudaStream_t stream);
+
+// The all-reduce in buckets: start the sum over c of buf [count] (in place)
+// on comm_stream once the work queued so far on stream is done (an event),
+// and return; finish waits for every sum started on comm_stream (watched as
+// above), so that work enqueued afterwards sees them. parallel.comm: mpi:
+// start sums at once, staged through the host on stream; finish has nothing
+// left to wait for.
+void comm_device_allreduce_start(const Comm *c, float *buf, int64_t count, cudaStream_t stream,
+                                 cudaStream_t comm_stream);
+void comm_device_allreduce_finish(const Comm *c, cudaStream_t comm_stream);
+
+// In place on arena [c->size * count] (device memory, fp32): block r of the
+// sum over c into block r on rank r (ZeRO-1's gradient reduction); the other
+// blocks are undefined afterwards. Returns when the sum is in place.
+void comm_device_reduce_scatter(const Comm *c, float *arena, int64_t count, cudaStream_t stream);
+
+// In place on arena [c->size * count]: block r of rank r to every rank (the
+// parameters after a ZeRO-1 update). Returns when every block is in place.
+void comm_device_allgather(const Comm *c, float *arena, int64_t count, cudaStream_t stream);
 
 #endif

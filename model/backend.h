@@ -68,6 +68,12 @@ typedef struct {
                             float eps);
     void (*rmsnorm_backward)(Act *dinp, float *dweight, const Act *dout, const Act *inp, const Weight *weight,
                              const float *rstd, int64_t T, int H);
+    // The residual add and the norm after it in one pass: x[T, H] += delta
+    // (one rounding to the Act type), then out = rmsnorm(x) as
+    // rmsnorm_forward of that x. Its backward is rmsnorm_backward alone: it
+    // accumulates into d(x), which already holds the residual's gradient.
+    void (*residual_rmsnorm_forward)(Act *out, float *rstd, Act *x, const Act *delta, const Weight *weight,
+                                     int64_t T, int H, float eps);
 
     // In place on x[T, heads, D]: rotate-half RoPE at global positions pos[T],
     // angle_i = pos · inv_freq[i] in double (inv_freq [D/2], backend memory, from
@@ -80,8 +86,6 @@ typedef struct {
     void (*swiglu_forward)(Act *out, const Act *gate, const Act *up, int64_t n);
     void (*swiglu_backward)(Act *dgate, Act *dup, const Act *dout, const Act *gate, const Act *up, int64_t n);
 
-    // y[n] += x[n]
-    void (*accumulate)(Act *y, const Act *x, int64_t n);
     // x[n] *= s (gradients)
     void (*scale)(float *x, float s, int64_t n);
     // sum of x[n]^2 in double (gradients)
@@ -122,6 +126,20 @@ typedef struct {
     // backend memory): the gradient reduction. CPU: MPI; CUDA: the device
     // communicator (dist/comm_device.h: NCCL, or staged through the host).
     void (*allreduce_sum)(const struct Comm *c, float *buf, int64_t n);
+    // The same in buckets: allreduce_sum_start begins the sum of buf [n]
+    // behind the work queued so far and returns (CPU: MPI non-blocking; CUDA:
+    // NCCL on the communication stream, which waits for the compute stream by
+    // an event); allreduce_sum_finish waits for every sum started on c, so
+    // that later work sees them. Between the two the started buffers must not
+    // change.
+    void (*allreduce_sum_start)(const struct Comm *c, float *buf, int64_t n);
+    void (*allreduce_sum_finish)(const struct Comm *c);
+    // ZeRO-1, in place on arena [c->size * count] (fp32, backend memory):
+    // reduce_scatter_sum puts block r of the sum over c into block r on rank r
+    // (the other blocks are undefined afterwards); allgather copies block r of
+    // rank r to every rank.
+    void (*reduce_scatter_sum)(const struct Comm *c, float *arena, int64_t count);
+    void (*allgather)(const struct Comm *c, float *arena, int64_t count);
 
     // AdamW on n fp32 master parameters: m, v updated; param -= lr * (mhat/(sqrt(vhat)+eps) + wd*param).
     void (*adamw)(float *param, const float *grad, float *m, float *v, int64_t n, float lr,

@@ -7,6 +7,8 @@
 // that return a double (sum_squares, cross_entropy) wait for it, and upload
 // waits too, so the host buffer is free again when it returns; allreduce_sum
 // (dist/comm_device.h: NCCL or host-staged) returns with the sum in place.
+// The bucketed reduction runs on a second stream, the communication stream,
+// each bucket after an event of the compute stream.
 // Built only with MTRAIN_CUDA (the sim build, and the nvcc build of mtrain).
 #ifdef MTRAIN_CUDA
 
@@ -33,6 +35,7 @@ typedef struct {
 static struct {
     bool ready;
     cudaStream_t stream;
+    cudaStream_t comm_stream;  // the bucketed gradient reduction (allreduce_sum_start)
     MatmulCuda *mm;
     double *total;  // one device double: sum_squares' and cross_entropy's result
     WeightCopy copies[MAX_WEIGHT_COPIES];
@@ -118,6 +121,11 @@ static void rmsnorm_backward(Act *dinp, float *dweight, const Act *dout, const A
                           (const uint16_t *)weight, rstd, T, H, cuda.stream);
 }
 
+static void residual_rmsnorm_forward(Act *out, float *rstd, Act *x, const Act *delta, const Weight *weight,
+                                     int64_t T, int H, float eps) {
+    residual_rmsnorm_forward_cuda((uint16_t *)out, rstd, (uint16_t *)x, (const uint16_t *)delta,
+                                  (const uint16_t *)weight, T, H, eps, cuda.stream);
+}
 static void rope(Act *x, const int64_t *pos, int64_t T, int heads, int D, const double *inv_freq,
                  double attention_factor, int inverse) {
     rope_cuda((uint16_t *)x, pos, T, heads, D, inv_freq, attention_factor, inverse, cuda.stream);
@@ -131,9 +139,6 @@ static void swiglu_backward(Act *dgate, Act *dup, const Act *dout, const Act *ga
                          (const uint16_t *)up, n, cuda.stream);
 }
 
-static void accumulate(Act *y, const Act *x, int64_t n) {
-    accumulate_cuda((uint16_t *)y, (const uint16_t *)x, n, cuda.stream);
-}
 static void scale(float *x, float s, int64_t n) { scale_cuda(x, s, n, cuda.stream); }
 static double sum_squares(const float *x, int64_t n) {
     cuda_zero(cuda.total, sizeof(double));
@@ -165,6 +170,16 @@ static void attention_backward(AttnState *st, int layer, const AttnShape *shape,
 
 static void allreduce_sum(const struct Comm *c, float *buf, int64_t n) {
     comm_device_allreduce(c, buf, n, cuda.stream);
+}
+static void allreduce_sum_start(const struct Comm *c, float *buf, int64_t n) {
+    comm_device_allreduce_start(c, buf, n, cuda.stream, cuda.comm_stream);
+}
+static void allreduce_sum_finish(const struct Comm *c) { comm_device_allreduce_finish(c, cuda.comm_stream); }
+static void reduce_scatter_sum(const struct Comm *c, float *arena, int64_t count) {
+    comm_device_reduce_scatter(c, arena, count, cuda.stream);
+}
+static void allgather(const struct Comm *c, float *arena, int64_t count) {
+    comm_device_allgather(c, arena, count, cuda.stream);
 }
 
 // The bf16 copy of param[n] is written by the same kernel: found among the
@@ -200,10 +215,10 @@ static const Backend cuda_backend = {
     .matmul_backward = matmul_backward,
     .rmsnorm_forward = rmsnorm_forward,
     .rmsnorm_backward = rmsnorm_backward,
+    .residual_rmsnorm_forward = residual_rmsnorm_forward,
     .rope = rope,
     .swiglu_forward = swiglu_forward,
     .swiglu_backward = swiglu_backward,
-    .accumulate = accumulate,
     .scale = scale,
     .sum_squares = sum_squares,
     .cross_entropy = cross_entropy,
@@ -215,6 +230,10 @@ static const Backend cuda_backend = {
     .attention_backward = attention_backward,
     .attention_ring_bytes = attention_cuda_ring_bytes,
     .allreduce_sum = allreduce_sum,
+    .allreduce_sum_start = allreduce_sum_start,
+    .allreduce_sum_finish = allreduce_sum_finish,
+    .reduce_scatter_sum = reduce_scatter_sum,
+    .allgather = allgather,
     .adamw = adamw,
 };
 
@@ -240,6 +259,7 @@ const Backend *backend_cuda(void) {
     char why[160];
     CHECK(backend_cuda_visible(why, sizeof(why)), "train.backend: cuda: %s", why);
     CUDA_CHECK(cudaStreamCreate(&cuda.stream));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&cuda.comm_stream, cudaStreamNonBlocking));
     cudaMemPool_t pool;
     int device = 0;
     CUDA_CHECK(cudaGetDevice(&device));

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../dist/comm.h"
 #include "rope.h"
 
 // The tensors of one decoder layer: HF suffix, weight decay, initialisation.
@@ -97,6 +98,7 @@ void model_init(Model *m, const ModelConfig *config, const Backend *be) {
     m->grad_mem = be->alloc(bytes);
     m->weight_mem = be->weights_new(m->param_mem, m->total_params);
     m->opt_count = m->total_params;
+    m->arena_floats = m->total_params;
     size_t rope_bytes = sizeof(double) * (size_t)(cfg->head_dim / 2);
     double *inv_freq = xmalloc(rope_bytes);
     m->rope_attention_factor = rope_frequencies(cfg, cfg->head_dim, inv_freq);
@@ -134,11 +136,23 @@ void model_set_rope_documents(Model *m, const int64_t *doc_starts, int64_t count
 
 int64_t model_shard_size(const Model *m, int shards) { return (m->total_params + shards - 1) / shards; }
 
-void model_shard_optimizer(Model *m, int shard, int shards) {
+void model_shard_optimizer(Model *m, const struct Comm *over) {
     CHECK(!m->adam_m, "model_shard_optimizer after the moments were allocated");
+    int shard = over->rank, shards = over->size;
+    m->opt_comm = over;
     int64_t size = model_shard_size(m, shards);
     m->opt_begin = size * shard < m->total_params ? size * shard : m->total_params;
     m->opt_count = m->total_params - m->opt_begin < size ? m->total_params - m->opt_begin : size;
+    if (size * shards == m->arena_floats) return;
+    // Room for the last shard's padding: the arenas again, longer (zero-filled; the weights are set later).
+    const Backend *be = m->be;
+    be->weights_free(m->weight_mem, m->param_mem);
+    be->free(m->param_mem);
+    be->free(m->grad_mem);
+    m->arena_floats = size * shards;
+    m->param_mem = be->alloc(sizeof(float) * (size_t)m->arena_floats);
+    m->grad_mem = be->alloc(sizeof(float) * (size_t)m->arena_floats);
+    m->weight_mem = be->weights_new(m->param_mem, m->total_params);
 }
 
 void model_alloc_optimizer(Model *m) {
@@ -366,15 +380,41 @@ static AttnShape attn_shape(const Model *m, int64_t T) {
     return s;
 }
 
-// One decoder layer on a->x_in; the result goes to out ([T, H]) unless NULL
-// (a recomputation for backward needs only the saved activations).
-static void layer_forward(Model *m, int l, LayerActs *a, Act *out, int64_t T) {
+// Where layer l's output goes and the norm that reads it: the next layer's
+// x_in with its input norm (h_attn, rstd_attn: its own, or the scratch set's
+// under checkpointing), or after the last layer x_final and the final norm.
+typedef struct {
+    Act *x, *h;
+    float *rstd;
+    const Weight *weight;
+} NormedOutput;
+
+static NormedOutput layer_output(const Model *m, int l) {
+    if (l + 1 == m->cfg.num_layers)
+        return (NormedOutput){m->x_final, m->h_final, m->rstd_final, model_weight(m, model_final_norm_param(m))};
+    const LayerActs *next = m->checkpoint_activations ? &m->scratch : &m->layers[l + 1];
+    return (NormedOutput){m->layers[l + 1].x_in, next->h_attn, next->rstd_attn,
+                          model_weight(m, model_layer_param(m, l + 1, LAYER_INPUT_NORM))};
+}
+
+// The input norm of layer l: a->h_attn, a->rstd_attn from a->x_in.
+static void input_norm(Model *m, int l, LayerActs *a, int64_t T) {
+    m->be->rmsnorm_forward(a->h_attn, a->rstd_attn, a->x_in, model_weight(m, model_layer_param(m, l, LAYER_INPUT_NORM)),
+                           T, m->cfg.hidden_size, (float)m->cfg.rms_norm_eps);
+}
+
+// One decoder layer on a->x_in, whose input norm is in a->h_attn (the
+// previous layer's fused residual + norm, or input_norm); the output, its
+// residual added and its norm taken in one op, goes to out. out NULL: a
+// recomputation for backward, which needs only the saved activations and
+// takes the input norm itself.
+static void layer_forward(Model *m, int l, LayerActs *a, const NormedOutput *out, int64_t T) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     int H = c->hidden_size, I = c->intermediate_size;
     int QD = c->num_heads * c->head_dim, KD = c->num_kv_heads * c->head_dim;
 #define W(which) model_weight(m, model_layer_param(m, l, which))
-    be->rmsnorm_forward(a->h_attn, a->rstd_attn, a->x_in, W(LAYER_INPUT_NORM), T, H, (float)c->rms_norm_eps);
+    if (!out) input_norm(m, l, a, T);
     be->matmul_forward(a->q, a->h_attn, W(LAYER_Q_WEIGHT), W(LAYER_Q_BIAS), T, H, QD);
     be->matmul_forward(a->k, a->h_attn, W(LAYER_K_WEIGHT), W(LAYER_K_BIAS), T, H, KD);
     be->matmul_forward(a->v, a->h_attn, W(LAYER_V_WEIGHT), W(LAYER_V_BIAS), T, H, KD);
@@ -385,14 +425,14 @@ static void layer_forward(Model *m, int l, LayerActs *a, Act *out, int64_t T) {
     be->attention_forward(m->attn, l, out != NULL, &s, a->q, a->k, a->v, m->positions, a->att, a->lse,
                           m->collect_attention_stats ? &m->attention_stats[l] : NULL);
     be->matmul_forward(a->x_mid, a->att, W(LAYER_O_WEIGHT), NULL, T, QD, H);
-    be->accumulate(a->x_mid, a->x_in, T * H);
-    be->rmsnorm_forward(a->h_mlp, a->rstd_mlp, a->x_mid, W(LAYER_POST_NORM), T, H, (float)c->rms_norm_eps);
+    be->residual_rmsnorm_forward(a->h_mlp, a->rstd_mlp, a->x_mid, a->x_in, W(LAYER_POST_NORM), T, H,
+                                 (float)c->rms_norm_eps);
     be->matmul_forward(a->gate, a->h_mlp, W(LAYER_GATE_WEIGHT), NULL, T, H, I);
     be->matmul_forward(a->up, a->h_mlp, W(LAYER_UP_WEIGHT), NULL, T, H, I);
     be->swiglu_forward(a->act, a->gate, a->up, T * I);
     if (!out) return;
-    be->matmul_forward(out, a->act, W(LAYER_DOWN_WEIGHT), NULL, T, I, H);
-    be->accumulate(out, a->x_mid, T * H);
+    be->matmul_forward(out->x, a->act, W(LAYER_DOWN_WEIGHT), NULL, T, I, H);
+    be->residual_rmsnorm_forward(out->h, out->rstd, out->x, a->x_mid, out->weight, T, H, (float)c->rms_norm_eps);
 #undef W
 }
 
@@ -413,6 +453,7 @@ static void layer_backward(Model *m, int l, LayerActs *a, int64_t T) {
     zero_act(m, m->dh, T * H);
     be->matmul_backward(m->dh, G(LAYER_GATE_WEIGHT), NULL, m->dgate, a->h_mlp, W(LAYER_GATE_WEIGHT), T, H, I);
     be->matmul_backward(m->dh, G(LAYER_UP_WEIGHT), NULL, m->dup, a->h_mlp, W(LAYER_UP_WEIGHT), T, H, I);
+    // d(x_mid) = d(out) (the residual, already in dx) + the norm's gradient, added in place.
     be->rmsnorm_backward(m->dx, G(LAYER_POST_NORM), m->dh, a->x_mid, W(LAYER_POST_NORM), a->rstd_mlp, T, H);
     // attention: x_mid = x_in + o_proj(attention(rope(q), rope(k), v)), from h = norm(x_in)
     zero_act(m, m->datt, T * QD);
@@ -434,7 +475,8 @@ static void layer_backward(Model *m, int l, LayerActs *a, int64_t T) {
 #undef G
 }
 
-// Embedding, every layer, final norm: h_final [T, H] ready for the head.
+// Embedding, every layer, final norm (the last layer's fused residual +
+// norm): h_final [T, H] ready for the head.
 static void model_forward(Model *m, const int32_t *tokens, const int64_t *positions, int64_t T) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
@@ -451,13 +493,12 @@ static void model_forward(Model *m, const int32_t *tokens, const int64_t *positi
     free(pos);
     be->upload(m->tokens, tokens, sizeof(int32_t) * (size_t)T);
     be->embedding_forward(m->layers[0].x_in, m->tokens, model_weight(m, model_embedding_param()), T, c->hidden_size);
+    input_norm(m, 0, layer_acts(m, 0), T);
     for (int l = 0; l < c->num_layers; l++) {
-        Act *out = l + 1 < c->num_layers ? m->layers[l + 1].x_in : m->x_final;
-        layer_forward(m, l, layer_acts(m, l), out, T);
+        NormedOutput out = layer_output(m, l);
+        layer_forward(m, l, layer_acts(m, l), &out, T);
         progress_add(m->progress, 1);
     }
-    be->rmsnorm_forward(m->h_final, m->rstd_final, m->x_final, model_weight(m, model_final_norm_param(m)), T,
-                        c->hidden_size, (float)c->rms_norm_eps);
 }
 
 // Fused LM head + cross entropy over h_final, one chunk of tokens at a time.
@@ -486,6 +527,11 @@ double model_loss(Model *m, const int32_t *tokens, const int32_t *targets, const
     return head_loss(m, targets, T, 0.0f, false);
 }
 
+// The arena from offset on is final for this backward pass (Model.grads_final).
+static void grads_final(Model *m, int64_t offset) {
+    if (m->grads_final) m->grads_final(m->grads_final_ctx, offset);
+}
+
 double model_forward_backward(Model *m, const int32_t *tokens, const int32_t *targets,
                               const int64_t *positions, int64_t T, float grad_scale) {
     const Backend *be = m->be;
@@ -497,13 +543,16 @@ double model_forward_backward(Model *m, const int32_t *tokens, const int32_t *ta
     int fn = model_final_norm_param(m);
     be->rmsnorm_backward(m->dx, model_tensor(m, m->grad_mem, fn), m->dh, m->x_final, model_weight(m, fn), m->rstd_final,
                          T, H);
+    grads_final(m, m->params[fn].offset);
     for (int l = c->num_layers - 1; l >= 0; l--) {
         LayerActs *a = layer_acts(m, l);
         if (m->checkpoint_activations) layer_forward(m, l, a, NULL, T);
         layer_backward(m, l, a, T);
+        grads_final(m, m->params[model_layer_param(m, l, LAYER_INPUT_NORM)].offset);
         progress_add(m->progress, 1);
     }
     be->embedding_backward(model_tensor(m, m->grad_mem, model_embedding_param()), m->tokens, m->dx, T, H);
+    grads_final(m, 0);
     return loss;
 }
 

@@ -61,10 +61,12 @@ typedef struct {
     int num_params;
     ParamInfo *params;       // the parameter table
     int64_t total_params;    // floats in each arena
-    float *param_mem, *grad_mem;   // backend memory [total_params]: fp32 master weights, gradients
+    float *param_mem, *grad_mem;   // backend memory [arena_floats]: fp32 master weights, gradients
+    int64_t arena_floats;          // total_params, or shards × shard size under ZeRO-1 (the padding stays 0)
     Weight *weight_mem;            // the backend's compute copy of param_mem [total_params]
     int64_t opt_begin, opt_count;  // the arena range whose AdamW moments this rank holds and updates
-    float *adam_m, *adam_v;        // backend memory [opt_count] (ZeRO-1: this dp rank's shard)
+    float *adam_m, *adam_v;        // backend memory [opt_count] (ZeRO-1: this rank's shard)
+    const struct Comm *opt_comm;   // ZeRO-1: the ranks the moments are sharded over (rank r holds shard r); else NULL
 
     int64_t max_tokens;      // T the activations were sized for (0 = none yet)
     void *activation_arena;  // backend memory: the fp32 statistics, then the Act tensors
@@ -88,6 +90,12 @@ typedef struct {
     SparseStats *attention_stats;   // [num_layers]
 
     // Context parallelism (model_set_ring): cp == NULL runs attention locally.
+    // Called by model_forward_backward as soon as a suffix of the gradient
+    // arena is final for the pass: [offset, arena end) gets none of its
+    // gradient after this (the final norm and LM head, then each layer from
+    // the last, then the embedding at offset 0). NULL: not called.
+    void (*grads_final)(void *ctx, int64_t offset);
+    void *grads_final_ctx;
     const struct Comm *cp;
     int ring_inner;                 // inner ring size of the schedule
     // Documents (model_set_documents): attention masked by document when set.
@@ -114,9 +122,12 @@ void model_set_documents(Model *m, const int64_t *doc_starts, int64_t count);
 // now on (doc_starts [count], copied; data.reset_positions), while masks and
 // the ring keep the global positions. NULL: RoPE uses the global positions.
 void model_set_rope_documents(Model *m, const int64_t *doc_starts, int64_t count);
-// ZeRO-1: hold and update the AdamW moments of shard `shard` of `shards`
-// equal runs of the arena (the last shorter) only. Before model_alloc_optimizer.
-void model_shard_optimizer(Model *m, int shard, int shards);
+// ZeRO-1 over `over`: hold and update the AdamW moments of shard over->rank
+// of over->size equal runs of the arena (the last shorter) only; the parameter and gradient
+// arenas grow to shards × shard size (zero padding), so that the shards are
+// the blocks of a reduce-scatter and an all-gather. Before
+// model_alloc_optimizer and before the weights are set.
+void model_shard_optimizer(Model *m, const struct Comm *over);
 // Floats of one shard (model_shard_optimizer): ceil(total_params / shards).
 int64_t model_shard_size(const Model *m, int shards);
 // Allocate the AdamW moments of [opt_begin, opt_begin + opt_count) (training only).

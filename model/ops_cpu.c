@@ -87,19 +87,33 @@ static void matmul_backward(Act *dinp_act, float *dweight, float *dbias, const A
     }
 }
 
+// One row: y[H] = x * r * weight, *rstd = r = 1/sqrt(mean(x^2) + eps).
+static void rmsnorm_row(float *y, float *rstd, const float *x, const float *weight, int H, float eps) {
+    double ss = 0;
+    for (int i = 0; i < H; i++) ss += (double)x[i] * x[i];
+    float r = (float)(1.0 / sqrt(ss / H + eps));
+    *rstd = r;
+    for (int i = 0; i < H; i++) y[i] = x[i] * r * weight[i];
+}
+
 static void rmsnorm_forward(Act *out_act, float *rstd, const Act *inp_act, const Weight *weight_w, int64_t T, int H,
                             float eps) {
     float *out = (float *)out_act;
     const float *inp = (const float *)inp_act, *weight = (const float *)weight_w;
     #pragma omp parallel for
+    for (int64_t t = 0; t < T; t++) rmsnorm_row(out + t * H, rstd + t, inp + t * H, weight, H, eps);
+}
+
+static void residual_rmsnorm_forward(Act *out_act, float *rstd, Act *x_act, const Act *delta_act,
+                                     const Weight *weight_w, int64_t T, int H, float eps) {
+    float *out = (float *)out_act, *x = (float *)x_act;
+    const float *delta = (const float *)delta_act, *weight = (const float *)weight_w;
+    #pragma omp parallel for
     for (int64_t t = 0; t < T; t++) {
-        const float *x = inp + t * H;
-        double ss = 0;
-        for (int i = 0; i < H; i++) ss += (double)x[i] * x[i];
-        float r = (float)(1.0 / sqrt(ss / H + eps));
-        rstd[t] = r;
-        float *y = out + t * H;
-        for (int i = 0; i < H; i++) y[i] = x[i] * r * weight[i];
+        float *row = x + t * H;
+        const float *d = delta + t * H;
+        for (int i = 0; i < H; i++) row[i] += d[i];
+        rmsnorm_row(out + t * H, rstd + t, row, weight, H, eps);
     }
 }
 
@@ -179,13 +193,6 @@ static void swiglu_backward(Act *dgate_act, Act *dup_act, const Act *dout_act, c
     }
 }
 
-static void accumulate(Act *y_act, const Act *x_act, int64_t n) {
-    float *y = (float *)y_act;
-    const float *x = (const float *)x_act;
-    #pragma omp parallel for
-    for (int64_t i = 0; i < n; i++) y[i] += x[i];
-}
-
 static void scale(float *x, float s, int64_t n) {
     #pragma omp parallel for
     for (int64_t i = 0; i < n; i++) x[i] *= s;
@@ -250,6 +257,34 @@ static void adamw(float *param, const float *grad, float *m, float *v, int64_t n
 
 static void allreduce_sum(const Comm *c, float *buf, int64_t n) { comm_allreduce(c, buf, n, DT_FLOAT, REDUCE_SUM); }
 
+// The sums started and not yet finished: [started_count] of [started_capacity].
+static MPI_Request *started;
+static int started_count, started_capacity;
+
+static void allreduce_sum_start(const Comm *c, float *buf, int64_t n) {
+    if (started_count == started_capacity) {
+        started_capacity = started_capacity ? 2 * started_capacity : 16;
+        started = xrealloc(started, sizeof(MPI_Request) * (size_t)started_capacity);
+    }
+    comm_iallreduce_sum(c, buf, n, DT_FLOAT, &started[started_count++]);
+}
+
+static void allreduce_sum_finish(const Comm *c) {
+    comm_wait(c, started, started_count, "all-reduce (sum)");
+    started_count = 0;
+}
+
+// MPI's reduce-scatter may not write inside its input: the block is summed
+// into a scratch copy first.
+static void reduce_scatter_sum(const Comm *c, float *arena, int64_t count) {
+    float *sum = xmalloc(sizeof(float) * (size_t)(count > 0 ? count : 1));
+    comm_reduce_scatter(c, arena, sum, count, DT_FLOAT);
+    memcpy(arena + (int64_t)c->rank * count, sum, sizeof(float) * (size_t)count);
+    free(sum);
+}
+
+static void allgather(const Comm *c, float *arena, int64_t count) { comm_allgather(c, NULL, arena, count, DT_FLOAT); }
+
 static const Backend cpu_backend = {
     .name = "cpu",
     .act_bytes = sizeof(float),
@@ -270,10 +305,10 @@ static const Backend cpu_backend = {
     .matmul_backward = matmul_backward,
     .rmsnorm_forward = rmsnorm_forward,
     .rmsnorm_backward = rmsnorm_backward,
+    .residual_rmsnorm_forward = residual_rmsnorm_forward,
     .rope = rope,
     .swiglu_forward = swiglu_forward,
     .swiglu_backward = swiglu_backward,
-    .accumulate = accumulate,
     .scale = scale,
     .sum_squares = sum_squares,
     .cross_entropy = cross_entropy,
@@ -285,6 +320,10 @@ static const Backend cpu_backend = {
     .attention_backward = attention_cpu_backward,
     .attention_ring_bytes = attention_cpu_ring_bytes,
     .allreduce_sum = allreduce_sum,
+    .allreduce_sum_start = allreduce_sum_start,
+    .allreduce_sum_finish = allreduce_sum_finish,
+    .reduce_scatter_sum = reduce_scatter_sum,
+    .allgather = allgather,
     .adamw = adamw,
 };
 

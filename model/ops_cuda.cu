@@ -1,8 +1,11 @@
 // ops_cuda.cu: the element-wise, normalisation, embedding, loss and optimizer
 // kernels of the CUDA backend (API and semantics: ops_cuda.h). Every kernel
 // has blocks of THREADS threads and a grid of at most MAX_BLOCKS blocks that
-// stride over the tensor: element-wise kernels one element per thread, row
-// kernels (RMSNorm, cross entropy) one row per block at a time. Reductions
+// stride over the tensor: element-wise kernels one group of GROUP = 8
+// elements per thread (16-byte loads where the tensors are aligned, element
+// by element for the tail; dist/cuda_elementwise.cuh), row kernels (RMSNorm,
+// cross entropy) one row per block at a time, RMSNorm with 16-byte loads
+// where H is a multiple of GROUP. Reductions
 // combine in a fixed order (warp butterflies, then the warps in order, then
 // blocks' partial sums in order by one more kernel), never with atomics, so
 // every result is bitwise reproducible.
@@ -12,20 +15,17 @@
 #include <stdint.h>
 
 #include "../dist/cuda_check.h"
+#include "../dist/cuda_elementwise.cuh"
 #include "../dist/cuda_kernel.h"
 #include "ops_cuda.h"
 
 typedef __nv_bfloat16 bf16;
 
-#define THREADS 256           // threads per block of every kernel
+#define THREADS ELEMENTWISE_THREADS   // threads per block of every kernel
 #define WARPS (THREADS / 32)
-#define MAX_BLOCKS 2048       // largest grid: >= one full wave on an A100 and an H100; blocks stride beyond it
 #define RMSNORM_BWD_BLOCKS 512 // blocks, and so dweight partial sums, of the RMSNorm backward
 #define RMSNORM_BWD_MAX_H 8192 // its dweight sums: H fp32 of shared memory, within the default 48 KiB
 #define EMBEDDING_BWD_BLOCKS 512 // about this many (vocabulary class, column tile) blocks in the embedding backward
-
-__device__ __forceinline__ float ld(const bf16 *p) { return __bfloat162float(*p); }
-__device__ __forceinline__ void st(bf16 *p, float x) { *p = __float2bfloat16(x); }
 
 // Sum of v over the block, returned to every thread (scratch [WARPS]; the
 // block's threads all call it). Butterflies give every lane the same bits.
@@ -89,45 +89,89 @@ embedding_backward_kernel(float *dtable, const int32_t *tokens, const bf16 *dout
 
 // ---- RMSNorm ----
 
+// This thread's groups of a row of H: columns [c, c + count).
+#define FOR_EACH_ROW_GROUP(c, count, H) \
+    for (int c = threadIdx.x * GROUP, count = group_count(c, H); c < (H); \
+         c += THREADS * GROUP, count = group_count(c, H))
+
+__device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
+
+// Per row: x += delta when delta is not NULL (x rounded once and written
+// back; the norm reads the rounded x, as the unfused add then norm would),
+// then out = x * r * weight with r = rstd[t] = 1/sqrt(mean(x^2) + eps).
+// vec: every row 16-byte aligned (H a multiple of GROUP, pointers aligned).
 __global__ void __launch_bounds__(THREADS)
-rmsnorm_forward_kernel(bf16 *out, float *rstd, const bf16 *inp, const bf16 *weight, int64_t T, int H, float eps) {
+rmsnorm_forward_kernel(bf16 *out, float *rstd, bf16 *inp, const bf16 *delta, const bf16 *weight, int64_t T, int H,
+                       float eps, bool vec) {
     STATIC_SHARED(double, scratch, [WARPS]);
     for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
-        const bf16 *x = inp + t * H;
+        bf16 *x = inp + t * H;
         double ss = 0;
-        for (int c = threadIdx.x; c < H; c += THREADS) {
-            const double xc = ld(x + c);
-            ss += xc * xc;
+        FOR_EACH_ROW_GROUP(c, count, H) {
+            float v[GROUP];
+            load_group(v, x + c, count, vec);
+            if (delta) {
+                float d[GROUP];
+                load_group(d, delta + t * H + c, count, vec);
+#pragma unroll
+                for (int k = 0; k < GROUP; k++) v[k] = round_bf16(v[k] + d[k]);
+                store_group(x + c, v, count, vec);
+            }
+#pragma unroll
+            for (int k = 0; k < GROUP; k++) ss += (double)v[k] * v[k];   // 0 past the row's end
         }
         ss = block_sum(ss, scratch);
         const float r = (float)(1.0 / sqrt(ss / H + eps));
         if (threadIdx.x == 0) rstd[t] = r;
-        for (int c = threadIdx.x; c < H; c += THREADS) st(out + t * H + c, ld(x + c) * r * ld(weight + c));
+        FOR_EACH_ROW_GROUP(c, count, H) {
+            float v[GROUP], w[GROUP];
+            load_group(v, x + c, count, vec);
+            load_group(w, weight + c, count, vec);
+#pragma unroll
+            for (int k = 0; k < GROUP; k++) v[k] = v[k] * r * w[k];
+            store_group(out + t * H + c, v, count, vec);
+        }
     }
 }
 
 // dinp rows as on the CPU; block b takes rows b, b + gridDim.x, ... and sums
 // dy x r per column in shared memory (each thread its own columns), then
-// writes them to partial[b, H].
+// writes them to partial[b, H]. vec as for the forward.
 __global__ void __launch_bounds__(THREADS)
 rmsnorm_backward_kernel(bf16 *dinp, float *partial, const bf16 *dout, const bf16 *inp, const bf16 *weight,
-                        const float *rstd, int64_t T, int H) {
+                        const float *rstd, int64_t T, int H, bool vec) {
     DYNAMIC_SHARED(float, dw);
     STATIC_SHARED(double, scratch, [WARPS]);
     for (int c = threadIdx.x; c < H; c += THREADS) dw[c] = 0.0f;
+    __syncthreads();   // a thread's columns differ between the two loops
     for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
         const bf16 *x = inp + t * H, *dy = dout + t * H;
         double dot = 0;
-        for (int c = threadIdx.x; c < H; c += THREADS) dot += (double)ld(weight + c) * ld(dy + c) * ld(x + c);
+        FOR_EACH_ROW_GROUP(c, count, H) {
+            float w[GROUP], g[GROUP], xv[GROUP];
+            load_group(w, weight + c, count, vec);
+            load_group(g, dy + c, count, vec);
+            load_group(xv, x + c, count, vec);
+#pragma unroll
+            for (int k = 0; k < GROUP; k++) dot += (double)w[k] * g[k] * xv[k];
+        }
         dot = block_sum(dot, scratch);
         const float r = rstd[t], coef = (float)(dot / H) * r * r * r;
-        for (int c = threadIdx.x; c < H; c += THREADS) {
-            const float xc = ld(x + c), dyc = ld(dy + c);
-            bf16 *dx = dinp + t * H + c;
-            st(dx, ld(dx) + (r * ld(weight + c) * dyc - coef * xc));
-            dw[c] += dyc * xc * r;
+        FOR_EACH_ROW_GROUP(c, count, H) {
+            float w[GROUP], g[GROUP], xv[GROUP], dx[GROUP];
+            load_group(w, weight + c, count, vec);
+            load_group(g, dy + c, count, vec);
+            load_group(xv, x + c, count, vec);
+            load_group(dx, dinp + t * H + c, count, vec);
+#pragma unroll
+            for (int k = 0; k < GROUP; k++) {
+                dx[k] += r * w[k] * g[k] - coef * xv[k];
+                if (k < count) dw[c + k] += g[k] * xv[k] * r;
+            }
+            store_group(dinp + t * H + c, dx, count, vec);
         }
     }
+    __syncthreads();
     for (int c = threadIdx.x; c < H; c += THREADS) partial[(int64_t)blockIdx.x * H + c] = dw[c];
 }
 
@@ -164,39 +208,43 @@ rope_kernel(bf16 *x, const int64_t *pos, int64_t T, int heads, int D, const doub
 
 // ---- element-wise ----
 
-#define FOR_EACH(i, n) for (int64_t i = (int64_t)blockIdx.x * THREADS + threadIdx.x; i < (n); \
-                            i += (int64_t)gridDim.x * THREADS)
-
-__global__ void __launch_bounds__(THREADS) swiglu_forward_kernel(bf16 *out, const bf16 *gate, const bf16 *up, int64_t n) {
-    FOR_EACH(i, n) {
-        const float g = ld(gate + i);
-        st(out + i, g / (1.0f + expf(-g)) * ld(up + i));
+// Element-wise kernels: one group of GROUP elements per thread, from i on;
+// vec: every tensor 16-byte aligned.
+__global__ void __launch_bounds__(THREADS)
+swiglu_forward_kernel(bf16 *out, const bf16 *gate, const bf16 *up, int64_t n, bool vec) {
+    FOR_EACH_GROUP(i, count, n) {
+        float g[GROUP], u[GROUP];
+        load_group(g, gate + i, count, vec);
+        load_group(u, up + i, count, vec);
+#pragma unroll
+        for (int k = 0; k < GROUP; k++) g[k] = g[k] / (1.0f + expf(-g[k])) * u[k];
+        store_group(out + i, g, count, vec);
     }
 }
 
 __global__ void __launch_bounds__(THREADS)
-swiglu_backward_kernel(bf16 *dgate, bf16 *dup, const bf16 *dout, const bf16 *gate, const bf16 *up, int64_t n) {
-    FOR_EACH(i, n) {
-        const float g = ld(gate + i), s = 1.0f / (1.0f + expf(-g)), dy = ld(dout + i);
-        st(dgate + i, ld(dgate + i) + dy * ld(up + i) * s * (1.0f + g * (1.0f - s)));
-        st(dup + i, ld(dup + i) + dy * g * s);
+swiglu_backward_kernel(bf16 *dgate, bf16 *dup, const bf16 *dout, const bf16 *gate, const bf16 *up, int64_t n,
+                       bool vec) {
+    FOR_EACH_GROUP(i, count, n) {
+        float g[GROUP], u[GROUP], dy[GROUP], dg[GROUP], du[GROUP];
+        load_group(g, gate + i, count, vec);
+        load_group(u, up + i, count, vec);
+        load_group(dy, dout + i, count, vec);
+        load_group(dg, dgate + i, count, vec);
+        load_group(du, dup + i, count, vec);
+#pragma unroll
+        for (int k = 0; k < GROUP; k++) {
+            const float s = 1.0f / (1.0f + expf(-g[k]));
+            dg[k] += dy[k] * u[k] * s * (1.0f + g[k] * (1.0f - s));
+            du[k] += dy[k] * g[k] * s;
+        }
+        store_group(dgate + i, dg, count, vec);
+        store_group(dup + i, du, count, vec);
     }
-}
-
-__global__ void __launch_bounds__(THREADS) accumulate_kernel(bf16 *y, const bf16 *x, int64_t n) {
-    FOR_EACH(i, n) st(y + i, ld(y + i) + ld(x + i));
 }
 
 __global__ void __launch_bounds__(THREADS) scale_kernel(float *x, float s, int64_t n) {
     FOR_EACH(i, n) x[i] *= s;
-}
-
-__global__ void __launch_bounds__(THREADS) f32_to_bf16_kernel(bf16 *out, const float *in, int64_t n) {
-    FOR_EACH(i, n) st(out + i, in[i]);
-}
-
-__global__ void __launch_bounds__(THREADS) bf16_to_f32_kernel(float *out, const bf16 *in, int64_t n) {
-    FOR_EACH(i, n) out[i] = ld(in + i);
 }
 
 // ---- reductions to one double ----
@@ -284,11 +332,6 @@ adamw_kernel(float *param, bf16 *param_bf16, const float *grad, float *m, float 
 
 // ---- host side ----
 
-static unsigned grid_for(int64_t n) {
-    const int64_t b = (n + THREADS - 1) / THREADS;
-    return (unsigned)(b < 1 ? 1 : b > MAX_BLOCKS ? MAX_BLOCKS : b);
-}
-
 static unsigned row_grid(int64_t rows) { return (unsigned)(rows > MAX_BLOCKS ? MAX_BLOCKS : rows); }
 
 extern "C" void embedding_forward_cuda(uint16_t *out, const int32_t *tokens, const uint16_t *table, int64_t T,
@@ -308,12 +351,31 @@ extern "C" void embedding_backward_cuda(float *dtable, const int32_t *tokens, co
     CUDA_CHECK(cudaGetLastError());
 }
 
+// Whether rows of H elements at these pointers are all 16-byte aligned.
+static bool rows_aligned(int H, const void *a, const void *b, const void *c, const void *d) {
+    return H % GROUP == 0 && aligned16(a) && aligned16(b) && aligned16(c) && aligned16(d);
+}
+
+// x += delta (delta not NULL), then the norm of x (the forward kernel's two cases).
+static void rmsnorm_rows(bf16 *out, float *rstd, bf16 *x, const bf16 *delta, const bf16 *weight, int64_t T, int H,
+                         float eps, cudaStream_t stream) {
+    if (T == 0) return;
+    const bool vec = rows_aligned(H, out, x, delta ? (const void *)delta : (const void *)x, weight);
+    CUDA_LAUNCH(rmsnorm_forward_kernel, row_grid(T), THREADS, 0, stream, out, rstd, x, delta, weight, T, H, eps,
+                vec);
+    CUDA_CHECK(cudaGetLastError());
+}
+
 extern "C" void rmsnorm_forward_cuda(uint16_t *out, float *rstd, const uint16_t *inp, const uint16_t *weight,
                                      int64_t T, int H, float eps, cudaStream_t stream) {
-    if (T == 0) return;
-    CUDA_LAUNCH(rmsnorm_forward_kernel, row_grid(T), THREADS, 0, stream, (bf16 *)out, rstd, (const bf16 *)inp,
-                (const bf16 *)weight, T, H, eps);
-    CUDA_CHECK(cudaGetLastError());
+    // Without delta the kernel only reads x.
+    rmsnorm_rows((bf16 *)out, rstd, (bf16 *)inp, NULL, (const bf16 *)weight, T, H, eps, stream);
+}
+
+extern "C" void residual_rmsnorm_forward_cuda(uint16_t *out, float *rstd, uint16_t *x, const uint16_t *delta,
+                                              const uint16_t *weight, int64_t T, int H, float eps,
+                                              cudaStream_t stream) {
+    rmsnorm_rows((bf16 *)out, rstd, (bf16 *)x, (const bf16 *)delta, (const bf16 *)weight, T, H, eps, stream);
 }
 
 extern "C" void rmsnorm_backward_cuda(uint16_t *dinp, float *dweight, const uint16_t *dout, const uint16_t *inp,
@@ -327,7 +389,7 @@ extern "C" void rmsnorm_backward_cuda(uint16_t *dinp, float *dweight, const uint
     float *partial;
     CUDA_CHECK(cudaMallocAsync((void **)&partial, (size_t)blocks * smem, stream));
     CUDA_LAUNCH(rmsnorm_backward_kernel, blocks, THREADS, smem, stream, (bf16 *)dinp, partial, (const bf16 *)dout,
-                (const bf16 *)inp, (const bf16 *)weight, rstd, T, H);
+                (const bf16 *)inp, (const bf16 *)weight, rstd, T, H, rows_aligned(H, dinp, dout, inp, weight));
     CUDA_CHECK(cudaGetLastError());
     CUDA_LAUNCH(add_column_sums_kernel, (H + THREADS - 1) / THREADS, THREADS, 0, stream, dweight, partial, blocks, H);
     CUDA_CHECK(cudaGetLastError());
@@ -338,7 +400,7 @@ extern "C" void rope_cuda(uint16_t *x, const int64_t *pos, int64_t T, int heads,
                           double attention_factor, int inverse, cudaStream_t stream) {
     CHECK(D > 0 && D % 2 == 0, "rope_cuda: head dim %d is not even", D);
     if (T == 0) return;
-    CUDA_LAUNCH(rope_kernel, grid_for(T * (D / 2)), THREADS, 0, stream, (bf16 *)x, pos, T, heads, D, inv_freq,
+    CUDA_LAUNCH(rope_kernel, grid_for(T * (D / 2), THREADS), THREADS, 0, stream, (bf16 *)x, pos, T, heads, D, inv_freq,
                 attention_factor, inverse);
     CUDA_CHECK(cudaGetLastError());
 }
@@ -346,28 +408,27 @@ extern "C" void rope_cuda(uint16_t *x, const int64_t *pos, int64_t T, int heads,
 extern "C" void swiglu_forward_cuda(uint16_t *out, const uint16_t *gate, const uint16_t *up, int64_t n,
                                     cudaStream_t stream) {
     if (n == 0) return;
-    CUDA_LAUNCH(swiglu_forward_kernel, grid_for(n), THREADS, 0, stream, (bf16 *)out, (const bf16 *)gate,
-                (const bf16 *)up, n);
+    CUDA_LAUNCH(swiglu_forward_kernel, grid_for(n, THREADS), THREADS, 0, stream, (bf16 *)out, (const bf16 *)gate,
+                (const bf16 *)up, n, aligned16(out) && aligned16(gate) && aligned16(up));
     CUDA_CHECK(cudaGetLastError());
 }
 
 extern "C" void swiglu_backward_cuda(uint16_t *dgate, uint16_t *dup, const uint16_t *dout, const uint16_t *gate,
                                      const uint16_t *up, int64_t n, cudaStream_t stream) {
     if (n == 0) return;
-    CUDA_LAUNCH(swiglu_backward_kernel, grid_for(n), THREADS, 0, stream, (bf16 *)dgate, (bf16 *)dup,
-                (const bf16 *)dout, (const bf16 *)gate, (const bf16 *)up, n);
+    CUDA_LAUNCH(swiglu_backward_kernel, grid_for(n, THREADS), THREADS, 0, stream, (bf16 *)dgate, (bf16 *)dup,
+                (const bf16 *)dout, (const bf16 *)gate, (const bf16 *)up, n,
+                aligned16(dgate) && aligned16(dup) && aligned16(dout) && aligned16(gate) && aligned16(up));
     CUDA_CHECK(cudaGetLastError());
 }
 
 extern "C" void accumulate_cuda(uint16_t *y, const uint16_t *x, int64_t n, cudaStream_t stream) {
-    if (n == 0) return;
-    CUDA_LAUNCH(accumulate_kernel, grid_for(n), THREADS, 0, stream, (bf16 *)y, (const bf16 *)x, n);
-    CUDA_CHECK(cudaGetLastError());
+    launch_add_into((bf16 *)y, (const bf16 *)x, n, stream);
 }
 
 extern "C" void scale_cuda(float *x, float s, int64_t n, cudaStream_t stream) {
     if (n == 0) return;
-    CUDA_LAUNCH(scale_kernel, grid_for(n), THREADS, 0, stream, x, s, n);
+    CUDA_LAUNCH(scale_kernel, grid_for(n, THREADS), THREADS, 0, stream, x, s, n);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -380,7 +441,7 @@ static void add_partials(double *total, double *partial, int64_t n, cudaStream_t
 
 extern "C" void sum_squares_cuda(const float *x, int64_t n, double *total, cudaStream_t stream) {
     if (n == 0) return;
-    const unsigned blocks = grid_for(n);
+    const unsigned blocks = grid_for(n, THREADS);
     double *partial;
     CUDA_CHECK(cudaMallocAsync((void **)&partial, blocks * sizeof(double), stream));
     CUDA_LAUNCH(sum_squares_kernel, blocks, THREADS, 0, stream, x, n, partial);
@@ -411,19 +472,15 @@ extern "C" void adamw_cuda(float *param, uint16_t *param_bf16, const float *grad
                            cudaStream_t stream) {
     if (n == 0) return;
     const float c1 = 1.0f - powf(beta1, (float)step), c2 = 1.0f - powf(beta2, (float)step);
-    CUDA_LAUNCH(adamw_kernel, grid_for(n), THREADS, 0, stream, param, (bf16 *)param_bf16, grad, m, v, n, lr, beta1,
+    CUDA_LAUNCH(adamw_kernel, grid_for(n, THREADS), THREADS, 0, stream, param, (bf16 *)param_bf16, grad, m, v, n, lr, beta1,
                 beta2, eps, weight_decay, c1, c2);
     CUDA_CHECK(cudaGetLastError());
 }
 
 extern "C" void f32_to_bf16_cuda(uint16_t *out, const float *in, int64_t n, cudaStream_t stream) {
-    if (n == 0) return;
-    CUDA_LAUNCH(f32_to_bf16_kernel, grid_for(n), THREADS, 0, stream, (bf16 *)out, in, n);
-    CUDA_CHECK(cudaGetLastError());
+    launch_convert((bf16 *)out, in, n, stream);
 }
 
 extern "C" void bf16_to_f32_cuda(float *out, const uint16_t *in, int64_t n, cudaStream_t stream) {
-    if (n == 0) return;
-    CUDA_LAUNCH(bf16_to_f32_kernel, grid_for(n), THREADS, 0, stream, out, (const bf16 *)in, n);
-    CUDA_CHECK(cudaGetLastError());
+    launch_convert(out, (const bf16 *)in, n, stream);
 }

@@ -34,6 +34,11 @@ void embedding_backward_cuda(float *dtable, const int32_t *tokens, const uint16_
 // (mean square in double).
 void rmsnorm_forward_cuda(uint16_t *out, float *rstd, const uint16_t *inp, const uint16_t *weight, int64_t T,
                           int H, float eps, cudaStream_t stream);
+// The residual add fused with the norm after it: x[T, H] bf16 += delta, rounded
+// once, then rmsnorm_forward_cuda of the rounded x (bitwise the two calls
+// accumulate_cuda(x, delta), rmsnorm_forward_cuda(out, rstd, x), in one pass).
+void residual_rmsnorm_forward_cuda(uint16_t *out, float *rstd, uint16_t *x, const uint16_t *delta,
+                                   const uint16_t *weight, int64_t T, int H, float eps, cudaStream_t stream);
 // dinp[T, H] bf16 += r (w dy) - x r^3 mean(w dy x); dweight[H] fp32 += sum_t dy x r.
 // H at most 8192 (dweight's per-block partial sums live in shared memory).
 void rmsnorm_backward_cuda(uint16_t *dinp, float *dweight, const uint16_t *dout, const uint16_t *inp,

@@ -4,6 +4,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "../dist/comm.h"
+
 double lr_at(const OptimizerConfig *oc, int64_t step) {
     if (oc->warmup_steps > 0 && step <= oc->warmup_steps) return oc->lr * (double)step / (double)oc->warmup_steps;
     if (oc->schedule == LR_CONSTANT) return oc->lr;
@@ -18,14 +20,17 @@ double lr_at(const OptimizerConfig *oc, int64_t step) {
 
 double optimizer_step(Model *m, const OptimizerConfig *oc, int64_t step, double *lr_out) {
     const Backend *be = m->be;
-    double norm = sqrt(be->sum_squares(m->grad_mem, m->total_params));
+    // This rank's range of the gradient (all of it unless ZeRO-1 sharded).
+    int64_t begin = m->opt_begin, end = m->opt_begin + m->opt_count;
+    double squares = be->sum_squares(m->grad_mem + begin, m->opt_count);
+    if (m->opt_comm) comm_allreduce(m->opt_comm, &squares, 1, DT_DOUBLE, REDUCE_SUM);
+    double norm = sqrt(squares);
     if (lr_out) *lr_out = lr_at(oc, step);
     if (!isfinite(norm)) return norm;  // a bad step: parameters and moments stay as they are
-    if (oc->grad_clip > 0 && norm > oc->grad_clip) be->scale(m->grad_mem, (float)(oc->grad_clip / norm), m->total_params);
+    if (oc->grad_clip > 0 && norm > oc->grad_clip) be->scale(m->grad_mem + begin, (float)(oc->grad_clip / norm), m->opt_count);
     double lr = lr_at(oc, step);
     model_alloc_optimizer(m);
-    // Only the arena range this rank holds moments for: each tensor's part in it.
-    int64_t begin = m->opt_begin, end = m->opt_begin + m->opt_count;
+    // Each tensor's part in the range.
     for (int i = 0; i < m->num_params; i++) {
         const ParamInfo *p = &m->params[i];
         int64_t lo = p->offset > begin ? p->offset : begin;
@@ -35,6 +40,7 @@ double optimizer_step(Model *m, const OptimizerConfig *oc, int64_t step, double 
                   (float)lr, (float)oc->beta1, (float)oc->beta2, (float)oc->eps,
                   p->decay ? (float)oc->weight_decay : 0.0f, step);
     }
+    if (m->opt_comm) be->allgather(m->opt_comm, m->param_mem, model_shard_size(m, m->opt_comm->size));
     model_weights_changed(m);
     if (lr_out) *lr_out = lr;
     return norm;

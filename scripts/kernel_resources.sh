@@ -94,7 +94,6 @@ launch_table() {
   # flash_cuda.cu: Tiles<64> forward 128 x 64 (2 CTAs), backward 64 x 64; Tiles<128> 128 x 64 (1 CTA), 32 x 64.
   row 'tile_bounds_kernel' 128 0 default all            # tile_bounds()
   row 'fill_kernel' 256 0 default all                   # attn_forward_init_cuda()
-  row 'to_bf16_kernel' 256 0 default all                # attn_output_bf16_cuda()
   row 'delta_kernel' 256 0 default all                  # attn_backward_delta_cuda()
   # Each with and without documents (the last template argument).
   row 'doc_first_kernel' 128 0 default all              # attn_doc_first_cuda()
@@ -132,7 +131,7 @@ launch_table() {
   # model/ops_cuda.cu: THREADS = 256 everywhere; the RMSNorm backward's dweight sums take H fp32 of
   # dynamic shared memory, at most RMSNORM_BWD_MAX_H = 8192.
   for k in embedding_forward embedding_backward rmsnorm_forward add_column_sums rope swiglu_forward \
-           swiglu_backward accumulate scale f32_to_bf16 bf16_to_f32 sum_squares add_sum cross_entropy adamw; do
+           swiglu_backward scale sum_squares add_sum cross_entropy adamw; do
     row "${k}_kernel" 256 0 default all
   done
   row 'rmsnorm_backward_kernel' 256 $((8192 * 4)) default all   # rmsnorm_backward_cuda()
@@ -143,8 +142,9 @@ launch_table() {
   row 'select_gather_kernel' 256 0 default all
   row 'index_row_kernel<false>' 256 $(((1048576 / 64 / 32 + 1) * 4)) optin all
   row 'index_row_kernel<true>' 256 $(((1048576 / 64 / 32 + 1) * 4)) optin all
-  # attention_cuda_op.cu: ADD_THREADS = 256.
-  row 'add_into_bf16_kernel' 256 0 default all          # add_into_bf16()
+  # dist/cuda_elementwise.cuh (in ops_cuda.cu, flash_cuda.cu, attention_cuda_op.cu): ELEMENTWISE_THREADS = 256.
+  row 'convert_kernel<*' 256 0 default all              # launch_convert()
+  row 'add_into_kernel<*' 256 0 default all             # launch_add_into()
   # matmul_cuda.cu: the bias gradient, BIAS_COLS x BIAS_WARPS = 32 x 8 and BIAS_SUM_THREADS = 256 (bias_grad()).
   row 'bias_grad_partial_kernel' 256 0 default all
   row 'bias_grad_sum_kernel' 256 0 default all

@@ -1,5 +1,6 @@
 // gpu_test_ops.c: the CUDA backend's element-wise, RMSNorm, embedding, RoPE,
-// SwiGLU, cross-entropy, AdamW and conversion kernels (model/ops_cuda.cu)
+// SwiGLU, cross-entropy, AdamW and conversion kernels (model/ops_cuda.cu, and
+// the shared element-wise kernels of dist/cuda_elementwise.cuh)
 // against independent double-precision loops on the same bf16-rounded inputs,
 // on shapes that are not multiples of any tile (T 1, 7, 37, 130; H 24, 40,
 // 896; V 257, 1000). Outputs that an op writes are poisoned (NaN) first;
@@ -196,6 +197,74 @@ static void test_rmsnorm(int64_t T, int H) {
     free(want_w); free(bound_w);
 }
 
+// The fused residual add + norm: x must become x + delta rounded once, bit for
+// bit (the sum of two bf16 values is exact in fp32 here, as for accumulate),
+// out and rstd the norm of that rounded x within rmsnorm_forward's bounds,
+// and all three bitwise what accumulate_cuda then rmsnorm_forward_cuda give.
+// offset shifts every tensor by that many elements (offset 1: no row is
+// 16-byte aligned, the element-by-element path).
+static void test_residual_rmsnorm(int64_t T, int H, int offset) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "T=%lld H=%d offset=%d", (long long)T, H, offset);
+    const int64_t n = T * H;
+    const size_t bytes = (size_t)(n + offset) * 2;
+    const float eps = 1e-6f;
+    uint16_t *x, *delta, *w;
+    float *xf, *deltaf, *wf;
+    random_bf16(&rng, n + offset, &x, &xf);
+    random_bf16(&rng, n + offset, &delta, &deltaf);
+    random_bf16(&rng, H + offset, &w, &wf);
+    uint16_t *d_x = to_device(x, bytes), *d_delta = to_device(delta, bytes);
+    uint16_t *d_w = to_device(w, (size_t)(H + offset) * 2), *d_out = poisoned(bytes);
+    uint16_t *d_x2 = to_device(x, bytes), *d_out2 = poisoned(bytes);
+    float *d_rstd = poisoned((size_t)T * sizeof(float)), *d_rstd2 = poisoned((size_t)T * sizeof(float));
+
+    residual_rmsnorm_forward_cuda(d_out + offset, d_rstd, d_x + offset, d_delta + offset, d_w + offset, T, H, eps, 0);
+    accumulate_cuda(d_x2 + offset, d_delta + offset, n, 0);
+    rmsnorm_forward_cuda(d_out2 + offset, d_rstd2, d_x2 + offset, d_w + offset, T, H, eps, 0);
+    uint16_t *sum = xmalloc(bytes), *out = xmalloc(bytes), *sum2 = xmalloc(bytes), *out2 = xmalloc(bytes);
+    CUDA_CHECK(cudaMemcpy(sum, d_x, bytes, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(out, d_out, bytes, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(sum2, d_x2, bytes, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(out2, d_out2, bytes, cudaMemcpyDeviceToHost));
+    float *rstd = from_device_f32(d_rstd, T), *rstd2 = from_device_f32(d_rstd2, T);
+
+    int64_t wrong = 0;
+    float *sumf = xmalloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) {
+        const uint16_t want_bits = f32_to_bf16((float)((double)xf[offset + i] + deltaf[offset + i]));
+        wrong += sum[offset + i] != want_bits;
+        sumf[i] = bf16_to_f32(want_bits);
+    }
+    EXPECT_COUNTED(wrong == 0, "residual_rmsnorm_forward x %s: %lld elements are not x + delta rounded once", shape,
+                   (long long)wrong);
+    double *want = dalloc(n), *bound = dalloc(n), *want_r = dalloc(T), *bound_r = dalloc(T);
+    float *outf = xmalloc((size_t)n * sizeof(float));
+    for (int64_t t = 0; t < T; t++) {
+        double ss = 0;
+        for (int c = 0; c < H; c++) ss += (double)sumf[t * H + c] * sumf[t * H + c];
+        want_r[t] = 1.0 / sqrt(ss / H + eps);
+        bound_r[t] = 2 * U32 * want_r[t];
+        for (int c = 0; c < H; c++) {
+            const int64_t i = t * H + c;
+            want[i] = sumf[i] * want_r[t] * wf[offset + c];
+            bound[i] = (U16 + 4 * U32) * fabs(want[i]);
+            outf[i] = bf16_to_f32(out[offset + i]);
+        }
+    }
+    expect_within("residual_rmsnorm_forward", "rstd", shape, rstd, want_r, bound_r, T);
+    expect_within("residual_rmsnorm_forward", "out", shape, outf, want, bound, n);
+    EXPECT_COUNTED(!memcmp(sum, sum2, bytes) && !memcmp(out, out2, bytes) &&
+                       !memcmp(rstd, rstd2, (size_t)T * sizeof(float)),
+                   "residual_rmsnorm_forward %s: not bitwise accumulate then rmsnorm_forward", shape);
+
+    CUDA_CHECK(cudaFree(d_x)); CUDA_CHECK(cudaFree(d_delta)); CUDA_CHECK(cudaFree(d_w));
+    CUDA_CHECK(cudaFree(d_out)); CUDA_CHECK(cudaFree(d_x2)); CUDA_CHECK(cudaFree(d_out2));
+    CUDA_CHECK(cudaFree(d_rstd)); CUDA_CHECK(cudaFree(d_rstd2));
+    free(x); free(xf); free(delta); free(deltaf); free(w); free(wf); free(sum); free(out); free(sum2); free(out2);
+    free(rstd); free(rstd2); free(sumf); free(want); free(bound); free(want_r); free(bound_r); free(outf);
+}
+
 // ---- RoPE ----
 
 static void test_rope(int64_t T, int heads, int D, double attention_factor, int inverse) {
@@ -284,19 +353,22 @@ static void test_swiglu(int64_t n) {
 // accumulate: the sum of two bf16 values is exact in fp32 here (exponents
 // within 16 of each other), so y must be that sum rounded once, bit for bit.
 // scale: fl32(x s) is one rounding of the exact double product.
-static void test_accumulate_scale(int64_t n) {
+// offset: y and x start that many elements into their buffers (1: not
+// 16-byte aligned, every group element by element).
+static void test_accumulate_scale(int64_t n, int offset) {
     uint16_t *y, *x;
     float *yf, *xf;
-    random_bf16(&rng, n, &y, &yf);
-    random_bf16(&rng, n, &x, &xf);
-    uint16_t *d_y = to_device(y, (size_t)n * 2), *d_x = to_device(x, (size_t)n * 2);
-    accumulate_cuda(d_y, d_x, n, 0);
-    uint16_t *got = xmalloc((size_t)n * 2 + 1);
-    CUDA_CHECK(cudaMemcpy(got, d_y, (size_t)n * 2, cudaMemcpyDeviceToHost));
+    random_bf16(&rng, n + offset, &y, &yf);
+    random_bf16(&rng, n + offset, &x, &xf);
+    uint16_t *d_y = to_device(y, (size_t)(n + offset) * 2), *d_x = to_device(x, (size_t)(n + offset) * 2);
+    accumulate_cuda(d_y + offset, d_x + offset, n, 0);
+    uint16_t *got = xmalloc((size_t)(n + offset) * 2 + 1);
+    CUDA_CHECK(cudaMemcpy(got, d_y, (size_t)(n + offset) * 2, cudaMemcpyDeviceToHost));
     int64_t wrong = 0;
-    for (int64_t i = 0; i < n; i++) wrong += got[i] != f32_to_bf16((float)((double)yf[i] + xf[i]));
-    EXPECT_COUNTED(wrong == 0, "accumulate n=%lld: %lld elements are not y + x rounded once", (long long)n,
-                   (long long)wrong);
+    for (int64_t i = 0; i < offset; i++) wrong += got[i] != y[i];
+    for (int64_t i = offset; i < n + offset; i++) wrong += got[i] != f32_to_bf16((float)((double)yf[i] + xf[i]));
+    EXPECT_COUNTED(wrong == 0, "accumulate n=%lld offset=%d: %lld elements are not y + x rounded once (or, before "
+                   "the offset, changed)", (long long)n, offset, (long long)wrong);
 
     float *v = random_f32(&rng, n);
     const float s = 0.37f;
@@ -477,6 +549,12 @@ int main(int argc, char **argv) {
     test_rmsnorm(130, 40);
     test_rmsnorm(130, 896);
     test_rmsnorm(2100, 300);             // several rows per block (both grids are capped), every warp busy
+    test_residual_rmsnorm(1, 24, 0);
+    test_residual_rmsnorm(7, 40, 0);
+    test_residual_rmsnorm(37, 896, 0);
+    test_residual_rmsnorm(130, 300, 0);  // H not a multiple of 8: rows element by element
+    test_residual_rmsnorm(37, 40, 1);    // unaligned
+    test_residual_rmsnorm(2100, 40, 0);  // several rows per block
     test_rope(1, 2, 64, 1.0, 0);
     test_rope(7, 3, 64, 1.0, 1);
     test_rope(37, 2, 128, 1.2, 0);
@@ -484,8 +562,11 @@ int main(int argc, char **argv) {
     test_swiglu(1);
     test_swiglu(7 * 40);
     test_swiglu(37 * 896);
-    test_accumulate_scale(1);
-    test_accumulate_scale(130 * 40);
+    test_swiglu(1001);                   // a tail group of 1
+    test_accumulate_scale(1, 0);
+    test_accumulate_scale(130 * 40, 0);
+    test_accumulate_scale(1003, 0);      // a tail group of 3
+    test_accumulate_scale(1003, 1);      // unaligned
     test_sum_squares(1, 7);
     test_sum_squares(130 * 896, 600001);   // a full grid, several elements per thread
     test_cross_entropy(1, 257);

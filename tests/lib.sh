@@ -1,7 +1,8 @@
 # lib.sh: shared preamble of the shell tests (sourced): a temporary folder
 # $tmp removed on exit, and ok / bad / expect printing "ok NAME" and
 # "FAIL NAME: why" lines for tests/run.sh, counting failures in $failures;
-# mpirun_env for tests that start mpirun.
+# mpirun_env for tests that start mpirun; sim_train, runs_differ and below
+# for the tests that train on the CUDA backend under the sim.
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 failures=0
@@ -14,3 +15,67 @@ mpirun_env() {
   if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
   export OMPI_MCA_btl_vader_single_copy_mechanism=none
 }
+
+# sim_setup PREFIX: for a test that trains under the sim: mpirun_env, one
+# OpenMP thread, SIM_RUN = the settings of a small model on the CUDA backend
+# (3 steps of 128 tokens, AdamW with lr 1e-2 and eps 1e-3: the update
+# g / (|g| + eps) is smooth in g, so a wrong gradient moves weights by ~1e-3);
+# ends the test with "FAIL PREFIX_binary" when build/sim/mtrain is missing.
+sim_setup() {
+  mpirun_env
+  export OMP_NUM_THREADS=1
+  SIM_RUN="model.hidden_size=128 model.intermediate_size=256 model.num_layers=2 model.num_heads=2
+           model.num_kv_heads=1 model.head_dim=64 train.backend=cuda train.steps=3 train.seq_len=128
+           train.lr_schedule=constant train.lr=1e-2 train.warmup_steps=0 train.eps=1e-3 train.grad_clip=0 log.every=1"
+  if [ ! -x build/sim/mtrain ]; then
+    bad "$1_binary" "build/sim/mtrain missing (make build/sim/mtrain)"
+    exit 1
+  fi
+}
+
+# sim_train NAME NP DEVICES ARGS...: build/sim/mtrain train
+# configs/tiny-cpu.yaml $RUN ARGS on NP ranks (1: no mpirun) on a node of
+# DEVICES GPUs, into $tmp/NAME (metrics and checkpoints); stdout and stderr
+# appended to $tmp/NAME.out; returns the exit status (124: 120 s time limit).
+sim_train() {
+  local name=$1 np=$2 devices=$3
+  shift 3
+  local launch=()
+  [ "$np" -gt 1 ] && launch=(mpirun --oversubscribe --bind-to none -np "$np")
+  # shellcheck disable=SC2086  # $RUN is a list of settings
+  CUDASIM_DEVICES=$devices timeout 120 "${launch[@]}" build/sim/mtrain train configs/tiny-cpu.yaml $RUN \
+    log.dir="$tmp/$name" checkpoint.dir="$tmp/$name" "$@" >>"$tmp/$name.out" 2>&1
+}
+
+# runs_differ A B: "LOSS WEIGHTS" between the sim_train runs A and B: the
+# largest |loss_a - loss_b| / |loss_b| over the steps both logged, and the
+# largest |w_a - w_b| over the tensors of both step 3 checkpoints; "- -"
+# when either lacks its metrics or that checkpoint.
+runs_differ() { /usr/bin/python3 - "$tmp/$1" "$tmp/$2" <<'PY'
+import json, os, sys
+import numpy as np
+sys.path.insert(0, "tests")
+from harness import read_raw
+
+def run(folder):
+    losses = {}
+    for line in open(os.path.join(folder, "metrics.jsonl")):
+        row = json.loads(line)
+        if "loss" in row: losses[row["step"]] = row["loss"]
+    weights = read_raw(os.path.join(folder, "step_00000003", "model.safetensors"))
+    return losses, {k: np.frombuffer(raw, "<f4").astype(np.float64) for k, (_, _, raw) in weights.items()}
+
+try:
+    (la, wa), (lb, wb) = run(sys.argv[1]), run(sys.argv[2])
+except (OSError, ValueError, KeyError):
+    print("- -")
+    sys.exit()
+steps = sorted(set(la) & set(lb))
+loss = max(abs(la[s] - lb[s]) / abs(lb[s]) for s in steps) if 3 in steps else float("inf")
+weights = max(np.abs(wa[k] - wb[k]).max() for k in wb) if wa.keys() == wb.keys() else float("inf")
+print(f"{loss:.3e} {weights:.3e}")
+PY
+}
+
+# below X TOL: X is a number (not "-") no larger than TOL.
+below() { awk -v x="$1" -v tol="$2" 'BEGIN { exit !(x != "-" && x + 0 <= tol + 0) }'; }

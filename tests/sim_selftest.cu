@@ -12,6 +12,7 @@
 //   barrier_divergence           __syncthreads in half the block: one cudasim line, exit 1
 //   oob_read                     reads one float past a cudaMalloc (ASan build: heap-buffer-overflow)
 //   launch_limits                launch errors as the hardware gives them (ok / FAIL lines)
+//   polled                       cudaEventQuery over an operation complete on its 10th attempt (ok / FAIL lines)
 //   fragments                    mma.sync and ldmatrix element by element against the PTX ISA tables
 // tests/test_sim.sh runs each in a child process and asserts its outcome.
 #include <math.h>
@@ -25,6 +26,7 @@
 #include "../dist/cuda_check.h"
 #include "../dist/cuda_kernel.h"
 #include "check.h"
+#include "cudasim.h"
 
 // ---- a shared buffer reused across rounds: thread t reads what thread t+1 wrote ----
 
@@ -125,6 +127,43 @@ static void streams(const char *how) {
     CUDA_CHECK(cudaEventDestroy(done));
     CUDA_CHECK(cudaStreamDestroy(s1));
     if (s2) CUDA_CHECK(cudaStreamDestroy(s2));
+}
+
+// ---- polling: cudaEventQuery over an operation that completes over several
+// attempts (cudasim::enqueue_polled, as the sim's NCCL operations) ----
+
+__global__ void add_one_kernel(float *x) { x[threadIdx.x] += 1.0f; }
+
+// A kernel, then an operation complete on its 10th attempt, then an event, on
+// one stream: the first query answers not ready (it must not wait), having
+// run the kernel and attempted the operation meanwhile; later queries finish the operation, the
+// event becomes ready, and the operation was attempted exactly 10 times.
+static void polled() {
+    cudaStream_t s;
+    CUDA_CHECK(cudaStreamCreate(&s));
+    cudaEvent_t after;
+    CUDA_CHECK(cudaEventCreate(&after));
+    float *d_x, x[32];
+    CUDA_CHECK(cudaMalloc((void **)&d_x, sizeof x));
+    CUDA_CHECK(cudaMemset(d_x, 0, sizeof x));
+    CUDA_LAUNCH(add_one_kernel, 1, 32, 0, s, d_x);
+    CUDA_CHECK(cudaGetLastError());
+    int attempts = 0;
+    cudasim::enqueue_polled(s, "polled op", [&attempts] { return ++attempts >= 10; });
+    CUDA_CHECK(cudaEventRecord(after, s));
+    cudaError_t first = cudaEventQuery(after);
+    int ran_before = attempts;
+    int queries = 1;
+    while (cudaEventQuery(after) == cudaErrorNotReady && queries < 100) queries++;
+    CUDA_CHECK(cudaMemcpy(x, d_x, sizeof x, cudaMemcpyDeviceToHost));
+    EXPECT(first == cudaErrorNotReady && ran_before > 0 && ran_before < 10,
+           "polled_first_query_not_ready (attempts %d, %s)", ran_before, cudaGetErrorString(first));
+    EXPECT(queries > 1 && queries < 100 && attempts == 10, "polled_ready_after_10_attempts (queries %d, attempts %d)",
+           queries, attempts);
+    EXPECT(x[0] == 1.0f && x[31] == 1.0f, "polled_kernel_ran_once (x[0] %g)", x[0]);
+    CUDA_CHECK(cudaFree(d_x));
+    CUDA_CHECK(cudaEventDestroy(after));
+    CUDA_CHECK(cudaStreamDestroy(s));
 }
 
 // ---- rule violations: each ends the program with one cudasim line ----
@@ -340,6 +379,7 @@ int main(int argc, char **argv) {
              !strcmp(c, "barrier_divergence") || !strcmp(c, "oob_read"))
         violation(c);
     else if (!strcmp(c, "launch_limits")) launch_limits();
+    else if (!strcmp(c, "polled")) polled();
     else if (!strcmp(c, "fragments")) { check_mma(); check_ldmatrix(); }
     else CHECK(0, "sim_selftest: unknown case %s", c);
     return check_exit();

@@ -11,9 +11,13 @@
 #                documents on cp 2) = single-rank score: loss and
 #                every gradient tensor;
 #   20 steps     cp = 4 tracks cp = 1 step by step;
-#   ZeRO-1       parallel.zero=1 equals zero=0 (dp 2, and dp 2 × cp 2), and a
-#                sharded run resumed from its checkpoint equals one that never
-#                stopped, also when resumed on one rank (re-sharded);
+#   buckets      the gradient all-reduce in small buckets equals one
+#                all-reduce (dp 2: bit for bit) and one rank (dp 2 × cp 2);
+#   ZeRO-1       parallel.zero=1 (moments sharded over dp × cp) equals zero=0
+#                (dp 2, cp 2: bit for bit; dp 2 × cp 2), and a sharded run
+#                resumed from its checkpoint equals one that never stopped,
+#                also when resumed on other world sizes (dp 2 on one rank,
+#                dp 2 × cp 2 on dp 2: re-sharded);
 #                hierarchical ring (4 = 2×2) equals flat;
 #   validation   loss before and after the step equals one rank (3 sequences
 #                over dp 2);
@@ -130,6 +134,11 @@ else ok dist_train_references_differ; fi
 
 train dp2 2 train.steps=1 parallel.dp=2
 same_step dp2 ref2
+# The gradient all-reduce in buckets of 0.01 MiB (several per layer, started
+# during the backward) adds the same 2 values as one all-reduce: bit for bit.
+train dp2_buckets 2 train.steps=1 parallel.dp=2 parallel.bucket_mb=0.01
+expect dist_train_buckets_bitwise compare weights "$tmp/dp2_buckets/step_00000001/model.safetensors" \
+  "$tmp/dp2/step_00000001/model.safetensors" 0
 for layout in contiguous zigzag striped; do
   train "cp2_$layout" 2 train.steps=1 parallel.cp=2 attention.layout=$layout
   same_step "cp2_$layout" ref1
@@ -138,6 +147,8 @@ for layout in contiguous zigzag striped; do
   train "dp2cp2_$layout" 4 train.steps=1 parallel.dp=2 parallel.cp=2 attention.layout=$layout
   same_step "dp2cp2_$layout" ref2
 done
+train dp2cp2_buckets 4 train.steps=1 parallel.dp=2 parallel.cp=2 parallel.bucket_mb=0.01
+same_step dp2cp2_buckets ref2
 
 # Sparse attention with dp only (cp = 1: each rank's pattern on its own sequence).
 SPARSE="attention.type=sparse attention.budget=fixed attention.vertical=2 attention.slash=2 attention.sink=0 attention.local=16"
@@ -178,6 +189,13 @@ train dp2_zero 2 train.steps=1 parallel.dp=2 parallel.zero=1
 same_step dp2_zero dp2
 train dp2cp2_zero 4 train.steps=1 parallel.dp=2 parallel.cp=2 parallel.zero=1
 same_step dp2cp2_zero dp2cp2_striped
+train cp2_zero 2 train.steps=1 parallel.cp=2 attention.layout=striped parallel.zero=1
+same_step cp2_zero cp2_striped
+# On 2 ranks the reduce-scatter adds the same 2 values as the all-reduce: bit for bit.
+expect dist_train_zero_dp2_bitwise compare weights "$tmp/dp2_zero/step_00000001/model.safetensors" \
+  "$tmp/dp2/step_00000001/model.safetensors" 0
+expect dist_train_zero_cp2_bitwise compare weights "$tmp/cp2_zero/step_00000001/model.safetensors" \
+  "$tmp/cp2_striped/step_00000001/model.safetensors" 0
 train cp4_hier 4 train.steps=1 parallel.cp=4 parallel.cp_inner=2 attention.ring=hierarchical
 same_step cp4_hier cp4_striped
 
@@ -204,6 +222,16 @@ if grep -q '^resumed from .*step_00000002' "$tmp/zero_reshard.out"; then
     "$tmp/zero3/step_00000003/model.safetensors" 1e-6
 else
   bad dist_train_resume_other_world_size "did not resume: $(tail -n 3 "$tmp/zero_reshard.out" | tr '\n' ' ')"
+fi
+
+# The moments sharded over dp × cp = 4 ranks resume on 2 (dp 2, cp 1).
+train zero_dpcp 4 train.steps=2 parallel.dp=2 parallel.cp=2 parallel.zero=1
+train zero_dpcp 2 train.steps=3 parallel.dp=2 parallel.zero=1 checkpoint.resume=auto
+if grep -q '^resumed from .*step_00000002' "$tmp/zero_dpcp.out"; then
+  expect dist_train_zero_dpcp_resume_other_world_size compare weights \
+    "$tmp/zero_dpcp/step_00000003/model.safetensors" "$tmp/zero3/step_00000003/model.safetensors" 1e-6
+else
+  bad dist_train_zero_dpcp_resume_other_world_size "did not resume: $(tail -n 3 "$tmp/zero_dpcp.out" | tr '\n' ' ')"
 fi
 
 # --- 20 steps: cp = 4 tracks cp = 1 ---

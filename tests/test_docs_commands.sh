@@ -54,6 +54,8 @@ RULES=(
   'run |^build/mtrain train configs/tiny-cpu\.yaml train\.lr=1e-3 train\.steps=10 checkpoint\.dir=checkpoints/lr1e-3$|'
   'skip|^build/mtrain config RUN\.yaml \[overrides\]$|synopsis with placeholders'
   'run |^bash scripts/bench_packing\.sh$|'
+  'run |^bash scripts/plan_kernels\.sh$|'
+  'skip|^bash scripts/bench_train\.sh|needs a GPU (without one it exits 1 with one line: tests/test_bench_train.sh)'
   'skip|^bash scripts/bench_|benchmark, minutes'
   'skip|^bash scripts/gpu_check\.sh$|needs a GPU'
   'skip|^build/mtrain data run\.yaml --read R |placeholders R, DIR and N'

@@ -3,7 +3,7 @@
 # CPU backend the planned peak host memory is within 15% of the peak RSS that
 # `mtrain train` measures (getrusage, in its run summary) for six runs of
 # different shape on one rank and two on two ranks (cp 2; dp 2 with ZeRO-1); the cluster run files pass the plan on their GPUs; a run
-# that cannot fit is refused with one line; bad plan options get one line;
+# that cannot fit is refused with one line; bad plan options get one line; --kernels adds up to the plan;
 # metrics.jsonl carries MFU and RSS.
 #   MTRAIN=path/to/mtrain bash tests/test_plan.sh   (default build/mtrain)
 set -u
@@ -83,6 +83,24 @@ step=$(sed -n 's/^predicted step: \([0-9.]*\) s .*of hardware.peak_tflops$/\1/p'
 expect plan_cpu_configured_peak "[ -n '$step' ] && awk -v f=$flops -v s=$step 'BEGIN { d = f / 1e9 - s; exit !(d < 0.002 && d > -0.002) }'"
 "$MTRAIN" plan configs/tiny-cpu.yaml --density 2 >"$tmp/out" 2>"$tmp/err"
 expect plan_bad_density "[ $? -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ]"
+# --kernels: the rows' FLOPs (kernel_rows, GEMM by GEMM) add up to the plan's model FLOPs (plan_flops, 6 per
+# weight per token + 3.5 x the attention forward) for dense attention without recomputation, and the step's
+# bounds are the sums of the rows' on both GPUs; with checkpointing the layers' forward rows double.
+kernels() {
+  "$MTRAIN" plan configs/qwen2.5-0.5b-128k-8xa100.yaml --kernels train.init_from=none parallel.cp=1 parallel.zero=0 \
+    train.seq_len=32768 attention.type=dense "$@" 2>&1
+}
+sums='/^FLOPs per step/ { split($0, w, " "); model = w[6] }
+  /^[|] [*][*]step/ { step = $4; a = $7; h = $8; gsub(/[*]/, "", a); gsub(/[*]/, "", h) }
+  /^[|] [a-zA-Z]/ && $4 ~ /[0-9]/ { flops += $4 }
+  /^[|] [a-zA-Z]/ && $7 ~ /[0-9]/ { ta += $7; th += $8 }
+  END { printf "%g %g %g %g %g %g %g\n", model / 1e9, flops, step, ta, a, th, h }'
+kernels train.checkpoint_activations=false | awk -F'|' "$sums" >"$tmp/sums"
+read -r model flops step ta a th h <"$tmp/sums"
+expect plan_kernels_flops "awk 'BEGIN { r = $flops / $model; s = $step / $flops; exit !(r > 0.999 && r < 1.001 && s > 0.999 && s < 1.001) }'"
+expect plan_kernels_bounds "awk 'BEGIN { exit !($a > 0 && ($ta - $a) ^ 2 < 0.01 && $h > 0 && ($th - $h) ^ 2 < 0.01 && $h < $a) }'"
+kernels train.checkpoint_activations=true >"$tmp/ckpt.out"
+expect plan_kernels_recompute "grep -q '^| GEMMs of the layers, forward | 336 |' '$tmp/ckpt.out' && kernels train.checkpoint_activations=false | grep -q '^| GEMMs of the layers, forward | 168 |'"
 
 # a run far larger than this machine is refused before it allocates, with the breakdown
 "$MTRAIN" train configs/tiny-cpu.yaml model.hidden_size=16384 model.intermediate_size=65536 model.num_layers=16 \

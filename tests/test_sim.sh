@@ -78,8 +78,9 @@ rc=$?
 expect "out-of-bounds device read: AddressSanitizer heap-buffer-overflow in the kernel (exit $rc)" \
   "[ $rc -ne 0 ] && grep -q 'heap-buffer-overflow' '$tmp/out' && grep -q 'in oob_read_kernel' '$tmp/out'"
 
-# Self-tests that check themselves (launch errors; mma and ldmatrix against the PTX tables).
-for c in launch_limits fragments; do
+# Self-tests that check themselves (launch errors; cudaEventQuery over a polled
+# operation; mma and ldmatrix against the PTX tables).
+for c in launch_limits polled fragments; do
   $sim/sim_selftest $c >"$tmp/out" 2>&1
   rc=$?
   cat "$tmp/out"

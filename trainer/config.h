@@ -34,7 +34,8 @@ typedef enum { TOKENIZER_MODEL, TOKENIZER_BYTES, TOKENIZER_FILE } EvalTokenizer;
 typedef struct {
     int threads;               // OpenMP threads per rank; 0 = the node's CPUs / its ranks
     int dp, cp, cp_inner;      // rank grid (dist/comm.h); 0 = default
-    int zero;                  // 1 = AdamW moments sharded over dp (ZeRO-1)
+    int zero;                  // 1 = AdamW moments sharded over dp x cp (ZeRO-1)
+    double bucket_mb;          // gradient all-reduce buckets (MiB; 0 = one all-reduce)
     CommKind comm;             // nccl | mpi: device buffers between ranks (the CUDA backend)
     double timeout_s;          // a collective that takes longer ends the job
 } ParallelConfig;

@@ -1,7 +1,8 @@
-// plan.c: `mtrain plan RUN.yaml [--gpu NAME] [--density D] [overrides]`:
+// plan.c: `mtrain plan RUN.yaml [--gpu NAME] [--density D] [--kernels] [overrides]`:
 // memory per rank, FLOPs per step, ring traffic, predicted step time,
 // tokens/s and MFU, whether the run fits and what to change when it does
-// not. The CPU figures follow the allocations of the CPU backend (model.c,
+// not; with --kernels the CUDA backend's kernels of one step, each with its
+// FLOPs, bytes and roofline bound on the A100-80GB and H100. The CPU figures follow the allocations of the CPU backend (model.c,
 // train.c, checkpoint.c); the GPU figures are those of the CUDA backend as
 // designed (docs/PERFORMANCE.md, section Planner).
 #include "plan.h"
@@ -26,11 +27,12 @@
 // 4.8 TB/s, NVLink 900 GB/s). Network per GPU as in DGX A100 (one 200 Gb/s
 // HDR InfiniBand NIC per GPU: 25 GB/s) and DGX H100/H200 (one 400 Gb/s NDR
 // NIC per GPU: 50 GB/s). Capacities are GB (1e9 bytes) in the datasheets.
+// fp32 on CUDA cores (non-tensor): A100 19.5, H100 and H200 SXM 67 TFLOP/s.
 static const GpuProfile gpu_profiles[] = {
-    {"a100-40g", 312, 40e9 / (1 << 30), 1555, 300, 25, 8},
-    {"a100-80g", 312, 80e9 / (1 << 30), 2039, 300, 25, 8},
-    {"h100", 989, 80e9 / (1 << 30), 3350, 450, 50, 8},
-    {"h200", 989, 141e9 / (1 << 30), 4800, 450, 50, 8},
+    {"a100-40g", 312, 40e9 / (1 << 30), 1555, 300, 25, 8, 19.5},
+    {"a100-80g", 312, 80e9 / (1 << 30), 2039, 300, 25, 8, 19.5},
+    {"h100", 989, 80e9 / (1 << 30), 3350, 450, 50, 8, 67},
+    {"h200", 989, 141e9 / (1 << 30), 4800, 450, 50, 8, 67},
 };
 
 // Assumed fractions of the peak that the kernels reach (docs/PERFORMANCE.md):
@@ -39,6 +41,9 @@ static const GpuProfile gpu_profiles[] = {
 #define GEMM_EFFICIENCY 0.70
 #define DENSE_ATTENTION_EFFICIENCY 0.55
 #define SPARSE_ATTENTION_EFFICIENCY 0.35
+// Memory-bound kernels (element-wise, norms, loss, optimizer): this fraction
+// of the HBM bandwidth (the per-kernel table of `mtrain plan --kernels`).
+#define BANDWIDTH_EFFICIENCY 0.80
 // GPU: CUDA context, NCCL buffers and the cuBLASLt workspace (assumed).
 #define GPU_RUNTIME_BYTES (1.25 * (1 << 30))
 // CPU: the binary, its libraries, MPI and OpenBLAS (measured: the peak RSS
@@ -290,7 +295,7 @@ void plan_build(Plan *p, const Config *cfg, const GpuProfile *gpu, double cpu_pe
         plan_gpu_memory(p, &c, acts, lm_chunk);
         p->capacity_bytes = gpu->hbm_gib * (1 << 30) * HBM_USABLE;
     } else {
-        int64_t shards = cfg->parallel.zero == 1 ? p->dp : 1;
+        int64_t shards = cfg->parallel.zero == 1 ? (int64_t)p->dp * p->cp : 1;  // ZeRO-1 over dp x cp
         int64_t opt_count = (p->params + shards - 1) / shards;
         plan_cpu_memory(p, &c, acts, lm_chunk, opt_count);
     }
@@ -363,7 +368,7 @@ static void print_advice(const Plan *p, const Config *cfg, FILE *out) {
         if (!c.train.checkpoint_activations) {
             c.train.checkpoint_activations = true;
             changes[n++] = "train.checkpoint_activations=true";
-        } else if (c.parallel.zero == 0 && (p->gpu ? p->dp * p->cp : p->dp) > 1) {  // ZeRO-1's shards
+        } else if (c.parallel.zero == 0 && p->dp * p->cp > 1) {  // ZeRO-1's shards
             c.parallel.zero = 1;
             changes[n++] = "parallel.zero=1";
         } else {
@@ -432,9 +437,149 @@ void plan_print(const Plan *p, const Config *cfg, FILE *out) {
     if (!fits) print_advice(p, cfg, out);
 }
 
+// ---- the per-kernel table (`mtrain plan --kernels`) ----
+
+// What bounds a kernel besides its bytes: tensor-core GEMMs, tensor-core
+// attention, fp32 on CUDA cores (the sparse estimation), nothing (memory).
+typedef enum { KERNEL_GEMM, KERNEL_ATTENTION, KERNEL_FP32, KERNEL_MEMORY } KernelKind;
+
+typedef struct {
+    const char *name;
+    double calls, flops, bytes;   // per step; flops and bytes summed over the calls
+    KernelKind kind;
+} KernelRow;
+
+#define MAX_KERNEL_ROWS 24
+
+static int add_kernel(KernelRow *rows, int n, const char *name, double calls, double flops, double bytes,
+                      KernelKind kind) {
+    CHECK(n < MAX_KERNEL_ROWS, "plan: too many kernel rows");
+    rows[n] = (KernelRow){name, calls, flops, bytes, kind};
+    return n + 1;
+}
+
+// The kernels of one optimizer step on one GPU as model.c calls them on the
+// CUDA backend (bf16 activations and compute weights 2 bytes, fp32 gradients,
+// master, moments and accumulators 4), with the plan's tokens per GPU. Bytes:
+// every tensor moved between HBM and the chip once per call (a lower bound:
+// perfect reuse in shared memory and L2); an accumulated output is read and
+// written. Activation checkpointing runs every layer's forward twice.
+static int kernel_rows(const Plan *p, const Config *cfg, KernelRow *rows) {
+    const ModelConfig *c = &cfg->model;
+    const double T = (double)p->tokens * cfg->train.micro_batches, L = c->num_layers, H = c->hidden_size;
+    const double F = c->intermediate_size, V = c->vocab_size, D = c->head_dim ? c->head_dim : H / c->num_heads;
+    const double QD = c->num_heads * D, KD = c->num_kv_heads * D, P = (double)p->params;
+    const double fwd = cfg->train.checkpoint_activations ? 2 : 1;   // forward passes of a layer
+    const double chunks = ceil((double)p->tokens / cfg->train.loss_chunk) * cfg->train.micro_batches;
+    const double shards = cfg->parallel.zero == 1 ? (double)p->dp * p->cp : 1.0;
+    const double gemm_io[7][2] = {{H, QD}, {H, KD}, {H, KD}, {QD, H}, {H, F}, {H, F}, {F, H}};
+    double gf = 0, gf_bytes = 0, gb_bytes = 0;
+    for (int g = 0; g < 7; g++) {
+        const double IC = gemm_io[g][0], OC = gemm_io[g][1];
+        gf += 2 * T * IC * OC;
+        gf_bytes += 2 * (T * IC + IC * OC + T * OC);
+        gb_bytes += (2 * T * OC + 2 * IC * OC + 4 * T * IC) + (2 * T * OC + 2 * T * IC + 8 * IC * OC);
+    }
+    gb_bytes += 2 * T * (QD + 2 * KD);   // the bias gradients read dout once more
+    int n = 0;
+    n = add_kernel(rows, n, "GEMMs of the layers, forward", 7 * L * fwd, gf * L * fwd, gf_bytes * L * fwd,
+                   KERNEL_GEMM);
+    n = add_kernel(rows, n, "GEMMs of the layers, dX and dW", 14 * L, 2 * gf * L, gb_bytes * L, KERNEL_GEMM);
+    n = add_kernel(rows, n, "LM head, forward (per chunk)", chunks, 2 * T * H * V,
+                   chunks * 2 * V * H + 2 * T * H + 2 * T * V, KERNEL_GEMM);
+    n = add_kernel(rows, n, "LM head, dX and dW (per chunk)", 2 * chunks, 4 * T * H * V,
+                   chunks * 10 * V * H + 4 * T * V + 6 * T * H, KERNEL_GEMM);
+    // Causal attention of the rank's queries against the sequence (plan_flops); the forward also
+    // initialises, merges and converts the fp32 output, the backward zeroes, accumulates (atomics)
+    // and adds the fp32 dq, dk, dv into their bf16 tensors.
+    const double N = (double)cfg->train.seq_len;
+    const double attn = 2.0 * N * N * c->num_heads * D / p->cp * p->density * cfg->train.micro_batches;
+    n = add_kernel(rows, n, "attention forward", L * fwd, attn * L * fwd,
+                   L * fwd * (2 * T * (QD + 2 * KD) + 18 * T * QD), KERNEL_ATTENTION);
+    n = add_kernel(rows, n, "attention backward", L, PLAN_ATTENTION_BACKWARD * attn * L,
+                   L * (2 * T * (5 * QD + 2 * KD) + 20 * T * (QD + 2 * KD)), KERNEL_ATTENTION);
+    if (cfg->attention.type == ATTN_SPARSE)   // last_q queries against every key, twice; fp32 scores
+        n = add_kernel(rows, n, "sparse estimation", L, 4 * D * c->num_heads * (double)cfg->attention.last_q * N * L,
+                       L * (2 * T * KD + 8 * c->num_heads * T), KERNEL_FP32);
+    n = add_kernel(rows, n, "embedding forward", 1, 0, 4 * T * H, KERNEL_MEMORY);
+    n = add_kernel(rows, n, "embedding backward", 1, 0, 10 * T * H, KERNEL_MEMORY);
+    // Both residual adds of a layer fused with the norm after them; the input norm alone for the first
+    // layer and in every recomputation.
+    const double input_norms = 1 + L * (fwd - 1), fused_norms = 2 * L + L * (fwd - 1);
+    n = add_kernel(rows, n, "rmsnorm forward (input)", input_norms, 0, input_norms * 4 * T * H, KERNEL_MEMORY);
+    n = add_kernel(rows, n, "residual add + rmsnorm (fused)", fused_norms, 0, fused_norms * 8 * T * H,
+                   KERNEL_MEMORY);
+    n = add_kernel(rows, n, "rmsnorm backward", 2 * L + 1, 0, (2 * L + 1) * 8 * T * H, KERNEL_MEMORY);
+    n = add_kernel(rows, n, "rope forward (q, k)", 2 * L * fwd, 0, L * fwd * 4 * T * (QD + KD), KERNEL_MEMORY);
+    n = add_kernel(rows, n, "rope backward (dq, dk)", 2 * L, 0, L * 4 * T * (QD + KD), KERNEL_MEMORY);
+    n = add_kernel(rows, n, "swiglu forward", L * fwd, 0, L * fwd * 6 * T * F, KERNEL_MEMORY);
+    n = add_kernel(rows, n, "swiglu backward", L, 0, L * 14 * T * F, KERNEL_MEMORY);
+    n = add_kernel(rows, n, "zeroing activation gradients", 9 * L + 2, 0,
+                   L * 2 * T * (3 * F + 2 * H + 2 * QD + 2 * KD) + 4 * T * H, KERNEL_MEMORY);
+    n = add_kernel(rows, n, "cross entropy (per chunk)", chunks, 0, 6 * T * V, KERNEL_MEMORY);
+    n = add_kernel(rows, n, "zeroing gradients, norm, clip", 3, 0, 16 * P, KERNEL_MEMORY);
+    n = add_kernel(rows, n, "adamw + bf16 copy", 1, 0, 30 * P / shards, KERNEL_MEMORY);
+    return n;
+}
+
+// Seconds of a row on gpu: at the roofline (efficient = false), or with the
+// assumed efficiencies (GEMMs, attention, bandwidth).
+static double kernel_seconds(const KernelRow *r, const GpuProfile *gpu, double attn_eff, bool efficient) {
+    const double peak = (r->kind == KERNEL_FP32 ? gpu->fp32_tflops : gpu->peak_tflops) * 1e12;
+    double eff = 1, bw_eff = efficient ? BANDWIDTH_EFFICIENCY : 1;
+    if (efficient && r->kind == KERNEL_GEMM) eff = GEMM_EFFICIENCY;
+    if (efficient && (r->kind == KERNEL_ATTENTION || r->kind == KERNEL_FP32)) eff = attn_eff;
+    const double compute = r->flops > 0 && peak > 0 ? r->flops / (peak * eff) : 0;
+    return fmax(compute, r->bytes / (gpu->hbm_gbs * 1e9 * bw_eff));
+}
+
+static const GpuProfile *profile_named(const char *name) {
+    for (size_t i = 0; i < sizeof(gpu_profiles) / sizeof(gpu_profiles[0]); i++)
+        if (!strcmp(gpu_profiles[i].name, name)) return &gpu_profiles[i];
+    FAIL("no GPU profile %s", name);
+}
+
+void plan_print_kernels(const Plan *p, const Config *cfg, FILE *out) {
+    const GpuProfile *gpus[2] = {profile_named("a100-80g"), profile_named("h100")};
+    KernelRow rows[MAX_KERNEL_ROWS];
+    const int n = kernel_rows(p, cfg, rows);
+    const double attn_eff = p->density < 1.0 ? SPARSE_ATTENTION_EFFICIENCY : DENSE_ATTENTION_EFFICIENCY;
+    fprintf(out, "\nkernels of one step on one GPU (%lld tokens, %s attention%s): bytes with every tensor moved "
+            "once (a lower bound); bound = max(FLOPs / peak, bytes / HBM bandwidth)\n\n",
+            (long long)p->tokens * cfg->train.micro_batches, cfg->attention.type == ATTN_DENSE ? "dense" : "sparse",
+            cfg->attention.type == ATTN_DENSE ? "" : " at the plan's density");
+    fprintf(out, "| kernel | calls | GFLOP | GB | FLOP/byte | A100-80GB ms | H100 ms |\n|---|---:|---:|---:|---:|---:|---:|\n");
+    double roofline[2] = {0, 0}, predicted[2] = {0, 0}, flops = 0;
+    for (int i = 0; i < n; i++) {
+        const KernelRow *r = &rows[i];
+        flops += r->flops;
+        double ms[2];
+        for (int g = 0; g < 2; g++) {
+            ms[g] = 1e3 * kernel_seconds(r, gpus[g], attn_eff, false);
+            roofline[g] += ms[g] / 1e3;
+            predicted[g] += kernel_seconds(r, gpus[g], attn_eff, true);
+        }
+        if (r->flops > 0)
+            fprintf(out, "| %s | %.0f | %.4g | %.4g | %.0f | %.2f | %.2f |\n", r->name, r->calls, r->flops / 1e9,
+                    r->bytes / 1e9, r->flops / r->bytes, ms[0], ms[1]);
+        else
+            fprintf(out, "| %s | %.0f | – | %.4g | – | %.2f | %.2f |\n", r->name, r->calls, r->bytes / 1e9, ms[0],
+                    ms[1]);
+    }
+    fprintf(out, "| **step** | | %.4g | | | **%.1f** | **%.1f** |\n\n", flops / 1e9, 1e3 * roofline[0],
+            1e3 * roofline[1]);
+    for (int g = 0; g < 2; g++)
+        fprintf(out, "%s: roofline step %.3f s (MFU %.1f%%); predicted %.3f s, %.0f tokens/s, MFU %.1f%% (GEMMs at "
+                "%.0f%% of peak, attention at %.0f%%, memory-bound kernels at %.0f%% of bandwidth)\n",
+                gpus[g]->name, roofline[g], 100 * p->model_flops / (roofline[g] * gpus[g]->peak_tflops * 1e12),
+                predicted[g], (double)cfg->train.seq_len * cfg->train.micro_batches / p->cp / predicted[g],
+                100 * p->model_flops / (predicted[g] * gpus[g]->peak_tflops * 1e12), 100 * GEMM_EFFICIENCY,
+                100 * attn_eff, 100 * BANDWIDTH_EFFICIENCY);
+}
+
 int cmd_plan(int argc, char **argv) {
-    const char *usage = "usage: mtrain plan RUN.yaml [--gpu a100-40g|a100-80g|h100|h200] [--density D] [--ring] "
-                        "[section.key=value ...]";
+    const char *usage = "usage: mtrain plan RUN.yaml [--gpu a100-40g|a100-80g|h100|h200] [--density D] [--kernels] "
+                        "[--ring] [section.key=value ...]";
     if (argc < 1 || argv[0][0] == '-') {
         fprintf(stderr, "%s\n", usage);
         return 2;
@@ -443,10 +588,11 @@ int cmd_plan(int argc, char **argv) {
     char **overrides = xmalloc(sizeof(char *) * (size_t)argc);
     char gpu_override[64] = "";
     int n = 0;
-    bool ring = false;
+    bool kernels = false, ring = false;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--ring")) {
-            ring = true;
+        if (!strcmp(argv[i], "--kernels") || !strcmp(argv[i], "--ring")) {
+            kernels |= !strcmp(argv[i], "--kernels");
+            ring |= !strcmp(argv[i], "--ring");
             continue;
         }
         bool gpu = !strcmp(argv[i], "--gpu");
@@ -479,5 +625,6 @@ int cmd_plan(int argc, char **argv) {
     Plan p;
     plan_build(&p, &cfg, on_gpu ? &gpu : NULL, on_gpu ? 0 : plan_cpu_peak(&cfg, &measured), measured, density);
     plan_print(&p, &cfg, stdout);
+    if (kernels) plan_print_kernels(&p, &cfg, stdout);
     return 0;
 }

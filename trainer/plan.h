@@ -22,6 +22,7 @@ typedef struct {
     double nvlink_gbs;       // GPU-to-GPU inside a node, GB/s per direction
     double internode_gbs;    // per GPU across nodes (its share of the node's NICs), GB/s per direction
     int gpus_per_node;
+    double fp32_tflops;      // CUDA-core fp32 TFLOP/s (the sparse estimation); 0: unknown
 } GpuProfile;
 
 // The GPU of cfg's hardware section: the profile hardware.gpu names with
@@ -83,6 +84,11 @@ void plan_build(Plan *p, const Config *cfg, const GpuProfile *gpu, double cpu_pe
 double plan_slash_lines(const AttentionConfig *a, int64_t seq_len, double density);
 // The full report: memory table, FLOPs, ring, times, verdict and advice.
 void plan_print(const Plan *p, const Config *cfg, FILE *out);
+// The CUDA backend's kernels over one optimizer step of one GPU (`mtrain plan
+// --kernels`): per kernel its calls, FLOPs and DRAM bytes, and its roofline
+// bound on the A100-80GB and H100 profiles; then the step's roofline and
+// predicted times and MFU on both, as markdown.
+void plan_print_kernels(const Plan *p, const Config *cfg, FILE *out);
 // "params 0.10 + grads 0.10 + ... = 0.45 GiB" on one line.
 void plan_breakdown(const Plan *p, char *line, size_t size);
 // The memory plan of one GPU on the CUDA backend (bf16 activations and

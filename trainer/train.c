@@ -3,9 +3,12 @@
 // micro_batches sequences forward+backward (dp rank d takes sequence
 // cursor + mb * dp + d, or under data.packing: balanced sequence mb * dp + d
 // of those re-dealt by attention work; a cp rank its slice of it in the
-// layout, attention over the ring), one all-reduce of the gradient arena over the world
-// (summed over cp, averaged over dp), clip, AdamW (ZeRO-1: on this dp rank's
-// shard, then all-gather the parameters), then rank 0 prints one line and
+// layout, attention over the ring), the all-reduce of the gradient arena over
+// the world (summed over cp, averaged over dp), in buckets started during the
+// last micro-batch's backward (ZeRO-1: one reduce-scatter after it, each rank
+// receiving its shard of the sum), clip, AdamW (ZeRO-1: on this rank's shard
+// of the world, dp × cp ranks holding the same parameters, then all-gather
+// the parameters), then rank 0 prints one line and
 // appends one JSON line to log.dir/metrics.jsonl. The loader's cursor
 // (sequences consumed) is saved in every checkpoint, so a resumed run reads
 // exactly the next sequence. SIGINT, SIGTERM or SIGUSR1 on any rank: every
@@ -331,47 +334,71 @@ void allreduce_arena(const Comm *comm, const Backend *be, float *arena, int64_t 
     if (comm->size > 1) be->allreduce_sum(comm, arena, n);
 }
 
-// ZeRO-1: every dp rank's shard [opt_count] (backend memory, this rank's
-// part of an arena) into full [total_params] on the host.
-static void gather_shards(const Comm *dp, const Model *m, const float *shard, float *full) {
-    int64_t size = model_shard_size(m, dp->size);
+// The gradient all-reduce in buckets (parallel.bucket_mb): during the last
+// micro-batch's backward, each time the final suffix of the arena
+// (Model.grads_final) has grown by at least a bucket past what was started,
+// that part starts reducing; the rest, from the embedding on, after the
+// micro-batches (bucket_finish), then every sum is waited for.
+typedef struct {
+    const Comm *comm;
+    Model *m;
+    int64_t bucket;    // floats per bucket, at least
+    int64_t started;   // [started, total_params) has started reducing
+} GradBuckets;
+
+static void bucket_ready(void *ctx, int64_t offset) {
+    GradBuckets *b = ctx;
+    if (offset == 0 || b->started - offset < b->bucket) return;
+    b->m->be->allreduce_sum_start(b->comm, b->m->grad_mem + offset, b->started - offset);
+    b->started = offset;
+}
+
+// From the next backward on (the step's last), start buckets as they are final.
+static void bucket_begin(GradBuckets *b) {
+    b->started = b->m->total_params;
+    b->m->grads_final = bucket_ready;
+    b->m->grads_final_ctx = b;
+}
+
+static void bucket_finish(GradBuckets *b) {
+    Model *m = b->m;
+    m->grads_final = NULL;
+    if (b->started > 0) m->be->allreduce_sum_start(b->comm, m->grad_mem, b->started);
+    m->be->allreduce_sum_finish(b->comm);
+}
+
+// ZeRO-1: every rank's shard [opt_count] (backend memory, this rank's
+// part of an arena) into full [total_params] on the host (collective over the
+// ranks the moments are sharded over).
+static void gather_shards(const Model *m, const float *shard, float *full) {
+    const Comm *over = m->opt_comm;
+    int64_t size = model_shard_size(m, over->size);
     float *send = xcalloc((size_t)size, sizeof(float));
-    float *recv = xmalloc(sizeof(float) * (size_t)(size * dp->size));
+    float *recv = xmalloc(sizeof(float) * (size_t)(size * over->size));
     m->be->download(send, shard, sizeof(float) * (size_t)m->opt_count);
-    comm_allgather(dp, send, recv, size, DT_FLOAT);
+    comm_allgather(over, send, recv, size, DT_FLOAT);
     memcpy(full, recv, sizeof(float) * (size_t)m->total_params);
     free(recv);
     free(send);
 }
 
-// After a ZeRO-1 update: every dp rank's updated shard into param_mem (and
-// the compute copy).
-static void gather_parameters(const Comm *dp, Model *m) {
-    size_t bytes = sizeof(float) * (size_t)m->total_params;
-    float *full = xmalloc(bytes);
-    gather_shards(dp, m, m->param_mem + m->opt_begin, full);
-    m->be->upload(m->param_mem, full, bytes);
-    free(full);
-    model_weights_changed(m);
-}
-
 // Under ZeRO-1: the full AdamW moments m then v [2, total_params] on the host
-// (collective over dp).
-static float *gather_moments(const Comm *dp, const Model *m) {
+// (collective over the ranks they are sharded over).
+static float *gather_moments(const Model *m) {
     int64_t P = m->total_params;
     float *host = xmalloc(2 * sizeof(float) * (size_t)P);
-    gather_shards(dp, m, m->adam_m, host);
-    gather_shards(dp, m, m->adam_v, host + P);
+    gather_shards(m, m->adam_m, host);
+    gather_shards(m, m->adam_v, host + P);
     return host;
 }
 
-// The checkpoint of state->step, written by rank 0: under ZeRO-1 its dp
-// group first gathers the moments, otherwise they stream from its optimizer.
+// The checkpoint of state->step, written by rank 0: under ZeRO-1 every rank
+// first gathers the moments, otherwise they stream from its optimizer.
 static void save_checkpoint(const Config *cfg, const Dist *dist, bool zero, const Model *m, const TrainState *state,
                             const char *rolled_back_from) {
     const char *protect = rolled_back_from[0] ? rolled_back_from : NULL;
-    if (zero && dist->cp.rank == 0) {
-        float *moments = gather_moments(&dist->dp, m);
+    if (zero) {
+        float *moments = gather_moments(m);
         if (dist->world_rank == 0) checkpoint_save(cfg, m, state, moments, protect);
         free(moments);
     } else if (!zero && dist->world_rank == 0) {
@@ -397,11 +424,33 @@ static void test_nan_steps(const Dist *dist, int64_t *first, int64_t *last) {
     *last = step + count - 1;
 }
 
-// After the local forward and backward passes of a step, before any
-// reduction: the lowest world rank whose loss or gradient is not finite, or
-// world_size when every rank's are (collective over the world).
-static int first_bad_rank(const Dist *dist, const Model *m, double local_loss) {
-    bool bad = !isfinite(local_loss) || !isfinite(m->be->sum_squares(m->grad_mem, m->total_params));
+// MTRAIN_TEST_FAULT=stall:RANK or kill:RANK (for tests of the no-hang
+// rule): world rank RANK, instead of joining the gradient reduction of the
+// first step it trains, sleeps (a rank stuck elsewhere, its collective never
+// called) or dies by SIGKILL. Other ranks are unaffected.
+static void test_fault(const Dist *dist) {
+    const char *text = getenv("MTRAIN_TEST_FAULT");
+    if (!text || !text[0]) return;
+    char kind[8];
+    int rank = -1, n = 0;
+    if (sscanf(text, "%7[a-z]:%d%n", kind, &rank, &n) != 2 || text[n] || rank < 0 ||
+        (strcmp(kind, "stall") && strcmp(kind, "kill")))
+        fail("MTRAIN_TEST_FAULT=%s: expected stall:RANK or kill:RANK (rank >= 0)", text);
+    if (rank != dist->world_rank) return;
+    fprintf(stderr, "rank %d: MTRAIN_TEST_FAULT: %s before the gradient reduction\n", rank, kind);
+    fflush(stderr);
+    if (!strcmp(kind, "kill")) raise(SIGKILL);
+    sleep((unsigned)(10 * dist->world.timeout_s + 10));
+}
+
+// After the local forward and backward passes of a step: the lowest world
+// rank whose loss or (grads_local: before any reduction) gradient is not
+// finite, or world_size when every rank's are (collective over the world).
+// With bucketed reduction the gradient is already being summed: a rank whose
+// loss is finite and gradient is not shows in the summed gradient's norm.
+static int first_bad_rank(const Dist *dist, const Model *m, double local_loss, bool grads_local) {
+    bool bad = !isfinite(local_loss) ||
+               (grads_local && !isfinite(m->be->sum_squares(m->grad_mem, m->total_params)));
     int64_t rank = bad ? dist->world_rank : dist->world_size;
     comm_allreduce(&dist->world, &rank, 1, DT_INT64, REDUCE_MIN);
     return (int)rank;
@@ -503,7 +552,7 @@ int cmd_train(int argc, char **argv) {
     Model m;
     model_from_config(&m, &cfg);
     model_join_ring(&m, &cfg, &dist);
-    if (zero) model_shard_optimizer(&m, dist.dp.rank, D);
+    if (zero) model_shard_optimizer(&m, &dist.world);
     model_alloc_optimizer(&m);
     TrainState state = {0};
     rng_seed(&state.rng, cfg.train.seed);
@@ -512,6 +561,8 @@ int cmd_train(int argc, char **argv) {
     start_state(&cfg, &dist, &m, &state, rolled_back_from);
     int64_t nan_first, nan_last;
     test_nan_steps(&dist, &nan_first, &nan_last);
+    bool bucketed = !zero && dist.world_size > 1 && cfg.parallel.bucket_mb > 0;
+    GradBuckets buckets = {&dist.world, &m, (int64_t)(cfg.parallel.bucket_mb * (1 << 20) / sizeof(float)), 0};
     int bad_in_a_row = 0;
     OptimizerConfig oc = optimizer_config(&cfg);
     int64_t N = cfg.train.seq_len;
@@ -547,11 +598,12 @@ int cmd_train(int argc, char **argv) {
         best_val = log_validation(&m, &cfg, &dist, &data, 0, metrics, metrics_path);
     for (int64_t step = first_step; step <= cfg.train.steps; step++) {
         double t0 = now_seconds();
-        m.be->zero(m.grad_mem, sizeof(float) * (size_t)m.total_params);
+        m.be->zero(m.grad_mem, sizeof(float) * (size_t)m.arena_floats);
         double loss = 0;
         begin_attention_stats(&m, &cfg, step);
         if (data.balanced) packed_step_read(&data.loader, state.data_cursor, &data.step);
         for (int mb = 0; mb < micro; mb++) {
+            if (bucketed && mb == micro - 1) bucket_begin(&buckets);
             step_sequence(&data, state.data_cursor, (int64_t)mb * D + dist.dp.rank);
             slice_sequence(&data, &m);
             loss += model_forward_backward(&m, data.slice.tokens, data.slice.targets, data.slice.positions,
@@ -563,8 +615,12 @@ int cmd_train(int argc, char **argv) {
             loss = NAN;
             m.be->upload(m.grad_mem, &not_a_number, sizeof(float));
         }
-        int bad_rank = first_bad_rank(&dist, &m, loss);
-        allreduce_arena(&dist.world, m.be, m.grad_mem, m.total_params);
+        int bad_rank = first_bad_rank(&dist, &m, loss, !bucketed);
+        if (step == first_step) test_fault(&dist);
+        if (bucketed) bucket_finish(&buckets);
+        else if (zero && dist.world_size > 1)
+            m.be->reduce_scatter_sum(&dist.world, m.grad_mem, model_shard_size(&m, dist.world_size));
+        else allreduce_arena(&dist.world, m.be, m.grad_mem, m.total_params);
         comm_allreduce(&dist.world, &loss, 1, DT_DOUBLE, REDUCE_SUM);
         loss /= (double)step_tokens;
         end_attention_stats(&m, &dist, attention_line, sizeof(attention_line), attention_json,
@@ -581,7 +637,6 @@ int cmd_train(int argc, char **argv) {
                      "%s are kept", (long long)step, bad_in_a_row, cfg.checkpoint.dir);
         } else {
             bad_in_a_row = 0;
-            if (zero) gather_parameters(&dist.dp, &m);
         }
         double ms = 1e3 * (now_seconds() - t0);
         double tokens_per_s = (double)step_tokens / (ms * 1e-3);

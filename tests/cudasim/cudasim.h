@@ -16,6 +16,13 @@ namespace cudasim {
 // scheduler, when some host call drains the queues.
 void enqueue(cudaStream_t stream, const char *what, std::function<void()> op);
 
+// Enqueue an operation that completes over several attempts (one waiting
+// for other processes, as NCCL's): step is called each time the scheduler
+// picks it, until it returns true; meanwhile other streams' work may run, and
+// cudaEventQuery returns cudaErrorNotReady for what comes after it instead of
+// waiting, so that a host can poll with a deadline.
+void enqueue_polled(cudaStream_t stream, const char *what, std::function<bool()> step);
+
 // Run every operation queued so far on `stream` (and what it depends on); 0 drains the device.
 void drain(cudaStream_t stream);
 

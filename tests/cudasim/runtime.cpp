@@ -31,7 +31,7 @@ struct SimOp {
     uint64_t seq;
     std::vector<uint64_t> deps;
     const char *what;
-    std::function<void()> run;
+    std::function<bool()> step;   // one attempt; true when the operation is complete
 };
 struct CUevent_st {
     uint64_t recorded = 0;    // sequence number of the recording op, 0 = never recorded
@@ -127,10 +127,11 @@ static CUstream_st *stream_of(cudaStream_t s) {
     return s ? s : &legacy_stream;
 }
 
-static uint64_t enqueue_after(cudaStream_t stream, const char *what, std::function<void()> op, uint64_t extra_dep) {
+static uint64_t enqueue_after(cudaStream_t stream, const char *what, std::function<bool()> step,
+                              uint64_t extra_dep) {
     std::lock_guard<std::recursive_mutex> lock(host_mutex);
     CUstream_st *s = stream_of(stream);
-    SimOp o{next_seq++, {}, what, std::move(op)};
+    SimOp o{next_seq++, {}, what, std::move(step)};
     done.push_back(false);
     if (s->legacy) {
         for (CUstream_st *other : streams)
@@ -144,8 +145,16 @@ static uint64_t enqueue_after(cudaStream_t stream, const char *what, std::functi
     return s->last;
 }
 
+static uint64_t enqueue_after(cudaStream_t stream, const char *what, std::function<void()> op, uint64_t extra_dep) {
+    return enqueue_after(stream, what, std::function<bool()>([op]() { op(); return true; }), extra_dep);
+}
+
 void enqueue(cudaStream_t stream, const char *what, std::function<void()> op) {
     enqueue_after(stream, what, std::move(op), 0);
+}
+
+void enqueue_polled(cudaStream_t stream, const char *what, std::function<bool()> step) {
+    enqueue_after(stream, what, std::move(step), 0);
 }
 
 static bool ready(const SimOp &o) {
@@ -154,8 +163,9 @@ static bool ready(const SimOp &o) {
     return true;
 }
 
-// Run one op chosen at random among the heads of the queues that may run.
-static void run_one() {
+// Attempt one op chosen at random among the heads of the queues that may
+// run; whether it completed (a polled op not yet complete stays at its head).
+static bool run_one() {
     if (!rng_ready) { stream_rng.seed(seed() * 0x9e3779b97f4a7c15ull + 7); rng_ready = true; }
     std::vector<CUstream_st *> runnable;
     for (CUstream_st *s : streams)
@@ -164,13 +174,38 @@ static void run_one() {
     CUstream_st *s = runnable[stream_rng() % runnable.size()];
     SimOp o = std::move(s->ops.front());
     s->ops.pop_front();
-    o.run();
+    if (!o.step()) {
+        s->ops.push_front(std::move(o));
+        return false;
+    }
     done[o.seq] = true;
+    return true;
+}
+
+// Between attempts that completed nothing (ops waiting for other
+// processes): poll freely for a while, then leave the core to them.
+static void stalled(long *count) {
+    static const struct timespec pause = {0, 100000};
+    if (++*count > 1000) nanosleep(&pause, nullptr);
 }
 
 static void run_until(uint64_t seq) {
     std::lock_guard<std::recursive_mutex> lock(host_mutex);
-    while (!done[seq]) run_one();
+    long stalls = 0;
+    while (!done[seq])
+        if (run_one()) stalls = 0;
+        else stalled(&stalls);
+}
+
+// Run what can run now, as a device would have meanwhile, without waiting on
+// an op that cannot complete yet; whether op seq is done.
+static bool progress_until(uint64_t seq) {
+    std::lock_guard<std::recursive_mutex> lock(host_mutex);
+    size_t stalls = 0;
+    while (!done[seq])
+        if (run_one()) stalls = 0;
+        else if (++stalls > streams.size()) return false;
+    return true;
 }
 
 void drain(cudaStream_t stream) {
@@ -179,11 +214,13 @@ void drain(cudaStream_t stream) {
         run_until(stream->last);
         return;
     }
+    long stalls = 0;
     for (;;) {
         bool any = false;
         for (CUstream_st *s : streams) any |= !s->ops.empty();
         if (!any) return;
-        run_one();
+        if (run_one()) stalls = 0;
+        else stalled(&stalls);
     }
 }
 
@@ -456,7 +493,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 cudaError_t cudaEventQuery(cudaEvent_t event) {
     if (!event) return result(cudaErrorInvalidResourceHandle);
     std::lock_guard<std::recursive_mutex> lock(host_mutex);
-    return done[event->recorded] ? cudaSuccess : cudaErrorNotReady;
+    return progress_until(event->recorded) ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {

@@ -33,6 +33,7 @@ static inline float __bfloat162float(__nv_bfloat16 b) {
     memcpy(&f, &u, 4);
     return f;
 }
+static inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.__x; }
 static inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) {
     return __nv_bfloat162{__float2bfloat16_rn(lo), __float2bfloat16_rn(hi)};
 }

@@ -75,6 +75,7 @@ typedef struct cudaDeviceProp {
 #define cudaStreamDefault 0x00
 #define cudaStreamNonBlocking 0x01
 #define cudaEventDefault 0x00
+#define cudaEventDisableTiming 0x02   /* the sim records a time either way */
 
 cudaError_t cudaGetLastError(void);
 cudaError_t cudaPeekAtLastError(void);

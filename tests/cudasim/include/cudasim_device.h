@@ -34,6 +34,7 @@ struct __align__(8) int2 { int x, y; };
 struct __align__(8) uint2 { unsigned int x, y; };
 static inline float2 make_float2(float x, float y) { return float2{x, y}; }
 static inline int2 make_int2(int x, int y) { return int2{x, y}; }
+static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 
 namespace cudasim {
 

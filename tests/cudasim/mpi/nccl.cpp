@@ -305,15 +305,35 @@ static void post(const Op &o, std::vector<MPI_Request> &reqs, std::vector<std::v
     reqs.push_back(r);
 }
 
-// One stream operation: post every operation of a live communicator, wait for all.
-static void run_ops(const std::vector<Op> &ops) {
+// One stream operation, polled (cudasim::enqueue_polled) as a GPU's
+// communication kernel runs while its peers arrive: the first attempt posts
+// every operation of a live communicator, each attempt tests them all. An
+// attempt after ncclCommAbort of one of their communicators completes at
+// once (the operations are dropped, as an abort ends NCCL's kernels).
+struct InFlight {
+    std::vector<Op> ops;
     std::vector<MPI_Request> reqs;
     std::vector<std::vector<char>> copies;
-    copies.reserve(ops.size());
-    for (const Op &o : ops)
-        if (!o.comm->aborted) post(o, reqs, copies);
-    if (!reqs.empty()) NCCL_MPI(MPI_Waitall((int)reqs.size(), reqs.data(), MPI_STATUSES_IGNORE));
-    for (const Op &o : ops) o.comm->pending--;
+    bool posted = false;
+};
+
+static bool step_ops(InFlight &f) {
+    if (!f.posted) {
+        f.copies.reserve(f.ops.size());
+        for (const Op &o : f.ops)
+            if (!o.comm->aborted) post(o, f.reqs, f.copies);
+        f.posted = true;
+    }
+    bool complete = true, aborted = false;
+    for (const Op &o : f.ops) aborted |= o.comm->aborted;
+    if (!aborted && !f.reqs.empty()) {
+        int flag = 0;
+        NCCL_MPI(MPI_Testall((int)f.reqs.size(), f.reqs.data(), &flag, MPI_STATUSES_IGNORE));
+        complete = flag != 0;
+    }
+    if (complete)
+        for (const Op &o : f.ops) o.comm->pending--;
+    return complete;
 }
 
 // The group being collected (NCCL documentation, "Group Calls"): depth of
@@ -325,7 +345,9 @@ static thread_local bool group_mixed_streams = false;
 
 static void submit(std::vector<Op> ops, cudaStream_t stream, const char *what) {
     for (const Op &o : ops) o.comm->pending++;
-    cudasim::enqueue(stream, what, [ops] { run_ops(ops); });
+    auto flight = std::make_shared<InFlight>();
+    flight->ops = std::move(ops);
+    cudasim::enqueue_polled(stream, what, [flight] { return step_ops(*flight); });
 }
 
 static bool on_device(const void *p, size_t bytes) { return bytes == 0 || cudasim::is_device(p, bytes); }

@@ -69,6 +69,7 @@ RULES=(
   'skip|^build/mtrain train configs/demo-cpu\.yaml .*parallel\.cp=2 |runs under the srun / mpirun -np 2 of its sentence (tests/test_srun.sh)'
   'skip|^mpirun --oversubscribe --bind-to none -np 2$|launcher options of a command beside it'
   'run |^build/mtrain plan configs/tiny-cpu\.yaml$|'
+  'skip|^bash scripts/ring_overlap\.sh RUN\.yaml|placeholder RUN.yaml (docs/PERFORMANCE.md runs the same plan --ring on a run file)'
   'run |^build/mtrain plan configs/qwen2\.5-[0-9.]+b-[0-9]+k-32x[a-z0-9]+\.yaml train\.init_from=none|'
   'skip|^sbatch scripts/sbatch_example\.sh |needs a Slurm cluster (tests/test_plan.sh runs the script with an srun shim)'
   'skip|^mpirun -np 32 --hostfile hosts |32 ranks on 4 nodes of GPUs'

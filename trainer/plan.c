@@ -120,15 +120,25 @@ static int64_t matmul_weights(const ModelConfig *c) {
     return c->num_layers * (2 * H * QD + 2 * H * KD + 3 * H * F) + (int64_t)c->vocab_size * H;
 }
 
+// A sparse pattern's lines other than its chosen slash lines, counted as
+// vertical lines (a vertical line covers on average half of the queries, a
+// slash line nearly all of them: two): a fixed budget's or the top_p cap's
+// vertical lines, the sink and the local diagonals.
+static double other_lines(const AttentionConfig *a) {
+    double vertical = a->budget == BUDGET_FIXED ? a->vertical : a->max_vertical;
+    return vertical + a->sink + 2.0 * a->local;
+}
+
 // Fraction of the causal score matrix sparse attention computes: a fixed
-// budget's lines, or the top_p caps (an upper bound). A vertical line covers
-// on average half of the queries, a slash line nearly all of them.
+// budget's lines, or the top_p caps (an upper bound).
 static double expected_density(const AttentionConfig *a, int64_t seq_len) {
     if (a->type == ATTN_DENSE) return 1.0;
-    double vertical = a->budget == BUDGET_FIXED ? a->vertical : a->max_vertical;
     double slash = a->budget == BUDGET_FIXED ? a->slash : a->max_slash;
-    double lines = vertical + 2.0 * (slash + a->local) + a->sink;
-    return fmin(1.0, lines / (double)seq_len);
+    return fmin(1.0, (other_lines(a) + 2.0 * slash) / (double)seq_len);
+}
+
+double plan_slash_lines(const AttentionConfig *a, int64_t seq_len, double density) {
+    return fmax(0.0, (density * (double)seq_len - other_lines(a)) / 2.0);
 }
 
 static void add_item(Plan *p, const char *name, double bytes) {
@@ -198,25 +208,27 @@ static void plan_gpu_memory(Plan *p, const Config *cfg, double acts, double lm_c
 
 // FLOPs of one optimizer step on one rank: the GEMMs of its tokens (6 per
 // weight per token: forward, dX, dW) and the causal attention of its slice
-// (forward 2 GEMMs, backward 5 with the recomputed scores: 3.5 x forward).
+// (forward 2 GEMMs, backward PLAN_ATTENTION_BACKWARD x forward).
 static void plan_flops(Plan *p, const Config *cfg) {
     const ModelConfig *c = &cfg->model;
     double N = (double)cfg->train.seq_len, micro = cfg->train.micro_batches;
     double tokens = (double)p->tokens * micro;
     double gemm = 6.0 * (double)matmul_weights(c) * tokens;
     double attn_fwd = 2.0 * N * N * c->num_heads * c->head_dim * c->num_layers * micro / p->cp;
-    p->dense_model_flops = gemm + 3.5 * attn_fwd;
-    p->model_flops = gemm + 3.5 * attn_fwd * p->density;
+    p->dense_model_flops = gemm + (1 + PLAN_ATTENTION_BACKWARD) * attn_fwd;
+    p->model_flops = gemm + (1 + PLAN_ATTENTION_BACKWARD) * attn_fwd * p->density;
     double recompute = cfg->train.checkpoint_activations ? (gemm / 3.0 + attn_fwd * p->density) : 0.0;
     p->hardware_flops = p->model_flops + recompute;
     if (p->peak_flops <= 0) return;
-    double attn_eff = p->density < 1.0 ? SPARSE_ATTENTION_EFFICIENCY : DENSE_ATTENTION_EFFICIENCY;
-    double attn_passes = cfg->train.checkpoint_activations ? 4.5 : 3.5;
-    double attention = attn_passes * attn_fwd * p->density / (p->peak_flops * (p->gpu ? attn_eff : 1.0));
+    p->attention_efficiency = !p->gpu ? 1.0 : p->density < 1.0 ? SPARSE_ATTENTION_EFFICIENCY
+                                                                : DENSE_ATTENTION_EFFICIENCY;
+    double attn_passes = (cfg->train.checkpoint_activations ? 2 : 1) + PLAN_ATTENTION_BACKWARD;
+    double forward = attn_fwd * p->density / (p->peak_flops * p->attention_efficiency);
     double gemm_s = (gemm + (cfg->train.checkpoint_activations ? gemm / 3.0 : 0)) /
                     (p->peak_flops * (p->gpu ? GEMM_EFFICIENCY : 1.0));
-    p->compute_s = gemm_s + attention;
-    p->attention_step_s = attention / (micro * c->num_layers * p->cp);
+    p->compute_s = gemm_s + attn_passes * forward;
+    p->attention_fwd_step_s = forward / (micro * c->num_layers * p->cp);
+    p->attention_step_s = attn_passes * p->attention_fwd_step_s;
 }
 
 // Ring traffic of one layer per ring step (bf16 K/V forward; K/V and the
@@ -235,10 +247,10 @@ static void plan_communication(Plan *p, const Config *cfg) {
     p->ring_bwd_bytes = 2 * T * KD * elem + 2 * T * KD * 4;
     if (!p->gpu) return;
     bool spans_nodes = p->cp > p->hw.gpus_per_node;
-    double inner_bw = (p->cp_outer == 1 && spans_nodes ? p->hw.internode_gbs : p->hw.nvlink_gbs) * 1e9;
-    double outer_bw = (spans_nodes ? p->hw.internode_gbs : p->hw.nvlink_gbs) * 1e9;
-    p->ring_inner_s = (p->ring_fwd_bytes + p->ring_bwd_bytes) / inner_bw;
-    p->ring_outer_s = (p->ring_fwd_bytes + p->ring_bwd_bytes) / outer_bw;
+    p->inner_gbs = p->cp_outer == 1 && spans_nodes ? p->hw.internode_gbs : p->hw.nvlink_gbs;
+    p->outer_gbs = spans_nodes ? p->hw.internode_gbs : p->hw.nvlink_gbs;
+    p->ring_inner_s = (p->ring_fwd_bytes + p->ring_bwd_bytes) / (p->inner_gbs * 1e9);
+    p->ring_outer_s = (p->ring_fwd_bytes + p->ring_bwd_bytes) / (p->outer_gbs * 1e9);
     double inner_hops = (double)(p->cp_inner - 1) * p->cp_outer, outer_hops = p->cp_outer - 1;
     double per_layer = inner_hops * fmax(0, p->ring_inner_s - p->attention_step_s) +
                        outer_hops * fmax(0, p->ring_outer_s - p->cp_inner * p->attention_step_s);
@@ -484,7 +496,7 @@ static int kernel_rows(const Plan *p, const Config *cfg, KernelRow *rows) {
     const double attn = 2.0 * N * N * c->num_heads * D / p->cp * p->density * cfg->train.micro_batches;
     n = add_kernel(rows, n, "attention forward", L * fwd, attn * L * fwd,
                    L * fwd * (2 * T * (QD + 2 * KD) + 18 * T * QD), KERNEL_ATTENTION);
-    n = add_kernel(rows, n, "attention backward", L, 2.5 * attn * L,
+    n = add_kernel(rows, n, "attention backward", L, PLAN_ATTENTION_BACKWARD * attn * L,
                    L * (2 * T * (5 * QD + 2 * KD) + 20 * T * (QD + 2 * KD)), KERNEL_ATTENTION);
     if (cfg->attention.type == ATTN_SPARSE)   // last_q queries against every key, twice; fp32 scores
         n = add_kernel(rows, n, "sparse estimation", L, 4 * D * c->num_heads * (double)cfg->attention.last_q * N * L,
@@ -567,7 +579,7 @@ void plan_print_kernels(const Plan *p, const Config *cfg, FILE *out) {
 
 int cmd_plan(int argc, char **argv) {
     const char *usage = "usage: mtrain plan RUN.yaml [--gpu a100-40g|a100-80g|h100|h200] [--density D] [--kernels] "
-                        "[section.key=value ...]";
+                        "[--ring] [section.key=value ...]";
     if (argc < 1 || argv[0][0] == '-') {
         fprintf(stderr, "%s\n", usage);
         return 2;
@@ -576,10 +588,11 @@ int cmd_plan(int argc, char **argv) {
     char **overrides = xmalloc(sizeof(char *) * (size_t)argc);
     char gpu_override[64] = "";
     int n = 0;
-    bool kernels = false;
+    bool kernels = false, ring = false;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--kernels")) {
-            kernels = true;
+        if (!strcmp(argv[i], "--kernels") || !strcmp(argv[i], "--ring")) {
+            kernels |= !strcmp(argv[i], "--kernels");
+            ring |= !strcmp(argv[i], "--ring");
             continue;
         }
         bool gpu = !strcmp(argv[i], "--gpu");
@@ -603,6 +616,12 @@ int cmd_plan(int argc, char **argv) {
     free(overrides);
     GpuProfile gpu;
     bool on_gpu = plan_gpu(&cfg, &gpu), measured = false;
+    if (ring) {
+        if (!on_gpu) fail("plan: --ring needs a GPU (hardware.gpu or --gpu: the ring's links and kernels)");
+        if (!(cfg.parallel.cp > 1)) fail("plan: --ring needs parallel.cp > 1 (no ring at cp %d)", cfg.parallel.cp);
+        plan_ring_print(&cfg, &gpu, density, stdout);
+        return 0;
+    }
     Plan p;
     plan_build(&p, &cfg, on_gpu ? &gpu : NULL, on_gpu ? 0 : plan_cpu_peak(&cfg, &measured), measured, density);
     plan_print(&p, &cfg, stdout);

@@ -35,6 +35,9 @@ bool plan_gpu(const Config *cfg, GpuProfile *out);
 double plan_cpu_peak(const Config *cfg, bool *measured);
 
 #define PLAN_MAX_ITEMS 16
+// Attention's backward FLOPs over its forward: 5 GEMMs (with the recomputed
+// scores) against 2.
+#define PLAN_ATTENTION_BACKWARD 2.5
 
 typedef struct {
     const char *name;
@@ -60,7 +63,10 @@ typedef struct {
     double dense_model_flops;    // the same with dense attention
     double hardware_flops;       // with the forward recomputation of activation checkpointing
     double ring_fwd_bytes, ring_bwd_bytes;  // one ring step of one layer: K/V; K/V + dK/dV
+    double inner_gbs, outer_gbs;            // GB/s per direction per GPU of a hop on the inner and outer ring
     double ring_inner_s, ring_outer_s;      // time of those on the inner (NVLink) and outer (network) links
+    double attention_efficiency; // fraction of the peak the attention kernels reach (dense or sparse)
+    double attention_fwd_step_s; // one forward pass of one ring step of one layer, mean over ranks and steps
     double attention_step_s;     // attention compute of one ring step of one layer (forward + backward)
     double compute_s, ring_exposed_s, reduce_s, step_s;
     double tokens_per_s, mfu;
@@ -72,6 +78,10 @@ typedef struct {
 // attention; 0 = none.
 void plan_build(Plan *p, const Config *cfg, const GpuProfile *gpu, double cpu_peak_flops, bool peak_measured,
                 double density_override);
+// Slash lines per head that make a sparse pattern of cfg's vertical, sink
+// and local lines reach density over seq_len tokens (the inverse of the
+// plan's expected density); at least 0.
+double plan_slash_lines(const AttentionConfig *a, int64_t seq_len, double density);
 // The full report: memory table, FLOPs, ring, times, verdict and advice.
 void plan_print(const Plan *p, const Config *cfg, FILE *out);
 // The CUDA backend's kernels over one optimizer step of one GPU (`mtrain plan
@@ -86,6 +96,11 @@ void plan_breakdown(const Plan *p, char *line, size_t size);
 // out: each item and the total in GiB, and the usable HBM of the GPU that the
 // hardware section names (none named: the items only).
 void plan_print_gpu_memory(const Config *cfg, FILE *out);
+// `mtrain plan RUN.yaml --ring` (plan_ring.c): per layer and ring step, on
+// gpu, flat and hierarchical, attention compute dense and at density (0 =
+// the run's), K/V and dK/dV bytes with ring_send full and selected, their
+// transfer time on the inner and outer links and whether compute hides it.
+void plan_ring_print(const Config *cfg, const GpuProfile *gpu, double density, FILE *out);
 // Bytes /proc/meminfo calls MemAvailable (0 if unreadable).
 double plan_mem_available(void);
 // Resident set of this process now, and its peak so far (bytes).

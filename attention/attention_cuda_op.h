@@ -12,9 +12,11 @@
 // dq, dk, dv are ACCUMULATED (+=): the kernels' fp32 sums live in the state's
 // scratch and are added into the bf16 outputs with one rounding.
 // One rank only: a ring (cp_size > 1) fails with one line. Documents
-// (shape->doc_starts) are masked by the dense kernels; with sparse attention
-// they fail with one line. Supported as the kernels: head_dim 64 and 128,
-// GQA; sparse: block_size 64 or 128, last_q <= 128, positions 0 .. T-1.
+// (shape->doc_starts) are masked by the dense and the sparse kernels; the
+// sparse plan sees only same-document scores and its index holds each row's
+// documents and their sinks, as the CPU op's. Supported as the kernels:
+// head_dim 64 and 128, GQA; sparse: block_size 64 or 128, last_q <= 128,
+// positions 0 .. T-1.
 #ifndef MTRAIN_ATTENTION_CUDA_OP_H
 #define MTRAIN_ATTENTION_CUDA_OP_H
 

@@ -17,7 +17,10 @@
 //               compaction into per-head lists.
 //   index       one CTA per index row: a bitmap of the key blocks (diagonal
 //               and the slashes' blocks), then blocks and columns counted,
-//               prefix-summed (CUB) and filled in ascending order.
+//               prefix-summed (CUB) and filled in ascending order; with
+//               documents only from the start of the row's first document
+//               on, with that document's sink as columns. The pattern and
+//               index buffers are reused by later calls (grow_device).
 #include <cub/cub.cuh>
 #include <cuda_runtime.h>
 #include <math.h>

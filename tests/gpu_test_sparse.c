@@ -7,14 +7,19 @@
 // chunks of a striped layout (block = the index's block) merged in ring
 // order; with documents (DOC_STARTS: one-token documents, documents across
 // blocks and tiles), the index restricted by sparse_index_documents as the
-// CPU op does. Also: the all-blocks index (every slash offset) against the
-// dense CUDA kernels on the same inputs, with and without documents. And the GPU pattern pipeline
+// CPU op does; each random pattern is also indexed on the GPU
+// (sparse_index_build_cuda, documents included), which must give the CPU's
+// index entry for entry. Also: the all-blocks index (every slash offset)
+// against the dense CUDA kernels on the same inputs, with and without
+// documents. And the GPU pattern pipeline
 // (attention/sparse_select_cuda.cu): estimation against a double-precision
 // reference; selection and index against sparse_select / sparse_index_build
 // run on the GPU's own scores (copied back), which must give identical lines
 // and index, tie-breaks included (the CPU estimation itself uses cblas,
 // which GPU machines may lack; fed the same scores, the two selections have
-// no fp32 noise to disagree on). Needs a GPU; run by `make test-gpu`.
+// no fp32 noise to disagree on), the index with documents rebuilt into the
+// same buffers and the other budget selected into the same pattern (both
+// poisoned first). Needs a GPU; run by `make test-gpu`.
 //   build/tests/gpu_test_sparse         every case
 //   build/tests/gpu_test_sparse small   the small cases (compute-sanitizer)
 //

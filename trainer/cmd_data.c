@@ -428,7 +428,8 @@ static void data_show(Loader *l, const Config *cfg, int64_t g) {
         loader_train_sequence(l, g, &seq);
         int64_t per_epoch = l->cfg.synthetic ? 0 : l->seqs_per_epoch;
         if (per_epoch)
-            printf(" (epoch %" PRId64 ", sequence %" PRId64 " of %" PRId64 ")", g / per_epoch, g % per_epoch, per_epoch);
+            printf(" (epoch %" PRId64 ", sequence %" PRId64 " of %" PRId64 ")", g / per_epoch, g % per_epoch,
+                   per_epoch);
     }
     printf("\ndocument starts:");
     for (int64_t i = 0; i < seq.doc_start_count; i++) printf(" %" PRId64, seq.doc_starts[i]);

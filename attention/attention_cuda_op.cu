@@ -5,7 +5,10 @@
 // (ring_cuda.h) runs ring.c's schedules on device buffers. The state keeps
 // what lives between calls: the config and its
 // fixed budgets, each layer's device index from the sequence's plan forward,
-// the sequence's positions (host), and the scratch, allocated once and grown:
+// the pattern and the estimation rows' index that a plan builds, the
+// sequence's positions (host), and the scratch; every device buffer is
+// allocated once and grown (the indexes and the pattern by
+// sparse_select_cuda and sparse_index_build_cuda themselves):
 //   o_acc            [T, Hq, D] fp32   the forward's running output
 //   dq_acc           [T, Hq, D] fp32   the backward's sums, then added into
 //   dk_acc, dv_acc   [T, Hkv, D] fp32  the bf16 dq, dk, dv
@@ -45,6 +48,8 @@ struct AttnState {
     int *budget_slash;           // [num_layers * Hq]
     SparseIndexCuda *index;      // [num_layers] the layer's index (sparse)
     bool *planned;               // [num_layers] index holds this sequence's pattern
+    SparsePatternCuda pattern;   // the pattern of the layer being planned
+    SparseIndexCuda est_index;   // its index of the estimation rows' blocks (statistics)
     int64_t *pos;                // [tokens] the sequence's positions (host)
     int64_t tokens;
     bool pos_is_iota;            // pos[t] == t for every t
@@ -86,15 +91,14 @@ extern "C" AttnState *attention_cuda_new(const AttentionConfig *cfg, int num_lay
 }
 
 static void forget_plans(AttnState *st) {
-    for (int l = 0; l < st->num_layers; l++) {
-        if (st->planned[l]) sparse_index_free_cuda(&st->index[l]);
-        st->planned[l] = false;
-    }
+    for (int l = 0; l < st->num_layers; l++) st->planned[l] = false;
 }
 
 extern "C" void attention_cuda_free(AttnState *st) {
     if (!st) return;
-    forget_plans(st);
+    for (int l = 0; l < st->num_layers; l++) sparse_index_free_cuda(&st->index[l]);
+    sparse_index_free_cuda(&st->est_index);
+    sparse_pattern_free_cuda(&st->pattern);
     Scratch *all[] = {&st->o_acc, &st->dq_acc, &st->dk_acc, &st->dv_acc, &st->lse_est,
                       &st->vertical, &st->slash, &st->q_blocks};
     for (Scratch *s : all) scratch_free(s);
@@ -144,9 +148,10 @@ static int64_t *index_array_to_host(const int64_t *dev, int64_t n) {
 }
 
 // stats->computed, causal of the layer's index: counted on the host
-// (sparse_index_count) from a copy of the index.
-static void count_density(const AttnState *st, const SparseIndexCuda *dev, cudaStream_t stream,
-                          SparseStats *stats) {
+// (sparse_index_count) from a copy of the index, over the causal pairs of
+// one document with documents (s->doc_starts).
+static void count_density(const AttnState *st, const SparseIndexCuda *dev, const AttnShape *s,
+                          cudaStream_t stream, SparseStats *stats) {
     CUDA_CHECK(cudaStreamSynchronize(stream));
     const int64_t rows = dev->num_heads * dev->num_q_blocks;
     SparseIndex host = {dev->num_heads, dev->block_size, dev->seq_len, dev->num_q_blocks, NULL, NULL, NULL, NULL,
@@ -156,27 +161,26 @@ static void count_density(const AttnState *st, const SparseIndexCuda *dev, cudaS
     host.column_start = index_array_to_host(dev->column_start, rows + 1);
     host.blocks = index_array_to_host(dev->blocks, host.block_start[rows]);
     host.columns = index_array_to_host(dev->columns, host.column_start[rows]);
-    sparse_index_count(&host, st->pos, st->tokens, NULL, 0, stats);
+    sparse_index_count(&host, st->pos, st->tokens, s->doc_starts, s->doc_count, stats);
     sparse_index_free(&host);
 }
 
 // stats->covered_mass, estimation_rows: the estimation rows' softmax mass
 // inside the pattern, exp(lse_in - lse_est), where lse_in is the sparse
 // forward's LSE of the query blocks that hold those rows (the pattern's
-// share of each row's exp-sum). Uses o_acc and vertical as scratch.
-static void count_recall(AttnState *st, const SparsePatternCuda *pattern, const AttnShape *s, int64_t Lq,
-                         const uint16_t *q, const uint16_t *k, const uint16_t *v, const int64_t *pos,
-                         cudaStream_t stream, SparseStats *stats) {
+// share of each row's exp-sum; with documents both see only the rows'
+// documents). Uses o_acc and vertical as scratch.
+static void count_recall(AttnState *st, const AttnShape *s, int64_t Lq, const uint16_t *q, const uint16_t *k,
+                         const uint16_t *v, const int64_t *pos, cudaStream_t stream, SparseStats *stats) {
     const int64_t T = s->q_tokens, B = s->block_size, first = (T - Lq) / B, nqb = (T - 1) / B + 1;
     const int Hq = s->num_heads;
-    SparseIndexCuda est_index;
-    sparse_index_build_cuda(pattern, (int)B, (const int64_t *)st->q_blocks.ptr + first, nqb - first, &est_index,
-                            stream);
+    sparse_index_build_cuda(&st->pattern, (int)B, (const int64_t *)st->q_blocks.ptr + first, nqb - first,
+                            s->doc_starts, s->doc_count, st->cfg.sink, &st->est_index, stream);
     AttnShape rows = *s;
     rows.q_tokens = T - first * B;
     float *o_acc = (float *)st->o_acc.ptr, *lse_in = (float *)st->vertical.ptr;   // [Hq, rows]
     attn_forward_init_cuda(&rows, o_acc, lse_in, stream);
-    attn_sparse_forward_cuda(&rows, &est_index, q + (size_t)(first * B * Hq * s->head_dim), pos + first * B, k, v,
+    attn_sparse_forward_cuda(&rows, &st->est_index, q + (size_t)(first * B * Hq * s->head_dim), pos + first * B, k, v,
                              pos, o_acc, lse_in, stream);
     CUDA_CHECK(cudaStreamSynchronize(stream));
     float *in = (float *)xmalloc(sizeof(float) * (size_t)(Hq * rows.q_tokens));
@@ -190,7 +194,6 @@ static void count_recall(AttnState *st, const SparsePatternCuda *pattern, const 
     stats->estimation_rows += (double)(Hq * Lq);
     free(in);
     free(est);
-    sparse_index_free_cuda(&est_index);
 }
 
 // Estimation (the last min(last_q, T) queries against every key), selection
@@ -215,29 +218,25 @@ static void plan_layer(AttnState *st, int l, const AttnShape *s, const uint16_t 
     CUDA_CHECK(cudaMemsetAsync(slash, 0, sizeof(float) * (size_t)(Hq * T), stream));
     sparse_estimate_scores_cuda(&est, qe, qe_pos, k, pos, lse_est, T, vertical, slash, stream);
 
-    SparsePatternCuda pattern;
     sparse_select_cuda(&st->cfg, vertical, slash, Hq, T, layer_budget(st, st->budget_vertical, l),
-                       layer_budget(st, st->budget_slash, l), &pattern, stream);
+                       layer_budget(st, st->budget_slash, l), &st->pattern, stream);
     int64_t *blocks = (int64_t *)xmalloc(sizeof(int64_t) * (size_t)nqb);
     for (int64_t i = 0; i < nqb; i++) blocks[i] = i;   // positions 0 .. T-1: local block i is global block i
     int64_t *q_blocks = (int64_t *)scratch(&st->q_blocks, sizeof(int64_t) * (size_t)nqb);
     CUDA_CHECK(cudaMemcpyAsync(q_blocks, blocks, sizeof(int64_t) * (size_t)nqb, cudaMemcpyHostToDevice, stream));
     free(blocks);   // pageable source: staged when cudaMemcpyAsync returns
-    if (st->planned[l]) sparse_index_free_cuda(&st->index[l]);
-    sparse_index_build_cuda(&pattern, (int)B, q_blocks, nqb, &st->index[l], stream);
+    sparse_index_build_cuda(&st->pattern, (int)B, q_blocks, nqb, s->doc_starts, s->doc_count, st->cfg.sink,
+                            &st->index[l], stream);
     st->planned[l] = true;
     if (stats) {
-        count_density(st, &st->index[l], stream, stats);
-        count_recall(st, &pattern, s, Lq, q, k, v, pos, stream, stats);
+        count_density(st, &st->index[l], s, stream, stats);
+        count_recall(st, s, Lq, q, k, v, pos, stream, stats);
     }
-    sparse_pattern_free_cuda(&pattern);
 }
 
 // ---- forward and backward ----
 
 static void check_call(const AttnState *st, int layer, const AttnShape *s) {
-    CHECK(s->doc_starts == NULL || st->cfg.type != ATTN_SPARSE, "data.doc_mask with attention.type sparse: the "
-          "CUDA sparse attention does not mask documents (attention.type dense or train.backend cpu does)");
     CHECK(layer >= 0 && layer < st->num_layers, "attention (CUDA): layer %d outside [0, %d)", layer,
           st->num_layers);
     CHECK(s->q_tokens == s->k_tokens && (s->q_tokens >= 1 || st->ring.ring), "attention (CUDA): %lld queries and %lld "

@@ -13,9 +13,11 @@
 // scratch and are added into the bf16 outputs with one rounding.
 // Over a cp ring (more than one rank) dense attention runs ring.c's schedules
 // on device buffers (ring_cuda.h); sparse fails with one line. Documents
-// (shape->doc_starts) are masked by the dense kernels; with sparse attention
-// they fail with one line. Supported as the kernels: head_dim 64 and 128,
-// GQA; sparse: block_size 64 or 128, last_q <= 128, positions 0 .. T-1.
+// (shape->doc_starts) are masked by the dense and the sparse kernels; the
+// sparse plan sees only same-document scores and its index holds each row's
+// documents and their sinks, as the CPU op's. Supported as the kernels:
+// head_dim 64 and 128, GQA; sparse: block_size 64 or 128, last_q <= 128,
+// positions 0 .. T-1.
 #ifndef MTRAIN_ATTENTION_CUDA_OP_H
 #define MTRAIN_ATTENTION_CUDA_OP_H
 

@@ -581,6 +581,8 @@ extern "C" void sparse_index_to_cuda(const SparseIndex *h, SparseIndexCuda *d) {
     d->num_q_blocks = h->num_q_blocks;
     d->block_capacity = h->block_start[rows];
     d->column_capacity = h->column_start[rows];
+    d->q_block_capacity = h->num_q_blocks + 1;
+    d->row_capacity = d->column_row_capacity = rows + 2;
     d->q_blocks = copy_to_device(h->q_blocks, h->num_q_blocks);
     d->block_start = copy_to_device(h->block_start, rows + 1);
     d->blocks = copy_to_device(h->blocks, d->block_capacity);
@@ -594,4 +596,5 @@ extern "C" void sparse_index_free_cuda(SparseIndexCuda *d) {
     CUDA_CHECK(cudaFree(d->blocks));
     CUDA_CHECK(cudaFree(d->column_start));
     CUDA_CHECK(cudaFree(d->columns));
+    *d = SparseIndexCuda{};
 }

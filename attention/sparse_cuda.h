@@ -25,13 +25,16 @@ extern "C" {
 // A SparseIndex in device memory: the same CSR arrays (rows h * num_q_blocks
 // + i), allocated with room for block_capacity blocks and column_capacity
 // columns (the index's real lengths, block_start[rows] and
-// column_start[rows], live on the device and may be smaller).
+// column_start[rows], live on the device and may be smaller), and for
+// q_block_capacity query blocks and row_capacity, column_row_capacity
+// entries of block_start, column_start. A zeroed struct holds nothing.
 typedef struct {
     int num_heads;             // Hq
     int block_size;            // B
     int64_t seq_len;           // N
     int64_t num_q_blocks;      // local query blocks
     int64_t block_capacity, column_capacity;
+    int64_t q_block_capacity, row_capacity, column_row_capacity;
     int64_t *q_blocks;         // [num_q_blocks]
     int64_t *block_start;      // [Hq * num_q_blocks + 1]
     int64_t *blocks;           // [block_capacity]
@@ -41,11 +44,14 @@ typedef struct {
 
 // A SparsePattern in device memory: per q head h, its vertical positions
 // vertical[h * vertical_capacity ..] (vertical_count[h] of them, ascending)
-// and slash offsets likewise.
+// and slash offsets likewise. The buffers hold vertical_allocated,
+// slash_allocated and count_allocated int64 (at least what the capacities
+// need). A zeroed struct holds nothing.
 typedef struct {
     int num_heads;             // Hq
     int64_t seq_len;           // N
     int64_t vertical_capacity, slash_capacity;
+    int64_t vertical_allocated, slash_allocated, count_allocated;
     int64_t *vertical_count;   // [Hq]
     int64_t *slash_count;      // [Hq] (inside the vertical_count allocation)
     int64_t *vertical;         // [Hq][vertical_capacity]
@@ -55,6 +61,7 @@ typedef struct {
 // A copy of a host index on the device (synchronous).
 void sparse_index_to_cuda(const SparseIndex *host, SparseIndexCuda *dev);
 
+// Frees what dev holds (nothing for a zeroed struct) and zeroes it.
 void sparse_index_free_cuda(SparseIndexCuda *dev);
 
 // As attn_dense_forward_cuda, computing only the index's blocks and columns
@@ -95,21 +102,28 @@ void sparse_estimate_scores_cuda(const AttnShape *shape, const uint16_t *qe, con
 // score, ties to the smaller position / offset; topp summed in double in the
 // same order as the CPU, so equal scores give equal lines). vertical, slash
 // device [Hq, N], finite and >= 0 (not checked); fixed_vertical, fixed_slash
-// host [Hq] or NULL. Allocates *pattern (cudaMalloc; free with
-// sparse_pattern_free_cuda); the work is enqueued on `stream`.
+// host [Hq] or NULL. *pattern (zeroed, or a previous call's) is reused: its
+// buffers are replaced (cudaFree, cudaMalloc: a wait for the device) only
+// when this call needs more; free with sparse_pattern_free_cuda. The work is
+// enqueued on `stream`; its temporaries are stream-ordered (cudaMallocAsync).
 void sparse_select_cuda(const AttentionConfig *cfg, const float *vertical, const float *slash,
                         int num_heads, int64_t seq_len, const int *fixed_vertical,
                         const int *fixed_slash, SparsePatternCuda *pattern, cudaStream_t stream);
 
 void sparse_pattern_free_cuda(SparsePatternCuda *pattern);
 
-// The index on the GPU, as sparse_index_build: q_blocks device [num_q_blocks].
-// Allocates *index with capacities from the pattern's (blocks per row at most
-// 2 * slash_capacity + 1, columns at most vertical_capacity); its real
+// The index on the GPU, as sparse_index_build followed by
+// sparse_index_documents: q_blocks device [num_q_blocks]; doc_starts host
+// [doc_count] (attention.h; NULL: one document) restricts each row to its
+// queries' documents and adds the sink (`sink` tokens) of each, the same
+// blocks and columns as the CPU. *index (zeroed, or a previous call's) is
+// reused, its buffers replaced only when they are too small for the
+// capacities from the pattern's (blocks per row at most 2 * slash_capacity
+// + 1, columns at most vertical_capacity, + sink with documents); its real
 // lengths stay on the device. Free with sparse_index_free_cuda.
 void sparse_index_build_cuda(const SparsePatternCuda *pattern, int block_size,
-                             const int64_t *q_blocks, int64_t num_q_blocks, SparseIndexCuda *index,
-                             cudaStream_t stream);
+                             const int64_t *q_blocks, int64_t num_q_blocks, const int64_t *doc_starts,
+                             int64_t doc_count, int sink, SparseIndexCuda *index, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -17,7 +17,10 @@
 //               compaction into per-head lists.
 //   index       one CTA per index row: a bitmap of the key blocks (diagonal
 //               and the slashes' blocks), then blocks and columns counted,
-//               prefix-summed (CUB) and filled in ascending order.
+//               prefix-summed (CUB) and filled in ascending order; with
+//               documents only from the start of the row's first document
+//               on, with that document's sink as columns. The pattern and
+//               index buffers are reused by later calls (grow_device).
 #include <cub/cub.cuh>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -167,6 +170,16 @@ __global__ void est_scores_kernel(const bf16 *qe, const int64_t *qe_pos, const i
     __syncthreads();
     for (int i = threadIdx.x; i < W; i += blockDim.x)
         if (window[i] != 0.0f) atomicAdd(&slash[h * N + base + i], window[i]);
+}
+
+// *buf with room for at least `need` int64 (*allocated of them now): a
+// larger buffer replaces a smaller one (cudaFree waits for the device, so no
+// queued work still reads the old one); otherwise the call costs nothing.
+static void grow_device(int64_t **buf, int64_t *allocated, int64_t need) {
+    if (need <= *allocated) return;
+    CUDA_CHECK(cudaFree(*buf));
+    CUDA_CHECK(cudaMalloc((void **)buf, (size_t)need * sizeof(int64_t)));
+    *allocated = need;
 }
 
 static int blocks_for(int64_t n, int threads) {
@@ -341,14 +354,13 @@ extern "C" void sparse_select_cuda(const AttentionConfig *cfg, const float *vert
             most_s = counts[H + h] > most_s ? counts[H + h] : most_s;
         }
     }
-    *p = SparsePatternCuda{};
     p->num_heads = H;
     p->seq_len = N;
     p->vertical_capacity = most_v + cfg->sink < N ? most_v + cfg->sink : N;
     p->slash_capacity = most_s + cfg->local < N ? most_s + cfg->local : N;
-    CUDA_CHECK(cudaMalloc((void **)&p->vertical, (size_t)(H * p->vertical_capacity + 1) * sizeof(int64_t)));
-    CUDA_CHECK(cudaMalloc((void **)&p->slash, (size_t)(H * p->slash_capacity + 1) * sizeof(int64_t)));
-    CUDA_CHECK(cudaMalloc((void **)&p->vertical_count, (size_t)S * sizeof(int64_t)));
+    grow_device(&p->vertical, &p->vertical_allocated, H * p->vertical_capacity + 1);
+    grow_device(&p->slash, &p->slash_allocated, H * p->slash_capacity + 1);
+    grow_device(&p->vertical_count, &p->count_allocated, S);
     p->slash_count = p->vertical_count + H;
 
     uint64_t *key, *sorted;
@@ -403,24 +415,53 @@ extern "C" void sparse_pattern_free_cuda(SparsePatternCuda *p) {
     CUDA_CHECK(cudaFree(p->vertical));
     CUDA_CHECK(cudaFree(p->slash));
     CUDA_CHECK(cudaFree(p->vertical_count));
+    *p = SparsePatternCuda{};
 }
 
 // ---- index ----
+
+// The document bounds of a row whose queries start at q_lo: *lo the first
+// key any of its queries may see (the start of q_lo's document, 0 before the
+// first start or without documents), *sink_end the end of the sink columns
+// at lo (lo + sink clipped to that document and to q_hi + 1; lo without
+// documents). As sparse_index_documents: a later document of the row starts
+// inside the query block, which the row always keeps, so its sink adds no
+// column; only the sink at lo can.
+__device__ void row_documents(const int64_t *doc_starts, int64_t doc_count, int sink, int64_t q_lo, int64_t q_hi,
+                              int64_t N, int64_t *lo, int64_t *sink_end) {
+    int64_t a = 0, b = doc_count;                    // a: the number of starts <= q_lo
+    while (a < b) {
+        const int64_t mid = a + (b - a) / 2;
+        if (doc_starts[mid] <= q_lo) a = mid + 1; else b = mid;
+    }
+    *lo = a > 0 ? doc_starts[a - 1] : 0;
+    if (doc_count == 0) { *sink_end = *lo; return; }
+    const int64_t doc_end = a < doc_count ? doc_starts[a] : N;
+    int64_t end = *lo + sink < doc_end ? *lo + sink : doc_end;
+    *sink_end = end < q_hi + 1 ? end : q_hi + 1;
+}
 
 // One CTA per index row r = h * nqb + i (global query block qb =
 // q_blocks[i]): marks the row's key blocks in a shared bitmap, then (FILL =
 // false) counts them and the columns into block_start[r + 1],
 // column_start[r + 1], or (FILL) writes them ascending at block_start[r],
-// column_start[r].
+// column_start[r]. With documents (doc_starts [doc_count], device) the row
+// keeps only blocks and columns at or after lo (row_documents) and gets the
+// sink columns lo .. sink_end - 1, all where no kept block holds them.
 template <bool FILL>
-__global__ void index_row_kernel(const SparsePatternCuda p, int B, const int64_t *q_blocks, int64_t nqb,
-                                 int64_t *block_start, int64_t *blocks, int64_t *column_start, int64_t *columns) {
+__global__ void __launch_bounds__(SEL_THREADS) index_row_kernel(const SparsePatternCuda p, int B,
+                                                                const int64_t *q_blocks, int64_t nqb,
+                                                                const int64_t *doc_starts, int64_t doc_count,
+                                                                int sink, int64_t *block_start, int64_t *blocks,
+                                                                int64_t *column_start, int64_t *columns) {
     STATIC_SHARED(int, scan, [SEL_THREADS / 32]);
     DYNAMIC_SHARED(unsigned int, bits);
     const int64_t r = blockIdx.x, N = p.seq_len;
     const int h = (int)(r / nqb);
     const int64_t qb = q_blocks[r % nqb], q_lo = qb * B, q_hi = ((qb + 1) * B < N ? (qb + 1) * B : N) - 1;
     const int64_t words = qb / 32 + 1;
+    int64_t lo, sink_end;
+    row_documents(doc_starts, doc_count, sink, q_lo, q_hi, N, &lo, &sink_end);
     for (int64_t w = threadIdx.x; w < words; w += SEL_THREADS) bits[w] = 0;
     __syncthreads();
     if (threadIdx.x == 0) atomicOr(&bits[qb / 32], 1u << (qb % 32));
@@ -433,11 +474,13 @@ __global__ void index_row_kernel(const SparsePatternCuda p, int B, const int64_t
     }
     __syncthreads();
     auto marked = [&](int64_t kb) { return (bits[kb / 32] >> (kb % 32)) & 1u; };
-    const int64_t nv = p.vertical_count[h];
+    const int64_t nv = p.vertical_count[h], first_block = lo / B;
     int64_t nb = FILL ? block_start[r] : 0, nc = FILL ? column_start[r] : 0;
-    for (int64_t w0 = 0; w0 < words; w0 += SEL_THREADS) {
+    // Blocks from first_block on (the blocks before it end before lo).
+    for (int64_t w0 = first_block / 32; w0 < words; w0 += SEL_THREADS) {
         const int64_t w = w0 + threadIdx.x;
-        const unsigned word = w < words ? bits[w] : 0u;
+        unsigned word = w < words ? bits[w] : 0u;
+        if (w == first_block / 32) word &= ~0u << (first_block % 32);
         int offset, total;
         block_exclusive_sum<SEL_THREADS>(__popc(word), scan, offset, total);
         if (FILL)
@@ -445,10 +488,20 @@ __global__ void index_row_kernel(const SparsePatternCuda p, int B, const int64_t
         nb += total;
         __syncthreads();
     }
+    // Columns: the sink lo .. sink_end - 1, then the vertical lines after it up to the last query.
+    for (int64_t p0 = lo; p0 < sink_end; p0 += SEL_THREADS) {
+        const int64_t kp = p0 + threadIdx.x;
+        const int flag = kp < sink_end && !marked(kp / B);
+        int offset, total;
+        block_exclusive_sum<SEL_THREADS>(flag, scan, offset, total);
+        if (FILL && flag) columns[nc + offset] = kp;
+        nc += total;
+        __syncthreads();
+    }
     for (int64_t v0 = 0; v0 < nv; v0 += SEL_THREADS) {
         const int64_t v = v0 + threadIdx.x;
         const int64_t kp = v < nv ? vertical[v] : INT64_MAX;
-        const int flag = kp <= q_hi && !marked(kp / B);
+        const int flag = kp >= sink_end && kp <= q_hi && !marked(kp / B);
         int offset, total;
         block_exclusive_sum<SEL_THREADS>(flag, scan, offset, total);
         if (FILL && flag) columns[nc + offset] = kp;
@@ -471,36 +524,44 @@ static void inclusive_sum(int64_t *x, int64_t n, cudaStream_t stream) {
 }
 
 extern "C" void sparse_index_build_cuda(const SparsePatternCuda *p, int block_size, const int64_t *q_blocks,
-                                        int64_t num_q_blocks, SparseIndexCuda *x, cudaStream_t stream) {
+                                        int64_t num_q_blocks, const int64_t *doc_starts, int64_t doc_count,
+                                        int sink, SparseIndexCuda *x, cudaStream_t stream) {
     const int B = block_size, H = p->num_heads;
     const int64_t N = p->seq_len, nqb = num_q_blocks, rows = H * nqb, nglobal = (N + B - 1) / B;
     CHECK(B >= 1 && rows >= 1 && rows < INT32_MAX, "index (CUDA): block size %d, %lld rows", B, (long long)rows);
+    const int64_t docs = doc_starts ? doc_count : 0;
     const int64_t per_row = 2 * p->slash_capacity + 1 < nglobal ? 2 * p->slash_capacity + 1 : nglobal;
-    *x = SparseIndexCuda{};
+    const int64_t columns_per_row = p->vertical_capacity + (docs > 0 ? sink : 0);
     x->num_heads = H;
     x->block_size = B;
     x->seq_len = N;
     x->num_q_blocks = nqb;
-    x->block_capacity = rows * per_row;
-    x->column_capacity = rows * p->vertical_capacity;
-    CUDA_CHECK(cudaMalloc((void **)&x->q_blocks, (size_t)(nqb + 1) * sizeof(int64_t)));
-    CUDA_CHECK(cudaMalloc((void **)&x->block_start, (size_t)(rows + 1) * sizeof(int64_t)));
-    CUDA_CHECK(cudaMalloc((void **)&x->column_start, (size_t)(rows + 1) * sizeof(int64_t)));
-    CUDA_CHECK(cudaMalloc((void **)&x->blocks, (size_t)(x->block_capacity + 1) * sizeof(int64_t)));
-    CUDA_CHECK(cudaMalloc((void **)&x->columns, (size_t)(x->column_capacity + 1) * sizeof(int64_t)));
+    grow_device(&x->q_blocks, &x->q_block_capacity, nqb + 1);
+    grow_device(&x->block_start, &x->row_capacity, rows + 1);
+    grow_device(&x->column_start, &x->column_row_capacity, rows + 1);
+    grow_device(&x->blocks, &x->block_capacity, rows * per_row + 1);
+    grow_device(&x->columns, &x->column_capacity, rows * columns_per_row + 1);
     CUDA_CHECK(cudaMemcpyAsync(x->q_blocks, q_blocks, (size_t)nqb * sizeof(int64_t), cudaMemcpyDeviceToDevice,
                                stream));
     CUDA_CHECK(cudaMemsetAsync(x->block_start, 0, sizeof(int64_t), stream));
     CUDA_CHECK(cudaMemsetAsync(x->column_start, 0, sizeof(int64_t), stream));
+    int64_t *d_docs = NULL;
+    if (docs > 0) {
+        CUDA_CHECK(cudaMallocAsync((void **)&d_docs, (size_t)docs * sizeof(int64_t), stream));
+        // Pageable source: staged before cudaMemcpyAsync returns.
+        CUDA_CHECK(cudaMemcpyAsync(d_docs, doc_starts, (size_t)docs * sizeof(int64_t), cudaMemcpyHostToDevice,
+                                   stream));
+    }
     const size_t smem = (size_t)(nglobal / 32 + 1) * sizeof(unsigned);
     CUDA_CHECK(cudaFuncSetAttribute(index_row_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     CUDA_CHECK(cudaFuncSetAttribute(index_row_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    CUDA_LAUNCH(index_row_kernel<false>, (unsigned)rows, SEL_THREADS, smem, stream, *p, B, q_blocks, nqb,
-                x->block_start, x->blocks, x->column_start, x->columns);
+    CUDA_LAUNCH(index_row_kernel<false>, (unsigned)rows, SEL_THREADS, smem, stream, *p, B, q_blocks, nqb, d_docs,
+                docs, sink, x->block_start, x->blocks, x->column_start, x->columns);
     CUDA_CHECK(cudaGetLastError());
     inclusive_sum(x->block_start + 1, rows, stream);
     inclusive_sum(x->column_start + 1, rows, stream);
-    CUDA_LAUNCH(index_row_kernel<true>, (unsigned)rows, SEL_THREADS, smem, stream, *p, B, q_blocks, nqb,
-                x->block_start, x->blocks, x->column_start, x->columns);
+    CUDA_LAUNCH(index_row_kernel<true>, (unsigned)rows, SEL_THREADS, smem, stream, *p, B, q_blocks, nqb, d_docs,
+                docs, sink, x->block_start, x->blocks, x->column_start, x->columns);
     CUDA_CHECK(cudaGetLastError());
+    if (d_docs) CUDA_CHECK(cudaFreeAsync(d_docs, stream));
 }

@@ -176,6 +176,9 @@ int main(int argc, char **argv) {
         float dense[REPS], sparse[REPS], est[REPS];
         double density = 0;
         const int measure_dense = n <= DENSE_MAX;
+        // Pattern and index reused across the repetitions, as the attention op reuses them.
+        SparsePatternCuda pattern = {0};
+        SparseIndexCuda index = {0};
         for (int r = -1; r < REPS; r++) {                  // r = -1: warm-up
             if (measure_dense) {
                 CUDA_CHECK(cudaEventRecord(ev[0], 0));
@@ -187,8 +190,6 @@ int main(int argc, char **argv) {
                 CUDA_CHECK(cudaEventRecord(ev[1], 0));
             }
             // Estimation, selection, index.
-            SparsePatternCuda pattern;
-            SparseIndexCuda index;
             CUDA_CHECK(cudaEventRecord(ev[2], 0));
             CUDA_CHECK(cudaMemcpyAsync(lse_est, d_lse_init, HQ * LAST_Q * 4, cudaMemcpyDeviceToDevice, 0));
             CUDA_CHECK(cudaMemsetAsync(vertical, 0, (size_t)(HQ * n) * 4, 0));
@@ -197,7 +198,7 @@ int main(int argc, char **argv) {
             sparse_estimate_lse_cuda(&se, qe, pos + n - LAST_Q, k, pos, lse_est, 0);
             sparse_estimate_scores_cuda(&se, qe, pos + n - LAST_Q, k, pos, lse_est, n, vertical, slash, 0);
             sparse_select_cuda(&cfg, vertical, slash, HQ, n, NULL, NULL, &pattern, 0);
-            sparse_index_build_cuda(&pattern, BLOCK, q_blocks, nqb, &index, 0);
+            sparse_index_build_cuda(&pattern, BLOCK, q_blocks, nqb, NULL, 0, 0, &index, 0);
             CUDA_CHECK(cudaEventRecord(ev[3], 0));
             attn_forward_init_cuda(&s, o_acc, lse, 0);
             attn_sparse_forward_cuda(&s, &index, q, pos, k, v, pos, o_acc, lse, 0);
@@ -220,9 +221,9 @@ int main(int argc, char **argv) {
                 const double computed = ((double)nb - rows / 2.0) * BLOCK * BLOCK + (double)nc * BLOCK;
                 density = computed / ((double)HQ * n * (n + 1) / 2.0);
             }
-            sparse_index_free_cuda(&index);
-            sparse_pattern_free_cuda(&pattern);
         }
+        sparse_index_free_cuda(&index);
+        sparse_pattern_free_cuda(&pattern);
         double dense_ms;
         if (measure_dense) {
             dense_ms = median(dense, REPS);

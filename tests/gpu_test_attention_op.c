@@ -1,29 +1,30 @@
 // gpu_test_attention_op.c: the CUDA backend's attention op
 // (attention/attention_cuda_op.cu) against the CPU backend's attention op
 // (backend_cpu()->attention_*, fp32) on the same bf16-rounded inputs, on one
-// rank: dense, without and with documents (DOC_STARTS); sparse with top_p = 1
-// (every line: must equal dense); sparse with fixed budgets. GQA 1, 2 and 7, head dims 64 and 128, lengths that are
-// not multiples of the block. Each case runs two layers with different
+// rank: dense, sparse with top_p = 1 (every line: must equal dense) and
+// sparse with fixed budgets, each without and with documents (DOC_STARTS).
+// GQA 1, 2 and 7, head dims 64 and 128, lengths that are not multiples of
+// the block. Each case runs two layers with different
 // inputs and patterns, then recomputes layer 0 (plan = false), which must
 // give layer 0's first output bit for bit (the forward has no atomics and
 // the layer's index is kept), then the backward of layer 0 accumulates into
 // non-zero bf16 dq, dk, dv. Also the sparse statistics: density counts
-// (integers) equal to the CPU op's, recall within 1e-3.
+// (integers) equal to the CPU op's, their causal pairs (with documents: of
+// one document) equal to an independent count, recall within 1e-3.
 // Needs a GPU (`make test-gpu`), or the sim (tests/test_sim.sh).
-//   build/tests/gpu_test_attention_op         every case
-//   build/tests/gpu_test_attention_op small   the small cases
-//   build/tests/gpu_test_attention_op refuse-ring | refuse-docs
-//                                             what the op refuses: sparse
-//                                             attention on a ring of 2 ranks,
-//                                             documents with sparse
-//                                             attention (exit 1 with one line;
-//                                             tests/test_sim.sh)
+//   build/tests/gpu_test_attention_op             every case
+//   build/tests/gpu_test_attention_op small       the small cases
+//   build/tests/gpu_test_attention_op refuse-ring what the op refuses: sparse
+//                                                 attention on a ring of 2
+//                                                 ranks (exit 1 with one
+//                                                 line; tests/test_sim.sh)
 //
 // Inputs are planted so that the pattern has no near-ties to flip between the
 // CPU's and the GPU's fp32 estimation: every query attends strongly (logit
-// +6) to a few key positions (vertical lines) through dimension 0, and to the
-// key at one offset (a slash line) through a block of random +-1 codes; the
-// other dimensions are N(0, 1). The fixed budgets take exactly the planted
+// +6) to a few key positions (vertical lines, inside the last document with
+// documents, where the estimation queries are) through dimension 0, and to
+// the key at one offset (a slash line) through a block of random +-1 codes;
+// the other dimensions are N(0, 1). The fixed budgets take exactly the planted
 // lines, which outscore every other line by more than 10x.
 //
 // Tolerances (relative Frobenius error against the CPU op): O 1e-2 (bf16
@@ -61,7 +62,7 @@ typedef struct {
     int64_t T;
     int D, Hq, Hkv, B;
     Kind kind;
-    int docs;        // 1: documents at DOC_STARTS (dense only); 0: one document
+    int docs;        // 1: documents at DOC_STARTS; 0: one document
 } Case;
 
 // Document starts of the cases with documents: one-token documents at 2 and
@@ -112,11 +113,35 @@ static void to_bf16(const float *x, int64_t n, uint16_t **bits, float **values) 
     }
 }
 
+// The start of the case's last document (0 without documents).
+static int64_t last_document(const Case *c) {
+    int64_t first = 0;
+    for (int64_t i = 0; c->docs && i < DOC_COUNT; i++)
+        if (DOC_STARTS[i] < c->T) first = DOC_STARTS[i];
+    return first;
+}
+
 // The planted lines of a layer (variant 0 or 1: different lines): key
-// positions vertical [PLANT_VERTICAL] and the returned slash offset.
+// positions vertical [PLANT_VERTICAL] in the last document and the returned
+// slash offset.
 static int64_t planted_lines(const Case *c, int variant, int64_t *vertical) {
-    for (int i = 0; i < PLANT_VERTICAL; i++) vertical[i] = (c->T * (2 * i + 1 + variant)) / (2 * PLANT_VERTICAL + 3);
+    const int64_t first = last_document(c), len = c->T - first;
+    for (int i = 0; i < PLANT_VERTICAL; i++)
+        vertical[i] = first + (len * (2 * i + 1 + variant)) / (2 * PLANT_VERTICAL + 3);
     return c->T / 5 + 1 + 3 * variant;
+}
+
+// Causal (query, key) pairs of one document, times the heads: what the
+// density's denominator counts.
+static double same_document_pairs(const Case *c) {
+    double pairs = 0;
+    for (int64_t q = 0; q < c->T; q++) {
+        int64_t first = 0;
+        for (int64_t i = 0; c->docs && i < DOC_COUNT; i++)
+            if (DOC_STARTS[i] <= q) first = DOC_STARTS[i];
+        pairs += (double)(q - first + 1);
+    }
+    return pairs * c->Hq;
 }
 
 // Queries and keys with the planted lines (file comment), v and dout
@@ -327,15 +352,19 @@ static void run_case(const Case *c, uint64_t seed) {
     if (c->kind == KIND_SPARSE_TOPP1) {
         Results dense = gpu_run(c, KIND_DENSE, in, name);
         compare(name, "vs dense GPU op", &gpu, &dense, &in[0], nl, TOL_DENSE, TOL_GRAD);
-        EXPECT_COUNTED(gpu.stats.computed == gpu.stats.causal && gpu.stats.causal == (double)(c->T * (c->T + 1) / 2 * c->Hq),
-                       "%s density 1 (%.0f of %.0f)", name, gpu.stats.computed, gpu.stats.causal);
+        EXPECT_COUNTED(gpu.stats.computed == gpu.stats.causal && gpu.stats.causal == same_document_pairs(c),
+                       "%s density 1 (%.0f of %.0f; causal pairs%s %.0f)", name, gpu.stats.computed,
+                       gpu.stats.causal, c->docs ? " of one document" : "", same_document_pairs(c));
         free_results(&dense);
     }
     if (c->kind == KIND_SPARSE_FIXED) {
         EXPECT_COUNTED(gpu.stats.computed == cpu.stats.computed && gpu.stats.causal == cpu.stats.causal,
                        "%s density counts as the CPU op's (%.0f of %.0f; CPU %.0f of %.0f)", name, gpu.stats.computed,
                        gpu.stats.causal, cpu.stats.computed, cpu.stats.causal);
-        if (c->T >= 2 * c->B)   // two blocks or more: the fixed budgets leave some out
+        EXPECT_COUNTED(cpu.stats.causal == same_document_pairs(c), "%s density's denominator: the causal pairs%s "
+                       "(%.0f, counted %.0f)", name, c->docs ? " of one document" : "", cpu.stats.causal,
+                       same_document_pairs(c));
+        if (c->T - last_document(c) >= 2 * c->B)   // a document of two blocks or more: the budgets leave some out
             EXPECT_COUNTED(gpu.stats.computed < gpu.stats.causal, "%s sparse: fewer elements than dense (%.0f of "
                            "%.0f)", name, gpu.stats.computed, gpu.stats.causal);
     }
@@ -352,31 +381,24 @@ static void run_case(const Case *c, uint64_t seed) {
     free_inputs(&in[1]);
 }
 
-// What the op refuses; each call ends the program with one line.
-static void refuse(const char *what) {
+// What the op refuses: sparse attention on a ring of 2 ranks ends the
+// program with one line.
+static void refuse_ring(void) {
     const Case c = {200, 64, 4, 2, 64, KIND_SPARSE_FIXED, 0};
     const AttentionConfig cfg = config_of(&c, c.kind);
     AttnState *st = attention_cuda_new(&cfg, 1, c.Hq);
     const AttnRingCuda two = {.cp_size = 2};   // refused before any call into it
-    if (strcmp(what, "refuse-ring") == 0) attention_cuda_set_ring(st, &two);
-    int64_t *pos = iota(c.T);
-    attention_cuda_sequence(st, pos, c.T);
-    const int64_t doc_starts[] = {0, 100};
-    AttnShape s = shape_of(&c);
-    s.doc_starts = doc_starts;
-    s.doc_count = 2;
-    attention_cuda_forward(st, 0, true, &s, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0);
-    free(pos);
+    attention_cuda_set_ring(st, &two);
     attention_cuda_free(st);
 }
 
 int main(int argc, char **argv) {
     const int small = argc > 1 && strcmp(argv[1], "small") == 0;
-    if (argc == 2 && strncmp(argv[1], "refuse-", 7) == 0) {
-        refuse(argv[1]);
+    if (argc == 2 && strcmp(argv[1], "refuse-ring") == 0) {
+        refuse_ring();
         return 0;
     }
-    CHECK(argc == 1 || small, "usage: %s [small | refuse-ring | refuse-docs]", argv[0]);
+    CHECK(argc == 1 || small, "usage: %s [small | refuse-ring]", argv[0]);
     // {T, D, Hq, Hkv, B, kind, docs}
     static const Case cases[] = {
         {1, 64, 2, 1, 64, KIND_DENSE, 0},
@@ -389,7 +411,12 @@ int main(int argc, char **argv) {
         {200, 64, 14, 2, 64, KIND_SPARSE_FIXED, 0},
         {333, 128, 7, 1, 64, KIND_SPARSE_FIXED, 0},
         {333, 128, 4, 2, 64, KIND_SPARSE_TOPP1, 0},
+        {200, 64, 4, 2, 64, KIND_SPARSE_TOPP1, 1},
+        {333, 128, 7, 1, 128, KIND_SPARSE_TOPP1, 1},
+        {200, 64, 14, 2, 64, KIND_SPARSE_FIXED, 1},
+        {333, 128, 7, 1, 64, KIND_SPARSE_FIXED, 1},
         {1000, 128, 14, 2, 128, KIND_SPARSE_FIXED, 0},
+        {1000, 64, 8, 2, 128, KIND_SPARSE_FIXED, 1},
         {1000, 64, 8, 1, 64, KIND_DENSE, 0},
     };
     int count = 0;

@@ -7,14 +7,19 @@
 // chunks of a striped layout (block = the index's block) merged in ring
 // order; with documents (DOC_STARTS: one-token documents, documents across
 // blocks and tiles), the index restricted by sparse_index_documents as the
-// CPU op does. Also: the all-blocks index (every slash offset) against the
-// dense CUDA kernels on the same inputs, with and without documents. And the GPU pattern pipeline
+// CPU op does; each random pattern is also indexed on the GPU
+// (sparse_index_build_cuda, documents included), which must give the CPU's
+// index entry for entry. Also: the all-blocks index (every slash offset)
+// against the dense CUDA kernels on the same inputs, with and without
+// documents. And the GPU pattern pipeline
 // (attention/sparse_select_cuda.cu): estimation against a double-precision
 // reference; selection and index against sparse_select / sparse_index_build
 // run on the GPU's own scores (copied back), which must give identical lines
 // and index, tie-breaks included (the CPU estimation itself uses cblas,
 // which GPU machines may lack; fed the same scores, the two selections have
-// no fp32 noise to disagree on). Needs a GPU; run by `make test-gpu`.
+// no fp32 noise to disagree on), the index with documents rebuilt into the
+// same buffers and the other budget selected into the same pattern (both
+// poisoned first). Needs a GPU; run by `make test-gpu`.
 //   build/tests/gpu_test_sparse         every case
 //   build/tests/gpu_test_sparse small   the small cases (compute-sanitizer)
 //
@@ -141,9 +146,10 @@ static void free_results(Results *r) {
 // A random vertical-slash pattern (each vertical line with probability
 // `density`, each slash with density / 10 so that many rows keep columns
 // outside their blocks, offset 0 always; density < 0: every offset, i.e.
-// every causal block) and its index for the queries' blocks, restricted to
-// the documents where there are some.
-static void make_index(const Case *c, const Inputs *in, Rng *rng, SparseIndex *index) {
+// every causal block) into *pattern, and its index for the queries' blocks
+// (q_blocks [num_q_blocks]), restricted to the documents where there are some.
+static void make_index(const Case *c, const Inputs *in, Rng *rng, SparsePattern *pattern, int64_t **q_blocks,
+                       SparseIndex *index) {
     const int64_t N = c->n;
     SparsePattern p = {.num_heads = c->Hq, .seq_len = N};
     p.vertical_start = xmalloc((size_t)(c->Hq + 1) * sizeof(int64_t));
@@ -161,13 +167,102 @@ static void make_index(const Case *c, const Inputs *in, Rng *rng, SparseIndex *i
         p.slash_start[h + 1] = ns;
     }
     const int64_t nqb = (in->Tq + c->B - 1) / c->B;
-    int64_t *q_blocks = xmalloc((size_t)nqb * sizeof(int64_t));
-    for (int64_t i = 0; i < nqb; i++) q_blocks[i] = in->qpos[i * c->B] / c->B;
-    sparse_index_build(&p, c->B, q_blocks, nqb, index);
+    *q_blocks = xmalloc((size_t)nqb * sizeof(int64_t));
+    for (int64_t i = 0; i < nqb; i++) (*q_blocks)[i] = in->qpos[i * c->B] / c->B;
+    sparse_index_build(&p, c->B, *q_blocks, nqb, index);
     const AttnShape s = shape_of(c, in->Tq, in->Tq);
     sparse_index_documents(&s, DOC_SINK, index);
-    free(q_blocks);
-    sparse_pattern_free(&p);
+    *pattern = p;
+}
+
+// A host pattern on the device, in SparsePatternCuda's layout (capacities:
+// the most lines of any head).
+static void pattern_to_device(const SparsePattern *p, SparsePatternCuda *d) {
+    const int H = p->num_heads;
+    int64_t most_v = 1, most_s = 1;
+    for (int h = 0; h < H; h++) {
+        const int64_t nv = p->vertical_start[h + 1] - p->vertical_start[h];
+        const int64_t ns = p->slash_start[h + 1] - p->slash_start[h];
+        most_v = nv > most_v ? nv : most_v;
+        most_s = ns > most_s ? ns : most_s;
+    }
+    int64_t *vertical = xcalloc((size_t)(H * most_v), sizeof(int64_t));
+    int64_t *slash = xcalloc((size_t)(H * most_s), sizeof(int64_t));
+    int64_t *counts = xmalloc(2 * (size_t)H * sizeof(int64_t));
+    for (int h = 0; h < H; h++) {
+        counts[h] = p->vertical_start[h + 1] - p->vertical_start[h];
+        counts[H + h] = p->slash_start[h + 1] - p->slash_start[h];
+        memcpy(vertical + h * most_v, p->vertical + p->vertical_start[h], (size_t)counts[h] * sizeof(int64_t));
+        memcpy(slash + h * most_s, p->slash + p->slash_start[h], (size_t)counts[H + h] * sizeof(int64_t));
+    }
+    *d = (SparsePatternCuda){.num_heads = H, .seq_len = p->seq_len, .vertical_capacity = most_v,
+                             .slash_capacity = most_s, .vertical_allocated = H * most_v,
+                             .slash_allocated = H * most_s, .count_allocated = 2 * H};
+    d->vertical = to_device(vertical, (size_t)(H * most_v) * sizeof(int64_t));
+    d->slash = to_device(slash, (size_t)(H * most_s) * sizeof(int64_t));
+    d->vertical_count = to_device(counts, 2 * (size_t)H * sizeof(int64_t));
+    d->slash_count = d->vertical_count + H;
+    free(vertical); free(slash); free(counts);
+}
+
+static int64_t *from_device_i64(const int64_t *dev, int64_t n) {
+    int64_t *x = xmalloc((size_t)(n + 1) * sizeof(int64_t));
+    if (n > 0) CUDA_CHECK(cudaMemcpy(x, dev, (size_t)n * sizeof(int64_t), cudaMemcpyDeviceToHost));
+    return x;
+}
+
+// Whether the device pattern dp holds the host pattern p's lines, head by head.
+static int same_pattern(const SparsePatternCuda *dp, const SparsePattern *p) {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const int H = p->num_heads;
+    int64_t *vc = from_device_i64(dp->vertical_count, H), *sc = from_device_i64(dp->slash_count, H);
+    int64_t *vl = from_device_i64(dp->vertical, H * dp->vertical_capacity);
+    int64_t *sl = from_device_i64(dp->slash, H * dp->slash_capacity);
+    int same = 1;
+    for (int h = 0; h < H && same; h++) {
+        same = vc[h] == p->vertical_start[h + 1] - p->vertical_start[h] &&
+               sc[h] == p->slash_start[h + 1] - p->slash_start[h];
+        same = same &&
+               memcmp(vl + h * dp->vertical_capacity, p->vertical + p->vertical_start[h],
+                      (size_t)vc[h] * sizeof(int64_t)) == 0 &&
+               memcmp(sl + h * dp->slash_capacity, p->slash + p->slash_start[h], (size_t)sc[h] * sizeof(int64_t)) == 0;
+    }
+    free(vc); free(sc); free(vl); free(sl);
+    return same;
+}
+
+// Every allocated entry of a device pattern or index set to -1 (0xff bytes),
+// so that a rebuild into it must write all it holds.
+static void poison_pattern(SparsePatternCuda *dp) {
+    CUDA_CHECK(cudaMemset(dp->vertical, 0xff, (size_t)dp->vertical_allocated * sizeof(int64_t)));
+    CUDA_CHECK(cudaMemset(dp->slash, 0xff, (size_t)dp->slash_allocated * sizeof(int64_t)));
+    CUDA_CHECK(cudaMemset(dp->vertical_count, 0xff, (size_t)dp->count_allocated * sizeof(int64_t)));
+}
+
+static void poison_index(SparseIndexCuda *dx) {
+    CUDA_CHECK(cudaMemset(dx->q_blocks, 0xff, (size_t)dx->q_block_capacity * sizeof(int64_t)));
+    CUDA_CHECK(cudaMemset(dx->block_start, 0xff, (size_t)dx->row_capacity * sizeof(int64_t)));
+    CUDA_CHECK(cudaMemset(dx->column_start, 0xff, (size_t)dx->column_row_capacity * sizeof(int64_t)));
+    CUDA_CHECK(cudaMemset(dx->blocks, 0xff, (size_t)dx->block_capacity * sizeof(int64_t)));
+    CUDA_CHECK(cudaMemset(dx->columns, 0xff, (size_t)dx->column_capacity * sizeof(int64_t)));
+}
+
+// Whether the device index dx equals the host index x: the same row starts,
+// blocks and columns.
+static int same_index(const SparseIndexCuda *dx, const SparseIndex *x) {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const int64_t rows = x->num_heads * x->num_q_blocks;
+    int64_t *bs = from_device_i64(dx->block_start, rows + 1), *cs = from_device_i64(dx->column_start, rows + 1);
+    int same = memcmp(bs, x->block_start, (size_t)(rows + 1) * sizeof(int64_t)) == 0 &&
+               memcmp(cs, x->column_start, (size_t)(rows + 1) * sizeof(int64_t)) == 0;
+    if (same) {
+        int64_t *bl = from_device_i64(dx->blocks, bs[rows]), *cl = from_device_i64(dx->columns, cs[rows]);
+        same = memcmp(bl, x->blocks, (size_t)bs[rows] * sizeof(int64_t)) == 0 &&
+               memcmp(cl, x->columns, (size_t)cs[rows] * sizeof(int64_t)) == 0;
+        free(bl); free(cl);
+    }
+    free(bs); free(cs);
+    return same;
 }
 
 // Random starting gradients (the same for every run of a case).
@@ -286,13 +381,30 @@ static void run_case(const Case *c, uint64_t seed) {
     Rng rng;
     rng_seed(&rng, seed);
     Inputs in = make_inputs(c, &rng);
+    SparsePattern pattern;
     SparseIndex index;
-    make_index(c, &in, &rng, &index);
+    int64_t *q_blocks;
+    make_index(c, &in, &rng, &pattern, &q_blocks, &index);
     const int64_t rows = c->Hq * index.num_q_blocks;
     char name[200];
     snprintf(name, sizeof name, "N=%lld D=%d Hq=%d Hkv=%d B=%d chunks=%d %s%s (%lld blocks, %lld columns)",
              (long long)c->n, c->D, c->Hq, c->Hkv, c->B, c->world, c->density < 0 ? "all-blocks" : "random",
              c->docs ? " documents" : "", (long long)index.block_start[rows], (long long)index.column_start[rows]);
+    // The same pattern indexed on the GPU (documents included) gives the same index.
+    const AttnShape sq = shape_of(c, in.Tq, in.Tq);
+    SparsePatternCuda d_pattern;
+    pattern_to_device(&pattern, &d_pattern);
+    int64_t *d_q_blocks = to_device(q_blocks, (size_t)index.num_q_blocks * sizeof(int64_t));
+    SparseIndexCuda built = {0};
+    sparse_index_build_cuda(&d_pattern, c->B, d_q_blocks, index.num_q_blocks, sq.doc_starts, sq.doc_count, DOC_SINK,
+                            &built, 0);
+    EXPECT_COUNTED(same_index(&built, &index), "%s GPU index identical to the CPU's", name);
+    sparse_index_free_cuda(&built);
+    sparse_pattern_free_cuda(&d_pattern);
+    CUDA_CHECK(cudaFree(d_q_blocks));
+    free(q_blocks);
+    sparse_pattern_free(&pattern);
+
     SparseIndexCuda d_index;
     sparse_index_to_cuda(&index, &d_index);
     const int64_t nl = in.Tq * c->Hq, nk = total_keys(&in) * c->Hkv * c->D;
@@ -321,12 +433,6 @@ typedef struct {
     int Lq;
     const char *budget;
 } SelectCase;
-
-static int64_t *from_device_i64(const int64_t *dev, int64_t n) {
-    int64_t *x = xmalloc((size_t)(n + 1) * sizeof(int64_t));
-    if (n > 0) CUDA_CHECK(cudaMemcpy(x, dev, (size_t)n * sizeof(int64_t), cudaMemcpyDeviceToHost));
-    return x;
-}
 
 // Estimation reference in double: lse [Hq, Lq], vertical and slash [Hq, N];
 // with documents only keys of each query's document.
@@ -422,7 +528,7 @@ static void run_select_case(const SelectCase *sc, uint64_t seed) {
     cfg.budget = strcmp(sc->budget, "fixed") ? BUDGET_TOPP : BUDGET_FIXED;
     SparsePattern p;
     sparse_select(&cfg, vertical, slash, Hq, N, NULL, NULL, &p);
-    SparsePatternCuda dp;
+    SparsePatternCuda dp = {0};
     sparse_select_cuda(&cfg, d_vertical, d_slash, Hq, N, NULL, NULL, &dp, 0);
     const int64_t nqb = (in.Tq + c->B - 1) / c->B, rows = Hq * nqb;
     int64_t *q_blocks = xmalloc((size_t)nqb * sizeof(int64_t));
@@ -430,37 +536,33 @@ static void run_select_case(const SelectCase *sc, uint64_t seed) {
     int64_t *d_q_blocks = to_device(q_blocks, (size_t)nqb * sizeof(int64_t));
     SparseIndex x;
     sparse_index_build(&p, c->B, q_blocks, nqb, &x);
-    SparseIndexCuda dx;
-    sparse_index_build_cuda(&dp, c->B, d_q_blocks, nqb, &dx, 0);
+    SparseIndexCuda dx = {0};
+    sparse_index_build_cuda(&dp, c->B, d_q_blocks, nqb, NULL, 0, 0, &dx, 0);
     CUDA_CHECK(cudaDeviceSynchronize());
 
-    int64_t *vc = from_device_i64(dp.vertical_count, Hq), *sc_ = from_device_i64(dp.slash_count, Hq);
-    int64_t *vl = from_device_i64(dp.vertical, Hq * dp.vertical_capacity);
-    int64_t *sl = from_device_i64(dp.slash, Hq * dp.slash_capacity);
-    int same = 1;
-    for (int h = 0; h < Hq; h++) {
-        same &= vc[h] == p.vertical_start[h + 1] - p.vertical_start[h] &&
-                sc_[h] == p.slash_start[h + 1] - p.slash_start[h];
-        if (!same) break;
-        same &= memcmp(vl + h * dp.vertical_capacity, p.vertical + p.vertical_start[h],
-                       (size_t)vc[h] * sizeof(int64_t)) == 0 &&
-                memcmp(sl + h * dp.slash_capacity, p.slash + p.slash_start[h], (size_t)sc_[h] * sizeof(int64_t)) == 0;
-    }
-    EXPECT_COUNTED(same, "%s pattern identical (%lld vertical, %lld slash lines)", name,
+    EXPECT_COUNTED(same_pattern(&dp, &p), "%s pattern identical (%lld vertical, %lld slash lines)", name,
                    (long long)p.vertical_start[Hq], (long long)p.slash_start[Hq]);
-    int64_t *bs = from_device_i64(dx.block_start, rows + 1), *cs = from_device_i64(dx.column_start, rows + 1);
-    int same_index = memcmp(bs, x.block_start, (size_t)(rows + 1) * sizeof(int64_t)) == 0 &&
-                     memcmp(cs, x.column_start, (size_t)(rows + 1) * sizeof(int64_t)) == 0;
-    if (same_index) {
-        int64_t *bl = from_device_i64(dx.blocks, bs[rows]), *cl = from_device_i64(dx.columns, cs[rows]);
-        same_index = memcmp(bl, x.blocks, (size_t)bs[rows] * sizeof(int64_t)) == 0 &&
-                     memcmp(cl, x.columns, (size_t)cs[rows] * sizeof(int64_t)) == 0;
-        free(bl); free(cl);
-    }
-    EXPECT_COUNTED(same_index, "%s index identical (%lld blocks, %lld columns)", name,
+    EXPECT_COUNTED(same_index(&dx, &x), "%s index identical (%lld blocks, %lld columns)", name,
                    (long long)x.block_start[rows], (long long)x.column_start[rows]);
+    // The index rebuilt into the same (poisoned) buffers with the documents (without: the same again).
+    const AttnShape s = shape_of(c, in.Tq, in.Tq);
+    sparse_index_documents(&s, cfg.sink, &x);
+    poison_index(&dx);
+    sparse_index_build_cuda(&dp, c->B, d_q_blocks, nqb, s.doc_starts, s.doc_count, cfg.sink, &dx, 0);
+    EXPECT_COUNTED(same_index(&dx, &x), "%s index%s identical, reusing the index (%lld blocks, %lld columns)", name,
+                   c->docs ? " with documents" : "", (long long)x.block_start[rows], (long long)x.column_start[rows]);
+    // The other budget selected into the same (poisoned) pattern: the CPU's lines for it.
+    AttentionConfig other = cfg;
+    other.budget = cfg.budget == BUDGET_FIXED ? BUDGET_TOPP : BUDGET_FIXED;
+    SparsePattern p2;
+    sparse_select(&other, vertical, slash, Hq, N, NULL, NULL, &p2);
+    poison_pattern(&dp);
+    sparse_select_cuda(&other, d_vertical, d_slash, Hq, N, NULL, NULL, &dp, 0);
+    EXPECT_COUNTED(same_pattern(&dp, &p2), "%s pattern of budget %s into the reused pattern identical (%lld "
+                   "vertical, %lld slash lines)", name, other.budget == BUDGET_FIXED ? "fixed" : "topp",
+                   (long long)p2.vertical_start[Hq], (long long)p2.slash_start[Hq]);
+    sparse_pattern_free(&p2);
 
-    free(vc); free(sc_); free(vl); free(sl); free(bs); free(cs);
     sparse_index_free_cuda(&dx);
     sparse_pattern_free_cuda(&dp);
     sparse_index_free(&x);
@@ -507,6 +609,9 @@ int main(int argc, char **argv) {
         {{1500, 128, 8, 2, 128, 3, 2, 0, 0}, 64, "topp"},
         {{2000, 64, 4, 4, 64, 2, 0, 0, 0}, 128, "fixed"},
         {{3000, 128, 16, 2, 64, 1, 0, 0, 0}, 64, "topp"},
+        {{300, 128, 4, 2, 128, 1, 0, 0, 1}, 64, "fixed"},
+        {{1100, 64, 4, 1, 64, 3, 1, 0, 1}, 128, "topp"},
+        {{2100, 128, 8, 2, 128, 2, 1, 0, 1}, 32, "fixed"},
     };
     for (size_t i = 0; i < sizeof select_cases / sizeof select_cases[0]; i++) {
         if (small && select_cases[i].c.n > 300) continue;

@@ -10,7 +10,8 @@
 # another block order, resumed or not, within 1e-3 (the attention backward's
 # fp32 atomics); a run resumed across backends (CPU steps 1-25, CUDA 26-40,
 # CPU 41-50) follows the CPU's loss curve; and `mtrain score` and `mtrain
-# eval` on the CUDA backend give the CPU's loss.
+# eval` on the CUDA backend give the CPU's loss; with documents and sparse
+# attention the CUDA backend's losses follow the CPU's too.
 #   MTRAIN=path/to/mtrain bash tests/test_cuda_backend.sh   (default build/mtrain)
 cd "$(dirname "$0")/.."
 source tests/lib.sh
@@ -85,6 +86,27 @@ losses "$tmp/cuda.out" >"$tmp/loss-cuda"
 read -r worst final n <<<"$(compare_losses "$tmp/loss-cpu" "$tmp/loss-cuda")"
 expect "sim: the CUDA backend's losses follow the CPU's over $steps steps ($n steps; worst relative $worst <= 2e-2, final $final <= 2e-2; cpu $(tail -n 1 "$tmp/loss-cpu"), cuda $(tail -n 1 "$tmp/loss-cuda"))" \
   "[ $n -eq $steps ] && awk 'BEGIN { exit !($worst <= 2e-2 && $final <= 2e-2) }'"
+
+# Documents with sparse attention: data.doc_mask on a shard of short
+# documents (bytes), fixed budgets; the CUDA backend's losses follow the
+# CPU's within the same 2e-2 over 4 steps, and both log a density below 1.
+awk 'BEGIN { srand(7); split("the a river town bright quiet stone winter map road house light", w, " ");
+  for (d = 0; d < 60; d++) { f = sprintf("'"$tmp"'/doc%02d.txt", d); s = ""; n = 3 + int(rand() * 80);
+    for (i = 0; i < n; i++) s = s w[int(rand() * 12) + 1] " "; print s > f; close(f) } }'
+"$sim" tokenize --tokenizer bytes --input "$tmp"/doc*.txt --output "$tmp/docs.shard" >/dev/null
+doc_run="model.vocab_size=258 data.train=$tmp/docs.shard data.doc_mask=true train.seq_len=256 log.attention_every=1
+  attention.type=sparse attention.budget=fixed attention.vertical=8 attention.slash=4 attention.sink=4 attention.local=16"
+run "$sim" cpu 4 docs-cpu $doc_run
+run "$sim" cuda 4 docs-cuda $doc_run
+rc=$?
+losses "$tmp/docs-cpu.out" >"$tmp/loss-docs-cpu"
+losses "$tmp/docs-cuda.out" >"$tmp/loss-docs-cuda"
+read -r worst final n <<<"$(compare_losses "$tmp/loss-docs-cpu" "$tmp/loss-docs-cuda")"
+densities() { sed -n 's/.*"attention_density": \[\([^]]*\)\].*/\1/p' "$1/metrics.jsonl" | tr ',' '\n'; }
+dense_layers=$( (densities "$tmp/log-docs-cpu"; densities "$tmp/log-docs-cuda") | awk '$1 >= 1 || $1 <= 0' | wc -l)
+logged=$( (densities "$tmp/log-docs-cpu"; densities "$tmp/log-docs-cuda") | wc -l)
+expect "sim: sparse attention with documents: the CUDA backend's losses follow the CPU's (exit $rc, $n steps; worst relative $worst <= 2e-2), densities in (0, 1) ($logged logged, $dense_layers not)" \
+  "[ $rc -eq 0 ] && [ $n -eq 4 ] && awk 'BEGIN { exit !($worst <= 2e-2) }' && [ $logged -gt 0 ] && [ $dense_layers -eq 0 ]"
 
 # Stopped after step 25 (step 50's checkpoint lost), resumed on the CUDA backend: the same bits.
 last=step_$(printf %08d $steps)

@@ -5,7 +5,8 @@
 # sequences are assembled token for token); on a shard of short documents it
 # changes what the steps see (another loss), and a run stopped after step 3
 # and resumed to step 6 is bit-identical to an uninterrupted one, on 1 rank
-# with 4 micro-batches and on 2 dp ranks with 2 each. Prints "ok NAME" /
+# with 4 micro-batches and on 2 dp ranks with 2 each; `mtrain data --show`
+# prints a step's sequences as balanced packing forms them. Prints "ok NAME" /
 # "FAIL NAME: why".
 set -u
 cd "$(dirname "$0")/.."
@@ -59,5 +60,32 @@ dp2 dp_stop 6
 dp2 dp_whole 6
 expect "balanced packing over 2 dp ranks: resumed after step 3 bit-identical to an uninterrupted run" \
   'grep -q "^resumed from $tmp/dp_stop/step_00000003" "$tmp/dp_stop.out" && same "$tmp/dp_stop/step_00000006" "$tmp/dp_whole/step_00000006"'
+
+# mtrain data --show: the sequences as training forms them. Under balanced
+# packing the step's four sequences (4..7) hold the (input, target) pairs of
+# the sequential sequences 4..7, each pair once, cut into whole documents
+# (every sequence starts one at 0), dealt otherwise than sequentially.
+show() {  # show PACKING G...: what --show prints for each sequence G
+  local packing=$1 g
+  shift
+  for g in "$@"; do "$MTRAIN" data $RUN $DOCS data.packing="$packing" --show "$g"; done
+}
+pairs() {  # the (input, target) pairs of shown sequences, sorted, one per line
+  awk '/^tokens \(/ { n = split(substr($0, index($0, ":") + 2), t, " "); for (i = 1; i < n; i++) print t[i], t[i + 1] }
+       /^inputs \(/ { n = split(substr($0, index($0, ":") + 2), x, " ") }
+       /^targets \(/ { split(substr($0, index($0, ":") + 2), y, " "); for (i = 1; i <= n; i++) print x[i], y[i] }' | sort
+}
+show sequential 4 5 6 7 >"$tmp/show_seq.txt"
+show balanced 4 5 6 7 >"$tmp/show_bal.txt"
+pairs <"$tmp/show_seq.txt" >"$tmp/pairs_seq.txt"
+pairs <"$tmp/show_bal.txt" >"$tmp/pairs_bal.txt"
+expect "mtrain data --show, balanced: the step's sequences hold the sequential step's $(wc -l <"$tmp/pairs_seq.txt") (input, target) pairs, each once" \
+  '[ "$(wc -l <"$tmp/pairs_seq.txt")" -eq 256 ] && cmp -s "$tmp/pairs_seq.txt" "$tmp/pairs_bal.txt"'
+expect "mtrain data --show, balanced: four sequences of whole documents, not the sequential ones" \
+  '[ "$(grep -c "^document starts: 0\( \|$\)" "$tmp/show_bal.txt")" -eq 4 ] &&
+   [ "$(grep "^document starts" "$tmp/show_bal.txt")" != "$(grep "^document starts" "$tmp/show_seq.txt")" ]'
+"$MTRAIN" data $RUN $DOCS data.packing=balanced parallel.dp=2 train.micro_batches=2 --show 5 >"$tmp/show_dp.txt"
+expect "mtrain data --show, balanced over 2 dp ranks: sequence 5 is micro-batch 0 of dp rank 1 in the step 4..7" \
+  'grep -q "^sequence 5 (balanced packing: sequence 1 of the step of sequences 4..7, micro-batch 0 on dp rank 1 of 2)" "$tmp/show_dp.txt"'
 
 [ "$failures" -eq 0 ]

@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include <sys/stat.h>
 
+#include "../data/packing.h"
 #include "../data/shard.h"
 #include "../data/tokenizer.h"
 #include "../dist/progress.h"
@@ -30,7 +31,9 @@ static const char *tokenize_usage =
 static const char *data_usage =
     "usage: mtrain data RUN.yaml [--read N] [--show G] [section.key=value ...]\n"
     "  prints the loader's view of data.train / data.val; --read N times reading training sequences 0..N-1;\n"
-    "  --show G prints training sequence G: its document starts and token ids.\n";
+    "  --show G prints training sequence G as training forms it under data.packing: its document starts and\n"
+    "  token ids (balanced: its inputs and targets; the step holds train.micro_batches x parallel.dp sequences,\n"
+    "  parallel.dp 0 counting as 1).\n";
 
 static const char *shard_usage =
     "usage: mtrain shard info FILE          header, frames, documents, tokens, compression\n"
@@ -402,17 +405,43 @@ static void data_read(Loader *l, const Config *cfg, int64_t n) {
     rank_slice_free(&slice);
 }
 
+// Training sequence g as training forms it: sequential packing reads it;
+// balanced packing reads its step (train.micro_batches x parallel.dp
+// sequences, 1 dp rank when parallel.dp is 0) and deals it (data/packing.h).
 static void data_show(Loader *l, const Config *cfg, int64_t g) {
     PackedSequence seq;
     packed_sequence_alloc(&seq, cfg->train.seq_len);
-    loader_train_sequence(l, g, &seq);
-    int64_t per_epoch = l->cfg.synthetic ? 0 : l->seqs_per_epoch;
+    const bool balanced = cfg->data.packing == PACKING_BALANCED;
     printf("sequence %" PRId64, g);
-    if (per_epoch) printf(" (epoch %" PRId64 ", sequence %" PRId64 " of %" PRId64 ")", g / per_epoch, g % per_epoch, per_epoch);
+    if (balanced) {
+        const int dp = cfg->parallel.dp > 0 ? cfg->parallel.dp : 1;
+        const int64_t count = (int64_t)cfg->train.micro_batches * dp, cursor = g / count * count;
+        PackedStep step;
+        packed_step_alloc(&step, cfg->train.seq_len, cfg->train.micro_batches, dp);
+        packed_step_read(l, cursor, &step);
+        packed_step_sequence(&step, (int)(g - cursor), &seq);
+        packed_step_free(&step);
+        printf(" (balanced packing: sequence %" PRId64 " of the step of sequences %" PRId64 "..%" PRId64
+               ", micro-batch %" PRId64 " on dp rank %" PRId64 " of %d)", g - cursor, cursor, cursor + count - 1,
+               (g - cursor) / dp, (g - cursor) % dp, dp);
+    } else {
+        loader_train_sequence(l, g, &seq);
+        int64_t per_epoch = l->cfg.synthetic ? 0 : l->seqs_per_epoch;
+        if (per_epoch)
+            printf(" (epoch %" PRId64 ", sequence %" PRId64 " of %" PRId64 ")", g / per_epoch, g % per_epoch,
+                   per_epoch);
+    }
     printf("\ndocument starts:");
     for (int64_t i = 0; i < seq.doc_start_count; i++) printf(" %" PRId64, seq.doc_starts[i]);
-    printf("\ntokens (%" PRId64 " inputs + 1 target):", seq.seq_len);
-    for (int64_t t = 0; t <= seq.seq_len; t++) printf(" %" PRId32, seq.tokens[t]);
+    if (balanced) {
+        printf("\ninputs (%" PRId64 "):", seq.seq_len);
+        for (int64_t t = 0; t < seq.seq_len; t++) printf(" %" PRId32, seq.tokens[t]);
+        printf("\ntargets (%" PRId64 "):", seq.seq_len);
+        for (int64_t t = 0; t < seq.seq_len; t++) printf(" %" PRId32, seq.targets[t]);
+    } else {
+        printf("\ntokens (%" PRId64 " inputs + 1 target):", seq.seq_len);
+        for (int64_t t = 0; t <= seq.seq_len; t++) printf(" %" PRId32, seq.tokens[t]);
+    }
     printf("\n");
     packed_sequence_free(&seq);
 }

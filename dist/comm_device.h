@@ -65,7 +65,11 @@ void comm_device_allgather(const Comm *c, float *arena, int64_t count, cudaStrea
 // the same points), and nothing may wait for the whole device (cudaFree,
 // cudaDeviceSynchronize) while transfers are outstanding. Without NCCL (parallel.comm: mpi) a send
 // waits for the compute stream and goes through host memory and MPI
-// non-blocking, a receive is copied to the device at its wait.
+// non-blocking, a receive is copied to the device at its wait. The no-hang
+// rule: with NCCL each wait, after handing its group over, watches every
+// earlier group until it completes (the watchdog above, OP being the wait that
+// handed it over), so the host is at most one group ahead of the transfers;
+// freeing the exchange watches the rest. Without NCCL, comm_wait's deadline.
 typedef struct DeviceExchange DeviceExchange;
 DeviceExchange *comm_device_exchange_new(const Comm *c, cudaStream_t compute);
 void comm_device_exchange_free(DeviceExchange *x);

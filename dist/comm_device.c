@@ -202,12 +202,20 @@ struct DeviceExchange {
     Transfer slot[EXCHANGE_SLOTS];
 };
 
+// The live exchanges over NCCL, for comm_device_settle.
+#define MAX_EXCHANGES 8
+static DeviceExchange *live_exchanges[MAX_EXCHANGES];
+
 DeviceExchange *comm_device_exchange_new(const Comm *c, cudaStream_t compute) {
     DeviceExchange *x = xcalloc(1, sizeof(DeviceExchange));
     x->c = c;
     x->compute = compute;
     for (int s = 0; s < EXCHANGE_SLOTS; s++) x->slot[s].id = -1;
     if (!c->nccl) return x;
+    int e = 0;
+    while (e < MAX_EXCHANGES && live_exchanges[e]) e++;
+    CHECK(e < MAX_EXCHANGES, "device exchange on %s: more than %d exchanges at once", c->name, MAX_EXCHANGES);
+    live_exchanges[e] = x;
     CUDA_CHECK(cudaStreamCreateWithFlags(&x->comm, cudaStreamNonBlocking));
     for (int g = 0; g < EXCHANGE_GROUPS; g++) CUDA_CHECK(cudaEventCreate(&x->group_done[g]));
     for (int s = 0; s < EXCHANGE_SLOTS; s++)
@@ -222,10 +230,17 @@ static void watch_groups(DeviceExchange *x, int64_t end) {
         watch_event(x->c, x->group_done[x->watched % EXCHANGE_GROUPS], x->group_op[x->watched % EXCHANGE_GROUPS]);
 }
 
+void comm_device_settle(void) {
+    for (int e = 0; e < MAX_EXCHANGES; e++)
+        if (live_exchanges[e]) watch_groups(live_exchanges[e], live_exchanges[e]->groups);
+}
+
 void comm_device_exchange_free(DeviceExchange *x) {
     if (!x) return;
     if (x->c->nccl) {
         watch_groups(x, x->groups);
+        for (int e = 0; e < MAX_EXCHANGES; e++)
+            if (live_exchanges[e] == x) live_exchanges[e] = NULL;
         for (int s = 0; s < EXCHANGE_SLOTS; s++) CUDA_CHECK(cudaEventDestroy(x->slot[s].posted));
         for (int g = 0; g < EXCHANGE_GROUPS; g++) CUDA_CHECK(cudaEventDestroy(x->group_done[g]));
         CUDA_CHECK(cudaStreamDestroy(x->comm));

@@ -17,7 +17,9 @@
 #              within fp32 summation order (loss 1e-6 relative, weights 1e-6:
 #              a sum of 4 values may be added in another order by the
 #              reduce-scatter than by the all-reduce; the sim's MPI adds them
-#              in the same order, so the measured difference is 0);
+#              in the same order, so the measured difference is 0); its
+#              step-2 checkpoint resumed on np 2 cp 2 with ZeRO-1 and
+#              micro_batches 2 gives the straight run's step 3 within 1e-6;
 #   stall      a rank that stalls at its first wait of the ring exchange
 #              (MTRAIN_TEST_FAULT=stall:R@ring, its transfers never handed to
 #              NCCL): a peer's watchdog ends the job within
@@ -60,9 +62,19 @@ train cp2 2 parallel.cp=2
 CUDASIM_SEED=3 train cp2_zero 2 parallel.cp=2 parallel.zero=1
 same $? zero_cp2 cp2_zero cp2 0 0 "2 = dp 1 x cp 2 .*ZeRO-1, gradients over NCCL" \
   "np 2 cp 2 with ZeRO-1 = without, bit for bit"
-CUDASIM_SEED=4 train dpcp_zero 4 parallel.dp=2 parallel.cp=2 parallel.zero=1
+CUDASIM_SEED=4 train dpcp_zero 4 parallel.dp=2 parallel.cp=2 parallel.zero=1 checkpoint.every=1
 same $? zero_dp2_cp2 dpcp_zero dpcp 1e-6 1e-6 "4 = dp 2 x cp 2 .*ZeRO-1, gradients over NCCL" \
   "np 4 dp 2 x cp 2 with ZeRO-1 = without"
+# Its step-2 checkpoint (moments sharded 4 ways) resumed on np 2 cp 2 with
+# ZeRO-1 and micro_batches 2 (sharded 2 ways; the same sequences, the same
+# ring, the gradients summed in another order): step 3 within fp32 rounding.
+mkdir -p "$tmp/resumed"
+cp -r "$tmp/dpcp_zero/step_00000002" "$tmp/resumed/"
+CUDASIM_SEED=5 train resumed 2 parallel.cp=2 parallel.zero=1 train.micro_batches=2 checkpoint.resume=auto
+same $? zero_resume_cp2 resumed dpcp_zero 1e-6 1e-6 "2 = dp 1 x cp 2 .*ZeRO-1" \
+  "the ZeRO-1 dp 2 x cp 2 checkpoint of step 2 resumed on cp 2 with ZeRO-1 = the straight run"
+expect "cuda_multi_zero_resume_cp2_resumed: the resumed run started from step 2" \
+  "grep -q '^resumed from .*step_00000002' '$tmp/resumed.out'"
 
 # The no-hang rule inside the ring. NAME NP FAULT PEERS SETTINGS: the rank
 # FAULT stalls; one of PEERS (a grep pattern) names the transfer.

@@ -56,16 +56,13 @@ void comm_device_join(Dist *d, bool nccl) {
     d->leave_devices = leave_devices;
 }
 
-// The watchdog of an NCCL operation just enqueued on stream: poll its
-// completion (an event after it) and the communicator's asynchronous error
-// until c's deadline (parallel.timeout_s); a failure or the deadline aborts
-// the communicator (which unblocks the stream) and ends the job with one line
-// naming this rank, the operation and the communicator. Spins for the first
-// 2 ms, then sleeps 100 µs between polls, as comm_wait does.
-static void watch_device(const Comm *c, cudaStream_t stream, const char *op) {
-    cudaEvent_t done;
-    CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventRecord(done, stream));
+// The watchdog: poll the event done (recorded after NCCL operations of c)
+// and c's asynchronous error until c's deadline (parallel.timeout_s); a
+// failure or the deadline aborts the communicator (which unblocks the
+// stream) and ends the job with one line naming this rank, the operation and
+// the communicator. Spins for the first 2 ms, then sleeps 100 µs between
+// polls, as comm_wait does.
+static void watch_event(const Comm *c, cudaEvent_t done, const char *op) {
     double start = now_seconds();
     for (;;) {
         cudaError_t state = cudaEventQuery(done);
@@ -89,6 +86,14 @@ static void watch_device(const Comm *c, cudaStream_t stream, const char *op) {
         }
         if (now_seconds() - start > 2e-3) nanosleep(&(struct timespec){0, 100000}, NULL);
     }
+}
+
+// The watchdog of an NCCL operation just enqueued on stream (an event after it).
+static void watch_device(const Comm *c, cudaStream_t stream, const char *op) {
+    cudaEvent_t done;
+    CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(done, stream));
+    watch_event(c, done, op);
     CUDA_CHECK(cudaEventDestroy(done));
 }
 
@@ -190,10 +195,16 @@ struct DeviceExchange {
     cudaStream_t compute, comm;  // comm: NCCL's stream
     cudaEvent_t group_done[EXCHANGE_GROUPS];  // NCCL: group g's completion at g % EXCHANGE_GROUPS
     int64_t group_end[EXCHANGE_GROUPS];       // the id after group g's last transfer
+    char group_op[EXCHANGE_GROUPS][96];       // the wait that handed group g over, for the watchdog
     int64_t groups;                           // groups handed over
+    int64_t watched;                          // groups [0, watched) seen complete by the watchdog
     int64_t posted, issued;      // NCCL: ids [issued, posted) wait in slots
     Transfer slot[EXCHANGE_SLOTS];
 };
+
+// The live exchanges over NCCL, for comm_device_settle.
+#define MAX_EXCHANGES 8
+static DeviceExchange *live_exchanges[MAX_EXCHANGES];
 
 DeviceExchange *comm_device_exchange_new(const Comm *c, cudaStream_t compute) {
     DeviceExchange *x = xcalloc(1, sizeof(DeviceExchange));
@@ -201,6 +212,10 @@ DeviceExchange *comm_device_exchange_new(const Comm *c, cudaStream_t compute) {
     x->compute = compute;
     for (int s = 0; s < EXCHANGE_SLOTS; s++) x->slot[s].id = -1;
     if (!c->nccl) return x;
+    int e = 0;
+    while (e < MAX_EXCHANGES && live_exchanges[e]) e++;
+    CHECK(e < MAX_EXCHANGES, "device exchange on %s: more than %d exchanges at once", c->name, MAX_EXCHANGES);
+    live_exchanges[e] = x;
     CUDA_CHECK(cudaStreamCreateWithFlags(&x->comm, cudaStreamNonBlocking));
     for (int g = 0; g < EXCHANGE_GROUPS; g++) CUDA_CHECK(cudaEventCreate(&x->group_done[g]));
     for (int s = 0; s < EXCHANGE_SLOTS; s++)
@@ -208,10 +223,24 @@ DeviceExchange *comm_device_exchange_new(const Comm *c, cudaStream_t compute) {
     return x;
 }
 
+// NCCL: the groups handed over before group `end` through the watchdog (in
+// order: the comm stream runs them so).
+static void watch_groups(DeviceExchange *x, int64_t end) {
+    for (; x->watched < end; x->watched++)
+        watch_event(x->c, x->group_done[x->watched % EXCHANGE_GROUPS], x->group_op[x->watched % EXCHANGE_GROUPS]);
+}
+
+void comm_device_settle(void) {
+    for (int e = 0; e < MAX_EXCHANGES; e++)
+        if (live_exchanges[e]) watch_groups(live_exchanges[e], live_exchanges[e]->groups);
+}
+
 void comm_device_exchange_free(DeviceExchange *x) {
     if (!x) return;
     if (x->c->nccl) {
-        CUDA_CHECK(cudaStreamSynchronize(x->comm));
+        watch_groups(x, x->groups);
+        for (int e = 0; e < MAX_EXCHANGES; e++)
+            if (live_exchanges[e] == x) live_exchanges[e] = NULL;
         for (int s = 0; s < EXCHANGE_SLOTS; s++) CUDA_CHECK(cudaEventDestroy(x->slot[s].posted));
         for (int g = 0; g < EXCHANGE_GROUPS; g++) CUDA_CHECK(cudaEventDestroy(x->group_done[g]));
         CUDA_CHECK(cudaStreamDestroy(x->comm));
@@ -266,7 +295,7 @@ int64_t comm_device_recv(DeviceExchange *x, void *buf, size_t bytes, int from, i
 
 // NCCL: every transfer posted and not yet handed over, as one group on the
 // comm stream, after the compute stream's work up to the last one's posting.
-static void issue(DeviceExchange *x) {
+static void issue(DeviceExchange *x, const char *op) {
     const int64_t id = x->posted - 1;
     CUDA_CHECK(cudaStreamWaitEvent(x->comm, find(x, id)->posted, 0));
     NCCL_CHECK(ncclGroupStart());
@@ -279,6 +308,7 @@ static void issue(DeviceExchange *x) {
     const int64_t g = x->groups++;
     CUDA_CHECK(cudaEventRecord(x->group_done[g % EXCHANGE_GROUPS], x->comm));
     x->group_end[g % EXCHANGE_GROUPS] = id + 1;
+    snprintf(x->group_op[g % EXCHANGE_GROUPS], sizeof(x->group_op[0]), "%s", op);
     for (int64_t i = x->issued; i <= id; i++) find(x, i)->id = -1;
     x->issued = id + 1;
 }
@@ -293,9 +323,16 @@ static cudaEvent_t group_event(const DeviceExchange *x, int64_t id) {
 }
 
 void comm_device_wait(DeviceExchange *x, int64_t id, const char *op) {
+    int world_rank = 0;
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
+    test_fault("ring", world_rank, x->c->timeout_s);
     if (x->c->nccl) {
-        if (x->posted > x->issued) issue(x);
+        if (x->posted > x->issued) issue(x, op);
         if (id >= 0) CUDA_CHECK(cudaStreamWaitEvent(x->compute, group_event(x, id), 0));
+        // Every group but the newest through the watchdog: the host stays at
+        // most one group behind the device and never blocks elsewhere on a
+        // transfer no deadline watches.
+        watch_groups(x, x->groups - 1);
         return;
     }
     Transfer *t = id >= 0 ? find(x, id) : NULL;

@@ -65,7 +65,12 @@ void comm_device_allgather(const Comm *c, float *arena, int64_t count, cudaStrea
 // the same points), and nothing may wait for the whole device (cudaFree,
 // cudaDeviceSynchronize) while transfers are outstanding. Without NCCL (parallel.comm: mpi) a send
 // waits for the compute stream and goes through host memory and MPI
-// non-blocking, a receive is copied to the device at its wait.
+// non-blocking, a receive is copied to the device at its wait. The no-hang
+// rule: with NCCL each wait, after handing its group over, watches every
+// earlier group until it completes (the watchdog above, OP being the wait that
+// handed it over), so the host is at most one group ahead of the transfers;
+// comm_device_settle and freeing the exchange watch the rest. Without NCCL,
+// comm_wait's deadline.
 typedef struct DeviceExchange DeviceExchange;
 DeviceExchange *comm_device_exchange_new(const Comm *c, cudaStream_t compute);
 void comm_device_exchange_free(DeviceExchange *x);
@@ -75,5 +80,10 @@ int64_t comm_device_recv(DeviceExchange *x, void *buf, size_t bytes, int from, i
 // Hands the transfers posted so far over (NCCL), then waits for transfer id
 // (-1: none). op names the transfer in a time-out message.
 void comm_device_wait(DeviceExchange *x, int64_t id, const char *op);
+// Every live exchange's groups handed over so far through the watchdog:
+// called before the host blocks on a stream that may wait for them (the CUDA
+// backend's reads of device memory), so that a peer that never posts its half
+// ends the job naming the transfer instead of leaving the host blocked.
+void comm_device_settle(void);
 
 #endif

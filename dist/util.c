@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -161,6 +162,23 @@ uint16_t f32_to_bf16(float f) {
     if ((bits & 0x7fffffff) > 0x7f800000) return (uint16_t)((bits >> 16) | 0x0040);
     bits += 0x7fff + ((bits >> 16) & 1);
     return (uint16_t)(bits >> 16);
+}
+
+void test_fault(const char *point, int world_rank, double timeout_s) {
+    const char *text = getenv("MTRAIN_TEST_FAULT");
+    if (!text || !text[0]) return;
+    char kind[8], where[8] = "reduce";
+    int rank = -1, n = 0;
+    const int fields = sscanf(text, "%7[a-z]:%d%n@%7[a-z]%n", kind, &rank, &n, where, &n);
+    if (fields < 2 || text[n] || rank < 0 || (strcmp(kind, "stall") && strcmp(kind, "kill")) ||
+        (strcmp(where, "reduce") && strcmp(where, "ring")))
+        fail("MTRAIN_TEST_FAULT=%s: expected stall:RANK or kill:RANK, then optionally @reduce or @ring (rank >= 0)",
+             text);
+    if (rank != world_rank || strcmp(where, point)) return;
+    fprintf(stderr, "rank %d: MTRAIN_TEST_FAULT: %s at the fault point %s\n", rank, kind, point);
+    fflush(stderr);
+    if (!strcmp(kind, "kill")) raise(SIGKILL);
+    sleep((unsigned)(10 * timeout_s + 10));
 }
 
 double now_seconds(void) {

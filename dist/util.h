@@ -55,6 +55,15 @@ void make_dirs(const char *path);
 float bf16_to_f32(uint16_t h);
 uint16_t f32_to_bf16(float f);
 
+// MTRAIN_TEST_FAULT=KIND:RANK[@POINT] (for tests of the no-hang rule): at
+// the fault point named POINT (default reduce: the gradient reduction of the
+// first step a rank trains; ring: each wait of the CUDA backend's ring
+// exchange, dist/comm_device.c), world rank RANK sleeps (KIND stall: a rank
+// stuck elsewhere, its transfer or collective never posted) for
+// 10 timeout_s + 10 s, or dies by SIGKILL (KIND kill). Other ranks and
+// points are unaffected; an unset variable does nothing.
+void test_fault(const char *point, int world_rank, double timeout_s);
+
 // Monotonic wall clock in seconds.
 double now_seconds(void);
 

@@ -51,10 +51,12 @@ static void *cuda_alloc(size_t bytes) {
 static void cuda_free(void *ptr) { CUDA_CHECK(cudaFree(ptr)); }
 static void cuda_zero(void *ptr, size_t bytes) { CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, cuda.stream)); }
 static void cuda_upload(void *dst, const void *host_src, size_t bytes) {
+    comm_device_settle();
     CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, cuda.stream));
     CUDA_CHECK(cudaStreamSynchronize(cuda.stream));
 }
 static void cuda_download(void *host_dst, const void *src, size_t bytes) {
+    comm_device_settle();
     CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, cuda.stream));
     CUDA_CHECK(cudaStreamSynchronize(cuda.stream));
 }
@@ -141,15 +143,20 @@ static void swiglu_backward(Act *dgate, Act *dup, const Act *dout, const Act *ga
 }
 
 static void scale(float *x, float s, int64_t n) { scale_cuda(x, s, n, cuda.stream); }
+// cuda.total on the host, once the stream's work before it is done.
+static double read_total(void) {
+    comm_device_settle();
+    return read_double_cuda(cuda.total, cuda.stream);
+}
 static double sum_squares(const float *x, int64_t n) {
     cuda_zero(cuda.total, sizeof(double));
     sum_squares_cuda(x, n, cuda.total, cuda.stream);
-    return read_double_cuda(cuda.total, cuda.stream);
+    return read_total();
 }
 static double cross_entropy(Act *logits, const int32_t *targets, int64_t C, int V, float grad_scale) {
     cuda_zero(cuda.total, sizeof(double));
     cross_entropy_cuda((uint16_t *)logits, targets, C, V, grad_scale, cuda.total, cuda.stream);
-    return read_double_cuda(cuda.total, cuda.stream);
+    return read_total();
 }
 
 static bool attention_set_ring(AttnState *st, const struct Comm *cp, int inner) {

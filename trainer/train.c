@@ -424,25 +424,6 @@ static void test_nan_steps(const Dist *dist, int64_t *first, int64_t *last) {
     *last = step + count - 1;
 }
 
-// MTRAIN_TEST_FAULT=stall:RANK or kill:RANK (for tests of the no-hang
-// rule): world rank RANK, instead of joining the gradient reduction of the
-// first step it trains, sleeps (a rank stuck elsewhere, its collective never
-// called) or dies by SIGKILL. Other ranks are unaffected.
-static void test_fault(const Dist *dist) {
-    const char *text = getenv("MTRAIN_TEST_FAULT");
-    if (!text || !text[0]) return;
-    char kind[8];
-    int rank = -1, n = 0;
-    if (sscanf(text, "%7[a-z]:%d%n", kind, &rank, &n) != 2 || text[n] || rank < 0 ||
-        (strcmp(kind, "stall") && strcmp(kind, "kill")))
-        fail("MTRAIN_TEST_FAULT=%s: expected stall:RANK or kill:RANK (rank >= 0)", text);
-    if (rank != dist->world_rank) return;
-    fprintf(stderr, "rank %d: MTRAIN_TEST_FAULT: %s before the gradient reduction\n", rank, kind);
-    fflush(stderr);
-    if (!strcmp(kind, "kill")) raise(SIGKILL);
-    sleep((unsigned)(10 * dist->world.timeout_s + 10));
-}
-
 // After the local forward and backward passes of a step: the lowest world
 // rank whose loss or (grads_local: before any reduction) gradient is not
 // finite, or world_size when every rank's are (collective over the world).
@@ -616,7 +597,7 @@ int cmd_train(int argc, char **argv) {
             m.be->upload(m.grad_mem, &not_a_number, sizeof(float));
         }
         int bad_rank = first_bad_rank(&dist, &m, loss, !bucketed);
-        if (step == first_step) test_fault(&dist);
+        if (step == first_step) test_fault("reduce", dist.world_rank, dist.world.timeout_s);
         if (bucketed) bucket_finish(&buckets);
         else if (zero && dist.world_size > 1)
             m.be->reduce_scatter_sum(&dist.world, m.grad_mem, model_shard_size(&m, dist.world_size));

@@ -2,9 +2,9 @@
 // on the GPU for ring.c's schedules. Buffers are cudaMalloc'ed, copies, row
 // moves and the forward init / backward delta are enqueued on the op's
 // stream, messages go through a DeviceExchange (dist/comm_device.h): with
-// NCCL the host never waits inside a layer (the sparse plan, before a
-// layer's ring, waits for the stream: its combines go through the host). Token lists for row moves are
-// copied to a device buffer before each move (stream-ordered).
+// NCCL the host never waits inside a layer's ring (the sparse plan before it
+// waits for the stream: its combines go through the host). Token lists for
+// row moves are copied to a device buffer before each move (stream-ordered).
 #ifdef MTRAIN_CUDA
 
 #include "ring_cuda.h"

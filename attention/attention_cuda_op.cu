@@ -235,7 +235,7 @@ static void check_call(const AttnState *st, int layer, const AttnShape *s) {
     if (st->cfg.type != ATTN_SPARSE) return;
     CHECK(s->block_size == 64 || s->block_size == 128,
           "attention.block_size %d: the CUDA sparse attention supports 64 and 128", s->block_size);
-    if (st->ring.ring) return;   // the ring's plan checks its whole blocks
+    if (st->ring.ring) return;   // the ring's positions come from the layout: whole blocks of B
     CHECK(st->tokens == s->q_tokens && st->pos_is_iota, "attention (CUDA): the sparse attention of %lld tokens "
           "needs the sequence's positions 0 .. T-1 (attention_cuda_sequence)", (long long)s->q_tokens);
 }

@@ -18,7 +18,8 @@
 // sparse plan sees only same-document scores and its index holds each row's
 // documents and their sinks, as the CPU op's. Supported as the kernels:
 // head_dim 64 and 128, GQA; sparse: block_size 64 or 128, last_q <= 128,
-// positions 0 .. T-1 on one GPU, whole blocks of B on each ring rank.
+// positions 0 .. T-1 on one GPU, whole blocks of B on each ring rank (only
+// the sequence's last block may be short).
 #ifndef MTRAIN_ATTENTION_CUDA_OP_H
 #define MTRAIN_ATTENTION_CUDA_OP_H
 

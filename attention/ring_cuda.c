@@ -244,9 +244,9 @@ static void ring_sparse_plan_cuda(void *ring, const AttentionConfig *cfg, const 
     const Ring *rg = &rc->ring;
     const int W = rc->cp->size, me = rc->cp->rank, Hq = shape->num_heads, B = shape->block_size;
     const int64_t N = rg->offsets[W], T = rg->counts[me], *pos = rg->positions + rg->offsets[me];
-    CHECK(T == shape->q_tokens && T % B == 0, "sparse ring attention (CUDA): %lld local tokens, the ring holds "
-          "%lld in whole blocks of %d", (long long)shape->q_tokens, (long long)T, B);
-    const int64_t Lq = cfg->last_q < N ? cfg->last_q : N, wq = (int64_t)Hq * shape->head_dim, nqb = T / B;
+    CHECK(T == shape->q_tokens, "sparse ring attention (CUDA): %lld local tokens but the ring was built for %lld",
+          (long long)shape->q_tokens, (long long)T);
+    const int64_t Lq = cfg->last_q < N ? cfg->last_q : N, wq = (int64_t)Hq * shape->head_dim, nqb = (T + B - 1) / B;
     CUDA_CHECK(cudaStreamSynchronize(stream));
     room(&rc->est_q, &rc->est_q_bytes, sizeof(uint16_t) * (size_t)(Lq * wq + 1));
     room(&rc->est_pos, &rc->est_pos_bytes, sizeof(int64_t) * (size_t)(Lq + 1));

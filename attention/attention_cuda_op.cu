@@ -1,7 +1,7 @@
 // attention_cuda_op.cu: the CUDA backend's attention op on one GPU
 // (attention_cuda_op.h), composed from the kernels of flash_cuda.cu,
 // sparse_cuda.cu and sparse_select_cuda.cu, as attention_cpu.c composes the
-// CPU kernels; over a cp ring (dense), the AttnRingCuda bound by the backend
+// CPU kernels; over a cp ring (dense and sparse), the AttnRingCuda bound by the backend
 // (ring_cuda.h) runs ring.c's schedules on device buffers. The state keeps
 // what lives between calls: the config and its
 // fixed budgets, each layer's device index from the sequence's plan forward,
@@ -54,6 +54,7 @@ struct AttnState {
     int64_t tokens;
     bool pos_is_iota;            // pos[t] == t for every t
     AttnRingCuda ring;           // the cp ring (ring.ring NULL on one rank)
+    uint64_t **ring_need;        // [num_layers] sparse on a ring: the plan's need bits (host)
     Scratch o_acc, dq_acc, dk_acc, dv_acc, lse_est, vertical, slash, q_blocks;
 };
 
@@ -86,6 +87,7 @@ extern "C" AttnState *attention_cuda_new(const AttentionConfig *cfg, int num_lay
     st->num_heads = num_heads;
     st->index = (SparseIndexCuda *)xcalloc((size_t)num_layers, sizeof(SparseIndexCuda));
     st->planned = (bool *)xcalloc((size_t)num_layers, sizeof(bool));
+    st->ring_need = (uint64_t **)xcalloc((size_t)num_layers, sizeof(uint64_t *));
     sparse_budget_tables(cfg, num_layers, num_heads, &st->budget_vertical, &st->budget_slash);
     return st;
 }
@@ -96,7 +98,10 @@ static void forget_plans(AttnState *st) {
 
 extern "C" void attention_cuda_free(AttnState *st) {
     if (!st) return;
-    for (int l = 0; l < st->num_layers; l++) sparse_index_free_cuda(&st->index[l]);
+    for (int l = 0; l < st->num_layers; l++) {
+        sparse_index_free_cuda(&st->index[l]);
+        free(st->ring_need[l]);
+    }
     sparse_index_free_cuda(&st->est_index);
     sparse_pattern_free_cuda(&st->pattern);
     Scratch *all[] = {&st->o_acc, &st->dq_acc, &st->dk_acc, &st->dv_acc, &st->lse_est,
@@ -105,6 +110,7 @@ extern "C" void attention_cuda_free(AttnState *st) {
     if (st->ring.ring) st->ring.free(st->ring.ring);
     free(st->index);
     free(st->planned);
+    free(st->ring_need);
     free(st->pos);
     free(st->budget_vertical);
     free(st->budget_slash);
@@ -115,8 +121,6 @@ extern "C" bool attention_cuda_set_ring(AttnState *st, const AttnRingCuda *ring)
     if (st->ring.ring) st->ring.free(st->ring.ring);
     st->ring = AttnRingCuda{};
     if (!ring) return false;
-    CHECK(st->cfg.type != ATTN_SPARSE, "attention.type sparse with parallel.cp %d: the CUDA backend's ring "
-          "attention is dense (attention.type dense, or train.backend cpu for a sparse ring)", ring->cp_size);
     st->ring = *ring;
     return true;
 }
@@ -141,26 +145,13 @@ static const int *layer_budget(const AttnState *st, const int *budget, int l) {
     return budget ? budget + (size_t)l * st->num_heads : NULL;
 }
 
-static int64_t *index_array_to_host(const int64_t *dev, int64_t n) {
-    int64_t *host = (int64_t *)xmalloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
-    if (n > 0) CUDA_CHECK(cudaMemcpy(host, dev, sizeof(int64_t) * (size_t)n, cudaMemcpyDeviceToHost));
-    return host;
-}
-
 // stats->computed, causal of the layer's index: counted on the host
 // (sparse_index_count) from a copy of the index, over the causal pairs of
 // one document with documents (s->doc_starts).
 static void count_density(const AttnState *st, const SparseIndexCuda *dev, const AttnShape *s,
                           cudaStream_t stream, SparseStats *stats) {
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    const int64_t rows = dev->num_heads * dev->num_q_blocks;
-    SparseIndex host = {dev->num_heads, dev->block_size, dev->seq_len, dev->num_q_blocks, NULL, NULL, NULL, NULL,
-                        NULL};
-    host.q_blocks = index_array_to_host(dev->q_blocks, dev->num_q_blocks);
-    host.block_start = index_array_to_host(dev->block_start, rows + 1);
-    host.column_start = index_array_to_host(dev->column_start, rows + 1);
-    host.blocks = index_array_to_host(dev->blocks, host.block_start[rows]);
-    host.columns = index_array_to_host(dev->columns, host.column_start[rows]);
+    SparseIndex host;
+    sparse_index_to_host(dev, stream, &host);
     sparse_index_count(&host, st->pos, st->tokens, s->doc_starts, s->doc_count, stats);
     sparse_index_free(&host);
 }
@@ -244,6 +235,7 @@ static void check_call(const AttnState *st, int layer, const AttnShape *s) {
     if (st->cfg.type != ATTN_SPARSE) return;
     CHECK(s->block_size == 64 || s->block_size == 128,
           "attention.block_size %d: the CUDA sparse attention supports 64 and 128", s->block_size);
+    if (st->ring.ring) return;   // the ring's positions come from the layout: whole blocks of B
     CHECK(st->tokens == s->q_tokens && st->pos_is_iota, "attention (CUDA): the sparse attention of %lld tokens "
           "needs the sequence's positions 0 .. T-1 (attention_cuda_sequence)", (long long)s->q_tokens);
 }
@@ -255,8 +247,18 @@ extern "C" void attention_cuda_forward(AttnState *st, int layer, bool plan, cons
     check_call(st, layer, shape);
     const size_t nq = (size_t)(shape->q_tokens * shape->num_heads * shape->head_dim);
     float *o_acc = (float *)scratch(&st->o_acc, sizeof(float) * nq);
+    const bool sparse = st->cfg.type == ATTN_SPARSE;
     if (st->ring.ring) {
-        st->ring.forward(st->ring.ring, shape, st->cfg.ring_send, q, k, v, o_acc, lse, stream);
+        if (sparse && plan) {
+            st->ring.sparse_plan(st->ring.ring, &st->cfg, shape, q, k, layer_budget(st, st->budget_vertical, layer),
+                                 layer_budget(st, st->budget_slash, layer), &st->pattern, &st->index[layer],
+                                 &st->ring_need[layer], stats, stream);
+            st->planned[layer] = true;
+        }
+        CHECK(!sparse || st->planned[layer], "attention (CUDA): layer %d recomputed before its sequence's plan "
+              "forward", layer);
+        st->ring.forward(st->ring.ring, shape, st->cfg.ring_send, sparse ? &st->index[layer] : NULL,
+                         sparse ? st->ring_need[layer] : NULL, q, k, v, o_acc, lse, plan ? stats : NULL, stream);
     } else if (st->cfg.type != ATTN_SPARSE) {
         attn_forward_init_cuda(shape, o_acc, lse, stream);
         attn_dense_forward_cuda(shape, q, pos, k, v, pos, o_acc, lse, stream);
@@ -287,8 +289,8 @@ extern "C" void attention_cuda_backward(AttnState *st, int layer, const AttnShap
     CUDA_CHECK(cudaMemsetAsync(dk_acc, 0, sizeof(float) * (size_t)nk, stream));
     CUDA_CHECK(cudaMemsetAsync(dv_acc, 0, sizeof(float) * (size_t)nk, stream));
     if (st->ring.ring) {
-        st->ring.backward(st->ring.ring, shape, st->cfg.ring_send, q, k, v, o, lse, dout, dq_acc, dk_acc, dv_acc,
-                          stream);
+        st->ring.backward(st->ring.ring, shape, st->cfg.ring_send, sparse ? &st->index[layer] : NULL,
+                          sparse ? st->ring_need[layer] : NULL, q, k, v, o, lse, dout, dq_acc, dk_acc, dv_acc, stream);
     } else {
         attn_backward_delta_cuda(shape, o, dout, delta, stream);
         if (sparse)

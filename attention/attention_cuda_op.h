@@ -11,13 +11,15 @@
 //   lse, delta     : [Hq, T] fp32                       pos : [T] int64 (device)
 // dq, dk, dv are ACCUMULATED (+=): the kernels' fp32 sums live in the state's
 // scratch and are added into the bf16 outputs with one rounding.
-// Over a cp ring (more than one rank) dense attention runs ring.c's schedules
-// on device buffers (ring_cuda.h); sparse fails with one line. Documents
+// Over a cp ring (more than one rank) dense and sparse attention run ring.c's
+// schedules on device buffers (ring_cuda.h), the sparse plan estimated over
+// the ring (AttnRingCuda.sparse_plan). Documents
 // (shape->doc_starts) are masked by the dense and the sparse kernels; the
 // sparse plan sees only same-document scores and its index holds each row's
 // documents and their sinks, as the CPU op's. Supported as the kernels:
 // head_dim 64 and 128, GQA; sparse: block_size 64 or 128, last_q <= 128,
-// positions 0 .. T-1.
+// positions 0 .. T-1 on one GPU, whole blocks of B on each ring rank (only
+// the sequence's last block may be short).
 #ifndef MTRAIN_ATTENTION_CUDA_OP_H
 #define MTRAIN_ATTENTION_CUDA_OP_H
 
@@ -26,6 +28,7 @@
 #include <cuda_runtime_api.h>
 
 #include "sparse.h"
+#include "sparse_cuda.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -34,15 +37,31 @@ extern "C" {
 // A cp ring's attention on device buffers, bound by the caller
 // (attention/ring_cuda.h: ring_cuda_new), so that the op and the programs
 // that link only the kernels need no MPI. ring is the ring's own state.
+//   sparse_plan  (collective over cp) the sparse pattern of this rank's q, k
+//                [T, H, D] with the estimation's inputs gathered
+//                bit-identically on every rank: *pattern the same on every
+//                rank, *index this rank's query blocks, *need (host,
+//                reallocated) [cp size, words] the key blocks every rank's
+//                index reads; stats: NULL or the density added (cp totals)
+//   forward      index NULL: dense; else the sparse kernels per ring step
+//                over the index, need its RingNeed bits (ring_send
+//                selected); stats: NULL or the recall added (cp totals,
+//                after a sparse_plan of the same layer)
 typedef struct {
     void *ring;
     int cp_size;
     void (*sequence)(void *ring, const int64_t *pos, int64_t tokens);
-    void (*forward)(void *ring, const AttnShape *shape, RingSend send, const uint16_t *q, const uint16_t *k,
-                    const uint16_t *v, float *o_acc, float *lse, cudaStream_t stream);
-    void (*backward)(void *ring, const AttnShape *shape, RingSend send, const uint16_t *q, const uint16_t *k,
-                     const uint16_t *v, const uint16_t *o, const float *lse, const uint16_t *dout, float *dq_acc,
-                     float *dk_acc, float *dv_acc, cudaStream_t stream);
+    void (*sparse_plan)(void *ring, const AttentionConfig *cfg, const AttnShape *shape, const uint16_t *q,
+                        const uint16_t *k, const int *fixed_vertical, const int *fixed_slash,
+                        SparsePatternCuda *pattern, SparseIndexCuda *index, uint64_t **need, SparseStats *stats,
+                        cudaStream_t stream);
+    void (*forward)(void *ring, const AttnShape *shape, RingSend send, const SparseIndexCuda *index,
+                    const uint64_t *need, const uint16_t *q, const uint16_t *k, const uint16_t *v, float *o_acc,
+                    float *lse, SparseStats *stats, cudaStream_t stream);
+    void (*backward)(void *ring, const AttnShape *shape, RingSend send, const SparseIndexCuda *index,
+                     const uint64_t *need, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                     const uint16_t *o, const float *lse, const uint16_t *dout, float *dq_acc, float *dk_acc,
+                     float *dv_acc, cudaStream_t stream);
     double (*bytes)(const void *ring);
     void (*free)(void *ring);
 } AttnRingCuda;
@@ -50,7 +69,7 @@ typedef struct {
 AttnState *attention_cuda_new(const AttentionConfig *cfg, int num_layers, int num_heads);
 void attention_cuda_free(AttnState *st);
 // ring: the cp ring (NULL: none; the state owns and frees ring->ring).
-// Returns whether there is a ring; sparse attention on a ring fails with one line.
+// Returns whether there is a ring.
 bool attention_cuda_set_ring(AttnState *st, const AttnRingCuda *ring);
 // A new sequence: pos [tokens] its positions (host).
 void attention_cuda_sequence(AttnState *st, const int64_t *pos, int64_t tokens);

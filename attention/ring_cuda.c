@@ -2,13 +2,16 @@
 // on the GPU for ring.c's schedules. Buffers are cudaMalloc'ed, copies, row
 // moves and the forward init / backward delta are enqueued on the op's
 // stream, messages go through a DeviceExchange (dist/comm_device.h): with
-// NCCL the host never waits inside a layer. Token lists for row moves are
-// copied to a device buffer before each move (stream-ordered).
+// NCCL the host never waits inside a layer's ring (the sparse plan before it
+// waits for the stream: its combines go through the host). Token lists for
+// row moves are copied to a device buffer before each move (stream-ordered).
 #ifdef MTRAIN_CUDA
 
 #include "ring_cuda.h"
 
+#include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "../dist/comm_device.h"
 #include "../dist/cuda_check.h"
@@ -17,6 +20,7 @@
 #include "ring_plan.h"
 #include "ring_rows_cuda.h"
 #include "ring_sparse.h"
+#include "sparse_cuda.h"
 
 typedef struct {
     const Comm *cp;
@@ -34,8 +38,15 @@ typedef struct {
     RingMemory memory;
     RingKernels kernels;
     RingNeed need;             // ring_send selected: key blocks each rank's queries read
-    uint64_t *need_bits;       // [cp size, need.words]
+    uint64_t *need_bits;       // [cp size, need.words] (dense)
     RingTraffic traffic;
+    RingKernels sparse_kernels;
+    const SparseIndexCuda *index;  // the sparse kernels' index of the current call
+    // The sparse plan's device scratch (grown) and its estimation's combined lse (host).
+    void *est_q, *est_pos, *est_lse, *est_scores, *q_blocks;
+    size_t est_q_bytes, est_pos_bytes, est_lse_bytes, est_scores_bytes, q_blocks_bytes;
+    float *lse_est;            // [Hq, est_rows] host, for the forward's recall
+    int64_t est_rows;
 } RingCuda;
 
 // ---- the device memory ----
@@ -163,6 +174,159 @@ static void dense_backward(void *ctx, const AttnShape *shape, const void *q, con
     attn_dense_backward_cuda(shape, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk, dv, rc->stream);
 }
 
+// ---- the sparse kernels per ring step (rc->index: every block and column of the chunk) ----
+
+static void sparse_forward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos, const void *k,
+                           const void *v, const int64_t *k_pos, float *o, float *lse) {
+    RingCuda *rc = ctx;
+    attn_sparse_forward_cuda(shape, rc->index, q, q_pos, k, v, k_pos, o, lse, rc->stream);
+}
+
+static void sparse_backward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos, const void *k,
+                            const void *v, const int64_t *k_pos, const float *lse, const float *delta,
+                            const void *dout, float *dq, float *dk, float *dv) {
+    RingCuda *rc = ctx;
+    attn_sparse_backward_cuda(shape, rc->index, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk, dv, rc->stream);
+}
+
+// ---- the sparse plan over the ring ----
+
+// qe [Lq, Hq, D] (device): the last Lq queries of the sequence (positions
+// N - Lq .. N - 1) on every rank. Each rank's rows there are the tail of its
+// own (positions ascend); each rank writes them into a zeroed host buffer,
+// the buffers are all-gathered and ORed: every row has one owner and zero
+// bits elsewhere, so every rank holds the same bits. Hq * D is even (D 64 or
+// 128): the bf16 buffer travels as floats.
+static void gather_estimation_queries(RingCuda *rc, const AttnShape *shape, const uint16_t *q, int64_t Lq,
+                                      uint16_t *qe) {
+    const Ring *ring = &rc->ring;
+    const int W = rc->cp->size, me = rc->cp->rank;
+    const int64_t N = ring->offsets[W], T = ring->counts[me], wq = (int64_t)shape->num_heads * shape->head_dim;
+    const int64_t *pos = ring->positions + ring->offsets[me];
+    int64_t first = T;
+    while (first > 0 && pos[first - 1] >= N - Lq) first--;
+    uint16_t *mine = xcalloc((size_t)(Lq * wq + 2), sizeof(uint16_t));
+    uint16_t *tail = xmalloc(sizeof(uint16_t) * (size_t)((T - first) * wq + 1));
+    CUDA_CHECK(cudaMemcpy(tail, q + first * wq, sizeof(uint16_t) * (size_t)((T - first) * wq),
+                          cudaMemcpyDeviceToHost));
+    for (int64_t t = first; t < T; t++)
+        memcpy(mine + (pos[t] - (N - Lq)) * wq, tail + (t - first) * wq, sizeof(uint16_t) * (size_t)wq);
+    uint16_t *all = xmalloc(sizeof(uint16_t) * (size_t)(W * Lq * wq + 2));
+    comm_allgather(rc->cp, mine, all, Lq * wq / 2, DT_FLOAT);
+    for (int r = 1; r < W; r++)
+        for (int64_t x = 0; x < Lq * wq; x++) all[x] |= all[r * Lq * wq + x];
+    CUDA_CHECK(cudaMemcpy(qe, all, sizeof(uint16_t) * (size_t)(Lq * wq), cudaMemcpyHostToDevice));
+    free(mine);
+    free(tail);
+    free(all);
+}
+
+// x [n] (device fp32) combined over cp by `combine` (ring_sparse.h), in place.
+static void combine_on_host(RingCuda *rc, float *x, int64_t n, void (*combine)(const Comm *, float *, int64_t)) {
+    float *host = xmalloc(sizeof(float) * (size_t)(n + 1));
+    CUDA_CHECK(cudaMemcpy(host, x, sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost));
+    combine(rc->cp, host, n);
+    CUDA_CHECK(cudaMemcpy(x, host, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice));
+    free(host);
+}
+
+// As ring_sparse_plan (ring_sparse.c) on the GPU: estimation of the last Lq
+// queries against this rank's keys, the partial lse and sums combined on the
+// host by the same functions, selection and this rank's index on the GPU,
+// and the need rows all-gathered (blocks and the blocks of columns: the
+// CUDA kernels compute each column in its chunk's ring step).
+static void ring_sparse_plan_cuda(void *ring, const AttentionConfig *cfg, const AttnShape *shape, const uint16_t *q,
+                                  const uint16_t *k, const int *fixed_vertical, const int *fixed_slash,
+                                  SparsePatternCuda *pattern, SparseIndexCuda *index, uint64_t **need,
+                                  SparseStats *stats, cudaStream_t stream) {
+    RingCuda *rc = ring;
+    CHECK(rc->built, "sparse ring attention (CUDA): a plan before the sequence's positions");
+    const Ring *rg = &rc->ring;
+    const int W = rc->cp->size, me = rc->cp->rank, Hq = shape->num_heads, B = shape->block_size;
+    const int64_t N = rg->offsets[W], T = rg->counts[me], *pos = rg->positions + rg->offsets[me];
+    CHECK(T == shape->q_tokens, "sparse ring attention (CUDA): %lld local tokens but the ring was built for %lld",
+          (long long)shape->q_tokens, (long long)T);
+    const int64_t Lq = cfg->last_q < N ? cfg->last_q : N, wq = (int64_t)Hq * shape->head_dim, nqb = (T + B - 1) / B;
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    room(&rc->est_q, &rc->est_q_bytes, sizeof(uint16_t) * (size_t)(Lq * wq + 1));
+    room(&rc->est_pos, &rc->est_pos_bytes, sizeof(int64_t) * (size_t)(Lq + 1));
+    room(&rc->est_lse, &rc->est_lse_bytes, sizeof(float) * (size_t)(Hq * Lq + 1));
+    room(&rc->est_scores, &rc->est_scores_bytes, sizeof(float) * (size_t)(2 * Hq * N + 1));
+    room(&rc->q_blocks, &rc->q_blocks_bytes, sizeof(int64_t) * (size_t)(nqb + 1));
+    uint16_t *qe = rc->est_q;
+    float *lse = rc->est_lse, *vertical = rc->est_scores, *slash = vertical + Hq * N;
+    gather_estimation_queries(rc, shape, q, Lq, qe);
+    int64_t *host = xmalloc(sizeof(int64_t) * (size_t)(Lq + nqb + 1));
+    for (int64_t i = 0; i < Lq; i++) host[i] = N - Lq + i;
+    for (int64_t i = 0; i < nqb; i++) host[Lq + i] = pos[i * B] / B;
+    CUDA_CHECK(cudaMemcpy(rc->est_pos, host, sizeof(int64_t) * (size_t)Lq, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(rc->q_blocks, host + Lq, sizeof(int64_t) * (size_t)nqb, cudaMemcpyHostToDevice));
+    free(host);
+
+    // Pass 1: the partial lse over this rank's keys (from -inf), combined.
+    rc->lse_est = xrealloc(rc->lse_est, sizeof(float) * (size_t)(Hq * Lq + 1));
+    for (int64_t i = 0; i < Hq * Lq; i++) rc->lse_est[i] = -INFINITY;
+    rc->est_rows = Lq;
+    CUDA_CHECK(cudaMemcpy(lse, rc->lse_est, sizeof(float) * (size_t)(Hq * Lq), cudaMemcpyHostToDevice));
+    AttnShape est = *shape;
+    est.q_tokens = Lq;
+    est.k_tokens = T;
+    const int64_t *k_pos = rc->positions + rg->offsets[me];
+    sparse_estimate_lse_cuda(&est, qe, rc->est_pos, k, k_pos, lse, stream);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    combine_on_host(rc, lse, Hq * Lq, ring_sparse_combine_lse);
+    CUDA_CHECK(cudaMemcpy(rc->lse_est, lse, sizeof(float) * (size_t)(Hq * Lq), cudaMemcpyDeviceToHost));
+    // Pass 2: the partial vertical and slash sums, combined.
+    CUDA_CHECK(cudaMemsetAsync(vertical, 0, sizeof(float) * (size_t)(2 * Hq * N), stream));
+    sparse_estimate_scores_cuda(&est, qe, rc->est_pos, k, k_pos, lse, N, vertical, slash, stream);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    combine_on_host(rc, vertical, 2 * Hq * N, ring_sparse_combine_sums);
+
+    // Selection (identical inputs, identical pattern), this rank's index, every rank's need.
+    sparse_select_cuda(cfg, vertical, slash, Hq, N, fixed_vertical, fixed_slash, pattern, stream);
+    sparse_index_build_cuda(pattern, B, rc->q_blocks, nqb, shape->doc_starts, shape->doc_count, cfg->sink, index,
+                            stream);
+    SparseIndex mine;
+    sparse_index_to_host(index, stream, &mine);
+    const int64_t words = ring_need_words(N, B);
+    uint64_t *row = xmalloc(sizeof(uint64_t) * (size_t)words);
+    ring_need_row(&mine, words, row);
+    ring_need_row_columns(&mine, row);
+    *need = xrealloc(*need, sizeof(uint64_t) * (size_t)(W * words));
+    comm_allgather(rc->cp, row, *need, words, DT_INT64);
+    if (stats) {
+        SparseStats part = {0};
+        sparse_index_count(&mine, pos, T, shape->doc_starts, shape->doc_count, &part);
+        double sums[2] = {part.computed, part.causal};
+        comm_allreduce(rc->cp, sums, 2, DT_DOUBLE, REDUCE_SUM);
+        stats->computed += sums[0];
+        stats->causal += sums[1];
+    }
+    sparse_index_free(&mine);
+    free(row);
+}
+
+// stats->covered_mass, estimation_rows after a sparse forward: the
+// estimation rows' exp(lse - lse_est) (the pattern's share of each row's
+// softmax mass, as the one-GPU op counts it), summed over the rows' owners.
+static void count_recall(RingCuda *rc, const AttnShape *shape, const float *lse, SparseStats *stats) {
+    const Ring *rg = &rc->ring;
+    const int W = rc->cp->size, me = rc->cp->rank, Hq = shape->num_heads;
+    const int64_t N = rg->offsets[W], T = rg->counts[me], Lq = rc->est_rows, *pos = rg->positions + rg->offsets[me];
+    float *host = xmalloc(sizeof(float) * (size_t)(Hq * T + 1));
+    CUDA_CHECK(cudaStreamSynchronize(rc->stream));
+    CUDA_CHECK(cudaMemcpy(host, lse, sizeof(float) * (size_t)(Hq * T), cudaMemcpyDeviceToHost));
+    double covered = 0;
+    for (int h = 0; h < Hq; h++)
+        for (int64_t t = 0; t < T; t++)
+            if (pos[t] >= N - Lq)
+                covered += exp((double)host[h * T + t] - (double)rc->lse_est[h * Lq + pos[t] - (N - Lq)]);
+    comm_allreduce(rc->cp, &covered, 1, DT_DOUBLE, REDUCE_SUM);
+    stats->covered_mass += covered;
+    stats->estimation_rows += (double)(Hq * Lq);
+    free(host);
+}
+
 // ---- the ring ----
 
 static void forget_sequence(RingCuda *rc) {
@@ -179,7 +343,11 @@ static void ring_free_cuda(void *ring) {
     comm_device_exchange_free(rc->exchange);
     if (rc->sel) CUDA_CHECK(cudaFree(rc->sel));
     if (rc->staging) CUDA_CHECK(cudaFree(rc->staging));
+    void *scratch[] = {rc->est_q, rc->est_pos, rc->est_lse, rc->est_scores, rc->q_blocks};
+    for (size_t i = 0; i < sizeof(scratch) / sizeof(scratch[0]); i++)
+        if (scratch[i]) CUDA_CHECK(cudaFree(scratch[i]));
     free(rc->need_bits);
+    free(rc->lse_est);
     free(rc);
 }
 
@@ -195,9 +363,11 @@ static void ring_sequence(void *ring, const int64_t *pos, int64_t tokens) {
     rc->traffic = (RingTraffic){0};
 }
 
-// The call's stream, the exchange, and with ring_send selected the key
-// blocks each rank's queries read for this shape.
-static const RingKernels *begin(RingCuda *rc, const AttnShape *shape, RingSend send, cudaStream_t stream) {
+// The call's stream, the exchange, the kernels (dense, or sparse over
+// index) and with ring_send selected the key blocks each rank's queries
+// read: the dense ones for this shape, or sparse_need (the plan's).
+static const RingKernels *begin(RingCuda *rc, const AttnShape *shape, RingSend send, const SparseIndexCuda *index,
+                                const uint64_t *sparse_need, cudaStream_t stream) {
     CHECK(rc->built, "ring attention (CUDA): a call before the sequence's positions (ring_cuda_sequence)");
     rc->stream = stream;
     if (!rc->exchange) rc->exchange = comm_device_exchange_new(rc->cp, stream);
@@ -205,28 +375,35 @@ static const RingKernels *begin(RingCuda *rc, const AttnShape *shape, RingSend s
     room((void **)&rc->sel, &rc->sel_bytes, sizeof(int64_t) * (size_t)rows);
     rc->sel_count = rows;
     room(&rc->staging, &rc->staging_bytes, sizeof(float) * (size_t)(2 * rows * kv));
-    rc->kernels.need = NULL;
-    if (send != RING_SEND_SELECTED) return &rc->kernels;
+    rc->index = index;
+    RingKernels *kernels = index ? &rc->sparse_kernels : &rc->kernels;
+    kernels->need = NULL;
+    if (send != RING_SEND_SELECTED) return kernels;
     const int64_t words = ring_need_words(rc->ring.offsets[rc->cp->size], shape->block_size);
-    rc->need_bits = xrealloc(rc->need_bits, (size_t)(rc->cp->size * words) * sizeof(uint64_t));
-    ring_dense_need(&rc->ring, shape, words, rc->need_bits);
-    rc->need = (RingNeed){.block_size = shape->block_size, .words = words, .need = rc->need_bits};
-    rc->kernels.need = &rc->need;
-    return &rc->kernels;
+    if (!index) {
+        rc->need_bits = xrealloc(rc->need_bits, (size_t)(rc->cp->size * words) * sizeof(uint64_t));
+        ring_dense_need(&rc->ring, shape, words, rc->need_bits);
+    }
+    rc->need = (RingNeed){.block_size = shape->block_size, .words = words, .need = index ? sparse_need : rc->need_bits};
+    kernels->need = &rc->need;
+    return kernels;
 }
 
-static void ring_forward(void *ring, const AttnShape *shape, RingSend send, const uint16_t *q, const uint16_t *k,
-                         const uint16_t *v, float *o_acc, float *lse, cudaStream_t stream) {
+static void ring_forward(void *ring, const AttnShape *shape, RingSend send, const SparseIndexCuda *index,
+                         const uint64_t *need, const uint16_t *q, const uint16_t *k, const uint16_t *v, float *o_acc,
+                         float *lse, SparseStats *stats, cudaStream_t stream) {
     RingCuda *rc = ring;
-    ring_attn_forward(&rc->ring, begin(rc, shape, send, stream), shape, q, k, v, o_acc, lse);
+    ring_attn_forward(&rc->ring, begin(rc, shape, send, index, need, stream), shape, q, k, v, o_acc, lse);
+    if (index && stats) count_recall(rc, shape, lse, stats);
 }
 
-static void ring_backward(void *ring, const AttnShape *shape, RingSend send, const uint16_t *q, const uint16_t *k,
-                          const uint16_t *v, const uint16_t *o, const float *lse, const uint16_t *dout,
-                          float *dq_acc, float *dk_acc, float *dv_acc, cudaStream_t stream) {
+static void ring_backward(void *ring, const AttnShape *shape, RingSend send, const SparseIndexCuda *index,
+                          const uint64_t *need, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                          const uint16_t *o, const float *lse, const uint16_t *dout, float *dq_acc, float *dk_acc,
+                          float *dv_acc, cudaStream_t stream) {
     RingCuda *rc = ring;
-    ring_attn_backward(&rc->ring, begin(rc, shape, send, stream), shape, q, k, v, o, lse, dout, dq_acc, dk_acc,
-                       dv_acc);
+    ring_attn_backward(&rc->ring, begin(rc, shape, send, index, need, stream), shape, q, k, v, o, lse, dout, dq_acc,
+                       dk_acc, dv_acc);
 }
 
 static double ring_bytes(const void *ring) {
@@ -246,7 +423,10 @@ AttnRingCuda ring_cuda_new(const Comm *cp, int inner) {
     };
     rc->kernels = (RingKernels){.forward = dense_forward, .backward = dense_backward, .ctx = rc,
                                 .traffic = &rc->traffic};
-    return (AttnRingCuda){.ring = rc, .cp_size = cp->size, .sequence = ring_sequence, .forward = ring_forward,
+    rc->sparse_kernels = (RingKernels){.forward = sparse_forward, .backward = sparse_backward, .ctx = rc,
+                                       .traffic = &rc->traffic};
+    return (AttnRingCuda){.ring = rc, .cp_size = cp->size, .sequence = ring_sequence,
+                          .sparse_plan = ring_sparse_plan_cuda, .forward = ring_forward,
                           .backward = ring_backward, .bytes = ring_bytes, .free = ring_free_cuda};
 }
 

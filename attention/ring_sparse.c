@@ -24,6 +24,14 @@ void ring_need_row(const SparseIndex *index, int64_t words, uint64_t *row) {
         row[index->blocks[e] / 64] |= (uint64_t)1 << (index->blocks[e] % 64);
 }
 
+void ring_need_row_columns(const SparseIndex *index, uint64_t *row) {
+    const int64_t rows = (int64_t)index->num_heads * index->num_q_blocks;
+    for (int64_t e = 0; e < index->column_start[rows]; e++) {
+        const int64_t b = index->columns[e] / index->block_size;
+        row[b / 64] |= (uint64_t)1 << (b % 64);
+    }
+}
+
 // ------------------------------------------------------------- estimation
 
 // The last Lq queries of the sequence (global positions N - Lq .. N - 1) from
@@ -40,8 +48,8 @@ static float *gather_estimation_queries(const Ring *ring, const AttnShape *shape
     return qe;
 }
 
-// Pass 1 combined: every rank's lse over its keys, merged in rank order.
-static void combine_lse(const Comm *cp, float *lse, int64_t n) {
+// Pass 1 combined (ring_sparse.h).
+void ring_sparse_combine_lse(const Comm *cp, float *lse, int64_t n) {
     float *all = xmalloc((size_t)(cp->size * n + 1) * sizeof(float));
     comm_allgather(cp, lse, all, n, DT_FLOAT);
     for (int64_t i = 0; i < n; i++) {
@@ -57,8 +65,8 @@ static void combine_lse(const Comm *cp, float *lse, int64_t n) {
     free(all);
 }
 
-// Pass 2 combined: x [n] summed over the cp ranks, the same bits everywhere.
-static void combine_sums(const Comm *cp, float *x, int64_t n) {
+// Pass 2 combined (ring_sparse.h).
+void ring_sparse_combine_sums(const Comm *cp, float *x, int64_t n) {
     const int W = cp->size;
     const int64_t part = (n + W - 1) / W;
     float *padded = xcalloc((size_t)(W * part + 1), sizeof(float)), *mine = xmalloc((size_t)(part + 1) * sizeof(float));
@@ -172,10 +180,10 @@ void ring_sparse_plan(const Ring *ring, const AttentionConfig *cfg, const AttnSh
     float *lse = xmalloc((size_t)(Hq * Lq) * sizeof(float));        // [Hq, Lq]
     for (int64_t i = 0; i < Hq * Lq; i++) lse[i] = -INFINITY;
     sparse_estimate_lse(&est, qe, qe_pos, k, pos, lse);
-    combine_lse(cp, lse, Hq * Lq);
+    ring_sparse_combine_lse(cp, lse, Hq * Lq);
     float *scores = xcalloc((size_t)(2 * Hq * N), sizeof(float));  // vertical [Hq, N], slash [Hq, N]
     sparse_estimate_scores(&est, qe, qe_pos, k, pos, lse, N, scores, scores + Hq * N);
-    combine_sums(cp, scores, 2 * Hq * N);
+    ring_sparse_combine_sums(cp, scores, 2 * Hq * N);
 
     // Selection (identical inputs, identical pattern) and this rank's index.
     sparse_select(cfg, scores, scores + Hq * N, Hq, N, fixed_vertical, fixed_slash, &rs->pattern);

@@ -77,5 +77,15 @@ void ring_sparse_free(RingSparse *rs);
 // byte models over any W).
 int64_t ring_need_words(int64_t seq_len, int block_size);
 void ring_need_row(const SparseIndex *index, int64_t words, uint64_t *row);
+// ORs into row the key blocks that hold the index's columns (for kernels
+// that compute each column in the ring step of its chunk, as the CUDA ones).
+void ring_need_row_columns(const SparseIndex *index, uint64_t *row);
+
+// The estimation's combines, collective over cp, the same bits on every rank:
+// lse [n] (each rank's partial lse over its keys) merged by log-sum-exp in
+// rank order; x [n] (partial sums) summed over the ranks, each element once
+// on one rank (reduce-scatter, then all-gather).
+void ring_sparse_combine_lse(const Comm *cp, float *lse, int64_t n);
+void ring_sparse_combine_sums(const Comm *cp, float *x, int64_t n);
 
 #endif

@@ -590,6 +590,23 @@ extern "C" void sparse_index_to_cuda(const SparseIndex *h, SparseIndexCuda *d) {
     d->columns = copy_to_device(h->columns, d->column_capacity);
 }
 
+static int64_t *copy_to_host(const int64_t *dev, int64_t n) {
+    int64_t *host = (int64_t *)xmalloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+    if (n > 0) CUDA_CHECK(cudaMemcpy(host, dev, sizeof(int64_t) * (size_t)n, cudaMemcpyDeviceToHost));
+    return host;
+}
+
+extern "C" void sparse_index_to_host(const SparseIndexCuda *d, cudaStream_t stream, SparseIndex *h) {
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    const int64_t rows = (int64_t)d->num_heads * d->num_q_blocks;
+    *h = SparseIndex{d->num_heads, d->block_size, d->seq_len, d->num_q_blocks, NULL, NULL, NULL, NULL, NULL};
+    h->q_blocks = copy_to_host(d->q_blocks, d->num_q_blocks);
+    h->block_start = copy_to_host(d->block_start, rows + 1);
+    h->column_start = copy_to_host(d->column_start, rows + 1);
+    h->blocks = copy_to_host(d->blocks, h->block_start[rows]);
+    h->columns = copy_to_host(d->columns, h->column_start[rows]);
+}
+
 extern "C" void sparse_index_free_cuda(SparseIndexCuda *d) {
     CUDA_CHECK(cudaFree(d->q_blocks));
     CUDA_CHECK(cudaFree(d->block_start));

@@ -61,6 +61,10 @@ typedef struct {
 // A copy of a host index on the device (synchronous).
 void sparse_index_to_cuda(const SparseIndex *host, SparseIndexCuda *dev);
 
+// A copy of a device index on the host, once `stream` is done with it
+// (synchronous); free with sparse_index_free.
+void sparse_index_to_host(const SparseIndexCuda *dev, cudaStream_t stream, SparseIndex *host);
+
 // Frees what dev holds (nothing for a zeroed struct) and zeroes it.
 void sparse_index_free_cuda(SparseIndexCuda *dev);
 

@@ -23,6 +23,9 @@
 set -uo pipefail
 run=${1:-configs/qwen2.5-3b-512k-32xa100.yaml}
 shift $(( $# > 0 ? 1 : 0 ))
+# The trainer with the CUDA backend when it was built (nvcc), else the CPU one.
+mtrain=build/cuda/mtrain
+[ -x "$mtrain" ] || mtrain=build/mtrain
 
 # One OpenMP thread set per rank, passive waits (README, Several processes).
 export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-8} OMP_WAIT_POLICY=passive
@@ -36,7 +39,7 @@ scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 
 # Plan on the batch host: memory per GPU, step time; stop if it does not fit.
-build/mtrain plan "$run" "$@" | tee "$scratch/plan.txt"
+"$mtrain" plan "$run" "$@" | tee "$scratch/plan.txt"
 if ! grep -q '^fits: yes' "$scratch/plan.txt"; then
   echo "sbatch_example.sh: $run does not fit (plan above); not starting" >&2
   exit 1
@@ -44,7 +47,7 @@ fi
 
 # The batch shell gets SIGUSR1 (B:) and passes it on to every rank.
 log=$scratch/train.log
-srun --mpi=pmix --kill-on-bad-exit=1 build/mtrain train "$run" "$@" > >(tee "$log") 2>&1 &
+srun --mpi=pmix --kill-on-bad-exit=1 "$mtrain" train "$run" "$@" > >(tee "$log") 2>&1 &
 srun_pid=$!
 trap 'kill -USR1 "$srun_pid"' USR1
 status=0

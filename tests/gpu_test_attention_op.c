@@ -14,10 +14,10 @@
 // Needs a GPU (`make test-gpu`), or the sim (tests/test_sim.sh).
 //   build/tests/gpu_test_attention_op             every case
 //   build/tests/gpu_test_attention_op small       the small cases
-//   build/tests/gpu_test_attention_op refuse-ring what the op refuses: sparse
-//                                                 attention on a ring of 2
-//                                                 ranks (exit 1 with one
-//                                                 line; tests/test_sim.sh)
+//   build/tests/gpu_test_attention_op refuse-block what the op refuses: sparse
+//                                                 attention with blocks of 32
+//                                                 (exit 1 with one line;
+//                                                 tests/test_sim.sh)
 //
 // Inputs are planted so that the pattern has no near-ties to flip between the
 // CPU's and the GPU's fp32 estimation: every query attends strongly (logit
@@ -381,24 +381,21 @@ static void run_case(const Case *c, uint64_t seed) {
     free_inputs(&in[1]);
 }
 
-// What the op refuses: sparse attention on a ring of 2 ranks ends the
-// program with one line.
-static void refuse_ring(void) {
-    const Case c = {200, 64, 4, 2, 64, KIND_SPARSE_FIXED, 0};
+// What the op refuses: sparse attention with blocks of 32 (the kernels'
+// query tile is one block of 64 or 128) ends the program with one line.
+static void refuse_block(void) {
+    const Case c = {200, 64, 4, 2, 32, KIND_SPARSE_FIXED, 0};
     const AttentionConfig cfg = config_of(&c, c.kind);
-    AttnState *st = attention_cuda_new(&cfg, 1, c.Hq);
-    const AttnRingCuda two = {.cp_size = 2};   // refused before any call into it
-    attention_cuda_set_ring(st, &two);
-    attention_cuda_free(st);
+    attention_cuda_free(attention_cuda_new(&cfg, 1, c.Hq));
 }
 
 int main(int argc, char **argv) {
     const int small = argc > 1 && strcmp(argv[1], "small") == 0;
-    if (argc == 2 && strcmp(argv[1], "refuse-ring") == 0) {
-        refuse_ring();
+    if (argc == 2 && strcmp(argv[1], "refuse-block") == 0) {
+        refuse_block();
         return 0;
     }
-    CHECK(argc == 1 || small, "usage: %s [small | refuse-ring]", argv[0]);
+    CHECK(argc == 1 || small, "usage: %s [small | refuse-block]", argv[0]);
     // {T, D, Hq, Hkv, B, kind, docs}
     static const Case cases[] = {
         {1, 64, 2, 1, 64, KIND_DENSE, 0},

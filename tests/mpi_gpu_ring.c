@@ -12,6 +12,17 @@
 // rows of o, lse, and of the dq, dk, dv increments; and the bytes the ring
 // sent (attention_cuda_ring_bytes) with those ring_send_tokens plans: K/V as
 // bf16 in both passes, dK/dV as fp32.
+// Sparse (N_SPARSE tokens, blocks of 64): the same checks of the sparse op
+// (the pattern estimated over the ring, the sparse kernels per ring step)
+// against the one-GPU sparse op, and its statistics (density counts equal,
+// recall within 1e-4 relative); the planned bytes use the key blocks each
+// rank's index reads (blocks and the blocks of its columns), from an
+// independent CPU plan of the whole sequence (sparse_plan_local on the same
+// bf16 inputs). Inputs are planted so that the pattern has no near-ties to
+// flip between the ring's and the one GPU's estimation: every query attends
+// with logit +6 (through dimension 0) to PLANT_VERTICAL keys, placed where
+// the estimation queries' document is (also with documents), and the fixed
+// budget keeps exactly those verticals (no slash beyond the local line).
 // Tolerances: o, dq, dk, dv are bf16 (each rounded once from fp32 sums that
 // the ring adds in another order: 2^-9 relative per rounding, up to 2^-8 per
 // element when the fp32 sums straddle a rounding boundary), so relative
@@ -27,6 +38,7 @@
 #include "../attention/ring_cuda.h"
 #include "../attention/ring_plan.h"
 #include "../attention/ring_sparse.h"
+#include "../attention/sparse_plan.h"
 #include "../dist/comm_device.h"
 #include "../dist/cuda_check.h"
 #include "../dist/util.h"
@@ -36,15 +48,20 @@
 
 #define EXPECT_ALL(...) do { checks++; expect_all(__VA_ARGS__); } while (0)
 
-enum { N = 128, B = 16, HQ = 4, HKV = 2, D = 64 };
+enum { N_DENSE = 128, B_DENSE = 16, N_SPARSE = 512, B_SPARSE = 64, HQ = 4, HKV = 2, D = 64 };
 #define TOL_BF16 1e-2
 #define TOL_LSE 1e-6
+#define TOL_RECALL 1e-4
+#define PLANT_LOGIT 6.0
+#define PLANT_VERTICAL 4
+static const int64_t planted[PLANT_VERTICAL] = {300, 340, 390, 430};   // in [289, 448): see doc_set_starts
 
 // One GPU's op (cp NULL) or the ring's on its rows: q, k, v, dout [tokens]
 // rows of the whole sequence's; o, lse and the dq, dk, dv increments (fp32, host).
 typedef struct {
     float *o, *lse, *dq, *dk, *dv;
     double bytes;              // sent in the ring
+    SparseStats stats;         // the plan forward's (sparse)
 } Result;
 
 static Result run_op(const AttentionConfig *cfg, const Comm *cp, int inner, const AttnShape *shape,
@@ -67,11 +84,12 @@ static Result run_op(const AttentionConfig *cfg, const Comm *cp, int inner, cons
     CUDA_CHECK(cudaMemset(d_dq, 0, (size_t)nq * 2));
     CUDA_CHECK(cudaMemset(d_dk, 0, (size_t)nk * 2));
     CUDA_CHECK(cudaMemset(d_dv, 0, (size_t)nk * 2));
-    attention_cuda_forward(st, 0, true, shape, d_q, d_k, d_v, d_pos, d_o, d_lse, NULL, 0);
+    SparseStats stats = {0};
+    attention_cuda_forward(st, 0, true, shape, d_q, d_k, d_v, d_pos, d_o, d_lse, &stats, 0);
     attention_cuda_backward(st, 0, shape, d_q, d_k, d_v, d_pos, d_o, d_lse, d_dout, d_delta, d_dq, d_dk, d_dv, 0);
     CUDA_CHECK(cudaDeviceSynchronize());
     Result r = {from_device_bf16(d_o, nq), from_device_f32(d_lse, HQ * T), from_device_bf16(d_dq, nq),
-                from_device_bf16(d_dk, nk), from_device_bf16(d_dv, nk), attention_cuda_ring_bytes(st)};
+                from_device_bf16(d_dk, nk), from_device_bf16(d_dv, nk), attention_cuda_ring_bytes(st), stats};
     void *all[] = {d_q, d_k, d_v, d_dout, d_pos, d_o, d_lse, d_delta, d_dq, d_dk, d_dv};
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) CUDA_CHECK(cudaFree(all[i]));
     attention_cuda_free(st);
@@ -94,7 +112,7 @@ static void *rows(const void *x, size_t row_bytes, const int64_t *pos, int64_t T
 }
 
 // lse [HQ, N] at positions pos [T] -> [HQ, T].
-static float *lse_rows(const float *lse, const int64_t *pos, int64_t T) {
+static float *lse_rows(const float *lse, int64_t N, const int64_t *pos, int64_t T) {
     float *out = xmalloc((size_t)(HQ * T) * sizeof(float) + 1);
     for (int h = 0; h < HQ; h++)
         for (int64_t t = 0; t < T; t++) out[h * T + t] = lse[h * N + pos[t]];
@@ -108,15 +126,61 @@ static uint16_t *random_bits(Rng *rng, int64_t n, double scale) {
     return x;
 }
 
+// Sparse inputs (file comment): q, k [N, H, D] N(0, 1) in dimensions 1..D-1;
+// dimension 0 of every query and of the planted keys gives their pairs logit
+// PLANT_LOGIT.
+static void plant(uint16_t *q, uint16_t *k, int64_t N) {
+    const uint16_t c = f32_to_bf16((float)sqrt(PLANT_LOGIT * sqrt((double)D)));
+    for (int64_t t = 0; t < N * HQ; t++) q[t * D] = c;
+    for (int64_t t = 0; t < N * HKV; t++) k[t * D] = 0;
+    for (int i = 0; i < PLANT_VERTICAL; i++)
+        for (int g = 0; g < HKV; g++) k[(planted[i] * HKV + g) * D] = c;
+}
+
+// need [W, words]: the key blocks each rank's sparse index reads (its rows'
+// blocks and the blocks of their columns), from sparse_plan_local's index of
+// the whole sequence on the host (fp32 copies of the bf16 q, k).
+static void sparse_need(const AttentionConfig *cfg, const AttnShape *full, const uint16_t *q, const uint16_t *k,
+                        LayoutKind layout, int64_t words, uint64_t *need) {
+    const int W = dist.cp.size, B = full->block_size;
+    const int64_t N = full->q_tokens, nb = (N + B - 1) / B, nq = N * HQ * D, nk = N * HKV * D;
+    float *qf = xmalloc((size_t)nq * sizeof(float)), *kf = xmalloc((size_t)nk * sizeof(float));
+    for (int64_t i = 0; i < nq; i++) qf[i] = bf16_to_f32(q[i]);
+    for (int64_t i = 0; i < nk; i++) kf[i] = bf16_to_f32(k[i]);
+    int64_t *iota = xmalloc((size_t)N * sizeof(int64_t)), *blocks = xmalloc((size_t)nb * sizeof(int64_t));
+    for (int64_t t = 0; t < N; t++) iota[t] = t;
+    SparseIndex index = {0};
+    sparse_plan_local(cfg, full, qf, kf, iota, NULL, NULL, &index, NULL);
+    memset(need, 0, (size_t)(W * words) * sizeof(uint64_t));
+    for (int r = 0; r < W; r++) {
+        const int64_t n = layout_rank_blocks(layout, N, B, W, r, blocks);
+        for (int h = 0; h < HQ; h++)
+            for (int64_t i = 0; i < n; i++) {
+                const int64_t row = h * index.num_q_blocks + blocks[i];
+                for (int64_t e = index.block_start[row]; e < index.block_start[row + 1]; e++)
+                    need[r * words + index.blocks[e] / 64] |= (uint64_t)1 << (index.blocks[e] % 64);
+                for (int64_t e = index.column_start[row]; e < index.column_start[row + 1]; e++) {
+                    const int64_t b = index.columns[e] / B;
+                    need[r * words + b / 64] |= (uint64_t)1 << (b % 64);
+                }
+            }
+    }
+    sparse_index_free(&index);
+    free(qf); free(kf); free(iota); free(blocks);
+}
+
 // The bytes this rank's ring sends for one forward and backward, by the
-// byte planner (ring_send_tokens), for ring_send `send`.
-static double planned_bytes(int inner, RingSend send, const AttnShape *shape, const int64_t *pos, int64_t T) {
-    const int W = dist.cp.size, r = dist.cp.rank;
+// byte planner (ring_send_tokens), for ring_send `send`; sparse_bits: the
+// sparse index's need rows, NULL for dense attention.
+static double planned_bytes(int inner, RingSend send, const AttnShape *shape, const int64_t *pos, int64_t T,
+                            int64_t N, const uint64_t *sparse_bits) {
+    const int W = dist.cp.size, r = dist.cp.rank, B = shape->block_size;
     Ring ring;
     ring_init(&ring, &dist.cp, inner, pos, T);
     const int64_t words = ring_need_words(N, B);
     uint64_t *bits = xmalloc((size_t)(W * words) * sizeof(uint64_t));
-    ring_dense_need(&ring, shape, words, bits);
+    if (sparse_bits) memcpy(bits, sparse_bits, (size_t)(W * words) * sizeof(uint64_t));
+    else ring_dense_need(&ring, shape, words, bits);
     const RingNeed need = {B, words, bits};
     int64_t *kv = xcalloc((size_t)(W * W), sizeof(int64_t)), *dkv = xcalloc((size_t)(W * W), sizeof(int64_t));
     ring_send_tokens(&ring, send == RING_SEND_SELECTED ? &need : NULL, kv, dkv);
@@ -131,17 +195,22 @@ static double planned_bytes(int inner, RingSend send, const AttnShape *shape, co
     return bytes;
 }
 
-static void check_case(int inner, LayoutKind layout, RingSend send, DocSet docs) {
-    const int W = dist.cp.size, r = dist.cp.rank;
+static void check_case(int inner, LayoutKind layout, RingSend send, DocSet docs, bool sparse) {
+    const int W = dist.cp.size, r = dist.cp.rank, B = sparse ? B_SPARSE : B_DENSE;
+    const int64_t N = sparse ? N_SPARSE : N_DENSE;
     Rng rng;
     rng_seed(&rng, 1234);
-    uint16_t *q = random_bits(&rng, N * HQ * D, 3.0), *k = random_bits(&rng, N * HKV * D, 1.0);
+    uint16_t *q = random_bits(&rng, N * HQ * D, sparse ? 1.0 : 3.0), *k = random_bits(&rng, N * HKV * D, 1.0);
     uint16_t *v = random_bits(&rng, N * HKV * D, 1.0), *dout = random_bits(&rng, N * HQ * D, 1.0);
+    if (sparse) plant(q, k, N);
     int64_t starts[64];
     const int64_t doc_count = doc_set_starts(docs, N, B, W, starts);
-    const AttentionConfig cfg = {.type = ATTN_DENSE, .block_size = B, .ring_send = send};
+    AttentionConfig cfg = {.type = ATTN_DENSE, .block_size = B, .ring_send = send};
+    if (sparse)
+        cfg = (AttentionConfig){.type = ATTN_SPARSE, .block_size = B, .ring_send = send, .last_q = 64, .sink = 4,
+                                .local = 1, .budget = BUDGET_FIXED, .vertical = PLANT_VERTICAL, .slash = 0};
     AttnShape full = {N, N, HQ, HKV, D, B, 1.0f / sqrtf((float)D), doc_count ? starts : NULL, doc_count};
-    int64_t *iota = xmalloc(N * sizeof(int64_t));
+    int64_t *iota = xmalloc((size_t)N * sizeof(int64_t));
     for (int64_t t = 0; t < N; t++) iota[t] = t;
     Result ref = run_op(&cfg, NULL, 1, &full, q, k, v, dout, iota, N);
 
@@ -153,9 +222,15 @@ static void check_case(int inner, LayoutKind layout, RingSend send, DocSet docs)
     AttnShape shape = full;
     shape.q_tokens = shape.k_tokens = T;
     Result ring = run_op(&cfg, &dist.cp, inner, &shape, lq, lk, lv, ldout, pos, T);
-    const double planned = planned_bytes(inner, send, &shape, pos, T);
+    uint64_t *need = NULL;
+    if (sparse) {
+        const int64_t words = ring_need_words(N, B);
+        need = xmalloc((size_t)(W * words) * sizeof(uint64_t));
+        sparse_need(&cfg, &full, q, k, layout, words, need);
+    }
+    const double planned = planned_bytes(inner, send, &shape, pos, T, N, need);
 
-    float *o = rows(ref.o, HQ * D * sizeof(float), pos, T), *lse = lse_rows(ref.lse, pos, T);
+    float *o = rows(ref.o, HQ * D * sizeof(float), pos, T), *lse = lse_rows(ref.lse, N, pos, T);
     float *dq = rows(ref.dq, HQ * D * sizeof(float), pos, T), *dk = rows(ref.dk, HKV * D * sizeof(float), pos, T);
     float *dv = rows(ref.dv, HKV * D * sizeof(float), pos, T);
     const double e_o = rel_frobenius(ring.o, o, T * HQ * D), e_lse = rel_frobenius(ring.lse, lse, HQ * T);
@@ -163,17 +238,27 @@ static void check_case(int inner, LayoutKind layout, RingSend send, DocSet docs)
     const double e_dv = rel_frobenius(ring.dv, dv, T * HKV * D);
     double worst[5] = {e_o, e_lse, e_dq, e_dk, e_dv};
     comm_allreduce(&dist.world, worst, 5, DT_DOUBLE, REDUCE_MAX);
-    const char *ring_name = inner == W ? "flat" : "hierarchical";
-    const char *layout_name = layout == LAYOUT_ZIGZAG ? "zigzag" : "striped";
-    const char *send_name = send == RING_SEND_SELECTED ? "selected" : "full";
-    EXPECT_ALL(e_o <= TOL_BF16 && e_lse <= TOL_LSE, "cuda_ring_forward_cp%d_%s_%s_%s%s: o %.2e <= %.0e, lse %.2e <= %.0e",
-               W, ring_name, layout_name, send_name, doc_set_suffix(docs), worst[0], TOL_BF16, worst[1], TOL_LSE);
+    char name[96];
+    snprintf(name, sizeof(name), "cp%d_%s_%s_%s%s%s", W, inner == W ? "flat" : "hierarchical",
+             layout == LAYOUT_ZIGZAG ? "zigzag" : "striped", send == RING_SEND_SELECTED ? "selected" : "full",
+             doc_set_suffix(docs), sparse ? "_sparse" : "");
+    EXPECT_ALL(e_o <= TOL_BF16 && e_lse <= TOL_LSE, "cuda_ring_forward_%s: o %.2e <= %.0e, lse %.2e <= %.0e",
+               name, worst[0], TOL_BF16, worst[1], TOL_LSE);
     EXPECT_ALL(e_dq <= TOL_BF16 && e_dk <= TOL_BF16 && e_dv <= TOL_BF16,
-               "cuda_ring_backward_cp%d_%s_%s_%s%s: dq %.2e, dk %.2e, dv %.2e <= %.0e", W, ring_name, layout_name,
-               send_name, doc_set_suffix(docs), worst[2], worst[3], worst[4], TOL_BF16);
-    EXPECT_ALL(ring.bytes == planned && planned > 0, "cuda_ring_bytes_cp%d_%s_%s_%s%s: rank %d sent %.0f bytes, "
-               "planned %.0f", W, ring_name, layout_name, send_name, doc_set_suffix(docs), r, ring.bytes, planned);
-    void *all[] = {q, k, v, dout, iota, pos, lq, lk, lv, ldout, o, lse, dq, dk, dv};
+               "cuda_ring_backward_%s: dq %.2e, dk %.2e, dv %.2e <= %.0e", name, worst[2], worst[3], worst[4],
+               TOL_BF16);
+    EXPECT_ALL(ring.bytes == planned && planned > 0, "cuda_ring_bytes_%s: rank %d sent %.0f bytes, planned %.0f",
+               name, r, ring.bytes, planned);
+    if (sparse) {
+        const SparseStats a = ring.stats, b = ref.stats;
+        const double recall = fabs(a.covered_mass - b.covered_mass) / b.covered_mass;
+        EXPECT_ALL(a.computed == b.computed && a.causal == b.causal && a.estimation_rows == b.estimation_rows &&
+                   a.computed < a.causal && recall <= TOL_RECALL,
+                   "cuda_ring_stats_%s: density %.0f / %.0f (one GPU %.0f / %.0f), recall mass %.6f (one GPU "
+                   "%.6f, %.0f rows)", name, a.computed, a.causal, b.computed, b.causal, a.covered_mass,
+                   b.covered_mass, a.estimation_rows);
+    }
+    void *all[] = {q, k, v, dout, iota, pos, lq, lk, lv, ldout, o, lse, dq, dk, dv, need};
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) free(all[i]);
     result_free(&ref);
     result_free(&ring);
@@ -190,7 +275,8 @@ int main(int argc, char **argv) {
     const DocSet docs[] = {DOCS_NONE, DOCS_MIXED};
     for (int l = 0; l < 2; l++)
         for (int s = 0; s < 2; s++)
-            for (int d = 0; d < 2; d++) check_case(inner, layouts[l], sends[s], docs[d]);
+            for (int d = 0; d < 2; d++)
+                for (int sparse = 0; sparse < 2; sparse++) check_case(inner, layouts[l], sends[s], docs[d], sparse);
     dist_finalize(&dist);
     return check_failures > 0;
 }

@@ -68,8 +68,8 @@ where='.* block \(0,0,0\) thread \([0-9]+,0,0\) warp [0-9]+ lane [0-9]+: '
 violation shfl_missing_lane "^cudasim: kernel shfl_missing_lane_kernel${where}.*lane 5 of the mask has exited"
 violation misaligned_cp_async "^cudasim: kernel misaligned_cp_async_kernel${where}.*16-byte aligned"
 violation barrier_divergence "^cudasim: kernel barrier_divergence_kernel${where}__syncthreads while thread .* has exited"
-# What the CUDA attention op refuses, likewise: sparse attention on a ring.
-violation refuse-ring 'attention.type sparse with parallel.cp 2: the CUDA backend.s ring attention is dense' \
+# What the CUDA attention op refuses, likewise: sparse blocks of 32.
+violation refuse-block 'attention.block_size 32: the CUDA sparse attention supports 64 and 128' \
   $sim/gpu_test_attention_op
 
 $sim/sim_selftest_asan oob_read >"$tmp/out" 2>&1

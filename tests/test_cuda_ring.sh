@@ -40,7 +40,6 @@ source tests/lib.sh
 mpirun_env
 export OMP_NUM_THREADS=1
 sim=build/sim/mtrain
-PY=/usr/bin/python3
 if [ ! -x "$sim" ] || [ ! -x build/sim/tests/mpi_gpu_ring ]; then
   bad cuda_ring_binary "$sim or build/sim/tests/mpi_gpu_ring missing (make build-sim)"
   exit 1
@@ -51,25 +50,12 @@ RUN="model.hidden_size=128 model.intermediate_size=256 model.num_layers=2 model.
      train.lr_schedule=constant train.lr=1e-2 train.warmup_steps=0 train.eps=1e-3 train.grad_clip=0 log.every=1
      checkpoint.resume=never"
 
-# train NAME NP ARGS...: on NP ranks (1: no mpirun), one GPU each, into
-# $tmp/NAME (metrics and checkpoints); stdout+stderr in $tmp/NAME.out.
-train() {
-  local name=$1 np=$2
-  shift 2
-  local launch=()
-  [ "$np" -gt 1 ] && launch=(mpirun --oversubscribe --bind-to none -np "$np")
-  CUDASIM_DEVICES=$np timeout 120 "${launch[@]}" "$sim" train configs/tiny-cpu.yaml $RUN \
-    log.dir="$tmp/$name" checkpoint.dir="$tmp/$name" "$@" </dev/null >"$tmp/$name.out" 2>&1
-}
-differ() { "$PY" tests/compare_runs.py "$tmp/$1" "$tmp/$2" 3; }
-below() { awk -v x="$1" -v tol="$2" 'BEGIN { exit !(x != "-" && x + 0 <= tol + 0) }'; }
-
 # The attention of each kind: its one-rank reference is named after it.
 SPARSE="attention.type=sparse attention.block_size=64 attention.budget=fixed attention.vertical=4 attention.slash=1
         attention.sink=4 attention.local=1 log.attention_every=1"
 declare -A KIND=([dense]="" [sparse]="$SPARSE" [sparse_docs]="$SPARSE data.doc_mask=true")
 for kind in dense sparse sparse_docs; do
-  train "ref_$kind" 1 ${KIND[$kind]}
+  sim_train "ref_$kind" 1 1 ${KIND[$kind]}
 done
 # seed cp ring layout ring_send attention
 cases="1 2 flat striped full dense
@@ -82,10 +68,10 @@ cases="1 2 flat striped full dense
 2 4 hierarchical striped selected sparse_docs"
 while read -r seed cp ring layout send kind; do
   name=cp${cp}_${ring}_${layout}_${send}_${kind}_seed$seed
-  CUDASIM_SEED=$seed train "$name" "$cp" parallel.cp="$cp" attention.ring="$ring" parallel.cp_inner=2 \
+  CUDASIM_SEED=$seed sim_train "$name" "$cp" "$cp" parallel.cp="$cp" attention.ring="$ring" parallel.cp_inner=2 \
     attention.layout="$layout" attention.ring_send="$send" ${KIND[$kind]}
   rc=$?
-  read -r loss weights < <(differ "$name" "ref_$kind")
+  read -r loss weights < <(runs_differ "$name" "ref_$kind")
   sparse=true                                  # sparse: the first step's density below 1
   [ "$kind" != dense ] && sparse="grep -qE '^step +1/3 .*attn density 0[.]' '$tmp/$name.out'"
   expect "cuda_ring_$name: cp $cp $ring $layout ring_send $send $kind under CUDASIM_SEED=$seed = one rank (exit $rc; loss $loss <= 2e-4 relative, weights $weights <= 4e-3)" \
@@ -105,8 +91,8 @@ for run in "1 2 2" "3 4 2"; do
     "[ $rc -eq 0 ] && [ \$(grep -c '^ok ' '$tmp/unit.out') -eq 56 ]"
 done
 
-CUDASIM_SEED=1 train mpi 2 parallel.cp=2 parallel.comm=mpi
-read -r loss weights < <(differ mpi cp2_flat_striped_full_dense_seed1)
+CUDASIM_SEED=1 sim_train mpi 2 2 parallel.cp=2 parallel.comm=mpi
+read -r loss weights < <(runs_differ mpi cp2_flat_striped_full_dense_seed1)
 expect "cuda_ring_mpi_equals_nccl: parallel.comm: mpi = nccl on cp 2 (loss $loss, weights $weights <= 1e-6)" \
   "grep -q '^ranks: 2 = dp 1 x cp 2' '$tmp/mpi.out' && ! grep -q 'gradients over NCCL' '$tmp/mpi.out' && below '$loss' 1e-6 && below '$weights' 1e-6"
 

@@ -352,7 +352,8 @@ build/fuzz/fuzz_seeds: build/fuzz/obj/tests/fuzz/fuzz_seeds.o $(FUZZ_LIB_OBJ)
 	clang -fsanitize=fuzzer-no-link,address,undefined $^ -o $@ $(LDLIBS)
 
 fuzz: build-fuzz
-	@st=0; for name in $(FUZZ_NAMES); do bash tests/fuzz/run.sh $$name $(FUZZ_RUNS) || st=1; done; exit $$st
+	@failed=; for name in $(FUZZ_NAMES); do bash tests/fuzz/run.sh $$name $(FUZZ_RUNS) || failed="$$failed $$name"; done; \
+	if [ -n "$$failed" ]; then echo "fuzz: failed:$$failed (inputs in build/fuzz/crashes/)"; exit 1; fi
 
 clean:
 	rm -rf build

@@ -41,5 +41,10 @@ echo "fuzz $name: ${execs:-?} executions in ${seconds} s, coverage ${cov:-?} edg
      "corpus $(ls "$corpus" | wc -l) inputs, exit $status (log $log)"
 if [ "$status" -ne 0 ]; then
   grep -m5 'ERROR\|SUMMARY\|runtime error' "$log" || true
+  # The inputs that failed, in the log as well: a CI run's scratch copy is gone
+  # by the time anyone reads it (add them to tests/fuzz/regressions/NAME/).
+  for input in "$crashes"/*; do
+    [ -f "$input" ] && echo "failing input $input (base64): $(base64 -w0 "$input")"
+  done
   exit 1
 fi

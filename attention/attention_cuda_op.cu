@@ -54,7 +54,7 @@ struct AttnState {
     int64_t tokens;
     bool pos_is_iota;            // pos[t] == t for every t
     AttnRingCuda ring;           // the cp ring (ring.ring NULL on one rank)
-    uint64_t **ring_need;        // [num_layers] sparse on a ring: the plan's need bits (host)
+    void **ring_layer;           // [num_layers] sparse on a ring: the plan's state of the layer (ring's)
     Scratch o_acc, dq_acc, dk_acc, dv_acc, lse_est, vertical, slash, q_blocks;
 };
 
@@ -87,7 +87,7 @@ extern "C" AttnState *attention_cuda_new(const AttentionConfig *cfg, int num_lay
     st->num_heads = num_heads;
     st->index = (SparseIndexCuda *)xcalloc((size_t)num_layers, sizeof(SparseIndexCuda));
     st->planned = (bool *)xcalloc((size_t)num_layers, sizeof(bool));
-    st->ring_need = (uint64_t **)xcalloc((size_t)num_layers, sizeof(uint64_t *));
+    st->ring_layer = (void **)xcalloc((size_t)num_layers, sizeof(void *));
     sparse_budget_tables(cfg, num_layers, num_heads, &st->budget_vertical, &st->budget_slash);
     return st;
 }
@@ -96,12 +96,18 @@ static void forget_plans(AttnState *st) {
     for (int l = 0; l < st->num_layers; l++) st->planned[l] = false;
 }
 
+// The ring's layer states (before the ring goes).
+static void forget_ring_layers(AttnState *st) {
+    for (int l = 0; l < st->num_layers; l++) {
+        if (st->ring_layer[l] && st->ring.layer_free) st->ring.layer_free(st->ring_layer[l]);
+        st->ring_layer[l] = NULL;
+    }
+}
+
 extern "C" void attention_cuda_free(AttnState *st) {
     if (!st) return;
-    for (int l = 0; l < st->num_layers; l++) {
-        sparse_index_free_cuda(&st->index[l]);
-        free(st->ring_need[l]);
-    }
+    for (int l = 0; l < st->num_layers; l++) sparse_index_free_cuda(&st->index[l]);
+    forget_ring_layers(st);
     sparse_index_free_cuda(&st->est_index);
     sparse_pattern_free_cuda(&st->pattern);
     Scratch *all[] = {&st->o_acc, &st->dq_acc, &st->dk_acc, &st->dv_acc, &st->lse_est,
@@ -110,7 +116,7 @@ extern "C" void attention_cuda_free(AttnState *st) {
     if (st->ring.ring) st->ring.free(st->ring.ring);
     free(st->index);
     free(st->planned);
-    free(st->ring_need);
+    free(st->ring_layer);
     free(st->pos);
     free(st->budget_vertical);
     free(st->budget_slash);
@@ -118,6 +124,8 @@ extern "C" void attention_cuda_free(AttnState *st) {
 }
 
 extern "C" bool attention_cuda_set_ring(AttnState *st, const AttnRingCuda *ring) {
+    forget_ring_layers(st);
+    forget_plans(st);
     if (st->ring.ring) st->ring.free(st->ring.ring);
     st->ring = AttnRingCuda{};
     if (!ring) return false;
@@ -252,13 +260,13 @@ extern "C" void attention_cuda_forward(AttnState *st, int layer, bool plan, cons
         if (sparse && plan) {
             st->ring.sparse_plan(st->ring.ring, &st->cfg, shape, q, k, layer_budget(st, st->budget_vertical, layer),
                                  layer_budget(st, st->budget_slash, layer), &st->pattern, &st->index[layer],
-                                 &st->ring_need[layer], stats, stream);
+                                 &st->ring_layer[layer], stats, stream);
             st->planned[layer] = true;
         }
         CHECK(!sparse || st->planned[layer], "attention (CUDA): layer %d recomputed before its sequence's plan "
               "forward", layer);
         st->ring.forward(st->ring.ring, shape, st->cfg.ring_send, sparse ? &st->index[layer] : NULL,
-                         sparse ? st->ring_need[layer] : NULL, q, k, v, o_acc, lse, plan ? stats : NULL, stream);
+                         sparse ? st->ring_layer[layer] : NULL, q, k, v, o_acc, lse, plan ? stats : NULL, stream);
     } else if (st->cfg.type != ATTN_SPARSE) {
         attn_forward_init_cuda(shape, o_acc, lse, stream);
         attn_dense_forward_cuda(shape, q, pos, k, v, pos, o_acc, lse, stream);
@@ -290,7 +298,7 @@ extern "C" void attention_cuda_backward(AttnState *st, int layer, const AttnShap
     CUDA_CHECK(cudaMemsetAsync(dv_acc, 0, sizeof(float) * (size_t)nk, stream));
     if (st->ring.ring) {
         st->ring.backward(st->ring.ring, shape, st->cfg.ring_send, sparse ? &st->index[layer] : NULL,
-                          sparse ? st->ring_need[layer] : NULL, q, k, v, o, lse, dout, dq_acc, dk_acc, dv_acc, stream);
+                          sparse ? st->ring_layer[layer] : NULL, q, k, v, o, lse, dout, dq_acc, dk_acc, dv_acc, stream);
     } else {
         attn_backward_delta_cuda(shape, o, dout, delta, stream);
         if (sparse)

@@ -40,28 +40,32 @@ extern "C" {
 //   sparse_plan  (collective over cp) the sparse pattern of this rank's q, k
 //                [T, H, D] with the estimation's inputs gathered
 //                bit-identically on every rank: *pattern the same on every
-//                rank, *index this rank's query blocks, *need (host,
-//                reallocated) [cp size, words] the key blocks every rank's
-//                index reads; stats: NULL or the density added (cp totals)
-//   forward      index NULL: dense; else the sparse kernels per ring step
-//                over the index, need its RingNeed bits (ring_send
-//                selected); stats: NULL or the recall added (cp totals,
-//                after a sparse_plan of the same layer)
+//                rank, *index this rank's query blocks, *layer (made or
+//                remade; free with layer_free) the ring's state of the
+//                layer: the key blocks every rank's index reads and the
+//                columns gathered once per layer; stats: NULL or the
+//                density added (cp totals)
+//   forward      index NULL: dense; else the sparse kernels over the index
+//                and the plan's layer: the columns gathered to every rank
+//                and computed in ring step 0, the blocks per ring step;
+//                stats: NULL or the recall added (cp totals, after a
+//                sparse_plan of the same layer)
+//   backward     likewise; the columns' dK/dV go home after the ring
 typedef struct {
     void *ring;
     int cp_size;
     void (*sequence)(void *ring, const int64_t *pos, int64_t tokens);
     void (*sparse_plan)(void *ring, const AttentionConfig *cfg, const AttnShape *shape, const uint16_t *q,
                         const uint16_t *k, const int *fixed_vertical, const int *fixed_slash,
-                        SparsePatternCuda *pattern, SparseIndexCuda *index, uint64_t **need, SparseStats *stats,
+                        SparsePatternCuda *pattern, SparseIndexCuda *index, void **layer, SparseStats *stats,
                         cudaStream_t stream);
-    void (*forward)(void *ring, const AttnShape *shape, RingSend send, const SparseIndexCuda *index,
-                    const uint64_t *need, const uint16_t *q, const uint16_t *k, const uint16_t *v, float *o_acc,
-                    float *lse, SparseStats *stats, cudaStream_t stream);
-    void (*backward)(void *ring, const AttnShape *shape, RingSend send, const SparseIndexCuda *index,
-                     const uint64_t *need, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                     const uint16_t *o, const float *lse, const uint16_t *dout, float *dq_acc, float *dk_acc,
-                     float *dv_acc, cudaStream_t stream);
+    void (*forward)(void *ring, const AttnShape *shape, RingSend send, const SparseIndexCuda *index, void *layer,
+                    const uint16_t *q, const uint16_t *k, const uint16_t *v, float *o_acc, float *lse,
+                    SparseStats *stats, cudaStream_t stream);
+    void (*backward)(void *ring, const AttnShape *shape, RingSend send, const SparseIndexCuda *index, void *layer,
+                     const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *o, const float *lse,
+                     const uint16_t *dout, float *dq_acc, float *dk_acc, float *dv_acc, cudaStream_t stream);
+    void (*layer_free)(void *layer);   // NULL: nothing
     double (*bytes)(const void *ring);
     void (*free)(void *ring);
 } AttnRingCuda;

@@ -5,6 +5,12 @@
 // NCCL the host never waits inside a layer's ring (the sparse plan before it
 // waits for the stream: its combines go through the host). Token lists for
 // row moves are copied to a device buffer before each move (stream-ordered).
+// Sparse, as ring_sparse.c: the columns of every rank's index are gathered
+// to every rank before the ring (one device all-gather of their K/V rows)
+// and computed in step 0 (the column pass), the ring steps compute blocks
+// only, and the columns' dK/dV go home after the ring (one device
+// reduce-scatter). Each of the two collectives returns when it is done (the
+// host waits for it under the watchdog): twice per layer, outside the ring.
 #ifdef MTRAIN_CUDA
 
 #include "ring_cuda.h"
@@ -42,12 +48,34 @@ typedef struct {
     RingTraffic traffic;
     RingKernels sparse_kernels;
     const SparseIndexCuda *index;  // the sparse kernels' index of the current call
+    struct RingLayerCuda *layer;   // and its layer (gathered columns)
+    bool columns_pending;      // the next sparse kernel call also computes the columns (step 0)
+    void *column_arena;        // [W, 2 * max_owned, Hkv * D] the columns' collective (bf16 K/V or fp32 dK/dV)
+    size_t column_arena_bytes;
+    float *column_dkv;         // [2, count, Hkv, D] the columns' dK/dV of the backward
+    size_t column_dkv_bytes;
+    int64_t column_bytes;      // sent for the gathered columns since the sequence began
     // The sparse plan's device scratch (grown) and its estimation's combined lse (host).
     void *est_q, *est_pos, *est_lse, *est_scores, *q_blocks;
     size_t est_q_bytes, est_pos_bytes, est_lse_bytes, est_scores_bytes, q_blocks_bytes;
     float *lse_est;            // [Hq, est_rows] host, for the forward's recall
     int64_t est_rows;
 } RingCuda;
+
+// A layer's sparse ring state (AttnRingCuda's `layer`), made by the plan:
+// which key blocks every rank's index reads and the gathered columns. The
+// columns' collective message is [W, 2 * max_owned] rows: owner r's block
+// holds its owned[r] columns' K rows then their V rows (dK, dV), in slot
+// order, from the block's start.
+typedef struct RingLayerCuda {
+    uint64_t *need;            // [W, words] host
+    RingColumns columns;       // host
+    int64_t *column_pos;       // [count] device: the columns' positions (the column pass's keys)
+    int64_t *column_rows;      // [2, count] device: each column's K row, then V row, in the message
+    int64_t *own_local;        // [owned[rank]] device: this rank's columns' local tokens, in slot order
+    uint16_t *column_kv;       // [2, count, Hkv, D] device bf16: the gathered K then V (set by the forward)
+    size_t column_kv_bytes;
+} RingLayerCuda;
 
 // ---- the device memory ----
 
@@ -174,19 +202,45 @@ static void dense_backward(void *ctx, const AttnShape *shape, const void *q, con
     attn_dense_backward_cuda(shape, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk, dv, rc->stream);
 }
 
-// ---- the sparse kernels per ring step (rc->index: every block and column of the chunk) ----
+// ---- the sparse kernels per ring step (rc->index: the chunk's blocks; in step 0 also the gathered columns) ----
+
+// Step 0's column pass, once per ring call: NULL when it is done, else the
+// layer whose gathered columns it computes, *s their shape and *half the
+// elements of their K rows (the V rows follow).
+static const RingLayerCuda *column_pass(RingCuda *rc, const AttnShape *shape, AttnShape *s, int64_t *half) {
+    if (!rc->columns_pending) return NULL;
+    rc->columns_pending = false;
+    *s = *shape;
+    s->k_tokens = rc->layer->columns.count;
+    *half = s->k_tokens * shape->num_kv_heads * shape->head_dim;
+    return rc->layer;
+}
 
 static void sparse_forward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos, const void *k,
                            const void *v, const int64_t *k_pos, float *o, float *lse) {
     RingCuda *rc = ctx;
-    attn_sparse_forward_cuda(shape, rc->index, q, q_pos, k, v, k_pos, o, lse, rc->stream);
+    attn_sparse_forward_part_cuda(SPARSE_BLOCKS, shape, rc->index, q, q_pos, k, v, k_pos, o, lse, rc->stream);
+    AttnShape s;
+    int64_t half;
+    const RingLayerCuda *layer = column_pass(rc, shape, &s, &half);
+    if (layer)
+        attn_sparse_forward_part_cuda(SPARSE_COLUMNS, &s, rc->index, q, q_pos, layer->column_kv,
+                                      layer->column_kv + half, layer->column_pos, o, lse, rc->stream);
 }
 
 static void sparse_backward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos, const void *k,
                             const void *v, const int64_t *k_pos, const float *lse, const float *delta,
                             const void *dout, float *dq, float *dk, float *dv) {
     RingCuda *rc = ctx;
-    attn_sparse_backward_cuda(shape, rc->index, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk, dv, rc->stream);
+    attn_sparse_backward_part_cuda(SPARSE_BLOCKS, shape, rc->index, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk,
+                                   dv, rc->stream);
+    AttnShape s;
+    int64_t half;
+    const RingLayerCuda *layer = column_pass(rc, shape, &s, &half);
+    if (layer)
+        attn_sparse_backward_part_cuda(SPARSE_COLUMNS, &s, rc->index, q, q_pos, layer->column_kv,
+                                       layer->column_kv + half, layer->column_pos, lse, delta, dout, dq,
+                                       rc->column_dkv, rc->column_dkv + half, rc->stream);
 }
 
 // ---- the sparse plan over the ring ----
@@ -230,14 +284,56 @@ static void combine_on_host(RingCuda *rc, float *x, int64_t n, void (*combine)(c
     free(host);
 }
 
+static void ring_layer_free(void *layer) {
+    RingLayerCuda *l = layer;
+    if (!l) return;
+    free(l->need);
+    ring_columns_free(&l->columns);
+    void *dev[] = {l->column_pos, l->column_rows, l->own_local, l->column_kv};
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
+        if (dev[i]) CUDA_CHECK(cudaFree(dev[i]));
+    free(l);
+}
+
+static int64_t *device_list(const int64_t *host, int64_t n) {
+    int64_t *dev = NULL;
+    CUDA_CHECK(cudaMalloc((void **)&dev, sizeof(int64_t) * (size_t)(n + 1)));
+    CUDA_CHECK(cudaMemcpy(dev, host, sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice));
+    return dev;
+}
+
+// The layer's gathered columns from this rank's index (collective over cp)
+// and their device lists: positions, rows in the collective's message
+// (owner o's block starts at row o * 2 * max_owned; K at slot, V at
+// owned[o] + slot), and this rank's own columns' local tokens by slot.
+static void plan_columns(RingCuda *rc, const SparseIndex *mine, RingLayerCuda *layer) {
+    RingColumns *c = &layer->columns;
+    ring_columns_plan(&rc->ring, mine, c);
+    const int me = rc->cp->rank;
+    const int64_t n = c->count, M = c->max_owned;
+    int64_t *rows = xmalloc(sizeof(int64_t) * (size_t)(2 * n + 1));
+    int64_t *own = xmalloc(sizeof(int64_t) * (size_t)(c->owned[me] + 1));
+    for (int64_t j = 0; j < n; j++) {
+        const int64_t block = (int64_t)c->owner[j] * 2 * M;
+        rows[j] = block + c->slot[j];
+        rows[n + j] = block + c->owned[c->owner[j]] + c->slot[j];
+        if (c->owner[j] == me) own[c->slot[j]] = c->local[j];
+    }
+    layer->column_pos = device_list(c->positions, n);
+    layer->column_rows = device_list(rows, 2 * n);
+    layer->own_local = device_list(own, c->owned[me]);
+    free(rows);
+    free(own);
+}
+
 // As ring_sparse_plan (ring_sparse.c) on the GPU: estimation of the last Lq
 // queries against this rank's keys, the partial lse and sums combined on the
 // host by the same functions, selection and this rank's index on the GPU,
-// and the need rows all-gathered (blocks and the blocks of columns: the
-// CUDA kernels compute each column in its chunk's ring step).
+// the need rows (the index's blocks) all-gathered and the gathered columns
+// planned: *layer remade.
 static void ring_sparse_plan_cuda(void *ring, const AttentionConfig *cfg, const AttnShape *shape, const uint16_t *q,
                                   const uint16_t *k, const int *fixed_vertical, const int *fixed_slash,
-                                  SparsePatternCuda *pattern, SparseIndexCuda *index, uint64_t **need,
+                                  SparsePatternCuda *pattern, SparseIndexCuda *index, void **layer_out,
                                   SparseStats *stats, cudaStream_t stream) {
     RingCuda *rc = ring;
     CHECK(rc->built, "sparse ring attention (CUDA): a plan before the sequence's positions");
@@ -291,9 +387,11 @@ static void ring_sparse_plan_cuda(void *ring, const AttentionConfig *cfg, const 
     const int64_t words = ring_need_words(N, B);
     uint64_t *row = xmalloc(sizeof(uint64_t) * (size_t)words);
     ring_need_row(&mine, words, row);
-    ring_need_row_columns(&mine, row);
-    *need = xrealloc(*need, sizeof(uint64_t) * (size_t)(W * words));
-    comm_allgather(rc->cp, row, *need, words, DT_INT64);
+    ring_layer_free(*layer_out);
+    RingLayerCuda *layer = *layer_out = xcalloc(1, sizeof(RingLayerCuda));
+    layer->need = xmalloc(sizeof(uint64_t) * (size_t)(W * words));
+    comm_allgather(rc->cp, row, layer->need, words, DT_INT64);
+    plan_columns(rc, &mine, layer);
     if (stats) {
         SparseStats part = {0};
         sparse_index_count(&mine, pos, T, shape->doc_starts, shape->doc_count, &part);
@@ -343,7 +441,8 @@ static void ring_free_cuda(void *ring) {
     comm_device_exchange_free(rc->exchange);
     if (rc->sel) CUDA_CHECK(cudaFree(rc->sel));
     if (rc->staging) CUDA_CHECK(cudaFree(rc->staging));
-    void *scratch[] = {rc->est_q, rc->est_pos, rc->est_lse, rc->est_scores, rc->q_blocks};
+    void *scratch[] = {rc->est_q, rc->est_pos, rc->est_lse, rc->est_scores, rc->q_blocks, rc->column_arena,
+                       rc->column_dkv};
     for (size_t i = 0; i < sizeof(scratch) / sizeof(scratch[0]); i++)
         if (scratch[i]) CUDA_CHECK(cudaFree(scratch[i]));
     free(rc->need_bits);
@@ -361,14 +460,16 @@ static void ring_sequence(void *ring, const int64_t *pos, int64_t tokens) {
     ring_set_memory(&rc->ring, &rc->memory, rc->positions);
     rc->built = true;
     rc->traffic = (RingTraffic){0};
+    rc->column_bytes = 0;
 }
 
 // The call's stream, the exchange, the kernels (dense, or sparse over
-// index) and with ring_send selected the key blocks each rank's queries
-// read: the dense ones for this shape, or sparse_need (the plan's).
+// index and layer) and with ring_send selected the key blocks each rank's
+// queries read: the dense ones for this shape, or the layer's (the plan's).
 static const RingKernels *begin(RingCuda *rc, const AttnShape *shape, RingSend send, const SparseIndexCuda *index,
-                                const uint64_t *sparse_need, cudaStream_t stream) {
+                                RingLayerCuda *layer, cudaStream_t stream) {
     CHECK(rc->built, "ring attention (CUDA): a call before the sequence's positions (ring_cuda_sequence)");
+    CHECK(!index || layer, "sparse ring attention (CUDA): a call before the layer's plan");
     rc->stream = stream;
     if (!rc->exchange) rc->exchange = comm_device_exchange_new(rc->cp, stream);
     const int64_t rows = rc->ring.max_count + 1, kv = (int64_t)shape->num_kv_heads * shape->head_dim;
@@ -376,6 +477,8 @@ static const RingKernels *begin(RingCuda *rc, const AttnShape *shape, RingSend s
     rc->sel_count = rows;
     room(&rc->staging, &rc->staging_bytes, sizeof(float) * (size_t)(2 * rows * kv));
     rc->index = index;
+    rc->layer = layer;
+    rc->columns_pending = index != NULL;
     RingKernels *kernels = index ? &rc->sparse_kernels : &rc->kernels;
     kernels->need = NULL;
     if (send != RING_SEND_SELECTED) return kernels;
@@ -384,31 +487,84 @@ static const RingKernels *begin(RingCuda *rc, const AttnShape *shape, RingSend s
         rc->need_bits = xrealloc(rc->need_bits, (size_t)(rc->cp->size * words) * sizeof(uint64_t));
         ring_dense_need(&rc->ring, shape, words, rc->need_bits);
     }
-    rc->need = (RingNeed){.block_size = shape->block_size, .words = words, .need = index ? sparse_need : rc->need_bits};
+    rc->need = (RingNeed){.block_size = shape->block_size, .words = words, .need = index ? layer->need : rc->need_bits};
     kernels->need = &rc->need;
     return kernels;
 }
 
-static void ring_forward(void *ring, const AttnShape *shape, RingSend send, const SparseIndexCuda *index,
-                         const uint64_t *need, const uint16_t *q, const uint16_t *k, const uint16_t *v, float *o_acc,
-                         float *lse, SparseStats *stats, cudaStream_t stream) {
+// The columns' collective message of `element_bytes` elements: [W, 2 *
+// max_owned, kv] (grown between ring calls).
+static void *column_arena(RingCuda *rc, const RingColumns *c, int64_t kv, size_t element_bytes) {
+    room(&rc->column_arena, &rc->column_arena_bytes, element_bytes * (size_t)(rc->cp->size * 2 * c->max_owned * kv + 1));
+    return rc->column_arena;
+}
+
+// The layer's columns' K/V rows gathered to every rank, in column order,
+// into layer->column_kv [2, count, kv] (bf16): this rank packs its own into
+// its block of the message, one all-gather, then every column's rows out.
+static void gather_columns(RingCuda *rc, RingLayerCuda *layer, int64_t kv, const uint16_t *k, const uint16_t *v) {
+    const RingColumns *c = &layer->columns;
+    const int me = rc->cp->rank;
+    const int64_t n = c->count, block = 2 * c->max_owned * kv;      // bf16 per rank's block
+    const size_t row = sizeof(uint16_t) * (size_t)kv;
+    room((void **)&layer->column_kv, &layer->column_kv_bytes, row * (size_t)(2 * n + 1));
+    if (c->max_owned == 0) return;
+    uint16_t *arena = column_arena(rc, c, kv, sizeof(uint16_t));
+    ring_gather_pair_rows_cuda(arena + me * block, k, layer->own_local, v, layer->own_local, c->owned[me], row,
+                               rc->stream);
+    comm_device_allgather_bf16(rc->cp, arena, block, rc->stream);
+    ring_gather_pair_rows_cuda(layer->column_kv, arena, layer->column_rows, arena, layer->column_rows + n, n, row,
+                               rc->stream);
+    rc->column_bytes += ring_columns_bytes(c, rc->cp->size, kv, sizeof(uint16_t));
+}
+
+// The columns' dK/dV (rc->column_dkv, every rank's contribution) summed into
+// their owners' dk, dv [T, kv]: scattered into the message, one
+// reduce-scatter, this rank's block added at its columns' tokens.
+static void columns_home(RingCuda *rc, const RingLayerCuda *layer, int64_t kv, float *dk, float *dv) {
+    const RingColumns *c = &layer->columns;
+    const int me = rc->cp->rank;
+    const int64_t n = c->count, block = 2 * c->max_owned * kv;
+    if (c->max_owned == 0) return;
+    float *arena = column_arena(rc, c, kv, sizeof(float));
+    CUDA_CHECK(cudaMemsetAsync(arena, 0, sizeof(float) * (size_t)(rc->cp->size * block), rc->stream));
+    ring_scatter_pair_rows_cuda(arena, layer->column_rows, arena, layer->column_rows + n, rc->column_dkv, n,
+                                sizeof(float) * (size_t)kv, rc->stream);
+    comm_device_reduce_scatter(rc->cp, arena, block, rc->stream);
+    ring_add_rows_cuda(dk, dv, arena + me * block, layer->own_local, c->owned[me], kv, rc->stream);
+    rc->column_bytes += ring_columns_bytes(c, rc->cp->size, kv, sizeof(float));
+}
+
+static void ring_forward(void *ring, const AttnShape *shape, RingSend send, const SparseIndexCuda *index, void *layer,
+                         const uint16_t *q, const uint16_t *k, const uint16_t *v, float *o_acc, float *lse,
+                         SparseStats *stats, cudaStream_t stream) {
     RingCuda *rc = ring;
-    ring_attn_forward(&rc->ring, begin(rc, shape, send, index, need, stream), shape, q, k, v, o_acc, lse);
+    const RingKernels *kernels = begin(rc, shape, send, index, layer, stream);
+    if (index) gather_columns(rc, layer, (int64_t)shape->num_kv_heads * shape->head_dim, k, v);
+    ring_attn_forward(&rc->ring, kernels, shape, q, k, v, o_acc, lse);
     if (index && stats) count_recall(rc, shape, lse, stats);
 }
 
 static void ring_backward(void *ring, const AttnShape *shape, RingSend send, const SparseIndexCuda *index,
-                          const uint64_t *need, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                          const uint16_t *o, const float *lse, const uint16_t *dout, float *dq_acc, float *dk_acc,
-                          float *dv_acc, cudaStream_t stream) {
+                          void *layer, const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *o,
+                          const float *lse, const uint16_t *dout, float *dq_acc, float *dk_acc, float *dv_acc,
+                          cudaStream_t stream) {
     RingCuda *rc = ring;
-    ring_attn_backward(&rc->ring, begin(rc, shape, send, index, need, stream), shape, q, k, v, o, lse, dout, dq_acc,
-                       dk_acc, dv_acc);
+    const RingKernels *kernels = begin(rc, shape, send, index, layer, stream);
+    const int64_t kv = (int64_t)shape->num_kv_heads * shape->head_dim;
+    if (index) {   // the columns' buffers before the ring (room frees only between ring calls)
+        const RingColumns *c = &((RingLayerCuda *)layer)->columns;
+        room((void **)&rc->column_dkv, &rc->column_dkv_bytes, sizeof(float) * (size_t)(2 * c->count * kv + 1));
+        CUDA_CHECK(cudaMemsetAsync(rc->column_dkv, 0, sizeof(float) * (size_t)(2 * c->count * kv), stream));
+        column_arena(rc, c, kv, sizeof(float));
+    }
+    ring_attn_backward(&rc->ring, kernels, shape, q, k, v, o, lse, dout, dq_acc, dk_acc, dv_acc);
+    if (index) columns_home(rc, layer, kv, dk_acc, dv_acc);
 }
 
 static double ring_bytes(const void *ring) {
     const RingCuda *rc = ring;
-    return (double)(rc->traffic.kv_bytes + rc->traffic.dkv_bytes);
+    return (double)(rc->traffic.kv_bytes + rc->traffic.dkv_bytes + rc->column_bytes);
 }
 
 AttnRingCuda ring_cuda_new(const Comm *cp, int inner) {
@@ -427,7 +583,8 @@ AttnRingCuda ring_cuda_new(const Comm *cp, int inner) {
                                        .traffic = &rc->traffic};
     return (AttnRingCuda){.ring = rc, .cp_size = cp->size, .sequence = ring_sequence,
                           .sparse_plan = ring_sparse_plan_cuda, .forward = ring_forward,
-                          .backward = ring_backward, .bytes = ring_bytes, .free = ring_free_cuda};
+                          .backward = ring_backward, .layer_free = ring_layer_free, .bytes = ring_bytes,
+                          .free = ring_free_cuda};
 }
 
 #endif

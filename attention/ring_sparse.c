@@ -24,14 +24,6 @@ void ring_need_row(const SparseIndex *index, int64_t words, uint64_t *row) {
         row[index->blocks[e] / 64] |= (uint64_t)1 << (index->blocks[e] % 64);
 }
 
-void ring_need_row_columns(const SparseIndex *index, uint64_t *row) {
-    const int64_t rows = (int64_t)index->num_heads * index->num_q_blocks;
-    for (int64_t e = 0; e < index->column_start[rows]; e++) {
-        const int64_t b = index->columns[e] / index->block_size;
-        row[b / 64] |= (uint64_t)1 << (b % 64);
-    }
-}
-
 // ------------------------------------------------------------- estimation
 
 // The last Lq queries of the sequence (global positions N - Lq .. N - 1) from
@@ -97,39 +89,52 @@ static char *mark_index_columns(const Ring *ring, const SparseIndex *index) {
     return mark;
 }
 
-// The gathered columns: the union of every rank's index columns (vertical
-// positions outside the row's blocks, and with documents each document's
-// sink), where each lives (owner rank, local token) and its slot among its
-// owner's. Collective over ring->cp.
-static void plan_columns(const Ring *ring, RingSparse *rs) {
+void ring_columns_build(const Ring *ring, const char *mark, RingColumns *c) {
     const int W = ring->cp->size;
-    const int64_t N = rs->pattern.seq_len;
-    char *mark = mark_index_columns(ring, &rs->index);
-    int *owner = xmalloc((size_t)N * sizeof(int));
-    int64_t *local = xmalloc((size_t)N * sizeof(int64_t)), *owned = xcalloc((size_t)W, sizeof(int64_t));
+    const int64_t N = ring->offsets[W];
+    int *owner = xmalloc((size_t)(N + 1) * sizeof(int));
+    int64_t *local = xmalloc((size_t)(N + 1) * sizeof(int64_t)), *owned = xcalloc((size_t)W, sizeof(int64_t));
     for (int r = 0; r < W; r++)
         for (int64_t t = 0; t < ring->counts[r]; t++) {
             owner[ring->positions[ring->offsets[r] + t]] = r;
             local[ring->positions[ring->offsets[r] + t]] = t;
         }
-    rs->num_columns = 0;
-    for (int64_t x = 0; x < N; x++) rs->num_columns += mark[x];
-    const size_t n = (size_t)rs->num_columns + 1;
-    rs->columns = xmalloc(n * sizeof(int64_t));
-    rs->column_owner = xmalloc(n * sizeof(int));
-    rs->column_local = xmalloc(n * sizeof(int64_t));
-    rs->column_slot = xmalloc(n * sizeof(int64_t));
-    rs->max_owned = 0;
+    c->count = 0;
+    for (int64_t x = 0; x < N; x++) c->count += mark[x] != 0;
+    const size_t n = (size_t)c->count + 1;
+    c->positions = xmalloc(n * sizeof(int64_t));
+    c->owner = xmalloc(n * sizeof(int));
+    c->local = xmalloc(n * sizeof(int64_t));
+    c->slot = xmalloc(n * sizeof(int64_t));
+    c->owned = xmalloc((size_t)W * sizeof(int64_t));
+    c->max_owned = 0;
     for (int64_t x = 0, j = 0; x < N; x++) {
         if (!mark[x]) continue;
-        rs->columns[j] = x;
-        rs->column_owner[j] = owner[x];
-        rs->column_local[j] = local[x];
-        rs->column_slot[j] = owned[owner[x]]++;
-        if (owned[owner[x]] > rs->max_owned) rs->max_owned = owned[owner[x]];
+        c->positions[j] = x;
+        c->owner[j] = owner[x];
+        c->local[j] = local[x];
+        c->slot[j] = owned[owner[x]]++;
+        if (owned[owner[x]] > c->max_owned) c->max_owned = owned[owner[x]];
         j++;
     }
-    free(mark); free(owner); free(local); free(owned);
+    memcpy(c->owned, owned, (size_t)W * sizeof(int64_t));
+    free(owner); free(local); free(owned);
+}
+
+void ring_columns_plan(const Ring *ring, const SparseIndex *index, RingColumns *c) {
+    char *mark = mark_index_columns(ring, index);
+    ring_columns_free(c);
+    ring_columns_build(ring, mark, c);
+    free(mark);
+}
+
+int64_t ring_columns_bytes(const RingColumns *c, int W, int64_t kv, size_t element_bytes) {
+    return (int64_t)(W - 1) * 2 * c->max_owned * kv * (int64_t)element_bytes;
+}
+
+void ring_columns_free(RingColumns *c) {
+    free(c->positions); free(c->owner); free(c->local); free(c->slot); free(c->owned);
+    *c = (RingColumns){0};
 }
 
 // Density and recall of the pattern summed over cp, added to stats.
@@ -201,7 +206,7 @@ void ring_sparse_plan(const Ring *ring, const AttentionConfig *cfg, const AttnSh
     ring_need_row(&rs->index, rs->need.words, row);
     comm_allgather(cp, row, rs->need_bits, rs->need.words, DT_INT64);
     rs->need.need = rs->need_bits;
-    plan_columns(ring, rs);
+    ring_columns_plan(ring, &rs->index, &rs->columns);
 
     if (stats) plan_stats(ring, rs, cfg->sink, &est, qe, qe_pos, k, lse, stats);
     free(qe); free(qe_pos); free(lse); free(scores); free(q_blocks); free(row);
@@ -216,10 +221,10 @@ static void sparse_forward(void *ctx, const AttnShape *shape, const void *q, con
     if (!rs->columns_pending) return;
     rs->columns_pending = false;
     AttnShape s = *shape;
-    s.k_tokens = rs->num_columns;
+    s.k_tokens = rs->columns.count;
     const int64_t kv = s.k_tokens * shape->num_kv_heads * shape->head_dim;
     attn_sparse_forward_part_cpu(SPARSE_COLUMNS, &s, &rs->index, q, q_pos, rs->column_kv,
-                                 rs->column_kv + kv, rs->columns, o, lse);
+                                 rs->column_kv + kv, rs->columns.positions, o, lse);
 }
 
 static void sparse_backward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos,
@@ -231,10 +236,10 @@ static void sparse_backward(void *ctx, const AttnShape *shape, const void *q, co
     if (!rs->columns_pending) return;
     rs->columns_pending = false;
     AttnShape s = *shape;
-    s.k_tokens = rs->num_columns;
+    s.k_tokens = rs->columns.count;
     const int64_t kv = s.k_tokens * shape->num_kv_heads * shape->head_dim;
     attn_sparse_backward_part_cpu(SPARSE_COLUMNS, &s, &rs->index, q, q_pos, rs->column_kv,
-                                  rs->column_kv + kv, rs->columns, lse, delta, dout, dq,
+                                  rs->column_kv + kv, rs->columns.positions, lse, delta, dout, dq,
                                   rs->column_dkv, rs->column_dkv + kv);
 }
 
@@ -245,28 +250,29 @@ static RingKernels kernels_of(RingSparse *rs) {
 
 // Per-owner message layout of the columns: [W, max_owned, 2, kv] (K then V
 // row of each column at its owner's block and slot).
-static float *owner_slot(const RingSparse *rs, float *buf, int64_t j, int64_t kv) {
-    return buf + ((int64_t)rs->column_owner[j] * rs->max_owned + rs->column_slot[j]) * 2 * kv;
+static float *owner_slot(const RingColumns *c, float *buf, int64_t j, int64_t kv) {
+    return buf + ((int64_t)c->owner[j] * c->max_owned + c->slot[j]) * 2 * kv;
 }
 
 // All-gather of this rank's K/V rows at the columns into rs->column_kv.
 static void gather_columns_kv(const Ring *ring, RingSparse *rs, int64_t kv, const float *k, const float *v) {
     const int W = ring->cp->size, me = ring->cp->rank;
-    const int64_t n = rs->num_columns, row = 2 * kv * rs->max_owned;
+    const RingColumns *c = &rs->columns;
+    const int64_t n = c->count, row = 2 * kv * c->max_owned;
     float *all = xmalloc((size_t)(W * row + 1) * sizeof(float));
     float *send = xcalloc((size_t)row + 1, sizeof(float));
     for (int64_t j = 0; j < n; j++) {
-        if (rs->column_owner[j] != me) continue;
-        float *dst = send + rs->column_slot[j] * 2 * kv;
-        memcpy(dst, k + rs->column_local[j] * kv, (size_t)kv * sizeof(float));
-        memcpy(dst + kv, v + rs->column_local[j] * kv, (size_t)kv * sizeof(float));
+        if (c->owner[j] != me) continue;
+        float *dst = send + c->slot[j] * 2 * kv;
+        memcpy(dst, k + c->local[j] * kv, (size_t)kv * sizeof(float));
+        memcpy(dst + kv, v + c->local[j] * kv, (size_t)kv * sizeof(float));
     }
     comm_allgather(ring->cp, send, all, row, DT_FLOAT);
-    rs->column_bytes += (W - 1) * row * (int64_t)sizeof(float);
+    rs->column_bytes += ring_columns_bytes(c, W, kv, sizeof(float));
     free(rs->column_kv);
     rs->column_kv = xmalloc((size_t)(2 * n * kv + 1) * sizeof(float));
     for (int64_t j = 0; j < n; j++) {
-        const float *src = owner_slot(rs, all, j, kv);
+        const float *src = owner_slot(c, all, j, kv);
         memcpy(rs->column_kv + j * kv, src, (size_t)kv * sizeof(float));
         memcpy(rs->column_kv + (n + j) * kv, src + kv, (size_t)kv * sizeof(float));
     }
@@ -286,7 +292,8 @@ void ring_sparse_backward(const Ring *ring, RingSparse *rs, const AttnShape *sha
                           const float *k, const float *v, const float *o, const float *lse,
                           const float *dout, float *dq, float *dk, float *dv) {
     const int W = ring->cp->size, me = ring->cp->rank;
-    const int64_t kv = (int64_t)shape->num_kv_heads * shape->head_dim, n = rs->num_columns;
+    const RingColumns *c = &rs->columns;
+    const int64_t kv = (int64_t)shape->num_kv_heads * shape->head_dim, n = c->count;
     CHECK(rs->column_kv, "sparse ring: backward before forward");
     free(rs->column_dkv);
     rs->column_dkv = xcalloc((size_t)(2 * n * kv + 1), sizeof(float));
@@ -295,19 +302,19 @@ void ring_sparse_backward(const Ring *ring, RingSparse *rs, const AttnShape *sha
     ring_attn_backward(ring, &kernels, shape, q, k, v, o, lse, dout, dq, dk, dv);
 
     // The columns' dK/dV home: summed over ranks into each owner's slots.
-    const int64_t row = 2 * kv * rs->max_owned;
+    const int64_t row = 2 * kv * c->max_owned;
     float *send = xcalloc((size_t)(W * row + 1), sizeof(float)), *home = xmalloc((size_t)(row + 1) * sizeof(float));
     for (int64_t j = 0; j < n; j++) {
-        float *dst = owner_slot(rs, send, j, kv);
+        float *dst = owner_slot(c, send, j, kv);
         memcpy(dst, rs->column_dkv + j * kv, (size_t)kv * sizeof(float));
         memcpy(dst + kv, rs->column_dkv + (n + j) * kv, (size_t)kv * sizeof(float));
     }
     comm_reduce_scatter(ring->cp, send, home, row, DT_FLOAT);
-    rs->column_bytes += (W - 1) * row * (int64_t)sizeof(float);
+    rs->column_bytes += ring_columns_bytes(c, W, kv, sizeof(float));
     for (int64_t j = 0; j < n; j++) {
-        if (rs->column_owner[j] != me) continue;
-        const float *src = home + rs->column_slot[j] * 2 * kv;
-        float *dkr = dk + rs->column_local[j] * kv, *dvr = dv + rs->column_local[j] * kv;
+        if (c->owner[j] != me) continue;
+        const float *src = home + c->slot[j] * 2 * kv;
+        float *dkr = dk + c->local[j] * kv, *dvr = dv + c->local[j] * kv;
         for (int64_t x = 0; x < kv; x++) {
             dkr[x] += src[x];
             dvr[x] += src[kv + x];
@@ -320,7 +327,7 @@ void ring_sparse_backward(const Ring *ring, RingSparse *rs, const AttnShape *sha
 void ring_sparse_free(RingSparse *rs) {
     sparse_pattern_free(&rs->pattern);
     sparse_index_free(&rs->index);
-    free(rs->need_bits); free(rs->columns); free(rs->column_owner); free(rs->column_local);
-    free(rs->column_slot); free(rs->column_kv); free(rs->column_dkv);
+    ring_columns_free(&rs->columns);
+    free(rs->need_bits); free(rs->column_kv); free(rs->column_dkv);
     *rs = (RingSparse){0};
 }

@@ -29,6 +29,22 @@
 #include "ring.h"
 #include "sparse.h"
 
+// The gathered columns of a layer: the union of every cp rank's index
+// columns (vertical positions outside a row's blocks, and with documents
+// each document's sink), where each lives, and its place in the messages
+// that gather their K/V (all-gather) and send their dK/dV home
+// (reduce-scatter): [W, max_owned] rows, owner r's columns at its block in
+// slot order.
+typedef struct {
+    int64_t count;
+    int64_t *positions;        // [count] ascending global positions
+    int *owner;                // [count] cp rank holding each
+    int64_t *local;            // [count] its local token there
+    int64_t *slot;             // [count] its place among its owner's columns
+    int64_t *owned;            // [W] columns each rank holds
+    int64_t max_owned;         // most columns one rank holds
+} RingColumns;
+
 // One layer's sparse ring state (plan, then forward, then backward).
 typedef struct {
     SparsePattern pattern;     // the layer's lines, identical on every cp rank
@@ -36,16 +52,10 @@ typedef struct {
     RingSend send;
     RingNeed need;             // key blocks each cp rank's index uses (need.need = need_bits)
     uint64_t *need_bits;       // [W, need.words]
-    // Gathered columns: the union of every cp rank's index columns.
-    int64_t num_columns;
-    int64_t *columns;          // [num_columns] ascending global positions
-    int *column_owner;         // [num_columns] cp rank holding each
-    int64_t *column_local;     // [num_columns] its local token there
-    int64_t *column_slot;      // [num_columns] its place among its owner's columns
-    int64_t max_owned;         // most columns one rank holds
-    float *column_kv;          // [2, num_columns, Hkv, D] K then V rows (set by the forward)
+    RingColumns columns;
+    float *column_kv;          // [2, columns.count, Hkv, D] K then V rows (set by the forward)
     bool columns_pending;      // the next kernel call also computes the columns (step 0)
-    float *column_dkv;         // [2, num_columns, Hkv, D] backward scratch
+    float *column_dkv;         // [2, columns.count, Hkv, D] backward scratch
     // Bytes this rank sent for the layer (ring_sparse_plan zeroes them).
     RingTraffic traffic;       // K/V and dK/dV ring messages
     int64_t column_bytes;      // gathered column K/V (forward) and their dK/dV home (backward)
@@ -77,9 +87,19 @@ void ring_sparse_free(RingSparse *rs);
 // byte models over any W).
 int64_t ring_need_words(int64_t seq_len, int block_size);
 void ring_need_row(const SparseIndex *index, int64_t words, uint64_t *row);
-// ORs into row the key blocks that hold the index's columns (for kernels
-// that compute each column in the ring step of its chunk, as the CUDA ones).
-void ring_need_row_columns(const SparseIndex *index, uint64_t *row);
+
+// The gathered columns (RingColumns) of the ring's ranks' indexes (index:
+// this rank's); c is freed first. Collective over ring->cp.
+void ring_columns_plan(const Ring *ring, const SparseIndex *index, RingColumns *c);
+// The same from mark [N] (1 at every column of any rank's index), without
+// MPI (ring->cp only gives the size): for byte models of any ring.
+void ring_columns_build(const Ring *ring, const char *mark, RingColumns *c);
+// Bytes one rank sends to gather the columns' rows of kv elements of
+// element_bytes each (K/V forward) or to send them home (dK/dV backward):
+// W - 1 blocks of [2, max_owned, kv], as a ring all-gather or
+// reduce-scatter moves them.
+int64_t ring_columns_bytes(const RingColumns *c, int W, int64_t kv, size_t element_bytes);
+void ring_columns_free(RingColumns *c);
 
 // The estimation's combines, collective over cp, the same bits on every rank:
 // lse [n] (each rank's partial lse over its keys) merged by log-sum-exp in

@@ -5,8 +5,12 @@
 //
 // Per call, a chunk view is built on the device (no host round trip): the
 // local key block of each global block (-1 when not in this chunk) and, per
-// index row, the row's columns that lie in the chunk as local key tokens
-// (count, prefix sum with CUB, ordered fill). Then one CTA per index row
+// index row, the row's columns that lie in the call's keys as local key
+// tokens (count, prefix sum with CUB, ordered fill). A call computes a part
+// of the index (SparsePart, as the CPU version): blocks and columns of a
+// chunk (one GPU), only the blocks (a ring step), or only the columns
+// against K/V rows gathered at an ascending list of positions (the ring's
+// gathered columns): the view then holds no block, or no column. Then one CTA per index row
 // (q head h, query block i: the query tile is the whole block of B = 64 or
 // 128 queries, one warp per 16) walks the row's key tiles of 64 keys: each
 // selected block present in the chunk (B / 64 tiles), then the row's columns
@@ -52,23 +56,39 @@ __global__ void local_block_kernel(const int64_t *k_pos, int64_t Tk, int B, int6
         local_block[k_pos[j * B] / B] = j;
 }
 
-// One warp per index row: count[r] = the row's columns whose block is in the chunk.
-__global__ void column_count_kernel(const int64_t *column_start, const int64_t *columns,
-                                    const int64_t *local_block, int B, int64_t rows, int64_t *count) {
+// Local key token of column position col in this call, or -1: in the
+// chunk's blocks (SPARSE_ALL), in the ascending list k_pos [Tk]
+// (SPARSE_COLUMNS), never (SPARSE_BLOCKS).
+__device__ int64_t column_key(SparsePart part, const int64_t *local_block, const int64_t *k_pos, int64_t Tk, int B,
+                              int64_t col) {
+    if (part == SPARSE_BLOCKS) return -1;
+    if (part == SPARSE_ALL) return local_block[col / B] < 0 ? -1 : local_block[col / B] * B + col % B;
+    int64_t lo = 0, hi = Tk;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (k_pos[mid] < col) lo = mid + 1; else hi = mid;
+    }
+    return lo < Tk && k_pos[lo] == col ? lo : -1;
+}
+
+// One warp per index row: count[r] = the row's columns in this call.
+__global__ void column_count_kernel(SparsePart part, const int64_t *column_start, const int64_t *columns,
+                                    const int64_t *local_block, const int64_t *k_pos, int64_t Tk, int B, int64_t rows,
+                                    int64_t *count) {
     const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
     if (r >= rows) return;
     int n = 0;
     for (int64_t e = column_start[r] + lane; e < column_start[r + 1]; e += 32)
-        n += local_block[columns[e] / B] >= 0;
+        n += column_key(part, local_block, k_pos, Tk, B, columns[e]) >= 0;
     for (int off = 16; off > 0; off /= 2) n += __shfl_xor_sync(0xffffffffu, n, off);
     if (lane == 0) count[r] = n;
 }
 
-// One warp per index row: the row's columns in the chunk, in order, as local
-// key tokens from col_key[col_start[r]] on.
-__global__ void column_fill_kernel(const int64_t *column_start, const int64_t *columns,
-                                   const int64_t *local_block, int B, int64_t rows,
+// One warp per index row: the row's columns in this call, in order, as
+// local key tokens from col_key[col_start[r]] on.
+__global__ void column_fill_kernel(SparsePart part, const int64_t *column_start, const int64_t *columns,
+                                   const int64_t *local_block, const int64_t *k_pos, int64_t Tk, int B, int64_t rows,
                                    const int64_t *col_start, int64_t *col_key) {
     const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
@@ -77,21 +97,24 @@ __global__ void column_fill_kernel(const int64_t *column_start, const int64_t *c
     const int64_t end = column_start[r + 1];
     for (int64_t e0 = column_start[r]; e0 < end; e0 += 32) {
         const int64_t e = e0 + lane;
-        const int64_t lb = e < end ? local_block[columns[e] / B] : -1;
-        const unsigned mask = __ballot_sync(0xffffffffu, lb >= 0);
-        if (lb >= 0) col_key[out + __popc(mask & ((1u << lane) - 1))] = lb * B + columns[e] % B;
+        const int64_t key = e < end ? column_key(part, local_block, k_pos, Tk, B, columns[e]) : -1;
+        const unsigned mask = __ballot_sync(0xffffffffu, key >= 0);
+        if (key >= 0) col_key[out + __popc(mask & ((1u << lane) - 1))] = key;
         out += __popc(mask);
     }
 }
 
 // Device arrays of one call's chunk view (stream-ordered scratch).
 struct ChunkView {
-    int64_t *local_block;      // [ceil(N / B)]
-    int64_t *col_start;        // [rows + 1]
+    int64_t *local_block;      // [ceil(N / B)] (all -1 for SPARSE_COLUMNS: no block is in the call)
+    int64_t *col_start;        // [rows + 1] (all 0 for SPARSE_BLOCKS)
     int64_t *col_key;          // [index->column_capacity]
 };
 
-static ChunkView chunk_view(const SparseIndexCuda *x, const int64_t *k_pos, int64_t Tk,
+// The view of `part` of the index in this call's keys: k_pos [Tk] are whole
+// blocks of a chunk (SPARSE_ALL, SPARSE_BLOCKS) or an ascending list of
+// column positions (SPARSE_COLUMNS).
+static ChunkView chunk_view(SparsePart part, const SparseIndexCuda *x, const int64_t *k_pos, int64_t Tk,
                             cudaStream_t stream) {
     const int B = x->block_size;
     const int64_t rows = (int64_t)x->num_heads * x->num_q_blocks, nglobal = (x->seq_len + B - 1) / B;
@@ -101,12 +124,18 @@ static ChunkView chunk_view(const SparseIndexCuda *x, const int64_t *k_pos, int6
     CUDA_CHECK(cudaMallocAsync((void **)&c.col_key, (size_t)(x->column_capacity + 1) * sizeof(int64_t),
                                stream));
     CUDA_CHECK(cudaMemsetAsync(c.local_block, 0xff, (size_t)nglobal * sizeof(int64_t), stream));   // -1
+    if (part != SPARSE_COLUMNS) {
+        CUDA_LAUNCH(local_block_kernel, grid_for((Tk + B - 1) / B, 128), 128, 0, stream, k_pos, Tk, B, c.local_block);
+        CUDA_CHECK(cudaGetLastError());
+    }
+    if (part == SPARSE_BLOCKS) {
+        CUDA_CHECK(cudaMemsetAsync(c.col_start, 0, (size_t)(rows + 1) * sizeof(int64_t), stream));
+        return c;
+    }
     CUDA_CHECK(cudaMemsetAsync(c.col_start, 0, sizeof(int64_t), stream));
-    CUDA_LAUNCH(local_block_kernel, grid_for((Tk + B - 1) / B, 128), 128, 0, stream, k_pos, Tk, B, c.local_block);
-    CUDA_CHECK(cudaGetLastError());
     const int warps_grid = (int)((rows * 32 + 255) / 256);
-    CUDA_LAUNCH(column_count_kernel, warps_grid, 256, 0, stream, x->column_start, x->columns, c.local_block, B,
-                rows, c.col_start + 1);
+    CUDA_LAUNCH(column_count_kernel, warps_grid, 256, 0, stream, part, x->column_start, x->columns, c.local_block,
+                k_pos, Tk, B, rows, c.col_start + 1);
     CUDA_CHECK(cudaGetLastError());
     size_t bytes = 0;
     CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, bytes, c.col_start + 1, c.col_start + 1, rows, stream));
@@ -114,8 +143,8 @@ static ChunkView chunk_view(const SparseIndexCuda *x, const int64_t *k_pos, int6
     CUDA_CHECK(cudaMallocAsync(&temp, bytes, stream));
     CUDA_CHECK(cub::DeviceScan::InclusiveSum(temp, bytes, c.col_start + 1, c.col_start + 1, rows, stream));
     CUDA_CHECK(cudaFreeAsync(temp, stream));
-    CUDA_LAUNCH(column_fill_kernel, warps_grid, 256, 0, stream, x->column_start, x->columns, c.local_block, B, rows,
-                c.col_start, c.col_key);
+    CUDA_LAUNCH(column_fill_kernel, warps_grid, 256, 0, stream, part, x->column_start, x->columns, c.local_block,
+                k_pos, Tk, B, rows, c.col_start, c.col_key);
     CUDA_CHECK(cudaGetLastError());
     return c;
 }
@@ -464,14 +493,14 @@ static void forward(const AttnShape *s, const SparseIndexCuda *x, const ChunkVie
     else forward_launch<D, BM, false>(s, x, c, q, q_pos, NULL, k, v, k_pos, o, lse, stream);
 }
 
-extern "C" void attn_sparse_forward_cuda(const AttnShape *s, const SparseIndexCuda *x, const uint16_t *q,
-                                         const int64_t *q_pos, const uint16_t *k, const uint16_t *v,
-                                         const int64_t *k_pos, float *o_acc, float *lse,
-                                         cudaStream_t stream) {
+extern "C" void attn_sparse_forward_part_cuda(SparsePart part, const AttnShape *s, const SparseIndexCuda *x,
+                                              const uint16_t *q, const int64_t *q_pos, const uint16_t *k,
+                                              const uint16_t *v, const int64_t *k_pos, float *o_acc, float *lse,
+                                              cudaStream_t stream) {
     check_call(s, x);
     if (s->q_tokens == 0 || s->k_tokens == 0) return;
     check_aligned(q, "q"); check_aligned(k, "k"); check_aligned(v, "v"); check_aligned(o_acc, "o_acc");
-    ChunkView c = chunk_view(x, k_pos, s->k_tokens, stream);
+    ChunkView c = chunk_view(part, x, k_pos, s->k_tokens, stream);
     int64_t *qf = attn_doc_first_cuda(s, q_pos, stream);
     const bf16 *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
     const int key = s->head_dim * 1000 + x->block_size;
@@ -541,15 +570,15 @@ static void backward(const AttnShape *s, const SparseIndexCuda *x, const ChunkVi
     backward_docs<D, BM, 2>(s, x, c, q, q_pos, q_first, k, v, k_pos, lse, delta, dout, dq, dk, dv, stream);
 }
 
-extern "C" void attn_sparse_backward_cuda(const AttnShape *s, const SparseIndexCuda *x, const uint16_t *q,
-                                          const int64_t *q_pos, const uint16_t *k, const uint16_t *v,
-                                          const int64_t *k_pos, const float *lse, const float *delta,
-                                          const uint16_t *dout, float *dq, float *dk, float *dv,
-                                          cudaStream_t stream) {
+extern "C" void attn_sparse_backward_part_cuda(SparsePart part, const AttnShape *s, const SparseIndexCuda *x,
+                                               const uint16_t *q, const int64_t *q_pos, const uint16_t *k,
+                                               const uint16_t *v, const int64_t *k_pos, const float *lse,
+                                               const float *delta, const uint16_t *dout, float *dq, float *dk,
+                                               float *dv, cudaStream_t stream) {
     check_call(s, x);
     if (s->q_tokens == 0 || s->k_tokens == 0) return;
     check_aligned(q, "q"); check_aligned(k, "k"); check_aligned(v, "v"); check_aligned(dout, "dout");
-    ChunkView c = chunk_view(x, k_pos, s->k_tokens, stream);
+    ChunkView c = chunk_view(part, x, k_pos, s->k_tokens, stream);
     int64_t *qf = attn_doc_first_cuda(s, q_pos, stream);
     const bf16 *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
     const bf16 *dob = (const bf16 *)dout;
@@ -562,6 +591,20 @@ extern "C" void attn_sparse_backward_cuda(const AttnShape *s, const SparseIndexC
     else backward<128, 128>(s, x, &c, qb, q_pos, qf, kb, vb, k_pos, lse, delta, dob, dq, dk, dv, stream);
     if (qf) CUDA_CHECK(cudaFreeAsync(qf, stream));
     chunk_view_free(&c, stream);
+}
+
+extern "C" void attn_sparse_forward_cuda(const AttnShape *s, const SparseIndexCuda *x, const uint16_t *q,
+                                         const int64_t *q_pos, const uint16_t *k, const uint16_t *v,
+                                         const int64_t *k_pos, float *o_acc, float *lse, cudaStream_t stream) {
+    attn_sparse_forward_part_cuda(SPARSE_ALL, s, x, q, q_pos, k, v, k_pos, o_acc, lse, stream);
+}
+
+extern "C" void attn_sparse_backward_cuda(const AttnShape *s, const SparseIndexCuda *x, const uint16_t *q,
+                                          const int64_t *q_pos, const uint16_t *k, const uint16_t *v,
+                                          const int64_t *k_pos, const float *lse, const float *delta,
+                                          const uint16_t *dout, float *dq, float *dk, float *dv,
+                                          cudaStream_t stream) {
+    attn_sparse_backward_part_cuda(SPARSE_ALL, s, x, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk, dv, stream);
 }
 
 // ---- the index in device memory ----

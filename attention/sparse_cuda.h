@@ -6,7 +6,9 @@
 // bf16 as uint16_t bits, asynchronous on `stream`, CUDA_CHECK errors), plus
 // sparse.h's block-aligned arrangement: q and every key chunk are whole
 // blocks of index->block_size consecutive global positions (only the
-// sequence's last block may be short). This is not checked on the device.
+// sequence's last block may be short; the column pass's keys are a list of
+// positions, see attn_sparse_forward_part_cuda). This is not checked on the
+// device.
 // Supported: block_size 64 or 128 (the GPU query tile is one block, key
 // tiles are 64 keys: a selected block is 1 or 2 key tiles, a row's columns
 // are gathered into tiles of 64), head_dim 64 and 128, GQA.
@@ -85,6 +87,22 @@ void attn_sparse_backward_cuda(const AttnShape *shape, const SparseIndexCuda *in
                                const uint16_t *v, const int64_t *k_pos, const float *lse,
                                const float *delta, const uint16_t *dout, float *dq, float *dk,
                                float *dv, cudaStream_t stream);
+
+// attn_sparse_forward_cuda / attn_sparse_backward_cuda restricted to `part`
+// of the index (sparse.h's SparsePart): SPARSE_BLOCKS the selected blocks
+// in this chunk, SPARSE_COLUMNS the columns against K/V rows k, v [Tk, Hkv,
+// D] at an ascending list of key positions k_pos [Tk] (need not be
+// block-aligned; the backward's dk, dv are rows of that list). The plain
+// calls are SPARSE_ALL.
+void attn_sparse_forward_part_cuda(SparsePart part, const AttnShape *shape, const SparseIndexCuda *index,
+                                   const uint16_t *q, const int64_t *q_pos, const uint16_t *k,
+                                   const uint16_t *v, const int64_t *k_pos, float *o_acc, float *lse,
+                                   cudaStream_t stream);
+void attn_sparse_backward_part_cuda(SparsePart part, const AttnShape *shape, const SparseIndexCuda *index,
+                                    const uint16_t *q, const int64_t *q_pos, const uint16_t *k,
+                                    const uint16_t *v, const int64_t *k_pos, const float *lse,
+                                    const float *delta, const uint16_t *dout, float *dq, float *dk,
+                                    float *dv, cudaStream_t stream);
 
 // Estimation pass 1 on the GPU (sparse_select_cuda.cu), as
 // sparse_estimate_lse: shape q_tokens = Lq (1 to 128) estimation queries qe

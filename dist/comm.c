@@ -31,6 +31,7 @@ static MPI_Datatype mpi_type(DType type) {
     case DT_FLOAT: return MPI_FLOAT;
     case DT_DOUBLE: return MPI_DOUBLE;
     case DT_INT64: return MPI_INT64_T;
+    case DT_UINT16: return MPI_UINT16_T;
     }
     FAIL("unknown DType %d", (int)type);
 }

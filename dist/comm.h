@@ -24,7 +24,8 @@
     if (mpi_rc_ != MPI_SUCCESS) comm_mpi_fail(__FILE__, __LINE__, #call, mpi_rc_); } while (0)
 void comm_mpi_fail(const char *file, int line, const char *call, int rc) __attribute__((noreturn));
 
-typedef enum { DT_FLOAT, DT_DOUBLE, DT_INT64 } DType;
+// DT_UINT16: 2-byte elements moved as they are (bf16 weights), never reduced.
+typedef enum { DT_FLOAT, DT_DOUBLE, DT_INT64, DT_UINT16 } DType;
 typedef enum { REDUCE_SUM, REDUCE_MAX, REDUCE_MIN } ReduceOp;
 
 // One communicator: its MPI handle, its name for messages, this rank in it.

@@ -99,11 +99,11 @@ static void watch_device(const Comm *c, cudaStream_t stream, const char *op) {
 
 // parallel.comm: mpi: device range src [bytes] copied into host memory at
 // dst, and back, each waiting for stream.
-static void stage_out(void *dst, const float *src, size_t bytes, cudaStream_t stream) {
+static void stage_out(void *dst, const void *src, size_t bytes, cudaStream_t stream) {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
 }
-static void stage_in(float *dst, const void *src, size_t bytes, cudaStream_t stream) {
+static void stage_in(void *dst, const void *src, size_t bytes, cudaStream_t stream) {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
 }
@@ -156,18 +156,18 @@ void comm_device_reduce_scatter(const Comm *c, float *arena, int64_t count, cuda
     free(host);
 }
 
-void comm_device_allgather(const Comm *c, float *arena, int64_t count, cudaStream_t stream) {
+void comm_device_allgather_bf16(const Comm *c, uint16_t *arena, int64_t count, cudaStream_t stream) {
     if (c->size == 1) return;
-    float *block = arena + (int64_t)c->rank * count;
+    uint16_t *block = arena + (int64_t)c->rank * count;
     if (c->nccl) {
-        NCCL_CHECK(ncclAllGather(block, arena, (size_t)count, ncclFloat32, c->nccl, stream));
+        NCCL_CHECK(ncclAllGather(block, arena, (size_t)count, ncclBfloat16, c->nccl, stream));
         watch_device(c, stream, "all-gather");
         return;
     }
-    size_t bytes = sizeof(float) * (size_t)count;
-    float *host = xmalloc(bytes * (size_t)c->size);
+    size_t bytes = sizeof(uint16_t) * (size_t)count;
+    uint16_t *host = xmalloc(bytes * (size_t)c->size);
     stage_out(host + (int64_t)c->rank * count, block, bytes, stream);
-    comm_allgather(c, NULL, host, count, DT_FLOAT);
+    comm_allgather(c, NULL, host, count, DT_UINT16);
     stage_in(arena, host, bytes * (size_t)c->size, stream);
     free(host);
 }

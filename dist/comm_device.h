@@ -47,9 +47,11 @@ void comm_device_allreduce_finish(const Comm *c, cudaStream_t comm_stream);
 // blocks are undefined afterwards. Returns when the sum is in place.
 void comm_device_reduce_scatter(const Comm *c, float *arena, int64_t count, cudaStream_t stream);
 
-// In place on arena [c->size * count]: block r of rank r to every rank (the
-// parameters after a ZeRO-1 update). Returns when every block is in place.
-void comm_device_allgather(const Comm *c, float *arena, int64_t count, cudaStream_t stream);
+// In place on arena [c->size * count] (device memory, bf16 bits): block r of
+// rank r to every rank (the compute weights after a ZeRO-1 update, the
+// sparse ring's vertical columns). Returns
+// when every block is in place.
+void comm_device_allgather_bf16(const Comm *c, uint16_t *arena, int64_t count, cudaStream_t stream);
 
 // Point-to-point transfers of device buffers over c, posted one by one and
 // waited for later (the ring attention's, attention/ring_cuda.c); bytes a

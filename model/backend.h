@@ -13,7 +13,9 @@
 //   - Weight: the compute copy of the weights that matmul, rmsnorm and the
 //     embedding read, weight_bytes per element (CPU: the fp32 master itself;
 //     CUDA: a bf16 copy), made by weights_new and refreshed from the master by
-//     weights_refresh after every change of the master.
+//     weights_refresh after every change of the master; under ZeRO-1 a
+//     sharding backend's master is one shard, each rank refreshes its block
+//     and weights_allgather completes the copy.
 // Arithmetic inside every op is fp32 (bf16 is storage only); a backward op
 // with Act outputs reads, adds and writes once.
 #ifndef MTRAIN_BACKEND_H
@@ -43,11 +45,22 @@ typedef struct {
     void (*download)(void *host_dst, const void *src, size_t bytes);
     void (*copy)(void *dst, const void *src, size_t bytes);
 
-    // The compute copy of master[n] (backend memory, fp32), filled from it.
-    Weight *(*weights_new)(float *master, int64_t n);
+    // Whether the fp32 master may hold one shard of the parameters only
+    // (ZeRO-1, model_shard_optimizer): true when the compute copy is memory of
+    // its own (CUDA), false when the compute copy is the master (CPU).
+    bool shards_masters;
+    // The compute copy [n] of an fp32 arena of n floats whose range [begin,
+    // begin + count) master [count] holds (backend memory; the whole arena:
+    // begin 0, count n), that range filled from it, the rest zero.
+    Weight *(*weights_new)(float *master, int64_t begin, int64_t count, int64_t n);
     void (*weights_free)(Weight *w, float *master);
-    // w[n] = master[n] in the compute type (after every change of the master).
-    void (*weights_refresh)(Weight *w, const float *master, int64_t n);
+    // w[begin, begin + count) = master[count] in the compute type (after every
+    // change of the master).
+    void (*weights_refresh)(Weight *w, const float *master, int64_t begin, int64_t count);
+    // ZeRO-1, in place on the compute copy w [c->size * count]: block r of
+    // rank r to every rank, after each rank refreshed its block (CPU: the fp32
+    // master itself; CUDA: bf16, half the bytes of the fp32 master's).
+    void (*weights_allgather)(const struct Comm *c, Weight *w, int64_t count);
     // host[n] = src[n] as fp32 (host memory).
     void (*act_to_host)(float *host, const Act *src, int64_t n);
 
@@ -135,11 +148,9 @@ typedef struct {
     void (*allreduce_sum_start)(const struct Comm *c, float *buf, int64_t n);
     void (*allreduce_sum_finish)(const struct Comm *c);
     // ZeRO-1, in place on arena [c->size * count] (fp32, backend memory):
-    // reduce_scatter_sum puts block r of the sum over c into block r on rank r
-    // (the other blocks are undefined afterwards); allgather copies block r of
-    // rank r to every rank.
+    // block r of the sum over c into block r on rank r (the other blocks are
+    // undefined afterwards).
     void (*reduce_scatter_sum)(const struct Comm *c, float *arena, int64_t count);
-    void (*allgather)(const struct Comm *c, float *arena, int64_t count);
 
     // AdamW on n fp32 master parameters: m, v updated; param -= lr * (mhat/(sqrt(vhat)+eps) + wd*param).
     void (*adamw)(float *param, const float *grad, float *m, float *v, int64_t n, float lr,

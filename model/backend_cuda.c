@@ -25,12 +25,13 @@
 #include "ops_cuda.h"
 
 // The compute copies made by weights_new, so that adamw finds the bf16 copy
-// of the master range it updates and writes it in the same pass.
+// of the master range it updates and writes it in the same pass: master
+// [count] holds the arena range [begin, begin + count) of bf16 [n].
 #define MAX_WEIGHT_COPIES 8
 typedef struct {
     const float *master;
     uint16_t *bf16;
-    int64_t n;
+    int64_t begin, count;
 } WeightCopy;
 
 static struct {
@@ -64,13 +65,16 @@ static void cuda_copy(void *dst, const void *src, size_t bytes) {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda.stream));
 }
 
-static Weight *weights_new(float *master, int64_t n) {
+static Weight *weights_new(float *master, int64_t begin, int64_t count, int64_t n) {
+    CHECK(begin >= 0 && count >= 0 && begin + count <= n,
+          "CUDA backend: master range [%lld, %lld) outside the %lld weights", (long long)begin,
+          (long long)(begin + count), (long long)n);
     int slot = 0;
     while (slot < MAX_WEIGHT_COPIES && cuda.copies[slot].master) slot++;
     CHECK(slot < MAX_WEIGHT_COPIES, "CUDA backend: more than %d models at once", MAX_WEIGHT_COPIES);
     uint16_t *bf16 = cuda_alloc(sizeof(uint16_t) * (size_t)n);
-    f32_to_bf16_cuda(bf16, master, n, cuda.stream);
-    cuda.copies[slot] = (WeightCopy){master, bf16, n};
+    f32_to_bf16_cuda(bf16 + begin, master, count, cuda.stream);
+    cuda.copies[slot] = (WeightCopy){master, bf16, begin, count};
     return (Weight *)bf16;
 }
 static void weights_free(Weight *w, float *master) {
@@ -83,8 +87,11 @@ static void weights_free(Weight *w, float *master) {
         }
     FAIL("CUDA backend: weights_free of a master without compute weights");
 }
-static void weights_refresh(Weight *w, const float *master, int64_t n) {
-    f32_to_bf16_cuda((uint16_t *)w, master, n, cuda.stream);
+static void weights_refresh(Weight *w, const float *master, int64_t begin, int64_t count) {
+    f32_to_bf16_cuda((uint16_t *)w + begin, master, count, cuda.stream);
+}
+static void weights_allgather(const struct Comm *c, Weight *w, int64_t count) {
+    comm_device_allgather_bf16(c, (uint16_t *)w, count, cuda.stream);
 }
 // Widened to fp32 on the device, then downloaded.
 static void act_to_host(float *host, const Act *src, int64_t n) {
@@ -188,9 +195,6 @@ static void allreduce_sum_finish(const struct Comm *c) { comm_device_allreduce_f
 static void reduce_scatter_sum(const struct Comm *c, float *arena, int64_t count) {
     comm_device_reduce_scatter(c, arena, count, cuda.stream);
 }
-static void allgather(const struct Comm *c, float *arena, int64_t count) {
-    comm_device_allgather(c, arena, count, cuda.stream);
-}
 
 // The bf16 copy of param[n] is written by the same kernel: found among the
 // compute copies by the master range param lies in.
@@ -199,7 +203,8 @@ static void adamw(float *param, const float *grad, float *m, float *v, int64_t n
     uint16_t *bf16 = NULL;
     for (int i = 0; i < MAX_WEIGHT_COPIES && !bf16; i++) {
         const WeightCopy *c = &cuda.copies[i];
-        if (c->master && param >= c->master && param + n <= c->master + c->n) bf16 = c->bf16 + (param - c->master);
+        if (c->master && param >= c->master && param + n <= c->master + c->count)
+            bf16 = c->bf16 + c->begin + (param - c->master);
     }
     CHECK(bf16, "CUDA backend: adamw on parameters that have no compute weights");
     adamw_cuda(param, bf16, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step, cuda.stream);
@@ -215,9 +220,11 @@ static const Backend cuda_backend = {
     .upload = cuda_upload,
     .download = cuda_download,
     .copy = cuda_copy,
+    .shards_masters = true,
     .weights_new = weights_new,
     .weights_free = weights_free,
     .weights_refresh = weights_refresh,
+    .weights_allgather = weights_allgather,
     .act_to_host = act_to_host,
     .embedding_forward = embedding_forward,
     .embedding_backward = embedding_backward,
@@ -243,7 +250,6 @@ static const Backend cuda_backend = {
     .allreduce_sum_start = allreduce_sum_start,
     .allreduce_sum_finish = allreduce_sum_finish,
     .reduce_scatter_sum = reduce_scatter_sum,
-    .allgather = allgather,
     .adamw = adamw,
 };
 

@@ -52,7 +52,7 @@ static void load_file(Model *m, const char *path, const char *const *file_of, co
         if (file_of && strcmp(file_of[i], file)) continue;
         if (!st_find(&st, p->name)) fail_missing(path, p, file_of ? " (the index maps it to this file)" : "");
         st_read_f32(&st, p->name, p->ndim, p->shape, host);
-        m->be->upload(model_tensor(m, m->param_mem, i), host, sizeof(float) * (size_t)p->numel);
+        model_set_params(m, p->offset, host, p->numel);
         progress_add(progress, (int64_t)sizeof(float) * p->numel);
     }
     free(host);
@@ -116,10 +116,8 @@ void model_load_hf_weights(Model *m, const char *dir, Progress *progress) {
 // ----------------------------------------------------------------------------
 // writing
 
-// Write parameters [first, last) as one safetensors file; host holds the
-// arena's floats from offset `base` on.
-static void write_params(const Model *m, const float *host, int64_t base, int first, int last, const char *path,
-                         StDtype dtype) {
+// Write parameters [first, last) of the whole arena host [total_params] as one safetensors file.
+static void write_params(const Model *m, const float *host, int first, int last, const char *path, StDtype dtype) {
     StWriteTensor *tensors = xcalloc((size_t)(last - first), sizeof(StWriteTensor));
     for (int i = first; i < last; i++) {
         const ParamInfo *p = &m->params[i];
@@ -127,7 +125,7 @@ static void write_params(const Model *m, const float *host, int64_t base, int fi
         t->name = p->name;
         t->ndim = p->ndim;
         for (int d = 0; d < p->ndim; d++) t->shape[d] = p->shape[d];
-        t->data = host + (p->offset - base);
+        t->data = host + p->offset;
     }
     st_write(path, tensors, last - first, dtype);
     free(tensors);
@@ -136,7 +134,7 @@ static void write_params(const Model *m, const float *host, int64_t base, int fi
 void model_write_safetensors(const Model *m, float *arena, const char *path, StDtype dtype) {
     float *host = xmalloc(sizeof(float) * (size_t)m->total_params);
     m->be->download(host, arena, sizeof(float) * (size_t)m->total_params);
-    write_params(m, host, 0, 0, m->num_params, path, dtype);
+    write_params(m, host, 0, m->num_params, path, dtype);
     free(host);
 }
 
@@ -170,7 +168,8 @@ static void write_index(const Model *m, const char *dir, const int *shard_of, in
     cJSON_Delete(root);
 }
 
-int model_write_hf_weights(const Model *m, const char *dir, StDtype dtype, uint64_t max_shard_bytes) {
+int model_write_hf_weights(const Model *m, const float *params, const char *dir, StDtype dtype,
+                           uint64_t max_shard_bytes) {
     size_t esize = dtype == ST_F32 ? 4 : 2;
     // Greedy in table order: a shard closes when the next tensor would overflow it.
     int *shard_of = xmalloc(sizeof(int) * (size_t)m->num_params);
@@ -186,20 +185,16 @@ int model_write_hf_weights(const Model *m, const char *dir, StDtype dtype, uint6
         in_shard += bytes;
         total_bytes += bytes;
     }
-    // Shards are runs of the table, so each is one contiguous range of the arena.
+    // Each file: one run of the table.
     for (int first = 0; first < m->num_params;) {
         int last = first + 1;
         while (last < m->num_params && shard_of[last] == shard_of[first]) last++;
-        int64_t begin = m->params[first].offset, end = m->params[last - 1].offset + m->params[last - 1].numel;
-        float *host = xmalloc(sizeof(float) * (size_t)(end - begin));
-        m->be->download(host, m->param_mem + begin, sizeof(float) * (size_t)(end - begin));
         char file[64];
         if (shards == 1) snprintf(file, sizeof(file), SINGLE_NAME);
         else shard_name(file, sizeof(file), shard_of[first], shards);
         char *path = path_join(dir, file);
-        write_params(m, host, begin, first, last, path, dtype);
+        write_params(m, params, first, last, path, dtype);
         free(path);
-        free(host);
         first = last;
     }
     if (shards > 1) write_index(m, dir, shard_of, shards, total_bytes);

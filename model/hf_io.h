@@ -19,13 +19,15 @@
 // Each problem is one line naming the file. progress (may be NULL) counts the
 // bytes of every parameter loaded. Refreshes the compute copy.
 void model_load_hf_weights(Model *m, const char *dir, Progress *progress);
-// Write the parameters into the existing folder `dir` as `dtype` (ST_F32, or
+// Write the parameters params [total_params] (host memory, from
+// model_gather_params) into the existing folder `dir` as `dtype` (ST_F32, or
 // ST_BF16 rounded to nearest even): one model.safetensors when they fit in
 // max_shard_bytes of tensor data (0 = no limit), else shards of at most that
 // size in table order (a larger tensor gets a shard of its own) and the index.
 // Returns the number of files holding tensors.
-int model_write_hf_weights(const Model *m, const char *dir, StDtype dtype, uint64_t max_shard_bytes);
-// Write one arena (param_mem, grad_mem, ...) under HF names as one safetensors file.
+int model_write_hf_weights(const Model *m, const float *params, const char *dir, StDtype dtype,
+                           uint64_t max_shard_bytes);
+// Write one whole arena (grad_mem, an unsharded param_mem) under HF names as one safetensors file.
 void model_write_safetensors(const Model *m, float *arena, const char *path, StDtype dtype);
 // Copy the files of a Hugging Face folder that travel with its weights
 // (tokenizer files, generation_config.json) that `from` has into `to`.

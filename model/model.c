@@ -96,9 +96,10 @@ void model_init(Model *m, const ModelConfig *config, const Backend *be) {
     size_t bytes = (size_t)m->total_params * sizeof(float);
     m->param_mem = be->alloc(bytes);
     m->grad_mem = be->alloc(bytes);
-    m->weight_mem = be->weights_new(m->param_mem, m->total_params);
     m->opt_count = m->total_params;
     m->arena_floats = m->total_params;
+    m->master_count = m->total_params;
+    m->weight_mem = be->weights_new(m->param_mem, 0, m->total_params, m->total_params);
     size_t rope_bytes = sizeof(double) * (size_t)(cfg->head_dim / 2);
     double *inv_freq = xmalloc(rope_bytes);
     m->rope_attention_factor = rope_frequencies(cfg, cfg->head_dim, inv_freq);
@@ -138,21 +139,24 @@ int64_t model_shard_size(const Model *m, int shards) { return (m->total_params +
 
 void model_shard_optimizer(Model *m, const struct Comm *over) {
     CHECK(!m->adam_m, "model_shard_optimizer after the moments were allocated");
+    const Backend *be = m->be;
     int shard = over->rank, shards = over->size;
     m->opt_comm = over;
     int64_t size = model_shard_size(m, shards);
     m->opt_begin = size * shard < m->total_params ? size * shard : m->total_params;
     m->opt_count = m->total_params - m->opt_begin < size ? m->total_params - m->opt_begin : size;
-    if (size * shards == m->arena_floats) return;
-    // Room for the last shard's padding: the arenas again, longer (zero-filled; the weights are set later).
-    const Backend *be = m->be;
+    // The arenas again (zero-filled; the weights are set later): gradients and
+    // compute copy with room for the last shard's padding, the master this
+    // rank's shard (or, when the backend keeps it whole, padded as well).
     be->weights_free(m->weight_mem, m->param_mem);
     be->free(m->param_mem);
     be->free(m->grad_mem);
     m->arena_floats = size * shards;
-    m->param_mem = be->alloc(sizeof(float) * (size_t)m->arena_floats);
+    m->master_begin = be->shards_masters ? size * shard : 0;
+    m->master_count = be->shards_masters ? size : m->arena_floats;
+    m->param_mem = be->alloc(sizeof(float) * (size_t)m->master_count);
     m->grad_mem = be->alloc(sizeof(float) * (size_t)m->arena_floats);
-    m->weight_mem = be->weights_new(m->param_mem, m->total_params);
+    m->weight_mem = be->weights_new(m->param_mem, m->master_begin, m->master_count, m->arena_floats);
 }
 
 void model_alloc_optimizer(Model *m) {
@@ -211,7 +215,34 @@ Weight *model_weight(const Model *m, int index) {
     return (Weight *)((char *)m->weight_mem + (size_t)m->params[index].offset * m->be->weight_bytes);
 }
 
-void model_weights_changed(Model *m) { m->be->weights_refresh(m->weight_mem, m->param_mem, m->total_params); }
+void model_set_params(Model *m, int64_t offset, const float *host, int64_t n) {
+    int64_t end = m->master_begin + m->master_count;
+    int64_t lo = offset > m->master_begin ? offset : m->master_begin, hi = offset + n < end ? offset + n : end;
+    if (lo < hi)
+        m->be->upload(m->param_mem + (lo - m->master_begin), host + (lo - offset), sizeof(float) * (size_t)(hi - lo));
+}
+
+void model_weights_changed(Model *m) {
+    m->be->weights_refresh(m->weight_mem, m->param_mem, m->master_begin, m->master_count);
+    if (m->opt_comm) m->be->weights_allgather(m->opt_comm, m->weight_mem, model_shard_size(m, m->opt_comm->size));
+}
+
+void model_gather_shards(const Model *m, const float *shard, float *host) {
+    const Comm *over = m->opt_comm;
+    int64_t size = model_shard_size(m, over->size);
+    float *send = xcalloc((size_t)size, sizeof(float));
+    float *recv = xmalloc(sizeof(float) * (size_t)(size * over->size));
+    m->be->download(send, shard, sizeof(float) * (size_t)m->opt_count);
+    comm_allgather(over, send, recv, size, DT_FLOAT);
+    memcpy(host, recv, sizeof(float) * (size_t)m->total_params);
+    free(recv);
+    free(send);
+}
+
+void model_gather_params(const Model *m, float *host) {
+    if (m->opt_comm && m->be->shards_masters) model_gather_shards(m, m->param_mem, host);
+    else m->be->download(host, m->param_mem, sizeof(float) * (size_t)m->total_params);
+}
 
 void model_init_weights(Model *m, uint64_t seed) {
     Rng rng;
@@ -225,7 +256,7 @@ void model_init_weights(Model *m, uint64_t seed) {
                  : p->init == INIT_ZEROS ? 0.0f
                  : (float)(m->cfg.init_std * rng_normal(&rng));
     }
-    m->be->upload(m->param_mem, host, sizeof(float) * (size_t)m->total_params);
+    model_set_params(m, 0, host, m->total_params);
     free(host);
     model_weights_changed(m);
 }

@@ -1,8 +1,10 @@
 // model.h: the Qwen2.5 graph over a backend op table. One parameter table
 // (Hugging Face names, shapes, weight-decay flags) describes every tensor;
 // parameters, gradients and AdamW moments are one flat fp32 arena each, laid
-// out in table order; the backend's compute copy of the parameters (Weight,
-// refreshed by model_weights_changed) has the same layout. Activations are
+// out in table order (under ZeRO-1 the moments, and on a backend that shards
+// masters the parameters, hold this rank's shard of it); the backend's
+// compute copy of the parameters (Weight, refreshed by
+// model_weights_changed) is whole, with the same layout. Activations are
 // the backend's Act type, row statistics fp32 (model/backend.h).
 // Forward/backward run one sequence of T tokens at a time:
 // the whole sequence on one rank, or this rank's tokens (at their global
@@ -61,9 +63,11 @@ typedef struct {
     int num_params;
     ParamInfo *params;       // the parameter table
     int64_t total_params;    // floats in each arena
-    float *param_mem, *grad_mem;   // backend memory [arena_floats]: fp32 master weights, gradients
+    float *grad_mem;               // backend memory [arena_floats]: gradients
     int64_t arena_floats;          // total_params, or shards × shard size under ZeRO-1 (the padding stays 0)
-    Weight *weight_mem;            // the backend's compute copy of param_mem [total_params]
+    float *param_mem;              // backend memory [master_count]: fp32 master weights of the arena range
+    int64_t master_begin, master_count;  // [master_begin, + master_count): all, or this rank's ZeRO-1 shard
+    Weight *weight_mem;            // the backend's compute copy of all the parameters [arena_floats]
     int64_t opt_begin, opt_count;  // the arena range whose AdamW moments this rank holds and updates
     float *adam_m, *adam_v;        // backend memory [opt_count] (ZeRO-1: this rank's shard)
     const struct Comm *opt_comm;   // ZeRO-1: the ranks the moments are sharded over (rank r holds shard r); else NULL
@@ -123,10 +127,12 @@ void model_set_documents(Model *m, const int64_t *doc_starts, int64_t count);
 // the ring keep the global positions. NULL: RoPE uses the global positions.
 void model_set_rope_documents(Model *m, const int64_t *doc_starts, int64_t count);
 // ZeRO-1 over `over`: hold and update the AdamW moments of shard over->rank
-// of over->size equal runs of the arena (the last shorter) only; the parameter and gradient
-// arenas grow to shards × shard size (zero padding), so that the shards are
-// the blocks of a reduce-scatter and an all-gather. Before
-// model_alloc_optimizer and before the weights are set.
+// of over->size equal runs of the arena (the last shorter) only; the
+// gradient arena and the compute copy grow to shards × shard size (zero
+// padding), so that the shards are the blocks of a reduce-scatter and an
+// all-gather; on a backend that shards masters (Backend.shards_masters) the
+// fp32 master holds that shard only, else the master arena grows as well.
+// Before model_alloc_optimizer and before the weights are set.
 void model_shard_optimizer(Model *m, const struct Comm *over);
 // Floats of one shard (model_shard_optimizer): ceil(total_params / shards).
 int64_t model_shard_size(const Model *m, int shards);
@@ -134,16 +140,29 @@ int64_t model_shard_size(const Model *m, int shards);
 void model_alloc_optimizer(Model *m);
 // Seeded initialisation: matrices N(0, init_std), norms 1, biases 0.
 void model_init_weights(Model *m, uint64_t seed);
-// param_mem changed (optimizer step, ZeRO gather, loading, initialisation):
-// refresh the compute copy from it. Every writer of param_mem calls this.
+// host [n]: the fp32 master weights of arena floats [offset, offset + n);
+// this rank keeps the part its master holds (all of it unless sharded).
+// Every writer of the master goes through this, then model_weights_changed.
+void model_set_params(Model *m, int64_t offset, const float *host, int64_t n);
+// The master changed (optimizer step, loading, initialisation): refresh the
+// compute copy from this rank's master range, then under ZeRO-1 all-gather
+// the compute copy over opt_comm (collective over it).
 void model_weights_changed(Model *m);
+// host [total_params] = the whole fp32 master weights: downloaded, or
+// gathered from the shards when the master is sharded (collective over
+// opt_comm then). The one reader of whole masters (checkpoints, exports).
+void model_gather_params(const Model *m, float *host);
+// ZeRO-1: host [total_params] = the arena of which shard [opt_count]
+// (backend memory: moments, or a sharded master) is this rank's part
+// (collective over opt_comm).
+void model_gather_shards(const Model *m, const float *shard, float *host);
 // Index of a tensor in the table: layer tensor, embedding, final norm, head.
 int model_layer_param(const Model *m, int layer, LayerTensor which);
 int model_param_index(const Model *m, const char *name);  // -1 if absent
 int model_embedding_param(void);
 int model_final_norm_param(const Model *m);
 int model_head_param(const Model *m);  // the embedding when tied
-// Backend pointer to a tensor in an arena (param_mem, grad_mem, ...).
+// Backend pointer to a tensor in a whole arena (grad_mem, or an unsharded param_mem).
 float *model_tensor(const Model *m, float *arena, int index);
 // Backend pointer to a tensor's compute copy (in weight_mem).
 Weight *model_weight(const Model *m, int index);

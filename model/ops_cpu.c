@@ -18,14 +18,14 @@ static void cpu_free(void *ptr) { free(ptr); }
 static void cpu_zero(void *ptr, size_t bytes) { memset(ptr, 0, bytes); }
 static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
 
-// The compute weights are the fp32 master: nothing to copy or refresh.
-static Weight *weights_new(float *master, int64_t n) {
-    (void)n;
+// The compute weights are the fp32 master, always whole: nothing to copy or refresh.
+static Weight *weights_new(float *master, int64_t begin, int64_t count, int64_t n) {
+    CHECK(begin == 0 && count == n, "CPU backend: the master holds the whole arena (its compute weights)");
     return (Weight *)master;
 }
 static void weights_free(Weight *w, float *master) { CHECK((float *)w == master, "CPU weights are the master"); }
-static void weights_refresh(Weight *w, const float *master, int64_t n) {
-    (void)w; (void)master; (void)n;
+static void weights_refresh(Weight *w, const float *master, int64_t begin, int64_t count) {
+    (void)w; (void)master; (void)begin; (void)count;
 }
 static void act_to_host(float *host, const Act *src, int64_t n) { memcpy(host, src, sizeof(float) * (size_t)n); }
 
@@ -283,7 +283,9 @@ static void reduce_scatter_sum(const Comm *c, float *arena, int64_t count) {
     free(sum);
 }
 
-static void allgather(const Comm *c, float *arena, int64_t count) { comm_allgather(c, NULL, arena, count, DT_FLOAT); }
+static void weights_allgather(const Comm *c, Weight *w, int64_t count) {
+    comm_allgather(c, NULL, (float *)w, count, DT_FLOAT);
+}
 
 static const Backend cpu_backend = {
     .name = "cpu",
@@ -295,9 +297,11 @@ static const Backend cpu_backend = {
     .upload = cpu_copy,
     .download = cpu_copy,
     .copy = cpu_copy,
+    .shards_masters = false,
     .weights_new = weights_new,
     .weights_free = weights_free,
     .weights_refresh = weights_refresh,
+    .weights_allgather = weights_allgather,
     .act_to_host = act_to_host,
     .embedding_forward = embedding_forward,
     .embedding_backward = embedding_backward,
@@ -323,7 +327,6 @@ static const Backend cpu_backend = {
     .allreduce_sum_start = allreduce_sum_start,
     .allreduce_sum_finish = allreduce_sum_finish,
     .reduce_scatter_sum = reduce_scatter_sum,
-    .allgather = allgather,
     .adamw = adamw,
 };
 

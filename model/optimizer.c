@@ -36,11 +36,10 @@ double optimizer_step(Model *m, const OptimizerConfig *oc, int64_t step, double 
         int64_t lo = p->offset > begin ? p->offset : begin;
         int64_t hi = p->offset + p->numel < end ? p->offset + p->numel : end;
         if (lo >= hi) continue;
-        be->adamw(m->param_mem + lo, m->grad_mem + lo, m->adam_m + (lo - begin), m->adam_v + (lo - begin), hi - lo,
-                  (float)lr, (float)oc->beta1, (float)oc->beta2, (float)oc->eps,
+        be->adamw(m->param_mem + (lo - m->master_begin), m->grad_mem + lo, m->adam_m + (lo - begin),
+                  m->adam_v + (lo - begin), hi - lo, (float)lr, (float)oc->beta1, (float)oc->beta2, (float)oc->eps,
                   p->decay ? (float)oc->weight_decay : 0.0f, step);
     }
-    if (m->opt_comm) be->allgather(m->opt_comm, m->param_mem, model_shard_size(m, m->opt_comm->size));
     model_weights_changed(m);
     if (lr_out) *lr_out = lr;
     return norm;

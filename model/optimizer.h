@@ -27,10 +27,11 @@ typedef struct {
 double lr_at(const OptimizerConfig *oc, int64_t step);
 // Clip and apply AdamW for step `step` (1-based) to the parameters in
 // [opt_begin, opt_begin + opt_count) (all of them unless ZeRO-1 sharded), then
-// refresh the compute copy. Under ZeRO-1 (opt_comm) the gradient holds this
-// rank's shard of the reduced sum (reduce_scatter_sum): the norm is summed
-// over opt_comm, and the updated shards are all-gathered before the refresh
-// (collective over opt_comm). Returns the gradient norm before clipping;
+// refresh the compute copy (model_weights_changed). Under ZeRO-1 (opt_comm)
+// the gradient holds this rank's shard of the reduced sum
+// (reduce_scatter_sum): the norm is summed over opt_comm, and the refresh
+// all-gathers the compute copy of the updated shards (collective over
+// opt_comm; CPU: the fp32 master, CUDA: bf16). Returns the gradient norm before clipping;
 // *lr_out gets the learning rate used.
 double optimizer_step(Model *m, const OptimizerConfig *oc, int64_t step, double *lr_out);
 

@@ -85,7 +85,7 @@ static double rel_frobenius(const float *a, const float *b, int64_t n) {
 // gradients of the first step (host, caller frees).
 static void train_step(Model *m, const float *weights, const int32_t *seq, int64_t T, double loss[2],
                        float **grads) {
-    m->be->upload(m->param_mem, weights, sizeof(float) * (size_t)m->total_params);
+    model_set_params(m, 0, weights, m->total_params);
     model_weights_changed(m);
     float scale = 1.0f / (float)T;
     loss[0] = model_forward_backward(m, seq, seq + 1, NULL, T, scale) / (double)T;

@@ -9,7 +9,10 @@
 // blocks and tiles), the index restricted by sparse_index_documents as the
 // CPU op does; each random pattern is also indexed on the GPU
 // (sparse_index_build_cuda, documents included), which must give the CPU's
-// index entry for entry. Also: the all-blocks index (every slash offset)
+// index entry for entry; and the same index split as the cp ring computes
+// it (the block pass per chunk, then the column pass over the index's
+// columns gathered out of the chunks: each column once) against the CPU.
+// Also: the all-blocks index (every slash offset)
 // against the dense CUDA kernels on the same inputs, with and without
 // documents. And the GPU pattern pipeline
 // (attention/sparse_select_cuda.cu): estimation against a double-precision
@@ -299,9 +302,54 @@ static Results cpu_run(const Case *c, const Inputs *in, const SparseIndex *index
     return r;
 }
 
+// The columns of an index gathered out of the key chunks, as the cp ring
+// gathers them: ascending positions, where each sits in the chunks'
+// concatenated keys, and their K/V rows on the device.
+typedef struct {
+    int64_t n;
+    int64_t *d_pos;            // [n] device
+    int64_t *at;               // [n] key row in the concatenated chunks
+    uint16_t *d_k, *d_v;       // [n, Hkv, D] device
+} Columns;
+
+static Columns gather_columns(const Case *c, const Inputs *in, const SparseIndex *index) {
+    const int64_t rows = (int64_t)index->num_heads * index->num_q_blocks, w = (int64_t)c->Hkv * c->D;
+    char *mark = xcalloc((size_t)c->n, 1);
+    for (int64_t e = 0; e < index->column_start[rows]; e++) mark[index->columns[e]] = 1;
+    Columns cols = {0};
+    int64_t *pos = xmalloc((size_t)(c->n + 1) * sizeof(int64_t));
+    cols.at = xmalloc((size_t)(c->n + 1) * sizeof(int64_t));
+    uint16_t *k = xmalloc((size_t)(c->n * w + 1) * sizeof(uint16_t)), *v = xmalloc((size_t)(c->n * w + 1) * sizeof(uint16_t));
+    for (int64_t x = 0; x < c->n; x++) {
+        if (!mark[x]) continue;
+        int64_t off = 0;
+        for (int i = 0; i < in->nch; off += in->T[i], i++)
+            for (int64_t t = 0; t < in->T[i]; t++) {
+                if (in->pos[i][t] != x) continue;
+                memcpy(k + cols.n * w, in->k[i] + t * w, (size_t)w * sizeof(uint16_t));
+                memcpy(v + cols.n * w, in->v[i] + t * w, (size_t)w * sizeof(uint16_t));
+                pos[cols.n] = x;
+                cols.at[cols.n++] = off + t;
+            }
+    }
+    cols.d_pos = to_device(pos, (size_t)(cols.n + 1) * sizeof(int64_t));
+    cols.d_k = to_device(k, (size_t)(cols.n * w + 1) * sizeof(uint16_t));
+    cols.d_v = to_device(v, (size_t)(cols.n * w + 1) * sizeof(uint16_t));
+    free(mark); free(pos); free(k); free(v);
+    return cols;
+}
+
+static void free_columns(Columns *cols) {
+    CUDA_CHECK(cudaFree(cols->d_pos)); CUDA_CHECK(cudaFree(cols->d_k)); CUDA_CHECK(cudaFree(cols->d_v));
+    free(cols->at);
+}
+
 // The GPU forward of every chunk into fresh poisoned (then initialised) o_acc
-// and lse: sparse with `index`, dense when it is NULL. Returns o_acc (device).
-static float *gpu_forward(const Case *c, const Inputs *in, const SparseIndexCuda *index, float *d_lse) {
+// and lse: sparse with `index`, dense when it is NULL; with `cols` the block
+// pass per chunk, then the column pass over the gathered columns (as on the
+// cp ring). Returns o_acc (device).
+static float *gpu_forward(const Case *c, const Inputs *in, const SparseIndexCuda *index, const Columns *cols,
+                          float *d_lse) {
     float *d_oacc = poisoned((size_t)in->nq * sizeof(float));
     CUDA_CHECK(cudaMemset(d_lse, 0xff, (size_t)(in->Tq * c->Hq) * sizeof(float)));
     const AttnShape s0 = shape_of(c, in->Tq, 0);
@@ -309,26 +357,33 @@ static float *gpu_forward(const Case *c, const Inputs *in, const SparseIndexCuda
     for (int i = 0; i < in->nch; i++) {
         const AttnShape s = shape_of(c, in->Tq, in->T[i]);
         if (index)
-            attn_sparse_forward_cuda(&s, index, in->d_q, in->d_qpos, in->d_k[i], in->d_v[i], in->d_pos[i],
-                                     d_oacc, d_lse, 0);
+            attn_sparse_forward_part_cuda(cols ? SPARSE_BLOCKS : SPARSE_ALL, &s, index, in->d_q, in->d_qpos,
+                                          in->d_k[i], in->d_v[i], in->d_pos[i], d_oacc, d_lse, 0);
         else
             attn_dense_forward_cuda(&s, in->d_q, in->d_qpos, in->d_k[i], in->d_v[i], in->d_pos[i], d_oacc,
                                     d_lse, 0);
+    }
+    if (cols) {
+        const AttnShape s = shape_of(c, in->Tq, cols->n);
+        attn_sparse_forward_part_cuda(SPARSE_COLUMNS, &s, index, in->d_q, in->d_qpos, cols->d_k, cols->d_v,
+                                      cols->d_pos, d_oacc, d_lse, 0);
     }
     CUDA_CHECK(cudaDeviceSynchronize());
     return d_oacc;
 }
 
 // Forward (twice: checks that the runs agree bit for bit) and backward on
-// the GPU, sparse with `index` or dense when it is NULL.
-static Results gpu_run(const Case *c, const Inputs *in, const SparseIndexCuda *index, const Start *st,
-                       const char *name) {
-    const int64_t nl = in->Tq * c->Hq, nk = total_keys(in) * c->Hkv * c->D;
+// the GPU, sparse with `index` or dense when it is NULL; with `cols` split
+// into the block and the column pass (gpu_forward), the columns' dK/dV
+// added to their chunks' rows afterwards.
+static Results gpu_run(const Case *c, const Inputs *in, const SparseIndexCuda *index, const Columns *cols,
+                       const Start *st, const char *name) {
+    const int64_t nl = in->Tq * c->Hq, nk = total_keys(in) * c->Hkv * c->D, w = (int64_t)c->Hkv * c->D;
     float *d_lse = poisoned((size_t)nl * sizeof(float));
-    float *d_oacc = gpu_forward(c, in, index, d_lse);
+    float *d_oacc = gpu_forward(c, in, index, cols, d_lse);
     float *oacc1 = from_device_f32(d_oacc, in->nq), *lse1 = from_device_f32(d_lse, nl);
     CUDA_CHECK(cudaFree(d_oacc));
-    d_oacc = gpu_forward(c, in, index, d_lse);
+    d_oacc = gpu_forward(c, in, index, cols, d_lse);
     float *oacc2 = from_device_f32(d_oacc, in->nq), *lse2 = from_device_f32(d_lse, nl);
     EXPECT_COUNTED(memcmp(oacc1, oacc2, (size_t)in->nq * sizeof(float)) == 0 &&
                    memcmp(lse1, lse2, (size_t)nl * sizeof(float)) == 0, "%s forward repeatable", name);
@@ -345,16 +400,36 @@ static Results gpu_run(const Case *c, const Inputs *in, const SparseIndexCuda *i
     for (int i = 0; i < in->nch; i++) {
         const AttnShape s = shape_of(c, in->Tq, in->T[i]);
         if (index)
-            attn_sparse_backward_cuda(&s, index, in->d_q, in->d_qpos, in->d_k[i], in->d_v[i], in->d_pos[i],
-                                      d_lse, d_delta, in->d_dout, d_dq, d_dk + off, d_dv + off, 0);
+            attn_sparse_backward_part_cuda(cols ? SPARSE_BLOCKS : SPARSE_ALL, &s, index, in->d_q, in->d_qpos,
+                                           in->d_k[i], in->d_v[i], in->d_pos[i], d_lse, d_delta, in->d_dout, d_dq,
+                                           d_dk + off, d_dv + off, 0);
         else
             attn_dense_backward_cuda(&s, in->d_q, in->d_qpos, in->d_k[i], in->d_v[i], in->d_pos[i], d_lse,
                                      d_delta, in->d_dout, d_dq, d_dk + off, d_dv + off, 0);
         off += in->T[i] * c->Hkv * c->D;
     }
+    float *col_dk = NULL, *col_dv = NULL;
+    if (cols) {
+        const AttnShape s = shape_of(c, in->Tq, cols->n);
+        float *d_cdk = poisoned((size_t)(cols->n * w + 1) * sizeof(float));
+        float *d_cdv = poisoned((size_t)(cols->n * w + 1) * sizeof(float));
+        CUDA_CHECK(cudaMemset(d_cdk, 0, (size_t)(cols->n * w + 1) * sizeof(float)));
+        CUDA_CHECK(cudaMemset(d_cdv, 0, (size_t)(cols->n * w + 1) * sizeof(float)));
+        attn_sparse_backward_part_cuda(SPARSE_COLUMNS, &s, index, in->d_q, in->d_qpos, cols->d_k, cols->d_v,
+                                       cols->d_pos, d_lse, d_delta, in->d_dout, d_dq, d_cdk, d_cdv, 0);
+        col_dk = from_device_f32(d_cdk, cols->n * w);
+        col_dv = from_device_f32(d_cdv, cols->n * w);
+        CUDA_CHECK(cudaFree(d_cdk)); CUDA_CHECK(cudaFree(d_cdv));
+    }
     CUDA_CHECK(cudaDeviceSynchronize());
     Results r = {from_device_bf16(d_o, in->nq), lse2, from_device_f32(d_delta, nl),
                  from_device_f32(d_dq, in->nq), from_device_f32(d_dk, nk), from_device_f32(d_dv, nk)};
+    for (int64_t j = 0; cols && j < cols->n; j++)
+        for (int64_t x = 0; x < w; x++) {
+            r.dk[cols->at[j] * w + x] += col_dk[j * w + x];
+            r.dv[cols->at[j] * w + x] += col_dv[j * w + x];
+        }
+    free(col_dk); free(col_dv);
     subtract(r.dq, st->dq, in->nq);
     subtract(r.dk, st->dk, nk);
     subtract(r.dv, st->dv, nk);
@@ -411,10 +486,17 @@ static void run_case(const Case *c, uint64_t seed) {
     const Start st = {random_f32(&rng, in.nq), random_f32(&rng, nk), random_f32(&rng, nk)};
 
     Results cpu = cpu_run(c, &in, &index, &st);
-    Results gpu = gpu_run(c, &in, &d_index, &st, name);
+    Results gpu = gpu_run(c, &in, &d_index, NULL, &st, name);
     compare(name, "vs CPU", &gpu, &cpu, in.nq, nl, nk, TOL, TOL_LSE);
+    // The block pass per chunk and the column pass over the gathered columns
+    // (the cp ring's split): each column once, so the CPU's results.
+    Columns cols = gather_columns(c, &in, &index);
+    Results split = gpu_run(c, &in, &d_index, &cols, &st, name);
+    compare(name, "blocks + gathered columns vs CPU", &split, &cpu, in.nq, nl, nk, TOL, TOL_LSE);
+    free_results(&split);
+    free_columns(&cols);
     if (c->density < 0) {
-        Results dense = gpu_run(c, &in, NULL, &st, name);
+        Results dense = gpu_run(c, &in, NULL, NULL, &st, name);
         compare(name, "vs dense GPU", &gpu, &dense, in.nq, nl, nk, TOL_DENSE, TOL_LSE);
         free_results(&dense);
     }

@@ -49,6 +49,25 @@ sim_train() {
     log.dir="$tmp/$name" checkpoint.dir="$tmp/$name" "$@" </dev/null >>"$tmp/$name.out" 2>&1
 }
 
+# seeds_agree PREFIX NAME NP DEVICES LOSS WEIGHTS ARGS...: the sim_train run
+# NAME (made under CUDASIM_SEED 1) repeated as NAME_seed2 and NAME_seed3
+# under CUDASIM_SEED 2 and 3, other orders of the grid's blocks and of the
+# streams' work: each within LOSS (relative) and WEIGHTS of NAME. 0 0 where
+# every reduction of the run has a fixed order, so that only a missing event
+# between streams, a race, can change a bit; sparse estimation sums its
+# scores with atomics, whose order follows the blocks'.
+seeds_agree() {
+  local prefix=$1 name=$2 np=$3 devices=$4 loss_tol=$5 weights_tol=$6 seed rc loss weights
+  shift 6
+  for seed in 2 3; do
+    CUDASIM_SEED=$seed sim_train "${name}_seed$seed" "$np" "$devices" "$@"
+    rc=$?
+    read -r loss weights < <(runs_differ "${name}_seed$seed" "$name")
+    expect "${prefix}_${name}_seed$seed: $name under CUDASIM_SEED=$seed = under seed 1 (exit $rc; loss $loss <= $loss_tol relative, weights $weights <= $weights_tol)" \
+      "[ $rc -eq 0 ] && below '$loss' $loss_tol && below '$weights' $weights_tol"
+  done
+}
+
 # runs_differ A B: "LOSS WEIGHTS" between the sim_train runs A and B at
 # step 3 (tests/compare_runs.py).
 runs_differ() { /usr/bin/python3 tests/compare_runs.py "$tmp/$1" "$tmp/$2" 3; }

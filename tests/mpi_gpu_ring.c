@@ -16,9 +16,11 @@
 // (the pattern estimated over the ring, the sparse kernels per ring step)
 // against the one-GPU sparse op, and its statistics (density counts equal,
 // recall within 1e-4 relative); the planned bytes use the key blocks each
-// rank's index reads (blocks and the blocks of its columns), from an
-// independent CPU plan of the whole sequence (sparse_plan_local on the same
-// bf16 inputs). Inputs are planted so that the pattern has no near-ties to
+// rank's index reads (its blocks only: the columns are gathered once per
+// layer, their bytes counted by ring_columns_bytes), from an independent
+// CPU plan of the whole sequence (sparse_plan_local on the same bf16
+// inputs); and the rows whose columns lie in another rank's chunk have
+// one GPU's lse (a column computed twice or not at all fails it). Inputs are planted so that the pattern has no near-ties to
 // flip between the ring's and the one GPU's estimation: every query attends
 // with logit +6 (through dimension 0) to PLANT_VERTICAL keys, placed where
 // the estimation queries' document is (also with documents), and the fixed
@@ -27,7 +29,10 @@
 // the ring adds in another order: 2^-9 relative per rounding, up to 2^-8 per
 // element when the fp32 sums straddle a rounding boundary), so relative
 // Frobenius 1e-2; lse is fp32 from the same bf16 inputs, merged by
-// log-sum-exp in another order: 1e-6 relative.
+// log-sum-exp in another order: 1e-6 relative; each element of it within
+// 1e-4 (|lse| < 16: a few fp32 ulps per merge), where a column computed twice
+// or not at all moves a row's lse by log(1 +- p), p the column's softmax
+// share (a planted column's is ~0.1 and more, a document sink's ~1e-2).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +57,7 @@ enum { N_DENSE = 128, B_DENSE = 16, N_SPARSE = 512, B_SPARSE = 64, HQ = 4, HKV =
 #define TOL_BF16 1e-2
 #define TOL_LSE 1e-6
 #define TOL_RECALL 1e-4
+#define TOL_COLUMN_LSE 1e-4
 #define PLANT_LOGIT 6.0
 #define PLANT_VERTICAL 4
 static const int64_t planted[PLANT_VERTICAL] = {300, 340, 390, 430};   // in [289, 448): see doc_set_starts
@@ -137,21 +143,30 @@ static void plant(uint16_t *q, uint16_t *k, int64_t N) {
         for (int g = 0; g < HKV; g++) k[(planted[i] * HKV + g) * D] = c;
 }
 
-// need [W, words]: the key blocks each rank's sparse index reads (its rows'
-// blocks and the blocks of their columns), from sparse_plan_local's index of
-// the whole sequence on the host (fp32 copies of the bf16 q, k).
+// The whole sequence's sparse plan as each rank's index sees it, from
+// sparse_plan_local's index of the whole sequence on the host (fp32 copies
+// of the bf16 q, k): need [W, words] the key blocks each rank's index reads
+// (its rows' blocks: the columns are gathered, not ringed), mark [N] 1 at
+// every column of some rank's index, and remote [HQ, T] 1 at this rank's
+// rows (h, local token) whose index row holds a column another rank owns.
 static void sparse_need(const AttentionConfig *cfg, const AttnShape *full, const uint16_t *q, const uint16_t *k,
-                        LayoutKind layout, int64_t words, uint64_t *need) {
-    const int W = dist.cp.size, B = full->block_size;
+                        LayoutKind layout, int64_t T, int64_t words, uint64_t *need, char *mark, char *remote) {
+    const int W = dist.cp.size, me = dist.cp.rank, B = full->block_size;
     const int64_t N = full->q_tokens, nb = (N + B - 1) / B, nq = N * HQ * D, nk = N * HKV * D;
     float *qf = xmalloc((size_t)nq * sizeof(float)), *kf = xmalloc((size_t)nk * sizeof(float));
     for (int64_t i = 0; i < nq; i++) qf[i] = bf16_to_f32(q[i]);
     for (int64_t i = 0; i < nk; i++) kf[i] = bf16_to_f32(k[i]);
     int64_t *iota = xmalloc((size_t)N * sizeof(int64_t)), *blocks = xmalloc((size_t)nb * sizeof(int64_t));
+    int *owner = xmalloc((size_t)nb * sizeof(int));
     for (int64_t t = 0; t < N; t++) iota[t] = t;
+    for (int r = 0; r < W; r++) {
+        const int64_t n = layout_rank_blocks(layout, N, B, W, r, blocks);
+        for (int64_t i = 0; i < n; i++) owner[blocks[i]] = r;
+    }
     SparseIndex index = {0};
     sparse_plan_local(cfg, full, qf, kf, iota, NULL, NULL, &index, NULL);
     memset(need, 0, (size_t)(W * words) * sizeof(uint64_t));
+    memset(mark, 0, (size_t)N);
     for (int r = 0; r < W; r++) {
         const int64_t n = layout_rank_blocks(layout, N, B, W, r, blocks);
         for (int h = 0; h < HQ; h++)
@@ -160,20 +175,22 @@ static void sparse_need(const AttentionConfig *cfg, const AttnShape *full, const
                 for (int64_t e = index.block_start[row]; e < index.block_start[row + 1]; e++)
                     need[r * words + index.blocks[e] / 64] |= (uint64_t)1 << (index.blocks[e] % 64);
                 for (int64_t e = index.column_start[row]; e < index.column_start[row + 1]; e++) {
-                    const int64_t b = index.columns[e] / B;
-                    need[r * words + b / 64] |= (uint64_t)1 << (b % 64);
+                    mark[index.columns[e]] = 1;
+                    if (r != me || owner[index.columns[e] / B] == me) continue;
+                    for (int64_t t = i * B; t < (i + 1) * B && t < T; t++) remote[h * T + t] = 1;
                 }
             }
     }
     sparse_index_free(&index);
-    free(qf); free(kf); free(iota); free(blocks);
+    free(qf); free(kf); free(iota); free(blocks); free(owner);
 }
 
 // The bytes this rank's ring sends for one forward and backward, by the
 // byte planner (ring_send_tokens), for ring_send `send`; sparse_bits: the
-// sparse index's need rows, NULL for dense attention.
+// sparse index's need rows, NULL for dense attention; mark: the sparse
+// index's columns (gathered: K/V bf16 forward, dK/dV fp32 backward).
 static double planned_bytes(int inner, RingSend send, const AttnShape *shape, const int64_t *pos, int64_t T,
-                            int64_t N, const uint64_t *sparse_bits) {
+                            int64_t N, const uint64_t *sparse_bits, const char *mark) {
     const int W = dist.cp.size, r = dist.cp.rank, B = shape->block_size;
     Ring ring;
     ring_init(&ring, &dist.cp, inner, pos, T);
@@ -188,11 +205,27 @@ static double planned_bytes(int inner, RingSend send, const AttnShape *shape, co
     for (int s = 0; s < W; s++)
         bytes += 2.0 * (double)kv[r * W + s] * 2 * HKV * D * sizeof(uint16_t) +
                  (double)dkv[r * W + s] * 2 * HKV * D * sizeof(float);
+    if (mark) {
+        RingColumns columns = {0};
+        ring_columns_build(&ring, mark, &columns);
+        bytes += (double)(ring_columns_bytes(&columns, W, HKV * D, sizeof(uint16_t)) +
+                          ring_columns_bytes(&columns, W, HKV * D, sizeof(float)));
+        ring_columns_free(&columns);
+    }
     free(bits);
     free(kv);
     free(dkv);
     ring_free(&ring);
     return bytes;
+}
+
+// Largest difference of a [n] from b over the elements where mask is set
+// (0 when none).
+static double masked_max_diff(const float *a, const float *b, const char *mask, int64_t n) {
+    double worst = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (mask[i]) worst = fmax(worst, fabs((double)a[i] - b[i]));
+    return worst;
 }
 
 static void check_case(int inner, LayoutKind layout, RingSend send, DocSet docs, bool sparse) {
@@ -223,12 +256,14 @@ static void check_case(int inner, LayoutKind layout, RingSend send, DocSet docs,
     shape.q_tokens = shape.k_tokens = T;
     Result ring = run_op(&cfg, &dist.cp, inner, &shape, lq, lk, lv, ldout, pos, T);
     uint64_t *need = NULL;
+    char *mark = NULL, *remote = xcalloc((size_t)(HQ * T + 1), 1);
     if (sparse) {
         const int64_t words = ring_need_words(N, B);
         need = xmalloc((size_t)(W * words) * sizeof(uint64_t));
-        sparse_need(&cfg, &full, q, k, layout, words, need);
+        mark = xmalloc((size_t)N);
+        sparse_need(&cfg, &full, q, k, layout, T, words, need, mark, remote);
     }
-    const double planned = planned_bytes(inner, send, &shape, pos, T, N, need);
+    const double planned = planned_bytes(inner, send, &shape, pos, T, N, need, mark);
 
     float *o = rows(ref.o, HQ * D * sizeof(float), pos, T), *lse = lse_rows(ref.lse, N, pos, T);
     float *dq = rows(ref.dq, HQ * D * sizeof(float), pos, T), *dk = rows(ref.dk, HKV * D * sizeof(float), pos, T);
@@ -250,6 +285,16 @@ static void check_case(int inner, LayoutKind layout, RingSend send, DocSet docs,
     EXPECT_ALL(ring.bytes == planned && planned > 0, "cuda_ring_bytes_%s: rank %d sent %.0f bytes, planned %.0f",
                name, r, ring.bytes, planned);
     if (sparse) {
+        // The columns in other ranks' chunks (gathered, computed once in
+        // step 0): every lse of the rows that use them as one GPU's.
+        double remote_rows = 0;
+        for (int64_t i = 0; i < HQ * T; i++) remote_rows += remote[i];
+        double column_check[2] = {remote_rows, masked_max_diff(ring.lse, lse, remote, HQ * T)};
+        comm_allreduce(&dist.world, column_check, 1, DT_DOUBLE, REDUCE_SUM);
+        comm_allreduce(&dist.world, column_check + 1, 1, DT_DOUBLE, REDUCE_MAX);
+        EXPECT_ALL(column_check[0] > 0 && column_check[1] <= TOL_COLUMN_LSE,
+                   "cuda_ring_columns_%s: lse of the %.0f rows whose columns another rank owns within %.2e <= %.0e "
+                   "of one GPU's", name, column_check[0], column_check[1], TOL_COLUMN_LSE);
         const SparseStats a = ring.stats, b = ref.stats;
         const double recall = fabs(a.covered_mass - b.covered_mass) / b.covered_mass;
         EXPECT_ALL(a.computed == b.computed && a.causal == b.causal && a.estimation_rows == b.estimation_rows &&
@@ -258,7 +303,7 @@ static void check_case(int inner, LayoutKind layout, RingSend send, DocSet docs,
                    "%.6f, %.0f rows)", name, a.computed, a.causal, b.computed, b.causal, a.covered_mass,
                    b.covered_mass, a.estimation_rows);
     }
-    void *all[] = {q, k, v, dout, iota, pos, lq, lk, lv, ldout, o, lse, dq, dk, dv, need};
+    void *all[] = {q, k, v, dout, iota, pos, lq, lk, lv, ldout, o, lse, dq, dk, dv, need, mark, remote};
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) free(all[i]);
     result_free(&ref);
     result_free(&ring);

@@ -50,8 +50,11 @@ static void check_model(const char *label, int hidden, int vocab, const char *di
     cfg.model = c;
     snprintf(cfg.checkpoint.dir, sizeof(cfg.checkpoint.dir), "%s/%s", dir, label);
     TrainState streamed = {.step = 1}, copied = {.step = 2};
-    checkpoint_save(&cfg, &m, &streamed, NULL, NULL);
-    checkpoint_save(&cfg, &m, &copied, host, NULL);
+    float *params = xmalloc(bytes);
+    model_gather_params(&m, params);
+    checkpoint_save(&cfg, &m, &streamed, params, NULL, NULL);
+    checkpoint_save(&cfg, &m, &copied, params, host, NULL);
+    free(params);
     char path[4096], other[4096];
     snprintf(path, sizeof(path), "%s/step_00000001/optimizer.zst", cfg.checkpoint.dir);
     snprintf(other, sizeof(other), "%s/step_00000002/optimizer.zst", cfg.checkpoint.dir);

@@ -3,16 +3,26 @@
 # parallelism together, ZeRO-1 over dp x cp, and the no-hang rule inside the
 # ring, under the sim (build/sim/mtrain, docs/SIM.md; its NCCL runs over MPI),
 # a small model trained 3 steps, one GPU per rank, each case under its own
-# CUDASIM_SEED (the sim's stream interleavings):
+# CUDASIM_SEED (the sim's block orders and stream interleavings):
 #   dp x cp    np 4, dp 2 x cp 2 (CUDASIM_SEED 1) equals one rank with
 #              micro_batches 2: every step's loss within 2e-4 relative and
-#              every weight of the last checkpoint within 4e-3;
+#              every weight of the last checkpoint within 4e-3; under
+#              CUDASIM_SEED 2 and 3 it equals itself bit for bit;
 #   cp 8       np 8 (--oversubscribe), 256 tokens in blocks of 32 (one block
-#              per rank; CUDASIM_SEED 2) equals one rank, same tolerances;
-#   zero       ZeRO-1 over dp x cp: np 2 cp 2 with parallel.zero 1
+#              per rank) equals one rank, same tolerances, and under seeds
+#              2 and 3 itself bit for bit;
+#   zero       ZeRO-1 over dp x cp (each rank holds the fp32 master of
+#              its shard; the bf16 compute copy is all-gathered after the
+#              step): np 2 cp 2 with parallel.zero 1
 #              (CUDASIM_SEED 3) equals cp 2 without it bit for bit (each
 #              gradient is a sum of 2 fp32 values, which rounds once in the
-#              all-reduce and in the reduce-scatter alike); np 4 dp 2 x cp 2
+#              all-reduce and in the reduce-scatter alike, and the gathered
+#              bf16 copy is the rounding of the same fp32 master either way),
+#              and so do its checkpoint files (model.safetensors,
+#              optimizer.zst: full tensors gathered from the shards) and
+#              `mtrain export --dtype f32` of it; its step-2 checkpoint
+#              resumed on the CPU backend on one rank follows (step 3 loss
+#              2e-2 relative, weights 1e-3); np 4 dp 2 x cp 2
 #              with ZeRO-1 (CUDASIM_SEED 4) equals dp 2 x cp 2 without it
 #              within fp32 summation order (loss 1e-6 relative, weights 1e-6:
 #              a sum of 4 values may be added in another order by the
@@ -20,6 +30,11 @@
 #              in the same order, so the measured difference is 0); its
 #              step-2 checkpoint resumed on np 2 cp 2 with ZeRO-1 and
 #              micro_batches 2 gives the straight run's step 3 within 1e-6;
+#              its rank 0 allocated a fp32 master of ceil(P / 4) floats
+#              (the model line it prints), one rank and dp 2 x cp 2 without
+#              ZeRO-1 P; np 2 cp 2 with ZeRO-1 staged through MPI
+#              (parallel.comm mpi: the bf16 all-gather through the host)
+#              equals it over NCCL bit for bit;
 #   stall      a rank that stalls at its first wait of the ring exchange
 #              (MTRAIN_TEST_FAULT=stall:R@ring, its transfers never handed to
 #              NCCL): a peer's watchdog ends the job within
@@ -53,18 +68,52 @@ same() {
 train ref 1 train.micro_batches=2
 CUDASIM_SEED=1 train dpcp 4 parallel.dp=2 parallel.cp=2
 same $? dp2_cp2 dpcp ref 2e-4 4e-3 "4 = dp 2 x cp 2 .*gradients over NCCL" "np 4 dp 2 x cp 2 = one rank with micro_batches 2"
+seeds_agree cuda_multi dpcp 4 4 0 0 parallel.dp=2 parallel.cp=2
 
 train ref256 1 train.seq_len=256
-CUDASIM_SEED=2 train cp8 8 parallel.cp=8 train.seq_len=256
+CUDASIM_SEED=1 train cp8 8 parallel.cp=8 train.seq_len=256
 same $? cp8 cp8 ref256 2e-4 4e-3 "8 = dp 1 x cp 8" "np 8 cp 8 = one rank"
+seeds_agree cuda_multi cp8 8 8 0 0 parallel.cp=8 train.seq_len=256
 
-train cp2 2 parallel.cp=2
-CUDASIM_SEED=3 train cp2_zero 2 parallel.cp=2 parallel.zero=1
+train cp2 2 parallel.cp=2 checkpoint.every=1
+CUDASIM_SEED=3 train cp2_zero 2 parallel.cp=2 parallel.zero=1 checkpoint.every=1
 same $? zero_cp2 cp2_zero cp2 0 0 "2 = dp 1 x cp 2 .*ZeRO-1, gradients over NCCL" \
   "np 2 cp 2 with ZeRO-1 = without, bit for bit"
+CUDASIM_SEED=6 train cp2_zero_mpi 2 parallel.cp=2 parallel.zero=1 parallel.comm=mpi
+same $? zero_cp2_mpi cp2_zero_mpi cp2_zero 0 0 "2 = dp 1 x cp 2 .*ZeRO-1, 1 thread" \
+  "np 2 cp 2 with ZeRO-1 staged through MPI = over NCCL, bit for bit"
+# The checkpoint of the sharded run: full fp32 tensors gathered from the
+# shards, the same files as the unsharded run's.
+for file in model.safetensors optimizer.zst; do
+  expect "cuda_multi_zero_checkpoint_$file: the ZeRO-1 cp 2 checkpoint's $file = the one without ZeRO-1, byte for byte" \
+    "cmp -s '$tmp/cp2_zero/step_00000003/$file' '$tmp/cp2/step_00000003/$file'"
+done
+# Exported (mtrain export --dtype f32): the checkpoint's tensors, byte for byte.
+build/sim/mtrain export "$tmp/cp2_zero/step_00000003" "$tmp/cp2_zero_export" --dtype f32 >"$tmp/export.out" 2>&1
+rc=$?
+expect "cuda_multi_zero_export: the export of the ZeRO-1 checkpoint = its model.safetensors (exit $rc)" \
+  "[ $rc -eq 0 ] && cmp -s '$tmp/cp2_zero_export/model.safetensors' '$tmp/cp2_zero/step_00000003/model.safetensors'"
+# Its step-2 checkpoint resumed on the CPU backend on one rank (the same
+# sequence, whole): step 3's loss within the backends' 2e-2
+# (test_cuda_backend.sh), its weights within 1e-3 (one AdamW step of lr 1e-2
+# from the same weights and moments, fp32 against bf16 gradients: measured
+# 1e-4); a shard missing or zero in the gather moves them far more.
+train cpu_resumed 1 train.backend=cpu checkpoint.resume="$tmp/cp2_zero/step_00000002"
+rc=$?
+read -r loss weights < <(differ cpu_resumed cp2_zero)
+expect "cuda_multi_zero_resume_cpu: the ZeRO-1 CUDA checkpoint of step 2 resumed on the CPU backend, one rank (exit $rc; step 3 loss $loss <= 2e-2 relative, weights $weights <= 1e-3)" \
+  "[ $rc -eq 0 ] && grep -q '^resumed from .*cp2_zero/step_00000002' '$tmp/cpu_resumed.out' && below '$loss' 2e-2 &&
+   below '$weights' 1e-3"
 CUDASIM_SEED=4 train dpcp_zero 4 parallel.dp=2 parallel.cp=2 parallel.zero=1 checkpoint.every=1
 same $? zero_dp2_cp2 dpcp_zero dpcp 1e-6 1e-6 "4 = dp 2 x cp 2 .*ZeRO-1, gradients over NCCL" \
   "np 4 dp 2 x cp 2 with ZeRO-1 = without"
+# The fp32 master each rank allocated (print_memory): all P parameters on
+# one rank and on 4 without ZeRO-1, ceil(P / 4) on 4 with it.
+params=$(sed -n 's/^model: \([0-9]*\) parameters.*/\1/p' "$tmp/ref.out")
+master() { sed -n 's/^model: .*, fp32 master of \([0-9]*\) floats on this rank .*/\1/p' "$tmp/$1.out"; }
+one=$(master ref) four=$(master dpcp) sharded=$(master dpcp_zero)
+expect "cuda_multi_zero_master_shard: fp32 master floats: $one on 1 rank, $four on 4, $sharded on 4 with ZeRO-1 (P = $params)" \
+  "[ -n '$params' ] && [ '$one' = '$params' ] && [ '$four' = '$params' ] && [ '$sharded' = $(( (params + 3) / 4 )) ]"
 # Its step-2 checkpoint (moments sharded 4 ways) resumed on np 2 cp 2 with
 # ZeRO-1 and micro_batches 2 (sharded 2 ways; the same sequences, the same
 # ring, the gradients summed in another order): step 3 within fp32 rounding.

@@ -305,9 +305,9 @@ static void test_documents(void) {
 // filled only by weights_new and weights_refresh.
 static int64_t refreshes;
 
-static Weight *copy_weights_new(float *master, int64_t n) {
-    float *w = xmalloc(sizeof(float) * (size_t)n);
-    memcpy(w, master, sizeof(float) * (size_t)n);
+static Weight *copy_weights_new(float *master, int64_t begin, int64_t count, int64_t n) {
+    float *w = xcalloc((size_t)n, sizeof(float));
+    memcpy(w + begin, master, sizeof(float) * (size_t)count);
     return (Weight *)w;
 }
 
@@ -316,8 +316,8 @@ static void copy_weights_free(Weight *w, float *master) {
     free(w);
 }
 
-static void copy_weights_refresh(Weight *w, const float *master, int64_t n) {
-    memcpy(w, master, sizeof(float) * (size_t)n);
+static void copy_weights_refresh(Weight *w, const float *master, int64_t begin, int64_t count) {
+    memcpy((float *)w + begin, master, sizeof(float) * (size_t)count);
     refreshes++;
 }
 

@@ -401,8 +401,8 @@ void checkpoint_recover_dir(const char *dir) {
     fsync_dir(dir);
 }
 
-void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state, const float *moments,
-                     const char *resumed_from) {
+void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state, const float *params,
+                     const float *moments, const char *resumed_from) {
     const char *dir = cfg->checkpoint.dir;
     char name[32], final_dir[4096], tmp_dir[4096], old_dir[4200], path[4096];
     snprintf(name, sizeof(name), "step_%08lld", (long long)state->step);
@@ -416,8 +416,8 @@ void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state,
     snprintf(what, sizeof(what), "writing checkpoint %s", final_dir);
     int64_t param_bytes = (int64_t)sizeof(float) * m->total_params;
     progress_begin(&progress, what, 3 * param_bytes, "MiB", 1 << 20);
+    model_write_hf_weights(m, params, tmp_dir, ST_F32, 0);
     join(path, sizeof(path), tmp_dir, "model.safetensors");
-    model_write_safetensors(m, m->param_mem, path, ST_F32);
     uint64_t model_hash = file_xxh64(path);
     progress_add(&progress, param_bytes);
     join(path, sizeof(path), tmp_dir, "config.json");

@@ -27,14 +27,14 @@ typedef struct {
 } TrainState;
 
 // Write the checkpoint for state->step and apply the keep policy, with a
-// progress line when it takes long. moments: host [2, total_params], the full
-// AdamW m then v (gathered over the dp ranks under ZeRO-1), or NULL: streamed
-// in pieces from the model's unsharded adam_m and adam_v. The parameters come
-// from m->param_mem.
+// progress line when it takes long. params: host [total_params], the whole
+// fp32 master weights (model_gather_params). moments: host [2, total_params],
+// the full AdamW m then v (gathered over the ranks under ZeRO-1), or NULL:
+// streamed in pieces from the model's unsharded adam_m and adam_v.
 // Pruning never removes the checkpoint just written nor resumed_from (the
 // folder an explicit checkpoint.resume loaded, or NULL).
-void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state, const float *moments,
-                     const char *resumed_from);
+void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state, const float *params,
+                     const float *moments, const char *resumed_from);
 // Before a run writes into dir (checkpoint.dir, log.dir): remove the
 // NAME.tmp.PID and NAME.del.PID files and folders of writers no longer alive
 // (write_file_atomic's temporaries included), and put back (or remove, when

@@ -74,8 +74,9 @@ static void check_out_dir(const char *out) {
 // With --dtype bf16, the share of the weights that training moved away from
 // train.init_from (named in CKPT_DIR/run.yaml) which the rounding puts back
 // at their init_from values: a short or low-lr fine-tune can vanish in bf16.
-// A warning on stderr when that is 1% or more.
-static void warn_rounded_back(const Model *m, const ModelConfig *mc, const char *src) {
+// A warning on stderr when that is 1% or more. params: the weights
+// [total_params] being exported (host memory).
+static void warn_rounded_back(const float *params, const ModelConfig *mc, const char *src) {
     char *run_file = path_join(src, "run.yaml");
     Config run;
     config_defaults(&run);
@@ -89,13 +90,16 @@ static void warn_rounded_back(const Model *m, const ModelConfig *mc, const char 
     Model init;
     model_init(&init, mc, backend_cpu());
     model_load_hf_folder(&init, run.train.init_from_path);
+    float *init_params = xmalloc(sizeof(float) * (size_t)init.total_params);
+    model_gather_params(&init, init_params);
     int64_t changed = 0, back = 0;
-    for (int64_t i = 0; i < m->total_params; i++) {
-        float now = m->param_mem[i], before = init.param_mem[i];
+    for (int64_t i = 0; i < init.total_params; i++) {
+        float now = params[i], before = init_params[i];
         if (now == before) continue;
         changed++;
         back += f32_to_bf16(now) == f32_to_bf16(before);
     }
+    free(init_params);
     model_free(&init);
     if (changed > 0 && back * 100 >= changed)
         fprintf(stderr, "mtrain: warning: bf16 rounding puts %.1f%% of the weights that training changed (%lld of %lld) "
@@ -142,12 +146,15 @@ int cmd_export(int argc, char **argv) {
     Model m;
     model_init(&m, &cfg.model, backend_cpu());
     model_load_hf_folder(&m, src);
-    if (dtype == ST_BF16) warn_rounded_back(&m, &cfg.model, src);
+    float *params = xmalloc(sizeof(float) * (size_t)m.total_params);
+    model_gather_params(&m, params);
+    if (dtype == ST_BF16) warn_rounded_back(params, &cfg.model, src);
 
     char *tmp = xmalloc(strlen(out) + 32);
     sprintf(tmp, "%s.tmp.%d", out, (int)getpid());
     make_dirs(tmp);
-    int files = model_write_hf_weights(&m, tmp, dtype, max_shard);
+    int files = model_write_hf_weights(&m, params, tmp, dtype, max_shard);
+    free(params);
     path = path_join(tmp, "config.json");
     char *src_config = path_join(src, "config.json");
     hf_config_write(path, &m.cfg, dtype == ST_F32 ? "float32" : "bfloat16", src_config);

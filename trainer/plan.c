@@ -158,18 +158,21 @@ static int64_t rank_tokens(const Config *cfg, int cp) {
     return most;
 }
 
-// Host memory of world rank 0 on the CPU backend (fp32): the arenas, the
-// activation arena, and the larger of the host copies made beside it: a
-// checkpoint write's (trainer/train.c, print_memory) or, on several ranks,
-// the gradient all-reduce's (the arena's host copy, and as much again inside
-// MPI: measured). The initialisation's copy and ZeRO's gathers are smaller.
-static void plan_cpu_memory(Plan *p, const Config *cfg, double acts, double lm_chunk, int64_t opt_count) {
-    double P = 4.0 * (double)p->params;
+// Host memory of world rank 0 on the CPU backend (fp32): the arenas as
+// model.c allocates them (the moments one shard [shard] of shards,
+// parameters and gradients padded to shards × shard), the activation arena,
+// and the larger of the host copies made beside it: a checkpoint write's
+// (trainer/train.c, print_memory) or, on several ranks, the gradient
+// all-reduce's (the arena's host copy, and as much again inside MPI:
+// measured). The initialisation's copy and ZeRO's gathers are smaller.
+static void plan_cpu_memory(Plan *p, const Config *cfg, double acts, double lm_chunk, int64_t shard,
+                            int64_t shards) {
+    double P = 4.0 * (double)p->params, arena = 4.0 * (double)(shard * shards);
     const ModelConfig *c = &cfg->model;
     bool zero = cfg->parallel.zero == 1;
-    add_item(p, "parameters (fp32)", P);
-    add_item(p, "gradients (fp32)", P);
-    add_item(p, "AdamW moments (fp32)", 8.0 * (double)opt_count);
+    add_item(p, "parameters (fp32)", arena);
+    add_item(p, "gradients (fp32)", arena);
+    add_item(p, "AdamW moments (fp32)", 8.0 * (double)shard);
     add_item(p, "activations", acts - lm_chunk);
     add_item(p, "LM-head chunk", lm_chunk);
     if (p->cp > 1) add_item(p, "ring buffers (K/V, dK/dV)", 4.0 * 4.0 * (double)p->tokens * c->num_kv_heads * c->head_dim);
@@ -182,20 +185,22 @@ static void plan_cpu_memory(Plan *p, const Config *cfg, double acts, double lm_c
     add_item(p, "runtime (binary, libraries, MPI)", CPU_RUNTIME_BYTES);
 }
 
-// Memory of one GPU under the CUDA backend as designed: bf16 compute weights,
-// activations and LM-head chunk, fp32 row statistics (inside the activation
-// arena), fp32 master weights, gradients and moments (ZeRO-1 shards master
-// weights and moments over dp x cp). acts: the activation arena's bytes.
-static void plan_gpu_memory(Plan *p, const Config *cfg, double acts, double lm_chunk) {
+// Memory of one GPU under the CUDA backend as model.c allocates it: bf16
+// compute weights, activations and LM-head chunk, fp32 row statistics (inside
+// the activation arena), fp32 master weights, gradients and moments; ZeRO-1
+// over dp x cp keeps one shard [shard] of shards of the master weights and
+// moments, and pads the compute weights and gradients to shards × shard.
+// acts: the activation arena's bytes.
+static void plan_gpu_memory(Plan *p, const Config *cfg, double acts, double lm_chunk, int64_t shard,
+                            int64_t shards) {
     const ModelConfig *c = &cfg->model;
     const AttentionConfig *a = &cfg->attention;
-    double P = (double)p->params;
-    double shards = cfg->parallel.zero == 1 ? (double)p->dp * p->cp : 1.0;
+    double arena = (double)(shard * shards);
     int64_t T = p->tokens, KD = (int64_t)c->num_kv_heads * c->head_dim;
-    add_item(p, "weights bf16 (compute)", GPU_WEIGHT_BYTES * P);
-    add_item(p, "weights fp32 (master)", 4 * P / shards);
-    add_item(p, "gradients fp32", 4 * P);
-    add_item(p, "AdamW moments fp32", 8 * P / shards);
+    add_item(p, "weights bf16 (compute)", GPU_WEIGHT_BYTES * arena);
+    add_item(p, "weights fp32 (master)", 4.0 * (double)shard);
+    add_item(p, "gradients fp32", 4 * arena);
+    add_item(p, "AdamW moments fp32", 8.0 * (double)shard);
     add_item(p, "activations bf16 (statistics fp32)", acts - lm_chunk);
     if (a->type == ATTN_SPARSE)  // estimation scores of one layer, the index of every layer (int32)
         add_item(p, "attention index and scratch",
@@ -291,13 +296,13 @@ void plan_build(Plan *p, const Config *cfg, const GpuProfile *gpu, double cpu_pe
     p->activations_checkpointed =
         (double)model_activation_arena_bytes(mc, true, c.train.loss_chunk, p->tokens, act_bytes) - lm_chunk;
     double acts = lm_chunk + (c.train.checkpoint_activations ? p->activations_checkpointed : p->activations_saved);
+    int64_t shards = cfg->parallel.zero == 1 ? (int64_t)p->dp * p->cp : 1;  // ZeRO-1 over dp x cp
+    int64_t shard = (p->params + shards - 1) / shards;                      // model_shard_size
     if (gpu) {
-        plan_gpu_memory(p, &c, acts, lm_chunk);
+        plan_gpu_memory(p, &c, acts, lm_chunk, shard, shards);
         p->capacity_bytes = gpu->hbm_gib * (1 << 30) * HBM_USABLE;
     } else {
-        int64_t shards = cfg->parallel.zero == 1 ? (int64_t)p->dp * p->cp : 1;  // ZeRO-1 over dp x cp
-        int64_t opt_count = (p->params + shards - 1) / shards;
-        plan_cpu_memory(p, &c, acts, lm_chunk, opt_count);
+        plan_cpu_memory(p, &c, acts, lm_chunk, shard, shards);
     }
     plan_flops(p, &c);
     plan_communication(p, &c);

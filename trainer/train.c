@@ -8,8 +8,8 @@
 // last micro-batch's backward (ZeRO-1: one reduce-scatter after it, each rank
 // receiving its shard of the sum), clip, AdamW (ZeRO-1: on this rank's shard
 // of the world, dp × cp ranks holding the same parameters, then all-gather
-// the parameters), then rank 0 prints one line and
-// appends one JSON line to log.dir/metrics.jsonl. The loader's cursor
+// the compute weights: bf16 on CUDA, whose fp32 master is the shard), then
+// rank 0 prints one line and appends one JSON line to log.dir/metrics.jsonl. The loader's cursor
 // (sequences consumed) is saved in every checkpoint, so a resumed run reads
 // exactly the next sequence. SIGINT, SIGTERM or SIGUSR1 on any rank: every
 // rank finishes the step, a checkpoint is written and the run exits 0.
@@ -65,15 +65,23 @@ OptimizerConfig optimizer_config(const Config *cfg) {
     return oc;
 }
 
-// With the host memory a checkpoint write adds on rank 0: a copy of the
-// parameters, and under ZeRO-1 the gathered moments and one gather buffer
-// (otherwise the moments stream in pieces of a few MiB).
+// What this rank allocated for the model: the fp32 master weights (under
+// ZeRO-1 on a backend that shards masters, its shard only), the compute copy
+// when it is not the master, gradients and moments; with the host memory a
+// checkpoint write adds: a copy of the parameters, and under ZeRO-1 the
+// gathered moments and one gather buffer (otherwise the moments stream in
+// pieces of a few MiB).
 static void print_memory(const Model *m, int64_t T, bool zero) {
     double mib = 1.0 / (1 << 20), p = (double)m->total_params * sizeof(float) * mib;
+    double master = (double)m->master_count * sizeof(float) * mib;
+    bool own_copy = (void *)m->weight_mem != (void *)m->param_mem;  // CPU: the compute copy is the master
+    double compute = own_copy ? (double)m->arena_floats * m->be->weight_bytes * mib : 0;
+    double grads = (double)m->arena_floats * sizeof(float) * mib;
     double adam = 2.0 * (double)m->opt_count * sizeof(float) * mib;
     double write = p + (zero ? 3 * p : checkpoint_stream_bytes() * mib);
-    printf("model: %lld parameters | memory MiB: params %.1f, grads %.1f, adam %.1f, activations %.1f (T=%lld%s), "
-           "checkpoint write %.1f more on the host\n", (long long)m->total_params, p, p, adam,
+    printf("model: %lld parameters, fp32 master of %lld floats on this rank | memory MiB: master %.1f, compute copy "
+           "%.1f, grads %.1f, adam %.1f, activations %.1f (T=%lld%s), checkpoint write %.1f more on the host\n",
+           (long long)m->total_params, (long long)m->master_count, master, compute, grads, adam,
            (double)model_activation_bytes(m, T) * mib, (long long)T, m->checkpoint_activations ? ", checkpointed" : "",
            write);
 }
@@ -367,42 +375,30 @@ static void bucket_finish(GradBuckets *b) {
     m->be->allreduce_sum_finish(b->comm);
 }
 
-// ZeRO-1: every rank's shard [opt_count] (backend memory, this rank's
-// part of an arena) into full [total_params] on the host (collective over the
-// ranks the moments are sharded over).
-static void gather_shards(const Model *m, const float *shard, float *full) {
-    const Comm *over = m->opt_comm;
-    int64_t size = model_shard_size(m, over->size);
-    float *send = xcalloc((size_t)size, sizeof(float));
-    float *recv = xmalloc(sizeof(float) * (size_t)(size * over->size));
-    m->be->download(send, shard, sizeof(float) * (size_t)m->opt_count);
-    comm_allgather(over, send, recv, size, DT_FLOAT);
-    memcpy(full, recv, sizeof(float) * (size_t)m->total_params);
-    free(recv);
-    free(send);
-}
-
 // Under ZeRO-1: the full AdamW moments m then v [2, total_params] on the host
 // (collective over the ranks they are sharded over).
 static float *gather_moments(const Model *m) {
     int64_t P = m->total_params;
     float *host = xmalloc(2 * sizeof(float) * (size_t)P);
-    gather_shards(m, m->adam_m, host);
-    gather_shards(m, m->adam_v, host + P);
+    model_gather_shards(m, m->adam_m, host);
+    model_gather_shards(m, m->adam_v, host + P);
     return host;
 }
 
 // The checkpoint of state->step, written by rank 0: under ZeRO-1 every rank
-// first gathers the moments, otherwise they stream from its optimizer.
+// first gathers the moments and the master weights (sharded on a backend
+// that shards masters), otherwise rank 0 downloads the master weights and the
+// moments stream from its optimizer.
 static void save_checkpoint(const Config *cfg, const Dist *dist, bool zero, const Model *m, const TrainState *state,
                             const char *rolled_back_from) {
     const char *protect = rolled_back_from[0] ? rolled_back_from : NULL;
-    if (zero) {
-        float *moments = gather_moments(m);
-        if (dist->world_rank == 0) checkpoint_save(cfg, m, state, moments, protect);
+    if (zero || dist->world_rank == 0) {
+        float *params = xmalloc(sizeof(float) * (size_t)m->total_params);
+        model_gather_params(m, params);
+        float *moments = zero ? gather_moments(m) : NULL;
+        if (dist->world_rank == 0) checkpoint_save(cfg, m, state, params, moments, protect);
         free(moments);
-    } else if (!zero && dist->world_rank == 0) {
-        checkpoint_save(cfg, m, state, NULL, protect);
+        free(params);
     }
     printf("checkpoint: %s/step_%08lld\n", cfg->checkpoint.dir, (long long)state->step);
 }

@@ -139,10 +139,10 @@ void sparse_pattern_free_cuda(SparsePatternCuda *pattern);
 // [doc_count] (attention.h; NULL: one document) restricts each row to its
 // queries' documents and adds the sink (`sink` tokens) of each, the same
 // blocks and columns as the CPU. *index (zeroed, or a previous call's) is
-// reused, its buffers replaced only when they are too small for the
-// capacities from the pattern's (blocks per row at most 2 * slash_capacity
-// + 1, columns at most vertical_capacity, + sink with documents); its real
-// lengths stay on the device. Free with sparse_index_free_cuda.
+// reused, its buffers replaced only when they are too small for the index
+// as counted (the counts' two totals are read back: the call waits for the
+// stream once); its real lengths stay on the device. Free with
+// sparse_index_free_cuda.
 void sparse_index_build_cuda(const SparsePatternCuda *pattern, int block_size,
                              const int64_t *q_blocks, int64_t num_q_blocks, const int64_t *doc_starts,
                              int64_t doc_count, int sink, SparseIndexCuda *index, cudaStream_t stream);

@@ -1,5 +1,6 @@
 // sparse_select_cuda.cu: the vertical-slash pattern on the GPU, from
-// estimation to index, with no host round trip (sparse_cuda.h; the CPU
+// estimation to index, with one host read of the index's two lengths
+// (sparse_cuda.h; the CPU
 // version: sparse_estimate.c, sparse_index.c, docs/ARCHITECTURE.md).
 //   estimation  per (q head, tile of 128 keys) CTA, fp32 on CUDA cores (the
 //               estimation queries are few): pass 1 writes each tile's
@@ -17,7 +18,8 @@
 //               compaction into per-head lists.
 //   index       one CTA per index row: a bitmap of the key blocks (diagonal
 //               and the slashes' blocks), then blocks and columns counted,
-//               prefix-summed (CUB) and filled in ascending order; with
+//               prefix-summed (CUB), the totals read back to size the
+//               lists exactly, and filled in ascending order; with
 //               documents only from the start of the row's first document
 //               on, with that document's sink as columns. The pattern and
 //               index buffers are reused by later calls (grow_device).
@@ -530,8 +532,6 @@ extern "C" void sparse_index_build_cuda(const SparsePatternCuda *p, int block_si
     const int64_t N = p->seq_len, nqb = num_q_blocks, rows = H * nqb, nglobal = (N + B - 1) / B;
     CHECK(B >= 1 && rows >= 1 && rows < INT32_MAX, "index (CUDA): block size %d, %lld rows", B, (long long)rows);
     const int64_t docs = doc_starts ? doc_count : 0;
-    const int64_t per_row = 2 * p->slash_capacity + 1 < nglobal ? 2 * p->slash_capacity + 1 : nglobal;
-    const int64_t columns_per_row = p->vertical_capacity + (docs > 0 ? sink : 0);
     x->num_heads = H;
     x->block_size = B;
     x->seq_len = N;
@@ -539,8 +539,6 @@ extern "C" void sparse_index_build_cuda(const SparsePatternCuda *p, int block_si
     grow_device(&x->q_blocks, &x->q_block_capacity, nqb + 1);
     grow_device(&x->block_start, &x->row_capacity, rows + 1);
     grow_device(&x->column_start, &x->column_row_capacity, rows + 1);
-    grow_device(&x->blocks, &x->block_capacity, rows * per_row + 1);
-    grow_device(&x->columns, &x->column_capacity, rows * columns_per_row + 1);
     CUDA_CHECK(cudaMemcpyAsync(x->q_blocks, q_blocks, (size_t)nqb * sizeof(int64_t), cudaMemcpyDeviceToDevice,
                                stream));
     CUDA_CHECK(cudaMemsetAsync(x->block_start, 0, sizeof(int64_t), stream));
@@ -560,6 +558,14 @@ extern "C" void sparse_index_build_cuda(const SparsePatternCuda *p, int block_si
     CUDA_CHECK(cudaGetLastError());
     inclusive_sum(x->block_start + 1, rows, stream);
     inclusive_sum(x->column_start + 1, rows, stream);
+    // The index's lengths to the host (one wait, in the plan forward only):
+    // blocks and columns allocated as counted, not at the caps' bound.
+    int64_t lengths[2];
+    CUDA_CHECK(cudaMemcpyAsync(&lengths[0], x->block_start + rows, sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaMemcpyAsync(&lengths[1], x->column_start + rows, sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    grow_device(&x->blocks, &x->block_capacity, lengths[0] + 1);
+    grow_device(&x->columns, &x->column_capacity, lengths[1] + 1);
     CUDA_LAUNCH(index_row_kernel<true>, (unsigned)rows, SEL_THREADS, smem, stream, *p, B, q_blocks, nqb, d_docs,
                 docs, sink, x->block_start, x->blocks, x->column_start, x->columns);
     CUDA_CHECK(cudaGetLastError());

@@ -20,7 +20,12 @@ mpirun_env() {
 # OpenMP thread, SIM_RUN = the settings of a small model on the CUDA backend
 # (3 steps of 128 tokens, AdamW with lr 1e-2 and eps 1e-3: the update
 # g / (|g| + eps) is smooth in g, so a wrong gradient moves weights by ~1e-3);
-# ends the test with "FAIL PREFIX_binary" when build/sim/mtrain is missing.
+# SIM_SPARSE = sparse attention with a fixed budget of 4 vertical and 1 slash
+# lines, sink 4, local 1, in blocks of 64 (the CUDA kernels' smallest index
+# block): density ~0.7 at 256 tokens, its statistics logged every step.
+# Ends the test with "FAIL PREFIX_binary" when build/sim/mtrain is missing.
+SIM_SPARSE="attention.type=sparse attention.block_size=64 attention.budget=fixed attention.vertical=4 attention.slash=1
+            attention.sink=4 attention.local=1 log.attention_every=1"
 sim_setup() {
   mpirun_env
   export OMP_NUM_THREADS=1
@@ -68,9 +73,9 @@ seeds_agree() {
   done
 }
 
-# runs_differ A B: "LOSS WEIGHTS" between the sim_train runs A and B at
-# step 3 (tests/compare_runs.py).
-runs_differ() { /usr/bin/python3 tests/compare_runs.py "$tmp/$1" "$tmp/$2" 3; }
+# runs_differ A B [STEP]: "LOSS WEIGHTS" between the sim_train runs A and B
+# at step STEP (default 3; tests/compare_runs.py).
+runs_differ() { /usr/bin/python3 tests/compare_runs.py "$tmp/$1" "$tmp/$2" "${3:-3}"; }
 
 # below X TOL: X is a number (not "-") no larger than TOL.
 below() { awk -v x="$1" -v tol="$2" 'BEGIN { exit !(x != "-" && x + 0 <= tol + 0) }'; }

@@ -56,7 +56,7 @@ expect "sim: train.backend=cuda trains $steps steps (exit $rc; $(tail -n 1 "$tmp
   "[ $rc -eq 0 ] && [ \$(grep -c '^step ' '$tmp/cuda.out') -eq $steps ]"
 # The memory plan at start (CUDA backend only): every item, and the total of
 # `mtrain plan --gpu h100` for the same run; dense (the 50-step run) and
-# sparse (one step: the attention index and scratch too).
+# sparse (one step: the sparse estimation and index too).
 check_plan() {  # NAME ITEMS... (after --) OVERRIDES...
   local name=$1 item missing= items=()
   shift
@@ -66,7 +66,7 @@ check_plan() {  # NAME ITEMS... (after --) OVERRIDES...
   total=$($sim plan configs/tiny-cpu.yaml $model train.seq_len=128 "$@" --gpu h100 | awk '$1 == "total" { printf "%.2f", $2 }')
   line=$(grep '^memory plan (cuda backend, one GPU): ' "$tmp/$name.out")
   for item in 'weights bf16 (compute)' 'weights fp32 (master)' 'gradients fp32' 'AdamW moments fp32' \
-    'activations bf16' 'LM-head chunk' 'workspaces' "${items[@]}"; do
+    'activations bf16' 'attention scratch fp32' 'LM-head chunk' 'workspaces' "${items[@]}"; do
     grep -qF "$item" <<<"$line" || missing="$missing, $item"
   done
   expect "sim: $name: the CUDA backend prints its memory plan at start, total $total GiB as mtrain plan --gpu h100 (missing: ${missing#, }; $line)" \
@@ -75,7 +75,7 @@ check_plan() {  # NAME ITEMS... (after --) OVERRIDES...
 check_plan cuda --
 expect "sim: the CPU backend prints no GPU memory plan" "! grep -q '^memory plan' '$tmp/cpu.out'"
 run "$sim" cuda 1 plan-sparse attention.type=sparse
-check_plan plan-sparse 'attention index and scratch' -- attention.type=sparse
+check_plan plan-sparse 'sparse estimation and index' -- attention.type=sparse
 losses() { sed -n 's/^step .*| loss \([0-9.]*\) |.*/\1/p' "$@"; }
 # FILE_A FILE_B: the worst relative difference of their loss columns, and the final one's.
 compare_losses() {

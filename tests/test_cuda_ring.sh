@@ -56,9 +56,7 @@ RUN="model.hidden_size=128 model.intermediate_size=256 model.num_layers=2 model.
      checkpoint.resume=never"
 
 # The attention of each kind: its one-rank reference is named after it.
-SPARSE="attention.type=sparse attention.block_size=64 attention.budget=fixed attention.vertical=4 attention.slash=1
-        attention.sink=4 attention.local=1 log.attention_every=1"
-declare -A KIND=([dense]="" [sparse]="$SPARSE" [sparse_docs]="$SPARSE data.doc_mask=true")
+declare -A KIND=([dense]="" [sparse]="$SIM_SPARSE" [sparse_docs]="$SIM_SPARSE data.doc_mask=true")
 # How close the runs under other CUDASIM_SEEDs must be: bit for bit dense;
 # sparse estimation adds with atomics (measured: loss 7.4e-7, weights 7.4e-5).
 declare -A SEEDS_AGREE=([dense]="0 0" [sparse]="1e-5 1e-3" [sparse_docs]="1e-5 1e-3")
@@ -109,7 +107,7 @@ expect "cuda_ring_mpi_equals_nccl: parallel.comm: mpi = nccl on cp 2 (loss $loss
   "grep -q '^ranks: 2 = dp 1 x cp 2' '$tmp/mpi.out' && ! grep -q 'gradients over NCCL' '$tmp/mpi.out' && below '$loss' 1e-6 && below '$weights' 1e-6"
 # Sparse: the gathered columns' all-gather and reduce-scatter staged through the host.
 CUDASIM_SEED=1 sim_train mpi_sparse 2 2 parallel.cp=2 parallel.comm=mpi attention.ring=flat attention.layout=zigzag \
-  attention.ring_send=selected $SPARSE
+  attention.ring_send=selected $SIM_SPARSE
 read -r loss weights < <(runs_differ mpi_sparse cp2_flat_zigzag_selected_sparse)
 expect "cuda_ring_mpi_equals_nccl_sparse: parallel.comm: mpi = nccl on cp 2, sparse (loss $loss, weights $weights <= 1e-6)" \
   "grep -q '^ranks: 2 = dp 1 x cp 2' '$tmp/mpi_sparse.out' && below '$loss' 1e-6 && below '$weights' 1e-6"

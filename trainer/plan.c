@@ -185,6 +185,26 @@ static void plan_cpu_memory(Plan *p, const Config *cfg, double acts, double lm_c
     add_item(p, "runtime (binary, libraries, MPI)", CPU_RUNTIME_BYTES);
 }
 
+// The sparse op's memory on one GPU: the estimation scores of one layer
+// (fp32 [Hq, last_q, T]) and every layer's index, kept for its backward
+// (int64, sized as counted: sparse_select_cuda.cu): this rank's rows (Hq x
+// its query blocks), each with its key blocks at the plan's density (a row
+// of query block i has i + 1 causal blocks) and a column per vertical line
+// before its queries (V lines of the budget, or the top_p cap: an upper
+// bound; a row at key offset x holds min(V, x) of them, V - V^2 / 2N on
+// average), and the rows' starts.
+static double sparse_index_bytes(const Plan *p, const Config *cfg, int64_t T) {
+    const ModelConfig *c = &cfg->model;
+    const AttentionConfig *a = &cfg->attention;
+    const double B = a->block_size, N = (double)cfg->train.seq_len, blocks = ceil(N / B);
+    const double rows = (double)c->num_heads * ceil((double)T / B);
+    const double row_blocks = fmin(blocks, fmax(1.0, p->density * (blocks + 1) / 2));
+    const double V = fmin(N, a->budget == BUDGET_FIXED ? a->vertical : a->max_vertical);
+    const double row_columns = V - V * V / (2 * N);
+    return 4.0 * c->num_heads * (double)a->last_q * (double)T +
+           8.0 * c->num_layers * rows * (row_blocks + row_columns + 2);
+}
+
 // Memory of one GPU under the CUDA backend as model.c allocates it: bf16
 // compute weights, activations and LM-head chunk, fp32 row statistics (inside
 // the activation arena), fp32 master weights, gradients and moments; ZeRO-1
@@ -202,10 +222,9 @@ static void plan_gpu_memory(Plan *p, const Config *cfg, double acts, double lm_c
     add_item(p, "gradients fp32", 4 * arena);
     add_item(p, "AdamW moments fp32", 8.0 * (double)shard);
     add_item(p, "activations bf16 (statistics fp32)", acts - lm_chunk);
-    if (a->type == ATTN_SPARSE)  // estimation scores of one layer, the index of every layer (int32)
-        add_item(p, "attention index and scratch",
-                 4.0 * c->num_heads * (double)a->last_q * (double)T +
-                 4.0 * c->num_layers * c->num_heads * (double)(a->max_vertical + a->max_slash + a->sink + a->local));
+    // The attention op's fp32 scratch: o and the dq, dk, dv sums of one layer.
+    add_item(p, "attention scratch fp32 (o, dq, dk, dv)", 4.0 * (double)T * c->head_dim * 2 * (c->num_heads + c->num_kv_heads));
+    if (a->type == ATTN_SPARSE) add_item(p, "sparse estimation and index", sparse_index_bytes(p, cfg, T));
     if (p->cp > 1) add_item(p, "ring buffers (2 x K/V bf16, 2 x dK/dV fp32)", 2.0 * (double)T * KD * (2 * 2 + 2 * 4));
     add_item(p, "LM-head chunk (bf16 logits)", lm_chunk);
     add_item(p, "workspaces (CUDA, NCCL, cuBLASLt)", GPU_RUNTIME_BYTES);

@@ -147,7 +147,7 @@ while IFS=$'\t' read -r where command; do
       (cd "$scratch" && timeout $LIMIT bash -c "$command $detail" >"$tmp/out" 2>&1 </dev/null)
       rc=$?
       if [ $rc -eq 0 ]; then ok "$where runs: $command${detail:+ (+ $detail)} [$((SECONDS - start)) s]"
-      else bad "$where runs: $command${detail:+ (+ $detail)}" "exit $rc: $(tail -n 8 "$tmp/out" | tr '\n' '|')"; fi
+      else bad "$where runs: $command${detail:+ (+ $detail)}" "exit $rc: $(tail -n 100 "$tmp/out" | tr '\n' '|')"; fi
       ;;
     *) bad "$where: $command" "matches no row of RULES in tests/test_docs_commands.sh (run it, or skip it with a reason)" ;;
   esac

@@ -25,13 +25,16 @@ int __real_munmap(void *addr, size_t length);
 
 // Heap blocks live since the input started: an open-addressing set of
 // addresses (no allocation inside the hooks). A full table stops tracking for
-// that input (its blocks then stay allocated).
+// that input (its blocks then stay allocated). Only the thread that runs the
+// reader tracks: the hooks also run in libFuzzer's own threads (its RSS
+// monitor), whose blocks are not the reader's to free and whose concurrent
+// updates would corrupt the set.
 #define LIVE_SLOTS (1 << 20)
 #define SLOT_FREED ((uintptr_t)1)
 static uintptr_t live[LIVE_SLOTS];
 static uint32_t live_used[LIVE_SLOTS];  // slots written during this input, to reset them
 static size_t live_used_count;
-static int tracking;
+static _Thread_local int tracking;
 
 #define MAX_STREAMS 64
 static FILE *streams[MAX_STREAMS];

@@ -44,6 +44,8 @@ echo "fuzz $name (seed $seed): ${execs:-?} executions in ${seconds} s, coverage 
      "corpus $(ls "$corpus" | wc -l) inputs, exit $status (log $log)"
 if [ "$status" -ne 0 ]; then
   grep -m5 'ERROR\|SUMMARY\|runtime error' "$log" || true
+  # The sanitizer's report with its stacks (a CI log keeps it).
+  sed -n '/^==[0-9]*==ERROR/,/^SUMMARY/p' "$log" | head -n 80
   # The inputs that failed, in the log as well: a CI run's scratch copy is gone
   # by the time anyone reads it (add them to tests/fuzz/regressions/NAME/).
   for input in "$crashes"/*; do

@@ -1,5 +1,8 @@
-// synthetic.c: the built-in synthetic sequence generator.
+// synthetic.c: the built-in synthetic sequence generator, and log-normal
+// document lengths for packed-document measurements.
 #include "synthetic.h"
+
+#include <math.h>
 
 #include "../dist/util.h"
 
@@ -27,4 +30,18 @@ void synthetic_sequence(uint64_t seed, int64_t index, int vocab_size, int32_t *o
         for (int64_t r = 1; r < repeats; r++)
             for (int64_t i = 0; i < seg_len && t < n; i++, t++) out[t] = out[start + i];
     }
+}
+
+int64_t synthetic_document_starts(uint64_t seed, double mu, double sigma, int64_t total, int64_t *starts) {
+    Rng rng;
+    rng_seed(&rng, seed);
+    int64_t count = 0;
+    for (int64_t at = 0; at < total;) {
+        double u1 = rng_uniform(&rng), u2 = rng_uniform(&rng);
+        double z = sqrt(-2.0 * log(1.0 - u1)) * cos(2 * M_PI * u2);
+        int64_t len = (int64_t)exp(mu + sigma * z);
+        starts[count++] = at;
+        at += len < 1 ? 1 : len;
+    }
+    return count;
 }

@@ -13,4 +13,9 @@
 // statistics reward the MLP; the repeats reward attention (copying).
 void synthetic_sequence(uint64_t seed, int64_t index, int vocab_size, int32_t *out, int64_t n);
 
+// Packed documents for measurements and tests: lengths drawn log-normal
+// (median e^mu, shape sigma), >= 1, until they cover total tokens (the last
+// one cut); starts [total] out (starts[0] = 0); returns how many documents.
+int64_t synthetic_document_starts(uint64_t seed, double mu, double sigma, int64_t total, int64_t *starts);
+
 #endif

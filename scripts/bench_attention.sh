@@ -10,7 +10,7 @@
 # lengths above 131072 estimated from 131072 x (N / 131072)^2), as a second
 # table: density, ms, speedup, estimation + index as % of dense.
 #   scripts/bench_attention.sh [N...]     default 8192 32768 131072
-# Logs go to $OUT when set (the GPU sessions), else build/.
+# Logs go to $OUT when set (e.g. a run on a GPU machine), else build/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sizes=("$@")

@@ -18,6 +18,7 @@
 
 #include "../attention/sparse.h"
 #include "../dist/util.h"
+#include "bench_layer.h"
 
 enum { HQ = 8, HKV = 2, HEAD_DIM = 64, BLOCK = 64, SINK = 4 };
 
@@ -106,60 +107,6 @@ static SparseIndex index_for(int64_t T, double target, uint64_t seed, double *ac
     return best;
 }
 
-// Operands of one layer's attention: q, dout, o, dq [T, Hq, D]; k, v, dk, dv
-// [T, Hkv, D]; lse, delta [Hq, T]; pos [T].
-typedef struct {
-    AttnShape s;
-    float *q, *k, *v, *dout, *o, *dq, *dk, *dv, *lse, *delta;
-    int64_t *pos;
-} Layer;
-
-static float *random_tensor(Rng *rng, int64_t n) {
-    float *x = xmalloc((size_t)n * sizeof(float));
-    for (int64_t i = 0; i < n; i++) x[i] = (float)rng_normal(rng);
-    return x;
-}
-
-static Layer make_layer(int64_t T) {
-    Layer L = {.s = {T, T, HQ, HKV, HEAD_DIM, BLOCK, 1.0f / sqrtf((float)HEAD_DIM)}};
-    const int64_t nq = T * HQ * HEAD_DIM, nk = T * HKV * HEAD_DIM;
-    Rng rng; rng_seed(&rng, 42);
-    L.q = random_tensor(&rng, nq); L.k = random_tensor(&rng, nk);
-    L.v = random_tensor(&rng, nk); L.dout = random_tensor(&rng, nq);
-    L.o = xmalloc((size_t)nq * sizeof(float)); L.dq = xmalloc((size_t)nq * sizeof(float));
-    L.dk = xmalloc((size_t)nk * sizeof(float)); L.dv = xmalloc((size_t)nk * sizeof(float));
-    L.lse = xmalloc((size_t)(HQ * T) * sizeof(float));
-    L.delta = xmalloc((size_t)(HQ * T) * sizeof(float));
-    L.pos = xmalloc((size_t)T * sizeof(int64_t));
-    for (int64_t t = 0; t < T; t++) L.pos[t] = t;
-    return L;
-}
-
-static void free_layer(Layer *L) {
-    free(L->q); free(L->k); free(L->v); free(L->dout); free(L->o); free(L->dq); free(L->dk);
-    free(L->dv); free(L->lse); free(L->delta); free(L->pos);
-}
-
-// Seconds of one forward + backward (dense when x == NULL), gradients zeroed first.
-static double fwd_bwd(Layer *L, const SparseIndex *x) {
-    const int64_t T = L->s.q_tokens;
-    memset(L->dq, 0, (size_t)(T * HQ * HEAD_DIM) * sizeof(float));
-    memset(L->dk, 0, (size_t)(T * HKV * HEAD_DIM) * sizeof(float));
-    memset(L->dv, 0, (size_t)(T * HKV * HEAD_DIM) * sizeof(float));
-    const double t0 = now_seconds();
-    attn_forward_init(&L->s, L->o, L->lse);
-    if (x) attn_sparse_forward_cpu(&L->s, x, L->q, L->pos, L->k, L->v, L->pos, L->o, L->lse);
-    else attn_dense_forward_cpu(&L->s, L->q, L->pos, L->k, L->v, L->pos, L->o, L->lse);
-    attn_backward_delta(&L->s, L->o, L->dout, L->delta);
-    if (x)
-        attn_sparse_backward_cpu(&L->s, x, L->q, L->pos, L->k, L->v, L->pos, L->lse, L->delta,
-                                 L->dout, L->dq, L->dk, L->dv);
-    else
-        attn_dense_backward_cpu(&L->s, L->q, L->pos, L->k, L->v, L->pos, L->lse, L->delta,
-                                L->dout, L->dq, L->dk, L->dv);
-    return now_seconds() - t0;
-}
-
 int main(int argc, char **argv) {
     int64_t lengths[8] = {16384, 32768};
     int n = 2;
@@ -177,14 +124,14 @@ int main(int argc, char **argv) {
            "| dense GFLOP/s | sparse GFLOP/s |\n");
     printf("|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < n; i++) {
-        Layer L = make_layer(lengths[i]);
+        Layer L = make_layer(lengths[i], HQ, HKV, HEAD_DIM, BLOCK);
         SparseIndex x[2];
-        double dens[2], best[3] = {INFINITY, INFINITY, INFINITY};   // dense, sparse 0, 1
+        double dens[2], best[3] = {INFINITY, INFINITY, INFINITY}, t2[2];   // dense, sparse 0, 1
         for (int t = 0; t < 2; t++) x[t] = index_for(lengths[i], targets[t], 7 + t, &dens[t]);
         // Best of 2 rounds, interleaved; the first round also warms up memory and threads.
         for (int rep = 0; rep < 2; rep++) {
-            best[0] = fmin(best[0], fwd_bwd(&L, NULL));
-            for (int t = 0; t < 2; t++) best[t + 1] = fmin(best[t + 1], fwd_bwd(&L, &x[t]));
+            best[0] = fmin(best[0], layer_time(&L, NULL, t2));
+            for (int t = 0; t < 2; t++) best[t + 1] = fmin(best[t + 1], layer_time(&L, &x[t], t2));
         }
         // Flops of the causal score elements: 4 D forward (Q K^T, P V), 2.5x that backward.
         const double T = (double)lengths[i], flops = 14.0 * HEAD_DIM * HQ * T * (T + 1) / 2;

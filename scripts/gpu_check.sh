@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu_check.sh: the one command of a GPU session. Builds everything
+# gpu_check.sh: the one command to run on a GPU machine. Builds everything
 # (make all; the trainer's libraries may be missing on a GPU machine, so a
 # failure there, or more than 150 s, is reported and the GPU programs are
 # built on their own),

@@ -22,7 +22,8 @@
 // which GPU machines may lack; fed the same scores, the two selections have
 // no fp32 noise to disagree on), the index with documents rebuilt into the
 // same buffers and the other budget selected into the same pattern (both
-// poisoned first). Needs a GPU; run by `make test-gpu`.
+// poisoned first). Runs on a GPU under `make test-gpu`, and on the CPU
+// under the CUDA simulator in `make test` (tests/test_sim.sh).
 //   build/tests/gpu_test_sparse         every case
 //   build/tests/gpu_test_sparse small   the small cases (compute-sanitizer)
 //

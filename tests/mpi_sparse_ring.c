@@ -1,5 +1,5 @@
 // mpi_sparse_ring.c: the MPI test program of attention/ring_sparse.c, run
-// under mpirun by tests/test_sparse_ring.sh. Every rank checks its own part;
+// under mpirun by tests/test_dist.sh. Every rank checks its own part;
 // each check is all-reduced and rank 0 prints "ok NAME" or "FAIL NAME: why".
 //   mpi_sparse_ring check flat|hierarchical INNER
 //       per layout, budget (fixed, topp) and length, without and with

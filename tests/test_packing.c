@@ -11,25 +11,9 @@
 
 #include "../attention/balance.h"
 #include "../data/packing.h"
+#include "../data/synthetic.h"
 #include "../dist/util.h"
 #include "check.h"
-
-// Document lengths drawn log-normal (median e^mu, shape sigma), >= 1, until
-// they cover total tokens (the last one cut); starts [total] out; returns
-// how many documents.
-static int64_t lognormal_starts(uint64_t seed, double mu, double sigma, int64_t total, int64_t *starts) {
-    Rng rng;
-    rng_seed(&rng, seed);
-    int64_t count = 0;
-    for (int64_t at = 0; at < total;) {
-        double u1 = rng_uniform(&rng), u2 = rng_uniform(&rng);
-        double z = sqrt(-2.0 * log(1.0 - u1)) * cos(2 * M_PI * u2);
-        int64_t len = (int64_t)exp(mu + sigma * z);
-        starts[count++] = at;
-        at += len < 1 ? 1 : len;
-    }
-    return count;
-}
 
 // Work of the sequential packing: consecutive windows of N tokens (bins of
 // them), each document cut at the window ends; work [bins].
@@ -59,7 +43,7 @@ static void test_plan(void) {
     const int bins = 16;
     const int64_t N = 4096, total = bins * N;
     int64_t *starts = malloc(sizeof(int64_t) * (size_t)total);
-    int64_t docs = lognormal_starts(3, log(150), 1.0, total, starts);
+    int64_t docs = synthetic_document_starts(3, log(150), 1.0, total, starts);
     PackPiece *pieces = malloc(sizeof(PackPiece) * (size_t)(docs + 1 + bins));
     int64_t n = pack_balanced(starts, docs, bins, bins, N, pieces);
     int *owner = malloc(sizeof(int) * (size_t)total);
@@ -150,7 +134,8 @@ static void measure_packing(double mean, double sigma, int D, int M) {
     double *seq = malloc(sizeof(double) * (size_t)bins), *rank = malloc(sizeof(double) * (size_t)D);
     double sum[3] = {0}, worst[3] = {0};
     for (int step = 0; step < MEASURE_STEPS; step++) {
-        int64_t docs = lognormal_starts(1000 + (uint64_t)step, log(mean) - sigma * sigma / 2, sigma, total, starts);
+        int64_t docs = synthetic_document_starts(1000 + (uint64_t)step, log(mean) - sigma * sigma / 2, sigma, total,
+                                                 starts);
         int64_t n = pack_balanced(starts, docs, bins, D, MEASURE_N, pieces);
         double got[3];
         window_work(starts, docs, bins, MEASURE_N, seq);
@@ -183,7 +168,8 @@ static void measure_layouts(double mean, double sigma, int W) {
         single[k] = balance_max_over_mean(work, W);
     }
     for (int s = 0; s < MEASURE_STEPS; s++) {
-        int64_t docs = lognormal_starts(5000 + (uint64_t)s, log(mean) - sigma * sigma / 2, sigma, MEASURE_N, starts);
+        int64_t docs = synthetic_document_starts(5000 + (uint64_t)s, log(mean) - sigma * sigma / 2, sigma, MEASURE_N,
+                                                 starts);
         for (int k = 0; k < 3; k++) {
             balance_document_work(kinds[k], MEASURE_N, 128, W, starts, docs, work);
             double got = balance_max_over_mean(work, W);

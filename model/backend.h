@@ -1,5 +1,7 @@
 // backend.h: the table of operations the model graph runs on. One model
-// (model.c) calls these; each backend (ops_cpu.c today) fills the table. Pointers are backend memory. Conventions:
+// (model.c) calls these; each backend fills the table (the CPU's in
+// ops_cpu.c, the CUDA one's in backend_cuda.c). Pointers are backend memory.
+// Conventions:
 //   - activations are token-major: x[T, C];
 //   - weights are Hugging Face layout: W[out, in] row-major;
 //   - every backward op ACCUMULATES (+=) into its gradient outputs (d*),

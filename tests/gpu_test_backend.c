@@ -20,8 +20,9 @@
 // layer, compounded over both layers and the head); the loss after one AdamW
 // step within 1e-2 and below the first (the step went through the bf16 copy
 // of the updated master, which the second forward reads). A case that equals
-// the previous one holds its CUDA loss and gradients to it within the
-// tolerance its row states (main).
+// the previous one holds its CUDA gradients to it within the tolerance its
+// row states (main), and its CUDA loss within that or EQUAL_LOSS_TOL,
+// whichever is tighter (the same tiles, summed in another order).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,6 +113,7 @@ static void train_step(Model *m, const float *weights, const int32_t *seq, int64
 // blocks alone are 0.2); a budget that fills the blocks (16+16 at T = 130)
 // measures 0.99.
 #define DENSITY_MAX 0.6
+#define EQUAL_LOSS_TOL 1e-5
 
 // The largest relative Frobenius error of a parameter's gradient in a against b.
 static double worst_gradient(const Model *m, const float *a, const float *b, const char **name) {
@@ -172,12 +174,12 @@ static CudaStep run_case(const Case *k, const Case *prev_case, const CudaStep *p
                k->name, computed / causal, DENSITY_MAX);
     }
     if (k->equals_previous) {
-        double rel_prev = fabs(loss_gpu[0] - prev->loss) / prev->loss;
+        double rel_prev = fabs(loss_gpu[0] - prev->loss) / prev->loss, loss_tol = fmin(k->equal_tol, EQUAL_LOSS_TOL);
         double worst_prev = worst_gradient(&cpu, grad_gpu, prev->grad, &worst_name);
-        EXPECT(rel_prev <= k->equal_tol && worst_prev <= k->equal_tol,
-               "%s equals %s on the CUDA backend: loss %.6f vs %.6f (relative %.2e), every gradient "
+        EXPECT(rel_prev <= loss_tol && worst_prev <= k->equal_tol,
+               "%s equals %s on the CUDA backend: loss %.6f vs %.6f (relative %.2e <= %.0e), every gradient "
                "(worst %.2e, %s) within %.0e", k->name, prev_case->name, loss_gpu[0], prev->loss, rel_prev,
-               worst_prev, worst_name, k->equal_tol);
+               loss_tol, worst_prev, worst_name, k->equal_tol);
     }
 
     free(seq);

@@ -119,6 +119,13 @@ void attention_cpu_forward(AttnState *st, int layer, bool plan, const AttnShape 
     }
 }
 
+void attention_cpu_cached(AttnState *st, const AttnShape *shape, const Act *q, const int64_t *q_pos, const Act *k,
+                          const Act *v, const int64_t *k_pos, Act *o, float *lse) {
+    (void)st;
+    attn_forward_init(shape, (float *)o, lse);
+    attn_dense_forward_cpu(shape, (const float *)q, q_pos, (const float *)k, (const float *)v, k_pos, (float *)o, lse);
+}
+
 void attention_cpu_backward(AttnState *st, int layer, const AttnShape *shape, const Act *q_act, const Act *k_act,
                             const Act *v_act, const int64_t *pos, const Act *o_act, const float *lse,
                             const Act *dout_act, float *delta, Act *dq_act, Act *dk_act, Act *dv_act) {

@@ -17,6 +17,8 @@ bool attention_cpu_set_ring(AttnState *st, const struct Comm *cp, int inner);
 void attention_cpu_sequence(AttnState *st, const int64_t *pos, int64_t tokens);
 void attention_cpu_forward(AttnState *st, int layer, bool plan, const AttnShape *shape, const Act *q,
                            const Act *k, const Act *v, const int64_t *pos, Act *o, float *lse, SparseStats *stats);
+void attention_cpu_cached(AttnState *st, const AttnShape *shape, const Act *q, const int64_t *q_pos, const Act *k,
+                          const Act *v, const int64_t *k_pos, Act *o, float *lse);
 void attention_cpu_backward(AttnState *st, int layer, const AttnShape *shape, const Act *q, const Act *k,
                             const Act *v, const int64_t *pos, const Act *o, const float *lse, const Act *dout,
                             float *delta, Act *dq, Act *dk, Act *dv);

@@ -280,6 +280,16 @@ extern "C" void attention_cuda_forward(AttnState *st, int layer, bool plan, cons
     attn_output_bf16_cuda(shape, o_acc, o, stream);
 }
 
+extern "C" void attention_cuda_cached(AttnState *st, const AttnShape *shape, const uint16_t *q, const int64_t *q_pos,
+                                      const uint16_t *k, const uint16_t *v, const int64_t *k_pos, uint16_t *o,
+                                      float *lse, cudaStream_t stream) {
+    float *o_acc = (float *)scratch(&st->o_acc, sizeof(float) * (size_t)(shape->q_tokens * shape->num_heads *
+                                                                         shape->head_dim));
+    attn_forward_init_cuda(shape, o_acc, lse, stream);
+    attn_dense_forward_cuda(shape, q, q_pos, k, v, k_pos, o_acc, lse, stream);
+    attn_output_bf16_cuda(shape, o_acc, o, stream);
+}
+
 extern "C" void attention_cuda_backward(AttnState *st, int layer, const AttnShape *shape, const uint16_t *q,
                                         const uint16_t *k, const uint16_t *v, const int64_t *pos,
                                         const uint16_t *o, const float *lse, const uint16_t *dout, float *delta,

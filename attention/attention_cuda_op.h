@@ -83,6 +83,10 @@ void attention_cuda_sequence(AttnState *st, const int64_t *pos, int64_t tokens);
 void attention_cuda_forward(AttnState *st, int layer, bool plan, const AttnShape *shape, const uint16_t *q,
                             const uint16_t *k, const uint16_t *v, const int64_t *pos, uint16_t *o, float *lse,
                             SparseStats *stats, cudaStream_t stream);
+// The Backend's attention_cached: dense, q_pos [Tq] and k_pos [Tk] device memory.
+void attention_cuda_cached(AttnState *st, const AttnShape *shape, const uint16_t *q, const int64_t *q_pos,
+                           const uint16_t *k, const uint16_t *v, const int64_t *k_pos, uint16_t *o, float *lse,
+                           cudaStream_t stream);
 void attention_cuda_backward(AttnState *st, int layer, const AttnShape *shape, const uint16_t *q,
                              const uint16_t *k, const uint16_t *v, const int64_t *pos, const uint16_t *o,
                              const float *lse, const uint16_t *dout, float *delta, uint16_t *dq, uint16_t *dk,

@@ -133,6 +133,14 @@ typedef struct {
     void (*attention_backward)(AttnState *st, int layer, const AttnShape *shape, const Act *q, const Act *k,
                                const Act *v, const int64_t *pos, const Act *o, const float *lse, const Act *dout,
                                float *delta, Act *dq, Act *dk, Act *dv);
+    // Decoding with a KV cache (model/decode.h): o [Tq, Hq, D] and lse [Hq,
+    // Tq] of the queries q [Tq, Hq, D] at positions q_pos [Tq] against the
+    // cached keys and values k, v [Tk, Hkv, D] at positions k_pos [Tk]
+    // (shape->q_tokens Tq, shape->k_tokens Tk; causal mask; dense whatever
+    // attention.type; on this rank alone): the attention kernels' one key
+    // chunk merged into a fresh running (o, lse).
+    void (*attention_cached)(AttnState *st, const AttnShape *shape, const Act *q, const int64_t *q_pos,
+                             const Act *k, const Act *v, const int64_t *k_pos, Act *o, float *lse);
     // Bytes this rank sent over the ring for the last sequence's attention
     // (K/V and dK/dV hops; sparse: also the gathered columns); 0 on one rank.
     double (*attention_ring_bytes)(const AttnState *st);

@@ -185,6 +185,12 @@ static void attention_backward(AttnState *st, int layer, const AttnShape *shape,
                             (uint16_t *)dk, (uint16_t *)dv, cuda.stream);
 }
 
+static void attention_cached(AttnState *st, const AttnShape *shape, const Act *q, const int64_t *q_pos,
+                             const Act *k, const Act *v, const int64_t *k_pos, Act *o, float *lse) {
+    attention_cuda_cached(st, shape, (const uint16_t *)q, q_pos, (const uint16_t *)k, (const uint16_t *)v, k_pos,
+                          (uint16_t *)o, lse, cuda.stream);
+}
+
 static void allreduce_sum(const struct Comm *c, float *buf, int64_t n) {
     comm_device_allreduce(c, buf, n, cuda.stream);
 }
@@ -245,6 +251,7 @@ static const Backend cuda_backend = {
     .attention_sequence = attention_cuda_sequence,
     .attention_forward = attention_forward,
     .attention_backward = attention_backward,
+    .attention_cached = attention_cached,
     .attention_ring_bytes = attention_cuda_ring_bytes,
     .allreduce_sum = allreduce_sum,
     .allreduce_sum_start = allreduce_sum_start,

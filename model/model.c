@@ -307,8 +307,7 @@ size_t model_activation_bytes(const Model *m, int64_t T) {
     return model_activation_arena_bytes(&m->cfg, m->checkpoint_activations, m->loss_chunk, T, m->be->act_bytes);
 }
 
-// The Act element `elements` after base.
-static Act *act_at(const Model *m, Act *base, int64_t elements) {
+Act *model_act_at(const Model *m, Act *base, int64_t elements) {
     return (Act *)((char *)base + (size_t)elements * m->be->act_bytes);
 }
 
@@ -329,7 +328,7 @@ static float *take_stat(ArenaCursor *cur, int64_t count) {
 
 static Act *take_act(ArenaCursor *cur, int64_t count) {
     Act *p = cur->act;
-    cur->act = act_at(cur->m, p, arena_span(count));
+    cur->act = model_act_at(cur->m, p, arena_span(count));
     return p;
 }
 
@@ -544,10 +543,10 @@ static double head_loss(Model *m, const int32_t *targets, int64_t T, float grad_
     double loss = 0;
     for (int64_t c0 = 0; c0 < T; c0 += m->loss_chunk) {
         int64_t n = T - c0 < m->loss_chunk ? T - c0 : m->loss_chunk;
-        Act *h = act_at(m, m->h_final, c0 * H);
+        Act *h = model_act_at(m, m->h_final, c0 * H);
         be->matmul_forward(m->logits, h, head, NULL, n, H, V);
         loss += be->cross_entropy(m->logits, m->targets + c0, n, V, grad_scale);
-        if (backward) be->matmul_backward(act_at(m, m->dh, c0 * H), dhead, NULL, m->logits, h, head, n, H, V);
+        if (backward) be->matmul_backward(model_act_at(m, m->dh, c0 * H), dhead, NULL, m->logits, h, head, n, H, V);
     }
     return loss;
 }
@@ -597,7 +596,7 @@ void model_logits_range(Model *m, const int32_t *tokens, const int64_t *position
     const Weight *head = model_weight(m, model_head_param(m));
     for (int64_t c0 = 0; c0 < count; c0 += m->loss_chunk) {
         int64_t n = count - c0 < m->loss_chunk ? count - c0 : m->loss_chunk;
-        m->be->matmul_forward(m->logits, act_at(m, m->h_final, (first + c0) * H), head, NULL, n, H, V);
+        m->be->matmul_forward(m->logits, model_act_at(m, m->h_final, (first + c0) * H), head, NULL, n, H, V);
         m->be->act_to_host(logits_host + c0 * V, m->logits, n * V);
     }
 }

@@ -164,6 +164,8 @@ int model_final_norm_param(const Model *m);
 int model_head_param(const Model *m);  // the embedding when tied
 // Backend pointer to a tensor in a whole arena (grad_mem, or an unsharded param_mem).
 float *model_tensor(const Model *m, float *arena, int index);
+// The Act element `elements` after base (backend memory).
+Act *model_act_at(const Model *m, Act *base, int64_t elements);
 // Backend pointer to a tensor's compute copy (in weight_mem).
 Weight *model_weight(const Model *m, int index);
 

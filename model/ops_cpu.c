@@ -322,6 +322,7 @@ static const Backend cpu_backend = {
     .attention_sequence = attention_cpu_sequence,
     .attention_forward = attention_cpu_forward,
     .attention_backward = attention_cpu_backward,
+    .attention_cached = attention_cpu_cached,
     .attention_ring_bytes = attention_cpu_ring_bytes,
     .allreduce_sum = allreduce_sum,
     .allreduce_sum_start = allreduce_sum_start,

@@ -15,5 +15,6 @@ int cmd_export(int argc, char **argv);    // trainer/export.c
 int cmd_tasks(int argc, char **argv);     // trainer/eval.c
 int cmd_plan(int argc, char **argv);      // trainer/plan.c
 int cmd_plot(int argc, char **argv);      // trainer/plot.c
+int cmd_generate(int argc, char **argv);  // trainer/generate.c
 
 #endif

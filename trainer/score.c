@@ -20,9 +20,7 @@
 #include "commands.h"
 #include "train.h"
 
-// Whitespace-separated integers (`what`s), each in [0, limit) (`range` names
-// the limit); strictly ascending when `ascending`.
-static int64_t *read_int_file(const char *path, const char *what, int64_t limit, const char *range,
+int64_t *read_int_file(const char *path, const char *what, int64_t limit, const char *range,
                               bool ascending, int64_t *count) {
     char *text = read_file(path, NULL);
     int64_t n = 0, cap = 1024;

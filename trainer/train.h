@@ -37,5 +37,10 @@ void join_devices(const Config *cfg, Dist *dist);
 // the rank grid, the GPUs (join_devices), and stdout on rank 0 only. Prints usage and returns false
 // when no run file is given. eval_model: see config_from_args.
 bool run_start(int argc, char **argv, const char *usage, bool eval_model, Config *cfg, Dist *dist);
+// The whitespace-separated integers of file path (`what`s), each in [0,
+// limit) (`range` names the limit), strictly ascending when `ascending`;
+// their number in *count. One line naming the file and the value otherwise.
+int64_t *read_int_file(const char *path, const char *what, int64_t limit, const char *range, bool ascending,
+                       int64_t *count);
 
 #endif

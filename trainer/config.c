@@ -169,10 +169,11 @@ static const Key keys[] = {
     PATH(checkpoint, resume, "auto", NAMES("auto", "never"), "a checkpoint folder", "`auto`: continue from the newest complete checkpoint in `dir` if any (refused when it belongs to another run: its fingerprint, the keys that decide what a run computes, differs); `never`: start fresh; or a checkpoint folder."),
     BOOL(checkpoint, overwrite, false, "With `resume: never`, a `dir` holding another run's checkpoints is refused; `true` removes them and starts fresh."),
 
-    STRING(log, dir, "logs", "Folder of `metrics.jsonl`."),
+    STRING(log, dir, "logs", "Folder of `metrics.jsonl` (and the TensorBoard event files, `tensorboard`)."),
     INT(log, every, 1, 1, 1e9, "Print a step line every N steps."),
     INT64(log, val_every, 0, 0, 1e12, "Validation loss before training and every N steps (and after the last); 0 = off."),
     INT64(log, attention_every, 0, 0, 1e12, "Sparse attention: every N steps, per layer the density (computed / causal score elements) and the recall (estimated softmax mass inside the pattern) in the step line and `metrics.jsonl`; 0 = off."),
+    BOOL(log, tensorboard, false, "Also write the step metrics as TensorBoard scalars (`train/loss`, `train/lr`, `train/grad_norm`, `train/tokens_per_s`, `train/mfu`, `val/loss`; with sparse attention statistics `attention/density`, `attention/recall` (means over layers) and on a ring `ring/mib`) to `events.out.tfevents.*` in `dir`, one file per run start (`tensorboard --logdir DIR`)."),
 
     PATH(eval, model, "latest", NAMES("latest"), "a checkpoint or Hugging Face folder", "Model to evaluate: `latest` = the newest complete checkpoint in `checkpoint.dir`, or a checkpoint / Hugging Face folder (its `config.json` must match the `model` section)."),
     STRING(eval, tasks, "perplexity,passkey,niah,ruler", "Comma-separated tasks: `perplexity` (by length, on `eval.text`), `passkey`, `niah` (needle in a haystack), `ruler` (single key, multi-key, multi-value, variable tracking)."),

@@ -88,6 +88,7 @@ typedef struct {
     int every;                 // print a step line every N steps
     int64_t val_every;         // validation loss every N steps (0 = off)
     int64_t attention_every;   // sparse attention density/recall every N steps (0 = off)
+    bool tensorboard;          // also TensorBoard event files in dir (trainer/tensorboard.h)
 } LogConfig;
 
 typedef struct {

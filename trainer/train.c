@@ -34,6 +34,7 @@
 #include "checkpoint.h"
 #include "commands.h"
 #include "plan.h"
+#include "tensorboard.h"
 
 int apply_threads(const Config *cfg, const Dist *dist) {
     int share = dist->node_cpus / dist->local_size;
@@ -279,15 +280,16 @@ static double validation_loss(Model *m, const Config *cfg, const Dist *dist, Run
     return total / ((double)cfg->train.seq_len * cfg->data.val_sequences);
 }
 
-// metrics == NULL on every rank but 0 (which alone prints and writes).
-// Returns the loss.
+// metrics == NULL on every rank but 0 (which alone prints and writes); tb
+// NULL without log.tensorboard. Returns the loss.
 static double log_validation(Model *m, const Config *cfg, const Dist *dist, RunData *d, int64_t step, FILE *metrics,
-                           const char *path) {
+                           const char *path, TbWriter *tb) {
     double loss = validation_loss(m, cfg, dist, d);
     printf("validation | step %lld | loss %.4f\n", (long long)step, loss);
     if (!metrics) return loss;
     fprintf(metrics, "{\"step\": %lld, \"val_loss\": %.9g}\n", (long long)step, loss);
     if (fflush(metrics) != 0) fail("%s: write failed", path);
+    if (tb) tb_scalars(tb, step, (const char *const[]){"val/loss"}, &loss, 1);
     return loss;
 }
 
@@ -302,12 +304,15 @@ static void begin_attention_stats(Model *m, const Config *cfg, int64_t step) {
 
 // The collected statistics as " | attn density D recall R" (means over
 // layers) for the step line and as JSON fields (per layer lists) for
-// metrics.jsonl; both empty when none were collected. Stops collecting. A
+// metrics.jsonl, and as numbers: scalars [3] = the mean density, the mean
+// recall and the ring's MiB (TensorBoard); empty and NaN when none were
+// collected. Stops collecting. A
 // plan's counts cover its whole sequence (one rank, or the cp totals of the
 // ring plan, identical on every cp rank), so they are summed over dp only.
 static void end_attention_stats(Model *m, const Dist *dist, char *line, size_t line_size, char *json,
-                                size_t json_size) {
+                                size_t json_size, double scalars[3]) {
     line[0] = json[0] = '\0';
+    scalars[0] = scalars[1] = scalars[2] = NAN;
     if (!m->collect_attention_stats) return;
     m->collect_attention_stats = false;
     int L = m->cfg.num_layers;
@@ -328,12 +333,15 @@ static void end_attention_stats(Model *m, const Dist *dist, char *line, size_t l
     }
     used += (size_t)snprintf(json + used, json_size - used, "]");
     int n = snprintf(line, line_size, " | attn density %.3f recall %.3f", density_sum / L, recall_sum / L);
+    scalars[0] = density_sum / L;
+    scalars[1] = recall_sum / L;
     if (!m->cp || m->attention.type != ATTN_SPARSE) return;
     // Bytes the sparse ring sent for the last sequence (all ranks, all
     // layers, forward and backward): K/V and dK/dV hops and gathered columns.
     double bytes = m->be->attention_ring_bytes(m->attn);
     comm_allreduce(&dist->world, &bytes, 1, DT_DOUBLE, REDUCE_SUM);
     snprintf(json + used, json_size - used, ", \"ring_bytes\": %.0f", bytes);
+    scalars[2] = bytes / (1 << 20);
     snprintf(line + n, line_size - (size_t)n, " | ring %.2f MiB (%s)", bytes / (1 << 20),
              m->attention.ring_send == RING_SEND_SELECTED ? "selected" : "full");
 }
@@ -555,11 +563,14 @@ int cmd_train(int argc, char **argv) {
     char metrics_path[CONFIG_STR + 32];
     snprintf(metrics_path, sizeof(metrics_path), "%s/metrics.jsonl", cfg.log.dir);
     FILE *metrics = NULL;
+    TbWriter tb_writer = {0};
     if (dist.world_rank == 0) {
         make_dirs(cfg.log.dir);
         checkpoint_recover_dir(cfg.log.dir);
         metrics = open_metrics(metrics_path, state.step);
+        if (cfg.log.tensorboard) tb_open(&tb_writer, cfg.log.dir, state.step);
     }
+    TbWriter *tb = tb_writer.f ? &tb_writer : NULL;
 
     char attention_line[128];
     size_t attention_json_size = 128 + 32 * (size_t)cfg.model.num_layers;
@@ -572,7 +583,7 @@ int cmd_train(int argc, char **argv) {
         printf("the run is finished: step %lld of train.steps = %lld, nothing to train (raise train.steps to go on)\n",
                (long long)state.step, (long long)cfg.train.steps);
     else if (validate && first_step == 1)
-        best_val = log_validation(&m, &cfg, &dist, &data, 0, metrics, metrics_path);
+        best_val = log_validation(&m, &cfg, &dist, &data, 0, metrics, metrics_path, tb);
     for (int64_t step = first_step; step <= cfg.train.steps; step++) {
         double t0 = now_seconds();
         m.be->zero(m.grad_mem, sizeof(float) * (size_t)m.arena_floats);
@@ -600,8 +611,9 @@ int cmd_train(int argc, char **argv) {
         else allreduce_arena(&dist.world, m.be, m.grad_mem, m.total_params);
         comm_allreduce(&dist.world, &loss, 1, DT_DOUBLE, REDUCE_SUM);
         loss /= (double)step_tokens;
+        double attention_scalars[3];
         end_attention_stats(&m, &dist, attention_line, sizeof(attention_line), attention_json,
-                            attention_json_size);
+                            attention_json_size, attention_scalars);
         double lr = lr_at(&oc, step);
         double grad_norm = bad_rank < dist.world_size ? NAN : optimizer_step(&m, &oc, step, &lr);
         if (!isfinite(grad_norm)) {
@@ -633,10 +645,15 @@ int cmd_train(int argc, char **argv) {
                     "\"mfu\": %.6f, \"rss_mib\": %.1f, \"ms\": %.3f%s}\n", (long long)step, loss, grad_norm, lr,
                     tokens_per_s, mfu, rss_mib, ms, attention_json);
             if (fflush(metrics) != 0) fail("%s: write failed", metrics_path);
+            static const char *const tags[] = {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s",
+                                               "train/mfu", "attention/density", "attention/recall", "ring/mib"};
+            const double values[] = {loss, lr, grad_norm, tokens_per_s, mfu, attention_scalars[0],
+                                     attention_scalars[1], attention_scalars[2]};
+            if (tb) tb_scalars(tb, step, tags, values, 8);
         }
         state.step = step;
         if (validate && (step % cfg.log.val_every == 0 || step == cfg.train.steps))
-            best_val = fmin(best_val, log_validation(&m, &cfg, &dist, &data, step, metrics, metrics_path));
+            best_val = fmin(best_val, log_validation(&m, &cfg, &dist, &data, step, metrics, metrics_path, tb));
         state.tokens_seen += step_tokens;
         bool saved = (cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || step == cfg.train.steps;
         if (saved) save_checkpoint(&cfg, &dist, zero, &m, &state, rolled_back_from);
@@ -659,6 +676,7 @@ int cmd_train(int argc, char **argv) {
                plan_rss_peak() / (1 << 20), plan.total_bytes / (1 << 20));
     }
     if (metrics) fclose(metrics);
+    if (tb) tb_close(tb);
     free(attention_json);
     run_data_close(&data);
     model_free(&m);

@@ -228,7 +228,7 @@ expect_error config_output_is_a_file "checkpoint\.dir: .*/a_file: cannot create 
   configs/tiny-cpu.yaml checkpoint.dir="$tmp/a_file"
 
 # --help after any verb: its usage on stdout, exit 0.
-for verb in train config eval tasks score tokenize export detokenize data shard "shard info" "train configs/tiny-cpu.yaml"; do
+for verb in train config eval tasks score generate tokenize export detokenize data shard "shard info" "train configs/tiny-cpu.yaml"; do
   "$mtrain" $verb --help >"$tmp/out" 2>"$tmp/err"
   rc=$?
   if [ $rc -eq 0 ] && grep -q "usage: mtrain" "$tmp/out" && [ ! -s "$tmp/err" ]; then ok "help: $verb --help"

@@ -7,9 +7,9 @@
 # margin between the best and the second-best logit is checked to be well
 # above fp32 rounding, so that equal ids are the claim and not luck.
 # Also: a prompt longer than one prefill chunk (256 tokens), GQA, tied and
-# untied heads, YaRN; text output with the bytes tokenizer; sampling with a
-# seed is reproducible and a different seed changes it; --top-k 1 equals
-# greedy; sampled tokens lie in the top-k set / the top-p nucleus of the
+# untied heads, YaRN; text output with the bytes tokenizer; a stop at the end
+# of text; sampling with a seed is reproducible and a different seed changes
+# it; --top-k 1 equals greedy; sampled tokens lie in the top-k set / the top-p nucleus of the
 # reference's distribution at their step; the CUDA backend (build/sim/mtrain,
 # bf16) gives the CPU's greedy ids on a tiny model; bad input (no model
 # folder, an empty prompt, ids outside the vocabulary, bad numbers) is one
@@ -148,6 +148,28 @@ def test_text(d):
           f"{text.stdout!r} vs {want!r}, stderr {text.stderr.strip()[-300:]}")
 
 
+def test_end_of_text(d):
+    """A bytes model whose every step's best token is <|endoftext|> (256):
+    layers that add nothing (o_proj, down_proj zero), embedding column 0 at 5,
+    the head's row 256 reading it: --ids ends with 256, and the text is empty."""
+    cfg = ref.make_config(vocab=258, hidden=32, inter=48, layers=1, heads=2, kv_heads=1, tied=False)
+    params = ref.random_model(cfg, seed=60)
+    params["model.layers.0.self_attn.o_proj.weight"].zero_()
+    params["model.layers.0.mlp.down_proj.weight"].zero_()
+    params["model.embed_tokens.weight"][:, 0] = 5.0
+    params["model.norm.weight"].fill_(1.0)
+    params["lm_head.weight"][256] = 0.0
+    params["lm_head.weight"][256, 0] = 20.0
+    folder, tok = os.path.join(d, "eot"), os.path.join(d, "eot.tok")
+    ref.write_model(folder, cfg, params)
+    ref.write_tokens(tok, list(b"Hi"))
+    _, ids = generate(folder, tok, ["--temperature", "0", "--max-new", "5"])
+    text = subprocess.run([harness.MTRAIN, "generate", "--model", folder, "--prompt", "Hi", "--temperature", "0",
+                           "--tokenizer", "bytes"] + CPU, capture_output=True, timeout=300)
+    check("end of text: generation stops at <|endoftext|>, its id last of --ids", ids == [256], f"{ids}")
+    check("end of text: no text for it", text.returncode == 0 and text.stdout == b"\n", f"{text.stdout!r}")
+
+
 def test_cuda(d):
     if not os.path.exists(SIM):
         check("cuda: build/sim/mtrain exists", False, f"{SIM} not built (make build-sim)")
@@ -190,6 +212,7 @@ def main():
         test_greedy(d)
         test_sampling(d)
         test_text(d)
+        test_end_of_text(d)
         test_cuda(d)
         test_bad_input(d)
     harness.finish()

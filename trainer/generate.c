@@ -7,7 +7,8 @@
 // Sampling: greedy at --temperature 0, else softmax(logits / T) restricted to
 // the --top-k most likely tokens (0: all), then to the fewest most likely
 // whose mass reaches --top-p, drawn with the seeded RNG (--seed). Generation
-// stops after --max-new tokens or at the tokenizer's end of text.
+// stops after --max-new tokens or at the tokenizer's end of text (its id the
+// last of --ids; no text for it).
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -181,6 +182,7 @@ int cmd_generate(int argc, char **argv) {
     for (int64_t i = 0; i < max_new; i++) {
         int32_t next = sample(logits, V, &s, &rng, order, probs);
         if (print_ids) printf(i ? " %d" : "%d", next);
+        else if (next == tok->end_of_text) break;
         else if (tokenizer_write(tok, (const uint32_t *)&next, 1, stdout) >= 0 && !unknown_warned) {
             fprintf(stderr, "warning: generate: token %d has no text in tokenizer %s; such tokens are left out\n",
                     next, tok->name);

@@ -25,7 +25,7 @@ static const Verb verbs[] = {
     {"tasks", cmd_tasks, "tasks RUN.yaml --count N --output OUT.jsonl [section.key=value ...]  eval task samples as training text (JSONL)", false},
     {"score", cmd_score, "score --model DIR --tokens FILE [--grads OUT] [--logits OUT] [overrides]  loss (and gradients) of a HF model", false},
     {"tokenize", cmd_tokenize, "tokenize --tokenizer T --input FILE... --output OUT.shard [--frame-tokens N]  pack text into a token shard (T: bytes or a tokenizer.json)", true},
-    {"generate", cmd_generate, "generate --model DIR (--prompt TEXT | --tokens FILE) [--max-new N] [--temperature T] [--top-p P] [--top-k K] [--seed S] [--ids]  sample text with a KV cache", false},
+    {"generate", cmd_generate, "generate --model DIR (--prompt TEXT | --tokens FILE) [--max-new N] [--temperature T] [--top-p P] [--top-k K] [--seed S] [--ids] [--tokenizer T] [section.key=value ...]  continue a prompt (KV cache; CPU or CUDA backend)", false},
     {"export", cmd_export, "export CKPT_DIR OUT_DIR [--dtype bf16|f32] [--max-shard-size 5GB] [model.key=value ...]  write a HF folder", false},
     {"detokenize", cmd_detokenize, "detokenize --tokenizer T [FILE]  token ids (one document per line) back to text", true},
     {"data", cmd_data, "data RUN.yaml [--read N] [--show G] [section.key=value ...]  what the loader makes of the run's data", true},

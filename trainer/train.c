@@ -306,9 +306,9 @@ static void begin_attention_stats(Model *m, const Config *cfg, int64_t step) {
 // layers) for the step line and as JSON fields (per layer lists) for
 // metrics.jsonl, and as numbers: scalars [3] = the mean density, the mean
 // recall and the ring's MiB (TensorBoard); empty and NaN when none were
-// collected. Stops collecting. A
-// plan's counts cover its whole sequence (one rank, or the cp totals of the
-// ring plan, identical on every cp rank), so they are summed over dp only.
+// collected. Stops collecting. A plan's counts cover its whole sequence (one
+// rank, or the cp totals of the ring plan, identical on every cp rank), so
+// they are summed over dp only.
 static void end_attention_stats(Model *m, const Dist *dist, char *line, size_t line_size, char *json,
                                 size_t json_size, double scalars[3]) {
     line[0] = json[0] = '\0';
@@ -649,7 +649,7 @@ int cmd_train(int argc, char **argv) {
                                                "train/mfu", "attention/density", "attention/recall", "ring/mib"};
             const double values[] = {loss, lr, grad_norm, tokens_per_s, mfu, attention_scalars[0],
                                      attention_scalars[1], attention_scalars[2]};
-            if (tb) tb_scalars(tb, step, tags, values, 8);
+            if (tb) tb_scalars(tb, step, tags, values, (int)(sizeof(values) / sizeof(values[0])));
         }
         state.step = step;
         if (validate && (step % cfg.log.val_every == 0 || step == cfg.train.steps))

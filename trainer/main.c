@@ -24,7 +24,7 @@ static const Verb verbs[] = {
     {"eval", cmd_eval, "eval RUN.yaml [section.key=value ...]    perplexity by length, passkey / NIAH / RULER grids (eval.*)", false},
     {"tasks", cmd_tasks, "tasks RUN.yaml --count N --output OUT.jsonl [section.key=value ...]  eval task samples as training text (JSONL)", false},
     {"score", cmd_score, "score --model DIR --tokens FILE [--grads OUT] [--logits OUT] [overrides]  loss (and gradients) of a HF model", false},
-    {"tokenize", cmd_tokenize, "tokenize --tokenizer T --input FILE... --output OUT.shard [--frame-tokens N]  pack text into a token shard (T: bytes or a tokenizer.json)", true},
+    {"tokenize", cmd_tokenize, "tokenize --tokenizer T --input FILE... --output OUT.shard [--threads N] [--text-field NAME] [--frame-tokens N]  pack text into a token shard (T: bytes or a tokenizer.json)", true},
     {"export", cmd_export, "export CKPT_DIR OUT_DIR [--dtype bf16|f32] [--max-shard-size 5GB] [model.key=value ...]  write a HF folder", false},
     {"detokenize", cmd_detokenize, "detokenize --tokenizer T [FILE]  token ids (one document per line) back to text", true},
     {"data", cmd_data, "data RUN.yaml [--read N] [--show G] [section.key=value ...]  what the loader makes of the run's data", true},

@@ -1,17 +1,20 @@
 # Makefile: builds build/mtrain (CPU), the test programs, and runs the demo
 # and the test suite; with nvcc, also the CUDA kernels' GPU programs.
-#   make            build/mtrain
-#   make test       build + every CPU test; prints "N passed, N failed"
+#   make            build/mtrain only
+#   make all        everything the tests need: build/mtrain, the test programs,
+#                   the sim (build/sim/) and, with nvcc, the GPU programs
+#   make test       make all + every CPU test; prints "N passed, N failed"
 #   make test SANITIZE=1   the same build with ASan + UBSan + leak checks in
 #                   build/san/, its test programs and the shell tests that run
 #                   $$MTRAIN (tests/run.sh says which)
 #   make fuzz       the readers of input files under libFuzzer (tests/fuzz/)
-#   make demo       train a tiny model and show that it learned
+#   make demo       build/mtrain only, then train a tiny model and show that
+#                   it learned
 #   make test-gpu   CUDA kernels against the CPU backend (needs a GPU)
 #   make build-test-gpu   the GPU test and benchmark programs, not run
 #   make test-sim   the CUDA sources on the CPU execution model of CUDA
 #                   (tests/cudasim/, docs/SIM.md): build/sim/, its tests run
-# With nvcc, `make` also compiles the GPU programs (build/tests/gpu_*) but
+# With nvcc, `make all` also compiles the GPU programs (build/tests/gpu_*) but
 # never runs them. CUDA_ARCHS picks the targets (default sm_80 and sm_90).
 
 CC ?= gcc
@@ -75,6 +78,7 @@ DEPS_OK = build/.deps-ok
 .SECONDARY:
 
 .PHONY: all test demo test-gpu build-test-gpu build-sim test-sim deps clean
+.DEFAULT_GOAL := build/mtrain
 all: build/mtrain $(TEST_BIN) $(GPU_BIN) $(CUDA_BIN)
 all: $(MPI_TEST_BIN) $(TOOL_BIN) build-sim
 
@@ -139,7 +143,7 @@ test: all
 	@bash tests/run.sh
 endif
 
-demo: all
+demo: build/mtrain
 	@bash scripts/demo.sh
 
 build-test-gpu:

@@ -6,6 +6,10 @@
 
 #include "util.h"
 
+static bool quiet;
+
+void progress_quiet(void) { quiet = true; }
+
 void format_duration(double seconds, char *out, size_t n) {
     long s = (long)(seconds + 0.5);
     if (s >= 3600) snprintf(out, n, "%ldh%02ldm", s / 3600, s / 60 % 60);
@@ -25,22 +29,21 @@ void progress_begin(Progress *p, const char *what, int64_t total, const char *un
     p->shown = false;
     // mpirun hands its ranks a pseudo-terminal whatever its own output is
     // (often a log file), so under mpirun the lines are never redrawn.
-    p->tty = isatty(STDOUT_FILENO) && !getenv("OMPI_COMM_WORLD_SIZE");
+    p->tty = isatty(STDERR_FILENO) && !getenv("OMPI_COMM_WORLD_SIZE");
 }
 
 static void print_line(Progress *p, double now) {
     double elapsed = now - p->start, rate = elapsed > 0 ? (double)p->done / elapsed : 0;
     char eta[32] = "?";
     if (rate > 0) format_duration((double)(p->total - p->done) / rate, eta, sizeof(eta));
-    printf("%s%s: %.1f/%.1f %s | %.1f %s/s | eta %s%s", p->tty ? "\r" : "", p->what, (double)p->done / p->scale,
+    fprintf(stderr, "%s%s: %.1f/%.1f %s | %.1f %s/s | eta %s%s", p->tty ? "\r" : "", p->what, (double)p->done / p->scale,
            (double)p->total / p->scale, p->unit, rate / p->scale, p->unit, eta, p->tty ? "\033[K" : "\n");
-    fflush(stdout);
     p->shown = true;
     p->last_print = now;
 }
 
 void progress_add(Progress *p, int64_t amount) {
-    if (!p) return;
+    if (!p || quiet) return;
     p->done += amount;
     double now = now_seconds();
     if (now - p->start < p->after) return;
@@ -49,14 +52,12 @@ void progress_add(Progress *p, int64_t amount) {
 
 void progress_clear(Progress *p) {
     if (!p || !p->shown || !p->tty) return;
-    printf("\r\033[K");
-    fflush(stdout);
+    fputs("\r\033[K", stderr);
 }
 
 void progress_end(Progress *p) {
     if (!p || !p->shown) return;
     double elapsed = now_seconds() - p->start;
-    printf("%s%s: %.1f %s in %.1f s (%.1f %s/s)%s\n", p->tty ? "\r" : "", p->what, (double)p->done / p->scale, p->unit,
+    fprintf(stderr, "%s%s: %.1f %s in %.1f s (%.1f %s/s)%s\n", p->tty ? "\r" : "", p->what, (double)p->done / p->scale, p->unit,
            elapsed, elapsed > 0 ? (double)p->done / p->scale / elapsed : 0, p->unit, p->tty ? "\033[K" : "");
-    fflush(stdout);
 }

@@ -1,8 +1,10 @@
 // progress.h: the progress line of a long phase (loading a model folder,
 // writing a checkpoint, scoring, evaluating, tokenizing), shared by all of
-// them: "WHAT: done/total UNIT | rate UNIT/s | eta" on stdout. Silent for a
-// phase shorter than 2 s; after that updated in place on a terminal and one
-// line every 5 s otherwise, and one closing line with the time taken.
+// them: "WHAT: done/total UNIT | rate UNIT/s | eta" on stderr, so that the
+// results a command prints on stdout (eval's tables) stay clean when piped.
+// Silent for a phase shorter than 2 s; after that updated in place when
+// stderr is a terminal and one line every 5 s otherwise (a log file), and one
+// closing line with the time taken. Under MPI only rank 0 shows progress.
 // MTRAIN_PROGRESS_SECONDS=S (for tests) replaces the 2 s by S and the 5 s by
 // 2.5 S.
 #ifndef MTRAIN_PROGRESS_H
@@ -22,6 +24,8 @@ typedef struct {
     bool shown, tty;
 } Progress;
 
+// No progress lines from this process from now on (MPI ranks other than 0).
+void progress_quiet(void);
 // "1h02m" / "3m07s".
 void format_duration(double seconds, char *out, size_t n);
 // Start a phase of `total` units (printed divided by scale, as unit).

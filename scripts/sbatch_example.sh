@@ -27,9 +27,9 @@ shift $(( $# > 0 ? 1 : 0 ))
 mtrain=build/cuda/mtrain
 [ -x "$mtrain" ] || mtrain=build/mtrain
 
-# One OpenMP thread set per rank, passive waits (README, Several processes).
+# One OpenMP thread set per rank, passive waits (docs/USAGE.md, Several processes).
 export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-8} OMP_WAIT_POLICY=passive
-# NCCL, for the CUDA backend's communicators (README, Running on a cluster):
+# NCCL, for the CUDA backend's communicators (docs/USAGE.md, Running on a cluster):
 # InfiniBand between nodes with GPUDirect RDMA, the interface of the
 # bootstrap connection, warnings only. Site-specific names (mlx5, ib0) are
 # examples; the CPU backend's MPI does not read them.

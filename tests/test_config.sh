@@ -273,8 +273,30 @@ expect_error config_odd_head_dim "model\.head_dim: 3 is odd" configs/tiny-cpu.ya
 
 expect_error config_min_lr_above_lr "train\.min_lr: 0\.5 is above train\.lr = 0\.003" configs/tiny-cpu.yaml train.min_lr=0.5
 
-expect_error config_warmup_above_steps "train\.warmup_steps: 100 is more than train\.steps = 60" \
-  configs/tiny-cpu.yaml train.warmup_steps=100
+# A run that starts from a model folder takes the architecture from its
+# config.json: a run-file key or an override that disagrees stops with one
+# line naming the key, both values and the fix; equal keys, the context keys
+# and a run file without model keys are fine.
+mkdir -p "$tmp/qwen"
+cat >"$tmp/qwen/config.json" <<'EOF2'
+{"model_type": "qwen2", "vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864,
+ "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2, "tie_word_embeddings": true,
+ "rope_theta": 1000000.0, "max_position_embeddings": 32768}
+EOF2
+expect_error config_init_from_disagreeing_key \
+  "^mtrain: configs/tiny-cpu\.yaml \(with overrides\): model\.vocab_size: 256, but $tmp/qwen/config\.json \(train\.init_from\) has 151936 \(expected 151936 or no model\.vocab_size: .*remove the key" \
+  configs/tiny-cpu.yaml train.init_from="$tmp/qwen"
+expect_error config_init_from_disagreeing_override "model\.num_layers: 2, but .* has 24" \
+  configs/qwen2.5-0.5b-128k-8xa100.yaml train.init_from="$tmp/qwen" model.num_layers=2
+printf 'train:\n  init_from: %s\n  seq_len: 65536\nmodel:\n  max_position_embeddings: 131072\n  rope_theta: 4000000\n' \
+  "$tmp/qwen" >"$tmp/finetune.yaml"
+if "$mtrain" config "$tmp/finetune.yaml" >"$tmp/finetune.out" 2>"$tmp/err" &&
+   "$mtrain" config configs/qwen2.5-0.5b-128k-8xa100.yaml train.init_from="$tmp/qwen" >/dev/null 2>>"$tmp/err"; then
+  has_lines config_init_from_architecture_from_folder "$tmp/finetune.out" "  vocab_size: 151936" "  num_layers: 24" \
+    "  max_position_embeddings: 131072" "  rope_theta: 4000000.0"
+else
+  bad config_init_from_architecture_from_folder "$(head -c 300 "$tmp/err")"
+fi
 
 # --- the reference ---
 

@@ -11,17 +11,28 @@
 #   - an inline `code span` that starts with one of the PREFIXES and has at
 #     least two words (`mpirun` alone names the tool, not a command).
 #   A trailing `# comment` is dropped.
-# PREFIXES: make, build/mtrain, mpirun, srun, sbatch, bash scripts/, OMP_NUM_THREADS=
+# PREFIXES: make, build/mtrain, build/cuda/mtrain, mpirun, srun, sbatch, bash scripts/, OMP_NUM_THREADS=
 #
 # Every command must match a row of RULES (first match wins):
 #   run  ERE | OVERRIDES    run it with OVERRIDES appended (section.key=value
 #                           that shrink a long run; empty: as written)
 #   skip ERE | REASON       not run; the reason is printed
+#   verb ERE | OVERRIDES    run like `run` when build/mtrain has the command's
+#                           verb (`build/mtrain VERB --help` exits 0), else skipped
 # A command that matches no row fails the test: add a row when you add a
 # command to the docs. Commands run with bash -c in the scratch copy with a
-# time limit of $LIMIT s each, OMP_NUM_THREADS=1, Open MPI allowed to place
-# more ranks than this machine has cores, and without the MAKEFLAGS of a
-# `make test` that runs this test.
+# time limit of $LIMIT s each, OMP_NUM_THREADS=1, Open MPI's ranks not bound
+# to cores, and without the MAKEFLAGS of a `make test` that runs this test.
+# Open MPI may place no more ranks than the machine has cores unless the
+# command says --oversubscribe, so a documented mpirun runs as written on a
+# 2-core machine.
+#
+# docs/RECIPE.md runs at toy scale: the scratch copy gets a Qwen-shaped
+# model folder in models/Qwen2.5-0.5B (2 layers, 64 wide, GQA 4:2, random
+# weights, a byte-level BPE tokenizer.json of 303 ids: tests/qwen2_ref.py and
+# tests/test_tokenizer.py make them), long documents in
+# data/long/pg19.jsonl, and build/cuda/mtrain when nvcc built none: the CPU
+# build, which its rows run with train.backend=cpu.
 #   bash tests/test_docs_commands.sh        (uses build/ as built)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +42,7 @@ LIMIT=300
 RULES=(
   'run |^make demo$|'
   'skip|^make test$|runs the whole suite, this test included'
+  'skip|^make all$|builds what make test builds (this test runs inside it; CI runs make all)'
   'skip|^make test-gpu$|needs a GPU'
   'skip|^make test-sim$|part of make test (tests/test_sim.sh)'
   'skip|^make test SANITIZE=1$|the whole sanitized suite (CI runs it: .ci/run)'
@@ -42,7 +54,6 @@ RULES=(
   'run |^build/mtrain train configs/tiny-cpu\.yaml checkpoint\.resume=never$|train.steps=10'
   'skip|^mpirun -np 2 build/tests/mpi_gpu_nccl$|needs two GPUs (tests/test_sim_libs.sh runs it under the sim)'
   'skip|^mpirun -np 4 build/tests/mpi_gpu_ring 2$|needs four GPUs (tests/test_cuda_ring.sh runs it under the sim)'
-  'run |^mpirun -np 4 build/mtrain train configs/tiny-cpu\.yaml |train.steps=10'
   'skip|^srun |needs a Slurm cluster (tests/test_srun.sh runs srun on a private one)'
   'skip|^mpirun -np 2 build/mtrain score --model DIR |placeholders DIR and FILE (tests/test_hf_folders.py runs score)'
   'run |^build/mtrain tokenize --tokenizer bytes --input corpus/|'
@@ -74,14 +85,23 @@ RULES=(
   'skip|^sbatch scripts/sbatch_example\.sh |needs a Slurm cluster (tests/test_plan.sh runs the script with an srun shim)'
   'skip|^mpirun -np 32 --hostfile hosts |32 ranks on 4 nodes of GPUs'
   'run |^build/mtrain plot logs/tiny-cpu$|'
-  'skip|^build/mtrain plan configs/NAME\.yaml |placeholder NAME (the README runs two of these run files)'
+  'skip|^build/mtrain plan configs/NAME\.yaml |placeholder NAME (docs/RECIPE.md and docs/USAGE.md run two of these run files)'
+  'run |^build/mtrain tokenize --tokenizer models/Qwen2\.5-0\.5B |'
+  'run |^build/mtrain shard info data/long/|'
+  'run |^build/mtrain data configs/qwen2\.5-0\.5b-512k-1gpu\.yaml$|train.seq_len=256'
+  'run |^build/mtrain plan configs/qwen2\.5-0\.5b-512k-1gpu\.yaml$|'
+  'run |^build/cuda/mtrain train configs/qwen2\.5-0\.5b-512k-1gpu\.yaml |train.backend=cpu train.steps=2 train.seq_len=256 attention.block_size=64'
+  'run |^build/mtrain plot logs/qwen2\.5-0\.5b-512k$|'
+  'run |^build/cuda/mtrain eval configs/qwen2\.5-0\.5b-512k-1gpu\.yaml$|train.backend=cpu train.seq_len=256 attention.block_size=64 eval.lengths=1024 eval.depths=0.5 eval.samples=1'
+  'run |^build/mtrain export checkpoints/qwen2\.5-0\.5b-512k/|'
+  'verb|^build/mtrain generate --model models/Qwen2\.5-0\.5B-512K |'
 )
 
 # Commands as "FILE:LINE<TAB>COMMAND", in document order, each once.
 extract_commands() {
   /usr/bin/python3 - README.md docs/*.md <<'EOF'
 import re, sys
-prefix = re.compile(r"^(make |build/mtrain |mpirun |srun |sbatch |bash scripts/|OMP_NUM_THREADS=)")
+prefix = re.compile(r"^(make |build/mtrain |build/cuda/mtrain |mpirun |srun |sbatch |bash scripts/|OMP_NUM_THREADS=)")
 seen = set()
 for path in sys.argv[1:]:
     lines = open(path, encoding="utf-8").read().split("\n")
@@ -122,10 +142,29 @@ for d in 1 2 3; do
   awk -v d=$d 'BEGIN { srand(d); for (i = 0; i < 3000; i++) printf "%s%s", substr("the river town old road map", int(rand() * 20) + 1, 4), i % 11 == 10 ? ".\n" : " " }' \
     >"$scratch/corpus/doc$d.txt"
 done
-export T=$tmp/T OMP_NUM_THREADS=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_hwloc_base_binding_policy=none
+export T=$tmp/T OMP_NUM_THREADS=1 OMPI_MCA_hwloc_base_binding_policy=none
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 unset MAKEFLAGS MFLAGS MAKELEVEL
 if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+# docs/RECIPE.md's model folder, long documents and CUDA trainer, at toy scale.
+mkdir -p "$scratch/data/long"
+(cd "$scratch" && /usr/bin/python3 - <<'EOF'
+import json, random, sys
+sys.path.insert(0, "tests")
+import qwen2_ref as ref
+from test_tokenizer import tiny_tokenizer
+cfg = ref.make_config(vocab=320, hidden=64, inter=96, layers=2, heads=4, kv_heads=2, theta=1000000.0, max_pos=32768)
+ref.write_model("models/Qwen2.5-0.5B", cfg, {n: t.float() for n, t in ref.random_model(cfg, seed=1).items()})
+with open("models/Qwen2.5-0.5B/tokenizer.json", "w") as f:
+    json.dump(tiny_tokenizer(), f)
+rng = random.Random(1)
+words = "the river town old road map north bridge mill lantern".split()
+with open("data/long/pg19.jsonl", "w") as f:
+    for _ in range(6):
+        f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(1500))}) + "\n")
+EOF
+) || bad "setup: the recipe's model folder and documents" "python failed"
+if [ ! -x "$scratch/build/cuda/mtrain" ]; then mkdir -p "$scratch/build/cuda" && ln -s ../mtrain "$scratch/build/cuda/mtrain"; fi
 # docs/PERFORMANCE.md's evaluation reads a tiny-cpu model trained into $T/ck.
 (cd "$scratch" && build/mtrain train configs/tiny-cpu.yaml train.steps=10 checkpoint.dir="$T/ck" log.dir="$T/log" \
   >/dev/null 2>&1) || bad "setup: a tiny-cpu checkpoint in \$T/ck" "train failed"
@@ -142,7 +181,12 @@ while IFS=$'\t' read -r where command; do
   done
   case $action in
     skip) echo "skipped $where: $command ($detail)" ;;
-    run)
+    verb|run)
+      verb=$(echo "$command" | awk '{print $2}')
+      if [ "$action" = verb ] && ! (cd "$scratch" && build/mtrain "$verb" --help >/dev/null 2>&1); then
+        echo "skipped $where: $command (build/mtrain has no verb $verb)"
+        continue
+      fi
       start=$SECONDS
       (cd "$scratch" && timeout $LIMIT bash -c "$command $detail" >"$tmp/out" 2>&1 </dev/null)
       rc=$?

@@ -6,7 +6,9 @@
 # `make test` built it: `make all` has nothing left to do (no object of the
 # CPU, GPU or sim programs was deleted as an intermediate). The sanitized
 # build (make test SANITIZE=1) and the fuzz targets write only under their
-# own folders, build/san/ and build/fuzz/.
+# own folders, build/san/ and build/fuzz/. `make` (the default goal) and
+# `make demo` build build/mtrain and its objects only: no test program, no sim,
+# no CUDA object.
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib.sh
@@ -26,5 +28,13 @@ for pair in build-san:build/san build-fuzz:build/fuzz; do
   expect "make $target writes only under $dir/ ($(wc -l <"$tmp/outputs.txt") files)" \
     '[ -s "$tmp/outputs.txt" ] && ! grep -v "^$dir/" "$tmp/outputs.txt"'
 done
+for goal in "" demo; do
+  make -C "$copy" -B -n $goal 2>/dev/null | grep -o ' -o [^ ]*' | awk '{print $2}' >"$tmp/outputs.txt"
+  expect "make ${goal:-(default goal)} builds build/mtrain and its objects only ($(wc -l <"$tmp/outputs.txt") files)" \
+    'grep -qx build/mtrain "$tmp/outputs.txt" && ! grep -v -e "^build/obj/" -e "^build/mtrain$" "$tmp/outputs.txt"'
+done
+make -C "$copy" -B -n all 2>/dev/null | grep -o ' -o [^ ]*' | awk '{print $2}' >"$tmp/outputs.txt"
+expect "make all still builds the test programs and the sim" \
+  'grep -q "^build/tests/test_rope$" "$tmp/outputs.txt" && grep -q "^build/sim/" "$tmp/outputs.txt"'
 expect "make -q all after make all: up to date" 'make -s -q all'
 exit $((failures > 0))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_shard_cli.sh: the data verbs end to end. `mtrain tokenize` on .txt and
-# .jsonl files, `shard dump --text` and `detokenize` giving the documents back
+# .jsonl files (on 1 to 3 threads: the same bytes), `shard dump --text` and `detokenize` giving the documents back
 # byte for byte, `shard info`, `shard verify` on good and damaged shards, and the errors for
 # bad input and bad arguments. Prints "ok NAME" / "FAIL NAME: why".
 #   MTRAIN=path/to/mtrain bash tests/test_shard_cli.sh   (default build/mtrain)
@@ -123,6 +123,43 @@ expect_error "tokenize: jsonl line without text" nonzero 'notext.jsonl:1: no str
 printf '{"text": "a\\u0000b"}\n' >nul.jsonl
 expect_error "tokenize: jsonl text with a NUL" nonzero 'nul.jsonl:1: a \u0000 (NUL) escape is not supported' \
   "$mtrain" tokenize --tokenizer bytes --input nul.jsonl --output x.shard
+
+# --threads N: the same shard bytes for any N, over several batches of
+# documents (4096 per batch) from .jsonl and plain files; --text-field NAME
+# reads another field; the first bad line in input order is the one named.
+awk 'BEGIN { for (i = 0; i < 9000; i++) { printf "{\"body\": \"line %d", i; for (j = 0; j < i % 37; j++) printf " w%d", j; printf "\"}\n" } }' >many.jsonl
+sed 's/"body"/"text"/' many.jsonl >many_text.jsonl
+for n in 1 2 3; do
+  "$mtrain" tokenize --tokenizer bytes --threads $n --text-field body --input a.txt many.jsonl empty.txt a.txt --output threads$n.shard >threads$n.log 2>&1 ||
+    fail "tokenize --threads $n" "$(cat threads$n.log)"
+done
+if cmp -s threads1.shard threads2.shard && cmp -s threads1.shard threads3.shard && grep -q " 3 threads)" threads3.log; then
+  pass "tokenize: --threads 1, 2, 3 write the same shard bytes"
+else fail "tokenize: --threads 1, 2, 3 write the same shard bytes" "$(cat threads3.log)"; fi
+"$mtrain" tokenize --tokenizer bytes --threads 1 --input a.txt many_text.jsonl empty.txt a.txt --output field.shard >/dev/null 2>&1
+if cmp -s threads1.shard field.shard; then pass "tokenize: --text-field body reads the field as \"text\" is read"
+else fail "tokenize: --text-field body reads the field as \"text\" is read" "shards differ"; fi
+{ head -n 5000 many.jsonl; echo 'broken'; head -n 10 many.jsonl; echo '{"x": 1}'; } >twobad.jsonl
+expect_error "tokenize --threads 2: the first bad line is named" nonzero "twobad.jsonl:5001: invalid JSON" \
+  "$mtrain" tokenize --tokenizer bytes --threads 2 --text-field body --input twobad.jsonl --output x.shard
+expect_error "tokenize: jsonl line without the --text-field" nonzero 'many_text.jsonl:1: no string field "body"' \
+  "$mtrain" tokenize --tokenizer bytes --text-field body --input many_text.jsonl --output x.shard
+expect_error "tokenize: --threads 0 is refused" 2 "--threads '0' is not a whole number in 1 .. 1024" \
+  "$mtrain" tokenize --tokenizer bytes --threads 0 --input a.txt --output x.shard
+
+# Binary input is refused with one line before any work: a compressed file
+# (by its magic number), a NUL byte in the first 64 KiB or later.
+printf 'some text\n' | gzip >text.txt.gz
+expect_error "tokenize: a gzip file is refused" 1 "text.txt.gz: a gzip file, not text" \
+  "$mtrain" tokenize --tokenizer bytes --input a.txt text.txt.gz --output x.shard
+printf 'ab\0cd' >nul.bin
+expect_error "tokenize: NUL bytes are refused" 1 "nul.bin: binary (it holds NUL bytes), not text" \
+  "$mtrain" tokenize --tokenizer bytes --input nul.bin --output x.shard
+{ head -c 70000 /dev/zero | tr '\0' a; printf '\0'; } >late_nul.txt
+expect_error "tokenize: a NUL byte past 64 KiB is refused" 1 "late_nul.txt: byte 70000 is NUL" \
+  "$mtrain" tokenize --tokenizer bytes --input late_nul.txt --output x.shard
+if [ ! -e x.shard ] && [ "$(wc -l <err.log)" -eq 1 ]; then pass "tokenize: binary input writes nothing, one line"
+else fail "tokenize: binary input writes nothing, one line" "$(ls; cat err.log)"; fi
 
 expect_error "tokenize: missing tokenizer file" 1 "nonexistent/tokenizer.json" \
   "$mtrain" tokenize --tokenizer nonexistent/tokenizer.json --input a.txt --output x.shard

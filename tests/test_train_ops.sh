@@ -8,7 +8,10 @@
 # bit-identical to an uninterrupted one; a second signal exits at once and
 # leaves the checkpoints usable; threads: parallel.threads 0 = the CPUs
 # divided by the ranks (shown in the ranks line), an oversubscribing setting
-# warns, and OpenMP waits passively unless the user chose a policy.
+# warns, and OpenMP waits passively unless the user chose a policy. Guard
+# rails: the stop line under checkpoint.resume: never, a warmup longer than
+# the run, a seq_len beyond max_position_embeddings, progress on stderr (not
+# in eval's tables), held-out perplexity of a run that never validated.
 set -u
 cd "$(dirname "$0")/.."
 MTRAIN=${MTRAIN:-build/mtrain}
@@ -73,6 +76,32 @@ MTRAIN_PROGRESS_SECONDS=0 "$MTRAIN" eval $EVAL eval.tasks=perplexity,passkey eva
 expect "progress of perplexity per length" 'grep -Eq "^perplexity at length 128: [0-9.]+/2.0 sequences \| [0-9.]+ sequences/s \| eta" "$tmp/ev.out"'
 expect "progress of a task grid" 'grep -Eq "^passkey: [0-9.]+/8.0 samples \| .* samples/s \| eta" "$tmp/ev.out" && grep -q "^passkey: 8.0 samples in " "$tmp/ev.out"'
 expect "the grid's rows stay whole" '[ "$(grep -Ec "^ +(128|160)( +[0-9]\.[0-9]{2}){2}$" "$tmp/ev.out")" = 2 ]'
+
+# Progress goes to stderr: eval's tables on stdout stay whole when piped.
+MTRAIN_PROGRESS_SECONDS=0 "$MTRAIN" eval $EVAL eval.tasks=perplexity,passkey eval.lengths=128 eval.depths=0 \
+  eval.samples=1 >"$tmp/ev.stdout" 2>"$tmp/ev.stderr"
+expect "progress on stderr only, none in the piped tables" \
+  'grep -q "^passkey: 1.0 samples in " "$tmp/ev.stderr" && grep -q "^perplexity on heldout" "$tmp/ev.stdout" && ! grep -Eq "/s \| eta| in [0-9.]+ s \(" "$tmp/ev.stdout"'
+# Held-out text of a run that never validated (log.val_every 0) was trained
+# on: the perplexity table says so; with validation it does not.
+expect "perplexity on heldout without validation says the text is not held out" \
+  'grep -q "^not held out: log.val_every is 0" "$tmp/ev.stdout"'
+"$MTRAIN" eval $EVAL log.val_every=1 eval.tasks=perplexity eval.lengths=128 eval.samples=1 >"$tmp/ev.stdout" 2>&1
+expect "perplexity on heldout with validation has no such line" \
+  'grep -q "^perplexity on heldout" "$tmp/ev.stdout" && ! grep -q "not held out" "$tmp/ev.stdout"'
+
+# A warmup longer than the run is clamped to it with a one-line note; a
+# seq_len beyond max_position_embeddings trains with one warning (rank 0's).
+"$MTRAIN" train $RUN train.steps=2 train.warmup_steps=5 checkpoint.dir="$tmp/warm" log.dir="$tmp/warm" \
+  >"$tmp/warm.out" 2>&1
+rc=$?
+expect "train.steps=2 with warmup_steps 5 trains, with one note" \
+  '[ $rc -eq 0 ] && [ "$(grep -c "^note: train.warmup_steps 5 is more than train.steps 2: warmup clamped to 2 steps$" "$tmp/warm.out")" = 1 ] && grep -q "\"step\": 2, .*\"lr\": 0.003[,}]" "$tmp/warm/metrics.jsonl"'
+mpirun --oversubscribe --bind-to none -np 2 "$MTRAIN" train $RUN parallel.cp=2 train.steps=1 train.seq_len=512 \
+  checkpoint.resume=never checkpoint.dir="$tmp/long" log.dir="$tmp/long" >"$tmp/long.out" 2>&1
+rc=$?
+expect "seq_len 512 beyond max_position_embeddings 256 on 2 ranks: one warning" \
+  '[ $rc -eq 0 ] && [ "$(grep -c "^warning: train.seq_len 512 is beyond model.max_position_embeddings 256" "$tmp/long.out")" = 1 ]'
 
 # Resuming a finished run: one line, exit 0, nothing written.
 : >"$tmp/out.txt"
@@ -161,6 +190,22 @@ stop_and_resume() {
 }
 stop_and_resume term1 1 TERM rank0
 stop_and_resume int1 1 INT rank0
+expect "under checkpoint.resume: auto the stop line says the same command resumes" \
+  'grep -q "^stopped by SIGINT .*; the same command resumes$" "$tmp/int1.out"'
+# Under checkpoint.resume: never the same command starts over: the stop line
+# says how to resume instead.
+dir="$tmp/never"
+launch 1 checkpoint.dir="$dir" log.dir="$dir/logs" train.steps=100000 checkpoint.resume=never >"$tmp/never.out" 2>&1
+pid=$!
+if wait_steps "$dir/logs/metrics.jsonl" 5; then
+  kill -INT "$pid"
+  finish "$pid"
+  expect "under checkpoint.resume: never the stop line names checkpoint.resume=auto" \
+    'grep -q "^stopped by SIGINT .*; the same command with checkpoint.resume=auto resumes (as it is, it starts over)$" "$tmp/never.out" && ! grep -q "the same command resumes" "$tmp/never.out"'
+else
+  bad "resume never: run started" "no 5 steps within 60 s"
+  kill -9 "$pid"
+fi
 stop_and_resume term2 2 TERM rank1
 stop_and_resume int2 2 INT rank0
 stop_and_resume usr1_2 2 USR1 mpirun

@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <omp.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -23,10 +24,13 @@
 #include "train.h"
 
 static const char *tokenize_usage =
-    "usage: mtrain tokenize --tokenizer T --input FILE... --output OUT.shard [--frame-tokens N] [--force]\n"
+    "usage: mtrain tokenize --tokenizer T --input FILE... --output OUT.shard [--threads N] [--text-field NAME]\n"
+    "                       [--frame-tokens N] [--force]\n"
     "  T is bytes, a tokenizer.json (byte-level BPE, e.g. Qwen2.5's) or a model folder holding one.\n"
-    "  FILE.jsonl holds one JSON object per line whose \"text\" is a document; any other FILE is one document\n"
-    "  of text. Every document ends with <|endoftext|>. An existing OUT.shard is replaced only with --force.\n";
+    "  FILE.jsonl holds one JSON object per line whose \"text\" (or NAME) is a document; any other FILE is one\n"
+    "  document of text. Every document ends with <|endoftext|>. --threads N encodes documents on N threads\n"
+    "  (default: OMP_NUM_THREADS or every CPU); the shard is the same for any N. An existing OUT.shard is\n"
+    "  replaced only with --force. Compressed or binary input is refused.\n";
 
 static const char *data_usage =
     "usage: mtrain data RUN.yaml [--read N] [--show G] [section.key=value ...]\n"
@@ -65,31 +69,58 @@ static int ends_with(const char *s, const char *suffix) {
 
 // ----------------------------------------------------------------------------
 // tokenize
+//
+// Documents are read in order into a batch, encoded in parallel (each thread
+// with its own tokenizer: a tokenizer keeps a cache and scratch space), then
+// added to the shard in input order, so the shard's bytes are the same for
+// any number of threads. The first bad document in input order fails.
+
+#define TOKENIZE_BATCH_DOCS 4096
+#define TOKENIZE_BATCH_BYTES (4 << 20)
 
 typedef struct {
-    Tokenizer *tokenizer;
+    char *raw;                 // the .jsonl line or the whole file (owned)
+    int64_t raw_bytes;
+    const char *path;
+    int64_t line_no;           // its line in a .jsonl file; 0 = the whole file is the document
+    TokenIds ids;              // its tokens, <|endoftext|> last
+    int64_t text_bytes;        // bytes of its text
+    char error[600];           // "" or what is wrong with it (follows "FILE[:LINE]: ")
+} TokenizeDoc;
+
+typedef struct {
+    Tokenizer **tokenizers;    // [threads]
+    int threads;
+    const char *text_field;    // the field of a .jsonl line that holds the text
     ShardWriter *writer;
-    TokenIds ids;
+    TokenizeDoc *batch;        // [TOKENIZE_BATCH_DOCS]
+    int64_t batch_count, batch_bytes;
     int64_t documents, text_bytes, tokens;
     Progress progress;         // over the bytes of the input files
 } Tokenize;
 
-// Encodes one document (where: "FILE" or "FILE:LINE", for messages), appends
-// <|endoftext|>, and adds it to the shard.
-static void add_text(Tokenize *t, const uint8_t *text, int64_t bytes, const char *where) {
-    t->ids.count = 0;
-    int64_t bad_at = t->tokenizer->encode(t->tokenizer, text, bytes, &t->ids);
-    if (bad_at >= 0) {
-        shard_writer_abort(t->writer);
-        fail("%s: byte %" PRId64 " of the text is not valid UTF-8 (expected UTF-8 text: tokenizer %s needs it)", where,
-             bad_at, t->tokenizer->name);
-    }
-    token_ids_reserve(&t->ids, 1);
-    t->ids.ids[t->ids.count++] = (uint32_t)t->tokenizer->end_of_text;
-    shard_writer_add_document(t->writer, t->ids.ids, t->ids.count);
-    t->documents++;
-    t->text_bytes += bytes;
-    t->tokens += t->ids.count;
+// Why data[0..n) is not text: the magic number of a compressed or binary
+// format, or a NUL byte (never in text); NULL when it may be text.
+static const char *binary_reason(const uint8_t *data, size_t n) {
+    static const struct { const char *magic; size_t len; const char *what; } formats[] = {
+        {"\x1f\x8b", 2, "a gzip file"}, {"\x28\xb5\x2f\xfd", 4, "a zstd file"}, {"BZh", 3, "a bzip2 file"},
+        {"\xfd" "7zXZ", 6, "an xz file"}, {"PK\x03\x04", 4, "a zip file"}, {"PAR1", 4, "a parquet file"}};
+    for (size_t i = 0; i < sizeof(formats) / sizeof(formats[0]); i++)
+        if (n >= formats[i].len && !memcmp(data, formats[i].magic, formats[i].len)) return formats[i].what;
+    return memchr(data, 0, n) ? "binary (it holds NUL bytes)" : NULL;
+}
+
+// Refuses an input that is not text, from its first 64 KiB, before any work.
+static void check_text_file(const char *path) {
+    FILE *f = xfopen(path, "rb");
+    uint8_t head[1 << 16];
+    size_t n = fread(head, 1, sizeof(head), f);
+    if (ferror(f)) fail("%s: read failed (%s)", path, strerror(errno));
+    fclose(f);
+    const char *why = binary_reason(head, n);
+    if (why)
+        fail("%s: %s, not text (expected UTF-8 text or .jsonl lines; decompress or convert it first, e.g. "
+             "docs/RECIPE.md's parquet to .jsonl)", path, why);
 }
 
 // Whether a JSON line holds a \u0000 escape: cJSON's strings end at a NUL, so
@@ -103,39 +134,122 @@ static int has_nul_escape(const char *line, size_t len) {
     return 0;
 }
 
+// Encodes one document with tok (a .jsonl line: its text field first) and
+// appends <|endoftext|>; a problem goes to d->error.
+static void encode_document(const Tokenize *t, Tokenizer *tok, TokenizeDoc *d) {
+    cJSON *obj = NULL;
+    const char *text = d->raw;
+    int64_t bytes = d->raw_bytes;
+    if (d->line_no > 0) {
+        obj = cJSON_ParseWithLength(d->raw, (size_t)d->raw_bytes);
+        const cJSON *field = obj ? cJSON_GetObjectItemCaseSensitive(obj, t->text_field) : NULL;
+        char problem[120] = "";
+        if (!obj) snprintf(problem, sizeof(problem), "invalid JSON");
+        else if (!cJSON_IsObject(obj)) snprintf(problem, sizeof(problem), "not a JSON object");
+        else if (!cJSON_IsString(field)) snprintf(problem, sizeof(problem), "no string field \"%.80s\"", t->text_field);
+        else if (has_nul_escape(d->raw, (size_t)d->raw_bytes))
+            snprintf(problem, sizeof(problem), "a \\u0000 (NUL) escape is not supported");
+        if (problem[0]) {
+            snprintf(d->error, sizeof(d->error), "%s (expected one JSON object per line with a string field \"%.80s\")",
+                     problem, t->text_field);
+            cJSON_Delete(obj);
+            return;
+        }
+        text = field->valuestring;
+        bytes = (int64_t)strlen(text);
+    }
+    int64_t bad_at = tok->encode(tok, (const uint8_t *)text, bytes, &d->ids);
+    cJSON_Delete(obj);
+    if (bad_at >= 0) {
+        snprintf(d->error, sizeof(d->error), "byte %" PRId64 " of the text is not valid UTF-8 (expected UTF-8 text: "
+                 "tokenizer %s needs it)", bad_at, tok->name);
+        return;
+    }
+    token_ids_reserve(&d->ids, 1);
+    d->ids.ids[d->ids.count++] = (uint32_t)tok->end_of_text;
+    d->text_bytes = bytes;
+}
+
+// Encodes the batch on the threads, then adds its documents in order.
+static void flush_batch(Tokenize *t) {
+    #pragma omp parallel for num_threads(t->threads) schedule(dynamic, 1)
+    for (int64_t i = 0; i < t->batch_count; i++)
+        encode_document(t, t->tokenizers[omp_get_thread_num()], &t->batch[i]);
+    for (int64_t i = 0; i < t->batch_count; i++) {
+        TokenizeDoc *d = &t->batch[i];
+        if (d->error[0]) {
+            shard_writer_abort(t->writer);
+            if (d->line_no > 0) fail("%s:%" PRId64 ": %s", d->path, d->line_no, d->error);
+            fail("%s: %s", d->path, d->error);
+        }
+        shard_writer_add_document(t->writer, d->ids.ids, d->ids.count);
+        t->documents++;
+        t->text_bytes += d->text_bytes;
+        t->tokens += d->ids.count;
+        progress_add(&t->progress, d->raw_bytes);
+        free(d->raw);
+        free(d->ids.ids);
+    }
+    t->batch_count = t->batch_bytes = 0;
+}
+
+// Queues one document (raw: owned from here on); a full batch is flushed.
+static void queue_document(Tokenize *t, char *raw, int64_t bytes, const char *path, int64_t line_no) {
+    t->batch[t->batch_count++] = (TokenizeDoc){.raw = raw, .raw_bytes = bytes, .path = path, .line_no = line_no};
+    t->batch_bytes += bytes;
+    if (t->batch_count == TOKENIZE_BATCH_DOCS || t->batch_bytes >= TOKENIZE_BATCH_BYTES) flush_batch(t);
+}
+
 static void add_jsonl(Tokenize *t, const char *path) {
     FILE *f = xfopen(path, "rb");
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    for (int64_t line_no = 1; (len = getline(&line, &cap, f)) >= 0; line_no++) {
-        if (strspn(line, " \t\r\n") == (size_t)len) continue;  // blank line
-        cJSON *obj = cJSON_ParseWithLength(line, (size_t)len);
-        const cJSON *text = obj ? cJSON_GetObjectItemCaseSensitive(obj, "text") : NULL;
-        if (!cJSON_IsString(text) || has_nul_escape(line, (size_t)len)) {
-            const char *problem = !obj ? "invalid JSON" : !cJSON_IsObject(obj) ? "not a JSON object"
-                                : !cJSON_IsString(text) ? "no string field \"text\"" : "a \\u0000 (NUL) escape is not supported";
-            cJSON_Delete(obj);
-            shard_writer_abort(t->writer);
-            fail("%s:%" PRId64 ": %s (expected one JSON object per line with a string field \"text\")", path, line_no, problem);
+    for (int64_t line_no = 1;; line_no++) {
+        char *line = NULL;
+        size_t cap = 0;
+        ssize_t len = getline(&line, &cap, f);
+        if (len < 0) {
+            free(line);
+            break;
         }
-        char where[4096];
-        snprintf(where, sizeof(where), "%s:%" PRId64, path, line_no);
-        add_text(t, (const uint8_t *)text->valuestring, (int64_t)strlen(text->valuestring), where);
-        cJSON_Delete(obj);
-        progress_add(&t->progress, (int64_t)len);
+        if (strspn(line, " \t\r\n") == (size_t)len) {  // blank line
+            free(line);
+            progress_add(&t->progress, (int64_t)len);
+            continue;
+        }
+        queue_document(t, line, (int64_t)len, path, line_no);
     }
     if (ferror(f)) {
         shard_writer_abort(t->writer);
         fail("%s: read failed (%s)", path, strerror(errno));
     }
-    free(line);
     fclose(f);
 }
 
+// A whole file as one document.
+static void add_file(Tokenize *t, const char *path) {
+    size_t bytes;
+    char *text = read_file(path, &bytes);
+    const char *nul = memchr(text, 0, bytes);
+    if (nul) {
+        shard_writer_abort(t->writer);
+        fail("%s: byte %td is NUL: binary, not text (expected UTF-8 text)", path, nul - text);
+    }
+    queue_document(t, text, (int64_t)bytes, path, 0);
+}
+
+// Opens the tokenizer once per thread: the first alone (a bad file fails
+// once), the others in parallel.
+static void open_tokenizers(Tokenize *t, const char *spec) {
+    t->tokenizers = xcalloc((size_t)t->threads, sizeof(Tokenizer *));
+    t->tokenizers[0] = tokenizer_open(spec);
+    if (t->tokenizers[0]->end_of_text < 0)
+        fail("%s: has no <|endoftext|> token (expected one: it ends every document)", t->tokenizers[0]->name);
+    #pragma omp parallel for num_threads(t->threads)
+    for (int i = 1; i < t->threads; i++) t->tokenizers[i] = tokenizer_open(spec);
+}
+
 int cmd_tokenize(int argc, char **argv) {
-    const char *tokenizer = NULL, *output = NULL;
-    int64_t frame_tokens = 0;
+    const char *tokenizer = NULL, *output = NULL, *text_field = "text";
+    int64_t frame_tokens = 0, threads = 0;
     bool force = false;
     char **inputs = argv;  // input names are gathered in place: input_count <= i
     int input_count = 0;
@@ -149,29 +263,34 @@ int cmd_tokenize(int argc, char **argv) {
             if (input_count == before) return usage_error(tokenize_usage, "%s needs at least one file", arg);
             continue;
         }
-        if (strcmp(arg, "--tokenizer") && strcmp(arg, "--output") && strcmp(arg, "--frame-tokens"))
+        if (strcmp(arg, "--tokenizer") && strcmp(arg, "--output") && strcmp(arg, "--frame-tokens") &&
+            strcmp(arg, "--threads") && strcmp(arg, "--text-field"))
             return usage_error(tokenize_usage, "tokenize: unknown argument '%s'", arg);
         if (i + 1 >= argc) return usage_error(tokenize_usage, "%s needs a value", arg);
         const char *value = argv[++i];
         if (!strcmp(arg, "--tokenizer")) tokenizer = value;
         else if (!strcmp(arg, "--output")) output = value;
+        else if (!strcmp(arg, "--text-field")) text_field = value;
         else {
+            bool frames = !strcmp(arg, "--frame-tokens");
+            int64_t max = frames ? SHARD_MAX_FRAME_TOKENS : 1024;
             char *end;
             errno = 0;
-            frame_tokens = strtoll(value, &end, 10);
-            if (errno || *end || end == value || frame_tokens < 1 || frame_tokens > SHARD_MAX_FRAME_TOKENS)
-                return usage_error(tokenize_usage, "--frame-tokens '%s' is not a whole number in 1 .. %d", value, SHARD_MAX_FRAME_TOKENS);
+            int64_t n = strtoll(value, &end, 10);
+            if (errno || *end || end == value || n < 1 || n > max)
+                return usage_error(tokenize_usage, "%s '%s' is not a whole number in 1 .. %" PRId64, arg, value, max);
+            *(frames ? &frame_tokens : &threads) = n;
         }
     }
     const char *missing = !tokenizer ? "--tokenizer" : !input_count ? "--input" : !output ? "--output" : NULL;
     if (missing) return usage_error(tokenize_usage, "tokenize: %s is required", missing);
-    for (int i = 0; i < input_count; i++) fclose(xfopen(inputs[i], "rb"));  // a missing input fails before any work
+    for (int i = 0; i < input_count; i++) check_text_file(inputs[i]);  // a missing or binary input fails before any work
     if (!force && access(output, F_OK) == 0)
         fail("%s: already exists (expected a new file; --force replaces it)", output);
 
-    Tokenize t = {.tokenizer = tokenizer_open(tokenizer)};
-    if (t.tokenizer->end_of_text < 0)
-        fail("%s: has no <|endoftext|> token (expected one: it ends every document)", t.tokenizer->name);
+    Tokenize t = {.threads = threads ? (int)threads : omp_get_max_threads(), .text_field = text_field};
+    open_tokenizers(&t, tokenizer);
+    const Tokenizer *tok = t.tokenizers[0];
     char *output_dir = xstrdup(output);
     char *slash = strrchr(output_dir, '/');
     if (slash && slash != output_dir) {
@@ -179,8 +298,9 @@ int cmd_tokenize(int argc, char **argv) {
         make_dirs(output_dir);
     }
     free(output_dir);
-    t.writer = shard_writer_open(output, t.tokenizer->vocab_size, 0, frame_tokens);
-    shard_writer_set_tokenizer(t.writer, shard_tokenizer_of(t.tokenizer->name));
+    t.writer = shard_writer_open(output, tok->vocab_size, 0, frame_tokens);
+    shard_writer_set_tokenizer(t.writer, shard_tokenizer_of(tok->name));
+    t.batch = xmalloc(sizeof(TokenizeDoc) * TOKENIZE_BATCH_DOCS);
     int64_t input_bytes = 0;
     for (int i = 0; i < input_count; i++) {
         struct stat st;
@@ -190,25 +310,23 @@ int cmd_tokenize(int argc, char **argv) {
     progress_begin(&t.progress, "tokenizing", input_bytes, "MB", 1e6);
     double start = now_seconds();
     for (int i = 0; i < input_count; i++) {
-        if (ends_with(inputs[i], ".jsonl")) { add_jsonl(&t, inputs[i]); continue; }
-        size_t bytes;
-        char *text = read_file(inputs[i], &bytes);
-        add_text(&t, (const uint8_t *)text, (int64_t)bytes, inputs[i]);
-        free(text);
-        progress_add(&t.progress, (int64_t)bytes);
+        if (ends_with(inputs[i], ".jsonl")) add_jsonl(&t, inputs[i]);
+        else add_file(&t, inputs[i]);
     }
+    flush_batch(&t);
     progress_end(&t.progress);
     shard_writer_close(t.writer);
     double seconds = now_seconds() - start;
-    free(t.ids.ids);
-    tokenizer_close(t.tokenizer);
+    free(t.batch);
+    for (int i = 0; i < t.threads; i++) tokenizer_close(t.tokenizers[i]);
+    free(t.tokenizers);
 
     Shard s;
     shard_open(&s, output);
     int64_t raw_bytes = s.token_count * s.token_bytes;
     printf("tokenized %" PRId64 " documents (%" PRId64 " bytes of text) from %d files into %" PRId64 " tokens in %.3f s "
-           "(%.2f MB/s of text, one thread)\n", t.documents, t.text_bytes, input_count, t.tokens, seconds,
-           (double)t.text_bytes / 1e6 / (seconds > 0 ? seconds : 1e-9));
+           "(%.2f MB/s of text, %d thread%s)\n", t.documents, t.text_bytes, input_count, t.tokens, seconds,
+           (double)t.text_bytes / 1e6 / (seconds > 0 ? seconds : 1e-9), t.threads, t.threads == 1 ? "" : "s");
     printf("wrote %s: %" PRId64 " bytes in %" PRId64 " frames, compression %.2fx over %" PRId64 " bytes of uint%d tokens\n",
            output, s.file_bytes, s.frame_count, (double)raw_bytes / (double)s.file_bytes, raw_bytes, 8 * s.token_bytes);
     shard_close(&s);

@@ -140,7 +140,7 @@ static const Key keys[] = {
     INT(train, micro_batches, 1, 1, 1 << 20, "Sequences per optimizer step (gradient accumulation)."),
     DOUBLE(train, lr, 1e-3, 0, 10, 0, "Peak learning rate: the lr of the last warmup step and of the first step after warmup (of step 1 when `warmup_steps` is 0)."),
     DOUBLE(train, min_lr, 0.0, 0, 10, 0, "Learning rate the decay approaches: cosine and linear reach it one step after the last step, so the last step still learns (as the common schedulers do); at most `lr`."),
-    INT64(train, warmup_steps, 0, 0, 1e12, "Steps of linear warmup: step s <= `warmup_steps` uses `lr` * s / `warmup_steps` (no step at lr 0); at most `steps`."),
+    INT64(train, warmup_steps, 0, 0, 1e12, "Steps of linear warmup: step s <= `warmup_steps` uses `lr` * s / `warmup_steps` (no step at lr 0); more than `steps` trains with `steps` (a note says so)."),
     ENUM(train, lr_schedule, "cosine", NAMES("constant", "cosine", "linear"), "After warmup, from `lr` at step `warmup_steps` + 1: `constant`, or `cosine` / `linear` decay with progress (step - `warmup_steps` - 1) / (`steps` - `warmup_steps`) towards `min_lr`."),
     DOUBLE(train, weight_decay, 0.1, 0, 10, 0, "AdamW decoupled weight decay."),
     DOUBLE(train, beta1, 0.9, 0, 1, MAX_OPEN, "AdamW first-moment decay."),
@@ -210,7 +210,7 @@ static const Section sections[] = {
     {"data", "Where the training tokens come from."},
     {"checkpoint", "Where checkpoints go."},
     {"log", "Progress lines and metrics."},
-    {"eval", "`mtrain eval`: perplexity by length, passkey / needle-in-a-haystack grids, RULER-style tasks (see README, Evaluation)."},
+    {"eval", "`mtrain eval`: perplexity by length, passkey / needle-in-a-haystack grids, RULER-style tasks (see docs/USAGE.md, Evaluation)."},
     {"hardware", "The machine `mtrain plan` plans for (see docs/PERFORMANCE.md, Planner), and the peak MFU is measured against."},
 };
 #define NUM_SECTIONS ((int)(sizeof(sections) / sizeof(sections[0])))
@@ -849,6 +849,28 @@ static void check_path_keys(const Config *cfg, const char *source) {
     }
 }
 
+// The architecture comes from the model folder's config.json: a model key
+// that the run file or an override sets to another value stops the run,
+// naming the key, both values and the fix. The context keys
+// (max_position_embeddings, rope_theta, rope_scaling.*) may differ: that is
+// how a run extends the context.
+static void check_folder_architecture(const Config *cfg, const Config *folder_cfg, const char *source,
+                                      const char *key, const char *config_json) {
+    static const char *const architecture[] = {"vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                                               "num_heads", "num_kv_heads", "head_dim", "tie_word_embeddings"};
+    for (size_t i = 0; i < sizeof(architecture) / sizeof(architecture[0]); i++) {
+        const Key *k = find_key("model", architecture[i]);
+        Value run = fetch(k, cfg), folder = fetch(k, folder_cfg);
+        char run_text[40], folder_text[40];
+        format_value(k, &run, run_text, sizeof(run_text));
+        format_value(k, &folder, folder_text, sizeof(folder_text));
+        if (strcmp(run_text, folder_text) != 0)
+            fail("%s: model.%s: %s, but %s (%s) has %s (expected %s or no model.%s: a run that starts from a "
+                 "model folder takes its architecture from config.json; remove the key from the run file or the "
+                 "overrides)", source, k->key, run_text, config_json, key, folder_text, folder_text, k->key);
+    }
+}
+
 void config_from_args(Config *cfg, const char *path, int argc, char **argv, bool eval_model) {
     char source[CONFIG_STR + 32];
     snprintf(source, sizeof(source), "%s%s", path, argc > 0 ? " (with overrides)" : "");
@@ -874,7 +896,11 @@ void config_from_args(Config *cfg, const char *path, int argc, char **argv, bool
                  folder);
         config_defaults(cfg);
         hf_config_read(config_json, &cfg->model);
+        Config *folder_cfg = xmalloc(sizeof(Config));
+        *folder_cfg = *cfg;
         load_layers(cfg, path, argc, argv);
+        check_folder_architecture(cfg, folder_cfg, source, key, config_json);
+        free(folder_cfg);
     }
     config_validate(cfg, source);
     check_path_keys(cfg, source);
@@ -918,9 +944,6 @@ void config_validate(const Config *cfg, const char *source) {
     format_double(t->min_lr, min_lr, sizeof(min_lr));
     if (t->min_lr > t->lr)
         fail("%s: train.min_lr: %s is above train.lr = %s (expected min_lr <= lr)", source, min_lr, lr);
-    if (t->warmup_steps > t->steps)
-        fail("%s: train.warmup_steps: %lld is more than train.steps = %lld (expected warmup_steps <= steps)", source,
-             (long long)t->warmup_steps, (long long)t->steps);
     const DataConfig *d = &cfg->data;
     if (d->train == DATA_SYNTHETIC && d->val == VAL_SHARDS)
         fail("%s: data.val: %s names shards but data.train is 'synthetic' (expected data.val: holdout)", source,
@@ -1087,7 +1110,8 @@ void config_print_doc(FILE *out) {
           "keyword and anything else as a path (`./none` is a file named `none`). Unknown sections or keys,\n"
           "values of the wrong type or out of range, keys given twice, malformed YAML and inconsistent\n"
           "combinations (e.g. `num_heads` not a multiple of `num_kv_heads`, `min_lr` above `lr`,\n"
-          "`warmup_steps` above `steps`, `data.val` shards with `data.train: synthetic`) stop the program\n"
+          "`data.val` shards with `data.train: synthetic`, a model key that disagrees with `train.init_from`'s\n"
+          "`config.json`) stop the program\n"
           "before any work with one line on stderr naming the file and line (or the override), the key, the\n"
           "problem and what was expected, e.g.\n\n"
           "```\n"

@@ -234,8 +234,15 @@ static void set_text_documents(const EvalPlan *p, Model *m, int64_t first, int64
 // targets); as many as fit, at most eval.samples: seqs[i] of them. Leaves
 // the model without documents.
 static void eval_perplexity(const EvalPlan *p, Model *m, double *loss, int *seqs) {
-    printf("\nperplexity on %s (%lld tokens), up to %d sequences per length\n%10s %6s %10s %12s %8s\n",
-           config_enum_name(p->cfg, &p->cfg->eval.text), (long long)p->text_len, p->cfg->eval.samples, "length", "seqs", "loss", "perplexity", "s");
+    const Config *cfg = p->cfg;
+    printf("\nperplexity on %s (%lld tokens), up to %d sequences per length\n",
+           config_enum_name(cfg, &cfg->eval.text), (long long)p->text_len, cfg->eval.samples);
+    // Documents are held out of data.train only when the run validates.
+    if (cfg->eval.text == TEXT_HELDOUT && cfg->data.train != DATA_SYNTHETIC && cfg->data.val == VAL_HOLDOUT &&
+        cfg->log.val_every == 0)
+        printf("not held out: log.val_every is 0, so training held no documents out of data.train and this text was "
+               "trained on (for held-out text: log.val_every > 0 in training, data.val shards, or eval.text: FILE)\n");
+    printf("%10s %6s %10s %12s %8s\n", "length", "seqs", "loss", "perplexity", "s");
     for (int i = 0; i < p->length_count; i++) {
         int64_t L = p->lengths[i], fit = (p->text_len - 1) / L;
         seqs[i] = fit < p->cfg->eval.samples ? (int)fit : p->cfg->eval.samples;

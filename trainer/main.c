@@ -24,7 +24,7 @@ static const Verb verbs[] = {
     {"eval", cmd_eval, "eval RUN.yaml [section.key=value ...]    perplexity by length, passkey / NIAH / RULER grids (eval.*)", false},
     {"tasks", cmd_tasks, "tasks RUN.yaml --count N --output OUT.jsonl [section.key=value ...]  eval task samples as training text (JSONL)", false},
     {"score", cmd_score, "score --model DIR --tokens FILE [--grads OUT] [--logits OUT] [overrides]  loss (and gradients) of a HF model", false},
-    {"tokenize", cmd_tokenize, "tokenize --tokenizer T --input FILE... --output OUT.shard [--frame-tokens N]  pack text into a token shard (T: bytes or a tokenizer.json)", true},
+    {"tokenize", cmd_tokenize, "tokenize --tokenizer T --input FILE... --output OUT.shard [--threads N] [--text-field NAME] [--frame-tokens N]  pack text into a token shard (T: bytes or a tokenizer.json)", true},
     {"generate", cmd_generate, "generate --model DIR (--prompt TEXT | --tokens FILE) [--max-new N] [--temperature T] [--top-p P] [--top-k K] [--seed S] [--ids] [--tokenizer T] [section.key=value ...]  continue a prompt (KV cache; CPU or CUDA backend)", false},
     {"export", cmd_export, "export CKPT_DIR OUT_DIR [--dtype bf16|f32] [--max-shard-size 5GB] [model.key=value ...]  write a HF folder", false},
     {"detokenize", cmd_detokenize, "detokenize --tokenizer T [FILE]  token ids (one document per line) back to text", true},

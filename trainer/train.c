@@ -200,7 +200,9 @@ void loader_from_config(Loader *l, const Config *cfg, bool validation) {
 }
 
 void quiet_other_ranks(const Dist *dist) {
-    if (dist->world_rank != 0 && !freopen("/dev/null", "w", stdout)) fail("/dev/null: cannot open for writing");
+    if (dist->world_rank == 0) return;
+    if (!freopen("/dev/null", "w", stdout)) fail("/dev/null: cannot open for writing");
+    progress_quiet();
 }
 
 void join_devices(const Config *cfg, Dist *dist) {
@@ -523,6 +525,24 @@ static void check_memory(const Config *cfg, const Dist *dist, Plan *plan) {
          "s", line, need / (1 << 30), available / (1 << 30));
 }
 
+// Settings that train but are likely not what was meant: a warmup longer
+// than the run is clamped to it, with a note; a sequence longer than the
+// model's declared context gets a warning. Rank 0 prints each once.
+static void clamp_and_warn(Config *cfg, const Dist *dist) {
+    TrainConfig *t = &cfg->train;
+    bool print = dist->world_rank == 0;
+    if (t->warmup_steps > t->steps) {
+        if (print)
+            fprintf(stderr, "note: train.warmup_steps %lld is more than train.steps %lld: warmup clamped to %lld "
+                    "steps\n", (long long)t->warmup_steps, (long long)t->steps, (long long)t->steps);
+        t->warmup_steps = t->steps;
+    }
+    if (print && t->seq_len > cfg->model.max_position_embeddings)
+        fprintf(stderr, "warning: train.seq_len %lld is beyond model.max_position_embeddings %d: the model is "
+                "declared for shorter contexts (raise max_position_embeddings, with rope_scaling to extend it)\n",
+                (long long)t->seq_len, cfg->model.max_position_embeddings);
+}
+
 int cmd_train(int argc, char **argv) {
     Config cfg;
     Dist dist;
@@ -531,6 +551,7 @@ int cmd_train(int argc, char **argv) {
     bool zero = cfg.parallel.zero == 1;
     RunData data;
     run_data_open(&data, &cfg, &dist);
+    clamp_and_warn(&cfg, &dist);
     int threads = apply_threads(&cfg, &dist);
     Plan plan;
     check_memory(&cfg, &dist, &plan);
@@ -660,9 +681,13 @@ int cmd_train(int argc, char **argv) {
         int sig = agreed_stop_signal(&dist);
         if (sig && step < cfg.train.steps) {
             if (!saved) save_checkpoint(&cfg, &dist, zero, &m, &state, rolled_back_from);
-            printf("stopped by %s after step %lld of %lld: checkpoint %s/step_%08lld written; the same command "
-                   "resumes\n", sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGUSR1", (long long)step,
-                   (long long)cfg.train.steps, cfg.checkpoint.dir, (long long)step);
+            // checkpoint.resume: never (or a folder) would start the same command over.
+            const char *how = cfg.checkpoint.resume == RESUME_AUTO
+                            ? "the same command resumes"
+                            : "the same command with checkpoint.resume=auto resumes (as it is, it starts over)";
+            printf("stopped by %s after step %lld of %lld: checkpoint %s/step_%08lld written; %s\n",
+                   sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGUSR1", (long long)step,
+                   (long long)cfg.train.steps, cfg.checkpoint.dir, (long long)step, how);
             break;
         }
     }

@@ -407,6 +407,9 @@ build/bundle/bin/gpu_%: build/bundle/obj/tests/gpu_%.o $(BUNDLE_ARCHIVE) build/b
 	@mkdir -p $(dir $@)
 	$(CC) $< $(BUNDLE_ARCHIVE) -o $@ $(BUNDLE_LDLIBS)
 
+# scripts/gpu_check.sh --sim (tests/test_gpu_check.sh) runs the attention benchmark under the sim too.
+build-sim: build/sim/tests/gpu_bench_attention
+
 clean:
 	rm -rf build
 

@@ -13,10 +13,12 @@ case $0 in */*) here=${0%/*} ;; *) here=. ;; esac
 here=$(cd "$here" && pwd)
 python=${PYTHON:-python3}
 
+# Where python3 looks for packages (one line each).
+sites=$("$python" -c 'import site
+print("\n".join(site.getsitepackages() + [site.getusersitepackages()]))' 2>/dev/null)
+
 # lib_dir NAME: the folder that holds the library NAME, or nothing.
 lib_dir() {
-  sites=$("$python" -c 'import site
-print("\n".join(site.getsitepackages() + [site.getusersitepackages()]))' 2>/dev/null)
   while read -r sp; do
     [ -n "$sp" ] || continue
     for f in "$sp"/nvidia/*/lib/"$1" "$sp"/nvidia/*/*/lib/"$1" "$sp"/nvidia/*/lib64/"$1" "$sp/$1"; do

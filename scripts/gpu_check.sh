@@ -26,7 +26,7 @@
 #              within 2% step by step
 #   context    the longest sequence the 0.5B shape trains a step, sparse and
 #              dense: 32K doubled while runs succeed, each run bounded
-# Limits: 470 s in all on a GPU. $OUT (default ./gpu-check) receives summary.txt, written after every stage
+# Limits: 475 s in all on a GPU. $OUT (default ./gpu-check) receives summary.txt, written after every stage
 # (one line per stage, then each stage's figures), and one log per stage,
 # NAME.log: 8 files. Scratch (checkpoints, metrics) goes to $TMPDIR.
 #   OUT=DIR gpu-bundle/run gpu_check.sh    on the GPU machine (python3 on PATH: PyTorch's, or PYTHON=)
@@ -98,6 +98,7 @@ train_run() {
     hardware.gpu="$gpu" checkpoint.dir="$work/$name/ck" checkpoint.every=0 checkpoint.resume=never \
     checkpoint.overwrite=true log.dir="$work/$name" log.every=1 "${model_args[@]}" "$@" >"$work/$name.log" 2>&1 </dev/null
   rc=$?
+  rm -rf "${work:?}/$name/ck"   # the final checkpoint (2 GB at 0.5B): the disk holds only a few
   if [ -n "$sampler" ]; then
     kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
     sort -n "$work/$name.smi" | tail -n 1 >"$work/$name.mem"
@@ -332,21 +333,25 @@ stage_train() {
   for n in "${train_sizes[@]}"; do throughput "$n" "$throughput_steps"; done
 }
 
+# Sparse first, until half the stage's time is spent; then dense until its end. Each run gets at most
+# $per_context seconds; a length with less than 5 s left is not tried.
 stage_context() {
-  local attn n longest rc start args
+  local attn n longest rc start args until left
   for attn in sparse dense; do
     longest=0 n=$context_start
-    args=(attention.type=dense)
-    [ $attn = sparse ] && args=("${sparse_args[@]}")
+    args=(attention.type=dense) until=$((GPU_CHECK_DEADLINE - 2))
+    [ $attn = sparse ] && args=("${sparse_args[@]}") until=$(($(date +%s) + (GPU_CHECK_DEADLINE - $(date +%s)) / 2))
     while [ "$n" -le "$context_max" ]; do
-      start=$SECONDS
-      run_limit=$per_context train_run "context_${attn}_$n" "$n" 1 "${args[@]}" >/dev/null
+      start=$SECONDS left=$((until - $(date +%s)))
+      if [ "$left" -lt 5 ]; then echo "$attn $n tokens: not tried (the stage's time is spent)"; break; fi
+      run_limit=$((left < per_context ? left : per_context))
+      train_run "context_${attn}_$n" "$n" 1 "${args[@]}" >/dev/null
       rc=$?
       if [ $rc -eq 0 ]; then
         echo "$attn $n tokens: trains ($((SECONDS - start)) s; peak $(cat "$work/context_${attn}_$n.mem" 2>/dev/null || echo -) MiB)"
         longest=$n
       elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-        echo "$attn $n tokens: not finished within ${per_context} s"
+        echo "$attn $n tokens: not finished within $run_limit s"
         break
       else
         echo "$attn $n tokens: fails: $(grep -m 1 -i 'out of memory\|does not fit\|mtrain:' "$work/context_${attn}_$n.log" || tail -n 1 "$work/context_${attn}_$n.log")"
@@ -354,7 +359,7 @@ stage_context() {
       fi
       n=$((n * 2))
     done
-    local why="the first length that failed or ran past ${per_context} s: $n"
+    local why="the first length that failed, ran past its time or was not tried: $n"
     [ "$n" -gt "$context_max" ] && why="every length up to the search's bound $context_max trained"
     result "longest sequence trained one step, $attn: $longest tokens ($why)"
     [ "$longest" -gt 0 ] || stage_rc=1
@@ -374,7 +379,7 @@ if [ $mode = gpu ]; then
   context_start=32768 context_max=1048576 per_context=25
   per_test=45 per_sanitizer=30
   sparse_args=()   # the run file's: top_p 0.9 in blocks of 128
-  limits=(device:15 tests:90 sanitizer:75 attention:70 train:90 agreement:70 context:60)
+  limits=(device:15 tests:70 sanitizer:60 attention:60 train:120 agreement:70 context:80)
 else
   test_programs=(gpu_test_matmul gpu_test_cub)
   model_args=("${tiny_model[@]}")
@@ -421,7 +426,8 @@ write_summary() {
 for entry in "${limits[@]}"; do
   name=${entry%%:*} limit=${entry#*:}
   start=$SECONDS
-  timeout -k 10 "$limit" bash "$script" $flag --stage "$name" >"$out/$name.log" 2>&1
+  GPU_CHECK_DEADLINE=$(($(date +%s) + limit)) timeout -k 10 "$limit" bash "$script" $flag --stage "$name" \
+    >"$out/$name.log" 2>&1
   rc=$?
   took=$((SECONDS - start))
   case $rc in

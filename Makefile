@@ -407,6 +407,11 @@ build/bundle/bin/gpu_%: build/bundle/obj/tests/gpu_%.o $(BUNDLE_ARCHIVE) build/b
 	@mkdir -p $(dir $@)
 	$(CC) $< $(BUNDLE_ARCHIVE) -o $@ $(BUNDLE_LDLIBS)
 
+# The single-rank MPI against MPI's semantics (tests/test_gpu_bundle.sh runs it).
+build/bundle/tests/single_rank_mpi: build/bundle/obj/tests/single_rank_mpi.o $(BUNDLE_ARCHIVE)
+	@mkdir -p $(dir $@)
+	$(CC) $< $(BUNDLE_ARCHIVE) -o $@ $(BUNDLE_LDLIBS)
+
 # scripts/gpu_check.sh --sim (tests/test_gpu_check.sh) runs the attention benchmark under the sim too.
 build-sim: build/sim/tests/gpu_bench_attention
 

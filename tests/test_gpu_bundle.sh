@@ -10,7 +10,8 @@
 # bundle's mtrain prints --help, trains configs/tiny-cpu.yaml on the CPU
 # backend (finite losses), and stops with one line, never a loader error, for
 # train.backend=cuda (no GPU), without the site-packages, and when the
-# environment asks for more than one rank (single-rank MPI). Any library the
+# environment asks for more than one rank (single-rank MPI; its semantics:
+# build/bundle/tests/single_rank_mpi, from tests/single_rank_mpi.c). Any library the
 # bundle needed from the host would be missing there. Builds the bundle when
 # it is missing or stale (make gpu-bundle; needs nvcc) and runs as root
 # (chroot); otherwise says why and checks nothing else.
@@ -23,7 +24,9 @@ if [ ! -x "$cuda/bin/nvcc" ] || [ "$(id -u)" -ne 0 ]; then
   ok "gpu_bundle_skipped (needs nvcc in $cuda and root for chroot)"
   exit 0
 fi
-expect "make gpu-bundle" 'make -s gpu-bundle >"$tmp/build.txt" 2>&1 || { tail -n 5 "$tmp/build.txt"; false; }'
+expect "make gpu-bundle" \
+  'make -s gpu-bundle build/bundle/tests/single_rank_mpi >"$tmp/build.txt" 2>&1 || { tail -n 5 "$tmp/build.txt"; false; }'
+build/bundle/tests/single_rank_mpi || bad "single_rank_mpi" "exit $?"
 size=$(du -sb gpu-bundle | cut -f1)
 expect "gpu_bundle_size: $size bytes <= 60 MiB, printed" \
   '[ "$size" -le $((60 * 1024 * 1024)) ] && grep -q "^gpu-bundle/: .* MiB" "$tmp/build.txt"'

@@ -26,9 +26,10 @@
 #              within 2% step by step
 #   context    the longest sequence the 0.5B shape trains a step, sparse and
 #              dense: 32K doubled while runs succeed, each run bounded
-# Limits: 475 s in all on a GPU. $OUT (default ./gpu-check) receives summary.txt, written after every stage
-# (one line per stage, then each stage's figures), and one log per stage,
-# NAME.log: 8 files. Scratch (checkpoints, metrics) goes to $TMPDIR.
+# Limits: 475 s in all on a GPU. $OUT (default ./gpu-check) receives
+# summary.txt, written after every stage (one line per stage, then each
+# stage's figures), and one log per stage, NAME.log: 8 files. Scratch
+# (checkpoints, metrics) goes to $TMPDIR.
 #   OUT=DIR gpu-bundle/run gpu_check.sh    on the GPU machine (python3 on PATH: PyTorch's, or PYTHON=)
 #   scripts/gpu_check.sh --sim             here: the same stages on the sim builds (build/sim/) at tiny
 #                                          sizes; the PyTorch stages and nvidia-smi skipped, one line each
@@ -85,7 +86,7 @@ gpu_profile() {
 # memory nvidia-smi saw in use, sampled every 100 ms, in $work/NAME.mem (MiB).
 # $run_limit (seconds, unset: none) bounds the run (exit 124 past it).
 train_run() {
-  local name=$1 n=$2 s=$3 sampler= rc
+  local name=$1 n=$2 s=$3 sampler='' rc
   shift 3
   rm -rf "${work:?}/$name"
   if [ $mode = gpu ]; then
@@ -171,7 +172,6 @@ sanitize() {
 }
 
 stage_sanitizer() {
-  local t tool
   if [ $mode = sim ]; then
     # The sim's analogues: AddressSanitizer builds for memcheck; another order of blocks and streams (seed 2) and
     # the sim's own barrier and warp rules for racecheck and synccheck.

@@ -361,7 +361,65 @@ fuzz: build-fuzz
 	@failed=; for name in $(FUZZ_NAMES); do bash tests/fuzz/run.sh $$name $(FUZZ_RUNS) $(FUZZ_SEED) || failed="$$failed $$name"; done; \
 	if [ -n "$$failed" ]; then echo "fuzz: failed:$$failed (inputs in build/fuzz/crashes/)"; exit 1; fi
 
+# ---- make gpu-bundle: the GPU programs for a GPU machine that lacks the project's libraries ----
+# build/bundle/bin/: mtrain with the CUDA backend, the GPU test programs and
+# the GPU benchmarks, for sm_80 and sm_90 (the CUDA objects of build/obj/,
+# CUDA_ARCHS), their C objects compiled again into build/bundle/obj/ for any
+# x86-64-v3 CPU against the single-rank MPI (dist/mpi_single/: one process,
+# no mpirun; docs/DECISIONS.md), from one archive so that each program links
+# only what it calls. Linked statically: the CUDA runtime, OpenMP,
+# OpenBLAS (and its Fortran runtime), libyaml, zstd, PCRE2 and utf8proc;
+# cJSON (Debian ships no .a) beside them in lib/ (rpath $ORIGIN/../lib);
+# cuBLASLt and NCCL at run time from PyTorch's wheels (the bundle's launcher
+# sets LD_LIBRARY_PATH). scripts/gpu_bundle.sh packs gpu-bundle/ from them.
+BUNDLE_CFLAGS = -O3 -march=x86-64-v3 -std=gnu11 -fopenmp -Wall -Wextra -MMD -MP -DMTRAIN_CUDA -Idist/mpi_single \
+                -I/usr/include/x86_64-linux-gnu/openblas-openmp -I$(CUDA_HOME)/include
+BUNDLE_BIN = build/bundle/bin/mtrain \
+             $(patsubst tests/%.c,build/bundle/bin/%,$(wildcard tests/gpu_test_*.c tests/gpu_bench_*.c))
+BUNDLE_ARCHIVE = build/bundle/libmtrain.a
+BUNDLE_LDLIBS = -Wl,--as-needed -L$(CUDA_HOME)/lib64 -lcublasLt -lnccl -lcudart_static $(BLAS_DIR)/libopenblas.a \
+                -Wl,-Bstatic -lyaml -lzstd -lpcre2-8 -lutf8proc -lgfortran -lquadmath -lgomp -Wl,-Bdynamic \
+                -Lbuild/bundle/lib -lcjson -Wl,-rpath,'$$ORIGIN/../lib' -lstdc++ -lm -ldl -lrt -lpthread
+
+.PHONY: gpu-bundle
+gpu-bundle: gpu-bundle/mtrain-gpu.tar.gz
+	@bash scripts/gpu_bundle.sh --size
+
+gpu-bundle/mtrain-gpu.tar.gz: $(BUNDLE_BIN) scripts/gpu_bundle.sh scripts/gpu_bundle_launch.sh scripts/gpu_bundle_unpack.sh \
+                              scripts/gpu_check.sh scripts/bench_attention.sh scripts/bench_attention.py \
+                              scripts/bench_train.sh scripts/bench_train_hf.py $(wildcard configs/*.yaml) README.md \
+                              $(wildcard docs/*.md)
+	@bash scripts/gpu_bundle.sh
+
+build/bundle/obj/%.o: %.c $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	$(CC) $(BUNDLE_CFLAGS) -c $< -o $@
+
+$(BUNDLE_ARCHIVE): $(LIB_SRC:%.c=build/bundle/obj/%.o) build/bundle/obj/dist/mpi_single/mpi_single.o \
+                   $(CU_SRC:%.cu=build/obj/%.cu.o) build/obj/tests/gpu_cub.cu.o
+	rm -f $@ && $(AR) rcs $@ $^
+
+build/bundle/lib/libcjson.so: /usr/lib/x86_64-linux-gnu/libcjson.so
+	@mkdir -p $(dir $@)
+	cp -L $< $@.1 && ln -sf libcjson.so.1 $@
+
+build/bundle/bin/mtrain: build/bundle/obj/trainer/main.o $(BUNDLE_ARCHIVE) build/bundle/lib/libcjson.so
+	@mkdir -p $(dir $@)
+	$(CC) $< $(BUNDLE_ARCHIVE) -o $@ $(BUNDLE_LDLIBS)
+
+build/bundle/bin/gpu_%: build/bundle/obj/tests/gpu_%.o $(BUNDLE_ARCHIVE) build/bundle/lib/libcjson.so
+	@mkdir -p $(dir $@)
+	$(CC) $< $(BUNDLE_ARCHIVE) -o $@ $(BUNDLE_LDLIBS)
+
+# The single-rank MPI against MPI's semantics (tests/test_gpu_bundle.sh runs it).
+build/bundle/tests/single_rank_mpi: build/bundle/obj/tests/single_rank_mpi.o $(BUNDLE_ARCHIVE)
+	@mkdir -p $(dir $@)
+	$(CC) $< $(BUNDLE_ARCHIVE) -o $@ $(BUNDLE_LDLIBS)
+
+# scripts/gpu_check.sh --sim (tests/test_gpu_check.sh) runs the attention benchmark under the sim too.
+build-sim: build/sim/tests/gpu_bench_attention
+
 clean:
 	rm -rf build
 
--include $(shell find build/obj build/cuda build/sim build/fuzz build/san -name '*.d' 2>/dev/null)
+-include $(shell find build/obj build/cuda build/sim build/fuzz build/san build/bundle -name '*.d' 2>/dev/null)

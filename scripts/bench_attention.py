@@ -2,10 +2,10 @@
 backends) on the shapes of tests/gpu_bench_attention.c, timed in the same run,
 and the comparison table with mtrain's numbers.
 
-  python3 scripts/bench_attention.py MTRAIN_RESULTS N...
+  python3 scripts/bench_attention.py MTRAIN_RESULTS [--head-dim D] N...
 
 MTRAIN_RESULTS holds the lines "mtrain N fwd_ms bwd_ms". SDPA runs causal,
-bf16, [1, H, N, 128] contiguous, 16 q heads and 2 kv heads: enable_gqa=True
+bf16, [1, H, N, D] contiguous (D = 128, or 64 with --head-dim 64), 16 q heads and 2 kv heads: enable_gqa=True
 where the backend takes it, else K and V repeated to 16 heads beforehand (not
 timed); the table says which. fwd is the median forward time; bwd is the
 median of forward+backward minus the median forward. FLOPs of causal
@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-HQ, HKV, D = 16, 2, 128
+HQ, HKV = 16, 2
+D = 128   # --head-dim
 
 
 def median_ms(fn, reps):
@@ -75,14 +76,18 @@ def flops_fwd(n):
 
 
 def main():
+    global D
+    args = sys.argv[2:]
+    if args[:1] == ["--head-dim"]:
+        D, args = int(args[1]), args[2:]
     mtrain = {}
     with open(sys.argv[1]) as f:
         for line in f:
             parts = line.split()
             if len(parts) == 4 and parts[0] == "mtrain":
                 mtrain[int(parts[1])] = (float(parts[2]), float(parts[3]))
-    sizes = [int(a) for a in sys.argv[2:]]
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    sizes = [int(a) for a in args]
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, head dim {D}", flush=True)
     rows = []
     for n in sizes:
         reps = 3 if n >= 65536 else 10
@@ -100,7 +105,7 @@ def main():
 
     print()
     print("| N | mtrain fwd / bwd ms | mtrain fwd / bwd TFLOP/s | SDPA flash fwd / bwd ms "
-          "| SDPA cuDNN fwd / bwd ms | best SDPA fwd+bwd ms | mtrain ÷ best SDPA |")
+          "| SDPA cuDNN fwd / bwd ms | best SDPA fwd+bwd ms (TFLOP/s) | mtrain ÷ best SDPA |")
     print("|---|---|---|---|---|---|---|")
     for n, res in rows:
         m = mtrain.get(n)
@@ -108,7 +113,7 @@ def main():
         ff = flops_fwd(n)
         mt = f"{m[0]:.2f} / {m[1]:.2f}" if m else "n/a"
         tf = f"{ff / m[0] / 1e9:.0f} / {2.5 * ff / m[1] / 1e9:.0f}" if m else "n/a"
-        best_ms = f"{best:.2f}" if best else "n/a"
+        best_ms = f"{best:.2f} ({3.5 * ff / best / 1e9:.0f})" if best else "n/a"
         ratio = f"{(m[0] + m[1]) / best:.2f}" if m and best else "n/a"
         print(f"| {n} | {mt} | {tf} | {cell(res['flash'])} | {cell(res['cudnn'])} | {best_ms} | {ratio} |")
 

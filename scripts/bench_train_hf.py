@@ -4,10 +4,17 @@
 # printed to CONFIG), as a fine-tuning run is usually set up: fp32 parameters,
 # bf16 autocast, SDPA attention, gradient checkpointing, fused AdamW (on a
 # GPU), random initialisation, random tokens from a fixed seed. Steps after
-# the first are timed. Prints "hf_tokens_per_s N" and "hf_loss L" (the last
-# step's loss). Without torch or transformers: one line naming what is
-# missing, exit 2.
-#   /usr/bin/python3 scripts/bench_train_hf.py CONFIG TOKENS STEPS cuda|cpu
+# the first are timed. Prints "hf_step S L" per step, "hf_tokens_per_s N",
+# "hf_loss L" (the last step's loss) and, on a GPU, "hf_peak_mib M" (the
+# most memory PyTorch allocated). Without torch or transformers: one line
+# naming what is missing, exit 2.
+#   /usr/bin/python3 scripts/bench_train_hf.py CONFIG TOKENS STEPS cuda|cpu [--init-out DIR] [--sequences FILE]
+# --init-out DIR: the random initial weights written first as a Hugging Face
+# folder (`train.init_from` of an mtrain run that starts from them).
+# --sequences FILE: step S trains on line S (cycling) of FILE, TOKENS + 1
+# token ids each (inputs and the last target, as `mtrain data --show`
+# prints them), instead of the random tokens (scripts/gpu_check.sh: the
+# same weights and sequences as mtrain, losses compared step by step).
 import sys
 import time
 
@@ -44,22 +51,36 @@ def qwen2_config(model):
 
 
 def main():
-    if len(sys.argv) != 5 or sys.argv[4] not in ("cuda", "cpu"):
-        sys.exit("usage: bench_train_hf.py CONFIG TOKENS STEPS cuda|cpu")
-    with open(sys.argv[1]) as f:
+    args, options = sys.argv[1:5], dict(zip(sys.argv[5::2], sys.argv[6::2]))
+    if len(args) != 4 or args[3] not in ("cuda", "cpu") or len(sys.argv) % 2 == 0 or \
+            set(options) - {"--init-out", "--sequences"}:
+        sys.exit("usage: bench_train_hf.py CONFIG TOKENS STEPS cuda|cpu [--init-out DIR] [--sequences FILE]")
+    with open(args[0]) as f:
         model_section = yaml.safe_load(f)["model"]
-    tokens, steps, device = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    tokens, steps, device = int(args[1]), int(args[2]), args[3]
     if tokens < 2 or steps < 1:
         sys.exit(f"bench_train_hf.py: TOKENS {tokens} and STEPS {steps} (expected at least 2 and 1)")
     torch.manual_seed(1)
-    model = transformers.Qwen2ForCausalLM(qwen2_config(model_section)).to(device)
+    model = transformers.Qwen2ForCausalLM(qwen2_config(model_section))
+    if "--init-out" in options:
+        model.save_pretrained(options["--init-out"], safe_serialization=True)
+    model = model.to(device)
     model.gradient_checkpointing_enable()
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.95), weight_decay=0.1,
                             fused=device == "cuda")
-    ids = torch.randint(0, model_section["vocab_size"], (1, tokens), device=device)
+    if "--sequences" in options:
+        with open(options["--sequences"]) as f:
+            batches = [torch.tensor([[int(t) for t in line.split()]], device=device) for line in f if line.strip()]
+        bad = [len(b[0]) for b in batches if len(b[0]) != tokens + 1]
+        if not batches or bad:
+            sys.exit(f"bench_train_hf.py: {options['--sequences']}: sequences of {bad[:1] or [0]} tokens "
+                     f"(expected {tokens + 1} each: inputs and the last target)")
+    else:
+        batches = [torch.randint(0, model_section["vocab_size"], (1, tokens), device=device)]
     times, loss = [], None
-    for _ in range(steps):
+    for step in range(steps):
+        ids = batches[step % len(batches)]
         if device == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -71,9 +92,12 @@ def main():
         if device == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
+        print(f"hf_step {step + 1} {loss.item():.6f}", flush=True)
     timed = times[1:] or times
     print(f"hf_tokens_per_s {tokens * len(timed) / sum(timed):.0f}")
     print(f"hf_loss {loss.item():.4f}")
+    if device == "cuda":
+        print(f"hf_peak_mib {torch.cuda.max_memory_allocated() / 2**20:.0f}")
 
 
 if __name__ == "__main__":

@@ -1,14 +1,17 @@
 // gpu_bench_attention.c: times the CUDA dense causal flash attention
-// (attention/flash_cuda.cu) on one GPU: 16 q heads, 2 kv heads, head dim 128,
-// bf16, one key chunk holding the whole sequence, for each length given.
-//   build/tests/gpu_bench_attention N...
+// (attention/flash_cuda.cu) on one GPU: 16 q heads, 2 kv heads, head dim 128
+// (or D: 64 or 128), bf16, one key chunk holding the whole sequence, for each
+// length given.
+//   build/tests/gpu_bench_attention [--head-dim D] N...
 // Prints one line per length, read by scripts/bench_attention.py:
 //   mtrain N fwd_ms bwd_ms
 // fwd: init + forward + cast to bf16; bwd: zeroing dq, dk, dv + delta +
 // backward (the fp32 gradients are not cast). Median of CUDA-event timings
 // after one warm-up; inputs are uniform random bf16 (never zeros).
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "../attention/attention_cuda.h"
 #include "../dist/cuda_check.h"
@@ -16,7 +19,6 @@
 
 #define HQ 16
 #define HKV 2
-#define HEAD_DIM 128
 
 static int compare_floats(const void *a, const void *b) {
     const float x = *(const float *)a, y = *(const float *)b;
@@ -36,9 +38,15 @@ static uint16_t *random_device_bf16(Rng *rng, int64_t n) {
 }
 
 int main(int argc, char **argv) {
-    CHECK(argc >= 2, "usage: %s N... (sequence lengths)", argv[0]);
+    int first = 1, head_dim = 128;
+    if (argc >= 3 && !strcmp(argv[1], "--head-dim")) {
+        head_dim = atoi(argv[2]);
+        CHECK(head_dim == 64 || head_dim == 128, "%s: --head-dim '%s' (expected 64 or 128)", argv[0], argv[2]);
+        first = 3;
+    }
+    CHECK(argc > first, "usage: %s [--head-dim 64|128] N... (sequence lengths)", argv[0]);
     int64_t max_n = 0;
-    for (int i = 1; i < argc; i++) {
+    for (int i = first; i < argc; i++) {
         const int64_t n = strtoll(argv[i], NULL, 10);
         CHECK(n >= 1, "%s: length '%s' is not a positive integer", argv[0], argv[i]);
         if (n > max_n) max_n = n;
@@ -47,7 +55,7 @@ int main(int argc, char **argv) {
     // (token-major layout).
     Rng rng;
     rng_seed(&rng, 42);
-    const int64_t nq = max_n * HQ * HEAD_DIM, nk = max_n * HKV * HEAD_DIM;
+    const int64_t nq = max_n * HQ * head_dim, nk = max_n * HKV * head_dim;
     uint16_t *q = random_device_bf16(&rng, nq), *dout = random_device_bf16(&rng, nq);
     uint16_t *k = random_device_bf16(&rng, nk), *v = random_device_bf16(&rng, nk);
     int64_t *pos_host = xmalloc((size_t)max_n * sizeof(int64_t)), *pos;
@@ -66,9 +74,9 @@ int main(int argc, char **argv) {
     cudaEvent_t ev[3];
     for (int i = 0; i < 3; i++) CUDA_CHECK(cudaEventCreate(&ev[i]));
 
-    for (int a = 1; a < argc; a++) {
+    for (int a = first; a < argc; a++) {
         const int64_t n = strtoll(argv[a], NULL, 10);
-        const AttnShape s = {n, n, HQ, HKV, HEAD_DIM, 64, 0.08838834764831845f, NULL, 0};   // 1/sqrt(128)
+        const AttnShape s = {n, n, HQ, HKV, head_dim, 64, 1.0f / sqrtf((float)head_dim), NULL, 0};
         const int reps = n >= 65536 ? 3 : 10;
         float fwd[10], bwd[10];
         for (int r = -1; r < reps; r++) {                  // r = -1: warm-up
@@ -77,9 +85,9 @@ int main(int argc, char **argv) {
             attn_dense_forward_cuda(&s, q, pos, k, v, pos, o_acc, lse, 0);
             attn_output_bf16_cuda(&s, o_acc, o, 0);
             CUDA_CHECK(cudaEventRecord(ev[1], 0));
-            CUDA_CHECK(cudaMemsetAsync(dq, 0, (size_t)(n * HQ * HEAD_DIM) * sizeof(float), 0));
-            CUDA_CHECK(cudaMemsetAsync(dk, 0, (size_t)(n * HKV * HEAD_DIM) * sizeof(float), 0));
-            CUDA_CHECK(cudaMemsetAsync(dv, 0, (size_t)(n * HKV * HEAD_DIM) * sizeof(float), 0));
+            CUDA_CHECK(cudaMemsetAsync(dq, 0, (size_t)(n * HQ * head_dim) * sizeof(float), 0));
+            CUDA_CHECK(cudaMemsetAsync(dk, 0, (size_t)(n * HKV * head_dim) * sizeof(float), 0));
+            CUDA_CHECK(cudaMemsetAsync(dv, 0, (size_t)(n * HKV * head_dim) * sizeof(float), 0));
             attn_backward_delta_cuda(&s, o, dout, delta, 0);
             attn_dense_backward_cuda(&s, q, pos, k, v, pos, lse, delta, dout, dq, dk, dv, 0);
             CUDA_CHECK(cudaEventRecord(ev[2], 0));

@@ -2,7 +2,7 @@
 // dense CUDA kernels on one GPU: 16 q heads, 2 kv heads, head dim 128, bf16,
 // one key chunk holding the whole sequence, index block 128, on planted
 // vertical-slash inputs (below) at about 95% sparsity.
-//   build/tests/gpu_bench_sparse N...
+//   build/tests/gpu_bench_sparse [--slash-fraction F] N...
 // Per length, one line (read by scripts/bench_attention.sh):
 //   sparse N dense_ms sparse_ms est_ms density dense_measured
 // dense_ms: dense forward + backward (as gpu_bench_attention); measured for
@@ -18,8 +18,9 @@
 // q_t = noise + r_t,g + u_g. Keys: noise; keys at ~1024 hashed positions
 // + 3 u_g (vertical lines); key j + 3 r_{j+d},g for one planted offset d of
 // PLANTED (chosen by j) (slash lines). Budget fixed: 1024 vertical and
-// 0.0125 N / 128 - 1 slash lines per head (plus sink 64, local 128), which
-// makes about 5% of the causal elements.
+// F N / 128 - 1 slash lines per head (F = 0.0125 unless --slash-fraction;
+// plus sink 64, local 128), which makes about 5% of the causal elements
+// (F = 0.04: about 10%).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -129,7 +130,15 @@ static void backward_start(const AttnShape *s, const uint16_t *o, const uint16_t
 }
 
 int main(int argc, char **argv) {
-    CHECK(argc >= 2, "usage: %s N... (sequence lengths)", argv[0]);
+    int first = 1;
+    double slash_fraction = 0.0125;
+    if (argc >= 3 && !strcmp(argv[1], "--slash-fraction")) {
+        slash_fraction = atof(argv[2]);
+        CHECK(slash_fraction > 0 && slash_fraction < 0.5, "%s: --slash-fraction '%s' (expected a number in (0, 0.5))",
+              argv[0], argv[2]);
+        first = 3;
+    }
+    CHECK(argc > first, "usage: %s [--slash-fraction F] N... (sequence lengths)", argv[0]);
     cudaEvent_t ev[5];
     for (int i = 0; i < 5; i++) CUDA_CHECK(cudaEventCreate(&ev[i]));
     // Keep freed stream-ordered scratch (the kernels' chunk views) in the pool
@@ -139,11 +148,11 @@ int main(int argc, char **argv) {
     CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, 0));
     CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     double dense_ref_ms = 0, dense_ref_n = 0;
-    for (int a = 1; a < argc; a++) {
+    for (int a = first; a < argc; a++) {
         const int64_t n = strtoll(argv[a], NULL, 10);
         CHECK(n >= 2 * BLOCK + LAST_Q, "%s: length '%s' is not an integer >= %d", argv[0], argv[a],
               2 * BLOCK + LAST_Q);
-        const int nslash = (int)(0.0125 * (double)n / BLOCK) - 1 > 1 ? (int)(0.0125 * (double)n / BLOCK) - 1 : 1;
+        const int nslash = (int)(slash_fraction * (double)n / BLOCK) - 1 > 1 ? (int)(slash_fraction * (double)n / BLOCK) - 1 : 1;
         int64_t *offsets = planted_offsets(n, nslash);
         uint16_t *hq = make_queries(n, 1, S_QNOISE), *hdout = make_queries(n, 0, S_DOUT);
         uint16_t *hk = make_keys(n, 1, S_KNOISE, offsets, nslash), *hv = make_keys(n, 0, S_V, offsets, nslash);

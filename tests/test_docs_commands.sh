@@ -70,6 +70,8 @@ RULES=(
   'skip|^bash scripts/bench_train\.sh|needs a GPU (without one it exits 1 with one line: tests/test_bench_train.sh)'
   'skip|^bash scripts/bench_|benchmark, minutes'
   'skip|^bash scripts/gpu_check\.sh$|needs a GPU'
+  'skip|^bash scripts/gpu_check\.sh --sim$|tests/test_gpu_check.sh runs it'
+  'skip|^make gpu-bundle$|tests/test_gpu_bundle.sh builds and runs it'
   'skip|^build/mtrain data run\.yaml --read R |placeholders R, DIR and N'
   'skip|-np W build/tests/mpi_dist bench |placeholder W; benchmark'
   'skip|^OMP_NUM_THREADS=1 build/tests/mpi_sparse_ring plan |benchmark'

@@ -43,7 +43,8 @@ bool shard_tokenizer_same(ShardTokenizer a, ShardTokenizer b);
 void shard_tokenizer_describe(ShardTokenizer t, char *buf, size_t size);
 
 // Writer. The destination is only ever replaced by a complete shard; a token
-// id >= vocab_size removes the temporary file before it fails.
+// id >= vocab_size removes the temporary file before it fails. Opening a
+// writer removes the PATH.tmp.PID files of killed writers (PID gone).
 typedef struct ShardWriter ShardWriter;
 
 // token_bytes: 2 (uint16) or 4 (uint32); 0 picks 2 when vocab_size <= 65536.

@@ -523,6 +523,19 @@ void shard_verify(Shard *s) {
     }
 }
 
+uint64_t shard_content_hash(const Shard *s) {
+    XXH64_state_t *hash = XXH64_createState();
+    if (!hash) fail("%s: out of memory for the checksum", s->path);
+    XXH64_reset(hash, 0);
+    int64_t counts[4] = {s->token_count, s->doc_count, s->vocab_size, s->token_bytes};
+    XXH64_update(hash, counts, sizeof(counts));
+    for (int64_t f = 0; f < s->frame_count; f++) XXH64_update(hash, &s->frames[f].checksum, sizeof(uint64_t));
+    XXH64_update(hash, s->doc_starts, sizeof(int64_t) * (size_t)(s->doc_count + 1));
+    uint64_t digest = XXH64_digest(hash);
+    XXH64_freeState(hash);
+    return digest;
+}
+
 void shard_close(Shard *s) {
     if (s->file) fclose(s->file);
     ZSTD_freeDCtx(s->dctx);

@@ -103,6 +103,10 @@ int64_t shard_document_start(const Shard *s, int64_t doc);
 int64_t shard_document_length(const Shard *s, int64_t doc);
 // Checks every frame: checksum, decodes to its stated count, ids < vocab.
 void shard_verify(Shard *s);
+// The identity of the shard's contents without reading its frames: XXH64 of
+// its counts, vocab_size, token width, every frame's checksum (of its
+// compressed bytes) and the document table.
+uint64_t shard_content_hash(const Shard *s);
 void shard_close(Shard *s);
 
 #endif

@@ -271,4 +271,16 @@ MTRAIN_TEST_NAN_STEP=3,0,3 train 1 streak train.max_bad_steps=3
 rc=$?
 expect "the bad-step streak is restored on resume: step 5 is the 3rd in a row (rc $rc)" \
   '[ $rc -eq 1 ] && grep -q "^mtrain: step 5: 3 bad steps in a row (train.max_bad_steps)" "$tmp/streak.out"'
+
+# The shards' contents are in the fingerprint: text re-tokenized under the
+# same shard path is another run for resume auto.
+for i in $(seq 200); do echo "document $i: the quick brown fox jumps over the lazy dog"; done >"$tmp/a.txt"
+for i in $(seq 200); do echo "document $i: pack my box with five dozen liquor jugs, said the fox"; done >"$tmp/b.txt"
+"$MTRAIN" tokenize --tokenizer bytes --input "$tmp/a.txt" --output "$tmp/data.shard" >/dev/null 2>&1
+train 1 content train.steps=2 model.vocab_size=512 data.train="$tmp/data.shard"
+"$MTRAIN" tokenize --tokenizer bytes --input "$tmp/b.txt" --output "$tmp/data.shard" --force >/dev/null 2>&1
+train 1 content train.steps=4 model.vocab_size=512 data.train="$tmp/data.shard"
+rc=$?
+expect "a shard re-tokenized under the same path: resume auto refuses, naming data.content (rc $rc)" \
+  '[ $rc -ne 0 ] && grep -q "step_00000002: a checkpoint of another run (data.content [0-9a-f]* -> [0-9a-f]*)" "$tmp/content.out"'
 exit $((failures > 0))

@@ -591,6 +591,7 @@ int cmd_train(int argc, char **argv) {
     bool zero = cfg.parallel.zero == 1;
     RunData data;
     run_data_open(&data, &cfg, &dist);
+    cfg.data.content_hash = data.loader.content_hash;
     int threads = apply_threads(&cfg, &dist);
     Plan plan;
     check_memory(&cfg, &dist, &plan);

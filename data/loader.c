@@ -7,6 +7,8 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "../dist/util.h"
 #include "synthetic.h"
@@ -52,6 +54,8 @@ static void add_shard(Loader *l, const char *path) {
     info->doc_starts = xmalloc(sizeof(int64_t) * (size_t)(s.doc_count + 1));
     memcpy(info->doc_starts, s.doc_starts, sizeof(int64_t) * (size_t)(s.doc_count + 1));
     l->doc_count += s.doc_count;
+    uint64_t chain[2] = {l->content_hash, shard_content_hash(&s)};
+    l->content_hash = XXH64(chain, sizeof(chain), 0);
     shard_close(&s);
 }
 

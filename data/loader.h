@@ -64,6 +64,7 @@ typedef struct {
     int train_shard_count;
     ShardInfo *shards;         // train_shard_count training shards, then data.val shards
     int64_t doc_count;         // global document ids are 0 .. doc_count-1
+    uint64_t content_hash;     // of every shard's contents, in order (shard_content_hash); 0 for synthetic data
     int64_t *train_docs;       // non-empty training documents, in id order
     int64_t train_count;
     int64_t train_tokens;      // tokens in them (one epoch's stream)

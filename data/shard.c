@@ -3,8 +3,10 @@
 #define _GNU_SOURCE
 #include "shard.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -112,6 +114,31 @@ void shard_writer_set_tokenizer(ShardWriter *w, ShardTokenizer t) {
     w->tokenizer = t;
 }
 
+// Remove the PATH.tmp.PID files of writers that were killed (PID no longer
+// running), with a warning each; every other name is left alone.
+static void remove_dead_temporaries(const char *path) {
+    char *copy = xstrdup(path);
+    char *slash = strrchr(copy, '/');
+    if (slash) *slash = '\0';
+    const char *dir = !slash ? "." : copy[0] ? copy : "/", *base = slash ? slash + 1 : copy;
+    size_t n = strlen(base);
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        const char *digits = e->d_name + n + 5;
+        if (strncmp(e->d_name, base, n) || strncmp(e->d_name + n, ".tmp.", 5) || digits[0] < '1' || digits[0] > '9')
+            continue;
+        char *end;
+        long pid = strtol(digits, &end, 10);
+        if (*end || pid > INT_MAX || other_process_alive((int)pid)) continue;
+        char *leftover = path_join(dir, e->d_name);
+        if (unlink(leftover) != 0) fail("%s: cannot remove (%s)", leftover, strerror(errno));
+        fprintf(stderr, "warning: %s: removed (left by process %ld, which is gone)\n", leftover, pid);
+        free(leftover);
+    }
+    if (d) closedir(d);
+    free(copy);
+}
+
 ShardWriter *shard_writer_open(const char *path, int64_t vocab_size, int token_bytes, int64_t frame_tokens) {
     if (vocab_size < 1 || vocab_size > ((int64_t)1 << 32))
         fail("%s: vocabulary size %" PRId64 " is out of range (expected 1 .. 2^32)", path, vocab_size);
@@ -123,6 +150,7 @@ ShardWriter *shard_writer_open(const char *path, int64_t vocab_size, int token_b
     if (frame_tokens < 1 || frame_tokens > SHARD_MAX_FRAME_TOKENS)
         fail("%s: frame size %" PRId64 " tokens is out of range (expected 1 .. %d)", path, frame_tokens, SHARD_MAX_FRAME_TOKENS);
 
+    remove_dead_temporaries(path);
     ShardWriter *w = xcalloc(1, sizeof(*w));
     w->path = xstrdup(path);
     size_t tmp_len = strlen(path) + 32;
@@ -493,6 +521,19 @@ void shard_verify(Shard *s) {
         s->cached_frame = -1;  // decode again even if cached
         decode_frame(s, i);
     }
+}
+
+uint64_t shard_content_hash(const Shard *s) {
+    XXH64_state_t *hash = XXH64_createState();
+    if (!hash) fail("%s: out of memory for the checksum", s->path);
+    XXH64_reset(hash, 0);
+    int64_t counts[4] = {s->token_count, s->doc_count, s->vocab_size, s->token_bytes};
+    XXH64_update(hash, counts, sizeof(counts));
+    for (int64_t f = 0; f < s->frame_count; f++) XXH64_update(hash, &s->frames[f].checksum, sizeof(uint64_t));
+    XXH64_update(hash, s->doc_starts, sizeof(int64_t) * (size_t)(s->doc_count + 1));
+    uint64_t digest = XXH64_digest(hash);
+    XXH64_freeState(hash);
+    return digest;
 }
 
 void shard_close(Shard *s) {

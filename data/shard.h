@@ -43,7 +43,8 @@ bool shard_tokenizer_same(ShardTokenizer a, ShardTokenizer b);
 void shard_tokenizer_describe(ShardTokenizer t, char *buf, size_t size);
 
 // Writer. The destination is only ever replaced by a complete shard; a token
-// id >= vocab_size removes the temporary file before it fails.
+// id >= vocab_size removes the temporary file before it fails. Opening a
+// writer removes the PATH.tmp.PID files of killed writers (PID gone).
 typedef struct ShardWriter ShardWriter;
 
 // token_bytes: 2 (uint16) or 4 (uint32); 0 picks 2 when vocab_size <= 65536.
@@ -102,6 +103,10 @@ int64_t shard_document_start(const Shard *s, int64_t doc);
 int64_t shard_document_length(const Shard *s, int64_t doc);
 // Checks every frame: checksum, decodes to its stated count, ids < vocab.
 void shard_verify(Shard *s);
+// The identity of the shard's contents without reading its frames: XXH64 of
+// its counts, vocab_size, token width, every frame's checksum (of its
+// compressed bytes) and the document table.
+uint64_t shard_content_hash(const Shard *s);
 void shard_close(Shard *s);
 
 #endif

@@ -789,11 +789,25 @@ static void bpe_close(Tokenizer *base) {
     free(t);
 }
 
+// The JSON parser ends a string at an escaped NUL ("<\u0000>" would become
+// "<"): refuse the escape, one that is not itself an escaped backslash, with
+// one line.
+static void refuse_nul_escapes(const char *path, const char *text) {
+    for (const char *at = strstr(text, "\\u0000"); at; at = strstr(at + 1, "\\u0000")) {
+        const char *first = at;
+        while (first > text && first[-1] == '\\') first--;
+        if ((at - first) % 2 == 0)
+            fail("%s: a string holds \\u0000 (a NUL character, at byte %td), which mtrain cannot keep (expected "
+                 "strings without NUL)", path, at - text);
+    }
+}
+
 Tokenizer *tokenizer_bpe_open(const char *path) {
     TokenizerBpe *t = xcalloc(1, sizeof(*t));
     t->path = xstrdup(path);
     size_t size;
     char *text = read_file(path, &size);
+    refuse_nul_escapes(path, text);
     cJSON *root = cJSON_ParseWithLength(text, size);
     if (!root) {
         const char *at = cJSON_GetErrorPtr();

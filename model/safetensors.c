@@ -142,6 +142,11 @@ static int compare_names(const void *a, const void *b) {
     return strcmp((*(const StTensor *const *)a)->name, (*(const StTensor *const *)b)->name);
 }
 
+static int compare_offsets(const void *a, const void *b) {
+    size_t x = (*(const StTensor *const *)a)->offset, y = (*(const StTensor *const *)b)->offset;
+    return x < y ? -1 : x > y;
+}
+
 static void parse_header(SafeTensors *st, const char *text, size_t text_bytes, size_t data_bytes) {
     const char *path = st->path;
     const char *end = NULL;
@@ -170,6 +175,12 @@ static void parse_header(SafeTensors *st, const char *text, size_t text_bytes, s
     qsort(sorted, (size_t)count, sizeof(*sorted), compare_names);
     for (i = 1; i < count; i++)
         if (strcmp(sorted[i - 1]->name, sorted[i]->name) == 0) fail("%s: tensor '%s' appears twice in the header", path, sorted[i]->name);
+    // Two tensors sharing bytes would alias: each owns its own range.
+    qsort(sorted, (size_t)count, sizeof(*sorted), compare_offsets);
+    for (i = 1; i < count; i++)
+        if (sorted[i - 1]->bytes && sorted[i]->offset < sorted[i - 1]->offset + sorted[i - 1]->bytes)
+            fail("%s: tensors '%s' and '%s' overlap in the data buffer (data_offsets from %zu and %zu; expected "
+                 "disjoint ranges)", path, sorted[i - 1]->name, sorted[i]->name, sorted[i - 1]->offset, sorted[i]->offset);
     free(sorted);
 }
 

@@ -162,4 +162,125 @@ steps=$(grep -o '^{"step": [0-9]*' "$tmp/metrics/logs/metrics.jsonl" | grep -o '
 expect "metrics.jsonl after a resume holds each step once (got: $steps)" '[ "$steps" = "1 2 3 4 5 6 " ]'
 expect "resumed steps log the same losses as the uninterrupted run" \
   'cmp -s <(grep -o "\"loss\": [^,]*" "$ref/logs/metrics.jsonl") <(grep -o "\"loss\": [^,]*" "$tmp/metrics/logs/metrics.jsonl")'
+
+# Start-up cleanup removes only mtrain's own names: a user's results.tmp.N and
+# thesis.old.N in log.dir, and notes.tmp.N in checkpoint.dir, stay as they are.
+dead=$(dead_pid)
+mkdir -p "$tmp/own/logs/results.tmp.$dead" "$tmp/own/logs/thesis.old.$dead" "$tmp/own/notes.tmp.$dead" \
+  "$tmp/own/step_00000009.tmp.$dead"
+: >"$tmp/own/logs/metrics.jsonl.tmp.$dead"
+train 1 own train.steps=1
+expect "cleanup: a user's results.tmp.N, thesis.old.N (log.dir) and notes.tmp.N (checkpoint.dir) are left alone" \
+  '[ -d "$tmp/own/logs/results.tmp.$dead" ] && [ -d "$tmp/own/logs/thesis.old.$dead" ] && ! [ -e "$tmp/own/logs/thesis" ] && [ -d "$tmp/own/notes.tmp.$dead" ]'
+expect "cleanup: mtrain's own step_N.tmp.N and metrics.jsonl.tmp.N are removed" \
+  '! [ -e "$tmp/own/step_00000009.tmp.$dead" ] && ! [ -e "$tmp/own/logs/metrics.jsonl.tmp.$dead" ]'
+
+# A run owns its checkpoints: a fresh start (resume never) in a folder of the
+# same configuration's older run keeps every checkpoint it writes (keep 3),
+# leaves the older run's alone, and auto resumes its own latest.
+train 1 owner checkpoint.every=2 checkpoint.keep=3 checkpoint.keep_every=4 train.steps=16
+cp -r "$tmp/owner" "$tmp/owner_rb"
+train 1 owner checkpoint.every=2 checkpoint.keep=3 train.steps=6 checkpoint.resume=never
+expect "resume never: the new run keeps steps 2, 4, 6; the older run's 8, 12, 14, 16 stay" \
+  '[ "$(cd "$tmp/owner" && ls -d step_* | tr "\n" " ")" = "step_00000002 step_00000004 step_00000006 step_00000008 step_00000012 step_00000014 step_00000016 " ]'
+run_of() { grep -o '"run_id":[[:space:]]*"[0-9a-f]*"' "$1/state.json" | grep -o '[0-9a-f]\{16\}'; }
+expect "resume never: a new run id in state.json" '[ "$(run_of "$tmp/owner/step_00000006")" != "$(run_of "$tmp/owner/step_00000016")" ]'
+train 1 owner checkpoint.every=2 checkpoint.keep=3 train.steps=8
+expect "auto after resume never: resumes the new run's latest (step 6), not the older run's step 16" \
+  'grep -q "^resumed from $tmp/owner/step_00000006: step 6" "$tmp/owner.out" && [ "$(run_of "$tmp/owner/step_00000008")" = "$(run_of "$tmp/owner/step_00000006")" ]'
+# A roll-back with another lr (keep_every 4) is a new run: it keeps its own
+# newest 3 and auto resumes its own step 9.
+train 1 owner_rb checkpoint.resume="$tmp/owner_rb/step_00000004" train.lr=1e-3 checkpoint.every=1 checkpoint.keep=3 \
+  checkpoint.keep_every=4 train.steps=9
+expect "roll-back: its steps 7, 8, 9 are kept beside the older run's 12, 14, 16" \
+  '[ "$(cd "$tmp/owner_rb" && ls -d step_* | tr "\n" " ")" = "step_00000004 step_00000007 step_00000008 step_00000009 step_00000012 step_00000014 step_00000016 " ]'
+train 1 owner_rb train.lr=1e-3 checkpoint.every=1 checkpoint.keep=3 checkpoint.keep_every=4 train.steps=10
+expect "auto after a roll-back: resumes the roll-back's step 9" 'grep -q "^resumed from $tmp/owner_rb/step_00000009: step 9" "$tmp/owner_rb.out"'
+
+# A shared log.dir: run A to step 8, run B fresh in the same log.dir, A
+# resumed to 12: metrics.jsonl holds A's steps 1..12 only, B's are in
+# metrics.RUN.jsonl, each move said in one line.
+metric_steps() { grep -o '^{"step": [0-9]*' "$1" | grep -o '[0-9]*$' | tr '\n' ' '; }
+train 1 mixA train.steps=8 log.dir="$tmp/shared"
+train 1 mixB train.steps=8 log.dir="$tmp/shared"
+expect "shared log.dir: a fresh run moves the other run's metrics.jsonl aside, with one line" \
+  '[ "$(grep -c "^metrics: .*held run [0-9a-f]*.s metrics: moved to $tmp/shared/metrics.[0-9a-f]*.jsonl" "$tmp/mixB.out")" = 1 ]'
+train 1 mixA train.steps=12 log.dir="$tmp/shared"
+runs=$(grep -o '"run_id": "[0-9a-f]*"' "$tmp/shared/metrics.jsonl" | sort -u | wc -l)
+expect "shared log.dir: metrics.jsonl holds run A's steps 1..12 of one run (got: $(metric_steps "$tmp/shared/metrics.jsonl"), $runs run ids)" \
+  '[ "$(metric_steps "$tmp/shared/metrics.jsonl")" = "$(seq -s " " 1 12) " ] && [ "$runs" = 1 ] && grep -q "^metrics: .* of this run moved back to" "$tmp/mixA.out"'
+expect "shared log.dir: run B's steps 1..8 are in its own metrics.RUN.jsonl" \
+  '[ "$(metric_steps "$(grep -l "$(run_of "$tmp/mixB/step_00000008")" "$tmp"/shared/metrics.*.jsonl)")" = "$(seq -s " " 1 8) " ]'
+
+# One run at a time: while a run holds checkpoint.dir and log.dir (stalled at
+# its start-up), a second run on either is refused with one line naming the
+# holder; the lock goes with the process.
+MTRAIN_TEST_FAULT=stall:0@start "$MTRAIN" train $RUN checkpoint.dir="$tmp/lock" log.dir="$tmp/lock_logs" \
+  parallel.timeout_s=30 >"$tmp/holder.out" 2>&1 &
+holder=$!
+until grep -q "MTRAIN_TEST_FAULT: stall at the fault point start" "$tmp/holder.out" || ! kill -0 $holder 2>/dev/null; do
+  sleep 0.05
+done
+train 1 lock log.dir="$tmp/lock_logs"
+expect "lock: a second run on the same checkpoint.dir is refused with one line naming the holder" \
+  '[ "$(cat "$tmp/lock.out")" = "mtrain: $tmp/lock: in use by another mtrain run (pid $holder on $(hostname), holding $tmp/lock/mtrain.lock): wait for it to end, or use another folder" ]'
+train 1 lock2 log.dir="$tmp/lock_logs"
+expect "lock: a second run on the same log.dir is refused with one line" \
+  '[ "$(grep -c "^mtrain: $tmp/lock_logs: in use by another mtrain run (pid $holder" "$tmp/lock2.out")" = 1 ] && [ "$(wc -l <"$tmp/lock2.out")" = 1 ]'
+kill -9 $holder
+wait $holder 2>/dev/null
+train 1 lock train.steps=1 log.dir="$tmp/lock_logs"
+expect "lock: once the holder is gone, the next run starts" '[ -f "$tmp/lock/step_00000001/state.json" ]'
+
+# A checkpoint write longer than parallel.timeout_s (rank 0 sleeps 5 s inside
+# it, timeout 2 s) does not end the job: the other rank's wait has its own limit.
+MTRAIN_TEST_FAULT=slow:0@write train 2 slow parallel.dp=2 parallel.timeout_s=2 train.steps=2
+rc=$?
+expect "a checkpoint write longer than parallel.timeout_s: the run ends (rc $rc)" \
+  '[ $rc -eq 0 ] && grep -q "slow at the fault point write" "$tmp/slow.out" && [ -f "$tmp/slow/step_00000002/state.json" ]'
+
+# Steps of 9 digits: step_100000006 is found, resumed and written.
+cp -r "$ref" "$tmp/big"
+mv "$tmp/big/step_00000006" "$tmp/big/step_100000006"
+sed -i 's/"step":[^,]*,/"step": 100000006,/' "$tmp/big/step_100000006/state.json"
+train 1 big train.steps=100000007
+expect "a 9-digit step folder is resumed and the next one written" \
+  'grep -q "^resumed from $tmp/big/step_100000006: step 100000006" "$tmp/big.out" && [ -f "$tmp/big/step_100000007/state.json" ] && [ "$(cat "$tmp/big/latest")" = step_100000007 ]'
+# A step folder whose name disagrees with its state.json.
+cp -r "$ref" "$tmp/misnamed"
+sed -i 's/"step":[^,]*,/"step": 5,/' "$tmp/misnamed/step_00000006/state.json"
+refused misnamed "step_00000006 whose state.json says step 5" \
+  "step_00000006/state.json: step 5, but the folder is named for step 6" train.steps=8
+# A stale `latest` (a kill between the step folder's rename and latest's) is repaired.
+cp -r "$ref" "$tmp/stale"
+echo step_00000004 >"$tmp/stale/latest"
+train 1 stale
+expect "a stale latest is repaired at start, with a warning" \
+  'grep -q "^warning: $tmp/stale/latest named step_00000004: repaired to step_00000006" "$tmp/stale.out" && [ "$(cat "$tmp/stale/latest")" = step_00000006 ]'
+# rng words that are not hex.
+for word in '""' '"-1"' '" 1"'; do
+  cp -r "$ref" "$tmp/rng"
+  sed -i "/\"rng\"/s/\[\"[0-9a-f]*\"/[$word/" "$tmp/rng/step_00000006/state.json"
+  refused rng "state.json rng word $word" "state.json: field 'rng' must be 4 hex words" train.steps=8
+  rm -rf "$tmp/rng"
+done
+# The bad-step streak survives a resume: steps 3..5 bad, the run stopped
+# after step 4 and resumed: step 5 is the third in a row.
+MTRAIN_TEST_NAN_STEP=3,0,3 train 1 streak train.max_bad_steps=3 train.steps=4
+MTRAIN_TEST_NAN_STEP=3,0,3 train 1 streak train.max_bad_steps=3
+rc=$?
+expect "the bad-step streak is restored on resume: step 5 is the 3rd in a row (rc $rc)" \
+  '[ $rc -eq 1 ] && grep -q "^mtrain: step 5: 3 bad steps in a row (train.max_bad_steps)" "$tmp/streak.out"'
+
+# The shards' contents are in the fingerprint: text re-tokenized under the
+# same shard path is another run for resume auto.
+for i in $(seq 200); do echo "document $i: the quick brown fox jumps over the lazy dog"; done >"$tmp/a.txt"
+for i in $(seq 200); do echo "document $i: pack my box with five dozen liquor jugs, said the fox"; done >"$tmp/b.txt"
+"$MTRAIN" tokenize --tokenizer bytes --input "$tmp/a.txt" --output "$tmp/data.shard" >/dev/null 2>&1
+train 1 content train.steps=2 model.vocab_size=512 data.train="$tmp/data.shard"
+"$MTRAIN" tokenize --tokenizer bytes --input "$tmp/b.txt" --output "$tmp/data.shard" --force >/dev/null 2>&1
+train 1 content train.steps=4 model.vocab_size=512 data.train="$tmp/data.shard"
+rc=$?
+expect "a shard re-tokenized under the same path: resume auto refuses, naming data.content (rc $rc)" \
+  '[ $rc -ne 0 ] && grep -q "step_00000002: a checkpoint of another run (data.content [0-9a-f]* -> [0-9a-f]*)" "$tmp/content.out"'
 exit $((failures > 0))

@@ -158,6 +158,9 @@ static void test_bad_headers(void) {
         {"duplicate name", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
                            "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}",
          "tensor 'a' appears twice in the header"},
+        {"overlapping offsets", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                                "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+         "tensors 'a' and 'b' overlap in the data buffer"},
         {"metadata not object", "{\"__metadata__\": 5}", "header field '__metadata__' is not a JSON object"},
         {"metadata value not string", "{\"__metadata__\": {\"format\": 1}}", "'__metadata__' entry 'format' is not a string"},
     };

@@ -65,6 +65,21 @@ else
   fail "tokenize" "exited non-zero: $(tr '\n' ' ' <summary.log)"
 fi
 ls data 2>/dev/null | grep -q '\.tmp\.' && fail "tokenize: no temporary file" "$(ls data)" || pass "tokenize: no temporary file"
+# The temporary of a killed tokenize (its process gone) is removed by the next
+# one to the same output; a live writer's and other names stay.
+sleep 0 & dead=$!
+wait $dead
+: >"data/corpus.shard.tmp.$dead"
+: >"data/corpus.shard.tmp.$$"
+: >"data/notes.tmp.$dead"
+"$mtrain" tokenize --tokenizer bytes --input a.txt --output data/corpus.shard --force >again.log 2>&1
+if ! [ -e "data/corpus.shard.tmp.$dead" ] && [ -e "data/corpus.shard.tmp.$$" ] && [ -e "data/notes.tmp.$dead" ] &&
+   grep -q "^warning: data/corpus.shard.tmp.$dead: removed (left by process $dead, which is gone)" again.log; then
+  pass "tokenize: a killed tokenize's temporary is removed, others stay"
+else fail "tokenize: a killed tokenize's temporary is removed, others stay" "$(ls data | tr '\n' ' ') $(tr '\n' ' ' <again.log)"; fi
+rm -f "data/corpus.shard.tmp.$$" "data/notes.tmp.$dead"
+"$mtrain" tokenize --tokenizer bytes --input a.txt empty.txt docs.jsonl --output data/corpus.shard --frame-tokens 16 \
+  --force >/dev/null 2>&1
 
 "$mtrain" shard dump data/corpus.shard --text >dump.txt 2>&1
 if cmp -s dump.txt expected.txt; then pass "dump --text reproduces every document"

@@ -339,6 +339,23 @@ def test_bad_files(work, tiny_path):
                      ["tokenize", "--tokenizer", path, "--input", txt, "--output", out],
                      f"added_tokens[1] content {said}", out, f"{path}: ")
 
+    # An added token holding an escaped NUL is refused, not cut at the NUL; an
+    # escaped backslash before "u0000" is no NUL.
+    for name, raw, refused in (("nul", b"<\\u0000>", True), ("backslash", b"<\\\\u0000>", False)):
+        t = tiny_tokenizer()
+        t["added_tokens"][1]["content"] = "@CONTENT@"
+        path = os.path.join(work, f"added_{name}.json")
+        with open(path, "wb") as f:
+            f.write(json.dumps(t).encode("utf-8").replace(b"@CONTENT@", raw))
+        out = os.path.join(work, f"added_{name}.shard")
+        if refused:
+            expect_error("bad tokenizer.json: added token <\\u0000>", ["tokenize", "--tokenizer", path, "--input", txt,
+                                                                        "--output", out],
+                         "a string holds \\u0000 (a NUL character, at byte", out, f"{path}: ")
+        else:
+            r = run(["tokenize", "--tokenizer", path, "--input", txt, "--output", out])
+            check("tokenizer.json: an escaped backslash before u0000 is no NUL", r.returncode == 0, r.stderr)
+
     notjson = os.path.join(work, "notjson.json")
     with open(notjson, "w") as f:
         f.write('{"model": {"type": "BPE",')

@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #define ZSTD_STATIC_LINKING_ONLY  // ZSTD_estimateCStreamSize (exported by the shared library)
@@ -163,8 +165,10 @@ static void write_state(const char *path, const TrainState *s, uint64_t model_ha
     uint64_t fingerprint = run_fingerprint(cfg, run_keys);
     cJSON *root = cJSON_CreateObject();
     cJSON_AddNumberToObject(root, "step", (double)s->step);
+    add_hex(root, "run_id", s->run_id);
     cJSON_AddNumberToObject(root, "tokens_seen", (double)s->tokens_seen);
     cJSON_AddNumberToObject(root, "data_cursor", (double)s->data_cursor);
+    cJSON_AddNumberToObject(root, "bad_steps_in_a_row", (double)s->bad_in_a_row);
     char word[4][24];
     for (int i = 0; i < 4; i++) snprintf(word[i], sizeof(word[i]), "%016" PRIx64, s->rng.s[i]);
     const char *words[4] = {word[0], word[1], word[2], word[3]};
@@ -191,12 +195,20 @@ static int64_t state_int(const cJSON *root, const char *key, const char *path) {
     return (int64_t)v;
 }
 
+// A JSON item that is a string of 1 to 16 hex digits into *value (strtoull
+// alone would take "-1" and leading blanks).
+static bool hex_word(const cJSON *item, uint64_t *value) {
+    if (!cJSON_IsString(item)) return false;
+    size_t n = strspn(item->valuestring, "0123456789abcdefABCDEF");
+    if (n == 0 || n > 16 || item->valuestring[n]) return false;
+    *value = strtoull(item->valuestring, NULL, 16);
+    return true;
+}
+
 static uint64_t state_hex(const cJSON *root, const char *key, const char *path) {
-    const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, key);
-    char *end;
-    uint64_t value = 0;
-    if (!cJSON_IsString(item) || !item->valuestring[0] || (value = strtoull(item->valuestring, &end, 16), *end))
-        fail("%s: field '%s' is missing or not a hex word", path, key);
+    uint64_t value;
+    if (!hex_word(cJSON_GetObjectItemCaseSensitive(root, key), &value))
+        fail("%s: field '%s' is missing or not a hex word (expected 1 to 16 hex digits)", path, key);
     return value;
 }
 
@@ -214,14 +226,13 @@ static void read_state(const char *path, TrainState *s, uint64_t *model_hash) {
     s->step = state_int(root, "step", path);
     s->tokens_seen = state_int(root, "tokens_seen", path);
     s->data_cursor = state_int(root, "data_cursor", path);
+    s->bad_in_a_row = state_int(root, "bad_steps_in_a_row", path);
+    s->run_id = state_hex(root, "run_id", path);
     const cJSON *rng = cJSON_GetObjectItemCaseSensitive(root, "rng");
     if (!cJSON_IsArray(rng) || cJSON_GetArraySize(rng) != 4) fail("%s: field 'rng' must be 4 hex words", path);
-    for (int i = 0; i < 4; i++) {
-        const cJSON *w = cJSON_GetArrayItem(rng, i);
-        char *end;
-        if (!cJSON_IsString(w) || (s->rng.s[i] = strtoull(w->valuestring, &end, 16), *end))
-            fail("%s: field 'rng' must be 4 hex words", path);
-    }
+    for (int i = 0; i < 4; i++)
+        if (!hex_word(cJSON_GetArrayItem(rng, i), &s->rng.s[i]))
+            fail("%s: field 'rng' must be 4 hex words (1 to 16 hex digits each)", path);
     *model_hash = state_hex(root, "model_xxh64", path);
     cJSON_Delete(root);
 }
@@ -265,11 +276,14 @@ bool checkpoint_same_run(const char *dir, const Config *cfg, char *diff, size_t 
     return same;
 }
 
-// "step_00001234" -> 1234; -1 for any other name (temporaries included).
+// "step_00001234" -> 1234, "step_123456789" -> 123456789 (the names
+// step_path makes: at least 8 digits, no leading zero beyond them, at most 18);
+// -1 for any other name (temporaries included).
 static int64_t step_of(const char *name) {
-    if (strncmp(name, "step_", 5) || strlen(name) != 13) return -1;
-    for (int i = 5; i < 13; i++)
-        if (name[i] < '0' || name[i] > '9') return -1;
+    size_t digits = strlen(name) - 5;
+    if (strncmp(name, "step_", 5) || digits < 8 || digits > 18 || strspn(name + 5, "0123456789") != digits ||
+        (digits > 8 && name[5] == '0'))
+        return -1;
     return strtoll(name + 5, NULL, 10);
 }
 
@@ -285,11 +299,13 @@ static void remove_tree(const char *path) {
 
 // Remove a checkpoint folder so that a kill midway never leaves part of it
 // under its final name: renamed to NAME.del.PID first (removed by
-// checkpoint_recover_dir if this process dies), then deleted.
-static void remove_checkpoint(const char *path) {
+// checkpoint_recover_dir if this process dies), then deleted (the fault
+// point prune in between).
+static void remove_checkpoint(const char *path, double timeout_s) {
     char doomed[4200];
     snprintf(doomed, sizeof(doomed), "%s.del.%d", path, (int)getpid());
     rename_into_place(path, doomed);
+    test_fault("prune", 0, timeout_s);
     remove_tree(doomed);
 }
 
@@ -316,8 +332,7 @@ static void step_path(char *out, size_t size, const char *dir, int64_t step) {
     if ((size_t)snprintf(out, size, "%s/step_%08lld", dir, (long long)step) >= size) fail("%s: path too long", dir);
 }
 
-// Whether two paths name the same folder.
-static bool same_folder(const char *a, const char *b) {
+bool same_folder(const char *a, const char *b) {
     struct stat sa, sb;
     return b && stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
@@ -334,17 +349,29 @@ static bool checkpoint_complete(const char *dir) {
     return true;
 }
 
-// Keep the newest `keep` complete checkpoints and every one whose step is a multiple
-// of keep_every (when > 0); remove the rest, but never the checkpoint just
-// written (step `written`) nor the folder the run resumed from. Incomplete
-// folders are neither counted nor removed.
-static void prune(const CheckpointConfig *c, int64_t written, const char *resumed_from) {
+// The run id in the state.json of checkpoint folder dir.
+static uint64_t checkpoint_run(const char *dir) {
+    char path[4096];
+    join(path, sizeof(path), dir, "state.json");
+    cJSON *root = read_state_json(path);
+    uint64_t run = state_hex(root, "run_id", path);
+    cJSON_Delete(root);
+    return run;
+}
+
+// Keep the run's newest `keep` complete checkpoints and every one whose step
+// is a multiple of keep_every (when > 0); remove the rest, but never the
+// checkpoint just written (step `written`) nor the folder the run resumed
+// from. Incomplete folders and other runs' checkpoints are neither counted
+// nor removed.
+static void prune(const CheckpointConfig *c, uint64_t run, int64_t written, const char *resumed_from,
+                  double timeout_s) {
     int n;
     int64_t *steps = list_steps(c->dir, &n);
     char path[4096];
     for (int i = 0; i < n; i++) {
         step_path(path, sizeof(path), c->dir, steps[i]);
-        if (!checkpoint_complete(path)) steps[i--] = steps[--n];
+        if (!checkpoint_complete(path) || checkpoint_run(path) != run) steps[i--] = steps[--n];
     }
     for (int i = 0; i < n; i++) {
         int newer = 0;
@@ -352,44 +379,54 @@ static void prune(const CheckpointConfig *c, int64_t written, const char *resume
         bool permanent = c->keep_every > 0 && steps[i] % c->keep_every == 0;
         if (newer < c->keep || permanent || steps[i] == written) continue;
         step_path(path, sizeof(path), c->dir, steps[i]);
-        if (!same_folder(path, resumed_from)) remove_checkpoint(path);
+        if (!same_folder(path, resumed_from)) remove_checkpoint(path, timeout_s);
     }
     free(steps);
 }
 
-// "NAME.KIND.PID" -> PID when KIND matches; 0 otherwise.
-static int leftover_pid(const char *name, const char *kind) {
+// Whether `name` is NAME.KIND.PID of a temporary that mtrain itself makes in
+// a checkpoint.dir (checkpoints: step_N.tmp|old|del.PID, latest.tmp.PID) or
+// in a log.dir (metrics.jsonl.tmp.PID); *kind gets KIND ("tmp", "old" or
+// "del") and *pid the PID.
+static bool own_leftover(const char *name, bool checkpoints, const char **kind, int *pid) {
+    static const char *const kinds[] = {"tmp", "old", "del"};
     const char *dot = strrchr(name, '.');
-    size_t kind_len = strlen(kind);
-    if (!dot || dot - name < (ptrdiff_t)kind_len + 2 || dot[-(ptrdiff_t)kind_len - 1] != '.' ||
-        strncmp(dot - kind_len, kind, kind_len))
-        return 0;
+    if (!dot || dot - name < 5 || dot[-4] != '.') return false;
     char *end;
-    long pid = strtol(dot + 1, &end, 10);
-    return *end || end == dot + 1 || pid <= 0 || pid > INT_MAX ? 0 : (int)pid;
+    long id = strtol(dot + 1, &end, 10);
+    if (*end || end == dot + 1 || dot[1] == '0' || id <= 0 || id > INT_MAX) return false;
+    char base[4096];
+    size_t base_len = (size_t)(dot - 4 - name);
+    if (base_len >= sizeof(base)) return false;
+    memcpy(base, name, base_len);
+    base[base_len] = '\0';
+    *pid = (int)id;
+    for (int k = 0; k < 3; k++) {
+        if (strncmp(dot - 3, kinds[k], 3)) continue;
+        *kind = kinds[k];
+        if (checkpoints) return step_of(base) >= 0 || (k == 0 && !strcmp(base, "latest"));
+        return k == 0 && !strcmp(base, "metrics.jsonl");
+    }
+    return false;
 }
 
-// Whether another process with this id is running (this process has not
-// written yet: a leftover with its own id is an earlier process's).
-static bool other_process_alive(int pid) { return pid != (int)getpid() && (kill(pid, 0) == 0 || errno == EPERM); }
-
-void checkpoint_recover_dir(const char *dir) {
+void checkpoint_recover_dir(const char *dir, bool checkpoints) {
     DIR *d = opendir(dir);
     if (!d) {
         if (errno == ENOENT) return;
         fail("%s: cannot open directory (%s)", dir, strerror(errno));
     }
     for (struct dirent *e; (e = readdir(d));) {
-        int tmp = leftover_pid(e->d_name, "tmp"), old = leftover_pid(e->d_name, "old"),
-            del = leftover_pid(e->d_name, "del");
-        int pid = tmp ? tmp : old ? old : del;
-        if (!pid || other_process_alive(pid)) continue;
+        const char *kind;
+        int pid;
+        // (This process has not written yet: a leftover with its own id is an earlier process's.)
+        if (!own_leftover(e->d_name, checkpoints, &kind, &pid) || other_process_alive(pid)) continue;
         char path[4096], final_path[4096];
         join(path, sizeof(path), dir, e->d_name);
         join(final_path, sizeof(final_path), dir, e->d_name);
         *strrchr(final_path, '.') = '\0';  // NAME.KIND.PID -> NAME
         *strrchr(final_path, '.') = '\0';
-        if (old && access(final_path, F_OK) != 0) {
+        if (!strcmp(kind, "old") && access(final_path, F_OK) != 0) {
             rename_into_place(path, final_path);
             fprintf(stderr, "warning: %s: restored from %s (a replacement was interrupted)\n", final_path, path);
         } else {
@@ -401,9 +438,54 @@ void checkpoint_recover_dir(const char *dir) {
     fsync_dir(dir);
 }
 
+// Take the exclusive lock dir/mtrain.lock (flock, held until the process
+// exits) and write the holder's "pid PID on HOST" into it; fail with one line
+// naming the holder when another process has it.
+static void lock_dir(const char *dir) {
+    char path[4096], holder[256] = "", host[128] = "?";
+    make_dirs(dir);
+    join(path, sizeof(path), dir, "mtrain.lock");
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) fail("%s: cannot open (%s)", path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        if (errno != EWOULDBLOCK) fail("%s: cannot lock (%s)", path, strerror(errno));
+        ssize_t got = pread(fd, holder, sizeof(holder) - 1, 0);
+        holder[got > 0 ? got : 0] = '\0';
+        holder[strcspn(holder, "\n")] = '\0';
+        fail("%s: in use by another mtrain run (%s, holding %s): wait for it to end, or use another folder", dir,
+             holder[0] ? holder : "holder unknown", path);
+    }
+    gethostname(host, sizeof(host) - 1);
+    int n = snprintf(holder, sizeof(holder), "pid %d on %s\n", (int)getpid(), host);
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, holder, (size_t)n, 0) != n)
+        fail("%s: cannot write (%s)", path, strerror(errno));
+}
+
+void checkpoint_lock_dirs(const Config *cfg) {
+    lock_dir(cfg->checkpoint.dir);
+    make_dirs(cfg->log.dir);
+    if (!same_folder(cfg->log.dir, cfg->checkpoint.dir)) lock_dir(cfg->log.dir);
+}
+
+uint64_t checkpoint_new_run_id(void) {
+    uint64_t id = 0;
+    while (id == 0)
+        if (getrandom(&id, sizeof(id), 0) != (ssize_t)sizeof(id)) fail("getrandom: %s", strerror(errno));
+    return id;
+}
+
+// Write dir/latest naming the checkpoint folder `name`.
+static void write_latest(const char *dir, const char *name) {
+    char path[4096], text[64];
+    join(path, sizeof(path), dir, "latest");
+    int n = snprintf(text, sizeof(text), "%s\n", name);
+    write_file_atomic(path, text, (size_t)n);
+}
+
 void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state, const float *params,
                      const float *moments, const char *resumed_from) {
     const char *dir = cfg->checkpoint.dir;
+    double timeout_s = cfg->parallel.timeout_s;
     char name[32], final_dir[4096], tmp_dir[4096], old_dir[4200], path[4096];
     snprintf(name, sizeof(name), "step_%08lld", (long long)state->step);
     join(final_dir, sizeof(final_dir), dir, name);
@@ -417,6 +499,7 @@ void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state,
     int64_t param_bytes = (int64_t)sizeof(float) * m->total_params;
     progress_begin(&progress, what, 3 * param_bytes, "MiB", 1 << 20);
     model_write_hf_weights(m, params, tmp_dir, ST_F32, 0);
+    test_fault("write", 0, timeout_s);
     join(path, sizeof(path), tmp_dir, "model.safetensors");
     uint64_t model_hash = file_xxh64(path);
     progress_add(&progress, param_bytes);
@@ -443,15 +526,16 @@ void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state,
     rename_into_place(tmp_dir, final_dir);
     fsync_dir(dir);
     if (replacing) remove_tree(old_dir);
-    join(path, sizeof(path), dir, "latest");
-    char text[64];
-    snprintf(text, sizeof(text), "%s\n", name);
-    write_file_atomic(path, text, strlen(text));
-    prune(&cfg->checkpoint, state->step, resumed_from);
+    test_fault("rename", 0, timeout_s);
+    write_latest(dir, name);
+    test_fault("latest", 0, timeout_s);
+    prune(&cfg->checkpoint, state->run_id, state->step, resumed_from, timeout_s);
     progress_end(&progress);
 }
 
-int checkpoint_find_latest(const char *dir, char *out, size_t out_bytes) {
+// The newest complete checkpoint folder in dir into out, of run `run` only
+// when `one_run` (warning about newer incomplete ones it skips); 0 if none.
+static int newest_checkpoint(const char *dir, bool one_run, uint64_t run, char *out, size_t out_bytes) {
     int n;
     int64_t *steps = list_steps(dir, &n);
     int64_t best = -1;
@@ -461,16 +545,52 @@ int checkpoint_find_latest(const char *dir, char *out, size_t out_bytes) {
             if (steps[i] > newest && (best < 0 || steps[i] < best)) newest = steps[i];
         if (newest < 0) break;
         step_path(out, out_bytes, dir, newest);
-        if (checkpoint_complete(out)) {
-            free(steps);
-            return 1;
-        }
-        fprintf(stderr, "warning: %s is incomplete (a file is missing): skipped, looking for an older checkpoint\n",
-                out);
         best = newest;
+        if (!checkpoint_complete(out)) {
+            fprintf(stderr, "warning: %s is incomplete (a file is missing): skipped, looking for an older "
+                    "checkpoint\n", out);
+            continue;
+        }
+        if (one_run && checkpoint_run(out) != run) continue;
+        free(steps);
+        return 1;
     }
     free(steps);
     return 0;
+}
+
+// The complete checkpoint folder that dir/latest names into out (its name
+// into name [64]); 0 when `latest` is missing or names none.
+static int latest_named(const char *dir, char *name, char *out, size_t out_bytes) {
+    char path[4096];
+    join(path, sizeof(path), dir, "latest");
+    name[0] = '\0';
+    if (access(path, F_OK) != 0) return 0;
+    char *text = read_file(path, NULL);
+    snprintf(name, 64, "%.*s", (int)strcspn(text, "\n"), text);
+    free(text);
+    if (step_of(name) < 0) return 0;
+    join(out, out_bytes, dir, name);
+    return checkpoint_complete(out);
+}
+
+int checkpoint_find_latest(const char *dir, char *out, size_t out_bytes) {
+    char name[64];
+    if (latest_named(dir, name, out, out_bytes)) return newest_checkpoint(dir, true, checkpoint_run(out), out, out_bytes);
+    return newest_checkpoint(dir, false, 0, out, out_bytes);
+}
+
+int checkpoint_repair_latest(const char *dir, char *out, size_t out_bytes) {
+    char name[64];
+    latest_named(dir, name, out, out_bytes);
+    if (!checkpoint_find_latest(dir, out, out_bytes)) return 0;
+    const char *found = strrchr(out, '/') + 1;
+    if (strcmp(found, name)) {
+        write_latest(dir, found);
+        fprintf(stderr, "warning: %s/latest named %s: repaired to %s, its run's newest complete checkpoint\n", dir,
+                name[0] ? name : "nothing", found);
+    }
+    return 1;
 }
 
 void checkpoint_clear_other_runs(const Config *cfg) {
@@ -485,7 +605,7 @@ void checkpoint_clear_other_runs(const Config *cfg) {
             fail("%s: a checkpoint of another run (%s) and checkpoint.resume is never: use another "
                  "checkpoint.dir, or checkpoint.overwrite=true to remove that run's checkpoints",
                  path, diff);
-        remove_checkpoint(path);
+        remove_checkpoint(path, cfg->parallel.timeout_s);
         printf("removed %s: a checkpoint of another run (checkpoint.overwrite)\n", path);
     }
     free(steps);
@@ -521,6 +641,11 @@ void checkpoint_load(const char *dir, Model *m, TrainState *state) {
     uint64_t model_hash;
     join(path, sizeof(path), dir, "state.json");
     read_state(path, state, &model_hash);
+    const char *slash = strrchr(dir, '/');
+    int64_t named = step_of(slash ? slash + 1 : dir);
+    if (named >= 0 && named != state->step)
+        fail("%s: step %lld, but the folder is named for step %lld (a folder renamed or copied by hand)", path,
+             (long long)state->step, (long long)named);
     join(path, sizeof(path), dir, "model.safetensors");
     uint64_t got = file_xxh64(path);
     if (got != model_hash)

@@ -10,7 +10,12 @@
 // never read, so a process killed while writing leaves the previous one in use.
 // A step folder being replaced is first moved to step_XXXXXXXX.old.<pid>/, one
 // being pruned to step_XXXXXXXX.del.<pid>/; checkpoint_recover_dir cleans up
-// after a writer that died in any of these windows.
+// after a writer that died in any of these windows. Step numbers of 9 digits
+// and more make longer names (step_123456789).
+// Every checkpoint records its run's id (made at a fresh start, kept across
+// resumes): pruning counts and removes only the run's own checkpoints, and
+// `latest` names the newest of the run that wrote last. One run at a time
+// holds checkpoint.dir and log.dir (the mtrain.lock file in each).
 #ifndef MTRAIN_CHECKPOINT_H
 #define MTRAIN_CHECKPOINT_H
 
@@ -24,6 +29,8 @@ typedef struct {
     int64_t tokens_seen;     // training tokens consumed
     int64_t data_cursor;     // the next sequence the loader hands out
     Rng rng;                 // the run's RNG state
+    uint64_t run_id;         // the run's id (checkpoint_new_run_id), never 0
+    int64_t bad_in_a_row;    // bad steps in a row ending at `step` (train.max_bad_steps)
 } TrainState;
 
 // Write the checkpoint for state->step and apply the keep policy, with a
@@ -31,15 +38,25 @@ typedef struct {
 // fp32 master weights (model_gather_params). moments: host [2, total_params],
 // the full AdamW m then v (gathered over the ranks under ZeRO-1), or NULL:
 // streamed in pieces from the model's unsharded adam_m and adam_v.
-// Pruning never removes the checkpoint just written nor resumed_from (the
-// folder an explicit checkpoint.resume loaded, or NULL).
+// Pruning removes only checkpoints of state->run_id, never the checkpoint
+// just written nor resumed_from (the folder an explicit checkpoint.resume
+// loaded, or NULL).
 void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state, const float *params,
                      const float *moments, const char *resumed_from);
-// Before a run writes into dir (checkpoint.dir, log.dir): remove the
-// NAME.tmp.PID and NAME.del.PID files and folders of writers no longer alive
-// (write_file_atomic's temporaries included), and put back (or remove, when
-// the new one made it) a NAME.old.PID folder moved aside by a replacement.
-void checkpoint_recover_dir(const char *dir);
+// Before a run writes into dir (checkpoints: checkpoint.dir, else log.dir):
+// remove the NAME.tmp.PID and NAME.del.PID files and folders of mtrain's
+// writers no longer alive, and put back (or remove, when the new one made it)
+// a NAME.old.PID folder moved aside by a replacement. Only the names mtrain
+// writes count (checkpoint.dir: step_N.tmp|old|del.PID and latest.tmp.PID;
+// log.dir: metrics.jsonl.tmp.PID); every other entry is left alone.
+void checkpoint_recover_dir(const char *dir, bool checkpoints);
+// Take the exclusive locks (flock on DIR/mtrain.lock, which records "pid PID
+// on HOST") of checkpoint.dir and log.dir, creating them, for as long as the
+// process lives; fail with one line naming the holder when another run has
+// one.
+void checkpoint_lock_dirs(const Config *cfg);
+// A new run id: 64 random bits, never 0.
+uint64_t checkpoint_new_run_id(void);
 // Whether the checkpoint folder dir records the fingerprint of cfg's run
 // (config_run_keys); when not, diff gets the differing keys as
 // "key CHECKPOINT -> RUN, ...".
@@ -51,12 +68,22 @@ void checkpoint_clear_other_runs(const Config *cfg);
 // The host bytes a checkpoint write adds to a copy of the parameters when the
 // moments stream (a piece buffer and the compressor's).
 size_t checkpoint_stream_bytes(void);
-// The newest complete checkpoint folder in dir into out (warning about newer
-// incomplete ones it skips); 0 if there is none.
+// The checkpoint folder in dir that a run continues into out: the newest
+// complete checkpoint of the run whose checkpoint `latest` names, or the
+// newest complete one of any run when `latest` names none (warning about
+// newer incomplete ones it skips); 0 if there is none.
 int checkpoint_find_latest(const char *dir, char *out, size_t out_bytes);
+// checkpoint_find_latest, and rewrite dir/latest, with a warning, when it
+// does not name the folder found (a kill between a step folder's rename and
+// `latest`'s, a folder removed by hand).
+int checkpoint_repair_latest(const char *dir, char *out, size_t out_bytes);
+// Whether two paths name the same existing folder (b may be NULL).
+bool same_folder(const char *a, const char *b);
 // Load weights, optimizer moments and state from a checkpoint folder. Refuses
 // (one line naming the field) a checkpoint of another model shape, weights
-// whose XXH64 differs from state.json's, and counts outside [0, 2^53].
+// whose XXH64 differs from state.json's, counts outside [0, 2^53], hex words
+// that are not 1 to 16 hex digits, and a step_N folder whose state.json
+// records another step.
 void checkpoint_load(const char *path, Model *m, TrainState *state);
 // Load the weights of a Hugging Face folder (train.init_from) into m after
 // checking that its config.json describes the same architecture, with a

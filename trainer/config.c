@@ -8,6 +8,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -164,9 +165,9 @@ static const Key keys[] = {
 
     STRING(checkpoint, dir, "checkpoints", "Folder of the checkpoints (`step_XXXXXXXX/`, `latest`)."),
     INT64(checkpoint, every, 0, 0, 1e12, "Write a checkpoint every N steps; 0 = only after the last step."),
-    INT(checkpoint, keep, 3, 1, 1 << 20, "Keep the newest K checkpoints (older ones are removed)."),
+    INT(checkpoint, keep, 3, 1, 1 << 20, "Keep the run's newest K checkpoints (its older ones are removed; other runs' checkpoints are never counted nor removed)."),
     INT64(checkpoint, keep_every, 0, 0, 1e12, "Also keep every checkpoint whose step is a multiple of M, for good; 0 = none."),
-    PATH(checkpoint, resume, "auto", NAMES("auto", "never"), "a checkpoint folder", "`auto`: continue from the newest complete checkpoint in `dir` if any (refused when it belongs to another run: its fingerprint, the keys that decide what a run computes, differs); `never`: start fresh; or a checkpoint folder."),
+    PATH(checkpoint, resume, "auto", NAMES("auto", "never"), "a checkpoint folder", "`auto`: continue from the newest complete checkpoint in `dir`, if any, of the run that wrote last (`latest`) (refused when it belongs to another configuration: its fingerprint, the keys that decide what a run computes, differs); `never`: start fresh, a new run; or a checkpoint folder (other than the one `auto` takes: a roll-back, a new run branched off it)."),
     BOOL(checkpoint, overwrite, false, "With `resume: never`, a `dir` holding another run's checkpoints is refused; `true` removes them and starts fresh."),
 
     STRING(log, dir, "logs", "Folder of `metrics.jsonl` (and the TensorBoard event files, `tensorboard`)."),
@@ -1067,6 +1068,8 @@ size_t config_run_keys(const Config *cfg, char *out, size_t size) {
         format_value(k, &v, text, sizeof(text));
         if (used < size) used += (size_t)snprintf(out + used, size - used, "%s=%s\n", name, text);
     }
+    if (cfg->data.content_hash && used < size)
+        used += (size_t)snprintf(out + used, size - used, "data.content=%016" PRIx64 "\n", cfg->data.content_hash);
     return used < size ? used : size - 1;
 }
 

@@ -71,6 +71,7 @@ typedef struct {
     bool doc_mask;             // a query attends only to keys of its own document
     bool reset_positions;      // RoPE positions restart at 0 at each document start
     PackingKind packing;       // sequential | balanced
+    uint64_t content_hash;     // not a key: the loader's hash of the shards' contents (Loader.content_hash), 0 = none
 } DataConfig;
 
 typedef struct {
@@ -166,9 +167,10 @@ const char *config_enum_name(const Config *cfg, const void *field);
 // schema order: the model, attention, data and train sections but the keys
 // of how it is computed (train.steps, raised to go on; train.backend,
 // max_bad_steps, micro_batches, which changes with the grid, loss_chunk,
-// checkpoint_activations; attention.ring, ring_send, layout). Checkpoints
-// record it as the run's fingerprint. Returns the length (truncated at
-// size - 1).
+// checkpoint_activations; attention.ring, ring_send, layout), then
+// "data.content=HEX" when data.content_hash is set (shards re-tokenized
+// under the same path are another run). Checkpoints record it as the run's
+// fingerprint. Returns the length (truncated at size - 1).
 size_t config_run_keys(const Config *cfg, char *out, size_t size);
 // Print the fully resolved config as YAML.
 void config_print(const Config *cfg, FILE *out);

@@ -13,10 +13,12 @@
 // (sequences consumed) is saved in every checkpoint, so a resumed run reads
 // exactly the next sequence. SIGINT, SIGTERM or SIGUSR1 on any rank: every
 // rank finishes the step, a checkpoint is written and the run exits 0.
+#define _GNU_SOURCE  // memmem
 #include "train.h"
 
 #include <cblas.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <omp.h>
 #include <signal.h>
@@ -88,26 +90,37 @@ static void print_memory(const Model *m, int64_t T, bool zero) {
 }
 
 // Where the run starts: a checkpoint (checkpoint.resume), a Hugging Face
-// folder (train.init_from), or the seeded initialisation. Rank 0 first cleans
-// up after writers that died (checkpoint_recover_dir). With `auto`, rank 0
-// picks the latest complete checkpoint, refuses one of another run, and every
-// rank loads that one; with `never`, a folder of another run's checkpoints is
-// refused unless checkpoint.overwrite. rolled_back_from [4096] gets the
-// folder an explicit checkpoint.resume loaded (kept from pruning: a roll-back
-// must not delete its own start), or "".
+// folder (train.init_from), or the seeded initialisation. Rank 0 first takes
+// the locks of checkpoint.dir and log.dir, cleans up after writers that died
+// (checkpoint_recover_dir) and repairs `latest`. With `auto`, rank 0 picks
+// the latest checkpoint of the run that wrote last (checkpoint_find_latest),
+// refuses one of another configuration, and every rank loads that one; with
+// `never`, a folder of another run's checkpoints is refused unless
+// checkpoint.overwrite. A fresh start makes a new run id; a resume keeps the
+// checkpoint's, except an explicit checkpoint.resume of a folder other than
+// the latest (a roll-back), which starts a new run from it, so that pruning
+// and `latest` leave the old run's checkpoints alone. rolled_back_from
+// [4096] gets the folder an explicit checkpoint.resume loaded (kept from
+// pruning: a roll-back must not delete its own start), or "". (Only rank 0's
+// run id counts: it alone writes.)
 static void start_state(const Config *cfg, const Dist *dist, Model *m, TrainState *state, char *rolled_back_from) {
-    char path[4096], diff[2048];
+    char path[4096], latest[4096] = "", diff[2048];
     const CheckpointConfig *c = &cfg->checkpoint;
     bool found = false;
-    if (dist->world_rank == 0) checkpoint_recover_dir(c->dir);
+    if (dist->world_rank == 0) {
+        checkpoint_lock_dirs(cfg);
+        checkpoint_recover_dir(c->dir, true);
+        if (!checkpoint_repair_latest(c->dir, latest, sizeof(latest))) latest[0] = '\0';
+        test_fault("start", 0, cfg->parallel.timeout_s);
+    }
     if (c->resume == RESUME_AUTO) {
         int64_t step = -1;
-        if (dist->world_rank == 0 && checkpoint_find_latest(c->dir, path, sizeof(path))) {
-            if (!checkpoint_same_run(path, cfg, diff, sizeof(diff)))
+        if (latest[0]) {
+            if (!checkpoint_same_run(latest, cfg, diff, sizeof(diff)))
                 fail("%s: a checkpoint of another run (%s); checkpoint.resume auto continues only the same run: use "
                      "another checkpoint.dir, or checkpoint.resume=never checkpoint.overwrite=true to start afresh",
-                     path, diff);
-            step = strtoll(strrchr(path, '_') + 1, NULL, 10);
+                     latest, diff);
+            step = strtoll(strrchr(latest, '_') + 1, NULL, 10);
         }
         comm_broadcast(&dist->world, &step, 1, DT_INT64, 0);
         found = step >= 0 && snprintf(path, sizeof(path), "%s/step_%08lld", c->dir, (long long)step) > 0;
@@ -125,9 +138,18 @@ static void start_state(const Config *cfg, const Dist *dist, Model *m, TrainStat
         if (state->step > cfg->train.steps)
             fail("%s: the checkpoint is at step %lld, beyond train.steps = %lld (raise train.steps, or resume an "
                  "earlier checkpoint)", path, (long long)state->step, (long long)cfg->train.steps);
-        printf("resumed from %s: step %lld, %lld tokens seen\n", path, (long long)state->step,
-               (long long)state->tokens_seen);
-    } else if (cfg->train.init_from == INIT_FOLDER) {
+        uint64_t resumed_run = state->run_id;
+        bool roll_back = c->resume == RESUME_PATH && !same_folder(path, latest);
+        if (roll_back) state->run_id = checkpoint_new_run_id();
+        printf("resumed from %s: step %lld, %lld tokens seen, run %016" PRIx64, path, (long long)state->step,
+               (long long)state->tokens_seen, state->run_id);
+        if (roll_back) printf(" (a roll-back: a new run, branched off run %016" PRIx64 ")", resumed_run);
+        printf("\n");
+        return;
+    }
+    state->run_id = checkpoint_new_run_id();
+    printf("run %016" PRIx64 ": a fresh start\n", state->run_id);
+    if (cfg->train.init_from == INIT_FOLDER) {
         model_load_hf_folder(m, cfg->train.init_from_path);
         printf("initialised from %s\n", cfg->train.init_from_path);
     } else {
@@ -135,21 +157,52 @@ static void start_state(const Config *cfg, const Dist *dist, Model *m, TrainStat
     }
 }
 
-// metrics.jsonl of a run at `step`: the lines of later steps (written before
-// the run stopped without a checkpoint of them) are dropped, so that no step
-// appears twice; a fresh run (step 0) starts an empty file. Rewritten under a
-// temporary name, then renamed. Returns the file, open for appending.
-static FILE *open_metrics(const char *path, int64_t step) {
+// The run id of a metrics.jsonl line [len] (its "run_id" field), 0 when it
+// has none.
+static uint64_t metrics_line_run(const char *line, size_t len) {
+    static const char key[] = "\"run_id\": \"";
+    const char *at = memmem(line, len, key, sizeof(key) - 1);
+    return at ? strtoull(at + sizeof(key) - 1, NULL, 16) : 0;
+}
+
+// log.dir/metrics.jsonl (path) holds the lines of one run. A run that finds
+// another run's file there (the run id of its first line differs) moves it
+// aside to log.dir/metrics.RUN.jsonl, and a resumed run (step > 0) takes its
+// own metrics.RUN.jsonl back, each with one line. Of the run's lines, those
+// of later steps (written before the run stopped without a checkpoint of
+// them) are dropped, so that no step appears twice; a fresh run (step 0)
+// starts an empty file. Rewritten under a temporary name, then renamed.
+// Returns the file, open for appending.
+static FILE *open_metrics(const char *dir, const char *path, int64_t step, uint64_t run) {
     size_t bytes = 0;
-    char *text = step > 0 && access(path, F_OK) == 0 ? read_file(path, &bytes) : NULL;
+    char *text = access(path, F_OK) == 0 ? read_file(path, &bytes) : NULL;
+    uint64_t theirs = metrics_line_run(text ? text : "", strcspn(text ? text : "", "\n"));
+    char aside[CONFIG_STR + 64];
+    if (bytes > 0 && theirs != run) {
+        snprintf(aside, sizeof(aside), "%s/metrics.%016" PRIx64 ".jsonl", dir, theirs);
+        if (access(aside, F_OK) == 0)
+            fail("%s: holds run %016" PRIx64 "'s metrics, and %s exists: move one of them away", path, theirs, aside);
+        rename_into_place(path, aside);
+        printf("metrics: %s held run %016" PRIx64 "'s metrics: moved to %s\n", path, theirs, aside);
+        free(text);
+        text = NULL;
+        bytes = 0;
+    }
+    snprintf(aside, sizeof(aside), "%s/metrics.%016" PRIx64 ".jsonl", dir, run);
+    if (step > 0 && !text && access(aside, F_OK) == 0) {
+        rename_into_place(aside, path);
+        printf("metrics: %s of this run moved back to %s\n", aside, path);
+        text = read_file(path, &bytes);
+    }
     char *kept = xmalloc(bytes + 1);
     size_t used = 0;
-    for (char *line = text; line && line < text + bytes;) {
+    for (char *line = text; step > 0 && line && line < text + bytes;) {
         char *end = memchr(line, '\n', (size_t)(text + bytes - line));
         size_t len = end ? (size_t)(end - line) + 1 : (size_t)(text + bytes - line);
         long long line_step = -1;
         // Lines are written whole with '\n' last; one cut short by a kill is dropped.
-        if (end && sscanf(line, "{\"step\": %lld", &line_step) == 1 && line_step <= step) {
+        if (end && sscanf(line, "{\"step\": %lld", &line_step) == 1 && line_step <= step &&
+            metrics_line_run(line, len) == run) {
             memcpy(kept + used, line, len);
             used += len;
         }
@@ -285,11 +338,12 @@ static double validation_loss(Model *m, const Config *cfg, const Dist *dist, Run
 // metrics == NULL on every rank but 0 (which alone prints and writes); tb
 // NULL without log.tensorboard. Returns the loss.
 static double log_validation(Model *m, const Config *cfg, const Dist *dist, RunData *d, int64_t step, FILE *metrics,
-                           const char *path, TbWriter *tb) {
+                           const char *path, uint64_t run, TbWriter *tb) {
     double loss = validation_loss(m, cfg, dist, d);
     printf("validation | step %lld | loss %.4f\n", (long long)step, loss);
     if (!metrics) return loss;
-    fprintf(metrics, "{\"step\": %lld, \"val_loss\": %.9g}\n", (long long)step, loss);
+    fprintf(metrics, "{\"step\": %lld, \"val_loss\": %.9g, \"run_id\": \"%016" PRIx64 "\"}\n", (long long)step, loss,
+            run);
     if (fflush(metrics) != 0) fail("%s: write failed", path);
     if (tb) tb_scalars(tb, step, (const char *const[]){"val/loss"}, &loss, 1);
     return loss;
@@ -395,10 +449,18 @@ static float *gather_moments(const Model *m) {
     return host;
 }
 
+// How long the ranks wait for rank 0's checkpoint write beyond
+// parallel.timeout_s: at least CHECKPOINT_WAIT_MIN_S, or the checkpoint's
+// bytes (fp32 weights and two moments) at CHECKPOINT_MIN_MIB_PER_S.
+#define CHECKPOINT_WAIT_MIN_S 60.0
+#define CHECKPOINT_MIN_MIB_PER_S 50.0
+
 // The checkpoint of state->step, written by rank 0: under ZeRO-1 every rank
 // first gathers the moments and the master weights (sharded on a backend
 // that shards masters), otherwise rank 0 downloads the master weights and the
-// moments stream from its optimizer.
+// moments stream from its optimizer. Every rank then waits for the write in
+// a collective whose limit adds the write's own (a write may take longer than
+// parallel.timeout_s: a 7B checkpoint is ~90 GB).
 static void save_checkpoint(const Config *cfg, const Dist *dist, bool zero, const Model *m, const TrainState *state,
                             const char *rolled_back_from) {
     const char *protect = rolled_back_from[0] ? rolled_back_from : NULL;
@@ -410,6 +472,11 @@ static void save_checkpoint(const Config *cfg, const Dist *dist, bool zero, cons
         free(moments);
         free(params);
     }
+    Comm written = dist->world;
+    double write_s = 3.0 * sizeof(float) * (double)m->total_params / (CHECKPOINT_MIN_MIB_PER_S * (1 << 20));
+    written.timeout_s += fmax(CHECKPOINT_WAIT_MIN_S, write_s);
+    int64_t done = 1;
+    comm_allreduce(&written, &done, 1, DT_INT64, REDUCE_MAX);
     printf("checkpoint: %s/step_%08lld\n", cfg->checkpoint.dir, (long long)state->step);
 }
 
@@ -444,10 +511,10 @@ static int first_bad_rank(const Dist *dist, const Model *m, double local_loss, b
 }
 
 // The step line and the metrics.jsonl line (metrics == NULL: none) of a
-// skipped step; rank = the first rank whose loss or gradient was not finite,
-// -1 when only their sum overflowed.
+// skipped step of run `run`; rank = the first rank whose loss or gradient was
+// not finite, -1 when only their sum overflowed.
 static void log_bad_step(int64_t step, int64_t steps, double loss, double grad_norm, int rank, double lr,
-                         int in_a_row, int max_bad_steps, FILE *metrics, const char *metrics_path) {
+                         int in_a_row, int max_bad_steps, FILE *metrics, const char *metrics_path, uint64_t run) {
     char where[48] = "in the summed gradient";
     if (rank >= 0) snprintf(where, sizeof(where), "first on rank %d", rank);
     printf("step %6lld/%lld | bad step: loss %g, grad norm %g (non-finite %s): skipped, %d in a row "
@@ -455,7 +522,8 @@ static void log_bad_step(int64_t step, int64_t steps, double loss, double grad_n
            max_bad_steps);
     fflush(stdout);
     if (!metrics) return;
-    fprintf(metrics, "{\"step\": %lld, \"bad_step\": true, \"rank\": %d, \"lr\": %.9g}\n", (long long)step, rank, lr);
+    fprintf(metrics, "{\"step\": %lld, \"bad_step\": true, \"rank\": %d, \"lr\": %.9g, \"run_id\": \"%016" PRIx64 "\"}\n",
+            (long long)step, rank, lr, run);
     if (fflush(metrics) != 0) fail("%s: write failed", metrics_path);
 }
 
@@ -552,6 +620,7 @@ int cmd_train(int argc, char **argv) {
     RunData data;
     run_data_open(&data, &cfg, &dist);
     clamp_and_warn(&cfg, &dist);
+    cfg.data.content_hash = data.loader.content_hash;
     int threads = apply_threads(&cfg, &dist);
     Plan plan;
     check_memory(&cfg, &dist, &plan);
@@ -564,12 +633,11 @@ int cmd_train(int argc, char **argv) {
     rng_seed(&state.rng, cfg.train.seed);
     catch_stop_signals();
     char rolled_back_from[4096];
-    start_state(&cfg, &dist, &m, &state, rolled_back_from);
     int64_t nan_first, nan_last;
     test_nan_steps(&dist, &nan_first, &nan_last);
+    start_state(&cfg, &dist, &m, &state, rolled_back_from);
     bool bucketed = !zero && dist.world_size > 1 && cfg.parallel.bucket_mb > 0;
     GradBuckets buckets = {&dist.world, &m, (int64_t)(cfg.parallel.bucket_mb * (1 << 20) / sizeof(float)), 0};
-    int bad_in_a_row = 0;
     OptimizerConfig oc = optimizer_config(&cfg);
     int64_t N = cfg.train.seq_len;
     int micro = cfg.train.micro_batches;
@@ -586,9 +654,8 @@ int cmd_train(int argc, char **argv) {
     FILE *metrics = NULL;
     TbWriter tb_writer = {0};
     if (dist.world_rank == 0) {
-        make_dirs(cfg.log.dir);
-        checkpoint_recover_dir(cfg.log.dir);
-        metrics = open_metrics(metrics_path, state.step);
+        checkpoint_recover_dir(cfg.log.dir, false);
+        metrics = open_metrics(cfg.log.dir, metrics_path, state.step, state.run_id);
         if (cfg.log.tensorboard) tb_open(&tb_writer, cfg.log.dir, state.step);
     }
     TbWriter *tb = tb_writer.f ? &tb_writer : NULL;
@@ -604,7 +671,7 @@ int cmd_train(int argc, char **argv) {
         printf("the run is finished: step %lld of train.steps = %lld, nothing to train (raise train.steps to go on)\n",
                (long long)state.step, (long long)cfg.train.steps);
     else if (validate && first_step == 1)
-        best_val = log_validation(&m, &cfg, &dist, &data, 0, metrics, metrics_path, tb);
+        best_val = log_validation(&m, &cfg, &dist, &data, 0, metrics, metrics_path, state.run_id, tb);
     for (int64_t step = first_step; step <= cfg.train.steps; step++) {
         double t0 = now_seconds();
         m.be->zero(m.grad_mem, sizeof(float) * (size_t)m.arena_floats);
@@ -639,20 +706,21 @@ int cmd_train(int argc, char **argv) {
         double grad_norm = bad_rank < dist.world_size ? NAN : optimizer_step(&m, &oc, step, &lr);
         if (!isfinite(grad_norm)) {
             // optimizer_step changes nothing on a non-finite norm; the step's sequences stay consumed.
-            bad_in_a_row++;
+            state.bad_in_a_row++;
             log_bad_step(step, cfg.train.steps, loss, grad_norm, bad_rank < dist.world_size ? bad_rank : -1, lr,
-                         bad_in_a_row, cfg.train.max_bad_steps, metrics, metrics_path);
-            if (bad_in_a_row >= cfg.train.max_bad_steps)
+                         (int)state.bad_in_a_row, cfg.train.max_bad_steps, metrics, metrics_path, state.run_id);
+            if (state.bad_in_a_row >= cfg.train.max_bad_steps)
                 fail("step %lld: %d bad steps in a row (train.max_bad_steps): training diverged; the checkpoints in "
-                     "%s are kept", (long long)step, bad_in_a_row, cfg.checkpoint.dir);
+                     "%s are kept", (long long)step, (int)state.bad_in_a_row, cfg.checkpoint.dir);
         } else {
-            bad_in_a_row = 0;
+            state.bad_in_a_row = 0;
         }
+        test_fault("step", dist.world_rank, dist.world.timeout_s);
         double ms = 1e3 * (now_seconds() - t0);
         double tokens_per_s = (double)step_tokens / (ms * 1e-3);
         double mfu = plan.peak_flops > 0 ? plan.model_flops / (ms * 1e-3 * plan.peak_flops) : 0;
         double rss_mib = plan_rss_now() / (1 << 20);
-        if (bad_in_a_row == 0 && (step % cfg.log.every == 0 || step == cfg.train.steps)) {
+        if (state.bad_in_a_row == 0 && (step % cfg.log.every == 0 || step == cfg.train.steps)) {
             char eta[32];
             double elapsed = now_seconds() - train_start;
             format_duration(elapsed / (double)(step - first_step + 1) * (double)(cfg.train.steps - step), eta, sizeof(eta));
@@ -661,10 +729,10 @@ int cmd_train(int argc, char **argv) {
                    100 * mfu, rss_mib, ms, eta, attention_line);
             fflush(stdout);
         }
-        if (metrics && bad_in_a_row == 0) {
+        if (metrics && state.bad_in_a_row == 0) {
             fprintf(metrics, "{\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, "
-                    "\"mfu\": %.6f, \"rss_mib\": %.1f, \"ms\": %.3f%s}\n", (long long)step, loss, grad_norm, lr,
-                    tokens_per_s, mfu, rss_mib, ms, attention_json);
+                    "\"mfu\": %.6f, \"rss_mib\": %.1f, \"ms\": %.3f%s, \"run_id\": \"%016" PRIx64 "\"}\n", (long long)step, loss,
+                    grad_norm, lr, tokens_per_s, mfu, rss_mib, ms, attention_json, state.run_id);
             if (fflush(metrics) != 0) fail("%s: write failed", metrics_path);
             static const char *const tags[] = {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s",
                                                "train/mfu", "attention/density", "attention/recall", "ring/mib"};
@@ -674,7 +742,8 @@ int cmd_train(int argc, char **argv) {
         }
         state.step = step;
         if (validate && (step % cfg.log.val_every == 0 || step == cfg.train.steps))
-            best_val = fmin(best_val, log_validation(&m, &cfg, &dist, &data, step, metrics, metrics_path, tb));
+            best_val = fmin(best_val, log_validation(&m, &cfg, &dist, &data, step, metrics, metrics_path,
+                                                      state.run_id, tb));
         state.tokens_seen += step_tokens;
         bool saved = (cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || step == cfg.train.steps;
         if (saved) save_checkpoint(&cfg, &dist, zero, &m, &state, rolled_back_from);

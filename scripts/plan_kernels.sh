@@ -34,7 +34,7 @@ for model in 0.5B 3B; do
         /^FLOPs per step/ { split($0, f, "density "); split(f[2], d, " "); density = d[1] }
         /^(a100-80g|h100): roofline/ {
           gsub(/[(),;%]/, " ")
-          cell[$1] = sprintf("%.2f (%.1f%%) | %.2f (%.1f%%)", $4, $7, $9, $14)
+          cell[$1] = sprintf("%.2f (%.1f%%) | %.2f (%.1f%%)", $4, $7, $9, $16)
         }
         END {
           label = att == "dense" ? "dense" : sprintf("sparse, density %.3f", density)

@@ -154,7 +154,13 @@ void config_override(Config *cfg, const char *assignment);
 // eval_model (`mtrain eval`, `tasks`): an eval.model folder (not `latest`)
 // gives the model section in place of train.init_from. A folder without a
 // config.json fails naming its key.
+// model.preset (no folder's config.json): the preset's shapes in place of
+// the model section's defaults, under the run file and the overrides.
 void config_from_args(Config *cfg, const char *path, int argc, char **argv, bool eval_model);
+// The same for `mtrain plan`, which needs the architecture only: a
+// train.init_from folder that is not there is passed over (the preset or the
+// run file's model keys give the shapes). Returns where the shapes came from.
+const char *config_for_plan(Config *cfg, const char *path, int argc, char **argv);
 // Cross-field checks (e.g. heads divisible by kv heads) after loading.
 void config_validate(const Config *cfg, const char *source);
 // The value of an enum key of cfg as the run file spells it, or of a
@@ -162,8 +168,9 @@ void config_validate(const Config *cfg, const char *source);
 // &cfg->attention.layout, &cfg->eval.text).
 const char *config_enum_name(const Config *cfg, const void *field);
 // The keys that decide what a run computes, "section.key=value\n" each, in
-// schema order: the model, attention, data and train sections but the keys
-// of how it is computed (train.steps, raised to go on; train.backend,
+// schema order: the model, attention, data and train sections but
+// model.preset (its shapes are keys of their own) and the keys of how it is
+// computed (train.steps, raised to go on; train.backend,
 // max_bad_steps, micro_batches, which changes with the grid, loss_chunk,
 // checkpoint_activations; attention.ring, ring_send, layout). Checkpoints
 // record it as the run's fingerprint. Returns the length (truncated at

@@ -281,12 +281,14 @@ static ArenaCount layer_act_count(const ModelConfig *c, int64_t T) {
                         2 * T + (int64_t)c->num_heads * T};
 }
 
+int64_t model_loss_chunk_rows(int loss_chunk, int64_t T) { return loss_chunk < T ? loss_chunk : T; }
+
 // The backward buffers and the loss chunk.
 static ArenaCount grad_act_count(const ModelConfig *c, int loss_chunk, int64_t T) {
     int64_t H = c->hidden_size, I = c->intermediate_size;
     int64_t QD = (int64_t)c->num_heads * c->head_dim, KD = (int64_t)c->num_kv_heads * c->head_dim;
     return (ArenaCount){2 * arena_span(T * H) + 2 * arena_span(T * QD) + 2 * arena_span(T * KD) +
-                            3 * arena_span(T * I) + arena_span((int64_t)loss_chunk * c->vocab_size),
+                            3 * arena_span(T * I) + arena_span(model_loss_chunk_rows(loss_chunk, T) * c->vocab_size),
                         (int64_t)c->num_heads * T};
 }
 
@@ -385,7 +387,7 @@ static void ensure_activations(Model *m, int64_t T) {
     m->dup = take_act(&cur, T * I);
     m->dact = take_act(&cur, T * I);
     m->delta = take_stat(&cur, (int64_t)c->num_heads * T);
-    m->logits = take_act(&cur, (int64_t)m->loss_chunk * c->vocab_size);
+    m->logits = take_act(&cur, model_loss_chunk_rows(m->loss_chunk, T) * c->vocab_size);
     CHECK(cur.stat <= (float *)acts && (char *)cur.act == (char *)m->activation_arena + bytes,
           "activation arena miscounted");
     m->tokens = be->alloc(sizeof(int32_t) * (size_t)T);

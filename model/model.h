@@ -80,7 +80,7 @@ typedef struct {
     float *rstd_final;       // [T]
     Act *dx, *dh, *dq, *dk, *dv, *datt, *dgate, *dup, *dact;
     float *delta;            // [Hq, T]
-    Act *logits;             // [loss_chunk, V]
+    Act *logits;             // [min(loss_chunk, max_tokens), V]
     int32_t *tokens, *targets;
     int64_t *positions;      // [T] global positions (masks, ring layouts)
     int64_t *rope_positions; // [T] the positions RoPE rotates by (model_set_rope_documents)
@@ -187,9 +187,13 @@ void model_logits_range(Model *m, const int32_t *tokens, const int64_t *position
 size_t model_activation_bytes(const Model *m, int64_t T);
 // Bytes of that arena for a model of shape c (head_dim set) on a backend
 // whose Act elements take act_bytes, without building one (trainer/plan.c):
-// saved activations, backward buffers and the LM-head chunk [loss_chunk,
-// vocab] in act_bytes each, the row statistics (rstd, lse, delta) in fp32.
+// saved activations, backward buffers and the LM-head chunk
+// [model_loss_chunk_rows, vocab] in act_bytes each, the row statistics (rstd,
+// lse, delta) in fp32.
 size_t model_activation_arena_bytes(const ModelConfig *c, bool checkpoint_activations, int loss_chunk, int64_t T,
                                     size_t act_bytes);
+// Rows of the LM-head chunk for T tokens: loss_chunk, or T when fewer (no
+// chunk holds more tokens than the step has).
+int64_t model_loss_chunk_rows(int loss_chunk, int64_t T);
 
 #endif

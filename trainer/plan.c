@@ -227,8 +227,30 @@ static void plan_gpu_memory(Plan *p, const Config *cfg, double acts, double lm_c
     add_item(p, "activations bf16 (statistics fp32)", acts - lm_chunk);
     // The attention op's fp32 scratch: o and the dq, dk, dv sums of one layer.
     add_item(p, "attention scratch fp32 (o, dq, dk, dv)", 4.0 * (double)T * c->head_dim * 2 * (c->num_heads + c->num_kv_heads));
-    if (a->type == ATTN_SPARSE) add_item(p, "sparse estimation and index", sparse_index_bytes(p, cfg, T));
-    if (p->cp > 1) add_item(p, "ring buffers (2 x K/V bf16, 2 x dK/dV fp32)", 2.0 * (double)T * KD * (2 * 2 + 2 * 4));
+    const double N = cfg->train.seq_len, Hq = c->num_heads;
+    if (a->type == ATTN_SPARSE) {
+        add_item(p, "sparse estimation and index", sparse_index_bytes(p, cfg, T));
+        // sparse_select_cuda.cu: per line kind and head (2 Hq segments) of N keys, the u64 keys and their
+        // sorted copy, the radix sort's temporary (one more copy) and a byte mask, from the stream-ordered
+        // pool, which keeps its high-water mark (release threshold UINT64_MAX: backend_cuda.c).
+        add_item(p, "sparse selection scratch (kept by the pool)", 25.0 * 2 * Hq * N);
+    }
+    if (p->cp > 1 && a->type == ATTN_SPARSE) {
+        // ring_cuda.c: the estimation's fp32 scores [2, Hq, N]; the gathered columns of every layer (the
+        // union of the ranks' vertical lines and sinks: at most Hq x (V + sink) tokens), their K/V kept
+        // for the backward (bf16), their dK/dV and the collective's message (fp32).
+        const double V = a->budget == BUDGET_FIXED ? a->vertical : a->max_vertical;
+        const double n = fmin(N, Hq * (V + a->sink));
+        add_item(p, "ring estimation scores fp32", 8.0 * Hq * N);
+        add_item(p, "sparse columns (K/V of every layer, dK/dV)", n * KD * (4.0 * c->num_layers + 8 + 8));
+    }
+    // ring.c's buffers (K/V chunks: 2 travelling on the outer ring, 2 on the inner, 2 packed hops with
+    // ring_send selected; dK/dV: 3 going out, 3 coming in), ring_cuda.c's staging copy [2, T, KD] fp32,
+    // delta [Hq, T] fp32 and the sequence's positions (int64).
+    if (p->cp > 1)
+        add_item(p, "ring buffers (K/V bf16, dK/dV fp32, staging)",
+                 (double)T * KD * (2 * 2 * (a->ring_send == RING_SEND_SELECTED ? 6 : 4) + 2 * 4 * 6 + 2 * 4) +
+                     4 * Hq * T + 8 * N);
     add_item(p, "LM-head chunk (bf16 logits)", lm_chunk);
     add_item(p, "cuBLASLt workspace", GPU_CUBLASLT_WORKSPACE_BYTES);
     add_item(p, "CUDA context, NCCL buffers (assumed)", GPU_RUNTIME_BYTES);
@@ -420,7 +442,7 @@ void plan_build(Plan *p, const Config *cfg, const GpuProfile *gpu, double cpu_pe
     p->density_assumed = cfg->attention.type == ATTN_SPARSE &&
                          (density_override > 0 || cfg->attention.budget == BUDGET_TOPP);
     size_t act_bytes = gpu ? GPU_ACT_BYTES : sizeof(float);  // the CPU backend's act_bytes
-    double lm_chunk = (double)act_bytes * (double)c.train.loss_chunk * mc->vocab_size;
+    double lm_chunk = (double)act_bytes * (double)model_loss_chunk_rows(c.train.loss_chunk, p->tokens) * mc->vocab_size;
     p->activations_saved =
         (double)model_activation_arena_bytes(mc, false, c.train.loss_chunk, p->tokens, act_bytes) - lm_chunk;
     p->activations_checkpointed =

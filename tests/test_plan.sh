@@ -89,6 +89,28 @@ expect plan_kernels_step "[ -n '$step' ] && grep -q 'leave out the ring.s expose
 expect plan_ring_step "[ -n '$step' ] && grep -q 'leaves out the GEMMs, the other kernels and the gradient reduction; the plan.s step on a100-80g is $step s' '$tmp/ring.out'"
 # --ring explains ring_send selected sending as much as full at the top_p caps (every block offset hit)
 expect plan_ring_selected_explained "grep -q '^sparse selected sends 100.0% of full.s K/V bytes: .* hit 100.0% of the 4096 key-block offsets (with this many slash lines' '$tmp/ring.out'"
+# 512K tokens: Qwen2.5-0.5B on one A100-80GB fits dense (the MLP in chunks of train.mlp_chunk tokens; with the
+# MLP whole it does not), not sparse at the top_p caps (the index: the advice names cp 2); Qwen2.5-3B on cp 8 fits
+# dense and sparse
+one_gpu="configs/qwen2.5-0.5b-128k-8xa100.yaml parallel.cp=1 train.seq_len=524288 model.max_position_embeddings=524288"
+# shellcheck disable=SC2086
+"$MTRAIN" plan $one_gpu attention.type=dense >"$tmp/out" 2>&1
+rc=$?
+expect plan_05b_512k_dense_fits "[ $rc -eq 0 ] && grep -q '^fits: yes' '$tmp/out'"
+# shellcheck disable=SC2086
+"$MTRAIN" plan $one_gpu attention.type=dense train.mlp_chunk=0 >"$tmp/out" 2>&1
+rc=$?
+expect plan_05b_512k_mlp_whole_no_fit "[ $rc -eq 3 ] && grep -q '^fits: NO' '$tmp/out'"
+# shellcheck disable=SC2086
+"$MTRAIN" plan $one_gpu attention.type=sparse >"$tmp/out" 2>&1
+rc=$?
+expect plan_05b_512k_sparse_advice "[ $rc -eq 3 ] && grep -q '^to fit: parallel.cp=2' '$tmp/out'"
+for att in dense sparse; do
+  "$MTRAIN" plan configs/qwen2.5-3b-512k-32xa100.yaml parallel.cp=8 parallel.cp_inner=8 attention.type=$att \
+    >"$tmp/out" 2>&1
+  rc=$?
+  expect "plan_3b_512k_cp8_${att}_fits" "[ $rc -eq 0 ] && grep -q '^fits: yes' '$tmp/out'"
+done
 # the 3B run without checkpointing or ZeRO on 40 GB A100s does not fit: exit 3, the advice names what to change
 "$MTRAIN" plan configs/qwen2.5-3b-512k-32xa100.yaml --gpu a100-40g \
   train.checkpoint_activations=false parallel.zero=0 >"$tmp/nofit.out" 2>&1

@@ -7,7 +7,8 @@
 # the CUDA context and NCCL's buffers (no allocation of the process holds
 # them). The plan must be within 10% of the measure on runs of one step:
 # dense and sparse, cp 1, 2 and 4, activation checkpointing on and off,
-# ZeRO-1 over dp 2, and documents (doc_mask).
+# ZeRO-1 over dp 2, and documents (doc_mask). Then the MLP in token chunks
+# on the CUDA backend against the MLP whole.
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib.sh
@@ -36,4 +37,14 @@ for run in "${runs[@]}"; do
   planned=$(sed -n 's/.* | planned \([0-9.]*\) MiB.*/\1/p' <<<"$line")
   expect_within "plan_device_$name" "$planned" "$measured" 0.10 "$tmp/$name.out"
 done
+
+# The MLP in token chunks on the CUDA backend (train.mlp_chunk), 3 steps of 128 tokens with activation
+# checkpointing: one chunk covering the sequence (the chunked code path) gives the bits of the MLP whole,
+# chunks of 32 tokens the same up to rounding.
+RUN=$SIM_RUN
+for chunk in 0 128 32; do sim_train "mlp_$chunk" 1 1 train.checkpoint_activations=true train.mlp_chunk=$chunk; done
+read -r loss weights <<<"$(runs_differ mlp_0 mlp_128)"
+expect plan_device_mlp_one_chunk_bitwise "[ '$loss' = 0.000e+00 ] && [ '$weights' = 0.000e+00 ]"
+read -r loss weights <<<"$(runs_differ mlp_0 mlp_32)"
+expect plan_device_mlp_chunks "below $loss 1e-4 && below $weights 1e-3"
 [ "$failures" -eq 0 ]

@@ -152,6 +152,7 @@ static const Key keys[] = {
     UINT64(train, seed, 1234, "Seed of the initialisation and of the data order."),
     BOOL(train, checkpoint_activations, false, "Recompute each layer's activations in the backward pass (saves memory)."),
     INT(train, loss_chunk, 1024, 1, 1 << 30, "Tokens per chunk of the fused LM head + cross entropy."),
+    INT(train, mlp_chunk, 16384, 0, 1 << 30, "Tokens per chunk of the MLP: its gate, up and SiLU product (and their gradients) exist for this many tokens only, shared by the layers, and the backward recomputes them chunk by chunk from the saved norm output. Used under `checkpoint_activations` (whose backward recomputes the layer anyway: no extra work), and without it when `seq_len` per rank is above this (two more GEMMs per layer in the backward); 0 = the MLP whole, its [tokens, intermediate_size] buffers kept per layer. The same results on the CPU backend when one chunk covers the sequence."),
     PATH(train, init_from, "none", NAMES("none"), "a Hugging Face folder", "`none` (random initialisation) or a Hugging Face folder (`config.json` + `model.safetensors`) to start from."),
     INT(train, max_bad_steps, 5, 1, 1 << 30, "A step whose loss or gradient norm is not finite on any rank is skipped on every rank (weights and AdamW state unchanged, its sequences consumed) and logged; this many in a row stop the run (exit 1, checkpoints kept). For testing, `MTRAIN_TEST_NAN_STEP=N[,RANK[,COUNT]]` in the environment makes the loss and gradient of COUNT steps from step N (default 1) NaN on world rank RANK (default 0)."),
     BOOL(train, memory_check, true, "Before allocating, compare the planned memory of the run (as `mtrain plan` prints it; CPU backend: the host memory of every rank on this node) with what the node has (`MemAvailable`) and refuse the run with the breakdown when it does not fit; `false` starts anyway."),
@@ -1082,7 +1083,7 @@ const char *config_enum_name(const Config *cfg, const void *field) {
 size_t config_run_keys(const Config *cfg, char *out, size_t size) {
     // How a run is computed, not what: resumable with other values.
     static const char *const how[] = {"model.preset", "train.steps", "train.backend", "train.max_bad_steps", "train.micro_batches",
-                                      "train.loss_chunk", "train.checkpoint_activations", "attention.ring",
+                                      "train.loss_chunk", "train.mlp_chunk", "train.checkpoint_activations", "attention.ring",
                                       "attention.ring_send", "attention.layout"};
     char text[CONFIG_STR + 64], name[128];
     size_t used = 0;

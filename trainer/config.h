@@ -55,6 +55,7 @@ typedef struct {
     uint64_t seed;             // initialisation and data order
     bool checkpoint_activations; // recompute each layer in backward
     int loss_chunk;            // tokens per fused LM-head + cross-entropy chunk
+    int mlp_chunk;             // tokens per MLP chunk (model_mlp_chunk_rows); 0 = the MLP whole
     InitFrom init_from;        // none | a Hugging Face folder to start from (init_from_path)
     char init_from_path[CONFIG_STR];
     int max_bad_steps;         // non-finite steps in a row (each skipped) that stop the run

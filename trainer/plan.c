@@ -374,7 +374,10 @@ static void plan_flops(Plan *p, const Config *cfg) {
     double attn_fwd = 2.0 * N * N * c->num_heads * c->head_dim * c->num_layers * micro / p->cp;
     p->dense_model_flops = gemm + (1 + PLAN_ATTENTION_BACKWARD) * attn_fwd;
     p->model_flops = gemm + (1 + PLAN_ATTENTION_BACKWARD) * attn_fwd * p->density;
+    // Checkpointing recomputes every layer's forward; without it an MLP in chunks recomputes its gate and up.
     double recompute = cfg->train.checkpoint_activations ? (gemm / 3.0 + attn_fwd * p->density) : 0.0;
+    if (!cfg->train.checkpoint_activations && model_mlp_chunk_rows(cfg->train.mlp_chunk, false, p->tokens))
+        recompute += 4.0 * tokens * c->hidden_size * c->intermediate_size * c->num_layers;
     p->hardware_flops = p->model_flops + recompute;
     if (p->peak_flops <= 0) return;
     p->attention_efficiency = !p->gpu ? 1.0 : p->density < 1.0 ? SPARSE_ATTENTION_EFFICIENCY
@@ -444,9 +447,9 @@ void plan_build(Plan *p, const Config *cfg, const GpuProfile *gpu, double cpu_pe
     size_t act_bytes = gpu ? GPU_ACT_BYTES : sizeof(float);  // the CPU backend's act_bytes
     double lm_chunk = (double)act_bytes * (double)model_loss_chunk_rows(c.train.loss_chunk, p->tokens) * mc->vocab_size;
     p->activations_saved =
-        (double)model_activation_arena_bytes(mc, false, c.train.loss_chunk, p->tokens, act_bytes) - lm_chunk;
+        (double)model_activation_arena_bytes(mc, false, c.train.loss_chunk, c.train.mlp_chunk, p->tokens, act_bytes) - lm_chunk;
     p->activations_checkpointed =
-        (double)model_activation_arena_bytes(mc, true, c.train.loss_chunk, p->tokens, act_bytes) - lm_chunk;
+        (double)model_activation_arena_bytes(mc, true, c.train.loss_chunk, c.train.mlp_chunk, p->tokens, act_bytes) - lm_chunk;
     double acts = lm_chunk + (c.train.checkpoint_activations ? p->activations_checkpointed : p->activations_saved);
     int64_t shards = cfg->parallel.zero == 1 ? (int64_t)p->dp * p->cp : 1;  // ZeRO-1 over dp x cp
     int64_t shard = (p->params + shards - 1) / shards;                      // model_shard_size

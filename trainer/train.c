@@ -83,6 +83,7 @@ void model_from_config(Model *m, const Config *cfg) {
     model_init(m, &cfg->model, backend_select(cfg->train.backend));
     model_set_attention(m, &cfg->attention);
     m->loss_chunk = cfg->train.loss_chunk;
+    m->mlp_chunk = cfg->train.mlp_chunk;
     m->checkpoint_activations = cfg->train.checkpoint_activations;
 }
 

@@ -24,15 +24,7 @@ typedef struct {
     bool truncate;             // YaRN: correction range rounded to whole dimensions (HF default true)
 } RopeScaling;
 
-// model.preset (trainer/config.c): a published Qwen2.5 base model whose
-// shapes stand in for a config.json; PRESET_NONE = the section's own keys.
-typedef enum {
-    PRESET_NONE, PRESET_QWEN25_0_5B, PRESET_QWEN25_1_5B, PRESET_QWEN25_3B, PRESET_QWEN25_7B, PRESET_QWEN25_14B,
-    PRESET_QWEN25_32B, PRESET_QWEN25_72B
-} ModelPreset;
-
 typedef struct {
-    ModelPreset preset;        // (mtrain only) the shapes the section started from
     int vocab_size;            // vocab_size
     int hidden_size;           // hidden_size
     int intermediate_size;     // intermediate_size

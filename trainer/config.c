@@ -61,7 +61,7 @@ typedef struct {
 // Enum keys are stored as C enums, read and written as int.
 #define ENUM_FIELD_IS_INT(sec, key) \
     _Static_assert(sizeof(((Config *)0)->sec.key) == sizeof(int), #sec "." #key " is not int-sized")
-ENUM_FIELD_IS_INT(model, preset);
+_Static_assert(sizeof(((Config *)0)->model_preset) == sizeof(int), "model.preset is not int-sized");
 ENUM_FIELD_IS_INT(model, rope_scaling.type);
 ENUM_FIELD_IS_INT(attention, type);
 ENUM_FIELD_IS_INT(attention, ring);
@@ -88,7 +88,7 @@ PATH_FIELDS(eval, tokenizer);
 ENUM_FIELD_IS_INT(hardware, gpu);
 
 static const Key keys[] = {
-    ENUM(model, preset, "none", NAMES("none", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b", "qwen2.5-72b"), "The shapes of a published Qwen2.5 base model (its `config.json`: vocabulary, widths, layers, heads, `rope_theta`, `rms_norm_eps`, `max_position_embeddings`, tied embeddings) in place of the section's defaults when no `train.init_from` folder gives them; keys set beside it win. `mtrain plan` plans from it when the `train.init_from` folder is not there; `train` with an `init_from` folder always takes the folder's `config.json`."),
+    {"model", "preset", offsetof(Config, model_preset), T_ENUM, "none", 0, 0, 0, NAMES("none", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b", "qwen2.5-72b"), "The shapes of a published Qwen2.5 base model (its `config.json`: vocabulary, widths, layers, heads, `rope_theta`, `rms_norm_eps`, `max_position_embeddings`, tied embeddings) in place of the section's defaults when no `train.init_from` folder gives them; keys set beside it win. `mtrain plan` plans from it when the `train.init_from` folder is not there; `train` with an `init_from` folder always takes the folder's `config.json`.", 0, NULL},
     INT(model, vocab_size, 256, 2, 1 << 24, "Vocabulary size (rows of the embedding and the LM head)."),
     INT(model, hidden_size, 64, 1, 65536, "Width of the residual stream."),
     INT(model, intermediate_size, 172, 1, 1 << 20, "Width of the SwiGLU MLP (gate and up projections)."),
@@ -911,7 +911,7 @@ static const char *config_load(Config *cfg, const char *path, int argc, char **a
                  folder);
         from_folder = false;
     }
-    ModelPreset preset = cfg->model.preset;
+    ModelPreset preset = cfg->model_preset;
     const char *shapes = "the run file's model section";
     if (from_folder || preset != PRESET_NONE) {
         // The folder's config.json, or else the preset, replaces the defaults

@@ -120,8 +120,16 @@ typedef struct {
     int gpus_per_node;         // 0 = the profile's
 } HardwareConfig;
 
+// model.preset: a published Qwen2.5 base model whose shapes stand in for a
+// config.json (config.c); PRESET_NONE = the section's own keys.
+typedef enum {
+    PRESET_NONE, PRESET_QWEN25_0_5B, PRESET_QWEN25_1_5B, PRESET_QWEN25_3B, PRESET_QWEN25_7B, PRESET_QWEN25_14B,
+    PRESET_QWEN25_32B, PRESET_QWEN25_72B
+} ModelPreset;
+
 typedef struct {
     ModelConfig model;
+    ModelPreset model_preset;  // model.preset (beside ModelConfig, which mirrors config.json)
     AttentionConfig attention;
     ParallelConfig parallel;
     TrainConfig train;

@@ -693,9 +693,9 @@ int cmd_plan(int argc, char **argv) {
     Config cfg;
     const char *shapes = config_for_plan(&cfg, argv[0], n, overrides);
     free(overrides);
-    printf("architecture: %s%s%s%s\n", shapes, cfg.model.preset != PRESET_NONE ? " (" : "",
-           cfg.model.preset != PRESET_NONE ? config_enum_name(&cfg, &cfg.model.preset) : "",
-           cfg.model.preset != PRESET_NONE ? ")" : "");
+    printf("architecture: %s%s%s%s\n", shapes, cfg.model_preset != PRESET_NONE ? " (" : "",
+           cfg.model_preset != PRESET_NONE ? config_enum_name(&cfg, &cfg.model_preset) : "",
+           cfg.model_preset != PRESET_NONE ? ")" : "");
     GpuProfile gpu;
     bool on_gpu = plan_gpu(&cfg, &gpu), measured = false;
     if (ring) {

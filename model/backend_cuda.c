@@ -295,4 +295,16 @@ const Backend *backend_cuda(void) {
     return &cuda_backend;
 }
 
+bool backend_cuda_memory_peak(double *bytes) {
+#ifdef CUDASIM_MEMORY_PEAK
+    size_t peak;
+    CUDA_CHECK(cudasimMemoryPeak(&peak));
+    *bytes = (double)peak;
+    return true;
+#else
+    (void)bytes;
+    return false;
+#endif
+}
+
 #endif

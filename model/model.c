@@ -272,39 +272,54 @@ typedef struct {
 #define ARENA_ALIGN 64
 static int64_t arena_span(int64_t elements) { return (elements + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN; }
 
-// One layer's saved activations, excluding x_in.
-static ArenaCount layer_act_count(const ModelConfig *c, int64_t T) {
+int64_t model_mlp_chunk_rows(int mlp_chunk, bool checkpoint_activations, int64_t T) {
+    if (mlp_chunk <= 0 || (!checkpoint_activations && T <= mlp_chunk)) return 0;
+    return mlp_chunk < T ? mlp_chunk : T;
+}
+
+// One layer's saved activations, excluding x_in; its gate, up and act of
+// mlp_rows tokens (0: the MLP's chunk buffers are shared).
+static ArenaCount layer_act_count(const ModelConfig *c, int64_t T, int64_t mlp_rows) {
     int64_t H = c->hidden_size, I = c->intermediate_size;
     int64_t QD = (int64_t)c->num_heads * c->head_dim, KD = (int64_t)c->num_kv_heads * c->head_dim;
     return (ArenaCount){3 * arena_span(T * H) + 2 * arena_span(T * QD) + 2 * arena_span(T * KD) +
-                            3 * arena_span(T * I),
+                            3 * arena_span(mlp_rows * I),
                         2 * T + (int64_t)c->num_heads * T};
 }
 
-// The backward buffers and the loss chunk.
-static ArenaCount grad_act_count(const ModelConfig *c, int loss_chunk, int64_t T) {
+int64_t model_loss_chunk_rows(int loss_chunk, int64_t T) { return loss_chunk < T ? loss_chunk : T; }
+
+// The backward buffers (dgate, dup, dact of mlp_rows tokens) and the loss chunk.
+static ArenaCount grad_act_count(const ModelConfig *c, int loss_chunk, int64_t T, int64_t mlp_rows) {
     int64_t H = c->hidden_size, I = c->intermediate_size;
     int64_t QD = (int64_t)c->num_heads * c->head_dim, KD = (int64_t)c->num_kv_heads * c->head_dim;
     return (ArenaCount){2 * arena_span(T * H) + 2 * arena_span(T * QD) + 2 * arena_span(T * KD) +
-                            3 * arena_span(T * I) + arena_span((int64_t)loss_chunk * c->vocab_size),
+                            3 * arena_span(mlp_rows * I) +
+                            arena_span(model_loss_chunk_rows(loss_chunk, T) * c->vocab_size),
                         (int64_t)c->num_heads * T};
 }
 
-static ArenaCount activation_count(const ModelConfig *c, bool checkpoint_activations, int loss_chunk, int64_t T) {
-    ArenaCount layer = layer_act_count(c, T), grad = grad_act_count(c, loss_chunk, T);
+// With the MLP in chunks of C tokens, one shared gate, up and act [C, I]
+// in place of every kept layer's [T, I], and the gradients' [C, I].
+static ArenaCount activation_count(const ModelConfig *c, bool checkpoint_activations, int loss_chunk, int mlp_chunk,
+                                   int64_t T) {
+    const int64_t C = model_mlp_chunk_rows(mlp_chunk, checkpoint_activations, T);
+    ArenaCount layer = layer_act_count(c, T, C ? 0 : T), grad = grad_act_count(c, loss_chunk, T, C ? C : T);
     int64_t kept = checkpoint_activations ? 1 : c->num_layers;
-    return (ArenaCount){arena_span(T * (int64_t)c->hidden_size) * (c->num_layers + 2) + kept * layer.act + grad.act,
+    return (ArenaCount){arena_span(T * (int64_t)c->hidden_size) * (c->num_layers + 2) + kept * layer.act + grad.act +
+                            3 * arena_span(C * c->intermediate_size),
                         arena_span(T + kept * layer.stat + grad.stat)};
 }
 
-size_t model_activation_arena_bytes(const ModelConfig *c, bool checkpoint_activations, int loss_chunk, int64_t T,
-                                    size_t act_bytes) {
-    ArenaCount n = activation_count(c, checkpoint_activations, loss_chunk, T);
+size_t model_activation_arena_bytes(const ModelConfig *c, bool checkpoint_activations, int loss_chunk, int mlp_chunk,
+                                    int64_t T, size_t act_bytes) {
+    ArenaCount n = activation_count(c, checkpoint_activations, loss_chunk, mlp_chunk, T);
     return (size_t)n.act * act_bytes + (size_t)n.stat * sizeof(float);
 }
 
 size_t model_activation_bytes(const Model *m, int64_t T) {
-    return model_activation_arena_bytes(&m->cfg, m->checkpoint_activations, m->loss_chunk, T, m->be->act_bytes);
+    return model_activation_arena_bytes(&m->cfg, m->checkpoint_activations, m->loss_chunk, m->mlp_chunk, T,
+                                        m->be->act_bytes);
 }
 
 Act *model_act_at(const Model *m, Act *base, int64_t elements) {
@@ -332,7 +347,7 @@ static Act *take_act(ArenaCursor *cur, int64_t count) {
     return p;
 }
 
-static void carve_layer(LayerActs *a, ArenaCursor *cur, const ModelConfig *c, int64_t T) {
+static void carve_layer(LayerActs *a, ArenaCursor *cur, const ModelConfig *c, int64_t T, int64_t mlp_rows) {
     int64_t H = c->hidden_size, I = c->intermediate_size;
     int64_t QD = (int64_t)c->num_heads * c->head_dim, KD = (int64_t)c->num_kv_heads * c->head_dim;
     a->rstd_attn = take_stat(cur, T);
@@ -345,9 +360,10 @@ static void carve_layer(LayerActs *a, ArenaCursor *cur, const ModelConfig *c, in
     a->x_mid = take_act(cur, T * H);
     a->rstd_mlp = take_stat(cur, T);
     a->h_mlp = take_act(cur, T * H);
-    a->gate = take_act(cur, T * I);
-    a->up = take_act(cur, T * I);
-    a->act = take_act(cur, T * I);
+    if (!mlp_rows) return;
+    a->gate = take_act(cur, mlp_rows * I);
+    a->up = take_act(cur, mlp_rows * I);
+    a->act = take_act(cur, mlp_rows * I);
 }
 
 // Size the activation arena for T tokens (grows, never shrinks; at least one
@@ -361,7 +377,8 @@ static void ensure_activations(Model *m, int64_t T) {
     int64_t H = c->hidden_size, I = c->intermediate_size;
     int64_t QD = (int64_t)c->num_heads * c->head_dim, KD = (int64_t)c->num_kv_heads * c->head_dim;
     // The fp32 statistics first (padded to ARENA_ALIGN), then the Act tensors.
-    ArenaCount count = activation_count(c, m->checkpoint_activations, m->loss_chunk, T);
+    ArenaCount count = activation_count(c, m->checkpoint_activations, m->loss_chunk, m->mlp_chunk, T);
+    const int64_t C = m->mlp_chunk_rows = model_mlp_chunk_rows(m->mlp_chunk, m->checkpoint_activations, T);
     size_t bytes = model_activation_bytes(m, T);
     m->activation_arena = be->alloc(bytes);
     float *stats = m->activation_arena;
@@ -372,19 +389,27 @@ static void ensure_activations(Model *m, int64_t T) {
     m->x_final = take_act(&cur, T * H);
     m->rstd_final = take_stat(&cur, T);
     m->h_final = take_act(&cur, T * H);
-    if (m->checkpoint_activations) carve_layer(&m->scratch, &cur, c, T);
-    else for (int l = 0; l < c->num_layers; l++) carve_layer(&m->layers[l], &cur, c, T);
+    if (m->checkpoint_activations) carve_layer(&m->scratch, &cur, c, T, C ? 0 : T);
+    else for (int l = 0; l < c->num_layers; l++) carve_layer(&m->layers[l], &cur, c, T, C ? 0 : T);
+    if (C) {  // one set of chunk buffers that every layer's MLP uses in turn
+        LayerActs chunk;
+        carve_layer(&chunk, &cur, c, 0, C);
+        for (int l = 0; l < c->num_layers; l++) {
+            LayerActs *a = m->checkpoint_activations ? &m->scratch : &m->layers[l];
+            a->gate = chunk.gate, a->up = chunk.up, a->act = chunk.act;
+        }
+    }
     m->dx = take_act(&cur, T * H);
     m->dh = take_act(&cur, T * H);
     m->dq = take_act(&cur, T * QD);
     m->datt = take_act(&cur, T * QD);
     m->dk = take_act(&cur, T * KD);
     m->dv = take_act(&cur, T * KD);
-    m->dgate = take_act(&cur, T * I);
-    m->dup = take_act(&cur, T * I);
-    m->dact = take_act(&cur, T * I);
+    m->dgate = take_act(&cur, (C ? C : T) * I);
+    m->dup = take_act(&cur, (C ? C : T) * I);
+    m->dact = take_act(&cur, (C ? C : T) * I);
     m->delta = take_stat(&cur, (int64_t)c->num_heads * T);
-    m->logits = take_act(&cur, (int64_t)m->loss_chunk * c->vocab_size);
+    m->logits = take_act(&cur, model_loss_chunk_rows(m->loss_chunk, T) * c->vocab_size);
     CHECK(cur.stat <= (float *)acts && (char *)cur.act == (char *)m->activation_arena + bytes,
           "activation arena miscounted");
     m->tokens = be->alloc(sizeof(int32_t) * (size_t)T);
@@ -438,6 +463,17 @@ static void input_norm(Model *m, int l, LayerActs *a, int64_t T) {
 // residual added and its norm taken in one op, goes to out. out NULL: a
 // recomputation for backward, which needs only the saved activations and
 // takes the input norm itself.
+// The MLP's gate, up and act [n, I] of tokens [t0, t0 + n) (h_mlp's rows)
+// into a's buffers from their first row.
+static void mlp_up(Model *m, int l, LayerActs *a, int64_t t0, int64_t n) {
+    const Backend *be = m->be;
+    const int H = m->cfg.hidden_size, I = m->cfg.intermediate_size;
+    const Act *h = act_at(m, a->h_mlp, t0 * H);
+    be->matmul_forward(a->gate, h, model_weight(m, model_layer_param(m, l, LAYER_GATE_WEIGHT)), NULL, n, H, I);
+    be->matmul_forward(a->up, h, model_weight(m, model_layer_param(m, l, LAYER_UP_WEIGHT)), NULL, n, H, I);
+    be->swiglu_forward(a->act, a->gate, a->up, n * I);
+}
+
 static void layer_forward(Model *m, int l, LayerActs *a, const NormedOutput *out, int64_t T) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
@@ -457,11 +493,16 @@ static void layer_forward(Model *m, int l, LayerActs *a, const NormedOutput *out
     be->matmul_forward(a->x_mid, a->att, W(LAYER_O_WEIGHT), NULL, T, QD, H);
     be->residual_rmsnorm_forward(a->h_mlp, a->rstd_mlp, a->x_mid, a->x_in, W(LAYER_POST_NORM), T, H,
                                  (float)c->rms_norm_eps);
-    be->matmul_forward(a->gate, a->h_mlp, W(LAYER_GATE_WEIGHT), NULL, T, H, I);
-    be->matmul_forward(a->up, a->h_mlp, W(LAYER_UP_WEIGHT), NULL, T, H, I);
-    be->swiglu_forward(a->act, a->gate, a->up, T * I);
+    // The MLP whole (its gate, up and act kept for the backward), or in
+    // chunks of tokens (the backward recomputes them chunk by chunk).
+    const int64_t rows = m->mlp_chunk_rows ? m->mlp_chunk_rows : T;
+    if (!m->mlp_chunk_rows) mlp_up(m, l, a, 0, T);
     if (!out) return;
-    be->matmul_forward(out->x, a->act, W(LAYER_DOWN_WEIGHT), NULL, T, I, H);
+    for (int64_t t0 = 0; t0 < T; t0 += rows) {
+        const int64_t n = T - t0 < rows ? T - t0 : rows;
+        if (m->mlp_chunk_rows) mlp_up(m, l, a, t0, n);
+        be->matmul_forward(act_at(m, out->x, t0 * H), a->act, W(LAYER_DOWN_WEIGHT), NULL, n, I, H);
+    }
     be->residual_rmsnorm_forward(out->h, out->rstd, out->x, a->x_mid, out->weight, T, H, (float)c->rms_norm_eps);
 #undef W
 }
@@ -474,15 +515,22 @@ static void layer_backward(Model *m, int l, LayerActs *a, int64_t T) {
     int QD = c->num_heads * c->head_dim, KD = c->num_kv_heads * c->head_dim;
 #define W(which) model_weight(m, model_layer_param(m, l, which))
 #define G(which) model_tensor(m, m->grad_mem, model_layer_param(m, l, which))
-    // MLP: out = x_mid + down(silu(gate(h)) * up(h)), h = norm(x_mid)
-    zero_act(m, m->dact, T * I);
-    be->matmul_backward(m->dact, G(LAYER_DOWN_WEIGHT), NULL, m->dx, a->act, W(LAYER_DOWN_WEIGHT), T, I, H);
-    zero_act(m, m->dgate, T * I);
-    zero_act(m, m->dup, T * I);
-    be->swiglu_backward(m->dgate, m->dup, m->dact, a->gate, a->up, T * I);
+    // MLP: out = x_mid + down(silu(gate(h)) * up(h)), h = norm(x_mid); in
+    // chunks of tokens, each recomputing its gate, up and act first.
+    const int64_t rows = m->mlp_chunk_rows ? m->mlp_chunk_rows : T;
     zero_act(m, m->dh, T * H);
-    be->matmul_backward(m->dh, G(LAYER_GATE_WEIGHT), NULL, m->dgate, a->h_mlp, W(LAYER_GATE_WEIGHT), T, H, I);
-    be->matmul_backward(m->dh, G(LAYER_UP_WEIGHT), NULL, m->dup, a->h_mlp, W(LAYER_UP_WEIGHT), T, H, I);
+    for (int64_t t0 = 0; t0 < T; t0 += rows) {
+        const int64_t n = T - t0 < rows ? T - t0 : rows;
+        Act *dx = act_at(m, m->dx, t0 * H), *dh = act_at(m, m->dh, t0 * H), *h = act_at(m, a->h_mlp, t0 * H);
+        if (m->mlp_chunk_rows) mlp_up(m, l, a, t0, n);
+        zero_act(m, m->dact, n * I);
+        be->matmul_backward(m->dact, G(LAYER_DOWN_WEIGHT), NULL, dx, a->act, W(LAYER_DOWN_WEIGHT), n, I, H);
+        zero_act(m, m->dgate, n * I);
+        zero_act(m, m->dup, n * I);
+        be->swiglu_backward(m->dgate, m->dup, m->dact, a->gate, a->up, n * I);
+        be->matmul_backward(dh, G(LAYER_GATE_WEIGHT), NULL, m->dgate, h, W(LAYER_GATE_WEIGHT), n, H, I);
+        be->matmul_backward(dh, G(LAYER_UP_WEIGHT), NULL, m->dup, h, W(LAYER_UP_WEIGHT), n, H, I);
+    }
     // d(x_mid) = d(out) (the residual, already in dx) + the norm's gradient, added in place.
     be->rmsnorm_backward(m->dx, G(LAYER_POST_NORM), m->dh, a->x_mid, W(LAYER_POST_NORM), a->rstd_mlp, T, H);
     // attention: x_mid = x_in + o_proj(attention(rope(q), rope(k), v)), from h = norm(x_in)

@@ -59,6 +59,8 @@ typedef struct {
     bool checkpoint_activations;
     AttentionConfig attention;  // dense | sparse, tile size, sparse budgets
     int loss_chunk;          // tokens per fused LM-head + cross-entropy chunk
+    int mlp_chunk;           // tokens per MLP chunk (model_mlp_chunk_rows); 0 = the MLP whole
+    int64_t mlp_chunk_rows;  // the activations' MLP chunk (0 = gate, up, act [T, I] kept per layer)
 
     int num_params;
     ParamInfo *params;       // the parameter table
@@ -78,9 +80,10 @@ typedef struct {
     LayerActs scratch;       // the shared recompute buffers under checkpointing
     Act *x_final, *h_final;  // [T, H]
     float *rstd_final;       // [T]
-    Act *dx, *dh, *dq, *dk, *dv, *datt, *dgate, *dup, *dact;
+    Act *dx, *dh, *dq, *dk, *dv, *datt;
+    Act *dgate, *dup, *dact; // [mlp_chunk_rows or T, I]
     float *delta;            // [Hq, T]
-    Act *logits;             // [loss_chunk, V]
+    Act *logits;             // [min(loss_chunk, max_tokens), V]
     int32_t *tokens, *targets;
     int64_t *positions;      // [T] global positions (masks, ring layouts)
     int64_t *rope_positions; // [T] the positions RoPE rotates by (model_set_rope_documents)
@@ -189,9 +192,20 @@ void model_logits_range(Model *m, const int32_t *tokens, const int64_t *position
 size_t model_activation_bytes(const Model *m, int64_t T);
 // Bytes of that arena for a model of shape c (head_dim set) on a backend
 // whose Act elements take act_bytes, without building one (trainer/plan.c):
-// saved activations, backward buffers and the LM-head chunk [loss_chunk,
-// vocab] in act_bytes each, the row statistics (rstd, lse, delta) in fp32.
-size_t model_activation_arena_bytes(const ModelConfig *c, bool checkpoint_activations, int loss_chunk, int64_t T,
-                                    size_t act_bytes);
+// saved activations, backward buffers and the LM-head chunk
+// [model_loss_chunk_rows, vocab] in act_bytes each, the row statistics (rstd,
+// lse, delta) in fp32.
+size_t model_activation_arena_bytes(const ModelConfig *c, bool checkpoint_activations, int loss_chunk, int mlp_chunk,
+                                    int64_t T, size_t act_bytes);
+// Tokens per MLP chunk for T tokens: 0 = the MLP whole, its gate, up and act
+// [T, I] kept per layer for the backward; else gate, up, act and their
+// gradients exist for this many tokens only, shared by the layers, and the
+// backward recomputes them chunk by chunk from the saved norm output. Chunks
+// when mlp_chunk > 0 and either activation checkpointing is on (its backward
+// recomputes the layer anyway) or T is above mlp_chunk.
+int64_t model_mlp_chunk_rows(int mlp_chunk, bool checkpoint_activations, int64_t T);
+// Rows of the LM-head chunk for T tokens: loss_chunk, or T when fewer (no
+// chunk holds more tokens than the step has).
+int64_t model_loss_chunk_rows(int loss_chunk, int64_t T);
 
 #endif

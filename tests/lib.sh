@@ -1,5 +1,5 @@
 # lib.sh: shared preamble of the shell tests (sourced): a temporary folder
-# $tmp removed on exit, and ok / bad / expect printing "ok NAME" and
+# $tmp removed on exit, and ok / bad / expect / expect_within printing "ok NAME" and
 # "FAIL NAME: why" lines for tests/run.sh, counting failures in $failures;
 # mpirun_env for tests that start mpirun; sim_train, runs_differ and below
 # for the tests that train on the CUDA backend under the sim.
@@ -9,6 +9,15 @@ failures=0
 ok() { echo "ok $1"; }
 bad() { echo "FAIL $1: $2"; failures=$((failures + 1)); }
 expect() { if eval "$2"; then ok "$1"; else bad "$1" "$2"; fi; }
+# expect_within NAME PLANNED MEASURED TOLERANCE OUTPUT: a planned figure
+# within TOLERANCE (a fraction) of the measured one, both printed on a
+# "# NAME: planned P MiB, measured M MiB" line; either missing fails with the
+# last lines of OUTPUT (and returns 1).
+expect_within() {
+  if [ -z "$2" ] || [ -z "$3" ]; then bad "$1" "no planned / measured figure: $(tail -2 "$5")"; return 1; fi
+  echo "# $1: planned $2 MiB, measured $3 MiB"
+  expect "$1" "awk -v p=$2 -v m=$3 -v t=$4 'BEGIN { d = (p - m) / m; exit !(d <= t && d >= -t) }'"
+}
 # mpirun_env: what tests that start mpirun need (as root, Open MPI asks to
 # be allowed; no single-copy mechanism inside containers).
 mpirun_env() {

@@ -14,6 +14,7 @@
 //   launch_limits                launch errors as the hardware gives them (ok / FAIL lines)
 //   polled                       cudaEventQuery over an operation complete on its 10th attempt (ok / FAIL lines)
 //   fragments                    mma.sync and ldmatrix element by element against the PTX ISA tables
+//   memory_peak                  cudasimMemoryPeak: cudaMalloc's bytes plus the pool's high-water mark (ok / FAIL)
 // tests/test_sim.sh runs each in a child process and asserts its outcome.
 #include <math.h>
 #include <stdio.h>
@@ -163,6 +164,34 @@ static void polled() {
     EXPECT(x[0] == 1.0f && x[31] == 1.0f, "polled_kernel_ran_once (x[0] %g)", x[0]);
     CUDA_CHECK(cudaFree(d_x));
     CUDA_CHECK(cudaEventDestroy(after));
+    CUDA_CHECK(cudaStreamDestroy(s));
+}
+
+// ---- the device memory peak (cudasimMemoryPeak): cudaMalloc's live bytes plus the pool's keep ----
+
+static void memory_peak() {
+    const size_t MIB = 1 << 20;
+    size_t base, peak;
+    CUDA_CHECK(cudasimMemoryPeak(&base));
+    cudaStream_t s;
+    CUDA_CHECK(cudaStreamCreate(&s));
+    cudaMemPool_t pool;
+    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, 0));
+    uint64_t keep = UINT64_MAX;
+    CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    void *a, *b, *c;
+    CUDA_CHECK(cudaMalloc(&a, 1 * MIB));
+    CUDA_CHECK(cudaMallocAsync(&b, 4 * MIB, s));
+    CUDA_CHECK(cudaFreeAsync(b, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    CUDA_CHECK(cudaMallocAsync(&c, 2 * MIB, s));   // within what the pool keeps
+    CUDA_CHECK(cudaFreeAsync(c, s));
+    CUDA_CHECK(cudaFree(a));
+    CUDA_CHECK(cudaMalloc(&a, 2 * MIB));           // 2 MiB live beside the pool's 4 MiB
+    CUDA_CHECK(cudasimMemoryPeak(&peak));
+    EXPECT(peak - base == 6 * MIB, "memory_peak_pool_kept (peak %zu bytes above the start, expected 6 MiB)",
+           peak - base);
+    CUDA_CHECK(cudaFree(a));
     CUDA_CHECK(cudaStreamDestroy(s));
 }
 
@@ -380,6 +409,7 @@ int main(int argc, char **argv) {
         violation(c);
     else if (!strcmp(c, "launch_limits")) launch_limits();
     else if (!strcmp(c, "polled")) polled();
+    else if (!strcmp(c, "memory_peak")) memory_peak();
     else if (!strcmp(c, "fragments")) { check_mma(); check_ldmatrix(); }
     else CHECK(0, "sim_selftest: unknown case %s", c);
     return check_exit();

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # test_plan.sh: `mtrain plan` and the memory check of `mtrain train`. On the
 # CPU backend the planned peak host memory is within 15% of the peak RSS that
-# `mtrain train` measures (getrusage, in its run summary) for six runs of
-# different shape on one rank and two on two ranks (cp 2; dp 2 with ZeRO-1); the cluster run files pass the plan on their GPUs; a run
+# `mtrain train` measures (getrusage, in its run summary) for seven runs of
+# different shape on one rank (one with Qwen's 151936-token vocabulary, 256
+# tokens per step under a loss chunk of 1024) and two on two ranks (cp 2; dp 2 with ZeRO-1); the cluster run files pass the plan on their GPUs; a run
 # that cannot fit is refused with one line; bad plan options get one line; --kernels adds up to the plan;
 # metrics.jsonl carries MFU and RSS.
 #   MTRAIN=path/to/mtrain bash tests/test_plan.sh   (default build/mtrain)
@@ -24,6 +25,7 @@ runs=(
   "long model.hidden_size=256 model.intermediate_size=688 model.num_layers=4 model.num_heads=4 train.seq_len=2048 model.max_position_embeddings=2048"
   "sparse model.hidden_size=256 model.intermediate_size=688 model.num_layers=4 model.num_heads=4 train.seq_len=2048 model.max_position_embeddings=2048 attention.type=sparse attention.block_size=64"
   "zero $mid train.seq_len=256 parallel.zero=1 train.micro_batches=2"
+  "qwen_vocab model.vocab_size=151936"
 )
 # two ranks (peak RSS of rank 0): the ring of cp 2, and ZeRO-1 over dp 2
 if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
@@ -42,12 +44,7 @@ for run in "${runs[@]}"; do
   summary=$(grep '^run summary' "$tmp/$name.out")
   measured=$(sed -n 's/.*peak RSS \([0-9.]*\) MiB.*/\1/p' <<<"$summary")
   planned=$(sed -n 's/.*(planned \([0-9.]*\)).*/\1/p' <<<"$summary")
-  if [ -z "$measured" ] || [ -z "$planned" ]; then
-    bad "plan_rss_$name" "no peak RSS / planned figures in the run summary: $(tail -2 "$tmp/$name.out")"
-    continue
-  fi
-  echo "# $name: planned $planned MiB, measured peak RSS $measured MiB"
-  expect "plan_rss_$name" "awk -v p=$planned -v m=$measured 'BEGIN { d = (p - m) / m; exit !(d <= 0.15 && d >= -0.15 && m > 40) }'"
+  expect_within "plan_rss_$name" "$planned" "$measured" 0.15 "$tmp/$name.out" || continue
   # plan prints the same total as the train check
   # shellcheck disable=SC2086
   total=$("$PLAIN_MTRAIN" plan $base checkpoint.dir="$tmp/ck_$name" log.dir="$tmp/log_$name" ${run#* } |
@@ -57,17 +54,72 @@ done
 expect plan_metrics_fields "grep -q '\"mfu\": [0-9.]*, \"rss_mib\": [0-9.]*' '$tmp/log_saved/metrics.jsonl'"
 expect plan_step_line "grep -Eq 'MFU [0-9.]+% \| RSS [0-9]+ MiB' '$tmp/saved.out'"
 
+# the cluster run files plan as they are (no weights: train.init_from's folder is not here) and exit 0
 for pair in qwen2.5-3b-512k-32xa100:a100-80g qwen2.5-0.5b-128k-8xa100:a100-80g qwen2.5-7b-512k-32xh100:h100; do
   cfg=configs/${pair%%:*}.yaml gpu=${pair##*:}
-  "$MTRAIN" plan "$cfg" train.init_from=none >"$tmp/plan.out" 2>&1
-  expect "plan_fits_${pair%%:*}" "[ $? -eq 0 ] && grep -q '^fits: yes' '$tmp/plan.out' && grep -q '^predicted step' '$tmp/plan.out' && grep -q '^plan: CUDA backend as designed .* on $gpu:' '$tmp/plan.out'"
+  "$MTRAIN" plan "$cfg" >"$tmp/plan.out" 2>&1
+  rc=$?
+  expect "plan_fits_${pair%%:*}" "[ $rc -eq 0 ] && grep -q '^fits: yes' '$tmp/plan.out' && grep -q '^predicted step' '$tmp/plan.out' && grep -q '^plan: CUDA backend as designed .* on $gpu:' '$tmp/plan.out' && grep -q '^architecture: model.preset' '$tmp/plan.out'"
   "$MTRAIN" config "$cfg" train.init_from=none >/dev/null 2>&1
-  expect "plan_config_parses_${pair%%:*}" "[ $? -eq 0 ]"
+  rc=$?
+  expect "plan_config_parses_${pair%%:*}" "[ $rc -eq 0 ]"
 done
-# the 3B run without checkpointing or ZeRO on 40 GB A100s does not fit: the advice names what to change
-"$MTRAIN" plan configs/qwen2.5-3b-512k-32xa100.yaml --gpu a100-40g train.init_from=none \
+# train still needs the folder's config.json
+"$MTRAIN" train configs/qwen2.5-0.5b-128k-8xa100.yaml >"$tmp/out" 2>"$tmp/err"
+rc=$?
+expect plan_train_needs_folder "[ $rc -ne 0 ] && grep -q 'train.init_from: models/Qwen2.5-0.5B: no config.json there' '$tmp/err'"
+# tokens/s per GPU and for the job: the job's figure is dp x cp times the GPU's
+tps=$(sed -n 's/.* | \([0-9]*\) tokens\/s per GPU, \([0-9]*\) tokens\/s for the job (32 GPUs) .*/\1 \2/p' "$tmp/plan.out")
+expect plan_tokens_labelled "[ -n '$tps' ] && awk -v a='${tps% *}' -v b='${tps#* }' 'BEGIN { d = b / (32 * a) - 1; exit !(d < 0.001 && d > -0.001) }'"
+# model.preset: the published Qwen2.5 base models' parameter counts (their model cards), from a run file with
+# only the preset; keys beside the preset win
+for pair in 0.5b:494032768 1.5b:1543714304 3b:3085938688 7b:7615616512 14b:14770033664 32b:32763876352 72b:72706203648; do
+  printf 'model:\n  preset: qwen2.5-%s\n' "${pair%%:*}" >"$tmp/preset.yaml"
+  "$MTRAIN" plan "$tmp/preset.yaml" --gpu h100 >"$tmp/out" 2>&1
+  expect "plan_preset_${pair%%:*}" "grep -q '^model: ${pair##*:} parameters' '$tmp/out'"
+done
+"$MTRAIN" plan "$tmp/preset.yaml" --gpu h100 model.num_layers=2 >"$tmp/out" 2>&1
+expect plan_preset_key_wins "grep -q '^model: [0-9]* parameters (2 layers, hidden 8192' '$tmp/out'"
+# the plan's step in every view: --kernels and --ring name the terms they leave out and give the step
+"$MTRAIN" plan configs/qwen2.5-3b-512k-32xa100.yaml >"$tmp/default.out"
+"$MTRAIN" plan configs/qwen2.5-3b-512k-32xa100.yaml --kernels >"$tmp/kernels.out"
+"$MTRAIN" plan configs/qwen2.5-3b-512k-32xa100.yaml --ring >"$tmp/ring.out"
+step=$(sed -n 's/^predicted step: \([0-9.]*\) s .*/\1/p' "$tmp/default.out")
+expect plan_kernels_step "[ -n '$step' ] && grep -q 'leave out the ring.s exposed transfers and the gradient reduction; on a100-80g the plan.s step above is .* = $step s' '$tmp/kernels.out'"
+expect plan_ring_step "[ -n '$step' ] && grep -q 'leaves out the GEMMs, the other kernels and the gradient reduction; the plan.s step on a100-80g is $step s' '$tmp/ring.out'"
+# --ring explains ring_send selected sending as much as full at the top_p caps (every block offset hit)
+expect plan_ring_selected_explained "grep -q '^sparse selected sends 100.0% of full.s K/V bytes: .* hit 100.0% of the 4096 key-block offsets (with this many slash lines' '$tmp/ring.out'"
+# 512K tokens: Qwen2.5-0.5B on one A100-80GB fits dense (the MLP in chunks of train.mlp_chunk tokens; with the
+# MLP whole it does not), not sparse at the top_p caps (the index: the advice names cp 2); Qwen2.5-3B on cp 8 fits
+# dense and sparse
+one_gpu="configs/qwen2.5-0.5b-128k-8xa100.yaml parallel.cp=1 train.seq_len=524288 model.max_position_embeddings=524288"
+# shellcheck disable=SC2086
+"$MTRAIN" plan $one_gpu attention.type=dense >"$tmp/out" 2>&1
+rc=$?
+expect plan_05b_512k_dense_fits "[ $rc -eq 0 ] && grep -q '^fits: yes' '$tmp/out'"
+# shellcheck disable=SC2086
+"$MTRAIN" plan $one_gpu attention.type=dense train.mlp_chunk=0 >"$tmp/out" 2>&1
+rc=$?
+expect plan_05b_512k_mlp_whole_no_fit "[ $rc -eq 3 ] && grep -q '^fits: NO' '$tmp/out'"
+# shellcheck disable=SC2086
+"$MTRAIN" plan $one_gpu attention.type=sparse >"$tmp/out" 2>&1
+rc=$?
+expect plan_05b_512k_sparse_advice "[ $rc -eq 3 ] && grep -q '^to fit: parallel.cp=2' '$tmp/out'"
+for att in dense sparse; do
+  "$MTRAIN" plan configs/qwen2.5-3b-512k-32xa100.yaml parallel.cp=8 parallel.cp_inner=8 attention.type=$att \
+    >"$tmp/out" 2>&1
+  rc=$?
+  expect "plan_3b_512k_cp8_${att}_fits" "[ $rc -eq 0 ] && grep -q '^fits: yes' '$tmp/out'"
+done
+# the 3B run without checkpointing or ZeRO on 40 GB A100s does not fit: exit 3, the advice names what to change
+"$MTRAIN" plan configs/qwen2.5-3b-512k-32xa100.yaml --gpu a100-40g \
   train.checkpoint_activations=false parallel.zero=0 >"$tmp/nofit.out" 2>&1
-expect plan_nofit_advice "grep -q '^fits: NO' '$tmp/nofit.out' && grep -q '^to fit: train.checkpoint_activations=true' '$tmp/nofit.out'"
+rc=$?
+expect plan_nofit_advice "[ $rc -eq 3 ] && grep -q '^fits: NO' '$tmp/nofit.out' && grep -q '^to fit: train.checkpoint_activations=true' '$tmp/nofit.out'"
+"$MTRAIN" plan configs/qwen2.5-3b-512k-32xa100.yaml --gpu a100-40g --ring \
+  train.checkpoint_activations=false parallel.zero=0 >"$tmp/nofit.out" 2>&1
+rc=$?
+expect plan_nofit_ring_exit "[ $rc -eq 3 ] && grep -q '^fits: NO' '$tmp/nofit.out'"
 
 "$MTRAIN" plan configs/tiny-cpu.yaml --gpu v100 >"$tmp/out" 2>"$tmp/err"
 expect plan_bad_gpu "[ $? -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ] && grep -q 'hardware.gpu.*expected one of none, a100-40g' '$tmp/err'"

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 MTRAIN=${MTRAIN:-build/mtrain}
 . tests/lib.sh
 
-run3b="configs/qwen2.5-3b-512k-32xa100.yaml train.init_from=none hardware.network_gbs=12.5"
+run3b="configs/qwen2.5-3b-512k-32xa100.yaml hardware.network_gbs=12.5"
 # shellcheck disable=SC2086
 "$MTRAIN" plan $run3b --ring --density 0.05 >"$tmp/ring.out" 2>&1
 expect ring_runs "[ $? -eq 0 ] && grep -q '^## flat ring: 1 x 32' '$tmp/ring.out' && grep -q '^## hierarchical ring: 4 x 8' '$tmp/ring.out'"
@@ -103,7 +103,7 @@ expect ring_needs_gpu "[ $? -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ] && grep -
 "$MTRAIN" plan configs/tiny-cpu.yaml --ring --gpu a100-80g >"$tmp/out" 2>"$tmp/err"
 expect ring_needs_cp "[ $? -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ] && grep -q 'parallel.cp > 1' '$tmp/err'"
 # docs/PERFORMANCE.md shows this output as the command prints it
-awk '/^ring overlap on paper:/{f = 1} f && /^```/{exit} f' docs/PERFORMANCE.md >"$tmp/doc.out"
+awk '/^architecture:/{f = 1} f && /^```/{exit} f' docs/PERFORMANCE.md >"$tmp/doc.out"
 expect ring_doc_current "[ -s '$tmp/doc.out' ] && cmp -s '$tmp/doc.out' '$tmp/ring.out'"
 # shellcheck disable=SC2086
 bash scripts/ring_overlap.sh $run3b --density 0.05 >"$tmp/script.out" 2>&1

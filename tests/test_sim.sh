@@ -78,8 +78,8 @@ expect "out-of-bounds device read: AddressSanitizer heap-buffer-overflow in the 
   "[ $rc -ne 0 ] && grep -q 'heap-buffer-overflow' '$tmp/out' && grep -q 'in oob_read_kernel' '$tmp/out'"
 
 # Self-tests that check themselves (launch errors; cudaEventQuery over a polled
-# operation; mma and ldmatrix against the PTX tables).
-for c in launch_limits polled fragments; do
+# operation; mma and ldmatrix against the PTX tables; the device memory peak).
+for c in launch_limits polled fragments memory_peak; do
   $sim/sim_selftest $c >"$tmp/out" 2>&1
   rc=$?
   cat "$tmp/out"

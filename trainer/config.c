@@ -62,6 +62,7 @@ typedef struct {
 // Enum keys are stored as C enums, read and written as int.
 #define ENUM_FIELD_IS_INT(sec, key) \
     _Static_assert(sizeof(((Config *)0)->sec.key) == sizeof(int), #sec "." #key " is not int-sized")
+_Static_assert(sizeof(((Config *)0)->model_preset) == sizeof(int), "model.preset is not int-sized");
 ENUM_FIELD_IS_INT(model, rope_scaling.type);
 ENUM_FIELD_IS_INT(attention, type);
 ENUM_FIELD_IS_INT(attention, ring);
@@ -88,6 +89,7 @@ PATH_FIELDS(eval, tokenizer);
 ENUM_FIELD_IS_INT(hardware, gpu);
 
 static const Key keys[] = {
+    {"model", "preset", offsetof(Config, model_preset), T_ENUM, "none", 0, 0, 0, NAMES("none", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b", "qwen2.5-72b"), "The shapes of a published Qwen2.5 base model (its `config.json`: vocabulary, widths, layers, heads, `rope_theta`, `rms_norm_eps`, `max_position_embeddings`, tied embeddings) in place of the section's defaults when no `train.init_from` folder gives them; keys set beside it win. `mtrain plan` plans from it when the `train.init_from` folder is not there; `train` with an `init_from` folder always takes the folder's `config.json`.", 0, NULL},
     INT(model, vocab_size, 256, 2, 1 << 24, "Vocabulary size (rows of the embedding and the LM head)."),
     INT(model, hidden_size, 64, 1, 65536, "Width of the residual stream."),
     INT(model, intermediate_size, 172, 1, 1 << 20, "Width of the SwiGLU MLP (gate and up projections)."),
@@ -151,6 +153,7 @@ static const Key keys[] = {
     UINT64(train, seed, 1234, "Seed of the initialisation and of the data order."),
     BOOL(train, checkpoint_activations, false, "Recompute each layer's activations in the backward pass (saves memory)."),
     INT(train, loss_chunk, 1024, 1, 1 << 30, "Tokens per chunk of the fused LM head + cross entropy."),
+    INT(train, mlp_chunk, 16384, 0, 1 << 30, "Tokens per chunk of the MLP: its gate, up and SiLU product (and their gradients) exist for this many tokens only, shared by the layers, and the backward recomputes them chunk by chunk from the saved norm output. Used under `checkpoint_activations` (whose backward recomputes the layer anyway: no extra work), and without it when `seq_len` per rank is above this (two more GEMMs per layer in the backward); 0 = the MLP whole, its [tokens, intermediate_size] buffers kept per layer. The same results on the CPU backend when one chunk covers the sequence."),
     PATH(train, init_from, "none", NAMES("none"), "a Hugging Face folder", "`none` (random initialisation) or a Hugging Face folder (`config.json` + `model.safetensors`) to start from."),
     INT(train, max_bad_steps, 5, 1, 1 << 30, "A step whose loss or gradient norm is not finite on any rank is skipped on every rank (weights and AdamW state unchanged, its sequences consumed) and logged; this many in a row stop the run (exit 1, checkpoints kept). For testing, `MTRAIN_TEST_NAN_STEP=N[,RANK[,COUNT]]` in the environment makes the loss and gradient of COUNT steps from step N (default 1) NaN on world rank RANK (default 0)."),
     BOOL(train, memory_check, true, "Before allocating, compare the planned memory of the run (as `mtrain plan` prints it; CPU backend: the host memory of every rank on this node) with what the node has (`MemAvailable`) and refuse the run with the breakdown when it does not fit; `false` starts anyway."),
@@ -872,7 +875,44 @@ static void check_folder_architecture(const Config *cfg, const Config *folder_cf
     }
 }
 
-void config_from_args(Config *cfg, const char *path, int argc, char **argv, bool eval_model) {
+// model.preset: the config.json of each Qwen2.5 base model as published on
+// Hugging Face (Qwen/Qwen2.5-0.5B, -1.5B, -3B, -7B, -14B, -32B, -72B); all
+// have rope_theta 1e6 and SiLU, head_dim = hidden / heads. The 7B and larger
+// models have a padded vocabulary of 152064 and untied embeddings.
+static const struct {
+    int vocab, hidden, intermediate, layers, heads, kv_heads, max_positions;
+    double rms_norm_eps;
+    bool tie;
+} presets[] = {
+    [PRESET_QWEN25_0_5B] = {151936, 896, 4864, 24, 14, 2, 32768, 1e-6, true},
+    [PRESET_QWEN25_1_5B] = {151936, 1536, 8960, 28, 12, 2, 131072, 1e-6, true},
+    [PRESET_QWEN25_3B] = {151936, 2048, 11008, 36, 16, 2, 32768, 1e-6, true},
+    [PRESET_QWEN25_7B] = {152064, 3584, 18944, 28, 28, 4, 131072, 1e-6, false},
+    [PRESET_QWEN25_14B] = {152064, 5120, 13824, 48, 40, 8, 131072, 1e-5, false},
+    [PRESET_QWEN25_32B] = {152064, 5120, 27648, 64, 40, 8, 131072, 1e-5, false},
+    [PRESET_QWEN25_72B] = {152064, 8192, 29568, 80, 64, 8, 131072, 1e-5, false},
+};
+
+// The preset's shapes over the model section (the other keys keep their values).
+static void apply_preset(ModelConfig *m, ModelPreset preset) {
+    m->vocab_size = presets[preset].vocab;
+    m->hidden_size = presets[preset].hidden;
+    m->intermediate_size = presets[preset].intermediate;
+    m->num_layers = presets[preset].layers;
+    m->num_heads = presets[preset].heads;
+    m->num_kv_heads = presets[preset].kv_heads;
+    m->head_dim = 0;
+    m->rope_theta = 1e6;
+    m->rms_norm_eps = presets[preset].rms_norm_eps;
+    m->max_position_embeddings = presets[preset].max_positions;
+    m->tie_word_embeddings = presets[preset].tie;
+}
+
+// config_from_args and config_for_plan: folder_required = false takes a
+// train.init_from folder without a config.json as absent (the plan needs the
+// architecture only). Returns where the model section's shapes came from.
+static const char *config_load(Config *cfg, const char *path, int argc, char **argv, bool eval_model,
+                               bool folder_required) {
     char source[CONFIG_STR + 32];
     snprintf(source, sizeof(source), "%s%s", path, argc > 0 ? " (with overrides)" : "");
     config_defaults(cfg);
@@ -887,24 +927,44 @@ void config_from_args(Config *cfg, const char *path, int argc, char **argv, bool
         from_folder = true;
         snprintf(folder, sizeof(folder), "%s", cfg->eval.model_path);
     }
-    if (from_folder) {
-        // The folder's config.json replaces the defaults of the model section;
-        // the run file and the overrides are applied again on top of it.
-        char config_json[CONFIG_STR + 16];
-        snprintf(config_json, sizeof(config_json), "%s/config.json", folder);
-        if (access(config_json, R_OK) != 0)
+    char config_json[CONFIG_STR + 16];
+    snprintf(config_json, sizeof(config_json), "%s/config.json", folder);
+    if (from_folder && access(config_json, R_OK) != 0) {
+        if (folder_required)
             fail("%s: %s: %s: no config.json there (expected a Hugging Face model folder or checkpoint)", source, key,
                  folder);
+        from_folder = false;
+    }
+    ModelPreset preset = cfg->model_preset;
+    const char *shapes = "the run file's model section";
+    if (from_folder || preset != PRESET_NONE) {
+        // The folder's config.json, or else the preset, replaces the defaults
+        // of the model section; the run file and the overrides are applied
+        // again on top of it.
         config_defaults(cfg);
-        hf_config_read(config_json, &cfg->model);
-        Config *folder_cfg = xmalloc(sizeof(Config));
-        *folder_cfg = *cfg;
+        if (from_folder) hf_config_read(config_json, &cfg->model);
+        else apply_preset(&cfg->model, preset);
+        Config *folder_cfg = NULL;
+        if (from_folder) {
+            folder_cfg = xmalloc(sizeof(Config));
+            *folder_cfg = *cfg;
+        }
         load_layers(cfg, path, argc, argv);
-        check_folder_architecture(cfg, folder_cfg, source, key, config_json);
+        if (from_folder) check_folder_architecture(cfg, folder_cfg, source, key, config_json);
         free(folder_cfg);
+        shapes = from_folder ? "train.init_from's config.json" : "model.preset and the run file's model section";
     }
     config_validate(cfg, source);
     check_path_keys(cfg, source);
+    return shapes;
+}
+
+void config_from_args(Config *cfg, const char *path, int argc, char **argv, bool eval_model) {
+    config_load(cfg, path, argc, argv, eval_model, true);
+}
+
+const char *config_for_plan(Config *cfg, const char *path, int argc, char **argv) {
+    return config_load(cfg, path, argc, argv, false, false);
 }
 
 // ----------------------------------------------------------------------------
@@ -1050,8 +1110,8 @@ const char *config_enum_name(const Config *cfg, const void *field) {
 
 size_t config_run_keys(const Config *cfg, char *out, size_t size) {
     // How a run is computed, not what: resumable with other values.
-    static const char *const how[] = {"train.steps", "train.backend", "train.max_bad_steps", "train.micro_batches",
-                                      "train.loss_chunk", "train.checkpoint_activations", "attention.ring",
+    static const char *const how[] = {"model.preset", "train.steps", "train.backend", "train.max_bad_steps", "train.micro_batches",
+                                      "train.loss_chunk", "train.mlp_chunk", "train.checkpoint_activations", "attention.ring",
                                       "attention.ring_send", "attention.layout"};
     char text[CONFIG_STR + 64], name[128];
     size_t used = 0;

@@ -55,6 +55,7 @@ typedef struct {
     uint64_t seed;             // initialisation and data order
     bool checkpoint_activations; // recompute each layer in backward
     int loss_chunk;            // tokens per fused LM-head + cross-entropy chunk
+    int mlp_chunk;             // tokens per MLP chunk (model_mlp_chunk_rows); 0 = the MLP whole
     InitFrom init_from;        // none | a Hugging Face folder to start from (init_from_path)
     char init_from_path[CONFIG_STR];
     int max_bad_steps;         // non-finite steps in a row (each skipped) that stop the run
@@ -121,8 +122,16 @@ typedef struct {
     int gpus_per_node;         // 0 = the profile's
 } HardwareConfig;
 
+// model.preset: a published Qwen2.5 base model whose shapes stand in for a
+// config.json (config.c); PRESET_NONE = the section's own keys.
+typedef enum {
+    PRESET_NONE, PRESET_QWEN25_0_5B, PRESET_QWEN25_1_5B, PRESET_QWEN25_3B, PRESET_QWEN25_7B, PRESET_QWEN25_14B,
+    PRESET_QWEN25_32B, PRESET_QWEN25_72B
+} ModelPreset;
+
 typedef struct {
     ModelConfig model;
+    ModelPreset model_preset;  // model.preset (beside ModelConfig, which mirrors config.json)
     AttentionConfig attention;
     ParallelConfig parallel;
     TrainConfig train;
@@ -156,7 +165,13 @@ void config_override(Config *cfg, const char *assignment);
 // eval_model (`mtrain eval`, `tasks`): an eval.model folder (not `latest`)
 // gives the model section in place of train.init_from. A folder without a
 // config.json fails naming its key.
+// model.preset (no folder's config.json): the preset's shapes in place of
+// the model section's defaults, under the run file and the overrides.
 void config_from_args(Config *cfg, const char *path, int argc, char **argv, bool eval_model);
+// The same for `mtrain plan`, which needs the architecture only: a
+// train.init_from folder that is not there is passed over (the preset or the
+// run file's model keys give the shapes). Returns where the shapes came from.
+const char *config_for_plan(Config *cfg, const char *path, int argc, char **argv);
 // Cross-field checks (e.g. heads divisible by kv heads) after loading.
 void config_validate(const Config *cfg, const char *source);
 // The value of an enum key of cfg as the run file spells it, or of a
@@ -164,8 +179,9 @@ void config_validate(const Config *cfg, const char *source);
 // &cfg->attention.layout, &cfg->eval.text).
 const char *config_enum_name(const Config *cfg, const void *field);
 // The keys that decide what a run computes, "section.key=value\n" each, in
-// schema order: the model, attention, data and train sections but the keys
-// of how it is computed (train.steps, raised to go on; train.backend,
+// schema order: the model, attention, data and train sections but
+// model.preset (its shapes are keys of their own) and the keys of how it is
+// computed (train.steps, raised to go on; train.backend,
 // max_bad_steps, micro_batches, which changes with the grid, loss_chunk,
 // checkpoint_activations; attention.ring, ring_send, layout), then
 // "data.content=HEX" when data.content_hash is set (shards re-tokenized

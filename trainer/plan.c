@@ -44,8 +44,11 @@ static const GpuProfile gpu_profiles[] = {
 // Memory-bound kernels (element-wise, norms, loss, optimizer): this fraction
 // of the HBM bandwidth (the per-kernel table of `mtrain plan --kernels`).
 #define BANDWIDTH_EFFICIENCY 0.80
-// GPU: CUDA context, NCCL buffers and the cuBLASLt workspace (assumed).
-#define GPU_RUNTIME_BYTES (1.25 * (1 << 30))
+// GPU: CUDA context and NCCL buffers (assumed; not allocations of the
+// process), and the cuBLASLt workspace (MATMUL_CUDA_WORKSPACE_BYTES,
+// model/matmul_cuda.h).
+#define GPU_RUNTIME_BYTES (1.25 * (1 << 30) - GPU_CUBLASLT_WORKSPACE_BYTES)
+#define GPU_CUBLASLT_WORKSPACE_BYTES (32.0 * (1 << 20))
 // CPU: the binary, its libraries, MPI and OpenBLAS (measured: the peak RSS
 // of a 100K-parameter run minus what this plan counts for it).
 #define CPU_RUNTIME_BYTES (12.0 * (1 << 20))
@@ -224,241 +227,34 @@ static void plan_gpu_memory(Plan *p, const Config *cfg, double acts, double lm_c
     add_item(p, "activations bf16 (statistics fp32)", acts - lm_chunk);
     // The attention op's fp32 scratch: o and the dq, dk, dv sums of one layer.
     add_item(p, "attention scratch fp32 (o, dq, dk, dv)", 4.0 * (double)T * c->head_dim * 2 * (c->num_heads + c->num_kv_heads));
-    if (a->type == ATTN_SPARSE) add_item(p, "sparse estimation and index", sparse_index_bytes(p, cfg, T));
-    if (p->cp > 1) add_item(p, "ring buffers (2 x K/V bf16, 2 x dK/dV fp32)", 2.0 * (double)T * KD * (2 * 2 + 2 * 4));
-    add_item(p, "LM-head chunk (bf16 logits)", lm_chunk);
-    add_item(p, "workspaces (CUDA, NCCL, cuBLASLt)", GPU_RUNTIME_BYTES);
-}
-
-// FLOPs of one optimizer step on one rank: the GEMMs of its tokens (6 per
-// weight per token: forward, dX, dW) and the causal attention of its slice
-// (forward 2 GEMMs, backward PLAN_ATTENTION_BACKWARD x forward).
-static void plan_flops(Plan *p, const Config *cfg) {
-    const ModelConfig *c = &cfg->model;
-    double N = (double)cfg->train.seq_len, micro = cfg->train.micro_batches;
-    double tokens = (double)p->tokens * micro;
-    double gemm = 6.0 * (double)matmul_weights(c) * tokens;
-    double attn_fwd = 2.0 * N * N * c->num_heads * c->head_dim * c->num_layers * micro / p->cp;
-    p->dense_model_flops = gemm + (1 + PLAN_ATTENTION_BACKWARD) * attn_fwd;
-    p->model_flops = gemm + (1 + PLAN_ATTENTION_BACKWARD) * attn_fwd * p->density;
-    double recompute = cfg->train.checkpoint_activations ? (gemm / 3.0 + attn_fwd * p->density) : 0.0;
-    p->hardware_flops = p->model_flops + recompute;
-    if (p->peak_flops <= 0) return;
-    p->attention_efficiency = !p->gpu ? 1.0 : p->density < 1.0 ? SPARSE_ATTENTION_EFFICIENCY
-                                                                : DENSE_ATTENTION_EFFICIENCY;
-    double attn_passes = (cfg->train.checkpoint_activations ? 2 : 1) + PLAN_ATTENTION_BACKWARD;
-    double forward = attn_fwd * p->density / (p->peak_flops * p->attention_efficiency);
-    double gemm_s = (gemm + (cfg->train.checkpoint_activations ? gemm / 3.0 : 0)) /
-                    (p->peak_flops * (p->gpu ? GEMM_EFFICIENCY : 1.0));
-    p->compute_s = gemm_s + attn_passes * forward;
-    p->attention_fwd_step_s = forward / (micro * c->num_layers * p->cp);
-    p->attention_step_s = attn_passes * p->attention_fwd_step_s;
-}
-
-// Ring traffic of one layer per ring step (bf16 K/V forward; K/V and the
-// fp32 dK/dV accumulators backward), the time of one hop inside and across
-// nodes, and what of it attention compute does not hide: an inner hop
-// overlaps one ring step's attention, an outer hop of the hierarchical ring
-// the whole inner round (cp_inner steps); a flat ring that spans nodes waits
-// for its slowest (network) hop at every step. Then the gradient reduction
-// over dp x cp (reduce-scatter + bf16 all-gather under ZeRO, an all-reduce
-// otherwise), counted as not overlapped.
-static void plan_communication(Plan *p, const Config *cfg) {
-    const ModelConfig *c = &cfg->model;
-    double KD = (double)c->num_kv_heads * c->head_dim, T = (double)p->tokens;
-    double elem = p->gpu ? 2.0 : 4.0;
-    p->ring_fwd_bytes = 2 * T * KD * elem;
-    p->ring_bwd_bytes = 2 * T * KD * elem + 2 * T * KD * 4;
-    if (!p->gpu) return;
-    bool spans_nodes = p->cp > p->hw.gpus_per_node;
-    p->inner_gbs = p->cp_outer == 1 && spans_nodes ? p->hw.internode_gbs : p->hw.nvlink_gbs;
-    p->outer_gbs = spans_nodes ? p->hw.internode_gbs : p->hw.nvlink_gbs;
-    p->ring_inner_s = (p->ring_fwd_bytes + p->ring_bwd_bytes) / (p->inner_gbs * 1e9);
-    p->ring_outer_s = (p->ring_fwd_bytes + p->ring_bwd_bytes) / (p->outer_gbs * 1e9);
-    double inner_hops = (double)(p->cp_inner - 1) * p->cp_outer, outer_hops = p->cp_outer - 1;
-    double per_layer = inner_hops * fmax(0, p->ring_inner_s - p->attention_step_s) +
-                       outer_hops * fmax(0, p->ring_outer_s - p->cp_inner * p->attention_step_s);
-    p->ring_exposed_s = per_layer * c->num_layers * cfg->train.micro_batches;
-    int R = p->dp * p->cp;
-    double nodes_bw = (R > p->hw.gpus_per_node ? p->hw.internode_gbs : p->hw.nvlink_gbs) * 1e9;
-    double P = (double)p->params;
-    double bytes = cfg->parallel.zero == 1 ? 4 * P + 2 * P : 2 * 4 * P;
-    p->reduce_s = R > 1 ? bytes * (R - 1) / R / nodes_bw : 0;
-}
-
-void plan_build(Plan *p, const Config *cfg, const GpuProfile *gpu, double cpu_peak_flops, bool peak_measured,
-                double density_override) {
-    memset(p, 0, sizeof(*p));
-    Config c = *cfg;
-    ModelConfig *mc = &c.model;
-    if (mc->head_dim == 0) mc->head_dim = mc->hidden_size / mc->num_heads;
-    p->gpu = gpu != NULL;
-    if (gpu) p->hw = *gpu;
-    p->peak_flops = gpu ? gpu->peak_tflops * 1e12 : cpu_peak_flops;
-    p->peak_measured = !gpu && peak_measured;
-    p->dp = cfg->parallel.dp > 0 ? cfg->parallel.dp : 1;
-    p->cp = cfg->parallel.cp > 0 ? cfg->parallel.cp : 1;
-    int inner_default = gpu ? gpu->gpus_per_node : p->cp;
-    int inner = cfg->parallel.cp_inner > 0 ? cfg->parallel.cp_inner : (p->cp % inner_default ? p->cp : inner_default);
-    p->cp_inner = ring_inner_size(cfg->attention.ring, p->cp, inner);
-    if (p->cp_inner < 1 || p->cp % p->cp_inner) p->cp_inner = p->cp;
-    p->cp_outer = p->cp / p->cp_inner;
-    p->tokens = rank_tokens(&c, p->cp);
-    p->params = param_count(mc);
-    p->density = density_override > 0 ? density_override : expected_density(&c.attention, c.train.seq_len);
-    p->density_assumed = cfg->attention.type == ATTN_SPARSE &&
-                         (density_override > 0 || cfg->attention.budget == BUDGET_TOPP);
-    size_t act_bytes = gpu ? GPU_ACT_BYTES : sizeof(float);  // the CPU backend's act_bytes
-    double lm_chunk = (double)act_bytes * (double)c.train.loss_chunk * mc->vocab_size;
-    p->activations_saved =
-        (double)model_activation_arena_bytes(mc, false, c.train.loss_chunk, p->tokens, act_bytes) - lm_chunk;
-    p->activations_checkpointed =
-        (double)model_activation_arena_bytes(mc, true, c.train.loss_chunk, p->tokens, act_bytes) - lm_chunk;
-    double acts = lm_chunk + (c.train.checkpoint_activations ? p->activations_checkpointed : p->activations_saved);
-    int64_t shards = cfg->parallel.zero == 1 ? (int64_t)p->dp * p->cp : 1;  // ZeRO-1 over dp x cp
-    int64_t shard = (p->params + shards - 1) / shards;                      // model_shard_size
-    if (gpu) {
-        plan_gpu_memory(p, &c, acts, lm_chunk, shard, shards);
-        p->capacity_bytes = gpu->hbm_gib * (1 << 30) * HBM_USABLE;
-    } else {
-        plan_cpu_memory(p, &c, acts, lm_chunk, shard, shards);
+    const double N = cfg->train.seq_len, Hq = c->num_heads;
+    if (a->type == ATTN_SPARSE) {
+        add_item(p, "sparse estimation and index", sparse_index_bytes(p, cfg, T));
+        // sparse_select_cuda.cu: per line kind and head (2 Hq segments) of N keys, the u64 keys and their
+        // sorted copy, the radix sort's temporary (one more copy) and a byte mask, from the stream-ordered
+        // pool, which keeps its high-water mark (release threshold UINT64_MAX: backend_cuda.c).
+        add_item(p, "sparse selection scratch (kept by the pool)", 25.0 * 2 * Hq * N);
     }
-    plan_flops(p, &c);
-    plan_communication(p, &c);
-    if (p->compute_s > 0) {
-        p->step_s = p->compute_s + p->ring_exposed_s + p->reduce_s;
-        p->tokens_per_s = (double)c.train.seq_len * c.train.micro_batches * p->dp / p->step_s;
-        p->mfu = p->model_flops / (p->step_s * p->peak_flops);
+    if (p->cp > 1 && a->type == ATTN_SPARSE) {
+        // ring_cuda.c: the estimation's fp32 scores [2, Hq, N]; the gathered columns of every layer (the
+        // union of the ranks' vertical lines and sinks: at most Hq x (V + sink) tokens), their K/V kept
+        // for the backward (bf16), their dK/dV and the collective's message (fp32).
+        const double V = a->budget == BUDGET_FIXED ? a->vertical : a->max_vertical;
+        const double n = fmin(N, Hq * (V + a->sink));
+        add_item(p, "ring estimation scores fp32", 8.0 * Hq * N);
+        add_item(p, "sparse columns (K/V of every layer, dK/dV)", n * KD * (4.0 * c->num_layers + 8 + 8));
     }
-}
-
-void plan_breakdown(const Plan *p, char *line, size_t size) {
-    size_t used = 0;
-    for (int i = 0; i < p->num_items && used < size; i++)
-        used += (size_t)snprintf(line + used, size - used, "%s%s %.2f", i ? " + " : "", p->items[i].name,
-                                 p->items[i].bytes * GIB);
-    if (used < size) snprintf(line + used, size - used, " = %.2f GiB", p->total_bytes * GIB);
-}
-
-void plan_print_gpu_memory(const Config *cfg, FILE *out) {
-    GpuProfile hw;
-    bool named = plan_gpu(cfg, &hw);
-    if (!named) hw = (GpuProfile){.name = "unnamed", .gpus_per_node = 1};  // no figures: no time, no capacity
-    Plan p;
-    plan_build(&p, cfg, &hw, 0, false, 0);
-    char line[1024];
-    plan_breakdown(&p, line, sizeof(line));
-    fprintf(out, "memory plan (cuda backend, one GPU): %s", line);
-    if (named) fprintf(out, " of %.2f GiB usable on %s", p.capacity_bytes * GIB, hw.name);
-    fputc('\n', out);
-}
-
-static double read_status_kib(const char *path, const char *key) {
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    char line[256];
-    double kib = 0;
-    size_t n = strlen(key);
-    while (fgets(line, sizeof(line), f))
-        if (!strncmp(line, key, n)) kib = strtod(line + n, NULL);
-    fclose(f);
-    return kib * 1024;
-}
-
-double plan_mem_available(void) { return read_status_kib("/proc/meminfo", "MemAvailable:"); }
-double plan_rss_now(void) { return read_status_kib("/proc/self/status", "VmRSS:"); }
-
-double plan_rss_peak(void) {
-    struct rusage ru;
-    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
-    return (double)ru.ru_maxrss * 1024;
-}
-
-
-// GPU: the plan within the usable HBM; CPU: every rank (one node) within MemAvailable.
-static bool plan_fits(const Plan *p) {
-    if (p->gpu) return p->total_bytes <= p->capacity_bytes;
-    return p->total_bytes * p->dp * p->cp <= plan_mem_available();
-}
-
-// What to change when the run does not fit: the first settings (activation
-// checkpointing, ZeRO-1, then cp doubled) under which it does.
-static void print_advice(const Plan *p, const Config *cfg, FILE *out) {
-    Config c = *cfg;
-    GpuProfile hw = p->hw;
-    const char *changes[2];
-    int n = 0;
-    for (int round = 0; round < 8; round++) {
-        if (!c.train.checkpoint_activations) {
-            c.train.checkpoint_activations = true;
-            changes[n++] = "train.checkpoint_activations=true";
-        } else if (c.parallel.zero == 0 && p->dp * p->cp > 1) {  // ZeRO-1's shards
-            c.parallel.zero = 1;
-            changes[n++] = "parallel.zero=1";
-        } else {
-            c.parallel.cp = (c.parallel.cp > 0 ? c.parallel.cp : 1) * 2;
-        }
-        Plan q;
-        plan_build(&q, &c, p->gpu ? &hw : NULL, 0, false, p->density_assumed ? p->density : 0);
-        if (plan_fits(&q)) {
-            fprintf(out, "to fit:");
-            for (int i = 0; i < n; i++) fprintf(out, " %s", changes[i]);
-            if (c.parallel.cp != cfg->parallel.cp) fprintf(out, " parallel.cp=%d (%d ranks)", c.parallel.cp,
-                                                           c.parallel.cp * p->dp);
-            fprintf(out, " -> %.2f GiB per %s\n", q.total_bytes * GIB, p->gpu ? "GPU" : "rank");
-            return;
-        }
-    }
-    fprintf(out, "to fit: no setting of checkpointing, ZeRO-1 and cp up to %d fits (ZeRO-1 leaves %.2f GiB of "
-            "weights and gradients on every %s); use %s\n", c.parallel.cp,
-            (p->gpu ? 6.0 : 8.0) * (double)p->params * GIB, p->gpu ? "GPU" : "rank",
-            p->gpu ? "GPUs with more memory" : "more nodes, or nodes with more memory");
-}
-
-void plan_print(const Plan *p, const Config *cfg, FILE *out) {
-    const ModelConfig *c = &cfg->model;
-    if (p->gpu)
-        fprintf(out, "plan: CUDA backend as designed (bf16 compute, fp32 master/gradients/moments) on %s: %.0f TFLOP/s "
-                "bf16, %.0f GiB HBM at %.0f GB/s, NVLink %.0f GB/s, network %.0f GB/s per GPU\n", p->hw.name,
-                p->hw.peak_tflops, p->hw.hbm_gib, p->hw.hbm_gbs, p->hw.nvlink_gbs, p->hw.internode_gbs);
-    else
-        fprintf(out, "plan: CPU backend (fp32), host memory of rank 0 (validated against the measured peak RSS: "
-                "docs/PERFORMANCE.md)\n");
-    fprintf(out, "model: %lld parameters (%d layers, hidden %d, heads %d/%d x %d, vocab %d) | seq_len %d x %d micro "
-            "batches | dp %d x cp %d (ring %d x %d), %lld tokens per rank | ZeRO-1 %s | checkpointing %s\n",
-            (long long)p->params, c->num_layers, c->hidden_size, c->num_heads, c->num_kv_heads, c->head_dim ? c->head_dim
-            : c->hidden_size / c->num_heads, c->vocab_size, cfg->train.seq_len, cfg->train.micro_batches, p->dp, p->cp,
-            p->cp_inner, p->cp_outer, (long long)p->tokens, cfg->parallel.zero ? "on" : "off",
-            cfg->train.checkpoint_activations ? "on" : "off");
-    fprintf(out, "memory per %s (GiB):\n", p->gpu ? "GPU" : "rank");
-    for (int i = 0; i < p->num_items; i++) fprintf(out, "  %-44s %9.3f\n", p->items[i].name, p->items[i].bytes * GIB);
-    fprintf(out, "  %-44s %9.3f\n", "total", p->total_bytes * GIB);
-    fprintf(out, "  activations saved for backward: %.3f without checkpointing, %.3f with\n",
-            p->activations_saved * GIB, p->activations_checkpointed * GIB);
-    fprintf(out, "FLOPs per step per %s: %.4g dense, %.4g at attention density %.4f (%s), %.4g with recomputation\n",
-            p->gpu ? "GPU" : "rank", p->dense_model_flops, p->model_flops, p->density,
-            cfg->attention.type == ATTN_DENSE ? "dense" : p->density_assumed ? "expected: --density or the top_p caps"
-            : "fixed budget", p->hardware_flops);
+    // ring.c's buffers (K/V chunks: 2 travelling on the outer ring, 2 on the inner, 2 packed hops with
+    // ring_send selected; dK/dV: 3 going out, 3 coming in), ring_cuda.c's staging copy [2, T, KD] fp32,
+    // delta [Hq, T] fp32 and the sequence's positions (int64).
     if (p->cp > 1)
-        fprintf(out, "ring step of one layer: %.2f MiB forward (K/V), %.2f MiB backward (K/V + dK/dV)%s\n",
-                p->ring_fwd_bytes / (1 << 20), p->ring_bwd_bytes / (1 << 20), p->gpu ? "" : " (fp32)");
-    if (p->gpu && p->cp > 1)
-        fprintf(out, "  transfer %.2f ms per inner hop, %.2f ms per outer hop (%s) vs %.2f ms attention compute per "
-                "ring step: %s\n", 1e3 * p->ring_inner_s, 1e3 * p->ring_outer_s,
-                p->cp > p->hw.gpus_per_node ? "network" : "NVLink", 1e3 * p->attention_step_s,
-                p->ring_exposed_s > 0 ? "not hidden" : "hidden");
-    if (p->step_s > 0)
-        fprintf(out, "predicted step: %.3f s (compute %.3f, ring exposed %.3f, gradient reduction %.3f) | %.0f tokens/s "
-                "| MFU %.1f%%%s\n", p->step_s, p->compute_s, p->ring_exposed_s, p->reduce_s, p->tokens_per_s,
-                100 * p->mfu, p->gpu ? "" : p->peak_measured ? " of the measured sgemm rate" : " of hardware.peak_tflops");
-    bool fits = plan_fits(p);
-    if (p->gpu)
-        fprintf(out, "fits: %s (%.2f of %.2f GiB usable: %.0f%% of HBM)\n", fits ? "yes" : "NO", p->total_bytes * GIB,
-                p->capacity_bytes * GIB, 100 * HBM_USABLE);
-    else
-        fprintf(out, "fits: %s (%.2f GiB x %d ranks on one node vs MemAvailable %.2f GiB)\n", fits ? "yes" : "NO",
-                p->total_bytes * GIB, p->dp * p->cp, plan_mem_available() * GIB);
-    if (!fits) print_advice(p, cfg, out);
+        add_item(p, "ring buffers (K/V bf16, dK/dV fp32, staging)",
+                 (double)T * KD * (2 * 2 * (a->ring_send == RING_SEND_SELECTED ? 6 : 4) + 2 * 4 * 6 + 2 * 4) +
+                     4 * Hq * T + 8 * N);
+    add_item(p, "LM-head chunk (bf16 logits)", lm_chunk);
+    add_item(p, "cuBLASLt workspace", GPU_CUBLASLT_WORKSPACE_BYTES);
+    add_item(p, "CUDA context, NCCL buffers (assumed)", GPU_RUNTIME_BYTES);
+    p->runtime_bytes = GPU_RUNTIME_BYTES;
 }
 
 // ---- the per-kernel table (`mtrain plan --kernels`) ----
@@ -557,6 +353,261 @@ static double kernel_seconds(const KernelRow *r, const GpuProfile *gpu, double a
     return fmax(compute, r->bytes / (gpu->hbm_gbs * 1e9 * bw_eff));
 }
 
+// The predicted seconds of the kernels of one step on gpu (the sum of the
+// rows at the assumed efficiencies): the plan's compute time on a GPU.
+static double kernels_seconds(const Plan *p, const Config *cfg, const GpuProfile *gpu, double attn_eff) {
+    KernelRow rows[MAX_KERNEL_ROWS];
+    const int n = kernel_rows(p, cfg, rows);
+    double total = 0;
+    for (int i = 0; i < n; i++) total += kernel_seconds(&rows[i], gpu, attn_eff, true);
+    return total;
+}
+
+// FLOPs of one optimizer step on one rank: the GEMMs of its tokens (6 per
+// weight per token: forward, dX, dW) and the causal attention of its slice
+// (forward 2 GEMMs, backward PLAN_ATTENTION_BACKWARD x forward).
+static void plan_flops(Plan *p, const Config *cfg) {
+    const ModelConfig *c = &cfg->model;
+    double N = (double)cfg->train.seq_len, micro = cfg->train.micro_batches;
+    double tokens = (double)p->tokens * micro;
+    double gemm = 6.0 * (double)matmul_weights(c) * tokens;
+    double attn_fwd = 2.0 * N * N * c->num_heads * c->head_dim * c->num_layers * micro / p->cp;
+    p->dense_model_flops = gemm + (1 + PLAN_ATTENTION_BACKWARD) * attn_fwd;
+    p->model_flops = gemm + (1 + PLAN_ATTENTION_BACKWARD) * attn_fwd * p->density;
+    // Checkpointing recomputes every layer's forward; without it an MLP in chunks recomputes its gate and up.
+    double recompute = cfg->train.checkpoint_activations ? (gemm / 3.0 + attn_fwd * p->density) : 0.0;
+    if (!cfg->train.checkpoint_activations && model_mlp_chunk_rows(cfg->train.mlp_chunk, false, p->tokens))
+        recompute += 4.0 * tokens * c->hidden_size * c->intermediate_size * c->num_layers;
+    p->hardware_flops = p->model_flops + recompute;
+    if (p->peak_flops <= 0) return;
+    p->attention_efficiency = !p->gpu ? 1.0 : p->density < 1.0 ? SPARSE_ATTENTION_EFFICIENCY
+                                                                : DENSE_ATTENTION_EFFICIENCY;
+    double attn_passes = (cfg->train.checkpoint_activations ? 2 : 1) + PLAN_ATTENTION_BACKWARD;
+    double forward = attn_fwd * p->density / (p->peak_flops * p->attention_efficiency);
+    // GPU: the kernels of the step (plan_print_kernels' rows); CPU: the FLOPs at the rank's peak.
+    p->compute_s = p->gpu ? kernels_seconds(p, cfg, &p->hw, p->attention_efficiency)
+                          : (gemm + recompute) / p->peak_flops + (1 + PLAN_ATTENTION_BACKWARD) * forward;
+    p->attention_fwd_step_s = forward / (micro * c->num_layers * p->cp);
+    p->attention_step_s = attn_passes * p->attention_fwd_step_s;
+}
+
+// Ring traffic of one layer per ring step (bf16 K/V forward; K/V and the
+// fp32 dK/dV accumulators backward), the time of one hop inside and across
+// nodes, and what of it attention compute does not hide: an inner hop
+// overlaps one ring step's attention, an outer hop of the hierarchical ring
+// the whole inner round (cp_inner steps); a flat ring that spans nodes waits
+// for its slowest (network) hop at every step. Then the gradient reduction
+// over dp x cp (reduce-scatter + bf16 all-gather under ZeRO, an all-reduce
+// otherwise), counted as not overlapped.
+static void plan_communication(Plan *p, const Config *cfg) {
+    const ModelConfig *c = &cfg->model;
+    double KD = (double)c->num_kv_heads * c->head_dim, T = (double)p->tokens;
+    double elem = p->gpu ? 2.0 : 4.0;
+    p->ring_fwd_bytes = 2 * T * KD * elem;
+    p->ring_bwd_bytes = 2 * T * KD * elem + 2 * T * KD * 4;
+    if (!p->gpu) return;
+    bool spans_nodes = p->cp > p->hw.gpus_per_node;
+    p->inner_gbs = p->cp_outer == 1 && spans_nodes ? p->hw.internode_gbs : p->hw.nvlink_gbs;
+    p->outer_gbs = spans_nodes ? p->hw.internode_gbs : p->hw.nvlink_gbs;
+    p->ring_inner_s = (p->ring_fwd_bytes + p->ring_bwd_bytes) / (p->inner_gbs * 1e9);
+    p->ring_outer_s = (p->ring_fwd_bytes + p->ring_bwd_bytes) / (p->outer_gbs * 1e9);
+    double inner_hops = (double)(p->cp_inner - 1) * p->cp_outer, outer_hops = p->cp_outer - 1;
+    double per_layer = inner_hops * fmax(0, p->ring_inner_s - p->attention_step_s) +
+                       outer_hops * fmax(0, p->ring_outer_s - p->cp_inner * p->attention_step_s);
+    p->ring_exposed_s = per_layer * c->num_layers * cfg->train.micro_batches;
+    int R = p->dp * p->cp;
+    double nodes_bw = (R > p->hw.gpus_per_node ? p->hw.internode_gbs : p->hw.nvlink_gbs) * 1e9;
+    double P = (double)p->params;
+    double bytes = cfg->parallel.zero == 1 ? 4 * P + 2 * P : 2 * 4 * P;
+    p->reduce_s = R > 1 ? bytes * (R - 1) / R / nodes_bw : 0;
+}
+
+void plan_build(Plan *p, const Config *cfg, const GpuProfile *gpu, double cpu_peak_flops, bool peak_measured,
+                double density_override) {
+    memset(p, 0, sizeof(*p));
+    Config c = *cfg;
+    ModelConfig *mc = &c.model;
+    if (mc->head_dim == 0) mc->head_dim = mc->hidden_size / mc->num_heads;
+    p->gpu = gpu != NULL;
+    if (gpu) p->hw = *gpu;
+    p->peak_flops = gpu ? gpu->peak_tflops * 1e12 : cpu_peak_flops;
+    p->peak_measured = !gpu && peak_measured;
+    p->dp = cfg->parallel.dp > 0 ? cfg->parallel.dp : 1;
+    p->cp = cfg->parallel.cp > 0 ? cfg->parallel.cp : 1;
+    int inner_default = gpu ? gpu->gpus_per_node : p->cp;
+    int inner = cfg->parallel.cp_inner > 0 ? cfg->parallel.cp_inner : (p->cp % inner_default ? p->cp : inner_default);
+    p->cp_inner = ring_inner_size(cfg->attention.ring, p->cp, inner);
+    if (p->cp_inner < 1 || p->cp % p->cp_inner) p->cp_inner = p->cp;
+    p->cp_outer = p->cp / p->cp_inner;
+    p->tokens = rank_tokens(&c, p->cp);
+    p->params = param_count(mc);
+    p->density = density_override > 0 ? density_override : expected_density(&c.attention, c.train.seq_len);
+    p->density_assumed = cfg->attention.type == ATTN_SPARSE &&
+                         (density_override > 0 || cfg->attention.budget == BUDGET_TOPP);
+    size_t act_bytes = gpu ? GPU_ACT_BYTES : sizeof(float);  // the CPU backend's act_bytes
+    double lm_chunk = (double)act_bytes * (double)model_loss_chunk_rows(c.train.loss_chunk, p->tokens) * mc->vocab_size;
+    p->activations_saved =
+        (double)model_activation_arena_bytes(mc, false, c.train.loss_chunk, c.train.mlp_chunk, p->tokens, act_bytes) - lm_chunk;
+    p->activations_checkpointed =
+        (double)model_activation_arena_bytes(mc, true, c.train.loss_chunk, c.train.mlp_chunk, p->tokens, act_bytes) - lm_chunk;
+    double acts = lm_chunk + (c.train.checkpoint_activations ? p->activations_checkpointed : p->activations_saved);
+    int64_t shards = cfg->parallel.zero == 1 ? (int64_t)p->dp * p->cp : 1;  // ZeRO-1 over dp x cp
+    int64_t shard = (p->params + shards - 1) / shards;                      // model_shard_size
+    if (gpu) {
+        plan_gpu_memory(p, &c, acts, lm_chunk, shard, shards);
+        p->capacity_bytes = gpu->hbm_gib * (1 << 30) * HBM_USABLE;
+    } else {
+        plan_cpu_memory(p, &c, acts, lm_chunk, shard, shards);
+    }
+    plan_flops(p, &c);
+    plan_communication(p, &c);
+    if (p->compute_s > 0) {
+        p->step_s = p->compute_s + p->ring_exposed_s + p->reduce_s;
+        p->tokens_per_s = (double)c.train.seq_len * c.train.micro_batches * p->dp / p->step_s;
+        p->mfu = p->model_flops / (p->step_s * p->peak_flops);
+    }
+}
+
+void plan_breakdown(const Plan *p, char *line, size_t size) {
+    size_t used = 0;
+    for (int i = 0; i < p->num_items && used < size; i++)
+        used += (size_t)snprintf(line + used, size - used, "%s%s %.2f", i ? " + " : "", p->items[i].name,
+                                 p->items[i].bytes * GIB);
+    if (used < size) snprintf(line + used, size - used, " = %.2f GiB", p->total_bytes * GIB);
+}
+
+bool plan_build_gpu_memory(Plan *p, const Config *cfg) {
+    GpuProfile hw;
+    bool named = plan_gpu(cfg, &hw);
+    if (!named) hw = (GpuProfile){.name = "unnamed", .gpus_per_node = 1};  // no figures: no time, no capacity
+    plan_build(p, cfg, &hw, 0, false, 0);
+    return named;
+}
+
+void plan_print_gpu_memory(const Config *cfg, FILE *out) {
+    Plan p;
+    bool named = plan_build_gpu_memory(&p, cfg);
+    const GpuProfile hw = p.hw;
+    char line[1024];
+    plan_breakdown(&p, line, sizeof(line));
+    fprintf(out, "memory plan (cuda backend, one GPU): %s", line);
+    if (named) fprintf(out, " of %.2f GiB usable on %s", p.capacity_bytes * GIB, hw.name);
+    fputc('\n', out);
+}
+
+static double read_status_kib(const char *path, const char *key) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char line[256];
+    double kib = 0;
+    size_t n = strlen(key);
+    while (fgets(line, sizeof(line), f))
+        if (!strncmp(line, key, n)) kib = strtod(line + n, NULL);
+    fclose(f);
+    return kib * 1024;
+}
+
+double plan_mem_available(void) { return read_status_kib("/proc/meminfo", "MemAvailable:"); }
+double plan_rss_now(void) { return read_status_kib("/proc/self/status", "VmRSS:"); }
+
+double plan_rss_peak(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+    return (double)ru.ru_maxrss * 1024;
+}
+
+
+bool plan_fits(const Plan *p) {
+    if (p->gpu) return p->total_bytes <= p->capacity_bytes;
+    return p->total_bytes * p->dp * p->cp <= plan_mem_available();
+}
+
+// What to change when the run does not fit: the first settings (activation
+// checkpointing, ZeRO-1, then cp doubled) under which it does.
+static void print_advice(const Plan *p, const Config *cfg, FILE *out) {
+    Config c = *cfg;
+    GpuProfile hw = p->hw;
+    const char *changes[2];
+    int n = 0;
+    for (int round = 0; round < 8; round++) {
+        if (!c.train.checkpoint_activations) {
+            c.train.checkpoint_activations = true;
+            changes[n++] = "train.checkpoint_activations=true";
+        } else if (c.parallel.zero == 0 && p->dp * p->cp > 1) {  // ZeRO-1's shards
+            c.parallel.zero = 1;
+            changes[n++] = "parallel.zero=1";
+        } else {
+            c.parallel.cp = (c.parallel.cp > 0 ? c.parallel.cp : 1) * 2;
+        }
+        Plan q;
+        plan_build(&q, &c, p->gpu ? &hw : NULL, 0, false, p->density_assumed ? p->density : 0);
+        if (plan_fits(&q)) {
+            fprintf(out, "to fit:");
+            for (int i = 0; i < n; i++) fprintf(out, " %s", changes[i]);
+            if (c.parallel.cp != cfg->parallel.cp) fprintf(out, " parallel.cp=%d (%d ranks)", c.parallel.cp,
+                                                           c.parallel.cp * p->dp);
+            fprintf(out, " -> %.2f GiB per %s\n", q.total_bytes * GIB, p->gpu ? "GPU" : "rank");
+            return;
+        }
+    }
+    fprintf(out, "to fit: no setting of checkpointing, ZeRO-1 and cp up to %d fits (ZeRO-1 leaves %.2f GiB of "
+            "weights and gradients on every %s); use %s\n", c.parallel.cp,
+            (p->gpu ? 6.0 : 8.0) * (double)p->params * GIB, p->gpu ? "GPU" : "rank",
+            p->gpu ? "GPUs with more memory" : "more nodes, or nodes with more memory");
+}
+
+void plan_print(const Plan *p, const Config *cfg, FILE *out) {
+    const ModelConfig *c = &cfg->model;
+    if (p->gpu)
+        fprintf(out, "plan: CUDA backend as designed (bf16 compute, fp32 master/gradients/moments) on %s: %.0f TFLOP/s "
+                "bf16, %.0f GiB HBM at %.0f GB/s, NVLink %.0f GB/s, network %.0f GB/s per GPU\n", p->hw.name,
+                p->hw.peak_tflops, p->hw.hbm_gib, p->hw.hbm_gbs, p->hw.nvlink_gbs, p->hw.internode_gbs);
+    else
+        fprintf(out, "plan: CPU backend (fp32), host memory of rank 0 (validated against the measured peak RSS: "
+                "docs/PERFORMANCE.md)\n");
+    fprintf(out, "model: %lld parameters (%d layers, hidden %d, heads %d/%d x %d, vocab %d) | seq_len %d x %d micro "
+            "batches | dp %d x cp %d (ring %d x %d), %lld tokens per rank | ZeRO-1 %s | checkpointing %s\n",
+            (long long)p->params, c->num_layers, c->hidden_size, c->num_heads, c->num_kv_heads, c->head_dim ? c->head_dim
+            : c->hidden_size / c->num_heads, c->vocab_size, cfg->train.seq_len, cfg->train.micro_batches, p->dp, p->cp,
+            p->cp_inner, p->cp_outer, (long long)p->tokens, cfg->parallel.zero ? "on" : "off",
+            cfg->train.checkpoint_activations ? "on" : "off");
+    fprintf(out, "memory per %s (GiB):\n", p->gpu ? "GPU" : "rank");
+    for (int i = 0; i < p->num_items; i++) fprintf(out, "  %-44s %9.3f\n", p->items[i].name, p->items[i].bytes * GIB);
+    fprintf(out, "  %-44s %9.3f\n", "total", p->total_bytes * GIB);
+    fprintf(out, "  activations saved for backward: %.3f without checkpointing, %.3f with\n",
+            p->activations_saved * GIB, p->activations_checkpointed * GIB);
+    fprintf(out, "FLOPs per step per %s: %.4g dense, %.4g at attention density %.4f (%s), %.4g with recomputation\n",
+            p->gpu ? "GPU" : "rank", p->dense_model_flops, p->model_flops, p->density,
+            cfg->attention.type == ATTN_DENSE ? "dense" : p->density_assumed ? "expected: --density or the top_p caps"
+            : "fixed budget", p->hardware_flops);
+    if (p->cp > 1)
+        fprintf(out, "ring step of one layer: %.2f MiB forward (K/V), %.2f MiB backward (K/V + dK/dV)%s\n",
+                p->ring_fwd_bytes / (1 << 20), p->ring_bwd_bytes / (1 << 20), p->gpu ? "" : " (fp32)");
+    if (p->gpu && p->cp > 1)
+        fprintf(out, "  transfer %.2f ms per inner hop, %.2f ms per outer hop (%s) vs %.2f ms attention compute per "
+                "ring step: %s\n", 1e3 * p->ring_inner_s, 1e3 * p->ring_outer_s,
+                p->cp > p->hw.gpus_per_node ? "network" : "NVLink", 1e3 * p->attention_step_s,
+                p->ring_exposed_s > 0 ? "not hidden" : "hidden");
+    if (p->step_s > 0)
+        fprintf(out, "predicted step: %.3f s (%s %.3f, ring exposed %.3f, gradient reduction %.3f) | %.0f tokens/s per "
+                "%s, %.0f tokens/s for the job (%d %ss) | MFU %.1f%%%s\n", p->step_s, p->gpu ? "kernels" : "compute",
+                p->compute_s, p->ring_exposed_s, p->reduce_s, p->tokens_per_s / (p->dp * p->cp), p->gpu ? "GPU" : "rank",
+                p->tokens_per_s, p->dp * p->cp, p->gpu ? "GPU" : "rank", 100 * p->mfu,
+                p->gpu ? "" : p->peak_measured ? " of the measured sgemm rate" : " of hardware.peak_tflops");
+    plan_print_verdict(p, cfg, out);
+}
+
+void plan_print_verdict(const Plan *p, const Config *cfg, FILE *out) {
+    bool fits = plan_fits(p);
+    if (p->gpu)
+        fprintf(out, "fits: %s (%.2f of %.2f GiB usable: %.0f%% of HBM)\n", fits ? "yes" : "NO", p->total_bytes * GIB,
+                p->capacity_bytes * GIB, 100 * HBM_USABLE);
+    else
+        fprintf(out, "fits: %s (%.2f GiB x %d ranks on one node vs MemAvailable %.2f GiB)\n", fits ? "yes" : "NO",
+                p->total_bytes * GIB, p->dp * p->cp, plan_mem_available() * GIB);
+    if (!fits) print_advice(p, cfg, out);
+}
+
 static const GpuProfile *profile_named(const char *name) {
     for (size_t i = 0; i < sizeof(gpu_profiles) / sizeof(gpu_profiles[0]); i++)
         if (!strcmp(gpu_profiles[i].name, name)) return &gpu_profiles[i];
@@ -593,12 +644,16 @@ void plan_print_kernels(const Plan *p, const Config *cfg, FILE *out) {
     fprintf(out, "| **step** | | %.4g | | | **%.1f** | **%.1f** |\n\n", flops / 1e9, 1e3 * roofline[0],
             1e3 * roofline[1]);
     for (int g = 0; g < 2; g++)
-        fprintf(out, "%s: roofline step %.3f s (MFU %.1f%%); predicted %.3f s, %.0f tokens/s, MFU %.1f%% (GEMMs at "
-                "%.0f%% of peak, attention at %.0f%%, memory-bound kernels at %.0f%% of bandwidth)\n",
+        fprintf(out, "%s: roofline step %.3f s (MFU %.1f%%); predicted %.3f s, %.0f tokens/s per GPU, MFU %.1f%% "
+                "(GEMMs at %.0f%% of peak, attention at %.0f%%, memory-bound kernels at %.0f%% of bandwidth)\n",
                 gpus[g]->name, roofline[g], 100 * p->model_flops / (roofline[g] * gpus[g]->peak_tflops * 1e12),
-                predicted[g], (double)cfg->train.seq_len * cfg->train.micro_batches / p->cp / predicted[g],
+                predicted[g], (double)p->tokens * cfg->train.micro_batches / predicted[g],
                 100 * p->model_flops / (predicted[g] * gpus[g]->peak_tflops * 1e12), 100 * GEMM_EFFICIENCY,
                 100 * attn_eff, 100 * BANDWIDTH_EFFICIENCY);
+    if (p->gpu)
+        fprintf(out, "these are the kernels alone: they leave out the ring's exposed transfers and the gradient reduction; "
+            "on %s the plan's step above is these kernels' %.3f s + ring exposed %.3f + gradient reduction %.3f = %.3f "
+            "s\n", p->hw.name, p->compute_s, p->ring_exposed_s, p->reduce_s, p->step_s);
 }
 
 int cmd_plan(int argc, char **argv) {
@@ -636,19 +691,29 @@ int cmd_plan(int argc, char **argv) {
     }
     if (gpu_override[0]) overrides[n++] = gpu_override;
     Config cfg;
-    config_from_args(&cfg, argv[0], n, overrides, false);
+    const char *shapes = config_for_plan(&cfg, argv[0], n, overrides);
     free(overrides);
+    printf("architecture: %s%s%s%s\n", shapes, cfg.model_preset != PRESET_NONE ? " (" : "",
+           cfg.model_preset != PRESET_NONE ? config_enum_name(&cfg, &cfg.model_preset) : "",
+           cfg.model_preset != PRESET_NONE ? ")" : "");
     GpuProfile gpu;
     bool on_gpu = plan_gpu(&cfg, &gpu), measured = false;
     if (ring) {
         if (!on_gpu) fail("plan: --ring needs a GPU (hardware.gpu or --gpu: the ring's links and kernels)");
         if (!(cfg.parallel.cp > 1)) fail("plan: --ring needs parallel.cp > 1 (no ring at cp %d)", cfg.parallel.cp);
-        plan_ring_print(&cfg, &gpu, density, stdout);
-        return 0;
     }
     Plan p;
-    plan_build(&p, &cfg, on_gpu ? &gpu : NULL, on_gpu ? 0 : plan_cpu_peak(&cfg, &measured), measured, density);
-    plan_print(&p, &cfg, stdout);
-    if (kernels) plan_print_kernels(&p, &cfg, stdout);
-    return 0;
+    plan_build(&p, &cfg, on_gpu ? &gpu : NULL, on_gpu ? 0 : plan_cpu_peak(&cfg, &measured), measured,
+               density);
+    if (ring) {
+        plan_ring_print(&cfg, &gpu, density, stdout);
+        printf("\nthis view is attention and its ring transfers, per layer: it leaves out the GEMMs, the other kernels "
+               "and the gradient reduction; the plan's step on %s is %.3f s (kernels %.3f, ring exposed %.3f, "
+               "gradient reduction %.3f)\n", gpu.name, p.step_s, p.compute_s, p.ring_exposed_s, p.reduce_s);
+        plan_print_verdict(&p, &cfg, stdout);
+    } else {
+        plan_print(&p, &cfg, stdout);
+        if (kernels) plan_print_kernels(&p, &cfg, stdout);
+    }
+    return plan_fits(&p) ? 0 : PLAN_EXIT_NO_FIT;
 }

@@ -57,6 +57,7 @@ typedef struct {
     PlanItem items[PLAN_MAX_ITEMS];
     int num_items;
     double total_bytes;          // peak memory of one rank
+    double runtime_bytes;        // GPU: of the total, the CUDA context and NCCL's buffers (not allocations)
     double capacity_bytes;       // GPU: HBM; CPU: 0 (the caller compares with MemAvailable)
     double activations_saved, activations_checkpointed;  // bytes, both settings
     double model_flops;          // per rank per optimizer step, at the density (no recomputation)
@@ -84,6 +85,13 @@ void plan_build(Plan *p, const Config *cfg, const GpuProfile *gpu, double cpu_pe
 double plan_slash_lines(const AttentionConfig *a, int64_t seq_len, double density);
 // The full report: memory table, FLOPs, ring, times, verdict and advice.
 void plan_print(const Plan *p, const Config *cfg, FILE *out);
+// GPU: the plan within the usable HBM; CPU: every rank (one node) within
+// MemAvailable.
+bool plan_fits(const Plan *p);
+// `mtrain plan`'s exit status when the run does not fit (0 when it does).
+#define PLAN_EXIT_NO_FIT 3
+// The `fits: yes|NO (...)` line, and when it does not fit what to change.
+void plan_print_verdict(const Plan *p, const Config *cfg, FILE *out);
 // The CUDA backend's kernels over one optimizer step of one GPU (`mtrain plan
 // --kernels`): per kernel its calls, FLOPs and DRAM bytes, and its roofline
 // bound on the A100-80GB and H100 profiles; then the step's roofline and
@@ -96,6 +104,8 @@ void plan_breakdown(const Plan *p, char *line, size_t size);
 // out: each item and the total in GiB, and the usable HBM of the GPU that the
 // hardware section names (none named: the items only).
 void plan_print_gpu_memory(const Config *cfg, FILE *out);
+// That plan into p; whether the hardware section names a GPU.
+bool plan_build_gpu_memory(Plan *p, const Config *cfg);
 // `mtrain plan RUN.yaml --ring` (plan_ring.c): per layer and ring step, on
 // gpu, flat and hierarchical, attention compute dense and at density (0 =
 // the run's), K/V and dK/dV bytes with ring_send full and selected, their

@@ -29,6 +29,7 @@ typedef struct {
     double *attention[2];         // [W] ms of one forward pass of step s (slowest rank)
     double *kv[2][2];             // [ring_send][link] [W] most K/V bytes a rank sends on the link in step s
     double *dkv[2];               // [ring_send] [W] most dK/dV bytes a rank sends at the end of backward step s
+    double coverage;              // sparse: the share of key-block offsets some head's planted lines hit
 } RingTable;
 
 // Pairs (q, k) with k <= q of the ascending positions q_pos [Tq], k_pos [Tk].
@@ -91,8 +92,8 @@ static void step_attention(RingTable *t) {
 // once per layer, outside the ring). A rank's need is the union over heads,
 // so the heads collapse into one whose offsets keep one of each pair of key
 // blocks an offset selects (sparse_index_build: blocks qb - floor(d / B) and
-// qb - ceil(d / B)).
-static void planted_need(const Ring *ring, const Config *cfg, double slash, int64_t words, uint64_t *bits) {
+// qb - ceil(d / B)). Returns the share of the N / B block offsets hit.
+static double planted_need(const Ring *ring, const Config *cfg, double slash, int64_t words, uint64_t *bits) {
     const int64_t N = cfg->train.seq_len;
     const int B = cfg->attention.block_size, W = ring->cp->size;
     char *hit = xcalloc((size_t)N, 1);  // hit[d]: some head has an offset of d's block pair
@@ -108,8 +109,17 @@ static void planted_need(const Ring *ring, const Config *cfg, double slash, int6
     }
     int64_t starts[2] = {0, 0}, none[2] = {0, 0};
     int64_t *offsets = xmalloc((size_t)N * sizeof(int64_t));
-    for (int64_t d = 0; d < N; d++)
-        if (hit[d]) offsets[starts[1]++] = d;
+    const int64_t nb = (N + B - 1) / B;
+    char *block_hit = xcalloc((size_t)nb + 1, 1);  // key-block offsets floor(d / B) and ceil(d / B)
+    int64_t blocks = 0;
+    for (int64_t d = 0; d < N; d++) {
+        if (!hit[d]) continue;
+        offsets[starts[1]++] = d;
+        for (int64_t k = d / B; k <= (d + B - 1) / B; k++) {
+            blocks += !block_hit[k];
+            block_hit[k] = 1;
+        }
+    }
     const SparsePattern pattern = {1, N, none, NULL, starts, offsets};
     int64_t *q_blocks = xmalloc((size_t)(ring->max_count / B + 2) * sizeof(int64_t));
     for (int r = 0; r < W; r++) {
@@ -120,7 +130,8 @@ static void planted_need(const Ring *ring, const Config *cfg, double slash, int6
         ring_need_row(&index, words, bits + r * words);
         sparse_index_free(&index);
     }
-    free(q_blocks); free(offsets); free(hit);
+    free(q_blocks); free(offsets); free(hit); free(block_hit);
+    return (double)blocks / (double)nb;
 }
 
 // Bytes per step with ring_send full and selected (the sparse pattern's
@@ -134,7 +145,7 @@ static void step_bytes(RingTable *t, const Config *cfg, double slash) {
     const int64_t words = ring_need_words(cfg->train.seq_len, B);
     uint64_t *bits = xmalloc((size_t)(W * words) * sizeof(uint64_t)), *mask = xmalloc((size_t)words * sizeof(uint64_t));
     if (p->density < 1.0) {
-        planted_need(&t->ring, cfg, slash, words, bits);
+        t->coverage = planted_need(&t->ring, cfg, slash, words, bits);
     } else {
         const AttnShape shape = {.num_heads = cfg->model.num_heads, .block_size = B};
         ring_dense_need(&t->ring, &shape, words, bits);
@@ -301,6 +312,17 @@ static void print_schedule(const Config *cfg, const GpuProfile *gpu, double dens
                 t.plan[SPARSE].outer_gbs == gpu->nvlink_gbs ? "NVLink" : "network");
     fputc('\n', out);
     for (int pass = 0; pass < 2; pass++) print_pass(&t, pass == 1, out, ms[pass]);
+    double sent[2] = {0, 0};
+    for (int m = FULL; m <= SELECTED; m++)
+        for (int s = 0; s < t.W; s++) sent[m] += t.kv[m][INNER][s] + t.kv[m][OUTER][s];
+    if (t.plan[SPARSE].density < 1.0)
+        fprintf(out, "\nsparse selected sends %.1f%% of full's K/V bytes: a hop carries the blocks of its chunk "
+                "that the receiving or a later rank's query blocks use, and the planted lines of the %d heads hit "
+                "%.1f%% of the %lld key-block offsets%s\n", 100 * sent[SELECTED] / fmax(sent[FULL], 1),
+                c.model.num_heads, 100 * t.coverage,
+                (long long)((c.train.seq_len + c.attention.block_size - 1) / c.attention.block_size),
+                t.coverage > 0.95 ? " (with this many slash lines per head every block is used by some rank's "
+                "queries: selected saves nothing here, as computed; a lower --density shows where it starts to)" : "");
     table_free(&t);
 }
 

@@ -38,6 +38,34 @@
 #include "plan.h"
 #include "tensorboard.h"
 
+// cfg with the grid the ranks formed (what the plans of this run take).
+static Config grid_config(const Config *cfg, const Dist *dist) {
+    Config grid = *cfg;
+    grid.parallel.dp = dist->dp.size;
+    grid.parallel.cp = dist->cp.size;
+    grid.parallel.cp_inner = dist->grid.cp_inner;
+    return grid;
+}
+
+// On the CUDA backend under the CPU execution model of CUDA: the peak of
+// device memory it measured beside the plan's (the CUDA context and NCCL's
+// buffers, which no allocation holds, left out).
+static void print_device_memory(const Config *cfg, const Dist *dist) {
+#ifdef MTRAIN_CUDA
+    double peak;
+    if (strcmp(backend_select(cfg->train.backend)->name, "cuda") || !backend_cuda_memory_peak(&peak)) return;
+    Plan p;
+    const Config grid = grid_config(cfg, dist);
+    plan_build_gpu_memory(&p, &grid);
+    printf("device memory: peak %.1f MiB measured by the sim (cudaMalloc and the pool's high-water mark) | planned "
+           "%.1f MiB (%.1f with the CUDA context and NCCL buffers)\n", peak / (1 << 20),
+           (p.total_bytes - p.runtime_bytes) / (1 << 20), p.total_bytes / (1 << 20));
+#else
+    (void)cfg;
+    (void)dist;
+#endif
+}
+
 int apply_threads(const Config *cfg, const Dist *dist) {
     int share = dist->node_cpus / dist->local_size;
     if (share > dist->rank_cpus) share = dist->rank_cpus;
@@ -58,6 +86,7 @@ void model_from_config(Model *m, const Config *cfg) {
     model_init(m, &cfg->model, backend_select(cfg->train.backend));
     model_set_attention(m, &cfg->attention);
     m->loss_chunk = cfg->train.loss_chunk;
+    m->mlp_chunk = cfg->train.mlp_chunk;
     m->checkpoint_activations = cfg->train.checkpoint_activations;
 }
 
@@ -573,10 +602,7 @@ void model_join_ring(Model *m, const Config *cfg, const Dist *dist) {
 // give the MFU of the step lines. On the CUDA backend rank 0 also prints the
 // memory plan of its GPU.
 static void check_memory(const Config *cfg, const Dist *dist, Plan *plan) {
-    Config grid = *cfg;
-    grid.parallel.dp = dist->dp.size;
-    grid.parallel.cp = dist->cp.size;
-    grid.parallel.cp_inner = dist->grid.cp_inner;
+    const Config grid = grid_config(cfg, dist);
     bool measured;
     double peak = plan_cpu_peak(cfg, &measured);
     plan_build(plan, &grid, NULL, peak, measured, 0);
@@ -768,6 +794,7 @@ int cmd_train(int argc, char **argv) {
         printf("run summary: steps %lld-%lld | %.0f tokens | %.1f s | %.0f tok/s%s | peak RSS %.1f MiB (planned "
                "%.1f)\n", (long long)first_step, (long long)state.step, tokens, seconds, tokens / seconds, val,
                plan_rss_peak() / (1 << 20), plan.total_bytes / (1 << 20));
+        print_device_memory(&cfg, &dist);
     }
     if (metrics) fclose(metrics);
     if (tb) tb_close(tb);

@@ -235,12 +235,27 @@ bool is_device(const void *p, size_t bytes) {
     return a >= it->first && a + bytes <= it->first + it->second;
 }
 
-static void *device_alloc(size_t bytes) {
+// Device memory held (cudasimMemoryPeak): cudaMalloc's live bytes, the
+// stream-ordered pool's live bytes and what it keeps reserved (at most its
+// release threshold above the live bytes), and the peak of their sum.
+static size_t malloc_live = 0, pool_live = 0, pool_reserved = 0, memory_peak = 0;
+static uint64_t pool_threshold = 0;
+static std::map<uintptr_t, bool> pooled;   // allocations made by cudaMallocAsync
+
+static void *device_alloc(size_t bytes, bool from_pool) {
     void *p;
     if (posix_memalign(&p, 256, bytes ? bytes : 1) != 0) return nullptr;
     memset(p, 0xff, bytes);
     std::lock_guard<std::mutex> lock(alloc_mutex);
     allocations[(uintptr_t)p] = bytes;
+    pooled[(uintptr_t)p] = from_pool;
+    if (from_pool) {
+        pool_live += bytes;
+        if (pool_reserved < pool_live) pool_reserved = pool_live;
+    } else {
+        malloc_live += bytes;
+    }
+    if (memory_peak < malloc_live + pool_reserved) memory_peak = malloc_live + pool_reserved;
     return p;
 }
 
@@ -250,10 +265,28 @@ static cudaError_t device_free(void *p) {
         std::lock_guard<std::mutex> lock(alloc_mutex);
         auto it = allocations.find((uintptr_t)p);
         if (it == allocations.end()) return cudaErrorInvalidValue;
+        auto from_pool = pooled.find((uintptr_t)p);
+        if (from_pool->second) {
+            pool_live -= it->second;
+            if (pool_reserved - pool_live > pool_threshold) pool_reserved = pool_live + pool_threshold;
+        } else {
+            malloc_live -= it->second;
+        }
+        pooled.erase(from_pool);
         allocations.erase(it);
     }
     free(p);
     return cudaSuccess;
+}
+
+static void set_pool_threshold(uint64_t bytes) {
+    std::lock_guard<std::mutex> lock(alloc_mutex);
+    pool_threshold = bytes;
+}
+
+static size_t device_memory_peak() {
+    std::lock_guard<std::mutex> lock(alloc_mutex);
+    return memory_peak;
 }
 
 }  // namespace cudasim
@@ -355,7 +388,15 @@ cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *pool, int device) {
 }
 
 cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr, void *value) {
-    return result(pool && value && attr == cudaMemPoolAttrReleaseThreshold ? cudaSuccess : cudaErrorInvalidValue);
+    if (!(pool && value && attr == cudaMemPoolAttrReleaseThreshold)) return result(cudaErrorInvalidValue);
+    set_pool_threshold(*(const uint64_t *)value);
+    return cudaSuccess;
+}
+
+cudaError_t cudasimMemoryPeak(size_t *bytes) {
+    if (!bytes) return result(cudaErrorInvalidValue);
+    *bytes = device_memory_peak();
+    return cudaSuccess;
 }
 
 cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value) {
@@ -364,7 +405,7 @@ cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, 
 }
 
 cudaError_t cudaMalloc(void **ptr, size_t size) {
-    *ptr = device_alloc(size);
+    *ptr = device_alloc(size, false);
     return result(*ptr ? cudaSuccess : cudaErrorMemoryAllocation);
 }
 
@@ -378,7 +419,7 @@ cudaError_t cudaFree(void *ptr) {
 // the call on; the free runs in stream order.
 cudaError_t cudaMallocAsync(void **ptr, size_t size, cudaStream_t stream) {
     (void)stream;
-    *ptr = device_alloc(size);
+    *ptr = device_alloc(size, true);
     return result(*ptr ? cudaSuccess : cudaErrorMemoryAllocation);
 }
 

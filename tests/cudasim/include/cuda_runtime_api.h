@@ -93,6 +93,13 @@ cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr att
 cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value);
 
 cudaError_t cudaMalloc(void **ptr, size_t size);
+// The sim's own query (no CUDA runtime has it; code that reads it tests
+// CUDASIM_MEMORY_PEAK): the peak so far of the device memory this process
+// holds: cudaMalloc's live bytes plus what the stream-ordered pool keeps
+// (with a release threshold of UINT64_MAX: its high-water mark of live
+// cudaMallocAsync bytes; below that the pool gives memory back down to it).
+#define CUDASIM_MEMORY_PEAK 1
+cudaError_t cudasimMemoryPeak(size_t *bytes);
 cudaError_t cudaFree(void *ptr);
 cudaError_t cudaMallocAsync(void **ptr, size_t size, cudaStream_t stream);
 cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream);

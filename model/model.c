@@ -468,7 +468,7 @@ static void input_norm(Model *m, int l, LayerActs *a, int64_t T) {
 static void mlp_up(Model *m, int l, LayerActs *a, int64_t t0, int64_t n) {
     const Backend *be = m->be;
     const int H = m->cfg.hidden_size, I = m->cfg.intermediate_size;
-    const Act *h = act_at(m, a->h_mlp, t0 * H);
+    const Act *h = model_act_at(m, a->h_mlp, t0 * H);
     be->matmul_forward(a->gate, h, model_weight(m, model_layer_param(m, l, LAYER_GATE_WEIGHT)), NULL, n, H, I);
     be->matmul_forward(a->up, h, model_weight(m, model_layer_param(m, l, LAYER_UP_WEIGHT)), NULL, n, H, I);
     be->swiglu_forward(a->act, a->gate, a->up, n * I);
@@ -501,7 +501,7 @@ static void layer_forward(Model *m, int l, LayerActs *a, const NormedOutput *out
     for (int64_t t0 = 0; t0 < T; t0 += rows) {
         const int64_t n = T - t0 < rows ? T - t0 : rows;
         if (m->mlp_chunk_rows) mlp_up(m, l, a, t0, n);
-        be->matmul_forward(act_at(m, out->x, t0 * H), a->act, W(LAYER_DOWN_WEIGHT), NULL, n, I, H);
+        be->matmul_forward(model_act_at(m, out->x, t0 * H), a->act, W(LAYER_DOWN_WEIGHT), NULL, n, I, H);
     }
     be->residual_rmsnorm_forward(out->h, out->rstd, out->x, a->x_mid, out->weight, T, H, (float)c->rms_norm_eps);
 #undef W
@@ -521,7 +521,7 @@ static void layer_backward(Model *m, int l, LayerActs *a, int64_t T) {
     zero_act(m, m->dh, T * H);
     for (int64_t t0 = 0; t0 < T; t0 += rows) {
         const int64_t n = T - t0 < rows ? T - t0 : rows;
-        Act *dx = act_at(m, m->dx, t0 * H), *dh = act_at(m, m->dh, t0 * H), *h = act_at(m, a->h_mlp, t0 * H);
+        Act *dx = model_act_at(m, m->dx, t0 * H), *dh = model_act_at(m, m->dh, t0 * H), *h = model_act_at(m, a->h_mlp, t0 * H);
         if (m->mlp_chunk_rows) mlp_up(m, l, a, t0, n);
         zero_act(m, m->dact, n * I);
         be->matmul_backward(m->dact, G(LAYER_DOWN_WEIGHT), NULL, dx, a->act, W(LAYER_DOWN_WEIGHT), n, I, H);

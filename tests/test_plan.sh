@@ -64,6 +64,14 @@ for pair in qwen2.5-3b-512k-32xa100:a100-80g qwen2.5-0.5b-128k-8xa100:a100-80g q
   "$MTRAIN" config "$cfg" train.init_from=none >/dev/null 2>&1
   expect "plan_config_parses_${pair%%:*}" "[ $? -eq 0 ]"
 done
+# the sparse plan's combine over cp: a reduce-scatter and an all-gather of [2, Hq, N] fp32 per layer on the
+# cp group's link (hardware.network_gbs=10 on the 3B run: 2 * 2*16*524288*4 * 31/32 / 10e9 * 36 layers
+# = 0.468 s); none dense, none on one rank
+combine() { "$MTRAIN" plan configs/qwen2.5-3b-512k-32xa100.yaml train.init_from=none hardware.network_gbs=10 "$@" 2>&1 |
+            sed -n 's/^predicted step: .*sparse plan combine \([0-9.]*\),.*/\1/p'; }
+c_sparse=$(combine) c_dense=$(combine attention.type=dense) c_one=$(combine parallel.cp=1 parallel.dp=32)
+expect "plan_sparse_combine: $c_sparse s sparse (0.468 expected), $c_dense dense, $c_one on cp 1" \
+  "[ '$c_sparse' = 0.468 ] && [ '$c_dense' = 0.000 ] && [ '$c_one' = 0.000 ]"
 # the 3B run without checkpointing or ZeRO on 40 GB A100s does not fit: the advice names what to change
 "$MTRAIN" plan configs/qwen2.5-3b-512k-32xa100.yaml --gpu a100-40g train.init_from=none \
   train.checkpoint_activations=false parallel.zero=0 >"$tmp/nofit.out" 2>&1

@@ -262,7 +262,12 @@ static void plan_flops(Plan *p, const Config *cfg) {
 // the whole inner round (cp_inner steps); a flat ring that spans nodes waits
 // for its slowest (network) hop at every step. Then the gradient reduction
 // over dp x cp (reduce-scatter + bf16 all-gather under ZeRO, an all-reduce
-// otherwise), counted as not overlapped.
+// otherwise), counted as not overlapped; and, sparse on cp > 1, the plan
+// forward's combine of the estimation's partial vertical and slash sums
+// [2, Hq, N] fp32 over cp, once per layer (a reduce-scatter and an
+// all-gather on device buffers, attention/ring_cuda.c; the small lse and
+// query all-gathers not counted), not overlapped either: the selection
+// waits for it.
 static void plan_communication(Plan *p, const Config *cfg) {
     const ModelConfig *c = &cfg->model;
     double KD = (double)c->num_kv_heads * c->head_dim, T = (double)p->tokens;
@@ -279,6 +284,11 @@ static void plan_communication(Plan *p, const Config *cfg) {
     double per_layer = inner_hops * fmax(0, p->ring_inner_s - p->attention_step_s) +
                        outer_hops * fmax(0, p->ring_outer_s - p->cp_inner * p->attention_step_s);
     p->ring_exposed_s = per_layer * c->num_layers * cfg->train.micro_batches;
+    if (cfg->attention.type == ATTN_SPARSE) {
+        double sums = 2.0 * c->num_heads * (double)cfg->train.seq_len * 4;
+        p->sparse_combine_s = 2 * sums * (p->cp - 1) / p->cp / (p->outer_gbs * 1e9) * c->num_layers *
+                              cfg->train.micro_batches;
+    }
     int R = p->dp * p->cp;
     double nodes_bw = (R > p->hw.gpus_per_node ? p->hw.internode_gbs : p->hw.nvlink_gbs) * 1e9;
     double P = (double)p->params;
@@ -326,7 +336,7 @@ void plan_build(Plan *p, const Config *cfg, const GpuProfile *gpu, double cpu_pe
     plan_flops(p, &c);
     plan_communication(p, &c);
     if (p->compute_s > 0) {
-        p->step_s = p->compute_s + p->ring_exposed_s + p->reduce_s;
+        p->step_s = p->compute_s + p->ring_exposed_s + p->sparse_combine_s + p->reduce_s;
         p->tokens_per_s = (double)c.train.seq_len * c.train.micro_batches * p->dp / p->step_s;
         p->mfu = p->model_flops / (p->step_s * p->peak_flops);
     }
@@ -448,8 +458,9 @@ void plan_print(const Plan *p, const Config *cfg, FILE *out) {
                 p->cp > p->hw.gpus_per_node ? "network" : "NVLink", 1e3 * p->attention_step_s,
                 p->ring_exposed_s > 0 ? "not hidden" : "hidden");
     if (p->step_s > 0)
-        fprintf(out, "predicted step: %.3f s (compute %.3f, ring exposed %.3f, gradient reduction %.3f) | %.0f tokens/s "
-                "| MFU %.1f%%%s\n", p->step_s, p->compute_s, p->ring_exposed_s, p->reduce_s, p->tokens_per_s,
+        fprintf(out, "predicted step: %.3f s (compute %.3f, ring exposed %.3f, sparse plan combine %.3f, gradient "
+                "reduction %.3f) | %.0f tokens/s | MFU %.1f%%%s\n", p->step_s, p->compute_s, p->ring_exposed_s,
+                p->sparse_combine_s, p->reduce_s, p->tokens_per_s,
                 100 * p->mfu, p->gpu ? "" : p->peak_measured ? " of the measured sgemm rate" : " of hardware.peak_tflops");
     bool fits = plan_fits(p);
     if (p->gpu)

@@ -3,7 +3,7 @@
 // moves and the forward init / backward delta are enqueued on the op's
 // stream, messages go through a DeviceExchange (dist/comm_device.h): with
 // NCCL the host never waits inside a layer's ring (the sparse plan before it
-// waits for the stream: its combines go through the host). Token lists for
+// waits for its collectives and reads the index back). Token lists for
 // row moves are copied to a device buffer before each move (stream-ordered).
 // Sparse, as ring_sparse.c: the columns of every rank's index are gathered
 // to every rank before the ring (one device all-gather of their K/V rows)
@@ -245,43 +245,48 @@ static void sparse_backward(void *ctx, const AttnShape *shape, const void *q, co
 
 // ---- the sparse plan over the ring ----
 
-// qe [Lq, Hq, D] (device): the last Lq queries of the sequence (positions
-// N - Lq .. N - 1) on every rank. Each rank's rows there are the tail of its
-// own (positions ascend); each rank writes them into a zeroed host buffer,
-// the buffers are all-gathered and ORed: every row has one owner and zero
-// bits elsewhere, so every rank holds the same bits. Hq * D is even (D 64 or
-// 128): the bf16 buffer travels as floats.
-static void gather_estimation_queries(RingCuda *rc, const AttnShape *shape, const uint16_t *q, int64_t Lq,
-                                      uint16_t *qe) {
-    const Ring *ring = &rc->ring;
-    const int W = rc->cp->size, me = rc->cp->rank;
-    const int64_t N = ring->offsets[W], T = ring->counts[me], wq = (int64_t)shape->num_heads * shape->head_dim;
-    const int64_t *pos = ring->positions + ring->offsets[me];
-    int64_t first = T;
-    while (first > 0 && pos[first - 1] >= N - Lq) first--;
-    uint16_t *mine = xcalloc((size_t)(Lq * wq + 2), sizeof(uint16_t));
-    uint16_t *tail = xmalloc(sizeof(uint16_t) * (size_t)((T - first) * wq + 1));
-    CUDA_CHECK(cudaMemcpy(tail, q + first * wq, sizeof(uint16_t) * (size_t)((T - first) * wq),
-                          cudaMemcpyDeviceToHost));
-    for (int64_t t = first; t < T; t++)
-        memcpy(mine + (pos[t] - (N - Lq)) * wq, tail + (t - first) * wq, sizeof(uint16_t) * (size_t)wq);
-    uint16_t *all = xmalloc(sizeof(uint16_t) * (size_t)(W * Lq * wq + 2));
-    comm_allgather(rc->cp, mine, all, Lq * wq / 2, DT_FLOAT);
-    for (int r = 1; r < W; r++)
-        for (int64_t x = 0; x < Lq * wq; x++) all[x] |= all[r * Lq * wq + x];
-    CUDA_CHECK(cudaMemcpy(qe, all, sizeof(uint16_t) * (size_t)(Lq * wq), cudaMemcpyHostToDevice));
-    free(mine);
-    free(tail);
-    free(all);
+// Rows of tokens first .. T - 1 (positions pos, ascending, at least base)
+// into the estimation layout dst [Lq, row] at row pos - base, from src at
+// row t (src_local) or at the same row; one device copy per run of
+// consecutive positions (a layout's block).
+static void copy_estimation_rows(const int64_t *pos, int64_t first, int64_t T, int64_t base, size_t row_bytes,
+                                 char *dst, const char *src, bool src_local, cudaStream_t stream) {
+    for (int64_t t = first, end; t < T; t = end) {
+        for (end = t + 1; end < T && pos[end] == pos[end - 1] + 1; end++) {}
+        const size_t at = (size_t)(pos[t] - base) * row_bytes;
+        CUDA_CHECK(cudaMemcpyAsync(dst + at, src + (src_local ? (size_t)t * row_bytes : at),
+                                   (size_t)(end - t) * row_bytes, cudaMemcpyDeviceToDevice, stream));
+    }
 }
 
-// x [n] (device fp32) combined over cp by `combine` (ring_sparse.h), in place.
-static void combine_on_host(RingCuda *rc, float *x, int64_t n, void (*combine)(const Comm *, float *, int64_t)) {
-    float *host = xmalloc(sizeof(float) * (size_t)(n + 1));
-    CUDA_CHECK(cudaMemcpy(host, x, sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost));
-    combine(rc->cp, host, n);
-    CUDA_CHECK(cudaMemcpy(x, host, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice));
-    free(host);
+// The first of the T tokens at positions pos (ascending) at or after base.
+static int64_t first_at_or_after(const int64_t *pos, int64_t T, int64_t base) {
+    int64_t first = T;
+    while (first > 0 && pos[first - 1] >= base) first--;
+    return first;
+}
+
+// qe [Lq, Hq, D] (device): the last Lq queries of the sequence (positions
+// N - Lq .. N - 1) on every rank. Each rank copies its rows there (the tail
+// of its own: positions ascend) into its block of arena [W, Lq, Hq, D]
+// (device), the blocks are all-gathered on the device, and every rank copies
+// each rank's rows out of that rank's block (every rank knows the ring's
+// positions). Hq * D is even (D 64 or 128).
+static void gather_estimation_queries(RingCuda *rc, const AttnShape *shape, const uint16_t *q, int64_t Lq,
+                                      uint16_t *arena, uint16_t *qe, cudaStream_t stream) {
+    const Ring *ring = &rc->ring;
+    const int W = rc->cp->size, me = rc->cp->rank;
+    const int64_t N = ring->offsets[W], base = N - Lq, wq = (int64_t)shape->num_heads * shape->head_dim;
+    const size_t row = sizeof(uint16_t) * (size_t)wq;
+    const int64_t *mine = ring->positions + ring->offsets[me];
+    copy_estimation_rows(mine, first_at_or_after(mine, ring->counts[me], base), ring->counts[me], base, row,
+                         (char *)(arena + me * Lq * wq), (const char *)q, true, stream);
+    comm_device_allgather_bf16(rc->cp, arena, Lq * wq, stream);
+    for (int r = 0; r < W; r++) {
+        const int64_t *pos = ring->positions + ring->offsets[r];
+        copy_estimation_rows(pos, first_at_or_after(pos, ring->counts[r], base), ring->counts[r], base, row,
+                             (char *)qe, (const char *)(arena + r * Lq * wq), false, stream);
+    }
 }
 
 static void ring_layer_free(void *layer) {
@@ -328,9 +333,13 @@ static void plan_columns(RingCuda *rc, const SparseIndex *mine, RingLayerCuda *l
 
 // As ring_sparse_plan (ring_sparse.c) on the GPU: estimation of the last Lq
 // queries against this rank's keys, the partial lse and sums combined on the
-// host by the same functions, selection and this rank's index on the GPU,
-// the need rows (the index's blocks) all-gathered and the gathered columns
-// planned: *layer remade.
+// device (below), selection and this rank's index on the GPU, the need rows
+// (the index's blocks) all-gathered and the gathered columns planned:
+// *layer remade. The combines keep every rank's result bit for bit equal,
+// so that every rank selects the same pattern: the lse's partials [W, Hq,
+// Lq] are all-gathered and every rank folds them in rank order
+// (ring_combine_lse_cuda); the sums [2, Hq, N] are reduce-scattered (each
+// block summed on its owner only) and the blocks all-gathered.
 static void ring_sparse_plan_cuda(void *ring, const AttentionConfig *cfg, const AttnShape *shape, const uint16_t *q,
                                   const uint16_t *k, const int *fixed_vertical, const int *fixed_slash,
                                   SparsePatternCuda *pattern, SparseIndexCuda *index, void **layer_out,
@@ -343,40 +352,44 @@ static void ring_sparse_plan_cuda(void *ring, const AttentionConfig *cfg, const 
     CHECK(T == shape->q_tokens, "sparse ring attention (CUDA): %lld local tokens but the ring was built for %lld",
           (long long)shape->q_tokens, (long long)T);
     const int64_t Lq = cfg->last_q < N ? cfg->last_q : N, wq = (int64_t)Hq * shape->head_dim, nqb = (T + B - 1) / B;
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    room(&rc->est_q, &rc->est_q_bytes, sizeof(uint16_t) * (size_t)(Lq * wq + 1));
+    const int64_t nl = Hq * Lq, part = (2 * Hq * N + W - 1) / W;   // part: a rank's block of the sums
+    room(&rc->est_q, &rc->est_q_bytes, sizeof(uint16_t) * (size_t)((W + 1) * Lq * wq + 1));
     room(&rc->est_pos, &rc->est_pos_bytes, sizeof(int64_t) * (size_t)(Lq + 1));
-    room(&rc->est_lse, &rc->est_lse_bytes, sizeof(float) * (size_t)(Hq * Lq + 1));
-    room(&rc->est_scores, &rc->est_scores_bytes, sizeof(float) * (size_t)(2 * Hq * N + 1));
+    room(&rc->est_lse, &rc->est_lse_bytes, sizeof(float) * (size_t)((W + 1) * nl + 1));
+    room(&rc->est_scores, &rc->est_scores_bytes, sizeof(float) * (size_t)(W * part + 1));
     room(&rc->q_blocks, &rc->q_blocks_bytes, sizeof(int64_t) * (size_t)(nqb + 1));
-    uint16_t *qe = rc->est_q;
-    float *lse = rc->est_lse, *vertical = rc->est_scores, *slash = vertical + Hq * N;
-    gather_estimation_queries(rc, shape, q, Lq, qe);
+    uint16_t *qe = (uint16_t *)rc->est_q + W * Lq * wq;
+    float *parts = rc->est_lse, *lse = parts + W * nl, *vertical = rc->est_scores, *slash = vertical + Hq * N;
+    gather_estimation_queries(rc, shape, q, Lq, rc->est_q, qe, stream);
+    // Pageable sources: staged when cudaMemcpyAsync returns.
     int64_t *host = xmalloc(sizeof(int64_t) * (size_t)(Lq + nqb + 1));
     for (int64_t i = 0; i < Lq; i++) host[i] = N - Lq + i;
     for (int64_t i = 0; i < nqb; i++) host[Lq + i] = pos[i * B] / B;
-    CUDA_CHECK(cudaMemcpy(rc->est_pos, host, sizeof(int64_t) * (size_t)Lq, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(rc->q_blocks, host + Lq, sizeof(int64_t) * (size_t)nqb, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpyAsync(rc->est_pos, host, sizeof(int64_t) * (size_t)Lq, cudaMemcpyHostToDevice, stream));
+    CUDA_CHECK(cudaMemcpyAsync(rc->q_blocks, host + Lq, sizeof(int64_t) * (size_t)nqb, cudaMemcpyHostToDevice,
+                               stream));
     free(host);
 
-    // Pass 1: the partial lse over this rank's keys (from -inf), combined.
-    rc->lse_est = xrealloc(rc->lse_est, sizeof(float) * (size_t)(Hq * Lq + 1));
-    for (int64_t i = 0; i < Hq * Lq; i++) rc->lse_est[i] = -INFINITY;
+    // Pass 1: the partial lse over this rank's keys (from -inf) into its block, combined.
+    rc->lse_est = xrealloc(rc->lse_est, sizeof(float) * (size_t)(nl + 1));
+    for (int64_t i = 0; i < nl; i++) rc->lse_est[i] = -INFINITY;
     rc->est_rows = Lq;
-    CUDA_CHECK(cudaMemcpy(lse, rc->lse_est, sizeof(float) * (size_t)(Hq * Lq), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpyAsync(parts + me * nl, rc->lse_est, sizeof(float) * (size_t)nl, cudaMemcpyHostToDevice,
+                               stream));
     AttnShape est = *shape;
     est.q_tokens = Lq;
     est.k_tokens = T;
     const int64_t *k_pos = rc->positions + rg->offsets[me];
-    sparse_estimate_lse_cuda(&est, qe, rc->est_pos, k, k_pos, lse, stream);
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    combine_on_host(rc, lse, Hq * Lq, ring_sparse_combine_lse);
-    CUDA_CHECK(cudaMemcpy(rc->lse_est, lse, sizeof(float) * (size_t)(Hq * Lq), cudaMemcpyDeviceToHost));
+    sparse_estimate_lse_cuda(&est, qe, rc->est_pos, k, k_pos, parts + me * nl, stream);
+    comm_device_allgather_bf16(rc->cp, (uint16_t *)parts, 2 * nl, stream);
+    ring_combine_lse_cuda(parts, W, nl, lse, stream);
+    if (stats)   // the forward's recall (count_recall)
+        CUDA_CHECK(cudaMemcpyAsync(rc->lse_est, lse, sizeof(float) * (size_t)nl, cudaMemcpyDeviceToHost, stream));
     // Pass 2: the partial vertical and slash sums, combined.
-    CUDA_CHECK(cudaMemsetAsync(vertical, 0, sizeof(float) * (size_t)(2 * Hq * N), stream));
+    CUDA_CHECK(cudaMemsetAsync(vertical, 0, sizeof(float) * (size_t)(W * part), stream));
     sparse_estimate_scores_cuda(&est, qe, rc->est_pos, k, k_pos, lse, N, vertical, slash, stream);
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    combine_on_host(rc, vertical, 2 * Hq * N, ring_sparse_combine_sums);
+    comm_device_reduce_scatter(rc->cp, vertical, part, stream);
+    comm_device_allgather_bf16(rc->cp, (uint16_t *)vertical, 2 * part, stream);
 
     // Selection (identical inputs, identical pattern), this rank's index, every rank's need.
     sparse_select_cuda(cfg, vertical, slash, Hq, N, fixed_vertical, fixed_slash, pattern, stream);

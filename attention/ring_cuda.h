@@ -11,8 +11,9 @@
 // blocks). The op calls it through the AttnRingCuda that ring_cuda_new
 // returns (attention_cuda_op.h):
 //   sequence  a new sequence: this rank's positions (host); collective over cp
-//   sparse_plan  a layer's pattern estimated over the ring (as ring_sparse.c:
-//             the same combines, so the same pattern on every rank), this
+//   sparse_plan  a layer's pattern estimated over the ring (as ring_sparse.c,
+//             combined on the device so that every rank holds the same bits
+//             and selects the same pattern), this
 //             rank's device index, every rank's need bits and the gathered
 //             columns (the layer's state); collective
 //   forward   q [T, Hq, D], k, v [T, Hkv, D] bf16 -> o_acc [T, Hq, D] fp32

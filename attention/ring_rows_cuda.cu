@@ -1,7 +1,9 @@
 // ring_rows_cuda.cu: the row moves of the ring attention's messages on the
 // GPU (ring_rows_cuda.h): gather, scatter and add of selected rows, one
-// thread per element (16-bit units for the moves, fp32 for the add).
+// thread per element (16-bit units for the moves, fp32 for the add); and the
+// sparse plan's combine of the ranks' partial lse, one thread per element.
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdint.h>
 
 #include "../dist/cuda_check.h"
@@ -31,6 +33,20 @@ __global__ void __launch_bounds__(ELEMENTWISE_THREADS) add_rows_kernel(float *dk
     FOR_EACH(e, total) {
         const int64_t x = e % kv, j = (e / kv) % n, part = e / (kv * n);
         (part ? dv : dk)[sel[j] * kv + x] += in[e];
+    }
+}
+
+__global__ void __launch_bounds__(ELEMENTWISE_THREADS) combine_lse_kernel(const float *all, int W, int64_t n,
+                                                                           float *out) {
+    FOR_EACH(i, n) {
+        float row = -INFINITY;
+        for (int r = 0; r < W; r++) {
+            const float part = all[r * n + i];
+            if (part == -INFINITY) continue;
+            const float mx = fmaxf(row, part);
+            row = mx + logf(expf(row - mx) + expf(part - mx));
+        }
+        out[i] = row;
     }
 }
 
@@ -70,5 +86,11 @@ extern "C" void ring_add_rows_cuda(float *dk, float *dv, const float *in, const 
     if (n == 0 || kv == 0) return;
     CUDA_LAUNCH(add_rows_kernel, grid_for(2 * n * kv, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream, dk, dv, in,
                 sel, n, kv);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+extern "C" void ring_combine_lse_cuda(const float *all, int W, int64_t n, float *out, cudaStream_t stream) {
+    if (n == 0) return;
+    CUDA_LAUNCH(combine_lse_kernel, grid_for(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream, all, W, n, out);
     CUDA_CHECK(cudaGetLastError());
 }

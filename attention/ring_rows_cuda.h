@@ -30,6 +30,10 @@ void ring_scatter_pair_rows_cuda(void *dst0, const int64_t *sel0, void *dst1, co
 // dk [*, kv] rows sel += in [0, n, kv], dv rows sel += in [1, n, kv] (fp32).
 void ring_add_rows_cuda(float *dk, float *dv, const float *in, const int64_t *sel, int64_t n, int64_t kv,
                         cudaStream_t stream);
+// out [n] = the log-sum-exp over the W blocks of all [W, n] (fp32), block 0
+// first, -inf parts skipped (ring_sparse_combine_lse's order): every rank
+// that runs it on the same blocks holds the same bits.
+void ring_combine_lse_cuda(const float *all, int W, int64_t n, float *out, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

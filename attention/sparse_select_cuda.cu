@@ -530,7 +530,7 @@ extern "C" void sparse_index_build_cuda(const SparsePatternCuda *p, int block_si
                                         int sink, SparseIndexCuda *x, cudaStream_t stream) {
     const int B = block_size, H = p->num_heads;
     const int64_t N = p->seq_len, nqb = num_q_blocks, rows = H * nqb, nglobal = (N + B - 1) / B;
-    CHECK(B >= 1 && rows >= 1 && rows < INT32_MAX, "index (CUDA): block size %d, %lld rows", B, (long long)rows);
+    CHECK(B >= 1 && rows >= 0 && rows < INT32_MAX, "index (CUDA): block size %d, %lld rows", B, (long long)rows);
     const int64_t docs = doc_starts ? doc_count : 0;
     x->num_heads = H;
     x->block_size = B;
@@ -543,6 +543,7 @@ extern "C" void sparse_index_build_cuda(const SparsePatternCuda *p, int block_si
                                stream));
     CUDA_CHECK(cudaMemsetAsync(x->block_start, 0, sizeof(int64_t), stream));
     CUDA_CHECK(cudaMemsetAsync(x->column_start, 0, sizeof(int64_t), stream));
+    if (rows == 0) return;                           // a rank without query rows: the empty index
     int64_t *d_docs = NULL;
     if (docs > 0) {
         CUDA_CHECK(cudaMallocAsync((void **)&d_docs, (size_t)docs * sizeof(int64_t), stream));

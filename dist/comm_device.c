@@ -13,9 +13,11 @@
 #include "cuda_check.h"
 #include "util.h"
 
-// The communicators that get a device side, in the order every rank makes them.
+// The communicators that get a device side, in the order every rank makes
+// them: those the device code communicates on (the hierarchical ring's hops
+// are peers of cp; cp_inner and cp_outer stay host-side).
 static Comm *dist_comms(Dist *d, int i) {
-    Comm *comms[] = {&d->world, &d->dp, &d->cp, &d->cp_inner, &d->cp_outer};
+    Comm *comms[] = {&d->world, &d->dp, &d->cp};
     return i < (int)(sizeof(comms) / sizeof(comms[0])) ? comms[i] : NULL;
 }
 

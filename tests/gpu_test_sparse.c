@@ -26,6 +26,9 @@
 // under the CUDA simulator in `make test` (tests/test_sim.sh).
 //   build/tests/gpu_test_sparse         every case
 //   build/tests/gpu_test_sparse small   the small cases (compute-sanitizer)
+//   build/tests/gpu_test_sparse index   only the long index row (every run
+//                                       starts with it; tests/test_sim.sh's
+//                                       mutants of the index's barriers)
 //
 // Tolerances as gpu_test_attention.c: relative Frobenius error <= 1e-2 for O,
 // delta, dQ, dK, dV and 1e-4 for the LSE against the CPU; sparse (all blocks)
@@ -509,6 +512,55 @@ static void run_case(const Case *c, uint64_t seed) {
     free_inputs(&in);
 }
 
+// The index of a long row (barriers between the iterations of its loops):
+// H heads, one query block qb = LONG_QB of B = 64 (N = (LONG_QB + 1) * 64
+// tokens, 260 bitmap words: the block loop runs twice over 256 threads), one
+// document from LONG_DOC with a sink of LONG_SINK columns (the sink loop
+// runs three times), LONG_VERTICAL vertical lines (the vertical loop three
+// times), a slash every 11 blocks (bits in every word, counts differing
+// between words); every loop's data lies in all eight warps and differs
+// between its iterations, so a warp that reuses the scan's shared totals
+// before the others have read them gives another index.
+#define LONG_QB 8299
+#define LONG_DOC 100
+#define LONG_SINK 600
+#define LONG_VERTICAL 700
+static void run_long_index_case(int H) {
+    const int B = 64;
+    const int64_t N = (int64_t)(LONG_QB + 1) * B, q_lo = (int64_t)LONG_QB * B, doc_starts[] = {LONG_DOC};
+    SparsePattern p = {.num_heads = H, .seq_len = N};
+    p.vertical_start = xmalloc((size_t)(H + 1) * sizeof(int64_t));
+    p.slash_start = xmalloc((size_t)(H + 1) * sizeof(int64_t));
+    p.vertical = xmalloc((size_t)(H * LONG_VERTICAL) * sizeof(int64_t));
+    p.slash = xmalloc((size_t)(H * (q_lo / (11 * B) + 2)) * sizeof(int64_t));
+    p.vertical_start[0] = p.slash_start[0] = 0;
+    for (int h = 0; h < H; h++) {
+        int64_t nv = p.vertical_start[h], ns = p.slash_start[h];
+        for (int j = 0; j < LONG_VERTICAL; j++) p.vertical[nv++] = LONG_DOC + LONG_SINK + 97 * j + 13 * h;
+        p.slash[ns++] = 0;
+        for (int64_t d = 5 + 11 * B * (h + 1); d < q_lo - 12 * B; d += 11 * B) p.slash[ns++] = d;
+        p.vertical_start[h + 1] = nv;
+        p.slash_start[h + 1] = ns;
+    }
+    const int64_t q_blocks[] = {LONG_QB};
+    SparseIndex x;
+    sparse_index_build(&p, B, q_blocks, 1, &x);
+    const AttnShape s = {1, 1, H, 1, 64, B, 1.0f, doc_starts, 1};
+    sparse_index_documents(&s, LONG_SINK, &x);
+    SparsePatternCuda dp;
+    pattern_to_device(&p, &dp);
+    int64_t *d_q_blocks = to_device(q_blocks, sizeof q_blocks);
+    SparseIndexCuda dx = {0};
+    sparse_index_build_cuda(&dp, B, d_q_blocks, 1, doc_starts, 1, LONG_SINK, &dx, 0);
+    EXPECT_COUNTED(same_index(&dx, &x), "long index row: N=%lld H=%d, %lld blocks, %lld columns identical to the "
+                   "CPU's", (long long)N, H, (long long)x.block_start[H], (long long)x.column_start[H]);
+    sparse_index_free_cuda(&dx);
+    sparse_pattern_free_cuda(&dp);
+    sparse_index_free(&x);
+    sparse_pattern_free(&p);
+    CUDA_CHECK(cudaFree(d_q_blocks));
+}
+
 // One case of the pattern pipeline: Lq estimation queries (the sequence's
 // last), the keys of every chunk, budget "topp" or "fixed".
 typedef struct {
@@ -659,7 +711,13 @@ static void run_select_case(const SelectCase *sc, uint64_t seed) {
 
 int main(int argc, char **argv) {
     const int small = argc > 1 && strcmp(argv[1], "small") == 0;
-    CHECK(argc == 1 || small, "usage: %s [small]", argv[0]);
+    const int index_only = argc > 1 && strcmp(argv[1], "index") == 0;
+    CHECK(argc == 1 || small || index_only, "usage: %s [small | index]", argv[0]);
+    run_long_index_case(2);
+    if (index_only) {
+        printf("1 case: %d passed, %d failed\n", checks - check_failures, check_failures);
+        return check_exit();
+    }
     // {n, D, Hq, Hkv, B, world, rank, density, docs}
     static const Case cases[] = {
         {1, 64, 2, 2, 64, 1, 0, 0.1, 0},
@@ -678,7 +736,7 @@ int main(int argc, char **argv) {
         {4099, 64, 8, 8, 64, 2, 1, 0.02, 0},
         {4099, 128, 16, 2, 64, 1, 0, -1, 0},
     };
-    int count = 0;
+    int count = 1;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (small && cases[i].n > 300) continue;
         run_case(&cases[i], 2000 + i);

@@ -23,6 +23,9 @@
 #              against one GPU, dense and sparse, every layout, ring_send and
 #              documents, and the bytes it sent against the byte planner) on
 #              2 ranks flat and 4 hierarchical, one seed each;
+#   empty      a rank without query rows (fewer blocks than ranks: 301
+#              tokens in blocks of 128 on cp 4, 60 in blocks of 64 on cp 2),
+#              sparse, striped, against one rank (docs/SIM.md);
 #   mpi        parallel.comm: mpi (host-staged) gives the nccl run's weights
 #              (within 1e-6: the same kernels on the same messages), dense
 #              and sparse (the gathered columns' collectives staged too).
@@ -87,6 +90,25 @@ while read -r cp ring layout send kind; do
   # shellcheck disable=SC2086  # $settings is a list of settings
   seeds_agree cuda_ring "$name" "$cp" "$cp" ${SEEDS_AGREE[$kind]} $settings
 done <<<"$cases"
+
+# A rank with no query rows, sparse, against one rank: 301 tokens in blocks
+# of 128 on cp 4 striped (3 blocks: rank 3 holds none; density below 1), and
+# 60 tokens in blocks of 64 on cp 2 (rank 1 holds none); ring_send selected
+# with parallel.comm mpi.
+for run in "4 301 128 full nccl" "2 60 64 full nccl" "4 301 128 selected mpi"; do
+  read -r cp len block send comm <<<"$run"
+  short="train.seq_len=$len $SIM_SPARSE attention.block_size=$block"
+  name=empty_cp${cp}_${len}_${send}_$comm
+  # shellcheck disable=SC2086  # $short is a list of settings
+  [ -f "$tmp/ref_$len.out" ] || sim_train "ref_$len" 1 1 $short
+  # shellcheck disable=SC2086
+  CUDASIM_SEED=1 sim_train "$name" "$cp" "$cp" parallel.cp=$cp attention.ring=flat attention.layout=striped \
+    attention.ring_send=$send parallel.comm=$comm $short
+  rc=$?
+  read -r loss weights < <(runs_differ "$name" "ref_$len")
+  expect "cuda_ring_$name: $len tokens in blocks of $block on cp $cp striped (one rank without rows), ring_send $send, $comm: sparse = one rank (exit $rc; loss $loss <= 2e-4 relative, weights $weights <= 4e-3)" \
+    "[ $rc -eq 0 ] && grep -qE '^step +1/3 .*attn density' '$tmp/$name.out' && below '$loss' 2e-4 && below '$weights' 4e-3"
+done
 
 # The attention itself against one GPU (mpi_gpu_ring prints its own ok/FAIL
 # lines): flat on 2 ranks, hierarchical 2 x 2.

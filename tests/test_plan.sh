@@ -85,8 +85,8 @@ expect plan_preset_key_wins "grep -q '^model: [0-9]* parameters (2 layers, hidde
 "$MTRAIN" plan configs/qwen2.5-3b-512k-32xa100.yaml --kernels >"$tmp/kernels.out"
 "$MTRAIN" plan configs/qwen2.5-3b-512k-32xa100.yaml --ring >"$tmp/ring.out"
 step=$(sed -n 's/^predicted step: \([0-9.]*\) s .*/\1/p' "$tmp/default.out")
-expect plan_kernels_step "[ -n '$step' ] && grep -q 'leave out the ring.s exposed transfers and the gradient reduction; on a100-80g the plan.s step above is .* = $step s' '$tmp/kernels.out'"
-expect plan_ring_step "[ -n '$step' ] && grep -q 'leaves out the GEMMs, the other kernels and the gradient reduction; the plan.s step on a100-80g is $step s' '$tmp/ring.out'"
+expect plan_kernels_step "[ -n '$step' ] && grep -q 'leave out the ring.s exposed transfers, the sparse plan.s combine and the gradient reduction; on a100-80g the plan.s step above is .* = $step s' '$tmp/kernels.out'"
+expect plan_ring_step "[ -n '$step' ] && grep -q 'leaves out the GEMMs, the other kernels, the sparse plan.s combine and the gradient reduction; the plan.s step on a100-80g is $step s' '$tmp/ring.out'"
 # --ring explains ring_send selected sending as much as full at the top_p caps (every block offset hit)
 expect plan_ring_selected_explained "grep -q '^sparse selected sends 100.0% of full.s K/V bytes: .* hit 100.0% of the 4096 key-block offsets (with this many slash lines' '$tmp/ring.out'"
 # 512K tokens: Qwen2.5-0.5B on one A100-80GB fits dense (the MLP in chunks of train.mlp_chunk tokens; with the
@@ -111,6 +111,14 @@ for att in dense sparse; do
   rc=$?
   expect "plan_3b_512k_cp8_${att}_fits" "[ $rc -eq 0 ] && grep -q '^fits: yes' '$tmp/out'"
 done
+# the sparse plan's combine over cp: a reduce-scatter and an all-gather of [2, Hq, N] fp32 per layer on the
+# cp group's link (hardware.network_gbs=10 on the 3B run: 2 * 2*16*524288*4 * 31/32 / 10e9 * 36 layers
+# = 0.468 s); none dense, none on one rank
+combine() { "$MTRAIN" plan configs/qwen2.5-3b-512k-32xa100.yaml train.init_from=none hardware.network_gbs=10 "$@" 2>&1 |
+            sed -n 's/^predicted step: .*sparse plan combine \([0-9.]*\),.*/\1/p'; }
+c_sparse=$(combine) c_dense=$(combine attention.type=dense) c_one=$(combine parallel.cp=1 parallel.dp=32)
+expect "plan_sparse_combine: $c_sparse s sparse (0.468 expected), $c_dense dense, $c_one on cp 1" \
+  "[ '$c_sparse' = 0.468 ] && [ '$c_dense' = 0.000 ] && [ '$c_one' = 0.000 ]"
 # the 3B run without checkpointing or ZeRO on 40 GB A100s does not fit: exit 3, the advice names what to change
 "$MTRAIN" plan configs/qwen2.5-3b-512k-32xa100.yaml --gpu a100-40g \
   train.checkpoint_activations=false parallel.zero=0 >"$tmp/nofit.out" 2>&1

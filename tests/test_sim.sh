@@ -6,7 +6,9 @@
 # AddressSanitizer); what the CUDA attention op refuses (one line, exit 1);
 # and mutations of the attention sources (a __syncthreads
 # removed, a fragment's bf16 halves swapped, too many threads for the
-# __launch_bounds__) that the attention test must catch.
+# __launch_bounds__) that the attention test must catch, and of the sparse
+# index build's barriers (each loop's closing __syncthreads, the one inside
+# block_exclusive_sum) that the sparse test's long index row must catch.
 cd "$(dirname "$0")/.."
 source tests/lib.sh
 seeds="1 2 3"
@@ -86,8 +88,11 @@ for c in launch_limits polled fragments memory_peak; do
   expect "sim_selftest $c exits 0" "[ $rc -eq 0 ]"
 done
 
-# Mutations of the attention sources, built in a copy: the attention test must fail.
-mutant() {   # NAME FILE PROGRAM(python, reads and writes the file's text in s) [PATTERN the failing output shows]
+# Mutations of the attention sources, built in a copy: the test must fail
+# (the attention test, or the sparse test's long index row).
+mutant() {   # TEST ARG NAME FILE PROGRAM(python, reads and writes the file's text in s) [PATTERN the failing output shows]
+  local test=$1 arg=$2
+  shift 2
   local dir="$tmp/mutant"
   rm -rf "$dir" && mkdir -p "$dir/build"
   cp -rp Makefile attention dist model tests "$dir/"
@@ -103,29 +108,42 @@ if env["s"] == s:
 open(path, "w").write(env["s"])
 PY
   then bad "mutant $1" "the patch did not apply to $2"; return; fi
-  if ! make -C "$dir" -s DEPS_OK= build/sim/tests/gpu_test_attention >"$tmp/build.log" 2>&1; then
+  if ! make -C "$dir" -s DEPS_OK= "build/sim/tests/$test" >"$tmp/build.log" 2>&1; then
     bad "mutant $1" "build failed: $(tail -n 3 "$tmp/build.log" | tr '\n' ' ')"
     return
   fi
   local caught=""
   for s in $seeds; do
-    CUDASIM_SEED=$s "$dir/$sim/gpu_test_attention" small >"$tmp/out" 2>&1 && continue
+    CUDASIM_SEED=$s "$dir/$sim/$test" "$arg" >"$tmp/out" 2>&1 && continue
     local rc=$?
     [ -z "${4:-}" ] || grep -q "$4" "$tmp/out" || continue
     caught="$caught $s(exit $rc, $(grep -c '^FAIL' "$tmp/out") FAIL lines)"
   done
-  expect "mutant $1: the attention test fails under seeds:$caught" '[ -n "$caught" ]'
+  expect "mutant $1: $test $arg fails under seeds:$caught" '[ -n "$caught" ]'
 }
-mutant "forward without the __syncthreads after cp.async.wait_group" attention/flash_cuda.cu \
+mutant gpu_test_attention small "forward without the __syncthreads after cp.async.wait_group" attention/flash_cuda.cu \
   's = s.replace("cp_async_wait<1>();\n        __syncthreads();\n\n        const bool full",
                  "cp_async_wait<1>();\n\n        const bool full", 1)'
-mutant "forward without the __syncthreads before a buffer is refilled" attention/flash_cuda.cu \
+mutant gpu_test_attention small "forward without the __syncthreads before a buffer is refilled" attention/flash_cuda.cu \
   's = s.replace("        __syncthreads();   // every warp is done with buf before it is refilled\n", "", 1)'
-mutant "pack_bf16 with its two halves swapped" attention/flash_tiles.cuh \
+mutant gpu_test_attention small "pack_bf16 with its two halves swapped" attention/flash_tiles.cuh \
   's = s.replace("__floats2bfloat162_rn(lo, hi)", "__floats2bfloat162_rn(hi, lo)", 1)'
+# The barriers closing the index build's three loops (after each
+# block_exclusive_sum) and the one inside block_exclusive_sum: the long index
+# row runs each loop several times with data in every warp.
+mutant gpu_test_sparse index "index build without the __syncthreads closing its block loop" \
+  attention/sparse_select_cuda.cu 's = s.replace("        nb += total;\n        __syncthreads();\n", "        nb += total;\n", 1)'
+mutant gpu_test_sparse index "index build without the __syncthreads closing its sink loop" \
+  attention/sparse_select_cuda.cu \
+  's = s.replace("        nc += total;\n        __syncthreads();\n    }\n    for (int64_t v0", "        nc += total;\n    }\n    for (int64_t v0", 1)'
+mutant gpu_test_sparse index "index build without the __syncthreads closing its vertical loop" \
+  attention/sparse_select_cuda.cu \
+  's = s.replace("        nc += total;\n        __syncthreads();\n    }\n    if (!FILL", "        nc += total;\n    }\n    if (!FILL", 1)'
+mutant gpu_test_sparse index "block_exclusive_sum without its __syncthreads" attention/flash_tiles.cuh \
+  's = s.replace("    if (lane == 31) scratch[warp] = inclusive;\n    __syncthreads();\n", "    if (lane == 31) scratch[warp] = inclusive;\n", 1)'
 # With nvcc the sim knows each kernel's __launch_bounds__ (build/sim/launch_bounds.tsv).
 if [ "$(wc -l <build/sim/launch_bounds.tsv)" -gt 1 ]; then
-  mutant "forward launched with more threads than its __launch_bounds__" attention/flash_cuda.cu \
+  mutant gpu_test_attention small "forward launched with more threads than its __launch_bounds__" attention/flash_cuda.cu \
     's = s.replace("CUDA_LAUNCH(kernel, grid, BM * 2, smem", "CUDA_LAUNCH(kernel, grid, BM * 4, smem", 1)' \
     'too many resources requested for launch'
 fi

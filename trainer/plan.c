@@ -398,7 +398,12 @@ static void plan_flops(Plan *p, const Config *cfg) {
 // the whole inner round (cp_inner steps); a flat ring that spans nodes waits
 // for its slowest (network) hop at every step. Then the gradient reduction
 // over dp x cp (reduce-scatter + bf16 all-gather under ZeRO, an all-reduce
-// otherwise), counted as not overlapped.
+// otherwise), counted as not overlapped; and, sparse on cp > 1, the plan
+// forward's combine of the estimation's partial vertical and slash sums
+// [2, Hq, N] fp32 over cp, once per layer (a reduce-scatter and an
+// all-gather on device buffers, attention/ring_cuda.c; the small lse and
+// query all-gathers not counted), not overlapped either: the selection
+// waits for it.
 static void plan_communication(Plan *p, const Config *cfg) {
     const ModelConfig *c = &cfg->model;
     double KD = (double)c->num_kv_heads * c->head_dim, T = (double)p->tokens;
@@ -415,6 +420,11 @@ static void plan_communication(Plan *p, const Config *cfg) {
     double per_layer = inner_hops * fmax(0, p->ring_inner_s - p->attention_step_s) +
                        outer_hops * fmax(0, p->ring_outer_s - p->cp_inner * p->attention_step_s);
     p->ring_exposed_s = per_layer * c->num_layers * cfg->train.micro_batches;
+    if (cfg->attention.type == ATTN_SPARSE) {
+        double sums = 2.0 * c->num_heads * (double)cfg->train.seq_len * 4;
+        p->sparse_combine_s = 2 * sums * (p->cp - 1) / p->cp / (p->outer_gbs * 1e9) * c->num_layers *
+                              cfg->train.micro_batches;
+    }
     int R = p->dp * p->cp;
     double nodes_bw = (R > p->hw.gpus_per_node ? p->hw.internode_gbs : p->hw.nvlink_gbs) * 1e9;
     double P = (double)p->params;
@@ -462,7 +472,7 @@ void plan_build(Plan *p, const Config *cfg, const GpuProfile *gpu, double cpu_pe
     plan_flops(p, &c);
     plan_communication(p, &c);
     if (p->compute_s > 0) {
-        p->step_s = p->compute_s + p->ring_exposed_s + p->reduce_s;
+        p->step_s = p->compute_s + p->ring_exposed_s + p->sparse_combine_s + p->reduce_s;
         p->tokens_per_s = (double)c.train.seq_len * c.train.micro_batches * p->dp / p->step_s;
         p->mfu = p->model_flops / (p->step_s * p->peak_flops);
     }
@@ -589,9 +599,9 @@ void plan_print(const Plan *p, const Config *cfg, FILE *out) {
                 p->cp > p->hw.gpus_per_node ? "network" : "NVLink", 1e3 * p->attention_step_s,
                 p->ring_exposed_s > 0 ? "not hidden" : "hidden");
     if (p->step_s > 0)
-        fprintf(out, "predicted step: %.3f s (%s %.3f, ring exposed %.3f, gradient reduction %.3f) | %.0f tokens/s per "
-                "%s, %.0f tokens/s for the job (%d %ss) | MFU %.1f%%%s\n", p->step_s, p->gpu ? "kernels" : "compute",
-                p->compute_s, p->ring_exposed_s, p->reduce_s, p->tokens_per_s / (p->dp * p->cp), p->gpu ? "GPU" : "rank",
+        fprintf(out, "predicted step: %.3f s (%s %.3f, ring exposed %.3f, sparse plan combine %.3f, gradient reduction "
+                "%.3f) | %.0f tokens/s per %s, %.0f tokens/s for the job (%d %ss) | MFU %.1f%%%s\n", p->step_s,
+                p->gpu ? "kernels" : "compute", p->compute_s, p->ring_exposed_s, p->sparse_combine_s, p->reduce_s, p->tokens_per_s / (p->dp * p->cp), p->gpu ? "GPU" : "rank",
                 p->tokens_per_s, p->dp * p->cp, p->gpu ? "GPU" : "rank", 100 * p->mfu,
                 p->gpu ? "" : p->peak_measured ? " of the measured sgemm rate" : " of hardware.peak_tflops");
     plan_print_verdict(p, cfg, out);
@@ -651,9 +661,10 @@ void plan_print_kernels(const Plan *p, const Config *cfg, FILE *out) {
                 100 * p->model_flops / (predicted[g] * gpus[g]->peak_tflops * 1e12), 100 * GEMM_EFFICIENCY,
                 100 * attn_eff, 100 * BANDWIDTH_EFFICIENCY);
     if (p->gpu)
-        fprintf(out, "these are the kernels alone: they leave out the ring's exposed transfers and the gradient reduction; "
-            "on %s the plan's step above is these kernels' %.3f s + ring exposed %.3f + gradient reduction %.3f = %.3f "
-            "s\n", p->hw.name, p->compute_s, p->ring_exposed_s, p->reduce_s, p->step_s);
+        fprintf(out, "these are the kernels alone: they leave out the ring's exposed transfers, the sparse plan's "
+            "combine and the gradient reduction; on %s the plan's step above is these kernels' %.3f s + ring exposed "
+            "%.3f + sparse plan combine %.3f + gradient reduction %.3f = %.3f s\n", p->hw.name, p->compute_s,
+            p->ring_exposed_s, p->sparse_combine_s, p->reduce_s, p->step_s);
 }
 
 int cmd_plan(int argc, char **argv) {
@@ -707,9 +718,10 @@ int cmd_plan(int argc, char **argv) {
                density);
     if (ring) {
         plan_ring_print(&cfg, &gpu, density, stdout);
-        printf("\nthis view is attention and its ring transfers, per layer: it leaves out the GEMMs, the other kernels "
-               "and the gradient reduction; the plan's step on %s is %.3f s (kernels %.3f, ring exposed %.3f, "
-               "gradient reduction %.3f)\n", gpu.name, p.step_s, p.compute_s, p.ring_exposed_s, p.reduce_s);
+        printf("\nthis view is attention and its ring transfers, per layer: it leaves out the GEMMs, the other kernels, "
+               "the sparse plan's combine and the gradient reduction; the plan's step on %s is %.3f s (kernels %.3f, "
+               "ring exposed %.3f, sparse plan combine %.3f, gradient reduction %.3f)\n", gpu.name, p.step_s,
+               p.compute_s, p.ring_exposed_s, p.sparse_combine_s, p.reduce_s);
         plan_print_verdict(&p, &cfg, stdout);
     } else {
         plan_print(&p, &cfg, stdout);

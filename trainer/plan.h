@@ -69,6 +69,7 @@ typedef struct {
     double attention_efficiency; // fraction of the peak the attention kernels reach (dense or sparse)
     double attention_fwd_step_s; // one forward pass of one ring step of one layer, mean over ranks and steps
     double attention_step_s;     // attention compute of one ring step of one layer (forward + backward)
+    double sparse_combine_s;     // the sparse plan's combine of the estimation over cp, per step (not overlapped)
     double compute_s, ring_exposed_s, reduce_s, step_s;
     double tokens_per_s, mfu;
 } Plan;

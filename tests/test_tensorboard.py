@@ -4,7 +4,8 @@
 # the length, data, masked CRC-32C of the data; CRC-32C computed bit by bit
 # here), Event protobufs decoded with their own varint reader (wall_time 1,
 # step 2, file_version 3, summary 5 {value 1 {tag 1, simple_value 2}},
-# session_log 6 {status 1}). Checks: every length and CRC; the first record of
+# session_log 7 {status 1}; field 6 is the deprecated log_message, which
+# TensorBoard does not read as a restart). Checks: every length and CRC; the first record of
 # every file is file_version "brain.Event:2"; every scalar equals its
 # metrics.jsonl value (float32, and the printed digits of tokens_per_s, mfu
 # and the per-layer density and recall lists, whose means the scalars are),
@@ -119,7 +120,7 @@ def parse_event(body):
                     elif vf == 2 and vw == 5:
                         val = struct.unpack("<f", x)[0]
                 ev["scalars"][tag] = val
-        elif field == 6 and wire == 2:
+        elif field == 7 and wire == 2:
             ev["start"] = any(f == 1 and value == 1 for f, _, value in fields(v))
     return ev
 

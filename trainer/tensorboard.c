@@ -4,7 +4,7 @@
 // with masked(c) = rotate_right(c, 15) + 0xa282ead8. The data is an Event
 // protobuf: wall_time (field 1, double), step (2, int64), file_version
 // (3, string), summary (5, Summary: repeated value (1, Summary.Value:
-// tag (1, string), simple_value (2, float))), session_log (6, SessionLog:
+// tag (1, string), simple_value (2, float))), session_log (7, SessionLog:
 // status (1, enum; START = 1)).
 #include "tensorboard.h"
 
@@ -128,7 +128,7 @@ void tb_open(TbWriter *w, const char *dir, int64_t resumed) {
         put_key(&start, 1, 0);
         put_varint(&start, 1);  // SessionLog.START
         event_begin(&b, resumed + 1);
-        put_bytes(&b, 6, start.p, start.n);
+        put_bytes(&b, 7, start.p, start.n);
         write_record(w, &b);
         free(start.p);
     }

@@ -130,9 +130,11 @@ static void print_memory(const Model *m, int64_t T, bool zero) {
 // the latest (a roll-back), which starts a new run from it, so that pruning
 // and `latest` leave the old run's checkpoints alone. rolled_back_from
 // [4096] gets the folder an explicit checkpoint.resume loaded (kept from
-// pruning: a roll-back must not delete its own start), or "". (Only rank 0's
+// pruning: a roll-back must not delete its own start), or "", and
+// branched_from the run id a roll-back branched off, or 0. (Only rank 0's
 // run id counts: it alone writes.)
-static void start_state(const Config *cfg, const Dist *dist, Model *m, TrainState *state, char *rolled_back_from) {
+static void start_state(const Config *cfg, const Dist *dist, Model *m, TrainState *state, char *rolled_back_from,
+                        uint64_t *branched_from) {
     char path[4096], latest[4096] = "", diff[2048];
     const CheckpointConfig *c = &cfg->checkpoint;
     bool found = false;
@@ -162,6 +164,7 @@ static void start_state(const Config *cfg, const Dist *dist, Model *m, TrainStat
                     path, diff);
     }
     snprintf(rolled_back_from, 4096, "%s", found && c->resume == RESUME_PATH ? path : "");
+    *branched_from = 0;
     if (found) {
         checkpoint_load(path, m, state);
         if (state->step > cfg->train.steps)
@@ -169,7 +172,10 @@ static void start_state(const Config *cfg, const Dist *dist, Model *m, TrainStat
                  "earlier checkpoint)", path, (long long)state->step, (long long)cfg->train.steps);
         uint64_t resumed_run = state->run_id;
         bool roll_back = c->resume == RESUME_PATH && !same_folder(path, latest);
-        if (roll_back) state->run_id = checkpoint_new_run_id();
+        if (roll_back) {
+            state->run_id = checkpoint_new_run_id();
+            *branched_from = resumed_run;
+        }
         printf("resumed from %s: step %lld, %lld tokens seen, run %016" PRIx64, path, (long long)state->step,
                (long long)state->tokens_seen, state->run_id);
         if (roll_back) printf(" (a roll-back: a new run, branched off run %016" PRIx64 ")", resumed_run);
@@ -186,28 +192,44 @@ static void start_state(const Config *cfg, const Dist *dist, Model *m, TrainStat
     }
 }
 
-// The run id of a metrics.jsonl line [len] (its "run_id" field), 0 when it
-// has none.
-static uint64_t metrics_line_run(const char *line, size_t len) {
+// The run id of the last whole line of metrics.jsonl text [bytes] (its
+// "run_id" field; a line cut short by a kill has no '\n'), 0 when there is
+// none.
+static uint64_t metrics_last_run(const char *text, size_t bytes) {
     static const char key[] = "\"run_id\": \"";
-    const char *at = memmem(line, len, key, sizeof(key) - 1);
+    size_t end = bytes;
+    while (end > 0 && text[end - 1] != '\n') end--;  // drop a cut line
+    if (end == 0) return 0;
+    size_t start = end - 1;
+    while (start > 0 && text[start - 1] != '\n') start--;
+    const char *at = memmem(text + start, end - start, key, sizeof(key) - 1);
     return at ? strtoull(at + sizeof(key) - 1, NULL, 16) : 0;
 }
 
-// log.dir/metrics.jsonl (path) holds the lines of one run. A run that finds
-// another run's file there (the run id of its first line differs) moves it
-// aside to log.dir/metrics.RUN.jsonl, and a resumed run (step > 0) takes its
-// own metrics.RUN.jsonl back, each with one line. Of the run's lines, those
+// log.dir/metrics.jsonl (path) holds the lines of one run and, after a
+// roll-back, the lines up to its start of the run it branched off
+// (branched_from, or 0). A run that finds another run's file there (the run
+// id of its last line is neither the run's nor branched_from) moves it aside
+// to log.dir/metrics.RUN.jsonl, and a resumed run (step > 0) takes its own
+// metrics.RUN.jsonl back, each with one line; a roll-back keeps a copy of the
+// run it branched off whole as metrics.RUN.jsonl. Of the file's lines, those
 // of later steps (written before the run stopped without a checkpoint of
 // them) are dropped, so that no step appears twice; a fresh run (step 0)
 // starts an empty file. Rewritten under a temporary name, then renamed.
 // Returns the file, open for appending.
-static FILE *open_metrics(const char *dir, const char *path, int64_t step, uint64_t run) {
+static FILE *open_metrics(const char *dir, const char *path, int64_t step, uint64_t run, uint64_t branched_from) {
     size_t bytes = 0;
     char *text = access(path, F_OK) == 0 ? read_file(path, &bytes) : NULL;
-    uint64_t theirs = metrics_line_run(text ? text : "", strcspn(text ? text : "", "\n"));
+    uint64_t theirs = metrics_last_run(text, bytes);
     char aside[CONFIG_STR + 64];
-    if (bytes > 0 && theirs != run) {
+    if (bytes > 0 && branched_from != 0 && theirs == branched_from) {
+        snprintf(aside, sizeof(aside), "%s/metrics.%016" PRIx64 ".jsonl", dir, theirs);
+        if (access(aside, F_OK) != 0) {
+            write_file_atomic(aside, text, bytes);
+            printf("metrics: run %016" PRIx64 "'s metrics, which this roll-back branches off, copied to %s\n", theirs,
+                   aside);
+        }
+    } else if (bytes > 0 && theirs != run) {
         snprintf(aside, sizeof(aside), "%s/metrics.%016" PRIx64 ".jsonl", dir, theirs);
         if (access(aside, F_OK) == 0)
             fail("%s: holds run %016" PRIx64 "'s metrics, and %s exists: move one of them away", path, theirs, aside);
@@ -230,8 +252,7 @@ static FILE *open_metrics(const char *dir, const char *path, int64_t step, uint6
         size_t len = end ? (size_t)(end - line) + 1 : (size_t)(text + bytes - line);
         long long line_step = -1;
         // Lines are written whole with '\n' last; one cut short by a kill is dropped.
-        if (end && sscanf(line, "{\"step\": %lld", &line_step) == 1 && line_step <= step &&
-            metrics_line_run(line, len) == run) {
+        if (end && sscanf(line, "{\"step\": %lld", &line_step) == 1 && line_step <= step) {
             memcpy(kept + used, line, len);
             used += len;
         }
@@ -661,7 +682,8 @@ int cmd_train(int argc, char **argv) {
     char rolled_back_from[4096];
     int64_t nan_first, nan_last;
     test_nan_steps(&dist, &nan_first, &nan_last);
-    start_state(&cfg, &dist, &m, &state, rolled_back_from);
+    uint64_t branched_from;
+    start_state(&cfg, &dist, &m, &state, rolled_back_from, &branched_from);
     bool bucketed = !zero && dist.world_size > 1 && cfg.parallel.bucket_mb > 0;
     GradBuckets buckets = {&dist.world, &m, (int64_t)(cfg.parallel.bucket_mb * (1 << 20) / sizeof(float)), 0};
     OptimizerConfig oc = optimizer_config(&cfg);
@@ -681,7 +703,7 @@ int cmd_train(int argc, char **argv) {
     TbWriter tb_writer = {0};
     if (dist.world_rank == 0) {
         checkpoint_recover_dir(cfg.log.dir, false);
-        metrics = open_metrics(cfg.log.dir, metrics_path, state.step, state.run_id);
+        metrics = open_metrics(cfg.log.dir, metrics_path, state.step, state.run_id, branched_from);
         if (cfg.log.tensorboard) tb_open(&tb_writer, cfg.log.dir, state.step);
     }
     TbWriter *tb = tb_writer.f ? &tb_writer : NULL;

@@ -62,12 +62,25 @@ void comm_device_join(Dist *d, bool nccl) {
 // stream) and ends the job with one line naming this rank, the operation and
 // the communicator. Spins for the first 2 ms, then sleeps 100 µs between
 // polls, as comm_wait does.
+// Whether event e has completed, without waiting. cudaErrorNotReady is also
+// the host thread's last error (CUDA Runtime API): cleared here, as PyTorch
+// does, so that the next CUDA_CHECK(cudaGetLastError()) after a launch sees
+// only the launch's own error.
+static bool event_done(cudaEvent_t e) {
+    cudaError_t state = cudaEventQuery(e);
+    if (state != cudaErrorNotReady) {
+        CUDA_CHECK(state);
+        return true;
+    }
+    CHECK(cudaGetLastError() == cudaErrorNotReady, "CUDA: cudaGetLastError() after a not-ready cudaEventQuery: "
+          "expected cudaErrorNotReady");
+    return false;
+}
+
 static void watch_event(const Comm *c, cudaEvent_t done, const char *op) {
     double start = now_seconds();
     for (;;) {
-        cudaError_t state = cudaEventQuery(done);
-        if (state == cudaSuccess) break;
-        if (state != cudaErrorNotReady) CUDA_CHECK(state);
+        if (event_done(done)) break;
         ncclResult_t error = ncclSuccess;
         NCCL_CHECK(ncclCommGetAsyncError(c->nccl, &error));
         if (error != ncclSuccess && error != ncclInProgress) {

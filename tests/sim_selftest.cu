@@ -12,7 +12,8 @@
 //   barrier_divergence           __syncthreads in half the block: one cudasim line, exit 1
 //   oob_read                     reads one float past a cudaMalloc (ASan build: heap-buffer-overflow)
 //   launch_limits                launch errors as the hardware gives them (ok / FAIL lines)
-//   polled                       cudaEventQuery over an operation complete on its 10th attempt (ok / FAIL lines)
+//   polled                       cudaEventQuery over an operation complete on its 10th attempt; the
+//                                not-ready answer as the last error until cudaGetLastError (ok / FAIL lines)
 //   fragments                    mma.sync and ldmatrix element by element against the PTX ISA tables
 // tests/test_sim.sh runs each in a child process and asserts its outcome.
 #include <math.h>
@@ -153,8 +154,17 @@ static void polled() {
     CUDA_CHECK(cudaEventRecord(after, s));
     cudaError_t first = cudaEventQuery(after);
     int ran_before = attempts;
+    EXPECT(cudaPeekAtLastError() == cudaErrorNotReady, "polled_not_ready_is_last_error (peek)");
+    EXPECT(cudaGetLastError() == cudaErrorNotReady && cudaGetLastError() == cudaSuccess,
+           "polled_not_ready_cleared_by_get_last_error");
     int queries = 1;
     while (cudaEventQuery(after) == cudaErrorNotReady && queries < 100) queries++;
+    (void)cudaGetLastError();
+    EXPECT(cudaEventQuery(after) == cudaSuccess && cudaGetLastError() == cudaSuccess,
+           "polled_ready_query_sets_no_error");
+    EXPECT(cudaSetDevice(-1) == cudaErrorInvalidDevice && cudaPeekAtLastError() == cudaErrorInvalidDevice &&
+           cudaGetLastError() == cudaErrorInvalidDevice && cudaGetLastError() == cudaSuccess,
+           "every_failed_call_sets_the_last_error");
     CUDA_CHECK(cudaMemcpy(x, d_x, sizeof x, cudaMemcpyDeviceToHost));
     EXPECT(first == cudaErrorNotReady && ran_before > 0 && ran_before < 10,
            "polled_first_query_not_ready (attempts %d, %s)", ran_before, cudaGetErrorString(first));

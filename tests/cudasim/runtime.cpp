@@ -490,10 +490,16 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     return cudaSuccess;
 }
 
+// The device runs behind the host: a record not complete when the query
+// begins answers cudaErrorNotReady, while what can run up to it runs (as the
+// device would have meanwhile), so a later query may find it done. Like every
+// answer other than cudaSuccess, cudaErrorNotReady becomes the host thread's
+// last error (CUDA Runtime API, cudaGetLastError), until cudaGetLastError.
 cudaError_t cudaEventQuery(cudaEvent_t event) {
     if (!event) return result(cudaErrorInvalidResourceHandle);
     std::lock_guard<std::recursive_mutex> lock(host_mutex);
-    return progress_until(event->recorded) ? cudaSuccess : cudaErrorNotReady;
+    const bool was_done = done[event->recorded];
+    return result(progress_until(event->recorded) && was_done ? cudaSuccess : cudaErrorNotReady);
 }
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {

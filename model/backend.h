@@ -172,6 +172,13 @@ const Backend *backend_cpu(void);
 const Backend *backend_cuda(void);
 // Whether a GPU is visible; else why not (one line into why[why_size]).
 bool backend_cuda_visible(char *why, size_t why_size);
+// MTRAIN_SYNC_REPORT=1: begin counting the host synchronisations (the host
+// waiting for the device) at the start of a step; after it, print "host syncs
+// per step: N", then one line per call site (file:line (function): call:
+// count), then the priority of the streams NCCL ran on. Counted by the CPU
+// execution model of CUDA (build/sim/mtrain); a native build says it cannot.
+void backend_cuda_sync_begin(void);
+void backend_cuda_sync_print(void);
 #endif
 // The backend of train.backend; one line and exit 1 when this build or this
 // machine lacks it.

@@ -7,8 +7,9 @@
 // that return a double (sum_squares, cross_entropy) wait for it, and upload
 // waits too, so the host buffer is free again when it returns; allreduce_sum
 // (dist/comm_device.h: NCCL or host-staged) returns with the sum in place.
-// The bucketed reduction runs on a second stream, the communication stream,
-// each bucket after an event of the compute stream.
+// The bucketed reduction runs on a second stream, the communication stream
+// (at the device's greatest priority), each bucket after an event of the
+// compute stream.
 // Built only with MTRAIN_CUDA (the sim build, and the nvcc build of mtrain).
 #ifdef MTRAIN_CUDA
 
@@ -253,6 +254,28 @@ static const Backend cuda_backend = {
     .adamw = adamw,
 };
 
+void backend_cuda_sync_begin(void) {
+#ifdef CUDASIM_HOST_SYNCS
+    cudasim_host_syncs_reset();
+#endif
+}
+
+void backend_cuda_sync_print(void) {
+#ifdef CUDASIM_HOST_SYNCS
+    printf("host syncs per step: %ld\n", cudasim_host_syncs(NULL));
+    cudasim_host_syncs(stdout);
+    int least = 0, greatest = 0, device_least = 0, device_greatest = 0;
+    long ops = cudasim_nccl_priorities(&least, &greatest);
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&device_least, &device_greatest));
+    if (ops > 0)
+        printf("NCCL operations per step: %ld, on streams of priority %d to %d (the device's: %d least, %d greatest)\n",
+               ops, greatest, least, device_least, device_greatest);
+#else
+    printf("host syncs per step: not counted (only the CPU execution model of CUDA counts them: build/sim/mtrain)\n");
+#endif
+    fflush(stdout);
+}
+
 bool backend_cuda_visible(char *why, size_t why_size) {
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
@@ -275,7 +298,7 @@ const Backend *backend_cuda(void) {
     char why[160];
     CHECK(backend_cuda_visible(why, sizeof(why)), "train.backend: cuda: %s", why);
     CUDA_CHECK(cudaStreamCreate(&cuda.stream));
-    CUDA_CHECK(cudaStreamCreateWithFlags(&cuda.comm_stream, cudaStreamNonBlocking));
+    cuda.comm_stream = comm_device_stream_new();
     cudaMemPool_t pool;
     int device = 0;
     CUDA_CHECK(cudaGetDevice(&device));

@@ -14,6 +14,9 @@
 //   launch_limits                launch errors as the hardware gives them (ok / FAIL lines)
 //   polled                       cudaEventQuery over an operation complete on its 10th attempt; the
 //                                not-ready answer as the last error until cudaGetLastError (ok / FAIL lines)
+//   host_memory                  async copies with pinned and pageable host memory, the host
+//                                synchronisations by call site, stream priorities (ok / FAIL lines)
+//   devices                      the visible devices: count and PCI bus ids (CUDA_VISIBLE_DEVICES)
 //   fragments                    mma.sync and ldmatrix element by element against the PTX ISA tables
 // tests/test_sim.sh runs each in a child process and asserts its outcome.
 #include <math.h>
@@ -174,6 +177,81 @@ static void polled() {
     CUDA_CHECK(cudaFree(d_x));
     CUDA_CHECK(cudaEventDestroy(after));
     CUDA_CHECK(cudaStreamDestroy(s));
+}
+
+// ---- host memory, host synchronisations, stream priorities ----
+
+// A pinned host buffer is read by an async copy when the copy runs, a
+// pageable one at the call (staged); a device-to-host copy into pinned
+// memory lands when it runs, into pageable memory before the call returns
+// (counted as a host synchronisation). Stream priorities are clamped to the
+// device's range; the sync counts name their call.
+static void host_memory() {
+    cudaStream_t s;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    int *d_x, *pinned, pageable[2] = {1, 1};
+    CUDA_CHECK(cudaMalloc((void **)&d_x, 2 * sizeof(int)));
+    CUDA_CHECK(cudaMallocHost((void **)&pinned, 2 * sizeof(int)));
+    pinned[0] = pinned[1] = 1;
+    cudasim_host_syncs_reset();
+    CUDA_CHECK(cudaMemcpyAsync(d_x, pinned, sizeof(int), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(d_x + 1, pageable, sizeof(int), cudaMemcpyHostToDevice, s));
+    pinned[0] = pageable[0] = 2;   // before the copies ran
+    const long h2d_syncs = cudasim_host_syncs(NULL);
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    int got[2] = {0, 0};
+    CUDA_CHECK(cudaMemcpy(got, d_x, sizeof got, cudaMemcpyDeviceToHost));
+    EXPECT(got[0] == 2 && got[1] == 1, "host_memory_h2d: pinned read when the copy runs (%d = 2), pageable at the "
+           "call (%d = 1)", got[0], got[1]);
+    EXPECT(h2d_syncs == 1, "host_memory_h2d_syncs: only the pageable copy is a host synchronisation (%ld)", h2d_syncs);
+    pinned[1] = pageable[1] = 0;
+    CUDA_CHECK(cudaMemcpyAsync(&pinned[1], d_x, sizeof(int), cudaMemcpyDeviceToHost, s));
+    const int pinned_early = pinned[1];
+    CUDA_CHECK(cudaMemcpyAsync(&pageable[1], d_x, sizeof(int), cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    EXPECT(pinned_early == 0 && pinned[1] == 2 && pageable[1] == 2, "host_memory_d2h: pinned lands when the copy "
+           "runs (%d before a wait, %d after), pageable at the call (%d)", pinned_early, pinned[1], pageable[1]);
+    cudasim_host_syncs_reset();
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    char sites[512] = "";
+    FILE *f = fmemopen(sites, sizeof sites, "w");
+    const long n = cudasim_host_syncs(f);
+    fclose(f);
+    EXPECT(n == 2 && strstr(sites, "sim_selftest.cu:") && strstr(sites, "(host_memory()): cudaStreamSynchronize: 1"),
+           "host_memory_sites: two synchronisations at two lines of host_memory (%ld: %s)", n, sites);
+    EXPECT(cudaHostRegister(pinned, sizeof(int), cudaHostRegisterDefault) == cudaErrorHostMemoryAlreadyRegistered &&
+           cudaGetLastError() == cudaErrorHostMemoryAlreadyRegistered, "host_memory_register_twice");
+    int least = 1, greatest = 1, p = 1;
+    cudaStream_t hi, lo;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&hi, cudaStreamNonBlocking, -100));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&lo, cudaStreamNonBlocking, 7));
+    CUDA_CHECK(cudaStreamGetPriority(hi, &p));
+    EXPECT(least == 0 && greatest == -5 && p == greatest, "stream_priority_clamped_to_greatest (%d of %d..%d)", p,
+           least, greatest);
+    CUDA_CHECK(cudaStreamGetPriority(lo, &p));
+    EXPECT(p == least, "stream_priority_clamped_to_least (%d)", p);
+    CUDA_CHECK(cudaStreamGetPriority(s, &p));
+    EXPECT(p == 0, "stream_priority_default_least (%d)", p);
+    CUDA_CHECK(cudaStreamDestroy(hi));
+    CUDA_CHECK(cudaStreamDestroy(lo));
+    CUDA_CHECK(cudaStreamDestroy(s));
+    CUDA_CHECK(cudaFreeHost(pinned));
+    CUDA_CHECK(cudaFree(d_x));
+}
+
+// CUDA_VISIBLE_DEVICES over CUDASIM_DEVICES: prints the visible count and their PCI bus ids.
+static void devices() {
+    int n = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&n));
+    printf("%d", n);
+    for (int d = 0; d < n; d++) {
+        char bus[16];
+        CUDA_CHECK(cudaDeviceGetPCIBusId(bus, (int)sizeof bus, d));
+        printf(" %s", bus);
+    }
+    printf("\n");
 }
 
 // ---- rule violations: each ends the program with one cudasim line ----
@@ -390,6 +468,8 @@ int main(int argc, char **argv) {
         violation(c);
     else if (!strcmp(c, "launch_limits")) launch_limits();
     else if (!strcmp(c, "polled")) polled();
+    else if (!strcmp(c, "host_memory")) host_memory();
+    else if (!strcmp(c, "devices")) devices();
     else if (!strcmp(c, "fragments")) { check_mma(); check_ldmatrix(); }
     else CHECK(0, "sim_selftest: unknown case %s", c);
     return check_exit();

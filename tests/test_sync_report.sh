@@ -11,7 +11,8 @@
 #              stream of the device's greatest priority;
 #   measured   N and the sites of the other runs, printed as "info" lines
 #              (the ring's: cp 2 with 2 and 4 layers).
-# A case is one line of $cases (name, ranks, settings); a budget one pair.
+# A case is one line of $cases (name, ranks, settings: sparse attention adds
+# $SIM_SPARSE); a budget one pair of names.
 cd "$(dirname "$0")/.."
 source tests/lib.sh
 sim_setup sync_report

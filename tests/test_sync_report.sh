@@ -7,6 +7,9 @@
 # prints the last step's "host syncs per step: N" and the sites.
 #   budgets    pairs of runs whose N must be equal: a dense step's N does not
 #              grow with the number of layers (2 and 4);
+#   pinned     a one-rank dense step makes no async copy with pageable host
+#              memory (the backend's uploads and downloads are staged through
+#              its page-locked buffer);
 #   priority   cp 2 over NCCL: every NCCL operation of the step runs on a
 #              stream of the device's greatest priority;
 #   measured   N and the sites of the other runs, printed as "info" lines
@@ -35,6 +38,12 @@ while read -r name np settings; do
   echo "info $name: host syncs per step: ${N[$name]:-none}"
   sed -n '/^host syncs per step/,/^[^ h]/{/^  /s/^/info /p}' "$tmp/$name.out"
 done <<<"$cases"
+
+for name in dense_l2 dense_l4; do
+  sites=$(grep -c '^  .*with pageable host memory' "$tmp/$name.out")
+  expect "sync_report_pinned_$name: no async copy with pageable host memory in a one-rank dense step ($sites sites)" \
+    "[ -n '${N[$name]}' ] && [ $sites -eq 0 ]"
+done
 
 while read -r a b; do
   expect "sync_report_budget_${a}_$b: host syncs per step of $a (${N[$a]:-none}) = of $b (${N[$b]:-none})" \

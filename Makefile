@@ -163,7 +163,8 @@ test-gpu: build-test-gpu
 SIM_INC = -Itests/cudasim/include -Itests/cudasim
 SIM_CXXFLAGS = -O2 -g $(ARCH) -std=c++17 -fopenmp -fno-strict-aliasing -Wall -Wextra -Wno-unknown-pragmas -MMD -MP \
                -D__CUDASIM__ $(SIM_INC)
-SIM_CFLAGS = -Itests/cudasim/include $(filter-out -DMTRAIN_CUDA -I$(CUDA_HOME)/include,$(CFLAGS)) -DMTRAIN_CUDA
+# -g: the sim names the call sites of host synchronisations from the debug information (cudasim_host_syncs).
+SIM_CFLAGS = -Itests/cudasim/include $(filter-out -DMTRAIN_CUDA -I$(CUDA_HOME)/include,$(CFLAGS)) -DMTRAIN_CUDA -g
 SIM_LIB_SRC = $(wildcard tests/cudasim/*.cpp)
 SIM_LIB = build/sim/libcudasim.a
 # The sim's NCCL over MPI (tests/cudasim/mpi/), linked into the MPI programs

@@ -40,22 +40,68 @@ static void leave_devices(Dist *d) {
     d->leave_devices = NULL;
 }
 
+// How many distinct GPUs the ranks of this rank's node bind to (by PCI bus
+// id: under Slurm's per-task binding every rank sees its own GPU as device 0).
+static int64_t node_gpus(const Dist *d) {
+    char mine[16] = {0};
+    int device = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetPCIBusId(mine, (int)sizeof(mine), device));
+    MPI_Comm node;
+    MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, d->world_rank, MPI_INFO_NULL, &node));
+    char *all = xcalloc((size_t)d->local_size, sizeof(mine));
+    MPI_CHECK(MPI_Allgather(mine, (int)sizeof(mine), MPI_CHAR, all, (int)sizeof(mine), MPI_CHAR, node));
+    MPI_CHECK(MPI_Comm_free(&node));
+    int64_t distinct = 0;
+    for (int r = 0; r < d->local_size; r++) {
+        bool seen = false;
+        for (int q = 0; q < r && !seen; q++)
+            seen = !memcmp(all + (size_t)r * sizeof(mine), all + (size_t)q * sizeof(mine), sizeof(mine));
+        distinct += !seen;
+    }
+    free(all);
+    return distinct;
+}
+
 void comm_device_join(Dist *d, bool nccl) {
     int gpus = 0;
     CUDA_CHECK(cudaGetDeviceCount(&gpus));
-    // The most ranks on any node against the fewest GPUs on any node.
-    int64_t worst[2] = {d->local_size, -(int64_t)gpus};
+    CUDA_CHECK(cudaSetDevice(d->local_rank % gpus));
+    if (!nccl) return;
+    // The most ranks on any node against the fewest GPUs they bind to on any node.
+    int64_t worst[2] = {d->local_size, -node_gpus(d)};
     comm_allreduce(&d->world, worst, 2, DT_INT64, REDUCE_MAX);
-    if (nccl && worst[0] > -worst[1])
+    if (worst[0] > -worst[1])
         comm_fail_all(&d->world, "parallel.comm: nccl: %lld ranks on a node with %lld GPU%s (NCCL needs a GPU per "
                       "rank: expected at most %lld rank%s per node, or parallel.comm: mpi to share the GPUs)",
                       (long long)worst[0], (long long)-worst[1], worst[1] == -1 ? "" : "s", (long long)-worst[1],
                       worst[1] == -1 ? "" : "s");
-    CUDA_CHECK(cudaSetDevice(d->local_rank % gpus));
-    if (!nccl) return;
     for (int i = 0; dist_comms(d, i); i++)
         if (dist_comms(d, i)->size > 1) make_nccl(dist_comms(d, i));
     d->leave_devices = leave_devices;
+}
+
+cudaStream_t comm_device_stream_new(void) {
+    int least = 0, greatest = 0;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    cudaStream_t s;
+    CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
+    return s;
+}
+
+// Whether event e has completed, without waiting. cudaErrorNotReady is also
+// the host thread's last error (CUDA Runtime API): cleared here, as PyTorch
+// does, so that the next CUDA_CHECK(cudaGetLastError()) after a launch sees
+// only the launch's own error.
+static bool event_done(cudaEvent_t e) {
+    cudaError_t state = cudaEventQuery(e);
+    if (state != cudaErrorNotReady) {
+        CUDA_CHECK(state);
+        return true;
+    }
+    CHECK(cudaGetLastError() == cudaErrorNotReady, "CUDA: cudaGetLastError() after a not-ready cudaEventQuery: "
+          "expected cudaErrorNotReady");
+    return false;
 }
 
 // The watchdog: poll the event done (recorded after NCCL operations of c)
@@ -67,9 +113,7 @@ void comm_device_join(Dist *d, bool nccl) {
 static void watch_event(const Comm *c, cudaEvent_t done, const char *op) {
     double start = now_seconds();
     for (;;) {
-        cudaError_t state = cudaEventQuery(done);
-        if (state == cudaSuccess) break;
-        if (state != cudaErrorNotReady) CUDA_CHECK(state);
+        if (event_done(done)) break;
         ncclResult_t error = ncclSuccess;
         NCCL_CHECK(ncclCommGetAsyncError(c->nccl, &error));
         if (error != ncclSuccess && error != ncclInProgress) {
@@ -218,7 +262,7 @@ DeviceExchange *comm_device_exchange_new(const Comm *c, cudaStream_t compute) {
     while (e < MAX_EXCHANGES && live_exchanges[e]) e++;
     CHECK(e < MAX_EXCHANGES, "device exchange on %s: more than %d exchanges at once", c->name, MAX_EXCHANGES);
     live_exchanges[e] = x;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&x->comm, cudaStreamNonBlocking));
+    x->comm = comm_device_stream_new();
     for (int g = 0; g < EXCHANGE_GROUPS; g++) CUDA_CHECK(cudaEventCreate(&x->group_done[g]));
     for (int s = 0; s < EXCHANGE_SLOTS; s++)
         CUDA_CHECK(cudaEventCreate(&x->slot[s].posted));

@@ -15,12 +15,19 @@
 
 #include "comm.h"
 
-// Bind this rank to GPU (node-local rank) modulo (GPUs on the node), before
-// the CUDA backend is first used; with nccl, more ranks on a node than GPUs
-// ends every rank with one line (NCCL needs a GPU per rank), else the NCCL
+// Bind this rank to visible GPU (node-local rank) modulo (GPUs it sees),
+// before the CUDA backend is first used: all the node's GPUs, or one per
+// rank under a per-task binding (Slurm's CUDA_VISIBLE_DEVICES). With nccl,
+// more ranks on a node than distinct GPUs bound (by PCI bus id) ends every
+// rank with one line (NCCL needs a GPU per rank), else the NCCL
 // communicators of world, dp, cp, cp-inner and cp-outer are made. A
 // collective over the world: every rank calls it.
 void comm_device_join(Dist *d, bool nccl);
+
+// A new non-blocking stream at the device's greatest priority, for
+// communication: NCCL's kernels then get SMs ahead of the attention kernels
+// that fill them, so transfers overlap compute.
+cudaStream_t comm_device_stream_new(void);
 
 // Every NCCL operation below is watched until it completes: a failure
 // reported by NCCL, or no completion within parallel.timeout_s (a rank that

@@ -184,6 +184,13 @@ bool backend_cuda_visible(char *why, size_t why_size);
 // the device memory this process has held (cudaMalloc and the stream-ordered
 // pool at its high-water mark), true; false on a real GPU (no such figure).
 bool backend_cuda_memory_peak(double *bytes);
+// MTRAIN_SYNC_REPORT=1: begin counting the host synchronisations (the host
+// waiting for the device) at the start of a step; after it, print "host syncs
+// per step: N", then one line per call site (file:line (function): call:
+// count), then the priority of the streams NCCL ran on. Counted by the CPU
+// execution model of CUDA (build/sim/mtrain); a native build says it cannot.
+void backend_cuda_sync_begin(void);
+void backend_cuda_sync_print(void);
 #endif
 // The backend of train.backend; one line and exit 1 when this build or this
 // machine lacks it.

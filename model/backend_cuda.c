@@ -5,14 +5,17 @@
 // uint16_t), master weights, gradients, moments and statistics fp32.
 // Everything is enqueued on the one stream; download, act_to_host and the ops
 // that return a double (sum_squares, cross_entropy) wait for it, and upload
-// waits too, so the host buffer is free again when it returns; allreduce_sum
+// waits too, so the host buffer is free again when it returns (both through
+// a page-locked staging buffer); allreduce_sum
 // (dist/comm_device.h: NCCL or host-staged) returns with the sum in place.
-// The bucketed reduction runs on a second stream, the communication stream,
-// each bucket after an event of the compute stream.
+// The bucketed reduction runs on a second stream, the communication stream
+// (at the device's greatest priority), each bucket after an event of the
+// compute stream.
 // Built only with MTRAIN_CUDA (the sim build, and the nvcc build of mtrain).
 #ifdef MTRAIN_CUDA
 
 #include <stdio.h>
+#include <string.h>
 
 #include "../attention/attention_cuda_op.h"
 #include "../attention/ring_cuda.h"
@@ -40,8 +43,14 @@ static struct {
     cudaStream_t comm_stream;  // the bucketed gradient reduction (allreduce_sum_start)
     MatmulCuda *mm;
     double *total;  // one device double: sum_squares' and cross_entropy's result
+    void *staging;  // [STAGING_BYTES] page-locked: the host side of every upload and download
     WeightCopy copies[MAX_WEIGHT_COPIES];
 } cuda;
+
+// Uploads and downloads go through a page-locked buffer made once with the
+// backend, in pieces of this size: an async copy with pageable memory makes
+// the driver stage it and behaves synchronously (docs/SIM.md).
+#define STAGING_BYTES ((size_t)4 << 20)
 
 static void *cuda_alloc(size_t bytes) {
     void *ptr = NULL;
@@ -53,13 +62,21 @@ static void cuda_free(void *ptr) { CUDA_CHECK(cudaFree(ptr)); }
 static void cuda_zero(void *ptr, size_t bytes) { CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, cuda.stream)); }
 static void cuda_upload(void *dst, const void *host_src, size_t bytes) {
     comm_device_settle();
-    CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, cuda.stream));
-    CUDA_CHECK(cudaStreamSynchronize(cuda.stream));
+    for (size_t at = 0; at < bytes; at += STAGING_BYTES) {
+        size_t n = bytes - at < STAGING_BYTES ? bytes - at : STAGING_BYTES;
+        memcpy(cuda.staging, (const char *)host_src + at, n);
+        CUDA_CHECK(cudaMemcpyAsync((char *)dst + at, cuda.staging, n, cudaMemcpyHostToDevice, cuda.stream));
+        CUDA_CHECK(cudaStreamSynchronize(cuda.stream));
+    }
 }
 static void cuda_download(void *host_dst, const void *src, size_t bytes) {
     comm_device_settle();
-    CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, cuda.stream));
-    CUDA_CHECK(cudaStreamSynchronize(cuda.stream));
+    for (size_t at = 0; at < bytes; at += STAGING_BYTES) {
+        size_t n = bytes - at < STAGING_BYTES ? bytes - at : STAGING_BYTES;
+        CUDA_CHECK(cudaMemcpyAsync(cuda.staging, (const char *)src + at, n, cudaMemcpyDeviceToHost, cuda.stream));
+        CUDA_CHECK(cudaStreamSynchronize(cuda.stream));
+        memcpy((char *)host_dst + at, cuda.staging, n);
+    }
 }
 static void cuda_copy(void *dst, const void *src, size_t bytes) {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda.stream));
@@ -152,8 +169,9 @@ static void swiglu_backward(Act *dgate, Act *dup, const Act *dout, const Act *ga
 static void scale(float *x, float s, int64_t n) { scale_cuda(x, s, n, cuda.stream); }
 // cuda.total on the host, once the stream's work before it is done.
 static double read_total(void) {
-    comm_device_settle();
-    return read_double_cuda(cuda.total, cuda.stream);
+    double total;
+    cuda_download(&total, cuda.total, sizeof(total));
+    return total;
 }
 static double sum_squares(const float *x, int64_t n) {
     cuda_zero(cuda.total, sizeof(double));
@@ -260,6 +278,28 @@ static const Backend cuda_backend = {
     .adamw = adamw,
 };
 
+void backend_cuda_sync_begin(void) {
+#ifdef CUDASIM_HOST_SYNCS
+    cudasim_host_syncs_reset();
+#endif
+}
+
+void backend_cuda_sync_print(void) {
+#ifdef CUDASIM_HOST_SYNCS
+    printf("host syncs per step: %ld\n", cudasim_host_syncs(NULL));
+    cudasim_host_syncs(stdout);
+    int least = 0, greatest = 0, device_least = 0, device_greatest = 0;
+    long ops = cudasim_nccl_priorities(&least, &greatest);
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&device_least, &device_greatest));
+    if (ops > 0)
+        printf("NCCL operations per step: %ld, on streams of priority %d to %d (the device's: %d least, %d greatest)\n",
+               ops, greatest, least, device_least, device_greatest);
+#else
+    printf("host syncs per step: not counted (only the CPU execution model of CUDA counts them: build/sim/mtrain)\n");
+#endif
+    fflush(stdout);
+}
+
 bool backend_cuda_visible(char *why, size_t why_size) {
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
@@ -282,7 +322,7 @@ const Backend *backend_cuda(void) {
     char why[160];
     CHECK(backend_cuda_visible(why, sizeof(why)), "train.backend: cuda: %s", why);
     CUDA_CHECK(cudaStreamCreate(&cuda.stream));
-    CUDA_CHECK(cudaStreamCreateWithFlags(&cuda.comm_stream, cudaStreamNonBlocking));
+    cuda.comm_stream = comm_device_stream_new();
     cudaMemPool_t pool;
     int device = 0;
     CUDA_CHECK(cudaGetDevice(&device));
@@ -291,6 +331,7 @@ const Backend *backend_cuda(void) {
     CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     cuda.mm = matmul_cuda_create();
     CUDA_CHECK(cudaMalloc((void **)&cuda.total, sizeof(double)));
+    CUDA_CHECK(cudaMallocHost(&cuda.staging, STAGING_BYTES));
     cuda.ready = true;
     return &cuda_backend;
 }

@@ -449,13 +449,6 @@ extern "C" void sum_squares_cuda(const float *x, int64_t n, double *total, cudaS
     add_partials(total, partial, blocks, stream);
 }
 
-extern "C" double read_double_cuda(const double *value, cudaStream_t stream) {
-    double host;
-    CUDA_CHECK(cudaMemcpyAsync(&host, value, sizeof(double), cudaMemcpyDeviceToHost, stream));
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    return host;
-}
-
 extern "C" void cross_entropy_cuda(uint16_t *logits, const int32_t *targets, int64_t C, int V, float grad_scale,
                                    double *loss, cudaStream_t stream) {
     if (C == 0) return;

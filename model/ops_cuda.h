@@ -62,12 +62,8 @@ void accumulate_cuda(uint16_t *y, const uint16_t *x, int64_t n, cudaStream_t str
 // x[n] *= s, fp32 (gradient clipping).
 void scale_cuda(float *x, float s, int64_t n, cudaStream_t stream);
 // *total += sum of x[n]^2 (fp32 x, double sums); total is one device double,
-// so the squares of many tensors add up on the GPU and are read once
-// (read_double_cuda).
+// so the squares of many tensors add up on the GPU and are read once.
 void sum_squares_cuda(const float *x, int64_t n, double *total, cudaStream_t stream);
-// The value of the device double *value once `stream` has reached this call
-// (waits for the stream).
-double read_double_cuda(const double *value, cudaStream_t stream);
 
 // In place: logits[C, V] bf16 -> dlogits = (softmax - onehot(target)) * grad_scale
 // for rows with target >= 0, zero rows otherwise; *loss (one device double) +=

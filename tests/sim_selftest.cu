@@ -12,7 +12,11 @@
 //   barrier_divergence           __syncthreads in half the block: one cudasim line, exit 1
 //   oob_read                     reads one float past a cudaMalloc (ASan build: heap-buffer-overflow)
 //   launch_limits                launch errors as the hardware gives them (ok / FAIL lines)
-//   polled                       cudaEventQuery over an operation complete on its 10th attempt (ok / FAIL lines)
+//   polled                       cudaEventQuery over an operation complete on its 10th attempt; the
+//                                not-ready answer as the last error until cudaGetLastError (ok / FAIL lines)
+//   host_memory                  async copies with pinned and pageable host memory, the host
+//                                synchronisations by call site, stream priorities (ok / FAIL lines)
+//   devices                      the visible devices: count and PCI bus ids (CUDA_VISIBLE_DEVICES)
 //   fragments                    mma.sync and ldmatrix element by element against the PTX ISA tables
 //   memory_peak                  cudasimMemoryPeak: cudaMalloc's bytes plus the pool's high-water mark (ok / FAIL)
 // tests/test_sim.sh runs each in a child process and asserts its outcome.
@@ -154,8 +158,17 @@ static void polled() {
     CUDA_CHECK(cudaEventRecord(after, s));
     cudaError_t first = cudaEventQuery(after);
     int ran_before = attempts;
+    EXPECT(cudaPeekAtLastError() == cudaErrorNotReady, "polled_not_ready_is_last_error (peek)");
+    EXPECT(cudaGetLastError() == cudaErrorNotReady && cudaGetLastError() == cudaSuccess,
+           "polled_not_ready_cleared_by_get_last_error");
     int queries = 1;
     while (cudaEventQuery(after) == cudaErrorNotReady && queries < 100) queries++;
+    (void)cudaGetLastError();
+    EXPECT(cudaEventQuery(after) == cudaSuccess && cudaGetLastError() == cudaSuccess,
+           "polled_ready_query_sets_no_error");
+    EXPECT(cudaSetDevice(-1) == cudaErrorInvalidDevice && cudaPeekAtLastError() == cudaErrorInvalidDevice &&
+           cudaGetLastError() == cudaErrorInvalidDevice && cudaGetLastError() == cudaSuccess,
+           "every_failed_call_sets_the_last_error");
     CUDA_CHECK(cudaMemcpy(x, d_x, sizeof x, cudaMemcpyDeviceToHost));
     EXPECT(first == cudaErrorNotReady && ran_before > 0 && ran_before < 10,
            "polled_first_query_not_ready (attempts %d, %s)", ran_before, cudaGetErrorString(first));
@@ -193,6 +206,81 @@ static void memory_peak() {
            peak - base);
     CUDA_CHECK(cudaFree(a));
     CUDA_CHECK(cudaStreamDestroy(s));
+}
+
+// ---- host memory, host synchronisations, stream priorities ----
+
+// A pinned host buffer is read by an async copy when the copy runs, a
+// pageable one at the call (staged); a device-to-host copy into pinned
+// memory lands when it runs, into pageable memory before the call returns
+// (counted as a host synchronisation). Stream priorities are clamped to the
+// device's range; the sync counts name their call.
+static void host_memory() {
+    cudaStream_t s;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    int *d_x, *pinned, pageable[2] = {1, 1};
+    CUDA_CHECK(cudaMalloc((void **)&d_x, 2 * sizeof(int)));
+    CUDA_CHECK(cudaMallocHost((void **)&pinned, 2 * sizeof(int)));
+    pinned[0] = pinned[1] = 1;
+    cudasim_host_syncs_reset();
+    CUDA_CHECK(cudaMemcpyAsync(d_x, pinned, sizeof(int), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(d_x + 1, pageable, sizeof(int), cudaMemcpyHostToDevice, s));
+    pinned[0] = pageable[0] = 2;   // before the copies ran
+    const long h2d_syncs = cudasim_host_syncs(NULL);
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    int got[2] = {0, 0};
+    CUDA_CHECK(cudaMemcpy(got, d_x, sizeof got, cudaMemcpyDeviceToHost));
+    EXPECT(got[0] == 2 && got[1] == 1, "host_memory_h2d: pinned read when the copy runs (%d = 2), pageable at the "
+           "call (%d = 1)", got[0], got[1]);
+    EXPECT(h2d_syncs == 1, "host_memory_h2d_syncs: only the pageable copy is a host synchronisation (%ld)", h2d_syncs);
+    pinned[1] = pageable[1] = 0;
+    CUDA_CHECK(cudaMemcpyAsync(&pinned[1], d_x, sizeof(int), cudaMemcpyDeviceToHost, s));
+    const int pinned_early = pinned[1];
+    CUDA_CHECK(cudaMemcpyAsync(&pageable[1], d_x, sizeof(int), cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    EXPECT(pinned_early == 0 && pinned[1] == 2 && pageable[1] == 2, "host_memory_d2h: pinned lands when the copy "
+           "runs (%d before a wait, %d after), pageable at the call (%d)", pinned_early, pinned[1], pageable[1]);
+    cudasim_host_syncs_reset();
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    char sites[512] = "";
+    FILE *f = fmemopen(sites, sizeof sites, "w");
+    const long n = cudasim_host_syncs(f);
+    fclose(f);
+    EXPECT(n == 2 && strstr(sites, "sim_selftest.cu:") && strstr(sites, "(host_memory()): cudaStreamSynchronize: 1"),
+           "host_memory_sites: two synchronisations at two lines of host_memory (%ld: %s)", n, sites);
+    EXPECT(cudaHostRegister(pinned, sizeof(int), cudaHostRegisterDefault) == cudaErrorHostMemoryAlreadyRegistered &&
+           cudaGetLastError() == cudaErrorHostMemoryAlreadyRegistered, "host_memory_register_twice");
+    int least = 1, greatest = 1, p = 1;
+    cudaStream_t hi, lo;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&hi, cudaStreamNonBlocking, -100));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&lo, cudaStreamNonBlocking, 7));
+    CUDA_CHECK(cudaStreamGetPriority(hi, &p));
+    EXPECT(least == 0 && greatest == -5 && p == greatest, "stream_priority_clamped_to_greatest (%d of %d..%d)", p,
+           least, greatest);
+    CUDA_CHECK(cudaStreamGetPriority(lo, &p));
+    EXPECT(p == least, "stream_priority_clamped_to_least (%d)", p);
+    CUDA_CHECK(cudaStreamGetPriority(s, &p));
+    EXPECT(p == 0, "stream_priority_default_least (%d)", p);
+    CUDA_CHECK(cudaStreamDestroy(hi));
+    CUDA_CHECK(cudaStreamDestroy(lo));
+    CUDA_CHECK(cudaStreamDestroy(s));
+    CUDA_CHECK(cudaFreeHost(pinned));
+    CUDA_CHECK(cudaFree(d_x));
+}
+
+// CUDA_VISIBLE_DEVICES over CUDASIM_DEVICES: prints the visible count and their PCI bus ids.
+static void devices() {
+    int n = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&n));
+    printf("%d", n);
+    for (int d = 0; d < n; d++) {
+        char bus[16];
+        CUDA_CHECK(cudaDeviceGetPCIBusId(bus, (int)sizeof bus, d));
+        printf(" %s", bus);
+    }
+    printf("\n");
 }
 
 // ---- rule violations: each ends the program with one cudasim line ----
@@ -410,6 +498,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(c, "launch_limits")) launch_limits();
     else if (!strcmp(c, "polled")) polled();
     else if (!strcmp(c, "memory_peak")) memory_peak();
+    else if (!strcmp(c, "host_memory")) host_memory();
+    else if (!strcmp(c, "devices")) devices();
     else if (!strcmp(c, "fragments")) { check_mma(); check_ldmatrix(); }
     else CHECK(0, "sim_selftest: unknown case %s", c);
     return check_exit();

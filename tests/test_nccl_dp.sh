@@ -13,7 +13,10 @@
 #   control    one rank with micro_batches 1 differs from micro_batches 2 by
 #              more than the weight tolerance (a reduction that dropped a
 #              rank's gradient would fail the first check);
-#   one GPU    nccl with 2 ranks on a node with 1 GPU ends with one line.
+#   one GPU    nccl with 2 ranks on a node with 1 GPU ends with one line;
+#   per task   Slurm's binding, one visible GPU per rank (CUDA_VISIBLE_DEVICES
+#              its local rank on a node of 2): trains as nccl, bit for bit;
+#              both ranks bound to GPU 0: the one-GPU line.
 # Only the fp32 summation order of the gradients differs between the runs
 # (the bf16 activations and kernels are the same per sequence), hence
 # tolerances far below bf16's. AdamW with lr 1e-2 and eps 1e-3 (the update
@@ -60,4 +63,21 @@ expect "nccl_dp_one_gpu: nccl with 2 ranks on 1 GPU ends with one line (exit $rc
   "[ $rc -ne 0 ] && [ $lines -eq 1 ] &&
    grep -q '^mtrain: parallel.comm: nccl: 2 ranks on a node with 1 GPU (NCCL needs a GPU per rank' '$tmp/onegpu.out' &&
    ! grep -q '^step ' '$tmp/onegpu.out'"
+# Slurm's per-task binding: each rank sees only its own GPU of the node's 2
+# (CUDA_VISIBLE_DEVICES = its local rank, device 0 for both): trains as nccl;
+# both bound to the node's GPU 0 is one GPU for 2 ranks again.
+bound() {   # NAME CUDA_VISIBLE_DEVICES (a shell expression per rank)
+  CUDASIM_DEVICES=2 timeout 120 mpirun --oversubscribe --bind-to none -np 2 \
+    bash -c "CUDA_VISIBLE_DEVICES=$2 exec build/sim/mtrain \"\$@\"" mtrain train configs/tiny-cpu.yaml $RUN parallel.dp=2 \
+    log.dir="$tmp/$1" checkpoint.dir="$tmp/$1" </dev/null >"$tmp/$1.out" 2>&1
+}
+bound per_task '$OMPI_COMM_WORLD_LOCAL_RANK'
+rc=$?
+read -r loss weights < <(differ per_task nccl)
+expect "nccl_dp_per_task_binding: one visible GPU per rank trains as nccl (exit $rc, loss $loss, weights $weights: both 0; $(grep -m1 '^mtrain' "$tmp/per_task.out"))" \
+  "[ $rc -eq 0 ] && below '$loss' 0 && below '$weights' 0"
+bound shared 0
+rc=$?
+expect "nccl_dp_per_task_shared: both ranks bound to GPU 0 ends with one line (exit $rc: $(grep -m1 '^mtrain' "$tmp/shared.out"))" \
+  "[ $rc -ne 0 ] && grep -q '^mtrain: parallel.comm: nccl: 2 ranks on a node with 1 GPU ' '$tmp/shared.out' && ! grep -q '^step ' '$tmp/shared.out'"
 exit $((failures > 0))

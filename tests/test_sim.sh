@@ -80,13 +80,22 @@ expect "out-of-bounds device read: AddressSanitizer heap-buffer-overflow in the 
   "[ $rc -ne 0 ] && grep -q 'heap-buffer-overflow' '$tmp/out' && grep -q 'in oob_read_kernel' '$tmp/out'"
 
 # Self-tests that check themselves (launch errors; cudaEventQuery over a polled
-# operation; mma and ldmatrix against the PTX tables; the device memory peak).
-for c in launch_limits polled fragments memory_peak; do
+# operation and the last error; pinned and pageable host memory, host
+# synchronisations by call site, stream priorities; mma and ldmatrix against
+# the PTX tables; the device memory peak).
+for c in launch_limits polled host_memory fragments memory_peak; do
   $sim/sim_selftest $c >"$tmp/out" 2>&1
   rc=$?
   cat "$tmp/out"
   expect "sim_selftest $c exits 0" "[ $rc -eq 0 ]"
 done
+
+# The visible devices: all of the node's CUDASIM_DEVICES, or CUDA_VISIBLE_DEVICES
+# up to its first entry that is not one of them, each with its node PCI bus id.
+r=$(CUDASIM_DEVICES=4 CUDA_VISIBLE_DEVICES=2,0,9,1 $sim/sim_selftest devices 2>&1)
+expect "CUDA_VISIBLE_DEVICES=2,0,9,1 of 4: devices 2 then 0 ($r)" '[ "$r" = "2 0000:02:00.0 0000:00:00.0" ]'
+r=$(CUDASIM_DEVICES=2 $sim/sim_selftest devices 2>&1)
+expect "no CUDA_VISIBLE_DEVICES: the node's 2 ($r)" '[ "$r" = "2 0000:00:00.0 0000:01:00.0" ]'
 
 # Mutations of the attention sources, built in a copy: the test must fail
 # (the attention test, or the sparse test's long index row).

@@ -530,6 +530,30 @@ static void save_checkpoint(const Config *cfg, const Dist *dist, bool zero, cons
     printf("checkpoint: %s/step_%08lld\n", cfg->checkpoint.dir, (long long)state->step);
 }
 
+// MTRAIN_SYNC_REPORT=1 (for tests and tuning): the host synchronisations of
+// the last step, on the CUDA backend (model/backend.h).
+static bool sync_report_wanted(const Backend *be) {
+    const char *text = getenv("MTRAIN_SYNC_REPORT");
+    if (!text || !strcmp(text, "0")) return false;
+    if (strcmp(text, "1") != 0) fail("MTRAIN_SYNC_REPORT=%s: expected 1 or 0", text);
+#ifdef MTRAIN_CUDA
+    if (be != backend_cpu()) return true;
+#endif
+    (void)be;
+    printf("host syncs per step: not counted (train.backend cpu has no device)\n");
+    return false;
+}
+static void sync_report_begin(void) {
+#ifdef MTRAIN_CUDA
+    backend_cuda_sync_begin();
+#endif
+}
+static void sync_report_print(void) {
+#ifdef MTRAIN_CUDA
+    backend_cuda_sync_print();
+#endif
+}
+
 // MTRAIN_TEST_NAN_STEP=N[,RANK[,COUNT]] (for tests): steps N .. N + COUNT - 1
 // get a NaN loss and gradient on world rank RANK (default 0; COUNT default
 // 1). Sets [*first, *last] on that rank, else leaves them at 0.
@@ -720,7 +744,9 @@ int cmd_train(int argc, char **argv) {
                (long long)state.step, (long long)cfg.train.steps);
     else if (validate && first_step == 1)
         best_val = log_validation(&m, &cfg, &dist, &data, 0, metrics, metrics_path, state.run_id, tb);
+    const bool sync_report = sync_report_wanted(m.be);
     for (int64_t step = first_step; step <= cfg.train.steps; step++) {
+        if (sync_report && step == cfg.train.steps) sync_report_begin();
         double t0 = now_seconds();
         m.be->zero(m.grad_mem, sizeof(float) * (size_t)m.arena_floats);
         double loss = 0;
@@ -777,6 +803,7 @@ int cmd_train(int argc, char **argv) {
                    100 * mfu, rss_mib, ms, eta, attention_line);
             fflush(stdout);
         }
+        if (sync_report && step == cfg.train.steps) sync_report_print();
         if (metrics && state.bad_in_a_row == 0) {
             fprintf(metrics, "{\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, "
                     "\"mfu\": %.6f, \"rss_mib\": %.1f, \"ms\": %.3f%s, \"run_id\": \"%016" PRIx64 "\"}\n", (long long)step, loss,

@@ -29,6 +29,13 @@ void drain(cudaStream_t stream);
 // One line "cudasim: <message>" on stderr, then exit(1): every broken rule ends this way.
 [[noreturn]] void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+// A host synchronisation made by the call `what` that returns to `caller`
+// (counted for cudasim_host_syncs).
+void host_sync(const char *what, const void *caller);
+
+// An NCCL operation enqueued on `stream` (its priority, for cudasim_nccl_priorities).
+void nccl_stream(cudaStream_t stream);
+
 // Device memory = host memory: is [p, p+bytes) inside one live device allocation? (for library checks)
 bool is_device(const void *p, size_t bytes);
 

@@ -12,6 +12,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <dlfcn.h>
+#include <link.h>
+
 #include <deque>
 #include <map>
 #include <memory>
@@ -26,6 +29,7 @@ struct CUstream_st {
     bool legacy, blocking;
     std::deque<struct SimOp> ops;
     uint64_t last = 0;        // sequence number of the newest op enqueued
+    int priority = 0;         // recorded (cudaStreamGetPriority); the seeded order ignores it
 };
 struct SimOp {
     uint64_t seq;
@@ -35,6 +39,7 @@ struct SimOp {
 };
 struct CUevent_st {
     uint64_t recorded = 0;    // sequence number of the recording op, 0 = never recorded
+    uint64_t queried = 0;     // the record cudaEventQuery last asked about
     double ms = 0;            // wall clock when it ran
 };
 struct CUmemPoolHandle_st {
@@ -44,7 +49,7 @@ struct CUmemPoolHandle_st {
 namespace cudasim {
 
 static std::recursive_mutex host_mutex;   // one host call at a time
-static CUstream_st legacy_stream{true, true, {}, 0};
+static CUstream_st legacy_stream{true, true, {}, 0, 0};
 static std::vector<CUstream_st *> streams{&legacy_stream};
 static std::vector<bool> done{true};      // done[seq]; seq 0 = "nothing"
 static uint64_t next_seq = 1;
@@ -52,7 +57,16 @@ static std::mt19937_64 stream_rng;
 static bool rng_ready = false;
 static thread_local cudaError_t last_error = cudaSuccess;
 static std::map<uintptr_t, size_t> allocations;
+static std::map<uintptr_t, size_t> pinned;   // page-locked host ranges: cudaMallocHost, cudaHostAlloc, cudaHostRegister
 static std::mutex alloc_mutex;
+// Host synchronisations since cudasim_host_syncs_reset, per call site (the
+// caller's return address) and call.
+static std::map<std::pair<const void *, std::string>, long> host_syncs;
+// The priorities of the streams NCCL operations were enqueued on since the reset.
+static long nccl_ops = 0;
+static int nccl_least = 0, nccl_greatest = 0;
+// Stream priorities of the A100 (cudaDeviceGetStreamPriorityRange): 0 least, -5 greatest.
+static const int LEAST_PRIORITY = 0, GREATEST_PRIORITY = -5;
 
 [[noreturn]] void fail(const char *fmt, ...) {
     char msg[2048];
@@ -224,16 +238,33 @@ void drain(cudaStream_t stream) {
     }
 }
 
+void host_sync(const char *what, const void *caller) {
+    std::lock_guard<std::recursive_mutex> lock(host_mutex);
+    host_syncs[{caller, what}]++;
+}
+
+void nccl_stream(cudaStream_t stream) {
+    std::lock_guard<std::recursive_mutex> lock(host_mutex);
+    const int p = stream_of(stream)->priority;
+    if (nccl_ops == 0 || p > nccl_least) nccl_least = p;
+    if (nccl_ops == 0 || p < nccl_greatest) nccl_greatest = p;
+    nccl_ops++;
+}
+
 // ---- memory ----
 
-bool is_device(const void *p, size_t bytes) {
+// Whether [p, p+bytes) lies inside one range of `ranges`.
+static bool inside(const std::map<uintptr_t, size_t> &ranges, const void *p, size_t bytes) {
     std::lock_guard<std::mutex> lock(alloc_mutex);
     const uintptr_t a = (uintptr_t)p;
-    auto it = allocations.upper_bound(a);
-    if (it == allocations.begin()) return false;
+    auto it = ranges.upper_bound(a);
+    if (it == ranges.begin()) return false;
     --it;
     return a >= it->first && a + bytes <= it->first + it->second;
 }
+
+bool is_device(const void *p, size_t bytes) { return inside(allocations, p, bytes); }
+static bool is_pinned(const void *p, size_t bytes) { return inside(pinned, p, bytes); }
 
 // Device memory held (cudasimMemoryPeak): cudaMalloc's live bytes, the
 // stream-ordered pool's live bytes and what it keeps reserved (at most its
@@ -308,10 +339,13 @@ const char *cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
     case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
     case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
+    case cudaErrorHostMemoryAlreadyRegistered: return "cudaErrorHostMemoryAlreadyRegistered";
+    case cudaErrorHostMemoryNotRegistered: return "cudaErrorHostMemoryNotRegistered";
     default: return "cudaErrorUnknown";
     }
 }
@@ -323,28 +357,52 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidValue: return "invalid argument";
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorNotReady: return "device not ready";
     case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
+    case cudaErrorHostMemoryAlreadyRegistered: return "part or all of the requested memory range is already mapped";
+    case cudaErrorHostMemoryNotRegistered: return "pointer does not correspond to a registered memory region";
     default: return "unknown error";
     }
 }
 
-// The devices this process sees: CUDASIM_DEVICES (default 1), all of them
-// names of the one simulated device, so that a program choosing its GPU from
-// its rank on the node can be run as on a node with that many GPUs.
-static int device_count() {
-    static const int n = [] {
+// The node has CUDASIM_DEVICES devices (default 1), all of them copies of the
+// one simulated device. The process sees those CUDA_VISIBLE_DEVICES lists, in
+// its order (CUDA C++ Programming Guide, "CUDA Environment Variables"; the
+// list ends at the first entry that is not a device of the node), else all;
+// visible device i is the node's device visible[i] (its PCI bus id), so that
+// a program choosing its GPU from its rank on the node, or bound to one GPU
+// per task as Slurm does, runs as on such a node.
+static const std::vector<int> &visible_devices() {
+    static const std::vector<int> v = [] {
+        int node = 1;
         const char *e = getenv("CUDASIM_DEVICES");
-        if (!e || !*e) return 1;
-        char *end;
-        const long v = strtol(e, &end, 10);
-        if (*end || v < 1 || v > 1024) fail("CUDASIM_DEVICES=%s: expected a number of devices from 1 to 1024", e);
-        return (int)v;
+        if (e && *e) {
+            char *end;
+            const long n = strtol(e, &end, 10);
+            if (*end || n < 1 || n > 1024) fail("CUDASIM_DEVICES=%s: expected a number of devices from 1 to 1024", e);
+            node = (int)n;
+        }
+        std::vector<int> list;
+        const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+        if (!cvd) {
+            for (int i = 0; i < node; i++) list.push_back(i);
+            return list;
+        }
+        for (const char *p = cvd; *p;) {
+            char *end;
+            const long d = strtol(p, &end, 10);
+            if (end == p || d < 0 || d >= node || (*end && *end != ',')) break;
+            list.push_back((int)d);
+            p = *end ? end + 1 : end;
+        }
+        return list;
     }();
-    return n;
+    return v;
 }
+static int device_count() { return (int)visible_devices().size(); }
 static int current_device = 0;
 static bool valid_device(int device) { return device >= 0 && device < device_count(); }
 
@@ -354,7 +412,18 @@ cudaError_t cudaSetDevice(int device) {
     current_device = device;
     return cudaSuccess;
 }
-cudaError_t cudaGetDeviceCount(int *count) { *count = device_count(); return cudaSuccess; }
+cudaError_t cudaGetDeviceCount(int *count) {
+    *count = device_count();
+    return *count ? cudaSuccess : result(cudaErrorNoDevice);
+}
+
+// The node's device behind visible device `device`: "0000:NN:00.0", NN its index on the node.
+cudaError_t cudaDeviceGetPCIBusId(char *pciBusId, int len, int device) {
+    if (!valid_device(device)) return result(cudaErrorInvalidDevice);
+    if (!pciBusId || len < 13) return result(cudaErrorInvalidValue);
+    snprintf(pciBusId, (size_t)len, "0000:%02x:00.0", visible_devices()[(size_t)device]);
+    return cudaSuccess;
+}
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int device) {
     if (!valid_device(device)) return result(cudaErrorInvalidDevice);
@@ -378,7 +447,11 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
     return cudaSuccess;
 }
 
-cudaError_t cudaDeviceSynchronize(void) { drain(0); return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) {
+    host_sync("cudaDeviceSynchronize", __builtin_return_address(0));
+    drain(0);
+    return cudaSuccess;
+}
 
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *pool, int device) {
     static CUmemPoolHandle_st pool0{0};
@@ -404,13 +477,16 @@ cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, 
     return result(set_max_dynamic_smem(func, value));
 }
 
+// cudaMalloc and cudaFree synchronise the device (CUDA C++ Programming Guide,
+// "Implicit Synchronization"): each counts as a host synchronisation.
 cudaError_t cudaMalloc(void **ptr, size_t size) {
+    host_sync("cudaMalloc", __builtin_return_address(0));
     *ptr = device_alloc(size, false);
     return result(*ptr ? cudaSuccess : cudaErrorMemoryAllocation);
 }
 
-// cudaFree synchronises the device (CUDA Runtime API, cudaFree).
 cudaError_t cudaFree(void *ptr) {
+    host_sync("cudaFree", __builtin_return_address(0));
     drain(0);
     return result(device_free(ptr));
 }
@@ -446,29 +522,46 @@ static bool memcpy_sides_ok(void *dst, const void *src, size_t count, cudaMemcpy
     return count == 0 || ((!dst_dev || is_device(dst, count)) && (!src_dev || is_device(src, count)));
 }
 
-// Pageable host memory (the only host memory the sim has): host -> device is staged at the call, device ->
-// host waits for the stream and copies at once (CUDA Runtime API, "API synchronization behavior").
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind, cudaStream_t stream) {
+// Host memory is pageable unless page-locked (cudaMallocHost, cudaHostAlloc,
+// cudaHostRegister). CUDA Runtime API, "API synchronization behavior": an
+// async copy with pinned host memory runs in stream order (the host memory is
+// read or written when the copy runs, so the host must not touch it before);
+// with pageable memory the driver stages it through its own pinned buffer:
+// host to device is copied to the staging buffer at the call (no device
+// synchronisation; the device copy runs in stream order), device to host
+// returns only once the copy has completed (the stream's work first). Either
+// counts as a host synchronisation: the host does the copy, and a staging
+// buffer smaller than the copy makes the call wait for the device. sync:
+// cudaMemcpy (waits for the device whatever the memory).
+static cudaError_t memcpy_on(void *dst, const void *src, size_t count, cudaMemcpyKind kind, cudaStream_t stream,
+                             bool sync, const void *caller) {
     kind = memcpy_kind(dst, src, count, kind);
     if ((int)kind < 0 || (int)kind > 4 || !memcpy_sides_ok(dst, src, count, kind)) return result(cudaErrorInvalidValue);
     if (count == 0) return cudaSuccess;
-    if (kind == cudaMemcpyHostToDevice || kind == cudaMemcpyHostToHost) {
+    const void *host = kind == cudaMemcpyHostToDevice ? src : kind == cudaMemcpyDeviceToHost ? dst : nullptr;
+    const bool pageable = kind == cudaMemcpyHostToHost || (host && !is_pinned(host, count));
+    if (sync) host_sync("cudaMemcpy", caller);
+    else if (pageable) host_sync("cudaMemcpyAsync with pageable host memory", caller);
+    if (kind == cudaMemcpyHostToHost || (kind == cudaMemcpyDeviceToHost && (sync || pageable))) {
+        drain(stream);
+        memmove(dst, src, count);
+    } else if (kind == cudaMemcpyHostToDevice && pageable) {
         auto staged = std::make_shared<std::vector<unsigned char>>((const unsigned char *)src,
                                                                     (const unsigned char *)src + count);
         enqueue(stream, "cudaMemcpyAsync", [dst, staged]() { memcpy(dst, staged->data(), staged->size()); });
-    } else if (kind == cudaMemcpyDeviceToHost) {
-        drain(stream);
-        memcpy(dst, src, count);
     } else {
         enqueue(stream, "cudaMemcpyAsync", [dst, src, count]() { memmove(dst, src, count); });
     }
+    if (sync) drain(0);
     return cudaSuccess;
 }
 
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind, cudaStream_t stream) {
+    return memcpy_on(dst, src, count, kind, stream, false, __builtin_return_address(0));
+}
+
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind) {
-    const cudaError_t e = cudaMemcpyAsync(dst, src, count, kind, 0);
-    if (e == cudaSuccess) drain(0);
-    return e;
+    return memcpy_on(dst, src, count, kind, 0, true, __builtin_return_address(0));
 }
 
 cudaError_t cudaMemsetAsync(void *ptr, int value, size_t count, cudaStream_t stream) {
@@ -478,19 +571,39 @@ cudaError_t cudaMemsetAsync(void *ptr, int value, size_t count, cudaStream_t str
 }
 
 cudaError_t cudaMemset(void *ptr, int value, size_t count) {
+    host_sync("cudaMemset", __builtin_return_address(0));
     const cudaError_t e = cudaMemsetAsync(ptr, value, count, 0);
     if (e == cudaSuccess) drain(0);
     return e;
 }
 
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags) {
+cudaError_t cudaDeviceGetStreamPriorityRange(int *leastPriority, int *greatestPriority) {
+    if (leastPriority) *leastPriority = LEAST_PRIORITY;
+    if (greatestPriority) *greatestPriority = GREATEST_PRIORITY;
+    return cudaSuccess;
+}
+
+// A priority outside the device's range is clamped to it (CUDA Runtime API,
+// cudaStreamCreateWithPriority). Lower numbers are higher priorities.
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t *stream, unsigned int flags, int priority) {
+    if (!stream) return result(cudaErrorInvalidValue);
     std::lock_guard<std::recursive_mutex> lock(host_mutex);
-    CUstream_st *s = new CUstream_st{false, !(flags & cudaStreamNonBlocking), {}, 0};
+    CUstream_st *s = new CUstream_st{false, !(flags & cudaStreamNonBlocking), {}, 0, 0};
+    s->priority = priority > LEAST_PRIORITY ? LEAST_PRIORITY : priority < GREATEST_PRIORITY ? GREATEST_PRIORITY : priority;
     streams.push_back(s);
     *stream = s;
     return cudaSuccess;
 }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags) {
+    return cudaStreamCreateWithPriority(stream, flags, LEAST_PRIORITY);
+}
 cudaError_t cudaStreamCreate(cudaStream_t *stream) { return cudaStreamCreateWithFlags(stream, cudaStreamDefault); }
+
+cudaError_t cudaStreamGetPriority(cudaStream_t stream, int *priority) {
+    if (!priority) return result(cudaErrorInvalidValue);
+    *priority = stream_of(stream)->priority;
+    return cudaSuccess;
+}
 
 // Work queued on a destroyed stream still completes (CUDA Runtime API, cudaStreamDestroy).
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
@@ -503,7 +616,11 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     return cudaSuccess;
 }
 
-cudaError_t cudaStreamSynchronize(cudaStream_t stream) { drain(stream); return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    host_sync("cudaStreamSynchronize", __builtin_return_address(0));
+    drain(stream);
+    return cudaSuccess;
+}
 
 // Later work on `stream` waits for the event's most recent record (none: no wait).
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
@@ -527,14 +644,25 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     if (!event) return result(cudaErrorInvalidResourceHandle);
+    host_sync("cudaEventSynchronize", __builtin_return_address(0));
     run_until(event->recorded);
     return cudaSuccess;
 }
 
+// The device runs behind the host: a record not complete when the query
+// begins answers cudaErrorNotReady, while what can run up to it runs (as the
+// device would have meanwhile), so a later query may find it done. Like every
+// answer other than cudaSuccess, cudaErrorNotReady becomes the host thread's
+// last error (CUDA Runtime API, cudaGetLastError), until cudaGetLastError.
+// The first query of each record counts as a host synchronisation: a host
+// polls to wait for the event (as the NCCL watchdog does).
 cudaError_t cudaEventQuery(cudaEvent_t event) {
     if (!event) return result(cudaErrorInvalidResourceHandle);
     std::lock_guard<std::recursive_mutex> lock(host_mutex);
-    return progress_until(event->recorded) ? cudaSuccess : cudaErrorNotReady;
+    if (event->queried != event->recorded) host_sync("cudaEventQuery (a poll until the event)", __builtin_return_address(0));
+    event->queried = event->recorded;
+    const bool was_done = done[event->recorded];
+    return result(progress_until(event->recorded) && was_done ? cudaSuccess : cudaErrorNotReady);
 }
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
@@ -543,6 +671,100 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) 
     if (!done[start->recorded] || !done[end->recorded]) return result(cudaErrorNotReady);
     *ms = (float)(end->ms - start->ms);
     return cudaSuccess;
+}
+
+// Page-locked host memory (CUDA Runtime API, cudaMallocHost, cudaHostAlloc,
+// cudaHostRegister): ordinary host memory whose range the sim remembers, so
+// that async copies with it run in stream order (memcpy_on).
+static void pin(void *p, size_t bytes) {
+    std::lock_guard<std::mutex> lock(alloc_mutex);
+    pinned[(uintptr_t)p] = bytes ? bytes : 1;
+}
+static bool unpin(void *p) {
+    std::lock_guard<std::mutex> lock(alloc_mutex);
+    return pinned.erase((uintptr_t)p) == 1;
+}
+
+cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned int flags) {
+    if (!ptr || flags) return result(cudaErrorInvalidValue);
+    if (posix_memalign(ptr, 4096, size ? size : 1) != 0) return result(cudaErrorMemoryAllocation);
+    pin(*ptr, size);
+    return cudaSuccess;
+}
+cudaError_t cudaMallocHost(void **ptr, size_t size) { return cudaHostAlloc(ptr, size, cudaHostAllocDefault); }
+
+// The device is synchronised first: a copy in flight may still use the memory.
+cudaError_t cudaFreeHost(void *ptr) {
+    if (!ptr) return cudaSuccess;
+    host_sync("cudaFreeHost", __builtin_return_address(0));
+    drain(0);
+    if (!unpin(ptr)) return result(cudaErrorInvalidValue);
+    free(ptr);
+    return cudaSuccess;
+}
+
+cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags) {
+    if (!ptr || !size || flags) return result(cudaErrorInvalidValue);
+    if (is_pinned(ptr, 1) || is_pinned((char *)ptr + size - 1, 1)) return result(cudaErrorHostMemoryAlreadyRegistered);
+    pin(ptr, size);
+    return cudaSuccess;
+}
+
+cudaError_t cudaHostUnregister(void *ptr) {
+    host_sync("cudaHostUnregister", __builtin_return_address(0));
+    drain(0);
+    return unpin(ptr) ? cudaSuccess : result(cudaErrorHostMemoryNotRegistered);
+}
+
+// ---- extensions of the sim (no toolkit counterpart) ----
+
+void cudasim_host_syncs_reset(void) {
+    std::lock_guard<std::recursive_mutex> lock(host_mutex);
+    host_syncs.clear();
+    nccl_ops = 0;
+}
+
+// "file:line (function)" of the call that returned to `caller`, from the
+// binary's debug information (addr2line); the symbol name when it has none.
+static std::string call_site(const void *caller) {
+    Dl_info info;
+    if (!dladdr((const char *)caller - 1, &info) || !info.dli_fname) return "?";
+    const ElfW(Ehdr) *elf = (const ElfW(Ehdr) *)info.dli_fbase;
+    const uintptr_t at = (uintptr_t)caller - 1 - (elf->e_type == ET_DYN ? (uintptr_t)info.dli_fbase : 0);
+    char cmd[4200], fn[1024] = "", line[2048] = "";
+    snprintf(cmd, sizeof cmd, "addr2line -f -C -e '%s' 0x%llx 2>/dev/null", info.dli_fname, (unsigned long long)at);
+    FILE *p = popen(cmd, "r");
+    if (p) {
+        if (!fgets(fn, sizeof fn, p) || !fgets(line, sizeof line, p)) fn[0] = line[0] = 0;
+        pclose(p);
+    }
+    fn[strcspn(fn, "\n")] = 0;
+    line[strcspn(line, " \n")] = 0;
+    if (!line[0] || line[0] == '?') return info.dli_sname ? info.dli_sname : "?";
+    std::string where = line;
+    char cwd[1024];
+    if (getcwd(cwd, sizeof cwd) && where.compare(0, strlen(cwd) + 1, std::string(cwd) + "/") == 0)
+        where.erase(0, strlen(cwd) + 1);
+    return where + " (" + fn + ")";
+}
+
+long cudasim_host_syncs(FILE *sites) {
+    std::lock_guard<std::recursive_mutex> lock(host_mutex);
+    std::map<std::string, long> lines;
+    long total = 0;
+    for (const auto &h : host_syncs) {
+        total += h.second;
+        if (sites) lines[call_site(h.first.first) + ": " + h.first.second] += h.second;
+    }
+    for (const auto &l : lines) fprintf(sites, "  %s: %ld\n", l.first.c_str(), l.second);
+    return total;
+}
+
+long cudasim_nccl_priorities(int *least, int *greatest) {
+    std::lock_guard<std::recursive_mutex> lock(host_mutex);
+    *least = nccl_least;
+    *greatest = nccl_greatest;
+    return nccl_ops;
 }
 
 }  // extern "C"

@@ -6,6 +6,7 @@
 #define CUDASIM_CUDA_RUNTIME_API_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -17,10 +18,13 @@ typedef enum cudaError {
     cudaErrorInvalidValue = 1,
     cudaErrorMemoryAllocation = 2,
     cudaErrorInvalidConfiguration = 9,
+    cudaErrorNoDevice = 100,
     cudaErrorInvalidDevice = 101,
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorNotReady = 600,
     cudaErrorLaunchOutOfResources = 701,
+    cudaErrorHostMemoryAlreadyRegistered = 712,
+    cudaErrorHostMemoryNotRegistered = 713,
     cudaErrorUnknown = 999
 } cudaError_t;
 
@@ -74,6 +78,8 @@ typedef struct cudaDeviceProp {
 
 #define cudaStreamDefault 0x00
 #define cudaStreamNonBlocking 0x01
+#define cudaHostAllocDefault 0x00
+#define cudaHostRegisterDefault 0x00
 #define cudaEventDefault 0x00
 #define cudaEventDisableTiming 0x02   /* the sim records a time either way */
 
@@ -85,6 +91,7 @@ const char *cudaGetErrorName(cudaError_t error);
 cudaError_t cudaGetDevice(int *device);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDeviceCount(int *count);
+cudaError_t cudaDeviceGetPCIBusId(char *pciBusId, int len, int device);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int device);
 cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device);
 cudaError_t cudaDeviceSynchronize(void);
@@ -109,8 +116,17 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaM
 cudaError_t cudaMemset(void *ptr, int value, size_t count);
 cudaError_t cudaMemsetAsync(void *ptr, int value, size_t count, cudaStream_t stream);
 
+cudaError_t cudaMallocHost(void **ptr, size_t size);
+cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned int flags);
+cudaError_t cudaFreeHost(void *ptr);
+cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags);
+cudaError_t cudaHostUnregister(void *ptr);
+
+cudaError_t cudaDeviceGetStreamPriorityRange(int *leastPriority, int *greatestPriority);
 cudaError_t cudaStreamCreate(cudaStream_t *stream);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags);
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t *stream, unsigned int flags, int priority);
+cudaError_t cudaStreamGetPriority(cudaStream_t stream, int *priority);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags);
@@ -122,6 +138,17 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
+
+// Extensions of the sim, no toolkit counterpart (CUDASIM_HOST_SYNCS marks
+// them): the host synchronisations counted by call site since the reset
+// (their number; one line "  FILE:LINE (FUNCTION): CALL: COUNT" per site into
+// sites unless NULL), and the NCCL operations enqueued since the reset (their
+// number; the least and greatest priority of their streams, numerically the
+// highest and lowest).
+#define CUDASIM_HOST_SYNCS 1
+void cudasim_host_syncs_reset(void);
+long cudasim_host_syncs(FILE *sites);
+long cudasim_nccl_priorities(int *least, int *greatest);
 
 #ifdef __cplusplus
 }

@@ -345,6 +345,7 @@ static thread_local bool group_mixed_streams = false;
 
 static void submit(std::vector<Op> ops, cudaStream_t stream, const char *what) {
     for (const Op &o : ops) o.comm->pending++;
+    cudasim::nccl_stream(stream);
     auto flight = std::make_shared<InFlight>();
     flight->ops = std::move(ops);
     cudasim::enqueue_polled(stream, what, [flight] { return step_ops(*flight); });

@@ -340,16 +340,21 @@ void plan_breakdown(const Plan *p, char *line, size_t size) {
     if (used < size) snprintf(line + used, size - used, " = %.2f GiB", p->total_bytes * GIB);
 }
 
-void plan_print_gpu_memory(const Config *cfg, FILE *out) {
+bool plan_build_gpu(Plan *p, const Config *cfg) {
     GpuProfile hw;
     bool named = plan_gpu(cfg, &hw);
     if (!named) hw = (GpuProfile){.name = "unnamed", .gpus_per_node = 1};  // no figures: no time, no capacity
+    plan_build(p, cfg, &hw, 0, false, 0);
+    return named;
+}
+
+void plan_print_gpu_memory(const Config *cfg, FILE *out) {
     Plan p;
-    plan_build(&p, cfg, &hw, 0, false, 0);
+    bool named = plan_build_gpu(&p, cfg);
     char line[1024];
     plan_breakdown(&p, line, sizeof(line));
     fprintf(out, "memory plan (cuda backend, one GPU): %s", line);
-    if (named) fprintf(out, " of %.2f GiB usable on %s", p.capacity_bytes * GIB, hw.name);
+    if (named) fprintf(out, " of %.2f GiB usable on %s", p.capacity_bytes * GIB, p.hw.name);
     fputc('\n', out);
 }
 

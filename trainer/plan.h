@@ -91,6 +91,10 @@ void plan_print(const Plan *p, const Config *cfg, FILE *out);
 void plan_print_kernels(const Plan *p, const Config *cfg, FILE *out);
 // "params 0.10 + grads 0.10 + ... = 0.45 GiB" on one line.
 void plan_breakdown(const Plan *p, char *line, size_t size);
+// The plan of one GPU on the CUDA backend for cfg: the hardware section's GPU
+// (its peak for times and MFU, its HBM); none named: no figures (no times, no
+// capacity, peak 0). Returns whether a GPU was named.
+bool plan_build_gpu(Plan *p, const Config *cfg);
 // The memory plan of one GPU on the CUDA backend (bf16 activations and
 // compute weights, fp32 master, gradients and moments) for cfg, one line into
 // out: each item and the total in GiB, and the usable HBM of the GPU that the

@@ -164,6 +164,7 @@ static const Key keys[] = {
 
     STRING(checkpoint, dir, "checkpoints", "Folder of the checkpoints (`step_XXXXXXXX/`, `latest`)."),
     INT64(checkpoint, every, 0, 0, 1e12, "Write a checkpoint every N steps; 0 = only after the last step."),
+    BOOL(checkpoint, final, true, "Write a checkpoint after the last step; `false`: none then (a run kept only for its measurements; `every` and a stop by signal still write theirs)."),
     INT(checkpoint, keep, 3, 1, 1 << 20, "Keep the newest K checkpoints (older ones are removed)."),
     INT64(checkpoint, keep_every, 0, 0, 1e12, "Also keep every checkpoint whose step is a multiple of M, for good; 0 = none."),
     PATH(checkpoint, resume, "auto", NAMES("auto", "never"), "a checkpoint folder", "`auto`: continue from the newest complete checkpoint in `dir` if any (refused when it belongs to another run: its fingerprint, the keys that decide what a run computes, differs); `never`: start fresh; or a checkpoint folder."),

@@ -14,6 +14,13 @@
 // The bias of the forward is a vector over out^T's rows (OC): the BIAS
 // epilogue's vector of D's rows, added to every column (token).
 //
+// Accuracy: an element is rounded once, after the whole fp32 sum (and beta C
+// and the bias). The heuristic may otherwise pick a split-K algorithm whose
+// parts are added up in D's type (bf16: one rounding per part, measured on an
+// H200 at up to 72x the one-rounding bound where dinp's start value cancels
+// the product), so the preferences allow only no split or a reduction in the
+// compute type (fp32).
+//
 // The bias gradient does not use the BGRADB epilogue: that epilogue writes
 // (does not add to) its vector, while the backend accumulates into dbias, and
 // it rides on the dweight GEMM, which a caller may skip (dweight NULL). A
@@ -139,12 +146,17 @@ static const cublasLtMatmulAlgo_t *find_algo(MatmulCuda *mm, const GemmKey *key,
                                                       &key->align_d, sizeof key->align_d));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                       &key->align_d, sizeof key->align_d));
+    const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reductions,
+                                                      sizeof reductions));
     cublasLtMatmulHeuristicResult_t result;
     int found = 0;
-    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(mm->lt, desc, la, lb, ld, ld, pref, 1, &result, &found));
+    // No algorithm is CUBLAS_STATUS_NOT_SUPPORTED (or none found): one line naming the problem.
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(mm->lt, desc, la, lb, ld, ld, pref, 1, &result, &found);
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-    CHECK(found == 1, "matmul (CUDA): cuBLASLt has no algorithm for m %lld n %lld k %lld", (long long)key->m,
-          (long long)key->n, (long long)key->k);
+    CHECK(st == CUBLAS_STATUS_SUCCESS && found == 1,
+          "matmul (CUDA): cuBLASLt has no algorithm for m %lld n %lld k %lld (%s)", (long long)key->m,
+          (long long)key->n, (long long)key->k, cublasLtGetStatusName(st));
     GemmAlgo *slot;
     if (mm->cached < ALGO_CACHE_SIZE) {
         slot = &mm->cache[mm->cached++];

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_checkpoint.sh: checkpoints and resume through build/mtrain: bit-identical
 # resume (after a clean stop, after a lost checkpoint, after kill -9), a
-# half-written checkpoint ignored, the keep policy, a checkpoint of another
+# half-written checkpoint ignored, the keep policy, checkpoint.final=false, a checkpoint of another
 # model refused without damage, train.init_from, and checkpoints as HF folders.
 set -u
 cd "$(dirname "$0")/.."
@@ -33,6 +33,10 @@ same() { cmp -s "$1/model.safetensors" "$2/model.safetensors" && cmp -s "$1/opti
 train checkpoint.dir="$tmp/ref" checkpoint.every=4
 expect "uninterrupted run writes step 12" '[ -f "$tmp/ref/step_00000012/state.json" ]'
 expect "latest points at step 12" '[ "$(cat "$tmp/ref/latest")" = step_00000012 ]'
+# checkpoint.final=false: no checkpoint after the last step, those of `every` still written.
+train checkpoint.dir="$tmp/nofinal" checkpoint.every=5 checkpoint.final=false
+expect "checkpoint.final=false: steps 5 and 10 written, not 12 ($(ls "$tmp/nofinal" 2>&1 | tr '\n' ' '))" \
+  '[ -f "$tmp/nofinal/step_00000010/state.json" ] && [ -f "$tmp/nofinal/step_00000005/state.json" ] && [ ! -e "$tmp/nofinal/step_00000012" ]'
 
 # A crash after step 8's checkpoint: step 12 lost, resume continues from 8.
 cp -r "$tmp/ref" "$tmp/crash"

@@ -4,7 +4,8 @@
 # GPU runs it: every stage ok, its figures in the summary, the PyTorch stages
 # skipped with one line each, at most 8 files in $OUT. A stage past its limit
 # (GPU_CHECK_LIMITS) says so on its line while the next stage runs and the
-# summary is written; without the bundle the check refuses with one line.
+# summary is written; --stages runs the stages named (an unknown name: one
+# line, exit 2); without the bundle the check refuses with one line.
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib.sh
@@ -34,6 +35,16 @@ rc=$?
 expect "gpu_check_timeout: a stage past its limit says so, the next runs, exit 1 ($rc)" \
   '[ $rc -eq 1 ] && grep -qE "^TIMEOUT +attention +1 s of +1 s" "$tmp/limit/summary.txt" &&
    grep -qE "^ok +device" "$tmp/limit/summary.txt" && grep -q "stopped at its limit of 1 s" "$tmp/limit/attention.log"'
+
+OUT=$tmp/subset bash scripts/gpu_check.sh --sim --stages agreement,device >"$tmp/subset.txt" 2>&1
+rc=$?
+expect "gpu_check_stages: --stages agreement,device runs those two, in the usual order, exit 0 ($rc; $(grep -cE '^[a-zA-Z]+ +[a-z]+ +[0-9]+ s of' "$tmp/subset/summary.txt" 2>/dev/null) stage lines)" \
+  '[ $rc -eq 0 ] && [ "$(grep -E "^[a-zA-Z]+ +[a-z]+ +[0-9]+ s of" "$tmp/subset/summary.txt" | awk "{ printf \"%s %s \", \$1, \$2 }")" = "ok device ok agreement " ] &&
+   [ ! -e "$tmp/subset/tests.log" ]'
+bash scripts/gpu_check.sh --sim --stages device,bogus >"$tmp/bad_stage.txt" 2>&1
+rc=$?
+expect "gpu_check_stages_unknown: an unknown stage: one line naming it, exit 2 ($rc)" \
+  '[ $rc -eq 2 ] && [ "$(wc -l <"$tmp/bad_stage.txt")" -eq 1 ] && grep -q "no stage .bogus." "$tmp/bad_stage.txt"'
 
 env -u MTRAIN_BUNDLE bash scripts/gpu_check.sh >"$tmp/refuse.txt" 2>&1
 rc=$?

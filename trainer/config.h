@@ -78,6 +78,7 @@ typedef struct {
 typedef struct {
     char dir[CONFIG_STR];      // checkpoint folder
     int64_t every;             // write a checkpoint every N steps (0 = only at the end)
+    bool final;                // write one after the last step
     int keep;                  // keep the newest K checkpoints
     int64_t keep_every;        // and permanently every M-th step (0 = none)
     ResumeFrom resume;         // auto | never | a checkpoint folder (resume_path)

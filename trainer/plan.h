@@ -105,7 +105,9 @@ void plan_breakdown(const Plan *p, char *line, size_t size);
 // out: each item and the total in GiB, and the usable HBM of the GPU that the
 // hardware section names (none named: the items only).
 void plan_print_gpu_memory(const Config *cfg, FILE *out);
-// That plan into p; whether the hardware section names a GPU.
+// That plan into p (the hardware section's GPU: its peak for times and MFU,
+// its HBM; none named: no figures, no times, no capacity, peak 0); whether
+// the hardware section names a GPU.
 bool plan_build_gpu_memory(Plan *p, const Config *cfg);
 // `mtrain plan RUN.yaml --ring` (plan_ring.c): per layer and ring step, on
 // gpu, flat and hierarchical, attention compute dense and at density (0 =

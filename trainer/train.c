@@ -644,15 +644,20 @@ void model_join_ring(Model *m, const Config *cfg, const Dist *dist) {
 // The plan's check before anything large is allocated: the host memory of
 // the ranks on rank 0's node against its MemAvailable; every rank takes
 // rank 0's verdict (as a config error, each says so). Fills plan, whose FLOPs
-// give the MFU of the step lines. On the CUDA backend rank 0 also prints the
-// memory plan of its GPU.
+// and peak give the MFU of the step lines. On the CUDA backend the plan is
+// the GPU's (the hardware section's GPU: its peak; none named: no MFU), rank
+// 0 prints its memory plan, and the host, which holds little of the run, is
+// not checked.
 static void check_memory(const Config *cfg, const Dist *dist, Plan *plan) {
     const Config grid = grid_config(cfg, dist);
+    if (!strcmp(backend_select(cfg->train.backend)->name, "cuda")) {
+        plan_build_gpu_memory(plan, &grid);
+        if (dist->world_rank == 0) plan_print_gpu_memory(&grid, stdout);
+        return;
+    }
     bool measured;
     double peak = plan_cpu_peak(cfg, &measured);
     plan_build(plan, &grid, NULL, peak, measured, 0);
-    if (dist->world_rank == 0 && !strcmp(backend_select(cfg->train.backend)->name, "cuda"))
-        plan_print_gpu_memory(&grid, stdout);
     double figures[2] = {plan->total_bytes * dist->local_size, plan_mem_available()};
     comm_broadcast(&dist->world, figures, 2, DT_DOUBLE, 0);
     double need = figures[0], available = figures[1];
@@ -806,7 +811,7 @@ int cmd_train(int argc, char **argv) {
         if (sync_report && step == cfg.train.steps) sync_report_print();
         if (metrics && state.bad_in_a_row == 0) {
             fprintf(metrics, "{\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, "
-                    "\"mfu\": %.6f, \"rss_mib\": %.1f, \"ms\": %.3f%s, \"run_id\": \"%016" PRIx64 "\"}\n", (long long)step, loss,
+                    "\"mfu\": %.9g, \"rss_mib\": %.1f, \"ms\": %.3f%s, \"run_id\": \"%016" PRIx64 "\"}\n", (long long)step, loss,
                     grad_norm, lr, tokens_per_s, mfu, rss_mib, ms, attention_json, state.run_id);
             if (fflush(metrics) != 0) fail("%s: write failed", metrics_path);
             static const char *const tags[] = {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s",
@@ -820,7 +825,8 @@ int cmd_train(int argc, char **argv) {
             best_val = fmin(best_val, log_validation(&m, &cfg, &dist, &data, step, metrics, metrics_path,
                                                       state.run_id, tb));
         state.tokens_seen += step_tokens;
-        bool saved = (cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) || step == cfg.train.steps;
+        bool saved = (cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) ||
+                     (step == cfg.train.steps && cfg.checkpoint.final);
         if (saved) save_checkpoint(&cfg, &dist, zero, &m, &state, rolled_back_from);
         int sig = agreed_stop_signal(&dist);
         if (sig && step < cfg.train.steps) {
@@ -840,9 +846,12 @@ int cmd_train(int argc, char **argv) {
         double tokens = (double)(state.step - first_step + 1) * (double)step_tokens;
         char val[48] = "";
         if (isfinite(best_val)) snprintf(val, sizeof(val), " | best val loss %.4f", best_val);
-        printf("run summary: steps %lld-%lld | %.0f tokens | %.1f s | %.0f tok/s%s | peak RSS %.1f MiB (planned "
-               "%.1f)\n", (long long)first_step, (long long)state.step, tokens, seconds, tokens / seconds, val,
-               plan_rss_peak() / (1 << 20), plan.total_bytes / (1 << 20));
+        // The host plan's figure on the CPU backend; on the CUDA backend the plan is the GPU's (not the host's).
+        char planned[48] = "";
+        if (!plan.gpu) snprintf(planned, sizeof(planned), " (planned %.1f)", plan.total_bytes / (1 << 20));
+        printf("run summary: steps %lld-%lld | %.0f tokens | %.1f s | %.0f tok/s%s | peak RSS %.1f MiB%s\n",
+               (long long)first_step, (long long)state.step, tokens, seconds, tokens / seconds, val,
+               plan_rss_peak() / (1 << 20), planned);
         print_device_memory(&cfg, &dist);
     }
     if (metrics) fclose(metrics);

@@ -38,10 +38,12 @@ struct cublasLtMatrixLayoutOpaque {
 struct cublasLtMatmulPreferenceOpaque {
     uint64_t max_workspace = 0;
     uint32_t min_alignment[4] = {256, 256, 256, 256};   // A, B, C, D
+    uint32_t reduction_mask = CUBLASLT_REDUCTION_SCHEME_MASK;
 };
 
 // The one algorithm of the sim: data[0] marks it, data[1] is its workspace
-// need, data[2..5] the alignments of A, B, C, D it was chosen for.
+// need, data[2..5] the alignments of A, B, C, D it was chosen for, data[6]
+// its split of k (1: none; 2: two halves added up in D's type).
 static const uint64_t ALGO_MAGIC = 0x53494d414c474fULL;
 // Workspace the algorithm asks for (at most what the preference allows): not
 // used for arithmetic, but filled with garbage when the matmul runs, so that a
@@ -196,6 +198,8 @@ extern "C" cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPre
     switch (attr) {
     case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES:
         return copy_attribute(&pref->max_workspace, sizeof(uint64_t), buf, sizeInBytes);
+    case CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK:
+        return copy_attribute(&pref->reduction_mask, sizeof(uint32_t), buf, sizeInBytes);
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
@@ -212,6 +216,10 @@ static size_t element_bytes(cudaDataType_t t) { return t == CUDA_R_16BF ? 2 : 4;
 static size_t span_bytes(const cublasLtMatrixLayoutOpaque *l) {
     if (l->rows == 0 || l->cols == 0) return 0;
     return ((l->cols - 1) * (size_t)l->ld + l->rows) * element_bytes(l->type);
+}
+
+static uint64_t k_of(const cublasLtMatmulDescOpaque *d, const cublasLtMatrixLayoutOpaque *A) {
+    return d->transa == CUBLAS_OP_N ? A->cols : A->rows;
 }
 
 static cudaDataType_t bias_type(const cublasLtMatmulDescOpaque *d, const cublasLtMatrixLayoutOpaque *D) {
@@ -256,7 +264,11 @@ static cublasStatus_t check_matmul(const cublasLtMatmulDescOpaque *d, const cubl
 
 // cuBLAS documentation, cublasLtMatmulAlgoGetHeuristic(): one algorithm, whose
 // workspace need is at most the preference's maximum, and which assumes the
-// preference's minimum alignments of A, B, C and D.
+// preference's minimum alignments of A, B, C and D. As cuBLASLt does on an
+// H200 for small and odd shapes, the algorithm splits k (k >= 2) and adds the
+// parts up in D's type (CUBLASLT_REDUCTION_SCHEME_INPLACE / OUTPUT_TYPE)
+// unless the preference's REDUCTION_SCHEME_MASK excludes both: a bf16 D is
+// then rounded once per part, not once.
 extern "C" cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightHandle,
                                                          cublasLtMatmulDesc_t operationDesc,
                                                          cublasLtMatrixLayout_t Adesc, cublasLtMatrixLayout_t Bdesc,
@@ -271,6 +283,10 @@ extern "C" cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightH
     *returnAlgoCount = 0;
     const cublasStatus_t st = check_matmul(operationDesc, Adesc, Bdesc, Cdesc, Ddesc);
     if (st != CUBLAS_STATUS_SUCCESS) return st;
+    // No algorithm fits: NOT_SUPPORTED, not success with none returned. Measured on an H200 (cuBLASLt of
+    // CUDA 13): the BGRADA epilogue has no algorithm for fp32 A and B.
+    if (operationDesc->epilogue == CUBLASLT_EPILOGUE_BGRADA && Adesc->type == CUDA_R_32F)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
     const size_t need = (preference->max_workspace < ALGO_WORKSPACE ? preference->max_workspace : ALGO_WORKSPACE)
                         & ~(size_t)255;
     cublasLtMatmulHeuristicResult_t r;
@@ -278,6 +294,8 @@ extern "C" cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightH
     r.algo.data[0] = ALGO_MAGIC;
     r.algo.data[1] = need;
     for (int i = 0; i < 4; i++) r.algo.data[2 + i] = preference->min_alignment[i];
+    const uint32_t output_type_reduction = CUBLASLT_REDUCTION_SCHEME_INPLACE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+    r.algo.data[6] = k_of(operationDesc, Adesc) >= 2 && (preference->reduction_mask & output_type_reduction) ? 2 : 1;
     r.workspaceSize = need;
     r.state = CUBLAS_STATUS_SUCCESS;
     r.wavesCount = 1.0f;
@@ -317,12 +335,13 @@ struct MatmulCall {
     void *d;
     void *workspace;
     size_t workspace_bytes;
+    uint64_t splits;   // parts of k added up in D's type (the algorithm's data[6])
 };
 
 // The arithmetic of one matmul, run in stream order.
 static void run_matmul(const MatmulCall &mc) {
     const uint64_t m = mc.D.rows, n = mc.D.cols;
-    const uint64_t k = mc.desc.transa == CUBLAS_OP_N ? mc.A.cols : mc.A.rows;
+    const uint64_t k = k_of(&mc.desc, &mc.A);
     if (mc.workspace_bytes) memset(mc.workspace, 0xa5, mc.workspace_bytes);
     // op(A) row i: stored as column i of A when A is transposed; op(B) column j likewise.
     const std::vector<float> a = op_rows(mc.a, mc.A, mc.desc.transa != CUBLAS_OP_N, m, k);
@@ -340,15 +359,26 @@ static void run_matmul(const MatmulCall &mc) {
             for (uint64_t p = 0; p < k; p++) s += b[j * k + p];
             store(mc.desc.bias, bt, j, s);
         }
+    // k in `splits` parts: the first part with beta C and the bias, each further part added to D as
+    // stored (in D's type), as an in-place split-K reduction does.
+    const uint64_t part = (k + mc.splits - 1) / mc.splits;
     for (uint64_t j = 0; j < n; j++)
         for (uint64_t i = 0; i < m; i++) {
-            float acc = 0;
-            for (uint64_t p = 0; p < k; p++) acc += a[i * k + p] * b[j * k + p];
-            float x = mc.alpha * acc;
-            // beta == 0: C is not read (it may hold NaN), as in BLAS.
-            if (mc.beta != 0) x += mc.beta * load(mc.c, mc.C.type, i + j * (size_t)mc.C.ld);
-            if (mc.desc.epilogue == CUBLASLT_EPILOGUE_BIAS) x += load(mc.desc.bias, bt, i);
-            store(mc.d, mc.D.type, i + j * (size_t)mc.D.ld, x);
+            const size_t at = i + j * (size_t)mc.D.ld;
+            for (uint64_t p0 = 0; p0 < k || p0 == 0; p0 += part ? part : 1) {
+                const uint64_t p1 = p0 + part < k ? p0 + part : k;
+                float acc = 0;
+                for (uint64_t p = p0; p < p1; p++) acc += a[i * k + p] * b[j * k + p];
+                float x = mc.alpha * acc;
+                if (p0 > 0) {
+                    x += load(mc.d, mc.D.type, at);
+                } else {
+                    // beta == 0: C is not read (it may hold NaN), as in BLAS.
+                    if (mc.beta != 0) x += mc.beta * load(mc.c, mc.C.type, i + j * (size_t)mc.C.ld);
+                    if (mc.desc.epilogue == CUBLASLT_EPILOGUE_BIAS) x += load(mc.desc.bias, bt, i);
+                }
+                store(mc.d, mc.D.type, at, x);
+            }
         }
 }
 
@@ -383,12 +413,14 @@ extern "C" cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtM
     if (C == D && (Cdesc->ld != Ddesc->ld || Cdesc->type != Ddesc->type)) return CUBLAS_STATUS_INVALID_VALUE;
     if (computeDesc->epilogue != CUBLASLT_EPILOGUE_DEFAULT && !computeDesc->bias) return CUBLAS_STATUS_INVALID_VALUE;
     size_t need = 0;
+    uint64_t splits = 1;
     if (algo) {
         if (algo->data[0] != ALGO_MAGIC) return CUBLAS_STATUS_INVALID_VALUE;
         need = algo->data[1];
+        splits = algo->data[6];
     }
     if (workspaceSizeInBytes < need) return CUBLAS_STATUS_INVALID_VALUE;
-    MatmulCall mc{*computeDesc, *Adesc, *Bdesc, *Cdesc, *Ddesc, 0, 0, A, B, C, D, workspace, need};
+    MatmulCall mc{*computeDesc, *Adesc, *Bdesc, *Cdesc, *Ddesc, 0, 0, A, B, C, D, workspace, need, splits};
     memcpy(&mc.alpha, alpha, sizeof(float));
     memcpy(&mc.beta, beta, sizeof(float));
     if (mc.beta != 0 && !C) return CUBLAS_STATUS_INVALID_VALUE;

@@ -80,8 +80,20 @@ typedef enum {
 
 typedef enum { CUBLASLT_ORDER_COL = 0, CUBLASLT_ORDER_ROW = 1 } cublasLtOrder_t;
 
+// How a split-K algorithm adds its partial products: not split, in place in
+// the output buffer in the output type, in the workspace in the compute type,
+// in the workspace in the output type.
+typedef enum {
+    CUBLASLT_REDUCTION_SCHEME_NONE = 0,
+    CUBLASLT_REDUCTION_SCHEME_INPLACE = 1,
+    CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE = 2,
+    CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE = 4,
+    CUBLASLT_REDUCTION_SCHEME_MASK = 7
+} cublasLtReductionScheme_t;
+
 typedef enum {
     CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,   // uint64_t
+    CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK = 3, // uint32_t (cublasLtReductionScheme_t bits), default all
     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5, // uint32_t, default 256
     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6,
     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7,

@@ -272,6 +272,13 @@ void comm_allgather(const Comm *c, const void *send, void *recv, int64_t count, 
     comm_wait(c, &req, 1, "all-gather");
 }
 
+void comm_gather(const Comm *c, const void *send, void *recv, int64_t count, DType type, int root) {
+    MPI_Request req;
+    MPI_CHECK(MPI_Igather(send, mpi_count(count), mpi_type(type), recv, mpi_count(count), mpi_type(type), root, c->comm,
+                          &req));
+    comm_wait(c, &req, 1, "gather");
+}
+
 void comm_broadcast(const Comm *c, void *buf, int64_t count, DType type, int root) {
     MPI_Request req;
     MPI_CHECK(MPI_Ibcast(buf, mpi_count(count), mpi_type(type), root, c->comm, &req));

@@ -2,7 +2,7 @@
 // mpirun or srun (or a plain start: an MPI singleton), the rank grid
 // world = dp × cp with cp = outer × inner, and the operations on CPU buffers
 // that the trainer and the ring need: non-blocking send/recv, all-reduce,
-// reduce-scatter, all-gather and broadcast. Every wait polls against a
+// reduce-scatter, all-gather, gather and broadcast. Every wait polls against a
 // deadline (`parallel.timeout_s`): an operation that does not complete in
 // time ends the whole job with "mtrain: rank R: OP on COMM did not complete
 // within S s" instead of hanging.
@@ -106,6 +106,9 @@ void comm_reduce_scatter(const Comm *c, const void *send, void *recv, int64_t co
 // Every rank's send [count] into recv [size * count], in rank order; send
 // NULL: in place, this rank's block already at recv + rank * count.
 void comm_allgather(const Comm *c, const void *send, void *recv, int64_t count, DType type);
+// Every rank's send [count] into root's recv [size * count], in rank order
+// (recv is not used on the other ranks).
+void comm_gather(const Comm *c, const void *send, void *recv, int64_t count, DType type, int root);
 // root's buf [count] to every rank.
 void comm_broadcast(const Comm *c, void *buf, int64_t count, DType type, int root);
 

@@ -165,7 +165,7 @@ uint16_t f32_to_bf16(float f) {
 }
 
 // The fault points of MTRAIN_TEST_FAULT, and how often this process has reached each.
-static const char *const fault_points[] = {"reduce", "ring", "start", "step", "write", "rename", "latest", "prune"};
+static const char *const fault_points[] = {"reduce", "ring", "start", "step", "write", "shard", "rename", "latest", "prune"};
 #define FAULT_POINTS ((int)(sizeof(fault_points) / sizeof(fault_points[0])))
 
 void test_fault(const char *point, int world_rank, double timeout_s) {
@@ -181,7 +181,7 @@ void test_fault(const char *point, int world_rank, double timeout_s) {
     if (fields < 2 || text[n] || rank < 0 || nth < 1 || which < 0 ||
         (strcmp(kind, "stall") && strcmp(kind, "kill") && strcmp(kind, "slow")))
         fail("MTRAIN_TEST_FAULT=%s: expected stall:RANK, kill:RANK or slow:RANK, then optionally @POINT (reduce, ring, "
-             "start, step, write, rename, latest, prune) and #N (rank >= 0, N >= 1)", text);
+             "start, step, write, shard, rename, latest, prune) and #N (rank >= 0, N >= 1)", text);
     if (rank != world_rank || strcmp(where, point)) return;
     if (++reached[which] != nth) return;
     fprintf(stderr, "rank %d: MTRAIN_TEST_FAULT: %s at the fault point %s\n", rank, kind, point);

@@ -231,10 +231,10 @@ void model_gather_shards(const Model *m, const float *shard, float *host) {
     const Comm *over = m->opt_comm;
     int64_t size = model_shard_size(m, over->size);
     float *send = xcalloc((size_t)size, sizeof(float));
-    float *recv = xmalloc(sizeof(float) * (size_t)(size * over->size));
+    float *recv = over->rank == 0 ? xmalloc(sizeof(float) * (size_t)(size * over->size)) : NULL;
     m->be->download(send, shard, sizeof(float) * (size_t)m->opt_count);
-    comm_allgather(over, send, recv, size, DT_FLOAT);
-    memcpy(host, recv, sizeof(float) * (size_t)m->total_params);
+    comm_gather(over, send, recv, size, DT_FLOAT, 0);
+    if (recv) memcpy(host, recv, sizeof(float) * (size_t)m->total_params);
     free(recv);
     free(send);
 }

@@ -153,11 +153,13 @@ void model_set_params(Model *m, int64_t offset, const float *host, int64_t n);
 void model_weights_changed(Model *m);
 // host [total_params] = the whole fp32 master weights: downloaded, or
 // gathered from the shards when the master is sharded (collective over
-// opt_comm then). The one reader of whole masters (checkpoints, exports).
+// opt_comm then, host filled on its rank 0 only: NULL on the others). The
+// one reader of whole masters (checkpoints, exports).
 void model_gather_params(const Model *m, float *host);
-// ZeRO-1: host [total_params] = the arena of which shard [opt_count]
-// (backend memory: moments, or a sharded master) is this rank's part
-// (collective over opt_comm).
+// ZeRO-1: host [total_params] on rank 0 of opt_comm (unused, may be NULL,
+// on the others) = the arena of which shard [opt_count] (backend memory:
+// moments, or a sharded master) is each rank's part (collective over
+// opt_comm).
 void model_gather_shards(const Model *m, const float *shard, float *host);
 // Index of a tensor in the table: layer tensor, embedding, final norm, head.
 int model_layer_param(const Model *m, int layer, LayerTensor which);

@@ -88,3 +88,17 @@ runs_differ() { /usr/bin/python3 tests/compare_runs.py "$tmp/$1" "$tmp/$2" "${3:
 
 # below X TOL: X is a number (not "-") no larger than TOL.
 below() { awk -v x="$1" -v tol="$2" 'BEGIN { exit !(x != "-" && x + 0 <= tol + 0) }'; }
+
+# moments DIR: the raw AdamW moments m then v [2, P] F32 of checkpoint folder
+# DIR on stdout, from optimizer.zst (a 24-byte header) or from its ZeRO-1
+# shards optimizer.K-of-N.zst (40-byte headers, each m then v of its range).
+moments() {
+  local part f n
+  if [ -f "$1/optimizer.zst" ]; then tail -c +25 "$1/optimizer.zst" | zstd -dq; return; fi
+  for part in head tail; do
+    for f in "$1"/optimizer.*-of-*.zst; do
+      n=$(tail -c +41 "$f" | zstd -dq | wc -c)
+      tail -c +41 "$f" | zstd -dq | "$part" -c $((n / 2))
+    done
+  done
+}

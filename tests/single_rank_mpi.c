@@ -61,6 +61,12 @@ int main(int argc, char **argv) {
     MPI_Iallgather(MPI_IN_PLACE, 2, MPI_INT64_T, in, 2, MPI_INT64_T, a, &rq);
     MPI_Testall(1, &rq, &flag, MPI_STATUSES_IGNORE);
     EXPECT(outv[0] == 5 && outv[1] == 6 && in[0] == 5 && flag, "single_rank_mpi: all-reduce copies, in-place all-gather keeps");
+    int64_t gathered[2] = {0, 0};
+    MPI_Igather(in, 2, MPI_INT64_T, gathered, 2, MPI_INT64_T, 0, a, &rq);
+    MPI_Testall(1, &rq, &flag, MPI_STATUSES_IGNORE);
+    EXPECT(gathered[0] == 5 && gathered[1] == 6 && flag &&
+               MPI_Igather(in, 2, MPI_INT64_T, gathered, 2, MPI_INT64_T, 1, a, &rq) != MPI_SUCCESS,
+           "single_rank_mpi: gather copies to root 0, another root is an error");
     EXPECT(MPI_Isend(&x, 1, MPI_DOUBLE, 1, 0, a, &rq) != MPI_SUCCESS, "single_rank_mpi: a peer other than rank 0 is an error");
     MPI_Comm_free(&a);
     MPI_Comm_free(&b);

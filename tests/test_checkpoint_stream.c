@@ -1,9 +1,9 @@
 // test_checkpoint_stream.c: the optimizer state a checkpoint streams. For a
-// model of one piece (< 1M parameters) and one of three pieces, written from
-// the model's moments and from a host copy: optimizer.zst is the magic, the
-// parameter count, the XXH64 of the raw moments m then v, and one zstd frame
-// that decompresses to exactly those moments; both sources give the same
-// bytes; for one piece they equal a one-shot ZSTD_compress at level 3; and
+// model of one piece (< 1M parameters) and one of three pieces, streamed from
+// the model's moments: optimizer.zst is the magic, the parameter count, the
+// XXH64 of the raw moments m then v, and one zstd frame that decompresses to
+// exactly those moments; for one piece they equal a one-shot ZSTD_compress
+// at level 3; and
 // checkpoint_load reads the moments back bit for bit.
 #define _GNU_SOURCE
 #include <ftw.h>
@@ -49,19 +49,15 @@ static void check_model(const char *label, int hidden, int vocab, const char *di
     config_defaults(&cfg);
     cfg.model = c;
     snprintf(cfg.checkpoint.dir, sizeof(cfg.checkpoint.dir), "%s/%s", dir, label);
-    TrainState streamed = {.step = 1}, copied = {.step = 2};
+    TrainState streamed = {.step = 1};
     float *params = xmalloc(bytes);
     model_gather_params(&m, params);
     checkpoint_save(&cfg, &m, &streamed, params, NULL, NULL);
-    checkpoint_save(&cfg, &m, &copied, params, host, NULL);
     free(params);
-    char path[4096], other[4096];
+    char path[4096];
     snprintf(path, sizeof(path), "%s/step_00000001/optimizer.zst", cfg.checkpoint.dir);
-    snprintf(other, sizeof(other), "%s/step_00000002/optimizer.zst", cfg.checkpoint.dir);
-    size_t file_bytes, other_bytes;
-    char *file = read_file(path, &file_bytes), *again = read_file(other, &other_bytes);
-    EXPECT(file_bytes == other_bytes && !memcmp(file, again, file_bytes),
-           "%s (%lld parameters): moments streamed from the model = written from a host copy", label, (long long)P);
+    size_t file_bytes;
+    char *file = read_file(path, &file_bytes);
 
     uint64_t header[2];
     memcpy(header, file + 8, sizeof(header));
@@ -97,7 +93,6 @@ static void check_model(const char *label, int hidden, int vocab, const char *di
     free(v_back);
     free(raw);
     free(file);
-    free(again);
     free(host);
     model_free(&back);
     model_free(&m);

@@ -22,8 +22,9 @@
 #              gradient is a sum of 2 fp32 values, which rounds once in the
 #              all-reduce and in the reduce-scatter alike, and the gathered
 #              bf16 copy is the rounding of the same fp32 master either way),
-#              and so do its checkpoint files (model.safetensors,
-#              optimizer.zst: full tensors gathered from the shards) and
+#              and so do its checkpoint's model.safetensors (full tensors
+#              gathered from the shards) and moments (one shard per rank,
+#              concatenated) and
 #              `mtrain export --dtype f32` of it; its step-2 checkpoint
 #              resumed on the CPU backend on one rank follows (step 3 loss
 #              2e-2 relative, weights 1e-3); np 4 dp 2 x cp 2
@@ -102,12 +103,14 @@ same $? zero_cp2 cp2_zero cp2 0 0 "2 = dp 1 x cp 2 .*ZeRO-1, gradients over NCCL
 CUDASIM_SEED=6 train cp2_zero_mpi 2 parallel.cp=2 parallel.zero=1 parallel.comm=mpi
 same $? zero_cp2_mpi cp2_zero_mpi cp2_zero 0 0 "2 = dp 1 x cp 2 .*ZeRO-1, 1 thread" \
   "np 2 cp 2 with ZeRO-1 staged through MPI = over NCCL, bit for bit"
-# The checkpoint of the sharded run: full fp32 tensors gathered from the
-# shards, the same files as the unsharded run's.
-for file in model.safetensors optimizer.zst; do
-  expect "cuda_multi_zero_checkpoint_$file: the ZeRO-1 cp 2 checkpoint's $file = the one without ZeRO-1, byte for byte" \
-    "cmp -s '$tmp/cp2_zero/step_00000003/$file' '$tmp/cp2/step_00000003/$file'"
-done
+# The checkpoint of the sharded run: the full fp32 weights gathered from the
+# shards, the same file as the unsharded run's, and moments written by each
+# rank as its shard whose concatenation equals the unsharded optimizer.zst's.
+expect "cuda_multi_zero_checkpoint_model: the ZeRO-1 cp 2 checkpoint's model.safetensors = the one without ZeRO-1, byte for byte" \
+  "cmp -s '$tmp/cp2_zero/step_00000003/model.safetensors' '$tmp/cp2/step_00000003/model.safetensors'"
+expect "cuda_multi_zero_checkpoint_moments: the ZeRO-1 cp 2 checkpoint's 2 moments shards = the moments without ZeRO-1, byte for byte" \
+  "[ -f '$tmp/cp2_zero/step_00000003/optimizer.00001-of-00002.zst' ] &&
+   cmp -s <(moments '$tmp/cp2_zero/step_00000003') <(moments '$tmp/cp2/step_00000003')"
 # Exported (mtrain export --dtype f32): the checkpoint's tensors, byte for byte.
 build/sim/mtrain export "$tmp/cp2_zero/step_00000003" "$tmp/cp2_zero_export" --dtype f32 >"$tmp/export.out" 2>&1
 rc=$?

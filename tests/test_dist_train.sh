@@ -206,9 +206,12 @@ train zero_resume 2 train.steps=3 parallel.dp=2 parallel.zero=1 checkpoint.resum
 if grep -q '^resumed from .*step_00000002' "$tmp/zero_resume.out"; then
   expect dist_train_zero_resume_weights compare weights "$tmp/zero_resume/step_00000003/model.safetensors" \
     "$tmp/zero3/step_00000003/model.safetensors" 0
-  if cmp -s "$tmp/zero_resume/step_00000003/optimizer.zst" "$tmp/zero3/step_00000003/optimizer.zst"; then
+  if cmp -s "$tmp/zero_resume/step_00000003/optimizer.00000-of-00002.zst" \
+       "$tmp/zero3/step_00000003/optimizer.00000-of-00002.zst" &&
+     cmp -s "$tmp/zero_resume/step_00000003/optimizer.00001-of-00002.zst" \
+       "$tmp/zero3/step_00000003/optimizer.00001-of-00002.zst"; then
     ok dist_train_zero_resume_moments
-  else bad dist_train_zero_resume_moments "optimizer.zst differs from the uninterrupted run"; fi
+  else bad dist_train_zero_resume_moments "a moments shard differs from the uninterrupted run's"; fi
 else
   bad dist_train_zero_resume "did not resume: $(tail -n 3 "$tmp/zero_resume.out" | tr '\n' ' ')"
 fi

@@ -25,11 +25,13 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "../dist/comm.h"
 #include "../dist/progress.h"
 #include "../model/hf_config.h"
 #include "../model/hf_io.h"
 
 #define OPTIMIZER_MAGIC "MTADAMW1"
+#define SHARD_MAGIC "MTADAMS1"
 
 static void join(char *out, size_t n, const char *dir, const char *name) {
     if ((size_t)snprintf(out, n, "%s/%s", dir, name) >= n) fail("%s/%s: path too long", dir, name);
@@ -47,26 +49,27 @@ static void zstd_check(size_t rc, const char *path) {
     if (ZSTD_isError(rc)) fail("%s: zstd: %s", path, ZSTD_getErrorName(rc));
 }
 
-// Floats [first, first + count) of moment `part` (0 = m, 1 = v) [total_params]:
-// in host [2, total_params] when given, else downloaded from the model's
-// unsharded adam_m / adam_v into buf.
-static const float *moment_piece(const Model *m, const float *host, int part, int64_t first, int64_t count,
-                                 float *buf) {
-    if (host) return host + (int64_t)part * m->total_params + first;
+// Floats [first, first + count) of this rank's moment `part` (0 = m, 1 =
+// v) [opt_count], downloaded from the model's adam_m / adam_v into buf.
+static const float *moment_piece(const Model *m, int part, int64_t first, int64_t count, float *buf) {
     m->be->download(buf, (part ? m->adam_v : m->adam_m) + first, sizeof(float) * (size_t)count);
     return buf;
 }
 
-// optimizer.zst: magic, total floats, XXH64 of the raw moments, then m and v
-// (full tensors, whatever the sharding) as one zstd stream, written piece by
-// piece (the checksum is filled in last), so that no second copy of the
-// moments is held.
-static void write_optimizer(const char *path, const Model *m, const float *host, Progress *progress) {
-    int64_t P = m->total_params;
-    uint64_t header[2] = {(uint64_t)P, 0};
+// A moments file: the 8-byte magic, the header words words [n_words], the
+// XXH64 of the raw moments, then this rank's m and v [2, opt_count] as one
+// zstd stream, written piece by piece (the checksum is filled in last), so
+// that no second copy of the moments is held. Returns the XXH64.
+static uint64_t write_moments(const char *path, const char *magic, const uint64_t *words, int n_words,
+                              const Model *m, Progress *progress) {
+    int64_t P = m->opt_count;
+    uint64_t header[4];
+    memcpy(header, words, sizeof(uint64_t) * (size_t)n_words);
+    header[n_words] = 0;
+    size_t header_bytes = sizeof(uint64_t) * (size_t)(n_words + 1);
     FILE *f = xfopen(path, "wb");
-    xfwrite(OPTIMIZER_MAGIC, 8, f, path);
-    xfwrite(header, sizeof(header), f, path);
+    xfwrite(magic, 8, f, path);
+    xfwrite(header, header_bytes, f, path);
     ZSTD_CCtx *z = ZSTD_createCCtx();
     XXH64_state_t *hash = XXH64_createState();
     if (!z || !hash) fail("%s: out of memory for the compressor", path);
@@ -75,11 +78,11 @@ static void write_optimizer(const char *path, const Model *m, const float *host,
     XXH64_reset(hash, 0);
     size_t out_size = ZSTD_CStreamOutSize();
     void *out = xmalloc(out_size);
-    float *buf = host ? NULL : xmalloc(sizeof(float) * (size_t)OPTIMIZER_PIECE);
+    float *buf = xmalloc(sizeof(float) * (size_t)OPTIMIZER_PIECE);
     for (int part = 0; part < 2; part++) {
-        for (int64_t first = 0; first < P; first += OPTIMIZER_PIECE) {
+        for (int64_t first = 0; first < P || (part == 1 && first == 0 && P == 0); first += OPTIMIZER_PIECE) {
             int64_t count = P - first < OPTIMIZER_PIECE ? P - first : OPTIMIZER_PIECE;
-            const float *piece = moment_piece(m, host, part, first, count, buf);
+            const float *piece = moment_piece(m, part, first, count, buf);
             size_t bytes = sizeof(float) * (size_t)count;
             XXH64_update(hash, piece, bytes);
             ZSTD_EndDirective mode = part == 1 && first + count == P ? ZSTD_e_end : ZSTD_e_continue;
@@ -94,38 +97,62 @@ static void write_optimizer(const char *path, const Model *m, const float *host,
             progress_add(progress, (int64_t)bytes);
         }
     }
-    header[1] = XXH64_digest(hash);
+    uint64_t digest = XXH64_digest(hash);
+    header[n_words] = digest;
     if (fseek(f, 8, SEEK_SET) != 0) fail("%s: cannot seek (%s)", path, strerror(errno));
-    xfwrite(header, sizeof(header), f, path);
+    xfwrite(header, header_bytes, f, path);
     xfclose_sync(f, path);
     free(buf);
     free(out);
     XXH64_freeState(hash);
     ZSTD_freeCCtx(z);
+    return digest;
+}
+
+// The raw moments m then v [2, floats] of a moments file (write_moments)
+// whose header words must equal expect [n_words] (named by `what`, e.g.
+// "parameter count, first, count"); *digest gets its XXH64, checked.
+static float *read_moments(const char *path, const char *magic, const uint64_t *expect, int n_words,
+                           const char *what, int64_t floats, uint64_t *digest) {
+    size_t file_bytes;
+    char *file = read_file(path, &file_bytes);
+    uint64_t header[4];
+    size_t header_bytes = sizeof(uint64_t) * (size_t)(n_words + 1);
+    if (file_bytes < 8 + header_bytes || memcmp(file, magic, 8))
+        fail("%s: not an mtrain optimizer state (bad magic or truncated)", path);
+    memcpy(header, file + 8, header_bytes);
+    if (memcmp(header, expect, sizeof(uint64_t) * (size_t)n_words))
+        fail("%s: header (%s) is %" PRIu64 "%s (expected %" PRIu64 "%s: another model or sharding)", path, what,
+             header[0], n_words > 1 ? ", ..." : "", expect[0], n_words > 1 ? ", ..." : "");
+    size_t bytes = 2 * sizeof(float) * (size_t)floats;
+    float *host = xmalloc(bytes ? bytes : 1);
+    size_t got = ZSTD_decompress(host, bytes, file + 8 + header_bytes, file_bytes - 8 - header_bytes);
+    if (ZSTD_isError(got) || got != bytes)
+        fail("%s: damaged (zstd: %s)", path, ZSTD_isError(got) ? ZSTD_getErrorName(got) : "wrong size");
+    *digest = header[n_words];
+    if (XXH64(host, bytes, 0) != *digest) fail("%s: checksum mismatch (file is damaged)", path);
+    free(file);
+    return host;
+}
+
+// Upload this rank's range of m and v from host [2, n] holding the floats
+// [first, first + n) of the whole arena (every rank keeps its own range: a
+// checkpoint of any sharding resumes under any other).
+static void keep_own_range(Model *m, const float *host, int64_t first, int64_t n) {
+    int64_t lo = m->opt_begin > first ? m->opt_begin : first;
+    int64_t end = m->opt_begin + m->opt_count, hi = end < first + n ? end : first + n;
+    if (lo >= hi) return;
+    size_t bytes = sizeof(float) * (size_t)(hi - lo);
+    m->be->upload(m->adam_m + (lo - m->opt_begin), host + (lo - first), bytes);
+    m->be->upload(m->adam_v + (lo - m->opt_begin), host + n + (lo - first), bytes);
 }
 
 static void read_optimizer(const char *path, Model *m) {
-    size_t file_bytes;
-    char *file = read_file(path, &file_bytes);
-    uint64_t header[2];
-    if (file_bytes < 8 + sizeof(header) || memcmp(file, OPTIMIZER_MAGIC, 8))
-        fail("%s: not an mtrain optimizer state (bad magic or truncated)", path);
-    memcpy(header, file + 8, sizeof(header));
-    if (header[0] != (uint64_t)m->total_params)
-        fail("%s: holds %" PRIu64 " parameters' moments (expected %lld)", path, header[0], (long long)m->total_params);
-    size_t bytes = sizeof(float) * (size_t)m->total_params;
-    float *host = xmalloc(2 * bytes);
-    size_t got = ZSTD_decompress(host, 2 * bytes, file + 8 + sizeof(header), file_bytes - 8 - sizeof(header));
-    if (ZSTD_isError(got) || got != 2 * bytes)
-        fail("%s: damaged (zstd: %s)", path, ZSTD_isError(got) ? ZSTD_getErrorName(got) : "wrong size");
-    if (XXH64(host, 2 * bytes, 0) != header[1]) fail("%s: checksum mismatch (file is damaged)", path);
-    // Keep this rank's range: a checkpoint of any sharding resumes under any other.
+    uint64_t P = (uint64_t)m->total_params, digest;
+    float *host = read_moments(path, OPTIMIZER_MAGIC, &P, 1, "parameter count", m->total_params, &digest);
     model_alloc_optimizer(m);
-    size_t shard_bytes = sizeof(float) * (size_t)m->opt_count;
-    m->be->upload(m->adam_m, host + m->opt_begin, shard_bytes);
-    m->be->upload(m->adam_v, host + m->total_params + m->opt_begin, shard_bytes);
+    keep_own_range(m, host, 0, m->total_params);
     free(host);
-    free(file);
 }
 
 // XXH64 of a whole file, read in pieces of 1 MiB.
@@ -218,6 +245,77 @@ static cJSON *read_state_json(const char *path) {
     free(text);
     if (!cJSON_IsObject(root)) fail("%s: not a JSON object", path);
     return root;
+}
+
+// optimizer.SHARD-of-SHARDS.zst (shard counted from 0, 5 digits each).
+static void shard_file(char *out, size_t n, int shard, int shards) {
+    snprintf(out, n, "optimizer.%05d-of-%05d.zst", shard, shards);
+}
+
+// optimizer.index.json: the parameter count and, per shard in arena order,
+// its file, first float, float count and XXH64 (digests [shards]).
+static void write_shard_index(const char *path, const Model *m, int shards, const uint64_t *digests) {
+    int64_t size = model_shard_size(m, shards);
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddNumberToObject(root, "parameters", (double)m->total_params);
+    cJSON *list = cJSON_AddArrayToObject(root, "shards");
+    for (int k = 0; k < shards; k++) {
+        int64_t first = size * k < m->total_params ? size * k : m->total_params;
+        int64_t count = m->total_params - first < size ? m->total_params - first : size;
+        char name[64];
+        shard_file(name, sizeof(name), k, shards);
+        cJSON *item = cJSON_CreateObject();
+        cJSON_AddStringToObject(item, "file", name);
+        cJSON_AddNumberToObject(item, "first", (double)first);
+        cJSON_AddNumberToObject(item, "count", (double)count);
+        add_hex(item, "xxh64", digests[k]);
+        cJSON_AddItemToArray(list, item);
+    }
+    char *text = cJSON_Print(root);
+    write_file_atomic(path, text, strlen(text));
+    free(text);
+    cJSON_Delete(root);
+}
+
+// The moments of a sharded checkpoint (optimizer.index.json in dir): the
+// shards must tile [0, total_params) in order; each rank reads, checks and
+// keeps only the shards that overlap its own range.
+static void read_sharded_optimizer(const char *dir, const char *index_path, Model *m) {
+    cJSON *root = read_state_json(index_path);
+    if (state_int(root, "parameters", index_path) != m->total_params)
+        fail("%s: holds %lld parameters' moments (expected %lld)", index_path,
+             (long long)state_int(root, "parameters", index_path), (long long)m->total_params);
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(root, "shards");
+    if (!cJSON_IsArray(list) || cJSON_GetArraySize(list) < 1)
+        fail("%s: field 'shards' is missing or empty (expected a list of shard files)", index_path);
+    model_alloc_optimizer(m);
+    int64_t next = 0;
+    const cJSON *item;
+    cJSON_ArrayForEach(item, list) {
+        const cJSON *file = cJSON_GetObjectItemCaseSensitive(item, "file");
+        if (!cJSON_IsObject(item) || !cJSON_IsString(file) || strchr(file->valuestring, '/') || !file->valuestring[0])
+            fail("%s: a shard without a plain 'file' name", index_path);
+        int64_t first = state_int(item, "first", index_path), count = state_int(item, "count", index_path);
+        uint64_t listed = state_hex(item, "xxh64", index_path), digest;
+        if (first != next || count > m->total_params - first)
+            fail("%s: shard %s covers [%lld, %lld) (expected to start at %lld, within %lld parameters)", index_path,
+                 file->valuestring, (long long)first, (long long)(first + count), (long long)next,
+                 (long long)m->total_params);
+        next = first + count;
+        if (next <= m->opt_begin || first >= m->opt_begin + m->opt_count) continue;
+        char path[4096];
+        join(path, sizeof(path), dir, file->valuestring);
+        uint64_t expect[3] = {(uint64_t)m->total_params, (uint64_t)first, (uint64_t)count};
+        float *host = read_moments(path, SHARD_MAGIC, expect, 3, "parameter count, first, count", count, &digest);
+        if (digest != listed)
+            fail("%s: XXH64 %016" PRIx64 ", %s records %016" PRIx64 " (a shard of another checkpoint)", path, digest,
+                 index_path, listed);
+        keep_own_range(m, host, first, count);
+        free(host);
+    }
+    if (next != m->total_params)
+        fail("%s: the shards cover %lld of %lld parameters", index_path, (long long)next, (long long)m->total_params);
+    cJSON_Delete(root);
 }
 
 // The TrainState and the XXH64 of model.safetensors recorded in state.json.
@@ -338,15 +436,19 @@ bool same_folder(const char *a, const char *b) {
 }
 
 // A checkpoint folder is complete when it holds every file the writer puts
-// in it (state.json last); the renamed-in folder always is, unless damaged.
+// in it (state.json last), with optimizer.zst or, sharded, optimizer.index.json
+// (written after every shard); the renamed-in folder always is, unless damaged.
 static bool checkpoint_complete(const char *dir) {
-    static const char *const files[] = {"model.safetensors", "config.json", "run.yaml", "optimizer.zst", "state.json"};
+    static const char *const files[] = {"model.safetensors", "config.json", "run.yaml", "state.json"};
     char path[4096];
     for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
         join(path, sizeof(path), dir, files[i]);
         if (access(path, R_OK) != 0) return false;
     }
-    return true;
+    join(path, sizeof(path), dir, "optimizer.zst");
+    if (access(path, R_OK) == 0) return true;
+    join(path, sizeof(path), dir, "optimizer.index.json");
+    return access(path, R_OK) == 0;
 }
 
 // The run id in the state.json of checkpoint folder dir.
@@ -482,39 +584,76 @@ static void write_latest(const char *dir, const char *name) {
     write_file_atomic(path, text, (size_t)n);
 }
 
+// This rank's moments into tmp_dir: under ZeRO-1 (over) its shard file,
+// then every rank's XXH64 gathered into digests [over->size] (the wait for
+// every shard, under over's time limit); else optimizer.zst.
+static void write_optimizer(const char *tmp_dir, const Model *m, const Comm *over, uint64_t *digests,
+                            Progress *progress) {
+    char name[64], path[4096];
+    if (!over) {
+        uint64_t P = (uint64_t)m->total_params;
+        join(path, sizeof(path), tmp_dir, "optimizer.zst");
+        write_moments(path, OPTIMIZER_MAGIC, &P, 1, m, progress);
+        return;
+    }
+    shard_file(name, sizeof(name), over->rank, over->size);
+    join(path, sizeof(path), tmp_dir, name);
+    uint64_t words[3] = {(uint64_t)m->total_params, (uint64_t)m->opt_begin, (uint64_t)m->opt_count};
+    uint64_t digest = write_moments(path, SHARD_MAGIC, words, 3, m, progress);
+    test_fault("shard", over->rank, over->timeout_s);
+    comm_allgather(over, &digest, digests, 1, DT_INT64);
+}
+
 void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state, const float *params,
-                     const float *moments, const char *resumed_from) {
+                     const Comm *over, const char *resumed_from) {
     const char *dir = cfg->checkpoint.dir;
     double timeout_s = cfg->parallel.timeout_s;
+    bool writer = !over || over->rank == 0;
     char name[32], final_dir[4096], tmp_dir[4096], old_dir[4200], path[4096];
     snprintf(name, sizeof(name), "step_%08lld", (long long)state->step);
     join(final_dir, sizeof(final_dir), dir, name);
-    if ((size_t)snprintf(tmp_dir, sizeof(tmp_dir), "%s.tmp.%d", final_dir, (int)getpid()) >= sizeof(tmp_dir))
+    // The folder is named for rank 0's process id; every rank makes it
+    // (checkpoint.dir is one shared file system) before writing into it.
+    int64_t pid = getpid();
+    if (over) comm_broadcast(over, &pid, 1, DT_INT64, 0);
+    if ((size_t)snprintf(tmp_dir, sizeof(tmp_dir), "%s.tmp.%d", final_dir, (int)pid) >= sizeof(tmp_dir))
         fail("%s: path too long", final_dir);
-    snprintf(old_dir, sizeof(old_dir), "%s.old.%d", final_dir, (int)getpid());
     make_dirs(tmp_dir);
+    snprintf(old_dir, sizeof(old_dir), "%s.old.%d", final_dir, (int)pid);
     Progress progress;
     char what[4200];
     snprintf(what, sizeof(what), "writing checkpoint %s", final_dir);
     int64_t param_bytes = (int64_t)sizeof(float) * m->total_params;
-    progress_begin(&progress, what, 3 * param_bytes, "MiB", 1 << 20);
-    model_write_hf_weights(m, params, tmp_dir, ST_F32, 0);
-    test_fault("write", 0, timeout_s);
-    join(path, sizeof(path), tmp_dir, "model.safetensors");
-    uint64_t model_hash = file_xxh64(path);
-    progress_add(&progress, param_bytes);
-    join(path, sizeof(path), tmp_dir, "config.json");
-    char init_config[CONFIG_STR + 16];
-    bool from_folder = cfg->train.init_from == INIT_FOLDER;
-    snprintf(init_config, sizeof(init_config), "%s/config.json", cfg->train.init_from_path);
-    hf_config_write(path, &m->cfg, "float32", from_folder ? init_config : NULL);
-    if (from_folder) hf_copy_side_files(cfg->train.init_from_path, tmp_dir);
-    join(path, sizeof(path), tmp_dir, "run.yaml");
-    FILE *f = xfopen(path, "w");
-    config_print(cfg, f);
-    xfclose_sync(f, path);
-    join(path, sizeof(path), tmp_dir, "optimizer.zst");
-    write_optimizer(path, m, moments, &progress);
+    progress_begin(&progress, what, param_bytes + 2 * (int64_t)sizeof(float) * m->opt_count, "MiB", 1 << 20);
+    uint64_t model_hash = 0, *digests = xmalloc(sizeof(uint64_t) * (size_t)(over ? over->size : 1));
+    if (writer) {
+        model_write_hf_weights(m, params, tmp_dir, ST_F32, 0);
+        test_fault("write", 0, timeout_s);
+        join(path, sizeof(path), tmp_dir, "model.safetensors");
+        model_hash = file_xxh64(path);
+        progress_add(&progress, param_bytes);
+        join(path, sizeof(path), tmp_dir, "config.json");
+        char init_config[CONFIG_STR + 16];
+        bool from_folder = cfg->train.init_from == INIT_FOLDER;
+        snprintf(init_config, sizeof(init_config), "%s/config.json", cfg->train.init_from_path);
+        hf_config_write(path, &m->cfg, "float32", from_folder ? init_config : NULL);
+        if (from_folder) hf_copy_side_files(cfg->train.init_from_path, tmp_dir);
+        join(path, sizeof(path), tmp_dir, "run.yaml");
+        FILE *f = xfopen(path, "w");
+        config_print(cfg, f);
+        xfclose_sync(f, path);
+    }
+    write_optimizer(tmp_dir, m, over, digests, &progress);
+    if (!writer) {
+        free(digests);
+        progress_end(&progress);
+        return;
+    }
+    if (over) {
+        join(path, sizeof(path), tmp_dir, "optimizer.index.json");
+        write_shard_index(path, m, over->size, digests);
+    }
+    free(digests);
     join(path, sizeof(path), tmp_dir, "state.json");
     write_state(path, state, model_hash, cfg);
     fsync_dir(tmp_dir);
@@ -652,6 +791,11 @@ void checkpoint_load(const char *dir, Model *m, TrainState *state) {
         fail("%s: checksum mismatch: XXH64 %016" PRIx64 ", state.json records %016" PRIx64 " (file is damaged)", path,
              got, model_hash);
     model_load_hf_folder(m, dir);
+    join(path, sizeof(path), dir, "optimizer.index.json");
+    if (access(path, F_OK) == 0) {
+        read_sharded_optimizer(dir, path, m);
+        return;
+    }
     join(path, sizeof(path), dir, "optimizer.zst");
     read_optimizer(path, m);
 }

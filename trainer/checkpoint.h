@@ -2,7 +2,9 @@
 // checkpoint.dir/step_XXXXXXXX/ holding
 //   model.safetensors + config.json  a valid Hugging Face folder (F32 weights)
 //   run.yaml                         the resolved run config
-//   optimizer.zst                    AdamW moments, zstd-compressed, checksummed
+//   optimizer.zst                    AdamW moments, zstd-compressed, checksummed;
+//                                    under ZeRO-1 instead optimizer.K-of-N.zst,
+//                                    one shard per rank, and optimizer.index.json
 //   state.json                       step, tokens seen, data cursor, RNG state,
 //                                    XXH64 of model.safetensors, run fingerprint
 // It is written as step_XXXXXXXX.tmp.<pid>/, every file fsynced, then renamed;
@@ -35,14 +37,19 @@ typedef struct {
 
 // Write the checkpoint for state->step and apply the keep policy, with a
 // progress line when it takes long. params: host [total_params], the whole
-// fp32 master weights (model_gather_params). moments: host [2, total_params],
-// the full AdamW m then v (gathered over the ranks under ZeRO-1), or NULL:
-// streamed in pieces from the model's unsharded adam_m and adam_v.
+// fp32 master weights (model_gather_params) on the writer (rank 0 of over,
+// or the caller when over is NULL), unused elsewhere. The moments stream in
+// pieces from the model's adam_m and adam_v. over: under ZeRO-1 the ranks the
+// moments are sharded over (with the checkpoint wait's time limit), each of
+// which calls this and writes its own shard (optimizer.K-of-N.zst) into the
+// folder in parallel; rank 0 writes the rest and renames the folder into
+// place once every rank's shard is complete (their checksums gathered). NULL:
+// one process writes optimizer.zst, the whole moments.
 // Pruning removes only checkpoints of state->run_id, never the checkpoint
 // just written nor resumed_from (the folder an explicit checkpoint.resume
 // loaded, or NULL).
 void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state, const float *params,
-                     const float *moments, const char *resumed_from);
+                     const struct Comm *over, const char *resumed_from);
 // Before a run writes into dir (checkpoints: checkpoint.dir, else log.dir):
 // remove the NAME.tmp.PID and NAME.del.PID files and folders of mtrain's
 // writers no longer alive, and put back (or remove, when the new one made it)

@@ -167,12 +167,11 @@ static int64_t rank_tokens(const Config *cfg, int cp) {
 // and the larger of the host copies made beside it: a checkpoint write's
 // (trainer/train.c, print_memory) or, on several ranks, the gradient
 // all-reduce's (the arena's host copy, and as much again inside MPI:
-// measured). The initialisation's copy and ZeRO's gathers are smaller.
+// measured). The initialisation's copy is smaller.
 static void plan_cpu_memory(Plan *p, const Config *cfg, double acts, double lm_chunk, int64_t shard,
                             int64_t shards) {
     double P = 4.0 * (double)p->params, arena = 4.0 * (double)(shard * shards);
     const ModelConfig *c = &cfg->model;
-    bool zero = cfg->parallel.zero == 1;
     add_item(p, "parameters (fp32)", arena);
     add_item(p, "gradients (fp32)", arena);
     add_item(p, "AdamW moments (fp32)", 8.0 * (double)shard);
@@ -182,7 +181,7 @@ static void plan_cpu_memory(Plan *p, const Config *cfg, double acts, double lm_c
     if (cfg->data.packing == PACKING_BALANCED)  // data/packing.h: the step's inputs and targets (int32)
         add_item(p, "balanced packing (the step's tokens)",
                  8.0 * (double)cfg->train.seq_len * cfg->train.micro_batches * p->dp);
-    double checkpoint_write = P + (zero ? 3 * P : (double)checkpoint_stream_bytes());
+    double checkpoint_write = P + (double)checkpoint_stream_bytes();  // the moments stream, sharded or not
     double allreduce = p->dp * p->cp > 1 ? 2 * P : 0;  // the arena's host copy and MPI's reduction buffer
     add_item(p, "host copies (checkpoint write or all-reduce)", fmax(checkpoint_write, allreduce));
     add_item(p, "runtime (binary, libraries, MPI)", CPU_RUNTIME_BYTES);

@@ -100,9 +100,9 @@ OptimizerConfig optimizer_config(const Config *cfg) {
 // What this rank allocated for the model: the fp32 master weights (under
 // ZeRO-1 on a backend that shards masters, its shard only), the compute copy
 // when it is not the master, gradients and moments; with the host memory a
-// checkpoint write adds: a copy of the parameters, and under ZeRO-1 the
-// gathered moments and one gather buffer (otherwise the moments stream in
-// pieces of a few MiB).
+// checkpoint write adds on rank 0: a copy of the parameters (and, when the
+// master is sharded, the gather's receive buffer of the same size), and the
+// moments streamed in pieces of a few MiB.
 static void print_memory(const Model *m, int64_t T, bool zero) {
     double mib = 1.0 / (1 << 20), p = (double)m->total_params * sizeof(float) * mib;
     double master = (double)m->master_count * sizeof(float) * mib;
@@ -110,7 +110,7 @@ static void print_memory(const Model *m, int64_t T, bool zero) {
     double compute = own_copy ? (double)m->arena_floats * m->be->weight_bytes * mib : 0;
     double grads = (double)m->arena_floats * sizeof(float) * mib;
     double adam = 2.0 * (double)m->opt_count * sizeof(float) * mib;
-    double write = p + (zero ? 3 * p : checkpoint_stream_bytes() * mib);
+    double write = (zero && m->be->shards_masters ? 2 * p : p) + checkpoint_stream_bytes() * mib;
     printf("model: %lld parameters, fp32 master of %lld floats on this rank | memory MiB: master %.1f, compute copy "
            "%.1f, grads %.1f, adam %.1f, activations %.1f (T=%lld%s), checkpoint write %.1f more on the host\n",
            (long long)m->total_params, (long long)m->master_count, master, compute, grads, adam,
@@ -489,42 +489,29 @@ static void bucket_finish(GradBuckets *b) {
     m->be->allreduce_sum_finish(b->comm);
 }
 
-// Under ZeRO-1: the full AdamW moments m then v [2, total_params] on the host
-// (collective over the ranks they are sharded over).
-static float *gather_moments(const Model *m) {
-    int64_t P = m->total_params;
-    float *host = xmalloc(2 * sizeof(float) * (size_t)P);
-    model_gather_shards(m, m->adam_m, host);
-    model_gather_shards(m, m->adam_v, host + P);
-    return host;
-}
-
 // How long the ranks wait for rank 0's checkpoint write beyond
 // parallel.timeout_s: at least CHECKPOINT_WAIT_MIN_S, or the checkpoint's
 // bytes (fp32 weights and two moments) at CHECKPOINT_MIN_MIB_PER_S.
 #define CHECKPOINT_WAIT_MIN_S 60.0
 #define CHECKPOINT_MIN_MIB_PER_S 50.0
 
-// The checkpoint of state->step, written by rank 0: under ZeRO-1 every rank
-// first gathers the moments and the master weights (sharded on a backend
-// that shards masters), otherwise rank 0 downloads the master weights and the
-// moments stream from its optimizer. Every rank then waits for the write in
-// a collective whose limit adds the write's own (a write may take longer than
-// parallel.timeout_s: a 7B checkpoint is ~90 GB).
+// The checkpoint of state->step. Rank 0 writes the HF weights from the
+// whole master weights (gathered first when a backend shards them under
+// ZeRO-1, a collective) and the rest; under ZeRO-1 every rank writes its
+// own shard of the moments in parallel, else rank 0 streams them from its
+// optimizer. Every wait for the write (the shards' checksums, then the end
+// of rank 0's rename) is a collective whose limit adds the write's own (a
+// write may take longer than parallel.timeout_s: a 7B checkpoint is ~90 GB).
 static void save_checkpoint(const Config *cfg, const Dist *dist, bool zero, const Model *m, const TrainState *state,
                             const char *rolled_back_from) {
     const char *protect = rolled_back_from[0] ? rolled_back_from : NULL;
-    if (zero || dist->world_rank == 0) {
-        float *params = xmalloc(sizeof(float) * (size_t)m->total_params);
-        model_gather_params(m, params);
-        float *moments = zero ? gather_moments(m) : NULL;
-        if (dist->world_rank == 0) checkpoint_save(cfg, m, state, params, moments, protect);
-        free(moments);
-        free(params);
-    }
     Comm written = dist->world;
     double write_s = 3.0 * sizeof(float) * (double)m->total_params / (CHECKPOINT_MIN_MIB_PER_S * (1 << 20));
     written.timeout_s += fmax(CHECKPOINT_WAIT_MIN_S, write_s);
+    float *params = dist->world_rank == 0 ? xmalloc(sizeof(float) * (size_t)m->total_params) : NULL;
+    if (params || (zero && m->be->shards_masters)) model_gather_params(m, params);
+    if (zero || dist->world_rank == 0) checkpoint_save(cfg, m, state, params, zero ? &written : NULL, protect);
+    free(params);
     int64_t done = 1;
     comm_allreduce(&written, &done, 1, DT_INT64, REDUCE_MAX);
     printf("checkpoint: %s/step_%08lld\n", cfg->checkpoint.dir, (long long)state->step);

@@ -72,6 +72,8 @@ int MPI_Ireduce_scatter_block(const void *send, void *recv, int count, MPI_Datat
                               MPI_Comm comm, MPI_Request *req);
 int MPI_Iallgather(const void *send, int send_count, MPI_Datatype send_type, void *recv, int recv_count,
                    MPI_Datatype recv_type, MPI_Comm comm, MPI_Request *req);
+int MPI_Igather(const void *send, int send_count, MPI_Datatype send_type, void *recv, int recv_count,
+                MPI_Datatype recv_type, int root, MPI_Comm comm, MPI_Request *req);
 int MPI_Ibcast(void *buf, int count, MPI_Datatype type, int root, MPI_Comm comm, MPI_Request *req);
 
 #endif

@@ -199,6 +199,15 @@ int MPI_Iallgather(const void *send, int send_count, MPI_Datatype send_type, voi
     return rc;
 }
 
+int MPI_Igather(const void *send, int send_count, MPI_Datatype send_type, void *recv, int recv_count,
+                MPI_Datatype recv_type, int root, MPI_Comm comm, MPI_Request *req) {
+    if (comm == MPI_COMM_NULL || root != 0) return MPI_ERR_ARG;
+    if (send != MPI_IN_PLACE && (send_count != recv_count || send_type != recv_type)) return MPI_ERR_ARG;
+    int rc = own_block(send, recv, recv_count, recv_type);
+    if (rc == MPI_SUCCESS) *req = completed();
+    return rc;
+}
+
 int MPI_Ibcast(void *buf, int count, MPI_Datatype type, int root, MPI_Comm comm, MPI_Request *req) {
     int rc = MPI_Bcast(buf, count, type, root, comm);
     if (rc == MPI_SUCCESS) *req = completed();

@@ -197,7 +197,9 @@ int main(int argc, char **argv) {
     // sparse kernel adds with fp32 atomics in another order (measured under seeds 1-3: loss equal,
     // gradients 1.7e-5). Checkpointing recomputes each layer from the same bf16 inputs and sparse
     // index (measured under seeds 1-3: bit-identical; two identical runs of a sparse backward differ
-    // by 3e-9, fp32 atomics from several threads, hence not 0).
+    // by 3e-9, fp32 atomics from several threads, hence not 0; on an H200 the atomics commit in the
+    // order the blocks finish: 8.0e-6 measured, hence 5e-5, far below what a recomputation with
+    // another pattern or other inputs gives, ~1e-2).
     const Case cases[] = {
         {"GQA 2:1 hd64 untied dense T=130", 2, 1, 64, false, false, CASE_DENSE, 130, false, false, 0},
         {"GQA 2:1 hd64 untied sparse top_p=1 T=130", 2, 1, 64, false, false, CASE_SPARSE_TOPP1, 130, false, true,
@@ -206,7 +208,7 @@ int main(int argc, char **argv) {
         {"MHA 2:2 hd128 untied sparse fixed 1+1 T=320", 2, 2, 128, false, false, CASE_SPARSE_FIXED, 320, false,
          false, 0},
         {"MHA 2:2 hd128 untied sparse fixed 1+1 T=320 checkpointed", 2, 2, 128, false, false, CASE_SPARSE_FIXED,
-         320, true, true, 1e-6},
+         320, true, true, 5e-5},
         {"GQA 2:1 hd64 tied sparse top_p=1 T=128", 2, 1, 64, true, false, CASE_SPARSE_TOPP1, 128, false, false, 0},
         {"GQA 2:1 hd128 tied YaRN sparse fixed 1+1 T=320", 2, 1, 128, true, true, CASE_SPARSE_FIXED, 320, false,
          false, 0},

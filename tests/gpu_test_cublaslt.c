@@ -296,11 +296,12 @@ static cublasStatus_t try_matmul(cublasLtHandle_t lt, cublasLtMatmulDesc_t desc,
     return st;
 }
 
-// The heuristic's status for desc (op N, N) with `epilogue` (fp32 vector `bias`), reset to DEFAULT after.
+// The heuristic's status for desc (op ta, N) with `epilogue` (fp32 vector `bias`), reset to op N, N and
+// DEFAULT after.
 static cublasStatus_t heuristic_status(cublasLtHandle_t lt, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
-                                       cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t cd,
+                                       cublasOperation_t ta, cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t cd,
                                        cublasLtEpilogue_t epilogue, void *bias) {
-    set_desc(desc, CUBLAS_OP_N, CUBLAS_OP_N, epilogue, bias, CUDA_R_32F);
+    set_desc(desc, ta, CUBLAS_OP_N, epilogue, bias, CUDA_R_32F);
     cublasLtMatmulPreference_t pref;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     cublasLtMatmulHeuristicResult_t r;
@@ -321,12 +322,13 @@ static void check_bad_arguments(cublasLtHandle_t lt) {
     CUDA_CHECK(cudaMalloc(&buf, 1 << 16));
     cublasLtMatmulDesc_t desc;
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasLtMatrixLayout_t a16x8, b9x4, b8x4, c16x4, a16x8_f32, b8x4_f32, c16x4_bf16;
+    cublasLtMatrixLayout_t a16x8, b9x4, b8x4, c16x4, a16x8_f32, a8x16_f32, b8x4_f32, c16x4_bf16;
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a16x8, CUDA_R_16BF, 16, 8, 16));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b9x4, CUDA_R_16BF, 9, 4, 9));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b8x4, CUDA_R_16BF, 8, 4, 8));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c16x4, CUDA_R_32F, 16, 4, 16));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a16x8_f32, CUDA_R_32F, 16, 8, 16));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a8x16_f32, CUDA_R_32F, 8, 16, 8));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b8x4_f32, CUDA_R_32F, 8, 4, 8));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c16x4_bf16, CUDA_R_16BF, 16, 4, 16));
 
@@ -343,7 +345,8 @@ static void check_bad_arguments(cublasLtHandle_t lt) {
     const int32_t n_op = CUBLAS_OP_N;
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &n_op, sizeof n_op));
     st = try_matmul(lt, desc, a16x8, b8x4_f32, c16x4, buf);
-    EXPECT_COUNTED(st == CUBLAS_STATUS_NOT_SUPPORTED, "cublaslt A bf16 with B fp32: %s", cublasLtGetStatusName(st));
+    EXPECT_COUNTED(st == CUBLAS_STATUS_INVALID_VALUE, "cublaslt A bf16 with B fp32 (as an H200 answers): %s",
+                   cublasLtGetStatusName(st));
     st = try_matmul(lt, desc, a16x8_f32, b8x4_f32, c16x4_bf16, buf);
     EXPECT_COUNTED(st == CUBLAS_STATUS_NOT_SUPPORTED, "cublaslt fp32 A, B with bf16 C, D: %s",
                    cublasLtGetStatusName(st));
@@ -363,11 +366,15 @@ static void check_bad_arguments(cublasLtHandle_t lt) {
     EXPECT_COUNTED(st == CUBLAS_STATUS_NOT_INITIALIZED, "cublaslt heuristic without a handle: %s",
                    cublasLtGetStatusName(st));
     // No algorithm: the heuristic answers CUBLAS_STATUS_NOT_SUPPORTED (not success with 0 results). As measured
-    // on an H200 (cuBLASLt of CUDA 13): the BGRADA epilogue with fp32 A and B has none.
-    st = heuristic_status(lt, desc, a16x8_f32, b8x4_f32, c16x4, CUBLASLT_EPILOGUE_BGRADA, buf);
-    EXPECT_COUNTED(st == CUBLAS_STATUS_NOT_SUPPORTED, "cublaslt BGRADA with fp32 A, B: heuristic %s",
+    // on an H200 (cuBLASLt of CUDA 13): the BGRADA epilogue with fp32 A transposed has none; with fp32 A not
+    // transposed, and with bf16, it has.
+    st = heuristic_status(lt, desc, a8x16_f32, CUBLAS_OP_T, b8x4_f32, c16x4, CUBLASLT_EPILOGUE_BGRADA, buf);
+    EXPECT_COUNTED(st == CUBLAS_STATUS_NOT_SUPPORTED, "cublaslt BGRADA with fp32 A^T, B: heuristic %s",
                    cublasLtGetStatusName(st));
-    st = heuristic_status(lt, desc, a16x8, b8x4, c16x4, CUBLASLT_EPILOGUE_BGRADA, buf);
+    st = heuristic_status(lt, desc, a16x8_f32, CUBLAS_OP_N, b8x4_f32, c16x4, CUBLASLT_EPILOGUE_BGRADA, buf);
+    EXPECT_COUNTED(st == CUBLAS_STATUS_SUCCESS, "cublaslt BGRADA with fp32 A, B: heuristic %s",
+                   cublasLtGetStatusName(st));
+    st = heuristic_status(lt, desc, a16x8, CUBLAS_OP_N, b8x4, c16x4, CUBLASLT_EPILOGUE_BGRADA, buf);
     EXPECT_COUNTED(st == CUBLAS_STATUS_SUCCESS, "cublaslt BGRADA with bf16 A, B: heuristic %s",
                    cublasLtGetStatusName(st));
     // A workspace one byte short of the algorithm's need (when it needs one).
@@ -384,7 +391,7 @@ static void check_bad_arguments(cublasLtHandle_t lt) {
     }
     CUDA_CHECK(cudaDeviceSynchronize());
     if (ws) CUDA_CHECK(cudaFree(ws));
-    cublasLtMatrixLayout_t all[] = {a16x8, b9x4, b8x4, c16x4, a16x8_f32, b8x4_f32, c16x4_bf16};
+    cublasLtMatrixLayout_t all[] = {a16x8, b9x4, b8x4, c16x4, a16x8_f32, a8x16_f32, b8x4_f32, c16x4_bf16};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(all[i]));
     CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));
     CUDA_CHECK(cudaFree(buf));

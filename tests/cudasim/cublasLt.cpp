@@ -238,8 +238,10 @@ static cublasStatus_t check_matmul(const cublasLtMatmulDescOpaque *d, const cubl
         if (l->type != CUDA_R_32F && l->type != CUDA_R_16BF) return CUBLAS_STATUS_NOT_SUPPORTED;
         if (l->ld < (int64_t)(l->rows > 1 ? l->rows : 1)) return CUBLAS_STATUS_INVALID_VALUE;
     }
-    // A and B of one type; C and D of one type; fp32 inputs give fp32 outputs.
-    if (A->type != B->type || C->type != D->type) return CUBLAS_STATUS_NOT_SUPPORTED;
+    // A and B of one type (another: INVALID_VALUE, as an H200 answers); C and D of one type; fp32 inputs give
+    // fp32 outputs.
+    if (A->type != B->type) return CUBLAS_STATUS_INVALID_VALUE;
+    if (C->type != D->type) return CUBLAS_STATUS_NOT_SUPPORTED;
     if (A->type == CUDA_R_32F && D->type != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
     const uint64_t m = D->rows, n = D->cols;
     const uint64_t a_rows = d->transa == CUBLAS_OP_N ? A->rows : A->cols;
@@ -284,8 +286,10 @@ extern "C" cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightH
     const cublasStatus_t st = check_matmul(operationDesc, Adesc, Bdesc, Cdesc, Ddesc);
     if (st != CUBLAS_STATUS_SUCCESS) return st;
     // No algorithm fits: NOT_SUPPORTED, not success with none returned. Measured on an H200 (cuBLASLt of
-    // CUDA 13): the BGRADA epilogue has no algorithm for fp32 A and B.
-    if (operationDesc->epilogue == CUBLASLT_EPILOGUE_BGRADA && Adesc->type == CUDA_R_32F)
+    // CUDA 13): the BGRADA epilogue has no algorithm for fp32 A transposed (it has one for fp32 A as
+    // stored, and for bf16).
+    if (operationDesc->epilogue == CUBLASLT_EPILOGUE_BGRADA && Adesc->type == CUDA_R_32F &&
+        operationDesc->transa == CUBLAS_OP_T)
         return CUBLAS_STATUS_NOT_SUPPORTED;
     const size_t need = (preference->max_workspace < ALGO_WORKSPACE ? preference->max_workspace : ALGO_WORKSPACE)
                         & ~(size_t)255;

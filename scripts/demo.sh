@@ -22,7 +22,7 @@ before=$(val 1)
 after=$(val '$')
 uniform=$(awk 'BEGIN { printf "%.4f", log(256) }')
 grep '"loss"' "$metrics" | sed 's/{"step": \([0-9]*\), "loss": \([0-9.e+-]*\),.*/\1 \2/' >demo/train_loss.dat
-grep '"val_loss"' "$metrics" | sed 's/{"step": \([0-9]*\), "val_loss": \([0-9.e+-]*\)}/\1 \2/' >demo/val_loss.dat
+grep '"val_loss"' "$metrics" | sed 's/{"step": \([0-9]*\), "val_loss": \([0-9.e+-]*\).*/\1 \2/' >demo/val_loss.dat
 gnuplot <<GP
 set terminal pngcairo size 900,500
 set output 'demo/loss.png'

@@ -148,6 +148,7 @@ launch_table() {
   # ring_rows_cuda.cu: ELEMENTWISE_THREADS = 256 (dist/cuda_elementwise.cuh).
   row 'move_rows_kernel' 256 0 default all
   row 'add_rows_kernel' 256 0 default all
+  row 'combine_lse_kernel' 256 0 default all          # ring_combine_lse_cuda()
   # matmul_cuda.cu: the bias gradient, BIAS_COLS x BIAS_WARPS = 32 x 8 and BIAS_SUM_THREADS = 256 (bias_grad()).
   row 'bias_grad_partial_kernel' 256 0 default all
   row 'bias_grad_sum_kernel' 256 0 default all

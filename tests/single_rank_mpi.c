@@ -61,6 +61,10 @@ int main(int argc, char **argv) {
     MPI_Iallgather(MPI_IN_PLACE, 2, MPI_INT64_T, in, 2, MPI_INT64_T, a, &rq);
     MPI_Testall(1, &rq, &flag, MPI_STATUSES_IGNORE);
     EXPECT(outv[0] == 5 && outv[1] == 6 && in[0] == 5 && flag, "single_rank_mpi: all-reduce copies, in-place all-gather keeps");
+    char name[4] = "bus", names[4] = "";
+    EXPECT(MPI_Allgather(name, 4, MPI_CHAR, names, 4, MPI_CHAR, a) == MPI_SUCCESS && !strcmp(names, "bus") &&
+               MPI_Allgather(name, 4, MPI_CHAR, names, 3, MPI_CHAR, a) != MPI_SUCCESS,
+           "single_rank_mpi: all-gather copies its block, counts that differ are an error");
     int64_t gathered[2] = {0, 0};
     MPI_Igather(in, 2, MPI_INT64_T, gathered, 2, MPI_INT64_T, 0, a, &rq);
     MPI_Testall(1, &rq, &flag, MPI_STATUSES_IGNORE);

@@ -66,7 +66,8 @@ check_plan() {  # NAME ITEMS... (after --) OVERRIDES...
   total=$($sim plan configs/tiny-cpu.yaml $model train.seq_len=128 "$@" --gpu h100 | awk '$1 == "total" { printf "%.2f", $2 }')
   line=$(grep '^memory plan (cuda backend, one GPU): ' "$tmp/$name.out")
   for item in 'weights bf16 (compute)' 'weights fp32 (master)' 'gradients fp32' 'AdamW moments fp32' \
-    'activations bf16' 'attention scratch fp32' 'LM-head chunk' 'workspaces' "${items[@]}"; do
+    'activations bf16' 'attention scratch fp32' 'LM-head chunk' 'cuBLASLt workspace' 'CUDA context, NCCL buffers' \
+    "${items[@]}"; do
     grep -qF "$item" <<<"$line" || missing="$missing, $item"
   done
   expect "sim: $name: the CUDA backend prints its memory plan at start, total $total GiB as mtrain plan --gpu h100 (missing: ${missing#, }; $line)" \

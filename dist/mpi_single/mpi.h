@@ -38,6 +38,7 @@ typedef struct { int MPI_SOURCE, MPI_TAG, MPI_ERROR; } MPI_Status;
 // Each datatype is its size in bytes times 16 plus a kind, so that two types
 // of one size stay distinct.
 #define MPI_BYTE (1 * 16 + 0)
+#define MPI_CHAR (1 * 16 + 2)
 #define MPI_UINT16_T (2 * 16 + 1)
 #define MPI_FLOAT (4 * 16 + 4)
 #define MPI_INT64_T (8 * 16 + 5)
@@ -70,6 +71,8 @@ int MPI_Iallreduce(const void *send, void *recv, int count, MPI_Datatype type, M
                    MPI_Request *req);
 int MPI_Ireduce_scatter_block(const void *send, void *recv, int count, MPI_Datatype type, MPI_Op op,
                               MPI_Comm comm, MPI_Request *req);
+int MPI_Allgather(const void *send, int send_count, MPI_Datatype send_type, void *recv, int recv_count,
+                  MPI_Datatype recv_type, MPI_Comm comm);
 int MPI_Iallgather(const void *send, int send_count, MPI_Datatype send_type, void *recv, int recv_count,
                    MPI_Datatype recv_type, MPI_Comm comm, MPI_Request *req);
 int MPI_Igather(const void *send, int send_count, MPI_Datatype send_type, void *recv, int recv_count,

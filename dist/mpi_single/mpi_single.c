@@ -190,11 +190,16 @@ int MPI_Ireduce_scatter_block(const void *send, void *recv, int count, MPI_Datat
     return MPI_Iallreduce(send, recv, count, type, op, comm, req);
 }
 
-int MPI_Iallgather(const void *send, int send_count, MPI_Datatype send_type, void *recv, int recv_count,
-                   MPI_Datatype recv_type, MPI_Comm comm, MPI_Request *req) {
+int MPI_Allgather(const void *send, int send_count, MPI_Datatype send_type, void *recv, int recv_count,
+                  MPI_Datatype recv_type, MPI_Comm comm) {
     if (comm == MPI_COMM_NULL) return MPI_ERR_ARG;
     if (send != MPI_IN_PLACE && (send_count != recv_count || send_type != recv_type)) return MPI_ERR_ARG;
-    int rc = own_block(send, recv, recv_count, recv_type);
+    return own_block(send, recv, recv_count, recv_type);
+}
+
+int MPI_Iallgather(const void *send, int send_count, MPI_Datatype send_type, void *recv, int recv_count,
+                   MPI_Datatype recv_type, MPI_Comm comm, MPI_Request *req) {
+    int rc = MPI_Allgather(send, send_count, send_type, recv, recv_count, recv_type, comm);
     if (rc == MPI_SUCCESS) *req = completed();
     return rc;
 }

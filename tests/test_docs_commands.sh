@@ -88,7 +88,7 @@ RULES=(
   'skip|^sbatch scripts/sbatch_example\.sh |needs a Slurm cluster (tests/test_plan.sh runs the script with an srun shim)'
   'skip|^mpirun -np 32 --hostfile hosts |32 ranks on 4 nodes of GPUs'
   'run |^build/mtrain plot logs/tiny-cpu$|'
-  'skip|^build/mtrain plan configs/NAME\.yaml( |$)|placeholder NAME (docs/RECIPE.md and docs/USAGE.md run two of these run files)'
+  'skip|^build/mtrain plan configs/NAME\.yaml( .*)?$|placeholder NAME (docs/RECIPE.md and docs/USAGE.md run two of these run files)'
   'run |^build/mtrain tokenize --tokenizer models/Qwen2\.5-0\.5B |'
   'run |^build/mtrain shard info data/long/|'
   'run |^build/mtrain data configs/qwen2\.5-0\.5b-512k-1gpu\.yaml$|train.seq_len=256'

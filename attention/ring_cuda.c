@@ -484,7 +484,7 @@ static const RingKernels *begin(RingCuda *rc, const AttnShape *shape, RingSend s
     CHECK(rc->built, "ring attention (CUDA): a call before the sequence's positions (ring_cuda_sequence)");
     CHECK(!index || layer, "sparse ring attention (CUDA): a call before the layer's plan");
     rc->stream = stream;
-    if (!rc->exchange) rc->exchange = comm_device_exchange_new(rc->cp, stream);
+    if (!rc->exchange) rc->exchange = comm_device_exchange_new(rc->cp, rc->inner, stream);
     const int64_t rows = rc->ring.max_count + 1, kv = (int64_t)shape->num_kv_heads * shape->head_dim;
     room((void **)&rc->sel, &rc->sel_bytes, sizeof(int64_t) * (size_t)rows);
     rc->sel_count = rows;

@@ -143,6 +143,50 @@ static void watch_device(const Comm *c, cudaStream_t stream, const char *op) {
     CUDA_CHECK(cudaEventDestroy(done));
 }
 
+// Operations of two NCCL communicators must never be in flight at once (NCCL
+// documentation, "Using multiple NCCL communicators concurrently": NCCL's
+// kernels block until their peers arrive, and two communicators' kernels
+// ordered differently on two ranks deadlock). Every NCCL operation is
+// ordered after the last one of every other communicator (an event per
+// stream that NCCL operations were enqueued on): the bucketed gradient
+// all-reduce (world) and the ring's groups (cp) take turns.
+#define ORDER_STREAMS 8
+static struct {
+    cudaStream_t stream;       // NULL: free slot
+    ncclComm_t nccl;           // the communicator of the stream's last NCCL operation
+    cudaEvent_t done;          // recorded after it
+} nccl_order[ORDER_STREAMS];
+
+// Before an NCCL operation of c on stream: stream waits for the last
+// operation of every other communicator on another stream.
+static void order_before(const Comm *c, cudaStream_t stream) {
+    for (int i = 0; i < ORDER_STREAMS; i++)
+        if (nccl_order[i].stream && nccl_order[i].stream != stream && nccl_order[i].nccl != c->nccl)
+            CUDA_CHECK(cudaStreamWaitEvent(stream, nccl_order[i].done, 0));
+}
+
+// After an NCCL operation of c on stream: its event, for order_before.
+static void order_after(const Comm *c, cudaStream_t stream) {
+    int i = 0;
+    while (i < ORDER_STREAMS && nccl_order[i].stream != stream) i++;
+    if (i == ORDER_STREAMS) {
+        i = 0;
+        while (i < ORDER_STREAMS && nccl_order[i].stream) i++;
+        CHECK(i < ORDER_STREAMS, "NCCL on %s: more than %d streams", c->name, ORDER_STREAMS);
+        if (!nccl_order[i].done) CUDA_CHECK(cudaEventCreateWithFlags(&nccl_order[i].done, cudaEventDisableTiming));
+        nccl_order[i].stream = stream;
+    }
+    nccl_order[i].nccl = c->nccl;
+    CUDA_CHECK(cudaEventRecord(nccl_order[i].done, stream));
+}
+
+// A stream about to be destroyed leaves the order (its last event stays
+// recorded in the streams that waited for it).
+static void order_forget(cudaStream_t stream) {
+    for (int i = 0; i < ORDER_STREAMS; i++)
+        if (nccl_order[i].stream == stream) nccl_order[i].stream = NULL;
+}
+
 // parallel.comm: mpi: device range src [bytes] copied into host memory at
 // dst, and back, each waiting for stream.
 static void stage_out(void *dst, const void *src, size_t bytes, cudaStream_t stream) {
@@ -157,7 +201,9 @@ static void stage_in(void *dst, const void *src, size_t bytes, cudaStream_t stre
 void comm_device_allreduce(const Comm *c, float *buf, int64_t count, cudaStream_t stream) {
     if (c->size == 1) return;
     if (c->nccl) {
+        order_before(c, stream);
         NCCL_CHECK(ncclAllReduce(buf, buf, (size_t)count, ncclFloat32, ncclSum, c->nccl, stream));
+        order_after(c, stream);
         watch_device(c, stream, "all-reduce (sum)");
         return;
     }
@@ -179,7 +225,9 @@ void comm_device_allreduce_start(const Comm *c, float *buf, int64_t count, cudaS
     if (!computed) CUDA_CHECK(cudaEventCreateWithFlags(&computed, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventRecord(computed, stream));
     CUDA_CHECK(cudaStreamWaitEvent(comm_stream, computed, 0));
+    order_before(c, comm_stream);
     NCCL_CHECK(ncclAllReduce(buf, buf, (size_t)count, ncclFloat32, ncclSum, c->nccl, comm_stream));
+    order_after(c, comm_stream);
 }
 
 void comm_device_allreduce_finish(const Comm *c, cudaStream_t comm_stream) {
@@ -190,7 +238,9 @@ void comm_device_reduce_scatter(const Comm *c, float *arena, int64_t count, cuda
     if (c->size == 1) return;
     float *block = arena + (int64_t)c->rank * count;
     if (c->nccl) {
+        order_before(c, stream);
         NCCL_CHECK(ncclReduceScatter(arena, block, (size_t)count, ncclFloat32, ncclSum, c->nccl, stream));
+        order_after(c, stream);
         watch_device(c, stream, "reduce-scatter");
         return;
     }
@@ -206,7 +256,9 @@ void comm_device_allgather_bf16(const Comm *c, uint16_t *arena, int64_t count, c
     if (c->size == 1) return;
     uint16_t *block = arena + (int64_t)c->rank * count;
     if (c->nccl) {
+        order_before(c, stream);
         NCCL_CHECK(ncclAllGather(block, arena, (size_t)count, ncclBfloat16, c->nccl, stream));
+        order_after(c, stream);
         watch_device(c, stream, "all-gather");
         return;
     }
@@ -222,8 +274,14 @@ void comm_device_allgather_bf16(const Comm *c, uint16_t *arena, int64_t count, c
 
 // Transfers posted and not yet waited for (MPI) or not yet handed to NCCL.
 #define EXCHANGE_SLOTS 16
-// NCCL: the last groups handed over whose completion events are kept.
+// NCCL: the last groups of a lane handed over whose completion events are kept.
 #define EXCHANGE_GROUPS 8
+// NCCL: the lanes of an exchange, each its own stream and groups: peers in
+// this rank's inner ring (its node), and the others (the hierarchical
+// ring's outer hops, over the network).
+enum { LANE_INNER, LANE_OUTER, LANES };
+// The transfers whose lane is remembered: more than can be outstanding or in kept groups.
+#define LANE_HISTORY (EXCHANGE_SLOTS * EXCHANGE_GROUPS)
 
 typedef struct {
     int64_t id;                // -1: free slot
@@ -236,25 +294,37 @@ typedef struct {
     cudaEvent_t posted;        // NCCL: the compute stream when it was posted
 } Transfer;
 
-struct DeviceExchange {
-    const Comm *c;
-    cudaStream_t compute, comm;  // comm: NCCL's stream
-    cudaEvent_t group_done[EXCHANGE_GROUPS];  // NCCL: group g's completion at g % EXCHANGE_GROUPS
+typedef struct {
+    cudaStream_t comm;                        // NCCL's stream for this lane
+    cudaEvent_t group_done[EXCHANGE_GROUPS];  // group g's completion at g % EXCHANGE_GROUPS
     int64_t group_end[EXCHANGE_GROUPS];       // the id after group g's last transfer
     char group_op[EXCHANGE_GROUPS][96];       // the wait that handed group g over, for the watchdog
     int64_t groups;                           // groups handed over
     int64_t watched;                          // groups [0, watched) seen complete by the watchdog
+} Lane;
+
+struct DeviceExchange {
+    const Comm *c;
+    int inner;                   // ranks per inner ring: peers r with r / inner == rank / inner are LANE_INNER
+    int lanes;                   // NCCL: 1 (flat) or 2 (hierarchical)
+    cudaStream_t compute;
+    Lane lane[LANES];
     int64_t posted, issued;      // NCCL: ids [issued, posted) wait in slots
     Transfer slot[EXCHANGE_SLOTS];
+    int8_t lane_of[LANE_HISTORY];  // NCCL: transfer id's lane (LANE_INNER, LANE_OUTER) at id % LANE_HISTORY
 };
 
 // The live exchanges over NCCL, for comm_device_settle.
 #define MAX_EXCHANGES 8
 static DeviceExchange *live_exchanges[MAX_EXCHANGES];
 
-DeviceExchange *comm_device_exchange_new(const Comm *c, cudaStream_t compute) {
+DeviceExchange *comm_device_exchange_new(const Comm *c, int inner, cudaStream_t compute) {
+    CHECK(inner > 0 && c->size % inner == 0, "device exchange on %s: inner ring of %d ranks does not divide %d",
+          c->name, inner, c->size);
     DeviceExchange *x = xcalloc(1, sizeof(DeviceExchange));
     x->c = c;
+    x->inner = inner;
+    x->lanes = inner < c->size ? LANES : 1;
     x->compute = compute;
     for (int s = 0; s < EXCHANGE_SLOTS; s++) x->slot[s].id = -1;
     if (!c->nccl) return x;
@@ -262,34 +332,42 @@ DeviceExchange *comm_device_exchange_new(const Comm *c, cudaStream_t compute) {
     while (e < MAX_EXCHANGES && live_exchanges[e]) e++;
     CHECK(e < MAX_EXCHANGES, "device exchange on %s: more than %d exchanges at once", c->name, MAX_EXCHANGES);
     live_exchanges[e] = x;
-    x->comm = comm_device_stream_new();
-    for (int g = 0; g < EXCHANGE_GROUPS; g++) CUDA_CHECK(cudaEventCreate(&x->group_done[g]));
+    for (int l = 0; l < x->lanes; l++) {
+        x->lane[l].comm = comm_device_stream_new();
+        for (int g = 0; g < EXCHANGE_GROUPS; g++) CUDA_CHECK(cudaEventCreate(&x->lane[l].group_done[g]));
+    }
     for (int s = 0; s < EXCHANGE_SLOTS; s++)
         CUDA_CHECK(cudaEventCreate(&x->slot[s].posted));
     return x;
 }
 
-// NCCL: the groups handed over before group `end` through the watchdog (in
-// order: the comm stream runs them so).
-static void watch_groups(DeviceExchange *x, int64_t end) {
-    for (; x->watched < end; x->watched++)
-        watch_event(x->c, x->group_done[x->watched % EXCHANGE_GROUPS], x->group_op[x->watched % EXCHANGE_GROUPS]);
+// NCCL: lane l's groups handed over before group `end` through the watchdog
+// (in order: the lane's stream runs them so).
+static void watch_groups(DeviceExchange *x, int l, int64_t end) {
+    Lane *n = &x->lane[l];
+    for (; n->watched < end; n->watched++)
+        watch_event(x->c, n->group_done[n->watched % EXCHANGE_GROUPS], n->group_op[n->watched % EXCHANGE_GROUPS]);
 }
 
 void comm_device_settle(void) {
     for (int e = 0; e < MAX_EXCHANGES; e++)
-        if (live_exchanges[e]) watch_groups(live_exchanges[e], live_exchanges[e]->groups);
+        if (live_exchanges[e])
+            for (int l = 0; l < live_exchanges[e]->lanes; l++)
+                watch_groups(live_exchanges[e], l, live_exchanges[e]->lane[l].groups);
 }
 
 void comm_device_exchange_free(DeviceExchange *x) {
     if (!x) return;
     if (x->c->nccl) {
-        watch_groups(x, x->groups);
+        for (int l = 0; l < x->lanes; l++) watch_groups(x, l, x->lane[l].groups);
         for (int e = 0; e < MAX_EXCHANGES; e++)
             if (live_exchanges[e] == x) live_exchanges[e] = NULL;
         for (int s = 0; s < EXCHANGE_SLOTS; s++) CUDA_CHECK(cudaEventDestroy(x->slot[s].posted));
-        for (int g = 0; g < EXCHANGE_GROUPS; g++) CUDA_CHECK(cudaEventDestroy(x->group_done[g]));
-        CUDA_CHECK(cudaStreamDestroy(x->comm));
+        for (int l = 0; l < x->lanes; l++) {
+            for (int g = 0; g < EXCHANGE_GROUPS; g++) CUDA_CHECK(cudaEventDestroy(x->lane[l].group_done[g]));
+            order_forget(x->lane[l].comm);
+            CUDA_CHECK(cudaStreamDestroy(x->lane[l].comm));
+        }
     }
     for (int s = 0; s < EXCHANGE_SLOTS; s++) free(x->slot[s].host);
     free(x);
@@ -315,6 +393,7 @@ static int64_t post(DeviceExchange *x, bool send, void *buf, size_t bytes, int p
     const int64_t id = x->posted++;
     *t = (Transfer){.id = id, .send = send, .dev = buf, .bytes = bytes, .peer = peer, .req = MPI_REQUEST_NULL,
                     .posted = t->posted};
+    x->lane_of[id % LANE_HISTORY] = peer / x->inner == x->c->rank / x->inner ? LANE_INNER : LANE_OUTER;
     if (x->c->nccl) {
         CUDA_CHECK(cudaEventRecord(t->posted, x->compute));
         return id;
@@ -339,33 +418,49 @@ int64_t comm_device_recv(DeviceExchange *x, void *buf, size_t bytes, int from, i
     return post(x, false, buf, bytes, from, tag);
 }
 
-// NCCL: every transfer posted and not yet handed over, as one group on the
-// comm stream, after the compute stream's work up to the last one's posting.
-static void issue(DeviceExchange *x, const char *op) {
-    const int64_t id = x->posted - 1;
-    CUDA_CHECK(cudaStreamWaitEvent(x->comm, find(x, id)->posted, 0));
+// NCCL: the transfers of lane l posted and not yet handed over, as one group
+// on the lane's stream, after the compute stream's work up to the last one's
+// posting; the inner lane first, on every rank.
+static void issue_lane(DeviceExchange *x, int l, const char *op) {
+    int64_t last = -1;
+    for (int64_t i = x->issued; i < x->posted; i++)
+        if (x->lane_of[i % LANE_HISTORY] == l) last = i;
+    if (last < 0) return;
+    Lane *n = &x->lane[l];
+    CUDA_CHECK(cudaStreamWaitEvent(n->comm, find(x, last)->posted, 0));
+    order_before(x->c, n->comm);
     NCCL_CHECK(ncclGroupStart());
-    for (int64_t i = x->issued; i <= id; i++) {
+    for (int64_t i = x->issued; i <= last; i++) {
+        if (x->lane_of[i % LANE_HISTORY] != l) continue;
         Transfer *t = find(x, i);
-        if (t->send) NCCL_CHECK(ncclSend(t->dev, t->bytes, ncclUint8, t->peer, x->c->nccl, x->comm));
-        else NCCL_CHECK(ncclRecv(t->dev, t->bytes, ncclUint8, t->peer, x->c->nccl, x->comm));
+        if (t->send) NCCL_CHECK(ncclSend(t->dev, t->bytes, ncclUint8, t->peer, x->c->nccl, n->comm));
+        else NCCL_CHECK(ncclRecv(t->dev, t->bytes, ncclUint8, t->peer, x->c->nccl, n->comm));
     }
     NCCL_CHECK(ncclGroupEnd());
-    const int64_t g = x->groups++;
-    CUDA_CHECK(cudaEventRecord(x->group_done[g % EXCHANGE_GROUPS], x->comm));
-    x->group_end[g % EXCHANGE_GROUPS] = id + 1;
-    snprintf(x->group_op[g % EXCHANGE_GROUPS], sizeof(x->group_op[0]), "%s", op);
-    for (int64_t i = x->issued; i <= id; i++) find(x, i)->id = -1;
-    x->issued = id + 1;
+    order_after(x->c, n->comm);
+    const int64_t g = n->groups++;
+    CUDA_CHECK(cudaEventRecord(n->group_done[g % EXCHANGE_GROUPS], n->comm));
+    n->group_end[g % EXCHANGE_GROUPS] = last + 1;
+    snprintf(n->group_op[g % EXCHANGE_GROUPS], sizeof(n->group_op[0]), "%s", op);
 }
 
-// NCCL: the event of the group that holds transfer id (handed over), or of
-// a later one when that group's event was reused (the comm stream runs the
-// groups in order, so a later one's completion implies it).
-static cudaEvent_t group_event(const DeviceExchange *x, int64_t id) {
-    int64_t g = x->groups > EXCHANGE_GROUPS ? x->groups - EXCHANGE_GROUPS : 0;
-    while (g < x->groups - 1 && x->group_end[g % EXCHANGE_GROUPS] <= id) g++;
-    return x->group_done[g % EXCHANGE_GROUPS];
+// NCCL: every transfer posted and not yet handed over, one group per lane: a
+// hop to another node never shares a group (which completes as a unit) with
+// one inside the node, so compute waits only for the transfer it reads.
+static void issue(DeviceExchange *x, const char *op) {
+    for (int l = 0; l < x->lanes; l++) issue_lane(x, l, op);
+    for (int64_t i = x->issued; i < x->posted; i++) find(x, i)->id = -1;
+    x->issued = x->posted;
+}
+
+// NCCL: the event of lane l's group that holds transfer id (handed over), or
+// of a later one when that group's event was reused (the lane's stream runs
+// its groups in order, so a later one's completion implies it).
+static cudaEvent_t group_event(const DeviceExchange *x, int l, int64_t id) {
+    const Lane *n = &x->lane[l];
+    int64_t g = n->groups > EXCHANGE_GROUPS ? n->groups - EXCHANGE_GROUPS : 0;
+    while (g < n->groups - 1 && n->group_end[g % EXCHANGE_GROUPS] <= id) g++;
+    return n->group_done[g % EXCHANGE_GROUPS];
 }
 
 void comm_device_wait(DeviceExchange *x, int64_t id, const char *op) {
@@ -374,11 +469,13 @@ void comm_device_wait(DeviceExchange *x, int64_t id, const char *op) {
     test_fault("ring", world_rank, x->c->timeout_s);
     if (x->c->nccl) {
         if (x->posted > x->issued) issue(x, op);
-        if (id >= 0) CUDA_CHECK(cudaStreamWaitEvent(x->compute, group_event(x, id), 0));
-        // Every group but the newest through the watchdog: the host stays at
-        // most one group behind the device and never blocks elsewhere on a
-        // transfer no deadline watches.
-        watch_groups(x, x->groups - 1);
+        if (id >= 0) {
+            CUDA_CHECK(cudaStreamWaitEvent(x->compute, group_event(x, x->lane_of[id % LANE_HISTORY], id), 0));
+        }
+        // Every group but the newest of each lane through the watchdog: the
+        // host stays at most one group behind the device on each lane and
+        // never blocks elsewhere on a transfer no deadline watches.
+        for (int l = 0; l < x->lanes; l++) watch_groups(x, l, x->lane[l].groups - 1);
         return;
     }
     Transfer *t = id >= 0 ? find(x, id) : NULL;

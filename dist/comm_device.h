@@ -20,7 +20,7 @@
 // rank under a per-task binding (Slurm's CUDA_VISIBLE_DEVICES). With nccl,
 // more ranks on a node than distinct GPUs bound (by PCI bus id) ends every
 // rank with one line (NCCL needs a GPU per rank), else the NCCL
-// communicators of world, dp, cp, cp-inner and cp-outer are made. A
+// communicators of world, dp and cp are made. A
 // collective over the world: every rank calls it.
 void comm_device_join(Dist *d, bool nccl);
 
@@ -34,6 +34,11 @@ cudaStream_t comm_device_stream_new(void);
 // skipped the collective), aborts the communicator and ends the whole job
 // with "mtrain: rank R: OP on COMM did not complete within S s" (or "...
 // failed: NCCL: ..."). The staged path waits through dist/comm.h's deadline.
+// NCCL operations of two communicators are never in flight at once (NCCL
+// documentation, "Using multiple NCCL communicators concurrently": they may
+// deadlock): each is ordered by an event after the last operation of every
+// other communicator, so the bucketed gradient all-reduce (world) and the
+// ring's groups (cp) take turns.
 
 // In place, the sum over c of every rank's buf [count] (device memory, fp32),
 // ordered on stream; returns when the sum is in buf.
@@ -65,23 +70,28 @@ void comm_device_allgather_bf16(const Comm *c, uint16_t *arena, int64_t count, c
 // multiple of 4. Every transfer is ordered after the work enqueued on
 // `compute` before it was posted; a wait orders the work enqueued on
 // `compute` after it behind the transfer. With NCCL the host never waits: the
-// posted transfers are collected and handed to NCCL as one group on the
-// exchange's communication stream at every wait (the transfers posted since
-// the previous wait, in order; between two ranks, transfers pair up in the
-// order they are posted), and the compute stream waits for the group by an
-// event. Groups run one after the other: each message's send and receive
-// must be posted between the same two waits of their ranks (which wait at
-// the same points), and nothing may wait for the whole device (cudaFree,
-// cudaDeviceSynchronize) while transfers are outstanding. Without NCCL (parallel.comm: mpi) a send
-// waits for the compute stream and goes through host memory and MPI
-// non-blocking, a receive is copied to the device at its wait. The no-hang
-// rule: with NCCL each wait, after handing its group over, watches every
-// earlier group until it completes (the watchdog above, OP being the wait that
-// handed it over), so the host is at most one group ahead of the transfers;
+// posted transfers are collected and handed to NCCL at every wait (the
+// transfers posted since the previous wait, in order; between two ranks,
+// transfers pair up in the order they are posted), one group per lane on the
+// lane's communication stream: peers in this rank's inner ring of `inner`
+// consecutive ranks (its node), then the others (the hierarchical ring's
+// outer hops, over the network); inner = c->size: one lane. A group
+// completes as a unit, so an outer hop never shares one with an inner hop:
+// the compute stream waits by an event for the group of the transfer it
+// reads only. A lane's groups run one after the other: each message's send
+// and receive must be posted between the same two waits of their ranks
+// (which wait at the same points), and nothing may wait for the whole device
+// (cudaFree, cudaDeviceSynchronize) while transfers are outstanding. Without
+// NCCL (parallel.comm: mpi) a send waits for the compute stream and goes
+// through host memory and MPI non-blocking, a receive is copied to the
+// device at its wait. The no-hang rule: with NCCL each wait, after handing
+// its groups over, watches every earlier group of each lane until it
+// completes (the watchdog above, OP being the wait that handed it over), so
+// the host is at most one group per lane ahead of the transfers;
 // comm_device_settle and freeing the exchange watch the rest. Without NCCL,
 // comm_wait's deadline.
 typedef struct DeviceExchange DeviceExchange;
-DeviceExchange *comm_device_exchange_new(const Comm *c, cudaStream_t compute);
+DeviceExchange *comm_device_exchange_new(const Comm *c, int inner, cudaStream_t compute);   // inner divides c's size
 void comm_device_exchange_free(DeviceExchange *x);
 // Each returns the transfer's id (>= 0) for comm_device_wait.
 int64_t comm_device_send(DeviceExchange *x, const void *buf, size_t bytes, int to, int tag);

@@ -6,7 +6,11 @@
 // uint8; in place and not); ReduceScatter and AllGather (in place and not);
 // Broadcast; split into the rows and columns of a grid (2 columns) and with
 // NCCL_SPLIT_NOCOLOR; bad arguments; and an abort with a receive that is
-// never matched. Every input is a function of (rank, index), so each rank
+// never matched. Misuses the sim must stop (argument): `two-comms`, an
+// all-reduce on each of two communicators on two streams with no order
+// between them; `coupled` (CUDASIM_NODE_RANKS=1), a stream that waits for
+// a group holding a transfer to itself and one to another node, then
+// computes. Every input is a function of (rank, index), so each rank
 // computes every reference itself. Checks print once, on rank 0, passing when
 // they passed on every rank (mpi_check.h).
 #include <nccl.h>
@@ -272,6 +276,33 @@ static void check_abort(ncclComm_t world) {
     CUDA_CHECK(cudaFree(buf));
 }
 
+// The misuses: each ends the program under the sim (docs/SIM.md, What the host sees of the device).
+static void misuse(ncclComm_t world, const char *what) {
+    float *buf = device_inputs(ncclFloat32, R, 0, 256);
+    cudaStream_t other;
+    CUDA_CHECK(cudaStreamCreate(&other));
+    if (!strcmp(what, "two-comms")) {
+        ncclComm_t copy;
+        NCCL_CHECK(ncclCommSplit(world, 0, R, &copy, NULL));
+        NCCL_CHECK(ncclAllReduce(buf, buf, 128, ncclFloat32, ncclSum, world, stream));
+        NCCL_CHECK(ncclAllReduce(buf + 128, buf + 128, 128, ncclFloat32, ncclSum, copy, other));
+    } else {
+        CHECK(!strcmp(what, "coupled"), "mpi_gpu_nccl: unknown misuse '%s' (expected two-comms or coupled)", what);
+        cudaEvent_t done;
+        CUDA_CHECK(cudaEventCreate(&done));
+        NCCL_CHECK(ncclGroupStart());
+        NCCL_CHECK(ncclSend(buf, 64, ncclFloat32, R, world, other));
+        NCCL_CHECK(ncclRecv(buf + 64, 64, ncclFloat32, R, world, other));
+        NCCL_CHECK(ncclSend(buf + 128, 64, ncclFloat32, (R + 1) % W, world, other));
+        NCCL_CHECK(ncclRecv(buf + 192, 64, ncclFloat32, (R + W - 1) % W, world, other));
+        NCCL_CHECK(ncclGroupEnd());
+        CUDA_CHECK(cudaEventRecord(done, other));
+        CUDA_CHECK(cudaStreamWaitEvent(stream, done, 0));
+        CUDA_CHECK(cudaMemsetAsync(buf + 64, 0, 64 * sizeof(float), stream));
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 int main(int argc, char **argv) {
     dist_init(&dist, &argc, &argv, 60.0);
     W = dist.world_size;
@@ -291,6 +322,7 @@ int main(int argc, char **argv) {
     NCCL_CHECK(ncclCommCount(world, &count));
     NCCL_CHECK(ncclCommUserRank(world, &rank));
     EXPECT_ALL(count == W && rank == R, "nccl world communicator: %d ranks, this one %d", count, rank);
+    if (argc > 1) misuse(world, argv[1]);
 
     check_ring(world);
     const ncclDataType_t types[] = {ncclFloat32, ncclFloat64, ncclBfloat16, ncclInt32, ncclInt64, ncclUint8};

@@ -7,12 +7,19 @@
 #   dp x cp    np 4, dp 2 x cp 2 (CUDASIM_SEED 1) equals one rank with
 #              micro_batches 2: every step's loss within 2e-4 relative and
 #              every weight of the last checkpoint within 4e-3; under
-#              CUDASIM_SEED 2 and 3 it equals itself bit for bit;
+#              CUDASIM_SEED 2 and 3 it equals itself bit for bit; with
+#              gradient buckets of 0.05 MiB started during the backward
+#              (parallel.bucket_mb, world) while the ring's groups (cp) run,
+#              it equals itself bit for bit (the sim ends a run whose
+#              NCCL operations of two communicators are not ordered);
 #   cp 8       np 8 (--oversubscribe), 256 tokens in blocks of 32 (one block
 #              per rank) equals one rank, same tolerances, and under seeds
 #              2 and 3 itself bit for bit; sparse (lib.sh's SIM_SPARSE),
 #              512 tokens in blocks of 64, on a hierarchical ring of 2 outer
-#              x 4 inner ranks (cp_inner 4), striped, ring_send selected,
+#              x 4 inner ranks (cp_inner 4; each inner ring a node of its
+#              own, CUDASIM_NODE_RANKS 4: the sim ends a run whose compute
+#              waits for an inner and an outer hop at once), striped,
+#              ring_send selected,
 #              equals one rank after one step (the same density), same
 #              tolerances;
 #   zero       ZeRO-1 over dp x cp (each rank holds the fp32 master of
@@ -74,6 +81,12 @@ train ref 1 train.micro_batches=2
 CUDASIM_SEED=1 train dpcp 4 parallel.dp=2 parallel.cp=2
 same $? dp2_cp2 dpcp ref 2e-4 4e-3 "4 = dp 2 x cp 2 .*gradients over NCCL" "np 4 dp 2 x cp 2 = one rank with micro_batches 2"
 seeds_agree cuda_multi dpcp 4 4 0 0 parallel.dp=2 parallel.cp=2
+# Without ZeRO, the gradient's buckets (world) start during the backward
+# while the cp ring's groups run on their own communicator: the sim ends a
+# run whose NCCL operations of two communicators are not ordered (docs/SIM.md).
+CUDASIM_SEED=5 train dpcp_buckets 4 parallel.dp=2 parallel.cp=2 parallel.bucket_mb=0.05
+same $? dp2_cp2_buckets dpcp_buckets dpcp 0 0 "4 = dp 2 x cp 2 .*gradients over NCCL" \
+  "np 4 dp 2 x cp 2 with gradient buckets of 0.05 MiB during the backward = one all-reduce after it, bit for bit"
 
 train ref256 1 train.seq_len=256
 CUDASIM_SEED=1 train cp8 8 parallel.cp=8 train.seq_len=256
@@ -87,7 +100,7 @@ seeds_agree cuda_multi cp8 8 8 0 0 parallel.cp=8 train.seq_len=256
 # shellcheck disable=SC2086  # $SIM_SPARSE is a list of settings
 train ref512_sparse 1 train.steps=1 train.seq_len=512 $SIM_SPARSE
 # shellcheck disable=SC2086
-CUDASIM_SEED=2 train cp8_sparse 8 train.steps=1 parallel.cp=8 attention.ring=hierarchical parallel.cp_inner=4 \
+CUDASIM_SEED=2 CUDASIM_NODE_RANKS=4 train cp8_sparse 8 train.steps=1 parallel.cp=8 attention.ring=hierarchical parallel.cp_inner=4 \
   attention.layout=striped attention.ring_send=selected train.seq_len=512 $SIM_SPARSE
 rc=$?
 read -r loss weights < <(runs_differ cp8_sparse ref512_sparse 1)

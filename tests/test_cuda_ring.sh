@@ -9,7 +9,8 @@
 #              a fixed budget of 4 vertical and 1 slash lines, sink 4,
 #              local 1: density ~0.7 at 256 tokens; sparse also with
 #              data.doc_mask),
-#              flat and hierarchical (cp_inner 2 of cp 4), zigzag and
+#              flat and hierarchical (cp_inner 2 of cp 4, each inner ring
+#              a node of its own: CUDASIM_NODE_RANKS 2), zigzag and
 #              striped, ring_send full and selected: every step's loss
 #              within 2e-4 relative and every weight of the last checkpoint
 #              within 4e-3 of the one-rank run; each case also under
@@ -25,7 +26,8 @@
 #              2 ranks flat and 4 hierarchical, one seed each;
 #   empty      a rank without query rows (fewer blocks than ranks: 301
 #              tokens in blocks of 128 on cp 4, 60 in blocks of 64 on cp 2),
-#              sparse, striped, against one rank (docs/SIM.md);
+#              sparse, striped, against one rank, ring_send full and
+#              selected (docs/SIM.md);
 #   mpi        parallel.comm: mpi (host-staged) gives the nccl run's weights
 #              (within 1e-6: the same kernels on the same messages), dense
 #              and sparse (the gathered columns' collectives staged too).
@@ -79,6 +81,9 @@ while read -r cp ring layout send kind; do
   name=cp${cp}_${ring}_${layout}_${send}_${kind}
   settings="parallel.cp=$cp attention.ring=$ring parallel.cp_inner=2 attention.layout=$layout attention.ring_send=$send
             ${KIND[$kind]}"
+  # A hierarchical ring's inner rings on nodes of their own (docs/SIM.md): the
+  # sim ends a run whose compute waits for an inner hop and an outer one at once.
+  if [ "$ring" = hierarchical ]; then export CUDASIM_NODE_RANKS=2; else export CUDASIM_NODE_RANKS=0; fi
   # shellcheck disable=SC2086  # $settings is a list of settings
   CUDASIM_SEED=1 sim_train "$name" "$cp" "$cp" $settings
   rc=$?
@@ -90,12 +95,13 @@ while read -r cp ring layout send kind; do
   # shellcheck disable=SC2086  # $settings is a list of settings
   seeds_agree cuda_ring "$name" "$cp" "$cp" ${SEEDS_AGREE[$kind]} $settings
 done <<<"$cases"
+unset CUDASIM_NODE_RANKS
 
 # A rank with no query rows, sparse, against one rank: 301 tokens in blocks
 # of 128 on cp 4 striped (3 blocks: rank 3 holds none; density below 1), and
 # 60 tokens in blocks of 64 on cp 2 (rank 1 holds none); ring_send selected
-# with parallel.comm mpi.
-for run in "4 301 128 full nccl" "2 60 64 full nccl" "4 301 128 selected mpi"; do
+# over NCCL and with parallel.comm mpi.
+for run in "4 301 128 full nccl" "2 60 64 full nccl" "4 301 128 selected nccl" "4 301 128 selected mpi"; do
   read -r cp len block send comm <<<"$run"
   short="train.seq_len=$len $SIM_SPARSE attention.block_size=$block"
   name=empty_cp${cp}_${len}_${send}_$comm

@@ -6,9 +6,12 @@
 # mpirun with 2 and 4 ranks (--oversubscribe: the ranks share the cores), each
 # with CUDASIM_SEED 1, 2 and 3, its "ok NAME" / "FAIL NAME" lines passed on
 # prefixed with the seed and rank count (a run that exits non-zero without
-# naming a check fails); and three misuses the sim must stop with one line
+# naming a check fails); three misuses the sim must stop with one line
 # (host memory given to CUB and to cuBLASLt, matrices less aligned than the
-# cuBLASLt algorithm was chosen for).
+# cuBLASLt algorithm was chosen for); and two of NCCL, on 2 ranks, each rank
+# stopping with its line (two communicators' all-reduces on two streams with
+# no order between them; a stream that waits for a group with a node-local
+# and a network transfer, nodes of one rank, then computes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source tests/lib.sh
@@ -59,4 +62,19 @@ expect_stop sim_libs_cublaslt_host_matrix "^cudasim: cublasLtMatmul: B .* $not_d
 expect_stop sim_libs_cublaslt_misaligned \
   "^cudasim: cublasLtMatmul: A .* is not 256-byte aligned, as the algorithm from the heuristic assumes" \
   build/sim/tests/gpu_test_cublaslt misaligned
+# expect_stop_ranks NAME PATTERN ENV...: mpi_gpu_nccl MISUSE on 2 ranks fails, every rank with the line.
+expect_stop_ranks() {
+  local name=$1 pattern=$2 misuse=$3; shift 3
+  env "$@" timeout 120 mpirun --oversubscribe --bind-to none -np 2 build/sim/tests/mpi_gpu_nccl "$misuse" \
+    >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  if [ "$rc" -ne 0 ] && [ "$(grep -c "$pattern" "$tmp/err")" -eq 2 ]; then ok "$name"
+  else bad "$name" "exit status $rc, stderr: $(head -c 300 "$tmp/err" | tr '\n' ' ')"; fi
+}
+expect_stop_ranks sim_libs_nccl_two_comms \
+  "^cudasim: NCCL: ncclAllReduce on the communicator of world ranks 0,1 .* may run at the same time as ncclAllReduce" \
+  two-comms CUDASIM_SEED=1
+expect_stop_ranks sim_libs_nccl_coupled \
+  "^cudasim: cudaStreamWaitEvent at .*(misuse): .*the node-local data's consumer waits for the network, then a cudaMemsetAsync" \
+  coupled CUDASIM_NODE_RANKS=1
 [ "$failures" -eq 0 ]

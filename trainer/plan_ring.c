@@ -208,8 +208,10 @@ static double step_ms(const RingTable *t, bool backward, int a, int s) {
 
 // Time of one layer's pass (ms): each step lasts as long as its compute or
 // its inner transfer, each round of inner steps as long as those or its
-// outer transfer; the backward ends with the last dK/dV going home, under no
-// compute. *attention: the compute alone.
+// outer transfer (the device exchange posts an outer hop in its own NCCL
+// group on its own stream, so only the round's end waits for it:
+// dist/comm_device.h); the backward ends with the last dK/dV going home,
+// under no compute. *attention: the compute alone.
 static double layer_ms(const RingTable *t, bool backward, int a, int m, double *attention) {
     const int inner = t->ring.inner;
     double total = 0;

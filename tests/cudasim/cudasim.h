@@ -8,6 +8,8 @@
 #include <stddef.h>
 
 #include <functional>
+#include <string>
+#include <vector>
 
 namespace cudasim {
 
@@ -23,6 +25,11 @@ void enqueue(cudaStream_t stream, const char *what, std::function<void()> op);
 // waiting, so that a host can poll with a deadline.
 void enqueue_polled(cudaStream_t stream, const char *what, std::function<bool()> step);
 
+// Run what can run now, as a device does while its host is busy elsewhere,
+// without waiting on an operation that cannot complete yet (one waiting for
+// other processes).
+void progress();
+
 // Run every operation queued so far on `stream` (and what it depends on); 0 drains the device.
 void drain(cudaStream_t stream);
 
@@ -33,8 +40,16 @@ void drain(cudaStream_t stream);
 // (counted for cudasim_host_syncs).
 void host_sync(const char *what, const void *caller);
 
-// An NCCL operation enqueued on `stream` (its priority, for cudasim_nccl_priorities).
-void nccl_stream(cudaStream_t stream);
+// The NCCL operation just enqueued on `stream` (one call or one group) over
+// communicators `comms`, moving point-to-point data within a node
+// (p2p_local) and between nodes (p2p_network): its stream's priority is
+// recorded (cudasim_nccl_priorities); it must be ordered after every
+// operation of another communicator the host has not seen complete, and no
+// later cudaStreamWaitEvent may make a stream wait for a node-local and a
+// network transfer at once (CUDASIM_NODE_RANKS), else the program ends with
+// one line.
+void nccl_enqueued(cudaStream_t stream, const std::vector<const void *> &comms, bool p2p_local, bool p2p_network,
+                   const std::string &what);
 
 // Device memory = host memory: is [p, p+bytes) inside one live device allocation? (for library checks)
 bool is_device(const void *p, size_t bytes);

@@ -15,6 +15,7 @@
 #include <dlfcn.h>
 #include <link.h>
 
+#include <algorithm>
 #include <deque>
 #include <map>
 #include <memory>
@@ -30,6 +31,7 @@ struct CUstream_st {
     std::deque<struct SimOp> ops;
     uint64_t last = 0;        // sequence number of the newest op enqueued
     int priority = 0;         // recorded (cudaStreamGetPriority); the seeded order ignores it
+    std::string coupled;      // a wait for a node-local and a network transfer at once, not yet consumed
 };
 struct SimOp {
     uint64_t seq;
@@ -49,12 +51,29 @@ struct CUmemPoolHandle_st {
 namespace cudasim {
 
 static std::recursive_mutex host_mutex;   // one host call at a time
-static CUstream_st legacy_stream{true, true, {}, 0, 0};
+static CUstream_st legacy_stream{true, true, {}, 0, 0, {}};
 static std::vector<CUstream_st *> streams{&legacy_stream};
 static std::vector<bool> done{true};      // done[seq]; seq 0 = "nothing"
 static uint64_t next_seq = 1;
 static std::mt19937_64 stream_rng;
 static bool rng_ready = false;
+// The order between operations, kept to check NCCL's rules (nccl_enqueued):
+// preds[seq] the operations op seq waits for (its stream's previous one and
+// its dependencies); observed[seq] once the host has waited for op seq or a
+// later one that waits for it (every operation enqueued afterwards is then
+// ordered after it).
+static std::vector<std::vector<uint64_t>> preds{{}};
+static std::vector<bool> observed{true};
+static uint64_t observed_below = 1;   // every op before it is observed (a wait for the whole device)
+// An NCCL stream operation (one call, or one group): its communicators, and
+// whether it moves data between ranks of one node or of different nodes.
+struct NcclOp {
+    std::vector<const void *> comms;
+    cudaStream_t stream;
+    std::string what;
+    bool p2p_local, p2p_network;
+};
+static std::map<uint64_t, NcclOp> nccl_open;   // NCCL ops the host has not yet observed
 static thread_local cudaError_t last_error = cudaSuccess;
 static std::map<uintptr_t, size_t> allocations;
 static std::map<uintptr_t, size_t> pinned;   // page-locked host ranges: cudaMallocHost, cudaHostAlloc, cudaHostRegister
@@ -154,6 +173,9 @@ static uint64_t enqueue_after(cudaStream_t stream, const char *what, std::functi
         o.deps.push_back(legacy_stream.last);
     }
     if (extra_dep) o.deps.push_back(extra_dep);
+    preds.push_back(o.deps);
+    if (s->last) preds.back().push_back(s->last);
+    observed.push_back(false);
     s->last = o.seq;
     s->ops.push_back(std::move(o));
     return s->last;
@@ -164,10 +186,14 @@ static uint64_t enqueue_after(cudaStream_t stream, const char *what, std::functi
 }
 
 void enqueue(cudaStream_t stream, const char *what, std::function<void()> op) {
+    std::lock_guard<std::recursive_mutex> lock(host_mutex);
+    if (!stream_of(stream)->coupled.empty()) fail("%s, then a %s there", stream_of(stream)->coupled.c_str(), what);
     enqueue_after(stream, what, std::move(op), 0);
 }
 
 void enqueue_polled(cudaStream_t stream, const char *what, std::function<bool()> step) {
+    std::lock_guard<std::recursive_mutex> lock(host_mutex);
+    stream_of(stream)->coupled.clear();   // a communication stream orders its transfer after the others
     enqueue_after(stream, what, std::move(step), 0);
 }
 
@@ -175,6 +201,35 @@ static bool ready(const SimOp &o) {
     for (uint64_t d : o.deps)
         if (!done[d]) return false;
     return true;
+}
+
+static bool is_observed(uint64_t seq) { return seq < observed_below || observed[seq]; }
+
+// The operations op seq waits for, itself included, as far back as what the
+// host has observed (everything before that is ordered before any new op).
+static std::vector<uint64_t> unobserved_past(uint64_t seq) {
+    std::vector<uint64_t> past, todo{seq};
+    while (!todo.empty()) {
+        const uint64_t q = todo.back();
+        todo.pop_back();
+        if (q == 0 || is_observed(q) || std::find(past.begin(), past.end(), q) != past.end()) continue;
+        past.push_back(q);
+        todo.insert(todo.end(), preds[q].begin(), preds[q].end());
+    }
+    return past;
+}
+
+// The host has waited for op seq: it and its past are ordered before what comes next.
+static void observe(uint64_t seq) {
+    for (uint64_t q : unobserved_past(seq)) {
+        observed[q] = true;
+        nccl_open.erase(q);
+    }
+}
+
+static void observe_all() {
+    observed_below = next_seq;
+    nccl_open.clear();
 }
 
 // Attempt one op chosen at random among the heads of the queues that may
@@ -209,6 +264,7 @@ static void run_until(uint64_t seq) {
     while (!done[seq])
         if (run_one()) stalls = 0;
         else stalled(&stalls);
+    observe(seq);
 }
 
 // Run what can run now, as a device would have meanwhile, without waiting on
@@ -222,6 +278,18 @@ static bool progress_until(uint64_t seq) {
     return true;
 }
 
+void progress() {
+    std::lock_guard<std::recursive_mutex> lock(host_mutex);
+    size_t stalls = 0;
+    for (;;) {
+        bool any = false;
+        for (CUstream_st *s : streams) any |= !s->ops.empty();
+        if (!any) return;
+        if (run_one()) stalls = 0;
+        else if (++stalls > streams.size()) return;
+    }
+}
+
 void drain(cudaStream_t stream) {
     std::lock_guard<std::recursive_mutex> lock(host_mutex);
     if (stream) {
@@ -232,7 +300,10 @@ void drain(cudaStream_t stream) {
     for (;;) {
         bool any = false;
         for (CUstream_st *s : streams) any |= !s->ops.empty();
-        if (!any) return;
+        if (!any) {
+            observe_all();
+            return;
+        }
         if (run_one()) stalls = 0;
         else stalled(&stalls);
     }
@@ -243,12 +314,89 @@ void host_sync(const char *what, const void *caller) {
     host_syncs[{caller, what}]++;
 }
 
-void nccl_stream(cudaStream_t stream) {
+static std::string describe(const NcclOp &o) {
+    char stream[64];
+    snprintf(stream, sizeof stream, " (stream %p)", (void *)o.stream);
+    return o.what + stream;
+}
+
+// NCCL documentation, "Using multiple NCCL communicators concurrently": NCCL
+// kernels block waiting for their peers, so operations of two communicators
+// in flight at the same time may deadlock unless the program orders them.
+// The new op (the newest on `stream`) must come after every op of another
+// communicator the host has not yet seen complete, by stream order or
+// events; else one line and exit.
+void nccl_enqueued(cudaStream_t stream, const std::vector<const void *> &comms, bool p2p_local, bool p2p_network,
+                   const std::string &what) {
     std::lock_guard<std::recursive_mutex> lock(host_mutex);
+    const uint64_t seq = stream_of(stream)->last;
+    const NcclOp op{comms, stream, what, p2p_local, p2p_network};
+    const std::vector<uint64_t> past = unobserved_past(seq);
+    for (const auto &open : nccl_open) {
+        bool shared = false;
+        for (const void *c : open.second.comms)
+            shared |= std::find(comms.begin(), comms.end(), c) != comms.end();
+        if (!shared && std::find(past.begin(), past.end(), open.first) == past.end())
+            fail("NCCL: %s may run at the same time as %s, with no order between them (NCCL documentation, "
+                 "\"Using multiple NCCL communicators concurrently\": they may deadlock): order them by a stream or "
+                 "an event", describe(op).c_str(), describe(open.second).c_str());
+    }
+    nccl_open[seq] = op;
     const int p = stream_of(stream)->priority;
     if (nccl_ops == 0 || p > nccl_least) nccl_least = p;
     if (nccl_ops == 0 || p < nccl_greatest) nccl_greatest = p;
     nccl_ops++;
+}
+
+// "file:line (function)" of the call that returned to `caller`, from the
+// binary's debug information (addr2line); the symbol name when it has none.
+static std::string call_site(const void *caller) {
+    Dl_info info;
+    if (!dladdr((const char *)caller - 1, &info) || !info.dli_fname) return "?";
+    const ElfW(Ehdr) *elf = (const ElfW(Ehdr) *)info.dli_fbase;
+    const uintptr_t at = (uintptr_t)caller - 1 - (elf->e_type == ET_DYN ? (uintptr_t)info.dli_fbase : 0);
+    char cmd[4200], fn[1024] = "", line[2048] = "";
+    snprintf(cmd, sizeof cmd, "addr2line -f -C -e '%s' 0x%llx 2>/dev/null", info.dli_fname, (unsigned long long)at);
+    FILE *p = popen(cmd, "r");
+    if (p) {
+        if (!fgets(fn, sizeof fn, p) || !fgets(line, sizeof line, p)) fn[0] = line[0] = 0;
+        pclose(p);
+    }
+    fn[strcspn(fn, "\n")] = 0;
+    line[strcspn(line, " \n")] = 0;
+    if (!line[0] || line[0] == '?') return info.dli_sname ? info.dli_sname : "?";
+    std::string where = line;
+    char cwd[1024];
+    if (getcwd(cwd, sizeof cwd) && where.compare(0, strlen(cwd) + 1, std::string(cwd) + "/") == 0)
+        where.erase(0, strlen(cwd) + 1);
+    return where + " (" + fn + ")";
+}
+
+// A wait of `stream` for op `until` (cudaStreamWaitEvent): an NCCL group
+// completes as a unit (an event after it fires when all its operations are
+// done), so a wait that newly orders the stream after a transfer between
+// ranks of one node and after one between nodes (CUDASIM_NODE_RANKS) makes
+// the consumer of the node-local data wait for the network. Remembered on
+// the stream: its next kernel, copy or library call ends the program with
+// one line (enqueue); its next NCCL operation forgets it (a communication
+// stream orders a transfer after others, it consumes nothing).
+static void check_coupled_wait(CUstream_st *stream, uint64_t until, const void *caller) {
+    if (!until || nccl_open.empty()) return;
+    const std::vector<uint64_t> had = stream->last ? unobserved_past(stream->last) : std::vector<uint64_t>{};
+    const NcclOp *local = nullptr, *network = nullptr;
+    for (uint64_t q : unobserved_past(until)) {
+        auto it = nccl_open.find(q);
+        if (it == nccl_open.end() || std::find(had.begin(), had.end(), q) != had.end()) continue;
+        if (it->second.p2p_local) local = &it->second;
+        if (it->second.p2p_network) network = &it->second;
+    }
+    char line[1024];
+    if (local && network && stream->coupled.empty()) {
+        snprintf(line, sizeof line, "cudaStreamWaitEvent at %s: stream %p waits at once for %s, a transfer "
+                 "within the node, and for %s, a transfer between nodes (CUDASIM_NODE_RANKS): the node-local data's "
+                 "consumer waits for the network", call_site(caller).c_str(), (void *)stream, describe(*local).c_str(), describe(*network).c_str());
+        stream->coupled = line;
+    }
 }
 
 // ---- memory ----
@@ -588,7 +736,7 @@ cudaError_t cudaDeviceGetStreamPriorityRange(int *leastPriority, int *greatestPr
 cudaError_t cudaStreamCreateWithPriority(cudaStream_t *stream, unsigned int flags, int priority) {
     if (!stream) return result(cudaErrorInvalidValue);
     std::lock_guard<std::recursive_mutex> lock(host_mutex);
-    CUstream_st *s = new CUstream_st{false, !(flags & cudaStreamNonBlocking), {}, 0, 0};
+    CUstream_st *s = new CUstream_st{false, !(flags & cudaStreamNonBlocking), {}, 0, 0, {}};
     s->priority = priority > LEAST_PRIORITY ? LEAST_PRIORITY : priority < GREATEST_PRIORITY ? GREATEST_PRIORITY : priority;
     streams.push_back(s);
     *stream = s;
@@ -625,6 +773,8 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 // Later work on `stream` waits for the event's most recent record (none: no wait).
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
     if (!event || flags) return result(cudaErrorInvalidValue);
+    std::lock_guard<std::recursive_mutex> lock(host_mutex);
+    check_coupled_wait(stream_of(stream), event->recorded, __builtin_return_address(0));
     enqueue_after(stream, "cudaStreamWaitEvent", []() {}, event->recorded);
     return cudaSuccess;
 }
@@ -662,7 +812,9 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
     if (event->queried != event->recorded) host_sync("cudaEventQuery (a poll until the event)", __builtin_return_address(0));
     event->queried = event->recorded;
     const bool was_done = done[event->recorded];
-    return result(progress_until(event->recorded) && was_done ? cudaSuccess : cudaErrorNotReady);
+    if (!(progress_until(event->recorded) && was_done)) return result(cudaErrorNotReady);
+    observe(event->recorded);
+    return cudaSuccess;
 }
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
@@ -722,30 +874,6 @@ void cudasim_host_syncs_reset(void) {
     std::lock_guard<std::recursive_mutex> lock(host_mutex);
     host_syncs.clear();
     nccl_ops = 0;
-}
-
-// "file:line (function)" of the call that returned to `caller`, from the
-// binary's debug information (addr2line); the symbol name when it has none.
-static std::string call_site(const void *caller) {
-    Dl_info info;
-    if (!dladdr((const char *)caller - 1, &info) || !info.dli_fname) return "?";
-    const ElfW(Ehdr) *elf = (const ElfW(Ehdr) *)info.dli_fbase;
-    const uintptr_t at = (uintptr_t)caller - 1 - (elf->e_type == ET_DYN ? (uintptr_t)info.dli_fbase : 0);
-    char cmd[4200], fn[1024] = "", line[2048] = "";
-    snprintf(cmd, sizeof cmd, "addr2line -f -C -e '%s' 0x%llx 2>/dev/null", info.dli_fname, (unsigned long long)at);
-    FILE *p = popen(cmd, "r");
-    if (p) {
-        if (!fgets(fn, sizeof fn, p) || !fgets(line, sizeof line, p)) fn[0] = line[0] = 0;
-        pclose(p);
-    }
-    fn[strcspn(fn, "\n")] = 0;
-    line[strcspn(line, " \n")] = 0;
-    if (!line[0] || line[0] == '?') return info.dli_sname ? info.dli_sname : "?";
-    std::string where = line;
-    char cwd[1024];
-    if (getcwd(cwd, sizeof cwd) && where.compare(0, strlen(cwd) + 1, std::string(cwd) + "/") == 0)
-        where.erase(0, strlen(cwd) + 1);
-    return where + " (" + fn + ")";
 }
 
 long cudasim_host_syncs(FILE *sites) {

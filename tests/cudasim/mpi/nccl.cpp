@@ -24,10 +24,13 @@
 #include <limits.h>
 #define OMPI_SKIP_MPICXX 1   // the C API only: no MPI C++ bindings to link
 #include <mpi.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "../cudasim.h"
@@ -41,6 +44,7 @@ extern "C" {
 struct ncclComm {
     MPI_Comm data, control;
     int rank, size;
+    std::vector<int> world;     // [size] the world rank of each rank
     bool aborted;
     std::atomic<int> pending;   // stream operations enqueued and not yet run
 };
@@ -104,6 +108,15 @@ static ncclComm *new_comm(MPI_Comm data) {
     NCCL_MPI(MPI_Comm_dup(data, &c->control));
     NCCL_MPI(MPI_Comm_rank(data, &c->rank));
     NCCL_MPI(MPI_Comm_size(data, &c->size));
+    MPI_Group group, world;
+    NCCL_MPI(MPI_Comm_group(data, &group));
+    NCCL_MPI(MPI_Comm_group(MPI_COMM_WORLD, &world));
+    std::vector<int> ranks(c->size);
+    for (int r = 0; r < c->size; r++) ranks[r] = r;
+    c->world.resize(c->size);
+    NCCL_MPI(MPI_Group_translate_ranks(group, c->size, ranks.data(), world, c->world.data()));
+    NCCL_MPI(MPI_Group_free(&group));
+    NCCL_MPI(MPI_Group_free(&world));
     c->aborted = false;
     c->pending = 0;
     return c;
@@ -328,12 +341,23 @@ static bool step_ops(InFlight &f) {
     for (const Op &o : f.ops) aborted |= o.comm->aborted;
     if (!aborted && !f.reqs.empty()) {
         int flag = 0;
-        NCCL_MPI(MPI_Testall((int)f.reqs.size(), f.reqs.data(), &flag, MPI_STATUSES_IGNORE));
+        NCCL_MPI(PMPI_Testall((int)f.reqs.size(), f.reqs.data(), &flag, MPI_STATUSES_IGNORE));
         complete = flag != 0;
     }
     if (complete)
         for (const Op &o : f.ops) o.comm->pending--;
     return complete;
+}
+
+// A GPU runs its queued work, NCCL's kernels included, whatever its host
+// does; the sim's device runs when its host waits in a CUDA call. A host
+// waiting in MPI (dist/comm.c polls MPI_Testall) must move its device too, or
+// a peer waiting for this rank's queued NCCL operation before it joins the
+// MPI collective would wait for ever: each poll first runs what can run now
+// (MPI's profiling interface; the sim's own polls call PMPI_Testall).
+extern "C" int MPI_Testall(int count, MPI_Request requests[], int *flag, MPI_Status statuses[]) {
+    cudasim::progress();
+    return PMPI_Testall(count, requests, flag, statuses);
 }
 
 // The group being collected (NCCL documentation, "Group Calls"): depth of
@@ -343,12 +367,30 @@ static thread_local std::vector<Op> group_ops;
 static thread_local cudaStream_t group_stream;
 static thread_local bool group_mixed_streams = false;
 
+// The node of a world rank: CUDASIM_NODE_RANKS consecutive world ranks per
+// node (unset: every rank on one node).
+static int node_of(int world) {
+    static const int per_node = getenv("CUDASIM_NODE_RANKS") ? atoi(getenv("CUDASIM_NODE_RANKS")) : 0;
+    return per_node > 0 ? world / per_node : 0;
+}
+
 static void submit(std::vector<Op> ops, cudaStream_t stream, const char *what) {
-    for (const Op &o : ops) o.comm->pending++;
-    cudasim::nccl_stream(stream);
+    std::vector<const void *> comms;
+    bool local = false, network = false;
+    for (const Op &o : ops) {
+        o.comm->pending++;
+        if (std::find(comms.begin(), comms.end(), o.comm) == comms.end()) comms.push_back(o.comm);
+        if (o.kind != OP_SEND && o.kind != OP_RECV) continue;
+        const bool across = node_of(o.comm->world[o.peer]) != node_of(o.comm->world[o.comm->rank]);
+        network |= across;
+        local |= !across;
+    }
+    std::string label = std::string(what) + " on the communicator of world ranks";
+    for (int r = 0; r < ops[0].comm->size; r++) label += (r ? "," : " ") + std::to_string(ops[0].comm->world[r]);
     auto flight = std::make_shared<InFlight>();
     flight->ops = std::move(ops);
     cudasim::enqueue_polled(stream, what, [flight] { return step_ops(*flight); });
+    cudasim::nccl_enqueued(stream, comms, local, network, label);
 }
 
 static bool on_device(const void *p, size_t bytes) { return bytes == 0 || cudasim::is_device(p, bytes); }

@@ -85,7 +85,7 @@ expect plan_preset_key_wins "grep -q '^model: [0-9]* parameters (2 layers, hidde
 "$MTRAIN" plan configs/qwen2.5-3b-512k-32xa100.yaml --kernels >"$tmp/kernels.out"
 "$MTRAIN" plan configs/qwen2.5-3b-512k-32xa100.yaml --ring >"$tmp/ring.out"
 step=$(sed -n 's/^predicted step: \([0-9.]*\) s .*/\1/p' "$tmp/default.out")
-expect plan_kernels_step "[ -n '$step' ] && grep -q 'leave out the ring.s exposed transfers, the sparse plan.s combine and the gradient reduction; on a100-80g the plan.s step above is .* = $step s' '$tmp/kernels.out'"
+expect plan_kernels_step "[ -n '$step' ] && grep -q 'the plan.s step on a100-80g adds their launches, the host synchronisations, the ring.s exposed transfers, the sparse plan.s combine and the gradient reduction: .* = $step s' '$tmp/kernels.out'"
 expect plan_ring_step "[ -n '$step' ] && grep -q 'leaves out the GEMMs, the other kernels, the sparse plan.s combine and the gradient reduction; the plan.s step on a100-80g is $step s' '$tmp/ring.out'"
 # --ring explains ring_send selected sending as much as full at the top_p caps (every block offset hit)
 expect plan_ring_selected_explained "grep -q '^sparse selected sends 100.0% of full.s K/V bytes: .* hit 100.0% of the 4096 key-block offsets (with this many slash lines' '$tmp/ring.out'"
@@ -151,9 +151,9 @@ kernels() {
     train.seq_len=32768 attention.type=dense "$@" 2>&1
 }
 sums='/^FLOPs per step/ { split($0, w, " "); model = w[6] }
-  /^[|] [*][*]step/ { step = $4; a = $7; h = $8; gsub(/[*]/, "", a); gsub(/[*]/, "", h) }
-  /^[|] [a-zA-Z]/ && $4 ~ /[0-9]/ { flops += $4 }
-  /^[|] [a-zA-Z]/ && $7 ~ /[0-9]/ { ta += $7; th += $8 }
+  /^[|] [*][*]step/ { step = $4; a = $7; h = $8; gsub(/[*]/, "", a); gsub(/[*]/, "", h); done = 1 }
+  !done && /^[|] [a-zA-Z]/ && $4 ~ /[0-9]/ { flops += $4 }
+  !done && /^[|] [a-zA-Z]/ && $7 ~ /[0-9]/ { ta += $7; th += $8 }
   END { printf "%g %g %g %g %g %g %g\n", model / 1e9, flops, step, ta, a, th, h }'
 kernels train.checkpoint_activations=false | awk -F'|' "$sums" >"$tmp/sums"
 read -r model flops step ta a th h <"$tmp/sums"
@@ -161,6 +161,15 @@ expect plan_kernels_flops "awk 'BEGIN { r = $flops / $model; s = $step / $flops;
 expect plan_kernels_bounds "awk 'BEGIN { exit !($a > 0 && ($ta - $a) ^ 2 < 0.01 && $h > 0 && ($th - $h) ^ 2 < 0.01 && $h < $a) }'"
 kernels train.checkpoint_activations=true >"$tmp/ckpt.out"
 expect plan_kernels_recompute "grep -q '^| GEMMs of the layers, forward | 336 |' '$tmp/ckpt.out' && kernels train.checkpoint_activations=false | grep -q '^| GEMMs of the layers, forward | 168 |'"
+
+# the time model: the attention kernels' counted work per call (Qwen2.5-3B's 16 q heads x 128 at 32K tokens,
+# dense, one GPU: 16 heads x 65792 tile pairs x 1024 mma.sync = 1.078e+09 forward), each bound the largest of
+# its resource times, and the step table's attention rows those bounds times the calls
+"$MTRAIN" plan configs/qwen2.5-3b-512k-32xa100.yaml --gpu h100 --kernels parallel.cp=1 parallel.dp=1 \
+  parallel.zero=0 train.seq_len=32768 attention.type=dense >"$tmp/derive.out" 2>&1
+expect plan_time_counts "grep -q '^| attention forward | 1.078e+09 | ' '$tmp/derive.out'"
+expect plan_time_bound_is_max "awk -F'|' '/^[|] attention (forward|backward) [|]/ && NF > 14 { m = \$9; for (i = 10; i <= 12; i++) if (\$i + 0 > m + 0) m = \$i; d = \$13 - m; if (d * d > 1e-6) bad = 1; n++ } END { exit !(n == 2 && !bad) }' '$tmp/derive.out'"
+expect plan_time_rows_from_counts "awk -F'|' '/^[|] attention (forward|backward) [|]/ && NF < 14 { ms[\$2] = \$8; calls[\$2] = \$3 } /^[|] attention (forward|backward) [|]/ && NF > 14 { b[\$2] = \$13 } END { n = 0; for (k in b) { r = ms[k] / (calls[k] * b[k]); if (r > 0.999 && r < 1.001) n++ } exit !(n == 2) }' '$tmp/derive.out'"
 
 # a run far larger than this machine is refused before it allocates, with the breakdown
 "$MTRAIN" train configs/tiny-cpu.yaml model.hidden_size=16384 model.intermediate_size=65536 model.num_layers=16 \

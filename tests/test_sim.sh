@@ -29,7 +29,9 @@ done
 for prog in $sim/gpu_test_*; do
   case "$prog" in *_asan) continue ;; esac
   for s in $seeds; do
-    CUDASIM_SEED=$s $prog small >"$tmp/out" 2>&1
+    counts=
+    [ "$(basename "$prog")" = gpu_test_counts ] && [ "$s" = 1 ] && counts="$tmp/counts.tsv"
+    CUDASIM_COUNTS=$counts CUDASIM_SEED=$s $prog small >"$tmp/out" 2>&1
     rc=$?
     name="$(basename "$prog") seed $s"
     if [ $rc -eq 0 ] && ! grep -q '^FAIL' "$tmp/out"; then
@@ -39,6 +41,11 @@ for prog in $sim/gpu_test_*; do
     fi
   done
 done
+if [ -x $sim/gpu_test_counts ]; then
+  # CUDASIM_COUNTS=FILE: a header, then one line per kernel since the program's last reset (its sparse backward).
+  expect "CUDASIM_COUNTS writes the kernels' counts at exit ($(tail -n 1 "$tmp/counts.tsv" | cut -f 1 | cut -c 1-40)...)" \
+    "head -n 1 '$tmp/counts.tsv' | grep -qx 'kernel.launches.blocks.mma.ldmatrix_bytes.cp_async_bytes.shuffles.barriers.atomics' && grep -qE '^void sparse_backward_kernel<.*\)	1	[0-9]+	[1-9]' '$tmp/counts.tsv'"
+fi
 
 # Self-tests that print a result: the wrong kernel wrong under some seed, the right one right under all.
 results() { for s in $seeds; do CUDASIM_SEED=$s $sim/sim_selftest "$1" 2>&1; done | sort -u | tr '\n' ' '; }

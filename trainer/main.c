@@ -19,7 +19,7 @@ typedef struct {
 static const Verb verbs[] = {
     {"train", cmd_train, "train RUN.yaml [section.key=value ...]   train a model", false},
     {"config", cmd_config, "config RUN.yaml [section.key=value ...]  print the resolved config (--doc: the key reference)", false},
-    {"plan", cmd_plan, "plan RUN.yaml [--gpu a100-40g|a100-80g|h100|h200] [--density D] [--kernels] [--ring] [section.key=value ...]  memory, FLOPs and step time per rank; does it fit (--kernels: per-kernel roofline; --ring: the ring's overlap per layer and step)", false},
+    {"plan", cmd_plan, "plan RUN.yaml [--gpu a100-40g|a100-80g|h100|h200] [--density D] [--kernels] [--ring] [section.key=value ...]  memory, FLOPs and step time per rank; does it fit (--kernels: per-kernel derived bounds; --ring: the ring's overlap per layer and step)", false},
     {"plot", cmd_plot, "plot LOG_DIR  loss, throughput (tokens/s, MFU) and attention density vs step as PNG (gnuplot)", false},
     {"eval", cmd_eval, "eval RUN.yaml [section.key=value ...]    perplexity by length, passkey / NIAH / RULER grids (eval.*)", false},
     {"tasks", cmd_tasks, "tasks RUN.yaml --count N --output OUT.jsonl [section.key=value ...]  eval task samples as training text (JSONL)", false},

@@ -2,7 +2,8 @@
 // memory per rank, FLOPs per step, ring traffic, predicted step time,
 // tokens/s and MFU, whether the run fits and what to change when it does
 // not; with --kernels the CUDA backend's kernels of one step, each with its
-// FLOPs, bytes and roofline bound on the A100-80GB and H100. The CPU figures follow the allocations of the CPU backend (model.c,
+// FLOPs, bytes and derived time bound on the A100-80GB and H100 (the
+// attention kernels from their counted work, plan_counts.h). The CPU figures follow the allocations of the CPU backend (model.c,
 // train.c, checkpoint.c); the GPU figures are those of the CUDA backend as
 // designed (docs/PERFORMANCE.md, section Planner).
 #include "plan.h"
@@ -19,6 +20,7 @@
 #include "../model/model.h"
 #include "checkpoint.h"
 #include "commands.h"
+#include "plan_counts.h"
 
 // NVIDIA datasheets: A100 Tensor Core GPU (SXM4, 2021: 312 TFLOP/s dense
 // bf16; 40 GB HBM2 1555 GB/s, 80 GB HBM2e 2039 GB/s; NVLink 600 GB/s total,
@@ -28,22 +30,18 @@
 // HDR InfiniBand NIC per GPU: 25 GB/s) and DGX H100/H200 (one 400 Gb/s NDR
 // NIC per GPU: 50 GB/s). Capacities are GB (1e9 bytes) in the datasheets.
 // fp32 on CUDA cores (non-tensor): A100 19.5, H100 and H200 SXM 67 TFLOP/s.
+// SMs and the boost clock of the tensor peak: A100 108 SMs at 1.41 GHz
+// (NVIDIA A100 whitepaper: 108 x 2048 dense bf16 FLOPs per clock x 1.41 GHz
+// = 312 T), H100/H200 SXM5 132 SMs at 1.83 GHz (H100 whitepaper: 132 x 4096
+// x 1.83 GHz = 989 T). L2: A100 40 MB, H100/H200 50 MB, counted in slices of
+// 512 KiB (80, 100: the atomics' assumed units, below).
 static const GpuProfile gpu_profiles[] = {
-    {"a100-40g", 312, 40e9 / (1 << 30), 1555, 300, 25, 8, 19.5},
-    {"a100-80g", 312, 80e9 / (1 << 30), 2039, 300, 25, 8, 19.5},
-    {"h100", 989, 80e9 / (1 << 30), 3350, 450, 50, 8, 67},
-    {"h200", 989, 141e9 / (1 << 30), 4800, 450, 50, 8, 67},
+    {"a100-40g", 312, 40e9 / (1 << 30), 1555, 300, 25, 8, 19.5, 108, 1.41, 80},
+    {"a100-80g", 312, 80e9 / (1 << 30), 2039, 300, 25, 8, 19.5, 108, 1.41, 80},
+    {"h100", 989, 80e9 / (1 << 30), 3350, 450, 50, 8, 67, 132, 1.83, 100},
+    {"h200", 989, 141e9 / (1 << 30), 4800, 450, 50, 8, 67, 132, 1.83, 100},
 };
 
-// Assumed fractions of the peak that the kernels reach (docs/PERFORMANCE.md):
-// cuBLASLt bf16 GEMMs at these shapes, FlashAttention-2-style dense
-// attention (forward and backward together), the gathered sparse kernels.
-#define GEMM_EFFICIENCY 0.70
-#define DENSE_ATTENTION_EFFICIENCY 0.55
-#define SPARSE_ATTENTION_EFFICIENCY 0.35
-// Memory-bound kernels (element-wise, norms, loss, optimizer): this fraction
-// of the HBM bandwidth (the per-kernel table of `mtrain plan --kernels`).
-#define BANDWIDTH_EFFICIENCY 0.80
 // GPU: CUDA context and NCCL buffers (assumed; not allocations of the
 // process), and the cuBLASLt workspace (MATMUL_CUDA_WORKSPACE_BYTES,
 // model/matmul_cuda.h).
@@ -256,16 +254,28 @@ static void plan_gpu_memory(Plan *p, const Config *cfg, double acts, double lm_c
     p->runtime_bytes = GPU_RUNTIME_BYTES;
 }
 
-// ---- the per-kernel table (`mtrain plan --kernels`) ----
+// ---- the per-kernel table (`mtrain plan --kernels`) and the time model ----
 
-// What bounds a kernel besides its bytes: tensor-core GEMMs, tensor-core
-// attention, fp32 on CUDA cores (the sparse estimation), nothing (memory).
+// What bounds a kernel: cuBLASLt GEMMs (the tensor peak in whole waves of
+// output tiles, or the bytes), our attention kernels (their counted work,
+// plan_counts.h, at the GPU's rates), fp32 on CUDA cores (the sparse
+// estimation), the bytes alone (memory-bound kernels).
 typedef enum { KERNEL_GEMM, KERNEL_ATTENTION, KERNEL_FP32, KERNEL_MEMORY } KernelKind;
+
+// One cuBLASLt GEMM shape: m x n output over k, `count` calls per step.
+typedef struct {
+    double m, n, k, count;
+} GemmShape;
+
+#define MAX_ROW_GEMMS 21
 
 typedef struct {
     const char *name;
     double calls, flops, bytes;   // per step; flops and bytes summed over the calls
     KernelKind kind;
+    KernelCounts counts;          // KERNEL_ATTENTION: the counted work summed over the calls
+    GemmShape gemms[MAX_ROW_GEMMS];
+    int num_gemms;
 } KernelRow;
 
 #define MAX_KERNEL_ROWS 24
@@ -273,8 +283,44 @@ typedef struct {
 static int add_kernel(KernelRow *rows, int n, const char *name, double calls, double flops, double bytes,
                       KernelKind kind) {
     CHECK(n < MAX_KERNEL_ROWS, "plan: too many kernel rows");
-    rows[n] = (KernelRow){name, calls, flops, bytes, kind};
+    rows[n] = (KernelRow){.name = name, .calls = calls, .flops = flops, .bytes = bytes, .kind = kind};
     return n + 1;
+}
+
+static void add_gemm(KernelRow *r, double m, double n, double k, double count) {
+    CHECK(r->num_gemms < MAX_ROW_GEMMS, "plan: too many GEMM shapes in a row");
+    r->gemms[r->num_gemms++] = (GemmShape){m, n, k, count};
+}
+
+static KernelCounts counts_times(KernelCounts c, double calls) {
+    return (KernelCounts){c.launches * calls, c.blocks * calls, c.mma * calls, c.ldmatrix_bytes * calls,
+                          c.cp_async_bytes * calls, c.shuffles * calls, c.barriers * calls, c.atomics * calls};
+}
+
+// The attention kernels' counted work over one layer's pass of the rank's
+// queries against the whole sequence (N tokens, Hq heads, head dim D): the
+// counts of one causal sequence (plan_counts.h) over cp ranks (the striped
+// and zigzag layouts deal the causal work evenly); sparse, the sparse
+// kernels over the density's share of the causal key tiles.
+static void attention_counts(const Plan *p, const Config *cfg, KernelCounts *fwd, KernelCounts *bwd) {
+    const ModelConfig *c = &cfg->model;
+    const int D = c->head_dim ? c->head_dim : c->hidden_size / c->num_heads;
+    const int64_t N = cfg->train.seq_len;
+    const double Hq = c->num_heads, cp = p->cp;
+    if (p->density < 1.0) {
+        const int B = cfg->attention.block_size == 128 ? 128 : 64;
+        const double rows = Hq * (double)((N + B - 1) / B) / cp;
+        const double tiles = fmax(rows, p->density * Hq * flash_forward_pairs(N, B, SPARSE_KEY_TILE) / cp);
+        *fwd = sparse_forward_counts(D, B, rows, tiles);
+        *bwd = sparse_backward_counts(D, B, rows, tiles, tiles * SPARSE_KEY_TILE);
+        return;
+    }
+    const FlashTiles f = flash_tiles(D);
+    const double bwd_pairs = Hq * flash_backward_pairs(N, f.bwd_bm, f.bwd_bn) / cp;
+    *fwd = flash_forward_counts(D, Hq * (double)((N + f.fwd_bm - 1) / f.fwd_bm) / cp,
+                                Hq * flash_forward_pairs(N, f.fwd_bm, f.fwd_bn) / cp);
+    *bwd = flash_backward_counts(D, Hq * (double)((N + f.bwd_bn - 1) / f.bwd_bn) / cp, bwd_pairs,
+                                 bwd_pairs * f.bwd_bm, Hq * (double)N / cp);
 }
 
 // The kernels of one optimizer step on one GPU as model.c calls them on the
@@ -289,7 +335,9 @@ static int kernel_rows(const Plan *p, const Config *cfg, KernelRow *rows) {
     const double F = c->intermediate_size, V = c->vocab_size, D = c->head_dim ? c->head_dim : H / c->num_heads;
     const double QD = c->num_heads * D, KD = c->num_kv_heads * D, P = (double)p->params;
     const double fwd = cfg->train.checkpoint_activations ? 2 : 1;   // forward passes of a layer
+    const double micro = cfg->train.micro_batches, Tm = (double)p->tokens;
     const double chunks = ceil((double)p->tokens / cfg->train.loss_chunk) * cfg->train.micro_batches;
+    const double chunk_rows = fmin((double)cfg->train.loss_chunk, Tm);
     const double shards = cfg->parallel.zero == 1 ? (double)p->dp * p->cp : 1.0;
     const double gemm_io[7][2] = {{H, QD}, {H, KD}, {H, KD}, {QD, H}, {H, F}, {H, F}, {F, H}};
     double gf = 0, gf_bytes = 0, gb_bytes = 0;
@@ -303,20 +351,32 @@ static int kernel_rows(const Plan *p, const Config *cfg, KernelRow *rows) {
     int n = 0;
     n = add_kernel(rows, n, "GEMMs of the layers, forward", 7 * L * fwd, gf * L * fwd, gf_bytes * L * fwd,
                    KERNEL_GEMM);
+    for (int g = 0; g < 7; g++) add_gemm(&rows[n - 1], Tm, gemm_io[g][1], gemm_io[g][0], L * fwd * micro);
     n = add_kernel(rows, n, "GEMMs of the layers, dX and dW", 14 * L, 2 * gf * L, gb_bytes * L, KERNEL_GEMM);
+    for (int g = 0; g < 7; g++) {
+        add_gemm(&rows[n - 1], Tm, gemm_io[g][0], gemm_io[g][1], L * micro);               // dX = dY W
+        add_gemm(&rows[n - 1], gemm_io[g][0], gemm_io[g][1], Tm, L * micro);               // dW = X^T dY
+    }
     n = add_kernel(rows, n, "LM head, forward (per chunk)", chunks, 2 * T * H * V,
                    chunks * 2 * V * H + 2 * T * H + 2 * T * V, KERNEL_GEMM);
+    add_gemm(&rows[n - 1], chunk_rows, V, H, chunks);
     n = add_kernel(rows, n, "LM head, dX and dW (per chunk)", 2 * chunks, 4 * T * H * V,
                    chunks * 10 * V * H + 4 * T * V + 6 * T * H, KERNEL_GEMM);
+    add_gemm(&rows[n - 1], chunk_rows, H, V, chunks);
+    add_gemm(&rows[n - 1], V, H, chunk_rows, chunks);
     // Causal attention of the rank's queries against the sequence (plan_flops); the forward also
     // initialises, merges and converts the fp32 output, the backward zeroes, accumulates (atomics)
     // and adds the fp32 dq, dk, dv into their bf16 tensors.
     const double N = (double)cfg->train.seq_len;
     const double attn = 2.0 * N * N * c->num_heads * D / p->cp * p->density * cfg->train.micro_batches;
+    KernelCounts attn_fwd, attn_bwd;
+    attention_counts(p, cfg, &attn_fwd, &attn_bwd);
     n = add_kernel(rows, n, "attention forward", L * fwd, attn * L * fwd,
                    L * fwd * (2 * T * (QD + 2 * KD) + 18 * T * QD), KERNEL_ATTENTION);
+    rows[n - 1].counts = counts_times(attn_fwd, L * fwd * micro);
     n = add_kernel(rows, n, "attention backward", L, PLAN_ATTENTION_BACKWARD * attn * L,
                    L * (2 * T * (5 * QD + 2 * KD) + 20 * T * (QD + 2 * KD)), KERNEL_ATTENTION);
+    rows[n - 1].counts = counts_times(attn_bwd, L * micro);
     if (cfg->attention.type == ATTN_SPARSE)   // last_q queries against every key, twice; fp32 scores
         n = add_kernel(rows, n, "sparse estimation", L, 4 * D * c->num_heads * (double)cfg->attention.last_q * N * L,
                        L * (2 * T * KD + 8 * c->num_heads * T), KERNEL_FP32);
@@ -341,25 +401,104 @@ static int kernel_rows(const Plan *p, const Config *cfg, KernelRow *rows) {
     return n;
 }
 
-// Seconds of a row on gpu: at the roofline (efficient = false), or with the
-// assumed efficiencies (GEMMs, attention, bandwidth).
-static double kernel_seconds(const KernelRow *r, const GpuProfile *gpu, double attn_eff, bool efficient) {
-    const double peak = (r->kind == KERNEL_FP32 ? gpu->fp32_tflops : gpu->peak_tflops) * 1e12;
-    double eff = 1, bw_eff = efficient ? BANDWIDTH_EFFICIENCY : 1;
-    if (efficient && r->kind == KERNEL_GEMM) eff = GEMM_EFFICIENCY;
-    if (efficient && (r->kind == KERNEL_ATTENTION || r->kind == KERNEL_FP32)) eff = attn_eff;
-    const double compute = r->flops > 0 && peak > 0 ? r->flops / (peak * eff) : 0;
-    return fmax(compute, r->bytes / (gpu->hbm_gbs * 1e9 * bw_eff));
+// The rates a GPU's resources deliver (per second): mma.sync.m16n8k16 (4096
+// FLOPs each) at the dense bf16 peak; shared memory 32 banks of 4 bytes per
+// clock per SM (CUDA C++ Programming Guide, Shared Memory; compute capability
+// 8.x and 9.0), read by ldmatrix and written by cp.async; HBM at the
+// datasheet's bandwidth; warp shuffles 32 results per clock per SM, one warp
+// instruction (Programming Guide, Arithmetic Instructions: throughput table);
+// fp32 atomics in L2 assumed at one 32-byte sector per clock per L2 slice,
+// with 4 of a warp's lanes per sector (the kernels' dq, dk, dv fragments:
+// lanes t4 = 0..3 of a row add to 4 floats 8 bytes apart; no published rate).
+// A GPU described in full by the hardware section has no SM count: only its
+// tensor peak and HBM bound the kernels.
+#define MMA_FLOPS 4096.0
+#define SMEM_BYTES_PER_CLOCK 128.0
+#define ATOMICS_PER_SECTOR 4.0
+typedef struct {
+    double mma, smem, hbm, atomics, shuffles;
+} GpuRates;
+
+static GpuRates gpu_rates(const GpuProfile *g) {
+    const double clock = g->clock_ghz * 1e9;
+    return (GpuRates){g->peak_tflops * 1e12 / MMA_FLOPS, g->sms * SMEM_BYTES_PER_CLOCK * clock, g->hbm_gbs * 1e9,
+                      g->l2_slices * clock * ATOMICS_PER_SECTOR, g->sms * clock};
 }
 
-// The predicted seconds of the kernels of one step on gpu (the sum of the
-// rows at the assumed efficiencies): the plan's compute time on a GPU.
-static double kernels_seconds(const Plan *p, const Config *cfg, const GpuProfile *gpu, double attn_eff) {
+// cuBLASLt (not our kernels, nothing counted): a GEMM's m x n output in tiles
+// of GEMM_TILE_M x GEMM_TILE_N, the tiles in whole waves over the SMs, each
+// tile at one SM's share of the tensor peak (tile and wave quantisation; the
+// tile is cuBLASLt's common large bf16 tile, an assumption).
+#define GEMM_TILE_M 256.0
+#define GEMM_TILE_N 128.0
+static double gemm_seconds(const GemmShape *s, const GpuProfile *gpu) {
+    const double peak = gpu->peak_tflops * 1e12;
+    if (gpu->sms <= 0) return s->count * 2 * s->m * s->n * s->k / peak;
+    const double tiles = ceil(s->m / GEMM_TILE_M) * ceil(s->n / GEMM_TILE_N);
+    const double waves = ceil(tiles / gpu->sms);
+    return s->count * waves * gpu->sms * 2 * GEMM_TILE_M * GEMM_TILE_N * s->k / peak;
+}
+
+// One resource's time, and the name of the one that binds so far.
+static double bind(double t, double seconds, const char *name, const char **binds) {
+    if (seconds > t) *binds = name;
+    return fmax(t, seconds);
+}
+
+// The derived time bound of a row on gpu: the largest of its resources' times
+// (bytes at the HBM bandwidth for every kind; the GEMMs' waves; the
+// attention kernels' counted mma, shared-memory bytes, atomics and shuffles;
+// the estimation's FLOPs at the fp32 peak); *binds names the resource.
+static double kernel_seconds(const KernelRow *r, const GpuProfile *gpu, const char **binds) {
+    const GpuRates rate = gpu_rates(gpu);
+    *binds = "HBM";
+    double t = r->bytes / rate.hbm;
+    if (r->kind == KERNEL_FP32 && gpu->fp32_tflops > 0) t = bind(t, r->flops / (gpu->fp32_tflops * 1e12), "fp32", binds);
+    if (r->kind == KERNEL_GEMM) {
+        double waves = 0;
+        for (int i = 0; i < r->num_gemms; i++) waves += gemm_seconds(&r->gemms[i], gpu);
+        t = bind(t, waves, "tensor (waves)", binds);
+    }
+    if (r->kind == KERNEL_ATTENTION) {
+        const KernelCounts *c = &r->counts;
+        t = bind(t, c->mma / rate.mma, "tensor", binds);
+        if (rate.smem > 0) t = bind(t, (c->ldmatrix_bytes + c->cp_async_bytes) / rate.smem, "shared memory", binds);
+        if (rate.atomics > 0) t = bind(t, c->atomics / rate.atomics, "L2 atomics", binds);
+        if (rate.shuffles > 0) t = bind(t, c->shuffles / rate.shuffles, "shuffles", binds);
+    }
+    return t;
+}
+
+// The kernels of one step on gpu: the sum of their derived bounds, the
+// attention rows' (forward, backward) and the launches.
+static double kernels_seconds(const Plan *p, const Config *cfg, const GpuProfile *gpu, double *attn_fwd_s,
+                              double *attn_bwd_s, double *launches) {
     KernelRow rows[MAX_KERNEL_ROWS];
     const int n = kernel_rows(p, cfg, rows);
     double total = 0;
-    for (int i = 0; i < n; i++) total += kernel_seconds(&rows[i], gpu, attn_eff, true);
+    *launches = 0;
+    for (int i = 0; i < n; i++) {
+        const char *binds;
+        const double t = kernel_seconds(&rows[i], gpu, &binds);
+        total += t;
+        *launches += rows[i].calls;
+        if (!strcmp(rows[i].name, "attention forward")) *attn_fwd_s = t;
+        if (!strcmp(rows[i].name, "attention backward")) *attn_bwd_s = t;
+    }
     return total;
+}
+
+// Per launch and per host synchronisation, the time the device idles
+// (assumed: a launch's overhead where kernels are short, a synchronisation's
+// round trip through the host with the queue drained). Host synchronisations
+// per step as the sim counts them (docs/SIM.md, MTRAIN_SYNC_REPORT: 7 per
+// dense step on one rank; 5 + 8 per layer more with sparse attention; 25 + 4
+// per layer more on a ring), the per-layer terms per micro batch.
+#define LAUNCH_S 3e-6
+#define HOST_SYNC_S 20e-6
+static double host_syncs(const Plan *p, const Config *cfg) {
+    const double L = cfg->model.num_layers * (double)cfg->train.micro_batches;
+    return 7 + (cfg->attention.type == ATTN_SPARSE ? 5 + 8 * L : 0) + (p->cp > 1 ? 25 + 4 * L : 0);
 }
 
 // FLOPs of one optimizer step on one rank: the GEMMs of its tokens (6 per
@@ -379,15 +518,24 @@ static void plan_flops(Plan *p, const Config *cfg) {
         recompute += 4.0 * tokens * c->hidden_size * c->intermediate_size * c->num_layers;
     p->hardware_flops = p->model_flops + recompute;
     if (p->peak_flops <= 0) return;
-    p->attention_efficiency = !p->gpu ? 1.0 : p->density < 1.0 ? SPARSE_ATTENTION_EFFICIENCY
-                                                                : DENSE_ATTENTION_EFFICIENCY;
-    double attn_passes = (cfg->train.checkpoint_activations ? 2 : 1) + PLAN_ATTENTION_BACKWARD;
-    double forward = attn_fwd * p->density / (p->peak_flops * p->attention_efficiency);
-    // GPU: the kernels of the step (plan_print_kernels' rows); CPU: the FLOPs at the rank's peak.
-    p->compute_s = p->gpu ? kernels_seconds(p, cfg, &p->hw, p->attention_efficiency)
-                          : (gemm + recompute) / p->peak_flops + (1 + PLAN_ATTENTION_BACKWARD) * forward;
-    p->attention_fwd_step_s = forward / (micro * c->num_layers * p->cp);
-    p->attention_step_s = attn_passes * p->attention_fwd_step_s;
+    const double steps = micro * c->num_layers * p->cp, fwd_passes = cfg->train.checkpoint_activations ? 2 : 1;
+    if (!p->gpu) {   // the FLOPs at the rank's peak
+        const double forward = attn_fwd * p->density / p->peak_flops;
+        p->attention_efficiency = 1.0;
+        p->compute_s = (gemm + recompute) / p->peak_flops + (1 + PLAN_ATTENTION_BACKWARD) * forward;
+        p->attention_fwd_step_s = forward / steps;
+        p->attention_step_s = (fwd_passes + PLAN_ATTENTION_BACKWARD) * p->attention_fwd_step_s;
+        return;
+    }
+    // The kernels of the step (plan_print_kernels' rows) at their derived bounds.
+    double fwd_s = 0, bwd_s = 0;
+    p->compute_s = kernels_seconds(p, cfg, &p->hw, &fwd_s, &bwd_s, &p->launches);
+    p->attention_fwd_step_s = fwd_s / fwd_passes / steps;
+    p->attention_step_s = (fwd_s + bwd_s) / steps;
+    p->attention_efficiency = attn_fwd * p->density / (p->peak_flops * fwd_s / fwd_passes);
+    p->host_syncs = host_syncs(p, cfg);
+    p->launch_s = p->launches * LAUNCH_S;
+    p->host_sync_s = p->host_syncs * HOST_SYNC_S;
 }
 
 // Ring traffic of one layer per ring step (bf16 K/V forward; K/V and the
@@ -471,7 +619,7 @@ void plan_build(Plan *p, const Config *cfg, const GpuProfile *gpu, double cpu_pe
     plan_flops(p, &c);
     plan_communication(p, &c);
     if (p->compute_s > 0) {
-        p->step_s = p->compute_s + p->ring_exposed_s + p->sparse_combine_s + p->reduce_s;
+        p->step_s = p->compute_s + p->launch_s + p->host_sync_s + p->ring_exposed_s + p->sparse_combine_s + p->reduce_s;
         p->tokens_per_s = (double)c.train.seq_len * c.train.micro_batches * p->dp / p->step_s;
         p->mfu = p->model_flops / (p->step_s * p->peak_flops);
     }
@@ -598,9 +746,11 @@ void plan_print(const Plan *p, const Config *cfg, FILE *out) {
                 p->cp > p->hw.gpus_per_node ? "network" : "NVLink", 1e3 * p->attention_step_s,
                 p->ring_exposed_s > 0 ? "not hidden" : "hidden");
     if (p->step_s > 0)
-        fprintf(out, "predicted step: %.3f s (%s %.3f, ring exposed %.3f, sparse plan combine %.3f, gradient reduction "
-                "%.3f) | %.0f tokens/s per %s, %.0f tokens/s for the job (%d %ss) | MFU %.1f%%%s\n", p->step_s,
-                p->gpu ? "kernels" : "compute", p->compute_s, p->ring_exposed_s, p->sparse_combine_s, p->reduce_s, p->tokens_per_s / (p->dp * p->cp), p->gpu ? "GPU" : "rank",
+        fprintf(out, "predicted step: %.3f s (%s %.3f, launches %.3f, host syncs %.3f, ring exposed %.3f, sparse plan "
+                "combine %.3f, gradient reduction %.3f) | %.0f tokens/s per %s, %.0f tokens/s for the job (%d %ss) | "
+                "MFU %.1f%%%s\n", p->step_s, p->gpu ? "kernels" : "compute", p->compute_s, p->launch_s,
+                p->host_sync_s, p->ring_exposed_s, p->sparse_combine_s, p->reduce_s,
+                p->tokens_per_s / (p->dp * p->cp), p->gpu ? "GPU" : "rank",
                 p->tokens_per_s, p->dp * p->cp, p->gpu ? "GPU" : "rank", 100 * p->mfu,
                 p->gpu ? "" : p->peak_measured ? " of the measured sgemm rate" : " of hardware.peak_tflops");
     plan_print_verdict(p, cfg, out);
@@ -627,43 +777,65 @@ void plan_print_kernels(const Plan *p, const Config *cfg, FILE *out) {
     const GpuProfile *gpus[2] = {profile_named("a100-80g"), profile_named("h100")};
     KernelRow rows[MAX_KERNEL_ROWS];
     const int n = kernel_rows(p, cfg, rows);
-    const double attn_eff = p->density < 1.0 ? SPARSE_ATTENTION_EFFICIENCY : DENSE_ATTENTION_EFFICIENCY;
     fprintf(out, "\nkernels of one step on one GPU (%lld tokens, %s attention%s): bytes with every tensor moved "
-            "once (a lower bound); bound = max(FLOPs / peak, bytes / HBM bandwidth)\n\n",
-            (long long)p->tokens * cfg->train.micro_batches, cfg->attention.type == ATTN_DENSE ? "dense" : "sparse",
+            "once (a lower bound); bound = the largest of the kernel's resource times (derived, not measured: "
+            "docs/PERFORMANCE.md)\n\n", (long long)p->tokens * cfg->train.micro_batches,
+            cfg->attention.type == ATTN_DENSE ? "dense" : "sparse",
             cfg->attention.type == ATTN_DENSE ? "" : " at the plan's density");
-    fprintf(out, "| kernel | calls | GFLOP | GB | FLOP/byte | A100-80GB ms | H100 ms |\n|---|---:|---:|---:|---:|---:|---:|\n");
-    double roofline[2] = {0, 0}, predicted[2] = {0, 0}, flops = 0;
+    fprintf(out, "| kernel | calls | GFLOP | GB | FLOP/byte | A100-80GB ms | H100 ms | binds (A100-80GB / H100) |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---|\n");
+    double total[2] = {0, 0}, flops = 0;
     for (int i = 0; i < n; i++) {
         const KernelRow *r = &rows[i];
         flops += r->flops;
         double ms[2];
+        const char *binds[2];
         for (int g = 0; g < 2; g++) {
-            ms[g] = 1e3 * kernel_seconds(r, gpus[g], attn_eff, false);
-            roofline[g] += ms[g] / 1e3;
-            predicted[g] += kernel_seconds(r, gpus[g], attn_eff, true);
+            ms[g] = 1e3 * kernel_seconds(r, gpus[g], &binds[g]);
+            total[g] += ms[g] / 1e3;
         }
         if (r->flops > 0)
-            fprintf(out, "| %s | %.0f | %.4g | %.4g | %.0f | %.2f | %.2f |\n", r->name, r->calls, r->flops / 1e9,
-                    r->bytes / 1e9, r->flops / r->bytes, ms[0], ms[1]);
+            fprintf(out, "| %s | %.0f | %.4g | %.4g | %.0f | %.2f | %.2f | %s / %s |\n", r->name, r->calls,
+                    r->flops / 1e9, r->bytes / 1e9, r->flops / r->bytes, ms[0], ms[1], binds[0], binds[1]);
         else
-            fprintf(out, "| %s | %.0f | – | %.4g | – | %.2f | %.2f |\n", r->name, r->calls, r->bytes / 1e9, ms[0],
-                    ms[1]);
+            fprintf(out, "| %s | %.0f | – | %.4g | – | %.2f | %.2f | %s / %s |\n", r->name, r->calls, r->bytes / 1e9,
+                    ms[0], ms[1], binds[0], binds[1]);
     }
-    fprintf(out, "| **step** | | %.4g | | | **%.1f** | **%.1f** |\n\n", flops / 1e9, 1e3 * roofline[0],
-            1e3 * roofline[1]);
+    fprintf(out, "| **step** | | %.4g | | | **%.1f** | **%.1f** | |\n\n", flops / 1e9, 1e3 * total[0],
+            1e3 * total[1]);
     for (int g = 0; g < 2; g++)
-        fprintf(out, "%s: roofline step %.3f s (MFU %.1f%%); predicted %.3f s, %.0f tokens/s per GPU, MFU %.1f%% "
-                "(GEMMs at %.0f%% of peak, attention at %.0f%%, memory-bound kernels at %.0f%% of bandwidth)\n",
-                gpus[g]->name, roofline[g], 100 * p->model_flops / (roofline[g] * gpus[g]->peak_tflops * 1e12),
-                predicted[g], (double)p->tokens * cfg->train.micro_batches / predicted[g],
-                100 * p->model_flops / (predicted[g] * gpus[g]->peak_tflops * 1e12), 100 * GEMM_EFFICIENCY,
-                100 * attn_eff, 100 * BANDWIDTH_EFFICIENCY);
+        fprintf(out, "%s: the kernels' bounds add up to %.3f s, %.0f tokens/s per GPU, MFU %.1f%%\n", gpus[g]->name,
+                total[g], (double)p->tokens * cfg->train.micro_batches / total[g],
+                100 * p->model_flops / (total[g] * gpus[g]->peak_tflops * 1e12));
+    // The attention kernels' derivation on the plan's GPU, per call (one layer's pass).
+    const GpuProfile *hw = p->gpu && p->hw.sms > 0 ? &p->hw : gpus[0];
+    const GpuRates rate = gpu_rates(hw);
+    fprintf(out, "\nattention kernels per call (one layer's pass over the rank's queries) on %s: counted work "
+            "(trainer/plan_counts.c, equal to the sim's counts: gpu_test_counts) at %.4g mma.sync/s (%.0f TFLOP/s), "
+            "shared memory %.4g TB/s (ldmatrix + cp.async bytes), HBM %.4g TB/s, L2 atomics %.4g/s, shuffles "
+            "%.4g/s\n\n", hw->name, rate.mma, hw->peak_tflops, rate.smem / 1e12, rate.hbm / 1e12, rate.atomics,
+            rate.shuffles);
+    fprintf(out, "| kernel | mma.sync | ldmatrix GB | cp.async GB | atomics | shuffles | barriers | tensor ms | "
+            "shared memory ms | HBM ms | atomics ms | bound ms | binds | TFLOP/s at the bound |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n");
+    for (int i = 0; i < n; i++) {
+        const KernelRow *r = &rows[i];
+        if (r->kind != KERNEL_ATTENTION) continue;
+        const KernelCounts c = counts_times(r->counts, 1.0 / r->calls);
+        const char *binds;
+        const double bound = kernel_seconds(r, hw, &binds) / r->calls;
+        fprintf(out, "| %s | %.4g | %.4g | %.4g | %.4g | %.4g | %.4g | %.3f | %.3f | %.3f | %.3f | %.3f | %s | %.0f |\n",
+                r->name, c.mma, c.ldmatrix_bytes / 1e9, c.cp_async_bytes / 1e9, c.atomics, c.shuffles, c.barriers,
+                1e3 * c.mma / rate.mma, 1e3 * (c.ldmatrix_bytes + c.cp_async_bytes) / rate.smem,
+                1e3 * r->bytes / r->calls / rate.hbm, 1e3 * c.atomics / rate.atomics, 1e3 * bound, binds,
+                r->flops / r->calls / bound / 1e12);
+    }
     if (p->gpu)
-        fprintf(out, "these are the kernels alone: they leave out the ring's exposed transfers, the sparse plan's "
-            "combine and the gradient reduction; on %s the plan's step above is these kernels' %.3f s + ring exposed "
-            "%.3f + sparse plan combine %.3f + gradient reduction %.3f = %.3f s\n", p->hw.name, p->compute_s,
-            p->ring_exposed_s, p->sparse_combine_s, p->reduce_s, p->step_s);
+        fprintf(out, "\nthese are the kernels alone: the plan's step on %s adds their launches, the host "
+                "synchronisations, the ring's exposed transfers, the sparse plan's combine and the gradient "
+                "reduction: %.3f s + launches %.3f + host syncs %.3f + ring exposed %.3f + sparse plan combine %.3f "
+                "+ gradient reduction %.3f = %.3f s\n", p->hw.name, p->compute_s, p->launch_s, p->host_sync_s,
+                p->ring_exposed_s, p->sparse_combine_s, p->reduce_s, p->step_s);
 }
 
 int cmd_plan(int argc, char **argv) {
@@ -719,8 +891,9 @@ int cmd_plan(int argc, char **argv) {
         plan_ring_print(&cfg, &gpu, density, stdout);
         printf("\nthis view is attention and its ring transfers, per layer: it leaves out the GEMMs, the other kernels, "
                "the sparse plan's combine and the gradient reduction; the plan's step on %s is %.3f s (kernels %.3f, "
-               "ring exposed %.3f, sparse plan combine %.3f, gradient reduction %.3f)\n", gpu.name, p.step_s,
-               p.compute_s, p.ring_exposed_s, p.sparse_combine_s, p.reduce_s);
+               "launches %.3f, host syncs %.3f, ring exposed %.3f, sparse plan combine %.3f, gradient reduction "
+               "%.3f)\n", gpu.name, p.step_s, p.compute_s, p.launch_s, p.host_sync_s, p.ring_exposed_s,
+               p.sparse_combine_s, p.reduce_s);
         plan_print_verdict(&p, &cfg, stdout);
     } else {
         plan_print(&p, &cfg, stdout);

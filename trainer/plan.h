@@ -23,6 +23,9 @@ typedef struct {
     double internode_gbs;    // per GPU across nodes (its share of the node's NICs), GB/s per direction
     int gpus_per_node;
     double fp32_tflops;      // CUDA-core fp32 TFLOP/s (the sparse estimation); 0: unknown
+    int sms;                 // streaming multiprocessors; 0: unknown (a GPU described in full by the hardware section)
+    double clock_ghz;        // the boost clock the peak is given at
+    int l2_slices;           // L2 slices of 512 KiB (the atomics' units)
 } GpuProfile;
 
 // The GPU of cfg's hardware section: the profile hardware.gpu names with
@@ -66,11 +69,13 @@ typedef struct {
     double ring_fwd_bytes, ring_bwd_bytes;  // one ring step of one layer: K/V; K/V + dK/dV
     double inner_gbs, outer_gbs;            // GB/s per direction per GPU of a hop on the inner and outer ring
     double ring_inner_s, ring_outer_s;      // time of those on the inner (NVLink) and outer (network) links
-    double attention_efficiency; // fraction of the peak the attention kernels reach (dense or sparse)
+    double attention_efficiency; // the attention forward's FLOPs over the peak times its derived bound (plan_counts.h)
     double attention_fwd_step_s; // one forward pass of one ring step of one layer, mean over ranks and steps
     double attention_step_s;     // attention compute of one ring step of one layer (forward + backward)
+    double launches, host_syncs; // GPU: kernel launches and host synchronisations per step
+    double launch_s, host_sync_s;// their time per step (assumed costs: plan.c)
     double sparse_combine_s;     // the sparse plan's combine of the estimation over cp, per step (not overlapped)
-    double compute_s, ring_exposed_s, reduce_s, step_s;
+    double compute_s, ring_exposed_s, reduce_s, step_s;   // GPU: compute_s is the kernels' derived bounds
     double tokens_per_s, mfu;
 } Plan;
 
@@ -94,9 +99,10 @@ bool plan_fits(const Plan *p);
 // The `fits: yes|NO (...)` line, and when it does not fit what to change.
 void plan_print_verdict(const Plan *p, const Config *cfg, FILE *out);
 // The CUDA backend's kernels over one optimizer step of one GPU (`mtrain plan
-// --kernels`): per kernel its calls, FLOPs and DRAM bytes, and its roofline
-// bound on the A100-80GB and H100 profiles; then the step's roofline and
-// predicted times and MFU on both, as markdown.
+// --kernels`): per kernel its calls, FLOPs and DRAM bytes, its derived time
+// bound on the A100-80GB and H100 profiles and the resource that binds; the
+// attention kernels' counted work (plan_counts.h) and the rates behind the
+// bounds; then the step's time and MFU on both, as markdown.
 void plan_print_kernels(const Plan *p, const Config *cfg, FILE *out);
 // "params 0.10 + grads 0.10 + ... = 0.45 GiB" on one line.
 void plan_breakdown(const Plan *p, char *line, size_t size);

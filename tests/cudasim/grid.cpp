@@ -6,7 +6,8 @@
 // there; when nothing can run or complete, the state is a rule violation (one
 // line, exit 1, never a hang). Each phase between barriers is scheduled from
 // CUDASIM_SEED (run_block). Also here: shared memory (poisoned), cp.async,
-// ldmatrix, mma.sync, and the hardware's launch checks.
+// ldmatrix, mma.sync, the hardware's launch checks, and the work each kernel
+// passes through them counted by kernel name (cudasim_kernel_counts).
 #include <dlfcn.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -51,6 +52,10 @@ struct PendingCopy {
     int64_t group;
 };
 
+// Work counted per block, summed per kernel name when the block ends.
+enum CountKind { COUNT_MMA, COUNT_LDMATRIX_BYTES, COUNT_CP_ASYNC_BYTES, COUNT_SHUFFLES, COUNT_BARRIERS,
+                 COUNT_ATOMICS, COUNT_KINDS };
+
 struct Block;
 
 struct Thread {
@@ -76,6 +81,7 @@ struct Block {
     std::vector<Static> statics;
     size_t static_bytes;
     std::mt19937_64 rng;
+    uint64_t counts[COUNT_KINDS];
 };
 
 static thread_local Thread *running = nullptr;
@@ -299,6 +305,7 @@ static void complete_mma(Thread *const *lane) {
 
 void cp_async16(void *smem, const void *gmem, int src_bytes) {
     Thread *t = self("cp.async");
+    t->block->counts[COUNT_CP_ASYNC_BYTES] += 16;
     if ((uintptr_t)smem % 16 || (uintptr_t)gmem % 16)
         violation(t, "cp.async of 16 bytes from %p to %p: both addresses must be 16-byte aligned (PTX ISA, cp.async)",
                   gmem, smem);
@@ -407,6 +414,9 @@ static void resolve_warp(Block *b, int w, std::vector<Thread *> &ready) {
         case OP_LDMATRIX: complete_ldmatrix(lane, t->variant / 2, t->variant % 2); break;
         case OP_MMA: complete_mma(lane); break;
         }
+        if (t->op == OP_SHUFFLE) b->counts[COUNT_SHUFFLES]++;
+        if (t->op == OP_LDMATRIX) b->counts[COUNT_LDMATRIX_BYTES] += 128 * (uint64_t)(t->variant / 2);
+        if (t->op == OP_MMA) b->counts[COUNT_MMA]++;
         for (int j = 0; j < 32; j++)
             if (lane[j]) {
                 lane[j]->wait = RUNNABLE;
@@ -448,10 +458,51 @@ static void resolve_warp(Block *b, int w, std::vector<Thread *> &ready) {
     fail("kernel %s: scheduler found no runnable thread and no violation", b->launch->name.c_str());
 }
 
+// ---- work counted per kernel name (cuda_runtime_api.h: cudasim_kernel_counts, CUDASIM_COUNTS) ----
+
+static std::mutex counts_mutex;
+static std::map<std::string, cudasimKernelCounts> counts_by_kernel;
+
+void count_atomic() {
+    if (running) running->block->counts[COUNT_ATOMICS]++;
+}
+
+// A launch (launches 1, no counts) or a finished block (launches 0) of kernel `name`.
+static void add_counts(const std::string &name, uint64_t launches, const uint64_t *counts) {
+    std::lock_guard<std::mutex> lock(counts_mutex);
+    cudasimKernelCounts &k = counts_by_kernel[name];
+    k.launches += launches;
+    if (!counts) return;
+    k.blocks++;
+    k.mma += counts[COUNT_MMA];
+    k.ldmatrix_bytes += counts[COUNT_LDMATRIX_BYTES];
+    k.cp_async_bytes += counts[COUNT_CP_ASYNC_BYTES];
+    k.shuffles += counts[COUNT_SHUFFLES];
+    k.barriers += counts[COUNT_BARRIERS];
+    k.atomics += counts[COUNT_ATOMICS];
+}
+
+// CUDASIM_COUNTS=FILE: the counts of every kernel at exit, written to a temporary name and renamed.
+static void write_counts() {
+    const char *path = getenv("CUDASIM_COUNTS");
+    std::lock_guard<std::mutex> lock(counts_mutex);
+    const std::string tmp = std::string(path) + ".tmp";
+    FILE *f = fopen(tmp.c_str(), "w");
+    if (!f) fail("CUDASIM_COUNTS=%s: cannot write %s", path, tmp.c_str());
+    fprintf(f, "kernel\tlaunches\tblocks\tmma\tldmatrix_bytes\tcp_async_bytes\tshuffles\tbarriers\tatomics\n");
+    for (const auto &e : counts_by_kernel) {
+        const cudasimKernelCounts &k = e.second;
+        fprintf(f, "%s\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\n", e.first.c_str(), k.launches, k.blocks,
+                k.mma, k.ldmatrix_bytes, k.cp_async_bytes, k.shuffles, k.barriers, k.atomics);
+    }
+    if (fclose(f) != 0 || rename(tmp.c_str(), path) != 0) fail("CUDASIM_COUNTS=%s: cannot write it", path);
+}
+
 static void run_block(const Launch *l, uint3 block_idx, uint64_t block_linear) {
     Block b;
     b.launch = l;
     b.static_bytes = 0;
+    memset(b.counts, 0, sizeof b.counts);
     b.rng.seed(seed() * 0x9e3779b97f4a7c15ull ^ (l->number << 32) ^ block_linear);
     fiber_init_thread(&b.scheduler);
     void *smem;
@@ -520,6 +571,7 @@ static void run_block(const Launch *l, uint3 block_idx, uint64_t block_linear) {
         }
         if (exited == n) break;
         if (at_barrier != n) deadlock(&b);
+        b.counts[COUNT_BARRIERS]++;
         for (Thread &t : b.threads) {
             t.wait = RUNNABLE;
             ready[t.linear / 32].push_back(&t);
@@ -529,9 +581,13 @@ static void run_block(const Launch *l, uint3 block_idx, uint64_t block_linear) {
     running = nullptr;
     free(b.dynamic_smem);
     for (const Block::Static &s : b.statics) free(s.p);
+    add_counts(l->name, 0, b.counts);
 }
 
 void run_grid(const Launch *l) {
+    static std::once_flag dump_at_exit;
+    std::call_once(dump_at_exit, [] { if (getenv("CUDASIM_COUNTS") && *getenv("CUDASIM_COUNTS")) atexit(write_counts); });
+    add_counts(l->name, 1, nullptr);
     const dim3 g = l->grid;
     const uint64_t nblocks = (uint64_t)g.x * g.y * g.z;
     std::vector<uint64_t> order(nblocks);
@@ -651,3 +707,28 @@ void launch_grid(const char *name, const void *fn, dim3 grid, dim3 block, size_t
 }
 
 }  // namespace cudasim
+
+void cudasim_kernel_counts_reset(void) {
+    std::lock_guard<std::mutex> lock(cudasim::counts_mutex);
+    cudasim::counts_by_kernel.clear();
+}
+
+int cudasim_kernel_counts(const char *name, cudasimKernelCounts *out) {
+    std::lock_guard<std::mutex> lock(cudasim::counts_mutex);
+    memset(out, 0, sizeof(*out));
+    int matched = 0;
+    for (const auto &e : cudasim::counts_by_kernel) {
+        if (e.first.find(name) == std::string::npos) continue;
+        const cudasimKernelCounts &k = e.second;
+        matched++;
+        out->launches += k.launches;
+        out->blocks += k.blocks;
+        out->mma += k.mma;
+        out->ldmatrix_bytes += k.ldmatrix_bytes;
+        out->cp_async_bytes += k.cp_async_bytes;
+        out->shuffles += k.shuffles;
+        out->barriers += k.barriers;
+        out->atomics += k.atomics;
+    }
+    return matched;
+}

@@ -150,6 +150,23 @@ void cudasim_host_syncs_reset(void);
 long cudasim_host_syncs(FILE *sites);
 long cudasim_nccl_priorities(int *least, int *greatest);
 
+// The work that passed through the device wrappers of every kernel run since
+// the reset (CUDASIM_KERNEL_COUNTS marks them), summed by kernel name (the
+// demangled symbol): launches, blocks, mma.sync.m16n8k16 instructions (one per
+// warp), bytes read by ldmatrix (128 per 8x8 matrix), bytes copied by cp.async
+// (16 per call, zero-filled or not), warp shuffles (one per warp), block
+// barriers (one per block per __syncthreads) and atomics (one per thread per
+// call). cudasim_kernel_counts sums the kernels whose name contains `name`
+// into out and returns how many there were. With CUDASIM_COUNTS=FILE the
+// program writes at exit one line per kernel (tab-separated, a header line
+// naming the columns) to FILE.
+#define CUDASIM_KERNEL_COUNTS 1
+typedef struct {
+    unsigned long long launches, blocks, mma, ldmatrix_bytes, cp_async_bytes, shuffles, barriers, atomics;
+} cudasimKernelCounts;
+void cudasim_kernel_counts_reset(void);
+int cudasim_kernel_counts(const char *name, cudasimKernelCounts *out);
+
 #ifdef __cplusplus
 }
 

@@ -60,6 +60,10 @@ void cp_async16(void *smem, const void *gmem, int src_bytes);
 void cp_async_commit();
 void cp_async_wait(int n);
 void *shared_dynamic();
+// Work counted per kernel (cuda_runtime_api.h, cudasim_kernel_counts): the
+// warp collectives, barriers and cp.async count themselves in grid.cpp; an
+// atomic adds one here (nothing outside a kernel).
+void count_atomic();
 void *shared_static(const void *site, size_t bytes, size_t align);
 
 // A launch: checks as the hardware's, then one call of `body` per CUDA thread.
@@ -151,6 +155,7 @@ CUDASIM_MINMAX(double)
 // ---- atomics (CUDA C++ Programming Guide, "Atomic Functions"): real atomics, blocks run on several threads ----
 
 template <typename T> static inline T cudasim_atomic_add(T *p, T v) {
+    cudasim::count_atomic();
     return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
 }
 static inline int atomicAdd(int *p, int v) { return cudasim_atomic_add(p, v); }
@@ -159,12 +164,14 @@ typedef unsigned long long cudasim_ull;
 static inline cudasim_ull atomicAdd(cudasim_ull *p, cudasim_ull v) { return cudasim_atomic_add(p, v); }
 static inline long long atomicAdd(long long *p, long long v) { return cudasim_atomic_add(p, v); }
 static inline float atomicAdd(float *p, float v) {
+    cudasim::count_atomic();
     uint32_t old = __atomic_load_n((uint32_t *)p, __ATOMIC_RELAXED), next;
     do next = __float_as_uint(__uint_as_float(old) + v);
     while (!__atomic_compare_exchange_n((uint32_t *)p, &old, next, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
     return __uint_as_float(old);
 }
 static inline double atomicAdd(double *p, double v) {
+    cudasim::count_atomic();
     uint64_t old = __atomic_load_n((uint64_t *)p, __ATOMIC_RELAXED), next;
     do { double d; memcpy(&d, &old, 8); d += v; memcpy(&next, &d, 8); }
     while (!__atomic_compare_exchange_n((uint64_t *)p, &old, next, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
@@ -172,10 +179,11 @@ static inline double atomicAdd(double *p, double v) {
     memcpy(&d, &old, 8);
     return d;
 }
-static inline unsigned atomicOr(unsigned *p, unsigned v) { return __atomic_fetch_or(p, v, __ATOMIC_RELAXED); }
-static inline int atomicOr(int *p, int v) { return __atomic_fetch_or(p, v, __ATOMIC_RELAXED); }
-static inline unsigned atomicAnd(unsigned *p, unsigned v) { return __atomic_fetch_and(p, v, __ATOMIC_RELAXED); }
+static inline unsigned atomicOr(unsigned *p, unsigned v) { cudasim::count_atomic(); return __atomic_fetch_or(p, v, __ATOMIC_RELAXED); }
+static inline int atomicOr(int *p, int v) { cudasim::count_atomic(); return __atomic_fetch_or(p, v, __ATOMIC_RELAXED); }
+static inline unsigned atomicAnd(unsigned *p, unsigned v) { cudasim::count_atomic(); return __atomic_fetch_and(p, v, __ATOMIC_RELAXED); }
 template <typename T> static inline T cudasim_atomic_cas(T *p, T expected, T desired) {
+    cudasim::count_atomic();
     __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
     return expected;
 }
@@ -185,11 +193,13 @@ static inline cudasim_ull atomicCAS(cudasim_ull *p, cudasim_ull e, cudasim_ull d
     return cudasim_atomic_cas(p, e, d);
 }
 template <typename T> static inline T cudasim_atomic_max(T *p, T v) {
+    cudasim::count_atomic();
     T old = __atomic_load_n(p, __ATOMIC_RELAXED);
     while (old < v && !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
     return old;
 }
 template <typename T> static inline T cudasim_atomic_min(T *p, T v) {
+    cudasim::count_atomic();
     T old = __atomic_load_n(p, __ATOMIC_RELAXED);
     while (old > v && !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
     return old;
@@ -200,7 +210,7 @@ static inline long long atomicMax(long long *p, long long v) { return cudasim_at
 static inline cudasim_ull atomicMax(cudasim_ull *p, cudasim_ull v) { return cudasim_atomic_max(p, v); }
 static inline int atomicMin(int *p, int v) { return cudasim_atomic_min(p, v); }
 static inline long long atomicMin(long long *p, long long v) { return cudasim_atomic_min(p, v); }
-static inline int atomicExch(int *p, int v) { return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); }
-static inline unsigned atomicExch(unsigned *p, unsigned v) { return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); }
+static inline int atomicExch(int *p, int v) { cudasim::count_atomic(); return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); }
+static inline unsigned atomicExch(unsigned *p, unsigned v) { cudasim::count_atomic(); return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); }
 
 #endif

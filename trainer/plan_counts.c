@@ -1,0 +1,86 @@
+// plan_counts.c: the attention kernels' counted work as functions of their
+// shapes (plan_counts.h). Each formula follows its kernel's loops: per CTA the
+// tile loads and reductions before the loop, per visited tile pair the warp
+// tile products of attention/flash_tiles.cuh (mma_abt: K/16 x (1 + N/16)
+// ldmatrix.x4 and K/16 x N/8 mma; mma_pb: K/16 x N/16 ldmatrix.x4 and
+// K/16 x N/8 mma; mma_atb as mma_abt), two barriers and the next tile's
+// cp.async. An ldmatrix.x4 reads 512 bytes; a cp.async copies 16.
+#include "plan_counts.h"
+
+#include <math.h>
+
+FlashTiles flash_tiles(int head_dim) {
+    return head_dim == 128 ? (FlashTiles){128, 64, 32, 64} : (FlashTiles){128, 64, 64, 64};
+}
+
+double flash_forward_pairs(int64_t t, int bm, int bn) {
+    double pairs = 0;
+    for (int64_t i0 = 0; i0 < t; i0 += bm) pairs += (double)(((i0 + bm < t ? i0 + bm : t) - 1) / bn + 1);
+    return pairs;
+}
+
+double flash_backward_pairs(int64_t t, int bm, int bn) {
+    const int64_t nqt = (t + bm - 1) / bm;
+    double pairs = 0;
+    for (int64_t j0 = 0; j0 < t; j0 += bn) pairs += (double)(nqt - j0 / bm);
+    return pairs;
+}
+
+// Warp instructions of the three tile products (16 rows per warp).
+static double abt_ldmatrix(int k, int n) { return k / 16.0 * (1 + n / 16.0); }
+static double pb_ldmatrix(int k, int n) { return k / 16.0 * (n / 16.0); }
+static double product_mma(int k, int n) { return k / 16.0 * (n / 8.0); }
+
+KernelCounts flash_forward_counts(int head_dim, double q_tiles, double pairs) {
+    const FlashTiles f = flash_tiles(head_dim);
+    const int D = head_dim, BM = f.fwd_bm, BN = f.fwd_bn, NW = BM / 16;
+    return (KernelCounts){
+        .launches = 1, .blocks = q_tiles,
+        .mma = pairs * NW * (product_mma(D, BN) + product_mma(BN, D)),
+        .ldmatrix_bytes = 512 * pairs * NW * (abt_ldmatrix(D, BN) + pb_ldmatrix(BN, D)),
+        .cp_async_bytes = 2.0 * D * (q_tiles * BM + pairs * 2 * BN),
+        // tile_pos_bounds (10) and the merge (4) per CTA, the online softmax's row max (4) per pair
+        .shuffles = NW * (14 * q_tiles + 4 * pairs),
+        .barriers = q_tiles + 2 * pairs,
+        .atomics = 0};
+}
+
+KernelCounts flash_backward_counts(int head_dim, double k_tiles, double pairs, double dq_rows, double keys) {
+    const FlashTiles f = flash_tiles(head_dim);
+    const int D = head_dim, BM = f.bwd_bm, BN = f.bwd_bn, NW = BN / 16, WC = NW / (BM / 16), DQC = D / WC;
+    return (KernelCounts){
+        .launches = 1, .blocks = k_tiles,
+        // S and dP (mma_abt), dV and dK (mma_pb) per warp, dQ (mma_atb) over the WR x WC warps
+        .mma = pairs * NW * (2 * product_mma(D, BM) + 2 * product_mma(BM, D) + product_mma(BN, DQC)),
+        .ldmatrix_bytes = 512 * pairs * NW * (2 * abt_ldmatrix(D, BM) + 2 * pb_ldmatrix(BM, D) +
+                                              abt_ldmatrix(BN, DQC)),
+        .cp_async_bytes = 2.0 * D * (k_tiles * 2 * BN + pairs * 2 * BM),
+        .shuffles = NW * 10 * k_tiles,
+        .barriers = k_tiles + 2 * pairs,
+        .atomics = (double)D * (dq_rows + 2 * keys)};
+}
+
+KernelCounts sparse_forward_counts(int head_dim, int block_size, double rows, double tiles) {
+    const int D = head_dim, BM = block_size, BN = SPARSE_KEY_TILE, NW = BM / 16;
+    return (KernelCounts){
+        .launches = 1, .blocks = rows,
+        .mma = tiles * NW * (product_mma(D, BN) + product_mma(BN, D)),
+        .ldmatrix_bytes = 512 * tiles * NW * (abt_ldmatrix(D, BN) + pb_ldmatrix(BN, D)),
+        .cp_async_bytes = 2.0 * D * (rows * BM + tiles * 2 * BN),
+        .shuffles = NW * 4 * (rows + tiles),
+        .barriers = rows + 2 * tiles,
+        .atomics = 0};
+}
+
+KernelCounts sparse_backward_counts(int head_dim, int block_size, double rows, double tiles, double keys) {
+    const int D = head_dim, BM = block_size, BN = SPARSE_KEY_TILE, NW = BM / 16, WC = NW / (BN / 16), DC = D / WC;
+    return (KernelCounts){
+        .launches = 1, .blocks = rows,
+        // S and dP (mma_abt), dQ (mma_pb) per warp, dV and dK (mma_atb) over the WR x WC warps
+        .mma = tiles * NW * (2 * product_mma(D, BN) + product_mma(BN, D) + 2 * product_mma(BM, DC)),
+        .ldmatrix_bytes = 512 * tiles * NW * (2 * abt_ldmatrix(D, BN) + pb_ldmatrix(BN, D) + 2 * abt_ldmatrix(BM, DC)),
+        .cp_async_bytes = 2.0 * D * (rows * 2 * BM + tiles * 2 * BN),
+        .shuffles = 0,
+        .barriers = 3 * tiles,
+        .atomics = 2.0 * D * keys};
+}

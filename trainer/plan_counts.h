@@ -1,0 +1,52 @@
+// plan_counts.h: the work of the project's attention kernels as functions of
+// their shapes, the counts the CPU execution model of CUDA measures per kernel
+// (cudasim_kernel_counts, docs/SIM.md): mma.sync.m16n8k16 instructions,
+// ldmatrix and cp.async bytes, warp shuffles, block barriers and atomics.
+// The plan derives each kernel's time from them (plan.c); the sim test
+// tests/gpu_test_counts.c holds them equal to what the kernels do. The tile
+// shapes are those of attention/flash_cuda.cu (Tiles<D>) and
+// attention/sparse_cuda.cu (KEY_TILE, one query block per CTA).
+#ifndef MTRAIN_PLAN_COUNTS_H
+#define MTRAIN_PLAN_COUNTS_H
+
+#include <stdint.h>
+
+typedef struct {
+    double launches, blocks, mma, ldmatrix_bytes, cp_async_bytes, shuffles, barriers, atomics;
+} KernelCounts;
+
+// Tile shapes of the dense kernels for head dim d (64 or 128).
+typedef struct {
+    int fwd_bm, fwd_bn, bwd_bm, bwd_bn;
+} FlashTiles;
+FlashTiles flash_tiles(int head_dim);
+#define SPARSE_KEY_TILE 64
+
+// Tile pairs (query tile of bm, key tile of bn) a causal pass over one
+// contiguous sequence of t tokens visits, for one head: the forward's (every
+// key tile that starts at or before the query tile's last position) or the
+// backward's (every query tile whose last position is at or after the key
+// tile's first).
+double flash_forward_pairs(int64_t t, int bm, int bn);
+double flash_backward_pairs(int64_t t, int bm, int bn);
+
+// One launch of the dense forward (flash_forward_kernel, no documents):
+// q_tiles CTAs of fwd_bm queries, pairs (query tile, key tile) visited, both
+// summed over the heads.
+KernelCounts flash_forward_counts(int head_dim, double q_tiles, double pairs);
+// One launch of the dense backward (flash_backward_kernel, no documents):
+// k_tiles CTAs of bwd_bn keys, pairs visited, rows of dq the pairs add to
+// (bwd_bm per pair where the query tile is whole), keys of dk, dv (summed
+// over the heads).
+KernelCounts flash_backward_counts(int head_dim, double k_tiles, double pairs, double dq_rows, double keys);
+// One launch of the sparse forward and backward (sparse_forward_kernel,
+// sparse_backward_kernel with one or two K/V buffers, no documents) over rows index
+// rows (query blocks of block_size, summed over the heads): tiles key tiles
+// of SPARSE_KEY_TILE visited (the selected blocks' and the columns'), keys the
+// valid keys of those tiles (tiles x SPARSE_KEY_TILE but for a short last
+// column tile). A row with no tile still loads its queries (the backward
+// then returns).
+KernelCounts sparse_forward_counts(int head_dim, int block_size, double rows, double tiles);
+KernelCounts sparse_backward_counts(int head_dim, int block_size, double rows, double tiles, double keys);
+
+#endif

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# plan_kernels.sh: the figures of docs/PERFORMANCE.md, section "CUDA training
-# step per kernel (planned)": `build/mtrain plan --kernels` for the
+# plan_kernels.sh: the planned CUDA training step per kernel (predictions,
+# not measurements): `build/mtrain plan --kernels` for the
 # Qwen2.5-0.5B and 3B shapes (the model sections of their run files) at
 # 32K, 128K and 512K tokens on one GPU (cp 1, dp 1, no ZeRO sharding,
 # activation checkpointing, the run files' loss chunk), first a summary

@@ -216,7 +216,7 @@ static const Section sections[] = {
     {"checkpoint", "Where checkpoints go."},
     {"log", "Progress lines and metrics."},
     {"eval", "`mtrain eval`: perplexity by length, passkey / needle-in-a-haystack grids, RULER-style tasks (see docs/USAGE.md, Evaluation)."},
-    {"hardware", "The machine `mtrain plan` plans for (see docs/PERFORMANCE.md, Planner), and the peak MFU is measured against."},
+    {"hardware", "The machine `mtrain plan` plans for (see docs/PERFORMANCE.md, Planner against measured memory), and the peak MFU is measured against."},
 };
 #define NUM_SECTIONS ((int)(sizeof(sections) / sizeof(sections[0])))
 

@@ -5,7 +5,8 @@
 // FLOPs, bytes and derived time bound on the A100-80GB and H100 (the
 // attention kernels from their counted work, plan_counts.h). The CPU figures follow the allocations of the CPU backend (model.c,
 // train.c, checkpoint.c); the GPU figures are those of the CUDA backend as
-// designed (docs/PERFORMANCE.md, section Planner).
+// designed (docs/PERFORMANCE.md: the planner against measured memory, and
+// the derivation of its time model).
 #include "plan.h"
 
 #include <cblas.h>
@@ -525,6 +526,7 @@ static void plan_flops(Plan *p, const Config *cfg) {
         p->compute_s = (gemm + recompute) / p->peak_flops + (1 + PLAN_ATTENTION_BACKWARD) * forward;
         p->attention_fwd_step_s = forward / steps;
         p->attention_step_s = (fwd_passes + PLAN_ATTENTION_BACKWARD) * p->attention_fwd_step_s;
+        p->attention_backward_ratio = PLAN_ATTENTION_BACKWARD;
         return;
     }
     // The kernels of the step (plan_print_kernels' rows) at their derived bounds.
@@ -532,6 +534,7 @@ static void plan_flops(Plan *p, const Config *cfg) {
     p->compute_s = kernels_seconds(p, cfg, &p->hw, &fwd_s, &bwd_s, &p->launches);
     p->attention_fwd_step_s = fwd_s / fwd_passes / steps;
     p->attention_step_s = (fwd_s + bwd_s) / steps;
+    p->attention_backward_ratio = bwd_s / (fwd_s / fwd_passes);
     p->attention_efficiency = attn_fwd * p->density / (p->peak_flops * fwd_s / fwd_passes);
     p->host_syncs = host_syncs(p, cfg);
     p->launch_s = p->launches * LAUNCH_S;

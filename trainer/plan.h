@@ -72,6 +72,7 @@ typedef struct {
     double attention_efficiency; // the attention forward's FLOPs over the peak times its derived bound (plan_counts.h)
     double attention_fwd_step_s; // one forward pass of one ring step of one layer, mean over ranks and steps
     double attention_step_s;     // attention compute of one ring step of one layer (forward + backward)
+    double attention_backward_ratio; // attention backward time over forward time (derived; CPU: PLAN_ATTENTION_BACKWARD)
     double launches, host_syncs; // GPU: kernel launches and host synchronisations per step
     double launch_s, host_sync_s;// their time per step (assumed costs: plan.c)
     double sparse_combine_s;     // the sparse plan's combine of the estimation over cp, per step (not overlapped)

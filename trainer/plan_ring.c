@@ -5,8 +5,8 @@
 // selected, from ring_send_tokens, the byte planner of attention/ring_plan.c),
 // their time on the inner (NVLink) and outer (network) links, whether the
 // step's compute hides them, and per layer the time of the forward and the
-// backward. Link speeds, kernel efficiencies and attention FLOPs are the
-// planner's (plan.c); docs/PERFORMANCE.md, "Ring overlap per layer and step".
+// backward. Link speeds and the attention kernels' derived times are the
+// planner's (plan.c); docs/PERFORMANCE.md shows one output.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -201,9 +201,9 @@ static double load_ms(const RingTable *t, bool backward, int m, int l, int s) {
     return link_ms(t, l, bytes);
 }
 
-// Attention ms of step s in a pass (backward: PLAN_ATTENTION_BACKWARD x forward).
+// Attention ms of step s in a pass (backward: the plan's derived backward / forward ratio).
 static double step_ms(const RingTable *t, bool backward, int a, int s) {
-    return t->attention[a][s] * (backward ? PLAN_ATTENTION_BACKWARD : 1.0);
+    return t->attention[a][s] * (backward ? t->plan[a].attention_backward_ratio : 1.0);
 }
 
 // Time of one layer's pass (ms): each step lasts as long as its compute or
@@ -344,12 +344,13 @@ void plan_ring_print(const Config *cfg, const GpuProfile *gpu, double density, F
     fprintf(out, "links: NVLink %.0f GB/s per direction per GPU (%.0f GB/s bidirectional); network %.1f GB/s per "
             "direction per GPU (%.0f Gb/s per node of %d GPUs, shared when all send at once)\n", gpu->nvlink_gbs,
             2 * gpu->nvlink_gbs, gpu->internode_gbs, gpu->internode_gbs * gpu->gpus_per_node * 8, gpu->gpus_per_node);
-    fprintf(out, "compute: %.0f TFLOP/s bf16 peak; attention at %.0f%% of it dense, %.0f%% sparse; sparse density "
-            "%.4f (%.1f%% sparse, %s); backward %.1f x forward; per step: the planner's mean step x the causal "
+    fprintf(out, "compute: %.0f TFLOP/s bf16 peak; attention kernels' derived bound at %.0f%% of it dense, %.0f%% sparse; sparse density "
+            "%.4f (%.1f%% sparse, %s); backward %.2f x forward dense, %.2f sparse; per step: the planner's mean step x the causal "
             "pairs of the step's slowest rank / the mean (sparse work assumed spread as causal work)\n",
             gpu->peak_tflops, 100 * dense.attention_efficiency, 100 * sparse.attention_efficiency, sparse.density,
             100 * (1 - sparse.density), density > 0 ? "--density" : cfg->attention.type == ATTN_DENSE ? "dense run"
-            : sparse.density_assumed ? "the top_p caps' bound" : "the fixed budget", PLAN_ATTENTION_BACKWARD);
+            : sparse.density_assumed ? "the top_p caps' bound" : "the fixed budget", dense.attention_backward_ratio,
+            sparse.attention_backward_ratio);
     fprintf(out, "bytes: K/V %.0f per token (bf16), dK/dV accumulators %.0f per token (fp32); selected: %s\n", kv_token,
             dkv_token, sparse.density < 1.0 ? "the blocks of a planted pattern at the sparse density"
             : "the causal key blocks (ring_dense_need)");

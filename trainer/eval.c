@@ -26,7 +26,7 @@
 #include "../dist/progress.h"
 #include "checkpoint.h"
 #include "commands.h"
-#include "train.h"
+#include "run.h"
 
 bool answer_exact_match(const float *logits, int64_t V, const int32_t *answer, int64_t A) {
     for (int64_t r = 0; r < A; r++) {

@@ -88,7 +88,7 @@ static void warn_rounded_back(const float *params, const ModelConfig *mc, const 
     free(init_config);
     if (!has_init) return;
     Model init;
-    model_init(&init, mc, backend_cpu());
+    model_init(&init, mc, backend_cpu(), NULL, 1024);
     model_load_hf_folder(&init, run.train.init_from_path);
     float *init_params = xmalloc(sizeof(float) * (size_t)init.total_params);
     model_gather_params(&init, init_params);
@@ -144,7 +144,7 @@ int cmd_export(int argc, char **argv) {
     config_validate(&cfg, first_override < argc ? "export (with overrides)" : path);
     free(path);
     Model m;
-    model_init(&m, &cfg.model, backend_cpu());
+    model_init(&m, &cfg.model, backend_cpu(), NULL, 1024);
     model_load_hf_folder(&m, src);
     float *params = xmalloc(sizeof(float) * (size_t)m.total_params);
     model_gather_params(&m, params);

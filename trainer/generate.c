@@ -22,7 +22,7 @@
 #include "../model/hf_io.h"
 #include "checkpoint.h"
 #include "commands.h"
-#include "train.h"
+#include "run.h"
 
 static const char *generate_usage =
     "usage: mtrain generate --model DIR (--prompt TEXT | --tokens FILE) [--max-new N] [--temperature T] "

@@ -18,35 +18,7 @@
 #include "../model/hf_io.h"
 #include "checkpoint.h"
 #include "commands.h"
-#include "train.h"
-
-int64_t *read_int_file(const char *path, const char *what, int64_t limit, const char *range,
-                              bool ascending, int64_t *count) {
-    char *text = read_file(path, NULL);
-    int64_t n = 0, cap = 1024;
-    int64_t *values = xmalloc(sizeof(int64_t) * (size_t)cap);
-    char *s = text;
-    for (;;) {
-        while (*s == ' ' || *s == '\n' || *s == '\t' || *s == '\r') s++;
-        if (!*s) break;
-        char *end;
-        errno = 0;
-        long long v = strtoll(s, &end, 10);
-        if (end == s || errno || (*end && *end != ' ' && *end != '\n' && *end != '\t' && *end != '\r'))
-            fail("%s: %s %lld is not an integer", path, what, (long long)n);
-        if (v < 0 || v >= limit)
-            fail("%s: %s %lld is %lld, outside %s [0, %lld)", path, what, (long long)n, v, range, (long long)limit);
-        if (ascending && n > 0 && v <= values[n - 1])
-            fail("%s: %s %lld is %lld, not after the previous %lld (expected ascending)", path, what,
-                 (long long)n, v, (long long)values[n - 1]);
-        if (n == cap) values = xrealloc(values, sizeof(int64_t) * (size_t)(cap *= 2));
-        values[n++] = v;
-        s = end;
-    }
-    free(text);
-    *count = n;
-    return values;
-}
+#include "run.h"
 
 static int usage(void) {
     fprintf(stderr, "usage: mtrain score --model DIR --tokens FILE [--docs FILE] [--grads OUT.safetensors] "
@@ -134,10 +106,13 @@ int cmd_score(int argc, char **argv) {
     progress_end(&progress);
     comm_allreduce(&dist.cp, &loss, 1, DT_DOUBLE, REDUCE_SUM);
     loss /= (double)(T - 1);
-    if (grads_path) allreduce_arena(&dist.cp, m.be, m.grad_mem, m.total_params);
+    if (grads_path) {
+        model_set_grad_reduce(&m, &dist.cp, 0);
+        model_reduce_grads(&m);
+    }
     if (dist.world_rank == 0) {
         printf("loss %.9g\ntokens %lld\n", loss, (long long)T);
-        if (grads_path) model_write_safetensors(&m, m.grad_mem, grads_path, ST_F32);
+        if (grads_path) model_write_grads(&m, grads_path);
     }
     if (logits_path) {
         int64_t V = cfg.model.vocab_size;

@@ -16,6 +16,7 @@
 #include "../dist/comm.h"
 #include "../model/hf_config.h"
 #include "../model/hf_io.h"
+#include "args.h"
 #include "checkpoint.h"
 #include "commands.h"
 #include "run.h"
@@ -30,22 +31,15 @@ int cmd_score(int argc, char **argv) {
     const char *model_dir = NULL, *tokens_path = NULL, *docs_path = NULL, *grads_path = NULL, *logits_path = NULL;
     Config cfg;
     config_defaults(&cfg);
-    int first_override = argc;
-    for (int i = 0; i < argc; i++) {
-        const char **slot = !strcmp(argv[i], "--model") ? &model_dir
-                          : !strcmp(argv[i], "--tokens") ? &tokens_path
-                          : !strcmp(argv[i], "--docs") ? &docs_path
-                          : !strcmp(argv[i], "--grads") ? &grads_path
-                          : !strcmp(argv[i], "--logits") ? &logits_path : NULL;
-        if (!slot) { first_override = i; break; }
-        if (i + 1 >= argc) return usage();
-        *slot = argv[++i];
-    }
-    if (!model_dir || !tokens_path) return usage();
+    const ArgOption options[] = {{"--model", ARG_VALUE, &model_dir}, {"--tokens", ARG_VALUE, &tokens_path},
+                                 {"--docs", ARG_VALUE, &docs_path}, {"--grads", ARG_VALUE, &grads_path},
+                                 {"--logits", ARG_VALUE, &logits_path}};
+    ArgsResult args = args_parse(options, (int)(sizeof(options) / sizeof(options[0])), argc, argv, 0, NULL);
+    if (args.missing || !model_dir || !tokens_path) return usage();
     char path[4096];
     snprintf(path, sizeof(path), "%s/config.json", model_dir);
     hf_config_read(path, &cfg.model);
-    for (int i = first_override; i < argc; i++) config_override(&cfg, argv[i]);
+    for (int i = args.rest; i < argc; i++) config_override(&cfg, argv[i]);
     config_validate(&cfg, path);
     Dist dist;
     dist_init(&dist, NULL, NULL, cfg.parallel.timeout_s);

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "cuda_check.h"
+#include "test_hooks.h"
 #include "util.h"
 
 // The communicators that get a device side, in the order every rank makes

@@ -164,32 +164,6 @@ uint16_t f32_to_bf16(float f) {
     return (uint16_t)(bits >> 16);
 }
 
-// The fault points of MTRAIN_TEST_FAULT, and how often this process has reached each.
-static const char *const fault_points[] = {"reduce", "ring", "start", "step", "write", "shard", "rename", "latest", "prune"};
-#define FAULT_POINTS ((int)(sizeof(fault_points) / sizeof(fault_points[0])))
-
-void test_fault(const char *point, int world_rank, double timeout_s) {
-    static int64_t reached[FAULT_POINTS];
-    const char *text = getenv("MTRAIN_TEST_FAULT");
-    if (!text || !text[0]) return;
-    char kind[8], where[8] = "reduce";
-    int rank = -1, n = 0, which = -1;
-    long long nth = 1;
-    const int fields = sscanf(text, "%7[a-z]:%d%n@%7[a-z]%n#%lld%n", kind, &rank, &n, where, &n, &nth, &n);
-    for (int i = 0; i < FAULT_POINTS; i++)
-        if (!strcmp(where, fault_points[i])) which = i;
-    if (fields < 2 || text[n] || rank < 0 || nth < 1 || which < 0 ||
-        (strcmp(kind, "stall") && strcmp(kind, "kill") && strcmp(kind, "slow")))
-        fail("MTRAIN_TEST_FAULT=%s: expected stall:RANK, kill:RANK or slow:RANK, then optionally @POINT (reduce, ring, "
-             "start, step, write, shard, rename, latest, prune) and #N (rank >= 0, N >= 1)", text);
-    if (rank != world_rank || strcmp(where, point)) return;
-    if (++reached[which] != nth) return;
-    fprintf(stderr, "rank %d: MTRAIN_TEST_FAULT: %s at the fault point %s\n", rank, kind, point);
-    fflush(stderr);
-    if (!strcmp(kind, "kill")) raise(SIGKILL);
-    sleep((unsigned)(!strcmp(kind, "slow") ? 2 * timeout_s + 1 : 10 * timeout_s + 10));
-}
-
 bool other_process_alive(int pid) { return pid != (int)getpid() && (kill(pid, 0) == 0 || errno == EPERM); }
 
 double now_seconds(void) {

@@ -56,21 +56,6 @@ void make_dirs(const char *path);
 float bf16_to_f32(uint16_t h);
 uint16_t f32_to_bf16(float f);
 
-// MTRAIN_TEST_FAULT=KIND:RANK[@POINT[#N]] (for tests of the no-hang rule and
-// of kills): the N-th time (default the first) world rank RANK reaches the
-// fault point named POINT (default reduce: the gradient reduction of the
-// first step a rank trains; ring: each wait of the CUDA backend's ring
-// exchange, dist/comm_device.c; start: start-up, after the checkpoint folder
-// is recovered; step: after each optimizer step; write: inside a checkpoint
-// write, model.safetensors written; rename: the step folder renamed into
-// place, `latest` not yet moved; latest: `latest` moved, nothing pruned;
-// prune: each checkpoint being removed, renamed to NAME.del.PID), it sleeps (KIND stall: a
-// rank stuck elsewhere, its transfer or collective never posted) for
-// 10 timeout_s + 10 s, sleeps 2 timeout_s + 1 s and goes on (KIND slow: a
-// slow disk), or dies by SIGKILL (KIND kill). Other ranks and points are
-// unaffected; an unset variable does nothing.
-void test_fault(const char *point, int world_rank, double timeout_s);
-
 // Whether a process other than this one with this id is running (EPERM:
 // another user's, alive).
 bool other_process_alive(int pid);

@@ -38,6 +38,7 @@ typedef struct {
     const char *name;
     size_t act_bytes;     // bytes of one Act element
     size_t weight_bytes;  // bytes of one Weight element
+    bool on_gpu;          // memory and ops on a GPU (the run's memory plan is the GPU's)
 
     // memory
     void *(*alloc)(size_t bytes);                 // zero-filled

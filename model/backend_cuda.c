@@ -238,6 +238,7 @@ static const Backend cuda_backend = {
     .name = "cuda",
     .act_bytes = sizeof(uint16_t),
     .weight_bytes = sizeof(uint16_t),
+    .on_gpu = true,
     .alloc = cuda_alloc,
     .free = cuda_free,
     .zero = cuda_zero,

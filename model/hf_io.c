@@ -138,6 +138,8 @@ void model_write_safetensors(const Model *m, float *arena, const char *path, StD
     free(host);
 }
 
+void model_write_grads(const Model *m, const char *path) { model_write_safetensors(m, m->grad_mem, path, ST_F32); }
+
 // "model-00002-of-00005.safetensors" for shard k (from 0) of n.
 static void shard_name(char *out, size_t size, int k, int n) {
     snprintf(out, size, "model-%05d-of-%05d.safetensors", k + 1, n);

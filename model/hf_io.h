@@ -29,6 +29,8 @@ int model_write_hf_weights(const Model *m, const float *params, const char *dir,
                            uint64_t max_shard_bytes);
 // Write one whole arena (grad_mem, an unsharded param_mem) under HF names as one safetensors file.
 void model_write_safetensors(const Model *m, float *arena, const char *path, StDtype dtype);
+// The gradients (whole arena) under HF names as one F32 safetensors file.
+void model_write_grads(const Model *m, const char *path);
 // Copy the files of a Hugging Face folder that travel with its weights
 // (tokenizer files, generation_config.json) that `from` has into `to`.
 void hf_copy_side_files(const char *from, const char *to);

@@ -67,17 +67,22 @@ static void add_param(Model *m, const char *name, int ndim, const int64_t *shape
     m->total_params += p->numel;
 }
 
-void model_init(Model *m, const ModelConfig *config, const Backend *be) {
+void model_init(Model *m, const ModelConfig *config, const Backend *be, const AttentionConfig *attention,
+                int loss_chunk) {
     memset(m, 0, sizeof(*m));
     m->cfg = *config;
     if (m->cfg.head_dim == 0) m->cfg.head_dim = config->hidden_size / config->num_heads;
     const ModelConfig *cfg = &m->cfg;
     m->be = be;
-    m->attention.type = ATTN_DENSE;
-    m->attention.block_size = 64;
+    if (attention) {
+        m->attention = *attention;
+    } else {
+        m->attention.type = ATTN_DENSE;
+        m->attention.block_size = 64;
+    }
     m->attn = be->attention_new(&m->attention, config->num_layers, config->num_heads);
     m->attention_stats = xcalloc((size_t)config->num_layers, sizeof(SparseStats));
-    m->loss_chunk = 1024;
+    m->loss_chunk = loss_chunk;
     int L = cfg->num_layers;
     m->params = xcalloc((size_t)(3 + L * LAYER_TENSORS), sizeof(ParamInfo));
     int64_t embed_shape[2] = {cfg->vocab_size, cfg->hidden_size}, norm_shape[1] = {cfg->hidden_size};
@@ -240,7 +245,7 @@ void model_gather_shards(const Model *m, const float *shard, float *host) {
 }
 
 void model_gather_params(const Model *m, float *host) {
-    if (m->opt_comm && m->be->shards_masters) model_gather_shards(m, m->param_mem, host);
+    if (model_master_sharded(m)) model_gather_shards(m, m->param_mem, host);
     else m->be->download(host, m->param_mem, sizeof(float) * (size_t)m->total_params);
 }
 

@@ -103,6 +103,10 @@ typedef struct {
     // the last, then the embedding at offset 0). NULL: not called.
     void (*grads_final)(void *ctx, int64_t offset);
     void *grads_final_ctx;
+    // The gradient reduction (model_set_grad_reduce).
+    const struct Comm *grad_comm;   // the ranks the gradients are summed over
+    int64_t grad_bucket;            // floats per bucket, at least; 0 = one sum after the backward
+    int64_t grad_started;           // a bucketed backward: [grad_started, total_params) has started reducing
     const struct Comm *cp;
     int ring_inner;                 // inner ring size of the schedule
     // Documents (model_set_documents): attention masked by document when set.
@@ -111,9 +115,11 @@ typedef struct {
     int64_t *rope_doc_starts, rope_doc_count;  // [rope_doc_count] sorted global positions (none: global)
 } Model;
 
-// Build the table for cfg and allocate parameters and gradients (zero).
-// Attention starts dense with 64-token tiles; model_set_attention changes it.
-void model_init(Model *m, const ModelConfig *cfg, const Backend *be);
+// Build the table for cfg and allocate parameters and gradients (zero), with
+// this attention (NULL: dense over 64-token tiles) and LM-head + loss chunks
+// of loss_chunk tokens; model_set_attention changes the attention later.
+void model_init(Model *m, const ModelConfig *cfg, const Backend *be, const AttentionConfig *attention,
+                int loss_chunk);
 // Use this attention; for budget fixed, reads the budget file when set.
 void model_set_attention(Model *m, const AttentionConfig *attention);
 void model_free(Model *m);
@@ -190,6 +196,49 @@ void model_logits(Model *m, const int32_t *tokens, const int64_t *positions, int
 // ([count, V] in host memory): what evaluation needs at 512K × 152K vocab.
 void model_logits_range(Model *m, const int32_t *tokens, const int64_t *positions, int64_t T, int64_t first,
                         int64_t count, float *logits_host);
+
+// Gradients and optimizer state (model/grad_reduce.c). Zero the gradient arena.
+void model_zero_grads(Model *m);
+// Whether every gradient is finite (their sum of squares, before any reduction).
+bool model_grads_finite(const Model *m);
+// MTRAIN_TEST_NAN_STEP: a NaN into the first gradient.
+void model_poison_grads(Model *m);
+// Sum the gradients over the ranks of `over` (every rank then makes the same
+// update): in buckets of at least bucket_floats (0: none) started during the
+// last micro-batch's backward when over has several ranks and the moments
+// are whole; under ZeRO-1 (model_shard_optimizer over the same ranks) one
+// reduce-scatter, each rank receiving the sum of its shard; else one
+// all-reduce after the backward.
+void model_set_grad_reduce(Model *m, const struct Comm *over, int64_t bucket_floats);
+// Whether the sum runs in buckets during the backward (the gradients are then
+// no longer this rank's alone after it).
+bool model_grads_bucketed(const Model *m);
+// Bucketed: the next backward (the step's last) starts each bucket as its
+// gradients are final (Model.grads_final). Otherwise nothing.
+void model_grads_start(Model *m);
+// The sum over the ranks (collective over them): the rest of the buckets
+// and a wait for all, or the whole reduce-scatter or all-reduce.
+void model_reduce_grads(Model *m);
+// host [count] = floats [first, first + count) of this rank's AdamW moment
+// `part` (0 = m, 1 = v) [opt_count].
+void model_read_moment(const Model *m, int part, int64_t first, int64_t count, float *host);
+// host_m, host_v [n]: the moments of arena floats [offset, offset + n); this
+// rank keeps the part of its own range (a checkpoint of any sharding resumes
+// under any other).
+void model_set_moments(Model *m, int64_t offset, const float *host_m, const float *host_v, int64_t n);
+// Whether this rank's fp32 master holds its ZeRO-1 shard only (a backend that
+// shards masters, under ZeRO-1).
+bool model_master_sharded(const Model *m);
+// Bytes this rank holds per arena: the fp32 master, the compute copy when it
+// is not the master (0 on the CPU), gradients, the two moments.
+typedef struct {
+    double master, compute, grads, adam;
+} ModelMemory;
+ModelMemory model_memory(const Model *m);
+// Bytes this rank sent over the ring for the last sequence's attention
+// (Backend.attention_ring_bytes).
+double model_attention_ring_bytes(const Model *m);
+
 // Bytes of activation memory for T tokens (printed at start-up).
 size_t model_activation_bytes(const Model *m, int64_t T);
 // Bytes of that arena for a model of shape c (head_dim set) on a backend

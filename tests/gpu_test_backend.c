@@ -131,8 +131,8 @@ static CudaStep run_case(const Case *k, const Case *prev_case, const CudaStep *p
     ModelConfig c = case_model(k);
     AttentionConfig a = case_attention(k);
     Model cpu, gpu;
-    model_init(&cpu, &c, backend_cpu());
-    model_init(&gpu, &c, backend_cuda());
+    model_init(&cpu, &c, backend_cpu(), NULL, 1024);
+    model_init(&gpu, &c, backend_cuda(), NULL, 1024);
     model_set_attention(&cpu, &a);
     model_set_attention(&gpu, &a);
     cpu.checkpoint_activations = gpu.checkpoint_activations = k->checkpoint;

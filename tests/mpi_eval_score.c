@@ -14,7 +14,7 @@
 #include "mpi_check.h"
 
 static void model_random(Model *m, const ModelConfig *c) {
-    model_init(m, c, backend_cpu());
+    model_init(m, c, backend_cpu(), NULL, 1024);
     model_init_weights(m, 3);
     m->attention.block_size = 16;
     m->loss_chunk = 7;

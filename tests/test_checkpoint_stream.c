@@ -32,7 +32,7 @@ static void check_model(const char *label, int hidden, int vocab, const char *di
                      .rms_norm_eps = 1e-6, .tie_word_embeddings = false, .init_std = 0.02,
                      .max_position_embeddings = 256};
     Model m;
-    model_init(&m, &c, backend_cpu());
+    model_init(&m, &c, backend_cpu(), NULL, 1024);
     model_init_weights(&m, 7);
     model_alloc_optimizer(&m);
     int64_t P = m.total_params;
@@ -80,7 +80,7 @@ static void check_model(const char *label, int hidden, int vocab, const char *di
     }
 
     Model back;
-    model_init(&back, &c, backend_cpu());
+    model_init(&back, &c, backend_cpu(), NULL, 1024);
     TrainState state;
     snprintf(path, sizeof(path), "%s/step_00000001", cfg.checkpoint.dir);
     checkpoint_load(path, &back, &state);

@@ -48,7 +48,7 @@ static void test_model_greedy(void) {
                      .rms_norm_eps = 1e-6, .tie_word_embeddings = false, .init_std = 0.5,
                      .max_position_embeddings = 4096};
     Model m;
-    model_init(&m, &c, backend_cpu());
+    model_init(&m, &c, backend_cpu(), NULL, 1024);
     model_init_weights(&m, 3);
     m.attention.block_size = 16;
     m.loss_chunk = 7;

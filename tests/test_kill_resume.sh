@@ -4,7 +4,7 @@
 # prunes) is killed 24 times on 1 rank, and 6 times on 2 ranks (cp 2, rank 0
 # killed, mpirun ends the other), each time at a point drawn from a seed that
 # the test prints (MTRAIN_KILL_SEED=S repeats it) and reached by the run
-# itself (MTRAIN_TEST_FAULT=kill:0@POINT#N, dist/util.h): in start-up, after a
+# itself (MTRAIN_TEST_FAULT=kill:0@POINT#N, dist/test_hooks.h): in start-up, after a
 # step, inside a checkpoint write, between a step folder's rename and
 # `latest`'s, after `latest`, and inside pruning, the 1st to 3rd time the run
 # gets there. No kill races the run's end, so the count does not depend on the

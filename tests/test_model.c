@@ -44,7 +44,7 @@ static void grads_of(Model *m, const int32_t *seq, int64_t T, float scale) {
 static void test_param_table(void) {
     ModelConfig c = tiny_config();
     Model m;
-    model_init(&m, &c, backend_cpu());
+    model_init(&m, &c, backend_cpu(), NULL, 1024);
     EXPECT(m.num_params == 1 + 12 * 2 + 2, "table has embed + 12 per layer + norm + untied head");
     int q = model_layer_param(&m, 1, LAYER_Q_WEIGHT);
     EXPECT(!strcmp(m.params[q].name, "model.layers.1.self_attn.q_proj.weight") && m.params[q].shape[0] == 32 &&
@@ -63,7 +63,7 @@ static void test_param_table(void) {
     EXPECT(!strcmp(m.params[model_head_param(&m)].name, "lm_head.weight"), "untied head is lm_head.weight");
     model_free(&m);
     c.tie_word_embeddings = true;
-    model_init(&m, &c, backend_cpu());
+    model_init(&m, &c, backend_cpu(), NULL, 1024);
     EXPECT(model_head_param(&m) == model_embedding_param() && model_param_index(&m, "lm_head.weight") < 0,
            "tied head is the embedding");
     model_free(&m);
@@ -72,8 +72,8 @@ static void test_param_table(void) {
 static void test_init(void) {
     ModelConfig c = tiny_config();
     Model a, b;
-    model_init(&a, &c, backend_cpu());
-    model_init(&b, &c, backend_cpu());
+    model_init(&a, &c, backend_cpu(), NULL, 1024);
+    model_init(&b, &c, backend_cpu(), NULL, 1024);
     model_init_weights(&a, 7);
     model_init_weights(&b, 7);
     float *wa = download_arena(&a, a.param_mem), *wb = download_arena(&b, b.param_mem);
@@ -105,14 +105,14 @@ static void test_checkpointing(void) {
     int32_t seq[78];
     synthetic_sequence(3, 0, c.vocab_size, seq, T + 1);
     Model m;
-    model_init(&m, &c, backend_cpu());
+    model_init(&m, &c, backend_cpu(), NULL, 1024);
     model_init_weights(&m, 11);
     m.attention.block_size = 16;
     m.loss_chunk = 10;
     grads_of(&m, seq, T, 1.0f / (float)T);
     float *plain = download_arena(&m, m.grad_mem);
     model_free(&m);
-    model_init(&m, &c, backend_cpu());
+    model_init(&m, &c, backend_cpu(), NULL, 1024);
     model_init_weights(&m, 11);
     m.attention.block_size = 16;
     m.loss_chunk = 10;
@@ -147,7 +147,7 @@ typedef struct {
 static MlpRun mlp_run(const int32_t *seq, int64_t T, int mlp_chunk, bool ckpt) {
     ModelConfig c = tiny_config();
     Model m;
-    model_init(&m, &c, backend_cpu());
+    model_init(&m, &c, backend_cpu(), NULL, 1024);
     model_init_weights(&m, 11);
     m.attention.block_size = 16;
     m.loss_chunk = 10;
@@ -198,7 +198,7 @@ static void test_accumulation(void) {
     synthetic_sequence(5, 0, c.vocab_size, a, T + 1);
     synthetic_sequence(5, 1, c.vocab_size, b, T + 1);
     Model m;
-    model_init(&m, &c, backend_cpu());
+    model_init(&m, &c, backend_cpu(), NULL, 1024);
     model_init_weights(&m, 2);
     grads_of(&m, a, T, 0.5f / (float)T);
     float *ga = download_arena(&m, m.grad_mem);
@@ -252,7 +252,7 @@ static void test_adamw(void) {
     int32_t seq[31];
     synthetic_sequence(9, 0, c.vocab_size, seq, T + 1);
     Model m;
-    model_init(&m, &c, backend_cpu());
+    model_init(&m, &c, backend_cpu(), NULL, 1024);
     model_init_weights(&m, 4);
     grads_of(&m, seq, T, 1.0f / (float)T);
     float *w0 = download_arena(&m, m.param_mem), *g = download_arena(&m, m.grad_mem);
@@ -291,7 +291,7 @@ static void test_overfit(void) {
     rng_seed(&rng, 99);
     for (int i = 0; i <= T; i++) seq[i] = (int32_t)rng_below(&rng, (uint64_t)c.vocab_size);
     Model m;
-    model_init(&m, &c, backend_cpu());
+    model_init(&m, &c, backend_cpu(), NULL, 1024);
     model_init_weights(&m, 1);
     OptimizerConfig oc = {.lr = 1e-2, .min_lr = 0.0, .warmup_steps = 10, .total_steps = 300, .schedule = LR_CONSTANT,
                           .weight_decay = 0.0, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .grad_clip = 1.0};
@@ -317,7 +317,7 @@ static double loss_outside_a(const int32_t *seq, bool docs, AttnType type, float
     const int64_t T = 96;
     ModelConfig c = tiny_config();
     Model m;
-    model_init(&m, &c, backend_cpu());
+    model_init(&m, &c, backend_cpu(), NULL, 1024);
     model_init_weights(&m, 12);
     const AttentionConfig attention = {.type = type, .block_size = 16, .last_q = 16, .top_p = 0.5,
                                        .max_vertical = 8, .max_slash = 4, .sink = 4, .local = 8};
@@ -340,7 +340,7 @@ static void test_documents(void) {
     for (int t = 31; t < 70; t++) changed[t] = (seq[t] + 7 + t) % tiny_config().vocab_size;
     Model shape;
     ModelConfig c = tiny_config();
-    model_init(&shape, &c, backend_cpu());
+    model_init(&shape, &c, backend_cpu(), NULL, 1024);
     const long n = (long)shape.total_params;
     model_free(&shape);
     for (int docs = 1; docs >= 0; docs--)
@@ -399,7 +399,7 @@ static const OptimizerConfig adam = {.lr = 1e-2, .min_lr = 0.0, .warmup_steps = 
 static void train_losses(const Backend *be, const int32_t *seq, int64_t T, int steps, double *losses) {
     ModelConfig c = tiny_config();
     Model m;
-    model_init(&m, &c, be);
+    model_init(&m, &c, be, NULL, 1024);
     model_init_weights(&m, 7);
     for (int s = 1; s <= steps; s++) {
         m.be->zero(m.grad_mem, sizeof(float) * (size_t)m.total_params);
@@ -435,7 +435,7 @@ static void test_stale_copy_detected(void) {
     ModelConfig c = tiny_config();
     Backend copying = copying_backend();
     Model m;
-    model_init(&m, &c, &copying);
+    model_init(&m, &c, &copying, NULL, 1024);
     model_init_weights(&m, 3);
     double before = model_loss(&m, seq, seq + 1, NULL, T);
     int head = model_head_param(&m);
@@ -462,12 +462,12 @@ static void test_loading_refreshes(void) {
     snprintf(path, sizeof(path), "%s/model.safetensors", dir);
     ModelConfig c = tiny_config();
     Model source, loaded;
-    model_init(&source, &c, backend_cpu());
+    model_init(&source, &c, backend_cpu(), NULL, 1024);
     model_init_weights(&source, 21);
     double want = model_loss(&source, seq, seq + 1, NULL, T);
     model_write_safetensors(&source, source.param_mem, path, ST_F32);
     Backend copying = copying_backend();
-    model_init(&loaded, &c, &copying);
+    model_init(&loaded, &c, &copying, NULL, 1024);
     model_init_weights(&loaded, 22);
     double other = model_loss(&loaded, seq, seq + 1, NULL, T);
     model_load_hf_weights(&loaded, dir, NULL);
@@ -511,7 +511,7 @@ static double packed_or_alone(const int32_t *seq, bool packed, float **grads) {
     const int64_t T = 72;
     ModelConfig c = tiny_config();
     Model m;
-    model_init(&m, &c, backend_cpu());
+    model_init(&m, &c, backend_cpu(), NULL, 1024);
     model_init_weights(&m, 21);
     m.loss_chunk = 16;
     m.be->zero(m.grad_mem, sizeof(float) * (size_t)m.total_params);
@@ -536,7 +536,7 @@ static void test_reset_positions(void) {
     const double packed = packed_or_alone(seq, true, &gp), alone = packed_or_alone(seq, false, &ga);
     Model shape;
     ModelConfig c = tiny_config();
-    model_init(&shape, &c, backend_cpu());
+    model_init(&shape, &c, backend_cpu(), NULL, 1024);
     const double dg = max_rel_diff(gp, ga, (long)shape.total_params), dl = fabs(packed - alone) / alone;
     model_free(&shape);
     EXPECT(dl < 1e-6 && dg < 1e-5, "reset positions, documents masked: two packed documents have the loss (%.1e) "

@@ -130,9 +130,11 @@ rc=$?
 expect plan_nofit_ring_exit "[ $rc -eq 3 ] && grep -q '^fits: NO' '$tmp/nofit.out'"
 
 "$MTRAIN" plan configs/tiny-cpu.yaml --gpu v100 >"$tmp/out" 2>"$tmp/err"
-expect plan_bad_gpu "[ $? -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ] && grep -q 'hardware.gpu.*expected one of none, a100-40g' '$tmp/err'"
+rc=$?
+expect plan_bad_gpu "[ $rc -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ] && grep -q 'hardware.gpu.*expected one of none, a100-40g' '$tmp/err'"
 "$MTRAIN" plan configs/tiny-cpu.yaml hardware.hbm_gib=10 >"$tmp/out" 2>"$tmp/err"
-expect plan_partial_gpu "[ $? -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ] && grep -q 'needs every figure' '$tmp/err'"
+rc=$?
+expect plan_partial_gpu "[ $rc -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ] && grep -q 'needs every figure' '$tmp/err'"
 # a profile's figure replaced by the section: 10 GiB of HBM, 92% usable
 "$MTRAIN" plan configs/tiny-cpu.yaml hardware.gpu=h100 hardware.hbm_gib=10 >"$tmp/out" 2>&1
 expect plan_hardware_figure "grep -q '^fits: yes (.* of 9.20 GiB usable' '$tmp/out'"
@@ -142,7 +144,8 @@ flops=$(sed -n 's/^FLOPs per step per rank: \([0-9.e+]*\) dense.*/\1/p' "$tmp/ou
 step=$(sed -n 's/^predicted step: \([0-9.]*\) s .*of hardware.peak_tflops$/\1/p' "$tmp/out")
 expect plan_cpu_configured_peak "[ -n '$step' ] && awk -v f=$flops -v s=$step 'BEGIN { d = f / 1e9 - s; exit !(d < 0.002 && d > -0.002) }'"
 "$MTRAIN" plan configs/tiny-cpu.yaml --density 2 >"$tmp/out" 2>"$tmp/err"
-expect plan_bad_density "[ $? -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ]"
+rc=$?
+expect plan_bad_density "[ $rc -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ]"
 # --kernels: the rows' FLOPs (kernel_rows, GEMM by GEMM) add up to the plan's model FLOPs (plan_flops, 6 per
 # weight per token + 3.5 x the attention forward) for dense attention without recomputation, and the step's
 # bounds are the sums of the rows' on both GPUs; with checkpointing the layers' forward rows double.
@@ -174,12 +177,14 @@ expect plan_time_rows_from_counts "awk -F'|' '/^[|] attention (forward|backward)
 # a run far larger than this machine is refused before it allocates, with the breakdown
 "$MTRAIN" train configs/tiny-cpu.yaml model.hidden_size=16384 model.intermediate_size=65536 model.num_layers=16 \
   model.num_heads=128 model.num_kv_heads=8 checkpoint.dir="$tmp/ck_big" log.dir="$tmp/log_big" >"$tmp/out" 2>"$tmp/err"
-expect train_refuses_unfit "[ $? -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ] && grep -q 'does not fit: .*parameters (fp32) .*MemAvailable.*train.memory_check=false' '$tmp/err'"
+rc=$?
+expect train_refuses_unfit "[ $rc -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ] && grep -q 'does not fit: .*parameters (fp32) .*MemAvailable.*train.memory_check=false' '$tmp/err'"
 # mtrain plot: loss, throughput and density PNGs of a sparse run with validation
 "$MTRAIN" train configs/tiny-cpu.yaml train.steps=8 train.warmup_steps=0 attention.type=sparse log.attention_every=2 \
   log.val_every=4 checkpoint.resume=never checkpoint.dir="$tmp/ck_plot" log.dir="$tmp/log_plot" >/dev/null 2>&1
 "$MTRAIN" plot "$tmp/log_plot" >"$tmp/plot.out" 2>"$tmp/plot.err"
-expect plot_runs "[ $? -eq 0 ] && grep -q '^plot: 8 steps' '$tmp/plot.out'"
+rc=$?
+expect plot_runs "[ $rc -eq 0 ] && grep -q '^plot: 8 steps' '$tmp/plot.out'"
 for png in loss throughput density; do
   f=$tmp/log_plot/$png.png
   expect "plot_png_$png" "[ -f '$f' ] && [ \"\$(head -c 8 '$f' | od -An -tx1 | tr -d ' \n')\" = 89504e470d0a1a0a ] && [ \$(stat -c %s '$f') -gt 10000 ]"
@@ -187,11 +192,13 @@ done
 expect plot_pngs_differ "! cmp -s '$tmp/log_plot/loss.png' '$tmp/log_plot/throughput.png'"
 expect plot_no_tmp_left "[ -z \"\$(ls '$tmp/log_plot' | grep tmp)\" ]"
 "$MTRAIN" plot "$tmp/nowhere" >"$tmp/out" 2>"$tmp/err"
-expect plot_missing_dir "[ $? -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ] && grep -q 'metrics.jsonl' '$tmp/err'"
+rc=$?
+expect plot_missing_dir "[ $rc -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ] && grep -q 'metrics.jsonl' '$tmp/err'"
 mkdir -p "$tmp/bad"
 printf '{"step": 1, "loss": 2}\nnot json\n' >"$tmp/bad/metrics.jsonl"
 "$MTRAIN" plot "$tmp/bad" >"$tmp/out" 2>"$tmp/err"
-expect plot_bad_line "[ $? -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ] && grep -q 'metrics.jsonl:2: not a metrics line' '$tmp/err'"
+rc=$?
+expect plot_bad_line "[ $rc -ne 0 ] && [ \$(wc -l <'$tmp/err') -eq 1 ] && grep -q 'metrics.jsonl:2: not a metrics line' '$tmp/err'"
 # scripts/sbatch_example.sh outside Slurm, srun replaced by a shim that runs
 # the command: plans, trains, and on SIGUSR1 (Slurm's warning signal, sent to
 # the batch shell) the run stops after a step with a checkpoint and exits 0.
@@ -204,9 +211,11 @@ sb=$!
 for _ in $(seq 100); do grep -q '^step' "$tmp/sb.out" && break; sleep 0.2; done
 kill -USR1 "$sb"
 wait "$sb"
-expect sbatch_usr1_checkpoint "[ $? -eq 0 ] && grep -q '^fits: yes' '$tmp/sb.out' && grep -q '^stopped by SIGUSR1 after step' '$tmp/sb.out' && [ -e '$tmp/ck_sb/latest' ]"
+rc=$?
+expect sbatch_usr1_checkpoint "[ $rc -eq 0 ] && grep -q '^fits: yes' '$tmp/sb.out' && grep -q '^stopped by SIGUSR1 after step' '$tmp/sb.out' && [ -e '$tmp/ck_sb/latest' ]"
 PATH=$tmp/bin:$PATH bash scripts/sbatch_example.sh configs/tiny-cpu.yaml model.hidden_size=16384 \
   model.intermediate_size=65536 model.num_layers=16 model.num_heads=128 model.num_kv_heads=8 \
   checkpoint.dir="$tmp/ck_sb2" log.dir="$tmp/log_sb2" >"$tmp/sb2.out" 2>&1
-expect sbatch_refuses_unfit "[ $? -eq 1 ] && grep -q 'does not fit (plan above); not starting' '$tmp/sb2.out' && [ ! -d '$tmp/ck_sb2' ]"
+rc=$?
+expect sbatch_refuses_unfit "[ $rc -eq 1 ] && grep -q 'does not fit (plan above); not starting' '$tmp/sb2.out' && [ ! -d '$tmp/ck_sb2' ]"
 [ "$failures" -eq 0 ]

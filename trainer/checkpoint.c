@@ -27,6 +27,7 @@
 
 #include "../dist/comm.h"
 #include "../dist/progress.h"
+#include "../dist/test_hooks.h"
 #include "../model/hf_config.h"
 #include "../model/hf_io.h"
 
@@ -50,9 +51,9 @@ static void zstd_check(size_t rc, const char *path) {
 }
 
 // Floats [first, first + count) of this rank's moment `part` (0 = m, 1 =
-// v) [opt_count], downloaded from the model's adam_m / adam_v into buf.
+// v) [opt_count], read from the model into buf.
 static const float *moment_piece(const Model *m, int part, int64_t first, int64_t count, float *buf) {
-    m->be->download(buf, (part ? m->adam_v : m->adam_m) + first, sizeof(float) * (size_t)count);
+    model_read_moment(m, part, first, count, buf);
     return buf;
 }
 
@@ -135,23 +136,11 @@ static float *read_moments(const char *path, const char *magic, const uint64_t *
     return host;
 }
 
-// Upload this rank's range of m and v from host [2, n] holding the floats
-// [first, first + n) of the whole arena (every rank keeps its own range: a
-// checkpoint of any sharding resumes under any other).
-static void keep_own_range(Model *m, const float *host, int64_t first, int64_t n) {
-    int64_t lo = m->opt_begin > first ? m->opt_begin : first;
-    int64_t end = m->opt_begin + m->opt_count, hi = end < first + n ? end : first + n;
-    if (lo >= hi) return;
-    size_t bytes = sizeof(float) * (size_t)(hi - lo);
-    m->be->upload(m->adam_m + (lo - m->opt_begin), host + (lo - first), bytes);
-    m->be->upload(m->adam_v + (lo - m->opt_begin), host + n + (lo - first), bytes);
-}
-
 static void read_optimizer(const char *path, Model *m) {
     uint64_t P = (uint64_t)m->total_params, digest;
     float *host = read_moments(path, OPTIMIZER_MAGIC, &P, 1, "parameter count", m->total_params, &digest);
     model_alloc_optimizer(m);
-    keep_own_range(m, host, 0, m->total_params);
+    model_set_moments(m, 0, host, host + m->total_params, m->total_params);
     free(host);
 }
 
@@ -310,7 +299,7 @@ static void read_sharded_optimizer(const char *dir, const char *index_path, Mode
         if (digest != listed)
             fail("%s: XXH64 %016" PRIx64 ", %s records %016" PRIx64 " (a shard of another checkpoint)", path, digest,
                  index_path, listed);
-        keep_own_range(m, host, first, count);
+        model_set_moments(m, first, host, host + count, count);
         free(host);
     }
     if (next != m->total_params)

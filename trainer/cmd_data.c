@@ -21,7 +21,7 @@
 #include "../dist/progress.h"
 #include "../dist/util.h"
 #include "commands.h"
-#include "train.h"
+#include "run.h"
 
 static const char *tokenize_usage =
     "usage: mtrain tokenize --tokenizer T --input FILE... --output OUT.shard [--threads N] [--text-field NAME]\n"

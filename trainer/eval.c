@@ -24,9 +24,10 @@
 #include <unistd.h>
 
 #include "../dist/progress.h"
+#include "args.h"
 #include "checkpoint.h"
 #include "commands.h"
-#include "train.h"
+#include "run.h"
 
 bool answer_exact_match(const float *logits, int64_t V, const int32_t *answer, int64_t A) {
     for (int64_t r = 0; r < A; r++) {
@@ -469,16 +470,13 @@ static void write_plots(const EvalPlan *p, const double *loss, int *const *corre
 // -1), so a model trained on these text documents is never scored on one of
 // them. Each line of the JSONL output is {"text": prompt + answer}.
 int cmd_tasks(int argc, char **argv) {
-    int64_t count = 0;
-    const char *output = NULL;
-    int kept = 0;
-    for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--count") && i + 1 < argc) count = atoll(argv[++i]);
-        else if (!strcmp(argv[i], "--output") && i + 1 < argc) output = argv[++i];
-        else argv[kept++] = argv[i];
-    }
+    const char *count_text = NULL, *output = NULL;
+    const ArgOption options[] = {{"--count", ARG_VALUE, &count_text}, {"--output", ARG_VALUE, &output}};
+    ArgsResult args = args_parse(options, (int)(sizeof(options) / sizeof(options[0])), argc, argv, argc, NULL);
+    int64_t count = count_text ? atoll(count_text) : 0;
+    int kept = args.kept;
     const char *usage = "usage: mtrain tasks RUN.yaml --count N --output OUT.jsonl [section.key=value ...]";
-    if (count < 1 || !output) {
+    if (args.missing || count < 1 || !output) {
         fprintf(stderr, "%s\n", usage);
         return 2;
     }

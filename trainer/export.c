@@ -25,6 +25,7 @@
 #include "../model/hf_config.h"
 #include "../model/hf_io.h"
 #include "../model/rope.h"
+#include "args.h"
 #include "checkpoint.h"
 #include "commands.h"
 #include "config.h"
@@ -88,7 +89,7 @@ static void warn_rounded_back(const float *params, const ModelConfig *mc, const 
     free(init_config);
     if (!has_init) return;
     Model init;
-    model_init(&init, mc, backend_cpu());
+    model_init(&init, mc, backend_cpu(), NULL, 1024);
     model_load_hf_folder(&init, run.train.init_from_path);
     float *init_params = xmalloc(sizeof(float) * (size_t)init.total_params);
     model_gather_params(&init, init_params);
@@ -108,24 +109,12 @@ static void warn_rounded_back(const float *params, const ModelConfig *mc, const 
 }
 
 int cmd_export(int argc, char **argv) {
-    const char *dirs[2] = {NULL, NULL}, *dtype_name = "bf16", *shard_text = "5GB";
-    int ndirs = 0, first_override = argc;
-    for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--dtype") || !strcmp(argv[i], "--max-shard-size")) {
-            if (i + 1 >= argc) return usage();
-            *(!strcmp(argv[i], "--dtype") ? &dtype_name : &shard_text) = argv[i + 1];
-            i++;
-        } else if (argv[i][0] == '-') {
-            return usage();
-        } else if (ndirs < 2) {
-            dirs[ndirs++] = argv[i];
-        } else {
-            first_override = i;
-            break;
-        }
-    }
-    if (ndirs < 2) return usage();
-    const char *src = dirs[0], *out = dirs[1];
+    const char *dtype_name = "bf16", *shard_text = "5GB";
+    const ArgOption options[] = {{"--dtype", ARG_VALUE, &dtype_name}, {"--max-shard-size", ARG_VALUE, &shard_text}};
+    ArgsResult args = args_parse(options, (int)(sizeof(options) / sizeof(options[0])), argc, argv, 2, "-");
+    if (args.missing || args.unknown || args.kept < 2) return usage();
+    const char *src = argv[0], *out = argv[1];
+    int first_override = args.rest;
     StDtype dtype = ST_BF16;
     if (!strcmp(dtype_name, "f32")) dtype = ST_F32;
     else if (strcmp(dtype_name, "bf16")) fail("--dtype '%s': not supported (expected bf16 or f32)", dtype_name);
@@ -144,7 +133,7 @@ int cmd_export(int argc, char **argv) {
     config_validate(&cfg, first_override < argc ? "export (with overrides)" : path);
     free(path);
     Model m;
-    model_init(&m, &cfg.model, backend_cpu());
+    model_init(&m, &cfg.model, backend_cpu(), NULL, 1024);
     model_load_hf_folder(&m, src);
     float *params = xmalloc(sizeof(float) * (size_t)m.total_params);
     model_gather_params(&m, params);

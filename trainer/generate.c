@@ -20,9 +20,10 @@
 #include "../model/decode.h"
 #include "../model/hf_config.h"
 #include "../model/hf_io.h"
+#include "args.h"
 #include "checkpoint.h"
 #include "commands.h"
-#include "train.h"
+#include "run.h"
 
 static const char *generate_usage =
     "usage: mtrain generate --model DIR (--prompt TEXT | --tokens FILE) [--max-new N] [--temperature T] "
@@ -122,24 +123,23 @@ int cmd_generate(int argc, char **argv) {
     Sampling s = {1.0, 1.0, 0};
     Config cfg;
     config_defaults(&cfg);
-    int first_override = argc;
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--ids")) { print_ids = true; continue; }
-        if (strncmp(a, "--", 2)) { first_override = i; break; }
-        if (i + 1 >= argc) { fprintf(stderr, "mtrain generate: %s needs a value\n%s\n", a, generate_usage); return 2; }
-        const char *v = argv[++i];
-        if (!strcmp(a, "--model")) model_dir = v;
-        else if (!strcmp(a, "--prompt")) prompt = v;
-        else if (!strcmp(a, "--tokens")) tokens_path = v;
-        else if (!strcmp(a, "--tokenizer")) tokenizer = v;
-        else if (!strcmp(a, "--max-new")) max_new = (int64_t)parse_number(a, v, 1, 1e9, true);
-        else if (!strcmp(a, "--temperature")) s.temperature = parse_number(a, v, 0, 1e6, false);
-        else if (!strcmp(a, "--top-p")) s.top_p = parse_number(a, v, 1e-9, 1, false);
-        else if (!strcmp(a, "--top-k")) s.top_k = (int64_t)parse_number(a, v, 0, 1e9, true);
-        else if (!strcmp(a, "--seed")) seed = (uint64_t)parse_number(a, v, 0, 9007199254740992.0, true);
-        else { fprintf(stderr, "mtrain generate: unknown option %s\n%s\n", a, generate_usage); return 2; }
+    const char *max_new_text = NULL, *temperature = NULL, *top_p = NULL, *top_k = NULL, *seed_text = NULL;
+    const ArgOption options[] = {
+        {"--ids", ARG_FLAG, &print_ids}, {"--model", ARG_VALUE, &model_dir}, {"--prompt", ARG_VALUE, &prompt},
+        {"--tokens", ARG_VALUE, &tokens_path}, {"--tokenizer", ARG_VALUE, &tokenizer},
+        {"--max-new", ARG_VALUE, &max_new_text}, {"--temperature", ARG_VALUE, &temperature},
+        {"--top-p", ARG_VALUE, &top_p}, {"--top-k", ARG_VALUE, &top_k}, {"--seed", ARG_VALUE, &seed_text}};
+    ArgsResult args = args_parse(options, (int)(sizeof(options) / sizeof(options[0])), argc, argv, 0, "--");
+    if (args.missing || args.unknown) {
+        fprintf(stderr, "mtrain generate: %s %s\n%s\n", args.missing ? args.missing : "unknown option",
+                args.missing ? "needs a value" : args.unknown, generate_usage);
+        return 2;
     }
+    if (max_new_text) max_new = (int64_t)parse_number("--max-new", max_new_text, 1, 1e9, true);
+    if (temperature) s.temperature = parse_number("--temperature", temperature, 0, 1e6, false);
+    if (top_p) s.top_p = parse_number("--top-p", top_p, 1e-9, 1, false);
+    if (top_k) s.top_k = (int64_t)parse_number("--top-k", top_k, 0, 1e9, true);
+    if (seed_text) seed = (uint64_t)parse_number("--seed", seed_text, 0, 9007199254740992.0, true);
     if (!model_dir || !prompt == !tokens_path) {
         fprintf(stderr, "%s\n(expected --model and one of --prompt, --tokens)\n", generate_usage);
         return 2;
@@ -149,7 +149,7 @@ int cmd_generate(int argc, char **argv) {
         fail("%s: %s (expected a Hugging Face model folder or a checkpoint's step folder)", config_path,
              strerror(errno));
     hf_config_read(config_path, &cfg.model);
-    for (int i = first_override; i < argc; i++) config_override(&cfg, argv[i]);
+    for (int i = args.rest; i < argc; i++) config_override(&cfg, argv[i]);
     config_validate(&cfg, config_path);
     char *json = path_join(model_dir, "tokenizer.json");
     Tokenizer *tok = tokenizer_open(tokenizer ? tokenizer : access(json, R_OK) == 0 ? model_dir : "bytes");

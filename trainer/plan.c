@@ -19,6 +19,7 @@
 #include "../attention/layout.h"
 #include "../attention/ring.h"
 #include "../model/model.h"
+#include "args.h"
 #include "checkpoint.h"
 #include "commands.h"
 #include "plan_counts.h"
@@ -849,32 +850,27 @@ int cmd_plan(int argc, char **argv) {
         return 2;
     }
     double density = 0;
-    char **overrides = xmalloc(sizeof(char *) * (size_t)argc);
-    char gpu_override[64] = "";
-    int n = 0;
+    const char *gpu_name = NULL, *density_text = NULL;
     bool kernels = false, ring = false;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--kernels") || !strcmp(argv[i], "--ring")) {
-            kernels |= !strcmp(argv[i], "--kernels");
-            ring |= !strcmp(argv[i], "--ring");
-            continue;
-        }
-        bool gpu = !strcmp(argv[i], "--gpu");
-        if (!gpu && strcmp(argv[i], "--density")) {
-            overrides[n++] = argv[i];
-            continue;
-        }
-        if (i + 1 >= argc) fail("plan: %s needs a value (%s)", argv[i], usage);
-        const char *v = argv[++i];
-        if (gpu) {
-            snprintf(gpu_override, sizeof(gpu_override), "hardware.gpu=%s", v);
-            continue;
-        }
+    const ArgOption options[] = {{"--kernels", ARG_FLAG, &kernels}, {"--ring", ARG_FLAG, &ring},
+                                 {"--gpu", ARG_VALUE, &gpu_name}, {"--density", ARG_VALUE, &density_text}};
+    // The run file, then the overrides: argv[1, 1 + n) after the parse.
+    ArgsResult args = args_parse(options, (int)(sizeof(options) / sizeof(options[0])), argc - 1, argv + 1, argc, NULL);
+    if (args.missing) fail("plan: %s needs a value (%s)", args.missing, usage);
+    if (density_text) {
         char *end;
-        density = strtod(v, &end);
-        if (*end || !(density > 0 && density <= 1)) fail("plan: --density %s: expected a number in (0, 1]", v);
+        density = strtod(density_text, &end);
+        if (*end || !(density > 0 && density <= 1))
+            fail("plan: --density %s: expected a number in (0, 1]", density_text);
     }
-    if (gpu_override[0]) overrides[n++] = gpu_override;
+    char **overrides = xmalloc(sizeof(char *) * (size_t)argc);
+    char gpu_override[64];
+    int n = args.kept;
+    memcpy(overrides, argv + 1, sizeof(char *) * (size_t)n);
+    if (gpu_name) {
+        snprintf(gpu_override, sizeof(gpu_override), "hardware.gpu=%s", gpu_name);
+        overrides[n++] = gpu_override;
+    }
     Config cfg;
     const char *shapes = config_for_plan(&cfg, argv[0], n, overrides);
     free(overrides);

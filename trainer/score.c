@@ -16,37 +16,10 @@
 #include "../dist/comm.h"
 #include "../model/hf_config.h"
 #include "../model/hf_io.h"
+#include "args.h"
 #include "checkpoint.h"
 #include "commands.h"
-#include "train.h"
-
-int64_t *read_int_file(const char *path, const char *what, int64_t limit, const char *range,
-                              bool ascending, int64_t *count) {
-    char *text = read_file(path, NULL);
-    int64_t n = 0, cap = 1024;
-    int64_t *values = xmalloc(sizeof(int64_t) * (size_t)cap);
-    char *s = text;
-    for (;;) {
-        while (*s == ' ' || *s == '\n' || *s == '\t' || *s == '\r') s++;
-        if (!*s) break;
-        char *end;
-        errno = 0;
-        long long v = strtoll(s, &end, 10);
-        if (end == s || errno || (*end && *end != ' ' && *end != '\n' && *end != '\t' && *end != '\r'))
-            fail("%s: %s %lld is not an integer", path, what, (long long)n);
-        if (v < 0 || v >= limit)
-            fail("%s: %s %lld is %lld, outside %s [0, %lld)", path, what, (long long)n, v, range, (long long)limit);
-        if (ascending && n > 0 && v <= values[n - 1])
-            fail("%s: %s %lld is %lld, not after the previous %lld (expected ascending)", path, what,
-                 (long long)n, v, (long long)values[n - 1]);
-        if (n == cap) values = xrealloc(values, sizeof(int64_t) * (size_t)(cap *= 2));
-        values[n++] = v;
-        s = end;
-    }
-    free(text);
-    *count = n;
-    return values;
-}
+#include "run.h"
 
 static int usage(void) {
     fprintf(stderr, "usage: mtrain score --model DIR --tokens FILE [--docs FILE] [--grads OUT.safetensors] "
@@ -58,22 +31,15 @@ int cmd_score(int argc, char **argv) {
     const char *model_dir = NULL, *tokens_path = NULL, *docs_path = NULL, *grads_path = NULL, *logits_path = NULL;
     Config cfg;
     config_defaults(&cfg);
-    int first_override = argc;
-    for (int i = 0; i < argc; i++) {
-        const char **slot = !strcmp(argv[i], "--model") ? &model_dir
-                          : !strcmp(argv[i], "--tokens") ? &tokens_path
-                          : !strcmp(argv[i], "--docs") ? &docs_path
-                          : !strcmp(argv[i], "--grads") ? &grads_path
-                          : !strcmp(argv[i], "--logits") ? &logits_path : NULL;
-        if (!slot) { first_override = i; break; }
-        if (i + 1 >= argc) return usage();
-        *slot = argv[++i];
-    }
-    if (!model_dir || !tokens_path) return usage();
+    const ArgOption options[] = {{"--model", ARG_VALUE, &model_dir}, {"--tokens", ARG_VALUE, &tokens_path},
+                                 {"--docs", ARG_VALUE, &docs_path}, {"--grads", ARG_VALUE, &grads_path},
+                                 {"--logits", ARG_VALUE, &logits_path}};
+    ArgsResult args = args_parse(options, (int)(sizeof(options) / sizeof(options[0])), argc, argv, 0, NULL);
+    if (args.missing || !model_dir || !tokens_path) return usage();
     char path[4096];
     snprintf(path, sizeof(path), "%s/config.json", model_dir);
     hf_config_read(path, &cfg.model);
-    for (int i = first_override; i < argc; i++) config_override(&cfg, argv[i]);
+    for (int i = args.rest; i < argc; i++) config_override(&cfg, argv[i]);
     config_validate(&cfg, path);
     Dist dist;
     dist_init(&dist, NULL, NULL, cfg.parallel.timeout_s);
@@ -134,10 +100,13 @@ int cmd_score(int argc, char **argv) {
     progress_end(&progress);
     comm_allreduce(&dist.cp, &loss, 1, DT_DOUBLE, REDUCE_SUM);
     loss /= (double)(T - 1);
-    if (grads_path) allreduce_arena(&dist.cp, m.be, m.grad_mem, m.total_params);
+    if (grads_path) {
+        model_set_grad_reduce(&m, &dist.cp, 0);
+        model_reduce_grads(&m);
+    }
     if (dist.world_rank == 0) {
         printf("loss %.9g\ntokens %lld\n", loss, (long long)T);
-        if (grads_path) model_write_safetensors(&m, m.grad_mem, grads_path, ST_F32);
+        if (grads_path) model_write_grads(&m, grads_path);
     }
     if (logits_path) {
         int64_t V = cfg.model.vocab_size;

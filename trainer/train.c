@@ -14,13 +14,11 @@
 // exactly the next sequence. SIGINT, SIGTERM or SIGUSR1 on any rank: every
 // rank finishes the step, a checkpoint is written and the run exits 0.
 #define _GNU_SOURCE  // memmem
-#include "train.h"
+#include "run.h"
 
-#include <cblas.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
-#include <omp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,9 +28,8 @@
 #include "../attention/ring.h"
 #include "../data/packing.h"
 #include "../dist/progress.h"
-#ifdef MTRAIN_CUDA
-#include "../dist/comm_device.h"
-#endif
+#include "../dist/test_hooks.h"
+#include "../model/optimizer.h"
 #include "checkpoint.h"
 #include "commands.h"
 #include "plan.h"
@@ -53,7 +50,7 @@ static Config grid_config(const Config *cfg, const Dist *dist) {
 static void print_device_memory(const Config *cfg, const Dist *dist) {
 #ifdef MTRAIN_CUDA
     double peak;
-    if (strcmp(backend_select(cfg->train.backend)->name, "cuda") || !backend_cuda_memory_peak(&peak)) return;
+    if (!backend_select(cfg->train.backend)->on_gpu || !backend_cuda_memory_peak(&peak)) return;
     Plan p;
     const Config grid = grid_config(cfg, dist);
     plan_build_gpu_memory(&p, &grid);
@@ -66,31 +63,7 @@ static void print_device_memory(const Config *cfg, const Dist *dist) {
 #endif
 }
 
-int apply_threads(const Config *cfg, const Dist *dist) {
-    int share = dist->node_cpus / dist->local_size;
-    if (share > dist->rank_cpus) share = dist->rank_cpus;
-    if (share < 1) share = 1;
-    int threads = cfg->parallel.threads > 0 ? cfg->parallel.threads : share;
-    int64_t node_threads = (int64_t)threads * dist->local_size;
-    if (cfg->parallel.threads > 0 && dist->world_rank == 0 &&
-        (node_threads > dist->node_cpus || threads > dist->rank_cpus))
-        fprintf(stderr, "warning: parallel.threads %d x %d ranks on this node = %lld threads on %d CPUs (%d for "
-                "this rank): oversubscribed, every step waits for descheduled threads (parallel.threads: 0 gives %d)\n",
-                threads, dist->local_size, (long long)node_threads, dist->node_cpus, dist->rank_cpus, share);
-    omp_set_num_threads(threads);
-    openblas_set_num_threads(threads);
-    return threads;
-}
-
-void model_from_config(Model *m, const Config *cfg) {
-    model_init(m, &cfg->model, backend_select(cfg->train.backend));
-    model_set_attention(m, &cfg->attention);
-    m->loss_chunk = cfg->train.loss_chunk;
-    m->mlp_chunk = cfg->train.mlp_chunk;
-    m->checkpoint_activations = cfg->train.checkpoint_activations;
-}
-
-OptimizerConfig optimizer_config(const Config *cfg) {
+static OptimizerConfig optimizer_config(const Config *cfg) {
     const TrainConfig *t = &cfg->train;
     OptimizerConfig oc = {t->lr, t->min_lr, t->warmup_steps, t->steps, t->lr_schedule,
                           t->weight_decay, t->beta1, t->beta2, t->eps, t->grad_clip};
@@ -103,17 +76,14 @@ OptimizerConfig optimizer_config(const Config *cfg) {
 // checkpoint write adds on rank 0: a copy of the parameters (and, when the
 // master is sharded, the gather's receive buffer of the same size), and the
 // moments streamed in pieces of a few MiB.
-static void print_memory(const Model *m, int64_t T, bool zero) {
+static void print_memory(const Model *m, int64_t T) {
     double mib = 1.0 / (1 << 20), p = (double)m->total_params * sizeof(float) * mib;
-    double master = (double)m->master_count * sizeof(float) * mib;
-    bool own_copy = (void *)m->weight_mem != (void *)m->param_mem;  // CPU: the compute copy is the master
-    double compute = own_copy ? (double)m->arena_floats * m->be->weight_bytes * mib : 0;
-    double grads = (double)m->arena_floats * sizeof(float) * mib;
-    double adam = 2.0 * (double)m->opt_count * sizeof(float) * mib;
-    double write = (zero && m->be->shards_masters ? 2 * p : p) + checkpoint_stream_bytes() * mib;
+    ModelMemory mem = model_memory(m);
+    double write = (model_master_sharded(m) ? 2 * p : p) + checkpoint_stream_bytes() * mib;
     printf("model: %lld parameters, fp32 master of %lld floats on this rank | memory MiB: master %.1f, compute copy "
            "%.1f, grads %.1f, adam %.1f, activations %.1f (T=%lld%s), checkpoint write %.1f more on the host\n",
-           (long long)m->total_params, (long long)m->master_count, master, compute, grads, adam,
+           (long long)m->total_params, (long long)m->master_count, mem.master * mib, mem.compute * mib,
+           mem.grads * mib, mem.adam * mib,
            (double)model_activation_bytes(m, T) * mib, (long long)T, m->checkpoint_activations ? ", checkpointed" : "",
            write);
 }
@@ -280,58 +250,6 @@ typedef struct {
     bool reset_positions;      // data.reset_positions: RoPE positions restart at each document
 } RunData;
 
-void loader_from_config(Loader *l, const Config *cfg, bool validation) {
-    const DataConfig *d = &cfg->data;
-    LoaderConfig lc = {.synthetic = d->train == DATA_SYNTHETIC,
-                       .train = d->train_path,
-                       .val_held_out = d->val == VAL_HOLDOUT,
-                       .val = d->val_path,
-                       .vocab_size = cfg->model.vocab_size,
-                       .seq_len = cfg->train.seq_len,
-                       .val_sequences = validation ? d->val_sequences : 0,
-                       .seed = cfg->train.seed,
-                       .tokenizer = {SHARD_TOKENIZER_UNKNOWN, 0}};
-    // The model's tokenizer: train.init_from's tokenizer.json, when it has one.
-    char tokenizer[CONFIG_STR + 32], source[CONFIG_STR + 32];
-    snprintf(tokenizer, sizeof(tokenizer), "%s/tokenizer.json", cfg->train.init_from_path);
-    snprintf(source, sizeof(source), "train.init_from %s", cfg->train.init_from_path);
-    if (d->check_tokenizer && cfg->train.init_from == INIT_FOLDER && access(tokenizer, R_OK) == 0) {
-        lc.tokenizer = shard_tokenizer_of(tokenizer);
-        lc.tokenizer_source = source;
-    }
-    loader_open(l, &lc);
-}
-
-void quiet_other_ranks(const Dist *dist) {
-    if (dist->world_rank == 0) return;
-    if (!freopen("/dev/null", "w", stdout)) fail("/dev/null: cannot open for writing");
-    progress_quiet();
-}
-
-void join_devices(const Config *cfg, Dist *dist) {
-#ifdef MTRAIN_CUDA
-    char why[160];
-    if (cfg->train.backend != BACKEND_CPU && backend_cuda_visible(why, sizeof(why)))
-        comm_device_join(dist, cfg->parallel.comm == COMM_NCCL);
-#else
-    (void)cfg;
-    (void)dist;
-#endif
-}
-
-bool run_start(int argc, char **argv, const char *usage, bool eval_model, Config *cfg, Dist *dist) {
-    if (argc < 1 || argv[0][0] == '-') {
-        fprintf(stderr, "%s\n", usage);
-        return false;
-    }
-    config_from_args(cfg, argv[0], argc - 1, argv + 1, eval_model);
-    dist_init(dist, NULL, NULL, cfg->parallel.timeout_s);
-    dist_setup(dist, cfg->parallel.dp, cfg->parallel.cp, cfg->parallel.cp_inner, argv[0]);
-    quiet_other_ranks(dist);
-    join_devices(cfg, dist);
-    return true;
-}
-
 static void run_data_open(RunData *d, const Config *cfg, const Dist *dist) {
     d->cp = dist->cp.size;
     d->cp_rank = dist->cp.rank;
@@ -444,49 +362,12 @@ static void end_attention_stats(Model *m, const Dist *dist, char *line, size_t l
     if (!m->cp || m->attention.type != ATTN_SPARSE) return;
     // Bytes the sparse ring sent for the last sequence (all ranks, all
     // layers, forward and backward): K/V and dK/dV hops and gathered columns.
-    double bytes = m->be->attention_ring_bytes(m->attn);
+    double bytes = model_attention_ring_bytes(m);
     comm_allreduce(&dist->world, &bytes, 1, DT_DOUBLE, REDUCE_SUM);
     snprintf(json + used, json_size - used, ", \"ring_bytes\": %.0f", bytes);
     scalars[2] = bytes / (1 << 20);
     snprintf(line + n, line_size - (size_t)n, " | ring %.2f MiB (%s)", bytes / (1 << 20),
              m->attention.ring_send == RING_SEND_SELECTED ? "selected" : "full");
-}
-
-void allreduce_arena(const Comm *comm, const Backend *be, float *arena, int64_t n) {
-    if (comm->size > 1) be->allreduce_sum(comm, arena, n);
-}
-
-// The gradient all-reduce in buckets (parallel.bucket_mb): during the last
-// micro-batch's backward, each time the final suffix of the arena
-// (Model.grads_final) has grown by at least a bucket past what was started,
-// that part starts reducing; the rest, from the embedding on, after the
-// micro-batches (bucket_finish), then every sum is waited for.
-typedef struct {
-    const Comm *comm;
-    Model *m;
-    int64_t bucket;    // floats per bucket, at least
-    int64_t started;   // [started, total_params) has started reducing
-} GradBuckets;
-
-static void bucket_ready(void *ctx, int64_t offset) {
-    GradBuckets *b = ctx;
-    if (offset == 0 || b->started - offset < b->bucket) return;
-    b->m->be->allreduce_sum_start(b->comm, b->m->grad_mem + offset, b->started - offset);
-    b->started = offset;
-}
-
-// From the next backward on (the step's last), start buckets as they are final.
-static void bucket_begin(GradBuckets *b) {
-    b->started = b->m->total_params;
-    b->m->grads_final = bucket_ready;
-    b->m->grads_final_ctx = b;
-}
-
-static void bucket_finish(GradBuckets *b) {
-    Model *m = b->m;
-    m->grads_final = NULL;
-    if (b->started > 0) m->be->allreduce_sum_start(b->comm, m->grad_mem, b->started);
-    m->be->allreduce_sum_finish(b->comm);
 }
 
 // How long the ranks wait for rank 0's checkpoint write beyond
@@ -509,53 +390,12 @@ static void save_checkpoint(const Config *cfg, const Dist *dist, bool zero, cons
     double write_s = 3.0 * sizeof(float) * (double)m->total_params / (CHECKPOINT_MIN_MIB_PER_S * (1 << 20));
     written.timeout_s += fmax(CHECKPOINT_WAIT_MIN_S, write_s);
     float *params = dist->world_rank == 0 ? xmalloc(sizeof(float) * (size_t)m->total_params) : NULL;
-    if (params || (zero && m->be->shards_masters)) model_gather_params(m, params);
+    if (params || model_master_sharded(m)) model_gather_params(m, params);
     if (zero || dist->world_rank == 0) checkpoint_save(cfg, m, state, params, zero ? &written : NULL, protect);
     free(params);
     int64_t done = 1;
     comm_allreduce(&written, &done, 1, DT_INT64, REDUCE_MAX);
     printf("checkpoint: %s/step_%08lld\n", cfg->checkpoint.dir, (long long)state->step);
-}
-
-// MTRAIN_SYNC_REPORT=1 (for tests and tuning): the host synchronisations of
-// the last step, on the CUDA backend (model/backend.h).
-static bool sync_report_wanted(const Backend *be) {
-    const char *text = getenv("MTRAIN_SYNC_REPORT");
-    if (!text || !strcmp(text, "0")) return false;
-    if (strcmp(text, "1") != 0) fail("MTRAIN_SYNC_REPORT=%s: expected 1 or 0", text);
-#ifdef MTRAIN_CUDA
-    if (be != backend_cpu()) return true;
-#endif
-    (void)be;
-    printf("host syncs per step: not counted (train.backend cpu has no device)\n");
-    return false;
-}
-static void sync_report_begin(void) {
-#ifdef MTRAIN_CUDA
-    backend_cuda_sync_begin();
-#endif
-}
-static void sync_report_print(void) {
-#ifdef MTRAIN_CUDA
-    backend_cuda_sync_print();
-#endif
-}
-
-// MTRAIN_TEST_NAN_STEP=N[,RANK[,COUNT]] (for tests): steps N .. N + COUNT - 1
-// get a NaN loss and gradient on world rank RANK (default 0; COUNT default
-// 1). Sets [*first, *last] on that rank, else leaves them at 0.
-static void test_nan_steps(const Dist *dist, int64_t *first, int64_t *last) {
-    const char *text = getenv("MTRAIN_TEST_NAN_STEP");
-    *first = *last = 0;
-    if (!text || !text[0]) return;
-    long long step = 0, count = 1;
-    int rank = 0, n = 0;
-    if (sscanf(text, "%lld%n,%d%n,%lld%n", &step, &n, &rank, &n, &count, &n) < 1 || text[n] || step < 1 || rank < 0 ||
-        count < 1)
-        fail("MTRAIN_TEST_NAN_STEP=%s: expected STEP[,RANK[,COUNT]] (step >= 1, rank >= 0, count >= 1)", text);
-    if (rank != dist->world_rank) return;
-    *first = step;
-    *last = step + count - 1;
 }
 
 // After the local forward and backward passes of a step: the lowest world
@@ -564,8 +404,7 @@ static void test_nan_steps(const Dist *dist, int64_t *first, int64_t *last) {
 // With bucketed reduction the gradient is already being summed: a rank whose
 // loss is finite and gradient is not shows in the summed gradient's norm.
 static int first_bad_rank(const Dist *dist, const Model *m, double local_loss, bool grads_local) {
-    bool bad = !isfinite(local_loss) ||
-               (grads_local && !isfinite(m->be->sum_squares(m->grad_mem, m->total_params)));
+    bool bad = !isfinite(local_loss) || (grads_local && !model_grads_finite(m));
     int64_t rank = bad ? dist->world_rank : dist->world_size;
     comm_allreduce(&dist->world, &rank, 1, DT_INT64, REDUCE_MIN);
     return (int)rank;
@@ -623,11 +462,6 @@ static int agreed_stop_signal(const Dist *dist) {
     return (int)sig;
 }
 
-void model_join_ring(Model *m, const Config *cfg, const Dist *dist) {
-    if (dist->cp.size == 1) return;
-    model_set_ring(m, &dist->cp, ring_inner_size(cfg->attention.ring, dist->cp.size, dist->grid.cp_inner));
-}
-
 // The plan's check before anything large is allocated: the host memory of
 // the ranks on rank 0's node against its MemAvailable; every rank takes
 // rank 0's verdict (as a config error, each says so). Fills plan, whose FLOPs
@@ -637,7 +471,7 @@ void model_join_ring(Model *m, const Config *cfg, const Dist *dist) {
 // not checked.
 static void check_memory(const Config *cfg, const Dist *dist, Plan *plan) {
     const Config grid = grid_config(cfg, dist);
-    if (!strcmp(backend_select(cfg->train.backend)->name, "cuda")) {
+    if (backend_select(cfg->train.backend)->on_gpu) {
         plan_build_gpu_memory(plan, &grid);
         if (dist->world_rank == 0) plan_print_gpu_memory(&grid, stdout);
         return;
@@ -674,178 +508,253 @@ static void clamp_and_warn(Config *cfg, const Dist *dist) {
                 (long long)t->seq_len, cfg->model.max_position_embeddings);
 }
 
-int cmd_train(int argc, char **argv) {
+// A training run between its steps: what the steps share.
+typedef struct {
     Config cfg;
     Dist dist;
-    if (!run_start(argc, argv, "usage: mtrain train RUN.yaml [section.key=value ...]", false, &cfg, &dist)) return 2;
-    int D = dist.dp.size;
-    bool zero = cfg.parallel.zero == 1;
     RunData data;
-    run_data_open(&data, &cfg, &dist);
-    clamp_and_warn(&cfg, &dist);
-    cfg.data.content_hash = data.loader.content_hash;
-    int threads = apply_threads(&cfg, &dist);
-    Plan plan;
-    check_memory(&cfg, &dist, &plan);
     Model m;
-    model_from_config(&m, &cfg);
-    model_join_ring(&m, &cfg, &dist);
-    if (zero) model_shard_optimizer(&m, &dist.world);
-    model_alloc_optimizer(&m);
-    TrainState state = {0};
-    rng_seed(&state.rng, cfg.train.seed);
-    catch_stop_signals();
+    TrainState state;
+    Plan plan;                 // FLOPs and peak for the MFU, the planned memory
+    OptimizerConfig oc;
+    bool zero;                 // ZeRO-1
+    int64_t step_tokens;       // tokens per step over the world
+    int64_t first_step;        // the first step this process trains
     char rolled_back_from[4096];
-    int64_t nan_first, nan_last;
-    test_nan_steps(&dist, &nan_first, &nan_last);
-    uint64_t branched_from;
-    start_state(&cfg, &dist, &m, &state, rolled_back_from, &branched_from);
-    bool bucketed = !zero && dist.world_size > 1 && cfg.parallel.bucket_mb > 0;
-    GradBuckets buckets = {&dist.world, &m, (int64_t)(cfg.parallel.bucket_mb * (1 << 20) / sizeof(float)), 0};
-    OptimizerConfig oc = optimizer_config(&cfg);
-    int64_t N = cfg.train.seq_len;
-    int micro = cfg.train.micro_batches;
-    int64_t step_tokens = N * micro * D;
-    if (dist.world_size > 1)
-        printf("ranks: %d = dp %d x cp %d (ring %s, cp_inner %d, layout %s)%s%s, %d thread%s per rank, launcher %s\n",
-               dist.world_size, D, dist.cp.size, config_enum_name(&cfg, &cfg.attention.ring), dist.grid.cp_inner,
-               config_enum_name(&cfg, &cfg.attention.layout), zero ? ", ZeRO-1" : "",
-               dist.world.nccl ? ", gradients over NCCL" : "", threads, threads == 1 ? "" : "s", dist.launcher);
-    print_memory(&m, layout_rank_positions(data.layout, N, data.block_size, data.cp, data.cp_rank, NULL), zero);
-
     char metrics_path[CONFIG_STR + 32];
-    snprintf(metrics_path, sizeof(metrics_path), "%s/metrics.jsonl", cfg.log.dir);
-    FILE *metrics = NULL;
-    TbWriter tb_writer = {0};
-    if (dist.world_rank == 0) {
-        checkpoint_recover_dir(cfg.log.dir, false);
-        metrics = open_metrics(cfg.log.dir, metrics_path, state.step, state.run_id, branched_from);
-        if (cfg.log.tensorboard) tb_open(&tb_writer, cfg.log.dir, state.step);
-    }
-    TbWriter *tb = tb_writer.f ? &tb_writer : NULL;
+    FILE *metrics;             // rank 0 only, else NULL
+    TbWriter tb_writer;
+    TbWriter *tb;              // NULL without log.tensorboard (and on ranks other than 0)
+    char attention_line[128];  // the step's attention statistics (end_attention_stats)
+    char *attention_json;
+    size_t attention_json_size;
+    double attention_scalars[3];
+    double train_start, best_val;
+    bool sync_report;          // MTRAIN_SYNC_REPORT on the CUDA backend
+} Trainer;
 
-    char attention_line[128];
-    size_t attention_json_size = 128 + 32 * (size_t)cfg.model.num_layers;
-    char *attention_json = xmalloc(attention_json_size);
-    double train_start = now_seconds();
-    int64_t first_step = state.step + 1;
-    bool validate = cfg.log.val_every > 0;
-    double best_val = INFINITY;
-    if (state.step > 0 && state.step >= cfg.train.steps)
+// One step's figures.
+typedef struct {
+    double loss, grad_norm, lr, ms;
+    int bad_rank;              // the first rank whose loss or gradient was not finite; world_size: none
+} StepResult;
+
+// The ranks, the data, the memory check, the model with its optimizer and
+// gradient reduction, the start (checkpoint, folder or seed). False: usage
+// printed.
+static bool train_setup(Trainer *t, int argc, char **argv) {
+    if (!run_start(argc, argv, "usage: mtrain train RUN.yaml [section.key=value ...]", false, &t->cfg, &t->dist))
+        return false;
+    Config *cfg = &t->cfg;
+    Dist *dist = &t->dist;
+    t->zero = cfg->parallel.zero == 1;
+    run_data_open(&t->data, cfg, dist);
+    clamp_and_warn(cfg, dist);
+    cfg->data.content_hash = t->data.loader.content_hash;
+    int threads = apply_threads(cfg, dist);
+    check_memory(cfg, dist, &t->plan);
+    model_from_config(&t->m, cfg);
+    model_join_ring(&t->m, cfg, dist);
+    if (t->zero) model_shard_optimizer(&t->m, &dist->world);
+    model_alloc_optimizer(&t->m);
+    rng_seed(&t->state.rng, cfg->train.seed);
+    catch_stop_signals();
+    test_hooks_read();
+    uint64_t branched_from;
+    start_state(cfg, dist, &t->m, &t->state, t->rolled_back_from, &branched_from);
+    int64_t bucket = (int64_t)(cfg->parallel.bucket_mb * (1 << 20) / sizeof(float));
+    model_set_grad_reduce(&t->m, &dist->world, cfg->parallel.bucket_mb > 0 && bucket < 1 ? 1 : bucket);
+    t->oc = optimizer_config(cfg);
+    t->step_tokens = cfg->train.seq_len * cfg->train.micro_batches * dist->dp.size;
+    if (dist->world_size > 1)
+        printf("ranks: %d = dp %d x cp %d (ring %s, cp_inner %d, layout %s)%s%s, %d thread%s per rank, launcher %s\n",
+               dist->world_size, dist->dp.size, dist->cp.size, config_enum_name(cfg, &cfg->attention.ring),
+               dist->grid.cp_inner, config_enum_name(cfg, &cfg->attention.layout), t->zero ? ", ZeRO-1" : "",
+               dist->world.nccl ? ", gradients over NCCL" : "", threads, threads == 1 ? "" : "s", dist->launcher);
+    const RunData *d = &t->data;
+    print_memory(&t->m, layout_rank_positions(d->layout, cfg->train.seq_len, d->block_size, d->cp, d->cp_rank, NULL));
+    snprintf(t->metrics_path, sizeof(t->metrics_path), "%s/metrics.jsonl", cfg->log.dir);
+    if (dist->world_rank == 0) {
+        checkpoint_recover_dir(cfg->log.dir, false);
+        t->metrics = open_metrics(cfg->log.dir, t->metrics_path, t->state.step, t->state.run_id, branched_from);
+        if (cfg->log.tensorboard) tb_open(&t->tb_writer, cfg->log.dir, t->state.step);
+    }
+    t->tb = t->tb_writer.f ? &t->tb_writer : NULL;
+    t->attention_json_size = 128 + 32 * (size_t)cfg->model.num_layers;
+    t->attention_json = xmalloc(t->attention_json_size);
+    return true;
+}
+
+// Before the first step: the run's clock, the note that a finished run has
+// nothing to train, or the validation of step 0; the sync report's choice.
+static void train_begin(Trainer *t) {
+    t->train_start = now_seconds();
+    t->first_step = t->state.step + 1;
+    t->best_val = INFINITY;
+    if (t->state.step > 0 && t->state.step >= t->cfg.train.steps)
         printf("the run is finished: step %lld of train.steps = %lld, nothing to train (raise train.steps to go on)\n",
-               (long long)state.step, (long long)cfg.train.steps);
-    else if (validate && first_step == 1)
-        best_val = log_validation(&m, &cfg, &dist, &data, 0, metrics, metrics_path, state.run_id, tb);
-    const bool sync_report = sync_report_wanted(m.be);
-    for (int64_t step = first_step; step <= cfg.train.steps; step++) {
-        if (sync_report && step == cfg.train.steps) sync_report_begin();
-        double t0 = now_seconds();
-        m.be->zero(m.grad_mem, sizeof(float) * (size_t)m.arena_floats);
-        double loss = 0;
-        begin_attention_stats(&m, &cfg, step);
-        if (data.balanced) packed_step_read(&data.loader, state.data_cursor, &data.step);
-        for (int mb = 0; mb < micro; mb++) {
-            if (bucketed && mb == micro - 1) bucket_begin(&buckets);
-            step_sequence(&data, state.data_cursor, (int64_t)mb * D + dist.dp.rank);
-            slice_sequence(&data, &m);
-            loss += model_forward_backward(&m, data.slice.tokens, data.slice.targets, data.slice.positions,
-                                           data.slice.count, (float)(1.0 / (double)step_tokens));
-        }
-        state.data_cursor += (int64_t)micro * D;
-        if (step >= nan_first && step <= nan_last) {
-            static const float not_a_number = NAN;
-            loss = NAN;
-            m.be->upload(m.grad_mem, &not_a_number, sizeof(float));
-        }
-        int bad_rank = first_bad_rank(&dist, &m, loss, !bucketed);
-        if (step == first_step) test_fault("reduce", dist.world_rank, dist.world.timeout_s);
-        if (bucketed) bucket_finish(&buckets);
-        else if (zero && dist.world_size > 1)
-            m.be->reduce_scatter_sum(&dist.world, m.grad_mem, model_shard_size(&m, dist.world_size));
-        else allreduce_arena(&dist.world, m.be, m.grad_mem, m.total_params);
-        comm_allreduce(&dist.world, &loss, 1, DT_DOUBLE, REDUCE_SUM);
-        loss /= (double)step_tokens;
-        double attention_scalars[3];
-        end_attention_stats(&m, &dist, attention_line, sizeof(attention_line), attention_json,
-                            attention_json_size, attention_scalars);
-        double lr = lr_at(&oc, step);
-        double grad_norm = bad_rank < dist.world_size ? NAN : optimizer_step(&m, &oc, step, &lr);
-        if (!isfinite(grad_norm)) {
-            // optimizer_step changes nothing on a non-finite norm; the step's sequences stay consumed.
-            state.bad_in_a_row++;
-            log_bad_step(step, cfg.train.steps, loss, grad_norm, bad_rank < dist.world_size ? bad_rank : -1, lr,
-                         (int)state.bad_in_a_row, cfg.train.max_bad_steps, metrics, metrics_path, state.run_id);
-            if (state.bad_in_a_row >= cfg.train.max_bad_steps)
-                fail("step %lld: %d bad steps in a row (train.max_bad_steps): training diverged; the checkpoints in "
-                     "%s are kept", (long long)step, (int)state.bad_in_a_row, cfg.checkpoint.dir);
-        } else {
-            state.bad_in_a_row = 0;
-        }
-        test_fault("step", dist.world_rank, dist.world.timeout_s);
-        double ms = 1e3 * (now_seconds() - t0);
-        double tokens_per_s = (double)step_tokens / (ms * 1e-3);
-        double mfu = plan.peak_flops > 0 ? plan.model_flops / (ms * 1e-3 * plan.peak_flops) : 0;
-        double rss_mib = plan_rss_now() / (1 << 20);
-        if (state.bad_in_a_row == 0 && (step % cfg.log.every == 0 || step == cfg.train.steps)) {
-            char eta[32];
-            double elapsed = now_seconds() - train_start;
-            format_duration(elapsed / (double)(step - first_step + 1) * (double)(cfg.train.steps - step), eta, sizeof(eta));
-            printf("step %6lld/%lld | loss %.4f | grad norm %.3f | lr %.2e | %.0f tok/s | MFU %.1f%% | RSS %.0f MiB | "
-                   "%.1f ms | eta %s%s\n", (long long)step, (long long)cfg.train.steps, loss, grad_norm, lr, tokens_per_s,
-                   100 * mfu, rss_mib, ms, eta, attention_line);
-            fflush(stdout);
-        }
-        if (sync_report && step == cfg.train.steps) sync_report_print();
-        if (metrics && state.bad_in_a_row == 0) {
-            fprintf(metrics, "{\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, "
-                    "\"mfu\": %.9g, \"rss_mib\": %.1f, \"ms\": %.3f%s, \"run_id\": \"%016" PRIx64 "\"}\n", (long long)step, loss,
-                    grad_norm, lr, tokens_per_s, mfu, rss_mib, ms, attention_json, state.run_id);
-            if (fflush(metrics) != 0) fail("%s: write failed", metrics_path);
-            static const char *const tags[] = {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s",
-                                               "train/mfu", "attention/density", "attention/recall", "ring/mib"};
-            const double values[] = {loss, lr, grad_norm, tokens_per_s, mfu, attention_scalars[0],
-                                     attention_scalars[1], attention_scalars[2]};
-            if (tb) tb_scalars(tb, step, tags, values, (int)(sizeof(values) / sizeof(values[0])));
-        }
-        state.step = step;
-        if (validate && (step % cfg.log.val_every == 0 || step == cfg.train.steps))
-            best_val = fmin(best_val, log_validation(&m, &cfg, &dist, &data, step, metrics, metrics_path,
-                                                      state.run_id, tb));
-        state.tokens_seen += step_tokens;
-        bool saved = (cfg.checkpoint.every > 0 && step % cfg.checkpoint.every == 0) ||
-                     (step == cfg.train.steps && cfg.checkpoint.final);
-        if (saved) save_checkpoint(&cfg, &dist, zero, &m, &state, rolled_back_from);
-        int sig = agreed_stop_signal(&dist);
-        if (sig && step < cfg.train.steps) {
-            if (!saved) save_checkpoint(&cfg, &dist, zero, &m, &state, rolled_back_from);
-            // checkpoint.resume: never (or a folder) would start the same command over.
-            const char *how = cfg.checkpoint.resume == RESUME_AUTO
-                            ? "the same command resumes"
-                            : "the same command with checkpoint.resume=auto resumes (as it is, it starts over)";
-            printf("stopped by %s after step %lld of %lld: checkpoint %s/step_%08lld written; %s\n",
-                   sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGUSR1", (long long)step,
-                   (long long)cfg.train.steps, cfg.checkpoint.dir, (long long)step, how);
-            break;
-        }
+               (long long)t->state.step, (long long)t->cfg.train.steps);
+    else if (t->cfg.log.val_every > 0 && t->first_step == 1)
+        t->best_val = log_validation(&t->m, &t->cfg, &t->dist, &t->data, 0, t->metrics, t->metrics_path,
+                                     t->state.run_id, t->tb);
+    t->sync_report = test_sync_report() && backend_select(t->cfg.train.backend)->on_gpu;
+    if (test_sync_report() && !t->sync_report)
+        printf("host syncs per step: not counted (train.backend cpu has no device)\n");
+}
+
+// MTRAIN_SYNC_REPORT on the CUDA backend: the host synchronisations of the
+// last step, counted from its start (after = false) and printed after it.
+static void sync_report(const Trainer *t, int64_t step, bool after) {
+    if (!t->sync_report || step != t->cfg.train.steps) return;
+#ifdef MTRAIN_CUDA
+    if (after) backend_cuda_sync_print();
+    else backend_cuda_sync_begin();
+#else
+    (void)after;
+#endif
+}
+
+// One step: the micro-batches forward and backward, the gradient sum over
+// the world, the loss, the optimizer (skipped when a loss or the gradient is
+// not finite).
+static StepResult train_step(Trainer *t, int64_t step) {
+    Model *m = &t->m;
+    const Dist *dist = &t->dist;
+    int micro = t->cfg.train.micro_batches, D = dist->dp.size;
+    StepResult r = {0};
+    double t0 = now_seconds();
+    model_zero_grads(m);
+    begin_attention_stats(m, &t->cfg, step);
+    if (t->data.balanced) packed_step_read(&t->data.loader, t->state.data_cursor, &t->data.step);
+    for (int mb = 0; mb < micro; mb++) {
+        if (mb == micro - 1) model_grads_start(m);
+        step_sequence(&t->data, t->state.data_cursor, (int64_t)mb * D + dist->dp.rank);
+        slice_sequence(&t->data, m);
+        r.loss += model_forward_backward(m, t->data.slice.tokens, t->data.slice.targets, t->data.slice.positions,
+                                         t->data.slice.count, (float)(1.0 / (double)t->step_tokens));
     }
-    if (state.step >= first_step) {
-        double seconds = now_seconds() - train_start;
-        double tokens = (double)(state.step - first_step + 1) * (double)step_tokens;
-        char val[48] = "";
-        if (isfinite(best_val)) snprintf(val, sizeof(val), " | best val loss %.4f", best_val);
-        // The host plan's figure on the CPU backend; on the CUDA backend the plan is the GPU's (not the host's).
-        char planned[48] = "";
-        if (!plan.gpu) snprintf(planned, sizeof(planned), " (planned %.1f)", plan.total_bytes / (1 << 20));
-        printf("run summary: steps %lld-%lld | %.0f tokens | %.1f s | %.0f tok/s%s | peak RSS %.1f MiB%s\n",
-               (long long)first_step, (long long)state.step, tokens, seconds, tokens / seconds, val,
-               plan_rss_peak() / (1 << 20), planned);
-        print_device_memory(&cfg, &dist);
+    t->state.data_cursor += (int64_t)micro * D;
+    if (test_nan_step(step, dist->world_rank)) {
+        r.loss = NAN;
+        model_poison_grads(m);
     }
-    if (metrics) fclose(metrics);
-    if (tb) tb_close(tb);
-    free(attention_json);
-    run_data_close(&data);
-    model_free(&m);
-    dist_finalize(&dist);
+    r.bad_rank = first_bad_rank(dist, m, r.loss, !model_grads_bucketed(m));
+    if (step == t->first_step) test_fault("reduce", dist->world_rank, dist->world.timeout_s);
+    model_reduce_grads(m);
+    comm_allreduce(&dist->world, &r.loss, 1, DT_DOUBLE, REDUCE_SUM);
+    r.loss /= (double)t->step_tokens;
+    end_attention_stats(m, dist, t->attention_line, sizeof(t->attention_line), t->attention_json,
+                        t->attention_json_size, t->attention_scalars);
+    r.lr = lr_at(&t->oc, step);
+    r.grad_norm = r.bad_rank < dist->world_size ? NAN : optimizer_step(m, &t->oc, step, &r.lr);
+    if (!isfinite(r.grad_norm)) {
+        // optimizer_step changes nothing on a non-finite norm; the step's sequences stay consumed.
+        t->state.bad_in_a_row++;
+        log_bad_step(step, t->cfg.train.steps, r.loss, r.grad_norm, r.bad_rank < dist->world_size ? r.bad_rank : -1,
+                     r.lr, (int)t->state.bad_in_a_row, t->cfg.train.max_bad_steps, t->metrics, t->metrics_path,
+                     t->state.run_id);
+        if (t->state.bad_in_a_row >= t->cfg.train.max_bad_steps)
+            fail("step %lld: %d bad steps in a row (train.max_bad_steps): training diverged; the checkpoints in "
+                 "%s are kept", (long long)step, (int)t->state.bad_in_a_row, t->cfg.checkpoint.dir);
+    } else {
+        t->state.bad_in_a_row = 0;
+    }
+    test_fault("step", dist->world_rank, dist->world.timeout_s);
+    r.ms = 1e3 * (now_seconds() - t0);
+    return r;
+}
+
+// A good step's line (every log.every steps and the last) and its
+// metrics.jsonl and TensorBoard values.
+static void log_step(Trainer *t, int64_t step, const StepResult *r) {
+    const Config *cfg = &t->cfg;
+    double tokens_per_s = (double)t->step_tokens / (r->ms * 1e-3);
+    double mfu = t->plan.peak_flops > 0 ? t->plan.model_flops / (r->ms * 1e-3 * t->plan.peak_flops) : 0;
+    double rss_mib = plan_rss_now() / (1 << 20);
+    if (t->state.bad_in_a_row == 0 && (step % cfg->log.every == 0 || step == cfg->train.steps)) {
+        char eta[32];
+        double elapsed = now_seconds() - t->train_start;
+        format_duration(elapsed / (double)(step - t->first_step + 1) * (double)(cfg->train.steps - step), eta,
+                        sizeof(eta));
+        printf("step %6lld/%lld | loss %.4f | grad norm %.3f | lr %.2e | %.0f tok/s | MFU %.1f%% | RSS %.0f MiB | "
+               "%.1f ms | eta %s%s\n", (long long)step, (long long)cfg->train.steps, r->loss, r->grad_norm, r->lr,
+               tokens_per_s, 100 * mfu, rss_mib, r->ms, eta, t->attention_line);
+        fflush(stdout);
+    }
+    sync_report(t, step, true);
+    if (!t->metrics || t->state.bad_in_a_row != 0) return;
+    fprintf(t->metrics, "{\"step\": %lld, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, "
+            "\"mfu\": %.9g, \"rss_mib\": %.1f, \"ms\": %.3f%s, \"run_id\": \"%016" PRIx64 "\"}\n", (long long)step,
+            r->loss, r->grad_norm, r->lr, tokens_per_s, mfu, rss_mib, r->ms, t->attention_json, t->state.run_id);
+    if (fflush(t->metrics) != 0) fail("%s: write failed", t->metrics_path);
+    static const char *const tags[] = {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s",
+                                       "train/mfu", "attention/density", "attention/recall", "ring/mib"};
+    const double values[] = {r->loss, r->lr, r->grad_norm, tokens_per_s, mfu, t->attention_scalars[0],
+                             t->attention_scalars[1], t->attention_scalars[2]};
+    if (t->tb) tb_scalars(t->tb, step, tags, values, (int)(sizeof(values) / sizeof(values[0])));
+}
+
+// After step `step`: validation and a checkpoint when due; a stop signal on
+// any rank: a checkpoint (when none was just written) and true.
+static bool after_step(Trainer *t, int64_t step) {
+    const Config *cfg = &t->cfg;
+    t->state.step = step;
+    if (cfg->log.val_every > 0 && (step % cfg->log.val_every == 0 || step == cfg->train.steps))
+        t->best_val = fmin(t->best_val, log_validation(&t->m, cfg, &t->dist, &t->data, step, t->metrics,
+                                                       t->metrics_path, t->state.run_id, t->tb));
+    t->state.tokens_seen += t->step_tokens;
+    bool saved = (cfg->checkpoint.every > 0 && step % cfg->checkpoint.every == 0) ||
+                 (step == cfg->train.steps && cfg->checkpoint.final);
+    if (saved) save_checkpoint(cfg, &t->dist, t->zero, &t->m, &t->state, t->rolled_back_from);
+    int sig = agreed_stop_signal(&t->dist);
+    if (!sig || step >= cfg->train.steps) return false;
+    if (!saved) save_checkpoint(cfg, &t->dist, t->zero, &t->m, &t->state, t->rolled_back_from);
+    // checkpoint.resume: never (or a folder) would start the same command over.
+    const char *how = cfg->checkpoint.resume == RESUME_AUTO
+                    ? "the same command resumes"
+                    : "the same command with checkpoint.resume=auto resumes (as it is, it starts over)";
+    printf("stopped by %s after step %lld of %lld: checkpoint %s/step_%08lld written; %s\n",
+           sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGUSR1", (long long)step,
+           (long long)cfg->train.steps, cfg->checkpoint.dir, (long long)step, how);
+    return true;
+}
+
+// The run summary when this process trained a step.
+static void print_summary(const Trainer *t) {
+    if (t->state.step < t->first_step) return;
+    double seconds = now_seconds() - t->train_start;
+    double tokens = (double)(t->state.step - t->first_step + 1) * (double)t->step_tokens;
+    char val[48] = "";
+    if (isfinite(t->best_val)) snprintf(val, sizeof(val), " | best val loss %.4f", t->best_val);
+    // The host plan's figure on the CPU backend; on the CUDA backend the plan is the GPU's (not the host's).
+    char planned[48] = "";
+    if (!t->plan.gpu) snprintf(planned, sizeof(planned), " (planned %.1f)", t->plan.total_bytes / (1 << 20));
+    printf("run summary: steps %lld-%lld | %.0f tokens | %.1f s | %.0f tok/s%s | peak RSS %.1f MiB%s\n",
+           (long long)t->first_step, (long long)t->state.step, tokens, seconds, tokens / seconds, val,
+           plan_rss_peak() / (1 << 20), planned);
+    print_device_memory(&t->cfg, &t->dist);
+}
+
+static void train_close(Trainer *t) {
+    if (t->metrics) fclose(t->metrics);
+    if (t->tb) tb_close(t->tb);
+    free(t->attention_json);
+    run_data_close(&t->data);
+    model_free(&t->m);
+    dist_finalize(&t->dist);
+}
+
+int cmd_train(int argc, char **argv) {
+    Trainer t = {0};
+    if (!train_setup(&t, argc, argv)) return 2;
+    train_begin(&t);
+    for (int64_t step = t.first_step; step <= t.cfg.train.steps; step++) {
+        sync_report(&t, step, false);
+        StepResult r = train_step(&t, step);
+        log_step(&t, step, &r);
+        if (after_step(&t, step)) break;
+    }
+    print_summary(&t);
+    train_close(&t);
     return 0;
 }

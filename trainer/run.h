@@ -1,12 +1,13 @@
-// train.h: the pieces of a run that the CLI verbs share: threads, a model
-// built from the run config, the optimizer settings, the data loader.
-#ifndef MTRAIN_TRAIN_H
-#define MTRAIN_TRAIN_H
+// run.h: the set-up of a run that every verb shares (train, eval, score,
+// generate, the data commands): the start on a run file, the ranks' GPUs and
+// output, threads, a model and a loader built from the run config, the cp
+// ring, and reading integer files.
+#ifndef MTRAIN_RUN_H
+#define MTRAIN_RUN_H
 
 #include "../data/loader.h"
 #include "../dist/comm.h"
 #include "../model/model.h"
-#include "../model/optimizer.h"
 #include "config.h"
 
 // The OpenMP (and OpenBLAS) threads of this rank: parallel.threads, or with 0
@@ -16,16 +17,12 @@
 int apply_threads(const Config *cfg, const Dist *dist);
 // model_init with the backend and the attention/loss/checkpointing settings.
 void model_from_config(Model *m, const Config *cfg);
-OptimizerConfig optimizer_config(const Config *cfg);
 // loader_open with the run's data, vocabulary, sequence length and seed;
 // with validation false no validation stream (nothing held out).
 void loader_from_config(Loader *l, const Config *cfg, bool validation);
 // Attention over the cp ring when cp > 1 (dense, or sparse with the pattern
 // estimated over the ring), with the schedule of attention.ring.
 void model_join_ring(Model *m, const Config *cfg, const Dist *dist);
-// Sum an arena [n] of backend memory over comm (the backend's allreduce_sum:
-// MPI on the CPU, the device communicator on the GPU).
-void allreduce_arena(const Comm *comm, const Backend *be, float *arena, int64_t n);
 // Ranks other than 0 write stdout to /dev/null: rank 0 alone speaks (errors
 // still reach stderr from any rank).
 void quiet_other_ranks(const Dist *dist);

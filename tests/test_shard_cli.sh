@@ -173,6 +173,12 @@ expect_error "tokenize: NUL bytes are refused" 1 "nul.bin: binary (it holds NUL 
 { head -c 70000 /dev/zero | tr '\0' a; printf '\0'; } >late_nul.txt
 expect_error "tokenize: a NUL byte past 64 KiB is refused" 1 "late_nul.txt: byte 70000 is NUL" \
   "$mtrain" tokenize --tokenizer bytes --input late_nul.txt --output x.shard
+# A bad line read before the NUL byte is found (its batch still queued) is
+# the one named: input order, on any number of threads.
+for n in 1 2; do
+  expect_error "tokenize --threads $n: a bad line before a late NUL is named first" 1 "bad.jsonl:2: invalid JSON" \
+    "$mtrain" tokenize --tokenizer bytes --threads $n --input bad.jsonl late_nul.txt --output x.shard
+done
 if [ ! -e x.shard ] && [ "$(wc -l <err.log)" -eq 1 ]; then pass "tokenize: binary input writes nothing, one line"
 else fail "tokenize: binary input writes nothing, one line" "$(ls; cat err.log)"; fi
 

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <omp.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -70,13 +71,20 @@ static int ends_with(const char *s, const char *suffix) {
 // ----------------------------------------------------------------------------
 // tokenize
 //
-// Documents are read in order into a batch, encoded in parallel (each thread
-// with its own tokenizer: a tokenizer keeps a cache and scratch space), then
-// added to the shard in input order, so the shard's bytes are the same for
+// The main thread reads documents in order into batches and queues each
+// full batch for encoding; threads - 1 workers and the main thread encode
+// the queued documents in order (each thread with its own tokenizer: a
+// tokenizer keeps a cache and scratch space). Once batch k + 1 is queued, the
+// main thread adds batch k's documents to the shard in input order
+// (compressing and writing its frames), encoding documents itself while it
+// waits for the last ones, then reads batch k + 2 while the workers encode
+// batch k + 1: reading and writing overlap the encoding, at most
+// TOKENIZE_QUEUED batches are queued, and the shard's bytes are the same for
 // any number of threads. The first bad document in input order fails.
 
 #define TOKENIZE_BATCH_DOCS 4096
 #define TOKENIZE_BATCH_BYTES (4 << 20)
+#define TOKENIZE_QUEUED 2          // batches queued: the one being written and the next
 
 typedef struct {
     char *raw;                 // the .jsonl line or the whole file (owned)
@@ -89,15 +97,34 @@ typedef struct {
 } TokenizeDoc;
 
 typedef struct {
-    Tokenizer **tokenizers;    // [threads]
+    TokenizeDoc *docs;         // [TOKENIZE_BATCH_DOCS]
+    int64_t count, bytes;
+    int64_t encoded;           // documents encoded so far (under Tokenize.lock)
+} TokenizeBatch;
+
+typedef struct {
+    Tokenizer **tokenizers;    // [threads]: [0] the main thread's, [i] worker i's
     int threads;
     const char *text_field;    // the field of a .jsonl line that holds the text
     ShardWriter *writer;
-    TokenizeDoc *batch;        // [TOKENIZE_BATCH_DOCS]
-    int64_t batch_count, batch_bytes;
+    TokenizeBatch ring[TOKENIZE_QUEUED];  // batch k is ring[k % TOKENIZE_QUEUED]
+    int64_t written;           // batches added to the shard (main thread only)
+    // Under lock: batches 0..queued-1 are queued (batch `queued` is being
+    // read), document next_doc of batch next_batch is the next to encode.
+    pthread_mutex_t lock;
+    pthread_cond_t work;       // workers wait here for queued documents or stop
+    pthread_cond_t encoded;    // the main thread waits here for a batch's last documents
+    int64_t queued, next_batch, next_doc;
+    bool stop;
     int64_t documents, text_bytes, tokens;
     Progress progress;         // over the bytes of the input files
 } Tokenize;
+
+typedef struct {
+    Tokenize *t;
+    Tokenizer *tokenizer;
+    pthread_t thread;
+} TokenizeWorker;
 
 // Why data[0..n) is not text: the magic number of a compressed or binary
 // format, or a NUL byte (never in text); NULL when it may be text.
@@ -170,13 +197,48 @@ static void encode_document(const Tokenize *t, Tokenizer *tok, TokenizeDoc *d) {
     d->text_bytes = bytes;
 }
 
-// Encodes the batch on the threads, then adds its documents in order.
-static void flush_batch(Tokenize *t) {
-    #pragma omp parallel for num_threads(t->threads) schedule(dynamic, 1)
-    for (int64_t i = 0; i < t->batch_count; i++)
-        encode_document(t, t->tokenizers[omp_get_thread_num()], &t->batch[i]);
-    for (int64_t i = 0; i < t->batch_count; i++) {
-        TokenizeDoc *d = &t->batch[i];
+// Encodes the next queued document with tok, if there is one; called and
+// returns under t->lock, which it releases while encoding. Returns whether
+// there was one.
+static bool encode_next(Tokenize *t, Tokenizer *tok) {
+    if (t->next_batch == t->queued) return false;
+    TokenizeBatch *b = &t->ring[t->next_batch % TOKENIZE_QUEUED];
+    TokenizeDoc *d = &b->docs[t->next_doc];
+    if (++t->next_doc == b->count) {
+        t->next_batch++;
+        t->next_doc = 0;
+    }
+    pthread_mutex_unlock(&t->lock);
+    encode_document(t, tok, d);
+    pthread_mutex_lock(&t->lock);
+    if (++b->encoded == b->count) pthread_cond_signal(&t->encoded);
+    return true;
+}
+
+// A worker thread: encodes queued documents until told to stop.
+static void *tokenize_worker(void *arg) {
+    TokenizeWorker *w = arg;
+    Tokenize *t = w->t;
+    pthread_mutex_lock(&t->lock);
+    for (;;) {
+        if (encode_next(t, w->tokenizer)) continue;
+        if (t->stop) break;
+        pthread_cond_wait(&t->work, &t->lock);
+    }
+    pthread_mutex_unlock(&t->lock);
+    return NULL;
+}
+
+// Adds the oldest queued batch's documents to the shard in order, encoding
+// queued documents on the main thread until the batch is encoded.
+static void write_batch(Tokenize *t) {
+    TokenizeBatch *b = &t->ring[t->written % TOKENIZE_QUEUED];
+    pthread_mutex_lock(&t->lock);
+    while (b->encoded < b->count)
+        if (!encode_next(t, t->tokenizers[0])) pthread_cond_wait(&t->encoded, &t->lock);
+    pthread_mutex_unlock(&t->lock);
+    for (int64_t i = 0; i < b->count; i++) {
+        TokenizeDoc *d = &b->docs[i];
         if (d->error[0]) {
             shard_writer_abort(t->writer);
             if (d->line_no > 0) fail("%s:%" PRId64 ": %s", d->path, d->line_no, d->error);
@@ -190,14 +252,70 @@ static void flush_batch(Tokenize *t) {
         free(d->raw);
         free(d->ids.ids);
     }
-    t->batch_count = t->batch_bytes = 0;
+    b->count = b->bytes = b->encoded = 0;
+    t->written++;
 }
 
-// Queues one document (raw: owned from here on); a full batch is flushed.
+// Queues the batch being read for encoding; writes the oldest batch when
+// TOKENIZE_QUEUED are queued, so that the next batch's slot is free.
+static void queue_batch(Tokenize *t) {
+    pthread_mutex_lock(&t->lock);
+    t->queued++;
+    pthread_cond_broadcast(&t->work);
+    pthread_mutex_unlock(&t->lock);
+    if (t->queued - t->written == TOKENIZE_QUEUED) write_batch(t);
+}
+
+// Queues the last batch and writes every queued one: afterwards every
+// document read so far is in the shard (or its problem has failed).
+static void write_queued(Tokenize *t) {
+    if (t->ring[t->queued % TOKENIZE_QUEUED].count) queue_batch(t);
+    while (t->written < t->queued) write_batch(t);
+}
+
+// Queues one document (raw: owned from here on); a full batch is queued.
 static void queue_document(Tokenize *t, char *raw, int64_t bytes, const char *path, int64_t line_no) {
-    t->batch[t->batch_count++] = (TokenizeDoc){.raw = raw, .raw_bytes = bytes, .path = path, .line_no = line_no};
-    t->batch_bytes += bytes;
-    if (t->batch_count == TOKENIZE_BATCH_DOCS || t->batch_bytes >= TOKENIZE_BATCH_BYTES) flush_batch(t);
+    TokenizeBatch *b = &t->ring[t->queued % TOKENIZE_QUEUED];
+    b->docs[b->count++] = (TokenizeDoc){.raw = raw, .raw_bytes = bytes, .path = path, .line_no = line_no};
+    b->bytes += bytes;
+    if (b->count == TOKENIZE_BATCH_DOCS || b->bytes >= TOKENIZE_BATCH_BYTES) queue_batch(t);
+}
+
+// Before failing on a problem found while reading: the documents read
+// before it are written first (a bad one fails first: input order), then the
+// shard is abandoned.
+static void abort_after_queued(Tokenize *t) {
+    write_queued(t);
+    shard_writer_abort(t->writer);
+}
+
+// Starts the worker threads: w[i] encodes with tokenizer i (1..threads-1).
+static TokenizeWorker *start_workers(Tokenize *t) {
+    CHECK(!pthread_mutex_init(&t->lock, NULL) && !pthread_cond_init(&t->work, NULL) &&
+          !pthread_cond_init(&t->encoded, NULL), "tokenize: cannot create the threads' lock");
+    TokenizeWorker *w = xcalloc((size_t)t->threads, sizeof(TokenizeWorker));
+    for (int i = 1; i < t->threads; i++) {
+        w[i] = (TokenizeWorker){.t = t, .tokenizer = t->tokenizers[i]};
+        int rc = pthread_create(&w[i].thread, NULL, tokenize_worker, &w[i]);
+        if (rc) fail("tokenize: cannot start thread %d of %d (%s)", i + 1, t->threads, strerror(rc));
+    }
+    return w;
+}
+
+// Stops the worker threads (once nothing is queued).
+static void stop_workers(Tokenize *t, TokenizeWorker *w) {
+    pthread_mutex_lock(&t->lock);
+    t->stop = true;
+    pthread_cond_broadcast(&t->work);
+    pthread_mutex_unlock(&t->lock);
+    for (int i = 1; i < t->threads; i++) {
+        int rc = pthread_join(w[i].thread, NULL);
+        if (rc) fail("tokenize: cannot join thread %d of %d (%s)", i + 1, t->threads, strerror(rc));
+    }
+    free(w);
+    pthread_cond_destroy(&t->encoded);
+    pthread_cond_destroy(&t->work);
+    pthread_mutex_destroy(&t->lock);
 }
 
 static void add_jsonl(Tokenize *t, const char *path) {
@@ -218,7 +336,7 @@ static void add_jsonl(Tokenize *t, const char *path) {
         queue_document(t, line, (int64_t)len, path, line_no);
     }
     if (ferror(f)) {
-        shard_writer_abort(t->writer);
+        abort_after_queued(t);
         fail("%s: read failed (%s)", path, strerror(errno));
     }
     fclose(f);
@@ -230,7 +348,7 @@ static void add_file(Tokenize *t, const char *path) {
     char *text = read_file(path, &bytes);
     const char *nul = memchr(text, 0, bytes);
     if (nul) {
-        shard_writer_abort(t->writer);
+        abort_after_queued(t);
         fail("%s: byte %td is NUL: binary, not text (expected UTF-8 text)", path, nul - text);
     }
     queue_document(t, text, (int64_t)bytes, path, 0);
@@ -300,7 +418,7 @@ int cmd_tokenize(int argc, char **argv) {
     free(output_dir);
     t.writer = shard_writer_open(output, tok->vocab_size, 0, frame_tokens);
     shard_writer_set_tokenizer(t.writer, shard_tokenizer_of(tok->name));
-    t.batch = xmalloc(sizeof(TokenizeDoc) * TOKENIZE_BATCH_DOCS);
+    for (int i = 0; i < TOKENIZE_QUEUED; i++) t.ring[i].docs = xmalloc(sizeof(TokenizeDoc) * TOKENIZE_BATCH_DOCS);
     int64_t input_bytes = 0;
     for (int i = 0; i < input_count; i++) {
         struct stat st;
@@ -309,15 +427,17 @@ int cmd_tokenize(int argc, char **argv) {
     }
     progress_begin(&t.progress, "tokenizing", input_bytes, "MB", 1e6);
     double start = now_seconds();
+    TokenizeWorker *workers = start_workers(&t);
     for (int i = 0; i < input_count; i++) {
         if (ends_with(inputs[i], ".jsonl")) add_jsonl(&t, inputs[i]);
         else add_file(&t, inputs[i]);
     }
-    flush_batch(&t);
+    write_queued(&t);
+    stop_workers(&t, workers);
     progress_end(&t.progress);
     shard_writer_close(t.writer);
     double seconds = now_seconds() - start;
-    free(t.batch);
+    for (int i = 0; i < TOKENIZE_QUEUED; i++) free(t.ring[i].docs);
     for (int i = 0; i < t.threads; i++) tokenizer_close(t.tokenizers[i]);
     free(t.tokenizers);
 

@@ -6,14 +6,17 @@
 # memory, cudaMalloc/cudaFree, polls of an event) by call site, and train
 # prints the last step's "host syncs per step: N" and the sites.
 #   budgets    pairs of runs whose N must be equal: a dense step's N does not
-#              grow with the number of layers (2 and 4);
+#              grow with the number of layers (2 and 4), on one rank and on a
+#              cp ring, nor with the ring's size (cp 2 and 4): no host
+#              synchronisation inside a ring step (the ring's buffers,
+#              positions and token lists are kept from the first step, the
+#              NCCL watchdog polls once per step);
 #   pinned     a one-rank dense step makes no async copy with pageable host
 #              memory (the backend's uploads and downloads are staged through
 #              its page-locked buffer);
 #   priority   cp 2 over NCCL: every NCCL operation of the step runs on a
 #              stream of the device's greatest priority;
-#   measured   N and the sites of the other runs, printed as "info" lines
-#              (the ring's: cp 2 with 2 and 4 layers).
+#   measured   N and the sites of every run, printed as "info" lines.
 # A case is one line of $cases (name, ranks, settings: sparse attention adds
 # $SIM_SPARSE); a budget one pair of names.
 cd "$(dirname "$0")/.."
@@ -24,8 +27,13 @@ RUN="$SIM_RUN train.steps=2 checkpoint.resume=never"
 cases="dense_l2 1 model.num_layers=2
 dense_l4 1 model.num_layers=4
 ring2_l2 2 parallel.cp=2 model.num_layers=2
-ring2_l4 2 parallel.cp=2 model.num_layers=4"
-budgets="dense_l2 dense_l4"
+ring2_l4 2 parallel.cp=2 model.num_layers=4
+ring4_l2 4 parallel.cp=4 model.num_layers=2 train.seq_len=256
+ring4_l4 4 parallel.cp=4 model.num_layers=4 train.seq_len=256"
+budgets="dense_l2 dense_l4
+ring2_l2 ring2_l4
+ring4_l2 ring4_l4
+ring2_l2 ring4_l2"
 
 declare -A N
 while read -r name np settings; do

@@ -480,14 +480,13 @@ static void ring_sparse_plan_cuda(void *ring, const AttentionConfig *cfg, const 
     uint16_t *qe = (uint16_t *)rc->est_q + W * Lq * wq;
     float *parts = rc->est_lse, *lse = parts + W * nl, *vertical = rc->est_scores, *slash = vertical + Hq * N;
     gather_estimation_queries(rc, shape, q, Lq, rc->est_q, qe, stream);
-    // Pageable sources: staged when cudaMemcpyAsync returns.
-    int64_t *host = xmalloc(sizeof(int64_t) * (size_t)(Lq + nqb + 1));
+    // Pageable source: staged when cudaMemcpyAsync returns.
+    int64_t *host = xmalloc(sizeof(int64_t) * (size_t)(Lq + 1));
     for (int64_t i = 0; i < Lq; i++) host[i] = N - Lq + i;
-    for (int64_t i = 0; i < nqb; i++) host[Lq + i] = pos[i * B] / B;
     CUDA_CHECK(cudaMemcpyAsync(rc->est_pos, host, sizeof(int64_t) * (size_t)Lq, cudaMemcpyHostToDevice, stream));
-    CUDA_CHECK(cudaMemcpyAsync(rc->q_blocks, host + Lq, sizeof(int64_t) * (size_t)nqb, cudaMemcpyHostToDevice,
-                               stream));
     free(host);
+    const int64_t *k_pos = rc->positions + rg->offsets[me];
+    sparse_query_blocks_cuda(k_pos, T, B, rc->q_blocks, stream);
 
     // Pass 1: the partial lse over this rank's keys (from -inf) into its block, combined.
     rc->lse_est = xrealloc(rc->lse_est, sizeof(float) * (size_t)(nl + 1));
@@ -498,7 +497,6 @@ static void ring_sparse_plan_cuda(void *ring, const AttentionConfig *cfg, const 
     AttnShape est = *shape;
     est.q_tokens = Lq;
     est.k_tokens = T;
-    const int64_t *k_pos = rc->positions + rg->offsets[me];
     sparse_estimate_lse_cuda(&est, qe, rc->est_pos, k, k_pos, parts + me * nl, stream);
     comm_device_allgather_bf16(rc->cp, (uint16_t *)parts, 2 * nl, stream);
     ring_combine_lse_cuda(parts, W, nl, lse, stream);

@@ -4,11 +4,13 @@
 // CPU kernels; over a cp ring (dense and sparse), the AttnRingCuda bound by the backend
 // (ring_cuda.h) runs ring.c's schedules on device buffers. The state keeps
 // what lives between calls: the config and its
-// fixed budgets, each layer's device index from the sequence's plan forward,
-// the pattern and the estimation rows' index that a plan builds, the
-// sequence's positions (host), and the scratch; every device buffer is
-// allocated once and grown (the indexes and the pattern by
-// sparse_select_cuda and sparse_index_build_cuda themselves):
+// fixed budgets, each layer's device pattern from the sequence's plan
+// forward, one device index (rebuilt from a layer's pattern on the device
+// when a call needs another layer's: every layer's index is not kept), the
+// estimation rows' index of a plan's statistics, the sequence's positions
+// (host), and the scratch; every device buffer is allocated once and grown
+// (the index and the patterns by sparse_select_cuda and
+// sparse_index_build_cuda themselves):
 //   o_acc            [T, Hq, D] fp32   the forward's running output
 //   dq_acc           [T, Hq, D] fp32   the backward's sums, then added into
 //   dk_acc, dv_acc   [T, Hkv, D] fp32  the bf16 dq, dk, dv
@@ -46,10 +48,11 @@ struct AttnState {
     int num_layers, num_heads;
     int *budget_vertical;        // [num_layers * Hq] budget fixed, else NULL
     int *budget_slash;           // [num_layers * Hq]
-    SparseIndexCuda *index;      // [num_layers] the layer's index (sparse)
-    bool *planned;               // [num_layers] index holds this sequence's pattern
-    SparsePatternCuda pattern;   // the pattern of the layer being planned
-    SparseIndexCuda est_index;   // its index of the estimation rows' blocks (statistics)
+    SparsePatternCuda *pattern;  // [num_layers] the layer's pattern (sparse)
+    bool *planned;               // [num_layers] pattern holds this sequence's
+    SparseIndexCuda index;       // the index of layer index_layer's pattern (-1: none)
+    int index_layer;
+    SparseIndexCuda est_index;   // the estimation rows' blocks (statistics)
     int64_t *pos;                // [tokens] the sequence's positions (host)
     int64_t tokens;
     bool pos_is_iota;            // pos[t] == t for every t
@@ -85,7 +88,8 @@ extern "C" AttnState *attention_cuda_new(const AttentionConfig *cfg, int num_lay
     st->cfg = *cfg;
     st->num_layers = num_layers;
     st->num_heads = num_heads;
-    st->index = (SparseIndexCuda *)xcalloc((size_t)num_layers, sizeof(SparseIndexCuda));
+    st->pattern = (SparsePatternCuda *)xcalloc((size_t)num_layers, sizeof(SparsePatternCuda));
+    st->index_layer = -1;
     st->planned = (bool *)xcalloc((size_t)num_layers, sizeof(bool));
     st->ring_layer = (void **)xcalloc((size_t)num_layers, sizeof(void *));
     sparse_budget_tables(cfg, num_layers, num_heads, &st->budget_vertical, &st->budget_slash);
@@ -94,6 +98,7 @@ extern "C" AttnState *attention_cuda_new(const AttentionConfig *cfg, int num_lay
 
 static void forget_plans(AttnState *st) {
     for (int l = 0; l < st->num_layers; l++) st->planned[l] = false;
+    st->index_layer = -1;
 }
 
 // The ring's layer states (before the ring goes).
@@ -106,15 +111,15 @@ static void forget_ring_layers(AttnState *st) {
 
 extern "C" void attention_cuda_free(AttnState *st) {
     if (!st) return;
-    for (int l = 0; l < st->num_layers; l++) sparse_index_free_cuda(&st->index[l]);
+    for (int l = 0; l < st->num_layers; l++) sparse_pattern_free_cuda(&st->pattern[l]);
     forget_ring_layers(st);
+    sparse_index_free_cuda(&st->index);
     sparse_index_free_cuda(&st->est_index);
-    sparse_pattern_free_cuda(&st->pattern);
     Scratch *all[] = {&st->o_acc, &st->dq_acc, &st->dk_acc, &st->dv_acc, &st->lse_est,
                       &st->vertical, &st->slash, &st->q_blocks};
     for (Scratch *s : all) scratch_free(s);
     if (st->ring.ring) st->ring.free(st->ring.ring);
-    free(st->index);
+    free(st->pattern);
     free(st->planned);
     free(st->ring_layer);
     free(st->pos);
@@ -169,11 +174,11 @@ static void count_density(const AttnState *st, const SparseIndexCuda *dev, const
 // forward's LSE of the query blocks that hold those rows (the pattern's
 // share of each row's exp-sum; with documents both see only the rows'
 // documents). Uses o_acc and vertical as scratch.
-static void count_recall(AttnState *st, const AttnShape *s, int64_t Lq, const uint16_t *q, const uint16_t *k,
+static void count_recall(AttnState *st, int l, const AttnShape *s, int64_t Lq, const uint16_t *q, const uint16_t *k,
                          const uint16_t *v, const int64_t *pos, cudaStream_t stream, SparseStats *stats) {
     const int64_t T = s->q_tokens, B = s->block_size, first = (T - Lq) / B, nqb = (T - 1) / B + 1;
     const int Hq = s->num_heads;
-    sparse_index_build_cuda(&st->pattern, (int)B, (const int64_t *)st->q_blocks.ptr + first, nqb - first,
+    sparse_index_build_cuda(&st->pattern[l], (int)B, (const int64_t *)st->q_blocks.ptr + first, nqb - first,
                             s->doc_starts, s->doc_count, st->cfg.sink, &st->est_index, stream);
     AttnShape rows = *s;
     rows.q_tokens = T - first * B;
@@ -195,11 +200,26 @@ static void count_recall(AttnState *st, const AttnShape *s, int64_t Lq, const ui
     free(est);
 }
 
+// Layer l's index for this rank's query blocks (positions pos, device) in
+// st->index: built from the layer's pattern unless it holds it already.
+static const SparseIndexCuda *layer_index(AttnState *st, int l, const AttnShape *s, const int64_t *pos,
+                                          cudaStream_t stream) {
+    if (st->index_layer == l) return &st->index;
+    const int B = s->block_size;
+    const int64_t nqb = (s->q_tokens + B - 1) / B;
+    int64_t *q_blocks = (int64_t *)scratch(&st->q_blocks, sizeof(int64_t) * (size_t)(nqb + 1));
+    sparse_query_blocks_cuda(pos, s->q_tokens, B, q_blocks, stream);
+    sparse_index_build_cuda(&st->pattern[l], B, q_blocks, nqb, s->doc_starts, s->doc_count, st->cfg.sink,
+                            &st->index, stream);
+    st->index_layer = l;
+    return &st->index;
+}
+
 // Estimation (the last min(last_q, T) queries against every key), selection
-// and index of layer l, all on the GPU; replaces the layer's index.
+// and index of layer l, all on the GPU; replaces the layer's pattern.
 static void plan_layer(AttnState *st, int l, const AttnShape *s, const uint16_t *q, const uint16_t *k,
                        const uint16_t *v, const int64_t *pos, cudaStream_t stream, SparseStats *stats) {
-    const int64_t T = s->q_tokens, B = s->block_size, nqb = (T - 1) / B + 1;
+    const int64_t T = s->q_tokens;
     const int Hq = s->num_heads;
     const int64_t Lq = st->cfg.last_q < T ? st->cfg.last_q : T;
     AttnShape est = *s;
@@ -218,18 +238,13 @@ static void plan_layer(AttnState *st, int l, const AttnShape *s, const uint16_t 
     sparse_estimate_scores_cuda(&est, qe, qe_pos, k, pos, lse_est, T, vertical, slash, stream);
 
     sparse_select_cuda(&st->cfg, vertical, slash, Hq, T, layer_budget(st, st->budget_vertical, l),
-                       layer_budget(st, st->budget_slash, l), &st->pattern, stream);
-    int64_t *blocks = (int64_t *)xmalloc(sizeof(int64_t) * (size_t)nqb);
-    for (int64_t i = 0; i < nqb; i++) blocks[i] = i;   // positions 0 .. T-1: local block i is global block i
-    int64_t *q_blocks = (int64_t *)scratch(&st->q_blocks, sizeof(int64_t) * (size_t)nqb);
-    CUDA_CHECK(cudaMemcpyAsync(q_blocks, blocks, sizeof(int64_t) * (size_t)nqb, cudaMemcpyHostToDevice, stream));
-    free(blocks);   // pageable source: staged when cudaMemcpyAsync returns
-    sparse_index_build_cuda(&st->pattern, (int)B, q_blocks, nqb, s->doc_starts, s->doc_count, st->cfg.sink,
-                            &st->index[l], stream);
+                       layer_budget(st, st->budget_slash, l), &st->pattern[l], stream);
     st->planned[l] = true;
+    st->index_layer = -1;
+    const SparseIndexCuda *index = layer_index(st, l, s, pos, stream);
     if (stats) {
-        count_density(st, &st->index[l], s, stream, stats);
-        count_recall(st, s, Lq, q, k, v, pos, stream, stats);
+        count_density(st, index, s, stream, stats);
+        count_recall(st, l, s, Lq, q, k, v, pos, stream, stats);
     }
 }
 
@@ -259,13 +274,14 @@ extern "C" void attention_cuda_forward(AttnState *st, int layer, bool plan, cons
     if (st->ring.ring) {
         if (sparse && plan) {
             st->ring.sparse_plan(st->ring.ring, &st->cfg, shape, q, k, layer_budget(st, st->budget_vertical, layer),
-                                 layer_budget(st, st->budget_slash, layer), &st->pattern, &st->index[layer],
+                                 layer_budget(st, st->budget_slash, layer), &st->pattern[layer], &st->index,
                                  &st->ring_layer[layer], stats, stream);
             st->planned[layer] = true;
+            st->index_layer = layer;
         }
         CHECK(!sparse || st->planned[layer], "attention (CUDA): layer %d recomputed before its sequence's plan "
               "forward", layer);
-        st->ring.forward(st->ring.ring, shape, st->cfg.ring_send, sparse ? &st->index[layer] : NULL,
+        st->ring.forward(st->ring.ring, shape, st->cfg.ring_send, sparse ? layer_index(st, layer, shape, pos, stream) : NULL,
                          sparse ? st->ring_layer[layer] : NULL, q, k, v, o_acc, lse, plan ? stats : NULL, stream);
     } else if (st->cfg.type != ATTN_SPARSE) {
         attn_forward_init_cuda(shape, o_acc, lse, stream);
@@ -275,7 +291,8 @@ extern "C" void attention_cuda_forward(AttnState *st, int layer, bool plan, cons
         CHECK(st->planned[layer], "attention (CUDA): layer %d recomputed before its sequence's plan forward",
               layer);
         attn_forward_init_cuda(shape, o_acc, lse, stream);
-        attn_sparse_forward_cuda(shape, &st->index[layer], q, pos, k, v, pos, o_acc, lse, stream);
+        attn_sparse_forward_cuda(shape, layer_index(st, layer, shape, pos, stream), q, pos, k, v, pos, o_acc, lse,
+                                 stream);
     }
     attn_output_bf16_cuda(shape, o_acc, o, stream);
 }
@@ -307,12 +324,12 @@ extern "C" void attention_cuda_backward(AttnState *st, int layer, const AttnShap
     CUDA_CHECK(cudaMemsetAsync(dk_acc, 0, sizeof(float) * (size_t)nk, stream));
     CUDA_CHECK(cudaMemsetAsync(dv_acc, 0, sizeof(float) * (size_t)nk, stream));
     if (st->ring.ring) {
-        st->ring.backward(st->ring.ring, shape, st->cfg.ring_send, sparse ? &st->index[layer] : NULL,
+        st->ring.backward(st->ring.ring, shape, st->cfg.ring_send, sparse ? layer_index(st, layer, shape, pos, stream) : NULL,
                           sparse ? st->ring_layer[layer] : NULL, q, k, v, o, lse, dout, dq_acc, dk_acc, dv_acc, stream);
     } else {
         attn_backward_delta_cuda(shape, o, dout, delta, stream);
         if (sparse)
-            attn_sparse_backward_cuda(shape, &st->index[layer], q, pos, k, v, pos, lse, delta, dout, dq_acc, dk_acc,
+            attn_sparse_backward_cuda(shape, layer_index(st, layer, shape, pos, stream), q, pos, k, v, pos, lse, delta, dout, dq_acc, dk_acc,
                                       dv_acc, stream);
         else
             attn_dense_backward_cuda(shape, q, pos, k, v, pos, lse, delta, dout, dq_acc, dk_acc, dv_acc, stream);

@@ -1,8 +1,9 @@
 // attention_cuda_op.h: the CUDA backend's attention op (attention_cuda_op.cu),
 // the attention_* entries of the Backend table (model/backend.h states their
-// contracts) on one GPU: dense, or sparse with the pattern estimated,
-// selected and indexed on the GPU on a sequence's first forward of a layer
-// and reused by its recomputation and its backward.
+// contracts) on one GPU: dense, or sparse with the pattern estimated and
+// selected on the GPU on a sequence's first forward of a layer and reused
+// by its recomputation and its backward (the index rebuilt from it on the
+// GPU: one index at its bound, not one per layer).
 //
 // Same parameters in the same order as the CPU op (attention_cpu.h), on
 // device memory, with the backend's stream last (every call is enqueued on

@@ -3,8 +3,11 @@
 // moves and the forward init / backward delta are enqueued on the op's
 // stream, messages go through a DeviceExchange (dist/comm_device.h): with
 // NCCL the host never waits inside a layer's ring (the sparse plan before it
-// waits for its collectives and reads the index back). Token lists for
-// row moves are copied to a device buffer before each move (stream-ordered).
+// waits for its collectives and reads the index back). Token lists for row
+// moves are uploaded once and found again (TokenLists). The ring's buffers
+// and positions outlive the sequence: a later sequence reuses them, so a
+// training step allocates nothing and waits for nothing once the first
+// step has run.
 // Sparse, as ring_sparse.c: the columns of every rank's index are gathered
 // to every rank before the ring (one device all-gather of their K/V rows)
 // and computed in step 0 (the column pass), the ring steps compute blocks
@@ -28,17 +31,59 @@
 #include "ring_sparse.h"
 #include "sparse_cuda.h"
 
+// Token lists on the device. ring.c computes each row list on the host for
+// every call, the same lists for every layer (and step) of one layout; each
+// distinct list is copied once into page-locked memory that is not rewritten
+// while the list is kept, and from there (stream-ordered, no host wait) to
+// the device; a list seen before is found by its contents. The lists are
+// kept while the ring's positions stay the same, up to TOKEN_LISTS_KEPT
+// lists of the largest chunk; then the next sequence starts them afresh
+// (one wait for the stream, so no queued copy still reads the memory). A
+// chunk of room is added when the lists outgrow the arena (cudaMalloc and
+// cudaHostAlloc wait for no queued work).
+#define TOKEN_LISTS_KEPT 64
+
+typedef struct TokenChunk {
+    int64_t *host, *dev;       // [cap] page-locked, and its device copy
+    int64_t cap, used;
+    struct TokenChunk *next;
+} TokenChunk;
+
+typedef struct {
+    const int64_t *host, *dev; // [n] in a chunk
+    int64_t n;
+    uint64_t hash;
+} TokenList;
+
+typedef struct {
+    TokenChunk *chunks;        // the newest first
+    TokenList *lists;
+    int64_t count, allocated;  // lists kept, room in `lists`
+    int64_t elements;          // int64 in all kept lists
+} TokenLists;
+
+typedef struct {
+    void *ptr;
+    size_t bytes;
+    bool spare;                // released by ring.c, free for its next alloc
+} RingBufferCuda;
+
+// The ring's device buffers, live or spare (ring.c holds RING_BUFFERS at once).
+#define RING_BUFFERS_CUDA 32
+
 typedef struct {
     const Comm *cp;
     int inner;
     Ring ring;
     bool built;
     int64_t *positions;        // [N] the ring's positions on the device
+    size_t positions_bytes;
+    int64_t *positions_host;   // [positions_count] what `positions` holds
+    int64_t positions_count;
     cudaStream_t stream;       // the op's stream of the current call
     DeviceExchange *exchange;  // made on the first call, with that stream
-    int64_t *sel;              // [sel_count] device copy of a token list
-    int64_t sel_count;
-    size_t sel_bytes;
+    TokenLists lists;
+    RingBufferCuda buffers[RING_BUFFERS_CUDA];
     void *staging;             // [staging_bytes] in-place row moves go through it
     size_t staging_bytes;
     RingMemory memory;
@@ -82,17 +127,34 @@ typedef struct RingLayerCuda {
 // Zeroed: with ring_send selected a chunk's unsent rows stay as they were,
 // and the dense kernels read them under the causal mask (weight 0, so they
 // must be finite).
+// The smallest spare buffer that holds `bytes` (no allocation), else a new
+// one. ring.c asks again for the same sizes when the next sequence has the
+// same shape, so a training step allocates only in the first.
 static void *dev_alloc(void *ctx, size_t bytes) {
     RingCuda *rc = ctx;
-    void *p = NULL;
-    CUDA_CHECK(cudaMalloc(&p, bytes > 0 ? bytes : 1));
-    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, rc->stream));
-    return p;
+    RingBufferCuda *b = NULL, *empty = NULL;
+    for (int i = 0; i < RING_BUFFERS_CUDA; i++) {
+        RingBufferCuda *x = &rc->buffers[i];
+        if (!x->ptr && !empty) empty = x;
+        if (x->ptr && x->spare && x->bytes >= bytes && (!b || x->bytes < b->bytes)) b = x;
+    }
+    if (!b) {
+        CHECK(empty, "ring attention (CUDA): more than %d ring buffers", RING_BUFFERS_CUDA);
+        b = empty;
+        b->bytes = bytes > 0 ? bytes : 1;
+        CUDA_CHECK(cudaMalloc(&b->ptr, b->bytes));
+    }
+    b->spare = false;
+    CUDA_CHECK(cudaMemsetAsync(b->ptr, 0, bytes, rc->stream));
+    return b->ptr;
 }
 
+// Kept as a spare: work queued on the stream that still uses it runs before
+// the next user's (the same stream).
 static void dev_release(void *ctx, void *buf) {
-    (void)ctx;
-    CUDA_CHECK(cudaFree(buf));
+    RingCuda *rc = ctx;
+    for (int i = 0; i < RING_BUFFERS_CUDA; i++)
+        if (rc->buffers[i].ptr == buf) rc->buffers[i].spare = true;
 }
 
 static void dev_copy(void *ctx, void *dst, const void *src, size_t bytes) {
@@ -105,13 +167,70 @@ static void dev_zero(void *ctx, void *dst, size_t bytes) {
     CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, rc->stream));
 }
 
-// sel [n] (host) on the device (room made by begin).
+static uint64_t list_hash(const int64_t *x, int64_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t i = 0; i < n; i++) h = (h ^ (uint64_t)x[i]) * 1099511628211ull;
+    return h;
+}
+
+// Room for n more int64 in the newest chunk: a new chunk (at least `least`) when it is full.
+static TokenChunk *token_room(TokenLists *l, int64_t n, int64_t least) {
+    TokenChunk *c = l->chunks;
+    if (c && c->used + n <= c->cap) return c;
+    c = xcalloc(1, sizeof(TokenChunk));
+    c->cap = n > least ? n : least;
+    CUDA_CHECK(cudaHostAlloc((void **)&c->host, sizeof(int64_t) * (size_t)c->cap, cudaHostAllocDefault));
+    CUDA_CHECK(cudaMalloc((void **)&c->dev, sizeof(int64_t) * (size_t)c->cap));
+    c->next = l->chunks;
+    l->chunks = c;
+    return c;
+}
+
+// sel [n] (host) on the device: the kept copy of the same list, else a new one.
 static const int64_t *device_sel(RingCuda *rc, const int64_t *sel, int64_t n) {
-    CHECK(n <= rc->sel_count, "ring attention (CUDA): a list of %lld tokens (room for %lld)", (long long)n,
-          (long long)rc->sel_count);
-    // pageable source: staged when cudaMemcpyAsync returns
-    CUDA_CHECK(cudaMemcpyAsync(rc->sel, sel, sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice, rc->stream));
-    return rc->sel;
+    TokenLists *l = &rc->lists;
+    const uint64_t hash = list_hash(sel, n);
+    for (int64_t i = 0; i < l->count; i++)
+        if (l->lists[i].hash == hash && l->lists[i].n == n &&
+            !memcmp(l->lists[i].host, sel, sizeof(int64_t) * (size_t)n))
+            return l->lists[i].dev;
+    TokenChunk *c = token_room(l, n, 4 * (rc->ring.max_count + 1));
+    int64_t *host = c->host + c->used, *dev = c->dev + c->used;
+    c->used += n;
+    memcpy(host, sel, sizeof(int64_t) * (size_t)n);
+    CUDA_CHECK(cudaMemcpyAsync(dev, host, sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice, rc->stream));
+    if (l->count == l->allocated) {
+        l->allocated = 2 * l->allocated + 16;
+        l->lists = xrealloc(l->lists, sizeof(TokenList) * (size_t)l->allocated);
+    }
+    l->lists[l->count++] = (TokenList){.host = host, .dev = dev, .n = n, .hash = hash};
+    l->elements += n;
+    return dev;
+}
+
+static void token_chunks_free(TokenLists *l) {
+    while (l->chunks) {
+        TokenChunk *c = l->chunks;
+        l->chunks = c->next;
+        CUDA_CHECK(cudaFreeHost(c->host));
+        CUDA_CHECK(cudaFree(c->dev));
+        free(c);
+    }
+}
+
+// Forgets every kept list: after `stream` is done with them (one wait); the
+// chunks are merged into one of their total room.
+static void token_lists_clear(TokenLists *l, cudaStream_t stream) {
+    if (!l->chunks) return;
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (l->chunks->next) {
+        int64_t cap = 0;
+        for (TokenChunk *c = l->chunks; c; c = c->next) cap += c->cap;
+        token_chunks_free(l);
+        token_room(l, cap, cap);
+    }
+    l->chunks->used = 0;
+    l->count = l->elements = 0;
 }
 
 // In place (dst == src) the source is copied aside first: threads move rows in any order.
@@ -361,14 +480,13 @@ static void ring_sparse_plan_cuda(void *ring, const AttentionConfig *cfg, const 
     uint16_t *qe = (uint16_t *)rc->est_q + W * Lq * wq;
     float *parts = rc->est_lse, *lse = parts + W * nl, *vertical = rc->est_scores, *slash = vertical + Hq * N;
     gather_estimation_queries(rc, shape, q, Lq, rc->est_q, qe, stream);
-    // Pageable sources: staged when cudaMemcpyAsync returns.
-    int64_t *host = xmalloc(sizeof(int64_t) * (size_t)(Lq + nqb + 1));
+    // Pageable source: staged when cudaMemcpyAsync returns.
+    int64_t *host = xmalloc(sizeof(int64_t) * (size_t)(Lq + 1));
     for (int64_t i = 0; i < Lq; i++) host[i] = N - Lq + i;
-    for (int64_t i = 0; i < nqb; i++) host[Lq + i] = pos[i * B] / B;
     CUDA_CHECK(cudaMemcpyAsync(rc->est_pos, host, sizeof(int64_t) * (size_t)Lq, cudaMemcpyHostToDevice, stream));
-    CUDA_CHECK(cudaMemcpyAsync(rc->q_blocks, host + Lq, sizeof(int64_t) * (size_t)nqb, cudaMemcpyHostToDevice,
-                               stream));
     free(host);
+    const int64_t *k_pos = rc->positions + rg->offsets[me];
+    sparse_query_blocks_cuda(k_pos, T, B, rc->q_blocks, stream);
 
     // Pass 1: the partial lse over this rank's keys (from -inf) into its block, combined.
     rc->lse_est = xrealloc(rc->lse_est, sizeof(float) * (size_t)(nl + 1));
@@ -379,7 +497,6 @@ static void ring_sparse_plan_cuda(void *ring, const AttentionConfig *cfg, const 
     AttnShape est = *shape;
     est.q_tokens = Lq;
     est.k_tokens = T;
-    const int64_t *k_pos = rc->positions + rg->offsets[me];
     sparse_estimate_lse_cuda(&est, qe, rc->est_pos, k, k_pos, parts + me * nl, stream);
     comm_device_allgather_bf16(rc->cp, (uint16_t *)parts, 2 * nl, stream);
     ring_combine_lse_cuda(parts, W, nl, lse, stream);
@@ -443,8 +560,6 @@ static void count_recall(RingCuda *rc, const AttnShape *shape, const float *lse,
 static void forget_sequence(RingCuda *rc) {
     if (!rc->built) return;
     ring_free(&rc->ring);
-    CUDA_CHECK(cudaFree(rc->positions));
-    rc->positions = NULL;
     rc->built = false;
 }
 
@@ -452,24 +567,40 @@ static void ring_free_cuda(void *ring) {
     RingCuda *rc = ring;
     forget_sequence(rc);
     comm_device_exchange_free(rc->exchange);
-    if (rc->sel) CUDA_CHECK(cudaFree(rc->sel));
-    if (rc->staging) CUDA_CHECK(cudaFree(rc->staging));
-    void *scratch[] = {rc->est_q, rc->est_pos, rc->est_lse, rc->est_scores, rc->q_blocks, rc->column_arena,
-                       rc->column_dkv};
+    token_chunks_free(&rc->lists);
+    free(rc->lists.lists);
+    for (int i = 0; i < RING_BUFFERS_CUDA; i++)
+        if (rc->buffers[i].ptr) CUDA_CHECK(cudaFree(rc->buffers[i].ptr));
+    void *scratch[] = {rc->positions, rc->staging, rc->est_q, rc->est_pos, rc->est_lse, rc->est_scores,
+                       rc->q_blocks, rc->column_arena, rc->column_dkv};
     for (size_t i = 0; i < sizeof(scratch) / sizeof(scratch[0]); i++)
         if (scratch[i]) CUDA_CHECK(cudaFree(scratch[i]));
+    free(rc->positions_host);
     free(rc->need_bits);
     free(rc->lse_est);
     free(rc);
 }
 
+// The ring's positions on the device are uploaded (one wait) only when they
+// differ from the last sequence's; the token lists are kept with them, up to
+// TOKEN_LISTS_KEPT lists of the largest chunk.
 static void ring_sequence(void *ring, const int64_t *pos, int64_t tokens) {
     RingCuda *rc = ring;
     forget_sequence(rc);
     ring_init(&rc->ring, rc->cp, rc->inner, pos, tokens);
     const int64_t N = rc->ring.offsets[rc->cp->size];
-    CUDA_CHECK(cudaMalloc((void **)&rc->positions, sizeof(int64_t) * (size_t)(N > 0 ? N : 1)));
-    CUDA_CHECK(cudaMemcpy(rc->positions, rc->ring.positions, sizeof(int64_t) * (size_t)N, cudaMemcpyHostToDevice));
+    const size_t bytes = sizeof(int64_t) * (size_t)N;
+    const bool same = N == rc->positions_count && !memcmp(rc->positions_host, rc->ring.positions, bytes);
+    if (!same || rc->lists.elements > TOKEN_LISTS_KEPT * (rc->ring.max_count + 1))
+        token_lists_clear(&rc->lists, rc->stream);
+    if (!same) {   // after the last call's work that reads them
+        if (rc->stream) CUDA_CHECK(cudaStreamSynchronize(rc->stream));
+        room((void **)&rc->positions, &rc->positions_bytes, bytes + sizeof(int64_t));
+        CUDA_CHECK(cudaMemcpy(rc->positions, rc->ring.positions, bytes, cudaMemcpyHostToDevice));
+        rc->positions_host = xrealloc(rc->positions_host, bytes + sizeof(int64_t));
+        memcpy(rc->positions_host, rc->ring.positions, bytes);
+        rc->positions_count = N;
+    }
     ring_set_memory(&rc->ring, &rc->memory, rc->positions);
     rc->built = true;
     rc->traffic = (RingTraffic){0};
@@ -486,8 +617,6 @@ static const RingKernels *begin(RingCuda *rc, const AttnShape *shape, RingSend s
     rc->stream = stream;
     if (!rc->exchange) rc->exchange = comm_device_exchange_new(rc->cp, rc->inner, stream);
     const int64_t rows = rc->ring.max_count + 1, kv = (int64_t)shape->num_kv_heads * shape->head_dim;
-    room((void **)&rc->sel, &rc->sel_bytes, sizeof(int64_t) * (size_t)rows);
-    rc->sel_count = rows;
     room(&rc->staging, &rc->staging_bytes, sizeof(float) * (size_t)(2 * rows * kv));
     rc->index = index;
     rc->layer = layer;

@@ -124,7 +124,7 @@ void sparse_estimate_scores_cuda(const AttnShape *shape, const uint16_t *qe, con
 // score, ties to the smaller position / offset; topp summed in double in the
 // same order as the CPU, so equal scores give equal lines). vertical, slash
 // device [Hq, N], finite and >= 0 (not checked); fixed_vertical, fixed_slash
-// host [Hq] or NULL. *pattern (zeroed, or a previous call's) is reused: its
+// host [Hq] or NULL (at most 128 q heads: passed to the device by value). *pattern (zeroed, or a previous call's) is reused: its
 // buffers are replaced (cudaFree, cudaMalloc: a wait for the device) only
 // when this call needs more; free with sparse_pattern_free_cuda. The work is
 // enqueued on `stream`; its temporaries are stream-ordered (cudaMallocAsync).
@@ -134,15 +134,29 @@ void sparse_select_cuda(const AttentionConfig *cfg, const float *vertical, const
 
 void sparse_pattern_free_cuda(SparsePatternCuda *pattern);
 
+// The most blocks and columns one index row of `pattern` can hold
+// (docs/DECISIONS.md): a row keeps its diagonal block and at most two key
+// blocks per slash line (a slash crosses B consecutive keys), no more than
+// the sequence's blocks; its columns are vertical lines (at most the
+// pattern's vertical capacity, sink lines included) and, with documents, a
+// document's sink (`sink`: 0 without documents), no more than N.
+void sparse_index_bound(const SparsePatternCuda *pattern, int block_size, int sink, int64_t *row_blocks,
+                        int64_t *row_columns);
+
+// q_blocks device [ceil(T / B)]: the global block of each local block, from
+// the device positions pos [T] (whole blocks of B).
+void sparse_query_blocks_cuda(const int64_t *pos, int64_t tokens, int block_size, int64_t *q_blocks,
+                              cudaStream_t stream);
+
 // The index on the GPU, as sparse_index_build followed by
 // sparse_index_documents: q_blocks device [num_q_blocks]; doc_starts host
 // [doc_count] (attention.h; NULL: one document) restricts each row to its
 // queries' documents and adds the sink (`sink` tokens) of each, the same
 // blocks and columns as the CPU. *index (zeroed, or a previous call's) is
-// reused, its buffers replaced only when they are too small for the index
-// as counted (the counts' two totals are read back: the call waits for the
-// stream once); its real lengths stay on the device. Free with
-// sparse_index_free_cuda.
+// reused, its buffers held at sparse_index_bound's rows x row_blocks
+// blocks and rows x row_columns columns, replaced (a wait for the device)
+// only when that bound grows; nothing is read back, the real lengths stay
+// on the device. Free with sparse_index_free_cuda.
 void sparse_index_build_cuda(const SparsePatternCuda *pattern, int block_size,
                              const int64_t *q_blocks, int64_t num_q_blocks, const int64_t *doc_starts,
                              int64_t doc_count, int sink, SparseIndexCuda *index, cudaStream_t stream);

@@ -1,6 +1,5 @@
 // sparse_select_cuda.cu: the vertical-slash pattern on the GPU, from
-// estimation to index, with one host read of the index's two lengths
-// (sparse_cuda.h; the CPU
+// estimation to index, without a host read (sparse_cuda.h; the CPU
 // version: sparse_estimate.c, sparse_index.c, docs/ARCHITECTURE.md).
 //   estimation  per (q head, tile of 128 keys) CTA, fp32 on CUDA cores (the
 //               estimation queries are few): pass 1 writes each tile's
@@ -18,11 +17,12 @@
 //               compaction into per-head lists.
 //   index       one CTA per index row: a bitmap of the key blocks (diagonal
 //               and the slashes' blocks), then blocks and columns counted,
-//               prefix-summed (CUB), the totals read back to size the
-//               lists exactly, and filled in ascending order; with
-//               documents only from the start of the row's first document
-//               on, with that document's sink as columns. The pattern and
-//               index buffers are reused by later calls (grow_device).
+//               prefix-summed (CUB), and filled in ascending order into
+//               lists held at the pattern's bound (sparse_index_bound:
+//               nothing is read back); with documents only from the start
+//               of the row's first document on, with that document's sink
+//               as columns. The pattern and index buffers are reused by
+//               later calls (grow_device).
 #include <cub/cub.cuh>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -40,6 +40,12 @@
 #define EST_KEYS 128         // keys per estimation CTA (one thread each)
 #define EST_MAX_Q 128        // at most this many estimation queries
 #define SEL_THREADS 256
+#define SEL_MAX_HEADS 128    // fixed budgets: counts of at most this many q heads, passed by value
+
+// Fixed budgets: the lines to take per segment (vertical of head h at h, slash at Hq + h).
+struct SegmentCounts {
+    int n[2 * SEL_MAX_HEADS];
+};
 
 // ---- estimation ----
 
@@ -278,13 +284,13 @@ __global__ void select_keys_kernel(const float *vertical, const float *slash, in
 // select_lines: fixed count, or the fewest reaching top_p of the mass, summed
 // in double in sorted order, capped).
 __global__ void select_take_kernel(const uint64_t *sorted, const float *vertical, const float *slash, int H,
-                                   int64_t N, const int *fixed, double top_p, int64_t cap_v, int64_t cap_s,
-                                   int64_t *take) {
+                                   int64_t N, bool fixed, const SegmentCounts counts, double top_p, int64_t cap_v,
+                                   int64_t cap_s, int64_t *take) {
     const int s = blockIdx.x * blockDim.x + threadIdx.x;
     if (s >= 2 * H) return;
     const uint64_t *key = sorted + (int64_t)s * N;
     const float *score = s < H ? vertical + (int64_t)s * N : slash + (int64_t)(s - H) * N;
-    if (fixed) { take[s] = fixed[s] < N ? fixed[s] : N; return; }
+    if (fixed) { take[s] = counts.n[s] < N ? counts.n[s] : N; return; }
     int64_t positive = 0;
     double total = 0.0;
     for (; positive < N && (key[positive] >> 32) != 0; positive++)
@@ -298,6 +304,12 @@ __global__ void select_take_kernel(const uint64_t *sorted, const float *vertical
     }
     const int64_t cap = s < H ? cap_v : cap_s;
     take[s] = n < cap ? n : cap;
+}
+
+// offsets [S + 1]: segment s starts at s * N.
+__global__ void segment_offsets_kernel(int64_t S, int64_t N, int64_t *offsets) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i <= S; i += (int64_t)gridDim.x * blockDim.x)
+        offsets[i] = i * N;
 }
 
 // sel [S][N]: the taken lines of every segment and the always-kept first
@@ -345,15 +357,17 @@ extern "C" void sparse_select_cuda(const AttentionConfig *cfg, const float *vert
     CHECK(N >= 1 && N <= UINT32_MAX && S * N < INT32_MAX, "selection (CUDA): sequence length %lld",
           (long long)N);
     // Per-segment fixed counts and the lists' capacities (taken + always kept).
-    int *counts = (int *)xmalloc((size_t)S * sizeof(int));
+    CHECK(!fixed || H <= SEL_MAX_HEADS, "selection (CUDA): fixed budgets for %d q heads (supported: up to %d)", H,
+          SEL_MAX_HEADS);
+    SegmentCounts counts = {};
     int64_t most_v = cfg->max_vertical, most_s = cfg->max_slash;
     if (fixed) {
         most_v = most_s = 0;
         for (int h = 0; h < H; h++) {
-            counts[h] = fixed_vertical ? fixed_vertical[h] : cfg->vertical;
-            counts[H + h] = fixed_slash ? fixed_slash[h] : cfg->slash;
-            most_v = counts[h] > most_v ? counts[h] : most_v;
-            most_s = counts[H + h] > most_s ? counts[H + h] : most_s;
+            counts.n[h] = fixed_vertical ? fixed_vertical[h] : cfg->vertical;
+            counts.n[H + h] = fixed_slash ? fixed_slash[h] : cfg->slash;
+            most_v = counts.n[h] > most_v ? counts.n[h] : most_v;
+            most_s = counts.n[H + h] > most_s ? counts.n[H + h] : most_s;
         }
     }
     p->num_heads = H;
@@ -367,22 +381,14 @@ extern "C" void sparse_select_cuda(const AttentionConfig *cfg, const float *vert
 
     uint64_t *key, *sorted;
     int64_t *offsets, *take;
-    int *d_counts = NULL;
     unsigned char *sel;
     CUDA_CHECK(cudaMallocAsync((void **)&key, (size_t)(2 * S * N) * sizeof(uint64_t), stream));
     sorted = key + S * N;
     CUDA_CHECK(cudaMallocAsync((void **)&offsets, (size_t)(2 * S + 1) * sizeof(int64_t), stream));
     take = offsets + S + 1;
     CUDA_CHECK(cudaMallocAsync((void **)&sel, (size_t)(S * N), stream));
-    // Pageable sources: the copies below have read them when they return.
-    int64_t *h_offsets = (int64_t *)xmalloc((size_t)(S + 1) * sizeof(int64_t));
-    for (int64_t s = 0; s <= S; s++) h_offsets[s] = s * N;
-    CUDA_CHECK(cudaMemcpyAsync(offsets, h_offsets, (size_t)(S + 1) * sizeof(int64_t), cudaMemcpyHostToDevice,
-                               stream));
-    if (fixed) {
-        CUDA_CHECK(cudaMallocAsync((void **)&d_counts, (size_t)S * sizeof(int), stream));
-        CUDA_CHECK(cudaMemcpyAsync(d_counts, counts, (size_t)S * sizeof(int), cudaMemcpyHostToDevice, stream));
-    }
+    CUDA_LAUNCH(segment_offsets_kernel, blocks_for(S + 1, 256), 256, 0, stream, S, N, offsets);
+    CUDA_CHECK(cudaGetLastError());
     CUDA_CHECK(cudaMemsetAsync(sel, 0, (size_t)(S * N), stream));
 
     CUDA_LAUNCH(select_keys_kernel, blocks_for(S * N, 256), 256, 0, stream, vertical, slash, H, N, key);
@@ -395,8 +401,8 @@ extern "C" void sparse_select_cuda(const AttentionConfig *cfg, const float *vert
     CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeysDescending(temp, bytes, key, sorted, (int)(S * N), (int)S,
                                                                  offsets, offsets + 1, 0, 64, stream));
     CUDA_CHECK(cudaFreeAsync(temp, stream));
-    CUDA_LAUNCH(select_take_kernel, blocks_for(S, 32), 32, 0, stream, sorted, vertical, slash, H, N, d_counts,
-                cfg->top_p, cfg->max_vertical, cfg->max_slash, take);
+    CUDA_LAUNCH(select_take_kernel, blocks_for(S, 32), 32, 0, stream, sorted, vertical, slash, H, N, (bool)fixed,
+                counts, cfg->top_p, cfg->max_vertical, cfg->max_slash, take);
     CUDA_CHECK(cudaGetLastError());
     CUDA_LAUNCH(select_mark_kernel, blocks_for(S * N, 256), 256, 0, stream, sorted, take, H, N, cfg->sink,
                 cfg->local, sel);
@@ -408,9 +414,6 @@ extern "C" void sparse_select_cuda(const AttentionConfig *cfg, const float *vert
     CUDA_CHECK(cudaFreeAsync(key, stream));
     CUDA_CHECK(cudaFreeAsync(offsets, stream));
     CUDA_CHECK(cudaFreeAsync(sel, stream));
-    if (d_counts) CUDA_CHECK(cudaFreeAsync(d_counts, stream));
-    free(h_offsets);
-    free(counts);
 }
 
 extern "C" void sparse_pattern_free_cuda(SparsePatternCuda *p) {
@@ -525,6 +528,28 @@ static void inclusive_sum(int64_t *x, int64_t n, cudaStream_t stream) {
     CUDA_CHECK(cudaFreeAsync(temp, stream));
 }
 
+extern "C" void sparse_index_bound(const SparsePatternCuda *p, int block_size, int sink, int64_t *row_blocks,
+                                   int64_t *row_columns) {
+    const int64_t N = p->seq_len, nglobal = (N + block_size - 1) / block_size;
+    *row_blocks = 1 + 2 * p->slash_capacity < nglobal ? 1 + 2 * p->slash_capacity : nglobal;
+    *row_columns = p->vertical_capacity + sink < N ? p->vertical_capacity + sink : N;
+}
+
+// q_blocks [ceil(T / B)]: the global block of each local block's first token.
+__global__ void query_blocks_kernel(const int64_t *pos, int64_t T, int B, int64_t *q_blocks) {
+    const int64_t n = (T + B - 1) / B;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        q_blocks[i] = pos[i * B] / B;
+}
+
+extern "C" void sparse_query_blocks_cuda(const int64_t *pos, int64_t T, int block_size, int64_t *q_blocks,
+                                         cudaStream_t stream) {
+    const int64_t n = (T + block_size - 1) / block_size;
+    if (n == 0) return;
+    CUDA_LAUNCH(query_blocks_kernel, blocks_for(n, 256), 256, 0, stream, pos, T, block_size, q_blocks);
+    CUDA_CHECK(cudaGetLastError());
+}
+
 extern "C" void sparse_index_build_cuda(const SparsePatternCuda *p, int block_size, const int64_t *q_blocks,
                                         int64_t num_q_blocks, const int64_t *doc_starts, int64_t doc_count,
                                         int sink, SparseIndexCuda *x, cudaStream_t stream) {
@@ -539,6 +564,10 @@ extern "C" void sparse_index_build_cuda(const SparsePatternCuda *p, int block_si
     grow_device(&x->q_blocks, &x->q_block_capacity, nqb + 1);
     grow_device(&x->block_start, &x->row_capacity, rows + 1);
     grow_device(&x->column_start, &x->column_row_capacity, rows + 1);
+    int64_t row_blocks, row_columns;
+    sparse_index_bound(p, B, docs > 0 ? sink : 0, &row_blocks, &row_columns);
+    grow_device(&x->blocks, &x->block_capacity, rows * row_blocks + 1);
+    grow_device(&x->columns, &x->column_capacity, rows * row_columns + 1);
     CUDA_CHECK(cudaMemcpyAsync(x->q_blocks, q_blocks, (size_t)nqb * sizeof(int64_t), cudaMemcpyDeviceToDevice,
                                stream));
     CUDA_CHECK(cudaMemsetAsync(x->block_start, 0, sizeof(int64_t), stream));
@@ -559,14 +588,6 @@ extern "C" void sparse_index_build_cuda(const SparsePatternCuda *p, int block_si
     CUDA_CHECK(cudaGetLastError());
     inclusive_sum(x->block_start + 1, rows, stream);
     inclusive_sum(x->column_start + 1, rows, stream);
-    // The index's lengths to the host (one wait, in the plan forward only):
-    // blocks and columns allocated as counted, not at the caps' bound.
-    int64_t lengths[2];
-    CUDA_CHECK(cudaMemcpyAsync(&lengths[0], x->block_start + rows, sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
-    CUDA_CHECK(cudaMemcpyAsync(&lengths[1], x->column_start + rows, sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    grow_device(&x->blocks, &x->block_capacity, lengths[0] + 1);
-    grow_device(&x->columns, &x->column_capacity, lengths[1] + 1);
     CUDA_LAUNCH(index_row_kernel<true>, (unsigned)rows, SEL_THREADS, smem, stream, *p, B, q_blocks, nqb, d_docs,
                 docs, sink, x->block_start, x->blocks, x->column_start, x->columns);
     CUDA_CHECK(cudaGetLastError());

@@ -107,14 +107,14 @@ static bool event_done(cudaEvent_t e) {
 
 // The watchdog: poll the event done (recorded after NCCL operations of c)
 // and c's asynchronous error until c's deadline (parallel.timeout_s); a
-// failure or the deadline aborts the communicator (which unblocks the
-// stream) and ends the job with one line naming this rank, the operation and
-// the communicator. Spins for the first 2 ms, then sleeps 100 µs between
-// polls, as comm_wait does.
-static void watch_event(const Comm *c, cudaEvent_t done, const char *op) {
+// failure ends the job with one line naming this rank, the operation and the
+// communicator; false when the deadline passed (the caller names what did
+// not complete). Spins for the first 2 ms, then sleeps 100 µs between polls,
+// as comm_wait does.
+static bool watch_event(const Comm *c, cudaEvent_t done, const char *op) {
     double start = now_seconds();
     for (;;) {
-        if (event_done(done)) break;
+        if (event_done(done)) return true;
         ncclResult_t error = ncclSuccess;
         NCCL_CHECK(ncclCommGetAsyncError(c->nccl, &error));
         if (error != ncclSuccess && error != ncclInProgress) {
@@ -127,12 +127,16 @@ static void watch_event(const Comm *c, cudaEvent_t done, const char *op) {
             MPI_Abort(MPI_COMM_WORLD, 1);
             exit(1);
         }
-        if (now_seconds() - start > c->timeout_s) {
-            ncclCommAbort(c->nccl);
-            comm_timed_out(c, op);
-        }
+        if (now_seconds() - start > c->timeout_s) return false;
         if (now_seconds() - start > 2e-3) nanosleep(&(struct timespec){0, 100000}, NULL);
     }
+}
+
+// The deadline passed: abort the communicator (which unblocks the stream)
+// and end the job naming op.
+static void timed_out(const Comm *c, const char *op) {
+    ncclCommAbort(c->nccl);
+    comm_timed_out(c, op);
 }
 
 // The watchdog of an NCCL operation just enqueued on stream (an event after it).
@@ -140,7 +144,7 @@ static void watch_device(const Comm *c, cudaStream_t stream, const char *op) {
     cudaEvent_t done;
     CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventRecord(done, stream));
-    watch_event(c, done, op);
+    if (!watch_event(c, done, op)) timed_out(c, op);
     CUDA_CHECK(cudaEventDestroy(done));
 }
 
@@ -232,7 +236,9 @@ void comm_device_allreduce_start(const Comm *c, float *buf, int64_t count, cudaS
 }
 
 void comm_device_allreduce_finish(const Comm *c, cudaStream_t comm_stream) {
-    if (c->nccl) watch_device(c, comm_stream, "all-reduce (sum)");
+    if (!c->nccl) return;
+    comm_device_settle();      // the sums wait for the ring's transfers: those are named if they hang
+    watch_device(c, comm_stream, "all-reduce (sum)");
 }
 
 void comm_device_reduce_scatter(const Comm *c, float *arena, int64_t count, cudaStream_t stream) {
@@ -342,12 +348,20 @@ DeviceExchange *comm_device_exchange_new(const Comm *c, int inner, cudaStream_t 
     return x;
 }
 
-// NCCL: lane l's groups handed over before group `end` through the watchdog
-// (in order: the lane's stream runs them so).
+// NCCL: lane l's groups handed over before group `end` through the
+// watchdog: the lane's stream runs them in order, so the last one's event
+// covers the others (one poll). Past the deadline the message names the
+// oldest group whose event is kept and has not completed.
 static void watch_groups(DeviceExchange *x, int l, int64_t end) {
     Lane *n = &x->lane[l];
-    for (; n->watched < end; n->watched++)
-        watch_event(x->c, n->group_done[n->watched % EXCHANGE_GROUPS], n->group_op[n->watched % EXCHANGE_GROUPS]);
+    if (n->watched >= end) return;
+    const int64_t last = end - 1;
+    if (!watch_event(x->c, n->group_done[last % EXCHANGE_GROUPS], n->group_op[last % EXCHANGE_GROUPS])) {
+        int64_t g = n->watched > end - EXCHANGE_GROUPS ? n->watched : end - EXCHANGE_GROUPS;
+        while (g < last && event_done(n->group_done[g % EXCHANGE_GROUPS])) g++;
+        timed_out(x->c, n->group_op[g % EXCHANGE_GROUPS]);
+    }
+    n->watched = end;
 }
 
 void comm_device_settle(void) {
@@ -470,13 +484,11 @@ void comm_device_wait(DeviceExchange *x, int64_t id, const char *op) {
     test_fault("ring", world_rank, x->c->timeout_s);
     if (x->c->nccl) {
         if (x->posted > x->issued) issue(x, op);
+        // No host wait: comm_device_settle watches each lane's groups before
+        // the host next blocks on the device.
         if (id >= 0) {
             CUDA_CHECK(cudaStreamWaitEvent(x->compute, group_event(x, x->lane_of[id % LANE_HISTORY], id), 0));
         }
-        // Every group but the newest of each lane through the watchdog: the
-        // host stays at most one group behind the device on each lane and
-        // never blocks elsewhere on a transfer no deadline watches.
-        for (int l = 0; l < x->lanes; l++) watch_groups(x, l, x->lane[l].groups - 1);
         return;
     }
     Transfer *t = id >= 0 ? find(x, id) : NULL;

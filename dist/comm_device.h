@@ -84,12 +84,12 @@ void comm_device_allgather_bf16(const Comm *c, uint16_t *arena, int64_t count, c
 // (cudaFree, cudaDeviceSynchronize) while transfers are outstanding. Without
 // NCCL (parallel.comm: mpi) a send waits for the compute stream and goes
 // through host memory and MPI non-blocking, a receive is copied to the
-// device at its wait. The no-hang rule: with NCCL each wait, after handing
-// its groups over, watches every earlier group of each lane until it
-// completes (the watchdog above, OP being the wait that handed it over), so
-// the host is at most one group per lane ahead of the transfers;
-// comm_device_settle and freeing the exchange watch the rest. Without NCCL,
-// comm_wait's deadline.
+// device at its wait. The no-hang rule: with NCCL a wait makes only the
+// compute stream wait (no host wait inside a ring step);
+// comm_device_settle, called before the host blocks on the device, and
+// freeing the exchange watch each lane's groups handed over (the watchdog
+// above; a time-out names the oldest kept group not complete, by the wait
+// that handed it over). Without NCCL, comm_wait's deadline.
 typedef struct DeviceExchange DeviceExchange;
 DeviceExchange *comm_device_exchange_new(const Comm *c, int inner, cudaStream_t compute);   // inner divides c's size
 void comm_device_exchange_free(DeviceExchange *x);

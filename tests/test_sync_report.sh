@@ -6,26 +6,48 @@
 # memory, cudaMalloc/cudaFree, polls of an event) by call site, and train
 # prints the last step's "host syncs per step: N" and the sites.
 #   budgets    pairs of runs whose N must be equal: a dense step's N does not
-#              grow with the number of layers (2 and 4);
+#              grow with the number of layers (2 and 4), on one rank and on a
+#              cp ring, nor with the ring's size (cp 2 and 4): no host
+#              synchronisation inside a ring step (the ring's buffers,
+#              positions and token lists are kept from the first step, the
+#              NCCL watchdog polls once per step); a sparse step's on one
+#              rank neither (selection, index and its bound on the device:
+#              nothing read back, the index rebuilt from the layer's pattern);
 #   pinned     a one-rank dense step makes no async copy with pageable host
 #              memory (the backend's uploads and downloads are staged through
 #              its page-locked buffer);
 #   priority   cp 2 over NCCL: every NCCL operation of the step runs on a
 #              stream of the device's greatest priority;
-#   measured   N and the sites of the other runs, printed as "info" lines
-#              (the ring's: cp 2 with 2 and 4 layers).
-# A case is one line of $cases (name, ranks, settings: sparse attention adds
-# $SIM_SPARSE); a budget one pair of names.
+#   measured   N and the sites of every run, printed as "info" lines (the
+#              sparse cp 2 ring's grow with the layers: its plan reads this
+#              rank's index back per layer for the need rows and the
+#              gathered columns).
+# A case is one line of $cases (name, ranks, settings); a budget one pair of
+# names.
 cd "$(dirname "$0")/.."
 source tests/lib.sh
 sim_setup sync_report
 RUN="$SIM_RUN train.steps=2 checkpoint.resume=never"
+# $SIM_SPARSE on one line, without its statistics (log.attention_every: counting them reads the index back)
+# shellcheck disable=SC2086  # split into its settings
+SIM_SPARSE_PLAN=$(printf '%s ' ${SIM_SPARSE/log.attention_every=1/})
 
 cases="dense_l2 1 model.num_layers=2
 dense_l4 1 model.num_layers=4
 ring2_l2 2 parallel.cp=2 model.num_layers=2
-ring2_l4 2 parallel.cp=2 model.num_layers=4"
-budgets="dense_l2 dense_l4"
+ring2_l4 2 parallel.cp=2 model.num_layers=4
+ring4_l2 4 parallel.cp=4 model.num_layers=2 train.seq_len=256
+ring4_l4 4 parallel.cp=4 model.num_layers=4 train.seq_len=256
+sparse_l2 1 model.num_layers=2 $SIM_SPARSE_PLAN
+sparse_l4 1 model.num_layers=4 $SIM_SPARSE_PLAN
+sparse2_l2 2 parallel.cp=2 model.num_layers=2 $SIM_SPARSE_PLAN
+sparse2_l4 2 parallel.cp=2 model.num_layers=4 $SIM_SPARSE_PLAN"
+budgets="dense_l2 dense_l4
+ring2_l2 ring2_l4
+ring4_l2 ring4_l4
+ring2_l2 ring4_l2
+sparse_l2 sparse_l4
+dense_l2 sparse_l2"
 
 declare -A N
 while read -r name np settings; do

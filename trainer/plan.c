@@ -188,23 +188,29 @@ static void plan_cpu_memory(Plan *p, const Config *cfg, double acts, double lm_c
 }
 
 // The sparse op's memory on one GPU: the estimation scores of one layer
-// (fp32 [Hq, last_q, T]) and every layer's index, kept for its backward
-// (int64, sized as counted: sparse_select_cuda.cu): this rank's rows (Hq x
-// its query blocks), each with its key blocks at the plan's density (a row
-// of query block i has i + 1 causal blocks) and a column per vertical line
-// before its queries (V lines of the budget, or the top_p cap: an upper
-// bound; a row at key offset x holds min(V, x) of them, V - V^2 / 2N on
-// average), and the rows' starts.
-static double sparse_index_bytes(const Plan *p, const Config *cfg, int64_t T) {
+// (fp32 [Hq, last_q, T]), every layer's pattern (int64: per q head its
+// vertical and slash lists at their capacities, the budget's or the top_p
+// cap's lines plus the sink and local ones), and one index (int64, rebuilt
+// from a layer's pattern when a call needs it: attention_cuda_op.cu) held at
+// the bound sparse_index_bound states (docs/DECISIONS.md): this rank's rows
+// (Hq x its query blocks), each with room for its diagonal block and two
+// key blocks per slash line (at most the sequence's blocks) and a column
+// per vertical line (with documents also the sink), the rows' starts, and
+// the sparse kernels' column keys, as many as the columns (from the
+// stream-ordered pool, which keeps them).
+static double sparse_index_bytes(const Config *cfg, int64_t T) {
     const ModelConfig *c = &cfg->model;
     const AttentionConfig *a = &cfg->attention;
+    const bool fixed = a->budget == BUDGET_FIXED;
     const double B = a->block_size, N = (double)cfg->train.seq_len, blocks = ceil(N / B);
     const double rows = (double)c->num_heads * ceil((double)T / B);
-    const double row_blocks = fmin(blocks, fmax(1.0, p->density * (blocks + 1) / 2));
-    const double V = fmin(N, a->budget == BUDGET_FIXED ? a->vertical : a->max_vertical);
-    const double row_columns = V - V * V / (2 * N);
+    const double vcap = fmin(N, (fixed ? a->vertical : a->max_vertical) + a->sink);
+    const double scap = fmin(N, (fixed ? a->slash : a->max_slash) + a->local);
+    const double row_blocks = fmin(blocks, 1 + 2 * scap);
+    const double row_columns = fmin(N, vcap + (cfg->data.doc_mask ? a->sink : 0));
     return 4.0 * c->num_heads * (double)a->last_q * (double)T +
-           8.0 * c->num_layers * rows * (row_blocks + row_columns + 2);
+           8.0 * c->num_layers * c->num_heads * (vcap + scap + 2) +
+           8.0 * rows * (row_blocks + 2 * row_columns + 2);
 }
 
 // Memory of one GPU under the CUDA backend as model.c allocates it: bf16
@@ -228,7 +234,7 @@ static void plan_gpu_memory(Plan *p, const Config *cfg, double acts, double lm_c
     add_item(p, "attention scratch fp32 (o, dq, dk, dv)", 4.0 * (double)T * c->head_dim * 2 * (c->num_heads + c->num_kv_heads));
     const double N = cfg->train.seq_len, Hq = c->num_heads;
     if (a->type == ATTN_SPARSE) {
-        add_item(p, "sparse estimation and index", sparse_index_bytes(p, cfg, T));
+        add_item(p, "sparse estimation and index", sparse_index_bytes(cfg, T));
         // sparse_select_cuda.cu: per line kind and head (2 Hq segments) of N keys, the u64 keys and their
         // sorted copy, the radix sort's temporary (one more copy) and a byte mask, from the stream-ordered
         // pool, which keeps its high-water mark (release threshold UINT64_MAX: backend_cuda.c).

@@ -1,6 +1,7 @@
 // test_args.c: the verbs' option parser (trainer/args.h): options in any
-// order among the other arguments, flags, the stop at the first argument past
-// the kept ones, a missing value, an unknown option.
+// order among the other arguments, flags, lists, the stop at the first
+// argument past the kept ones, a missing value, an unknown option, the help
+// form.
 #include <string.h>
 
 #include "../trainer/args.h"
@@ -39,5 +40,23 @@ int main(void) {
     EXPECT(r.unknown && !strcmp(r.unknown, "--bogus") && !r.missing, "an argument with the reject prefix: unknown");
     r = args_parse(options, n, 4, unknown, 0, NULL);
     EXPECT(!r.unknown && r.rest == 2, "without a reject prefix the same argument starts the rest (rest %d)", r.rest);
+
+    const char *out = NULL;
+    char *list_args[] = {"--input", "a", "-b", "--out", "o", "--input", "c"};
+    ArgList inputs = {(const char **)list_args, 0};  // in place: nothing kept
+    const ArgOption list_options[] = {{"--input", ARG_LIST, &inputs}, {"--out", ARG_VALUE, &out}};
+    r = args_parse(list_options, 2, 7, list_args, 0, NULL);
+    EXPECT(r.rest == 7 && !r.missing && inputs.count == 3 && !strcmp(inputs.values[0], "a") &&
+               !strcmp(inputs.values[1], "-b") && !strcmp(inputs.values[2], "c") && !strcmp(out, "o"),
+           "a list runs to the next '--' argument and its uses add up (count %d)", inputs.count);
+
+    char *empty_list[] = {"--input", "--out", "o"};
+    inputs.count = 0;
+    r = args_parse(list_options, 2, 3, empty_list, 0, NULL);
+    EXPECT(r.missing && !strcmp(r.missing, "--input") && inputs.count == 0, "a list followed by an option: missing");
+
+    EXPECT(args_help(1, (char *[]){"--help"}) && args_help(1, (char *[]){"-h"}), "-h and --help alone ask for help");
+    EXPECT(!args_help(2, (char *[]){"--help", "x"}) && !args_help(1, (char *[]){"--helpx"}) && !args_help(0, NULL),
+           "anything else does not ask for help");
     return check_exit();
 }

@@ -17,6 +17,14 @@ ArgsResult args_parse(const ArgOption *options, int count, int argc, char **argv
         const ArgOption *o = find_option(options, count, argv[i]);
         if (o && o->kind == ARG_FLAG) {
             *(bool *)o->dest = true;
+        } else if (o && o->kind == ARG_LIST) {
+            ArgList *list = o->dest;
+            const int before = list->count;
+            while (i + 1 < argc && strncmp(argv[i + 1], "--", 2)) list->values[list->count++] = argv[++i];
+            if (list->count == before) {
+                r.missing = argv[i];
+                return r;
+            }
         } else if (o) {
             if (i + 1 >= argc) {
                 r.missing = argv[i];
@@ -34,4 +42,8 @@ ArgsResult args_parse(const ArgOption *options, int count, int argc, char **argv
         }
     }
     return r;
+}
+
+bool args_help(int argc, char **argv) {
+    return argc == 1 && (!strcmp(argv[0], "-h") || !strcmp(argv[0], "--help"));
 }

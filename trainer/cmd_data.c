@@ -21,6 +21,7 @@
 #include "../data/tokenizer.h"
 #include "../dist/progress.h"
 #include "../dist/util.h"
+#include "args.h"
 #include "commands.h"
 #include "run.h"
 
@@ -61,6 +62,16 @@ static int usage_error(const char *usage, const char *fmt, ...) {
     fprintf(stderr, "\n%s", usage);
     va_end(ap);
     return 2;
+}
+
+// The whole number in value, into *out when it lies in [lo, hi]; else false.
+static bool whole_number(const char *value, int64_t lo, int64_t hi, int64_t *out) {
+    char *end;
+    errno = 0;
+    int64_t n = strtoll(value, &end, 10);
+    if (errno || *end || end == value || n < lo || n > hi) return false;
+    *out = n;
+    return true;
 }
 
 static int ends_with(const char *s, const char *suffix) {
@@ -366,40 +377,27 @@ static void open_tokenizers(Tokenize *t, const char *spec) {
 }
 
 int cmd_tokenize(int argc, char **argv) {
-    const char *tokenizer = NULL, *output = NULL, *text_field = "text";
-    int64_t frame_tokens = 0, threads = 0;
+    if (args_help(argc, argv)) { printf("%s", tokenize_usage); return 0; }
+    const char *tokenizer = NULL, *output = NULL, *text_field = "text", *frames_text = NULL, *threads_text = NULL;
     bool force = false;
-    char **inputs = argv;  // input names are gathered in place: input_count <= i
-    int input_count = 0;
-    for (int i = 0; i < argc; i++) {
-        const char *arg = argv[i];
-        if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) { printf("%s", tokenize_usage); return 0; }
-        if (!strcmp(arg, "--force")) { force = true; continue; }
-        if (!strcmp(arg, "--input")) {
-            int before = input_count;
-            while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) inputs[input_count++] = argv[++i];
-            if (input_count == before) return usage_error(tokenize_usage, "%s needs at least one file", arg);
-            continue;
-        }
-        if (strcmp(arg, "--tokenizer") && strcmp(arg, "--output") && strcmp(arg, "--frame-tokens") &&
-            strcmp(arg, "--threads") && strcmp(arg, "--text-field"))
-            return usage_error(tokenize_usage, "tokenize: unknown argument '%s'", arg);
-        if (i + 1 >= argc) return usage_error(tokenize_usage, "%s needs a value", arg);
-        const char *value = argv[++i];
-        if (!strcmp(arg, "--tokenizer")) tokenizer = value;
-        else if (!strcmp(arg, "--output")) output = value;
-        else if (!strcmp(arg, "--text-field")) text_field = value;
-        else {
-            bool frames = !strcmp(arg, "--frame-tokens");
-            int64_t max = frames ? SHARD_MAX_FRAME_TOKENS : 1024;
-            char *end;
-            errno = 0;
-            int64_t n = strtoll(value, &end, 10);
-            if (errno || *end || end == value || n < 1 || n > max)
-                return usage_error(tokenize_usage, "%s '%s' is not a whole number in 1 .. %" PRId64, arg, value, max);
-            *(frames ? &frame_tokens : &threads) = n;
-        }
-    }
+    ArgList input_list = {(const char **)argv, 0};  // gathered in place: nothing is kept
+    const ArgOption options[] = {{"--tokenizer", ARG_VALUE, &tokenizer}, {"--input", ARG_LIST, &input_list},
+                                 {"--output", ARG_VALUE, &output}, {"--threads", ARG_VALUE, &threads_text},
+                                 {"--text-field", ARG_VALUE, &text_field}, {"--frame-tokens", ARG_VALUE, &frames_text},
+                                 {"--force", ARG_FLAG, &force}};
+    ArgsResult args = args_parse(options, (int)(sizeof(options) / sizeof(options[0])), argc, argv, 0, NULL);
+    if (args.missing)
+        return usage_error(tokenize_usage, strcmp(args.missing, "--input") ? "%s needs a value"
+                                                                           : "%s needs at least one file", args.missing);
+    if (args.rest < argc) return usage_error(tokenize_usage, "tokenize: unknown argument '%s'", argv[args.rest]);
+    int64_t frame_tokens = 0, threads = 0;
+    if (frames_text && !whole_number(frames_text, 1, SHARD_MAX_FRAME_TOKENS, &frame_tokens))
+        return usage_error(tokenize_usage, "--frame-tokens '%s' is not a whole number in 1 .. %" PRId64, frames_text,
+                           (int64_t)SHARD_MAX_FRAME_TOKENS);
+    if (threads_text && !whole_number(threads_text, 1, 1024, &threads))
+        return usage_error(tokenize_usage, "--threads '%s' is not a whole number in 1 .. 1024", threads_text);
+    const char **inputs = input_list.values;
+    const int input_count = input_list.count;
     const char *missing = !tokenizer ? "--tokenizer" : !input_count ? "--input" : !output ? "--output" : NULL;
     if (missing) return usage_error(tokenize_usage, "tokenize: %s is required", missing);
     for (int i = 0; i < input_count; i++) check_text_file(inputs[i]);  // a missing or binary input fails before any work
@@ -522,39 +520,38 @@ static void shard_dump(const char *path, Tokenizer *tokenizer) {
 
 int cmd_shard(int argc, char **argv) {
     if (argc < 1) return usage_error(shard_usage, "shard: which action? (info, verify or dump)");
+    if (args_help(argc, argv)) { printf("%s", shard_usage); return 0; }
     const char *action = argv[0];
-    if (!strcmp(action, "-h") || !strcmp(action, "--help")) { printf("%s", shard_usage); return 0; }
-    int text = 0, file_count = 0;
+    char **files = argv + 1;
+    bool text = false;
     const char *tokenizer = NULL;
-    for (int i = 1; i < argc; i++) {
-        int dump = !strcmp(action, "dump");
-        if (!strcmp(argv[i], "--text") && dump) text = 1;
-        else if (!strcmp(argv[i], "--tokenizer") && dump) {
-            if (i + 1 >= argc) return usage_error(shard_usage, "--tokenizer needs a value");
-            tokenizer = argv[++i];
-        } else if (!strncmp(argv[i], "--", 2)) return usage_error(shard_usage, "shard: unknown option '%s'", argv[i]);
-        else argv[1 + file_count++] = argv[i];
-    }
+    const ArgOption dump_options[] = {{"--text", ARG_FLAG, &text}, {"--tokenizer", ARG_VALUE, &tokenizer}};
+    // --text and --tokenizer are dump's; every other "--" argument is unknown.
+    const int option_count = strcmp(action, "dump") ? 0 : (int)(sizeof(dump_options) / sizeof(dump_options[0]));
+    ArgsResult args = args_parse(dump_options, option_count, argc - 1, files, argc, "--");
+    if (args.missing) return usage_error(shard_usage, "%s needs a value", args.missing);
+    if (args.unknown) return usage_error(shard_usage, "shard: unknown option '%s'", args.unknown);
+    const int file_count = args.kept;
     if (tokenizer && !text) return usage_error(shard_usage, "shard dump: --tokenizer decodes text: it needs --text");
     if (!strcmp(action, "verify")) {
         if (file_count < 1) return usage_error(shard_usage, "shard verify: which FILE?");
         for (int i = 0; i < file_count; i++) {
             Shard s;
-            shard_open(&s, argv[1 + i]);
+            shard_open(&s, files[i]);
             shard_verify(&s);
             shard_close(&s);
-            printf("%s: ok\n", argv[1 + i]);
+            printf("%s: ok\n", files[i]);
         }
         return 0;
     }
     if (strcmp(action, "info") && strcmp(action, "dump")) return usage_error(shard_usage, "shard: unknown action '%s'", action);
     if (file_count != 1) return usage_error(shard_usage, "shard %s: expected exactly one FILE", action);
     if (!strcmp(action, "info")) {
-        shard_info(argv[1]);
+        shard_info(files[0]);
         return 0;
     }
     Tokenizer *t = text ? tokenizer_open(tokenizer ? tokenizer : "bytes") : NULL;
-    shard_dump(argv[1], t);
+    shard_dump(files[0], t);
     tokenizer_close(t);
     return 0;
 }
@@ -563,18 +560,14 @@ int cmd_shard(int argc, char **argv) {
 // detokenize
 
 int cmd_detokenize(int argc, char **argv) {
-    const char *tokenizer = NULL, *input = NULL;
-    for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) { printf("%s", detokenize_usage); return 0; }
-        if (!strcmp(argv[i], "--tokenizer")) {
-            if (i + 1 >= argc) return usage_error(detokenize_usage, "--tokenizer needs a value");
-            tokenizer = argv[++i];
-        } else if (!strncmp(argv[i], "--", 2) || input) {
-            return usage_error(detokenize_usage, "detokenize: unexpected argument '%s'", argv[i]);
-        } else {
-            input = argv[i];
-        }
-    }
+    if (args_help(argc, argv)) { printf("%s", detokenize_usage); return 0; }
+    const char *tokenizer = NULL;
+    const ArgOption options[] = {{"--tokenizer", ARG_VALUE, &tokenizer}};
+    ArgsResult args = args_parse(options, 1, argc, argv, 1, "--");
+    if (args.missing) return usage_error(detokenize_usage, "%s needs a value", args.missing);
+    const char *unexpected = args.unknown ? args.unknown : args.rest < argc ? argv[args.rest] : NULL;
+    if (unexpected) return usage_error(detokenize_usage, "detokenize: unexpected argument '%s'", unexpected);
+    const char *input = args.kept ? argv[0] : NULL;
     if (!tokenizer) return usage_error(detokenize_usage, "detokenize: --tokenizer is required");
     Tokenizer *t = tokenizer_open(tokenizer);
     FILE *f = input ? xfopen(input, "rb") : stdin;
@@ -612,16 +605,6 @@ int cmd_detokenize(int argc, char **argv) {
 
 // ----------------------------------------------------------------------------
 // data RUN.yaml
-
-// A non-negative count for a --flag; on error the usage exit status 2.
-static int parse_count(const char *flag, const char *value, int64_t *out) {
-    char *end;
-    errno = 0;
-    *out = strtoll(value, &end, 10);
-    if (errno || *end || end == value || *out < 0)
-        return usage_error(data_usage, "%s '%s' is not a whole number >= 0", flag, value);
-    return 0;
-}
 
 // Reads training sequences 0..n-1 (and this rank's slice of each, world 1) and
 // prints the rate.
@@ -685,26 +668,21 @@ static void data_show(Loader *l, const Config *cfg, int64_t g) {
 }
 
 int cmd_data(int argc, char **argv) {
-    if (argc < 1 || !strncmp(argv[0], "-", 1)) {
-        if (argc == 1 && (!strcmp(argv[0], "-h") || !strcmp(argv[0], "--help"))) { printf("%s", data_usage); return 0; }
-        return usage_error(data_usage, "data: which RUN.yaml?");
-    }
+    if (args_help(argc, argv)) { printf("%s", data_usage); return 0; }
+    if (argc < 1 || argv[0][0] == '-') return usage_error(data_usage, "data: which RUN.yaml?");
+    const char *read_text = NULL, *show_text = NULL;
+    const ArgOption options[] = {{"--read", ARG_VALUE, &read_text}, {"--show", ARG_VALUE, &show_text}};
+    char **overrides = argv + 1;
+    ArgsResult args = args_parse(options, 2, argc - 1, overrides, argc, "--");
+    if (args.missing) return usage_error(data_usage, "%s needs a value", args.missing);
+    if (args.unknown) return usage_error(data_usage, "data: unknown option '%s'", args.unknown);
     int64_t read = 0, show = -1;
-    char **overrides = argv + 1;  // gathered in place: override_count <= i
-    int override_count = 0;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--read") && strcmp(argv[i], "--show")) {
-            if (!strncmp(argv[i], "--", 2)) return usage_error(data_usage, "data: unknown option '%s'", argv[i]);
-            overrides[override_count++] = argv[i];
-            continue;
-        }
-        if (i + 1 >= argc) return usage_error(data_usage, "%s needs a value", argv[i]);
-        int rc = parse_count(argv[i], argv[i + 1], !strcmp(argv[i], "--read") ? &read : &show);
-        if (rc) return rc;
-        i++;
-    }
+    if (read_text && !whole_number(read_text, 0, INT64_MAX, &read))
+        return usage_error(data_usage, "--read '%s' is not a whole number >= 0", read_text);
+    if (show_text && !whole_number(show_text, 0, INT64_MAX, &show))
+        return usage_error(data_usage, "--show '%s' is not a whole number >= 0", show_text);
     Config cfg;
-    config_from_args(&cfg, argv[0], override_count, overrides, false);
+    config_from_args(&cfg, argv[0], args.kept, overrides, false);
     Loader l;
     loader_from_config(&l, &cfg, cfg.log.val_every > 0);
     loader_print_summary(&l, stdout);

@@ -20,9 +20,9 @@
 #include "../dist/util.h"
 #include "../trainer/plan_counts.h"
 #include "check.h"
-#include "gpu_common.h"
 
 #ifdef CUDASIM_KERNEL_COUNTS
+#include "gpu_common.h"
 
 enum { HQ = 4, HKV = 2 };
 

@@ -500,13 +500,15 @@ static double kernels_seconds(const Plan *p, const Config *cfg, const GpuProfile
 // (assumed: a launch's overhead where kernels are short, a synchronisation's
 // round trip through the host with the queue drained). Host synchronisations
 // per step as the sim counts them (docs/SIM.md, MTRAIN_SYNC_REPORT: 7 per
-// dense step on one rank; 5 + 8 per layer more with sparse attention; 25 + 4
-// per layer more on a ring), the per-layer terms per micro batch.
+// step on one rank, dense or sparse; 2 more on a ring, whatever its size and
+// the layers; a sparse ring's plan reads its index back per layer: 22 + 13.5
+// per layer more), the per-layer term per micro batch.
 #define LAUNCH_S 3e-6
 #define HOST_SYNC_S 20e-6
 static double host_syncs(const Plan *p, const Config *cfg) {
     const double L = cfg->model.num_layers * (double)cfg->train.micro_batches;
-    return 7 + (cfg->attention.type == ATTN_SPARSE ? 5 + 8 * L : 0) + (p->cp > 1 ? 25 + 4 * L : 0);
+    const bool sparse = cfg->attention.type == ATTN_SPARSE;
+    return 7 + (p->cp > 1 ? 2 : 0) + (p->cp > 1 && sparse ? 22 + 13.5 * L : 0);
 }
 
 // FLOPs of one optimizer step on one rank: the GEMMs of its tokens (6 per

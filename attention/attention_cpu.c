@@ -3,7 +3,7 @@
 // budgets, each layer's sparse pattern from the sequence's first forward
 // (reused by backward and by a recomputation), and the sequence's ring (and
 // for dense attention on it, what ring_send selected sends and the bytes).
-// Its tensors are fp32: the table's Act arguments are cast on entry.
+// Its tensors are fp32 (model/ops_cpu.c casts the table's Act arguments).
 #include "attention_cpu.h"
 
 #include <stdlib.h>
@@ -92,11 +92,9 @@ static const int *layer_budget(const AttnState *st, const int *budget, int l) {
     return budget ? budget + (size_t)l * st->num_heads : NULL;
 }
 
-void attention_cpu_forward(AttnState *st, int layer, bool plan, const AttnShape *shape, const Act *q_act,
-                           const Act *k_act, const Act *v_act, const int64_t *pos, Act *o_act, float *lse,
+void attention_cpu_forward(AttnState *st, int layer, bool plan, const AttnShape *shape, const float *q,
+                           const float *k, const float *v, const int64_t *pos, float *o, float *lse,
                            SparseStats *stats) {
-    const float *q = (const float *)q_act, *k = (const float *)k_act, *v = (const float *)v_act;
-    float *o = (float *)o_act;
     const int *fixed_vertical = layer_budget(st, st->budget_vertical, layer);
     const int *fixed_slash = layer_budget(st, st->budget_slash, layer);
     const bool sparse = st->cfg.type == ATTN_SPARSE;
@@ -119,19 +117,16 @@ void attention_cpu_forward(AttnState *st, int layer, bool plan, const AttnShape 
     }
 }
 
-void attention_cpu_cached(AttnState *st, const AttnShape *shape, const Act *q, const int64_t *q_pos, const Act *k,
-                          const Act *v, const int64_t *k_pos, Act *o, float *lse) {
+void attention_cpu_cached(AttnState *st, const AttnShape *shape, const float *q, const int64_t *q_pos,
+                          const float *k, const float *v, const int64_t *k_pos, float *o, float *lse) {
     (void)st;
-    attn_forward_init(shape, (float *)o, lse);
-    attn_dense_forward_cpu(shape, (const float *)q, q_pos, (const float *)k, (const float *)v, k_pos, (float *)o, lse);
+    attn_forward_init(shape, o, lse);
+    attn_dense_forward_cpu(shape, q, q_pos, k, v, k_pos, o, lse);
 }
 
-void attention_cpu_backward(AttnState *st, int layer, const AttnShape *shape, const Act *q_act, const Act *k_act,
-                            const Act *v_act, const int64_t *pos, const Act *o_act, const float *lse,
-                            const Act *dout_act, float *delta, Act *dq_act, Act *dk_act, Act *dv_act) {
-    const float *q = (const float *)q_act, *k = (const float *)k_act, *v = (const float *)v_act;
-    const float *o = (const float *)o_act, *dout = (const float *)dout_act;
-    float *dq = (float *)dq_act, *dk = (float *)dk_act, *dv = (float *)dv_act;
+void attention_cpu_backward(AttnState *st, int layer, const AttnShape *shape, const float *q, const float *k,
+                            const float *v, const int64_t *pos, const float *o, const float *lse,
+                            const float *dout, float *delta, float *dq, float *dk, float *dv) {
     const bool sparse = st->cfg.type == ATTN_SPARSE;
     if (st->cp && !sparse) {
         ring_attn_backward(&st->ring, dense_ring_kernels(st, shape), shape, q, k, v, o, lse, dout, dq, dk, dv);

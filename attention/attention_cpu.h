@@ -1,27 +1,31 @@
 // attention_cpu.h: the CPU backend's attention op (the attention_* entries of
-// the Backend table, model/backend.h, which states their contracts): on one
-// rank with the kernels of attention.h and sparse.h, or over the cp ring
-// (ring.h, ring_sparse.h; MPI), dense or sparse.
+// the Backend table, model/backend.h, which states their contracts, bound by
+// model/ops_cpu.c): on one rank with the kernels of attention.h and sparse.h,
+// or over the cp ring (ring.h, ring_sparse.h; MPI), dense or sparse. The
+// same parameters in the same order as the CUDA op (attention_cuda_op.h), in
+// fp32 host memory:
+//   q, o, dq, dout : [T, Hq, D]   k, v, dk, dv : [T, Hkv, D]   lse, delta : [Hq, T]
+// dq, dk, dv are ACCUMULATED (+=).
 #ifndef MTRAIN_ATTENTION_CPU_H
 #define MTRAIN_ATTENTION_CPU_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../model/backend.h"
+#include "attention.h"
 #include "sparse.h"
 
 AttnState *attention_cpu_new(const AttentionConfig *cfg, int num_layers, int num_heads);
 void attention_cpu_free(AttnState *st);
 bool attention_cpu_set_ring(AttnState *st, const struct Comm *cp, int inner);
 void attention_cpu_sequence(AttnState *st, const int64_t *pos, int64_t tokens);
-void attention_cpu_forward(AttnState *st, int layer, bool plan, const AttnShape *shape, const Act *q,
-                           const Act *k, const Act *v, const int64_t *pos, Act *o, float *lse, SparseStats *stats);
-void attention_cpu_cached(AttnState *st, const AttnShape *shape, const Act *q, const int64_t *q_pos, const Act *k,
-                          const Act *v, const int64_t *k_pos, Act *o, float *lse);
-void attention_cpu_backward(AttnState *st, int layer, const AttnShape *shape, const Act *q, const Act *k,
-                            const Act *v, const int64_t *pos, const Act *o, const float *lse, const Act *dout,
-                            float *delta, Act *dq, Act *dk, Act *dv);
+void attention_cpu_forward(AttnState *st, int layer, bool plan, const AttnShape *shape, const float *q,
+                           const float *k, const float *v, const int64_t *pos, float *o, float *lse, SparseStats *stats);
+void attention_cpu_cached(AttnState *st, const AttnShape *shape, const float *q, const int64_t *q_pos, const float *k,
+                          const float *v, const int64_t *k_pos, float *o, float *lse);
+void attention_cpu_backward(AttnState *st, int layer, const AttnShape *shape, const float *q, const float *k,
+                            const float *v, const int64_t *pos, const float *o, const float *lse, const float *dout,
+                            float *delta, float *dq, float *dk, float *dv);
 double attention_cpu_ring_bytes(const AttnState *st);
 
 #endif

@@ -287,6 +287,26 @@ static void weights_allgather(const Comm *c, Weight *w, int64_t count) {
     comm_allgather(c, NULL, (float *)w, count, DT_FLOAT);
 }
 
+// The attention op's entries: the CPU's Act is fp32 (attention_cpu.h).
+static void attention_forward(AttnState *st, int layer, bool plan, const AttnShape *shape, const Act *q,
+                              const Act *k, const Act *v, const int64_t *pos, Act *o, float *lse,
+                              SparseStats *stats) {
+    attention_cpu_forward(st, layer, plan, shape, (const float *)q, (const float *)k, (const float *)v, pos,
+                          (float *)o, lse, stats);
+}
+static void attention_backward(AttnState *st, int layer, const AttnShape *shape, const Act *q, const Act *k,
+                               const Act *v, const int64_t *pos, const Act *o, const float *lse, const Act *dout,
+                               float *delta, Act *dq, Act *dk, Act *dv) {
+    attention_cpu_backward(st, layer, shape, (const float *)q, (const float *)k, (const float *)v, pos,
+                           (const float *)o, lse, (const float *)dout, delta, (float *)dq, (float *)dk,
+                           (float *)dv);
+}
+static void attention_cached(AttnState *st, const AttnShape *shape, const Act *q, const int64_t *q_pos,
+                             const Act *k, const Act *v, const int64_t *k_pos, Act *o, float *lse) {
+    attention_cpu_cached(st, shape, (const float *)q, q_pos, (const float *)k, (const float *)v, k_pos, (float *)o,
+                         lse);
+}
+
 static const Backend cpu_backend = {
     .name = "cpu",
     .act_bytes = sizeof(float),
@@ -320,9 +340,9 @@ static const Backend cpu_backend = {
     .attention_free = attention_cpu_free,
     .attention_set_ring = attention_cpu_set_ring,
     .attention_sequence = attention_cpu_sequence,
-    .attention_forward = attention_cpu_forward,
-    .attention_backward = attention_cpu_backward,
-    .attention_cached = attention_cpu_cached,
+    .attention_forward = attention_forward,
+    .attention_backward = attention_backward,
+    .attention_cached = attention_cached,
     .attention_ring_bytes = attention_cpu_ring_bytes,
     .allreduce_sum = allreduce_sum,
     .allreduce_sum_start = allreduce_sum_start,

@@ -30,6 +30,11 @@ struct Tokenizer {
     // The bytes of token id's piece (special tokens: their text) and their
     // count in *len; NULL when id is not in the vocabulary.
     const uint8_t *(*piece)(const Tokenizer *t, uint32_t id, size_t *len);
+    // Another handle on the same loaded tokenizer, for another thread: the
+    // same encoding, tables shared read-only (BPE: its piece cache too, under
+    // locks), its own scratch. A handle is used by one thread at a time;
+    // every handle is closed, in any order.
+    Tokenizer *(*share)(Tokenizer *t);
     void (*close)(Tokenizer *t);
 };
 

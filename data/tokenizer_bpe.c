@@ -13,6 +13,10 @@
 //      names them in the file) and adjacent pairs are merged lowest rank first,
 //      leftmost first among equal ranks (a heap over pairs), with a cache of
 //      pieces already seen.
+// One loaded tokenizer serves several threads: each thread encodes with its
+// own handle (tokenizer.h's share: its own regex match data and merge
+// scratch), and the handles share the tables, read-only, and the piece cache,
+// which has a lock per stripe, so each piece is merged once for all threads.
 // Decoding maps an id to the bytes its byte-level string stands for (added
 // tokens: their text).
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -21,7 +25,10 @@
 #include <cjson/cJSON.h>
 #include <inttypes.h>
 #include <pcre2.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
@@ -31,7 +38,8 @@
 #include "../dist/util.h"
 
 #define CACHE_MAX_PIECE 256        // longer pieces are not cached
-#define CACHE_MAX_ENTRIES (1 << 18) // the cache starts over when it holds more
+#define CACHE_STRIPES 64            // the cache's locks: the top 6 bits of a piece's hash pick its stripe
+#define CACHE_MAX_ENTRIES (1 << 18) // a stripe starts over when it holds more than its share of this
 #define DEAD_SYMBOL UINT32_MAX
 
 // ----------------------------------------------------------------------------
@@ -62,10 +70,14 @@ static StrSlot *strmap_slot(const StrMap *m, const uint8_t *key, size_t len, uin
     }
 }
 
-static const StrSlot *strmap_find(const StrMap *m, const uint8_t *key, size_t len) {
+static const StrSlot *strmap_find_hashed(const StrMap *m, const uint8_t *key, size_t len, uint64_t hash) {
     if (!m->count) return NULL;
-    const StrSlot *s = strmap_slot(m, key, len, str_hash(key, len));
+    const StrSlot *s = strmap_slot(m, key, len, hash);
     return s->hash ? s : NULL;
+}
+
+static const StrSlot *strmap_find(const StrMap *m, const uint8_t *key, size_t len) {
+    return strmap_find_hashed(m, key, len, str_hash(key, len));
 }
 
 static void strmap_rehash(StrMap *m, int64_t cap) {
@@ -82,10 +94,10 @@ static void strmap_rehash(StrMap *m, int64_t cap) {
     free(old);
 }
 
-// Sets key's value; returns 0 when the key was new, 1 when it was there.
-static int strmap_put(StrMap *m, const uint8_t *key, size_t len, uint64_t value) {
+// Sets key's value (hash: str_hash of the key); returns 0 when the key was
+// new, 1 when it was there.
+static int strmap_put_hashed(StrMap *m, const uint8_t *key, size_t len, uint64_t hash, uint64_t value) {
     if (2 * (m->count + 1) > m->cap) strmap_rehash(m, m->cap ? 2 * m->cap : 1024);
-    uint64_t hash = str_hash(key, len);
     StrSlot *s = strmap_slot(m, key, len, hash);
     int existed = s->hash != 0;
     if (!existed) {
@@ -101,6 +113,10 @@ static int strmap_put(StrMap *m, const uint8_t *key, size_t len, uint64_t value)
     }
     s->value = value;
     return existed;
+}
+
+static int strmap_put(StrMap *m, const uint8_t *key, size_t len, uint64_t value) {
+    return strmap_put_hashed(m, key, len, str_hash(key, len), value);
 }
 
 static void strmap_clear(StrMap *m) {
@@ -148,6 +164,24 @@ typedef struct {
     int start[257];
 } AddedSet;
 
+// One stripe of the piece cache: piece bytes -> offset << 16 | count in ids.
+typedef struct {
+    pthread_mutex_t lock;
+    StrMap map;
+    uint32_t *ids;
+    int64_t ids_count, ids_cap;
+} CacheStripe;
+
+// What the handles of one loaded tokenizer share besides its tables: the
+// piece cache and the count of open handles (the last one closed frees all).
+typedef struct {
+    CacheStripe stripe[CACHE_STRIPES];
+    atomic_int handles;
+} BpeShared;
+
+// A handle: the fields before `match` (the tables and `shared`) are the same
+// for every handle of one loaded tokenizer, read-only once loaded; `match` and
+// the fields after it are the handle's own.
 typedef struct {
     Tokenizer base;
     char *path;
@@ -161,11 +195,9 @@ typedef struct {
     int nfc;                   // normalizer: NFC
     int ignore_merges;         // a piece that is a whole vocabulary token is not merged
     pcre2_code *split;         // the pre-tokenizer's Split regex
-    pcre2_match_data *match;
-    StrMap cache;              // piece bytes -> offset << 16 | count in cache_ids
-    uint32_t *cache_ids;
-    int64_t cache_ids_count, cache_ids_cap;
-    // BPE scratch, one entry per byte of the piece being merged
+    BpeShared *shared;
+    pcre2_match_data *match;   // this handle's
+    // This handle's BPE scratch, one entry per byte of the piece being merged
     uint32_t *sym_id;          // id of the symbol starting at this byte (DEAD_SYMBOL: merged away)
     uint32_t *sym_next, *sym_prev;  // linked list of live symbols (n / UINT32_MAX: none)
     uint64_t *heap;            // min-heap of rank << 32 | left symbol
@@ -631,18 +663,37 @@ static void bpe_merge(TokenizerBpe *t, const uint8_t *p, int64_t n, TokenIds *ou
     for (uint32_t i = 0; i < end; i = t->sym_next[i]) out->ids[out->count++] = t->sym_id[i];
 }
 
-static void cache_put(TokenizerBpe *t, const uint8_t *p, int64_t n, const uint32_t *ids, int64_t count) {
-    if (t->cache.count >= CACHE_MAX_ENTRIES) {
-        strmap_clear(&t->cache);
-        t->cache_ids_count = 0;
+// Appends the cached ids of piece p[0..n) (hash: its str_hash) to out;
+// returns 0 when the cache does not hold it.
+static int cache_get(BpeShared *c, const uint8_t *p, int64_t n, uint64_t hash, TokenIds *out) {
+    CacheStripe *s = &c->stripe[hash >> 58];
+    pthread_mutex_lock(&s->lock);
+    const StrSlot *hit = strmap_find_hashed(&s->map, p, (size_t)n, hash);
+    if (hit) {
+        int64_t count = (int64_t)(hit->value & 0xFFFF);
+        token_ids_reserve(out, count);
+        memcpy(out->ids + out->count, s->ids + (hit->value >> 16), (size_t)count * sizeof(uint32_t));
+        out->count += count;
     }
-    if (t->cache_ids_count + count > t->cache_ids_cap) {
-        t->cache_ids_cap = 2 * (t->cache_ids_count + count) + 4096;
-        t->cache_ids = xrealloc(t->cache_ids, (size_t)t->cache_ids_cap * sizeof(uint32_t));
+    pthread_mutex_unlock(&s->lock);
+    return hit != NULL;
+}
+
+static void cache_put(BpeShared *c, const uint8_t *p, int64_t n, uint64_t hash, const uint32_t *ids, int64_t count) {
+    CacheStripe *s = &c->stripe[hash >> 58];
+    pthread_mutex_lock(&s->lock);
+    if (s->map.count >= CACHE_MAX_ENTRIES / CACHE_STRIPES) {
+        strmap_clear(&s->map);
+        s->ids_count = 0;
     }
-    memcpy(t->cache_ids + t->cache_ids_count, ids, (size_t)count * sizeof(uint32_t));
-    strmap_put(&t->cache, p, (size_t)n, (uint64_t)t->cache_ids_count << 16 | (uint64_t)count);
-    t->cache_ids_count += count;
+    if (s->ids_count + count > s->ids_cap) {
+        s->ids_cap = 2 * (s->ids_count + count) + 4096;
+        s->ids = xrealloc(s->ids, (size_t)s->ids_cap * sizeof(uint32_t));
+    }
+    memcpy(s->ids + s->ids_count, ids, (size_t)count * sizeof(uint32_t));
+    strmap_put_hashed(&s->map, p, (size_t)n, hash, (uint64_t)s->ids_count << 16 | (uint64_t)count);
+    s->ids_count += count;
+    pthread_mutex_unlock(&s->lock);
 }
 
 // Appends the ids of one piece of the split.
@@ -652,14 +703,8 @@ static void encode_piece(TokenizerBpe *t, const uint8_t *p, int64_t n, TokenIds 
         out->ids[out->count++] = t->byte_id[p[0]];
         return;
     }
-    const StrSlot *hit = n <= CACHE_MAX_PIECE ? strmap_find(&t->cache, p, (size_t)n) : NULL;
-    if (hit) {
-        int64_t count = (int64_t)(hit->value & 0xFFFF);
-        token_ids_reserve(out, count);
-        memcpy(out->ids + out->count, t->cache_ids + (hit->value >> 16), (size_t)count * sizeof(uint32_t));
-        out->count += count;
-        return;
-    }
+    uint64_t hash = n <= CACHE_MAX_PIECE ? str_hash(p, (size_t)n) : 0;
+    if (hash && cache_get(t->shared, p, n, hash, out)) return;
     const StrSlot *whole = t->ignore_merges ? strmap_find(&t->vocab, p, (size_t)n) : NULL;
     if (whole) {
         token_ids_reserve(out, 1);
@@ -668,7 +713,7 @@ static void encode_piece(TokenizerBpe *t, const uint8_t *p, int64_t n, TokenIds 
     }
     int64_t start = out->count;
     bpe_merge(t, p, n, out);
-    if (n <= CACHE_MAX_PIECE) cache_put(t, p, n, out->ids + start, out->count - start);
+    if (hash) cache_put(t->shared, p, n, hash, out->ids + start, out->count - start);
 }
 
 // Splits normalised text s[0..n) with the regex ("Isolated": matches and the
@@ -767,25 +812,42 @@ static const uint8_t *bpe_piece(const Tokenizer *base, uint32_t id, size_t *len)
     return t->piece[id];
 }
 
+// Another handle on t's tables and cache, with its own match data and scratch
+// (t's own fields are not read: t's thread may be encoding).
+static Tokenizer *bpe_share(Tokenizer *base) {
+    TokenizerBpe *t = (TokenizerBpe *)base, *h = xcalloc(1, sizeof(*h));
+    memcpy(h, t, offsetof(TokenizerBpe, match));
+    h->match = pcre2_match_data_create_from_pattern(t->split, NULL);
+    CHECK(h->match, "%s: out of memory for the split regex's match data", t->path);
+    atomic_fetch_add(&t->shared->handles, 1);
+    return &h->base;
+}
+
 static void bpe_close(Tokenizer *base) {
     TokenizerBpe *t = (TokenizerBpe *)base;
-    strmap_free(&t->vocab);
-    strmap_free(&t->cache);
-    free(t->merges);
-    free(t->piece);
-    free(t->piece_len);
-    for (int pass = 0; pass < 2; pass++) {
-        for (int k = 0; k < t->added[pass].count; k++) free(t->added[pass].tokens[k].bytes);
-        free(t->added[pass].tokens);
-    }
     pcre2_match_data_free(t->match);
-    pcre2_code_free(t->split);
-    free(t->cache_ids);
     free(t->sym_id);
     free(t->sym_next);
     free(t->sym_prev);
     free(t->heap);
-    free(t->path);
+    if (atomic_fetch_sub(&t->shared->handles, 1) == 1) {
+        for (int i = 0; i < CACHE_STRIPES; i++) {
+            pthread_mutex_destroy(&t->shared->stripe[i].lock);
+            strmap_free(&t->shared->stripe[i].map);
+            free(t->shared->stripe[i].ids);
+        }
+        free(t->shared);
+        strmap_free(&t->vocab);
+        free(t->merges);
+        free(t->piece);
+        free(t->piece_len);
+        for (int pass = 0; pass < 2; pass++) {
+            for (int k = 0; k < t->added[pass].count; k++) free(t->added[pass].tokens[k].bytes);
+            free(t->added[pass].tokens);
+        }
+        pcre2_code_free(t->split);
+        free(t->path);
+    }
     free(t);
 }
 
@@ -820,11 +882,16 @@ Tokenizer *tokenizer_bpe_open(const char *path) {
     load_pre_tokenizer(t, root);
     load_decoding(t, root);
     build_pieces(t);
+    t->shared = xcalloc(1, sizeof(BpeShared));
+    for (int i = 0; i < CACHE_STRIPES; i++)
+        CHECK(!pthread_mutex_init(&t->shared->stripe[i].lock, NULL), "%s: cannot create the piece cache's locks", path);
+    atomic_init(&t->shared->handles, 1);
     cJSON_Delete(root);
     free(text);
     t->base.name = t->path;
     t->base.encode = bpe_encode;
     t->base.piece = bpe_piece;
+    t->base.share = bpe_share;
     t->base.close = bpe_close;
     return &t->base;
 }

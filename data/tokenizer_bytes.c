@@ -30,6 +30,11 @@ static const uint8_t *bytes_piece(const Tokenizer *t, uint32_t id, size_t *len) 
     return (const uint8_t *)special[id - 256];
 }
 
+static Tokenizer *bytes_share(Tokenizer *t) {
+    (void)t;
+    return tokenizer_bytes_open();
+}
+
 static void bytes_close(Tokenizer *t) {
     free(t);
 }
@@ -37,7 +42,8 @@ static void bytes_close(Tokenizer *t) {
 Tokenizer *tokenizer_bytes_open(void) {
     TokenizerBytes *t = xcalloc(1, sizeof(*t));
     t->base = (Tokenizer){.name = "bytes", .vocab_size = TOKENIZER_BYTES_VOCAB, .end_of_text = TOKEN_ENDOFTEXT,
-                          .encode = bytes_encode, .piece = bytes_piece, .close = bytes_close};
+                          .encode = bytes_encode, .piece = bytes_piece, .share = bytes_share,
+                          .close = bytes_close};
     for (int b = 0; b < 256; b++) t->bytes[b] = (uint8_t)b;
     return &t->base;
 }

@@ -43,8 +43,8 @@ with open(f"{work}/docs.jsonl", "w", encoding="utf-8") as f:
     for i in range(0, len(text), 4096):
         f.write(json.dumps({"text": text[i:i + 4096]}, ensure_ascii=False) + "\n")
 EOF
-# MB/s as mtrain reports it (encoding and writing, not loading tokenizer.json
-# once per thread), the best of 3 runs: on a shared machine other jobs only
+# MB/s as mtrain reports it (encoding and writing, not loading tokenizer.json),
+# the best of 3 runs: on a shared machine other jobs only
 # ever slow a run down.
 best_rate() {  # best_rate THREADS CPUS
   for _ in 1 2 3; do

@@ -12,6 +12,7 @@
 #   - merge order, leftmost-longest added tokens, and every kind of bad
 #     tokenizer.json -> one clear line and a non-zero exit.
 # Prints "ok NAME" / "FAIL NAME: why".
+import filecmp
 import json
 import os
 import random
@@ -462,6 +463,15 @@ def test_qwen(work, path):
           f"{len(mismatches)} differ; first {mismatches[0] if mismatches else None}")
     tokens = sum(len(g) for g in got)
     check("qwen: the reference test covers many tokens", tokens > 50000, f"{tokens} tokens")
+
+    # The threads of one run share the tokenizer and its piece cache: the same
+    # shard bytes on 1, 2 and 3 threads.
+    for n in (1, 2, 3):
+        out = os.path.join(work, f"mixed{n}.shard")
+        p = run(["tokenize", "--tokenizer", path, "--threads", str(n), "--input", os.path.join(work, "mixed.jsonl"),
+                 "--output", out])
+        same = p.returncode == 0 and filecmp.cmp(shard, out, shallow=False)
+        check(f"qwen: tokenize --threads {n} writes the same shard bytes", same, p.stderr[:200])
 
     # Round trip: text -> shard -> text is the NFC text, by both decoders.
     want = "".join(unicodedata.normalize("NFC", t) + EOT + "\n" for t in texts).encode("utf-8")

@@ -84,14 +84,14 @@ static int ends_with(const char *s, const char *suffix) {
 //
 // The main thread reads documents in order into batches and queues each
 // full batch for encoding; threads - 1 workers and the main thread encode
-// the queued documents in order (each thread with its own tokenizer: a
-// tokenizer keeps a cache and scratch space). Once batch k + 1 is queued, the
-// main thread adds batch k's documents to the shard in input order
-// (compressing and writing its frames), encoding documents itself while it
-// waits for the last ones, then reads batch k + 2 while the workers encode
-// batch k + 1: reading and writing overlap the encoding, at most
-// TOKENIZE_QUEUED batches are queued, and the shard's bytes are the same for
-// any number of threads. The first bad document in input order fails.
+// the queued documents in order (each thread with its own handle on one
+// loaded tokenizer: a handle keeps scratch space, the tables and the piece
+// cache are shared). Once batch k + 1 is queued, the main thread adds
+// batch k's documents to the shard in input order (compressing and writing
+// its frames), encoding documents itself while it waits for the last ones,
+// then reads batch k + 2 while the workers encode batch k + 1: reading and
+// writing overlap the encoding, at most TOKENIZE_QUEUED batches are queued,
+// and the shard's bytes are the same for any number of threads. The first bad document in input order fails.
 
 #define TOKENIZE_BATCH_DOCS 4096
 #define TOKENIZE_BATCH_BYTES (4 << 20)
@@ -114,7 +114,7 @@ typedef struct {
 } TokenizeBatch;
 
 typedef struct {
-    Tokenizer **tokenizers;    // [threads]: [0] the main thread's, [i] worker i's
+    Tokenizer **tokenizers;    // [threads]: handles on one tokenizer, [0] the main thread's, [i] worker i's
     int threads;
     const char *text_field;    // the field of a .jsonl line that holds the text
     ShardWriter *writer;
@@ -365,15 +365,13 @@ static void add_file(Tokenize *t, const char *path) {
     queue_document(t, text, (int64_t)bytes, path, 0);
 }
 
-// Opens the tokenizer once per thread: the first alone (a bad file fails
-// once), the others in parallel.
+// Opens the tokenizer once and gives each thread a handle on it.
 static void open_tokenizers(Tokenize *t, const char *spec) {
     t->tokenizers = xcalloc((size_t)t->threads, sizeof(Tokenizer *));
     t->tokenizers[0] = tokenizer_open(spec);
     if (t->tokenizers[0]->end_of_text < 0)
         fail("%s: has no <|endoftext|> token (expected one: it ends every document)", t->tokenizers[0]->name);
-    #pragma omp parallel for num_threads(t->threads)
-    for (int i = 1; i < t->threads; i++) t->tokenizers[i] = tokenizer_open(spec);
+    for (int i = 1; i < t->threads; i++) t->tokenizers[i] = t->tokenizers[0]->share(t->tokenizers[0]);
 }
 
 int cmd_tokenize(int argc, char **argv) {

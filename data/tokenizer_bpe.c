@@ -40,6 +40,7 @@
 #define CACHE_MAX_PIECE 256        // longer pieces are not cached
 #define CACHE_STRIPES 64            // the cache's locks: the top 6 bits of a piece's hash pick its stripe
 #define CACHE_MAX_ENTRIES (1 << 18) // a stripe starts over when it holds more than its share of this
+#define CACHE_LOCAL_ENTRIES (1 << 16) // a handle's own cache in front of the shared one
 #define DEAD_SYMBOL UINT32_MAX
 
 // ----------------------------------------------------------------------------
@@ -164,12 +165,18 @@ typedef struct {
     int start[257];
 } AddedSet;
 
-// One stripe of the piece cache: piece bytes -> offset << 16 | count in ids.
+// A piece cache: piece bytes -> offset << 16 | count in ids; a put starts it
+// over when it holds `limit` pieces.
 typedef struct {
-    pthread_mutex_t lock;
     StrMap map;
     uint32_t *ids;
     int64_t ids_count, ids_cap;
+} PieceCache;
+
+// One stripe of the shared piece cache.
+typedef struct {
+    pthread_mutex_t lock;
+    PieceCache cache;
 } CacheStripe;
 
 // What the handles of one loaded tokenizer share besides its tables: the
@@ -197,6 +204,7 @@ typedef struct {
     pcre2_code *split;         // the pre-tokenizer's Split regex
     BpeShared *shared;
     pcre2_match_data *match;   // this handle's
+    PieceCache local;          // this handle's pieces, read without a lock before the shared cache
     // This handle's BPE scratch, one entry per byte of the piece being merged
     uint32_t *sym_id;          // id of the symbol starting at this byte (DEAD_SYMBOL: merged away)
     uint32_t *sym_next, *sym_prev;  // linked list of live symbols (n / UINT32_MAX: none)
@@ -665,34 +673,49 @@ static void bpe_merge(TokenizerBpe *t, const uint8_t *p, int64_t n, TokenIds *ou
 
 // Appends the cached ids of piece p[0..n) (hash: its str_hash) to out;
 // returns 0 when the cache does not hold it.
-static int cache_get(BpeShared *c, const uint8_t *p, int64_t n, uint64_t hash, TokenIds *out) {
-    CacheStripe *s = &c->stripe[hash >> 58];
-    pthread_mutex_lock(&s->lock);
-    const StrSlot *hit = strmap_find_hashed(&s->map, p, (size_t)n, hash);
-    if (hit) {
-        int64_t count = (int64_t)(hit->value & 0xFFFF);
-        token_ids_reserve(out, count);
-        memcpy(out->ids + out->count, s->ids + (hit->value >> 16), (size_t)count * sizeof(uint32_t));
-        out->count += count;
-    }
-    pthread_mutex_unlock(&s->lock);
-    return hit != NULL;
+static int piece_cache_get(const PieceCache *c, const uint8_t *p, int64_t n, uint64_t hash, TokenIds *out) {
+    const StrSlot *hit = strmap_find_hashed(&c->map, p, (size_t)n, hash);
+    if (!hit) return 0;
+    int64_t count = (int64_t)(hit->value & 0xFFFF);
+    token_ids_reserve(out, count);
+    memcpy(out->ids + out->count, c->ids + (hit->value >> 16), (size_t)count * sizeof(uint32_t));
+    out->count += count;
+    return 1;
 }
 
-static void cache_put(BpeShared *c, const uint8_t *p, int64_t n, uint64_t hash, const uint32_t *ids, int64_t count) {
+static void piece_cache_put(PieceCache *c, int64_t limit, const uint8_t *p, int64_t n, uint64_t hash,
+                            const uint32_t *ids, int64_t count) {
+    if (c->map.count >= limit) {
+        strmap_clear(&c->map);
+        c->ids_count = 0;
+    }
+    if (c->ids_count + count > c->ids_cap) {
+        c->ids_cap = 2 * (c->ids_count + count) + 4096;
+        c->ids = xrealloc(c->ids, (size_t)c->ids_cap * sizeof(uint32_t));
+    }
+    memcpy(c->ids + c->ids_count, ids, (size_t)count * sizeof(uint32_t));
+    strmap_put_hashed(&c->map, p, (size_t)n, hash, (uint64_t)c->ids_count << 16 | (uint64_t)count);
+    c->ids_count += count;
+}
+
+static void piece_cache_free(PieceCache *c) {
+    strmap_free(&c->map);
+    free(c->ids);
+}
+
+// The shared cache's stripe of a piece (the top 6 bits of its hash), locked.
+static int shared_get(BpeShared *c, const uint8_t *p, int64_t n, uint64_t hash, TokenIds *out) {
     CacheStripe *s = &c->stripe[hash >> 58];
     pthread_mutex_lock(&s->lock);
-    if (s->map.count >= CACHE_MAX_ENTRIES / CACHE_STRIPES) {
-        strmap_clear(&s->map);
-        s->ids_count = 0;
-    }
-    if (s->ids_count + count > s->ids_cap) {
-        s->ids_cap = 2 * (s->ids_count + count) + 4096;
-        s->ids = xrealloc(s->ids, (size_t)s->ids_cap * sizeof(uint32_t));
-    }
-    memcpy(s->ids + s->ids_count, ids, (size_t)count * sizeof(uint32_t));
-    strmap_put_hashed(&s->map, p, (size_t)n, hash, (uint64_t)s->ids_count << 16 | (uint64_t)count);
-    s->ids_count += count;
+    int hit = piece_cache_get(&s->cache, p, n, hash, out);
+    pthread_mutex_unlock(&s->lock);
+    return hit;
+}
+
+static void shared_put(BpeShared *c, const uint8_t *p, int64_t n, uint64_t hash, const uint32_t *ids, int64_t count) {
+    CacheStripe *s = &c->stripe[hash >> 58];
+    pthread_mutex_lock(&s->lock);
+    piece_cache_put(&s->cache, CACHE_MAX_ENTRIES / CACHE_STRIPES, p, n, hash, ids, count);
     pthread_mutex_unlock(&s->lock);
 }
 
@@ -704,16 +727,22 @@ static void encode_piece(TokenizerBpe *t, const uint8_t *p, int64_t n, TokenIds 
         return;
     }
     uint64_t hash = n <= CACHE_MAX_PIECE ? str_hash(p, (size_t)n) : 0;
-    if (hash && cache_get(t->shared, p, n, hash, out)) return;
+    int64_t start = out->count;
+    if (hash && piece_cache_get(&t->local, p, n, hash, out)) return;
+    if (hash && shared_get(t->shared, p, n, hash, out)) {
+        piece_cache_put(&t->local, CACHE_LOCAL_ENTRIES, p, n, hash, out->ids + start, out->count - start);
+        return;
+    }
     const StrSlot *whole = t->ignore_merges ? strmap_find(&t->vocab, p, (size_t)n) : NULL;
     if (whole) {
         token_ids_reserve(out, 1);
         out->ids[out->count++] = (uint32_t)whole->value;
         return;
     }
-    int64_t start = out->count;
     bpe_merge(t, p, n, out);
-    if (hash) cache_put(t->shared, p, n, hash, out->ids + start, out->count - start);
+    if (!hash) return;
+    shared_put(t->shared, p, n, hash, out->ids + start, out->count - start);
+    piece_cache_put(&t->local, CACHE_LOCAL_ENTRIES, p, n, hash, out->ids + start, out->count - start);
 }
 
 // Splits normalised text s[0..n) with the regex ("Isolated": matches and the
@@ -830,11 +859,11 @@ static void bpe_close(Tokenizer *base) {
     free(t->sym_next);
     free(t->sym_prev);
     free(t->heap);
+    piece_cache_free(&t->local);
     if (atomic_fetch_sub(&t->shared->handles, 1) == 1) {
         for (int i = 0; i < CACHE_STRIPES; i++) {
             pthread_mutex_destroy(&t->shared->stripe[i].lock);
-            strmap_free(&t->shared->stripe[i].map);
-            free(t->shared->stripe[i].ids);
+            piece_cache_free(&t->shared->stripe[i].cache);
         }
         free(t->shared);
         strmap_free(&t->vocab);

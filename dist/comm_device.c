@@ -157,7 +157,8 @@ static void watch_device(const Comm *c, cudaStream_t stream, const char *op) {
 // all-reduce (world) and the ring's groups (cp) take turns.
 #define ORDER_STREAMS 8
 static struct {
-    cudaStream_t stream;       // NULL: free slot
+    bool used;                 // false: a free slot
+    cudaStream_t stream;       // (0, the legacy default stream, is a stream too)
     ncclComm_t nccl;           // the communicator of the stream's last NCCL operation
     cudaEvent_t done;          // recorded after it
 } nccl_order[ORDER_STREAMS];
@@ -166,19 +167,20 @@ static struct {
 // operation of every other communicator on another stream.
 static void order_before(const Comm *c, cudaStream_t stream) {
     for (int i = 0; i < ORDER_STREAMS; i++)
-        if (nccl_order[i].stream && nccl_order[i].stream != stream && nccl_order[i].nccl != c->nccl)
+        if (nccl_order[i].used && nccl_order[i].stream != stream && nccl_order[i].nccl != c->nccl)
             CUDA_CHECK(cudaStreamWaitEvent(stream, nccl_order[i].done, 0));
 }
 
 // After an NCCL operation of c on stream: its event, for order_before.
 static void order_after(const Comm *c, cudaStream_t stream) {
     int i = 0;
-    while (i < ORDER_STREAMS && nccl_order[i].stream != stream) i++;
+    while (i < ORDER_STREAMS && !(nccl_order[i].used && nccl_order[i].stream == stream)) i++;
     if (i == ORDER_STREAMS) {
         i = 0;
-        while (i < ORDER_STREAMS && nccl_order[i].stream) i++;
+        while (i < ORDER_STREAMS && nccl_order[i].used) i++;
         CHECK(i < ORDER_STREAMS, "NCCL on %s: more than %d streams", c->name, ORDER_STREAMS);
         if (!nccl_order[i].done) CUDA_CHECK(cudaEventCreateWithFlags(&nccl_order[i].done, cudaEventDisableTiming));
+        nccl_order[i].used = true;
         nccl_order[i].stream = stream;
     }
     nccl_order[i].nccl = c->nccl;
@@ -189,7 +191,7 @@ static void order_after(const Comm *c, cudaStream_t stream) {
 // recorded in the streams that waited for it).
 static void order_forget(cudaStream_t stream) {
     for (int i = 0; i < ORDER_STREAMS; i++)
-        if (nccl_order[i].stream == stream) nccl_order[i].stream = NULL;
+        if (nccl_order[i].used && nccl_order[i].stream == stream) nccl_order[i].used = false;
 }
 
 // parallel.comm: mpi: device range src [bytes] copied into host memory at

@@ -140,6 +140,8 @@ launch_table() {
   row 'select_take_kernel' 32 0 default all
   row 'select_mark_kernel' 256 0 default all
   row 'select_gather_kernel' 256 0 default all
+  row 'segment_offsets_kernel' 256 0 default all      # the selection's segment offsets
+  row 'query_blocks_kernel' 256 0 default all         # sparse_query_blocks_cuda(): query blocks from the positions
   row 'index_row_kernel<false>' 256 $(((1048576 / 64 / 32 + 1) * 4)) optin all
   row 'index_row_kernel<true>' 256 $(((1048576 / 64 / 32 + 1) * 4)) optin all
   # dist/cuda_elementwise.cuh (in ops_cuda.cu, flash_cuda.cu, attention_cuda_op.cu): ELEMENTWISE_THREADS = 256.

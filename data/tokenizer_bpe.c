@@ -14,9 +14,10 @@
 //      leftmost first among equal ranks (a heap over pairs), with a cache of
 //      pieces already seen.
 // One loaded tokenizer serves several threads: each thread encodes with its
-// own handle (tokenizer.h's share: its own regex match data and merge
-// scratch), and the handles share the tables, read-only, and the piece cache,
-// which has a lock per stripe, so each piece is merged once for all threads.
+// own handle (tokenizer.h's share: its own regex match data, merge scratch
+// and piece cache, read without a lock), and the handles share the tables,
+// read-only, and a second piece cache behind their own, with a lock per
+// stripe, so each piece is merged once for all threads.
 // Decoding maps an id to the bytes its byte-level string stands for (added
 // tokens: their text).
 #define PCRE2_CODE_UNIT_WIDTH 8

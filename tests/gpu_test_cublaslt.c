@@ -13,6 +13,7 @@
 //   gpu_test_cublaslt [small]       every check (all small: `small` as the other GPU tests take it)
 //   gpu_test_cublaslt host-matrix   a misuse the sim must stop (tests/test_sim_libs.sh)
 //   gpu_test_cublaslt misaligned    another: matrices 16-byte aligned, the heuristic told nothing (256)
+//   gpu_test_cublaslt other-layout  another: an algorithm used for a layout it was not chosen for
 //
 // Tolerances: fp32 outputs max|D - ref| <= 1e-5 max|ref| (other summation
 // orders), bf16 outputs 5e-3 (one rounding, 2^-9 relative: the heuristic is
@@ -397,14 +398,15 @@ static void check_bad_arguments(cublasLtHandle_t lt) {
     CUDA_CHECK(cudaFree(buf));
 }
 
-// D (fp32, 17 x 5) = A (bf16, 17 x 67) B (bf16, 67 x 5), each matrix 16 bytes
-// past the start of its allocation, the heuristic asked with
+// D (fp32, 128 x 5) = A (bf16, 128 x 128) B (bf16, 128 x 5), each matrix 16
+// bytes past the start of its allocation (leading dimensions of 256 bytes or
+// more: only the pointers are less aligned), the heuristic asked with
 // MIN_ALIGNMENT_{A,B,C,D}_BYTES = `alignment` (0: not set, the default 256).
 // Returns max |D - ref| / max |ref| (ref by cblas_sgemm).
 static double offset_matmul(cublasLtHandle_t lt, uint32_t alignment) {
     Rng rng;
     rng_seed(&rng, 5);
-    const int m = 17, n = 5, k = 67;
+    const int m = 128, n = 5, k = 128;
     Matrix a = random_matrix(&rng, m, k, 0, CUDA_R_16BF), b = random_matrix(&rng, k, n, 0, CUDA_R_16BF);
     char *a_dev, *b_dev, *d_dev;
     CUDA_CHECK(cudaMalloc((void **)&a_dev, (size_t)(m * k) * 2 + 16));
@@ -455,6 +457,38 @@ static double offset_matmul(cublasLtHandle_t lt, uint32_t alignment) {
     return err;
 }
 
+// `other-layout`: an algorithm the heuristic chose for A (bf16, 128 x 128)
+// with a leading dimension of 128 (256 bytes), used for the same A laid out
+// with a leading dimension of 130 (260 bytes: 4-byte aligned); the sim ends
+// with one line naming A's leading dimension.
+static void misuse_other_layout(cublasLtHandle_t lt) {
+    const int m = 128, n = 5, k = 128, ld_other = 130;
+    void *a, *b, *d;
+    CUDA_CHECK(cudaMalloc(&a, (size_t)(ld_other * k) * 2));
+    CUDA_CHECK(cudaMalloc(&b, (size_t)(k * n) * 2));
+    CUDA_CHECK(cudaMalloc(&d, (size_t)(m * n) * 4));
+    CUDA_CHECK(cudaMemset(a, 0, (size_t)(ld_other * k) * 2));
+    CUDA_CHECK(cudaMemset(b, 0, (size_t)(k * n) * 2));
+    cublasLtMatmulDesc_t desc;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasLtMatrixLayout_t la, la_other, lb, ld;
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, m, k, m));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la_other, CUDA_R_16BF, m, k, ld_other));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, k, n, k));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, m));
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    cublasLtMatmulHeuristicResult_t r;
+    int found = 0;
+    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 1, &r, &found));
+    CHECK(found == 1 && r.workspaceSize == 0, "cuBLASLt heuristic: no algorithm without workspace for 128 x 5 x 128");
+    const float one = 1.0f, zero = 0.0f;
+    CUBLAS_CHECK(cublasLtMatmul(lt, desc, &one, a, la_other, b, lb, &zero, d, ld, d, ld, &r.algo, NULL, 0, 0));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    printf("FAIL cublaslt algorithm used for another layout: accepted\n");
+    exit(1);
+}
+
 // `host-matrix`: a matmul given a host array as B (a fault on a GPU; the sim
 // ends with one line naming the argument).
 static void misuse_host_matrix(cublasLtHandle_t lt) {
@@ -474,12 +508,14 @@ static void misuse_host_matrix(cublasLtHandle_t lt) {
 int main(int argc, char **argv) {
     const int misuse = argc == 2 && strcmp(argv[1], "host-matrix") == 0;
     const int misaligned = argc == 2 && strcmp(argv[1], "misaligned") == 0;
-    CHECK(argc == 1 || misuse || misaligned || (argc == 2 && strcmp(argv[1], "small") == 0),
-          "usage: %s [small|host-matrix|misaligned]",
+    const int other_layout = argc == 2 && strcmp(argv[1], "other-layout") == 0;
+    CHECK(argc == 1 || misuse || misaligned || other_layout || (argc == 2 && strcmp(argv[1], "small") == 0),
+          "usage: %s [small|host-matrix|misaligned|other-layout]",
           argv[0]);
     cublasLtHandle_t lt;
     CUBLAS_CHECK(cublasLtCreate(&lt));
     if (misuse) misuse_host_matrix(lt);
+    if (other_layout) misuse_other_layout(lt);
     if (misaligned) {   // an algorithm chosen for 256-byte alignment given 16-byte aligned matrices
         offset_matmul(lt, 0);
         printf("FAIL cublaslt misaligned matrices: accepted\n");

@@ -4,7 +4,8 @@
 # 50 steps on the CUDA backend under the sim (docs/SIM.md) with losses that
 # follow the CPU backend's from the same seed and synthetic data (every step
 # within 2e-2 relative, the final loss within 2%: bf16 activations, see
-# tests/gpu_test_backend.c) and prints its GPU's memory plan at start; a CUDA
+# tests/gpu_test_backend.c) and prints its GPU's memory plan at start, and
+# stops with one line when cuBLASLt has no algorithm for a GEMM; a CUDA
 # run stopped at step 25 and resumed ends with the same bits as the
 # uninterrupted one (the same CUDASIM_SEED: the same block order); under
 # another block order, resumed or not, within 1e-3 (the attention backward's
@@ -54,6 +55,14 @@ run "$sim" cuda $steps cuda
 rc=$?
 expect "sim: train.backend=cuda trains $steps steps (exit $rc; $(tail -n 1 "$tmp/cuda.err"))" \
   "[ $rc -eq 0 ] && [ \$(grep -c '^step ' '$tmp/cuda.out') -eq $steps ]"
+# A cuBLASLt without an algorithm for a GEMM (the sim told to have none):
+# one line naming the problem and the library's status, exit 1, no step.
+CUDASIM_CUBLASLT_NO_ALGORITHM=1 run "$sim" cuda 1 no_algorithm
+rc=$?
+expect "sim: cuBLASLt with no algorithm stops the run with one line (exit $rc: $(grep -m1 'no algorithm' "$tmp/no_algorithm.err"))" \
+  "[ $rc -eq 1 ] && [ \$(grep -c '^step ' '$tmp/no_algorithm.out') -eq 0 ] &&
+   [ \$(grep -c 'cuBLASLt has no algorithm' '$tmp/no_algorithm.err') -eq 1 ] &&
+   grep -Eq '^mtrain: model/matmul_cuda\.cu:[0-9]+: matmul \(CUDA\): cuBLASLt has no algorithm for m [0-9]+ n [0-9]+ k [0-9]+ \(CUBLAS_STATUS_NOT_SUPPORTED\)$' '$tmp/no_algorithm.err'"
 # The memory plan at start (CUDA backend only): every item, and the total of
 # `mtrain plan --gpu h100` for the same run; dense (the 50-step run) and
 # sparse (one step: the sparse estimation and index too).

@@ -6,9 +6,10 @@
 # mpirun with 2 and 4 ranks (--oversubscribe: the ranks share the cores), each
 # with CUDASIM_SEED 1, 2 and 3, its "ok NAME" / "FAIL NAME" lines passed on
 # prefixed with the seed and rank count (a run that exits non-zero without
-# naming a check fails); three misuses the sim must stop with one line
+# naming a check fails); four misuses the sim must stop with one line
 # (host memory given to CUB and to cuBLASLt, matrices less aligned than the
-# cuBLASLt algorithm was chosen for); and two of NCCL, on 2 ranks, each rank
+# cuBLASLt algorithm was chosen for, an algorithm used for a layout with
+# another leading dimension); and two of NCCL, on 2 ranks, each rank
 # stopping with its line (two communicators' all-reduces on two streams with
 # no order between them; a stream that waits for a group with a node-local
 # and a network transfer, nodes of one rank, then computes).
@@ -62,6 +63,9 @@ expect_stop sim_libs_cublaslt_host_matrix "^cudasim: cublasLtMatmul: B .* $not_d
 expect_stop sim_libs_cublaslt_misaligned \
   "^cudasim: cublasLtMatmul: A .* is not 256-byte aligned, as the algorithm from the heuristic assumes" \
   build/sim/tests/gpu_test_cublaslt misaligned
+expect_stop sim_libs_cublaslt_other_layout \
+  "^cudasim: cublasLtMatmul: A's leading dimension (130 elements, 260 bytes) is not a multiple of the 256 bytes" \
+  build/sim/tests/gpu_test_cublaslt other-layout
 # expect_stop_ranks NAME PATTERN ENV...: mpi_gpu_nccl MISUSE on 2 ranks fails, every rank with the line.
 expect_stop_ranks() {
   local name=$1 pattern=$2 misuse=$3; shift 3

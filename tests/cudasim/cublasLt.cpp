@@ -7,6 +7,7 @@
 // arithmetic runs stream-ordered (cudasim::enqueue).
 #include <cublasLt.h>
 
+#include <stdlib.h>
 #include <string.h>
 
 #include <vector>
@@ -42,7 +43,8 @@ struct cublasLtMatmulPreferenceOpaque {
 };
 
 // The one algorithm of the sim: data[0] marks it, data[1] is its workspace
-// need, data[2..5] the alignments of A, B, C, D it was chosen for, data[6]
+// need, data[2..5] the alignments of A, B, C, D it was chosen for (of the
+// pointers and of the leading dimensions in bytes), data[6]
 // its split of k (1: none; 2: two halves added up in D's type).
 static const uint64_t ALGO_MAGIC = 0x53494d414c474fULL;
 // Workspace the algorithm asks for (at most what the preference allows): not
@@ -212,6 +214,15 @@ extern "C" cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPre
 
 static size_t element_bytes(cudaDataType_t t) { return t == CUDA_R_16BF ? 2 : 4; }
 
+// The largest power of two <= 256 dividing the leading dimension in bytes
+// (256 for one column: no second column to reach).
+static uint64_t ld_alignment(const cublasLtMatrixLayoutOpaque *l) {
+    const uint64_t bytes = (uint64_t)l->ld * element_bytes(l->type);
+    uint64_t a = 256;
+    while (l->cols > 1 && a > 1 && bytes % a) a /= 2;
+    return a;
+}
+
 // Bytes a column-major rows x cols matrix with leading dimension ld spans.
 static size_t span_bytes(const cublasLtMatrixLayoutOpaque *l) {
     if (l->rows == 0 || l->cols == 0) return 0;
@@ -265,8 +276,9 @@ static cublasStatus_t check_matmul(const cublasLtMatmulDescOpaque *d, const cubl
 }
 
 // cuBLAS documentation, cublasLtMatmulAlgoGetHeuristic(): one algorithm, whose
-// workspace need is at most the preference's maximum, and which assumes the
-// preference's minimum alignments of A, B, C and D. As cuBLASLt does on an
+// workspace need is at most the preference's maximum, and which assumes for
+// each of A, B, C and D the preference's minimum alignment or its leading
+// dimension's (in bytes), whichever is smaller. As cuBLASLt does on an
 // H200 for small and odd shapes, the algorithm splits k (k >= 2) and adds the
 // parts up in D's type (CUBLASLT_REDUCTION_SCHEME_INPLACE / OUTPUT_TYPE)
 // unless the preference's REDUCTION_SCHEME_MASK excludes both: a bf16 D is
@@ -291,13 +303,23 @@ extern "C" cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightH
     if (operationDesc->epilogue == CUBLASLT_EPILOGUE_BGRADA && Adesc->type == CUDA_R_32F &&
         operationDesc->transa == CUBLAS_OP_T)
         return CUBLAS_STATUS_NOT_SUPPORTED;
+    // CUDASIM_CUBLASLT_NO_ALGORITHM (set, not empty): a library with no algorithm for any problem, so that a
+    // caller's answer to "none" can be tested.
+    const char *none = getenv("CUDASIM_CUBLASLT_NO_ALGORITHM");
+    if (none && *none) return CUBLAS_STATUS_NOT_SUPPORTED;
     const size_t need = (preference->max_workspace < ALGO_WORKSPACE ? preference->max_workspace : ALGO_WORKSPACE)
                         & ~(size_t)255;
     cublasLtMatmulHeuristicResult_t r;
     memset(&r, 0, sizeof r);
     r.algo.data[0] = ALGO_MAGIC;
     r.algo.data[1] = need;
-    for (int i = 0; i < 4; i++) r.algo.data[2 + i] = preference->min_alignment[i];
+    // The heuristic sees the layouts, so an algorithm it picks suits their leading dimensions; the pointers it
+    // does not see: it assumes the preference's alignments for them.
+    const cublasLtMatrixLayoutOpaque *layouts[4] = {Adesc, Bdesc, Cdesc ? Cdesc : Ddesc, Ddesc};
+    for (int i = 0; i < 4; i++) {
+        const uint64_t ld = ld_alignment(layouts[i]);
+        r.algo.data[2 + i] = preference->min_alignment[i] < ld ? preference->min_alignment[i] : ld;
+    }
     const uint32_t output_type_reduction = CUBLASLT_REDUCTION_SCHEME_INPLACE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
     r.algo.data[6] = k_of(operationDesc, Adesc) >= 2 && (preference->reduction_mask & output_type_reduction) ? 2 : 1;
     r.workspaceSize = need;
@@ -392,12 +414,20 @@ static void require_device(const void *p, size_t bytes, const char *what) {
 }
 
 // An algorithm from the heuristic may rely on the alignment it was chosen for
-// (cublasLtMatmulPreferenceAttributes_t, MIN_ALIGNMENT_*_BYTES); given a less
-// aligned matrix it may fault or read wrong data on a GPU, so the sim stops.
-static void require_alignment(const void *p, uint64_t alignment, const char *what) {
+// (cublasLtMatmulAlgoCapAttributes_t, MIN_ALIGNMENT_*_BYTES: "required for
+// buffer pointer, leading dimension"). Given a less aligned matrix, or one
+// laid out with another leading dimension than the heuristic was shown, it may
+// fault or read wrong data on a GPU, so the sim stops.
+static void require_alignment(const void *p, const cublasLtMatrixLayoutOpaque *l, uint64_t alignment,
+                              const char *what) {
     if (alignment > 1 && (uintptr_t)p % alignment != 0)
         cudasim::fail("cublasLtMatmul: %s (%p) is not %llu-byte aligned, as the algorithm from the heuristic assumes "
                       "(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_%s_BYTES)", what, p, (unsigned long long)alignment, what);
+    if (ld_alignment(l) < alignment)
+        cudasim::fail("cublasLtMatmul: %s's leading dimension (%lld elements, %llu bytes) is not a multiple of the "
+                      "%llu bytes the algorithm from the heuristic assumes (it was chosen for another layout)",
+                      what, (long long)l->ld, (unsigned long long)(l->ld * element_bytes(l->type)),
+                      (unsigned long long)alignment);
 }
 
 // cuBLAS documentation, cublasLtMatmul(): D = alpha * op(A) op(B) + beta * C.
@@ -434,10 +464,10 @@ extern "C" cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtM
     require_device(D, span_bytes(Ddesc), "D");
     require_device(workspace, need, "the workspace");
     if (algo) {
-        require_alignment(A, algo->data[2], "A");
-        require_alignment(B, algo->data[3], "B");
-        if (mc.beta != 0) require_alignment(C, algo->data[4], "C");
-        require_alignment(D, algo->data[5], "D");
+        require_alignment(A, Adesc, algo->data[2], "A");
+        require_alignment(B, Bdesc, algo->data[3], "B");
+        if (mc.beta != 0) require_alignment(C, Cdesc, algo->data[4], "C");
+        require_alignment(D, Ddesc, algo->data[5], "D");
     }
     const cudaDataType_t bt = bias_type(computeDesc, Ddesc);
     const uint64_t bias_len = computeDesc->epilogue == CUBLASLT_EPILOGUE_BGRADB ? Ddesc->cols : Ddesc->rows;

@@ -232,7 +232,7 @@ done
 start=$SECONDS
 MTRAIN_TIMEOUT_S=600 $SRUN -n 4 build/tests/mpi_dist kill >"$tmp/kill.out" 2>&1
 rc=$? t=$((SECONDS - start))
-if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$t" -ge 30 ]; then
+if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$t" -ge 60 ]; then
   bad srun_rank_killed "exit status $rc after $t s: $(tail -n 3 "$tmp/kill.out" | tr '\n' ' ')"
 elif grep -q '^FAIL ' "$tmp/kill.out"; then bad srun_rank_killed "$(grep '^FAIL ' "$tmp/kill.out" | head -1)"
 else ok "srun_rank_killed (all tasks ended in $t s)"
@@ -241,7 +241,7 @@ fi
 start=$SECONDS
 MTRAIN_TIMEOUT_S=2 $SRUN -n 4 build/tests/mpi_dist skip >"$tmp/skip.out" 2>&1
 rc=$? t=$((SECONDS - start))
-if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$t" -ge 30 ]; then
+if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || [ "$t" -ge 60 ]; then
   bad srun_collective_timeout "exit status $rc after $t s: $(tail -n 3 "$tmp/skip.out" | tr '\n' ' ')"
 elif ! grep -Eq '^mtrain: rank [0-2]: all-reduce \(sum\) on world did not complete within 2 s$' "$tmp/skip.out"; then
   bad srun_collective_timeout "no time-out message: $(tail -n 3 "$tmp/skip.out" | tr '\n' ' ')"

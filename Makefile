@@ -57,13 +57,13 @@ MPI_TEST_BIN = $(patsubst tests/%.c,build/tests/%,$(filter-out tests/mpi_gpu_%,$
 # (model/matmul_cuda.cu) and the objects below, so that they build on a GPU machine that lacks the trainer's
 # libraries (test-gpu skips the dependency check: DEPS_OK=).
 ifneq ($(NVCC),)
-GPU_BIN = $(patsubst tests/%.c,build/tests/%,$(filter-out tests/gpu_test_backend.c,$(wildcard tests/gpu_*.c)))
+GPU_BIN = $(patsubst tests/%.c,build/tests/%,$(filter-out tests/gpu_test_backend.c tests/gpu_test_attention_op.c,$(wildcard tests/gpu_*.c)))
 # The trainer with the CUDA backend (train.backend: cuda | auto) and the test
 # of that backend: every C object again with -DMTRAIN_CUDA (build/cuda/obj),
 # linked with the CUDA objects, the CUDA runtime and cuBLASLt. build/mtrain
 # stays the CPU build (docs/DECISIONS.md).
 CUDA_LIB_OBJ = $(LIB_SRC:%.c=build/cuda/obj/%.o)
-CUDA_BIN = build/cuda/mtrain build/tests/gpu_test_backend
+CUDA_BIN = build/cuda/mtrain build/tests/gpu_test_backend build/tests/gpu_test_attention_op
 # MPI programs on GPUs (tests/mpi_gpu_*.c: NCCL), built like the MPI tests
 # with the CUDA runtime and NCCL added.
 MPI_TEST_BIN += $(patsubst tests/%.c,build/tests/%,$(wildcard tests/mpi_gpu_*.c))
@@ -115,9 +115,11 @@ build/cuda/mtrain: build/cuda/obj/trainer/main.o $(CUDA_LIB_OBJ) $(CU_OBJ)
 	$(CC) $^ -o $@ $(LDLIBS) $(GPU_LDLIBS)
 
 # The CUDA backend's device communicators (dist/comm_device.c) use NCCL.
-build/cuda/mtrain build/tests/gpu_test_backend: GPU_LDLIBS += -lnccl
+build/cuda/mtrain build/tests/gpu_test_backend build/tests/gpu_test_attention_op: GPU_LDLIBS += -lnccl
 
-build/tests/gpu_test_backend: build/cuda/obj/tests/gpu_test_backend.o $(CUDA_LIB_OBJ) $(CU_OBJ)
+# The backend's test, and the attention op's (its ring, ring_cuda.c, and the CPU backend's op to compare with).
+build/tests/gpu_test_backend build/tests/gpu_test_attention_op: build/tests/%: build/cuda/obj/tests/%.o \
+    $(CUDA_LIB_OBJ) $(CU_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(LDLIBS) $(GPU_LDLIBS)
 
@@ -125,10 +127,6 @@ build/tests/gpu_test_backend: build/cuda/obj/tests/gpu_test_backend.o $(CUDA_LIB
 build/tests/mpi_gpu_ring: build/cuda/obj/tests/mpi_gpu_ring.o $(CUDA_LIB_OBJ) $(CU_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(LDLIBS) $(GPU_LDLIBS) -lnccl
-
-# The attention op's test compares with the CPU backend's op: it links the library and its libraries.
-build/tests/gpu_test_attention_op: $(LIB_OBJ)
-build/tests/gpu_test_attention_op: GPU_LDLIBS += $(LDLIBS)
 
 # Benchmarks: scripts/bench_NAME.c -> build/bench/bench_NAME (scripts/bench_*.sh run them).
 build/bench/%: build/obj/scripts/%.o $(LIB_OBJ)

@@ -1,9 +1,15 @@
-// attention_cpu.c: the CPU backend's attention op (attention_cpu.h). The
-// state keeps what lives between calls: the attention config and its fixed
-// budgets, each layer's sparse pattern from the sequence's first forward
-// (reused by backward and by a recomputation), and the sequence's ring (and
-// for dense attention on it, what ring_send selected sends and the bytes).
-// Its tensors are fp32 (model/ops_cpu.c casts the table's Act arguments).
+// attention_cpu.c: the CPU backend's attention op (attention_cpu.h). One
+// path for every case: the op picks the layer's kernels and runs the ring
+// schedule (ring.h) over them. One rank is a ring of one (one step on the
+// rank's own K/V, no transfer); dense and sparse differ only in the kernels
+// the ring calls: the dense ones, or the sparse ones over the layer's
+// pattern (on a ring of one the whole local index, over several ranks the
+// ring's gathered columns, ring_sparse.h). The state keeps what lives
+// between calls: the attention config and its fixed budgets, each layer's
+// sparse pattern from the sequence's first forward (reused by backward and
+// by a recomputation), and the sequence's ring (and for dense attention on
+// several ranks, what ring_send selected sends and the bytes). Its tensors
+// are fp32 (model/ops_cpu.c casts the table's Act arguments).
 #include "attention_cpu.h"
 
 #include <stdlib.h>
@@ -18,14 +24,14 @@ struct AttnState {
     int num_layers, num_heads;
     int *budget_vertical;      // [num_layers * Hq] budget fixed, else NULL
     int *budget_slash;         // [num_layers * Hq]
-    SparseIndex *sparse_index; // [num_layers] one rank, sparse: the layer's pattern
-    const Comm *cp;            // the ring's group; NULL = one rank
+    const Comm *cp;            // the ring's group; NULL = a ring of one rank
     int inner;                 // inner ring size of the schedule
     Ring ring;                 // this sequence's ring (attention_cpu_sequence)
     bool ring_built;
-    RingSparse *ring_sparse;   // [num_layers] ring, sparse: the layer's pattern on the ring
-    RingKernels ring_dense;    // ring, dense: the kernels with this sequence's need and traffic
-    RingNeed dense_need;       // ring_send selected: key blocks each rank's queries read
+    SparseIndex *sparse_index; // [num_layers] sparse on one rank: the layer's pattern
+    RingSparse *ring_sparse;   // [num_layers] sparse on several ranks: the layer's pattern on the ring
+    RingKernels kernels;       // the current call's (layer_kernels)
+    RingNeed dense_need;       // dense, ring_send selected: key blocks each rank's queries read
     uint64_t *dense_need_bits; // [cp size, dense_need.words]
     RingTraffic dense_traffic; // bytes the dense ring sent for this sequence
 };
@@ -60,31 +66,41 @@ bool attention_cpu_set_ring(AttnState *st, const Comm *cp, int inner) {
     if (st->ring_built) ring_free(&st->ring);
     st->ring_built = false;
     st->cp = cp && cp->size > 1 ? cp : NULL;
-    st->inner = inner;
+    st->inner = st->cp ? inner : 1;
     return st->cp != NULL;
 }
 
 void attention_cpu_sequence(AttnState *st, const int64_t *pos, int64_t tokens) {
-    if (!st->cp) return;
     if (st->ring_built) ring_free(&st->ring);
     ring_init(&st->ring, st->cp, st->inner, pos, tokens);
     st->ring_built = true;
     st->dense_traffic = (RingTraffic){0};
 }
 
-// The dense ring's kernels for shape: with ring_send selected, each hop
-// carries only the key blocks that the receiving and later ranks' queries
-// read (with documents: blocks of their documents).
-static const RingKernels *dense_ring_kernels(AttnState *st, const AttnShape *shape) {
-    st->ring_dense = ring_dense_cpu;
-    st->ring_dense.traffic = &st->dense_traffic;
-    if (st->cfg.ring_send != RING_SEND_SELECTED) return &st->ring_dense;
+// The dense kernels for shape: with ring_send selected on several ranks,
+// each hop carries only the key blocks that the receiving and later ranks'
+// queries read (with documents: blocks of their documents).
+static void dense_kernels(AttnState *st, const AttnShape *shape) {
+    st->kernels = ring_dense_cpu;
+    st->kernels.traffic = &st->dense_traffic;
+    if (st->cfg.ring_send != RING_SEND_SELECTED || !st->cp) return;
     const int64_t words = ring_need_words(st->ring.offsets[st->cp->size], shape->block_size);
     st->dense_need_bits = xrealloc(st->dense_need_bits, (size_t)(st->cp->size * words) * sizeof(uint64_t));
     ring_dense_need(&st->ring, shape, words, st->dense_need_bits);
     st->dense_need = (RingNeed){.block_size = shape->block_size, .words = words, .need = st->dense_need_bits};
-    st->ring_dense.need = &st->dense_need;
-    return &st->ring_dense;
+    st->kernels.need = &st->dense_need;
+}
+
+// The sparse kernels over one rank's whole index (ctx): blocks and columns in one pass.
+static void local_sparse_forward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos,
+                                 const void *k, const void *v, const int64_t *k_pos, float *o, float *lse) {
+    attn_sparse_forward_cpu(shape, ctx, q, q_pos, k, v, k_pos, o, lse);
+}
+
+static void local_sparse_backward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos,
+                                  const void *k, const void *v, const int64_t *k_pos, const float *lse,
+                                  const float *delta, const void *dout, float *dq, float *dk, float *dv) {
+    attn_sparse_backward_cpu(shape, ctx, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk, dv);
 }
 
 // Layer l's fixed budgets [Hq], or NULL (budget topp).
@@ -92,29 +108,38 @@ static const int *layer_budget(const AttnState *st, const int *budget, int l) {
     return budget ? budget + (size_t)l * st->num_heads : NULL;
 }
 
-void attention_cpu_forward(AttnState *st, int layer, bool plan, const AttnShape *shape, const float *q,
-                           const float *k, const float *v, const int64_t *pos, float *o, float *lse,
-                           SparseStats *stats) {
+// The kernels of the layer's call, in st->kernels: dense, or sparse over
+// the layer's pattern, estimated first when plan (q, k [T, H, D] at this
+// rank's positions; stats: NULL or its density and recall added).
+static const RingKernels *layer_kernels(AttnState *st, int layer, bool plan, const AttnShape *shape,
+                                        const float *q, const float *k, SparseStats *stats) {
+    CHECK(st->ring_built, "attention: layer %d before the sequence's positions (attention_sequence)", layer);
+    if (st->cfg.type != ATTN_SPARSE) {
+        dense_kernels(st, shape);
+        return &st->kernels;
+    }
     const int *fixed_vertical = layer_budget(st, st->budget_vertical, layer);
     const int *fixed_slash = layer_budget(st, st->budget_slash, layer);
-    const bool sparse = st->cfg.type == ATTN_SPARSE;
-    if (st->cp && !sparse) {
-        ring_attn_forward(&st->ring, dense_ring_kernels(st, shape), shape, q, k, v, o, lse);
-    } else if (st->cp) {
+    if (st->cp) {
         if (plan)
             ring_sparse_plan(&st->ring, &st->cfg, shape, q, k, fixed_vertical, fixed_slash, st->cfg.ring_send,
                              &st->ring_sparse[layer], stats);
-        ring_sparse_forward(&st->ring, &st->ring_sparse[layer], shape, q, k, v, o, lse);
-    } else if (!sparse) {
-        attn_forward_init(shape, o, lse);
-        attn_dense_forward_cpu(shape, q, pos, k, v, pos, o, lse);
+        st->kernels = ring_sparse_kernels(&st->ring_sparse[layer]);
     } else {
-        attn_forward_init(shape, o, lse);
         if (plan)
-            sparse_plan_local(&st->cfg, shape, q, k, pos, fixed_vertical, fixed_slash, &st->sparse_index[layer],
-                              stats);
-        attn_sparse_forward_cpu(shape, &st->sparse_index[layer], q, pos, k, v, pos, o, lse);
+            sparse_plan_local(&st->cfg, shape, q, k, st->ring.positions, fixed_vertical, fixed_slash,
+                              &st->sparse_index[layer], stats);
+        st->kernels = (RingKernels){.forward = local_sparse_forward, .backward = local_sparse_backward,
+                                    .ctx = &st->sparse_index[layer]};
     }
+    return &st->kernels;
+}
+
+void attention_cpu_forward(AttnState *st, int layer, bool plan, const AttnShape *shape, const float *q,
+                           const float *k, const float *v, const int64_t *pos, float *o, float *lse,
+                           SparseStats *stats) {
+    (void)pos;   // the ring's positions (attention_cpu_sequence)
+    ring_attn_forward(&st->ring, layer_kernels(st, layer, plan, shape, q, k, stats), shape, q, k, v, o, lse);
 }
 
 void attention_cpu_cached(AttnState *st, const AttnShape *shape, const float *q, const int64_t *q_pos,
@@ -127,18 +152,9 @@ void attention_cpu_cached(AttnState *st, const AttnShape *shape, const float *q,
 void attention_cpu_backward(AttnState *st, int layer, const AttnShape *shape, const float *q, const float *k,
                             const float *v, const int64_t *pos, const float *o, const float *lse,
                             const float *dout, float *delta, float *dq, float *dk, float *dv) {
-    const bool sparse = st->cfg.type == ATTN_SPARSE;
-    if (st->cp && !sparse) {
-        ring_attn_backward(&st->ring, dense_ring_kernels(st, shape), shape, q, k, v, o, lse, dout, dq, dk, dv);
-    } else if (st->cp) {
-        ring_sparse_backward(&st->ring, &st->ring_sparse[layer], shape, q, k, v, o, lse, dout, dq, dk, dv);
-    } else if (!sparse) {
-        attn_backward_delta(shape, o, dout, delta);
-        attn_dense_backward_cpu(shape, q, pos, k, v, pos, lse, delta, dout, dq, dk, dv);
-    } else {
-        attn_backward_delta(shape, o, dout, delta);
-        attn_sparse_backward_cpu(shape, &st->sparse_index[layer], q, pos, k, v, pos, lse, delta, dout, dq, dk, dv);
-    }
+    (void)pos, (void)delta;   // the ring's positions and its own delta
+    ring_attn_backward(&st->ring, layer_kernels(st, layer, false, shape, q, k, NULL), shape, q, k, v, o, lse, dout,
+                       dq, dk, dv);
 }
 
 double attention_cpu_ring_bytes(const AttnState *st) {

@@ -1,11 +1,14 @@
 // attention_cpu.h: the CPU backend's attention op (the attention_* entries of
 // the Backend table, model/backend.h, which states their contracts, bound by
-// model/ops_cpu.c): on one rank with the kernels of attention.h and sparse.h,
-// or over the cp ring (ring.h, ring_sparse.h; MPI), dense or sparse. The
-// same parameters in the same order as the CUDA op (attention_cuda_op.h), in
-// fp32 host memory:
+// model/ops_cpu.c): the kernels of attention.h and sparse.h under the ring
+// schedule of ring.h (a ring of one on one rank; over the cp ring, MPI, with
+// ring_sparse.h's kernels for sparse). The same parameters in the same order
+// as the CUDA op (attention_cuda_op.h), in fp32 host memory:
 //   q, o, dq, dout : [T, Hq, D]   k, v, dk, dv : [T, Hkv, D]   lse, delta : [Hq, T]
-// dq, dk, dv are ACCUMULATED (+=).
+// dq, dk, dv are ACCUMULATED (+=). pos and delta are not read: the ring
+// keeps the sequence's positions (attention_cpu_sequence, which every
+// sequence needs first) and its own delta. attention_cpu_set_ring: cp NULL
+// or of one rank is a ring of one (the state starts with one).
 #ifndef MTRAIN_ATTENTION_CPU_H
 #define MTRAIN_ATTENTION_CPU_H
 

@@ -1,9 +1,10 @@
-// attention_cuda_op.cu: the CUDA backend's attention op on one GPU
-// (attention_cuda_op.h), composed from the kernels of flash_cuda.cu,
-// sparse_cuda.cu and sparse_select_cuda.cu, as attention_cpu.c composes the
-// CPU kernels; over a cp ring (dense and sparse), the AttnRingCuda bound by the backend
-// (ring_cuda.h) runs ring.c's schedules on device buffers. The state keeps
-// what lives between calls: the config and its
+// attention_cuda_op.cu: the CUDA backend's attention op (attention_cuda_op.h),
+// composed from the kernels of flash_cuda.cu, sparse_cuda.cu and
+// sparse_select_cuda.cu as attention_cpu.c composes the CPU kernels: one
+// path, the AttnRingCuda bound by the backend (ring_cuda.h: a ring of one on
+// one GPU) runs ring.c's schedule over the dense kernels or the layer's
+// index on device buffers; the sparse plan is this GPU's (plan_layer) or
+// the ring's. The state keeps what lives between calls: the config and its
 // fixed budgets, each layer's device pattern from the sequence's plan
 // forward, one device index (rebuilt from a layer's pattern on the device
 // when a call needs another layer's: every layer's index is not kept), the
@@ -132,10 +133,8 @@ extern "C" bool attention_cuda_set_ring(AttnState *st, const AttnRingCuda *ring)
     forget_ring_layers(st);
     forget_plans(st);
     if (st->ring.ring) st->ring.free(st->ring.ring);
-    st->ring = AttnRingCuda{};
-    if (!ring) return false;
     st->ring = *ring;
-    return true;
+    return ring->cp_size > 1;
 }
 
 extern "C" void attention_cuda_sequence(AttnState *st, const int64_t *pos, int64_t tokens) {
@@ -148,7 +147,8 @@ extern "C" void attention_cuda_sequence(AttnState *st, const int64_t *pos, int64
         st->pos[t] = pos[t];
         st->pos_is_iota &= pos[t] == t;
     }
-    if (st->ring.ring) st->ring.sequence(st->ring.ring, pos, tokens);
+    CHECK(st->ring.ring, "attention (CUDA): a sequence before the ring (attention_cuda_set_ring)");
+    st->ring.sequence(st->ring.ring, pos, tokens);
 }
 
 // ---- the sparse plan ----
@@ -250,19 +250,46 @@ static void plan_layer(AttnState *st, int l, const AttnShape *s, const uint16_t 
 
 // ---- forward and backward ----
 
+// Over several ranks.
+static bool on_ring(const AttnState *st) { return st->ring.cp_size > 1; }
+
 static void check_call(const AttnState *st, int layer, const AttnShape *s) {
     CHECK(layer >= 0 && layer < st->num_layers, "attention (CUDA): layer %d outside [0, %d)", layer,
           st->num_layers);
-    CHECK(s->q_tokens == s->k_tokens && (s->q_tokens >= 1 || st->ring.ring), "attention (CUDA): %lld queries and %lld "
+    CHECK(s->q_tokens == s->k_tokens && (s->q_tokens >= 1 || on_ring(st)), "attention (CUDA): %lld queries and %lld "
           "keys (this rank's tokens, at least one without a ring)", (long long)s->q_tokens, (long long)s->k_tokens);
     if (st->cfg.type != ATTN_SPARSE) return;
     CHECK(s->block_size == 64 || s->block_size == 128,
           "attention.block_size %d: the CUDA sparse attention supports 64 and 128", s->block_size);
-    if (st->ring.ring) return;   // the ring's positions come from the layout: whole blocks of B
+    if (on_ring(st)) return;   // the ring's positions come from the layout: whole blocks of B
     CHECK(st->tokens == s->q_tokens && st->pos_is_iota, "attention (CUDA): the sparse attention of %lld tokens "
           "needs the sequence's positions 0 .. T-1 (attention_cuda_sequence)", (long long)s->q_tokens);
 }
 
+// Layer l's pattern, estimated on this GPU or over the ring (collective).
+static void plan_layer_pattern(AttnState *st, int l, const AttnShape *s, const uint16_t *q, const uint16_t *k,
+                               const uint16_t *v, const int64_t *pos, cudaStream_t stream, SparseStats *stats) {
+    if (!on_ring(st)) {
+        plan_layer(st, l, s, q, k, v, pos, stream, stats);
+        return;
+    }
+    st->ring.sparse_plan(st->ring.ring, &st->cfg, s, q, k, layer_budget(st, st->budget_vertical, l),
+                         layer_budget(st, st->budget_slash, l), &st->pattern[l], &st->index, &st->ring_layer[l],
+                         stats, stream);
+    st->planned[l] = true;
+    st->index_layer = l;
+}
+
+// Sparse: layer l's index (planned by the sequence's first forward); dense: NULL.
+static const SparseIndexCuda *call_index(AttnState *st, int l, const AttnShape *s, const int64_t *pos,
+                                         cudaStream_t stream) {
+    if (st->cfg.type != ATTN_SPARSE) return NULL;
+    CHECK(st->planned[l], "attention (CUDA): layer %d used before its sequence's plan forward", l);
+    return layer_index(st, l, s, pos, stream);
+}
+
+// One path for every case: the ring's schedule (a ring of one on one GPU)
+// over the dense kernels or the layer's index.
 extern "C" void attention_cuda_forward(AttnState *st, int layer, bool plan, const AttnShape *shape,
                                        const uint16_t *q, const uint16_t *k, const uint16_t *v,
                                        const int64_t *pos, uint16_t *o, float *lse, SparseStats *stats,
@@ -270,30 +297,9 @@ extern "C" void attention_cuda_forward(AttnState *st, int layer, bool plan, cons
     check_call(st, layer, shape);
     const size_t nq = (size_t)(shape->q_tokens * shape->num_heads * shape->head_dim);
     float *o_acc = (float *)scratch(&st->o_acc, sizeof(float) * nq);
-    const bool sparse = st->cfg.type == ATTN_SPARSE;
-    if (st->ring.ring) {
-        if (sparse && plan) {
-            st->ring.sparse_plan(st->ring.ring, &st->cfg, shape, q, k, layer_budget(st, st->budget_vertical, layer),
-                                 layer_budget(st, st->budget_slash, layer), &st->pattern[layer], &st->index,
-                                 &st->ring_layer[layer], stats, stream);
-            st->planned[layer] = true;
-            st->index_layer = layer;
-        }
-        CHECK(!sparse || st->planned[layer], "attention (CUDA): layer %d recomputed before its sequence's plan "
-              "forward", layer);
-        st->ring.forward(st->ring.ring, shape, st->cfg.ring_send, sparse ? layer_index(st, layer, shape, pos, stream) : NULL,
-                         sparse ? st->ring_layer[layer] : NULL, q, k, v, o_acc, lse, plan ? stats : NULL, stream);
-    } else if (st->cfg.type != ATTN_SPARSE) {
-        attn_forward_init_cuda(shape, o_acc, lse, stream);
-        attn_dense_forward_cuda(shape, q, pos, k, v, pos, o_acc, lse, stream);
-    } else {
-        if (plan) plan_layer(st, layer, shape, q, k, v, pos, stream, stats);
-        CHECK(st->planned[layer], "attention (CUDA): layer %d recomputed before its sequence's plan forward",
-              layer);
-        attn_forward_init_cuda(shape, o_acc, lse, stream);
-        attn_sparse_forward_cuda(shape, layer_index(st, layer, shape, pos, stream), q, pos, k, v, pos, o_acc, lse,
-                                 stream);
-    }
+    if (plan && st->cfg.type == ATTN_SPARSE) plan_layer_pattern(st, layer, shape, q, k, v, pos, stream, stats);
+    st->ring.forward(st->ring.ring, shape, st->cfg.ring_send, call_index(st, layer, shape, pos, stream),
+                     st->ring_layer[layer], q, k, v, o_acc, lse, plan ? stats : NULL, stream);
     attn_output_bf16_cuda(shape, o_acc, o, stream);
 }
 
@@ -311,10 +317,8 @@ extern "C" void attention_cuda_backward(AttnState *st, int layer, const AttnShap
                                         const uint16_t *k, const uint16_t *v, const int64_t *pos,
                                         const uint16_t *o, const float *lse, const uint16_t *dout, float *delta,
                                         uint16_t *dq, uint16_t *dk, uint16_t *dv, cudaStream_t stream) {
+    (void)delta;   // the ring's own
     check_call(st, layer, shape);
-    const bool sparse = st->cfg.type == ATTN_SPARSE;
-    CHECK(!sparse || st->planned[layer], "attention (CUDA): layer %d backward before its sequence's plan forward",
-          layer);
     const int64_t nq = shape->q_tokens * shape->num_heads * shape->head_dim;
     const int64_t nk = shape->k_tokens * shape->num_kv_heads * shape->head_dim;
     float *dq_acc = (float *)scratch(&st->dq_acc, sizeof(float) * (size_t)nq);
@@ -323,17 +327,8 @@ extern "C" void attention_cuda_backward(AttnState *st, int layer, const AttnShap
     CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, sizeof(float) * (size_t)nq, stream));
     CUDA_CHECK(cudaMemsetAsync(dk_acc, 0, sizeof(float) * (size_t)nk, stream));
     CUDA_CHECK(cudaMemsetAsync(dv_acc, 0, sizeof(float) * (size_t)nk, stream));
-    if (st->ring.ring) {
-        st->ring.backward(st->ring.ring, shape, st->cfg.ring_send, sparse ? layer_index(st, layer, shape, pos, stream) : NULL,
-                          sparse ? st->ring_layer[layer] : NULL, q, k, v, o, lse, dout, dq_acc, dk_acc, dv_acc, stream);
-    } else {
-        attn_backward_delta_cuda(shape, o, dout, delta, stream);
-        if (sparse)
-            attn_sparse_backward_cuda(shape, layer_index(st, layer, shape, pos, stream), q, pos, k, v, pos, lse, delta, dout, dq_acc, dk_acc,
-                                      dv_acc, stream);
-        else
-            attn_dense_backward_cuda(shape, q, pos, k, v, pos, lse, delta, dout, dq_acc, dk_acc, dv_acc, stream);
-    }
+    st->ring.backward(st->ring.ring, shape, st->cfg.ring_send, call_index(st, layer, shape, pos, stream),
+                      st->ring_layer[layer], q, k, v, o, lse, dout, dq_acc, dk_acc, dv_acc, stream);
     launch_add_into((__nv_bfloat16 *)dq, dq_acc, nq, stream);
     launch_add_into((__nv_bfloat16 *)dk, dk_acc, nk, stream);
     launch_add_into((__nv_bfloat16 *)dv, dv_acc, nk, stream);

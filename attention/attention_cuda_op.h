@@ -1,9 +1,11 @@
 // attention_cuda_op.h: the CUDA backend's attention op (attention_cuda_op.cu),
 // the attention_* entries of the Backend table (model/backend.h states their
-// contracts) on one GPU: dense, or sparse with the pattern estimated and
-// selected on the GPU on a sequence's first forward of a layer and reused
-// by its recomputation and its backward (the index rebuilt from it on the
-// GPU: one index at its bound, not one per layer).
+// contracts): dense, or sparse with the pattern estimated and selected on
+// the GPU (over the ring on several ranks) on a sequence's first forward of
+// a layer and reused by its recomputation and its backward (the index
+// rebuilt from it on the GPU: one index at its bound, not one per layer),
+// every call through the ring bound by attention_cuda_set_ring (a ring of
+// one on one GPU: ring.c's schedule in one step with the one-GPU kernels).
 //
 // Same parameters in the same order as the CPU op (attention_cpu.h), on
 // device memory, with the backend's stream last (every call is enqueued on
@@ -11,10 +13,10 @@
 //   q, o, dq, dout : [T, Hq, D] bf16 (uint16_t bits)   k, v, dk, dv : [T, Hkv, D] bf16
 //   lse, delta     : [Hq, T] fp32                       pos : [T] int64 (device)
 // dq, dk, dv are ACCUMULATED (+=): the kernels' fp32 sums live in the state's
-// scratch and are added into the bf16 outputs with one rounding.
-// Over a cp ring (more than one rank) dense and sparse attention run ring.c's
-// schedules on device buffers (ring_cuda.h), the sparse plan estimated over
-// the ring (AttnRingCuda.sparse_plan). Documents
+// scratch and are added into the bf16 outputs with one rounding; delta is
+// not read (the ring's own). Dense and sparse attention run ring.c's
+// schedules on device buffers (ring_cuda.h); over several ranks the sparse
+// plan is estimated over the ring (AttnRingCuda.sparse_plan). Documents
 // (shape->doc_starts) are masked by the dense and the sparse kernels; the
 // sparse plan sees only same-document scores and its index holds each row's
 // documents and their sinks, as the CPU op's. Supported as the kernels:
@@ -35,9 +37,12 @@
 extern "C" {
 #endif
 
-// A cp ring's attention on device buffers, bound by the caller
-// (attention/ring_cuda.h: ring_cuda_new), so that the op and the programs
-// that link only the kernels need no MPI. ring is the ring's own state.
+// A cp ring's attention on device buffers (a ring of one on one GPU), bound
+// by the caller (attention/ring_cuda.h: ring_cuda_new), so that the op and
+// the programs that link only the kernels need no MPI. ring is the ring's
+// own state; cp_size 1: a ring of one, whose forward and backward with an
+// index run the whole index in one pass (layer NULL, stats unused) and
+// whose sparse_plan is not called (the op plans on its GPU).
 //   sparse_plan  (collective over cp) the sparse pattern of this rank's q, k
 //                [T, H, D] with the estimation's inputs gathered
 //                bit-identically on every rank: *pattern the same on every
@@ -73,8 +78,8 @@ typedef struct {
 
 AttnState *attention_cuda_new(const AttentionConfig *cfg, int num_layers, int num_heads);
 void attention_cuda_free(AttnState *st);
-// ring: the cp ring (NULL: none; the state owns and frees ring->ring).
-// Returns whether there is a ring.
+// ring: the cp ring or a ring of one (the state owns and frees ring->ring;
+// every sequence needs one). Returns whether it has more than one rank.
 bool attention_cuda_set_ring(AttnState *st, const AttnRingCuda *ring);
 // A new sequence: pos [tokens] its positions (host).
 void attention_cuda_sequence(AttnState *st, const int64_t *pos, int64_t tokens);

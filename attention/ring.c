@@ -141,8 +141,12 @@ static void host_wait(void *ctx, const Comm *c, RingRequest *reqs, int n, const 
     (void)ctx;
     MPI_Request mpi[RING_MAX_WAIT];
     CHECK(n <= RING_MAX_WAIT, "ring: %d requests in one wait (at most %d)", n, RING_MAX_WAIT);
-    for (int i = 0; i < n; i++) mpi[i] = reqs[i].mpi;
-    comm_wait(c, mpi, n, op);
+    bool posted = false;
+    for (int i = 0; i < n; i++) {
+        mpi[i] = reqs[i].mpi;
+        posted |= mpi[i] != MPI_REQUEST_NULL;
+    }
+    if (posted) comm_wait(c, mpi, n, op);   // a ring of one posts nothing and makes no MPI call
     for (int i = 0; i < n; i++) reqs[i] = RING_REQUEST_NULL;
 }
 
@@ -167,7 +171,14 @@ int ring_inner_size(RingSchedule schedule, int cp_size, int cp_inner) {
     return schedule == RING_HIERARCHICAL ? cp_inner : cp_size;
 }
 
+// The communicator of a ring of one rank: never used for a transfer.
+static const Comm one_rank = {.name = "one rank", .rank = 0, .size = 1};
+
 void ring_init(Ring *ring, const Comm *cp, int inner, const int64_t *pos, int64_t tokens) {
+    if (!cp) {
+        cp = &one_rank;
+        inner = 1;
+    }
     CHECK(inner > 0 && cp->size % inner == 0, "ring: inner ring of %d ranks does not divide cp = %d", inner,
           cp->size);
     for (int64_t t = 1; t < tokens; t++)
@@ -181,7 +192,8 @@ void ring_init(Ring *ring, const Comm *cp, int inner, const int64_t *pos, int64_
     ring->memory = &ring_host_memory;
     ring->counts = xmalloc((size_t)W * sizeof(int64_t));
     ring->offsets = xmalloc((size_t)(W + 1) * sizeof(int64_t));
-    comm_allgather(cp, &tokens, ring->counts, 1, DT_INT64);
+    ring->counts[0] = tokens;
+    if (W > 1) comm_allgather(cp, &tokens, ring->counts, 1, DT_INT64);
     ring->offsets[0] = 0;
     ring->max_count = 0;
     for (int r = 0; r < W; r++) {
@@ -192,7 +204,8 @@ void ring_init(Ring *ring, const Comm *cp, int inner, const int64_t *pos, int64_
     int64_t *mine = xcalloc((size_t)ring->max_count, sizeof(int64_t));
     int64_t *all = xmalloc((size_t)(W * ring->max_count) * sizeof(int64_t));
     memcpy(mine, pos, (size_t)tokens * sizeof(int64_t));
-    comm_allgather(cp, mine, all, ring->max_count, DT_INT64);
+    if (W > 1) comm_allgather(cp, mine, all, ring->max_count, DT_INT64);
+    else memcpy(all, mine, (size_t)tokens * sizeof(int64_t));
     ring->positions = xmalloc((size_t)ring->offsets[W] * sizeof(int64_t));
     for (int r = 0; r < W; r++)
         memcpy(ring->positions + ring->offsets[r], all + r * ring->max_count, (size_t)ring->counts[r] * sizeof(int64_t));
@@ -311,21 +324,24 @@ static Hop hop_new(const Ring *ring, const Place *p, bool selected, RingBuffer o
     return (Hop){.out = kv_buffer(ring, p, out), .in_sel = token_list(ring, in_sel)};
 }
 
+// The own chunk is computed from k and v in place; it is packed into a
+// message only when it travels (more than one rank), and a ring of one has
+// no buffer.
 static KvTravel kv_travel_start(const Ring *ring, const Place *p, const RingKernels *kernels,
                                 const char *pass, const void *k, const void *v) {
     const RingNeed *need = kernels->need;
-    KvTravel t = {
-        .ring = ring, .p = p, .kernels = kernels, .pass = pass,
-        .outer_cur = kv_buffer(ring, p, BUF_OUTER_CUR),
-        .outer_next = kv_buffer(ring, p, BUF_OUTER_NEXT),
-        .inner_buf = {kv_buffer(ring, p, BUF_INNER_0), kv_buffer(ring, p, BUF_INNER_1)},
-        .outer_req = {RING_REQUEST_NULL, RING_REQUEST_NULL},
-        .inner_req = {RING_REQUEST_NULL, RING_REQUEST_NULL},
-        .inner_hop = hop_new(ring, p, need, BUF_HOP_INNER, SEL_HOP_INNER),
-        .outer_hop = hop_new(ring, p, need, BUF_HOP_OUTER, SEL_HOP_OUTER),
-        .mask = buffer(ring, BUF_MASK, (size_t)(need ? need->words : 1) * sizeof(uint64_t)),
-        .sel = token_list(ring, SEL_TRAVEL),
-    };
+    KvTravel t = {.ring = ring, .p = p, .kernels = kernels, .pass = pass,
+                  .outer_req = {RING_REQUEST_NULL, RING_REQUEST_NULL},
+                  .inner_req = {RING_REQUEST_NULL, RING_REQUEST_NULL}};
+    if (ring->cp->size == 1) return t;
+    t.outer_cur = kv_buffer(ring, p, BUF_OUTER_CUR);
+    t.outer_next = kv_buffer(ring, p, BUF_OUTER_NEXT);
+    t.inner_buf[0] = kv_buffer(ring, p, BUF_INNER_0);
+    t.inner_buf[1] = kv_buffer(ring, p, BUF_INNER_1);
+    t.inner_hop = hop_new(ring, p, need, BUF_HOP_INNER, SEL_HOP_INNER);
+    t.outer_hop = hop_new(ring, p, need, BUF_HOP_OUTER, SEL_HOP_OUTER);
+    t.mask = buffer(ring, BUF_MASK, (size_t)(need ? need->words : 1) * sizeof(uint64_t));
+    t.sel = token_list(ring, SEL_TRAVEL);
     pack_kv(ring, p, ring->counts[ring->cp->rank], k, v, t.outer_cur);
     return t;
 }
@@ -437,6 +453,7 @@ void ring_attn_forward(const Ring *ring, const RingKernels *kernels, const AttnS
     const RingMemory *m = ring->memory;
     const int64_t *q_pos = ring->kernel_positions + ring->offsets[ring->cp->rank];
     m->forward_init(m->ctx, shape, o, lse);
+    if (kernels->begin) kernels->begin(kernels->ctx, ring, shape, false, k, v);
     KvTravel t = kv_travel_start(ring, &p, kernels, "forward", k, v);
     for (int so = 0; so < p.outer; so++) {
         kv_outer_post(&t, so);
@@ -446,8 +463,10 @@ void ring_attn_forward(const Ring *ring, const RingKernels *kernels, const AttnS
             const char *next = kv_inner_post(&t, so, si, cur);
             AttnShape s = *shape;
             s.k_tokens = ring->counts[c];
+            const bool own = so == 0 && si == 0;
             if (chunk_visible(ring, shape, c))
-                kernels->forward(kernels->ctx, &s, q, q_pos, cur, cur + kv_message(ring, &p, s.k_tokens) / 2,
+                kernels->forward(kernels->ctx, &s, q, q_pos, own ? k : cur,
+                                 own ? v : cur + kv_message(ring, &p, s.k_tokens) / 2,
                                  ring->kernel_positions + ring->offsets[c], o, lse);
             kv_inner_wait(&t, so, si);
             cur = next;
@@ -470,6 +489,25 @@ typedef struct {
     RingRequest step_send[2], node_send, inner_recv, outer_recv, home_recv;
 } Accumulators;
 
+// A ring of one has no accumulator: its one step is the own chunk's.
+static Accumulators accumulators_start(const Ring *ring, const Place *p) {
+    Accumulators a = {.step_send = {RING_REQUEST_NULL, RING_REQUEST_NULL}, .node_send = RING_REQUEST_NULL,
+                      .inner_recv = RING_REQUEST_NULL, .outer_recv = RING_REQUEST_NULL,
+                      .home_recv = RING_REQUEST_NULL};
+    if (ring->cp->size == 1) return a;
+    a.step[0] = dkv_buffer(ring, p, BUF_STEP_0);
+    a.step[1] = dkv_buffer(ring, p, BUF_STEP_1);
+    a.node = dkv_buffer(ring, p, BUF_NODE);
+    a.inner_in = dkv_buffer(ring, p, BUF_INNER_IN);
+    a.outer_in = dkv_buffer(ring, p, BUF_OUTER_IN);
+    a.home = dkv_buffer(ring, p, BUF_HOME);
+    a.inner_sel = token_list(ring, SEL_INNER);
+    a.outer_sel = token_list(ring, SEL_OUTER);
+    a.home_sel = token_list(ring, SEL_HOME);
+    a.send_sel = token_list(ring, SEL_SEND);
+    return a;
+}
+
 static void wait_one(const Ring *ring, RingRequest *req, const char *what) {
     const RingMemory *m = ring->memory;
     char op[96];
@@ -487,20 +525,8 @@ void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const Attn
     const int64_t T = shape->q_tokens, *q_pos = ring->kernel_positions + ring->offsets[cp->rank];
     float *delta = buffer(ring, BUF_DELTA, (size_t)(shape->num_heads * T + 1) * sizeof(float));
     m->backward_delta(m->ctx, shape, o, dout, delta);
-    Accumulators a = {
-        .step = {dkv_buffer(ring, &p, BUF_STEP_0), dkv_buffer(ring, &p, BUF_STEP_1)},
-        .node = dkv_buffer(ring, &p, BUF_NODE),
-        .inner_in = dkv_buffer(ring, &p, BUF_INNER_IN),
-        .outer_in = dkv_buffer(ring, &p, BUF_OUTER_IN),
-        .home = dkv_buffer(ring, &p, BUF_HOME),
-        .inner_sel = token_list(ring, SEL_INNER),
-        .outer_sel = token_list(ring, SEL_OUTER),
-        .home_sel = token_list(ring, SEL_HOME),
-        .send_sel = token_list(ring, SEL_SEND),
-        .step_send = {RING_REQUEST_NULL, RING_REQUEST_NULL},
-        .node_send = RING_REQUEST_NULL, .inner_recv = RING_REQUEST_NULL, .outer_recv = RING_REQUEST_NULL,
-        .home_recv = RING_REQUEST_NULL,
-    };
+    if (kernels->begin) kernels->begin(kernels->ctx, ring, shape, true, k, v);
+    Accumulators a = accumulators_start(ring, &p);
     KvTravel t = kv_travel_start(ring, &p, kernels, "backward", k, v);
     for (int so = 0; so < p.outer; so++) {
         kv_outer_post(&t, so);
@@ -513,12 +539,12 @@ void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const Attn
             const char *next = kv_inner_post(&t, so, si, cur);
             float *fresh = last ? a.node : a.step[si % 2];
             wait_one(ring, last ? &a.node_send : &a.step_send[si % 2], "dK/dV send buffer reuse");
-            m->zero(m->ctx, fresh, dkv_message(&p, full));
+            const bool own = so == 0 && si == 0;      // own chunk: its dK/dV stay home (fresh is not used)
+            if (!own) m->zero(m->ctx, fresh, dkv_message(&p, full));
             AttnShape s = *shape;
             s.k_tokens = full;
-            const bool own = so == 0 && si == 0;      // own chunk: its dK/dV stay home
             if (chunk_visible(ring, shape, c))
-                kernels->backward(kernels->ctx, &s, q, q_pos, cur, cur + kv_message(ring, &p, full) / 2,
+                kernels->backward(kernels->ctx, &s, q, q_pos, own ? k : cur, own ? v : cur + kv_message(ring, &p, full) / 2,
                                   ring->kernel_positions + ring->offsets[c], lse, delta, dout, dq, own ? dk : fresh,
                                   own ? dv : fresh + full * p.kv);
             wait_one(ring, &a.inner_recv, "dK/dV transfer (inner ring)");
@@ -568,4 +594,5 @@ void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const Attn
     if (a.home_n > 0) m->add_rows(m->ctx, dk, dv, a.home, a.home_sel, a.home_n, p.kv);
     RingRequest sends[3] = {a.step_send[0], a.step_send[1], a.node_send};
     m->wait(m->ctx, cp, sends, 3, "ring attention backward: dK/dV sends");
+    if (kernels->backward_end) kernels->backward_end(kernels->ctx, ring, shape, dk, dv);
 }

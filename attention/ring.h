@@ -21,12 +21,17 @@
 // see (ring_chunk_visible: causal and document mask) calls no kernel; a
 // message that carries no token (ring_send selected) is not posted.
 //
+// One rank is a ring of one (ring_init with no communicator): the schedule
+// runs its one step on the rank's own K/V in place, with no transfer, no
+// buffer and no MPI call.
+//
 // The per-step work is a pair of kernel callbacks, so the dense kernels of
 // attention.h and the sparse ones of sparse.h (with a SparseIndex as ctx)
 // run under the same schedule.
 #ifndef MTRAIN_RING_H
 #define MTRAIN_RING_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "../dist/comm.h"
@@ -59,12 +64,20 @@ typedef struct {
 // ring's memory (RingMemory): q, k, v, dout are its activations (fp32 on the
 // host, bf16 on a GPU); o (the running output), lse, delta, dq, dk, dv fp32.
 // need: NULL sends whole chunks (ring_send full). traffic: NULL or counted.
+// begin, backward_end: NULL, or the kernels' own work around a pass: before
+// its first step, with this rank's k and v (the sparse ring gathers its
+// columns' rows to every rank, ring_sparse.h); after the backward's last
+// step, into this rank's dk and dv (their dK/dV go home).
+struct Ring;
 typedef struct {
     void (*forward)(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos, const void *k,
                     const void *v, const int64_t *k_pos, float *o, float *lse);
     void (*backward)(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos, const void *k,
                      const void *v, const int64_t *k_pos, const float *lse, const float *delta,
                      const void *dout, float *dq, float *dk, float *dv);
+    void (*begin)(void *ctx, const struct Ring *ring, const AttnShape *shape, bool backward, const void *k,
+                  const void *v);
+    void (*backward_end)(void *ctx, const struct Ring *ring, const AttnShape *shape, float *dk, float *dv);
     void *ctx;
     const RingNeed *need;
     RingTraffic *traffic;
@@ -117,7 +130,7 @@ typedef struct RingScratch RingScratch;
 
 // The ring of one sequence: who holds which tokens. Built once per sequence
 // (one all-gather of positions), used by every layer forward and backward.
-typedef struct {
+typedef struct Ring {
     const Comm *cp;
     int inner, outer;          // schedule: cp->size = outer * inner
     int64_t *counts;           // [W] tokens of each cp rank
@@ -134,7 +147,8 @@ typedef struct {
 int ring_inner_size(RingSchedule schedule, int cp_size, int cp_inner);
 
 // pos [tokens]: this rank's global positions (the same for queries and keys).
-// inner must divide cp->size. Collective over cp.
+// inner must divide cp->size. Collective over cp. cp NULL: a ring of one
+// rank (inner 1; no MPI).
 void ring_init(Ring *ring, const Comm *cp, int inner, const int64_t *pos, int64_t tokens);
 void ring_free(Ring *ring);
 // The ring's buffers from now on in `memory`, and kernel_positions [N] there:

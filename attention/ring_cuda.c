@@ -72,7 +72,7 @@ typedef struct {
 #define RING_BUFFERS_CUDA 32
 
 typedef struct {
-    const Comm *cp;
+    const Comm *cp;            // NULL: a ring of one (no exchange, ring.h)
     int inner;
     Ring ring;
     bool built;
@@ -92,6 +92,7 @@ typedef struct {
     uint64_t *need_bits;       // [cp size, need.words] (dense)
     RingTraffic traffic;
     RingKernels sparse_kernels;
+    RingKernels local_sparse_kernels;  // a ring of one: the whole index
     const SparseIndexCuda *index;  // the sparse kernels' index of the current call
     struct RingLayerCuda *layer;   // and its layer (gathered columns)
     bool columns_pending;      // the next sparse kernel call also computes the columns (step 0)
@@ -290,6 +291,7 @@ static void dev_recv(void *ctx, const Comm *c, void *buf, size_t bytes, int from
 static void dev_wait(void *ctx, const Comm *c, RingRequest *reqs, int n, const char *op) {
     RingCuda *rc = ctx;
     (void)c;
+    if (!rc->exchange) return;   // a ring of one posts nothing
     for (int i = 0; i < n; i++) {
         comm_device_wait(rc->exchange, reqs[i].id, op);
         reqs[i] = RING_REQUEST_NULL;
@@ -319,6 +321,21 @@ static void dense_backward(void *ctx, const AttnShape *shape, const void *q, con
                            const void *dout, float *dq, float *dk, float *dv) {
     RingCuda *rc = ctx;
     attn_dense_backward_cuda(shape, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk, dv, rc->stream);
+}
+
+// ---- the sparse kernels of a ring of one: the whole index (blocks and columns) in one pass ----
+
+static void local_sparse_forward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos,
+                                 const void *k, const void *v, const int64_t *k_pos, float *o, float *lse) {
+    RingCuda *rc = ctx;
+    attn_sparse_forward_cuda(shape, rc->index, q, q_pos, k, v, k_pos, o, lse, rc->stream);
+}
+
+static void local_sparse_backward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos,
+                                  const void *k, const void *v, const int64_t *k_pos, const float *lse,
+                                  const float *delta, const void *dout, float *dq, float *dk, float *dv) {
+    RingCuda *rc = ctx;
+    attn_sparse_backward_cuda(shape, rc->index, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk, dv, rc->stream);
 }
 
 // ---- the sparse kernels per ring step (rc->index: the chunk's blocks; in step 0 also the gathered columns) ----
@@ -588,7 +605,7 @@ static void ring_sequence(void *ring, const int64_t *pos, int64_t tokens) {
     RingCuda *rc = ring;
     forget_sequence(rc);
     ring_init(&rc->ring, rc->cp, rc->inner, pos, tokens);
-    const int64_t N = rc->ring.offsets[rc->cp->size];
+    const int64_t N = rc->ring.offsets[rc->ring.cp->size];
     const size_t bytes = sizeof(int64_t) * (size_t)N;
     const bool same = N == rc->positions_count && !memcmp(rc->positions_host, rc->ring.positions, bytes);
     if (!same || rc->lists.elements > TOKEN_LISTS_KEPT * (rc->ring.max_count + 1))
@@ -608,17 +625,20 @@ static void ring_sequence(void *ring, const int64_t *pos, int64_t tokens) {
 }
 
 // The call's stream, the exchange, the kernels (dense, or sparse over
-// index and layer) and with ring_send selected the key blocks each rank's
-// queries read: the dense ones for this shape, or the layer's (the plan's).
+// index and layer; on a ring of one the whole index) and with ring_send
+// selected the key blocks each rank's queries read: the dense ones for this
+// shape, or the layer's (the plan's). A ring of one has no exchange, no
+// staging and no need.
 static const RingKernels *begin(RingCuda *rc, const AttnShape *shape, RingSend send, const SparseIndexCuda *index,
                                 RingLayerCuda *layer, cudaStream_t stream) {
     CHECK(rc->built, "ring attention (CUDA): a call before the sequence's positions (ring_cuda_sequence)");
-    CHECK(!index || layer, "sparse ring attention (CUDA): a call before the layer's plan");
     rc->stream = stream;
+    rc->index = index;
+    if (!rc->cp) return index ? &rc->local_sparse_kernels : &rc->kernels;
+    CHECK(!index || layer, "sparse ring attention (CUDA): a call before the layer's plan");
     if (!rc->exchange) rc->exchange = comm_device_exchange_new(rc->cp, rc->inner, stream);
     const int64_t rows = rc->ring.max_count + 1, kv = (int64_t)shape->num_kv_heads * shape->head_dim;
     room(&rc->staging, &rc->staging_bytes, sizeof(float) * (size_t)(2 * rows * kv));
-    rc->index = index;
     rc->layer = layer;
     rc->columns_pending = index != NULL;
     RingKernels *kernels = index ? &rc->sparse_kernels : &rc->kernels;
@@ -682,9 +702,10 @@ static void ring_forward(void *ring, const AttnShape *shape, RingSend send, cons
                          SparseStats *stats, cudaStream_t stream) {
     RingCuda *rc = ring;
     const RingKernels *kernels = begin(rc, shape, send, index, layer, stream);
-    if (index) gather_columns(rc, layer, (int64_t)shape->num_kv_heads * shape->head_dim, k, v);
+    const bool columns = index && rc->cp;   // sparse over several ranks
+    if (columns) gather_columns(rc, layer, (int64_t)shape->num_kv_heads * shape->head_dim, k, v);
     ring_attn_forward(&rc->ring, kernels, shape, q, k, v, o_acc, lse);
-    if (index && stats) count_recall(rc, shape, lse, stats);
+    if (columns && stats) count_recall(rc, shape, lse, stats);
 }
 
 static void ring_backward(void *ring, const AttnShape *shape, RingSend send, const SparseIndexCuda *index,
@@ -694,14 +715,15 @@ static void ring_backward(void *ring, const AttnShape *shape, RingSend send, con
     RingCuda *rc = ring;
     const RingKernels *kernels = begin(rc, shape, send, index, layer, stream);
     const int64_t kv = (int64_t)shape->num_kv_heads * shape->head_dim;
-    if (index) {   // the columns' buffers before the ring (room frees only between ring calls)
+    const bool columns = index && rc->cp;   // sparse over several ranks
+    if (columns) {   // the columns' buffers before the ring (room frees only between ring calls)
         const RingColumns *c = &((RingLayerCuda *)layer)->columns;
         room((void **)&rc->column_dkv, &rc->column_dkv_bytes, sizeof(float) * (size_t)(2 * c->count * kv + 1));
         CUDA_CHECK(cudaMemsetAsync(rc->column_dkv, 0, sizeof(float) * (size_t)(2 * c->count * kv), stream));
         column_arena(rc, c, kv, sizeof(float));
     }
     ring_attn_backward(&rc->ring, kernels, shape, q, k, v, o, lse, dout, dq_acc, dk_acc, dv_acc);
-    if (index) columns_home(rc, layer, kv, dk_acc, dv_acc);
+    if (columns) columns_home(rc, layer, kv, dk_acc, dv_acc);
 }
 
 static double ring_bytes(const void *ring) {
@@ -711,8 +733,8 @@ static double ring_bytes(const void *ring) {
 
 AttnRingCuda ring_cuda_new(const Comm *cp, int inner) {
     RingCuda *rc = xcalloc(1, sizeof(RingCuda));
-    rc->cp = cp;
-    rc->inner = inner;
+    rc->cp = cp && cp->size > 1 ? cp : NULL;
+    rc->inner = rc->cp ? inner : 1;
     rc->memory = (RingMemory){
         .act_bytes = sizeof(uint16_t), .alloc = dev_alloc, .release = dev_release, .copy = dev_copy,
         .zero = dev_zero, .gather_rows = dev_gather_rows, .scatter_rows = dev_scatter_rows,
@@ -723,7 +745,9 @@ AttnRingCuda ring_cuda_new(const Comm *cp, int inner) {
                                 .traffic = &rc->traffic};
     rc->sparse_kernels = (RingKernels){.forward = sparse_forward, .backward = sparse_backward, .ctx = rc,
                                        .traffic = &rc->traffic};
-    return (AttnRingCuda){.ring = rc, .cp_size = cp->size, .sequence = ring_sequence,
+    rc->local_sparse_kernels = (RingKernels){.forward = local_sparse_forward, .backward = local_sparse_backward,
+                                             .ctx = rc};
+    return (AttnRingCuda){.ring = rc, .cp_size = rc->cp ? rc->cp->size : 1, .sequence = ring_sequence,
                           .sparse_plan = ring_sparse_plan_cuda, .forward = ring_forward,
                           .backward = ring_backward, .layer_free = ring_layer_free, .bytes = ring_bytes,
                           .free = ring_free_cuda};

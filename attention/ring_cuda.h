@@ -30,7 +30,10 @@
 #include "../dist/comm.h"
 #include "attention_cuda_op.h"
 
-// The ring over cp (more than one rank) with inner ranks per inner ring.
+// The ring over cp with inner ranks per inner ring; cp NULL or of one rank:
+// a ring of one (ring.h: one step on this GPU's K/V, no exchange; sparse:
+// the whole index of the op's one-GPU plan in one pass, AttnRingCuda's
+// sparse_plan unused).
 AttnRingCuda ring_cuda_new(const Comm *cp, int inner);
 
 #endif

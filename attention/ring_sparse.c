@@ -243,11 +243,6 @@ static void sparse_backward(void *ctx, const AttnShape *shape, const void *q, co
                                   rs->column_dkv, rs->column_dkv + kv);
 }
 
-static RingKernels kernels_of(RingSparse *rs) {
-    return (RingKernels){.forward = sparse_forward, .backward = sparse_backward, .ctx = rs,
-                         .need = rs->send == RING_SEND_SELECTED ? &rs->need : NULL, .traffic = &rs->traffic};
-}
-
 // Per-owner message layout of the columns: [W, max_owned, 2, kv] (K then V
 // row of each column at its owner's block and slot).
 static float *owner_slot(const RingColumns *c, float *buf, int64_t j, int64_t kv) {
@@ -280,28 +275,29 @@ static void gather_columns_kv(const Ring *ring, RingSparse *rs, int64_t kv, cons
     free(send);
 }
 
-void ring_sparse_forward(const Ring *ring, RingSparse *rs, const AttnShape *shape, const float *q,
-                         const float *k, const float *v, float *o, float *lse) {
-    gather_columns_kv(ring, rs, (int64_t)shape->num_kv_heads * shape->head_dim, k, v);
+// Before a pass: the forward gathers the columns' K/V rows (computed in
+// step 0, SPARSE_COLUMNS); the backward starts their dK/dV at zero.
+static void sparse_begin(void *ctx, const Ring *ring, const AttnShape *shape, bool backward, const void *k,
+                         const void *v) {
+    RingSparse *rs = ctx;
+    const int64_t kv = (int64_t)shape->num_kv_heads * shape->head_dim;
+    if (!backward) {
+        gather_columns_kv(ring, rs, kv, k, v);
+    } else {
+        CHECK(rs->column_kv, "sparse ring: backward before forward");
+        free(rs->column_dkv);
+        rs->column_dkv = xcalloc((size_t)(2 * rs->columns.count * kv + 1), sizeof(float));
+    }
     rs->columns_pending = true;
-    const RingKernels kernels = kernels_of(rs);
-    ring_attn_forward(ring, &kernels, shape, q, k, v, o, lse);
 }
 
-void ring_sparse_backward(const Ring *ring, RingSparse *rs, const AttnShape *shape, const float *q,
-                          const float *k, const float *v, const float *o, const float *lse,
-                          const float *dout, float *dq, float *dk, float *dv) {
+// After the backward: the columns' dK/dV home, summed over ranks into each
+// owner's dk, dv.
+static void sparse_backward_end(void *ctx, const Ring *ring, const AttnShape *shape, float *dk, float *dv) {
+    RingSparse *rs = ctx;
     const int W = ring->cp->size, me = ring->cp->rank;
     const RingColumns *c = &rs->columns;
     const int64_t kv = (int64_t)shape->num_kv_heads * shape->head_dim, n = c->count;
-    CHECK(rs->column_kv, "sparse ring: backward before forward");
-    free(rs->column_dkv);
-    rs->column_dkv = xcalloc((size_t)(2 * n * kv + 1), sizeof(float));
-    rs->columns_pending = true;
-    const RingKernels kernels = kernels_of(rs);
-    ring_attn_backward(ring, &kernels, shape, q, k, v, o, lse, dout, dq, dk, dv);
-
-    // The columns' dK/dV home: summed over ranks into each owner's slots.
     const int64_t row = 2 * kv * c->max_owned;
     float *send = xcalloc((size_t)(W * row + 1), sizeof(float)), *home = xmalloc((size_t)(row + 1) * sizeof(float));
     for (int64_t j = 0; j < n; j++) {
@@ -322,6 +318,25 @@ void ring_sparse_backward(const Ring *ring, RingSparse *rs, const AttnShape *sha
     }
     free(send);
     free(home);
+}
+
+RingKernels ring_sparse_kernels(RingSparse *rs) {
+    return (RingKernels){.forward = sparse_forward, .backward = sparse_backward, .begin = sparse_begin,
+                         .backward_end = sparse_backward_end, .ctx = rs,
+                         .need = rs->send == RING_SEND_SELECTED ? &rs->need : NULL, .traffic = &rs->traffic};
+}
+
+void ring_sparse_forward(const Ring *ring, RingSparse *rs, const AttnShape *shape, const float *q,
+                         const float *k, const float *v, float *o, float *lse) {
+    const RingKernels kernels = ring_sparse_kernels(rs);
+    ring_attn_forward(ring, &kernels, shape, q, k, v, o, lse);
+}
+
+void ring_sparse_backward(const Ring *ring, RingSparse *rs, const AttnShape *shape, const float *q,
+                          const float *k, const float *v, const float *o, const float *lse,
+                          const float *dout, float *dq, float *dk, float *dv) {
+    const RingKernels kernels = ring_sparse_kernels(rs);
+    ring_attn_backward(ring, &kernels, shape, q, k, v, o, lse, dout, dq, dk, dv);
 }
 
 void ring_sparse_free(RingSparse *rs) {

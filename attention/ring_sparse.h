@@ -71,8 +71,14 @@ void ring_sparse_plan(const Ring *ring, const AttentionConfig *cfg, const AttnSh
                       const float *q, const float *k, const int *fixed_vertical,
                       const int *fixed_slash, RingSend send, RingSparse *rs, SparseStats *stats);
 
-// As ring_attn_forward / ring_attn_backward (ring.h), restricted to rs's
-// pattern. The backward uses the column K/V gathered by the forward.
+// The layer's kernels for ring_attn_forward / ring_attn_backward (ring.h):
+// rs's pattern, its columns gathered before the forward and sent home after
+// the backward (the kernels' begin and backward_end), need with ring_send
+// selected, rs's traffic. rs outlives them.
+RingKernels ring_sparse_kernels(RingSparse *rs);
+
+// ring_attn_forward / ring_attn_backward over ring_sparse_kernels(rs). The
+// backward uses the column K/V gathered by the forward.
 void ring_sparse_forward(const Ring *ring, RingSparse *rs, const AttnShape *shape, const float *q,
                          const float *k, const float *v, float *o, float *lse);
 void ring_sparse_backward(const Ring *ring, RingSparse *rs, const AttnShape *shape, const float *q,

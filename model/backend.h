@@ -111,8 +111,8 @@ typedef struct {
     // rows whose target >= 0 (others zero). Returns the summed cross entropy.
     double (*cross_entropy)(Act *logits, const int32_t *targets, int64_t C, int V, float grad_scale);
 
-    // Attention: one op with four cases, on one rank or over the cp ring,
-    // dense or sparse (attention.type), behind an opaque state per model.
+    // Attention: one op, dense or sparse (attention.type), over the cp ring
+    // (one rank: a ring of one), behind an opaque state per model.
     // q, o, dq, dout [T, Hq, D]; k, v, dk, dv [T, Hkv, D] (after RoPE); lse
     // [Hq, T] fp32; pos [T] this rank's global positions (backend memory).
     AttnState *(*attention_new)(const AttentionConfig *cfg, int num_layers, int num_heads);

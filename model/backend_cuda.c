@@ -184,10 +184,17 @@ static double cross_entropy(Act *logits, const int32_t *targets, int64_t C, int 
     return read_total();
 }
 
+// The op's ring (a ring of one for cp NULL or one rank), built here: the op
+// links no MPI (attention_cuda_op.h).
 static bool attention_set_ring(AttnState *st, const struct Comm *cp, int inner) {
-    if (!cp || cp->size <= 1) return attention_cuda_set_ring(st, NULL);
     const AttnRingCuda ring = ring_cuda_new(cp, inner);
     return attention_cuda_set_ring(st, &ring);
+}
+// A new op runs on a ring of one until attention_set_ring.
+static AttnState *attention_new(const AttentionConfig *cfg, int num_layers, int num_heads) {
+    AttnState *st = attention_cuda_new(cfg, num_layers, num_heads);
+    attention_set_ring(st, NULL, 1);
+    return st;
 }
 static void attention_forward(AttnState *st, int layer, bool plan, const AttnShape *shape, const Act *q,
                               const Act *k, const Act *v, const int64_t *pos, Act *o, float *lse,
@@ -264,7 +271,7 @@ static const Backend cuda_backend = {
     .scale = scale,
     .sum_squares = sum_squares,
     .cross_entropy = cross_entropy,
-    .attention_new = attention_cuda_new,
+    .attention_new = attention_new,
     .attention_free = attention_cuda_free,
     .attention_set_ring = attention_set_ring,
     .attention_sequence = attention_cuda_sequence,

@@ -78,10 +78,8 @@ static Result run_op(const AttentionConfig *cfg, const Comm *cp, int inner, cons
                      const int64_t *pos, int64_t T) {
     const int64_t nq = T * HQ * D, nk = T * HKV * D;
     AttnState *st = attention_cuda_new(cfg, 1, HQ);
-    if (cp) {
-        const AttnRingCuda ring = ring_cuda_new(cp, inner);
-        attention_cuda_set_ring(st, &ring);
-    }
+    const AttnRingCuda ring = ring_cuda_new(cp, inner);   // cp NULL: a ring of one
+    attention_cuda_set_ring(st, &ring);
     attention_cuda_sequence(st, pos, T);
     uint16_t *d_q = to_device(q, (size_t)nq * 2), *d_k = to_device(k, (size_t)nk * 2);
     uint16_t *d_v = to_device(v, (size_t)nk * 2), *d_dout = to_device(dout, (size_t)nq * 2);

@@ -1,8 +1,12 @@
 // test_attention.c: the CPU flash attention (attention/flash_cpu.c) against a
 // naive double-precision reference (full masked softmax and its analytic
 // gradients), over shapes, block sizes, GQA ratios, key chunks, arbitrary
-// positions, finite differences, thread counts and rows that see no key.
-// Ends with a timing line (printed, not asserted).
+// positions, finite differences, thread counts and rows that see no key;
+// and the ring of one (attention/ring.h: ring_init without a communicator,
+// as every one-rank op runs it): bit for bit the kernels on the whole
+// sequence, one step on the caller's own K/V, the kernels' begin and
+// backward_end hooks called once per pass, and no MPI call (this program
+// never initialises MPI). Ends with a timing line (printed, not asserted).
 //
 // Tolerances: max |kernel - reference| / max |reference| per tensor, with fp32
 // kernels against a double reference: 1e-5 for O and LSE, 1e-4 for dQ, dK, dV.
@@ -14,6 +18,7 @@
 #include <string.h>
 
 #include "../attention/attention.h"
+#include "../attention/ring.h"
 #include "../dist/util.h"
 #include "attn_ref.h"
 #include "check.h"
@@ -348,6 +353,76 @@ static void test_documents(void) {
         }
 }
 
+// The dense kernels of a ring, counting their calls and checking where they read.
+typedef struct {
+    const float *k, *v, *dk, *dv;  // the caller's own K/V and dK/dV
+    int steps, begins, backward_begins, ends, foreign;
+} RingCounts;
+
+static void counted_forward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos, const void *k,
+                            const void *v, const int64_t *k_pos, float *o, float *lse) {
+    RingCounts *c = ctx;
+    c->steps++;
+    c->foreign += k != c->k || v != c->v;
+    ring_dense_cpu.forward(NULL, shape, q, q_pos, k, v, k_pos, o, lse);
+}
+
+static void counted_backward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos, const void *k,
+                             const void *v, const int64_t *k_pos, const float *lse, const float *delta,
+                             const void *dout, float *dq, float *dk, float *dv) {
+    RingCounts *c = ctx;
+    c->steps++;
+    c->foreign += k != c->k || v != c->v || dk != c->dk || dv != c->dv;
+    ring_dense_cpu.backward(NULL, shape, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk, dv);
+}
+
+static void counted_begin(void *ctx, const struct Ring *ring, const AttnShape *shape, bool backward, const void *k,
+                          const void *v) {
+    RingCounts *c = ctx;
+    (void)ring, (void)shape;
+    c->begins++;
+    c->backward_begins += backward;
+    c->foreign += k != c->k || v != c->v;
+}
+
+static void counted_end(void *ctx, const struct Ring *ring, const AttnShape *shape, float *dk, float *dv) {
+    RingCounts *c = ctx;
+    (void)ring, (void)shape;
+    c->ends++;
+    c->foreign += dk != c->dk || dv != c->dv;
+}
+
+static void test_ring_of_one(void) {
+    static const int64_t starts[] = {0, 40, 77};
+    Problem p = make_problem(130, 130, 4, 2, 32, 16, 9100);
+    p.s.doc_starts = starts;
+    p.s.doc_count = 3;
+    const int64_t one[] = {0, 130};
+    const int64_t n = 2 * p.nq + 2 * p.nk + p.nl;
+    float *want = xmalloc((size_t)n * sizeof(float)), *got = xcalloc((size_t)n, sizeof(float));
+    float *o = want, *dq = o + p.nq, *dk = dq + p.nq, *dv = dk + p.nk, *lse = dv + p.nk;
+    kernel_forward(&p, 1, one, ORDER, o, lse);
+    kernel_backward(&p, 1, one, ORDER, o, lse, dq, dk, dv);
+    o = got, dq = o + p.nq, dk = dq + p.nq, dv = dk + p.nk, lse = dv + p.nk;
+    RingCounts c = {.k = p.k, .v = p.v, .dk = dk, .dv = dv};
+    const RingKernels kernels = {.forward = counted_forward, .backward = counted_backward, .begin = counted_begin,
+                                 .backward_end = counted_end, .ctx = &c};
+    Ring ring;
+    ring_init(&ring, NULL, 1, p.qp, 130);
+    ring_attn_forward(&ring, &kernels, &p.s, p.q, p.k, p.v, o, lse);
+    ring_attn_backward(&ring, &kernels, &p.s, p.q, p.k, p.v, o, lse, p.w, dq, dk, dv);
+    ring_free(&ring);
+    EXPECT(memcmp(want, got, (size_t)n * sizeof(float)) == 0,
+           "ring of one: o, lse, dq, dk, dv bitwise equal to the kernels on the whole sequence (documents)");
+    EXPECT(c.steps == 2 && c.begins == 2 && c.backward_begins == 1 && c.ends == 1 && c.foreign == 0,
+           "ring of one: one step per pass on the caller's K/V and dK/dV in place, begin per pass, backward_end "
+           "once (steps %d, begins %d of which backward %d, ends %d, other buffers %d)", c.steps, c.begins,
+           c.backward_begins, c.ends, c.foreign);
+    free(want);
+    free(got);
+    free_problem(&p);
+}
+
 // Best of 2 runs of the forward and the backward of p over one chunk (seconds).
 static void time_kernels(const Problem *p, double *fwd, double *bwd) {
     float *o = xmalloc((size_t)(2 * p->nq + 2 * p->nk + p->nl) * sizeof(float));
@@ -395,6 +470,7 @@ int main(void) {
     test_determinism();
     test_untouched_rows();
     test_documents();
+    test_ring_of_one();
     timing();
     return check_exit();
 }

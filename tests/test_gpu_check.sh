@@ -30,7 +30,7 @@ expect "gpu_check_sim_skips: the PyTorch stages skipped with one line each" \
   '[ "$(grep -c "^skipped: .*PyTorch" "$summary")" -eq 4 ] && ! grep -q "^FAIL" "$summary"'
 expect "gpu_check_sim_files: at most 8 files in \$OUT ($(ls "$tmp/out" | wc -l))" '[ "$(ls "$tmp/out" | wc -l)" -le 8 ]'
 
-GPU_CHECK_LIMITS="attention:1 device:20" OUT=$tmp/limit bash scripts/gpu_check.sh --sim >"$tmp/limit.txt" 2>&1
+GPU_CHECK_LIMITS="attention:1 device:600" OUT=$tmp/limit bash scripts/gpu_check.sh --sim >"$tmp/limit.txt" 2>&1
 rc=$?
 expect "gpu_check_timeout: a stage past its limit says so, the next runs, exit 1 ($rc)" \
   '[ $rc -eq 1 ] && grep -qE "^TIMEOUT +attention +1 s of +1 s" "$tmp/limit/summary.txt" &&

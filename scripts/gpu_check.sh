@@ -142,7 +142,7 @@ stage_device() {
 
 stage_tests() {
   local name rc start arg=
-  [ $mode = sim ] && arg=small && result "sim: ${test_programs[*]} (small; tests/test_sim.sh runs every one under three seeds)"
+  [ $mode = sim ] && arg=small && result "sim: ${test_programs[*]} (small; tests/sim/test_sim.sh runs every one under three seeds)"
   for name in "${test_programs[@]}"; do
     prog=$bin/$name
     echo "== $name $arg"
@@ -179,7 +179,7 @@ stage_sanitizer() {
   if [ $mode = sim ]; then
     # The sim's analogues: AddressSanitizer builds for memcheck; another order of blocks and streams (seed 2) and
     # the sim's own barrier and warp rules for racecheck and synccheck.
-    # Only matmul here (the others take minutes under the sim; tests/test_sim.sh runs them all).
+    # Only matmul here (the others take minutes under the sim; tests/sim/test_sim.sh runs them all).
     sanitize "memcheck (sim: AddressSanitizer) matmul" "$bin/gpu_test_matmul_asan" small
     sanitize "racecheck + synccheck (sim: seed 2, barrier rules) matmul" env CUDASIM_SEED=2 "$bin/gpu_test_matmul" small
     return
@@ -400,7 +400,7 @@ else
                attention.slash=1 attention.sink=4 attention.local=1)
   limits=(device:20 tests:120 sanitizer:120 attention:120 train:150 agreement:60 context:150)
 fi
-# GPU_CHECK_LIMITS="NAME:SECONDS ...": other stages or limits (tests/test_gpu_check.sh).
+# GPU_CHECK_LIMITS="NAME:SECONDS ...": other stages or limits (tests/sim/test_gpu_check.sh).
 [ -n "${GPU_CHECK_LIMITS:-}" ] && read -r -a limits <<<"$GPU_CHECK_LIMITS"
 # --stages A,B: those stages only (each with its limit), in the order above.
 if [ -n "$stages_given" ]; then

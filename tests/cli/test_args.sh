@@ -4,11 +4,11 @@
 # option or argument, a bad number, the --input list, options valid for one
 # shard action only, and a run file's overrides among the options; each error
 # one line with exit status 2. Prints "ok NAME" / "FAIL NAME: why".
-#   MTRAIN=path/to/mtrain bash tests/test_args.sh   (default build/mtrain)
+#   MTRAIN=path/to/mtrain bash tests/cli/test_args.sh   (default build/mtrain)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 mtrain=$(realpath "${MTRAIN:-build/mtrain}")
-. tests/lib.sh
+. tests/lib/lib.sh
 cd "$tmp"
 
 # usage_error NAME MESSAGE ARGS...: mtrain ARGS exits 2 with "mtrain: MESSAGE"

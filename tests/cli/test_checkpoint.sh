@@ -4,9 +4,9 @@
 # half-written checkpoint ignored, the keep policy, checkpoint.final=false, a checkpoint of another
 # model refused without damage, train.init_from, and checkpoints as HF folders.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 MTRAIN=${MTRAIN:-build/mtrain}
-. tests/lib.sh
+. tests/lib/lib.sh
 
 cat >"$tmp/run.yaml" <<EOF
 model:

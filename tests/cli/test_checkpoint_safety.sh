@@ -12,9 +12,9 @@
 # refused with one line; a stray empty step folder does not block auto; no
 # step appears twice in metrics.jsonl after a resume.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 MTRAIN=${MTRAIN:-build/mtrain}
-. tests/lib.sh
+. tests/lib/lib.sh
 mpirun_env
 
 RUN="configs/tiny-cpu.yaml model.hidden_size=32 model.intermediate_size=64 train.steps=6 train.seq_len=64

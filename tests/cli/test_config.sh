@@ -3,9 +3,9 @@
 # overrides apply, print -> load -> print is exact, every kind of bad input
 # gets one clear line on stderr and a non-zero exit, and docs/CONFIG.md is
 # what `mtrain config --doc` prints. Prints "ok NAME" / "FAIL NAME: why".
-#   MTRAIN=path/to/mtrain bash tests/test_config.sh   (default build/mtrain)
+#   MTRAIN=path/to/mtrain bash tests/cli/test_config.sh   (default build/mtrain)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 mtrain=${MTRAIN:-build/mtrain}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

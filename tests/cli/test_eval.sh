@@ -8,12 +8,12 @@
 # are PNGs, a text file and a text haystack work, reruns are identical, bad
 # eval settings end with one clear line and a non-zero exit, and eval over
 # 2 and 4 context-parallel MPI ranks (dense and sparse attention) equals one
-# rank (and the ring scorer accepts planted answers: tests/mpi_eval_score.c).
+# rank (and the ring scorer accepts planted answers: tests/mpi/mpi_eval_score.c).
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 MTRAIN=${MTRAIN:-build/mtrain}
 PY=/usr/bin/python3
-. tests/lib.sh
+. tests/lib/lib.sh
 
 # A corpus of plain English-like text (deterministic), packed into a shard.
 awk 'BEGIN { srand(7); split("the a river town bright quiet stone winter map road house light old new small", w, " ");
@@ -233,7 +233,7 @@ for np in 2 4; do
   done
 done
 
-# The scorer on the ring (tests/mpi_eval_score.c): planted greedy answers
+# The scorer on the ring (tests/mpi/mpi_eval_score.c): planted greedy answers
 # accepted, changed ones rejected on every rank, per task and layout.
 for np in 2 4; do
   if timeout 60 mpirun --oversubscribe --bind-to none -np "$np" build/tests/mpi_eval_score >"$tmp/score$np.out" 2>&1; then

@@ -13,9 +13,9 @@
 # an uninterrupted run's, every step must appear once in metrics.jsonl, and
 # no leftover of a killed writer may stay.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 MTRAIN=${MTRAIN:-build/mtrain}
-. tests/lib.sh
+. tests/lib/lib.sh
 mpirun_env
 
 seed=${MTRAIN_KILL_SEED:-$(date +%s)}

@@ -9,9 +9,9 @@
 # truncated file, checksum mismatch) as one line naming the file and the
 # problem, with a non-zero exit.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 mtrain=$(realpath "${MTRAIN:-build/mtrain}")
-. tests/lib.sh
+. tests/lib/lib.sh
 
 # Ten small documents: eight for training (two shards), two for data.val.
 for i in $(seq 1 10); do

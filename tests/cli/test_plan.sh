@@ -6,15 +6,15 @@
 # tokens per step under a loss chunk of 1024) and two on two ranks (cp 2; dp 2 with ZeRO-1); the cluster run files pass the plan on their GPUs; a run
 # that cannot fit is refused with one line; bad plan options get one line; --kernels adds up to the plan;
 # metrics.jsonl carries MFU and RSS.
-#   MTRAIN=path/to/mtrain bash tests/test_plan.sh   (default build/mtrain)
+#   MTRAIN=path/to/mtrain bash tests/cli/test_plan.sh   (default build/mtrain)
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 MTRAIN=${MTRAIN:-build/mtrain}
 # The memory runs measure the product's own peak RSS: always the plain build
 # (under make test SANITIZE=1, $MTRAIN carries ASan's shadow memory and
 # quarantine, which no plan of mtrain's allocations can predict).
 PLAIN_MTRAIN=build/mtrain
-. tests/lib.sh
+. tests/lib/lib.sh
 
 base="configs/tiny-cpu.yaml train.steps=2 train.warmup_steps=0 checkpoint.resume=never parallel.threads=1"
 mid="model.hidden_size=512 model.intermediate_size=1376 model.num_layers=4 model.num_heads=8 model.num_kv_heads=2"

@@ -8,11 +8,11 @@
 # not. With the contiguous layout a step's time is its slowest rank's. With only the local band (fixed budget, no slash lines) ring_send
 # selected sends one chunk's K/V and then nothing. docs/PERFORMANCE.md
 # shows the 3B output as printed. Bad uses get one line.
-#   MTRAIN=path/to/mtrain bash tests/test_plan_ring.sh   (default build/mtrain)
+#   MTRAIN=path/to/mtrain bash tests/cli/test_plan_ring.sh   (default build/mtrain)
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 MTRAIN=${MTRAIN:-build/mtrain}
-. tests/lib.sh
+. tests/lib/lib.sh
 
 run3b="configs/qwen2.5-3b-512k-32xa100.yaml hardware.network_gbs=12.5"
 # shellcheck disable=SC2086

@@ -3,9 +3,9 @@
 # .jsonl files (on 1 to 3 threads: the same bytes), `shard dump --text` and `detokenize` giving the documents back
 # byte for byte, `shard info`, `shard verify` on good and damaged shards, and the errors for
 # bad input and bad arguments. Prints "ok NAME" / "FAIL NAME: why".
-#   MTRAIN=path/to/mtrain bash tests/test_shard_cli.sh   (default build/mtrain)
+#   MTRAIN=path/to/mtrain bash tests/cli/test_shard_cli.sh   (default build/mtrain)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 mtrain=$(realpath "${MTRAIN:-build/mtrain}")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -9,10 +9,10 @@
 # and warns how much of a short low-lr fine-tune bf16 rounds away; eval
 # defaults to the folder's tokenizer and takes its model section.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 MTRAIN=${MTRAIN:-build/mtrain}
 PY=/usr/bin/python3
-. tests/lib.sh
+. tests/lib/lib.sh
 export OMP_NUM_THREADS=1
 
 # The folder: a tiny model (vocab 258) trained 2 steps, exported as F32, plus

@@ -13,9 +13,9 @@
 # the run, a seq_len beyond max_position_embeddings, progress on stderr (not
 # in eval's tables), held-out perplexity of a run that never validated.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 MTRAIN=${MTRAIN:-build/mtrain}
-. tests/lib.sh
+. tests/lib/lib.sh
 
 # configs/tiny-cpu.yaml made smaller.
 RUN="configs/tiny-cpu.yaml model.hidden_size=32 model.intermediate_size=64 train.steps=12 train.seq_len=64

@@ -9,9 +9,9 @@
 # prints a step's sequences as balanced packing forms them. Prints "ok NAME" /
 # "FAIL NAME: why".
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 MTRAIN=${MTRAIN:-build/mtrain}
-. tests/lib.sh
+. tests/lib/lib.sh
 mpirun_env
 
 # Short documents of 5 to 60 words, bytes-tokenized into one shard.

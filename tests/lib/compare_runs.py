@@ -1,6 +1,6 @@
 # compare_runs.py: how far two training runs of the same steps are apart, for
 # the shell tests that compare multi-rank runs with one rank:
-#   python3 tests/compare_runs.py RUN_A RUN_B STEP
+#   python3 tests/lib/compare_runs.py RUN_A RUN_B STEP
 # RUN_* are log/checkpoint folders (metrics.jsonl, step_NNNNNNNN/model.safetensors).
 # Prints "LOSS WEIGHTS": the largest |loss_a - loss_b| / |loss_b| over the
 # steps both logged (a resumed run logs only the steps after its

@@ -8,7 +8,7 @@ import struct
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MTRAIN = os.path.join(ROOT, "build", "mtrain")
 failures = 0
 

@@ -83,8 +83,8 @@ seeds_agree() {
 }
 
 # runs_differ A B [STEP]: "LOSS WEIGHTS" between the sim_train runs A and B
-# at step STEP (default 3; tests/compare_runs.py).
-runs_differ() { /usr/bin/python3 tests/compare_runs.py "$tmp/$1" "$tmp/$2" "${3:-3}"; }
+# at step STEP (default 3; tests/lib/compare_runs.py).
+runs_differ() { /usr/bin/python3 tests/lib/compare_runs.py "$tmp/$1" "$tmp/$2" "${3:-3}"; }
 
 # below X TOL: X is a number (not "-") no larger than TOL.
 below() { awk -v x="$1" -v tol="$2" 'BEGIN { exit !(x != "-" && x + 0 <= tol + 0) }'; }

@@ -1,4 +1,4 @@
-// mpi_check.h: the check helper of the MPI test programs (tests/mpi_*.c):
+// mpi_check.h: the check helper of the MPI test programs (tests/mpi/mpi_*.c, tests/sim/mpi_gpu_*.c):
 // one check over all ranks of the world, printed once by rank 0, passing
 // only where it passed on every rank; and the fp32 tolerances of ring
 // attention against the single-rank kernels; the document sets of the ring
@@ -9,7 +9,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "../dist/comm.h"
+#include "../../dist/comm.h"
 #include "check.h"
 
 #define TOL_FWD 5e-6   // O, LSE: max relative difference

@@ -1,5 +1,5 @@
 // mpi_dist.c: the MPI test program of dist/comm.c and attention/ring.c, run
-// under mpirun by tests/test_dist.sh (not by the runner: most modes need
+// under mpirun by tests/mpi/test_dist.sh (not by the runner: most modes need
 // several ranks). Every rank checks its own part; each check is all-reduced
 // and rank 0 prints "ok NAME" or "FAIL NAME: why".
 //   mpi_dist collectives                 values of every operation, world and sub-communicators
@@ -23,12 +23,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../attention/layout.h"
-#include "../attention/ring_plan.h"
-#include "../attention/ring_sparse.h"
-#include "../dist/comm.h"
-#include "../dist/util.h"
-#include "mpi_check.h"
+#include "../../attention/layout.h"
+#include "../../attention/ring_plan.h"
+#include "../../attention/ring_sparse.h"
+#include "../../dist/comm.h"
+#include "../../dist/util.h"
+#include "../lib/mpi_check.h"
 
 // ----------------------------------------------------------------------------
 // Collectives: every rank's input is known, so every rank knows the result.

@@ -1,6 +1,6 @@
 // mpi_eval_score.c: the exact-match scorer of `mtrain eval` over a ring of
 // context-parallel ranks (trainer/eval.h), run under mpirun by
-// tests/test_eval.sh; all ranks form one cp group. For every task kind and
+// tests/cli/test_eval.sh; all ranks form one cp group. For every task kind and
 // layout, on a random model: the answer planted as the model's own greedy
 // decoding (one rank, token by token) is accepted by eval_sample_correct on
 // the ring, and the same answer with its first, middle or last token changed
@@ -9,9 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../data/tasks.h"
-#include "../trainer/eval.h"
-#include "mpi_check.h"
+#include "../../data/tasks.h"
+#include "../../trainer/eval.h"
+#include "../lib/mpi_check.h"
 
 static void model_random(Model *m, const ModelConfig *c) {
     model_init(m, c, backend_cpu(), NULL, 1024);

@@ -3,7 +3,7 @@
 // each check is all-reduced and rank 0 prints "ok NAME" or "FAIL NAME: why".
 //   mpi_sparse_ring check flat|hierarchical INNER
 //       per layout, budget (fixed, topp) and length, without and with
-//       documents (tests/mpi_check.h): the distributed pattern
+//       documents (tests/lib/mpi_check.h): the distributed pattern
 //       equals sparse_plan_local's on the whole sequence (every index row,
 //       exactly) and its density counts; O, LSE, dQ, dK, dV of the sparse
 //       ring equal the single-rank sparse kernel with that pattern, for
@@ -30,14 +30,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../attention/balance.h"
-#include "../attention/layout.h"
-#include "../attention/ring_plan.h"
-#include "../attention/ring_sparse.h"
-#include "../attention/sparse_plan.h"
-#include "../dist/comm.h"
-#include "../dist/util.h"
-#include "mpi_check.h"
+#include "../../attention/balance.h"
+#include "../../attention/layout.h"
+#include "../../attention/ring_plan.h"
+#include "../../attention/ring_sparse.h"
+#include "../../attention/sparse_plan.h"
+#include "../../dist/comm.h"
+#include "../../dist/util.h"
+#include "../lib/mpi_check.h"
 
 static float *randn(Rng *rng, int64_t n) {
     float *x = xmalloc((size_t)(n + 1) * sizeof(float));

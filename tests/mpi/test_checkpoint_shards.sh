@@ -10,7 +10,7 @@
 #                        re-sharded: step 3's loss within 1e-5 relative and the
 #                        weights within 1e-6 of the run that never stopped (the
 #                        gradient sums run in another order: the tolerances of
-#                        tests/test_dist_train.sh);
+#                        tests/mpi/test_dist_train.sh);
 #   without ZeRO         a dp 2 checkpoint without ZeRO resumed under ZeRO is
 #                        bit-identical (ZeRO on dp 2 equals no ZeRO bit for bit);
 # a damaged and a missing shard stop the resume with one line naming the file;
@@ -20,9 +20,9 @@
 # On the sim's CUDA backend (build/sim/mtrain, the fp32 master sharded too), a
 # dp 2 checkpoint resumes on one GPU.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 MTRAIN=${MTRAIN:-build/mtrain}
-. tests/lib.sh
+. tests/lib/lib.sh
 mpirun_env
 export OMP_NUM_THREADS=1
 
@@ -48,7 +48,7 @@ close() {
   /usr/bin/python3 - "$tmp/$1" "$tmp/ref" <<'PY'
 import json, sys
 import numpy as np
-sys.path.insert(0, "tests")
+sys.path.insert(0, "tests/lib")
 from harness import read_raw
 run, ref = sys.argv[1], sys.argv[2]
 def loss3(d):
@@ -125,7 +125,7 @@ expect "shards_kill_resume: resumed from step 1, bit-identical at step 3" \
 # The CUDA backend under the sim, where ZeRO-1 shards the fp32 master as well
 # (model.safetensors is gathered from it): a dp 2 checkpoint of step 2
 # resumed on one GPU follows the dp 2 run that never stopped within the
-# tolerances of tests/test_cuda_multi.sh for another grid (bf16 gradients
+# tolerances of tests/sim/test_cuda_multi.sh for another grid (bf16 gradients
 # summed in another order: loss 2e-4 relative, weights 4e-3).
 sim_setup checkpoint_shards
 RUN="$SIM_RUN checkpoint.resume=never checkpoint.every=1 attention.block_size=32"

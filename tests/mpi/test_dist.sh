@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_dist.sh: dist/comm.c and attention/ring.c under Open MPI on one machine
 # (--oversubscribe: several ranks share the cores). Runs build/tests/mpi_dist
-# (see tests/mpi_dist.c) with 1, 2, 4 and 8 ranks: collectives, communicator
+# (see tests/mpi/mpi_dist.c) with 1, 2, 4 and 8 ranks: collectives, communicator
 # shapes, bad parallel.* settings, dense ring attention (every layout, flat and
 # hierarchical, without and with documents) against the single-rank kernel,
 # sparse ring attention (build/tests/mpi_sparse_ring: distributed pattern,
@@ -9,7 +9,7 @@
 # skips a collective. Prints
 # "ok NAME" / "FAIL NAME: why".
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 prog=build/tests/mpi_dist
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -98,7 +98,7 @@ checks dist_ring_8_flat 8 ring flat 0
 checks dist_ring_8_hier_2x4 8 ring hierarchical 4
 checks dist_ring_8_hier_4x2 8 ring hierarchical 2
 
-# --- sparse ring attention (tests/mpi_sparse_ring.c): pattern, O/LSE/grads, ring_send full and selected ---
+# --- sparse ring attention (tests/mpi/mpi_sparse_ring.c): pattern, O/LSE/grads, ring_send full and selected ---
 
 if [ -x build/tests/mpi_sparse_ring ]; then
   sparse() { MPI_PROG=build/tests/mpi_sparse_ring checks "$@"; }

@@ -39,7 +39,7 @@
 #   score grads max |g - g_ref| / max |g_ref| < 1e-5 per tensor
 # Prints "ok NAME" / "FAIL NAME: why".
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 PY=/usr/bin/python3
@@ -74,7 +74,7 @@ train() {
 compare() { "$PY" - "$@" <<'PY'
 import json, sys
 import numpy as np
-sys.path.insert(0, "tests")
+sys.path.insert(0, "tests/lib")
 from harness import read_raw
 
 def tensors(path):

@@ -20,8 +20,8 @@
 # Needs slurmctld, slurmd, srun and munged (scripts/install_deps.sh), and root
 # (slurmd starts tasks as their user). Prints "ok NAME" / "FAIL NAME: why".
 set -uo pipefail
-cd "$(dirname "$0")/.."
-source tests/lib.sh
+cd "$(dirname "$0")/../.."
+source tests/lib/lib.sh
 PY=/usr/bin/python3
 
 for tool in slurmctld slurmd srun sbatch sinfo munged mungekey; do

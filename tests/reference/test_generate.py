@@ -1,6 +1,6 @@
 # test_generate.py: `mtrain generate` (model/decode.c: a KV cache over the
 # backend ops) against an independent greedy loop on the float64 torch
-# reference of tests/qwen2_ref.py that recomputes the whole sequence for every
+# reference of tests/lib/qwen2_ref.py that recomputes the whole sequence for every
 # new token (no cache), as transformers' generate(do_sample=False) picks
 # tokens: the argmax of the last position's logits. Weights are stored F32
 # and the reference computes on those values in float64; every step's
@@ -21,7 +21,7 @@ import tempfile
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import harness  # noqa: E402
 import qwen2_ref as ref  # noqa: E402
 from harness import check  # noqa: E402

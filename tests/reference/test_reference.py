@@ -1,5 +1,5 @@
 # test_reference.py: `mtrain score` (CPU backend, fp32) against the
-# independent float64 torch reference of tests/qwen2_ref.py on tiny Qwen2
+# independent float64 torch reference of tests/lib/qwen2_ref.py on tiny Qwen2
 # models: loss, logits and the gradient of every parameter, over configs that
 # vary tied/untied head, GQA ratio 1/2/4, head dim 8/16/32, 1-3 layers, odd
 # sequence lengths, vocabulary size, rope theta and tile sizes that do not
@@ -21,7 +21,7 @@ import tempfile
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import harness  # noqa: E402
 import qwen2_ref as ref  # noqa: E402
 from harness import check  # noqa: E402

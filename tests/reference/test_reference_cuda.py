@@ -1,6 +1,6 @@
 # test_reference_cuda.py: `mtrain score train.backend=cuda` (build/sim/mtrain:
 # the CUDA backend under the sim, docs/SIM.md) against the independent float64
-# torch reference of tests/qwen2_ref.py, the one tests/test_reference.py holds
+# torch reference of tests/lib/qwen2_ref.py, the one tests/reference/test_reference.py holds
 # the CPU backend to: loss, logits and the gradient of every parameter, on
 # models the CUDA attention takes (head_dim 64 and 128), GQA 2:1 and 4:1 and
 # plain multi-head, tied and untied heads, YaRN, lengths that are not a
@@ -9,7 +9,7 @@
 #
 # Tolerances (bf16 against fp64; the CUDA backend's activations and compute
 # weights are bf16, 8 significant bits: 2^-9 relative per rounding, a few
-# dozen roundings along the layers, as tests/gpu_test_backend.c states):
+# dozen roundings along the layers, as tests/sim/gpu_test_backend.c states):
 #   loss:    |got - ref| / |ref|                            <= 1e-2
 #   logits:  max |got - ref| / max |ref|                    <  2e-2
 #   grads:   ||got - ref|| / ||ref|| (Frobenius) per tensor <= 2e-2, except
@@ -31,7 +31,7 @@ import tempfile
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import harness  # noqa: E402
 import qwen2_ref as ref  # noqa: E402
 from harness import check  # noqa: E402

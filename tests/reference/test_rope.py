@@ -4,8 +4,8 @@
 #    out here (_compute_yarn_parameters, in fp64), over head dims, thetas,
 #    factors, betas, truncate, explicit attention_factor and mscale ratios;
 #  - `mtrain score` of a model whose config.json has rope_scaling yarn against
-#    tests/qwen2_ref.py with the same YaRN rope: loss, logits, every gradient
-#    (tolerances of tests/test_reference.py);
+#    tests/lib/qwen2_ref.py with the same YaRN rope: loss, logits, every gradient
+#    (tolerances of tests/reference/test_reference.py);
 #  - the same scaling given as model.rope_scaling.* overrides gives the same
 #    loss; a model.rope_theta override changes the result as the reference says;
 #  - train.init_from: the folder's config.json sets the model section, keys of
@@ -18,7 +18,7 @@ import tempfile
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import harness  # noqa: E402
 import qwen2_ref as ref  # noqa: E402
 from harness import check  # noqa: E402

@@ -26,7 +26,7 @@ import tempfile
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import harness  # noqa: E402
 from harness import check  # noqa: E402
 

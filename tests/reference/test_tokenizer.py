@@ -17,12 +17,14 @@ import json
 import os
 import random
 import subprocess
+import sys
 import tempfile
 import unicodedata
 
 import regex
 
-from harness import ROOT, check, finish, require_mtrain, run
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from harness import ROOT, check, finish, require_mtrain, run  # noqa: E402
 
 EOT = "<|endoftext|>"
 

@@ -1,4 +1,4 @@
-// tool_sparse_attention.c: helper program of tests/test_sparse_reference.py
+// tool_sparse_attention.c: helper program of tests/reference/test_sparse_reference.py
 // (named tool_*, so the runner does not run it on its own). Reads
 // DIR/index.json, a SparseIndex in CSR form with the call's shape:
 //   {"heads", "kv_heads", "head_dim", "block", "seq_len", "scale",
@@ -16,9 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../attention/sparse.h"
-#include "../dist/util.h"
-#include "../model/safetensors.h"
+#include "../../attention/sparse.h"
+#include "../../dist/util.h"
+#include "../../model/safetensors.h"
 
 // Integer field `name` of the JSON object, >= min.
 static int64_t json_int(const char *path, const cJSON *root, const char *name, int64_t min) {

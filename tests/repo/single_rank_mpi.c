@@ -4,13 +4,13 @@
 // oldest message first, a receive without its send left pending (Testall:
 // flag 0, requests kept), collectives that copy or leave in place, and an
 // error for a peer other than rank 0. Built and run by
-// tests/test_gpu_bundle.sh (make build/bundle/tests/single_rank_mpi).
+// tests/repo/test_gpu_bundle.sh (make build/bundle/tests/single_rank_mpi).
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "check.h"
+#include "../lib/check.h"
 
 int main(int argc, char **argv) {
     int provided = -1, rank = -1, size = -1;

@@ -5,8 +5,8 @@
 # trains one step on the CPU at a tiny shape when transformers is installed
 # (a "skip" line otherwise, and then the one line naming what is missing).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-. tests/lib.sh
+cd "$(dirname "$0")/../.."
+. tests/lib/lib.sh
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
   echo "skip bench_train_refuses: a GPU is visible (the script would benchmark)"

@@ -29,14 +29,14 @@
 #
 # docs/RECIPE.md runs at toy scale: the scratch copy gets a Qwen-shaped
 # model folder in models/Qwen2.5-0.5B (2 layers, 64 wide, GQA 4:2, random
-# weights, a byte-level BPE tokenizer.json of 303 ids: tests/qwen2_ref.py and
-# tests/test_tokenizer.py make them), long documents in
+# weights, a byte-level BPE tokenizer.json of 303 ids: tests/lib/qwen2_ref.py and
+# tests/reference/test_tokenizer.py make them), long documents in
 # data/long/pg19.jsonl, and build/cuda/mtrain when nvcc built none: the CPU
 # build, which its rows run with train.backend=cpu.
-#   bash tests/test_docs_commands.sh        (uses build/ as built)
+#   bash tests/repo/test_docs_commands.sh        (uses build/ as built)
 set -uo pipefail
-cd "$(dirname "$0")/.."
-. tests/lib.sh
+cd "$(dirname "$0")/../.."
+. tests/lib/lib.sh
 LIMIT=300
 
 RULES=(
@@ -44,7 +44,7 @@ RULES=(
   'skip|^make test$|runs the whole suite, this test included'
   'skip|^make all$|builds what make test builds (this test runs inside it; CI runs make all)'
   'skip|^make test-gpu$|needs a GPU'
-  'skip|^make test-sim$|part of make test (tests/test_sim.sh)'
+  'skip|^make test-sim$|part of make test (tests/sim/test_sim.sh)'
   'skip|^make test SANITIZE=1$|the whole sanitized suite (CI runs it: .ci/run)'
   'run |^make (-j2 )?build-fuzz$|'
   'run |^make fuzz$|FUZZ_RUNS=2000'
@@ -52,10 +52,10 @@ RULES=(
   'run |^bash scripts/kernel_resources\.sh |'
   'run |^mpirun -np 4 --oversubscribe build/mtrain train configs/tiny-cpu\.yaml |train.steps=10'
   'run |^build/mtrain train configs/tiny-cpu\.yaml checkpoint\.resume=never$|train.steps=10'
-  'skip|^mpirun -np 2 build/tests/mpi_gpu_nccl$|needs two GPUs (tests/test_sim_libs.sh runs it under the sim)'
-  'skip|^mpirun -np 4 build/tests/mpi_gpu_ring 2$|needs four GPUs (tests/test_cuda_ring.sh runs it under the sim)'
-  'skip|^srun |needs a Slurm cluster (tests/test_srun.sh runs srun on a private one)'
-  'skip|^mpirun -np 2 build/mtrain score --model DIR |placeholders DIR and FILE (tests/test_hf_folders.py runs score)'
+  'skip|^mpirun -np 2 build/tests/mpi_gpu_nccl$|needs two GPUs (tests/sim/test_sim_libs.sh runs it under the sim)'
+  'skip|^mpirun -np 4 build/tests/mpi_gpu_ring 2$|needs four GPUs (tests/sim/test_cuda_ring.sh runs it under the sim)'
+  'skip|^srun |needs a Slurm cluster (tests/mpi/test_srun.sh runs srun on a private one)'
+  'skip|^mpirun -np 2 build/mtrain score --model DIR |placeholders DIR and FILE (tests/reference/test_hf_folders.py runs score)'
   'run |^build/mtrain tokenize --tokenizer bytes --input corpus/|'
   'run |^build/mtrain data configs/tiny-cpu\.yaml |'
   'run |^build/mtrain train configs/tiny-cpu\.yaml data\.train=|train.steps=10'
@@ -67,11 +67,11 @@ RULES=(
   'skip|^build/mtrain config RUN\.yaml \[overrides\]$|synopsis with placeholders'
   'run |^bash scripts/bench_packing\.sh$|'
   'run |^bash scripts/plan_kernels\.sh$|'
-  'skip|^bash scripts/bench_train\.sh|needs a GPU (without one it exits 1 with one line: tests/test_bench_train.sh)'
+  'skip|^bash scripts/bench_train\.sh|needs a GPU (without one it exits 1 with one line: tests/repo/test_bench_train.sh)'
   'skip|^bash scripts/bench_|benchmark, minutes'
   'skip|^bash scripts/gpu_check\.sh$|needs a GPU'
-  'skip|^bash scripts/gpu_check\.sh --sim$|tests/test_gpu_check.sh runs it'
-  'skip|^make gpu-bundle$|tests/test_gpu_bundle.sh builds and runs it'
+  'skip|^bash scripts/gpu_check\.sh --sim$|tests/sim/test_gpu_check.sh runs it'
+  'skip|^make gpu-bundle$|tests/repo/test_gpu_bundle.sh builds and runs it'
   'skip|^build/mtrain data run\.yaml --read R |placeholders R, DIR and N'
   'skip|-np W build/tests/mpi_dist bench |placeholder W; benchmark'
   'skip|^OMP_NUM_THREADS=1 build/tests/mpi_sparse_ring plan |benchmark'
@@ -79,13 +79,13 @@ RULES=(
   'skip|-np NP build/mtrain train configs/demo-cpu\.yaml |placeholders NP, TH and GRID'
   'run |^build/mtrain eval configs/tiny-cpu\.yaml checkpoint\.dir=\$T/ck |eval.lengths=1024 eval.depths=0 eval.samples=1'
   'skip|^OMP_NUM_THREADS=1 OMPI_MCA_btl_vader_single_copy_mechanism=none$|environment settings, not a command'
-  'skip|^build/mtrain train configs/demo-cpu\.yaml .*parallel\.cp=2 |runs under the srun / mpirun -np 2 of its sentence (tests/test_srun.sh)'
+  'skip|^build/mtrain train configs/demo-cpu\.yaml .*parallel\.cp=2 |runs under the srun / mpirun -np 2 of its sentence (tests/mpi/test_srun.sh)'
   'skip|^mpirun --oversubscribe --bind-to none -np 2$|launcher options of a command beside it'
   'run |^build/mtrain plan configs/tiny-cpu\.yaml$|'
-  'skip|^build/mtrain train configs/tiny-cpu\.yaml model\.hidden_size=512 .* parallel\.dp=2 parallel\.zero=1$|the second line of an mpirun -np 2 under /usr/bin/time, a timing (tests/test_checkpoint_shards.sh writes and resumes the same ZeRO shards)'
+  'skip|^build/mtrain train configs/tiny-cpu\.yaml model\.hidden_size=512 .* parallel\.dp=2 parallel\.zero=1$|the second line of an mpirun -np 2 under /usr/bin/time, a timing (tests/mpi/test_checkpoint_shards.sh writes and resumes the same ZeRO shards)'
   'skip|^bash scripts/ring_overlap\.sh RUN\.yaml|placeholder RUN.yaml (docs/PERFORMANCE.md runs the same plan --ring on a run file)'
   'run |^build/mtrain plan configs/qwen2\.5-[0-9.]+b-[0-9]+k-32x[a-z0-9]+\.yaml( train\.init_from=none)?|'
-  'skip|^sbatch scripts/sbatch_example\.sh |needs a Slurm cluster (tests/test_plan.sh runs the script with an srun shim)'
+  'skip|^sbatch scripts/sbatch_example\.sh |needs a Slurm cluster (tests/cli/test_plan.sh runs the script with an srun shim)'
   'skip|^mpirun -np 32 --hostfile hosts |32 ranks on 4 nodes of GPUs'
   'run |^build/mtrain plot logs/tiny-cpu$|'
   'skip|^build/mtrain plan configs/NAME\.yaml( .*)?$|placeholder NAME (docs/RECIPE.md and docs/USAGE.md run two of these run files)'
@@ -153,7 +153,7 @@ if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_
 mkdir -p "$scratch/data/long"
 (cd "$scratch" && /usr/bin/python3 - <<'EOF'
 import json, random, sys
-sys.path.insert(0, "tests")
+sys.path[:0] = ["tests/lib", "tests/reference"]
 import qwen2_ref as ref
 from test_tokenizer import tiny_tokenizer
 cfg = ref.make_config(vocab=320, hidden=64, inter=96, layers=2, heads=4, kv_heads=2, theta=1000000.0, max_pos=32768)
@@ -196,7 +196,7 @@ while IFS=$'\t' read -r where command; do
       if [ $rc -eq 0 ]; then ok "$where runs: $command${detail:+ (+ $detail)} [$((SECONDS - start)) s]"
       else bad "$where runs: $command${detail:+ (+ $detail)}" "exit $rc: $(tail -n 100 "$tmp/out" | tr '\n' '|')"; fi
       ;;
-    *) bad "$where: $command" "matches no row of RULES in tests/test_docs_commands.sh (run it, or skip it with a reason)" ;;
+    *) bad "$where: $command" "matches no row of RULES in tests/repo/test_docs_commands.sh (run it, or skip it with a reason)" ;;
   esac
 done <<<"$commands"
 echo "$count documented commands"

@@ -11,13 +11,13 @@
 # backend (finite losses), and stops with one line, never a loader error, for
 # train.backend=cuda (no GPU), without the site-packages, and when the
 # environment asks for more than one rank (single-rank MPI; its semantics:
-# build/bundle/tests/single_rank_mpi, from tests/single_rank_mpi.c). Any library the
+# build/bundle/tests/single_rank_mpi, from tests/repo/single_rank_mpi.c). Any library the
 # bundle needed from the host would be missing there. Builds the bundle when
 # it is missing or stale (make gpu-bundle; needs nvcc) and runs as root
 # (chroot); otherwise says why and checks nothing else.
 set -u
-cd "$(dirname "$0")/.."
-. tests/lib.sh
+cd "$(dirname "$0")/../.."
+. tests/lib/lib.sh
 
 cuda=${CUDA_HOME:-/usr/local/cuda}
 if [ ! -x "$cuda/bin/nvcc" ] || [ "$(id -u)" -ne 0 ]; then

@@ -9,8 +9,8 @@
 # launch table does not know: both must show. Without nvcc it cannot check
 # and says so as one failure. Prints "ok NAME" / "FAIL NAME: why".
 set -uo pipefail
-cd "$(dirname "$0")/.."
-source tests/lib.sh
+cd "$(dirname "$0")/../.."
+source tests/lib/lib.sh
 
 NVCC=$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
 if [ ! -x "$NVCC" ]; then

@@ -10,15 +10,15 @@
 # `make demo` build build/mtrain and its objects only: no test program, no sim,
 # no CUDA object.
 set -u
-cd "$(dirname "$0")/.."
-. tests/lib.sh
+cd "$(dirname "$0")/../.."
+. tests/lib/lib.sh
 
 copy="$tmp/tree"
 mkdir "$copy"
 cp -a Makefile dist data attention model trainer tests scripts build "$copy"/
 rm -rf "$copy/build/obj/tests" "$copy/build/tests"
 expect "fresh build of a test program" 'make -C "$copy" build/tests/test_rope >"$tmp/build.txt" 2>&1'
-expect "its object is kept" '[ -f "$copy/build/obj/tests/test_rope.o" ]'
+expect "its object is kept" '[ -f "$copy/build/obj/tests/unit/test_rope.o" ]'
 expect "second make -q: up to date" 'make -s -C "$copy" -q build/tests/test_rope'
 make -C "$copy" -n build/tests/test_rope >"$tmp/dry.txt" 2>&1
 expect "second make -n: nothing to do" 'grep -q "is up to date" "$tmp/dry.txt" && ! grep -q " -o " "$tmp/dry.txt"'

@@ -13,9 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../attention/attention_cuda.h"
-#include "../dist/cuda_check.h"
-#include "../dist/util.h"
+#include "../../attention/attention_cuda.h"
+#include "../../dist/cuda_check.h"
+#include "../../dist/util.h"
 
 #define HQ 16
 #define HKV 2

@@ -1,4 +1,4 @@
-// gpu_common.h: helpers shared by the GPU test programs (tests/gpu_test_*.c):
+// gpu_common.h: helpers shared by the GPU test programs (tests/sim/gpu_test_*.c):
 // counted checks, bf16 random inputs with their fp32 values, device copies,
 // poisoned (NaN-filled) device outputs and the relative Frobenius error.
 // Include after check.h.
@@ -8,8 +8,8 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "../dist/cuda_check.h"
-#include "../dist/util.h"
+#include "../../dist/cuda_check.h"
+#include "../../dist/util.h"
 
 static int checks = 0;         // checks run (check.h counts the failures)
 #define EXPECT_COUNTED(cond, ...) do { checks++; EXPECT(cond, __VA_ARGS__); } while (0)

@@ -1,5 +1,5 @@
 // gpu_cub.cu: the C entry points of gpu_cub.h, compiled by nvcc against the
-// toolkit's CUB and by the sim build against tests/cudasim/include/cub.
+// toolkit's CUB and by the sim build against tests/sim/cudasim/include/cub.
 #include <cub/cub.cuh>
 
 #include "gpu_cub.h"

@@ -1,7 +1,7 @@
 // gpu_cub.h: C entry points to the two CUB algorithms the project calls, with
 // the key and offset types it uses, for the C test program gpu_test_cub.c
 // (CUB itself is C++ templates). Each forwards its arguments unchanged and
-// returns CUB's cudaError_t (tests/gpu_cub.cu).
+// returns CUB's cudaError_t (tests/sim/gpu_cub.cu).
 #ifndef MTRAIN_GPU_CUB_H
 #define MTRAIN_GPU_CUB_H
 

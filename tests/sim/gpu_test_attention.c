@@ -7,7 +7,7 @@
 // documents crossing tile boundaries, one-token documents, positions before
 // the first document, and query tiles that see no key of earlier key tiles
 // (a document starting at a tile boundary). Needs a GPU; run by `make
-// test-gpu` and under the sim (tests/test_sim.sh).
+// test-gpu` and under the sim (tests/sim/test_sim.sh).
 //   build/tests/gpu_test_attention         every case
 //   build/tests/gpu_test_attention small   the small cases (compute-sanitizer)
 //
@@ -22,12 +22,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../attention/attention.h"
-#include "../attention/attention_cuda.h"
-#include "../attention/layout.h"
-#include "../dist/cuda_check.h"
-#include "../dist/util.h"
-#include "check.h"
+#include "../../attention/attention.h"
+#include "../../attention/attention_cuda.h"
+#include "../../attention/layout.h"
+#include "../../dist/cuda_check.h"
+#include "../../dist/util.h"
+#include "../lib/check.h"
 #include "gpu_common.h"
 
 #define TOL 1e-2

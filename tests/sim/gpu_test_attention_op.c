@@ -11,13 +11,13 @@
 // non-zero bf16 dq, dk, dv. Also the sparse statistics: density counts
 // (integers) equal to the CPU op's, their causal pairs (with documents: of
 // one document) equal to an independent count, recall within 1e-3.
-// Needs a GPU (`make test-gpu`), or the sim (tests/test_sim.sh).
+// Needs a GPU (`make test-gpu`), or the sim (tests/sim/test_sim.sh).
 //   build/tests/gpu_test_attention_op             every case
 //   build/tests/gpu_test_attention_op small       the small cases
 //   build/tests/gpu_test_attention_op refuse-block what the op refuses: sparse
 //                                                 attention with blocks of 32
 //                                                 (exit 1 with one line;
-//                                                 tests/test_sim.sh)
+//                                                 tests/sim/test_sim.sh)
 //
 // Inputs are planted so that the pattern has no near-ties to flip between the
 // CPU's and the GPU's fp32 estimation: every query attends strongly (logit
@@ -40,11 +40,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../attention/attention_cuda_op.h"
-#include "../dist/cuda_check.h"
-#include "../dist/util.h"
-#include "../model/backend.h"
-#include "check.h"
+#include "../../attention/attention_cuda_op.h"
+#include "../../dist/cuda_check.h"
+#include "../../dist/util.h"
+#include "../../model/backend.h"
+#include "../lib/check.h"
 #include "gpu_common.h"
 
 #define TOL 1e-2

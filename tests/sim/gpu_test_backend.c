@@ -8,7 +8,7 @@
 // one slash line per head (its density, as the CPU model counts it, below
 // DENSITY_MAX), the same with activation checkpointing (equal to it), lengths
 // that are not a multiple of the 64-token tile (T = 37, 130, 320).
-// Needs a GPU (`make test-gpu`), or the sim (tests/test_sim.sh).
+// Needs a GPU (`make test-gpu`), or the sim (tests/sim/test_sim.sh).
 //   build/tests/gpu_test_backend         every case
 //   build/tests/gpu_test_backend small   the first five cases (each of the above once)
 //
@@ -28,9 +28,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../model/model.h"
-#include "../model/optimizer.h"
-#include "check.h"
+#include "../../model/model.h"
+#include "../../model/optimizer.h"
+#include "../lib/check.h"
 
 // The attention of a case: dense, sparse keeping every line (top_p = 1), or
 // sparse with a fixed budget of vertical and slash lines per head.

@@ -12,14 +12,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../attention/attention.h"
-#include "../attention/attention_cuda.h"
-#include "../attention/sparse.h"
-#include "../attention/sparse_cuda.h"
-#include "../dist/cuda_check.h"
-#include "../dist/util.h"
-#include "../trainer/plan_counts.h"
-#include "check.h"
+#include "../../attention/attention.h"
+#include "../../attention/attention_cuda.h"
+#include "../../attention/sparse.h"
+#include "../../attention/sparse_cuda.h"
+#include "../../dist/cuda_check.h"
+#include "../../dist/util.h"
+#include "../../trainer/plan_counts.h"
+#include "../lib/check.h"
 
 #ifdef CUDASIM_KERNEL_COUNTS
 #include "gpu_common.h"

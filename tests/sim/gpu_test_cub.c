@@ -8,14 +8,14 @@
 // order). And the temporary-storage protocol: a size query does no work, a
 // storage one byte short is cudaErrorInvalidValue. Outputs start poisoned.
 //   gpu_test_cub [small]     every check (all small: `small` as the other GPU tests take it)
-//   gpu_test_cub host-temp   a misuse the sim must stop (tests/test_sim_libs.sh)
+//   gpu_test_cub host-temp   a misuse the sim must stop (tests/sim/test_sim_libs.sh)
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../dist/cuda_check.h"
-#include "../dist/util.h"
-#include "check.h"
+#include "../../dist/cuda_check.h"
+#include "../../dist/util.h"
+#include "../lib/check.h"
 #include "gpu_common.h"
 #include "gpu_cub.h"
 

@@ -1,5 +1,5 @@
 // gpu_test_cublaslt.c: cuBLASLt matmuls (the real library on a GPU, the
-// subset in tests/cudasim/ under the CPU execution model) against OpenBLAS's
+// subset in tests/sim/cudasim/ under the CPU execution model) against OpenBLAS's
 // cblas_sgemm on the host: every transpose combination, leading dimensions
 // larger than the rows (the padding holds NaN, so reading it shows), bf16 and
 // fp32 inputs and outputs, alpha/beta, C and D equal, the bias epilogue and
@@ -11,7 +11,7 @@
 // to nearest even (two exact ties), and bad arguments return the documented
 // status. Built natively with nvcc (needs a GPU) and by the sim build.
 //   gpu_test_cublaslt [small]       every check (all small: `small` as the other GPU tests take it)
-//   gpu_test_cublaslt host-matrix   a misuse the sim must stop (tests/test_sim_libs.sh)
+//   gpu_test_cublaslt host-matrix   a misuse the sim must stop (tests/sim/test_sim_libs.sh)
 //   gpu_test_cublaslt misaligned    another: matrices 16-byte aligned, the heuristic told nothing (256)
 //
 // Tolerances: fp32 outputs max|D - ref| <= 1e-5 max|ref| (other summation
@@ -24,9 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../dist/cuda_check.h"
-#include "../dist/util.h"
-#include "check.h"
+#include "../../dist/cuda_check.h"
+#include "../../dist/util.h"
+#include "../lib/check.h"
 #include "gpu_common.h"
 
 static const size_t MAX_WORKSPACE = 32 << 20;

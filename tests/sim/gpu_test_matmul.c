@@ -30,10 +30,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../dist/cuda_check.h"
-#include "../dist/util.h"
-#include "../model/matmul_cuda.h"
-#include "check.h"
+#include "../../dist/cuda_check.h"
+#include "../../dist/util.h"
+#include "../../model/matmul_cuda.h"
+#include "../lib/check.h"
 #include "gpu_common.h"
 
 // Worst |got - ref| / bound over n elements (see the top of the file); NaN

@@ -5,7 +5,7 @@
 // on shapes that are not multiples of any tile (T 1, 7, 37, 130; H 24, 40,
 // 896; V 257, 1000). Outputs that an op writes are poisoned (NaN) first;
 // outputs that it accumulates into start from random values, which the
-// reference includes. Needs a GPU or the sim (tests/test_sim.sh).
+// reference includes. Needs a GPU or the sim (tests/sim/test_sim.sh).
 //   build/tests/gpu_test_ops         every case
 //   build/tests/gpu_test_ops small   without the larger cases (sim, compute-sanitizer)
 //
@@ -22,10 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../dist/cuda_check.h"
-#include "../dist/util.h"
-#include "../model/ops_cuda.h"
-#include "check.h"
+#include "../../dist/cuda_check.h"
+#include "../../dist/util.h"
+#include "../../model/ops_cuda.h"
+#include "../lib/check.h"
 #include "gpu_common.h"
 
 #define U16 (1.0 / 256)

@@ -23,11 +23,11 @@
 // no fp32 noise to disagree on), the index with documents rebuilt into the
 // same buffers and the other budget selected into the same pattern (both
 // poisoned first). Runs on a GPU under `make test-gpu`, and on the CPU
-// under the CUDA simulator in `make test` (tests/test_sim.sh).
+// under the CUDA simulator in `make test` (tests/sim/test_sim.sh).
 //   build/tests/gpu_test_sparse         every case
 //   build/tests/gpu_test_sparse small   the small cases (compute-sanitizer)
 //   build/tests/gpu_test_sparse index   only the long index row (every run
-//                                       starts with it; tests/test_sim.sh's
+//                                       starts with it; tests/sim/test_sim.sh's
 //                                       mutants of the index's barriers)
 //
 // Tolerances as gpu_test_attention.c: relative Frobenius error <= 1e-2 for O,
@@ -41,14 +41,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../attention/attention.h"
-#include "../attention/attention_cuda.h"
-#include "../attention/layout.h"
-#include "../attention/sparse.h"
-#include "../attention/sparse_cuda.h"
-#include "../dist/cuda_check.h"
-#include "../dist/util.h"
-#include "check.h"
+#include "../../attention/attention.h"
+#include "../../attention/attention_cuda.h"
+#include "../../attention/layout.h"
+#include "../../attention/sparse.h"
+#include "../../attention/sparse_cuda.h"
+#include "../../dist/cuda_check.h"
+#include "../../dist/util.h"
+#include "../lib/check.h"
 #include "gpu_common.h"
 
 #define TOL 1e-2

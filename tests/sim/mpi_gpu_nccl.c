@@ -1,6 +1,6 @@
 // mpi_gpu_nccl.c: the NCCL calls a multi-rank GPU program makes (real NCCL
 // on GPUs, the sim's NCCL over MPI under the CPU execution model), under
-// mpirun with 2 or 4 ranks (tests/test_sim_libs.sh): a world communicator
+// mpirun with 2 or 4 ranks (tests/sim/test_sim_libs.sh): a world communicator
 // from a unique id broadcast over MPI; a ring exchange of send/recv in one
 // group; AllReduce (sum, prod, max, min over fp32, fp64, bf16, int32, int64,
 // uint8; in place and not); ReduceScatter and AllGather (in place and not);
@@ -18,11 +18,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../dist/cuda_check.h"
-#include "../dist/util.h"
-#include "check.h"
+#include "../../dist/cuda_check.h"
+#include "../../dist/util.h"
+#include "../lib/check.h"
 #include "gpu_common.h"
-#include "mpi_check.h"
+#include "../lib/mpi_check.h"
 
 // expect_all, counted (gpu_common.h's counter).
 #define EXPECT_ALL(...) do { checks++; expect_all(__VA_ARGS__); } while (0)

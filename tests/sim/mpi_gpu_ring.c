@@ -1,7 +1,7 @@
 // mpi_gpu_ring.c: the CUDA attention op over a cp ring (attention/ring_cuda.c,
 // the schedules of ring.c on device buffers) against the same op on one GPU
 // over the whole sequence, under mpirun (real NCCL on GPUs, the sim's NCCL
-// over MPI; tests/test_cuda_ring.sh runs it under several CUDASIM_SEEDs):
+// over MPI; tests/sim/test_cuda_ring.sh runs it under several CUDASIM_SEEDs):
 //   mpirun -np W mpi_gpu_ring INNER   (INNER = W: flat; else hierarchical)
 // For each layout (zigzag, striped), ring_send (full, selected) and document
 // set (none, mixed), and the contiguous layout with documents (mixed; one
@@ -41,18 +41,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../attention/attention_cuda_op.h"
-#include "../attention/layout.h"
-#include "../attention/ring_cuda.h"
-#include "../attention/ring_plan.h"
-#include "../attention/ring_sparse.h"
-#include "../attention/sparse_plan.h"
-#include "../dist/comm_device.h"
-#include "../dist/cuda_check.h"
-#include "../dist/util.h"
-#include "check.h"
+#include "../../attention/attention_cuda_op.h"
+#include "../../attention/layout.h"
+#include "../../attention/ring_cuda.h"
+#include "../../attention/ring_plan.h"
+#include "../../attention/ring_sparse.h"
+#include "../../attention/sparse_plan.h"
+#include "../../dist/comm_device.h"
+#include "../../dist/cuda_check.h"
+#include "../../dist/util.h"
+#include "../lib/check.h"
 #include "gpu_common.h"
-#include "mpi_check.h"
+#include "../lib/mpi_check.h"
 
 #define EXPECT_ALL(...) do { checks++; expect_all(__VA_ARGS__); } while (0)
 

@@ -1,5 +1,5 @@
 // sim_selftest.cu: small kernels, deliberately wrong and right, with which the
-// CPU execution model of CUDA (tests/cudasim/) shows that it catches each
+// CPU execution model of CUDA (tests/sim/cudasim/) shows that it catches each
 // class of bug; built only for the sim (build/sim/tests/sim_selftest, and
 // sim_selftest_asan with AddressSanitizer). `sim_selftest CASE` runs one:
 //   reuse_nosync / reuse_sync    shared buffer rewritten without / with a barrier: prints wrong / correct
@@ -19,7 +19,7 @@
 //   devices                      the visible devices: count and PCI bus ids (CUDA_VISIBLE_DEVICES)
 //   fragments                    mma.sync and ldmatrix element by element against the PTX ISA tables
 //   memory_peak                  cudasimMemoryPeak: cudaMalloc's bytes plus the pool's high-water mark (ok / FAIL)
-// tests/test_sim.sh runs each in a child process and asserts its outcome.
+// tests/sim/test_sim.sh runs each in a child process and asserts its outcome.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,10 +27,10 @@
 
 #include <cuda_runtime.h>
 
-#include "../attention/flash_tiles.cuh"
-#include "../dist/cuda_check.h"
-#include "../dist/cuda_kernel.h"
-#include "check.h"
+#include "../../attention/flash_tiles.cuh"
+#include "../../dist/cuda_check.h"
+#include "../../dist/cuda_kernel.h"
+#include "../lib/check.h"
 #include "cudasim.h"
 
 // ---- a shared buffer reused across rounds: thread t reads what thread t+1 wrote ----
@@ -487,7 +487,7 @@ static void check_ldmatrix() {
 }
 
 int main(int argc, char **argv) {
-    CHECK(argc == 2, "usage: %s CASE (see tests/sim_selftest.cu)", argv[0]);
+    CHECK(argc == 2, "usage: %s CASE (see tests/sim/sim_selftest.cu)", argv[0]);
     const char *c = argv[1];
     if (!strcmp(c, "reuse_nosync") || !strcmp(c, "reuse_sync")) reuse(!strcmp(c, "reuse_sync"));
     else if (!strcmp(c, "cp_async_early") || !strcmp(c, "cp_async_waited")) cp_async(!strcmp(c, "cp_async_waited"));

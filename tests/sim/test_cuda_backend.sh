@@ -4,7 +4,7 @@
 # 50 steps on the CUDA backend under the sim (docs/SIM.md) with losses that
 # follow the CPU backend's from the same seed and synthetic data (every step
 # within 2e-2 relative, the final loss within 2%: bf16 activations, see
-# tests/gpu_test_backend.c) and prints its GPU's memory plan at start; a CUDA
+# tests/sim/gpu_test_backend.c) and prints its GPU's memory plan at start; a CUDA
 # run stopped at step 25 and resumed ends with the same bits as the
 # uninterrupted one (the same CUDASIM_SEED: the same block order); under
 # another block order, resumed or not, within 1e-3 (the attention backward's
@@ -12,9 +12,9 @@
 # CPU 41-50) follows the CPU's loss curve; and `mtrain score` and `mtrain
 # eval` on the CUDA backend give the CPU's loss; with documents and sparse
 # attention the CUDA backend's losses follow the CPU's too.
-#   MTRAIN=path/to/mtrain bash tests/test_cuda_backend.sh   (default build/mtrain)
-cd "$(dirname "$0")/.."
-source tests/lib.sh
+#   MTRAIN=path/to/mtrain bash tests/sim/test_cuda_backend.sh   (default build/mtrain)
+cd "$(dirname "$0")/../.."
+source tests/lib/lib.sh
 mtrain=${MTRAIN:-build/mtrain}
 sim=build/sim/mtrain
 
@@ -138,7 +138,7 @@ rm -rf "$tmp/ck-order-resume/step_00000004"
 CUDASIM_SEED=2 run "$sim" cuda 4 order-resume $order_run
 rc2=$?
 max_rel() {  # A B: the largest max |a - b| / max |b| over the tensors of two model.safetensors
-  /usr/bin/python3 -c 'import sys; sys.path.insert(0, "tests"); import harness
+  /usr/bin/python3 -c 'import sys; sys.path.insert(0, "tests/lib"); import harness
 a, b = harness.read_safetensors(sys.argv[1]), harness.read_safetensors(sys.argv[2])
 print("%.2e" % max(harness.rel_err(a[k], b[k]) for k in b))' "$1" "$2"
 }

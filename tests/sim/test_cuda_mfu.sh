@@ -7,8 +7,8 @@
 # against the CPU's sgemm rate they are alike). The run summary prints no
 # host memory plan ("planned") on the CUDA backend, whose plan is the GPU's.
 set -u
-cd "$(dirname "$0")/.."
-. tests/lib.sh
+cd "$(dirname "$0")/../.."
+. tests/lib/lib.sh
 sim_setup cuda_mfu
 RUN="$SIM_RUN train.steps=1"
 for gpu in a100-80g h100; do

@@ -60,8 +60,8 @@
 # log-sum-exp merge and dK/dV sums in another order than one kernel): a ring
 # or a reduction that lost or doubled a chunk or a rank's gradient moves the
 # loss by 1e-2 and the weights by 1e-2.
-cd "$(dirname "$0")/.."
-source tests/lib.sh
+cd "$(dirname "$0")/../.."
+source tests/lib/lib.sh
 sim_setup cuda_multi
 RUN="$SIM_RUN checkpoint.resume=never attention.block_size=32"
 

@@ -33,7 +33,7 @@
 #              and sparse (the gathered columns' collectives staged too).
 # At initialisation attention is nearly uniform, so these runs catch a ring
 # that fails, hangs, corrupts or loses messages, not small errors of the
-# attention itself: tests/mpi_gpu_ring.c compares the ring's outputs and
+# attention itself: tests/sim/mpi_gpu_ring.c compares the ring's outputs and
 # gradients with one GPU's on sharp attention.
 # Tolerances: activations are bf16 (8 significant bits, 2^-9 relative per
 # rounding); the ring merges chunks by log-sum-exp in fp32 in another order
@@ -45,8 +45,8 @@
 # moves a weight by up to ~1e-2 per step, so near-zero gradients whose sign
 # flips under rounding move it by a few 1e-3). A ring that lost or doubled a
 # chunk changes the loss at 1e-2.
-cd "$(dirname "$0")/.."
-source tests/lib.sh
+cd "$(dirname "$0")/../.."
+source tests/lib/lib.sh
 mpirun_env
 export OMP_NUM_THREADS=1
 sim=build/sim/mtrain

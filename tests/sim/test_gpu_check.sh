@@ -7,8 +7,8 @@
 # summary is written; --stages runs the stages named (an unknown name: one
 # line, exit 2); without the bundle the check refuses with one line.
 set -u
-cd "$(dirname "$0")/.."
-. tests/lib.sh
+cd "$(dirname "$0")/../.."
+. tests/lib/lib.sh
 
 if [ ! -x build/sim/mtrain ] || [ ! -x build/sim/tests/gpu_bench_attention ]; then
   bad "gpu_check_sim_build" "build/sim/mtrain or build/sim/tests/gpu_bench_attention missing (make build-sim)"

@@ -21,8 +21,8 @@
 # (the bf16 activations and kernels are the same per sequence), hence
 # tolerances far below bf16's. AdamW with lr 1e-2 and eps 1e-3 (the update
 # g / (|g| + eps) is smooth in g): a wrong gradient moves weights by ~1e-3.
-cd "$(dirname "$0")/.."
-source tests/lib.sh
+cd "$(dirname "$0")/../.."
+source tests/lib/lib.sh
 sim_setup nccl_dp
 RUN="$SIM_RUN checkpoint.resume=never"
 

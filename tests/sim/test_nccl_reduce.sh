@@ -24,8 +24,8 @@
 #              nccl and mpi, and in buckets on the communication stream;
 #   kill       a rank killed by SIGKILL before the reduction: mpirun ends
 #              the whole job, naming the rank, well within the time limit.
-cd "$(dirname "$0")/.."
-source tests/lib.sh
+cd "$(dirname "$0")/../.."
+source tests/lib/lib.sh
 sim_setup nccl_reduce
 RUN="$SIM_RUN checkpoint.every=1"
 

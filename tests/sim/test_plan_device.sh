@@ -13,8 +13,8 @@
 # with the length) must match the plan's growth within 10%. Then the MLP in
 # token chunks on the CUDA backend against the MLP whole.
 set -u
-cd "$(dirname "$0")/.."
-. tests/lib.sh
+cd "$(dirname "$0")/../.."
+. tests/lib/lib.sh
 sim_setup plan_device
 
 sparse="attention.type=sparse attention.block_size=64 attention.budget=fixed attention.vertical=4 attention.slash=1

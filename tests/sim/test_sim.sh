@@ -9,8 +9,8 @@
 # __launch_bounds__) that the attention test must catch, and of the sparse
 # index build's barriers (each loop's closing __syncthreads, the one inside
 # block_exclusive_sum) that the sparse test's long index row must catch.
-cd "$(dirname "$0")/.."
-source tests/lib.sh
+cd "$(dirname "$0")/../.."
+source tests/lib/lib.sh
 seeds="1 2 3"
 sim=build/sim/tests
 if [ ! -x $sim/gpu_test_attention ] || [ ! -x $sim/sim_selftest ] || [ ! -x $sim/sim_selftest_asan ]; then

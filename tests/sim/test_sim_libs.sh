@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# test_sim_libs.sh: the sim's library subsets (tests/cudasim/: cuBLASLt, CUB,
-# NCCL over MPI) beyond what tests/test_sim.sh runs (which runs every
+# test_sim_libs.sh: the sim's library subsets (tests/sim/cudasim/: cuBLASLt, CUB,
+# NCCL over MPI) beyond what tests/sim/test_sim.sh runs (which runs every
 # build/sim/tests/gpu_test_*, gpu_test_cublaslt and gpu_test_cub included,
 # under three seeds): the NCCL program build/sim/tests/mpi_gpu_nccl under
 # mpirun with 2 and 4 ranks (--oversubscribe: the ranks share the cores), each
@@ -13,8 +13,8 @@
 # no order between them; a stream that waits for a group with a node-local
 # and a network transfer, nodes of one rank, then computes).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-source tests/lib.sh
+cd "$(dirname "$0")/../.."
+source tests/lib/lib.sh
 
 export OMP_NUM_THREADS=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
 if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi

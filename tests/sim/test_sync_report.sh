@@ -24,8 +24,8 @@
 #              gathered columns).
 # A case is one line of $cases (name, ranks, settings); a budget one pair of
 # names.
-cd "$(dirname "$0")/.."
-source tests/lib.sh
+cd "$(dirname "$0")/../.."
+source tests/lib/lib.sh
 sim_setup sync_report
 RUN="$SIM_RUN train.steps=2 checkpoint.resume=never"
 # $SIM_SPARSE on one line, without its statistics (log.attention_every: counting them reads the index back)

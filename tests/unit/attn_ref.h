@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../attention/attention.h"
-#include "../dist/util.h"
+#include "../../attention/attention.h"
+#include "../../dist/util.h"
 
 // One attention problem: q, w (the upstream gradient dO) [Tq, Hq, D],
 // k, v [Tk, Hkv, D], q_pos [Tq], k_pos [Tk] (positions 0.. unless overridden).

@@ -4,8 +4,8 @@
 // form.
 #include <string.h>
 
-#include "../trainer/args.h"
-#include "check.h"
+#include "../../trainer/args.h"
+#include "../lib/check.h"
 
 int main(void) {
     const char *model = NULL, *seed = NULL;

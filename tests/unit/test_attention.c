@@ -13,10 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../attention/attention.h"
-#include "../dist/util.h"
+#include "../../attention/attention.h"
+#include "../../dist/util.h"
 #include "attn_ref.h"
-#include "check.h"
+#include "../lib/check.h"
 
 #define TOL_FWD 1e-5
 #define TOL_GRAD 1e-4

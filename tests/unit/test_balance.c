@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../attention/balance.h"
-#include "check.h"
+#include "../../attention/balance.h"
+#include "../lib/check.h"
 
 typedef int (*BlockRule)(int64_t qb, int64_t kb);
 

@@ -16,10 +16,10 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "../dist/util.h"
-#include "../model/model.h"
-#include "../trainer/checkpoint.h"
-#include "check.h"
+#include "../../dist/util.h"
+#include "../../model/model.h"
+#include "../../trainer/checkpoint.h"
+#include "../lib/check.h"
 
 static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
     (void)sb; (void)flag; (void)ftw;

@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../data/tasks.h"
-#include "../trainer/eval.h"
-#include "check.h"
+#include "../../data/tasks.h"
+#include "../../trainer/eval.h"
+#include "../lib/check.h"
 
 static void test_planted_logits(void) {
     enum { A = 3, V = 10 };

@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../attention/layout.h"
-#include "check.h"
+#include "../../attention/layout.h"
+#include "../lib/check.h"
 
 // Checks one (kind, N, B, W): returns the dense causal work (sum of pos+1) of
 // the busiest rank divided by the mean.

@@ -11,10 +11,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../data/loader.h"
-#include "../data/synthetic.h"
-#include "../dist/util.h"
-#include "check.h"
+#include "../../data/loader.h"
+#include "../../data/synthetic.h"
+#include "../../dist/util.h"
+#include "../lib/check.h"
 
 #define SHARDS 10               // more than LOADER_OPEN_SHARDS
 #define DOCS_PER_SHARD 6

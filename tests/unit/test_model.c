@@ -16,11 +16,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../data/synthetic.h"
-#include "../model/hf_io.h"
-#include "../model/model.h"
-#include "../model/optimizer.h"
-#include "check.h"
+#include "../../data/synthetic.h"
+#include "../../model/hf_io.h"
+#include "../../model/model.h"
+#include "../../model/optimizer.h"
+#include "../lib/check.h"
 
 static ModelConfig tiny_config(void) {
     ModelConfig c = {.vocab_size = 64, .hidden_size = 32, .intermediate_size = 48, .num_layers = 2,

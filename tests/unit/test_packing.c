@@ -9,11 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../attention/balance.h"
-#include "../data/packing.h"
-#include "../data/synthetic.h"
-#include "../dist/util.h"
-#include "check.h"
+#include "../../attention/balance.h"
+#include "../../data/packing.h"
+#include "../../data/synthetic.h"
+#include "../../dist/util.h"
+#include "../lib/check.h"
 
 // Work of the sequential packing: consecutive windows of N tokens (bins of
 // them), each document cut at the window ends; work [bins].

@@ -4,16 +4,16 @@
 // between, and derives the attention factor; the rope op rotates by
 // pos·inv_freq with cos and sin scaled by the attention factor, and its
 // inverse is the transpose; positions restart at document starts. With arguments it prints a table for
-// tests/test_rope.py to compare with its torch reference:
+// tests/reference/test_rope.py to compare with its torch reference:
 //   test_rope table D THETA FACTOR ORIGINAL MAX_POS BETA_FAST BETA_SLOW ATTENTION_FACTOR MSCALE MSCALE_ALL_DIM TRUNCATE
 // prints "attention_factor X" and one "inv_freq I X" line per pair (%.17g).
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../model/backend.h"
-#include "../model/rope.h"
-#include "check.h"
+#include "../../model/backend.h"
+#include "../../model/rope.h"
+#include "../lib/check.h"
 
 static ModelConfig yarn_config(int D, double theta, double factor, int original, int max_pos) {
     ModelConfig c = {.head_dim = D, .rope_theta = theta, .max_position_embeddings = max_pos};

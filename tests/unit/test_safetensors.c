@@ -15,10 +15,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../dist/util.h"
-#include "../model/hf_config.h"
-#include "../model/safetensors.h"
-#include "check.h"
+#include "../../dist/util.h"
+#include "../../model/hf_config.h"
+#include "../../model/safetensors.h"
+#include "../lib/check.h"
 
 static char tmpdir[64];
 

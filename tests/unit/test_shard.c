@@ -12,9 +12,9 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "../data/shard.h"
-#include "../dist/util.h"
-#include "check.h"
+#include "../../data/shard.h"
+#include "../../dist/util.h"
+#include "../lib/check.h"
 
 static char dir[] = "/tmp/test_shard.XXXXXX";
 

@@ -6,7 +6,7 @@
 # "mtrain: FILE:LINE: what is wrong, what was expected" and a non-zero exit.
 # Prints "ok NAME" / "FAIL NAME: why".
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 bin=build/tests/test_sparse_index
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -7,7 +7,7 @@
 // work counts and recall against brute force; the budget file reader.
 //   test_sparse_index                      run the checks
 //   test_sparse_index --budget FILE L H    print FILE's budgets for L layers x H heads
-//                                          (defaults 7 / 9; tests/test_sparse_budget.sh)
+//                                          (defaults 7 / 9; tests/unit/test_sparse_budget.sh)
 //   test_sparse_index --bench N            time estimation + selection + index
 //                                          against dense attention at N tokens
 #include <math.h>
@@ -17,10 +17,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../attention/layout.h"
-#include "../attention/sparse.h"
-#include "../dist/util.h"
-#include "check.h"
+#include "../../attention/layout.h"
+#include "../../attention/sparse.h"
+#include "../../dist/util.h"
+#include "../lib/check.h"
 
 static float *floats(int64_t n) { return xmalloc((size_t)n * sizeof(float)); }
 static double *doubles(int64_t n) { return xmalloc((size_t)n * sizeof(double)); }
@@ -735,7 +735,7 @@ static void test_budget_good(void) {
     remove(path);
 }
 
-// --budget FILE L H: print the table of FILE (for tests/test_sparse_budget.sh).
+// --budget FILE L H: print the table of FILE (for tests/unit/test_sparse_budget.sh).
 static int budget_main(const char *path, int layers, int heads) {
     int *vert = xmalloc((size_t)(layers * heads) * sizeof(int)), *slash = xmalloc((size_t)(layers * heads) * sizeof(int));
     sparse_budget_load(path, layers, heads, 7, 9, vert, slash);

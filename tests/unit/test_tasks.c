@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../data/tasks.h"
-#include "check.h"
+#include "../../data/tasks.h"
+#include "../lib/check.h"
 
 // Prompt tokens [from, to) as text (byte tokenizer: ids are bytes).
 static void text_of(const TaskSample *s, int64_t from, int64_t to, char *out) {

@@ -14,7 +14,7 @@
 #include "cudasim.h"
 
 extern "C" {
-#include "../../dist/util.h"
+#include "../../../dist/util.h"
 }
 
 struct cublasLtContext {

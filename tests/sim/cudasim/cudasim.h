@@ -1,5 +1,5 @@
 // cudasim.h: the internal C++ interface of the CPU execution model of CUDA
-// (tests/cudasim/*.cpp), used by the sim's runtime and by its library subsets
+// (tests/sim/cudasim/*.cpp), used by the sim's runtime and by its library subsets
 // (CUB host algorithms, cuBLASLt, NCCL).
 #ifndef CUDASIM_CUDASIM_H
 #define CUDASIM_CUDASIM_H

@@ -1,5 +1,5 @@
 // cublasLt.h (cudasim): the subset of cuBLASLt that the project uses, for the
-// CPU execution model (tests/cudasim/cublasLt.cpp): handles, matmul
+// CPU execution model (tests/sim/cudasim/cublasLt.cpp): handles, matmul
 // descriptors (CUBLAS_COMPUTE_32F, CUDA_R_32F scale, transposes, bias and
 // bias-gradient epilogues), column-major matrix layouts of bf16 or fp32,
 // preferences (workspace size, minimum alignments of the matrices), the

@@ -1,5 +1,5 @@
 // cuda_runtime_api.h (cudasim): the subset of the CUDA runtime API that the
-// project calls, declared for the CPU execution model in tests/cudasim/
+// project calls, declared for the CPU execution model in tests/sim/cudasim/
 // (found before the toolkit's header on the sim build's include path).
 // Compiles as C (the gpu_*.c test programs) and as C++ (the .cu sources).
 #ifndef CUDASIM_CUDA_RUNTIME_API_H

@@ -2,7 +2,7 @@
 // cuda_runtime.h in C++): qualifiers, vector types, threadIdx & co. per
 // fiber, warp collectives, barriers, atomics, fast math, cp.async, ldmatrix,
 // mma.sync and the kernel launch (cudasim_launch, behind CUDA_LAUNCH).
-// The semantics live in tests/cudasim/grid.cpp; each names its source there.
+// The semantics live in tests/sim/cudasim/grid.cpp; each names its source there.
 #ifndef CUDASIM_DEVICE_H
 #define CUDASIM_DEVICE_H
 

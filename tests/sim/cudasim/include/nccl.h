@@ -1,5 +1,5 @@
 // nccl.h (cudasim): the subset of NCCL that the project uses, over MPI, for
-// the CPU execution model (tests/cudasim/nccl.cpp): unique ids, communicator
+// the CPU execution model (tests/sim/cudasim/mpi/nccl.cpp): unique ids, communicator
 // creation, split, destroy and abort, groups, send/recv and the collectives
 // AllReduce, ReduceScatter, AllGather and Broadcast. Names, values and
 // signatures as in NCCL's nccl.h; compiles as C and as C++. The program must

@@ -36,7 +36,7 @@
 #include "../cudasim.h"
 
 extern "C" {
-#include "../../../dist/util.h"
+#include "../../../../dist/util.h"
 }
 
 #define NCCL_MPI(call) CHECK((call) == MPI_SUCCESS, "cudasim: NCCL over MPI: %s failed", #call)

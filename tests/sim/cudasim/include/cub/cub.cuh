@@ -1,5 +1,5 @@
 // cub/cub.cuh (cudasim): the device-wide CUB algorithms the project calls,
-// run on the host in stream order by the CPU execution model (tests/cudasim/):
+// run on the host in stream order by the CPU execution model (tests/sim/cudasim/):
 // cub::DeviceScan::InclusiveSum and
 // cub::DeviceSegmentedRadixSort::SortKeysDescending, with CUB's two-phase
 // temporary-storage protocol. Raw pointers only (what the project passes).

@@ -13,7 +13,7 @@
 #   make test-gpu   CUDA kernels against the CPU backend (needs a GPU)
 #   make build-test-gpu   the GPU test and benchmark programs, not run
 #   make test-sim   the CUDA sources on the CPU execution model of CUDA
-#                   (tests/cudasim/, docs/SIM.md): build/sim/, its tests run
+#                   (tests/sim/cudasim/, docs/SIM.md): build/sim/, its tests run
 # With nvcc, `make all` also compiles the GPU programs (build/tests/gpu_*) but
 # never runs them. CUDA_ARCHS picks the targets (default sm_80 and sm_90).
 
@@ -40,33 +40,35 @@ NVCCFLAGS = -O3 -std=c++17 $(CUDA_ARCHS) -Xcompiler -Wall,-Wextra -MMD -MP
 LIB_SRC = $(wildcard dist/*.c data/*.c attention/*.c model/*.c trainer/*.c)
 LIB_SRC := $(filter-out trainer/main.c, $(LIB_SRC))
 CU_SRC = $(wildcard attention/*.cu model/*.cu dist/*.cu)
-TEST_SRC = $(wildcard tests/test_*.c)
+TEST_SRC = $(wildcard tests/unit/test_*.c)
 
 LIB_OBJ = $(LIB_SRC:%.c=build/obj/%.o)
 ifneq ($(NVCC),)
 CU_OBJ = $(CU_SRC:%.cu=build/obj/%.cu.o)
 CFLAGS += -I$(CUDA_HOME)/include
 endif
-TEST_BIN = $(TEST_SRC:tests/%.c=build/tests/%)
+# Test programs keep flat names whatever their folder: build/tests/NAME from tests/KIND/NAME.c.
+TEST_BIN = $(TEST_SRC:tests/unit/%.c=build/tests/%)
 # Helper programs of the Python tests (not run on their own by tests/run.sh).
-TOOL_BIN = $(patsubst tests/%.c,build/tests/%,$(wildcard tests/tool_*.c))
-# MPI test programs (tests/mpi_*.c): run under mpirun by tests/test_dist.sh, not by the runner.
-MPI_TEST_BIN = $(patsubst tests/%.c,build/tests/%,$(filter-out tests/mpi_gpu_%,$(wildcard tests/mpi_*.c)))
+TOOL_BIN = $(patsubst tests/reference/%.c,build/tests/%,$(wildcard tests/reference/tool_*.c))
+# MPI test programs (tests/mpi/mpi_*.c): run under mpirun by the shell tests, not by the runner.
+MPI_CPU_BIN = $(patsubst tests/mpi/%.c,build/tests/%,$(wildcard tests/mpi/mpi_*.c))
+MPI_TEST_BIN = $(MPI_CPU_BIN)
 
-# GPU programs (tests/gpu_*.c): only libc, OpenMP, the CUDA runtime, cuBLASLt
+# GPU programs (tests/sim/gpu_*.c): only libc, OpenMP, the CUDA runtime, cuBLASLt
 # (model/matmul_cuda.cu) and the objects below, so that they build on a GPU machine that lacks the trainer's
 # libraries (test-gpu skips the dependency check: DEPS_OK=).
 ifneq ($(NVCC),)
-GPU_BIN = $(patsubst tests/%.c,build/tests/%,$(filter-out tests/gpu_test_backend.c tests/gpu_test_attention_op.c,$(wildcard tests/gpu_*.c)))
+GPU_BIN = $(patsubst tests/sim/%.c,build/tests/%,$(filter-out tests/sim/gpu_test_backend.c tests/sim/gpu_test_attention_op.c,$(wildcard tests/sim/gpu_*.c)))
 # The trainer with the CUDA backend (train.backend: cuda | auto) and the test
 # of that backend: every C object again with -DMTRAIN_CUDA (build/cuda/obj),
 # linked with the CUDA objects, the CUDA runtime and cuBLASLt. build/mtrain
 # stays the CPU build (docs/DECISIONS.md).
 CUDA_LIB_OBJ = $(LIB_SRC:%.c=build/cuda/obj/%.o)
 CUDA_BIN = build/cuda/mtrain build/tests/gpu_test_backend build/tests/gpu_test_attention_op
-# MPI programs on GPUs (tests/mpi_gpu_*.c: NCCL), built like the MPI tests
+# MPI programs on GPUs (tests/sim/mpi_gpu_*.c: NCCL), built like the MPI tests
 # with the CUDA runtime and NCCL added.
-MPI_TEST_BIN += $(patsubst tests/%.c,build/tests/%,$(wildcard tests/mpi_gpu_*.c))
+MPI_TEST_BIN += $(patsubst tests/sim/%.c,build/tests/%,$(wildcard tests/sim/mpi_gpu_*.c))
 build/tests/mpi_gpu_%: LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lnccl -lstdc++
 GPU_OBJ = build/obj/dist/util.o build/obj/attention/flash_cpu.o build/obj/attention/layout.o \
           build/obj/attention/sparse_flash_cpu.o build/obj/attention/sparse_index.o $(CU_OBJ)
@@ -98,12 +100,17 @@ build/obj/%.cu.o: %.cu $(DEPS_OK)
 build/mtrain: build/obj/trainer/main.o $(LIB_OBJ)
 	$(CC) $^ -o $@ $(LDLIBS)
 
-build/tests/%: build/obj/tests/%.o $(LIB_OBJ)
+# The programs that link the library: each one's object from its folder, one link rule.
+$(TEST_BIN): build/tests/%: build/obj/tests/unit/%.o
+$(TOOL_BIN): build/tests/%: build/obj/tests/reference/%.o
+$(MPI_CPU_BIN): build/tests/%: build/obj/tests/mpi/%.o
+build/tests/mpi_gpu_nccl: build/obj/tests/sim/mpi_gpu_nccl.o
+$(TEST_BIN) $(TOOL_BIN) $(MPI_CPU_BIN) build/tests/mpi_gpu_nccl: $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(LDLIBS)
 
-# A static pattern rule: the GPU programs never fall to the rule above.
-$(GPU_BIN): build/tests/gpu_%: build/obj/tests/gpu_%.o $(GPU_OBJ)
+# The GPU programs link the objects they call (GPU_OBJ), not the library.
+$(GPU_BIN): build/tests/gpu_%: build/obj/tests/sim/gpu_%.o $(GPU_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(GPU_LDLIBS)
 
@@ -118,13 +125,13 @@ build/cuda/mtrain: build/cuda/obj/trainer/main.o $(CUDA_LIB_OBJ) $(CU_OBJ)
 build/cuda/mtrain build/tests/gpu_test_backend build/tests/gpu_test_attention_op: GPU_LDLIBS += -lnccl
 
 # The backend's test, and the attention op's (its ring, ring_cuda.c, and the CPU backend's op to compare with).
-build/tests/gpu_test_backend build/tests/gpu_test_attention_op: build/tests/%: build/cuda/obj/tests/%.o \
+build/tests/gpu_test_backend build/tests/gpu_test_attention_op: build/tests/%: build/cuda/obj/tests/sim/%.o \
     $(CUDA_LIB_OBJ) $(CU_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(LDLIBS) $(GPU_LDLIBS)
 
 # The ring test on GPUs: the library's CUDA build (the attention op and its ring), NCCL.
-build/tests/mpi_gpu_ring: build/cuda/obj/tests/mpi_gpu_ring.o $(CUDA_LIB_OBJ) $(CU_OBJ)
+build/tests/mpi_gpu_ring: build/cuda/obj/tests/sim/mpi_gpu_ring.o $(CUDA_LIB_OBJ) $(CU_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(LDLIBS) $(GPU_LDLIBS) -lnccl
 
@@ -151,24 +158,24 @@ build-test-gpu:
 test-gpu: build-test-gpu
 	@st=0; for t in build/tests/gpu_test_*; do echo "== $$t"; $$t || st=1; done; exit $$st
 
-# ---- the CPU execution model of CUDA (tests/cudasim/, docs/SIM.md) ----
+# ---- the CPU execution model of CUDA (tests/sim/cudasim/, docs/SIM.md) ----
 # The .cu files compiled by g++ with the sim's headers first on the include
 # path; the C objects again with -DMTRAIN_CUDA against the sim's runtime
-# header; the sim itself (every tests/cudasim/*.cpp) as a static library.
+# header; the sim itself (every tests/sim/cudasim/*.cpp) as a static library.
 # Binaries export their symbols (-rdynamic): the sim names kernels in its
 # messages through dladdr. The sparse sources need the sim's CUB subset
-# (tests/cudasim/include/cub/cub.cuh) and are built when it is present.
-SIM_INC = -Itests/cudasim/include -Itests/cudasim
+# (tests/sim/cudasim/include/cub/cub.cuh) and are built when it is present.
+SIM_INC = -Itests/sim/cudasim/include -Itests/sim/cudasim
 SIM_CXXFLAGS = -O2 -g $(ARCH) -std=c++17 -fopenmp -fno-strict-aliasing -Wall -Wextra -Wno-unknown-pragmas -MMD -MP \
                -D__CUDASIM__ $(SIM_INC)
 # -g: the sim names the call sites of host synchronisations from the debug information (cudasim_host_syncs).
-SIM_CFLAGS = -Itests/cudasim/include $(filter-out -DMTRAIN_CUDA -I$(CUDA_HOME)/include,$(CFLAGS)) -DMTRAIN_CUDA -g
-SIM_LIB_SRC = $(wildcard tests/cudasim/*.cpp)
+SIM_CFLAGS = -Itests/sim/cudasim/include $(filter-out -DMTRAIN_CUDA -I$(CUDA_HOME)/include,$(CFLAGS)) -DMTRAIN_CUDA -g
+SIM_LIB_SRC = $(wildcard tests/sim/cudasim/*.cpp)
 SIM_LIB = build/sim/libcudasim.a
-# The sim's NCCL over MPI (tests/cudasim/mpi/), linked into the MPI programs
+# The sim's NCCL over MPI (tests/sim/cudasim/mpi/), linked into the MPI programs
 # (mtrain and the tests that link the library: the device communicators).
-SIM_NCCL_OBJ = build/sim/obj/tests/cudasim/mpi/nccl.o
-SIM_HAS_CUB = $(wildcard tests/cudasim/include/cub/cub.cuh)
+SIM_NCCL_OBJ = build/sim/obj/tests/sim/cudasim/mpi/nccl.o
+SIM_HAS_CUB = $(wildcard tests/sim/cudasim/include/cub/cub.cuh)
 SIM_CU_NO_CUB = attention/flash_cuda.cu model/matmul_cuda.cu
 SIM_CU_SRC = $(SIM_CU_NO_CUB) $(if $(SIM_HAS_CUB),$(filter-out $(SIM_CU_NO_CUB),$(CU_SRC)))
 SIM_CU_OBJ = $(SIM_CU_SRC:%.cu=build/sim/obj/%.cu.o)
@@ -203,7 +210,7 @@ build/sim/obj/%.cu.o: %.cu $(DEPS_OK)
 	@mkdir -p $(dir $@)
 	$(CXX) $(SIM_CXXFLAGS) -x c++ -c $< -o $@
 
-build/sim/obj/tests/cudasim/%.o: tests/cudasim/%.cpp $(DEPS_OK)
+build/sim/obj/tests/sim/cudasim/%.o: tests/sim/cudasim/%.cpp $(DEPS_OK)
 	@mkdir -p $(dir $@)
 	$(CXX) $(SIM_CXXFLAGS) -DCUDASIM_LAUNCH_BOUNDS_FILE='"$(abspath build/sim/launch_bounds.tsv)"' -c $< -o $@
 
@@ -215,7 +222,7 @@ $(SIM_LIB): $(SIM_LIB_SRC:%.cpp=build/sim/obj/%.o)
 	@mkdir -p $(dir $@)
 	rm -f $@ && $(AR) rcs $@ $^
 
-build/sim/tests/gpu_%: build/sim/obj/tests/gpu_%.o $(SIM_GPU_OBJ) $(SIM_LIB)
+build/sim/tests/gpu_%: build/sim/obj/tests/sim/gpu_%.o $(SIM_GPU_OBJ) $(SIM_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(SIM_GPU_LDLIBS)
 
@@ -224,7 +231,7 @@ build/sim/tests/gpu_test_attention_op build/sim/tests/gpu_test_backend: $(LIB_SR
     $(SIM_NCCL_OBJ)
 build/sim/tests/gpu_test_attention_op build/sim/tests/gpu_test_backend: SIM_GPU_LDLIBS = $(SIM_LDLIBS)
 
-build/sim/tests/sim_%: build/sim/obj/tests/sim_%.cu.o build/sim/obj/dist/util.o $(SIM_LIB)
+build/sim/tests/sim_%: build/sim/obj/tests/sim/sim_%.cu.o build/sim/obj/dist/util.o $(SIM_LIB)
 	@mkdir -p $(dir $@)
 	$(CXX) $^ -o $@ $(SIM_GPU_LDLIBS)
 
@@ -242,12 +249,12 @@ build/sim/asan/%.o: %.c $(DEPS_OK)
 	@mkdir -p $(dir $@)
 	$(CC) $(SIM_CFLAGS) $(SIM_ASAN) -c $< -o $@
 
-build/sim/tests/sim_selftest_asan: build/sim/asan/tests/sim_selftest.cu.o build/sim/asan/dist/util.o \
+build/sim/tests/sim_selftest_asan: build/sim/asan/tests/sim/sim_selftest.cu.o build/sim/asan/dist/util.o \
                                    $(SIM_LIB_SRC:%.cpp=build/sim/asan/%.o)
 	@mkdir -p $(dir $@)
 	$(CXX) $(SIM_ASAN) $^ -o $@ $(SIM_GPU_LDLIBS)
 
-build/sim/tests/gpu_%_asan: build/sim/asan/tests/gpu_%.o $(SIM_GPU_OBJ:build/sim/obj/%=build/sim/asan/%) \
+build/sim/tests/gpu_%_asan: build/sim/asan/tests/sim/gpu_%.o $(SIM_GPU_OBJ:build/sim/obj/%=build/sim/asan/%) \
                             $(SIM_LIB_SRC:%.cpp=build/sim/asan/%.o)
 	@mkdir -p $(dir $@)
 	$(CC) $(SIM_ASAN) $^ -o $@ $(SIM_GPU_LDLIBS)
@@ -259,58 +266,58 @@ build/sim/tests/gpu_test_attention_op_asan build/sim/tests/gpu_test_backend_asan
 build/sim/mtrain: build/sim/obj/trainer/main.o $(LIB_SRC:%.c=build/sim/obj/%.o) $(SIM_CU_OBJ) $(SIM_NCCL_OBJ) $(SIM_LIB)
 	$(CC) $^ -o $@ $(SIM_LDLIBS)
 
-# The CUDA attention op over a cp ring against one GPU (tests/test_cuda_ring.sh runs it under mpirun).
+# The CUDA attention op over a cp ring against one GPU (tests/sim/test_cuda_ring.sh runs it under mpirun).
 ifneq ($(SIM_HAS_CUB),)
 build-sim: build/sim/tests/mpi_gpu_ring
 endif
-build/sim/tests/mpi_gpu_ring: build/sim/obj/tests/mpi_gpu_ring.o $(LIB_SRC:%.c=build/sim/obj/%.o) $(SIM_CU_OBJ) \
+build/sim/tests/mpi_gpu_ring: build/sim/obj/tests/sim/mpi_gpu_ring.o $(LIB_SRC:%.c=build/sim/obj/%.o) $(SIM_CU_OBJ) \
                               $(SIM_NCCL_OBJ) $(SIM_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(SIM_LDLIBS)
 
-# ---- the sim's library subsets: cuBLASLt, CUB, NCCL (tests/cudasim/, docs/SIM.md) ----
+# ---- the sim's library subsets: cuBLASLt, CUB, NCCL (tests/sim/cudasim/, docs/SIM.md) ----
 # Their test programs, natively (with nvcc) against the real libraries and
-# in build/sim/ against the subsets; tests/test_sim_libs.sh runs the sim ones.
+# in build/sim/ against the subsets; tests/sim/test_sim_libs.sh runs the sim ones.
 SIM_LIBS_BIN = build/sim/tests/gpu_test_cublaslt build/sim/tests/gpu_test_cub build/sim/tests/mpi_gpu_nccl
 build-sim: $(SIM_LIBS_BIN)
 
 OPENBLAS_LDLIBS = -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas
 build/tests/gpu_test_cublaslt: GPU_LDLIBS += $(OPENBLAS_LDLIBS)
-build/tests/gpu_test_cub: build/obj/tests/gpu_cub.cu.o
+build/tests/gpu_test_cub: build/obj/tests/sim/gpu_cub.cu.o
 # NCCL over MPI: outside the sim library (its programs need no MPI), linked into the MPI programs.
-build/sim/obj/tests/cudasim/mpi/nccl.o build/sim/asan/tests/cudasim/mpi/nccl.o: SIM_CXXFLAGS += $(shell mpicc --showme:compile)
+build/sim/obj/tests/sim/cudasim/mpi/nccl.o build/sim/asan/tests/sim/cudasim/mpi/nccl.o: SIM_CXXFLAGS += $(shell mpicc --showme:compile)
 
 # In the sim, each links only what it calls (not the attention kernels).
-build/sim/tests/gpu_test_cublaslt: build/sim/obj/tests/gpu_test_cublaslt.o build/sim/obj/dist/util.o $(SIM_LIB)
+build/sim/tests/gpu_test_cublaslt: build/sim/obj/tests/sim/gpu_test_cublaslt.o build/sim/obj/dist/util.o $(SIM_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(SIM_GPU_LDLIBS) $(OPENBLAS_LDLIBS)
 
-build/sim/tests/gpu_test_cub: build/sim/obj/tests/gpu_test_cub.o build/sim/obj/tests/gpu_cub.cu.o \
+build/sim/tests/gpu_test_cub: build/sim/obj/tests/sim/gpu_test_cub.o build/sim/obj/tests/sim/gpu_cub.cu.o \
                               build/sim/obj/dist/util.o $(SIM_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(SIM_GPU_LDLIBS)
 
-build/sim/tests/mpi_gpu_nccl: build/sim/obj/tests/mpi_gpu_nccl.o build/sim/obj/tests/cudasim/mpi/nccl.o \
+build/sim/tests/mpi_gpu_nccl: build/sim/obj/tests/sim/mpi_gpu_nccl.o $(SIM_NCCL_OBJ) \
                               build/sim/obj/dist/comm.o build/sim/obj/dist/util.o $(SIM_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(SIM_LDLIBS)
 
 test-sim: build-sim
-	@bash tests/test_sim.sh
+	@bash tests/sim/test_sim.sh
 
 # ---- make test SANITIZE=1: AddressSanitizer, UndefinedBehaviorSanitizer and
 # LeakSanitizer over the library, build/san/mtrain and the test programs, all
 # in build/san/ (never mixed with build/obj/). Any report ends the program
 # with a non-zero status and goes to its stderr, which the runner logs (UBSan
 # does not recover; gcc's UBSan has no log file of its own). Open MPI's own
-# leaks are suppressed (tests/sanitize.supp): allocation stacks are unwound
+# leaks are suppressed (tests/lib/sanitize.supp): allocation stacks are unwound
 # in full (fast_unwind_on_malloc=0), so that they reach the Open MPI library
 # that called a plugin (PMIx, hwloc) unloaded before the leak check.
 SAN_FLAGS = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 SAN_CFLAGS = $(filter-out -O3,$(CFLAGS)) -O2 -g $(SAN_FLAGS)
 SAN_LIB_OBJ = $(LIB_SRC:%.c=build/san/obj/%.o)
 SAN_ENV = ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0 \
-          LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitize.supp:print_suppressions=0 \
+          LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lib/sanitize.supp:print_suppressions=0 \
           UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 .PHONY: build-san
 build-san: build/san/mtrain $(TEST_BIN:build/%=build/san/%)
@@ -322,7 +329,7 @@ build/san/obj/%.o: %.c $(DEPS_OK)
 build/san/mtrain: build/san/obj/trainer/main.o $(SAN_LIB_OBJ)
 	$(CC) $(SAN_FLAGS) $^ -o $@ $(LDLIBS)
 
-build/san/tests/%: build/san/obj/tests/%.o $(SAN_LIB_OBJ)
+build/san/tests/%: build/san/obj/tests/unit/%.o $(SAN_LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(SAN_FLAGS) $^ -o $@ $(LDLIBS)
 
@@ -375,7 +382,7 @@ fuzz: build-fuzz
 BUNDLE_CFLAGS = -O3 -march=x86-64-v3 -std=gnu11 -fopenmp -Wall -Wextra -MMD -MP -DMTRAIN_CUDA -Idist/mpi_single \
                 -I/usr/include/x86_64-linux-gnu/openblas-openmp -I$(CUDA_HOME)/include
 BUNDLE_BIN = build/bundle/bin/mtrain \
-             $(patsubst tests/%.c,build/bundle/bin/%,$(wildcard tests/gpu_test_*.c tests/gpu_bench_*.c))
+             $(patsubst tests/sim/%.c,build/bundle/bin/%,$(wildcard tests/sim/gpu_test_*.c tests/sim/gpu_bench_*.c))
 BUNDLE_ARCHIVE = build/bundle/libmtrain.a
 BUNDLE_LDLIBS = -Wl,--as-needed -L$(CUDA_HOME)/lib64 -lcublasLt -lnccl -lcudart_static $(BLAS_DIR)/libopenblas.a \
                 -Wl,-Bstatic -lyaml -lzstd -lpcre2-8 -lutf8proc -lgfortran -lquadmath -lgomp -Wl,-Bdynamic \
@@ -396,7 +403,7 @@ build/bundle/obj/%.o: %.c $(DEPS_OK)
 	$(CC) $(BUNDLE_CFLAGS) -c $< -o $@
 
 $(BUNDLE_ARCHIVE): $(LIB_SRC:%.c=build/bundle/obj/%.o) build/bundle/obj/dist/mpi_single/mpi_single.o \
-                   $(CU_SRC:%.cu=build/obj/%.cu.o) build/obj/tests/gpu_cub.cu.o
+                   $(CU_SRC:%.cu=build/obj/%.cu.o) build/obj/tests/sim/gpu_cub.cu.o
 	rm -f $@ && $(AR) rcs $@ $^
 
 build/bundle/lib/libcjson.so: /usr/lib/x86_64-linux-gnu/libcjson.so
@@ -407,16 +414,16 @@ build/bundle/bin/mtrain: build/bundle/obj/trainer/main.o $(BUNDLE_ARCHIVE) build
 	@mkdir -p $(dir $@)
 	$(CC) $< $(BUNDLE_ARCHIVE) -o $@ $(BUNDLE_LDLIBS)
 
-build/bundle/bin/gpu_%: build/bundle/obj/tests/gpu_%.o $(BUNDLE_ARCHIVE) build/bundle/lib/libcjson.so
+build/bundle/bin/gpu_%: build/bundle/obj/tests/sim/gpu_%.o $(BUNDLE_ARCHIVE) build/bundle/lib/libcjson.so
 	@mkdir -p $(dir $@)
 	$(CC) $< $(BUNDLE_ARCHIVE) -o $@ $(BUNDLE_LDLIBS)
 
-# The single-rank MPI against MPI's semantics (tests/test_gpu_bundle.sh runs it).
-build/bundle/tests/single_rank_mpi: build/bundle/obj/tests/single_rank_mpi.o $(BUNDLE_ARCHIVE)
+# The single-rank MPI against MPI's semantics (tests/repo/test_gpu_bundle.sh runs it).
+build/bundle/tests/single_rank_mpi: build/bundle/obj/tests/repo/single_rank_mpi.o $(BUNDLE_ARCHIVE)
 	@mkdir -p $(dir $@)
 	$(CC) $< $(BUNDLE_ARCHIVE) -o $@ $(BUNDLE_LDLIBS)
 
-# scripts/gpu_check.sh --sim (tests/test_gpu_check.sh) runs the attention benchmark under the sim too.
+# scripts/gpu_check.sh --sim (tests/sim/test_gpu_check.sh) runs the attention benchmark under the sim too.
 build-sim: build/sim/tests/gpu_bench_attention
 
 clean:

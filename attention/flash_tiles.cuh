@@ -16,7 +16,7 @@
 typedef __nv_bfloat16 bf16;
 
 // ---- PTX wrappers (under the CPU execution model, -D__CUDASIM__, the sim's
-// implementation of the same instruction: tests/cudasim/grid.cpp) ----
+// implementation of the same instruction: tests/sim/cudasim/grid.cpp) ----
 
 #ifndef __CUDASIM__
 __device__ __forceinline__ uint32_t smem_addr(const void *p) {

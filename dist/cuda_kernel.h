@@ -1,6 +1,6 @@
 // cuda_kernel.h: the portable spellings of the CUDA sources, so that the same
 // .cu files compile with nvcc and, for the CPU execution model in
-// tests/cudasim/ (-D__CUDASIM__), with g++:
+// tests/sim/cudasim/ (-D__CUDASIM__), with g++:
 //   CUDA_LAUNCH(kernel, grid, block, smem_bytes, stream, args...)  a launch
 //   DYNAMIC_SHARED(type, name)            the block's dynamic shared memory, type name[]
 //   STATIC_SHARED(type, name, dims)       a static __shared__ array, type name dims

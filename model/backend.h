@@ -181,7 +181,7 @@ const Backend *backend_cpu(void);
 const Backend *backend_cuda(void);
 // Whether a GPU is visible; else why not (one line into why[why_size]).
 bool backend_cuda_visible(char *why, size_t why_size);
-// Under the CPU execution model of CUDA (tests/cudasim/) only: the peak of
+// Under the CPU execution model of CUDA (tests/sim/cudasim/) only: the peak of
 // the device memory this process has held (cudaMalloc and the stream-ordered
 // pool at its high-water mark), true; false on a real GPU (no such figure).
 bool backend_cuda_memory_peak(double *bytes);

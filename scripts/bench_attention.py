@@ -1,5 +1,5 @@
 """bench_attention.py: PyTorch scaled_dot_product_attention (flash and cuDNN
-backends) on the shapes of tests/gpu_bench_attention.c, timed in the same run,
+backends) on the shapes of tests/sim/gpu_bench_attention.c, timed in the same run,
 and the comparison table with mtrain's numbers.
 
   python3 scripts/bench_attention.py MTRAIN_RESULTS [--head-dim D] N...

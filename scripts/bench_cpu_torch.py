@@ -1,13 +1,13 @@
 # bench_cpu_torch.py: the peer of scripts/bench_cpu.sh: PyTorch (Debian's
 # python3-torch, CPU, fp32, eager) training forward+backward of the same
-# Qwen2 shape, using the test reference's model (tests/qwen2_ref.py) with
+# Qwen2 shape, using the test reference's model (tests/lib/qwen2_ref.py) with
 # float32 parameters. Prints "torch_tokens_per_s N".
 #   /usr/bin/python3 scripts/bench_cpu_torch.py T VOCAB HIDDEN INTER LAYERS HEADS KV_HEADS
 import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "lib"))
 import torch  # noqa: E402
 
 import qwen2_ref  # noqa: E402

@@ -3,7 +3,7 @@
 # (no training): dp ranks under sequential and balanced packing (data.packing),
 # and context-parallel ranks under the contiguous, zigzag and striped layouts,
 # for log-normal document lengths in 32K-token sequences
-# (tests/test_packing.c, `measure`). Prints the markdown tables of
+# (tests/unit/test_packing.c, `measure`). Prints the markdown tables of
 # docs/PERFORMANCE.md (Packed documents: attention work per rank).
 #   bash scripts/bench_packing.sh
 set -euo pipefail

@@ -142,7 +142,7 @@ stage_device() {
 
 stage_tests() {
   local name rc start arg=
-  [ $mode = sim ] && arg=small && result "sim: ${test_programs[*]} (small; tests/test_sim.sh runs every one under three seeds)"
+  [ $mode = sim ] && arg=small && result "sim: ${test_programs[*]} (small; tests/sim/test_sim.sh runs every one under three seeds)"
   for name in "${test_programs[@]}"; do
     prog=$bin/$name
     echo "== $name $arg"
@@ -179,7 +179,7 @@ stage_sanitizer() {
   if [ $mode = sim ]; then
     # The sim's analogues: AddressSanitizer builds for memcheck; another order of blocks and streams (seed 2) and
     # the sim's own barrier and warp rules for racecheck and synccheck.
-    # Only matmul here (the others take minutes under the sim; tests/test_sim.sh runs them all).
+    # Only matmul here (the others take minutes under the sim; tests/sim/test_sim.sh runs them all).
     sanitize "memcheck (sim: AddressSanitizer) matmul" "$bin/gpu_test_matmul_asan" small
     sanitize "racecheck + synccheck (sim: seed 2, barrier rules) matmul" env CUDASIM_SEED=2 "$bin/gpu_test_matmul" small
     return
@@ -401,7 +401,7 @@ else
                attention.slash=1 attention.sink=4 attention.local=1)
   limits=(device:600 tests:1200 sanitizer:1200 attention:1200 train:1200 agreement:600 context:2400)
 fi
-# GPU_CHECK_LIMITS="NAME:SECONDS ...": other stages or limits (tests/test_gpu_check.sh).
+# GPU_CHECK_LIMITS="NAME:SECONDS ...": other stages or limits (tests/sim/test_gpu_check.sh).
 [ -n "${GPU_CHECK_LIMITS:-}" ] && read -r -a limits <<<"$GPU_CHECK_LIMITS"
 # --stages A,B: those stages only (each with its limit), in the order above.
 if [ -n "$stages_given" ]; then

@@ -31,7 +31,7 @@
 # dynamic shared memory its host code uses, written as the host code computes
 # them from the same constants (tile shapes per head dim, block sizes); each
 # row names the host function. Keep it in step with the .cu files:
-# tests/test_kernel_resources.sh fails when a compiled kernel has no row.
+# tests/repo/test_kernel_resources.sh fails when a compiled kernel has no row.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -22,7 +22,7 @@ case $name in
   config_yaml) cp configs/*.yaml "$corpus"/ ;;
   tokenizer) python3 -c '
 import os, sys
-sys.path.insert(0, "tests")
+sys.path.insert(0, "tests/reference")
 import test_tokenizer as t
 for form in ("string", "array"):
     t.write_json(os.path.join(sys.argv[1], f"tiny_{form}.json"), t.tiny_tokenizer(form))' "$corpus" ;;

@@ -1,0 +1,185 @@
+// gpu_test_counts.c: the plan's count formulas (trainer/plan_counts.c)
+// against the work the CPU execution model of CUDA counts in the attention
+// kernels (cudasim_kernel_counts: mma.sync, ldmatrix and cp.async bytes,
+// shuffles, barriers, atomics; docs/SIM.md): the dense forward and backward
+// (flash_cuda.cu) on one causal sequence, head dims 64 and 128, lengths 128
+// and 320 (a short last forward query tile); the sparse forward and
+// backward (sparse_cuda.cu) on an index of slash lines and vertical columns,
+// blocks of 64 and 128, 384 tokens, whose visited key tiles and keys the
+// test reads from the host index. Every count must be equal. Sim only: a native build cannot
+// count and says so.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../attention/attention.h"
+#include "../../attention/attention_cuda.h"
+#include "../../attention/sparse.h"
+#include "../../attention/sparse_cuda.h"
+#include "../../dist/cuda_check.h"
+#include "../../dist/util.h"
+#include "../../trainer/plan_counts.h"
+#include "../lib/check.h"
+
+#ifdef CUDASIM_KERNEL_COUNTS
+#include "gpu_common.h"
+
+enum { HQ = 4, HKV = 2 };
+
+// The counts of the kernels named `kernel` since the reset against `want`.
+static void expect_counts(const char *name, const char *kernel, KernelCounts want) {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    cudasimKernelCounts got;
+    EXPECT_COUNTED(cudasim_kernel_counts(kernel, &got) == 1, "%s: one kernel named %s", name, kernel);
+    const double g[] = {got.launches, got.blocks, got.mma, got.ldmatrix_bytes, got.cp_async_bytes, got.shuffles,
+                        got.barriers, got.atomics};
+    const double w[] = {want.launches, want.blocks, want.mma, want.ldmatrix_bytes, want.cp_async_bytes,
+                        want.shuffles, want.barriers, want.atomics};
+    const char *what[] = {"launches", "blocks", "mma", "ldmatrix bytes", "cp.async bytes", "shuffles", "barriers",
+                          "atomics"};
+    char diffs[512] = "";
+    size_t used = 0;
+    for (int i = 0; i < 8 && used < sizeof diffs; i++)
+        if (g[i] != w[i])
+            used += (size_t)snprintf(diffs + used, sizeof diffs - used, "; %s %.0f counted, %.0f by the formula",
+                                     what[i], g[i], w[i]);
+    EXPECT_COUNTED(used == 0, "%s (%.0f mma, %.0f ldmatrix bytes, %.0f cp.async bytes, %.0f atomics)%s", name, g[2],
+                   g[3], g[4], g[7], diffs);
+}
+
+typedef struct {
+    int64_t T;
+    int D;
+    uint16_t *q, *k, *v, *dout;
+    int64_t *pos;
+    float *o, *lse, *delta, *dq, *dk, *dv;
+} Inputs;
+
+static Inputs make_inputs(int64_t T, int D, Rng *rng) {
+    Inputs in = {.T = T, .D = D};
+    const int64_t nq = T * HQ * D, nk = T * HKV * D;
+    uint16_t *bits;
+    float *values;
+    uint16_t **dev[] = {&in.q, &in.k, &in.v, &in.dout};
+    const int64_t sizes[] = {nq, nk, nk, nq};
+    for (int i = 0; i < 4; i++) {
+        random_bf16(rng, sizes[i], &bits, &values);
+        *dev[i] = to_device(bits, (size_t)sizes[i] * sizeof(uint16_t));
+        free(bits);
+        free(values);
+    }
+    int64_t *pos = xmalloc((size_t)T * sizeof(int64_t));
+    for (int64_t i = 0; i < T; i++) pos[i] = i;
+    in.pos = to_device(pos, (size_t)T * sizeof(int64_t));
+    free(pos);
+    CUDA_CHECK(cudaMalloc((void **)&in.o, (size_t)nq * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void **)&in.lse, (size_t)(T * HQ) * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void **)&in.delta, (size_t)(T * HQ) * sizeof(float)));
+    CUDA_CHECK(cudaMemset(in.delta, 0, (size_t)(T * HQ) * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void **)&in.dq, (size_t)nq * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void **)&in.dk, (size_t)nk * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void **)&in.dv, (size_t)nk * sizeof(float)));
+    CUDA_CHECK(cudaMemset(in.dq, 0, (size_t)nq * sizeof(float)));
+    CUDA_CHECK(cudaMemset(in.dk, 0, (size_t)nk * sizeof(float)));
+    CUDA_CHECK(cudaMemset(in.dv, 0, (size_t)nk * sizeof(float)));
+    return in;
+}
+
+static void free_inputs(Inputs *in) {
+    void *p[] = {in->q, in->k, in->v, in->dout, in->pos, in->o, in->lse, in->delta, in->dq, in->dk, in->dv};
+    for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++) CUDA_CHECK(cudaFree(p[i]));
+}
+
+static AttnShape shape_of(const Inputs *in, int block) {
+    return (AttnShape){.q_tokens = in->T, .k_tokens = in->T, .num_heads = HQ, .num_kv_heads = HKV,
+                       .head_dim = in->D, .block_size = block, .scale = 0.125f};
+}
+
+static void dense_case(int64_t T, int D, Rng *rng) {
+    Inputs in = make_inputs(T, D, rng);
+    const AttnShape s = shape_of(&in, 64);
+    const FlashTiles f = flash_tiles(D);
+    char name[96];
+    attn_forward_init_cuda(&s, in.o, in.lse, 0);
+    cudasim_kernel_counts_reset();
+    attn_dense_forward_cuda(&s, in.q, in.pos, in.k, in.v, in.pos, in.o, in.lse, 0);
+    snprintf(name, sizeof name, "counts_dense_forward_T%lld_D%d", (long long)T, D);
+    expect_counts(name, "flash_forward_kernel<",
+                  flash_forward_counts(D, HQ * (double)((T + f.fwd_bm - 1) / f.fwd_bm),
+                                       HQ * flash_forward_pairs(T, f.fwd_bm, f.fwd_bn)));
+    cudasim_kernel_counts_reset();
+    attn_dense_backward_cuda(&s, in.q, in.pos, in.k, in.v, in.pos, in.lse, in.delta, in.dout, in.dq, in.dk, in.dv, 0);
+    snprintf(name, sizeof name, "counts_dense_backward_T%lld_D%d", (long long)T, D);
+    const double pairs = HQ * flash_backward_pairs(T, f.bwd_bm, f.bwd_bn);
+    expect_counts(name, "flash_backward_kernel<",
+                  flash_backward_counts(D, HQ * (double)((T + f.bwd_bn - 1) / f.bwd_bn), pairs, pairs * f.bwd_bm,
+                                        HQ * (double)T));
+    free_inputs(&in);
+}
+
+// Slash offsets 0, 130 and 300, vertical columns 5, 77 and 200 in every head.
+static void sparse_case(int64_t T, int D, int B, Rng *rng) {
+    static const int64_t slash[] = {0, 130, 300}, vertical[] = {5, 77, 200};
+    Inputs in = make_inputs(T, D, rng);
+    SparsePattern p = {.num_heads = HQ, .seq_len = T};
+    p.vertical_start = xmalloc((HQ + 1) * sizeof(int64_t));
+    p.slash_start = xmalloc((HQ + 1) * sizeof(int64_t));
+    p.vertical = xmalloc(HQ * 3 * sizeof(int64_t));
+    p.slash = xmalloc(HQ * 3 * sizeof(int64_t));
+    for (int h = 0; h <= HQ; h++) p.vertical_start[h] = p.slash_start[h] = 3 * h;
+    for (int h = 0; h < HQ; h++) {
+        memcpy(p.vertical + 3 * h, vertical, sizeof vertical);
+        memcpy(p.slash + 3 * h, slash, sizeof slash);
+    }
+    const int64_t nqb = (T + B - 1) / B;
+    int64_t *q_blocks = xmalloc((size_t)nqb * sizeof(int64_t));
+    for (int64_t i = 0; i < nqb; i++) q_blocks[i] = i;
+    SparseIndex x;
+    sparse_index_build(&p, B, q_blocks, nqb, &x);
+    double rows = (double)HQ * nqb, tiles = 0, keys = 0;
+    for (int64_t r = 0; r < HQ * nqb; r++) {
+        const int64_t blocks = x.block_start[r + 1] - x.block_start[r], cols = x.column_start[r + 1] - x.column_start[r];
+        tiles += (double)(blocks * (B / SPARSE_KEY_TILE) + (cols + SPARSE_KEY_TILE - 1) / SPARSE_KEY_TILE);
+        keys += (double)(blocks * B + cols);
+    }
+    SparseIndexCuda dx = {0};
+    sparse_index_to_cuda(&x, &dx);
+    const AttnShape s = shape_of(&in, B);
+    char name[96];
+    attn_forward_init_cuda(&s, in.o, in.lse, 0);
+    cudasim_kernel_counts_reset();
+    attn_sparse_forward_cuda(&s, &dx, in.q, in.pos, in.k, in.v, in.pos, in.o, in.lse, 0);
+    snprintf(name, sizeof name, "counts_sparse_forward_T%lld_D%d_B%d", (long long)T, D, B);
+    expect_counts(name, "sparse_forward_kernel<", sparse_forward_counts(D, B, rows, tiles));
+    cudasim_kernel_counts_reset();
+    attn_sparse_backward_cuda(&s, &dx, in.q, in.pos, in.k, in.v, in.pos, in.lse, in.delta, in.dout, in.dq, in.dk,
+                              in.dv, 0);
+    snprintf(name, sizeof name, "counts_sparse_backward_T%lld_D%d_B%d", (long long)T, D, B);
+    expect_counts(name, "sparse_backward_kernel<", sparse_backward_counts(D, B, rows, tiles, keys));
+    sparse_index_free_cuda(&dx);
+    sparse_index_free(&x);
+    sparse_pattern_free(&p);
+    free(q_blocks);
+    free_inputs(&in);
+}
+
+int main(void) {
+    Rng rng;
+    rng_seed(&rng, 7);
+    for (int d = 64; d <= 128; d *= 2) {
+        dense_case(128, d, &rng);
+        dense_case(320, d, &rng);
+        for (int b = 64; b <= 128; b *= 2) sparse_case(384, d, b, &rng);
+    }
+    printf("%d checks, %d failed\n", checks, check_failures);
+    return check_exit();
+}
+
+#else
+
+int main(void) {
+    printf("gpu_test_counts: a native build cannot count the kernels' work (the sim's cudasim_kernel_counts)\n");
+    return 0;
+}
+
+#endif

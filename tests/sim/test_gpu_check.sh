@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# test_gpu_check.sh: scripts/gpu_check.sh --sim, the GPU check's stages on the
+# sim builds (build/sim/) at tiny sizes, so that the script is tested before a
+# GPU runs it: every stage ok, its figures in the summary, the PyTorch stages
+# skipped with one line each, at most 8 files in $OUT. A stage past its limit
+# (GPU_CHECK_LIMITS) says so on its line while the next stage runs and the
+# summary is written; --stages runs the stages named (an unknown name: one
+# line, exit 2); without the bundle the check refuses with one line.
+set -u
+cd "$(dirname "$0")/../.."
+. tests/lib/lib.sh
+
+if [ ! -x build/sim/mtrain ] || [ ! -x build/sim/tests/gpu_bench_attention ]; then
+  bad "gpu_check_sim_build" "build/sim/mtrain or build/sim/tests/gpu_bench_attention missing (make build-sim)"
+  exit 1
+fi
+export OMP_NUM_THREADS=1
+OUT=$tmp/out bash scripts/gpu_check.sh --sim >"$tmp/check.txt" 2>&1
+rc=$?
+summary=$tmp/out/summary.txt
+expect "gpu_check_sim: exit 0 ($rc)" '[ $rc -eq 0 ]'
+for stage in device tests sanitizer attention train agreement context; do
+  expect "gpu_check_sim_$stage: ok, with figures ($(grep -m 1 -E "^[a-zA-Z]+ +$stage " "$summary" 2>/dev/null))" \
+    'grep -qE "^ok +$stage .*\($stage\.log\)" "$summary" && grep -q "^## $stage" "$summary" && [ -s "$tmp/out/$stage.log" ]'
+done
+expect "gpu_check_sim_figures: tiny model losses, memory plan, dense attention timings, longest sequences" \
+  'grep -q "^ok tiny model on synthetic: losses" "$summary" && grep -q "memory plan [0-9.]* GiB printed" "$summary" &&
+   grep -q "^mtrain dense N=64 d=64: fwd" "$summary" && grep -q "^longest sequence trained one step, sparse: 128 tokens" "$summary"'
+expect "gpu_check_sim_skips: the PyTorch stages skipped with one line each" \
+  '[ "$(grep -c "^skipped: .*PyTorch" "$summary")" -eq 4 ] && ! grep -q "^FAIL" "$summary"'
+expect "gpu_check_sim_files: at most 8 files in \$OUT ($(ls "$tmp/out" | wc -l))" '[ "$(ls "$tmp/out" | wc -l)" -le 8 ]'
+
+GPU_CHECK_LIMITS="attention:1 device:600" OUT=$tmp/limit bash scripts/gpu_check.sh --sim >"$tmp/limit.txt" 2>&1
+rc=$?
+expect "gpu_check_timeout: a stage past its limit says so, the next runs, exit 1 ($rc)" \
+  '[ $rc -eq 1 ] && grep -qE "^TIMEOUT +attention +1 s of +1 s" "$tmp/limit/summary.txt" &&
+   grep -qE "^ok +device" "$tmp/limit/summary.txt" && grep -q "stopped at its limit of 1 s" "$tmp/limit/attention.log"'
+
+OUT=$tmp/subset bash scripts/gpu_check.sh --sim --stages agreement,device >"$tmp/subset.txt" 2>&1
+rc=$?
+expect "gpu_check_stages: --stages agreement,device runs those two, in the usual order, exit 0 ($rc; $(grep -cE '^[a-zA-Z]+ +[a-z]+ +[0-9]+ s of' "$tmp/subset/summary.txt" 2>/dev/null) stage lines)" \
+  '[ $rc -eq 0 ] && [ "$(grep -E "^[a-zA-Z]+ +[a-z]+ +[0-9]+ s of" "$tmp/subset/summary.txt" | awk "{ printf \"%s %s \", \$1, \$2 }")" = "ok device ok agreement " ] &&
+   [ ! -e "$tmp/subset/tests.log" ]'
+bash scripts/gpu_check.sh --sim --stages device,bogus >"$tmp/bad_stage.txt" 2>&1
+rc=$?
+expect "gpu_check_stages_unknown: an unknown stage: one line naming it, exit 2 ($rc)" \
+  '[ $rc -eq 2 ] && [ "$(wc -l <"$tmp/bad_stage.txt")" -eq 1 ] && grep -q "no stage .bogus." "$tmp/bad_stage.txt"'
+
+env -u MTRAIN_BUNDLE bash scripts/gpu_check.sh >"$tmp/refuse.txt" 2>&1
+rc=$?
+expect "gpu_check_no_bundle: one line, exit 2 ($rc)" \
+  '[ $rc -eq 2 ] && [ "$(wc -l <"$tmp/refuse.txt")" -eq 1 ] && grep -q "run it from the GPU bundle" "$tmp/refuse.txt"'
+exit $((failures > 0))

@@ -1,0 +1,167 @@
+# test_sim.sh: the CUDA sources on the CPU execution model of CUDA (build/sim/,
+# docs/SIM.md). The GPU test programs at their small sizes under three seeds,
+# and once built with AddressSanitizer; the sim's self-tests, each
+# deliberately wrong kernel caught (a wrong result under some seed, poison, or
+# one "cudasim:" line and exit 1; an out-of-bounds read under
+# AddressSanitizer); what the CUDA attention op refuses (one line, exit 1);
+# and mutations of the attention sources (a __syncthreads
+# removed, a fragment's bf16 halves swapped, too many threads for the
+# __launch_bounds__) that the attention test must catch, and of the sparse
+# index build's barriers (each loop's closing __syncthreads, the one inside
+# block_exclusive_sum) that the sparse test's long index row must catch.
+cd "$(dirname "$0")/../.."
+source tests/lib/lib.sh
+seeds="1 2 3"
+sim=build/sim/tests
+if [ ! -x $sim/gpu_test_attention ] || [ ! -x $sim/sim_selftest ] || [ ! -x $sim/sim_selftest_asan ]; then
+  bad "sim build" "programs missing in $sim (make build-sim)"
+  exit 1
+fi
+
+# GPU tests, small sizes, each seed; once more built with AddressSanitizer
+# (out-of-bounds device accesses), seed 1.
+for prog in $sim/gpu_test_*_asan; do
+  "$prog" small >"$tmp/out" 2>&1
+  rc=$?
+  expect "$(basename "$prog") (AddressSanitizer): exit $rc, $(tail -n 1 "$tmp/out")" \
+    "[ $rc -eq 0 ] && ! grep -qE '^FAIL|AddressSanitizer' '$tmp/out'"
+done
+for prog in $sim/gpu_test_*; do
+  case "$prog" in *_asan) continue ;; esac
+  for s in $seeds; do
+    counts=
+    [ "$(basename "$prog")" = gpu_test_counts ] && [ "$s" = 1 ] && counts="$tmp/counts.tsv"
+    CUDASIM_COUNTS=$counts CUDASIM_SEED=$s $prog small >"$tmp/out" 2>&1
+    rc=$?
+    name="$(basename "$prog") seed $s"
+    if [ $rc -eq 0 ] && ! grep -q '^FAIL' "$tmp/out"; then
+      ok "$name: $(tail -n 1 "$tmp/out")"
+    else
+      bad "$name" "exit $rc; $(grep -m 3 -E '^FAIL|^cudasim' "$tmp/out" | tr '\n' ' ')"
+    fi
+  done
+done
+if [ -x $sim/gpu_test_counts ]; then
+  # CUDASIM_COUNTS=FILE: a header, then one line per kernel since the program's last reset (its sparse backward).
+  expect "CUDASIM_COUNTS writes the kernels' counts at exit ($(tail -n 1 "$tmp/counts.tsv" | cut -f 1 | cut -c 1-40)...)" \
+    "head -n 1 '$tmp/counts.tsv' | grep -qx 'kernel.launches.blocks.mma.ldmatrix_bytes.cp_async_bytes.shuffles.barriers.atomics' && grep -qE '^void sparse_backward_kernel<.*\)	1	[0-9]+	[1-9]' '$tmp/counts.tsv'"
+fi
+
+# Self-tests that print a result: the wrong kernel wrong under some seed, the right one right under all.
+results() { for s in $seeds; do CUDASIM_SEED=$s $sim/sim_selftest "$1" 2>&1; done | sort -u | tr '\n' ' '; }
+r=$(results reuse_nosync)
+expect "missing __syncthreads before reusing a shared buffer: wrong under some seed ($r)" '[[ "$r" == *wrong* ]]'
+r=$(results reuse_sync)
+expect "with the __syncthreads: correct under every seed ($r)" '[ "$r" = "correct " ]'
+r=$(results cp_async_early)
+expect "read before cp.async.wait_group sees poison ($r)" '[ "$r" = "poison " ]'
+r=$(results cp_async_waited)
+expect "read after cp.async.wait_group sees the data ($r)" '[ "$r" = "correct " ]'
+r=$(results streams_nowait)
+expect "a kernel reading another stream's result without cudaStreamWaitEvent: wrong under some seed ($r)" \
+  '[[ "$r" == *wrong* ]]'
+r=$(results streams_event)
+expect "with cudaStreamWaitEvent: correct under every seed ($r)" '[ "$r" = "correct " ]'
+r=$(results streams_legacy)
+expect "the legacy default stream waits for a blocking stream: correct under every seed ($r)" '[ "$r" = "correct " ]'
+
+# Rule violations: exit 1 with one line naming kernel, block, thread and rule.
+violation() {   # CASE PATTERN [PROGRAM, default the self-test]
+  "${3:-$sim/sim_selftest}" "$1" >"$tmp/out" 2>"$tmp/err"
+  local rc=$? lines
+  lines=$(wc -l <"$tmp/err")
+  expect "$1: exit 1 with one line: $(head -c 160 "$tmp/err")" \
+    "[ $rc -eq 1 ] && [ $lines -eq 1 ] && grep -qE '$2' '$tmp/err'"
+}
+where='.* block \(0,0,0\) thread \([0-9]+,0,0\) warp [0-9]+ lane [0-9]+: '
+violation shfl_missing_lane "^cudasim: kernel shfl_missing_lane_kernel${where}.*lane 5 of the mask has exited"
+violation misaligned_cp_async "^cudasim: kernel misaligned_cp_async_kernel${where}.*16-byte aligned"
+violation barrier_divergence "^cudasim: kernel barrier_divergence_kernel${where}__syncthreads while thread .* has exited"
+# What the CUDA attention op refuses, likewise: sparse blocks of 32.
+violation refuse-block 'attention.block_size 32: the CUDA sparse attention supports 64 and 128' \
+  $sim/gpu_test_attention_op
+
+$sim/sim_selftest_asan oob_read >"$tmp/out" 2>&1
+rc=$?
+expect "out-of-bounds device read: AddressSanitizer heap-buffer-overflow in the kernel (exit $rc)" \
+  "[ $rc -ne 0 ] && grep -q 'heap-buffer-overflow' '$tmp/out' && grep -q 'in oob_read_kernel' '$tmp/out'"
+
+# Self-tests that check themselves (launch errors; cudaEventQuery over a polled
+# operation and the last error; pinned and pageable host memory, host
+# synchronisations by call site, stream priorities; mma and ldmatrix against
+# the PTX tables; the device memory peak).
+for c in launch_limits polled host_memory fragments memory_peak; do
+  $sim/sim_selftest $c >"$tmp/out" 2>&1
+  rc=$?
+  cat "$tmp/out"
+  expect "sim_selftest $c exits 0" "[ $rc -eq 0 ]"
+done
+
+# The visible devices: all of the node's CUDASIM_DEVICES, or CUDA_VISIBLE_DEVICES
+# up to its first entry that is not one of them, each with its node PCI bus id.
+r=$(CUDASIM_DEVICES=4 CUDA_VISIBLE_DEVICES=2,0,9,1 $sim/sim_selftest devices 2>&1)
+expect "CUDA_VISIBLE_DEVICES=2,0,9,1 of 4: devices 2 then 0 ($r)" '[ "$r" = "2 0000:02:00.0 0000:00:00.0" ]'
+r=$(CUDASIM_DEVICES=2 $sim/sim_selftest devices 2>&1)
+expect "no CUDA_VISIBLE_DEVICES: the node's 2 ($r)" '[ "$r" = "2 0000:00:00.0 0000:01:00.0" ]'
+
+# Mutations of the attention sources, built in a copy: the test must fail
+# (the attention test, or the sparse test's long index row).
+mutant() {   # TEST ARG NAME FILE PROGRAM(python, reads and writes the file's text in s) [PATTERN the failing output shows]
+  local test=$1 arg=$2
+  shift 2
+  local dir="$tmp/mutant"
+  rm -rf "$dir" && mkdir -p "$dir/build"
+  cp -rp Makefile attention dist model tests "$dir/"
+  cp -rp build/sim "$dir/build/"
+  if ! /usr/bin/python3 - "$dir/$2" "$3" <<'PY'
+import sys
+path, code = sys.argv[1], sys.argv[2]
+s = open(path).read()
+env = {"s": s}
+exec(code, env)
+if env["s"] == s:
+    sys.exit(1)
+open(path, "w").write(env["s"])
+PY
+  then bad "mutant $1" "the patch did not apply to $2"; return; fi
+  if ! make -C "$dir" -s DEPS_OK= "build/sim/tests/$test" >"$tmp/build.log" 2>&1; then
+    bad "mutant $1" "build failed: $(tail -n 3 "$tmp/build.log" | tr '\n' ' ')"
+    return
+  fi
+  local caught=""
+  for s in $seeds; do
+    CUDASIM_SEED=$s "$dir/$sim/$test" "$arg" >"$tmp/out" 2>&1 && continue
+    local rc=$?
+    [ -z "${4:-}" ] || grep -q "$4" "$tmp/out" || continue
+    caught="$caught $s(exit $rc, $(grep -c '^FAIL' "$tmp/out") FAIL lines)"
+  done
+  expect "mutant $1: $test $arg fails under seeds:$caught" '[ -n "$caught" ]'
+}
+mutant gpu_test_attention small "forward without the __syncthreads after cp.async.wait_group" attention/flash_cuda.cu \
+  's = s.replace("cp_async_wait<1>();\n        __syncthreads();\n\n        const bool full",
+                 "cp_async_wait<1>();\n\n        const bool full", 1)'
+mutant gpu_test_attention small "forward without the __syncthreads before a buffer is refilled" attention/flash_cuda.cu \
+  's = s.replace("        __syncthreads();   // every warp is done with buf before it is refilled\n", "", 1)'
+mutant gpu_test_attention small "pack_bf16 with its two halves swapped" attention/flash_tiles.cuh \
+  's = s.replace("__floats2bfloat162_rn(lo, hi)", "__floats2bfloat162_rn(hi, lo)", 1)'
+# The barriers closing the index build's three loops (after each
+# block_exclusive_sum) and the one inside block_exclusive_sum: the long index
+# row runs each loop several times with data in every warp.
+mutant gpu_test_sparse index "index build without the __syncthreads closing its block loop" \
+  attention/sparse_select_cuda.cu 's = s.replace("        nb += total;\n        __syncthreads();\n", "        nb += total;\n", 1)'
+mutant gpu_test_sparse index "index build without the __syncthreads closing its sink loop" \
+  attention/sparse_select_cuda.cu \
+  's = s.replace("        nc += total;\n        __syncthreads();\n    }\n    for (int64_t v0", "        nc += total;\n    }\n    for (int64_t v0", 1)'
+mutant gpu_test_sparse index "index build without the __syncthreads closing its vertical loop" \
+  attention/sparse_select_cuda.cu \
+  's = s.replace("        nc += total;\n        __syncthreads();\n    }\n    if (!FILL", "        nc += total;\n    }\n    if (!FILL", 1)'
+mutant gpu_test_sparse index "block_exclusive_sum without its __syncthreads" attention/flash_tiles.cuh \
+  's = s.replace("    if (lane == 31) scratch[warp] = inclusive;\n    __syncthreads();\n", "    if (lane == 31) scratch[warp] = inclusive;\n", 1)'
+# With nvcc the sim knows each kernel's __launch_bounds__ (build/sim/launch_bounds.tsv).
+if [ "$(wc -l <build/sim/launch_bounds.tsv)" -gt 1 ]; then
+  mutant gpu_test_attention small "forward launched with more threads than its __launch_bounds__" attention/flash_cuda.cu \
+    's = s.replace("CUDA_LAUNCH(kernel, grid, BM * 2, smem", "CUDA_LAUNCH(kernel, grid, BM * 4, smem", 1)' \
+    'too many resources requested for launch'
+fi
+
+[ $failures -eq 0 ]

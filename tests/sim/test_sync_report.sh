@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# test_sync_report.sh: the host synchronisations of a training step on the
+# CUDA backend under the sim (build/sim/mtrain with MTRAIN_SYNC_REPORT=1,
+# docs/SIM.md): the sim counts every call that makes the host wait for the
+# device (synchronise, device-to-host copies, async copies with pageable host
+# memory, cudaMalloc/cudaFree, polls of an event) by call site, and train
+# prints the last step's "host syncs per step: N" and the sites.
+#   budgets    pairs of runs whose N must be equal: a dense step's N does not
+#              grow with the number of layers (2 and 4), on one rank and on a
+#              cp ring, nor with the ring's size (cp 2 and 4): no host
+#              synchronisation inside a ring step (the ring's buffers,
+#              positions and token lists are kept from the first step, the
+#              NCCL watchdog polls once per step); a sparse step's on one
+#              rank neither (selection, index and its bound on the device:
+#              nothing read back, the index rebuilt from the layer's pattern);
+#   pinned     a one-rank dense step makes no async copy with pageable host
+#              memory (the backend's uploads and downloads are staged through
+#              its page-locked buffer);
+#   priority   cp 2 over NCCL: every NCCL operation of the step runs on a
+#              stream of the device's greatest priority;
+#   measured   N and the sites of every run, printed as "info" lines (the
+#              sparse cp 2 ring's grow with the layers: its plan reads this
+#              rank's index back per layer for the need rows and the
+#              gathered columns).
+# A case is one line of $cases (name, ranks, settings); a budget one pair of
+# names.
+cd "$(dirname "$0")/../.."
+source tests/lib/lib.sh
+sim_setup sync_report
+RUN="$SIM_RUN train.steps=2 checkpoint.resume=never"
+# $SIM_SPARSE on one line, without its statistics (log.attention_every: counting them reads the index back)
+# shellcheck disable=SC2086  # split into its settings
+SIM_SPARSE_PLAN=$(printf '%s ' ${SIM_SPARSE/log.attention_every=1/})
+
+cases="dense_l2 1 model.num_layers=2
+dense_l4 1 model.num_layers=4
+ring2_l2 2 parallel.cp=2 model.num_layers=2
+ring2_l4 2 parallel.cp=2 model.num_layers=4
+ring4_l2 4 parallel.cp=4 model.num_layers=2 train.seq_len=256
+ring4_l4 4 parallel.cp=4 model.num_layers=4 train.seq_len=256
+sparse_l2 1 model.num_layers=2 $SIM_SPARSE_PLAN
+sparse_l4 1 model.num_layers=4 $SIM_SPARSE_PLAN
+sparse2_l2 2 parallel.cp=2 model.num_layers=2 $SIM_SPARSE_PLAN
+sparse2_l4 2 parallel.cp=2 model.num_layers=4 $SIM_SPARSE_PLAN"
+budgets="dense_l2 dense_l4
+ring2_l2 ring2_l4
+ring4_l2 ring4_l4
+ring2_l2 ring4_l2
+sparse_l2 sparse_l4
+dense_l2 sparse_l2"
+
+declare -A N
+while read -r name np settings; do
+  # shellcheck disable=SC2086  # $settings is a list of settings
+  MTRAIN_SYNC_REPORT=1 sim_train "$name" "$np" "$np" $settings
+  rc=$?
+  N[$name]=$(sed -n 's/^host syncs per step: \([0-9]*\)$/\1/p' "$tmp/$name.out")
+  expect "sync_report_$name: $np rank(s), $settings: the report's count (exit $rc, N ${N[$name]:-none})" \
+    "[ $rc -eq 0 ] && [ -n '${N[$name]}' ]"
+  echo "info $name: host syncs per step: ${N[$name]:-none}"
+  sed -n '/^host syncs per step/,/^[^ h]/{/^  /s/^/info /p}' "$tmp/$name.out"
+done <<<"$cases"
+
+for name in dense_l2 dense_l4; do
+  sites=$(grep -c '^  .*with pageable host memory' "$tmp/$name.out")
+  expect "sync_report_pinned_$name: no async copy with pageable host memory in a one-rank dense step ($sites sites)" \
+    "[ -n '${N[$name]}' ] && [ $sites -eq 0 ]"
+done
+
+while read -r a b; do
+  expect "sync_report_budget_${a}_$b: host syncs per step of $a (${N[$a]:-none}) = of $b (${N[$b]:-none})" \
+    "[ -n '${N[$a]}' ] && [ '${N[$a]}' = '${N[$b]}' ]"
+done <<<"$budgets"
+
+# "NCCL operations per step: K, on streams of priority HIGH to LOW (the device's: L least, G greatest)"
+read -r high low greatest < <(sed -n 's/^NCCL operations per step: .* priority \(-*[0-9]*\) to \(-*[0-9]*\) .* \(-*[0-9]*\) greatest)$/\1 \2 \3/p' \
+  "$tmp/ring2_l2.out")
+expect "sync_report_nccl_priority: cp 2: the NCCL operations on streams of priority ${high:-none} to ${low:-none}, the device's greatest ${greatest:-none}" \
+  "[ -n '$greatest' ] && [ '$high' = '$greatest' ] && [ '$low' = '$greatest' ]"
+exit $((failures > 0))

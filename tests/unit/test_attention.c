@@ -1,0 +1,476 @@
+// test_attention.c: the CPU flash attention (attention/flash_cpu.c) against a
+// naive double-precision reference (full masked softmax and its analytic
+// gradients), over shapes, block sizes, GQA ratios, key chunks, arbitrary
+// positions, finite differences, thread counts and rows that see no key;
+// and the ring of one (attention/ring.h: ring_init without a communicator,
+// as every one-rank op runs it): bit for bit the kernels on the whole
+// sequence, one step on the caller's own K/V, the kernels' begin and
+// backward_end hooks called once per pass, and no MPI call (this program
+// never initialises MPI). Ends with a timing line (printed, not asserted).
+//
+// Tolerances: max |kernel - reference| / max |reference| per tensor, with fp32
+// kernels against a double reference: 1e-5 for O and LSE, 1e-4 for dQ, dK, dV.
+// Finite differences (double, central, eps 1e-5) must match the double
+// analytic gradients to 1e-6 and the kernel's to 1e-4.
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../attention/attention.h"
+#include "../../attention/ring.h"
+#include "../../dist/util.h"
+#include "attn_ref.h"
+#include "../lib/check.h"
+
+#define TOL_FWD 1e-5
+#define TOL_GRAD 1e-4
+
+// Kernel forward over key chunks [cuts[c], cuts[c + 1]), visited in `order`.
+static void kernel_forward(const Problem *p, int nchunks, const int64_t *cuts, const int *order,
+                           float *o, float *lse) {
+    attn_forward_init(&p->s, o, lse);
+    for (int c = 0; c < nchunks; c++) {
+        const int64_t a = cuts[order[c]], b = cuts[order[c] + 1];
+        const int64_t off = a * p->s.num_kv_heads * p->s.head_dim;
+        AttnShape cs = p->s;
+        cs.k_tokens = b - a;
+        attn_dense_forward_cpu(&cs, p->q, p->qp, p->k + off, p->v + off, p->kp + a, o, lse);
+    }
+}
+
+// Kernel backward of loss = sum(o * w) over the same chunks; dq, dk, dv are zeroed first.
+static void kernel_backward(const Problem *p, int nchunks, const int64_t *cuts, const int *order,
+                            const float *o, const float *lse, float *dq, float *dk, float *dv) {
+    float *delta = xmalloc((size_t)p->nl * sizeof(float));
+    attn_backward_delta(&p->s, o, p->w, delta);
+    memset(dq, 0, (size_t)p->nq * sizeof(float));
+    memset(dk, 0, (size_t)p->nk * sizeof(float));
+    memset(dv, 0, (size_t)p->nk * sizeof(float));
+    for (int c = 0; c < nchunks; c++) {
+        const int64_t a = cuts[order[c]], b = cuts[order[c] + 1];
+        const int64_t off = a * p->s.num_kv_heads * p->s.head_dim;
+        AttnShape cs = p->s;
+        cs.k_tokens = b - a;
+        attn_dense_backward_cpu(&cs, p->q, p->qp, p->k + off, p->v + off, p->kp + a, lse, delta,
+                                p->w, dq, dk + off, dv + off);
+    }
+    free(delta);
+}
+
+// Kernel against reference: err = {o, lse, dq, dk, dv} relative errors
+// (gradients only when grads is set).
+static void compare(const Problem *p, int nchunks, const int64_t *cuts, const int *order,
+                    int grads, double err[5]) {
+    double *q = to_double(p->q, p->nq), *k = to_double(p->k, p->nk);
+    double *v = to_double(p->v, p->nk), *w = to_double(p->w, p->nq);
+    double *ro = xmalloc((size_t)(2 * p->nq + 2 * p->nk + p->nl) * sizeof(double));
+    double *rdq = ro + p->nq, *rdk = rdq + p->nq, *rdv = rdk + p->nk, *rlse = rdv + p->nk;
+    float *o = xmalloc((size_t)(2 * p->nq + 2 * p->nk + p->nl) * sizeof(float));
+    float *dq = o + p->nq, *dk = dq + p->nq, *dv = dk + p->nk, *lse = dv + p->nk;
+    unsigned char *mask = doc_mask(p);
+    reference(&p->s, mask, q, p->qp, k, v, p->kp, w, ro, rlse, grads ? rdq : NULL, rdk, rdv);
+    kernel_forward(p, nchunks, cuts, order, o, lse);
+    err[0] = rel_err(o, ro, p->nq);
+    err[1] = rel_err(lse, rlse, p->nl);
+    err[2] = err[3] = err[4] = 0;
+    if (grads) {
+        kernel_backward(p, nchunks, cuts, order, o, lse, dq, dk, dv);
+        err[2] = rel_err(dq, rdq, p->nq);
+        err[3] = rel_err(dk, rdk, p->nk);
+        err[4] = rel_err(dv, rdv, p->nk);
+    }
+    free(q); free(k); free(v); free(w); free(ro); free(o); free(mask);
+}
+
+static const int ORDER[] = {0, 1, 2, 3};
+
+// Forward O and LSE over T x block x GQA x head_dim, all keys in one chunk.
+static void test_forward_shapes(void) {
+    const int64_t Ts[] = {1, 7, 64, 100, 257};
+    const int blocks[] = {1, 16, 64}, ratios[] = {1, 2, 4}, dims[] = {8, 32, 64};
+    for (int a = 0; a < 5; a++)
+        for (int b = 0; b < 3; b++)
+            for (int r = 0; r < 3; r++) {
+                double worst_o = 0, worst_lse = 0;
+                for (int d = 0; d < 3; d++) {
+                    Problem p = make_problem(Ts[a], Ts[a], 2 * ratios[r], 2, dims[d], blocks[b],
+                                             1000 + 100 * a + 10 * b + r + 3 * d);
+                    int64_t cuts[] = {0, Ts[a]};
+                    double err[5];
+                    compare(&p, 1, cuts, ORDER, 0, err);
+                    worst_o = fmax(worst_o, err[0]);
+                    worst_lse = fmax(worst_lse, err[1]);
+                    free_problem(&p);
+                }
+                EXPECT(worst_o < TOL_FWD && worst_lse < TOL_FWD,
+                       "forward T=%ld block=%d gqa=%d D=8,32,64 (o %.1e, lse %.1e)",
+                       (long)Ts[a], blocks[b], ratios[r], worst_o, worst_lse);
+            }
+}
+
+// Gradients against the analytic reference, all keys in one chunk.
+static void test_backward_shapes(void) {
+    const int64_t Ts[] = {7, 100};
+    const int blocks[] = {1, 16, 64}, ratios[] = {1, 2, 4};
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 3; b++)
+            for (int r = 0; r < 3; r++) {
+                Problem p = make_problem(Ts[a], Ts[a], 2 * ratios[r], 2, 32, blocks[b],
+                                         2000 + 100 * a + 10 * b + r);
+                int64_t cuts[] = {0, Ts[a]};
+                double err[5];
+                compare(&p, 1, cuts, ORDER, 1, err);
+                EXPECT(err[0] < TOL_FWD && err[2] < TOL_GRAD && err[3] < TOL_GRAD &&
+                       err[4] < TOL_GRAD,
+                       "backward T=%ld block=%d gqa=%d D=32 (dq %.1e, dk %.1e, dv %.1e)",
+                       (long)Ts[a], blocks[b], ratios[r], err[2], err[3], err[4]);
+                free_problem(&p);
+            }
+    const int dims[] = {24, 128};
+    for (int d = 0; d < 2; d++) {
+        Problem p = make_problem(77, 77, 4, 1, dims[d], 32, 2500 + d);
+        int64_t cuts[] = {0, 77};
+        double err[5];
+        compare(&p, 1, cuts, ORDER, 1, err);
+        EXPECT(err[0] < TOL_FWD && err[1] < TOL_FWD && err[2] < TOL_GRAD &&
+               err[3] < TOL_GRAD && err[4] < TOL_GRAD,
+               "forward+backward T=77 block=32 gqa=4 D=%d (o %.1e, dq %.1e, dk %.1e, dv %.1e)",
+               dims[d], err[0], err[2], err[3], err[4]);
+        free_problem(&p);
+    }
+}
+
+// Keys in 3 chunks (the last entirely after every query; in the middle one,
+// early queries see nothing), in order and shuffled, against the reference
+// and against a single call.
+static void test_chunks(void) {
+    Problem p = make_problem(100, 150, 4, 2, 32, 16, 3000);
+    const int64_t cuts[] = {0, 40, 100, 150}, whole[] = {0, 150};
+    const int shuffled[] = {2, 0, 1};
+    double err[5];
+    compare(&p, 3, cuts, ORDER, 1, err);
+    EXPECT(err[0] < TOL_FWD && err[1] < TOL_FWD, "chunks in order: forward (o %.1e, lse %.1e)",
+           err[0], err[1]);
+    EXPECT(err[2] < TOL_GRAD && err[3] < TOL_GRAD && err[4] < TOL_GRAD,
+           "chunks in order: backward (dq %.1e, dk %.1e, dv %.1e)", err[2], err[3], err[4]);
+    compare(&p, 3, cuts, shuffled, 1, err);
+    EXPECT(err[0] < TOL_FWD && err[1] < TOL_FWD && err[2] < TOL_GRAD && err[3] < TOL_GRAD &&
+           err[4] < TOL_GRAD, "chunks in order 2,0,1: forward and backward (o %.1e, dq %.1e)",
+           err[0], err[2]);
+
+    float *o1 = xmalloc((size_t)(2 * p.nq + 2 * p.nl) * sizeof(float));
+    float *o3 = o1 + p.nq, *l1 = o3 + p.nq, *l3 = l1 + p.nl;
+    kernel_forward(&p, 1, whole, ORDER, o1, l1);
+    kernel_forward(&p, 3, cuts, ORDER, o3, l3);
+    EXPECT(max_rel_diff(o3, o1, p.nq) < TOL_FWD && max_rel_diff(l3, l1, p.nl) < TOL_FWD,
+           "3 chunks equal one call (o %.1e, lse %.1e)", max_rel_diff(o3, o1, p.nq),
+           max_rel_diff(l3, l1, p.nl));
+    free(o1);
+    free_problem(&p);
+}
+
+// Striped queries (blocks 0, 2, 4, ... of 16 tokens of a 256-token sequence)
+// against all 256 keys stored in a random order, tiles not aligned with stripes.
+static void test_striped(void) {
+    const int blocks[] = {16, 24};
+    for (int b = 0; b < 2; b++) {
+        Problem p = make_problem(128, 256, 4, 2, 32, blocks[b], 4000 + b);
+        Rng rng; rng_seed(&rng, 77 + b);
+        for (int64_t t = 0; t < 128; t++) p.qp[t] = (t / 16) * 32 + t % 16;
+        for (int64_t t = 255; t > 0; t--) {
+            int64_t u = (int64_t)rng_below(&rng, (uint64_t)t + 1), tmp = p.kp[t];
+            p.kp[t] = p.kp[u]; p.kp[u] = tmp;
+        }
+        const int64_t whole[] = {0, 256}, cuts[] = {0, 100, 256};
+        double err[5], errc[5];
+        compare(&p, 1, whole, ORDER, 1, err);
+        compare(&p, 2, cuts, ORDER, 1, errc);
+        for (int e = 0; e < 5; e++) err[e] = fmax(err[e], errc[e]);
+        EXPECT(err[0] < TOL_FWD && err[1] < TOL_FWD,
+               "striped queries, shuffled keys, block=%d, 1 and 2 chunks: forward "
+               "(o %.1e, lse %.1e)", blocks[b], err[0], err[1]);
+        EXPECT(err[2] < TOL_GRAD && err[3] < TOL_GRAD && err[4] < TOL_GRAD,
+               "striped queries, shuffled keys, block=%d, 1 and 2 chunks: backward "
+               "(dq %.1e, dk %.1e, dv %.1e)", blocks[b], err[2], err[3], err[4]);
+        free_problem(&p);
+    }
+}
+
+// loss = sum(o * w) through the double reference forward.
+static double ref_loss(const Problem *p, const double *q, const double *k, const double *v,
+                       const double *w) {
+    double *o = xmalloc((size_t)(p->nq + p->nl) * sizeof(double)), *lse = o + p->nq, loss = 0;
+    reference(&p->s, NULL, q, p->qp, k, v, p->kp, NULL, o, lse, NULL, NULL, NULL);
+    for (int64_t i = 0; i < p->nq; i++) loss += o[i] * w[i];
+    free(o);
+    return loss;
+}
+
+// Central finite differences of a few elements of q, k and v.
+static void test_finite_differences(void) {
+    Problem p = make_problem(12, 12, 4, 2, 8, 4, 5000);
+    for (int64_t t = 0; t < 12; t++) p.qp[t] = p.kp[t] = 3 * t;   // gaps between positions
+    const int64_t cuts[] = {0, 5, 12};
+    double *q = to_double(p.q, p.nq), *k = to_double(p.k, p.nk);
+    double *v = to_double(p.v, p.nk), *w = to_double(p.w, p.nq);
+    double *ro = xmalloc((size_t)(2 * p.nq + 2 * p.nk + p.nl) * sizeof(double));
+    double *rdq = ro + p.nq, *rdk = rdq + p.nq, *rdv = rdk + p.nk, *rlse = rdv + p.nk;
+    float *o = xmalloc((size_t)(2 * p.nq + 2 * p.nk + p.nl) * sizeof(float));
+    float *dq = o + p.nq, *dk = dq + p.nq, *dv = dk + p.nk, *lse = dv + p.nk;
+    reference(&p.s, NULL, q, p.qp, k, v, p.kp, w, ro, rlse, rdq, rdk, rdv);
+    kernel_forward(&p, 2, cuts, ORDER, o, lse);
+    kernel_backward(&p, 2, cuts, ORDER, o, lse, dq, dk, dv);
+
+    const char *names[] = {"q", "k", "v"};
+    double *xs[] = {q, k, v}, *refs[] = {rdq, rdk, rdv};
+    const float *kern[] = {dq, dk, dv};
+    const int64_t ns[] = {p.nq, p.nk, p.nk};
+    Rng rng; rng_seed(&rng, 5001);
+    for (int t = 0; t < 3; t++) {
+        double gmax = 0, err_ref = 0, err_kern = 0;
+        for (int64_t i = 0; i < ns[t]; i++) gmax = fmax(gmax, fabs(refs[t][i]));
+        for (int n = 0; n < 6; n++) {
+            const int64_t i = (int64_t)rng_below(&rng, (uint64_t)ns[t]);
+            const double x0 = xs[t][i], eps = 1e-5;
+            xs[t][i] = x0 + eps;
+            const double up = ref_loss(&p, q, k, v, w);
+            xs[t][i] = x0 - eps;
+            const double down = ref_loss(&p, q, k, v, w);
+            xs[t][i] = x0;
+            const double fd = (up - down) / (2 * eps);
+            err_ref = fmax(err_ref, fabs(fd - refs[t][i]) / gmax);
+            err_kern = fmax(err_kern, fabs(fd - kern[t][i]) / gmax);
+        }
+        EXPECT(err_ref < 1e-6 && err_kern < TOL_GRAD,
+               "finite differences d%s: reference %.1e, kernel %.1e", names[t], err_ref, err_kern);
+    }
+    free(q); free(k); free(v); free(w); free(ro); free(o);
+    free_problem(&p);
+}
+
+// Forward and backward with 1, 2 and 3 threads are bitwise equal.
+static void test_determinism(void) {
+    Problem p = make_problem(257, 257, 4, 2, 32, 16, 6000);
+    const int64_t cuts[] = {0, 100, 257};
+    const int64_t n = 2 * p.nq + 2 * p.nk + p.nl;
+    float *runs[3];
+    const int saved = omp_get_max_threads();
+    for (int r = 0; r < 3; r++) {
+        float *o = runs[r] = xmalloc((size_t)n * sizeof(float));
+        float *dq = o + p.nq, *dk = dq + p.nq, *dv = dk + p.nk, *lse = dv + p.nk;
+        omp_set_num_threads(r + 1);
+        kernel_forward(&p, 2, cuts, ORDER, o, lse);
+        kernel_backward(&p, 2, cuts, ORDER, o, lse, dq, dk, dv);
+    }
+    omp_set_num_threads(saved);
+    EXPECT(memcmp(runs[0], runs[1], (size_t)n * sizeof(float)) == 0 &&
+           memcmp(runs[0], runs[2], (size_t)n * sizeof(float)) == 0,
+           "o, lse, dq, dk, dv bitwise equal with 1, 2 and 3 threads");
+    for (int r = 0; r < 3; r++) free(runs[r]);
+    free_problem(&p);
+}
+
+// Rows that see no key of a chunk keep their (o, lse) bit for bit; rows that
+// never see a key keep lse = -inf, o = 0 and get no gradient.
+static void test_untouched_rows(void) {
+    Problem p = make_problem(40, 40, 4, 2, 16, 16, 7000);
+    for (int64_t t = 0; t < 40; t++) p.kp[t] = 20 + t;         // queries 0..19 see nothing
+    Rng rng; rng_seed(&rng, 7001);
+    float *o = xmalloc((size_t)(2 * p.nq + 2 * p.nl) * sizeof(float));
+    float *o0 = o + p.nq, *lse = o0 + p.nq, *lse0 = lse + p.nl;
+    for (int64_t i = 0; i < p.nq; i++) o0[i] = (float)rng_normal(&rng);
+    for (int64_t i = 0; i < p.nl; i++) lse0[i] = (float)rng_normal(&rng);
+    memcpy(o, o0, (size_t)p.nq * sizeof(float));
+    memcpy(lse, lse0, (size_t)p.nl * sizeof(float));
+    attn_dense_forward_cpu(&p.s, p.q, p.qp, p.k, p.v, p.kp, o, lse);
+    const int64_t row = (int64_t)p.s.num_heads * p.s.head_dim;
+    int same = 1, changed = 1;
+    for (int64_t t = 0; t < 40; t++) {
+        int eq = memcmp(o + t * row, o0 + t * row, (size_t)row * sizeof(float)) == 0;
+        for (int h = 0; h < p.s.num_heads; h++) eq &= lse[h * 40 + t] == lse0[h * 40 + t];
+        if (t < 20) same &= eq; else changed &= !eq;
+    }
+    EXPECT(same && changed, "rows without a visible key unchanged, the others updated");
+    AttnShape empty = p.s;
+    empty.k_tokens = 0;
+    memcpy(o0, o, (size_t)p.nq * sizeof(float));
+    memcpy(lse0, lse, (size_t)p.nl * sizeof(float));
+    attn_dense_forward_cpu(&empty, p.q, p.qp, p.k, p.v, p.kp, o, lse);
+    EXPECT(memcmp(o, o0, (size_t)p.nq * sizeof(float)) == 0 &&
+           memcmp(lse, lse0, (size_t)p.nl * sizeof(float)) == 0,
+           "an empty key chunk changes nothing");
+
+    const int64_t cuts[] = {0, 40};
+    double err[5];
+    compare(&p, 1, cuts, ORDER, 1, err);
+    EXPECT(err[0] < TOL_FWD && err[1] < TOL_FWD && err[2] < TOL_GRAD && err[3] < TOL_GRAD &&
+           err[4] < TOL_GRAD, "half the rows never see a key: lse -inf and gradients match "
+           "(o %.1e, lse %.1e, dq %.1e)", err[0], err[1], err[2]);
+
+    // A chunk entirely in the future: nothing changes, no gradient, no NaN.
+    for (int64_t t = 0; t < 40; t++) p.kp[t] = 100 + t;
+    float *dq = xmalloc((size_t)(p.nq + 2 * p.nk) * sizeof(float));
+    float *dk = dq + p.nq, *dv = dk + p.nk;
+    attn_forward_init(&p.s, o, lse);
+    attn_dense_forward_cpu(&p.s, p.q, p.qp, p.k, p.v, p.kp, o, lse);
+    kernel_backward(&p, 1, cuts, ORDER, o, lse, dq, dk, dv);
+    int clean = 1;
+    for (int64_t i = 0; i < p.nq; i++) clean &= o[i] == 0.0f && dq[i] == 0.0f;
+    for (int64_t i = 0; i < p.nk; i++) clean &= dk[i] == 0.0f && dv[i] == 0.0f;
+    for (int64_t i = 0; i < p.nl; i++) clean &= lse[i] == -INFINITY;
+    EXPECT(clean, "chunk in the future of every query: o 0, lse -inf, zero gradients");
+    free(o); free(dq);
+    free_problem(&p);
+}
+
+// Documents (AttnShape.doc_starts): position 0 continuing a document, starts
+// on and off tile boundaries, one-token documents (17, 41, the last token),
+// a document crossing several tiles; positions 0.. and the striped layout
+// (ranks' queries against all keys), one and three key chunks, block 16.
+static void test_documents(void) {
+    static const int64_t starts[] = {5, 16, 17, 18, 40, 41, 42, 100, 149};
+    const int64_t cuts[] = {0, 33, 97, 150};
+    static const int order[] = {2, 0, 1};
+    for (int striped = 0; striped < 2; striped++)
+        for (int chunked = 0; chunked < 2; chunked++) {
+            Problem p = make_problem(150, 150, 4, 2, 32, 16, 9000 + 2 * striped + chunked);
+            p.s.doc_starts = starts;
+            p.s.doc_count = (int64_t)(sizeof starts / sizeof starts[0]);
+            if (striped) {
+                p.s.q_tokens = layout_rank_positions(LAYOUT_STRIPED, 150, 16, 3, 1, p.qp);
+                p.nq = p.s.q_tokens * 4 * 32; p.nl = 4 * p.s.q_tokens;
+            }
+            const int64_t one[] = {0, 150};
+            double err[5];
+            compare(&p, chunked ? 3 : 1, chunked ? cuts : one, chunked ? order : ORDER, 1, err);
+            EXPECT(err[0] < TOL_FWD && err[1] < TOL_FWD && err[2] < TOL_GRAD &&
+                   err[3] < TOL_GRAD && err[4] < TOL_GRAD,
+                   "documents, %s queries, %d key chunk(s): o %.1e lse %.1e dq %.1e dk %.1e dv %.1e",
+                   striped ? "striped" : "all", chunked ? 3 : 1, err[0], err[1], err[2], err[3],
+                   err[4]);
+            free_problem(&p);
+        }
+}
+
+// The dense kernels of a ring, counting their calls and checking where they read.
+typedef struct {
+    const float *k, *v, *dk, *dv;  // the caller's own K/V and dK/dV
+    int steps, begins, backward_begins, ends, foreign;
+} RingCounts;
+
+static void counted_forward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos, const void *k,
+                            const void *v, const int64_t *k_pos, float *o, float *lse) {
+    RingCounts *c = ctx;
+    c->steps++;
+    c->foreign += k != c->k || v != c->v;
+    ring_dense_cpu.forward(NULL, shape, q, q_pos, k, v, k_pos, o, lse);
+}
+
+static void counted_backward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos, const void *k,
+                             const void *v, const int64_t *k_pos, const float *lse, const float *delta,
+                             const void *dout, float *dq, float *dk, float *dv) {
+    RingCounts *c = ctx;
+    c->steps++;
+    c->foreign += k != c->k || v != c->v || dk != c->dk || dv != c->dv;
+    ring_dense_cpu.backward(NULL, shape, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk, dv);
+}
+
+static void counted_begin(void *ctx, const struct Ring *ring, const AttnShape *shape, bool backward, const void *k,
+                          const void *v) {
+    RingCounts *c = ctx;
+    (void)ring, (void)shape;
+    c->begins++;
+    c->backward_begins += backward;
+    c->foreign += k != c->k || v != c->v;
+}
+
+static void counted_end(void *ctx, const struct Ring *ring, const AttnShape *shape, float *dk, float *dv) {
+    RingCounts *c = ctx;
+    (void)ring, (void)shape;
+    c->ends++;
+    c->foreign += dk != c->dk || dv != c->dv;
+}
+
+static void test_ring_of_one(void) {
+    static const int64_t starts[] = {0, 40, 77};
+    Problem p = make_problem(130, 130, 4, 2, 32, 16, 9100);
+    p.s.doc_starts = starts;
+    p.s.doc_count = 3;
+    const int64_t one[] = {0, 130};
+    const int64_t n = 2 * p.nq + 2 * p.nk + p.nl;
+    float *want = xmalloc((size_t)n * sizeof(float)), *got = xcalloc((size_t)n, sizeof(float));
+    float *o = want, *dq = o + p.nq, *dk = dq + p.nq, *dv = dk + p.nk, *lse = dv + p.nk;
+    kernel_forward(&p, 1, one, ORDER, o, lse);
+    kernel_backward(&p, 1, one, ORDER, o, lse, dq, dk, dv);
+    o = got, dq = o + p.nq, dk = dq + p.nq, dv = dk + p.nk, lse = dv + p.nk;
+    RingCounts c = {.k = p.k, .v = p.v, .dk = dk, .dv = dv};
+    const RingKernels kernels = {.forward = counted_forward, .backward = counted_backward, .begin = counted_begin,
+                                 .backward_end = counted_end, .ctx = &c};
+    Ring ring;
+    ring_init(&ring, NULL, 1, p.qp, 130);
+    ring_attn_forward(&ring, &kernels, &p.s, p.q, p.k, p.v, o, lse);
+    ring_attn_backward(&ring, &kernels, &p.s, p.q, p.k, p.v, o, lse, p.w, dq, dk, dv);
+    ring_free(&ring);
+    EXPECT(memcmp(want, got, (size_t)n * sizeof(float)) == 0,
+           "ring of one: o, lse, dq, dk, dv bitwise equal to the kernels on the whole sequence (documents)");
+    EXPECT(c.steps == 2 && c.begins == 2 && c.backward_begins == 1 && c.ends == 1 && c.foreign == 0,
+           "ring of one: one step per pass on the caller's K/V and dK/dV in place, begin per pass, backward_end "
+           "once (steps %d, begins %d of which backward %d, ends %d, other buffers %d)", c.steps, c.begins,
+           c.backward_begins, c.ends, c.foreign);
+    free(want);
+    free(got);
+    free_problem(&p);
+}
+
+// Best of 2 runs of the forward and the backward of p over one chunk (seconds).
+static void time_kernels(const Problem *p, double *fwd, double *bwd) {
+    float *o = xmalloc((size_t)(2 * p->nq + 2 * p->nk + p->nl) * sizeof(float));
+    float *dq = o + p->nq, *dk = dq + p->nq, *dv = dk + p->nk, *lse = dv + p->nk;
+    const int64_t cuts[] = {0, p->s.k_tokens};
+    *fwd = *bwd = INFINITY;
+    for (int rep = 0; rep < 2; rep++) {
+        double t0 = now_seconds();
+        kernel_forward(p, 1, cuts, ORDER, o, lse);
+        double t1 = now_seconds();
+        kernel_backward(p, 1, cuts, ORDER, o, lse, dq, dk, dv);
+        double t2 = now_seconds();
+        *fwd = fmin(*fwd, t1 - t0);
+        *bwd = fmin(*bwd, t2 - t1);
+    }
+    free(o);
+}
+
+// Timing (printed only): T = 4096, Hq = 8, Hkv = 2, D = 64, block 64; then
+// with 8 documents of 512 tokens, against the ideal 1/8 of the causal time.
+static void timing(void) {
+    static const int64_t starts[] = {512, 1024, 1536, 2048, 2560, 3072, 3584};
+    Problem p = make_problem(4096, 4096, 8, 2, 64, 64, 8000);
+    const double flops = 4.0 * 4096 * 4096 / 2 * 64 * 8;   // causal forward
+    double fwd, bwd, doc_fwd, doc_bwd;
+    time_kernels(&p, &fwd, &bwd);
+    printf("timing T=4096 Hq=8 Hkv=2 D=64 block=64, %d threads: forward %.0f ms "
+           "(%.1f GFLOP/s), backward %.0f ms (%.1f GFLOP/s counting 2.5x forward flops)\n",
+           omp_get_max_threads(), 1e3 * fwd, flops / fwd * 1e-9, 1e3 * bwd,
+           2.5 * flops / bwd * 1e-9);
+    p.s.doc_starts = starts;
+    p.s.doc_count = 7;
+    time_kernels(&p, &doc_fwd, &doc_bwd);
+    printf("timing with 8 documents of 512 tokens: forward %.0f ms (%.3f of causal), backward %.0f ms "
+           "(%.3f of causal); ideal 0.125\n", 1e3 * doc_fwd, doc_fwd / fwd, 1e3 * doc_bwd, doc_bwd / bwd);
+    free_problem(&p);
+}
+
+int main(void) {
+    test_forward_shapes();
+    test_backward_shapes();
+    test_chunks();
+    test_striped();
+    test_finite_differences();
+    test_determinism();
+    test_untouched_rows();
+    test_documents();
+    test_ring_of_one();
+    timing();
+    return check_exit();
+}

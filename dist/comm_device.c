@@ -33,6 +33,7 @@ static void make_nccl(Comm *c) {
 }
 
 static void leave_devices(Dist *d) {
+    comm_device_settle();      // the collectives still watched later, before their communicators go
     for (int i = 0; dist_comms(d, i); i++) {
         Comm *c = dist_comms(d, i);
         if (c->nccl) NCCL_CHECK(ncclCommDestroy(c->nccl));

@@ -2,8 +2,7 @@
 // on the GPU for ring.c's schedules. Buffers are cudaMalloc'ed, copies, row
 // moves and the forward init / backward delta are enqueued on the op's
 // stream, messages go through a DeviceExchange (dist/comm_device.h): with
-// NCCL the host never waits inside a layer's ring (the sparse plan before it
-// waits for its collectives and reads the index back). Token lists for row
+// NCCL the host never waits inside a layer's ring. Token lists for row
 // moves are uploaded once and found again (TokenLists). The ring's buffers
 // and positions outlive the sequence: a later sequence reuses them, so a
 // training step allocates nothing and waits for nothing once the first
@@ -12,8 +11,11 @@
 // to every rank before the ring (one device all-gather of their K/V rows)
 // and computed in step 0 (the column pass), the ring steps compute blocks
 // only, and the columns' dK/dV go home after the ring (one device
-// reduce-scatter). Each of the two collectives returns when it is done (the
-// host waits for it under the watchdog): twice per layer, outside the ring.
+// reduce-scatter). The plan stays on the device (ring_columns_cuda.h): the
+// columns are held at bounds the host knows (ring_columns_bound), their
+// counts live on the device, and nothing is read back, except with
+// ring_send selected the need rows (the host schedules each hop's rows from
+// them) and the statistics when asked for.
 #ifdef MTRAIN_CUDA
 
 #include "ring_cuda.h"
@@ -26,6 +28,7 @@
 #include "../dist/cuda_check.h"
 #include "../dist/util.h"
 #include "attention_cuda.h"
+#include "ring_columns_cuda.h"
 #include "ring_plan.h"
 #include "ring_rows_cuda.h"
 #include "ring_sparse.h"
@@ -76,7 +79,7 @@ typedef struct {
     int inner;
     Ring ring;
     bool built;
-    int64_t *positions;        // [N] the ring's positions on the device
+    int64_t *positions;        // [N] the ring's positions on the device, then its offsets [W + 1]
     size_t positions_bytes;
     int64_t *positions_host;   // [positions_count] what `positions` holds
     int64_t positions_count;
@@ -96,34 +99,47 @@ typedef struct {
     const SparseIndexCuda *index;  // the sparse kernels' index of the current call
     struct RingLayerCuda *layer;   // and its layer (gathered columns)
     bool columns_pending;      // the next sparse kernel call also computes the columns (step 0)
-    void *column_arena;        // [W, 2 * max_owned, Hkv * D] the columns' collective (bf16 K/V or fp32 dK/dV)
+    void *column_arena;        // [W, 2 * owned_bound, Hkv * D] the columns' collective (bf16 K/V or fp32 dK/dV)
     size_t column_arena_bytes;
     float *column_dkv;         // [2, count, Hkv, D] the columns' dK/dV of the backward
     size_t column_dkv_bytes;
     int64_t column_bytes;      // sent for the gathered columns since the sequence began
     // The sparse plan's device scratch (grown) and its estimation's combined lse (host).
-    void *est_q, *est_pos, *est_lse, *est_scores, *q_blocks;
-    size_t est_q_bytes, est_pos_bytes, est_lse_bytes, est_scores_bytes, q_blocks_bytes;
-    float *lse_est;            // [Hq, est_rows] host, for the forward's recall
+    void *est_q, *est_pos, *est_lse, *est_scores, *q_blocks, *plan_bits;
+    size_t est_q_bytes, est_pos_bytes, est_lse_bytes, est_scores_bytes, q_blocks_bytes, plan_bits_bytes;
+    float *lse_est;            // [Hq, est_rows] host, for the forward's recall (with statistics)
     int64_t est_rows;
 } RingCuda;
 
-// A layer's sparse ring state (AttnRingCuda's `layer`), made by the plan:
-// which key blocks every rank's index reads and the gathered columns. The
-// columns' collective message is [W, 2 * max_owned] rows: owner r's block
-// holds its owned[r] columns' K rows then their V rows (dK, dV), in slot
-// order, from the block's start.
+// A layer's sparse ring state (AttnRingCuda's `layer`), made by the plan
+// and remade in place by the next step's (its buffers grow only with the
+// bounds): with ring_send selected which key blocks every rank's index
+// reads, and the gathered columns, held at count_bound columns of which
+// owned_bound at most on one rank (ring_columns_bound). The columns'
+// collective message is [W, 2 * owned_bound] rows: owner r's block holds its
+// columns' K rows from the block's start, their V rows from owned_bound, in
+// slot order (ring_columns_plan_cuda).
 typedef struct RingLayerCuda {
-    uint64_t *need;            // [W, words] host
-    RingColumns columns;       // host
-    int64_t *column_pos;       // [count] device: the columns' positions (the column pass's keys)
-    int64_t *column_rows;      // [2, count] device: each column's K row, then V row, in the message
-    int64_t *own_local;        // [owned[rank]] device: this rank's columns' local tokens, in slot order
-    uint16_t *column_kv;       // [2, count, Hkv, D] device bf16: the gathered K then V (set by the forward)
+    uint64_t *need;            // [W, words] page-locked host (ring_send selected)
+    size_t need_bytes;
+    int64_t count_bound, owned_bound;
+    int64_t *column_pos;       // [count_bound] device: the columns' positions (the column pass's keys), then N
+    int64_t *column_rows;      // [2, count_bound] device: each column's K row, then V row, in the message
+    int64_t *own_local;        // [owned_bound] device: this rank's columns' local tokens, in slot order
+    int64_t *live;             // [2] device: the columns, this rank's columns
+    size_t pos_bytes, rows_bytes, own_bytes, live_bytes;
+    uint16_t *column_kv;       // [2, count_bound, Hkv, D] device bf16: the gathered K then V (set by the forward)
     size_t column_kv_bytes;
 } RingLayerCuda;
 
 // ---- the device memory ----
+
+// The host waits for `stream`: after the watchdog has seen the collectives
+// and transfers queued so far (comm_device_settle).
+static void host_wait(cudaStream_t stream) {
+    comm_device_settle();
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+}
 
 // Zeroed: with ring_send selected a chunk's unsent rows stay as they were,
 // and the dense kernels read them under the causal mask (weight 0, so they
@@ -223,7 +239,7 @@ static void token_chunks_free(TokenLists *l) {
 // chunks are merged into one of their total room.
 static void token_lists_clear(TokenLists *l, cudaStream_t stream) {
     if (!l->chunks) return;
-    CUDA_CHECK(cudaStreamSynchronize(stream));
+    host_wait(stream);
     if (l->chunks->next) {
         int64_t cap = 0;
         for (TokenChunk *c = l->chunks; c; c = c->next) cap += c->cap;
@@ -245,9 +261,10 @@ static const void *apart(RingCuda *rc, const void *dst, const void *src, size_t 
 
 // At least `bytes` of *buf (device). Only between ring calls: cudaFree waits
 // for the whole device, which inside a call would wait for transfers whose
-// peers wait for this host.
+// peers wait for this host (and after the watchdog, as host_wait).
 static void room(void **buf, size_t *have, size_t bytes) {
     if (bytes <= *have) return;
+    comm_device_settle();
     if (*buf) CUDA_CHECK(cudaFree(*buf));
     CUDA_CHECK(cudaMalloc(buf, bytes));
     *have = bytes;
@@ -273,7 +290,7 @@ static void dev_add_rows(void *ctx, float *dk, float *dv, const float *in, const
                          int64_t kv) {
     RingCuda *rc = ctx;
     if (n == 0) return;
-    ring_add_rows_cuda(dk, dv, in, device_sel(rc, sel, n), n, kv, rc->stream);
+    ring_add_rows_cuda(dk, dv, in, device_sel(rc, sel, n), n, NULL, kv, rc->stream);
 }
 
 static void dev_send(void *ctx, const Comm *c, const void *buf, size_t bytes, int to, int tag, RingRequest *req) {
@@ -347,7 +364,7 @@ static const RingLayerCuda *column_pass(RingCuda *rc, const AttnShape *shape, At
     if (!rc->columns_pending) return NULL;
     rc->columns_pending = false;
     *s = *shape;
-    s->k_tokens = rc->layer->columns.count;
+    s->k_tokens = rc->layer->count_bound;
     *half = s->k_tokens * shape->num_kv_heads * shape->head_dim;
     return rc->layer;
 }
@@ -428,43 +445,55 @@ static void gather_estimation_queries(RingCuda *rc, const AttnShape *shape, cons
 static void ring_layer_free(void *layer) {
     RingLayerCuda *l = layer;
     if (!l) return;
-    free(l->need);
-    ring_columns_free(&l->columns);
-    void *dev[] = {l->column_pos, l->column_rows, l->own_local, l->column_kv};
+    if (l->need) CUDA_CHECK(cudaFreeHost(l->need));
+    void *dev[] = {l->column_pos, l->column_rows, l->own_local, l->live, l->column_kv};
     for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
         if (dev[i]) CUDA_CHECK(cudaFree(dev[i]));
     free(l);
 }
 
-static int64_t *device_list(const int64_t *host, int64_t n) {
-    int64_t *dev = NULL;
-    CUDA_CHECK(cudaMalloc((void **)&dev, sizeof(int64_t) * (size_t)(n + 1)));
-    CUDA_CHECK(cudaMemcpy(dev, host, sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice));
-    return dev;
+// With ring_send selected, layer->need [W, words]: this rank's row from its
+// index, all-gathered on the device and read back (ring.c schedules each
+// hop's rows from them on the host): one stream-ordered copy into
+// page-locked memory (grown with the ring's size) and one wait.
+static void plan_need(RingCuda *rc, const SparseIndexCuda *index, int64_t words, RingLayerCuda *layer,
+                      cudaStream_t stream) {
+    const int W = rc->cp->size;
+    room(&rc->plan_bits, &rc->plan_bits_bytes, sizeof(uint64_t) * (size_t)(W * words + 1));
+    uint64_t *all = rc->plan_bits;
+    ring_index_bits_cuda(index, false, all + rc->cp->rank * words, words, stream);
+    comm_device_allgather_bf16(rc->cp, (uint16_t *)all, 4 * words, stream);
+    const size_t bytes = sizeof(uint64_t) * (size_t)(W * words);
+    if (bytes > layer->need_bytes) {
+        if (layer->need) CUDA_CHECK(cudaFreeHost(layer->need));
+        CUDA_CHECK(cudaHostAlloc((void **)&layer->need, bytes, cudaHostAllocDefault));
+        layer->need_bytes = bytes;
+    }
+    CUDA_CHECK(cudaMemcpyAsync(layer->need, all, bytes, cudaMemcpyDeviceToHost, stream));
+    host_wait(stream);
 }
 
-// The layer's gathered columns from this rank's index (collective over cp)
-// and their device lists: positions, rows in the collective's message
-// (owner o's block starts at row o * 2 * max_owned; K at slot, V at
-// owned[o] + slot), and this rank's own columns' local tokens by slot.
-static void plan_columns(RingCuda *rc, const SparseIndex *mine, RingLayerCuda *layer) {
-    RingColumns *c = &layer->columns;
-    ring_columns_plan(&rc->ring, mine, c);
-    const int me = rc->cp->rank;
-    const int64_t n = c->count, M = c->max_owned;
-    int64_t *rows = xmalloc(sizeof(int64_t) * (size_t)(2 * n + 1));
-    int64_t *own = xmalloc(sizeof(int64_t) * (size_t)(c->owned[me] + 1));
-    for (int64_t j = 0; j < n; j++) {
-        const int64_t block = (int64_t)c->owner[j] * 2 * M;
-        rows[j] = block + c->slot[j];
-        rows[n + j] = block + c->owned[c->owner[j]] + c->slot[j];
-        if (c->owner[j] == me) own[c->slot[j]] = c->local[j];
-    }
-    layer->column_pos = device_list(c->positions, n);
-    layer->column_rows = device_list(rows, 2 * n);
-    layer->own_local = device_list(own, c->owned[me]);
-    free(rows);
-    free(own);
+// The layer's gathered columns on the device (collective over cp): this
+// rank's column bits from its index, all-gathered, planned at the bounds
+// (ring_columns_plan_cuda).
+static void plan_columns(RingCuda *rc, const SparseIndexCuda *index, const SparsePatternCuda *pattern,
+                         const AttnShape *shape, int sink, RingLayerCuda *layer, cudaStream_t stream) {
+    const Ring *rg = &rc->ring;
+    const int W = rc->cp->size;
+    const int64_t N = rg->offsets[W], words = ring_need_words(N, 1);
+    ring_columns_bound(N, pattern->num_heads, pattern->vertical_capacity, shape->doc_starts ? shape->doc_count : 0,
+                       sink, rg->max_count, &layer->count_bound, &layer->owned_bound);
+    const int64_t n = layer->count_bound;
+    room((void **)&layer->column_pos, &layer->pos_bytes, sizeof(int64_t) * (size_t)(n + 1));
+    room((void **)&layer->column_rows, &layer->rows_bytes, sizeof(int64_t) * (size_t)(2 * n + 1));
+    room((void **)&layer->own_local, &layer->own_bytes, sizeof(int64_t) * (size_t)(layer->owned_bound + 1));
+    room((void **)&layer->live, &layer->live_bytes, sizeof(int64_t) * 2);
+    room(&rc->plan_bits, &rc->plan_bits_bytes, sizeof(uint64_t) * (size_t)(W * words + 1));
+    uint64_t *all = rc->plan_bits;
+    ring_index_bits_cuda(index, true, all + rc->cp->rank * words, words, stream);
+    comm_device_allgather_bf16(rc->cp, (uint16_t *)all, 4 * words, stream);
+    ring_columns_plan_cuda(all, W, rc->cp->rank, N, rc->positions, rc->positions + N, n, layer->owned_bound,
+                           layer->column_pos, layer->column_rows, layer->own_local, layer->live, stream);
 }
 
 // As ring_sparse_plan (ring_sparse.c) on the GPU: estimation of the last Lq
@@ -497,58 +526,48 @@ static void ring_sparse_plan_cuda(void *ring, const AttentionConfig *cfg, const 
     uint16_t *qe = (uint16_t *)rc->est_q + W * Lq * wq;
     float *parts = rc->est_lse, *lse = parts + W * nl, *vertical = rc->est_scores, *slash = vertical + Hq * N;
     gather_estimation_queries(rc, shape, q, Lq, rc->est_q, qe, stream);
-    // Pageable source: staged when cudaMemcpyAsync returns.
-    int64_t *host = xmalloc(sizeof(int64_t) * (size_t)(Lq + 1));
-    for (int64_t i = 0; i < Lq; i++) host[i] = N - Lq + i;
-    CUDA_CHECK(cudaMemcpyAsync(rc->est_pos, host, sizeof(int64_t) * (size_t)Lq, cudaMemcpyHostToDevice, stream));
-    free(host);
     const int64_t *k_pos = rc->positions + rg->offsets[me];
     sparse_query_blocks_cuda(k_pos, T, B, rc->q_blocks, stream);
 
     // Pass 1: the partial lse over this rank's keys (from -inf) into its block, combined.
-    rc->lse_est = xrealloc(rc->lse_est, sizeof(float) * (size_t)(nl + 1));
-    for (int64_t i = 0; i < nl; i++) rc->lse_est[i] = -INFINITY;
-    rc->est_rows = Lq;
-    CUDA_CHECK(cudaMemcpyAsync(parts + me * nl, rc->lse_est, sizeof(float) * (size_t)nl, cudaMemcpyHostToDevice,
-                               stream));
+    ring_estimation_init_cuda(rc->est_pos, Lq, N - Lq, parts + me * nl, nl, stream);
     AttnShape est = *shape;
     est.q_tokens = Lq;
     est.k_tokens = T;
     sparse_estimate_lse_cuda(&est, qe, rc->est_pos, k, k_pos, parts + me * nl, stream);
     comm_device_allgather_bf16(rc->cp, (uint16_t *)parts, 2 * nl, stream);
     ring_combine_lse_cuda(parts, W, nl, lse, stream);
-    if (stats)   // the forward's recall (count_recall)
-        CUDA_CHECK(cudaMemcpyAsync(rc->lse_est, lse, sizeof(float) * (size_t)nl, cudaMemcpyDeviceToHost, stream));
+    if (stats) {   // the forward's recall (count_recall)
+        rc->lse_est = xrealloc(rc->lse_est, sizeof(float) * (size_t)(nl + 1));
+        rc->est_rows = Lq;
+        host_wait(stream);
+        CUDA_CHECK(cudaMemcpy(rc->lse_est, lse, sizeof(float) * (size_t)nl, cudaMemcpyDeviceToHost));
+    }
     // Pass 2: the partial vertical and slash sums, combined.
     CUDA_CHECK(cudaMemsetAsync(vertical, 0, sizeof(float) * (size_t)(W * part), stream));
     sparse_estimate_scores_cuda(&est, qe, rc->est_pos, k, k_pos, lse, N, vertical, slash, stream);
     comm_device_reduce_scatter(rc->cp, vertical, part, stream);
     comm_device_allgather_bf16(rc->cp, (uint16_t *)vertical, 2 * part, stream);
 
-    // Selection (identical inputs, identical pattern), this rank's index, every rank's need.
+    // Selection (identical inputs, identical pattern), this rank's index, the need rows and the columns.
     sparse_select_cuda(cfg, vertical, slash, Hq, N, fixed_vertical, fixed_slash, pattern, stream);
     sparse_index_build_cuda(pattern, B, rc->q_blocks, nqb, shape->doc_starts, shape->doc_count, cfg->sink, index,
                             stream);
-    SparseIndex mine;
-    sparse_index_to_host(index, stream, &mine);
-    const int64_t words = ring_need_words(N, B);
-    uint64_t *row = xmalloc(sizeof(uint64_t) * (size_t)words);
-    ring_need_row(&mine, words, row);
-    ring_layer_free(*layer_out);
-    RingLayerCuda *layer = *layer_out = xcalloc(1, sizeof(RingLayerCuda));
-    layer->need = xmalloc(sizeof(uint64_t) * (size_t)(W * words));
-    comm_allgather(rc->cp, row, layer->need, words, DT_INT64);
-    plan_columns(rc, &mine, layer);
+    RingLayerCuda *layer = *layer_out ? *layer_out : (*layer_out = xcalloc(1, sizeof(RingLayerCuda)));
+    if (cfg->ring_send == RING_SEND_SELECTED) plan_need(rc, index, ring_need_words(N, B), layer, stream);
+    plan_columns(rc, index, pattern, shape, cfg->sink, layer, stream);
     if (stats) {
+        SparseIndex mine;
+        comm_device_settle();
+        sparse_index_to_host(index, stream, &mine);
         SparseStats part = {0};
         sparse_index_count(&mine, pos, T, shape->doc_starts, shape->doc_count, &part);
         double sums[2] = {part.computed, part.causal};
         comm_allreduce(rc->cp, sums, 2, DT_DOUBLE, REDUCE_SUM);
         stats->computed += sums[0];
         stats->causal += sums[1];
+        sparse_index_free(&mine);
     }
-    sparse_index_free(&mine);
-    free(row);
 }
 
 // stats->covered_mass, estimation_rows after a sparse forward: the
@@ -559,7 +578,7 @@ static void count_recall(RingCuda *rc, const AttnShape *shape, const float *lse,
     const int W = rc->cp->size, me = rc->cp->rank, Hq = shape->num_heads;
     const int64_t N = rg->offsets[W], T = rg->counts[me], Lq = rc->est_rows, *pos = rg->positions + rg->offsets[me];
     float *host = xmalloc(sizeof(float) * (size_t)(Hq * T + 1));
-    CUDA_CHECK(cudaStreamSynchronize(rc->stream));
+    host_wait(rc->stream);
     CUDA_CHECK(cudaMemcpy(host, lse, sizeof(float) * (size_t)(Hq * T), cudaMemcpyDeviceToHost));
     double covered = 0;
     for (int h = 0; h < Hq; h++)
@@ -589,7 +608,7 @@ static void ring_free_cuda(void *ring) {
     for (int i = 0; i < RING_BUFFERS_CUDA; i++)
         if (rc->buffers[i].ptr) CUDA_CHECK(cudaFree(rc->buffers[i].ptr));
     void *scratch[] = {rc->positions, rc->staging, rc->est_q, rc->est_pos, rc->est_lse, rc->est_scores,
-                       rc->q_blocks, rc->column_arena, rc->column_dkv};
+                       rc->q_blocks, rc->plan_bits, rc->column_arena, rc->column_dkv};
     for (size_t i = 0; i < sizeof(scratch) / sizeof(scratch[0]); i++)
         if (scratch[i]) CUDA_CHECK(cudaFree(scratch[i]));
     free(rc->positions_host);
@@ -605,15 +624,17 @@ static void ring_sequence(void *ring, const int64_t *pos, int64_t tokens) {
     RingCuda *rc = ring;
     forget_sequence(rc);
     ring_init(&rc->ring, rc->cp, rc->inner, pos, tokens);
-    const int64_t N = rc->ring.offsets[rc->ring.cp->size];
-    const size_t bytes = sizeof(int64_t) * (size_t)N;
+    const int W = rc->ring.cp->size;
+    const int64_t N = rc->ring.offsets[W];
+    const size_t bytes = sizeof(int64_t) * (size_t)N, offsets_bytes = sizeof(int64_t) * (size_t)(W + 1);
     const bool same = N == rc->positions_count && !memcmp(rc->positions_host, rc->ring.positions, bytes);
     if (!same || rc->lists.elements > TOKEN_LISTS_KEPT * (rc->ring.max_count + 1))
         token_lists_clear(&rc->lists, rc->stream);
     if (!same) {   // after the last call's work that reads them
-        if (rc->stream) CUDA_CHECK(cudaStreamSynchronize(rc->stream));
-        room((void **)&rc->positions, &rc->positions_bytes, bytes + sizeof(int64_t));
+        if (rc->stream) host_wait(rc->stream);
+        room((void **)&rc->positions, &rc->positions_bytes, bytes + offsets_bytes);
         CUDA_CHECK(cudaMemcpy(rc->positions, rc->ring.positions, bytes, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(rc->positions + N, rc->ring.offsets, offsets_bytes, cudaMemcpyHostToDevice));
         rc->positions_host = xrealloc(rc->positions_host, bytes + sizeof(int64_t));
         memcpy(rc->positions_host, rc->ring.positions, bytes);
         rc->positions_count = N;
@@ -649,15 +670,17 @@ static const RingKernels *begin(RingCuda *rc, const AttnShape *shape, RingSend s
         rc->need_bits = xrealloc(rc->need_bits, (size_t)(rc->cp->size * words) * sizeof(uint64_t));
         ring_dense_need(&rc->ring, shape, words, rc->need_bits);
     }
+    CHECK(!index || layer->need, "sparse ring attention (CUDA): ring_send selected but the plan was made for full");
     rc->need = (RingNeed){.block_size = shape->block_size, .words = words, .need = index ? layer->need : rc->need_bits};
     kernels->need = &rc->need;
     return kernels;
 }
 
 // The columns' collective message of `element_bytes` elements: [W, 2 *
-// max_owned, kv] (grown between ring calls).
-static void *column_arena(RingCuda *rc, const RingColumns *c, int64_t kv, size_t element_bytes) {
-    room(&rc->column_arena, &rc->column_arena_bytes, element_bytes * (size_t)(rc->cp->size * 2 * c->max_owned * kv + 1));
+// owned_bound, kv] (grown between ring calls).
+static void *column_arena(RingCuda *rc, const RingLayerCuda *layer, int64_t kv, size_t element_bytes) {
+    room(&rc->column_arena, &rc->column_arena_bytes,
+         element_bytes * (size_t)(rc->cp->size * 2 * layer->owned_bound * kv + 1));
     return rc->column_arena;
 }
 
@@ -665,36 +688,34 @@ static void *column_arena(RingCuda *rc, const RingColumns *c, int64_t kv, size_t
 // into layer->column_kv [2, count, kv] (bf16): this rank packs its own into
 // its block of the message, one all-gather, then every column's rows out.
 static void gather_columns(RingCuda *rc, RingLayerCuda *layer, int64_t kv, const uint16_t *k, const uint16_t *v) {
-    const RingColumns *c = &layer->columns;
     const int me = rc->cp->rank;
-    const int64_t n = c->count, block = 2 * c->max_owned * kv;      // bf16 per rank's block
+    const int64_t n = layer->count_bound, M = layer->owned_bound, block = 2 * M * kv;   // bf16 per rank's block
     const size_t row = sizeof(uint16_t) * (size_t)kv;
     room((void **)&layer->column_kv, &layer->column_kv_bytes, row * (size_t)(2 * n + 1));
-    if (c->max_owned == 0) return;
-    uint16_t *arena = column_arena(rc, c, kv, sizeof(uint16_t));
-    ring_gather_pair_rows_cuda(arena + me * block, k, layer->own_local, v, layer->own_local, c->owned[me], row,
+    if (M == 0) return;
+    uint16_t *arena = column_arena(rc, layer, kv, sizeof(uint16_t));
+    ring_gather_pair_rows_cuda(arena + me * block, k, layer->own_local, v, layer->own_local, M, layer->live + 1, row,
                                rc->stream);
     comm_device_allgather_bf16(rc->cp, arena, block, rc->stream);
-    ring_gather_pair_rows_cuda(layer->column_kv, arena, layer->column_rows, arena, layer->column_rows + n, n, row,
-                               rc->stream);
-    rc->column_bytes += ring_columns_bytes(c, rc->cp->size, kv, sizeof(uint16_t));
+    ring_gather_pair_rows_cuda(layer->column_kv, arena, layer->column_rows, arena, layer->column_rows + n, n,
+                               layer->live, row, rc->stream);
+    rc->column_bytes += ring_columns_bytes(M, rc->cp->size, kv, sizeof(uint16_t));
 }
 
 // The columns' dK/dV (rc->column_dkv, every rank's contribution) summed into
 // their owners' dk, dv [T, kv]: scattered into the message, one
 // reduce-scatter, this rank's block added at its columns' tokens.
 static void columns_home(RingCuda *rc, const RingLayerCuda *layer, int64_t kv, float *dk, float *dv) {
-    const RingColumns *c = &layer->columns;
     const int me = rc->cp->rank;
-    const int64_t n = c->count, block = 2 * c->max_owned * kv;
-    if (c->max_owned == 0) return;
-    float *arena = column_arena(rc, c, kv, sizeof(float));
+    const int64_t n = layer->count_bound, M = layer->owned_bound, block = 2 * M * kv;
+    if (M == 0) return;
+    float *arena = column_arena(rc, layer, kv, sizeof(float));
     CUDA_CHECK(cudaMemsetAsync(arena, 0, sizeof(float) * (size_t)(rc->cp->size * block), rc->stream));
     ring_scatter_pair_rows_cuda(arena, layer->column_rows, arena, layer->column_rows + n, rc->column_dkv, n,
-                                sizeof(float) * (size_t)kv, rc->stream);
+                                layer->live, sizeof(float) * (size_t)kv, rc->stream);
     comm_device_reduce_scatter(rc->cp, arena, block, rc->stream);
-    ring_add_rows_cuda(dk, dv, arena + me * block, layer->own_local, c->owned[me], kv, rc->stream);
-    rc->column_bytes += ring_columns_bytes(c, rc->cp->size, kv, sizeof(float));
+    ring_add_rows_cuda(dk, dv, arena + me * block, layer->own_local, M, layer->live + 1, kv, rc->stream);
+    rc->column_bytes += ring_columns_bytes(M, rc->cp->size, kv, sizeof(float));
 }
 
 static void ring_forward(void *ring, const AttnShape *shape, RingSend send, const SparseIndexCuda *index, void *layer,
@@ -717,10 +738,10 @@ static void ring_backward(void *ring, const AttnShape *shape, RingSend send, con
     const int64_t kv = (int64_t)shape->num_kv_heads * shape->head_dim;
     const bool columns = index && rc->cp;   // sparse over several ranks
     if (columns) {   // the columns' buffers before the ring (room frees only between ring calls)
-        const RingColumns *c = &((RingLayerCuda *)layer)->columns;
-        room((void **)&rc->column_dkv, &rc->column_dkv_bytes, sizeof(float) * (size_t)(2 * c->count * kv + 1));
-        CUDA_CHECK(cudaMemsetAsync(rc->column_dkv, 0, sizeof(float) * (size_t)(2 * c->count * kv), stream));
-        column_arena(rc, c, kv, sizeof(float));
+        const RingLayerCuda *l = layer;
+        room((void **)&rc->column_dkv, &rc->column_dkv_bytes, sizeof(float) * (size_t)(2 * l->count_bound * kv + 1));
+        CUDA_CHECK(cudaMemsetAsync(rc->column_dkv, 0, sizeof(float) * (size_t)(2 * l->count_bound * kv), stream));
+        column_arena(rc, l, kv, sizeof(float));
     }
     ring_attn_backward(&rc->ring, kernels, shape, q, k, v, o, lse, dout, dq_acc, dk_acc, dv_acc);
     if (columns) columns_home(rc, layer, kv, dk_acc, dv_acc);

@@ -14,13 +14,16 @@
 // Element e of the packed message [2, n, units]: (part, j, x); its row in
 // the full layout of that part (full0 for K, full1 for V, [*, units]) is
 // sel0[j] or sel1[j]. gather: packed <- full; scatter: full <- packed.
+// Rows j >= *live (live not NULL: a count on the device) are not moved.
 __global__ void __launch_bounds__(ELEMENTWISE_THREADS) move_rows_kernel(uint16_t *packed, uint16_t *full0,
                                                                          const int64_t *sel0, uint16_t *full1,
                                                                          const int64_t *sel1, int64_t n,
-                                                                         int64_t units, int gather) {
+                                                                         const int64_t *live, int64_t units,
+                                                                         int gather) {
     const int64_t total = 2 * n * units;
     FOR_EACH(e, total) {
         const int64_t x = e % units, j = (e / units) % n, part = e / (units * n);
+        if (live && j >= *live) continue;
         uint16_t *at = part ? full1 + sel1[j] * units + x : full0 + sel0[j] * units + x;
         if (gather) packed[e] = *at;
         else *at = packed[e];
@@ -28,10 +31,12 @@ __global__ void __launch_bounds__(ELEMENTWISE_THREADS) move_rows_kernel(uint16_t
 }
 
 __global__ void __launch_bounds__(ELEMENTWISE_THREADS) add_rows_kernel(float *dk, float *dv, const float *in,
-                                                                        const int64_t *sel, int64_t n, int64_t kv) {
+                                                                        const int64_t *sel, int64_t n,
+                                                                        const int64_t *live, int64_t kv) {
     const int64_t total = 2 * n * kv;
     FOR_EACH(e, total) {
         const int64_t x = e % kv, j = (e / kv) % n, part = e / (kv * n);
+        if (live && j >= *live) continue;
         (part ? dv : dk)[sel[j] * kv + x] += in[e];
     }
 }
@@ -51,41 +56,43 @@ __global__ void __launch_bounds__(ELEMENTWISE_THREADS) combine_lse_kernel(const 
 }
 
 static void move_rows(void *packed, void *full0, const int64_t *sel0, void *full1, const int64_t *sel1, int64_t n,
-                      size_t row_bytes, int gather, cudaStream_t stream) {
+                      const int64_t *live, size_t row_bytes, int gather, cudaStream_t stream) {
     const int64_t units = (int64_t)(row_bytes / sizeof(uint16_t));
     if (n == 0 || units == 0) return;
     CUDA_LAUNCH(move_rows_kernel, grid_for(2 * n * units, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream,
-                (uint16_t *)packed, (uint16_t *)full0, sel0, (uint16_t *)full1, sel1, n, units, gather);
+                (uint16_t *)packed, (uint16_t *)full0, sel0, (uint16_t *)full1, sel1, n, live, units, gather);
     CUDA_CHECK(cudaGetLastError());
 }
 
 extern "C" void ring_gather_rows_cuda(void *dst, const void *src, int64_t full, const int64_t *sel, int64_t n,
                                       size_t row_bytes, cudaStream_t stream) {
     char *from = (char *)src;
-    move_rows(dst, from, sel, from + (size_t)full * row_bytes, sel, n, row_bytes, 1, stream);
+    move_rows(dst, from, sel, from + (size_t)full * row_bytes, sel, n, NULL, row_bytes, 1, stream);
 }
 
 extern "C" void ring_scatter_rows_cuda(void *dst, const void *src, int64_t full, const int64_t *sel, int64_t n,
                                        size_t row_bytes, cudaStream_t stream) {
     char *to = (char *)dst;
-    move_rows((void *)src, to, sel, to + (size_t)full * row_bytes, sel, n, row_bytes, 0, stream);
+    move_rows((void *)src, to, sel, to + (size_t)full * row_bytes, sel, n, NULL, row_bytes, 0, stream);
 }
 
 extern "C" void ring_gather_pair_rows_cuda(void *dst, const void *src0, const int64_t *sel0, const void *src1,
-                                           const int64_t *sel1, int64_t n, size_t row_bytes, cudaStream_t stream) {
-    move_rows(dst, (void *)src0, sel0, (void *)src1, sel1, n, row_bytes, 1, stream);
+                                           const int64_t *sel1, int64_t n, const int64_t *live, size_t row_bytes,
+                                           cudaStream_t stream) {
+    move_rows(dst, (void *)src0, sel0, (void *)src1, sel1, n, live, row_bytes, 1, stream);
 }
 
 extern "C" void ring_scatter_pair_rows_cuda(void *dst0, const int64_t *sel0, void *dst1, const int64_t *sel1,
-                                            const void *src, int64_t n, size_t row_bytes, cudaStream_t stream) {
-    move_rows((void *)src, dst0, sel0, dst1, sel1, n, row_bytes, 0, stream);
+                                            const void *src, int64_t n, const int64_t *live, size_t row_bytes,
+                                            cudaStream_t stream) {
+    move_rows((void *)src, dst0, sel0, dst1, sel1, n, live, row_bytes, 0, stream);
 }
 
-extern "C" void ring_add_rows_cuda(float *dk, float *dv, const float *in, const int64_t *sel, int64_t n, int64_t kv,
-                                   cudaStream_t stream) {
+extern "C" void ring_add_rows_cuda(float *dk, float *dv, const float *in, const int64_t *sel, int64_t n,
+                                   const int64_t *live, int64_t kv, cudaStream_t stream) {
     if (n == 0 || kv == 0) return;
     CUDA_LAUNCH(add_rows_kernel, grid_for(2 * n * kv, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream, dk, dv, in,
-                sel, n, kv);
+                sel, n, live, kv);
     CUDA_CHECK(cudaGetLastError());
 }
 

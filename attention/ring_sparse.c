@@ -128,8 +128,15 @@ void ring_columns_plan(const Ring *ring, const SparseIndex *index, RingColumns *
     free(mark);
 }
 
-int64_t ring_columns_bytes(const RingColumns *c, int W, int64_t kv, size_t element_bytes) {
-    return (int64_t)(W - 1) * 2 * c->max_owned * kv * (int64_t)element_bytes;
+int64_t ring_columns_bytes(int64_t max_owned, int W, int64_t kv, size_t element_bytes) {
+    return (int64_t)(W - 1) * 2 * max_owned * kv * (int64_t)element_bytes;
+}
+
+void ring_columns_bound(int64_t seq_len, int num_heads, int64_t vertical_capacity, int64_t doc_count, int sink,
+                        int64_t max_count, int64_t *count, int64_t *owned) {
+    const int64_t most = (int64_t)num_heads * vertical_capacity + doc_count * sink;
+    *count = most < seq_len ? most : seq_len;
+    *owned = *count < max_count ? *count : max_count;
 }
 
 void ring_columns_free(RingColumns *c) {
@@ -263,7 +270,7 @@ static void gather_columns_kv(const Ring *ring, RingSparse *rs, int64_t kv, cons
         memcpy(dst + kv, v + c->local[j] * kv, (size_t)kv * sizeof(float));
     }
     comm_allgather(ring->cp, send, all, row, DT_FLOAT);
-    rs->column_bytes += ring_columns_bytes(c, W, kv, sizeof(float));
+    rs->column_bytes += ring_columns_bytes(c->max_owned, W, kv, sizeof(float));
     free(rs->column_kv);
     rs->column_kv = xmalloc((size_t)(2 * n * kv + 1) * sizeof(float));
     for (int64_t j = 0; j < n; j++) {
@@ -306,7 +313,7 @@ static void sparse_backward_end(void *ctx, const Ring *ring, const AttnShape *sh
         memcpy(dst + kv, rs->column_dkv + (n + j) * kv, (size_t)kv * sizeof(float));
     }
     comm_reduce_scatter(ring->cp, send, home, row, DT_FLOAT);
-    rs->column_bytes += ring_columns_bytes(c, W, kv, sizeof(float));
+    rs->column_bytes += ring_columns_bytes(c->max_owned, W, kv, sizeof(float));
     for (int64_t j = 0; j < n; j++) {
         if (c->owner[j] != me) continue;
         const float *src = home + c->slot[j] * 2 * kv;

@@ -103,8 +103,18 @@ void ring_columns_build(const Ring *ring, const char *mark, RingColumns *c);
 // Bytes one rank sends to gather the columns' rows of kv elements of
 // element_bytes each (K/V forward) or to send them home (dK/dV backward):
 // W - 1 blocks of [2, max_owned, kv], as a ring all-gather or
-// reduce-scatter moves them.
-int64_t ring_columns_bytes(const RingColumns *c, int W, int64_t kv, size_t element_bytes);
+// reduce-scatter moves them (max_owned: RingColumns' on the CPU, the
+// owned bound on the GPU).
+int64_t ring_columns_bytes(int64_t max_owned, int W, int64_t kv, size_t element_bytes);
+// Bounds of the gathered columns that hold before any index is built (the
+// GPU ring sizes its messages by them and reads nothing back): every
+// column is a vertical line of some q head (num_heads lines of at most the
+// pattern's vertical_capacity, sink lines included) or, with doc_count
+// documents, in a document's sink, so *count = min(seq_len, num_heads *
+// vertical_capacity + doc_count * sink) columns, *owned = min(*count,
+// max_count) on one rank of at most max_count tokens.
+void ring_columns_bound(int64_t seq_len, int num_heads, int64_t vertical_capacity, int64_t doc_count, int sink,
+                        int64_t max_count, int64_t *count, int64_t *owned);
 void ring_columns_free(RingColumns *c);
 
 // The estimation's combines, collective over cp, the same bits on every rank:

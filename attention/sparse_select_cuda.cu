@@ -519,7 +519,7 @@ __global__ void __launch_bounds__(SEL_THREADS) index_row_kernel(const SparsePatt
     }
 }
 
-static void inclusive_sum(int64_t *x, int64_t n, cudaStream_t stream) {
+extern "C" void sparse_inclusive_sum_cuda(int64_t *x, int64_t n, cudaStream_t stream) {
     size_t bytes = 0;
     CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, bytes, x, x, n, stream));
     void *temp;
@@ -586,8 +586,8 @@ extern "C" void sparse_index_build_cuda(const SparsePatternCuda *p, int block_si
     CUDA_LAUNCH(index_row_kernel<false>, (unsigned)rows, SEL_THREADS, smem, stream, *p, B, q_blocks, nqb, d_docs,
                 docs, sink, x->block_start, x->blocks, x->column_start, x->columns);
     CUDA_CHECK(cudaGetLastError());
-    inclusive_sum(x->block_start + 1, rows, stream);
-    inclusive_sum(x->column_start + 1, rows, stream);
+    sparse_inclusive_sum_cuda(x->block_start + 1, rows, stream);
+    sparse_inclusive_sum_cuda(x->column_start + 1, rows, stream);
     CUDA_LAUNCH(index_row_kernel<true>, (unsigned)rows, SEL_THREADS, smem, stream, *p, B, q_blocks, nqb, d_docs,
                 docs, sink, x->block_start, x->blocks, x->column_start, x->columns);
     CUDA_CHECK(cudaGetLastError());

@@ -33,6 +33,7 @@ static void make_nccl(Comm *c) {
 }
 
 static void leave_devices(Dist *d) {
+    comm_device_settle();      // the collectives still watched later, before their communicators go
     for (int i = 0; dist_comms(d, i); i++) {
         Comm *c = dist_comms(d, i);
         if (c->nccl) NCCL_CHECK(ncclCommDestroy(c->nccl));
@@ -148,6 +149,38 @@ static void watch_device(const Comm *c, cudaStream_t stream, const char *op) {
     CUDA_CHECK(cudaEventDestroy(done));
 }
 
+// NCCL collectives enqueued and not yet watched, per communicator and
+// stream: an event after the last one (the stream runs them in order, so it
+// covers the earlier ones) and its name, for comm_device_settle.
+#define WATCH_LATER 8
+static struct {
+    const Comm *c;             // NULL: a free slot
+    cudaStream_t stream;
+    cudaEvent_t done;
+    const char *op;
+} watch_later_slot[WATCH_LATER];
+
+// The watchdog of an NCCL operation of c just enqueued on stream, at the next
+// comm_device_settle: no host wait now.
+static void watch_later(const Comm *c, cudaStream_t stream, const char *op) {
+    int i = 0;
+    while (i < WATCH_LATER && !(watch_later_slot[i].c == c && watch_later_slot[i].stream == stream)) i++;
+    if (i == WATCH_LATER) {
+        i = 0;
+        while (i < WATCH_LATER && watch_later_slot[i].c) i++;
+        if (i == WATCH_LATER) {   // every slot taken: watched now
+            watch_device(c, stream, op);
+            return;
+        }
+        if (!watch_later_slot[i].done)
+            CUDA_CHECK(cudaEventCreateWithFlags(&watch_later_slot[i].done, cudaEventDisableTiming));
+        watch_later_slot[i].c = c;
+        watch_later_slot[i].stream = stream;
+    }
+    watch_later_slot[i].op = op;
+    CUDA_CHECK(cudaEventRecord(watch_later_slot[i].done, stream));
+}
+
 // Operations of two NCCL communicators must never be in flight at once (NCCL
 // documentation, "Using multiple NCCL communicators concurrently": NCCL's
 // kernels block until their peers arrive, and two communicators' kernels
@@ -250,7 +283,7 @@ void comm_device_reduce_scatter(const Comm *c, float *arena, int64_t count, cuda
         order_before(c, stream);
         NCCL_CHECK(ncclReduceScatter(arena, block, (size_t)count, ncclFloat32, ncclSum, c->nccl, stream));
         order_after(c, stream);
-        watch_device(c, stream, "reduce-scatter");
+        watch_later(c, stream, "reduce-scatter");
         return;
     }
     size_t bytes = sizeof(float) * (size_t)count;
@@ -268,7 +301,7 @@ void comm_device_allgather_bf16(const Comm *c, uint16_t *arena, int64_t count, c
         order_before(c, stream);
         NCCL_CHECK(ncclAllGather(block, arena, (size_t)count, ncclBfloat16, c->nccl, stream));
         order_after(c, stream);
-        watch_device(c, stream, "all-gather");
+        watch_later(c, stream, "all-gather");
         return;
     }
     size_t bytes = sizeof(uint16_t) * (size_t)count;
@@ -367,6 +400,12 @@ static void watch_groups(DeviceExchange *x, int l, int64_t end) {
 }
 
 void comm_device_settle(void) {
+    for (int i = 0; i < WATCH_LATER; i++) {
+        if (!watch_later_slot[i].c) continue;
+        if (!watch_event(watch_later_slot[i].c, watch_later_slot[i].done, watch_later_slot[i].op))
+            timed_out(watch_later_slot[i].c, watch_later_slot[i].op);
+        watch_later_slot[i].c = NULL;
+    }
     for (int e = 0; e < MAX_EXCHANGES; e++)
         if (live_exchanges[e])
             for (int l = 0; l < live_exchanges[e]->lanes; l++)

@@ -55,14 +55,17 @@ void comm_device_allreduce_start(const Comm *c, float *buf, int64_t count, cudaS
 void comm_device_allreduce_finish(const Comm *c, cudaStream_t comm_stream);
 
 // In place on arena [c->size * count] (device memory, fp32): block r of the
-// sum over c into block r on rank r (ZeRO-1's gradient reduction); the other
-// blocks are undefined afterwards. Returns when the sum is in place.
+// sum over c into block r on rank r (ZeRO-1's gradient reduction, the sparse
+// ring's plan); the other blocks are undefined afterwards. Ordered on
+// stream: work enqueued on it afterwards sees the sum. With NCCL it returns
+// once enqueued (no host wait; comm_device_settle watches it), staged
+// through the host it returns when the sum is in place.
 void comm_device_reduce_scatter(const Comm *c, float *arena, int64_t count, cudaStream_t stream);
 
 // In place on arena [c->size * count] (device memory, bf16 bits): block r of
 // rank r to every rank (the compute weights after a ZeRO-1 update, the
-// sparse ring's vertical columns). Returns
-// when every block is in place.
+// sparse ring's plan and gathered columns). Ordered and watched as the
+// reduce-scatter.
 void comm_device_allgather_bf16(const Comm *c, uint16_t *arena, int64_t count, cudaStream_t stream);
 
 // Point-to-point transfers of device buffers over c, posted one by one and
@@ -99,10 +102,12 @@ int64_t comm_device_recv(DeviceExchange *x, void *buf, size_t bytes, int from, i
 // Hands the transfers posted so far over (NCCL), then waits for transfer id
 // (-1: none). op names the transfer in a time-out message.
 void comm_device_wait(DeviceExchange *x, int64_t id, const char *op);
-// Every live exchange's groups handed over so far through the watchdog:
-// called before the host blocks on a stream that may wait for them (the CUDA
-// backend's reads of device memory), so that a peer that never posts its half
-// ends the job naming the transfer instead of leaving the host blocked.
+// Every live exchange's groups handed over so far, and the reduce-scatters
+// and all-gathers enqueued since the last call, through the watchdog: called
+// before the host blocks on a stream that may wait for them (the CUDA
+// backend's reads of device memory, the sparse ring's read of its need
+// rows), so that a peer that never posts its half ends the job naming the
+// transfer or collective instead of leaving the host blocked.
 void comm_device_settle(void);
 
 #endif

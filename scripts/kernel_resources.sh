@@ -151,6 +151,12 @@ launch_table() {
   row 'move_rows_kernel' 256 0 default all
   row 'add_rows_kernel' 256 0 default all
   row 'combine_lse_kernel' 256 0 default all          # ring_combine_lse_cuda()
+  # ring_columns_cuda.cu: ELEMENTWISE_THREADS = 256 (dist/cuda_elementwise.cuh).
+  row 'estimation_init_kernel' 256 0 default all      # ring_estimation_init_cuda()
+  row 'index_bits_kernel' 256 0 default all           # ring_index_bits_cuda()
+  row 'columns_mark_kernel' 256 0 default all         # ring_columns_plan_cuda()
+  row 'columns_flag_kernel' 256 0 default all         # ring_columns_plan_cuda()
+  row 'columns_fill_kernel' 256 0 default all         # ring_columns_plan_cuda()
   # matmul_cuda.cu: the bias gradient, BIAS_COLS x BIAS_WARPS = 32 x 8 and BIAS_SUM_THREADS = 256 (bias_grad()).
   row 'bias_grad_partial_kernel' 256 0 default all
   row 'bias_grad_sum_kernel' 256 0 default all

@@ -189,9 +189,12 @@ static void sparse_need(const AttentionConfig *cfg, const AttnShape *full, const
 // The bytes this rank's ring sends for one forward and backward, by the
 // byte planner (ring_send_tokens), for ring_send `send`; sparse_bits: the
 // sparse index's need rows, NULL for dense attention; mark: the sparse
-// index's columns (gathered: K/V bf16 forward, dK/dV fp32 backward).
+// index's columns (gathered: K/V bf16 forward, dK/dV fp32 backward, in
+// messages held at ring_columns_bound's rows per rank for the sparse
+// config cfg); *bound_holds: the bounds hold mark's columns.
 static double planned_bytes(int inner, RingSend send, const AttnShape *shape, const int64_t *pos, int64_t T,
-                            int64_t N, const uint64_t *sparse_bits, const char *mark) {
+                            int64_t N, const uint64_t *sparse_bits, const AttentionConfig *cfg, const char *mark,
+                            bool *bound_holds) {
     const int W = dist.cp.size, r = dist.cp.rank, B = shape->block_size;
     Ring ring;
     ring_init(&ring, &dist.cp, inner, pos, T);
@@ -206,11 +209,17 @@ static double planned_bytes(int inner, RingSend send, const AttnShape *shape, co
     for (int s = 0; s < W; s++)
         bytes += 2.0 * (double)kv[r * W + s] * 2 * HKV * D * sizeof(uint16_t) +
                  (double)dkv[r * W + s] * 2 * HKV * D * sizeof(float);
+    *bound_holds = true;
     if (mark) {
         RingColumns columns = {0};
         ring_columns_build(&ring, mark, &columns);
-        bytes += (double)(ring_columns_bytes(&columns, W, HKV * D, sizeof(uint16_t)) +
-                          ring_columns_bytes(&columns, W, HKV * D, sizeof(float)));
+        const int64_t vertical_capacity = cfg->vertical + cfg->sink < N ? cfg->vertical + cfg->sink : N;
+        int64_t count, owned;
+        ring_columns_bound(N, HQ, vertical_capacity, shape->doc_starts ? shape->doc_count : 0, cfg->sink,
+                           ring.max_count, &count, &owned);
+        *bound_holds = columns.count <= count && columns.max_owned <= owned;
+        bytes += (double)(ring_columns_bytes(owned, W, HKV * D, sizeof(uint16_t)) +
+                          ring_columns_bytes(owned, W, HKV * D, sizeof(float)));
         ring_columns_free(&columns);
     }
     free(bits);
@@ -264,7 +273,8 @@ static void check_case(int inner, LayoutKind layout, RingSend send, DocSet docs,
         mark = xmalloc((size_t)N);
         sparse_need(&cfg, &full, q, k, layout, T, words, need, mark, remote);
     }
-    const double planned = planned_bytes(inner, send, &shape, pos, T, N, need, mark);
+    bool bound_holds;
+    const double planned = planned_bytes(inner, send, &shape, pos, T, N, need, &cfg, mark, &bound_holds);
 
     float *o = rows(ref.o, HQ * D * sizeof(float), pos, T), *lse = lse_rows(ref.lse, N, pos, T);
     float *dq = rows(ref.dq, HQ * D * sizeof(float), pos, T), *dk = rows(ref.dk, HKV * D * sizeof(float), pos, T);
@@ -286,6 +296,8 @@ static void check_case(int inner, LayoutKind layout, RingSend send, DocSet docs,
     const bool sends_nothing = docs == DOCS_PER_RANK && send == RING_SEND_SELECTED;
     EXPECT_ALL(ring.bytes == planned && (planned > 0) != sends_nothing,
                "cuda_ring_bytes_%s: rank %d sent %.0f bytes, planned %.0f", name, r, ring.bytes, planned);
+    EXPECT_ALL(bound_holds, "cuda_ring_column_bound_%s: rank %d: the gathered columns within ring_columns_bound",
+               name, r);
     if (sparse) {
         // The columns in other ranks' chunks (gathered, computed once in
         // step 0): every lse of the rows that use them as one GPU's.

@@ -12,16 +12,17 @@
 #              positions and token lists are kept from the first step, the
 #              NCCL watchdog polls once per step); a sparse step's on one
 #              rank neither (selection, index and its bound on the device:
-#              nothing read back, the index rebuilt from the layer's pattern);
+#              nothing read back, the index rebuilt from the layer's pattern),
+#              nor on a cp ring, with the layers or the ring's size (cp 2
+#              and 4): the ring's plan stays on the device (need rows not
+#              needed with ring_send full, the gathered columns planned at
+#              bounds, their collectives watched once per step);
 #   pinned     a one-rank dense step makes no async copy with pageable host
 #              memory (the backend's uploads and downloads are staged through
 #              its page-locked buffer);
 #   priority   cp 2 over NCCL: every NCCL operation of the step runs on a
 #              stream of the device's greatest priority;
-#   measured   N and the sites of every run, printed as "info" lines (the
-#              sparse cp 2 ring's grow with the layers: its plan reads this
-#              rank's index back per layer for the need rows and the
-#              gathered columns).
+#   measured   N and the sites of every run, printed as "info" lines.
 # A case is one line of $cases (name, ranks, settings); a budget one pair of
 # names.
 cd "$(dirname "$0")/../.."
@@ -41,13 +42,16 @@ ring4_l4 4 parallel.cp=4 model.num_layers=4 train.seq_len=256
 sparse_l2 1 model.num_layers=2 $SIM_SPARSE_PLAN
 sparse_l4 1 model.num_layers=4 $SIM_SPARSE_PLAN
 sparse2_l2 2 parallel.cp=2 model.num_layers=2 $SIM_SPARSE_PLAN
-sparse2_l4 2 parallel.cp=2 model.num_layers=4 $SIM_SPARSE_PLAN"
+sparse2_l4 2 parallel.cp=2 model.num_layers=4 $SIM_SPARSE_PLAN
+sparse4_l2 4 parallel.cp=4 model.num_layers=2 train.seq_len=256 $SIM_SPARSE_PLAN"
 budgets="dense_l2 dense_l4
 ring2_l2 ring2_l4
 ring4_l2 ring4_l4
 ring2_l2 ring4_l2
 sparse_l2 sparse_l4
-dense_l2 sparse_l2"
+dense_l2 sparse_l2
+sparse2_l2 sparse2_l4
+sparse2_l2 sparse4_l2"
 
 declare -A N
 while read -r name np settings; do

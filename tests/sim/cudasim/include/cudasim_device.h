@@ -181,6 +181,10 @@ static inline double atomicAdd(double *p, double v) {
 }
 static inline unsigned atomicOr(unsigned *p, unsigned v) { cudasim::count_atomic(); return __atomic_fetch_or(p, v, __ATOMIC_RELAXED); }
 static inline int atomicOr(int *p, int v) { cudasim::count_atomic(); return __atomic_fetch_or(p, v, __ATOMIC_RELAXED); }
+static inline cudasim_ull atomicOr(cudasim_ull *p, cudasim_ull v) {
+    cudasim::count_atomic();
+    return __atomic_fetch_or(p, v, __ATOMIC_RELAXED);
+}
 static inline unsigned atomicAnd(unsigned *p, unsigned v) { cudasim::count_atomic(); return __atomic_fetch_and(p, v, __ATOMIC_RELAXED); }
 template <typename T> static inline T cudasim_atomic_cas(T *p, T expected, T desired) {
     cudasim::count_atomic();

@@ -36,9 +36,11 @@ void attn_forward_init(const AttnShape *shape, float *o, float *lse) {
 void attn_dense_forward_cpu(const AttnShape *shape, const float *q, const int64_t *q_pos,
                             const float *k, const float *v, const int64_t *k_pos,
                             float *o, float *lse) {
-    const Dims d = dims_of(shape);
-    const Tiles t = make_tiles(&d, q_pos, k_pos);
+    const AttnDims d = dims_of(shape);
+    const int Bp = round_up(d.B), Dp = round_up(d.D);
+    const Tiles t = make_tiles(&d, shape, q_pos, k_pos);
     if (t.nqt == 0 || t.nkt == 0) { free(t.q_lo); return; }
+    const AttnOut out = {o, lse};
 
     #pragma omp parallel
     {
@@ -54,12 +56,12 @@ void attn_dense_forward_cpu(const AttnShape *shape, const float *q, const int64_
                 if (tile_hidden(&t, qt, kt)) continue;
                 const int64_t j0 = kt * d.B;
                 const int bk = tile_len(d.Tk, j0, d.B);
-                load_cols(b.kT, k, j0, NULL, bk, d.Hkv, g, d.D, d.Bp);
-                load_rows(b.vs, v, j0, NULL, bk, d.Hkv, g, d.D, d.Dp, 1.0f);
+                load_cols(b.kT, k, j0, NULL, bk, d.Hkv, g, d.D, Bp);
+                load_rows(b.vs, v, j0, NULL, bk, d.Hkv, g, d.D, Dp, 1.0f);
                 forward_tile(&d, &b, q_pos + i0, t.q_first + i0, k_pos + j0, tile_full(&t, qt, kt),
                              bq, bk);
             }
-            forward_end(&d, &b, h, i0, bq, o, lse);
+            forward_end(&d, &b, h, i0, bq, &out);
         }
         forward_buffers_free(&b);
     }
@@ -85,10 +87,11 @@ void attn_dense_backward_cpu(const AttnShape *shape, const float *q, const int64
                              const float *k, const float *v, const int64_t *k_pos,
                              const float *lse, const float *delta, const float *dout,
                              float *dq, float *dk, float *dv) {
-    const Dims d = dims_of(shape);
-    const Tiles t = make_tiles(&d, q_pos, k_pos);
+    const AttnDims d = dims_of(shape);
+    const int Bp = round_up(d.B), Dp = round_up(d.D);
+    const Tiles t = make_tiles(&d, shape, q_pos, k_pos);
     if (t.nqt == 0 || t.nkt == 0) { free(t.q_lo); return; }
-    const GradArgs a = {d, q, k, v, lse, delta, dout, q_pos, k_pos, t.q_first};
+    const GradArgs a = {d, {q, k, v, dout}, {q_pos, k_pos, t.q_first}, {lse, delta, dq, dk, dv}};
 
     #pragma omp parallel
     {
@@ -100,9 +103,9 @@ void attn_dense_backward_cpu(const AttnShape *shape, const float *q, const int64
             const int g = (int)(w / t.nkt);
             const int64_t kt = w % t.nkt, j0 = kt * d.B;
             const int bk = tile_len(d.Tk, j0, d.B);
-            memset(b.acc, 0, 2 * (size_t)d.B * d.Dp * sizeof(float));
-            load_cols(b.kT, k, j0, NULL, bk, d.Hkv, g, d.D, d.Bp);
-            load_cols(b.vT, v, j0, NULL, bk, d.Hkv, g, d.D, d.Bp);
+            memset(b.acc, 0, 2 * (size_t)d.B * Dp * sizeof(float));
+            load_cols(b.kT, k, j0, NULL, bk, d.Hkv, g, d.D, Bp);
+            load_cols(b.vT, v, j0, NULL, bk, d.Hkv, g, d.D, Bp);
             for (int h = g * d.group; h < (g + 1) * d.group; h++) {
                 for (int64_t qt = 0; qt < t.nqt; qt++) {
                     if (tile_hidden(&t, qt, kt)) continue;
@@ -111,7 +114,7 @@ void attn_dense_backward_cpu(const AttnShape *shape, const float *q, const int64
                                  tile_full(&t, qt, kt));
                 }
             }
-            grad_store_kv(&a, &b, g, j0, bk, dk, dv);
+            grad_store_kv(&a, &b, g, j0, bk);
         }
 
         // Pass 2: dQ of one (q head, query tile), recomputing P and dS; later
@@ -121,18 +124,18 @@ void attn_dense_backward_cpu(const AttnShape *shape, const float *q, const int64
             const int h = (int)(w / t.nqt), g = h / d.group;
             const int64_t qt = t.nqt - 1 - w % t.nqt, i0 = qt * d.B;
             const int bq = tile_len(d.Tq, i0, d.B);
-            memset(b.acc, 0, (size_t)d.B * d.Dp * sizeof(float));
+            memset(b.acc, 0, (size_t)d.B * Dp * sizeof(float));
             grad_load_query(&a, &b, h, i0, bq);
             for (int64_t kt = 0; kt < t.nkt; kt++) {
                 if (tile_hidden(&t, qt, kt)) continue;
                 const int64_t j0 = kt * d.B;
                 const int bk = tile_len(d.Tk, j0, d.B);
-                load_cols(b.kT, k, j0, NULL, bk, d.Hkv, g, d.D, d.Bp);
-                load_cols(b.vT, v, j0, NULL, bk, d.Hkv, g, d.D, d.Bp);
-                load_rows(b.ks, k, j0, NULL, bk, d.Hkv, g, d.D, d.Dp, 1.0f);
+                load_cols(b.kT, k, j0, NULL, bk, d.Hkv, g, d.D, Bp);
+                load_cols(b.vT, v, j0, NULL, bk, d.Hkv, g, d.D, Bp);
+                load_rows(b.ks, k, j0, NULL, bk, d.Hkv, g, d.D, Dp, 1.0f);
                 grad_pair_q(&a, &b, h, i0, bq, k_pos + j0, bk, tile_full(&t, qt, kt));
             }
-            grad_store_q(&a, &b, h, i0, bq, dq);
+            grad_store_q(&a, &b, h, i0, bq);
         }
         grad_buffers_free(&b);
     }

@@ -93,19 +93,16 @@ __global__ void delta_kernel(const bf16 *o, const bf16 *dout, float *delta, int6
 // ---- forward ----
 
 // Grid (ceil(Tq / BM), Hq), BM / 16 warps, registers capped for CTAS CTAs
-// per multiprocessor. Key tiles of BN; k_lo, k_hi are
-// their position bounds. DOCS: q_first [Tq] the first key position each
-// query may see (NULL otherwise). Shared: q [BM][LD], k, v [2][BN][LD], key
+// per multiprocessor. Key tiles of BN; k_lo, k_hi [ceil(Tk / BN)] are their
+// position bounds; scale_log2 = d.scale log2(e). DOCS: pos.q_first as
+// attn_args.h (NULL otherwise). Shared: q [BM][LD], k, v [2][BN][LD], key
 // positions [2][BN] (INT64_MAX past Tk).
 template <int D, int BM, int BN, int CTAS, bool DOCS>
 __global__ void __launch_bounds__(BM * 2, CTAS)
-flash_forward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_pos,
-                     const int64_t *__restrict__ q_first,
-                     const bf16 *__restrict__ k, const bf16 *__restrict__ v,
-                     const int64_t *__restrict__ k_pos, const int64_t *__restrict__ k_lo,
-                     const int64_t *__restrict__ k_hi, float *__restrict__ o,
-                     float *__restrict__ lse, int64_t Tq, int64_t Tk, int Hq, int Hkv,
-                     float scale_log2) {
+flash_forward_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnOut out, const int64_t *__restrict__ k_lo,
+                     const int64_t *__restrict__ k_hi, float scale_log2) {
+    RESTRICT_ARGS(d, pos, in);
+    float *__restrict__ o = out.o, *__restrict__ lse = out.lse;
     constexpr int NT = BM * 2, LD = D + 8;
     DYNAMIC_SHARED(unsigned char, smem);
     bf16 *qs = reinterpret_cast<bf16 *>(smem);
@@ -171,23 +168,21 @@ flash_forward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_p
 
 // ---- backward ----
 
-// Grid (ceil(Tk / BN), Hq), BN / 16 warps. Query tiles of BM; q_lo, q_hi are
-// their position bounds. DOCS: q_first [Tq] the first key position each
-// query may see, f_lo, f_hi its bounds per query tile (NULL otherwise).
+// Grid (ceil(Tk / BN), Hq), BN / 16 warps. Query tiles of BM; q_lo, q_hi
+// [ceil(Tq / BM)] are their position bounds; scale_log2 = d.scale log2(e).
+// DOCS: pos.q_first as attn_args.h, f_lo, f_hi its bounds per query tile
+// (NULL otherwise).
 // Shared: k, v [BN][LD]; q, dout [2][BM][LD]; dS^T [BN][BM + 8]; per query
 // of the two buffered tiles, lse (log2 units), delta, position (INT64_MIN:
 // masked, past Tq or lse = -inf) and with DOCS q_first.
 template <int D, int BM, int BN, bool DOCS>
 __global__ void __launch_bounds__(BN * 2)
-flash_backward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_pos,
-                      const int64_t *__restrict__ q_first, const int64_t *__restrict__ f_lo,
-                      const int64_t *__restrict__ f_hi,
-                      const bf16 *__restrict__ k, const bf16 *__restrict__ v,
-                      const int64_t *__restrict__ k_pos, const int64_t *__restrict__ q_lo,
-                      const int64_t *__restrict__ q_hi, const float *__restrict__ lse,
-                      const float *__restrict__ delta, const bf16 *__restrict__ dout,
-                      float *__restrict__ dq, float *__restrict__ dk, float *__restrict__ dv,
-                      int64_t Tq, int64_t Tk, int Hq, int Hkv, float scale, float scale_log2) {
+flash_backward_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnGrads grads,
+                      const int64_t *__restrict__ q_lo, const int64_t *__restrict__ q_hi,
+                      const int64_t *__restrict__ f_lo, const int64_t *__restrict__ f_hi, float scale_log2) {
+    RESTRICT_ARGS(d, pos, in);
+    RESTRICT_GRADS(grads);
+    const float scale = d.scale;
     constexpr int NT = BN * 2, NW = BN / 16, LD = D + 8, LDS = BM + 8;
     constexpr int WR = BM / 16, WC = NW / WR, DQC = D / WC;   // dQ: WR x WC warps of 16 x DQC
     static_assert(NW % WR == 0 && D % (16 * WC) == 0 && BM <= NT, "backward tile shape");
@@ -385,18 +380,17 @@ extern "C" int64_t *attn_doc_first_cuda(const AttnShape *s, const int64_t *q_pos
 }
 
 template <int D, bool DOCS>
-static void forward(const AttnShape *s, const bf16 *q, const int64_t *q_pos, const int64_t *q_first,
-                    const bf16 *k, const bf16 *v, const int64_t *k_pos, float *o, float *lse,
+static void forward(const AttnShape *s, const AttnPos &pos, const AttnInputsBf16 &in, const AttnOut &out,
                     cudaStream_t stream) {
     constexpr int BM = Tiles<D>::FWD_BM, BN = Tiles<D>::FWD_BN, LD = D + 8;
     const size_t smem = (size_t)(BM + 4 * BN) * LD * sizeof(bf16) + 2 * BN * sizeof(int64_t);
     auto kernel = flash_forward_kernel<D, BM, BN, Tiles<D>::FWD_CTAS, DOCS>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    int64_t *k_lo = tile_bounds(k_pos, s->k_tokens, BN, stream);
+    int64_t *k_lo = tile_bounds(pos.k_pos, s->k_tokens, BN, stream);
     const int64_t nkt = (s->k_tokens + BN - 1) / BN;
     const dim3 grid((unsigned)((s->q_tokens + BM - 1) / BM), (unsigned)s->num_heads);
-    CUDA_LAUNCH(kernel, grid, BM * 2, smem, stream, q, q_pos, q_first, k, v, k_pos, k_lo, k_lo + nkt, o, lse,
-                s->q_tokens, s->k_tokens, s->num_heads, s->num_kv_heads, s->scale * LOG2E);
+    CUDA_LAUNCH(kernel, grid, BM * 2, smem, stream, attn_dims(s), pos, in, out, k_lo, k_lo + nkt,
+                s->scale * LOG2E);
     CUDA_CHECK(cudaGetLastError());
     CUDA_CHECK(cudaFreeAsync(k_lo, stream));
 }
@@ -407,12 +401,14 @@ extern "C" void attn_dense_forward_cuda(const AttnShape *s, const uint16_t *q, c
     check_shape_cuda(s);
     if (s->q_tokens == 0 || s->k_tokens == 0) return;
     check_aligned(q, "q"); check_aligned(k, "k"); check_aligned(v, "v"); check_aligned(o_acc, "o_acc");
-    const bf16 *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
     int64_t *q_first = attn_doc_first_cuda(s, q_pos, stream);
-    if (s->head_dim == 64 && q_first) forward<64, true>(s, qb, q_pos, q_first, kb, vb, k_pos, o_acc, lse, stream);
-    else if (s->head_dim == 64) forward<64, false>(s, qb, q_pos, NULL, kb, vb, k_pos, o_acc, lse, stream);
-    else if (q_first) forward<128, true>(s, qb, q_pos, q_first, kb, vb, k_pos, o_acc, lse, stream);
-    else forward<128, false>(s, qb, q_pos, NULL, kb, vb, k_pos, o_acc, lse, stream);
+    const AttnPos pos = {q_pos, k_pos, q_first};
+    const AttnInputsBf16 in = {(const bf16 *)q, (const bf16 *)k, (const bf16 *)v, NULL};
+    const AttnOut out = {o_acc, lse};
+    if (s->head_dim == 64 && q_first) forward<64, true>(s, pos, in, out, stream);
+    else if (s->head_dim == 64) forward<64, false>(s, pos, in, out, stream);
+    else if (q_first) forward<128, true>(s, pos, in, out, stream);
+    else forward<128, false>(s, pos, in, out, stream);
     if (q_first) CUDA_CHECK(cudaFreeAsync(q_first, stream));
 }
 
@@ -435,9 +431,8 @@ extern "C" void attn_backward_delta_cuda(const AttnShape *s, const uint16_t *o, 
 }
 
 template <int D, bool DOCS>
-static void backward(const AttnShape *s, const bf16 *q, const int64_t *q_pos, const int64_t *q_first,
-                     const bf16 *k, const bf16 *v, const int64_t *k_pos, const float *lse, const float *delta,
-                     const bf16 *dout, float *dq, float *dk, float *dv, cudaStream_t stream) {
+static void backward(const AttnShape *s, const AttnPos &pos, const AttnInputsBf16 &in, const AttnGrads &grads,
+                     cudaStream_t stream) {
     constexpr int BM = Tiles<D>::BWD_BM, BN = Tiles<D>::BWD_BN, LD = D + 8;
     const size_t smem = (size_t)(2 * BN + 4 * BM) * LD * sizeof(bf16) +
                         (size_t)BN * (BM + 8) * sizeof(bf16) +
@@ -445,12 +440,11 @@ static void backward(const AttnShape *s, const bf16 *q, const int64_t *q_pos, co
     auto kernel = flash_backward_kernel<D, BM, BN, DOCS>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const int64_t nqt = (s->q_tokens + BM - 1) / BM;
-    int64_t *q_lo = tile_bounds(q_pos, s->q_tokens, BM, stream);
-    int64_t *f_lo = DOCS ? tile_bounds(q_first, s->q_tokens, BM, stream) : NULL;
+    int64_t *q_lo = tile_bounds(pos.q_pos, s->q_tokens, BM, stream);
+    int64_t *f_lo = DOCS ? tile_bounds(pos.q_first, s->q_tokens, BM, stream) : NULL;
     const dim3 grid((unsigned)((s->k_tokens + BN - 1) / BN), (unsigned)s->num_heads);
-    CUDA_LAUNCH(kernel, grid, BN * 2, smem, stream, q, q_pos, q_first, f_lo, DOCS ? f_lo + nqt : NULL, k, v,
-                k_pos, q_lo, q_lo + nqt, lse, delta, dout, dq, dk, dv, s->q_tokens, s->k_tokens, s->num_heads,
-                s->num_kv_heads, s->scale, s->scale * LOG2E);
+    CUDA_LAUNCH(kernel, grid, BN * 2, smem, stream, attn_dims(s), pos, in, grads, q_lo, q_lo + nqt, f_lo,
+                DOCS ? f_lo + nqt : NULL, s->scale * LOG2E);
     CUDA_CHECK(cudaGetLastError());
     CUDA_CHECK(cudaFreeAsync(q_lo, stream));
     if (DOCS) CUDA_CHECK(cudaFreeAsync(f_lo, stream));
@@ -463,16 +457,13 @@ extern "C" void attn_dense_backward_cuda(const AttnShape *s, const uint16_t *q, 
     check_shape_cuda(s);
     if (s->q_tokens == 0 || s->k_tokens == 0) return;
     check_aligned(q, "q"); check_aligned(k, "k"); check_aligned(v, "v"); check_aligned(dout, "dout");
-    const bf16 *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
-    const bf16 *dob = (const bf16 *)dout;
     int64_t *q_first = attn_doc_first_cuda(s, q_pos, stream);
-    if (s->head_dim == 64 && q_first)
-        backward<64, true>(s, qb, q_pos, q_first, kb, vb, k_pos, lse, delta, dob, dq, dk, dv, stream);
-    else if (s->head_dim == 64)
-        backward<64, false>(s, qb, q_pos, NULL, kb, vb, k_pos, lse, delta, dob, dq, dk, dv, stream);
-    else if (q_first)
-        backward<128, true>(s, qb, q_pos, q_first, kb, vb, k_pos, lse, delta, dob, dq, dk, dv, stream);
-    else
-        backward<128, false>(s, qb, q_pos, NULL, kb, vb, k_pos, lse, delta, dob, dq, dk, dv, stream);
+    const AttnPos pos = {q_pos, k_pos, q_first};
+    const AttnInputsBf16 in = {(const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (const bf16 *)dout};
+    const AttnGrads grads = {lse, delta, dq, dk, dv};
+    if (s->head_dim == 64 && q_first) backward<64, true>(s, pos, in, grads, stream);
+    else if (s->head_dim == 64) backward<64, false>(s, pos, in, grads, stream);
+    else if (q_first) backward<128, true>(s, pos, in, grads, stream);
+    else backward<128, false>(s, pos, in, grads, stream);
     if (q_first) CUDA_CHECK(cudaFreeAsync(q_first, stream));
 }

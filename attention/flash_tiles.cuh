@@ -3,7 +3,8 @@
 // mma.sync.m16n8k16 (bf16 in, fp32 accumulate), tile loads global -> shared
 // (contiguous or gathered by token), per-tile position bounds and tile
 // skipping, the three warp-level tile products every flash kernel is made of,
-// and the forward's per-tile online softmax and final merge.
+// and the forward's per-tile online softmax and final merge; the kernels'
+// arguments (attn_args.h) as __restrict__ locals.
 // Shared tiles are row-major bf16 with rows padded by 16 bytes (8 elements),
 // so the 8 row addresses of an ldmatrix land in distinct banks.
 #ifndef MTRAIN_FLASH_TILES_CUH
@@ -13,7 +14,40 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "attn_args.h"
+
 typedef __nv_bfloat16 bf16;
+typedef ATTN_INPUTS(bf16) AttnInputsBf16;   // the kernels' inputs (attn_args.h)
+
+// ---- kernel arguments ----
+// The kernels take the structs of attn_args.h and name their fields as
+// __restrict__ locals: nvcc ignores __restrict__ on struct members, and
+// without it every load may alias every store (the sparse backward kernels
+// then need up to 21 more registers). The locals bring the registers back to
+// within a few of __restrict__ pointer parameters; what they do not bring
+// back is the read-only (ld.global.nc) form of the scalar position and lse
+// loads, which nvcc picks only for parameters.
+
+// Tq, Tk, Hq, Hkv of d; q_pos, k_pos, q_first of pos; q, k, v, dout of in.
+#define RESTRICT_ARGS(d, pos, in)                                                               \
+    [[maybe_unused]] const int64_t Tq = (d).Tq, Tk = (d).Tk;                                    \
+    [[maybe_unused]] const int Hq = (d).Hq, Hkv = (d).Hkv;                                      \
+    [[maybe_unused]] const int64_t *__restrict__ q_pos = (pos).q_pos, *__restrict__ k_pos = (pos).k_pos, \
+                                   *__restrict__ q_first = (pos).q_first;                        \
+    [[maybe_unused]] const bf16 *__restrict__ q = (in).q, *__restrict__ k = (in).k,              \
+                                *__restrict__ v = (in).v, *__restrict__ dout = (in).dout
+
+// lse, delta, dq, dk, dv of grads.
+#define RESTRICT_GRADS(grads)                                                                   \
+    const float *__restrict__ lse = (grads).lse, *__restrict__ delta = (grads).delta;           \
+    float *__restrict__ dq = (grads).dq, *__restrict__ dk = (grads).dk, *__restrict__ dv = (grads).dv
+
+// nqb, block_start, blocks, local_block, col_start, col_key of the SparseView c.
+#define RESTRICT_ROWS(c)                                                                        \
+    const int64_t nqb = (c).num_q_blocks;                                                       \
+    const int64_t *__restrict__ block_start = (c).block_start, *__restrict__ blocks = (c).blocks, \
+                  *__restrict__ local_block = (c).local_block, *__restrict__ col_start = (c).col_start, \
+                  *__restrict__ col_key = (c).col_key
 
 // ---- PTX wrappers (under the CPU execution model, -D__CUDASIM__, the sim's
 // implementation of the same instruction: tests/sim/cudasim/grid.cpp) ----

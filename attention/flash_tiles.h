@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "attention.h"
+#include "attn_args.h"
 #include "../dist/util.h"
 
 // Floats per vector register; padded tile widths are multiples of it.
@@ -25,29 +26,19 @@
 #endif
 #define MR 8   // rows of a register block in the tile products
 
+// Bp, Dp (in the shapes below): B, D padded to the vector width.
 static inline int round_up(int x) { return (x + VW - 1) / VW * VW; }
 
 // Length of the tile that starts at token t0 of T tokens.
 static inline int tile_len(int64_t T, int64_t t0, int B) { return (int)(T - t0 < B ? T - t0 : B); }
 
-// The sizes of one kernel call: Bp, Dp are B, D padded to the vector width.
-typedef struct {
-    int64_t Tq, Tk;
-    int Hq, Hkv, group, D, B, Bp, Dp;
-    float scale;
-    const int64_t *doc_starts;   // AttnShape's documents (NULL: none)
-    int64_t doc_count;
-} Dims;
-
-static inline Dims dims_of(const AttnShape *s) {
+// The sizes of one kernel call (attn_args.h), the shape checked.
+static inline AttnDims dims_of(const AttnShape *s) {
     CHECK(s->block_size >= 1, "attention block_size %d < 1", s->block_size);
     CHECK(s->num_kv_heads >= 1 && s->num_heads % s->num_kv_heads == 0,
           "attention: %d q heads not a multiple of %d kv heads", s->num_heads, s->num_kv_heads);
     CHECK(s->head_dim >= 1 && s->q_tokens >= 0 && s->k_tokens >= 0, "attention: bad shape");
-    return (Dims){s->q_tokens, s->k_tokens, s->num_heads, s->num_kv_heads,
-                  s->num_heads / s->num_kv_heads, s->head_dim, s->block_size,
-                  round_up(s->block_size), round_up(s->head_dim), s->scale,
-                  s->doc_starts, s->doc_count};
+    return attn_dims(s);
 }
 
 // dst [n, ld] = mult * x[t, head, :] with x [T, H, D], for the n tokens
@@ -142,14 +133,15 @@ static inline void tile_bounds(const int64_t *pos, int64_t T, int block, int64_t
 
 // Tile counts and per-tile position bounds of one call: lo/hi [nqt] for the
 // queries, [nkt] for the keys; q_first [Tq] the first key position each query
-// may see (attn_doc_first) and f_lo/f_hi [nqt] its bounds per query tile
-// (one allocation, free(q_lo)).
+// may see (attn_doc_first over the shape's documents) and f_lo/f_hi [nqt] its
+// bounds per query tile (one allocation, free(q_lo)).
 typedef struct {
     int64_t nqt, nkt;
     int64_t *q_lo, *q_hi, *k_lo, *k_hi, *q_first, *f_lo, *f_hi;
 } Tiles;
 
-static inline Tiles make_tiles(const Dims *d, const int64_t *q_pos, const int64_t *k_pos) {
+static inline Tiles make_tiles(const AttnDims *d, const AttnShape *s, const int64_t *q_pos,
+                               const int64_t *k_pos) {
     Tiles t = {.nqt = (d->Tq + d->B - 1) / d->B, .nkt = (d->Tk + d->B - 1) / d->B};
     t.q_lo = xmalloc((size_t)(4 * t.nqt + 2 * t.nkt + d->Tq + 1) * sizeof(int64_t));
     t.q_hi = t.q_lo + t.nqt; t.k_lo = t.q_hi + t.nqt; t.k_hi = t.k_lo + t.nkt;
@@ -157,7 +149,7 @@ static inline Tiles make_tiles(const Dims *d, const int64_t *q_pos, const int64_
     tile_bounds(q_pos, d->Tq, d->B, t.q_lo, t.q_hi);
     tile_bounds(k_pos, d->Tk, d->B, t.k_lo, t.k_hi);
     for (int64_t i = 0; i < d->Tq; i++)
-        t.q_first[i] = attn_doc_first(d->doc_starts, d->doc_count, q_pos[i]);
+        t.q_first[i] = attn_doc_first(s->doc_starts, s->doc_count, q_pos[i]);
     tile_bounds(t.q_first, d->Tq, d->B, t.f_lo, t.f_hi);
     return t;
 }
@@ -180,11 +172,12 @@ typedef struct {
     float *qs, *kT, *vs, *acc, *s, *m, *l;
 } ForwardBuffers;
 
-static inline ForwardBuffers forward_buffers(const Dims *d) {
-    const size_t rows = (size_t)d->B * d->Dp * sizeof(float);
-    ForwardBuffers b = {xmalloc_aligned(rows), xmalloc_aligned((size_t)d->D * d->Bp * sizeof(float)),
+static inline ForwardBuffers forward_buffers(const AttnDims *d) {
+    const size_t rows = (size_t)d->B * round_up(d->D) * sizeof(float);
+    const size_t cols = (size_t)d->D * round_up(d->B) * sizeof(float);
+    ForwardBuffers b = {xmalloc_aligned(rows), xmalloc_aligned(cols),
                         xmalloc_aligned(rows), xmalloc_aligned(rows),
-                        xmalloc_aligned((size_t)d->B * d->Bp * sizeof(float)),
+                        xmalloc_aligned((size_t)d->B * round_up(d->B) * sizeof(float)),
                         xmalloc_aligned(2 * (size_t)d->B * sizeof(float)), NULL};
     b.l = b.m + d->B;
     return b;
@@ -196,10 +189,10 @@ static inline void forward_buffers_free(ForwardBuffers *b) {
 
 // Start the query tile of q head h, queries i0 .. i0 + bq (q [Tq, Hq, D]):
 // qs = scale * q, acc = 0, m = -inf, l = 0.
-static inline void forward_begin(const Dims *d, ForwardBuffers *b, const float *q, int h,
+static inline void forward_begin(const AttnDims *d, ForwardBuffers *b, const float *q, int h,
                                  int64_t i0, int bq) {
-    load_rows(b->qs, q, i0, NULL, bq, d->Hq, h, d->D, d->Dp, d->scale);
-    memset(b->acc, 0, (size_t)bq * d->Dp * sizeof(float));
+    load_rows(b->qs, q, i0, NULL, bq, d->Hq, h, d->D, round_up(d->D), d->scale);
+    memset(b->acc, 0, (size_t)bq * round_up(d->D) * sizeof(float));
     for (int i = 0; i < bq; i++) { b->m[i] = -INFINITY; b->l[i] = 0.0f; }
 }
 
@@ -209,9 +202,9 @@ static inline void forward_begin(const Dims *d, ForwardBuffers *b, const float *
 // unless `full` (every key visible); m and l updated, acc rescaled, then
 // acc += P V.
 static inline __attribute__((always_inline)) void
-forward_tile(const Dims *d, ForwardBuffers *b, const int64_t *qp, const int64_t *qf,
+forward_tile(const AttnDims *d, ForwardBuffers *b, const int64_t *qp, const int64_t *qf,
              const int64_t *kp, int full, int bq, int bk) {
-    const int Bp = d->Bp, Dp = d->Dp, D = d->D;
+    const int Bp = round_up(d->B), Dp = round_up(d->D), D = d->D;
     float *s = b->s, *m = b->m, *l = b->l, *acc = b->acc;
     const float *qs = b->qs, *kT = b->kT, *vs = b->vs;
     gemm_tile(s, Bp, qs, Dp, 1, kT, Bp, bq, round_up(bk), D, 0);   // S = scale Q K^T
@@ -245,18 +238,18 @@ forward_tile(const Dims *d, ForwardBuffers *b, const int64_t *qp, const int64_t 
 // Merge the query tile's chunk result (acc / l, m + log l) into the running
 // (o, lse) of q head h, queries i0 .. i0 + bq; rows that saw no key in this
 // chunk stay as they are, and o is not read where lse is -inf (nor where its
-// weight underflows). o [Tq, Hq, D], lse [Hq, Tq].
-static inline void forward_end(const Dims *d, const ForwardBuffers *b, int h, int64_t i0,
-                               int bq, float *o, float *lse) {
+// weight underflows).
+static inline void forward_end(const AttnDims *d, const ForwardBuffers *b, int h, int64_t i0,
+                               int bq, const AttnOut *out) {
     for (int i = 0; i < bq; i++) {
         if (b->m[i] == -INFINITY) continue;                        // row saw no key here
-        float *restrict orow = o + ((i0 + i) * d->Hq + h) * (int64_t)d->D;
-        float *lrow = lse + h * d->Tq + i0 + i;
+        float *restrict orow = out->o + ((i0 + i) * d->Hq + h) * (int64_t)d->D;
+        float *lrow = out->lse + h * d->Tq + i0 + i;
         const float chunk = b->m[i] + logf(b->l[i]), old = *lrow;
         const float mx = fmaxf(old, chunk);
         const float wold = expf(old - mx), wnew = expf(chunk - mx);
         const float wa = wold / (wold + wnew), wb = wnew / (wold + wnew) / b->l[i];
-        const float *restrict arow = b->acc + (int64_t)i * d->Dp;
+        const float *restrict arow = b->acc + (int64_t)i * round_up(d->D);
         if (wa == 0.0f)                                            // o is not read (may be unset)
             for (int c = 0; c < d->D; c++) orow[c] = wb * arow[c];
         else
@@ -265,12 +258,13 @@ static inline void forward_end(const Dims *d, const ForwardBuffers *b, int h, in
     }
 }
 
-// The inputs of one backward call (see attn_dense_backward_cpu).
+// The arguments of one backward call (see attn_dense_backward_cpu); pos.q_first
+// is Tiles.q_first.
 typedef struct {
-    Dims d;
-    const float *q, *k, *v, *lse, *delta, *dout;
-    const int64_t *q_pos, *k_pos;
-    const int64_t *q_first;        // [Tq] first visible key position (Tiles.q_first)
+    AttnDims d;
+    AttnInputs in;
+    AttnPos pos;
+    AttnGrads grads;
 } GradArgs;
 
 // Per-thread tile buffers of the backward (64-byte aligned; free with
@@ -280,10 +274,10 @@ typedef struct {
     float *qs, *dos, *ks, *kT, *vT, *acc, *p, *ds;
 } GradBuffers;
 
-static inline GradBuffers grad_buffers(const Dims *d) {
-    const size_t rows = (size_t)d->B * d->Dp * sizeof(float);
-    const size_t cols = (size_t)d->D * d->Bp * sizeof(float);
-    const size_t tile = (size_t)d->B * d->Bp * sizeof(float);
+static inline GradBuffers grad_buffers(const AttnDims *d) {
+    const size_t rows = (size_t)d->B * round_up(d->D) * sizeof(float);
+    const size_t cols = (size_t)d->D * round_up(d->B) * sizeof(float);
+    const size_t tile = (size_t)d->B * round_up(d->B) * sizeof(float);
     return (GradBuffers){xmalloc_aligned(rows), xmalloc_aligned(rows), xmalloc_aligned(rows),
                          xmalloc_aligned(cols), xmalloc_aligned(cols), xmalloc_aligned(2 * rows),
                          xmalloc_aligned(tile), xmalloc_aligned(tile)};
@@ -296,8 +290,8 @@ static inline void grad_buffers_free(GradBuffers *b) {
 
 // Load the query tile of q head h, queries i0 .. i0 + bq: qs = scale * q, dos = dO.
 static inline void grad_load_query(const GradArgs *a, GradBuffers *b, int h, int64_t i0, int bq) {
-    load_rows(b->qs, a->q, i0, NULL, bq, a->d.Hq, h, a->d.D, a->d.Dp, a->d.scale);
-    load_rows(b->dos, a->dout, i0, NULL, bq, a->d.Hq, h, a->d.D, a->d.Dp, 1.0f);
+    load_rows(b->qs, a->in.q, i0, NULL, bq, a->d.Hq, h, a->d.D, round_up(a->d.D), a->d.scale);
+    load_rows(b->dos, a->in.dout, i0, NULL, bq, a->d.Hq, h, a->d.D, round_up(a->d.D), 1.0f);
 }
 
 // One (query tile, key tile) pair: p = P and ds = P (dP - delta), [bq, Bp]
@@ -308,9 +302,9 @@ static inline void grad_load_query(const GradArgs *a, GradBuffers *b, int h, int
 // b->kT, b->vT.
 static inline void grad_pair(const GradArgs *a, GradBuffers *b, int h, int64_t i0, int bq,
                              const int64_t *kp, int bk, int full) {
-    const int Bp = a->d.Bp, Dp = a->d.Dp;
-    const float *lse = a->lse + h * a->d.Tq + i0, *delta = a->delta + h * a->d.Tq + i0;
-    const int64_t *qp = a->q_pos + i0, *qf = a->q_first + i0;
+    const int Bp = round_up(a->d.B), Dp = round_up(a->d.D);
+    const float *lse = a->grads.lse + h * a->d.Tq + i0, *delta = a->grads.delta + h * a->d.Tq + i0;
+    const int64_t *qp = a->pos.q_pos + i0, *qf = a->pos.q_first + i0;
     float *restrict p = b->p, *restrict ds = b->ds;
     gemm_tile(p, Bp, b->qs, Dp, 1, b->kT, Bp, bq, round_up(bk), a->d.D, 0);    // S = scale Q K^T
     gemm_tile(ds, Bp, b->dos, Dp, 1, b->vT, Bp, bq, round_up(bk), a->d.D, 0);  // dP = dO V^T
@@ -335,12 +329,12 @@ static inline void grad_pair(const GradArgs *a, GradBuffers *b, int h, int64_t i
 // b->acc and dV += P^T dO into b->acc + B * Dp (the key tile's accumulators).
 static inline void grad_pair_kv(const GradArgs *a, GradBuffers *b, int h, int64_t i0, int bq,
                                 const int64_t *kp, int bk, int full) {
-    const int Dp = a->d.Dp;
+    const int Bp = round_up(a->d.B), Dp = round_up(a->d.D);
     grad_load_query(a, b, h, i0, bq);
     grad_pair(a, b, h, i0, bq, kp, bk, full);
     float *dka = b->acc, *dva = b->acc + (size_t)a->d.B * Dp;
-    gemm_tile(dva, Dp, b->p, 1, a->d.Bp, b->dos, Dp, bk, Dp, bq, 1);   // dV += P^T dO
-    gemm_tile(dka, Dp, b->ds, 1, a->d.Bp, b->qs, Dp, bk, Dp, bq, 1);   // dK += dS^T scale Q
+    gemm_tile(dva, Dp, b->p, 1, Bp, b->dos, Dp, bk, Dp, bq, 1);   // dV += P^T dO
+    gemm_tile(dka, Dp, b->ds, 1, Bp, b->qs, Dp, bk, Dp, bq, 1);   // dK += dS^T scale Q
 }
 
 // Query side of a pair (query tile loaded; key tile in b->kT, b->vT and
@@ -348,17 +342,18 @@ static inline void grad_pair_kv(const GradArgs *a, GradBuffers *b, int h, int64_
 static inline void grad_pair_q(const GradArgs *a, GradBuffers *b, int h, int64_t i0, int bq,
                                const int64_t *kp, int bk, int full) {
     grad_pair(a, b, h, i0, bq, kp, bk, full);
-    gemm_tile(b->acc, a->d.Dp, b->ds, a->d.Bp, 1, b->ks, a->d.Dp, bq, a->d.Dp, bk, 1);
+    const int Dp = round_up(a->d.D);
+    gemm_tile(b->acc, Dp, b->ds, round_up(a->d.B), 1, b->ks, Dp, bq, Dp, bk, 1);
 }
 
-// dk, dv [Tk, Hkv, D] += the key tile's accumulators (kv head g, keys j0 .. j0 + bk).
+// grads.dk, grads.dv += the key tile's accumulators (kv head g, keys j0 .. j0 + bk).
 static inline void grad_store_kv(const GradArgs *a, const GradBuffers *b, int g, int64_t j0,
-                                 int bk, float *dk, float *dv) {
-    const int D = a->d.D, Dp = a->d.Dp;
+                                 int bk) {
+    const int D = a->d.D, Dp = round_up(a->d.D);
     const float *dka = b->acc, *dva = b->acc + (size_t)a->d.B * Dp;
     for (int j = 0; j < bk; j++) {
-        float *restrict dkrow = dk + ((j0 + j) * a->d.Hkv + g) * (int64_t)D;
-        float *restrict dvrow = dv + ((j0 + j) * a->d.Hkv + g) * (int64_t)D;
+        float *restrict dkrow = a->grads.dk + ((j0 + j) * a->d.Hkv + g) * (int64_t)D;
+        float *restrict dvrow = a->grads.dv + ((j0 + j) * a->d.Hkv + g) * (int64_t)D;
         for (int c = 0; c < D; c++) {
             dkrow[c] += dka[(int64_t)j * Dp + c];
             dvrow[c] += dva[(int64_t)j * Dp + c];
@@ -366,12 +361,12 @@ static inline void grad_store_kv(const GradArgs *a, const GradBuffers *b, int g,
     }
 }
 
-// dq [Tq, Hq, D] += scale * the query tile's accumulator (q head h, queries i0 .. i0 + bq).
+// grads.dq += scale * the query tile's accumulator (q head h, queries i0 .. i0 + bq).
 static inline void grad_store_q(const GradArgs *a, const GradBuffers *b, int h, int64_t i0,
-                                int bq, float *dq) {
+                                int bq) {
     for (int i = 0; i < bq; i++) {
-        float *restrict dqrow = dq + ((i0 + i) * a->d.Hq + h) * (int64_t)a->d.D;
-        const float *restrict arow = b->acc + (int64_t)i * a->d.Dp;
+        float *restrict dqrow = a->grads.dq + ((i0 + i) * a->d.Hq + h) * (int64_t)a->d.D;
+        const float *restrict arow = b->acc + (int64_t)i * round_up(a->d.D);
         for (int c = 0; c < a->d.D; c++) dqrow[c] += a->d.scale * arow[c];
     }
 }

@@ -59,10 +59,10 @@ __global__ void local_block_kernel(const int64_t *k_pos, int64_t Tk, int B, int6
 // Local key token of column position col in this call, or -1: in the
 // chunk's blocks (SPARSE_ALL), in the ascending list k_pos [Tk]
 // (SPARSE_COLUMNS), never (SPARSE_BLOCKS).
-__device__ int64_t column_key(SparsePart part, const int64_t *local_block, const int64_t *k_pos, int64_t Tk, int B,
+__device__ int64_t column_key(SparsePart part, const SparseView &c, const int64_t *k_pos, int64_t Tk, int B,
                               int64_t col) {
     if (part == SPARSE_BLOCKS) return -1;
-    if (part == SPARSE_ALL) return local_block[col / B] < 0 ? -1 : local_block[col / B] * B + col % B;
+    if (part == SPARSE_ALL) return c.local_block[col / B] < 0 ? -1 : c.local_block[col / B] * B + col % B;
     int64_t lo = 0, hi = Tk;
     while (lo < hi) {
         const int64_t mid = lo + (hi - lo) / 2;
@@ -71,54 +71,47 @@ __device__ int64_t column_key(SparsePart part, const int64_t *local_block, const
     return lo < Tk && k_pos[lo] == col ? lo : -1;
 }
 
-// One warp per index row: count[r] = the row's columns in this call.
-__global__ void column_count_kernel(SparsePart part, const int64_t *column_start, const int64_t *columns,
-                                    const int64_t *local_block, const int64_t *k_pos, int64_t Tk, int B, int64_t rows,
-                                    int64_t *count) {
+// One warp per index row r: c.col_start[r + 1] = the row's columns in this call.
+__global__ void column_count_kernel(SparsePart part, SparseView c, const int64_t *k_pos, int64_t Tk, int B) {
     const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
-    if (r >= rows) return;
+    if (r >= c.rows) return;
     int n = 0;
-    for (int64_t e = column_start[r] + lane; e < column_start[r + 1]; e += 32)
-        n += column_key(part, local_block, k_pos, Tk, B, columns[e]) >= 0;
+    for (int64_t e = c.column_start[r] + lane; e < c.column_start[r + 1]; e += 32)
+        n += column_key(part, c, k_pos, Tk, B, c.columns[e]) >= 0;
     for (int off = 16; off > 0; off /= 2) n += __shfl_xor_sync(0xffffffffu, n, off);
-    if (lane == 0) count[r] = n;
+    if (lane == 0) c.col_start[r + 1] = n;
 }
 
 // One warp per index row: the row's columns in this call, in order, as
-// local key tokens from col_key[col_start[r]] on.
-__global__ void column_fill_kernel(SparsePart part, const int64_t *column_start, const int64_t *columns,
-                                   const int64_t *local_block, const int64_t *k_pos, int64_t Tk, int B, int64_t rows,
-                                   const int64_t *col_start, int64_t *col_key) {
+// local key tokens from c.col_key[c.col_start[r]] on.
+__global__ void column_fill_kernel(SparsePart part, SparseView c, const int64_t *k_pos, int64_t Tk, int B) {
     const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
-    if (r >= rows) return;
-    int64_t out = col_start[r];
-    const int64_t end = column_start[r + 1];
-    for (int64_t e0 = column_start[r]; e0 < end; e0 += 32) {
+    if (r >= c.rows) return;
+    int64_t out = c.col_start[r];
+    const int64_t end = c.column_start[r + 1];
+    for (int64_t e0 = c.column_start[r]; e0 < end; e0 += 32) {
         const int64_t e = e0 + lane;
-        const int64_t key = e < end ? column_key(part, local_block, k_pos, Tk, B, columns[e]) : -1;
+        const int64_t key = e < end ? column_key(part, c, k_pos, Tk, B, c.columns[e]) : -1;
         const unsigned mask = __ballot_sync(0xffffffffu, key >= 0);
-        if (key >= 0) col_key[out + __popc(mask & ((1u << lane) - 1))] = key;
+        if (key >= 0) c.col_key[out + __popc(mask & ((1u << lane) - 1))] = key;
         out += __popc(mask);
     }
 }
 
-// Device arrays of one call's chunk view (stream-ordered scratch).
-struct ChunkView {
-    int64_t *local_block;      // [ceil(N / B)] (all -1 for SPARSE_COLUMNS: no block is in the call)
-    int64_t *col_start;        // [rows + 1] (all 0 for SPARSE_BLOCKS)
-    int64_t *col_key;          // [index->column_capacity]
-};
-
-// The view of `part` of the index in this call's keys: k_pos [Tk] are whole
-// blocks of a chunk (SPARSE_ALL, SPARSE_BLOCKS) or an ascending list of
-// column positions (SPARSE_COLUMNS).
-static ChunkView chunk_view(SparsePart part, const SparseIndexCuda *x, const int64_t *k_pos, int64_t Tk,
-                            cudaStream_t stream) {
+// The view (attn_args.h) of `part` of the index in this call's keys: k_pos
+// [Tk] are whole blocks of a chunk (SPARSE_ALL, SPARSE_BLOCKS) or an
+// ascending list of column positions (SPARSE_COLUMNS). Its own arrays are
+// stream-ordered scratch: local_block all -1 for SPARSE_COLUMNS (no block is
+// in the call), col_start all 0 for SPARSE_BLOCKS, col_key
+// [index->column_capacity].
+static SparseView chunk_view(SparsePart part, const SparseIndexCuda *x, const int64_t *k_pos, int64_t Tk,
+                             cudaStream_t stream) {
     const int B = x->block_size;
     const int64_t rows = (int64_t)x->num_heads * x->num_q_blocks, nglobal = (x->seq_len + B - 1) / B;
-    ChunkView c;
+    SparseView c = {rows, x->num_q_blocks, x->block_start, x->blocks, x->column_start, x->columns,
+                    NULL, NULL, NULL};
     CUDA_CHECK(cudaMallocAsync((void **)&c.local_block, (size_t)nglobal * sizeof(int64_t), stream));
     CUDA_CHECK(cudaMallocAsync((void **)&c.col_start, (size_t)(rows + 1) * sizeof(int64_t), stream));
     CUDA_CHECK(cudaMallocAsync((void **)&c.col_key, (size_t)(x->column_capacity + 1) * sizeof(int64_t),
@@ -134,8 +127,7 @@ static ChunkView chunk_view(SparsePart part, const SparseIndexCuda *x, const int
     }
     CUDA_CHECK(cudaMemsetAsync(c.col_start, 0, sizeof(int64_t), stream));
     const int warps_grid = (int)((rows * 32 + 255) / 256);
-    CUDA_LAUNCH(column_count_kernel, warps_grid, 256, 0, stream, part, x->column_start, x->columns, c.local_block,
-                k_pos, Tk, B, rows, c.col_start + 1);
+    CUDA_LAUNCH(column_count_kernel, warps_grid, 256, 0, stream, part, c, k_pos, Tk, B);
     CUDA_CHECK(cudaGetLastError());
     size_t bytes = 0;
     CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, bytes, c.col_start + 1, c.col_start + 1, rows, stream));
@@ -143,13 +135,12 @@ static ChunkView chunk_view(SparsePart part, const SparseIndexCuda *x, const int
     CUDA_CHECK(cudaMallocAsync(&temp, bytes, stream));
     CUDA_CHECK(cub::DeviceScan::InclusiveSum(temp, bytes, c.col_start + 1, c.col_start + 1, rows, stream));
     CUDA_CHECK(cudaFreeAsync(temp, stream));
-    CUDA_LAUNCH(column_fill_kernel, warps_grid, 256, 0, stream, part, x->column_start, x->columns, c.local_block,
-                k_pos, Tk, B, rows, c.col_start, c.col_key);
+    CUDA_LAUNCH(column_fill_kernel, warps_grid, 256, 0, stream, part, c, k_pos, Tk, B);
     CUDA_CHECK(cudaGetLastError());
     return c;
 }
 
-static void chunk_view_free(ChunkView *c, cudaStream_t stream) {
+static void chunk_view_free(SparseView *c, cudaStream_t stream) {
     CUDA_CHECK(cudaFreeAsync(c->local_block, stream));
     CUDA_CHECK(cudaFreeAsync(c->col_start, stream));
     CUDA_CHECK(cudaFreeAsync(c->col_key, stream));
@@ -214,19 +205,16 @@ struct RowTiles {
 
 // ---- forward ----
 
-// Grid (Hq * nqb) rows, BM / 16 warps, registers capped for CTAS CTAs per
-// multiprocessor. DOCS: q_first [Tq] the first key position each query may
-// see (NULL otherwise). Shared: q [BM][LD], k, v [2][BN][LD], key positions
-// [2][BN] (INT64_MAX where the tile is short).
+// Grid (Hq * nqb) rows of c, BM / 16 warps, registers capped for CTAS CTAs
+// per multiprocessor; scale_log2 = d.scale log2(e). DOCS: pos.q_first as
+// attn_args.h (NULL otherwise). Shared: q [BM][LD], k, v [2][BN][LD], key
+// positions [2][BN] (INT64_MAX where the tile is short).
 template <int D, int BM, int CTAS, bool DOCS>
 __global__ void __launch_bounds__(BM * 2, CTAS)
-sparse_forward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_pos,
-                      const int64_t *__restrict__ q_first, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
-                      const int64_t *__restrict__ k_pos, const int64_t *__restrict__ block_start,
-                      const int64_t *__restrict__ blocks, const int64_t *__restrict__ local_block,
-                      const int64_t *__restrict__ col_start, const int64_t *__restrict__ col_key,
-                      float *__restrict__ o, float *__restrict__ lse, int64_t Tq, int64_t Tk, int Hq,
-                      int Hkv, int64_t nqb, float scale_log2) {
+sparse_forward_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnOut out, SparseView c, float scale_log2) {
+    RESTRICT_ARGS(d, pos, in);
+    RESTRICT_ROWS(c);
+    float *__restrict__ o = out.o, *__restrict__ lse = out.lse;
     constexpr int NT = BM * 2, LD = D + 8, BN = KEY_TILE;
     DYNAMIC_SHARED(unsigned char, smem);
     bf16 *qs = reinterpret_cast<bf16 *>(smem);
@@ -293,18 +281,15 @@ sparse_forward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_
 // Grid (Hq * nqb) rows, BM / 16 warps. KVBUF key/value buffers (2: the next
 // tile loads during this one; 1 where shared memory is short, see backward()). Shared: q,
 // dout [BM][LD]; k, v [KVBUF][BN][LD]; P and dS [BM][BN + 8] (bf16); key
-// positions and local tokens [KVBUF][BN]. DOCS: q_first as the forward's.
+// positions and local tokens [KVBUF][BN]. scale_log2 and DOCS as the forward's.
 template <int D, int BM, int KVBUF, bool DOCS>
 __global__ void __launch_bounds__(BM * 2)
-sparse_backward_kernel(const bf16 *__restrict__ q, const int64_t *__restrict__ q_pos,
-                       const int64_t *__restrict__ q_first, const bf16 *__restrict__ k, const bf16 *__restrict__ v,
-                       const int64_t *__restrict__ k_pos, const float *__restrict__ lse,
-                       const float *__restrict__ delta, const bf16 *__restrict__ dout,
-                       const int64_t *__restrict__ block_start, const int64_t *__restrict__ blocks,
-                       const int64_t *__restrict__ local_block, const int64_t *__restrict__ col_start,
-                       const int64_t *__restrict__ col_key, float *__restrict__ dq,
-                       float *__restrict__ dk, float *__restrict__ dv, int64_t Tq, int64_t Tk, int Hq,
-                       int Hkv, int64_t nqb, float scale, float scale_log2) {
+sparse_backward_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnGrads grads, SparseView c,
+                       float scale_log2) {
+    RESTRICT_ARGS(d, pos, in);
+    RESTRICT_ROWS(c);
+    RESTRICT_GRADS(grads);
+    const float scale = d.scale;
     constexpr int NT = BM * 2, NW = BM / 16, LD = D + 8, BN = KEY_TILE, LDP = BN + 8;
     constexpr int WR = BN / 16, WC = NW / WR, DC = D / WC;   // dK, dV: WR x WC warps of 16 x DC
     static_assert(NW % WR == 0 && D % (16 * WC) == 0, "sparse backward tile shape");
@@ -469,28 +454,22 @@ static void check_aligned(const void *p, const char *name) {
 }
 
 template <int D, int BM, bool DOCS>
-static void forward_launch(const AttnShape *s, const SparseIndexCuda *x, const ChunkView *c, const bf16 *q,
-                           const int64_t *q_pos, const int64_t *q_first, const bf16 *k, const bf16 *v,
-                           const int64_t *k_pos, float *o, float *lse, cudaStream_t stream) {
+static void forward_launch(const AttnShape *s, const SparseView &c, const AttnPos &pos, const AttnInputsBf16 &in,
+                           const AttnOut &out, cudaStream_t stream) {
     constexpr int LD = D + 8, BN = KEY_TILE;
     const size_t smem = (size_t)(BM + 4 * BN) * LD * sizeof(bf16) + 2 * BN * sizeof(int64_t);
     auto kernel = sparse_forward_kernel<D, BM, (D == 128 && BM == 128 ? 1 : 2), DOCS>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    const int64_t rows = (int64_t)s->num_heads * x->num_q_blocks;
-    CUDA_LAUNCH(kernel, (unsigned)rows, BM * 2, smem, stream, q, q_pos, q_first, k, v, k_pos, x->block_start, x->blocks,
-                c->local_block, c->col_start, c->col_key, o, lse,
-                s->q_tokens, s->k_tokens, s->num_heads,
-                s->num_kv_heads, x->num_q_blocks, s->scale * LOG2E);
+    CUDA_LAUNCH(kernel, (unsigned)c.rows, BM * 2, smem, stream, attn_dims(s), pos, in, out, c, s->scale * LOG2E);
     CUDA_CHECK(cudaGetLastError());
 }
 
-// With documents (q_first not NULL) or without.
+// With documents (pos.q_first not NULL) or without.
 template <int D, int BM>
-static void forward(const AttnShape *s, const SparseIndexCuda *x, const ChunkView *c, const bf16 *q,
-                    const int64_t *q_pos, const int64_t *q_first, const bf16 *k, const bf16 *v,
-                    const int64_t *k_pos, float *o, float *lse, cudaStream_t stream) {
-    if (q_first) forward_launch<D, BM, true>(s, x, c, q, q_pos, q_first, k, v, k_pos, o, lse, stream);
-    else forward_launch<D, BM, false>(s, x, c, q, q_pos, NULL, k, v, k_pos, o, lse, stream);
+static void forward(const AttnShape *s, const SparseView &c, const AttnPos &pos, const AttnInputsBf16 &in,
+                    const AttnOut &out, cudaStream_t stream) {
+    if (pos.q_first) forward_launch<D, BM, true>(s, c, pos, in, out, stream);
+    else forward_launch<D, BM, false>(s, c, pos, in, out, stream);
 }
 
 extern "C" void attn_sparse_forward_part_cuda(SparsePart part, const AttnShape *s, const SparseIndexCuda *x,
@@ -500,14 +479,16 @@ extern "C" void attn_sparse_forward_part_cuda(SparsePart part, const AttnShape *
     check_call(s, x);
     if (s->q_tokens == 0 || s->k_tokens == 0) return;
     check_aligned(q, "q"); check_aligned(k, "k"); check_aligned(v, "v"); check_aligned(o_acc, "o_acc");
-    ChunkView c = chunk_view(part, x, k_pos, s->k_tokens, stream);
+    SparseView c = chunk_view(part, x, k_pos, s->k_tokens, stream);
     int64_t *qf = attn_doc_first_cuda(s, q_pos, stream);
-    const bf16 *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
+    const AttnPos pos = {q_pos, k_pos, qf};
+    const AttnInputsBf16 in = {(const bf16 *)q, (const bf16 *)k, (const bf16 *)v, NULL};
+    const AttnOut out = {o_acc, lse};
     const int key = s->head_dim * 1000 + x->block_size;
-    if (key == 64064) forward<64, 64>(s, x, &c, qb, q_pos, qf, kb, vb, k_pos, o_acc, lse, stream);
-    else if (key == 64128) forward<64, 128>(s, x, &c, qb, q_pos, qf, kb, vb, k_pos, o_acc, lse, stream);
-    else if (key == 128064) forward<128, 64>(s, x, &c, qb, q_pos, qf, kb, vb, k_pos, o_acc, lse, stream);
-    else forward<128, 128>(s, x, &c, qb, q_pos, qf, kb, vb, k_pos, o_acc, lse, stream);
+    if (key == 64064) forward<64, 64>(s, c, pos, in, out, stream);
+    else if (key == 64128) forward<64, 128>(s, c, pos, in, out, stream);
+    else if (key == 128064) forward<128, 64>(s, c, pos, in, out, stream);
+    else forward<128, 128>(s, c, pos, in, out, stream);
     if (qf) CUDA_CHECK(cudaFreeAsync(qf, stream));
     chunk_view_free(&c, stream);
 }
@@ -521,53 +502,38 @@ static size_t backward_smem() {
 }
 
 template <int D, int BM, int KVBUF, bool DOCS>
-static void backward_launch(const AttnShape *s, const SparseIndexCuda *x, const ChunkView *c, const bf16 *q,
-                            const int64_t *q_pos, const int64_t *q_first, const bf16 *k, const bf16 *v,
-                            const int64_t *k_pos, const float *lse, const float *delta, const bf16 *dout,
-                            float *dq, float *dk, float *dv, cudaStream_t stream) {
+static void backward_launch(const AttnShape *s, const SparseView &c, const AttnPos &pos, const AttnInputsBf16 &in,
+                            const AttnGrads &grads, cudaStream_t stream) {
     const size_t smem = backward_smem<D, BM, KVBUF>();
     auto kernel = sparse_backward_kernel<D, BM, KVBUF, DOCS>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    const int64_t rows = (int64_t)s->num_heads * x->num_q_blocks;
-    CUDA_LAUNCH(kernel, (unsigned)rows, BM * 2, smem, stream, q, q_pos, q_first, k, v, k_pos, lse, delta, dout, x->block_start,
-                x->blocks, c->local_block, c->col_start, c->col_key,
-                dq, dk, dv, s->q_tokens, s->k_tokens, s->num_heads,
-                s->num_kv_heads, x->num_q_blocks, s->scale,
-                s->scale * LOG2E);
+    CUDA_LAUNCH(kernel, (unsigned)c.rows, BM * 2, smem, stream, attn_dims(s), pos, in, grads, c, s->scale * LOG2E);
     CUDA_CHECK(cudaGetLastError());
 }
 
-// With documents (q_first not NULL) or without.
+// With documents (pos.q_first not NULL) or without.
 template <int D, int BM, int KVBUF>
-static void backward_docs(const AttnShape *s, const SparseIndexCuda *x, const ChunkView *c, const bf16 *q,
-                          const int64_t *q_pos, const int64_t *q_first, const bf16 *k, const bf16 *v,
-                          const int64_t *k_pos, const float *lse, const float *delta, const bf16 *dout,
-                          float *dq, float *dk, float *dv, cudaStream_t stream) {
-    if (q_first)
-        backward_launch<D, BM, KVBUF, true>(s, x, c, q, q_pos, q_first, k, v, k_pos, lse, delta, dout, dq, dk,
-                                            dv, stream);
-    else
-        backward_launch<D, BM, KVBUF, false>(s, x, c, q, q_pos, NULL, k, v, k_pos, lse, delta, dout, dq, dk, dv,
-                                             stream);
+static void backward_docs(const AttnShape *s, const SparseView &c, const AttnPos &pos, const AttnInputsBf16 &in,
+                          const AttnGrads &grads, cudaStream_t stream) {
+    if (pos.q_first) backward_launch<D, BM, KVBUF, true>(s, c, pos, in, grads, stream);
+    else backward_launch<D, BM, KVBUF, false>(s, c, pos, in, grads, stream);
 }
 
 // Double-buffered K/V where the device's shared memory allows (D 128 with
 // B 128 needs 176 KB: sm_90 yes, sm_80 no), else single-buffered.
 template <int D, int BM>
-static void backward(const AttnShape *s, const SparseIndexCuda *x, const ChunkView *c, const bf16 *q,
-                     const int64_t *q_pos, const int64_t *q_first, const bf16 *k, const bf16 *v,
-                     const int64_t *k_pos, const float *lse, const float *delta, const bf16 *dout, float *dq,
-                     float *dk, float *dv, cudaStream_t stream) {
+static void backward(const AttnShape *s, const SparseView &c, const AttnPos &pos, const AttnInputsBf16 &in,
+                     const AttnGrads &grads, cudaStream_t stream) {
     if constexpr (D == 128 && BM == 128) {
         int device, optin;
         CUDA_CHECK(cudaGetDevice(&device));
         CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
         if ((size_t)optin < backward_smem<D, BM, 2>()) {
-            backward_docs<D, BM, 1>(s, x, c, q, q_pos, q_first, k, v, k_pos, lse, delta, dout, dq, dk, dv, stream);
+            backward_docs<D, BM, 1>(s, c, pos, in, grads, stream);
             return;
         }
     }
-    backward_docs<D, BM, 2>(s, x, c, q, q_pos, q_first, k, v, k_pos, lse, delta, dout, dq, dk, dv, stream);
+    backward_docs<D, BM, 2>(s, c, pos, in, grads, stream);
 }
 
 extern "C" void attn_sparse_backward_part_cuda(SparsePart part, const AttnShape *s, const SparseIndexCuda *x,
@@ -578,17 +544,16 @@ extern "C" void attn_sparse_backward_part_cuda(SparsePart part, const AttnShape 
     check_call(s, x);
     if (s->q_tokens == 0 || s->k_tokens == 0) return;
     check_aligned(q, "q"); check_aligned(k, "k"); check_aligned(v, "v"); check_aligned(dout, "dout");
-    ChunkView c = chunk_view(part, x, k_pos, s->k_tokens, stream);
+    SparseView c = chunk_view(part, x, k_pos, s->k_tokens, stream);
     int64_t *qf = attn_doc_first_cuda(s, q_pos, stream);
-    const bf16 *qb = (const bf16 *)q, *kb = (const bf16 *)k, *vb = (const bf16 *)v;
-    const bf16 *dob = (const bf16 *)dout;
+    const AttnPos pos = {q_pos, k_pos, qf};
+    const AttnInputsBf16 in = {(const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (const bf16 *)dout};
+    const AttnGrads grads = {lse, delta, dq, dk, dv};
     const int key = s->head_dim * 1000 + x->block_size;
-    if (key == 64064) backward<64, 64>(s, x, &c, qb, q_pos, qf, kb, vb, k_pos, lse, delta, dob, dq, dk, dv, stream);
-    else if (key == 64128)
-        backward<64, 128>(s, x, &c, qb, q_pos, qf, kb, vb, k_pos, lse, delta, dob, dq, dk, dv, stream);
-    else if (key == 128064)
-        backward<128, 64>(s, x, &c, qb, q_pos, qf, kb, vb, k_pos, lse, delta, dob, dq, dk, dv, stream);
-    else backward<128, 128>(s, x, &c, qb, q_pos, qf, kb, vb, k_pos, lse, delta, dob, dq, dk, dv, stream);
+    if (key == 64064) backward<64, 64>(s, c, pos, in, grads, stream);
+    else if (key == 64128) backward<64, 128>(s, c, pos, in, grads, stream);
+    else if (key == 128064) backward<128, 64>(s, c, pos, in, grads, stream);
+    else backward<128, 128>(s, c, pos, in, grads, stream);
     if (qf) CUDA_CHECK(cudaFreeAsync(qf, stream));
     chunk_view_free(&c, stream);
 }

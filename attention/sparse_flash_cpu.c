@@ -25,16 +25,6 @@
 #include "sparse.h"
 #include "../dist/util.h"
 
-// One call's view of the index: local key block of each global block (-1 if
-// not in the chunk) and, per row, the row's columns in the chunk as local key
-// tokens: col_key[col_start[r] .. col_start[r + 1]), ascending.
-typedef struct {
-    int64_t rows;              // Hq * num_q_blocks
-    int64_t *local_block;      // [ceil(N / B)]
-    int64_t *col_start;        // [rows + 1]
-    int64_t *col_key;          // [col_start[rows]]
-} ChunkView;
-
 // Token i of a block-aligned arrangement of T tokens at global positions pos
 // holds position first[i / B] * B + i % B; only the sequence's last block may
 // be short. first == NULL: the blocks are pos[i * B] / B.
@@ -71,7 +61,7 @@ static void check_index(const SparseIndex *x, int64_t rows) {
 
 // Local key token of column position col in this call, or -1: in the chunk's
 // blocks (SPARSE_ALL), in the ascending list k_pos [Tk] (SPARSE_COLUMNS).
-static int64_t column_key(SparsePart part, const ChunkView *c, const int64_t *k_pos, int64_t Tk,
+static int64_t column_key(SparsePart part, const SparseView *c, const int64_t *k_pos, int64_t Tk,
                           int B, int64_t col) {
     if (part == SPARSE_BLOCKS) return -1;
     if (part == SPARSE_ALL) return c->local_block[col / B] < 0 ? -1 : c->local_block[col / B] * B + col % B;
@@ -83,9 +73,9 @@ static int64_t column_key(SparsePart part, const ChunkView *c, const int64_t *k_
     return lo < Tk && k_pos[lo] == col ? lo : -1;
 }
 
-// Checks the call against the index and builds its ChunkView (free with
-// chunk_view_free).
-static ChunkView chunk_view(SparsePart part, const Dims *d, const SparseIndex *x,
+// Checks the call against the index and builds its view (attn_args.h; free
+// with chunk_view_free).
+static SparseView chunk_view(SparsePart part, const AttnDims *d, const SparseIndex *x,
                             const int64_t *q_pos, const int64_t *k_pos) {
     const int B = d->B;
     const int64_t N = x->seq_len, nqb = (d->Tq + B - 1) / B, nglobal = (N + B - 1) / B;
@@ -94,7 +84,8 @@ static ChunkView chunk_view(SparsePart part, const Dims *d, const SparseIndex *x
           "call (%d heads, block %d, %lld query blocks)", x->num_heads, x->block_size,
           (long long)x->num_q_blocks, d->Hq, B, (long long)nqb);
     check_aligned(q_pos, d->Tq, B, N, x->q_blocks, "query");
-    ChunkView c = {.rows = (int64_t)d->Hq * nqb};
+    SparseView c = {.rows = (int64_t)d->Hq * nqb, .num_q_blocks = nqb, .block_start = x->block_start,
+                    .blocks = x->blocks, .column_start = x->column_start, .columns = x->columns};
     check_index(x, c.rows);
     c.local_block = xmalloc((size_t)(nglobal + 1) * sizeof(int64_t));
     for (int64_t b = 0; b < nglobal; b++) c.local_block[b] = -1;
@@ -118,8 +109,8 @@ static ChunkView chunk_view(SparsePart part, const Dims *d, const SparseIndex *x
     #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < c.rows; r++) {
         int64_t n = 0;
-        for (int64_t e = x->column_start[r]; e < x->column_start[r + 1]; e++)
-            n += column_key(part, &c, k_pos, d->Tk, B, x->columns[e]) >= 0;
+        for (int64_t e = c.column_start[r]; e < c.column_start[r + 1]; e++)
+            n += column_key(part, &c, k_pos, d->Tk, B, c.columns[e]) >= 0;
         c.col_start[r + 1] = n;
     }
     for (int64_t r = 0; r < c.rows; r++) c.col_start[r + 1] += c.col_start[r];
@@ -127,15 +118,15 @@ static ChunkView chunk_view(SparsePart part, const Dims *d, const SparseIndex *x
     #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < c.rows; r++) {
         int64_t n = c.col_start[r];
-        for (int64_t e = x->column_start[r]; e < x->column_start[r + 1]; e++) {
-            const int64_t key = column_key(part, &c, k_pos, d->Tk, B, x->columns[e]);
+        for (int64_t e = c.column_start[r]; e < c.column_start[r + 1]; e++) {
+            const int64_t key = column_key(part, &c, k_pos, d->Tk, B, c.columns[e]);
             if (key >= 0) c.col_key[n++] = key;
         }
     }
     return c;
 }
 
-static void chunk_view_free(ChunkView *c) {
+static void chunk_view_free(SparseView *c) {
     free(c->local_block); free(c->col_start); free(c->col_key);
 }
 
@@ -143,11 +134,11 @@ static void chunk_view_free(ChunkView *c) {
 // and, into `rows` [n, Dp], v (forward) or k (backward); kp [n] their
 // positions. Returns 1 when every one is visible to every query of tile qt
 // (no mask needed).
-static int gather_columns(const Dims *d, const float *k, const float *rows_src,
+static int gather_columns(const AttnDims *d, const float *k, const float *rows_src,
                           const int64_t *k_pos, const int64_t *idx, int n, int g, const Tiles *t,
                           int64_t qt, float *kT, float *rows, int64_t *kp) {
-    load_cols(kT, k, 0, idx, n, d->Hkv, g, d->D, d->Bp);
-    load_rows(rows, rows_src, 0, idx, n, d->Hkv, g, d->D, d->Dp, 1.0f);
+    load_cols(kT, k, 0, idx, n, d->Hkv, g, d->D, round_up(d->B));
+    load_rows(rows, rows_src, 0, idx, n, d->Hkv, g, d->D, round_up(d->D), 1.0f);
     int64_t lo = INT64_MAX, hi = 0;
     for (int j = 0; j < n; j++) {
         kp[j] = k_pos[idx[j]];
@@ -161,11 +152,13 @@ void attn_sparse_forward_part_cpu(SparsePart part, const AttnShape *shape,
                                   const SparseIndex *index, const float *q, const int64_t *q_pos,
                                   const float *k, const float *v, const int64_t *k_pos, float *o,
                                   float *lse) {
-    const Dims d = dims_of(shape);
+    const AttnDims d = dims_of(shape);
     if (d.Tq == 0 || d.Tk == 0) return;
-    ChunkView c = chunk_view(part, &d, index, q_pos, k_pos);
-    const Tiles t = make_tiles(&d, q_pos, k_pos);
+    const int Bp = round_up(d.B), Dp = round_up(d.D);
+    SparseView c = chunk_view(part, &d, index, q_pos, k_pos);
+    const Tiles t = make_tiles(&d, shape, q_pos, k_pos);
     const int64_t nqb = t.nqt;
+    const AttnOut out = {o, lse};
 
     #pragma omp parallel
     {
@@ -177,12 +170,12 @@ void attn_sparse_forward_part_cpu(SparsePart part, const AttnShape *shape,
             const int64_t r = c.rows - 1 - w, i = r % nqb, i0 = i * d.B;
             const int h = (int)(r / nqb), g = h / d.group, bq = tile_len(d.Tq, i0, d.B);
             forward_begin(&d, &b, q, h, i0, bq);
-            for (int64_t e = index->block_start[r]; e < index->block_start[r + 1]; e++) {
-                const int64_t kt = c.local_block[index->blocks[e]], j0 = kt * d.B;
+            for (int64_t e = c.block_start[r]; e < c.block_start[r + 1]; e++) {
+                const int64_t kt = c.local_block[c.blocks[e]], j0 = kt * d.B;
                 if (kt < 0 || tile_hidden(&t, i, kt)) continue;    // not in this chunk, or masked
                 const int bk = tile_len(d.Tk, j0, d.B);
-                load_cols(b.kT, k, j0, NULL, bk, d.Hkv, g, d.D, d.Bp);
-                load_rows(b.vs, v, j0, NULL, bk, d.Hkv, g, d.D, d.Dp, 1.0f);
+                load_cols(b.kT, k, j0, NULL, bk, d.Hkv, g, d.D, Bp);
+                load_rows(b.vs, v, j0, NULL, bk, d.Hkv, g, d.D, Dp, 1.0f);
                 forward_tile(&d, &b, q_pos + i0, t.q_first + i0, k_pos + j0, tile_full(&t, i, kt),
                              bq, bk);
             }
@@ -192,7 +185,7 @@ void attn_sparse_forward_part_cpu(SparsePart part, const AttnShape *shape,
                                                 b.kT, b.vs, kp);
                 forward_tile(&d, &b, q_pos + i0, t.q_first + i0, kp, full, bq, n);
             }
-            forward_end(&d, &b, h, i0, bq, o, lse);
+            forward_end(&d, &b, h, i0, bq, &out);
         }
         forward_buffers_free(&b);
         free(kp);
@@ -203,21 +196,21 @@ void attn_sparse_forward_part_cpu(SparsePart part, const AttnShape *shape,
 
 // The backward's transposed index: per (q head h, local key tile kt), bucket
 // h * nkt + kt, the local query blocks that selected the tile (ascending),
-// q_block[q_start[bucket] ..], and the column slots (ChunkView numbering) of
+// q_block[q_start[bucket] ..], and the column slots (SparseView numbering) of
 // the rows' columns in the tile, in row order, slot[s_start[bucket] ..].
 typedef struct {
     int64_t *q_start, *q_block, *s_start, *slot;
 } KeyView;
 
 // Counting sort of the chunk's block entries and column slots by bucket.
-static KeyView key_view(const Dims *d, const SparseIndex *x, const ChunkView *c, int64_t nkt) {
-    const int64_t nqb = x->num_q_blocks, buckets = (int64_t)d->Hq * nkt;
+static KeyView key_view(const AttnDims *d, const SparseView *c, int64_t nkt) {
+    const int64_t nqb = c->num_q_blocks, buckets = (int64_t)d->Hq * nkt;
     KeyView kv = {xcalloc((size_t)buckets + 1, sizeof(int64_t)), NULL,
                   xcalloc((size_t)buckets + 1, sizeof(int64_t)), NULL};
     for (int64_t r = 0; r < c->rows; r++) {
         const int64_t base = r / nqb * nkt;
-        for (int64_t e = x->block_start[r]; e < x->block_start[r + 1]; e++) {
-            const int64_t kt = c->local_block[x->blocks[e]];
+        for (int64_t e = c->block_start[r]; e < c->block_start[r + 1]; e++) {
+            const int64_t kt = c->local_block[c->blocks[e]];
             if (kt >= 0) kv.q_start[base + kt + 1]++;
         }
         for (int64_t s = c->col_start[r]; s < c->col_start[r + 1]; s++)
@@ -234,8 +227,8 @@ static KeyView key_view(const Dims *d, const SparseIndex *x, const ChunkView *c,
     memcpy(sfill, kv.s_start, (size_t)buckets * sizeof(int64_t));
     for (int64_t r = 0; r < c->rows; r++) {
         const int64_t base = r / nqb * nkt;
-        for (int64_t e = x->block_start[r]; e < x->block_start[r + 1]; e++) {
-            const int64_t kt = c->local_block[x->blocks[e]];
+        for (int64_t e = c->block_start[r]; e < c->block_start[r + 1]; e++) {
+            const int64_t kt = c->local_block[c->blocks[e]];
             if (kt >= 0) kv.q_block[qfill[base + kt]++] = r % nqb;
         }
         for (int64_t s = c->col_start[r]; s < c->col_start[r + 1]; s++)
@@ -254,21 +247,22 @@ void attn_sparse_backward_part_cpu(SparsePart part, const AttnShape *shape,
                                    const float *k, const float *v, const int64_t *k_pos,
                                    const float *lse, const float *delta, const float *dout,
                                    float *dq, float *dk, float *dv) {
-    const Dims d = dims_of(shape);
+    const AttnDims d = dims_of(shape);
     if (d.Tq == 0 || d.Tk == 0) return;
-    ChunkView c = chunk_view(part, &d, index, q_pos, k_pos);
-    const Tiles t = make_tiles(&d, q_pos, k_pos);
-    const GradArgs a = {d, q, k, v, lse, delta, dout, q_pos, k_pos, t.q_first};
+    const int Bp = round_up(d.B), Dp = round_up(d.D);
+    SparseView c = chunk_view(part, &d, index, q_pos, k_pos);
+    const Tiles t = make_tiles(&d, shape, q_pos, k_pos);
+    const GradArgs a = {d, {q, k, v, dout}, {q_pos, k_pos, t.q_first}, {lse, delta, dq, dk, dv}};
     const int64_t nqb = t.nqt, nkt = t.nkt, group_rows = d.group * nqb;
-    KeyView kv = key_view(&d, index, &c, nkt);
+    KeyView kv = key_view(&d, &c, nkt);
     // Column scratch of one kv group: per slot, dV part then dK part [2, Dp].
     int64_t most = 0;
     for (int g = 0; g < d.Hkv; g++) {
         const int64_t n = c.col_start[(g + 1) * group_rows] - c.col_start[g * group_rows];
         most = n > most ? n : most;
     }
-    float *scratch = xmalloc_aligned((size_t)(most + 1) * 2 * d.Dp * sizeof(float));
-    const int64_t ld = 2 * (int64_t)d.Dp;
+    float *scratch = xmalloc_aligned((size_t)(most + 1) * 2 * Dp * sizeof(float));
+    const int64_t ld = 2 * (int64_t)Dp;
 
     #pragma omp parallel
     {
@@ -281,28 +275,28 @@ void attn_sparse_backward_part_cpu(SparsePart part, const AttnShape *shape,
             for (int64_t w = 0; w < group_rows; w++) {
                 const int64_t r = (g + 1) * group_rows - 1 - w, i = r % nqb, i0 = i * d.B;
                 const int h = (int)(r / nqb), bq = tile_len(d.Tq, i0, d.B);
-                memset(b.acc, 0, (size_t)d.B * d.Dp * sizeof(float));
+                memset(b.acc, 0, (size_t)d.B * Dp * sizeof(float));
                 grad_load_query(&a, &b, h, i0, bq);
-                for (int64_t e = index->block_start[r]; e < index->block_start[r + 1]; e++) {
-                    const int64_t kt = c.local_block[index->blocks[e]], j0 = kt * d.B;
+                for (int64_t e = c.block_start[r]; e < c.block_start[r + 1]; e++) {
+                    const int64_t kt = c.local_block[c.blocks[e]], j0 = kt * d.B;
                     if (kt < 0 || tile_hidden(&t, i, kt)) continue;
                     const int bk = tile_len(d.Tk, j0, d.B);
-                    load_cols(b.kT, k, j0, NULL, bk, d.Hkv, g, d.D, d.Bp);
-                    load_cols(b.vT, v, j0, NULL, bk, d.Hkv, g, d.D, d.Bp);
-                    load_rows(b.ks, k, j0, NULL, bk, d.Hkv, g, d.D, d.Dp, 1.0f);
+                    load_cols(b.kT, k, j0, NULL, bk, d.Hkv, g, d.D, Bp);
+                    load_cols(b.vT, v, j0, NULL, bk, d.Hkv, g, d.D, Bp);
+                    load_rows(b.ks, k, j0, NULL, bk, d.Hkv, g, d.D, Dp, 1.0f);
                     grad_pair_q(&a, &b, h, i0, bq, k_pos + j0, bk, tile_full(&t, i, kt));
                 }
                 for (int64_t e = c.col_start[r]; e < c.col_start[r + 1]; e += d.B) {
                     const int n = tile_len(c.col_start[r + 1], e, d.B);
                     const int full = gather_columns(&d, k, k, k_pos, c.col_key + e, n, g, &t,
                                                     i, b.kT, b.ks, kp);
-                    load_cols(b.vT, v, 0, c.col_key + e, n, d.Hkv, g, d.D, d.Bp);
+                    load_cols(b.vT, v, 0, c.col_key + e, n, d.Hkv, g, d.D, Bp);
                     grad_pair_q(&a, &b, h, i0, bq, kp, n, full);
-                    float *sv = scratch + (e - slot0) * ld, *sk = sv + d.Dp;
-                    gemm_tile(sv, ld, b.p, 1, d.Bp, b.dos, d.Dp, n, d.Dp, bq, 0);   // P^T dO
-                    gemm_tile(sk, ld, b.ds, 1, d.Bp, b.qs, d.Dp, n, d.Dp, bq, 0);   // dS^T scale Q
+                    float *sv = scratch + (e - slot0) * ld, *sk = sv + Dp;
+                    gemm_tile(sv, ld, b.p, 1, Bp, b.dos, Dp, n, Dp, bq, 0);   // P^T dO
+                    gemm_tile(sk, ld, b.ds, 1, Bp, b.qs, Dp, n, Dp, bq, 0);   // dS^T scale Q
                 }
-                grad_store_q(&a, &b, h, i0, bq, dq);
+                grad_store_q(&a, &b, h, i0, bq);
             }
 
             // Pass 2: dK, dV of the group's key tiles.
@@ -310,10 +304,10 @@ void attn_sparse_backward_part_cpu(SparsePart part, const AttnShape *shape,
             for (int64_t kt = 0; kt < nkt; kt++) {
                 const int64_t j0 = kt * d.B;
                 const int bk = tile_len(d.Tk, j0, d.B);
-                float *dka = b.acc, *dva = b.acc + (size_t)d.B * d.Dp;
-                memset(b.acc, 0, 2 * (size_t)d.B * d.Dp * sizeof(float));
-                load_cols(b.kT, k, j0, NULL, bk, d.Hkv, g, d.D, d.Bp);
-                load_cols(b.vT, v, j0, NULL, bk, d.Hkv, g, d.D, d.Bp);
+                float *dka = b.acc, *dva = b.acc + (size_t)d.B * Dp;
+                memset(b.acc, 0, 2 * (size_t)d.B * Dp * sizeof(float));
+                load_cols(b.kT, k, j0, NULL, bk, d.Hkv, g, d.D, Bp);
+                load_cols(b.vT, v, j0, NULL, bk, d.Hkv, g, d.D, Bp);
                 for (int h = g * d.group; h < (g + 1) * d.group; h++) {
                     const int64_t bucket = h * nkt + kt;
                     for (int64_t e = kv.q_start[bucket]; e < kv.q_start[bucket + 1]; e++) {
@@ -324,14 +318,14 @@ void attn_sparse_backward_part_cpu(SparsePart part, const AttnShape *shape,
                     }
                     for (int64_t e = kv.s_start[bucket]; e < kv.s_start[bucket + 1]; e++) {
                         const int64_t s = kv.slot[e], j = c.col_key[s] - j0;
-                        const float *sv = scratch + (s - slot0) * ld, *sk = sv + d.Dp;
-                        for (int x = 0; x < d.Dp; x++) {
-                            dva[j * d.Dp + x] += sv[x];
-                            dka[j * d.Dp + x] += sk[x];
+                        const float *sv = scratch + (s - slot0) * ld, *sk = sv + Dp;
+                        for (int x = 0; x < Dp; x++) {
+                            dva[j * Dp + x] += sv[x];
+                            dka[j * Dp + x] += sk[x];
                         }
                     }
                 }
-                grad_store_kv(&a, &b, g, j0, bk, dk, dv);
+                grad_store_kv(&a, &b, g, j0, bk);
             }
         }
         grad_buffers_free(&b);

@@ -50,7 +50,7 @@ sim_setup() {
 # sim_train NAME NP DEVICES ARGS...: build/sim/mtrain train
 # configs/tiny-cpu.yaml $RUN ARGS on NP ranks (1: no mpirun) on a node of
 # DEVICES GPUs, into $tmp/NAME (metrics and checkpoints); stdout and stderr
-# appended to $tmp/NAME.out; returns the exit status (124: 120 s time limit).
+# appended to $tmp/NAME.out; returns the exit status (124: 600 s time limit, reached only by a hang).
 # stdin is /dev/null: mpirun would otherwise read the test's input (the list
 # a `while read` loop is reading).
 sim_train() {
@@ -59,7 +59,7 @@ sim_train() {
   local launch=()
   [ "$np" -gt 1 ] && launch=(mpirun --oversubscribe --bind-to none -np "$np")
   # shellcheck disable=SC2086  # $RUN is a list of settings
-  CUDASIM_DEVICES=$devices timeout 120 "${launch[@]}" build/sim/mtrain train configs/tiny-cpu.yaml $RUN \
+  CUDASIM_DEVICES=$devices timeout 600 "${launch[@]}" build/sim/mtrain train configs/tiny-cpu.yaml $RUN \
     log.dir="$tmp/$name" checkpoint.dir="$tmp/$name" "$@" </dev/null >>"$tmp/$name.out" 2>&1
 }
 

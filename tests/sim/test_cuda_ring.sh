@@ -120,7 +120,7 @@ done
 # lines): flat on 2 ranks, hierarchical 2 x 2.
 for run in "1 2 2" "3 4 2"; do
   read -r seed np inner <<<"$run"
-  CUDASIM_SEED=$seed CUDASIM_DEVICES=$np timeout 120 mpirun --oversubscribe --bind-to none -np "$np" \
+  CUDASIM_SEED=$seed CUDASIM_DEVICES=$np timeout 600 mpirun --oversubscribe --bind-to none -np "$np" \
     build/sim/tests/mpi_gpu_ring "$inner" </dev/null >"$tmp/unit.out" 2>&1
   rc=$?
   sed "s/^\(ok\|FAIL\) /\1 seed${seed}_/" "$tmp/unit.out" | grep -E '^(ok|FAIL) '

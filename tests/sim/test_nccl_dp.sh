@@ -67,7 +67,7 @@ expect "nccl_dp_one_gpu: nccl with 2 ranks on 1 GPU ends with one line (exit $rc
 # (CUDA_VISIBLE_DEVICES = its local rank, device 0 for both): trains as nccl;
 # both bound to the node's GPU 0 is one GPU for 2 ranks again.
 bound() {   # NAME CUDA_VISIBLE_DEVICES (a shell expression per rank)
-  CUDASIM_DEVICES=2 timeout 120 mpirun --oversubscribe --bind-to none -np 2 \
+  CUDASIM_DEVICES=2 timeout 600 mpirun --oversubscribe --bind-to none -np 2 \
     bash -c "CUDA_VISIBLE_DEVICES=$2 exec build/sim/mtrain \"\$@\"" mtrain train configs/tiny-cpu.yaml $RUN parallel.dp=2 \
     log.dir="$tmp/$1" checkpoint.dir="$tmp/$1" </dev/null >"$tmp/$1.out" 2>&1
 }

@@ -23,7 +23,7 @@ if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_
 # run NAME COMMAND...: the command's checks, renamed NAME/..., and one failure if it dies without a FAIL line.
 run() {
   local name=$1; shift
-  timeout 120 "$@" >"$tmp/out" 2>"$tmp/err"
+  timeout 600 "$@" >"$tmp/out" 2>"$tmp/err"
   local rc=$?
   sed -n -E "s#^(ok|FAIL) #\\1 $name/#p" "$tmp/out"
   failures=$((failures + $(grep -c '^FAIL ' "$tmp/out")))
@@ -69,7 +69,7 @@ expect_stop sim_libs_cublaslt_other_layout \
 # expect_stop_ranks NAME PATTERN ENV...: mpi_gpu_nccl MISUSE on 2 ranks fails, every rank with the line.
 expect_stop_ranks() {
   local name=$1 pattern=$2 misuse=$3; shift 3
-  env "$@" timeout 120 mpirun --oversubscribe --bind-to none -np 2 build/sim/tests/mpi_gpu_nccl "$misuse" \
+  env "$@" timeout 600 mpirun --oversubscribe --bind-to none -np 2 build/sim/tests/mpi_gpu_nccl "$misuse" \
     >"$tmp/out" 2>"$tmp/err"
   local rc=$?
   if [ "$rc" -ne 0 ] && [ "$(grep -c "$pattern" "$tmp/err")" -eq 2 ]; then ok "$name"

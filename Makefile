@@ -37,9 +37,9 @@ CUDA_HOME ?= $(if $(NVCC),$(patsubst %/bin/nvcc,%,$(realpath $(NVCC))),/usr/loca
 CUDA_ARCHS ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
 NVCCFLAGS = -O3 -std=c++17 $(CUDA_ARCHS) -Xcompiler -Wall,-Wextra -MMD -MP
 
-LIB_SRC = $(wildcard dist/*.c data/*.c attention/*.c model/*.c trainer/*.c)
+LIB_SRC = $(wildcard dist/*.c data/*.c attention/*.c attention/*/*.c model/*.c trainer/*.c)
 LIB_SRC := $(filter-out trainer/main.c, $(LIB_SRC))
-CU_SRC = $(wildcard attention/*.cu model/*.cu dist/*.cu)
+CU_SRC = $(wildcard attention/*/*.cu model/*.cu dist/*.cu)
 TEST_SRC = $(wildcard tests/unit/test_*.c)
 
 LIB_OBJ = $(LIB_SRC:%.c=build/obj/%.o)
@@ -70,8 +70,8 @@ CUDA_BIN = build/cuda/mtrain build/tests/gpu_test_backend build/tests/gpu_test_a
 # with the CUDA runtime and NCCL added.
 MPI_TEST_BIN += $(patsubst tests/sim/%.c,build/tests/%,$(wildcard tests/sim/mpi_gpu_*.c))
 build/tests/mpi_gpu_%: LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lnccl -lstdc++
-GPU_OBJ = build/obj/dist/util.o build/obj/attention/flash_cpu.o build/obj/attention/layout.o \
-          build/obj/attention/sparse_flash_cpu.o build/obj/attention/sparse_index.o $(CU_OBJ)
+GPU_OBJ = build/obj/dist/util.o build/obj/attention/kernels/flash_cpu.o build/obj/attention/layout.o \
+          build/obj/attention/kernels/sparse_flash_cpu.o build/obj/attention/sparse/sparse_index.o $(CU_OBJ)
 GPU_LDLIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lstdc++ -lm -fopenmp
 endif
 DEPS_OK = build/.deps-ok
@@ -176,13 +176,13 @@ SIM_LIB = build/sim/libcudasim.a
 # (mtrain and the tests that link the library: the device communicators).
 SIM_NCCL_OBJ = build/sim/obj/tests/sim/cudasim/mpi/nccl.o
 SIM_HAS_CUB = $(wildcard tests/sim/cudasim/include/cub/cub.cuh)
-SIM_CU_NO_CUB = attention/flash_cuda.cu model/matmul_cuda.cu
+SIM_CU_NO_CUB = attention/kernels/flash_cuda.cu model/matmul_cuda.cu
 SIM_CU_SRC = $(SIM_CU_NO_CUB) $(if $(SIM_HAS_CUB),$(filter-out $(SIM_CU_NO_CUB),$(CU_SRC)))
 SIM_CU_OBJ = $(SIM_CU_SRC:%.cu=build/sim/obj/%.cu.o)
 SIM_LDLIBS = $(filter-out -lcudart -lcublasLt -lnccl,$(LDLIBS)) -lstdc++ -ldl -rdynamic
 SIM_GPU_LDLIBS = -lstdc++ -lm -ldl -fopenmp -rdynamic
-SIM_GPU_OBJ = build/sim/obj/dist/util.o build/sim/obj/attention/flash_cpu.o build/sim/obj/attention/layout.o \
-              build/sim/obj/attention/sparse_flash_cpu.o build/sim/obj/attention/sparse_index.o \
+SIM_GPU_OBJ = build/sim/obj/dist/util.o build/sim/obj/attention/kernels/flash_cpu.o build/sim/obj/attention/layout.o \
+              build/sim/obj/attention/kernels/sparse_flash_cpu.o build/sim/obj/attention/sparse/sparse_index.o \
               build/sim/obj/trainer/plan_counts.o $(SIM_CU_OBJ)
 SIM_GPU_TESTS = build/sim/tests/gpu_test_attention build/sim/tests/gpu_test_matmul \
                 $(if $(SIM_HAS_CUB),build/sim/tests/gpu_test_sparse build/sim/tests/gpu_test_counts build/sim/tests/gpu_test_attention_op build/sim/tests/gpu_test_ops \

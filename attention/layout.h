@@ -8,7 +8,7 @@
 //   striped     block b goes to rank b mod W (balanced for sparse patterns)
 // The loader hands each rank its tokens in this order and attention uses the
 // same global positions (RoPE, masks), so no tokens are reshuffled per layer.
-// Every rank's tokens are block-aligned as attention/sparse.h requires.
+// Every rank's tokens are block-aligned as attention/sparse/sparse.h requires.
 #ifndef MTRAIN_LAYOUT_H
 #define MTRAIN_LAYOUT_H
 

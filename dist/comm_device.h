@@ -69,7 +69,7 @@ void comm_device_reduce_scatter(const Comm *c, float *arena, int64_t count, cuda
 void comm_device_allgather_bf16(const Comm *c, uint16_t *arena, int64_t count, cudaStream_t stream);
 
 // Point-to-point transfers of device buffers over c, posted one by one and
-// waited for later (the ring attention's, attention/ring_cuda.c); bytes a
+// waited for later (the ring attention's, attention/ring/ring_cuda.c); bytes a
 // multiple of 4. Every transfer is ordered after the work enqueued on
 // `compute` before it was posted; a wait orders the work enqueued on
 // `compute` after it behind the transfer. With NCCL the host never waits: the

@@ -1,6 +1,6 @@
 // backend_cuda.c: the CUDA backend's table (model/backend.h): memory through
 // the CUDA runtime, and the ops of model/ops_cuda.h, model/matmul_cuda.h and
-// attention/attention_cuda_op.h bound with the backend's one stream and its
+// attention/op/attention_cuda_op.h bound with the backend's one stream and its
 // one cuBLASLt context. Activations and compute weights are bf16 (the ops'
 // uint16_t), master weights, gradients, moments and statistics fp32.
 // Everything is enqueued on the one stream; download, act_to_host and the ops
@@ -17,8 +17,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../attention/attention_cuda_op.h"
-#include "../attention/ring_cuda.h"
+#include "../attention/op/attention_cuda_op.h"
+#include "../attention/ring/ring_cuda.h"
 #include "../dist/comm.h"
 #include "../dist/comm_device.h"
 #include "../dist/cuda_check.h"

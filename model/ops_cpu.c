@@ -10,7 +10,7 @@
 
 #include "../dist/comm.h"
 #include "../dist/util.h"
-#include "../attention/attention_cpu.h"
+#include "../attention/op/attention_cpu.h"
 #include "backend.h"
 
 static void *cpu_alloc(size_t bytes) { return xcalloc(1, bytes); }

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../attention/sparse.h"
+#include "../attention/sparse/sparse.h"
 #include "../dist/util.h"
 
 // Operands of one layer's attention: q, dout, o, dq [T, Hq, D]; k, v, dk, dv

@@ -58,7 +58,7 @@ all_files=0
 if [ ${#files[@]} -eq 0 ]; then
   all_files=1
   shopt -s nullglob
-  files=(attention/*.cu model/*.cu dist/*.cu)
+  files=(attention/*/*.cu model/*.cu dist/*.cu)
   shopt -u nullglob
   [ ${#files[@]} -gt 0 ] || { echo "kernel_resources.sh: no .cu file in attention/, model/, dist/" >&2; exit 2; }
 fi

@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "../attention/layout.h"
-#include "../attention/ring.h"
+#include "../attention/ring/ring.h"
 #include "../model/model.h"
 #include "args.h"
 #include "checkpoint.h"
@@ -561,7 +561,7 @@ static void plan_flops(Plan *p, const Config *cfg) {
 // otherwise), counted as not overlapped; and, sparse on cp > 1, the plan
 // forward's combine of the estimation's partial vertical and slash sums
 // [2, Hq, N] fp32 over cp, once per layer (a reduce-scatter and an
-// all-gather on device buffers, attention/ring_cuda.c; the small lse and
+// all-gather on device buffers, attention/ring/ring_cuda.c; the small lse and
 // query all-gathers not counted), not overlapped either: the selection
 // waits for it.
 static void plan_communication(Plan *p, const Config *cfg) {

@@ -1,7 +1,7 @@
 // plan_counts.c: the attention kernels' counted work as functions of their
 // shapes (plan_counts.h). Each formula follows its kernel's loops: per CTA the
 // tile loads and reductions before the loop, per visited tile pair the warp
-// tile products of attention/flash_tiles.cuh (mma_abt: K/16 x (1 + N/16)
+// tile products of attention/kernels/flash_tiles.cuh (mma_abt: K/16 x (1 + N/16)
 // ldmatrix.x4 and K/16 x N/8 mma; mma_pb: K/16 x N/16 ldmatrix.x4 and
 // K/16 x N/8 mma; mma_atb as mma_abt), two barriers and the next tile's
 // cp.async. An ldmatrix.x4 reads 512 bytes; a cp.async copies 16.

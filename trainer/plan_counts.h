@@ -4,8 +4,8 @@
 // ldmatrix and cp.async bytes, warp shuffles, block barriers and atomics.
 // The plan derives each kernel's time from them (plan.c); the sim test
 // tests/sim/gpu_test_counts.c holds them equal to what the kernels do. The tile
-// shapes are those of attention/flash_cuda.cu (Tiles<D>) and
-// attention/sparse_cuda.cu (KEY_TILE, one query block per CTA).
+// shapes are those of attention/kernels/flash_cuda.cu (Tiles<D>) and
+// attention/kernels/sparse_cuda.cu (KEY_TILE, one query block per CTA).
 #ifndef MTRAIN_PLAN_COUNTS_H
 #define MTRAIN_PLAN_COUNTS_H
 

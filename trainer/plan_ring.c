@@ -2,7 +2,7 @@
 // overlap on paper, for the CUDA backend as designed on the run's GPU. Per
 // layer and ring step, flat and hierarchical: attention compute (dense and
 // at a density), the K/V and dK/dV bytes each step sends (ring_send full and
-// selected, from ring_send_tokens, the byte planner of attention/ring_plan.c),
+// selected, from ring_send_tokens, the byte planner of attention/ring/ring_plan.c),
 // their time on the inner (NVLink) and outer (network) links, whether the
 // step's compute hides them, and per layer the time of the forward and the
 // backward. Link speeds and the attention kernels' derived times are the
@@ -12,8 +12,8 @@
 #include <string.h>
 
 #include "../attention/layout.h"
-#include "../attention/ring_plan.h"
-#include "../attention/ring_sparse.h"
+#include "../attention/ring/ring_plan.h"
+#include "../attention/ring/ring_sparse.h"
 #include "plan.h"
 
 enum { DENSE, SPARSE };    // attention compute

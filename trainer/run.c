@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "../attention/ring.h"
+#include "../attention/ring/ring.h"
 #include "../dist/progress.h"
 #ifdef MTRAIN_CUDA
 #include "../dist/comm_device.h"

@@ -25,7 +25,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../attention/ring.h"
+#include "../attention/ring/ring.h"
 #include "../data/packing.h"
 #include "../dist/progress.h"
 #include "../dist/test_hooks.h"

@@ -1,4 +1,4 @@
-// mpi_dist.c: the MPI test program of dist/comm.c and attention/ring.c, run
+// mpi_dist.c: the MPI test program of dist/comm.c and attention/ring/ring.c, run
 // under mpirun by tests/mpi/test_dist.sh (not by the runner: most modes need
 // several ranks). Every rank checks its own part; each check is all-reduced
 // and rank 0 prints "ok NAME" or "FAIL NAME: why".
@@ -24,8 +24,8 @@
 #include <unistd.h>
 
 #include "../../attention/layout.h"
-#include "../../attention/ring_plan.h"
-#include "../../attention/ring_sparse.h"
+#include "../../attention/ring/ring_plan.h"
+#include "../../attention/ring/ring_sparse.h"
 #include "../../dist/comm.h"
 #include "../../dist/util.h"
 #include "../lib/mpi_check.h"

@@ -1,4 +1,4 @@
-// mpi_sparse_ring.c: the MPI test program of attention/ring_sparse.c, run
+// mpi_sparse_ring.c: the MPI test program of attention/ring/ring_sparse.c, run
 // under mpirun by tests/mpi/test_dist.sh. Every rank checks its own part;
 // each check is all-reduced and rank 0 prints "ok NAME" or "FAIL NAME: why".
 //   mpi_sparse_ring check flat|hierarchical INNER
@@ -30,11 +30,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../attention/balance.h"
+#include "../../attention/ring/balance.h"
 #include "../../attention/layout.h"
-#include "../../attention/ring_plan.h"
-#include "../../attention/ring_sparse.h"
-#include "../../attention/sparse_plan.h"
+#include "../../attention/ring/ring_plan.h"
+#include "../../attention/ring/ring_sparse.h"
+#include "../../attention/sparse/sparse_plan.h"
 #include "../../dist/comm.h"
 #include "../../dist/util.h"
 #include "../lib/mpi_check.h"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_dist.sh: dist/comm.c and attention/ring.c under Open MPI on one machine
+# test_dist.sh: dist/comm.c and attention/ring/ring.c under Open MPI on one machine
 # (--oversubscribe: several ranks share the cores). Runs build/tests/mpi_dist
 # (see tests/mpi/mpi_dist.c) with 1, 2, 4 and 8 ranks: collectives, communicator
 # shapes, bad parallel.* settings, dense ring attention (every layout, flat and

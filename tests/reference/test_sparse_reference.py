@@ -3,7 +3,7 @@
 # autograd reference of dense causal attention masked with exactly the
 # index's pattern. Python builds a random vertical-slash pattern per q head
 # (sink + random verticals, local window + random slash offsets, as budgets)
-# and turns it into the CSR index the way attention/sparse.h describes: a slash at
+# and turns it into the CSR index the way attention/sparse/sparse.h describes: a slash at
 # offset d selects, for each query block, the key blocks that q - d falls in
 # for the block's first and last query; the diagonal block always; verticals
 # outside the selected blocks become columns. Lengths that the block does not

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../attention/sparse.h"
+#include "../../attention/sparse/sparse.h"
 #include "../../dist/util.h"
 #include "../../model/safetensors.h"
 

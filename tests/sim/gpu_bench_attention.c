@@ -1,5 +1,5 @@
 // gpu_bench_attention.c: times the CUDA dense causal flash attention
-// (attention/flash_cuda.cu) on one GPU: 16 q heads, 2 kv heads, head dim 128
+// (attention/kernels/flash_cuda.cu) on one GPU: 16 q heads, 2 kv heads, head dim 128
 // (or D: 64 or 128), bf16, one key chunk holding the whole sequence, for each
 // length given.
 //   build/tests/gpu_bench_attention [--head-dim D] N...
@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../attention/attention_cuda.h"
+#include "../../attention/kernels/attention_cuda.h"
 #include "../../dist/cuda_check.h"
 #include "../../dist/util.h"
 

@@ -26,8 +26,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../attention/attention_cuda.h"
-#include "../../attention/sparse_cuda.h"
+#include "../../attention/kernels/attention_cuda.h"
+#include "../../attention/kernels/sparse_cuda.h"
 #include "../../dist/cuda_check.h"
 #include "../../dist/util.h"
 

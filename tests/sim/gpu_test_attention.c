@@ -1,5 +1,5 @@
-// gpu_test_attention.c: the CUDA dense flash attention (attention/flash_cuda.cu)
-// against the CPU kernels (attention/flash_cpu.c) on the same bf16-rounded
+// gpu_test_attention.c: the CUDA dense flash attention (attention/kernels/flash_cuda.cu)
+// against the CPU kernels (attention/kernels/flash_cpu.c) on the same bf16-rounded
 // inputs, fresh random ones per case: lengths that are not multiples of the
 // tiles, head dims 64 and 128, GQA ratios 1, 2, 4 and 8, and key chunks taken
 // from a striped layout (attention/layout.h) merged in ring order, so rows that
@@ -23,7 +23,7 @@
 #include <string.h>
 
 #include "../../attention/attention.h"
-#include "../../attention/attention_cuda.h"
+#include "../../attention/kernels/attention_cuda.h"
 #include "../../attention/layout.h"
 #include "../../dist/cuda_check.h"
 #include "../../dist/util.h"

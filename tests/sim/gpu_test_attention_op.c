@@ -1,5 +1,5 @@
 // gpu_test_attention_op.c: the CUDA backend's attention op
-// (attention/attention_cuda_op.cu) against the CPU backend's attention op
+// (attention/op/attention_cuda_op.cu) against the CPU backend's attention op
 // (backend_cpu()->attention_*, fp32) on the same bf16-rounded inputs, on one
 // rank: dense, sparse with top_p = 1 (every line: must equal dense) and
 // sparse with fixed budgets, each without and with documents (DOC_STARTS).
@@ -40,8 +40,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../attention/attention_cuda_op.h"
-#include "../../attention/ring_cuda.h"
+#include "../../attention/op/attention_cuda_op.h"
+#include "../../attention/ring/ring_cuda.h"
 #include "../../dist/cuda_check.h"
 #include "../../dist/util.h"
 #include "../../model/backend.h"

@@ -13,9 +13,9 @@
 #include <string.h>
 
 #include "../../attention/attention.h"
-#include "../../attention/attention_cuda.h"
-#include "../../attention/sparse.h"
-#include "../../attention/sparse_cuda.h"
+#include "../../attention/kernels/attention_cuda.h"
+#include "../../attention/sparse/sparse.h"
+#include "../../attention/kernels/sparse_cuda.h"
 #include "../../dist/cuda_check.h"
 #include "../../dist/util.h"
 #include "../../trainer/plan_counts.h"

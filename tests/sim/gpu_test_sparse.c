@@ -1,6 +1,6 @@
 // gpu_test_sparse.c: the CUDA block-sparse + vertical-column flash attention
-// (attention/sparse_cuda.cu) against the CPU sparse kernels
-// (attention/sparse_flash_cpu.c) on the same bf16-rounded inputs and the same
+// (attention/kernels/sparse_cuda.cu) against the CPU sparse kernels
+// (attention/kernels/sparse_flash_cpu.c) on the same bf16-rounded inputs and the same
 // index, fresh random ones per case: random vertical-slash patterns turned
 // into an index by sparse_index_build, lengths that are not multiples of the
 // block, blocks 64 and 128, head dims 64 and 128, GQA 1, 2 and 8, 1 to 3 key
@@ -15,7 +15,7 @@
 // Also: the all-blocks index (every slash offset)
 // against the dense CUDA kernels on the same inputs, with and without
 // documents. And the GPU pattern pipeline
-// (attention/sparse_select_cuda.cu): estimation against a double-precision
+// (attention/sparse/sparse_select_cuda.cu): estimation against a double-precision
 // reference; selection and index against sparse_select / sparse_index_build
 // run on the GPU's own scores (copied back), which must give identical lines
 // and index, tie-breaks included (the CPU estimation itself uses cblas,
@@ -42,10 +42,10 @@
 #include <string.h>
 
 #include "../../attention/attention.h"
-#include "../../attention/attention_cuda.h"
+#include "../../attention/kernels/attention_cuda.h"
 #include "../../attention/layout.h"
-#include "../../attention/sparse.h"
-#include "../../attention/sparse_cuda.h"
+#include "../../attention/sparse/sparse.h"
+#include "../../attention/kernels/sparse_cuda.h"
 #include "../../dist/cuda_check.h"
 #include "../../dist/util.h"
 #include "../lib/check.h"

@@ -1,4 +1,4 @@
-// mpi_gpu_ring.c: the CUDA attention op over a cp ring (attention/ring_cuda.c,
+// mpi_gpu_ring.c: the CUDA attention op over a cp ring (attention/ring/ring_cuda.c,
 // the schedules of ring.c on device buffers) against the same op on one GPU
 // over the whole sequence, under mpirun (real NCCL on GPUs, the sim's NCCL
 // over MPI; tests/sim/test_cuda_ring.sh runs it under several CUDASIM_SEEDs):
@@ -41,12 +41,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../attention/attention_cuda_op.h"
+#include "../../attention/op/attention_cuda_op.h"
 #include "../../attention/layout.h"
-#include "../../attention/ring_cuda.h"
-#include "../../attention/ring_plan.h"
-#include "../../attention/ring_sparse.h"
-#include "../../attention/sparse_plan.h"
+#include "../../attention/ring/ring_cuda.h"
+#include "../../attention/ring/ring_plan.h"
+#include "../../attention/ring/ring_sparse.h"
+#include "../../attention/sparse/sparse_plan.h"
 #include "../../dist/comm_device.h"
 #include "../../dist/cuda_check.h"
 #include "../../dist/util.h"

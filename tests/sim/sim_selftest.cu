@@ -27,7 +27,7 @@
 
 #include <cuda_runtime.h>
 
-#include "../../attention/flash_tiles.cuh"
+#include "../../attention/kernels/flash_tiles.cuh"
 #include "../../dist/cuda_check.h"
 #include "../../dist/cuda_kernel.h"
 #include "../lib/check.h"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_cuda_ring.sh: ring attention on device buffers (attention/ring_cuda.c)
+# test_cuda_ring.sh: ring attention on device buffers (attention/ring/ring_cuda.c)
 # under the sim (build/sim/mtrain, docs/SIM.md; its NCCL runs over MPI): a
 # small model trained 3 steps with train.backend cuda on cp 2 and 4 ranks
 # under mpirun, each rank holding its share of a 256-token sequence (whole

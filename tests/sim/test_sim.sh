@@ -137,29 +137,29 @@ PY
   done
   expect "mutant $1: $test $arg fails under seeds:$caught" '[ -n "$caught" ]'
 }
-mutant gpu_test_attention small "forward without the __syncthreads after cp.async.wait_group" attention/flash_cuda.cu \
+mutant gpu_test_attention small "forward without the __syncthreads after cp.async.wait_group" attention/kernels/flash_cuda.cu \
   's = s.replace("cp_async_wait<1>();\n        __syncthreads();\n\n        const bool full",
                  "cp_async_wait<1>();\n\n        const bool full", 1)'
-mutant gpu_test_attention small "forward without the __syncthreads before a buffer is refilled" attention/flash_cuda.cu \
+mutant gpu_test_attention small "forward without the __syncthreads before a buffer is refilled" attention/kernels/flash_cuda.cu \
   's = s.replace("        __syncthreads();   // every warp is done with buf before it is refilled\n", "", 1)'
-mutant gpu_test_attention small "pack_bf16 with its two halves swapped" attention/flash_tiles.cuh \
+mutant gpu_test_attention small "pack_bf16 with its two halves swapped" attention/kernels/flash_tiles.cuh \
   's = s.replace("__floats2bfloat162_rn(lo, hi)", "__floats2bfloat162_rn(hi, lo)", 1)'
 # The barriers closing the index build's three loops (after each
 # block_exclusive_sum) and the one inside block_exclusive_sum: the long index
 # row runs each loop several times with data in every warp.
 mutant gpu_test_sparse index "index build without the __syncthreads closing its block loop" \
-  attention/sparse_select_cuda.cu 's = s.replace("        nb += total;\n        __syncthreads();\n", "        nb += total;\n", 1)'
+  attention/sparse/sparse_select_cuda.cu 's = s.replace("        nb += total;\n        __syncthreads();\n", "        nb += total;\n", 1)'
 mutant gpu_test_sparse index "index build without the __syncthreads closing its sink loop" \
-  attention/sparse_select_cuda.cu \
+  attention/sparse/sparse_select_cuda.cu \
   's = s.replace("        nc += total;\n        __syncthreads();\n    }\n    for (int64_t v0", "        nc += total;\n    }\n    for (int64_t v0", 1)'
 mutant gpu_test_sparse index "index build without the __syncthreads closing its vertical loop" \
-  attention/sparse_select_cuda.cu \
+  attention/sparse/sparse_select_cuda.cu \
   's = s.replace("        nc += total;\n        __syncthreads();\n    }\n    if (!FILL", "        nc += total;\n    }\n    if (!FILL", 1)'
-mutant gpu_test_sparse index "block_exclusive_sum without its __syncthreads" attention/flash_tiles.cuh \
+mutant gpu_test_sparse index "block_exclusive_sum without its __syncthreads" attention/kernels/flash_tiles.cuh \
   's = s.replace("    if (lane == 31) scratch[warp] = inclusive;\n    __syncthreads();\n", "    if (lane == 31) scratch[warp] = inclusive;\n", 1)'
 # With nvcc the sim knows each kernel's __launch_bounds__ (build/sim/launch_bounds.tsv).
 if [ "$(wc -l <build/sim/launch_bounds.tsv)" -gt 1 ]; then
-  mutant gpu_test_attention small "forward launched with more threads than its __launch_bounds__" attention/flash_cuda.cu \
+  mutant gpu_test_attention small "forward launched with more threads than its __launch_bounds__" attention/kernels/flash_cuda.cu \
     's = s.replace("CUDA_LAUNCH(kernel, grid, BM * 2, smem", "CUDA_LAUNCH(kernel, grid, BM * 4, smem", 1)' \
     'too many resources requested for launch'
 fi

@@ -1,8 +1,8 @@
-// test_attention.c: the CPU flash attention (attention/flash_cpu.c) against a
+// test_attention.c: the CPU flash attention (attention/kernels/flash_cpu.c) against a
 // naive double-precision reference (full masked softmax and its analytic
 // gradients), over shapes, block sizes, GQA ratios, key chunks, arbitrary
 // positions, finite differences, thread counts and rows that see no key;
-// and the ring of one (attention/ring.h: ring_init without a communicator,
+// and the ring of one (attention/ring/ring.h: ring_init without a communicator,
 // as every one-rank op runs it): bit for bit the kernels on the whole
 // sequence, one step on the caller's own K/V, the kernels' begin and
 // backward_end hooks called once per pass, and no MPI call (this program
@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "../../attention/attention.h"
-#include "../../attention/ring.h"
+#include "../../attention/ring/ring.h"
 #include "../../dist/util.h"
 #include "attn_ref.h"
 #include "../lib/check.h"

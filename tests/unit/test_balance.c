@@ -1,11 +1,11 @@
-// test_balance.c: ring work per rank and step (attention/balance.h) on
+// test_balance.c: ring work per rank and step (attention/ring/balance.h) on
 // indices built by hand: dense causal work is balanced by zigzag and not by
 // contiguous; a diagonal-band pattern is balanced by striped and not by
 // zigzag; the work adds up to the pattern's score elements.
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../attention/balance.h"
+#include "../../attention/ring/balance.h"
 #include "../lib/check.h"
 
 typedef int (*BlockRule)(int64_t qb, int64_t kb);

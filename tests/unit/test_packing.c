@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../attention/balance.h"
+#include "../../attention/ring/balance.h"
 #include "../../data/packing.h"
 #include "../../data/synthetic.h"
 #include "../../dist/util.h"

@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "../../attention/layout.h"
-#include "../../attention/sparse.h"
+#include "../../attention/sparse/sparse.h"
 #include "../../dist/util.h"
 #include "../lib/check.h"
 

@@ -1,5 +1,5 @@
 // test_sparse_kernel.c: the sparse CPU flash attention
-// (attention/sparse_flash_cpu.c) on random valid indices (random key blocks
+// (attention/kernels/sparse_flash_cpu.c) on random valid indices (random key blocks
 // per row including the diagonal, random extra columns outside them) against
 // the double-precision masked reference of attn_ref.h applying exactly the
 // index's mask; the "all causal blocks" index against the dense kernel; key
@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "../../attention/layout.h"
-#include "../../attention/sparse.h"
+#include "../../attention/sparse/sparse.h"
 #include "../../dist/util.h"
 #include "attn_ref.h"
 #include "../lib/check.h"

@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <cuda_runtime_api.h>
 
-#include "sparse_cuda.h"
+#include "../kernels/sparse_cuda.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -6,9 +6,9 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "../dist/cuda_check.h"
-#include "../dist/cuda_elementwise.cuh"
-#include "../dist/cuda_kernel.h"
+#include "../../dist/cuda_check.h"
+#include "../../dist/cuda_elementwise.cuh"
+#include "../../dist/cuda_kernel.h"
 #include "ring_rows_cuda.h"
 
 // Element e of the packed message [2, n, units]: (part, j, x); its row in

@@ -5,7 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "../dist/util.h"
+#include "../../dist/util.h"
 
 // Index rows for the query blocks first_block .. last_block, restricted to
 // the shape's documents (sink: cfg->sink per document).

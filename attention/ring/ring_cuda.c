@@ -24,15 +24,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../dist/comm_device.h"
-#include "../dist/cuda_check.h"
-#include "../dist/util.h"
-#include "attention_cuda.h"
+#include "../../dist/comm_device.h"
+#include "../../dist/cuda_check.h"
+#include "../../dist/util.h"
+#include "../kernels/attention_cuda.h"
 #include "ring_columns_cuda.h"
 #include "ring_plan.h"
 #include "ring_rows_cuda.h"
 #include "ring_sparse.h"
-#include "sparse_cuda.h"
+#include "../kernels/sparse_cuda.h"
 
 // Token lists on the device. ring.c computes each row list on the host for
 // every call, the same lists for every layer (and step) of one layout; each

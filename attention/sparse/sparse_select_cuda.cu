@@ -29,11 +29,11 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "../dist/cuda_check.h"
-#include "../dist/cuda_kernel.h"
-#include "attention_cuda.h"
-#include "flash_tiles.cuh"
-#include "sparse_cuda.h"
+#include "../../dist/cuda_check.h"
+#include "../../dist/cuda_kernel.h"
+#include "../kernels/attention_cuda.h"
+#include "../kernels/flash_tiles.cuh"
+#include "../kernels/sparse_cuda.h"
 
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f

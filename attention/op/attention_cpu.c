@@ -14,10 +14,10 @@
 
 #include <stdlib.h>
 
-#include "../dist/util.h"
-#include "ring_plan.h"
-#include "ring_sparse.h"
-#include "sparse_plan.h"
+#include "../../dist/util.h"
+#include "../ring/ring_plan.h"
+#include "../ring/ring_sparse.h"
+#include "../sparse/sparse_plan.h"
 
 struct AttnState {
     AttentionConfig cfg;

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "sparse.h"
-#include "../dist/util.h"
+#include "../../dist/util.h"
 
 // ---------------------------------------------------------------- selection
 

@@ -27,7 +27,7 @@
 #include <stdint.h>
 
 #include "ring.h"
-#include "sparse.h"
+#include "../sparse/sparse.h"
 
 // The gathered columns of a layer: the union of every cp rank's index
 // columns (vertical positions outside a row's blocks, and with documents

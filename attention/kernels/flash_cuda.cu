@@ -27,9 +27,9 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "../dist/cuda_check.h"
-#include "../dist/cuda_elementwise.cuh"
-#include "../dist/cuda_kernel.h"
+#include "../../dist/cuda_check.h"
+#include "../../dist/cuda_elementwise.cuh"
+#include "../../dist/cuda_kernel.h"
 #include "attention_cuda.h"
 #include "flash_tiles.cuh"
 

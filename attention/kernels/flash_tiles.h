@@ -14,9 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attention.h"
-#include "attn_args.h"
-#include "../dist/util.h"
+#include "../attention.h"
+#include "../attn_args.h"
+#include "../../dist/util.h"
 
 // Floats per vector register; padded tile widths are multiples of it.
 #ifdef __AVX512F__

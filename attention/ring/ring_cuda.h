@@ -27,8 +27,8 @@
 #ifndef MTRAIN_RING_CUDA_H
 #define MTRAIN_RING_CUDA_H
 
-#include "../dist/comm.h"
-#include "attention_cuda_op.h"
+#include "../../dist/comm.h"
+#include "../op/attention_cuda_op.h"
 
 // The ring over cp with inner ranks per inner ring; cp NULL or of one rank:
 // a ring of one (ring.h: one step on this GPU's K/V, no exchange; sparse:

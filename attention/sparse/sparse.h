@@ -23,7 +23,7 @@
 
 #include <stdint.h>
 
-#include "attention.h"
+#include "../attention.h"
 
 // The selected lines, per q head, in CSR form. Entries ascending, no repeats.
 typedef struct {

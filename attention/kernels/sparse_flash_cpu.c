@@ -22,8 +22,8 @@
 #include <string.h>
 
 #include "flash_tiles.h"
-#include "sparse.h"
-#include "../dist/util.h"
+#include "../sparse/sparse.h"
+#include "../../dist/util.h"
 
 // Token i of a block-aligned arrangement of T tokens at global positions pos
 // holds position first[i / B] * B + i % B; only the sequence's last block may

@@ -33,7 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../dist/util.h"
+#include "../../dist/util.h"
 
 enum { TAG_KV_INNER = 1, TAG_KV_OUTER, TAG_DKV_INNER, TAG_DKV_OUTER, TAG_DKV_HOME };
 

@@ -11,8 +11,8 @@
 
 #include <stdbool.h>
 
-#include "layout.h"
-#include "sparse.h"
+#include "../layout.h"
+#include "../sparse/sparse.h"
 
 // work [W, W]: work[r * W + s] = score elements rank r computes in ring step
 // s, for an index over every query block of the sequence (q_blocks 0..n-1).

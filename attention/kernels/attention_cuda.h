@@ -23,7 +23,7 @@
 #include <stdint.h>
 #include <cuda_runtime_api.h>
 
-#include "attention.h"
+#include "../attention.h"
 
 #ifdef __cplusplus
 extern "C" {

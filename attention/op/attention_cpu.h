@@ -15,8 +15,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "attention.h"
-#include "sparse.h"
+#include "../attention.h"
+#include "../sparse/sparse.h"
 
 AttnState *attention_cpu_new(const AttentionConfig *cfg, int num_layers, int num_heads);
 void attention_cpu_free(AttnState *st);

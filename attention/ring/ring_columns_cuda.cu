@@ -8,9 +8,9 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "../dist/cuda_check.h"
-#include "../dist/cuda_elementwise.cuh"
-#include "../dist/cuda_kernel.h"
+#include "../../dist/cuda_check.h"
+#include "../../dist/cuda_elementwise.cuh"
+#include "../../dist/cuda_kernel.h"
 #include "ring_columns_cuda.h"
 
 __global__ void __launch_bounds__(ELEMENTWISE_THREADS) estimation_init_kernel(int64_t *pos, int64_t Lq,

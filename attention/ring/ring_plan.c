@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../dist/util.h"
+#include "../../dist/util.h"
 
 int ring_rank_at(const Place *p, int o, int i) {
     return ((o % p->outer + p->outer) % p->outer) * p->inner + (i % p->inner + p->inner) % p->inner;

@@ -14,9 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attention.h"
+#include "../attention.h"
 #include "flash_tiles.h"
-#include "../dist/util.h"
+#include "../../dist/util.h"
 
 int64_t attn_doc_first(const int64_t *doc_starts, int64_t doc_count, int64_t p) {
     int64_t lo = 0, hi = doc_count;                                // first start > p: hi

@@ -34,8 +34,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../dist/comm.h"
-#include "attention.h"
+#include "../../dist/comm.h"
+#include "../attention.h"
 
 // ring_send selected: which key blocks each cp rank's kernels use. A K/V
 // transfer then carries only the blocks of the chunk that the receiver or a
@@ -93,7 +93,7 @@ typedef struct {
 
 // Where the ring's buffers live and how its messages move: the schedules of
 // ring.c are the same for every memory. ring_host_memory is host memory and
-// MPI; attention/ring_cuda.c has the GPU's (NCCL or host-staged MPI). A K/V
+// MPI; attention/ring/ring_cuda.c has the GPU's (NCCL or host-staged MPI). A K/V
 // element has act_bytes bytes; dK/dV accumulators and o, lse are fp32.
 // Rows: a message [2, n, row_bytes] holds rows of K then V (dK then dV).
 typedef struct {

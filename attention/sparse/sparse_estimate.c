@@ -12,7 +12,7 @@
 #include <stdlib.h>
 
 #include "sparse.h"
-#include "../dist/util.h"
+#include "../../dist/util.h"
 
 // Keys per score tile: S [Lq, EST_TILE] stays in cache for Lq up to a few hundred.
 #define EST_TILE 256

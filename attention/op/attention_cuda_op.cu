@@ -26,14 +26,14 @@
 
 // sparse.h is C (sparse_budget_load, sparse_index_count, sparse_index_free): first, with C linkage.
 extern "C" {
-#include "sparse.h"
+#include "../sparse/sparse.h"
 }
-#include "../dist/cuda_check.h"
-#include "../dist/cuda_elementwise.cuh"
-#include "../dist/cuda_kernel.h"
-#include "attention_cuda.h"
+#include "../../dist/cuda_check.h"
+#include "../../dist/cuda_elementwise.cuh"
+#include "../../dist/cuda_kernel.h"
+#include "../kernels/attention_cuda.h"
 #include "attention_cuda_op.h"
-#include "sparse_cuda.h"
+#include "../kernels/sparse_cuda.h"
 
 // sparse_select_cuda.cu's estimation takes at most this many queries.
 #define EST_MAX_QUERIES 128

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../dist/util.h"
+#include "../../dist/util.h"
 
 int64_t ring_need_words(int64_t seq_len, int block_size) {
     return ((seq_len + block_size - 1) / block_size + 63) / 64;

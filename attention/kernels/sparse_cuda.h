@@ -18,7 +18,7 @@
 #include <stdint.h>
 #include <cuda_runtime_api.h>
 
-#include "sparse.h"
+#include "../sparse/sparse.h"
 
 #ifdef __cplusplus
 extern "C" {

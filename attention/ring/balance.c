@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../dist/util.h"
+#include "../../dist/util.h"
 
 // Tokens in global block b of a sequence of N tokens.
 static int64_t block_tokens(int64_t b, int B, int64_t N) {

@@ -14,7 +14,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "attn_args.h"
+#include "../attn_args.h"
 
 typedef __nv_bfloat16 bf16;
 typedef ATTN_INPUTS(bf16) AttnInputsBf16;   // the kernels' inputs (attn_args.h)

@@ -30,15 +30,15 @@
 #include <stdint.h>
 #include <cuda_runtime_api.h>
 
-#include "sparse.h"
-#include "sparse_cuda.h"
+#include "../sparse/sparse.h"
+#include "../kernels/sparse_cuda.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 // A cp ring's attention on device buffers (a ring of one on one GPU), bound
-// by the caller (attention/ring_cuda.h: ring_cuda_new), so that the op and
+// by the caller (attention/ring/ring_cuda.h: ring_cuda_new), so that the op and
 // the programs that link only the kernels need no MPI. ring is the ring's
 // own state; cp_size 1: a ring of one, whose forward and backward with an
 // index run the whole index in one pass (layer NULL, stats unused) and

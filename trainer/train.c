@@ -20,6 +20,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -428,19 +429,21 @@ static void log_bad_step(int64_t step, int64_t steps, double loss, double grad_n
 }
 
 // The signal that asked the run to stop (SIGINT, SIGTERM or SIGUSR1), 0 = none.
-static volatile sig_atomic_t stop_signal;
+// Atomic (lock-free, so safe in a handler): two signals may be handled at
+// once on two threads (OpenMP's), and exactly one of them must see the other.
+static atomic_int stop_signal;
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "the stop signal's exchange must be lock-free in a signal handler");
 
 // A first signal is remembered: the step in progress finishes, then a
 // checkpoint is written. A second exits at once: a checkpoint being written
 // is still a .tmp folder that is never read, so none is damaged.
 static void on_stop_signal(int sig) {
-    if (stop_signal) {
+    if (atomic_exchange(&stop_signal, sig) != 0) {
         static const char msg[] = "mtrain: second signal: exiting now without a checkpoint of this step\n";
         ssize_t written = write(STDERR_FILENO, msg, sizeof(msg) - 1);
         (void)written;
         _exit(128 + sig);
     }
-    stop_signal = sig;
 }
 
 static void catch_stop_signals(void) {
@@ -457,7 +460,7 @@ static void catch_stop_signals(void) {
 // After a step, on every rank: the signal any rank got (0 = none), so that
 // all of them stop after the same step.
 static int agreed_stop_signal(const Dist *dist) {
-    int64_t sig = stop_signal;
+    int64_t sig = atomic_load(&stop_signal);
     comm_allreduce(&dist->world, &sig, 1, DT_INT64, REDUCE_MAX);
     return (int)sig;
 }

@@ -14,12 +14,12 @@
 // The bias of the forward is a vector over out^T's rows (OC): the BIAS
 // epilogue's vector of D's rows, added to every column (token).
 //
-// Accuracy: an element is rounded once, after the whole fp32 sum (and beta C
-// and the bias). The heuristic may otherwise pick a split-K algorithm whose
-// parts are added up in D's type (bf16: one rounding per part, measured on an
-// H200 at up to 72x the one-rounding bound where dinp's start value cancels
-// the product), so the preferences allow only no split or a reduction in the
-// compute type (fp32).
+// Accuracy: the product is summed in fp32; a bf16 output is rounded once,
+// or twice when beta C or the bias is added (some of cuBLASLt's algorithms
+// round the product first, measured on an H200). The heuristic could also
+// pick a split-K algorithm whose parts are added up in D's type (one more
+// rounding per part), so the preferences allow only no split or a reduction
+// in the compute type (fp32).
 //
 // The bias gradient does not use the BGRADB epilogue: that epilogue writes
 // (does not add to) its vector, while the backend accumulates into dbias, and

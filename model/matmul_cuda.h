@@ -6,7 +6,8 @@
 // Element types (the CUDA backend's mixed precision): activations, their
 // gradients and the compute weights and bias are bf16 (uint16_t here: the bits
 // of a bf16), the weight and bias gradients fp32; every product is summed in
-// fp32 (CUBLAS_COMPUTE_32F) and a bf16 output is rounded once.
+// fp32 (CUBLAS_COMPUTE_32F) and a bf16 output is rounded once (twice when
+// the op adds to it or adds a bias: cuBLASLt may round the product first).
 //   inp, dinp   : [T, IC] bf16        out, dout : [T, OC] bf16
 //   weight      : [OC, IC] bf16       bias      : [OC] bf16
 //   dweight     : [OC, IC] fp32       dbias     : [OC] fp32

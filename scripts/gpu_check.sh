@@ -26,7 +26,7 @@
 #              within 2% step by step
 #   context    the longest sequence the 0.5B shape trains a step, sparse and
 #              dense: 32K doubled while runs succeed, each run bounded
-# Limits: 459 s in all on a GPU. $OUT (default ./gpu-check) receives
+# Limits: 474 s in all on a GPU. $OUT (default ./gpu-check) receives
 # summary.txt, written after every stage (one line per stage, then each
 # stage's figures), and one log per stage, NAME.log: 8 files. Scratch
 # (metrics) goes to $TMPDIR; the training runs write no checkpoint
@@ -387,7 +387,7 @@ if [ $mode = gpu ]; then
   context_start=32768 context_max=1048576 per_context=40   # start-up of a 0.5B run: 5-8 s
   per_test=45 per_sanitizer=30
   sparse_args=()   # the run file's: top_p 0.9 in blocks of 128
-  limits=(device:12 tests:65 sanitizer:65 attention:52 train:130 agreement:50 context:85)
+  limits=(device:12 tests:80 sanitizer:65 attention:52 train:130 agreement:50 context:85)
 else
   test_programs=(gpu_test_matmul gpu_test_cub)
   model_args=("${tiny_model[@]}")

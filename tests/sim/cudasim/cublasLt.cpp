@@ -278,11 +278,11 @@ static cublasStatus_t check_matmul(const cublasLtMatmulDescOpaque *d, const cubl
 // cuBLAS documentation, cublasLtMatmulAlgoGetHeuristic(): one algorithm, whose
 // workspace need is at most the preference's maximum, and which assumes for
 // each of A, B, C and D the preference's minimum alignment or its leading
-// dimension's (in bytes), whichever is smaller. As cuBLASLt does on an
-// H200 for small and odd shapes, the algorithm splits k (k >= 2) and adds the
-// parts up in D's type (CUBLASLT_REDUCTION_SCHEME_INPLACE / OUTPUT_TYPE)
-// unless the preference's REDUCTION_SCHEME_MASK excludes both: a bf16 D is
-// then rounded once per part, not once.
+// dimension's (in bytes), whichever is smaller. As the documented schemes
+// allow, the algorithm splits k (k >= 2) and adds the parts up in D's type
+// (CUBLASLT_REDUCTION_SCHEME_INPLACE / OUTPUT_TYPE) unless the preference's
+// REDUCTION_SCHEME_MASK excludes both: a bf16 D is then rounded once per
+// part, not once.
 extern "C" cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightHandle,
                                                          cublasLtMatmulDesc_t operationDesc,
                                                          cublasLtMatrixLayout_t Adesc, cublasLtMatrixLayout_t Bdesc,
@@ -338,6 +338,9 @@ static void store(void *p, cudaDataType_t t, size_t i, float x) {
     if (t == CUDA_R_16BF) ((uint16_t *)p)[i] = f32_to_bf16(x);
     else ((float *)p)[i] = x;
 }
+
+// x rounded to type t's precision (bf16: to nearest even), as a float.
+static float round_to(cudaDataType_t t, float x) { return t == CUDA_R_16BF ? bf16_to_f32(f32_to_bf16(x)) : x; }
 
 // op(X) as a dense row-major rows x depth fp32 matrix: op(A) (m x k) with
 // rows = m; op(B)^T (n x k) with rows = n, so both dot products run along k.
@@ -399,9 +402,12 @@ static void run_matmul(const MatmulCall &mc) {
                 if (p0 > 0) {
                     x += load(mc.d, mc.D.type, at);
                 } else {
+                    // The product is rounded to D's type before beta C and the bias are added to it.
+                    const bool bias = mc.desc.epilogue == CUBLASLT_EPILOGUE_BIAS;
+                    if (mc.beta != 0 || bias) x = round_to(mc.D.type, x);
                     // beta == 0: C is not read (it may hold NaN), as in BLAS.
                     if (mc.beta != 0) x += mc.beta * load(mc.c, mc.C.type, i + j * (size_t)mc.C.ld);
-                    if (mc.desc.epilogue == CUBLASLT_EPILOGUE_BIAS) x += load(mc.desc.bias, bt, i);
+                    if (bias) x += load(mc.desc.bias, bt, i);
                 }
                 store(mc.d, mc.D.type, at, x);
             }

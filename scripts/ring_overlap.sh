@@ -3,7 +3,7 @@
 # ring step, flat and hierarchical, attention compute (dense and sparse), K/V
 # and dK/dV bytes (ring_send full and selected), transfer time on NVLink and
 # the network, and whether compute hides it (`mtrain plan RUN.yaml --ring`;
-# docs/PERFORMANCE.md shows one output).
+# docs/PLANNER.md names one run of it).
 #   bash scripts/ring_overlap.sh RUN.yaml [--density D] [--gpu NAME] [section.key=value ...]
 #   MTRAIN=path/to/mtrain (default build/mtrain)
 set -euo pipefail

@@ -792,7 +792,7 @@ void plan_print_kernels(const Plan *p, const Config *cfg, FILE *out) {
     const int n = kernel_rows(p, cfg, rows);
     fprintf(out, "\nkernels of one step on one GPU (%lld tokens, %s attention%s): bytes with every tensor moved "
             "once (a lower bound); bound = the largest of the kernel's resource times (derived, not measured: "
-            "docs/PERFORMANCE.md)\n\n", (long long)p->tokens * cfg->train.micro_batches,
+            "docs/PLANNER.md)\n\n", (long long)p->tokens * cfg->train.micro_batches,
             cfg->attention.type == ATTN_DENSE ? "dense" : "sparse",
             cfg->attention.type == ATTN_DENSE ? "" : " at the plan's density");
     fprintf(out, "| kernel | calls | GFLOP | GB | FLOP/byte | A100-80GB ms | H100 ms | binds (A100-80GB / H100) |\n"

@@ -6,7 +6,7 @@
 // their time on the inner (NVLink) and outer (network) links, whether the
 // step's compute hides them, and per layer the time of the forward and the
 // backward. Link speeds and the attention kernels' derived times are the
-// planner's (plan.c); docs/PERFORMANCE.md shows one output.
+// planner's (plan.c); docs/PLANNER.md names one run of it.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -83,7 +83,7 @@ RULES=(
   'skip|^mpirun --oversubscribe --bind-to none -np 2$|launcher options of a command beside it'
   'run |^build/mtrain plan configs/tiny-cpu\.yaml$|'
   'skip|^build/mtrain train configs/tiny-cpu\.yaml model\.hidden_size=512 .* parallel\.dp=2 parallel\.zero=1$|the second line of an mpirun -np 2 under /usr/bin/time, a timing (tests/mpi/test_checkpoint_shards.sh writes and resumes the same ZeRO shards)'
-  'skip|^bash scripts/ring_overlap\.sh RUN\.yaml|placeholder RUN.yaml (docs/PERFORMANCE.md runs the same plan --ring on a run file)'
+  'skip|^bash scripts/ring_overlap\.sh RUN\.yaml|placeholder RUN.yaml (docs/PLANNER.md runs the same plan --ring on a run file)'
   'run |^build/mtrain plan configs/qwen2\.5-[0-9.]+b-[0-9]+k-32x[a-z0-9]+\.yaml( train\.init_from=none)?|'
   'skip|^sbatch scripts/sbatch_example\.sh |needs a Slurm cluster (tests/cli/test_plan.sh runs the script with an srun shim)'
   'skip|^mpirun -np 32 --hostfile hosts |32 ranks on 4 nodes of GPUs'

@@ -16,8 +16,11 @@
 //   gpu_test_cublaslt other-layout  another: an algorithm used for a layout it was not chosen for
 //
 // Tolerances: fp32 outputs max|D - ref| <= 1e-5 max|ref| (other summation
-// orders), bf16 outputs 5e-3 (one rounding, 2^-9 relative: the heuristic is
-// told to reduce split-K parts in fp32, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK).
+// orders), bf16 outputs 1e-2: two roundings of 2^-8 at most, as some
+// algorithms round the product to bf16 before they add beta C and the bias
+// (the sim always does; gpu_test_matmul bounds it element by element), and
+// none per split-K part (the heuristic is told to reduce split-K parts in
+// fp32, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK).
 #include <cblas.h>
 #include <cublasLt.h>
 #include <math.h>
@@ -208,7 +211,7 @@ static void run_case(cublasLtHandle_t lt, const Case *c, uint64_t seed) {
         }
         for (int64_t i = m; i < d.ld && !c->in_place; i++) pad_kept &= got[i + j * d.ld] == 7.0f;
     }
-    const double tol = c->cd == CUDA_R_16BF ? 5e-3 : 1e-5;
+    const double tol = c->cd == CUDA_R_16BF ? 1e-2 : 1e-5;
     const double err = max_rel_diff(out, ref, m * n);
     EXPECT_COUNTED(err <= tol, "%s: D max rel err %.2e (tol %.0e)", name, err, tol);
     if (!c->in_place) EXPECT_COUNTED(pad_kept, "%s: D's padding rows untouched", name);

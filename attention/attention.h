@@ -71,6 +71,9 @@ typedef struct {
     // last start <= its position. NULL: one document (causal mask only).
     const int64_t *doc_starts;
     int64_t doc_count;
+    // The same list in device memory, for the CUDA kernels (attention_cuda.h,
+    // sparse_cuda.h), set by the CUDA op once per sequence; NULL on the CPU.
+    const int64_t *doc_starts_device;
 } AttnShape;
 
 // Start a running result: o = 0, lse = -inf.

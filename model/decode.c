@@ -75,7 +75,7 @@ static void decoder_layer(Decoder *d, int l, int64_t p, int64_t T, const Weight 
     be->rope(k, pos, T, c->num_kv_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 0);
     // [T, Hq, D] queries against the cache's p + T keys.
     AttnShape s = {T, p + T, c->num_heads, c->num_kv_heads, c->head_dim, m->attention.block_size,
-                   (float)(1.0 / sqrt((double)c->head_dim)), NULL, 0};
+                   (float)(1.0 / sqrt((double)c->head_dim)), NULL, 0, NULL};
     be->attention_cached(m->attn, &s, d->q, pos, d->k_cache[l], d->v_cache[l], d->positions, d->att, d->lse);
     be->matmul_forward(d->out, d->att, W(LAYER_O_WEIGHT), NULL, T, QD, H);
     be->residual_rmsnorm_forward(d->h, d->rstd, d->x, d->out, W(LAYER_POST_NORM), T, H, eps);

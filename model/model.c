@@ -436,7 +436,7 @@ static AttnShape attn_shape(const Model *m, int64_t T) {
     const ModelConfig *c = &m->cfg;
     AttnShape s = {T, T, c->num_heads, c->num_kv_heads, c->head_dim, m->attention.block_size,
                    (float)(1.0 / sqrt((double)c->head_dim)), m->doc_count ? m->doc_starts : NULL,
-                   m->doc_count};
+                   m->doc_count, NULL};
     return s;
 }
 

@@ -503,13 +503,16 @@ static double kernels_seconds(const Plan *p, const Config *cfg, const GpuProfile
 // step on one rank, dense or sparse; 2 more on a ring, whatever its size and
 // the layers; a sparse ring's plan stays on the device: 2 more, or with
 // ring_send selected, which reads the need rows back per layer, 1 + 3 per
-// layer more), the per-layer term per micro batch.
+// layer more; with documents 1 more per micro batch, the attention op's
+// wait before it copies a sequence's document starts), the per-layer term
+// per micro batch.
 #define LAUNCH_S 3e-6
 #define HOST_SYNC_S 20e-6
 static double host_syncs(const Plan *p, const Config *cfg) {
     const double L = cfg->model.num_layers * (double)cfg->train.micro_batches;
     const bool sparse = cfg->attention.type == ATTN_SPARSE, selected = cfg->attention.ring_send == RING_SEND_SELECTED;
-    return 7 + (p->cp > 1 ? 2 : 0) + (p->cp > 1 && sparse ? (selected ? 1 + 3 * L : 2) : 0);
+    return 7 + (p->cp > 1 ? 2 : 0) + (p->cp > 1 && sparse ? (selected ? 1 + 3 * L : 2) : 0) +
+           (cfg->data.doc_mask ? cfg->train.micro_batches : 0);
 }
 
 // FLOPs of one optimizer step on one rank: the GEMMs of its tokens (6 per

@@ -12,9 +12,11 @@
 //   lse, delta    : [Hq, Tq] fp32         q_pos [Tq], k_pos [Tk] : int64
 //   dq            : [Tq, Hq, D] fp32      dk, dv : [Tk, Hkv, D] fp32
 // Supported: head_dim 64 and 128, Hq a multiple of Hkv (GQA, K and V never
-// repeated). Documents: shape->doc_starts (host memory, as for the CPU
-// kernels) adds the mask k_pos >= attn_doc_first(q_pos); each call copies
-// the list to the device and finds every query's document start there. shape->block_size is not used: the GPU tiles are fixed per head
+// repeated). Documents: shape->doc_starts adds the mask k_pos >=
+// attn_doc_first(q_pos); the kernels read the list from its device copy
+// shape->doc_starts_device (the caller's, put there once per sequence) and
+// each call finds every query's document start there, on the device.
+// shape->block_size is not used: the GPU tiles are fixed per head
 // dim (docs/DECISIONS.md); results do not depend on the tiling beyond
 // rounding.
 #ifndef MTRAIN_ATTENTION_CUDA_H
@@ -30,8 +32,8 @@ extern "C" {
 #endif
 
 // The documents of a call on the device: q_first [Tq] (int64), the first key
-// position each query may see (attn_doc_first of shape->doc_starts, host
-// memory, at every q_pos [Tq], device memory), in stream-ordered scratch
+// position each query may see (attn_doc_first of shape->doc_starts_device
+// at every q_pos [Tq], both device memory), in stream-ordered scratch
 // (release with cudaFreeAsync on `stream`). NULL without documents. The
 // kernels with documents call it themselves.
 int64_t *attn_doc_first_cuda(const AttnShape *shape, const int64_t *q_pos, cudaStream_t stream);

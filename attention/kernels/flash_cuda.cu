@@ -367,14 +367,12 @@ extern "C" void attn_forward_init_cuda(const AttnShape *s, float *o_acc, float *
 
 extern "C" int64_t *attn_doc_first_cuda(const AttnShape *s, const int64_t *q_pos, cudaStream_t stream) {
     if (s->doc_starts == NULL || s->doc_count == 0) return NULL;
+    CHECK(s->doc_starts_device, "attention (CUDA): %lld document starts without their device copy "
+          "(AttnShape.doc_starts_device)", (long long)s->doc_count);
     int64_t *first;
-    CUDA_CHECK(cudaMallocAsync((void **)&first, (size_t)(s->q_tokens + s->doc_count) * sizeof(int64_t), stream));
-    int64_t *starts = first + s->q_tokens;
-    // Pageable source: staged before cudaMemcpyAsync returns.
-    CUDA_CHECK(cudaMemcpyAsync(starts, s->doc_starts, (size_t)s->doc_count * sizeof(int64_t),
-                               cudaMemcpyHostToDevice, stream));
-    CUDA_LAUNCH(doc_first_kernel, grid_for(s->q_tokens, 128), 128, 0, stream, q_pos, s->q_tokens, starts,
-                s->doc_count, first);
+    CUDA_CHECK(cudaMallocAsync((void **)&first, (size_t)(s->q_tokens + 1) * sizeof(int64_t), stream));
+    CUDA_LAUNCH(doc_first_kernel, grid_for(s->q_tokens, 128), 128, 0, stream, q_pos, s->q_tokens,
+                s->doc_starts_device, s->doc_count, first);
     CUDA_CHECK(cudaGetLastError());
     return first;
 }

@@ -153,10 +153,10 @@ void sparse_query_blocks_cuda(const int64_t *pos, int64_t tokens, int block_size
                               cudaStream_t stream);
 
 // The index on the GPU, as sparse_index_build followed by
-// sparse_index_documents: q_blocks device [num_q_blocks]; doc_starts host
-// [doc_count] (attention.h; NULL: one document) restricts each row to its
-// queries' documents and adds the sink (`sink` tokens) of each, the same
-// blocks and columns as the CPU. *index (zeroed, or a previous call's) is
+// sparse_index_documents: q_blocks device [num_q_blocks]; doc_starts
+// device [doc_count] (AttnShape.doc_starts_device; NULL: one document)
+// restricts each row to its queries' documents and adds the sink (`sink`
+// tokens) of each, the same blocks and columns as the CPU. *index (zeroed, or a previous call's) is
 // reused, its buffers held at sparse_index_bound's rows x row_blocks
 // blocks and rows x row_columns columns, replaced (a wait for the device)
 // only when that bound grows; nothing is read back, the real lengths stay

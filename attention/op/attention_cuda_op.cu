@@ -9,20 +9,23 @@
 // forward, one device index (rebuilt from a layer's pattern on the device
 // when a call needs another layer's: every layer's index is not kept), the
 // estimation rows' index of a plan's statistics, the sequence's positions
-// (host), and the scratch; every device buffer is allocated once and grown
-// (the index and the patterns by sparse_select_cuda and
-// sparse_index_build_cuda themselves):
+// (host), the document starts on the device, and the scratch; every device
+// buffer is allocated once and grown (the index and the patterns by
+// sparse_select_cuda and sparse_index_build_cuda themselves):
 //   o_acc            [T, Hq, D] fp32   the forward's running output
 //   dq_acc           [T, Hq, D] fp32   the backward's sums, then added into
 //   dk_acc, dv_acc   [T, Hkv, D] fp32  the bf16 dq, dk, dv
 //   lse_est          [Hq, last_q] fp32 estimation (plan forward)
 //   vertical, slash  [Hq, T] fp32      estimation scores (plan forward)
 //   q_blocks         [T / B] int64     the query blocks of the index
+//   docs             [N] int64         the document starts (AttnShape.doc_starts_device;
+//                                      room for one per token of the sequence)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 // sparse.h is C (sparse_budget_load, sparse_index_count, sparse_index_free): first, with C linkage.
 extern "C" {
@@ -59,7 +62,10 @@ struct AttnState {
     bool pos_is_iota;            // pos[t] == t for every t
     AttnRingCuda ring;           // the cp ring (ring.ring NULL on one rank)
     void **ring_layer;           // [num_layers] sparse on a ring: the plan's state of the layer (ring's)
-    Scratch o_acc, dq_acc, dk_acc, dv_acc, lse_est, vertical, slash, q_blocks;
+    Scratch o_acc, dq_acc, dk_acc, dv_acc, lse_est, vertical, slash, q_blocks, docs;
+    int64_t *docs_host;          // [docs_capacity] page-locked: the starts last copied to docs
+    int64_t docs_count, docs_capacity;
+    cudaEvent_t docs_copied;     // after that copy (NULL before the first)
 };
 
 // ---- state ----
@@ -117,8 +123,10 @@ extern "C" void attention_cuda_free(AttnState *st) {
     sparse_index_free_cuda(&st->index);
     sparse_index_free_cuda(&st->est_index);
     Scratch *all[] = {&st->o_acc, &st->dq_acc, &st->dk_acc, &st->dv_acc, &st->lse_est,
-                      &st->vertical, &st->slash, &st->q_blocks};
+                      &st->vertical, &st->slash, &st->q_blocks, &st->docs};
     for (Scratch *s : all) scratch_free(s);
+    if (st->docs_host) CUDA_CHECK(cudaFreeHost(st->docs_host));
+    if (st->docs_copied) CUDA_CHECK(cudaEventDestroy(st->docs_copied));
     if (st->ring.ring) st->ring.free(st->ring.ring);
     free(st->pattern);
     free(st->planned);
@@ -151,6 +159,38 @@ extern "C" void attention_cuda_sequence(AttnState *st, const int64_t *pos, int64
     st->ring.sequence(st->ring.ring, pos, tokens);
 }
 
+// The call's shape with its document starts on the device
+// (doc_starts_device; none without documents). They are copied only when
+// they differ from the last copy's, i.e. once per sequence, through the
+// page-locked docs_host, which the host rewrites once that copy has run
+// (a wait on docs_copied; the copy was enqueued a sequence ago). Both
+// buffers hold one start per token of the sequence (this rank's tokens on
+// every rank of the ring), more only for a longer list: allocated in the
+// first sequence.
+static AttnShape with_documents(AttnState *st, const AttnShape *shape, cudaStream_t stream) {
+    AttnShape s = *shape;
+    const int64_t n = shape->doc_starts ? shape->doc_count : 0;
+    if (n == 0) return s;
+    const size_t bytes = sizeof(int64_t) * (size_t)n;
+    if (n != st->docs_count || memcmp(st->docs_host, shape->doc_starts, bytes)) {
+        if (st->docs_copied) CUDA_CHECK(cudaEventSynchronize(st->docs_copied));
+        else CUDA_CHECK(cudaEventCreateWithFlags(&st->docs_copied, cudaEventDisableTiming));
+        if (n > st->docs_capacity) {
+            const int64_t tokens = st->tokens * st->ring.cp_size, capacity = n > tokens ? n : tokens;
+            if (st->docs_host) CUDA_CHECK(cudaFreeHost(st->docs_host));
+            CUDA_CHECK(cudaMallocHost((void **)&st->docs_host, sizeof(int64_t) * (size_t)capacity));
+            scratch(&st->docs, sizeof(int64_t) * (size_t)capacity);
+            st->docs_capacity = capacity;
+        }
+        memcpy(st->docs_host, shape->doc_starts, bytes);
+        CUDA_CHECK(cudaMemcpyAsync(st->docs.ptr, st->docs_host, bytes, cudaMemcpyHostToDevice, stream));
+        CUDA_CHECK(cudaEventRecord(st->docs_copied, stream));
+        st->docs_count = n;
+    }
+    s.doc_starts_device = (const int64_t *)st->docs.ptr;
+    return s;
+}
+
 // ---- the sparse plan ----
 
 // Layer l's fixed budgets [Hq], or NULL (budget topp).
@@ -179,7 +219,7 @@ static void count_recall(AttnState *st, int l, const AttnShape *s, int64_t Lq, c
     const int64_t T = s->q_tokens, B = s->block_size, first = (T - Lq) / B, nqb = (T - 1) / B + 1;
     const int Hq = s->num_heads;
     sparse_index_build_cuda(&st->pattern[l], (int)B, (const int64_t *)st->q_blocks.ptr + first, nqb - first,
-                            s->doc_starts, s->doc_count, st->cfg.sink, &st->est_index, stream);
+                            s->doc_starts_device, s->doc_count, st->cfg.sink, &st->est_index, stream);
     AttnShape rows = *s;
     rows.q_tokens = T - first * B;
     float *o_acc = (float *)st->o_acc.ptr, *lse_in = (float *)st->vertical.ptr;   // [Hq, rows]
@@ -209,7 +249,7 @@ static const SparseIndexCuda *layer_index(AttnState *st, int l, const AttnShape 
     const int64_t nqb = (s->q_tokens + B - 1) / B;
     int64_t *q_blocks = (int64_t *)scratch(&st->q_blocks, sizeof(int64_t) * (size_t)(nqb + 1));
     sparse_query_blocks_cuda(pos, s->q_tokens, B, q_blocks, stream);
-    sparse_index_build_cuda(&st->pattern[l], B, q_blocks, nqb, s->doc_starts, s->doc_count, st->cfg.sink,
+    sparse_index_build_cuda(&st->pattern[l], B, q_blocks, nqb, s->doc_starts_device, s->doc_count, st->cfg.sink,
                             &st->index, stream);
     st->index_layer = l;
     return &st->index;
@@ -295,22 +335,23 @@ extern "C" void attention_cuda_forward(AttnState *st, int layer, bool plan, cons
                                        const int64_t *pos, uint16_t *o, float *lse, SparseStats *stats,
                                        cudaStream_t stream) {
     check_call(st, layer, shape);
-    const size_t nq = (size_t)(shape->q_tokens * shape->num_heads * shape->head_dim);
+    const AttnShape s = with_documents(st, shape, stream);
+    const size_t nq = (size_t)(s.q_tokens * s.num_heads * s.head_dim);
     float *o_acc = (float *)scratch(&st->o_acc, sizeof(float) * nq);
-    if (plan && st->cfg.type == ATTN_SPARSE) plan_layer_pattern(st, layer, shape, q, k, v, pos, stream, stats);
-    st->ring.forward(st->ring.ring, shape, st->cfg.ring_send, call_index(st, layer, shape, pos, stream),
+    if (plan && st->cfg.type == ATTN_SPARSE) plan_layer_pattern(st, layer, &s, q, k, v, pos, stream, stats);
+    st->ring.forward(st->ring.ring, &s, st->cfg.ring_send, call_index(st, layer, &s, pos, stream),
                      st->ring_layer[layer], q, k, v, o_acc, lse, plan ? stats : NULL, stream);
-    attn_output_bf16_cuda(shape, o_acc, o, stream);
+    attn_output_bf16_cuda(&s, o_acc, o, stream);
 }
 
 extern "C" void attention_cuda_cached(AttnState *st, const AttnShape *shape, const uint16_t *q, const int64_t *q_pos,
                                       const uint16_t *k, const uint16_t *v, const int64_t *k_pos, uint16_t *o,
                                       float *lse, cudaStream_t stream) {
-    float *o_acc = (float *)scratch(&st->o_acc, sizeof(float) * (size_t)(shape->q_tokens * shape->num_heads *
-                                                                         shape->head_dim));
-    attn_forward_init_cuda(shape, o_acc, lse, stream);
-    attn_dense_forward_cuda(shape, q, q_pos, k, v, k_pos, o_acc, lse, stream);
-    attn_output_bf16_cuda(shape, o_acc, o, stream);
+    const AttnShape s = with_documents(st, shape, stream);
+    float *o_acc = (float *)scratch(&st->o_acc, sizeof(float) * (size_t)(s.q_tokens * s.num_heads * s.head_dim));
+    attn_forward_init_cuda(&s, o_acc, lse, stream);
+    attn_dense_forward_cuda(&s, q, q_pos, k, v, k_pos, o_acc, lse, stream);
+    attn_output_bf16_cuda(&s, o_acc, o, stream);
 }
 
 extern "C" void attention_cuda_backward(AttnState *st, int layer, const AttnShape *shape, const uint16_t *q,
@@ -319,15 +360,16 @@ extern "C" void attention_cuda_backward(AttnState *st, int layer, const AttnShap
                                         uint16_t *dq, uint16_t *dk, uint16_t *dv, cudaStream_t stream) {
     (void)delta;   // the ring's own
     check_call(st, layer, shape);
-    const int64_t nq = shape->q_tokens * shape->num_heads * shape->head_dim;
-    const int64_t nk = shape->k_tokens * shape->num_kv_heads * shape->head_dim;
+    const AttnShape s = with_documents(st, shape, stream);
+    const int64_t nq = s.q_tokens * s.num_heads * s.head_dim;
+    const int64_t nk = s.k_tokens * s.num_kv_heads * s.head_dim;
     float *dq_acc = (float *)scratch(&st->dq_acc, sizeof(float) * (size_t)nq);
     float *dk_acc = (float *)scratch(&st->dk_acc, sizeof(float) * (size_t)nk);
     float *dv_acc = (float *)scratch(&st->dv_acc, sizeof(float) * (size_t)nk);
     CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, sizeof(float) * (size_t)nq, stream));
     CUDA_CHECK(cudaMemsetAsync(dk_acc, 0, sizeof(float) * (size_t)nk, stream));
     CUDA_CHECK(cudaMemsetAsync(dv_acc, 0, sizeof(float) * (size_t)nk, stream));
-    st->ring.backward(st->ring.ring, shape, st->cfg.ring_send, call_index(st, layer, shape, pos, stream),
+    st->ring.backward(st->ring.ring, &s, st->cfg.ring_send, call_index(st, layer, &s, pos, stream),
                       st->ring_layer[layer], q, k, v, o, lse, dout, dq_acc, dk_acc, dv_acc, stream);
     launch_add_into((__nv_bfloat16 *)dq, dq_acc, nq, stream);
     launch_add_into((__nv_bfloat16 *)dk, dk_acc, nk, stream);

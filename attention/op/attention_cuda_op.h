@@ -17,7 +17,9 @@
 // not read (the ring's own). Dense and sparse attention run ring.c's
 // schedules on device buffers (ring_cuda.h); over several ranks the sparse
 // plan is estimated over the ring (AttnRingCuda.sparse_plan). Documents
-// (shape->doc_starts) are masked by the dense and the sparse kernels; the
+// (shape->doc_starts, host) are masked by the dense and the sparse kernels,
+// which read the op's device copy (AttnShape.doc_starts_device, copied
+// through page-locked memory when the list changes: once per sequence); the
 // sparse plan sees only same-document scores and its index holds each row's
 // documents and their sinks, as the CPU op's. Supported as the kernels:
 // head_dim 64 and 128, GQA; sparse: block_size 64 or 128, last_q <= 128,

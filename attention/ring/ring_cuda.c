@@ -551,8 +551,8 @@ static void ring_sparse_plan_cuda(void *ring, const AttentionConfig *cfg, const 
 
     // Selection (identical inputs, identical pattern), this rank's index, the need rows and the columns.
     sparse_select_cuda(cfg, vertical, slash, Hq, N, fixed_vertical, fixed_slash, pattern, stream);
-    sparse_index_build_cuda(pattern, B, rc->q_blocks, nqb, shape->doc_starts, shape->doc_count, cfg->sink, index,
-                            stream);
+    sparse_index_build_cuda(pattern, B, rc->q_blocks, nqb, shape->doc_starts_device, shape->doc_count, cfg->sink,
+                            index, stream);
     RingLayerCuda *layer = *layer_out ? *layer_out : (*layer_out = xcalloc(1, sizeof(RingLayerCuda)));
     if (cfg->ring_send == RING_SEND_SELECTED) plan_need(rc, index, ring_need_words(N, B), layer, stream);
     plan_columns(rc, index, pattern, shape, cfg->sink, layer, stream);

@@ -573,23 +573,15 @@ extern "C" void sparse_index_build_cuda(const SparsePatternCuda *p, int block_si
     CUDA_CHECK(cudaMemsetAsync(x->block_start, 0, sizeof(int64_t), stream));
     CUDA_CHECK(cudaMemsetAsync(x->column_start, 0, sizeof(int64_t), stream));
     if (rows == 0) return;                           // a rank without query rows: the empty index
-    int64_t *d_docs = NULL;
-    if (docs > 0) {
-        CUDA_CHECK(cudaMallocAsync((void **)&d_docs, (size_t)docs * sizeof(int64_t), stream));
-        // Pageable source: staged before cudaMemcpyAsync returns.
-        CUDA_CHECK(cudaMemcpyAsync(d_docs, doc_starts, (size_t)docs * sizeof(int64_t), cudaMemcpyHostToDevice,
-                                   stream));
-    }
     const size_t smem = (size_t)(nglobal / 32 + 1) * sizeof(unsigned);
     CUDA_CHECK(cudaFuncSetAttribute(index_row_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     CUDA_CHECK(cudaFuncSetAttribute(index_row_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    CUDA_LAUNCH(index_row_kernel<false>, (unsigned)rows, SEL_THREADS, smem, stream, *p, B, q_blocks, nqb, d_docs,
+    CUDA_LAUNCH(index_row_kernel<false>, (unsigned)rows, SEL_THREADS, smem, stream, *p, B, q_blocks, nqb, doc_starts,
                 docs, sink, x->block_start, x->blocks, x->column_start, x->columns);
     CUDA_CHECK(cudaGetLastError());
     sparse_inclusive_sum_cuda(x->block_start + 1, rows, stream);
     sparse_inclusive_sum_cuda(x->column_start + 1, rows, stream);
-    CUDA_LAUNCH(index_row_kernel<true>, (unsigned)rows, SEL_THREADS, smem, stream, *p, B, q_blocks, nqb, d_docs,
+    CUDA_LAUNCH(index_row_kernel<true>, (unsigned)rows, SEL_THREADS, smem, stream, *p, B, q_blocks, nqb, doc_starts,
                 docs, sink, x->block_start, x->blocks, x->column_start, x->columns);
     CUDA_CHECK(cudaGetLastError());
-    if (d_docs) CUDA_CHECK(cudaFreeAsync(d_docs, stream));
 }

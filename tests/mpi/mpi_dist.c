@@ -227,7 +227,7 @@ static void check_ring_case(LayoutKind layout, int64_t N, int inner, const char 
     const int64_t doc_count = doc_set_starts(docs, N, B, W, starts);
 
     // Reference: one call on the whole sequence.
-    AttnShape full = {N, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), doc_count ? starts : NULL, doc_count};
+    AttnShape full = {N, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), doc_count ? starts : NULL, doc_count, NULL};
     float *o = xmalloc((size_t)(N * wq) * sizeof(float)), *lse = xmalloc((size_t)(Hq * N) * sizeof(float));
     float *dq = xcalloc((size_t)(N * wq), sizeof(float));
     float *dk = xcalloc((size_t)(N * wk), sizeof(float)), *dv = xcalloc((size_t)(N * wk), sizeof(float));
@@ -245,7 +245,7 @@ static void check_ring_case(LayoutKind layout, int64_t N, int inner, const char 
     float *lw = gather_rows(w, wq, pos, T);
     Ring ring;
     ring_init(&ring, &dist.cp, inner, pos, T);
-    AttnShape shape = {T, 0, Hq, Hkv, D, B, full.scale, full.doc_starts, full.doc_count};
+    AttnShape shape = {T, 0, Hq, Hkv, D, B, full.scale, full.doc_starts, full.doc_count, NULL};
     float *ro = xmalloc((size_t)(T * wq + 1) * sizeof(float)), *rlse = xmalloc((size_t)(Hq * T + 1) * sizeof(float));
     float *rdq = xcalloc((size_t)(T * wq + 1), sizeof(float));
     float *rdk = xcalloc((size_t)(T * wk + 1), sizeof(float)), *rdv = xcalloc((size_t)(T * wk + 1), sizeof(float));
@@ -346,7 +346,7 @@ static void bench_ring(int64_t N, const char *schedule, int cp_inner) {
     float *lse = xmalloc((size_t)(N * Hq) * sizeof(float)), *dq = xcalloc((size_t)(N * Hq * D), sizeof(float));
     float *dk = xcalloc((size_t)(N * Hkv * D), sizeof(float)), *dv = xcalloc((size_t)(N * Hkv * D), sizeof(float));
     double best[4] = {1e30, 1e30, 1e30, 1e30};
-    AttnShape shape = {T, 0, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), NULL, 0};
+    AttnShape shape = {T, 0, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), NULL, 0, NULL};
     layout_rank_positions(LAYOUT_ZIGZAG, N, B, W, dist.cp.rank, pos);
     Ring ring;
     ring_init(&ring, &dist.cp, inner, pos, T);
@@ -364,7 +364,7 @@ static void bench_ring(int64_t N, const char *schedule, int cp_inner) {
     }
     ring_free(&ring);
     if (dist.world_rank == 0) {
-        AttnShape full = {N, N, Hq, Hkv, D, B, shape.scale, NULL, 0};
+        AttnShape full = {N, N, Hq, Hkv, D, B, shape.scale, NULL, 0, NULL};
         for (int64_t t = 0; t < N; t++) pos[t] = t;
         float *delta = xmalloc((size_t)(N * Hq) * sizeof(float));
         for (int rep = 0; rep < 3; rep++) {

@@ -129,7 +129,7 @@ static int64_t check_case(LayoutKind layout, int64_t N, const char *budget, int 
              (long long)N, doc_set_suffix(docs));
 
     // Reference: the single-rank plan and kernels on the whole sequence.
-    AttnShape full = {N, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), doc_count ? starts : NULL, doc_count};
+    AttnShape full = {N, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), doc_count ? starts : NULL, doc_count, NULL};
     SparseIndex ref = {0};
     SparseStats ref_stats = {0};
     sparse_plan_local(&cfg, &full, q, k, all_pos, NULL, NULL, &ref, &ref_stats);
@@ -157,7 +157,7 @@ static int64_t check_case(LayoutKind layout, int64_t N, const char *budget, int 
     float *edq = gather_rows(e.dq, wq, pos, T), *edk = gather_rows(e.dk, wk, pos, T), *edv = gather_rows(e.dv, wk, pos, T);
     Ring ring;
     ring_init(&ring, &dist.cp, inner, pos, T);
-    AttnShape shape = {T, 0, Hq, Hkv, D, B, full.scale, full.doc_starts, full.doc_count};
+    AttnShape shape = {T, 0, Hq, Hkv, D, B, full.scale, full.doc_starts, full.doc_count, NULL};
     float *xo = gather_rows(x.o, wq, pos, T), *x_lse = gather_cols(x.lse, Hq, N, pos, T);
     float *xdq = gather_rows(x.dq, wq, pos, T), *xdk = gather_rows(x.dk, wk, pos, T), *xdv = gather_rows(x.dv, wk, pos, T);
     Grads got[2];
@@ -509,7 +509,7 @@ static void bench(int64_t N, double median) {
             for (int docs = 0; docs < 2; docs++) {
                 const bool sparse = kind == 2;
                 AttnShape shape = {T, 0, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), docs ? starts : NULL,
-                                   docs ? doc_count : 0};
+                                   docs ? doc_count : 0, NULL};
                 RingTraffic traffic = {0};
                 RingKernels dense = ring_dense_cpu;
                 dense.traffic = &traffic;

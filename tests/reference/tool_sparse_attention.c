@@ -103,7 +103,7 @@ int main(int argc, char **argv) {
     }
     int64_t *k_pos = xmalloc((size_t)N * sizeof(int64_t));
     for (int64_t t = 0; t < N; t++) k_pos[t] = t;
-    AttnShape s = {Tq, N, Hq, Hkv, D, B, (float)scale->valuedouble, NULL, 0};
+    AttnShape s = {Tq, N, Hq, Hkv, D, B, (float)scale->valuedouble, NULL, 0, NULL};
 
     const int64_t nq = Tq * Hq * D, nk = N * Hkv * D;
     float *buf = xmalloc((size_t)(4 * nq + 4 * nk + 2 * Hq * Tq) * sizeof(float));

@@ -76,7 +76,7 @@ int main(int argc, char **argv) {
 
     for (int a = first; a < argc; a++) {
         const int64_t n = strtoll(argv[a], NULL, 10);
-        const AttnShape s = {n, n, HQ, HKV, head_dim, 64, 1.0f / sqrtf((float)head_dim), NULL, 0};
+        const AttnShape s = {n, n, HQ, HKV, head_dim, 64, 1.0f / sqrtf((float)head_dim), NULL, 0, NULL};
         const int reps = n >= 65536 ? 3 : 10;
         float fwd[10], bwd[10];
         for (int r = -1; r < reps; r++) {                  // r = -1: warm-up

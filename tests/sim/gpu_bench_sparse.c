@@ -176,8 +176,8 @@ int main(int argc, char **argv) {
         uint16_t *o = device_alloc((size_t)nq * 2);
         float *lse_est = device_alloc(HQ * LAST_Q * 4), *vertical = device_alloc((size_t)(HQ * n) * 4);
         float *slash = device_alloc((size_t)(HQ * n) * 4);
-        const AttnShape s = {n, n, HQ, HKV, HEAD_DIM, BLOCK, 0.08838834764831845f, NULL, 0};   // 1/sqrt(128)
-        const AttnShape se = {LAST_Q, n, HQ, HKV, HEAD_DIM, BLOCK, 0.08838834764831845f, NULL, 0};
+        const AttnShape s = {n, n, HQ, HKV, HEAD_DIM, BLOCK, 0.08838834764831845f, NULL, 0, NULL};   // 1/sqrt(128)
+        const AttnShape se = {LAST_Q, n, HQ, HKV, HEAD_DIM, BLOCK, 0.08838834764831845f, NULL, 0, NULL};
         AttentionConfig cfg = {.top_p = 0.9, .max_vertical = VERTICAL, .max_slash = nslash, .sink = 64,
                                .local = 128, .vertical = VERTICAL, .slash = nslash};
         cfg.budget = BUDGET_FIXED;

@@ -60,12 +60,14 @@ typedef struct {
     uint16_t *d_k, *d_v;
 } Chunk;
 
+static const int64_t *d_doc_starts;   // DOC_STARTS on the device (main)
+
 static AttnShape shape_of(const Case *c, int64_t Tq, int64_t Tk) {
     int64_t count = 0;
     while (c->docs && count < (int64_t)(sizeof DOC_STARTS / sizeof DOC_STARTS[0]) && DOC_STARTS[count] < c->n)
         count++;
     return (AttnShape){Tq, Tk, c->Hq, c->Hkv, c->D, LAYOUT_BLOCK, 1.0f / sqrtf((float)c->D),
-                       count > 0 ? DOC_STARTS : NULL, count};
+                       count > 0 ? DOC_STARTS : NULL, count, count > 0 ? d_doc_starts : NULL};
 }
 
 // Forward of every chunk on the GPU into fresh (poisoned, then initialised)
@@ -218,6 +220,7 @@ static void run_case(const Case *c, uint64_t seed) {
 int main(int argc, char **argv) {
     const int small = argc > 1 && strcmp(argv[1], "small") == 0;
     CHECK(argc == 1 || small, "usage: %s [small]", argv[0]);
+    d_doc_starts = to_device(DOC_STARTS, sizeof DOC_STARTS);
     // {n, D, Hq, Hkv, world, rank, docs}
     static const Case cases[] = {
         {1, 64, 2, 2, 1, 0, 0},

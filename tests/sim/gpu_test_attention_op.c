@@ -214,7 +214,7 @@ static AttentionConfig config_of(const Case *c, Kind kind) {
 
 static AttnShape shape_of(const Case *c) {
     return (AttnShape){c->T, c->T, c->Hq, c->Hkv, c->D, c->B, 1.0f / sqrtf((float)c->D),
-                       c->docs ? DOC_STARTS : NULL, c->docs ? DOC_COUNT : 0};
+                       c->docs ? DOC_STARTS : NULL, c->docs ? DOC_COUNT : 0, NULL};
 }
 
 // ---- runs ----

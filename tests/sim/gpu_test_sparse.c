@@ -89,12 +89,14 @@ typedef struct {
     float *o, *lse, *delta, *dq, *dk, *dv;
 } Results;
 
+static const int64_t *d_doc_starts;   // DOC_STARTS on the device (main)
+
 static AttnShape shape_of(const Case *c, int64_t Tq, int64_t Tk) {
     int64_t count = 0;
     while (c->docs && count < (int64_t)(sizeof DOC_STARTS / sizeof DOC_STARTS[0]) && DOC_STARTS[count] < c->n)
         count++;
     return (AttnShape){Tq, Tk, c->Hq, c->Hkv, c->D, c->B, 1.0f / sqrtf((float)c->D),
-                       count > 0 ? DOC_STARTS : NULL, count};
+                       count > 0 ? DOC_STARTS : NULL, count, count > 0 ? d_doc_starts : NULL};
 }
 
 static int64_t total_keys(const Inputs *in) {
@@ -475,7 +477,7 @@ static void run_case(const Case *c, uint64_t seed) {
     pattern_to_device(&pattern, &d_pattern);
     int64_t *d_q_blocks = to_device(q_blocks, (size_t)index.num_q_blocks * sizeof(int64_t));
     SparseIndexCuda built = {0};
-    sparse_index_build_cuda(&d_pattern, c->B, d_q_blocks, index.num_q_blocks, sq.doc_starts, sq.doc_count, DOC_SINK,
+    sparse_index_build_cuda(&d_pattern, c->B, d_q_blocks, index.num_q_blocks, sq.doc_starts_device, sq.doc_count, DOC_SINK,
                             &built, 0);
     EXPECT_COUNTED(same_index(&built, &index), "%s GPU index identical to the CPU's", name);
     sparse_index_free_cuda(&built);
@@ -545,13 +547,13 @@ static void run_long_index_case(int H) {
     const int64_t q_blocks[] = {LONG_QB};
     SparseIndex x;
     sparse_index_build(&p, B, q_blocks, 1, &x);
-    const AttnShape s = {1, 1, H, 1, 64, B, 1.0f, doc_starts, 1};
+    const AttnShape s = {1, 1, H, 1, 64, B, 1.0f, doc_starts, 1, NULL};
     sparse_index_documents(&s, LONG_SINK, &x);
     SparsePatternCuda dp;
     pattern_to_device(&p, &dp);
-    int64_t *d_q_blocks = to_device(q_blocks, sizeof q_blocks);
+    int64_t *d_q_blocks = to_device(q_blocks, sizeof q_blocks), *d_docs = to_device(doc_starts, sizeof doc_starts);
     SparseIndexCuda dx = {0};
-    sparse_index_build_cuda(&dp, B, d_q_blocks, 1, doc_starts, 1, LONG_SINK, &dx, 0);
+    sparse_index_build_cuda(&dp, B, d_q_blocks, 1, d_docs, 1, LONG_SINK, &dx, 0);
     EXPECT_COUNTED(same_index(&dx, &x), "long index row: N=%lld H=%d, %lld blocks, %lld columns identical to the "
                    "CPU's", (long long)N, H, (long long)x.block_start[H], (long long)x.column_start[H]);
     sparse_index_free_cuda(&dx);
@@ -559,6 +561,7 @@ static void run_long_index_case(int H) {
     sparse_index_free(&x);
     sparse_pattern_free(&p);
     CUDA_CHECK(cudaFree(d_q_blocks));
+    CUDA_CHECK(cudaFree(d_docs));
 }
 
 // One case of the pattern pipeline: Lq estimation queries (the sequence's
@@ -683,7 +686,7 @@ static void run_select_case(const SelectCase *sc, uint64_t seed) {
     const AttnShape s = shape_of(c, in.Tq, in.Tq);
     sparse_index_documents(&s, cfg.sink, &x);
     poison_index(&dx);
-    sparse_index_build_cuda(&dp, c->B, d_q_blocks, nqb, s.doc_starts, s.doc_count, cfg.sink, &dx, 0);
+    sparse_index_build_cuda(&dp, c->B, d_q_blocks, nqb, s.doc_starts_device, s.doc_count, cfg.sink, &dx, 0);
     EXPECT_COUNTED(same_index(&dx, &x), "%s index%s identical, reusing the index (%lld blocks, %lld columns)", name,
                    c->docs ? " with documents" : "", (long long)x.block_start[rows], (long long)x.column_start[rows]);
     // The other budget selected into the same (poisoned) pattern: the CPU's lines for it.
@@ -713,6 +716,7 @@ int main(int argc, char **argv) {
     const int small = argc > 1 && strcmp(argv[1], "small") == 0;
     const int index_only = argc > 1 && strcmp(argv[1], "index") == 0;
     CHECK(argc == 1 || small || index_only, "usage: %s [small | index]", argv[0]);
+    d_doc_starts = to_device(DOC_STARTS, sizeof DOC_STARTS);
     run_long_index_case(2);
     if (index_only) {
         printf("1 case: %d passed, %d failed\n", checks - check_failures, check_failures);

@@ -252,7 +252,7 @@ static void check_case(int inner, LayoutKind layout, RingSend send, DocSet docs,
     if (sparse)
         cfg = (AttentionConfig){.type = ATTN_SPARSE, .block_size = B, .ring_send = send, .last_q = 64, .sink = 4,
                                 .local = 1, .budget = BUDGET_FIXED, .vertical = PLANT_VERTICAL, .slash = 0};
-    AttnShape full = {N, N, HQ, HKV, D, B, 1.0f / sqrtf((float)D), doc_count ? starts : NULL, doc_count};
+    AttnShape full = {N, N, HQ, HKV, D, B, 1.0f / sqrtf((float)D), doc_count ? starts : NULL, doc_count, NULL};
     int64_t *iota = xmalloc((size_t)N * sizeof(int64_t));
     for (int64_t t = 0; t < N; t++) iota[t] = t;
     Result ref = run_op(&cfg, NULL, 1, &full, q, k, v, dout, iota, N);

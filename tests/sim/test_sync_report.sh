@@ -16,10 +16,14 @@
 #              nor on a cp ring, with the layers or the ring's size (cp 2
 #              and 4): the ring's plan stays on the device (need rows not
 #              needed with ring_send full, the gathered columns planned at
-#              bounds, their collectives watched once per step);
-#   pinned     a one-rank dense step makes no async copy with pageable host
-#              memory (the backend's uploads and downloads are staged through
-#              its page-locked buffer);
+#              bounds, their collectives watched once per step); with
+#              documents (data.doc_mask on a shard of short documents, several
+#              per sequence) neither, dense or sparse: the document starts go
+#              to the device once per sequence, not per layer;
+#   pinned     a one-rank dense step, with documents too, makes no async copy
+#              with pageable host memory (the backend's uploads and downloads
+#              are staged through its page-locked buffer, the attention op's
+#              document starts through its own);
 #   priority   cp 2 over NCCL: every NCCL operation of the step runs on a
 #              stream of the device's greatest priority;
 #   measured   N and the sites of every run, printed as "info" lines.
@@ -32,6 +36,12 @@ RUN="$SIM_RUN train.steps=2 checkpoint.resume=never"
 # $SIM_SPARSE on one line, without its statistics (log.attention_every: counting them reads the index back)
 # shellcheck disable=SC2086  # split into its settings
 SIM_SPARSE_PLAN=$(printf '%s ' ${SIM_SPARSE/log.attention_every=1/})
+# A shard of 60 short documents (bytes: 8 to 80 tokens), 2 to 4 starts in each sequence of 128.
+awk 'BEGIN { srand(7); split("the a river town bright quiet stone winter map road house light", w, " ");
+  for (d = 0; d < 60; d++) { f = sprintf("'"$tmp"'/doc%02d.txt", d); s = ""; n = 2 + int(rand() * 12);
+    for (i = 0; i < n; i++) s = s w[int(rand() * 12) + 1] " "; print s > f; close(f) } }'
+build/sim/mtrain tokenize --tokenizer bytes --input "$tmp"/doc*.txt --output "$tmp/docs.shard" >/dev/null
+DOCS="model.vocab_size=258 data.train=$tmp/docs.shard data.doc_mask=true"
 
 cases="dense_l2 1 model.num_layers=2
 dense_l4 1 model.num_layers=4
@@ -43,7 +53,11 @@ sparse_l2 1 model.num_layers=2 $SIM_SPARSE_PLAN
 sparse_l4 1 model.num_layers=4 $SIM_SPARSE_PLAN
 sparse2_l2 2 parallel.cp=2 model.num_layers=2 $SIM_SPARSE_PLAN
 sparse2_l4 2 parallel.cp=2 model.num_layers=4 $SIM_SPARSE_PLAN
-sparse4_l2 4 parallel.cp=4 model.num_layers=2 train.seq_len=256 $SIM_SPARSE_PLAN"
+sparse4_l2 4 parallel.cp=4 model.num_layers=2 train.seq_len=256 $SIM_SPARSE_PLAN
+docs_l2 1 model.num_layers=2 $DOCS
+docs_l4 1 model.num_layers=4 $DOCS
+sparse_docs_l2 1 model.num_layers=2 $SIM_SPARSE_PLAN $DOCS
+sparse_docs_l4 1 model.num_layers=4 $SIM_SPARSE_PLAN $DOCS"
 budgets="dense_l2 dense_l4
 ring2_l2 ring2_l4
 ring4_l2 ring4_l4
@@ -51,7 +65,9 @@ ring2_l2 ring4_l2
 sparse_l2 sparse_l4
 dense_l2 sparse_l2
 sparse2_l2 sparse2_l4
-sparse2_l2 sparse4_l2"
+sparse2_l2 sparse4_l2
+docs_l2 docs_l4
+sparse_docs_l2 sparse_docs_l4"
 
 declare -A N
 while read -r name np settings; do
@@ -65,7 +81,7 @@ while read -r name np settings; do
   sed -n '/^host syncs per step/,/^[^ h]/{/^  /s/^/info /p}' "$tmp/$name.out"
 done <<<"$cases"
 
-for name in dense_l2 dense_l4; do
+for name in dense_l2 dense_l4 docs_l2 docs_l4; do
   sites=$(grep -c '^  .*with pageable host memory' "$tmp/$name.out")
   expect "sync_report_pinned_$name: no async copy with pageable host memory in a one-rank dense step ($sites sites)" \
     "[ -n '${N[$name]}' ] && [ $sites -eq 0 ]"

@@ -133,7 +133,7 @@ static void test_estimation(void) {
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         const int64_t N = cases[c].N, Lq = cases[c].Lq;
         const int Hq = cases[c].Hq, Hkv = cases[c].Hkv, D = cases[c].D;
-        AttnShape s = {Lq, N, Hq, Hkv, D, cases[c].B, 1.0f / sqrtf((float)D), NULL, 0};
+        AttnShape s = {Lq, N, Hq, Hkv, D, cases[c].B, 1.0f / sqrtf((float)D), NULL, 0, NULL};
         float *qe = randn(&rng, Lq * Hq * D, 1.5), *k = randn(&rng, N * Hkv * D, 1.5);
         int64_t *qe_pos = last_positions(N, Lq), *k_pos = last_positions(N, N);
         double *rl = doubles(Hq * Lq);
@@ -585,7 +585,7 @@ static void test_recall(void) {
     const int Hq = 4, Hkv = 2, D = 32, B = 16, W = 3;
     Rng rng;
     rng_seed(&rng, 9);
-    AttnShape s = {Lq, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), NULL, 0};
+    AttnShape s = {Lq, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), NULL, 0, NULL};
     float *qe = randn(&rng, Lq * Hq * D, 2.0), *k = randn(&rng, N * Hkv * D, 2.0);
     int64_t *qe_pos = last_positions(N, Lq);
     double *rl = doubles(Hq * Lq);
@@ -640,7 +640,7 @@ static void test_planted(void) {
     const int nv[2] = {2, 1}, ns[2] = {6, 5};
     Rng rng;
     rng_seed(&rng, 17);
-    AttnShape s = {Lq, N, Hq, 1, D, B, 1.0f, NULL, 0};
+    AttnShape s = {Lq, N, Hq, 1, D, B, 1.0f, NULL, 0, NULL};
     float *k = randn(&rng, N * D, 0.02), *qe = xcalloc((size_t)(Lq * Hq * D), sizeof(float));
     for (int64_t j = 0; j < N; j++) k[j * D + j] += 1.0f;
     int64_t *qe_pos = last_positions(N, Lq), *k_pos = last_positions(N, N);
@@ -758,7 +758,7 @@ static int bench_main(int64_t N) {
     rng_seed(&rng, 1);
     float *q = randn(&rng, N * Hq * D, 1.0), *k = randn(&rng, N * Hkv * D, 1.0), *vv = randn(&rng, N * Hkv * D, 1.0);
     int64_t *pos = last_positions(N, N);
-    AttnShape est = {Lq, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), NULL, 0};
+    AttnShape est = {Lq, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), NULL, 0, NULL};
     float *lse = floats(Hq * Lq);
     float *v = xcalloc((size_t)(Hq * N), sizeof(float)), *sl = xcalloc((size_t)(Hq * N), sizeof(float));
     for (int64_t i = 0; i < Hq * Lq; i++) lse[i] = -INFINITY;
@@ -786,7 +786,7 @@ static int bench_main(int64_t N) {
     SparseStats st = {0};
     sparse_index_count(&ix, pos, N, NULL, 0, &st);
     double t4 = now_seconds();
-    AttnShape dense = {N, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), NULL, 0};
+    AttnShape dense = {N, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), NULL, 0, NULL};
     float *o = floats(N * Hq * D), *dl = floats(N * Hq);
     attn_forward_init(&dense, o, dl);
     double t5 = now_seconds();
@@ -824,7 +824,7 @@ static void test_documents_estimation(void) {
     const int Hq = 4, Hkv = 2, D = 32, B = 16;
     Rng rng;
     rng_seed(&rng, 21);
-    AttnShape s = {Lq, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), starts, 2};
+    AttnShape s = {Lq, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), starts, 2, NULL};
     float *qe = randn(&rng, Lq * Hq * D, 2.0), *k = randn(&rng, N * Hkv * D, 2.0);
     int64_t *qe_pos = last_positions(N, Lq);
     float *lse = floats(2 * Hq * Lq), *lse_doc = lse + Hq * Lq;
@@ -862,7 +862,7 @@ static void test_documents_index(void) {
     const int64_t N = 300, nd = 8;
     const int Hq = 3, B = 16, sink = 3;
     const int64_t nqb = (N + B - 1) / B;
-    AttnShape s = {N, N, Hq, 1, 8, B, 1.0f, starts, nd};
+    AttnShape s = {N, N, Hq, 1, 8, B, 1.0f, starts, nd, NULL};
     int64_t *qb = xmalloc((size_t)nqb * sizeof(int64_t));
     for (int64_t i = 0; i < nqb; i++) qb[i] = i;
     char *want = xmalloc((size_t)N), *block_ok = xmalloc((size_t)nqb);

@@ -315,16 +315,20 @@ cross_entropy_kernel(bf16 *logits, const int32_t *targets, int64_t C, int V, flo
 
 // ---- AdamW ----
 
+// One step's hyperparameters; c1, c2 the bias corrections 1 - beta1^step, 1 - beta2^step.
+struct AdamWHyper {
+    float lr, beta1, beta2, eps, weight_decay, c1, c2;
+};
+
 __global__ void __launch_bounds__(THREADS)
-adamw_kernel(float *param, bf16 *param_bf16, const float *grad, float *m, float *v, int64_t n, float lr,
-             float beta1, float beta2, float eps, float weight_decay, float c1, float c2) {
+adamw_kernel(float *param, bf16 *param_bf16, const float *grad, float *m, float *v, int64_t n, AdamWHyper hp) {
     FOR_EACH(i, n) {
         const float g = grad[i];
-        const float mi = beta1 * m[i] + (1.0f - beta1) * g, vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+        const float mi = hp.beta1 * m[i] + (1.0f - hp.beta1) * g, vi = hp.beta2 * v[i] + (1.0f - hp.beta2) * g * g;
         m[i] = mi;
         v[i] = vi;
-        const float mhat = mi / c1, vhat = vi / c2;
-        const float p = param[i] - lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * param[i]);
+        const float mhat = mi / hp.c1, vhat = vi / hp.c2;
+        const float p = param[i] - hp.lr * (mhat / (sqrtf(vhat) + hp.eps) + hp.weight_decay * param[i]);
         param[i] = p;
         st(param_bf16 + i, p);
     }
@@ -464,9 +468,9 @@ extern "C" void adamw_cuda(float *param, uint16_t *param_bf16, const float *grad
                            float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step,
                            cudaStream_t stream) {
     if (n == 0) return;
-    const float c1 = 1.0f - powf(beta1, (float)step), c2 = 1.0f - powf(beta2, (float)step);
-    CUDA_LAUNCH(adamw_kernel, grid_for(n, THREADS), THREADS, 0, stream, param, (bf16 *)param_bf16, grad, m, v, n, lr, beta1,
-                beta2, eps, weight_decay, c1, c2);
+    const AdamWHyper hp = {lr, beta1, beta2, eps, weight_decay, 1.0f - powf(beta1, (float)step),
+                           1.0f - powf(beta2, (float)step)};
+    CUDA_LAUNCH(adamw_kernel, grid_for(n, THREADS), THREADS, 0, stream, param, (bf16 *)param_bf16, grad, m, v, n, hp);
     CUDA_CHECK(cudaGetLastError());
 }
 

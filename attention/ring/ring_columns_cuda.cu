@@ -56,13 +56,31 @@ __global__ void __launch_bounds__(ELEMENTWISE_THREADS) columns_flag_kernel(const
     }
 }
 
+// The ring's tokens: positions [N] by rank, rank r's at offsets[r] ..
+// (offsets [W + 1]); me this rank.
+struct RingTokens {
+    const int64_t *positions, *offsets;
+    int W, me;
+    int64_t N;
+};
+
+// The gathered columns' plan at its bounds (ring_columns_plan_cuda's
+// outputs, ring_columns_cuda.h).
+struct ColumnsPlan {
+    int64_t count_bound, owned_bound;
+    int64_t *column_pos, *column_rows, *own_local, *live;
+};
+
 // With place and slot summed: every marked token's column (its place j
 // among the marked positions, its owner r and slot among r's), the padding
 // after the columns, and the counts.
-__global__ void __launch_bounds__(ELEMENTWISE_THREADS) columns_fill_kernel(
-    const uint64_t *mark, const int64_t *place, int64_t words, const int64_t *slot, const int64_t *positions,
-    const int64_t *offsets, int W, int me, int64_t N, int64_t count_bound, int64_t owned_bound, int64_t *column_pos,
-    int64_t *column_rows, int64_t *own_local, int64_t *live) {
+__global__ void __launch_bounds__(ELEMENTWISE_THREADS) columns_fill_kernel(const uint64_t *mark, const int64_t *place,
+                                                                           int64_t words, const int64_t *slot,
+                                                                           RingTokens ring, ColumnsPlan plan) {
+    const int64_t *positions = ring.positions, *offsets = ring.offsets;
+    const int W = ring.W, me = ring.me;
+    const int64_t N = ring.N, count_bound = plan.count_bound, owned_bound = plan.owned_bound;
+    int64_t *column_pos = plan.column_pos, *column_rows = plan.column_rows, *own_local = plan.own_local;
     const int64_t count = place[words];
     FOR_EACH(i, N) {
         const int64_t x = positions[i];
@@ -87,8 +105,8 @@ __global__ void __launch_bounds__(ELEMENTWISE_THREADS) columns_fill_kernel(
         column_rows[j] = column_rows[count_bound + j] = 0;
     }
     if (blockIdx.x == 0 && threadIdx.x == 0) {
-        live[0] = count < count_bound ? count : count_bound;
-        live[1] = slot[offsets[me + 1]] - slot[offsets[me]];
+        plan.live[0] = count < count_bound ? count : count_bound;
+        plan.live[1] = slot[offsets[me + 1]] - slot[offsets[me]];
     }
 }
 
@@ -131,9 +149,10 @@ extern "C" void ring_columns_plan_cuda(const uint64_t *all, int W, int me, int64
     sparse_inclusive_sum_cuda(place + 1, words, stream);
     sparse_inclusive_sum_cuda(slot + 1, N, stream);
     const int64_t most = N > count_bound ? N : count_bound;
+    const RingTokens ring = {positions, offsets, W, me, N};
+    const ColumnsPlan plan = {count_bound, owned_bound, column_pos, column_rows, own_local, live};
     CUDA_LAUNCH(columns_fill_kernel, grid_for(most, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream, mark, place,
-                words, slot, positions, offsets, W, me, N, count_bound, owned_bound, column_pos, column_rows,
-                own_local, live);
+                words, slot, ring, plan);
     CUDA_CHECK(cudaGetLastError());
     CUDA_CHECK(cudaFreeAsync(mark, stream));
     CUDA_CHECK(cudaFreeAsync(place, stream));

@@ -42,22 +42,35 @@
 #define SEL_THREADS 256
 #define SEL_MAX_HEADS 128    // fixed budgets: counts of at most this many q heads, passed by value
 
-// Fixed budgets: the lines to take per segment (vertical of head h at h, slash at Hq + h).
-struct SegmentCounts {
-    int n[2 * SEL_MAX_HEADS];
+// The lines to take per segment (vertical of head h at h, slash at Hq + h):
+// fixed, n of them; otherwise the fewest reaching top_p of the segment's
+// mass, at most cap_v (vertical) or cap_s (slash).
+struct SegmentBudget {
+    bool fixed;
+    int n[2 * SEL_MAX_HEADS];  // fixed only
+    double top_p;
+    int64_t cap_v, cap_s;
 };
 
 // ---- estimation ----
 
+// The estimation kernels' arguments (attn_args.h): dims the sizes (dims.Tq = Lq
+// estimation queries), pos the positions (pos.q_pos [Lq] and pos.q_first
+// [Lq] of the estimation queries, pos.k_pos [Tk]), in.q the estimation
+// queries qe [Lq, Hq, D], in.k the keys [Tk, Hkv, D] (in.v, in.dout unused).
+
 // Shared tiles of one estimation CTA (q head h, keys j0 .. j0 + EST_KEYS):
 // queries qs [Lq][D + 1] scaled to log2 units, keys ks [EST_KEYS][D + 1]
 // (zero past Tk), their positions kps (INT64_MAX past Tk), qps [Lq], and
-// qfs [Lq] the first key position each query sees (qe_first; INT64_MIN for
-// every query when it is NULL: no documents).
+// qfs [Lq] the first key position each query sees (pos.q_first; INT64_MIN
+// for every query when it is NULL: no documents).
 template <int D>
-__device__ void est_load(const bf16 *qe, const int64_t *qe_pos, const int64_t *qe_first, const bf16 *k,
-                         const int64_t *k_pos, int Lq, int64_t Tk, int Hq, int Hkv, int h, int64_t j0,
+__device__ void est_load(const AttnDims &dims, const AttnPos &pos, const AttnInputsBf16 &in, int h, int64_t j0,
                          float scale_log2, float *qs, float *ks, int64_t *kps, int64_t *qps, int64_t *qfs) {
+    const int Lq = (int)dims.Tq, Hq = dims.Hq, Hkv = dims.Hkv;
+    const int64_t Tk = dims.Tk;
+    const bf16 *qe = in.q, *k = in.k;
+    const int64_t *qe_pos = pos.q_pos, *qe_first = pos.q_first, *k_pos = pos.k_pos;
     const int kvh = h / (Hq / Hkv);
     for (int i = threadIdx.x; i < Lq * D; i += blockDim.x) {
         const int e = i / D, d = i % D;
@@ -87,16 +100,14 @@ __device__ __forceinline__ float dot_row(const float *a, const float *b) {
 // Grid (key tiles, Hq), EST_KEYS threads; one thread per estimation query:
 // part [Hq][tiles][Lq] = (max, sum) of its visible scores in the tile (log2 units).
 template <int D>
-__global__ void est_lse_kernel(const bf16 *qe, const int64_t *qe_pos, const int64_t *qe_first, const bf16 *k,
-                               const int64_t *k_pos, int Lq, int64_t Tk, int Hq, int Hkv, float scale_log2,
-                               float2 *part) {
+__global__ void est_lse_kernel(AttnDims dims, AttnPos pos, AttnInputsBf16 in, float scale_log2, float2 *part) {
+    const int Lq = (int)dims.Tq;
     DYNAMIC_SHARED(unsigned char, smem);
     int64_t *kps = reinterpret_cast<int64_t *>(smem), *qps = kps + EST_KEYS;
     float *qs = reinterpret_cast<float *>(qps + EST_MAX_Q), *ks = qs + Lq * (D + 1);
     STATIC_SHARED(int64_t, qfs, [EST_MAX_Q]);
     const int h = blockIdx.y;
-    est_load<D>(qe, qe_pos, qe_first, k, k_pos, Lq, Tk, Hq, Hkv, h, (int64_t)blockIdx.x * EST_KEYS, scale_log2,
-                qs, ks, kps, qps, qfs);
+    est_load<D>(dims, pos, in, h, (int64_t)blockIdx.x * EST_KEYS, scale_log2, qs, ks, kps, qps, qfs);
     for (int e = threadIdx.x; e < Lq; e += blockDim.x) {
         float m = -INFINITY, l = 0.0f;
         for (int j = 0; j < EST_KEYS; j++) {
@@ -143,9 +154,9 @@ __global__ void est_lse_merge_kernel(const float2 *part, int64_t tiles, int Lq, 
 // lse_est) over the estimation queries that see it; vertical [Hq, N] at the
 // key's position += its column sum; slash [Hq, N] at q - k += each P.
 template <int D>
-__global__ void est_scores_kernel(const bf16 *qe, const int64_t *qe_pos, const int64_t *qe_first, const bf16 *k,
-                                  const int64_t *k_pos, const float *lse_est, int Lq, int64_t Tk, int Hq, int Hkv,
-                                  int64_t N, float scale_log2, float *vertical, float *slash) {
+__global__ void est_scores_kernel(AttnDims dims, AttnPos pos, AttnInputsBf16 in, const float *lse_est, int64_t N,
+                                  float scale_log2, float *vertical, float *slash) {
+    const int Lq = (int)dims.Tq;
     constexpr int W = EST_KEYS + EST_MAX_Q;        // slash window: offsets base .. base + W
     DYNAMIC_SHARED(unsigned char, smem);
     int64_t *kps = reinterpret_cast<int64_t *>(smem), *qps = kps + EST_KEYS;
@@ -156,8 +167,7 @@ __global__ void est_scores_kernel(const bf16 *qe, const int64_t *qe_pos, const i
     const int h = blockIdx.y;
     for (int i = threadIdx.x; i < W; i += blockDim.x) window[i] = 0.0f;
     for (int i = threadIdx.x; i < Lq; i += blockDim.x) lse2[i] = lse_est[h * Lq + i] * LOG2E;
-    est_load<D>(qe, qe_pos, qe_first, k, k_pos, Lq, Tk, Hq, Hkv, h, (int64_t)blockIdx.x * EST_KEYS, scale_log2,
-                qs, ks, kps, qps, qfs);
+    est_load<D>(dims, pos, in, h, (int64_t)blockIdx.x * EST_KEYS, scale_log2, qs, ks, kps, qps, qfs);
     // Offsets of contiguous keys and queries fall in the window; others go
     // straight to global memory.
     const int64_t base = qps[0] - kps[0] - (EST_KEYS - 1);
@@ -218,9 +228,10 @@ static void estimate_lse(const AttnShape *s, const bf16 *qe, const int64_t *qe_p
     float2 *part;
     CUDA_CHECK(cudaMallocAsync((void **)&part, (size_t)(tiles * s->num_heads * Lq) * sizeof(float2), stream));
     int64_t *qe_first = attn_doc_first_cuda(s, qe_pos, stream);
+    const AttnPos pos = {qe_pos, k_pos, qe_first};
+    const AttnInputsBf16 in = {qe, k, NULL, NULL};
     CUDA_LAUNCH(est_lse_kernel<D>, dim3((unsigned)tiles, (unsigned)s->num_heads), EST_KEYS, smem, stream,
-                qe, qe_pos, qe_first, k, k_pos, Lq, s->k_tokens, s->num_heads, s->num_kv_heads, s->scale * LOG2E,
-                part);
+                attn_dims(s), pos, in, s->scale * LOG2E, part);
     CUDA_CHECK(cudaGetLastError());
     if (qe_first) CUDA_CHECK(cudaFreeAsync(qe_first, stream));
     CUDA_LAUNCH(est_lse_merge_kernel, blocks_for((int64_t)s->num_heads * Lq * 32, 256), 256, 0, stream,
@@ -249,9 +260,10 @@ static void estimate_scores(const AttnShape *s, const bf16 *qe, const int64_t *q
     CUDA_CHECK(cudaFuncSetAttribute(est_scores_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)smem));
     int64_t *qe_first = attn_doc_first_cuda(s, qe_pos, stream);
+    const AttnPos pos = {qe_pos, k_pos, qe_first};
+    const AttnInputsBf16 in = {qe, k, NULL, NULL};
     CUDA_LAUNCH(est_scores_kernel<D>, dim3((unsigned)tiles, (unsigned)s->num_heads), EST_KEYS, smem, stream,
-                qe, qe_pos, qe_first, k, k_pos, lse_est, Lq, s->k_tokens, s->num_heads, s->num_kv_heads, N,
-                s->scale * LOG2E, vertical, slash);
+                attn_dims(s), pos, in, lse_est, N, s->scale * LOG2E, vertical, slash);
     CUDA_CHECK(cudaGetLastError());
     if (qe_first) CUDA_CHECK(cudaFreeAsync(qe_first, stream));
 }
@@ -284,25 +296,24 @@ __global__ void select_keys_kernel(const float *vertical, const float *slash, in
 // select_lines: fixed count, or the fewest reaching top_p of the mass, summed
 // in double in sorted order, capped).
 __global__ void select_take_kernel(const uint64_t *sorted, const float *vertical, const float *slash, int H,
-                                   int64_t N, bool fixed, const SegmentCounts counts, double top_p, int64_t cap_v,
-                                   int64_t cap_s, int64_t *take) {
+                                   int64_t N, const SegmentBudget budget, int64_t *take) {
     const int s = blockIdx.x * blockDim.x + threadIdx.x;
     if (s >= 2 * H) return;
     const uint64_t *key = sorted + (int64_t)s * N;
     const float *score = s < H ? vertical + (int64_t)s * N : slash + (int64_t)(s - H) * N;
-    if (fixed) { take[s] = counts.n[s] < N ? counts.n[s] : N; return; }
+    if (budget.fixed) { take[s] = budget.n[s] < N ? budget.n[s] : N; return; }
     int64_t positive = 0;
     double total = 0.0;
     for (; positive < N && (key[positive] >> 32) != 0; positive++)
         total += score[UINT32_MAX - (uint32_t)key[positive]];
     int64_t n = 0;
-    if (top_p >= 1.0) n = positive;
+    if (budget.top_p >= 1.0) n = positive;
     else {
-        const double target = top_p * total;
+        const double target = budget.top_p * total;
         double mass = 0.0;
         while (n < positive && mass < target) mass += score[UINT32_MAX - (uint32_t)key[n++]];
     }
-    const int64_t cap = s < H ? cap_v : cap_s;
+    const int64_t cap = s < H ? budget.cap_v : budget.cap_s;
     take[s] = n < cap ? n : cap;
 }
 
@@ -359,15 +370,19 @@ extern "C" void sparse_select_cuda(const AttentionConfig *cfg, const float *vert
     // Per-segment fixed counts and the lists' capacities (taken + always kept).
     CHECK(!fixed || H <= SEL_MAX_HEADS, "selection (CUDA): fixed budgets for %d q heads (supported: up to %d)", H,
           SEL_MAX_HEADS);
-    SegmentCounts counts = {};
+    SegmentBudget budget = {};
+    budget.fixed = fixed;
+    budget.top_p = cfg->top_p;
+    budget.cap_v = cfg->max_vertical;
+    budget.cap_s = cfg->max_slash;
     int64_t most_v = cfg->max_vertical, most_s = cfg->max_slash;
     if (fixed) {
         most_v = most_s = 0;
         for (int h = 0; h < H; h++) {
-            counts.n[h] = fixed_vertical ? fixed_vertical[h] : cfg->vertical;
-            counts.n[H + h] = fixed_slash ? fixed_slash[h] : cfg->slash;
-            most_v = counts.n[h] > most_v ? counts.n[h] : most_v;
-            most_s = counts.n[H + h] > most_s ? counts.n[H + h] : most_s;
+            budget.n[h] = fixed_vertical ? fixed_vertical[h] : cfg->vertical;
+            budget.n[H + h] = fixed_slash ? fixed_slash[h] : cfg->slash;
+            most_v = budget.n[h] > most_v ? budget.n[h] : most_v;
+            most_s = budget.n[H + h] > most_s ? budget.n[H + h] : most_s;
         }
     }
     p->num_heads = H;
@@ -401,8 +416,7 @@ extern "C" void sparse_select_cuda(const AttentionConfig *cfg, const float *vert
     CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeysDescending(temp, bytes, key, sorted, (int)(S * N), (int)S,
                                                                  offsets, offsets + 1, 0, 64, stream));
     CUDA_CHECK(cudaFreeAsync(temp, stream));
-    CUDA_LAUNCH(select_take_kernel, blocks_for(S, 32), 32, 0, stream, sorted, vertical, slash, H, N, (bool)fixed,
-                counts, cfg->top_p, cfg->max_vertical, cfg->max_slash, take);
+    CUDA_LAUNCH(select_take_kernel, blocks_for(S, 32), 32, 0, stream, sorted, vertical, slash, H, N, budget, take);
     CUDA_CHECK(cudaGetLastError());
     CUDA_LAUNCH(select_mark_kernel, blocks_for(S * N, 256), 256, 0, stream, sorted, take, H, N, cfg->sink,
                 cfg->local, sel);
@@ -446,19 +460,21 @@ __device__ void row_documents(const int64_t *doc_starts, int64_t doc_count, int 
     *sink_end = end < q_hi + 1 ? end : q_hi + 1;
 }
 
-// One CTA per index row r = h * nqb + i (global query block qb =
-// q_blocks[i]): marks the row's key blocks in a shared bitmap, then (FILL =
-// false) counts them and the columns into block_start[r + 1],
-// column_start[r + 1], or (FILL) writes them ascending at block_start[r],
-// column_start[r]. With documents (doc_starts [doc_count], device) the row
+// One CTA per row r = h * nqb + i of the index x (nqb = x.num_q_blocks,
+// global query block qb = x.q_blocks[i], B = x.block_size): marks the row's
+// key blocks in a shared bitmap, then (FILL = false) counts them and the
+// columns into x.block_start[r + 1], x.column_start[r + 1], or (FILL) writes
+// them ascending into x.blocks from x.block_start[r] and x.columns from
+// x.column_start[r]. With documents (doc_starts [doc_count], device) the row
 // keeps only blocks and columns at or after lo (row_documents) and gets the
 // sink columns lo .. sink_end - 1, all where no kept block holds them.
 template <bool FILL>
-__global__ void __launch_bounds__(SEL_THREADS) index_row_kernel(const SparsePatternCuda p, int B,
-                                                                const int64_t *q_blocks, int64_t nqb,
+__global__ void __launch_bounds__(SEL_THREADS) index_row_kernel(const SparsePatternCuda p, const SparseIndexCuda x,
                                                                 const int64_t *doc_starts, int64_t doc_count,
-                                                                int sink, int64_t *block_start, int64_t *blocks,
-                                                                int64_t *column_start, int64_t *columns) {
+                                                                int sink) {
+    const int B = x.block_size;
+    const int64_t nqb = x.num_q_blocks, *q_blocks = x.q_blocks;
+    int64_t *block_start = x.block_start, *blocks = x.blocks, *column_start = x.column_start, *columns = x.columns;
     STATIC_SHARED(int, scan, [SEL_THREADS / 32]);
     DYNAMIC_SHARED(unsigned int, bits);
     const int64_t r = blockIdx.x, N = p.seq_len;
@@ -576,12 +592,10 @@ extern "C" void sparse_index_build_cuda(const SparsePatternCuda *p, int block_si
     const size_t smem = (size_t)(nglobal / 32 + 1) * sizeof(unsigned);
     CUDA_CHECK(cudaFuncSetAttribute(index_row_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     CUDA_CHECK(cudaFuncSetAttribute(index_row_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    CUDA_LAUNCH(index_row_kernel<false>, (unsigned)rows, SEL_THREADS, smem, stream, *p, B, q_blocks, nqb, doc_starts,
-                docs, sink, x->block_start, x->blocks, x->column_start, x->columns);
+    CUDA_LAUNCH(index_row_kernel<false>, (unsigned)rows, SEL_THREADS, smem, stream, *p, *x, doc_starts, docs, sink);
     CUDA_CHECK(cudaGetLastError());
     sparse_inclusive_sum_cuda(x->block_start + 1, rows, stream);
     sparse_inclusive_sum_cuda(x->column_start + 1, rows, stream);
-    CUDA_LAUNCH(index_row_kernel<true>, (unsigned)rows, SEL_THREADS, smem, stream, *p, B, q_blocks, nqb, doc_starts,
-                docs, sink, x->block_start, x->blocks, x->column_start, x->columns);
+    CUDA_LAUNCH(index_row_kernel<true>, (unsigned)rows, SEL_THREADS, smem, stream, *p, *x, doc_starts, docs, sink);
     CUDA_CHECK(cudaGetLastError());
 }

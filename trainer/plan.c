@@ -762,10 +762,10 @@ void plan_print(const Plan *p, const Config *cfg, FILE *out) {
                 p->cp > p->hw.gpus_per_node ? "network" : "NVLink", 1e3 * p->attention_step_s,
                 p->ring_exposed_s > 0 ? "not hidden" : "hidden");
     if (p->step_s > 0)
-        fprintf(out, "predicted step: %.3f s (%s %.3f, launches %.3f, host syncs %.3f, ring exposed %.3f, sparse plan "
-                "combine %.3f, gradient reduction %.3f) | %.0f tokens/s per %s, %.0f tokens/s for the job (%d %ss) | "
-                "MFU %.1f%%%s\n", p->step_s, p->gpu ? "kernels" : "compute", p->compute_s, p->launch_s,
-                p->host_sync_s, p->ring_exposed_s, p->sparse_combine_s, p->reduce_s,
+        fprintf(out, "predicted step: %.3f s (%s %.3f, launches %.3f, host syncs %.3f (%.0f syncs), ring exposed %.3f, "
+                "sparse plan combine %.3f, gradient reduction %.3f) | %.0f tokens/s per %s, %.0f tokens/s for the job "
+                "(%d %ss) | MFU %.1f%%%s\n", p->step_s, p->gpu ? "kernels" : "compute", p->compute_s, p->launch_s,
+                p->host_sync_s, p->host_syncs, p->ring_exposed_s, p->sparse_combine_s, p->reduce_s,
                 p->tokens_per_s / (p->dp * p->cp), p->gpu ? "GPU" : "rank",
                 p->tokens_per_s, p->dp * p->cp, p->gpu ? "GPU" : "rank", 100 * p->mfu,
                 p->gpu ? "" : p->peak_measured ? " of the measured sgemm rate" : " of hardware.peak_tflops");

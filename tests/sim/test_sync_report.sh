@@ -24,6 +24,9 @@
 #              with pageable host memory (the backend's uploads and downloads
 #              are staged through its page-locked buffer, the attention op's
 #              document starts through its own);
+#   plan       every run's N equals the host syncs that `mtrain plan --gpu`
+#              predicts for the same settings (its step time counts them),
+#              ring_send selected's 3 per layer included;
 #   priority   cp 2 over NCCL: every NCCL operation of the step runs on a
 #              stream of the device's greatest priority;
 #   measured   N and the sites of every run, printed as "info" lines.
@@ -57,7 +60,9 @@ sparse4_l2 4 parallel.cp=4 model.num_layers=2 train.seq_len=256 $SIM_SPARSE_PLAN
 docs_l2 1 model.num_layers=2 $DOCS
 docs_l4 1 model.num_layers=4 $DOCS
 sparse_docs_l2 1 model.num_layers=2 $SIM_SPARSE_PLAN $DOCS
-sparse_docs_l4 1 model.num_layers=4 $SIM_SPARSE_PLAN $DOCS"
+sparse_docs_l4 1 model.num_layers=4 $SIM_SPARSE_PLAN $DOCS
+selected2_l2 2 parallel.cp=2 model.num_layers=2 $SIM_SPARSE_PLAN attention.ring_send=selected
+selected2_l4 2 parallel.cp=2 model.num_layers=4 $SIM_SPARSE_PLAN attention.ring_send=selected"
 budgets="dense_l2 dense_l4
 ring2_l2 ring2_l4
 ring4_l2 ring4_l4
@@ -77,6 +82,11 @@ while read -r name np settings; do
   N[$name]=$(sed -n 's/^host syncs per step: \([0-9]*\)$/\1/p' "$tmp/$name.out")
   expect "sync_report_$name: $np rank(s), $settings: the report's count (exit $rc, N ${N[$name]:-none})" \
     "[ $rc -eq 0 ] && [ -n '${N[$name]}' ]"
+  # shellcheck disable=SC2086  # the same settings
+  planned=$(build/sim/mtrain plan configs/tiny-cpu.yaml --gpu h100 $RUN $settings 2>&1 |
+            sed -n 's/^predicted step: .* host syncs [0-9.]* (\([0-9]*\) syncs).*/\1/p')
+  expect "sync_report_plan_$name: the plan's host syncs per step (${planned:-none}) = the report's (${N[$name]:-none})" \
+    "[ -n '$planned' ] && [ '$planned' = '${N[$name]}' ]"
   echo "info $name: host syncs per step: ${N[$name]:-none}"
   sed -n '/^host syncs per step/,/^[^ h]/{/^  /s/^/info /p}' "$tmp/$name.out"
 done <<<"$cases"

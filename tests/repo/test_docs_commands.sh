@@ -37,7 +37,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . tests/lib/lib.sh
-LIMIT=300
+LIMIT=1200
 
 RULES=(
   'run |^make demo$|'
@@ -84,6 +84,7 @@ RULES=(
   'run |^build/mtrain plan configs/tiny-cpu\.yaml$|'
   'skip|^build/mtrain train configs/tiny-cpu\.yaml model\.hidden_size=512 .* parallel\.dp=2 parallel\.zero=1$|the second line of an mpirun -np 2 under /usr/bin/time, a timing (tests/mpi/test_checkpoint_shards.sh writes and resumes the same ZeRO shards)'
   'skip|^bash scripts/ring_overlap\.sh RUN\.yaml|placeholder RUN.yaml (docs/PLANNER.md runs the same plan --ring on a run file)'
+  'run |^build/mtrain plan configs/qwen2\.5-3b-512k-32xa100\.yaml .*--kernels .*train\.seq_len=524288 |; [ $? -eq 3 ]'
   'run |^build/mtrain plan configs/qwen2\.5-[0-9.]+b-[0-9]+k-32x[a-z0-9]+\.yaml( train\.init_from=none)?|'
   'skip|^sbatch scripts/sbatch_example\.sh |needs a Slurm cluster (tests/cli/test_plan.sh runs the script with an srun shim)'
   'skip|^mpirun -np 32 --hostfile hosts |32 ranks on 4 nodes of GPUs'

@@ -9,7 +9,7 @@
 // Element types (the compiler keeps them apart):
 //   - float: master weights, parameter gradients, AdamW moments (the arenas
 //     the optimizer, checkpoints and the dp/cp reduction see) and the per-row
-//     statistics (rmsnorm rstd [T], attention lse and delta [Hq, T]);
+//     statistics (rmsnorm rstd [T], attention lse [Hq, T]);
 //   - Act: activations, activation gradients and the LM-head logits chunk,
 //     act_bytes per element (CPU: fp32; CUDA: bf16);
 //   - Weight: the compute copy of the weights that matmul, rmsnorm and the
@@ -117,7 +117,9 @@ typedef struct {
     // [Hq, T] fp32; pos [T] this rank's global positions (backend memory).
     AttnState *(*attention_new)(const AttentionConfig *cfg, int num_layers, int num_heads);
     void (*attention_free)(AttnState *st);
-    // Over the ring of cp (inner ranks per inner ring) from now on; returns
+    // Over the ring of cp (inner ranks per inner ring) from now on, the
+    // backend building the ring and handing it to its op; a new state needs
+    // one before its first sequence (cp NULL: a ring of one). Returns
     // whether attention runs over a ring (false for cp NULL or one rank).
     bool (*attention_set_ring)(AttnState *st, const struct Comm *cp, int inner);
     // A new sequence: pos [tokens] this rank's global positions (host).
@@ -130,10 +132,9 @@ typedef struct {
                               const Act *k, const Act *v, const int64_t *pos, Act *o, float *lse,
                               SparseStats *stats);
     // From the forward's o, lse and dout: accumulates (+=) dq, dk, dv.
-    // delta: fp32 scratch [Hq, T].
     void (*attention_backward)(AttnState *st, int layer, const AttnShape *shape, const Act *q, const Act *k,
                                const Act *v, const int64_t *pos, const Act *o, const float *lse, const Act *dout,
-                               float *delta, Act *dq, Act *dk, Act *dv);
+                               Act *dq, Act *dk, Act *dv);
     // Decoding with a KV cache (model/decode.h): o [Tq, Hq, D] and lse [Hq,
     // Tq] of the queries q [Tq, Hq, D] at positions q_pos [Tq] against the
     // cached keys and values k, v [Tk, Hkv, D] at positions k_pos [Tk]

@@ -184,17 +184,11 @@ static double cross_entropy(Act *logits, const int32_t *targets, int64_t C, int 
     return read_total();
 }
 
-// The op's ring (a ring of one for cp NULL or one rank), built here: the op
-// links no MPI (attention_cuda_op.h).
+// The op's ring (a ring of one for cp NULL or one rank), built here as the
+// CPU backend builds its own: the op links no MPI (attention_cuda_op.h).
 static bool attention_set_ring(AttnState *st, const struct Comm *cp, int inner) {
     const AttnRingCuda ring = ring_cuda_new(cp, inner);
     return attention_cuda_set_ring(st, &ring);
-}
-// A new op runs on a ring of one until attention_set_ring.
-static AttnState *attention_new(const AttentionConfig *cfg, int num_layers, int num_heads) {
-    AttnState *st = attention_cuda_new(cfg, num_layers, num_heads);
-    attention_set_ring(st, NULL, 1);
-    return st;
 }
 static void attention_forward(AttnState *st, int layer, bool plan, const AttnShape *shape, const Act *q,
                               const Act *k, const Act *v, const int64_t *pos, Act *o, float *lse,
@@ -204,10 +198,10 @@ static void attention_forward(AttnState *st, int layer, bool plan, const AttnSha
 }
 static void attention_backward(AttnState *st, int layer, const AttnShape *shape, const Act *q, const Act *k,
                                const Act *v, const int64_t *pos, const Act *o, const float *lse, const Act *dout,
-                               float *delta, Act *dq, Act *dk, Act *dv) {
+                               Act *dq, Act *dk, Act *dv) {
     attention_cuda_backward(st, layer, shape, (const uint16_t *)q, (const uint16_t *)k, (const uint16_t *)v, pos,
-                            (const uint16_t *)o, lse, (const uint16_t *)dout, delta, (uint16_t *)dq,
-                            (uint16_t *)dk, (uint16_t *)dv, cuda.stream);
+                            (const uint16_t *)o, lse, (const uint16_t *)dout, (uint16_t *)dq, (uint16_t *)dk,
+                            (uint16_t *)dv, cuda.stream);
 }
 
 static void attention_cached(AttnState *st, const AttnShape *shape, const Act *q, const int64_t *q_pos,
@@ -271,7 +265,7 @@ static const Backend cuda_backend = {
     .scale = scale,
     .sum_squares = sum_squares,
     .cross_entropy = cross_entropy,
-    .attention_new = attention_new,
+    .attention_new = attention_cuda_new,
     .attention_free = attention_cuda_free,
     .attention_set_ring = attention_set_ring,
     .attention_sequence = attention_cuda_sequence,

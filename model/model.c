@@ -81,6 +81,7 @@ void model_init(Model *m, const ModelConfig *config, const Backend *be, const At
         m->attention.block_size = 64;
     }
     m->attn = be->attention_new(&m->attention, config->num_layers, config->num_heads);
+    model_set_ring(m, NULL, 1);
     m->attention_stats = xcalloc((size_t)config->num_layers, sizeof(SparseStats));
     m->loss_chunk = loss_chunk;
     int L = cfg->num_layers;
@@ -294,14 +295,13 @@ static ArenaCount layer_act_count(const ModelConfig *c, int64_t T, int64_t mlp_r
 
 int64_t model_loss_chunk_rows(int loss_chunk, int64_t T) { return loss_chunk < T ? loss_chunk : T; }
 
-// The backward buffers (dgate, dup, dact of mlp_rows tokens) and the loss chunk.
-static ArenaCount grad_act_count(const ModelConfig *c, int loss_chunk, int64_t T, int64_t mlp_rows) {
+// The backward buffers (dgate, dup, dact of mlp_rows tokens) and the loss
+// chunk: Act elements (the backward keeps no statistics).
+static int64_t grad_act_count(const ModelConfig *c, int loss_chunk, int64_t T, int64_t mlp_rows) {
     int64_t H = c->hidden_size, I = c->intermediate_size;
     int64_t QD = (int64_t)c->num_heads * c->head_dim, KD = (int64_t)c->num_kv_heads * c->head_dim;
-    return (ArenaCount){2 * arena_span(T * H) + 2 * arena_span(T * QD) + 2 * arena_span(T * KD) +
-                            3 * arena_span(mlp_rows * I) +
-                            arena_span(model_loss_chunk_rows(loss_chunk, T) * c->vocab_size),
-                        (int64_t)c->num_heads * T};
+    return 2 * arena_span(T * H) + 2 * arena_span(T * QD) + 2 * arena_span(T * KD) + 3 * arena_span(mlp_rows * I) +
+           arena_span(model_loss_chunk_rows(loss_chunk, T) * c->vocab_size);
 }
 
 // With the MLP in chunks of C tokens, one shared gate, up and act [C, I]
@@ -309,11 +309,11 @@ static ArenaCount grad_act_count(const ModelConfig *c, int loss_chunk, int64_t T
 static ArenaCount activation_count(const ModelConfig *c, bool checkpoint_activations, int loss_chunk, int mlp_chunk,
                                    int64_t T) {
     const int64_t C = model_mlp_chunk_rows(mlp_chunk, checkpoint_activations, T);
-    ArenaCount layer = layer_act_count(c, T, C ? 0 : T), grad = grad_act_count(c, loss_chunk, T, C ? C : T);
+    ArenaCount layer = layer_act_count(c, T, C ? 0 : T);
     int64_t kept = checkpoint_activations ? 1 : c->num_layers;
-    return (ArenaCount){arena_span(T * (int64_t)c->hidden_size) * (c->num_layers + 2) + kept * layer.act + grad.act +
-                            3 * arena_span(C * c->intermediate_size),
-                        arena_span(T + kept * layer.stat + grad.stat)};
+    return (ArenaCount){arena_span(T * (int64_t)c->hidden_size) * (c->num_layers + 2) + kept * layer.act +
+                            grad_act_count(c, loss_chunk, T, C ? C : T) + 3 * arena_span(C * c->intermediate_size),
+                        arena_span(T + kept * layer.stat)};
 }
 
 size_t model_activation_arena_bytes(const ModelConfig *c, bool checkpoint_activations, int loss_chunk, int mlp_chunk,
@@ -413,7 +413,6 @@ static void ensure_activations(Model *m, int64_t T) {
     m->dgate = take_act(&cur, (C ? C : T) * I);
     m->dup = take_act(&cur, (C ? C : T) * I);
     m->dact = take_act(&cur, (C ? C : T) * I);
-    m->delta = take_stat(&cur, (int64_t)c->num_heads * T);
     m->logits = take_act(&cur, model_loss_chunk_rows(m->loss_chunk, T) * c->vocab_size);
     CHECK(cur.stat <= (float *)acts && (char *)cur.act == (char *)m->activation_arena + bytes,
           "activation arena miscounted");
@@ -545,7 +544,7 @@ static void layer_backward(Model *m, int l, LayerActs *a, int64_t T) {
     zero_act(m, m->dq, T * QD);
     zero_act(m, m->dk, T * KD);
     zero_act(m, m->dv, T * KD);
-    be->attention_backward(m->attn, l, &s, a->q, a->k, a->v, m->positions, a->att, a->lse, m->datt, m->delta,
+    be->attention_backward(m->attn, l, &s, a->q, a->k, a->v, m->positions, a->att, a->lse, m->datt,
                            m->dq, m->dk, m->dv);
     be->rope(m->dq, m->rope_positions, T, c->num_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 1);
     be->rope(m->dk, m->rope_positions, T, c->num_kv_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 1);

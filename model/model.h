@@ -82,7 +82,6 @@ typedef struct {
     float *rstd_final;       // [T]
     Act *dx, *dh, *dq, *dk, *dv, *datt;
     Act *dgate, *dup, *dact; // [mlp_chunk_rows or T, I]
-    float *delta;            // [Hq, T]
     Act *logits;             // [min(loss_chunk, max_tokens), V]
     int32_t *tokens, *targets;
     int64_t *positions;      // [T] global positions (masks, ring layouts)
@@ -245,7 +244,7 @@ size_t model_activation_bytes(const Model *m, int64_t T);
 // whose Act elements take act_bytes, without building one (trainer/plan.c):
 // saved activations, backward buffers and the LM-head chunk
 // [model_loss_chunk_rows, vocab] in act_bytes each, the row statistics (rstd,
-// lse, delta) in fp32.
+// lse) in fp32.
 size_t model_activation_arena_bytes(const ModelConfig *c, bool checkpoint_activations, int loss_chunk, int mlp_chunk,
                                     int64_t T, size_t act_bytes);
 // Tokens per MLP chunk for T tokens: 0 = the MLP whole, its gate, up and act

@@ -11,6 +11,7 @@
 #include "../dist/comm.h"
 #include "../dist/util.h"
 #include "../attention/op/attention_cpu.h"
+#include "../attention/ring/ring_cpu.h"
 #include "backend.h"
 
 static void *cpu_alloc(size_t bytes) { return xcalloc(1, bytes); }
@@ -288,6 +289,12 @@ static void weights_allgather(const Comm *c, Weight *w, int64_t count) {
 }
 
 // The attention op's entries: the CPU's Act is fp32 (attention_cpu.h).
+// The op's ring (a ring of one for cp NULL or one rank), built here as the
+// CUDA backend builds its own: the op never sees a communicator.
+static bool attention_set_ring(AttnState *st, const struct Comm *cp, int inner) {
+    const AttnRingCpu ring = ring_cpu_new(cp, inner);
+    return attention_cpu_set_ring(st, &ring);
+}
 static void attention_forward(AttnState *st, int layer, bool plan, const AttnShape *shape, const Act *q,
                               const Act *k, const Act *v, const int64_t *pos, Act *o, float *lse,
                               SparseStats *stats) {
@@ -296,10 +303,9 @@ static void attention_forward(AttnState *st, int layer, bool plan, const AttnSha
 }
 static void attention_backward(AttnState *st, int layer, const AttnShape *shape, const Act *q, const Act *k,
                                const Act *v, const int64_t *pos, const Act *o, const float *lse, const Act *dout,
-                               float *delta, Act *dq, Act *dk, Act *dv) {
+                               Act *dq, Act *dk, Act *dv) {
     attention_cpu_backward(st, layer, shape, (const float *)q, (const float *)k, (const float *)v, pos,
-                           (const float *)o, lse, (const float *)dout, delta, (float *)dq, (float *)dk,
-                           (float *)dv);
+                           (const float *)o, lse, (const float *)dout, (float *)dq, (float *)dk, (float *)dv);
 }
 static void attention_cached(AttnState *st, const AttnShape *shape, const Act *q, const int64_t *q_pos,
                              const Act *k, const Act *v, const int64_t *k_pos, Act *o, float *lse) {
@@ -338,7 +344,7 @@ static const Backend cpu_backend = {
     .cross_entropy = cross_entropy,
     .attention_new = attention_cpu_new,
     .attention_free = attention_cpu_free,
-    .attention_set_ring = attention_cpu_set_ring,
+    .attention_set_ring = attention_set_ring,
     .attention_sequence = attention_cpu_sequence,
     .attention_forward = attention_forward,
     .attention_backward = attention_backward,

@@ -356,9 +356,8 @@ extern "C" void attention_cuda_cached(AttnState *st, const AttnShape *shape, con
 
 extern "C" void attention_cuda_backward(AttnState *st, int layer, const AttnShape *shape, const uint16_t *q,
                                         const uint16_t *k, const uint16_t *v, const int64_t *pos,
-                                        const uint16_t *o, const float *lse, const uint16_t *dout, float *delta,
-                                        uint16_t *dq, uint16_t *dk, uint16_t *dv, cudaStream_t stream) {
-    (void)delta;   // the ring's own
+                                        const uint16_t *o, const float *lse, const uint16_t *dout, uint16_t *dq,
+                                        uint16_t *dk, uint16_t *dv, cudaStream_t stream) {
     check_call(st, layer, shape);
     const AttnShape s = with_documents(st, shape, stream);
     const int64_t nq = s.q_tokens * s.num_heads * s.head_dim;

@@ -11,10 +11,9 @@
 // device memory, with the backend's stream last (every call is enqueued on
 // it; the state's scratch is stream-ordered on it too):
 //   q, o, dq, dout : [T, Hq, D] bf16 (uint16_t bits)   k, v, dk, dv : [T, Hkv, D] bf16
-//   lse, delta     : [Hq, T] fp32                       pos : [T] int64 (device)
+//   lse            : [Hq, T] fp32                       pos : [T] int64 (device)
 // dq, dk, dv are ACCUMULATED (+=): the kernels' fp32 sums live in the state's
-// scratch and are added into the bf16 outputs with one rounding; delta is
-// not read (the ring's own). Dense and sparse attention run ring.c's
+// scratch and are added into the bf16 outputs with one rounding. Dense and sparse attention run ring.c's
 // schedules on device buffers (ring_cuda.h); over several ranks the sparse
 // plan is estimated over the ring (AttnRingCuda.sparse_plan). Documents
 // (shape->doc_starts, host) are masked by the dense and the sparse kernels,
@@ -97,8 +96,8 @@ void attention_cuda_cached(AttnState *st, const AttnShape *shape, const uint16_t
                            cudaStream_t stream);
 void attention_cuda_backward(AttnState *st, int layer, const AttnShape *shape, const uint16_t *q,
                              const uint16_t *k, const uint16_t *v, const int64_t *pos, const uint16_t *o,
-                             const float *lse, const uint16_t *dout, float *delta, uint16_t *dq, uint16_t *dk,
-                             uint16_t *dv, cudaStream_t stream);
+                             const float *lse, const uint16_t *dout, uint16_t *dq, uint16_t *dk, uint16_t *dv,
+                             cudaStream_t stream);
 // Bytes this rank sent in the ring for the sequence (0 without a ring).
 double attention_cuda_ring_bytes(const AttnState *st);
 

@@ -88,10 +88,10 @@ static void cpu_forward(AttnState *st, int layer, bool plan, const AttnShape *s,
 }
 
 static void cpu_backward(AttnState *st, int layer, const AttnShape *s, const Inputs *in, const int64_t *pos,
-                         const float *o, const float *lse, float *delta, float *dq, float *dk, float *dv) {
+                         const float *o, const float *lse, float *dq, float *dk, float *dv) {
     backend_cpu()->attention_backward(st, layer, s, (const void *)in->qf, (const void *)in->kf,
                                       (const void *)in->vf, pos, (const void *)o, lse, (const void *)in->doutf,
-                                      delta, (void *)dq, (void *)dk, (void *)dv);
+                                      (void *)dq, (void *)dk, (void *)dv);
 }
 
 // ---- inputs ----
@@ -254,16 +254,15 @@ static Results cpu_run(const Case *c, Kind kind, Inputs in[2]) {
     float *o1 = xmalloc((size_t)in[1].nq * sizeof(float)), *lse1 = xmalloc((size_t)nl * sizeof(float));
     cpu_forward(st, 0, true, &s, &in[0], pos, r.o, r.lse, &r.stats);
     cpu_forward(st, 1, true, &s, &in[1], pos, o1, lse1, NULL);
-    float *delta = xmalloc((size_t)nl * sizeof(float));
     r.dq = copy_f32(in[0].dq0f, in[0].nq);
     r.dk = copy_f32(in[0].dk0f, in[0].nk);
     r.dv = copy_f32(in[0].dv0f, in[0].nk);
-    cpu_backward(st, 0, &s, &in[0], pos, r.o, r.lse, delta, r.dq, r.dk, r.dv);
+    cpu_backward(st, 0, &s, &in[0], pos, r.o, r.lse, r.dq, r.dk, r.dv);
     subtract(r.dq, in[0].dq0f, in[0].nq);
     subtract(r.dk, in[0].dk0f, in[0].nk);
     subtract(r.dv, in[0].dv0f, in[0].nk);
     be->attention_free(st);
-    free(pos); free(o1); free(lse1); free(delta);
+    free(pos); free(o1); free(lse1);
     return r;
 }
 
@@ -306,9 +305,8 @@ static Results gpu_run(const Case *c, Kind kind, Inputs in[2], const char *name)
     uint16_t *d_dq = to_device(in[0].dq0, (size_t)in[0].nq * sizeof(uint16_t));
     uint16_t *d_dk = to_device(in[0].dk0, (size_t)in[0].nk * sizeof(uint16_t));
     uint16_t *d_dv = to_device(in[0].dv0, (size_t)in[0].nk * sizeof(uint16_t));
-    float *d_delta = poisoned((size_t)nl * sizeof(float));
-    attention_cuda_backward(st, 0, &s, in[0].d_q, in[0].d_k, in[0].d_v, d_pos, d_o, d_lse, in[0].d_dout, d_delta,
-                            d_dq, d_dk, d_dv, 0);
+    attention_cuda_backward(st, 0, &s, in[0].d_q, in[0].d_k, in[0].d_v, d_pos, d_o, d_lse, in[0].d_dout, d_dq,
+                            d_dk, d_dv, 0);
     CUDA_CHECK(cudaDeviceSynchronize());
     r.dq = from_device_bf16(d_dq, in[0].nq);
     r.dk = from_device_bf16(d_dk, in[0].nk);
@@ -318,7 +316,7 @@ static Results gpu_run(const Case *c, Kind kind, Inputs in[2], const char *name)
     subtract(r.dv, in[0].dv0f, in[0].nk);
     attention_cuda_free(st);
     CUDA_CHECK(cudaFree(d_pos)); CUDA_CHECK(cudaFree(d_o)); CUDA_CHECK(cudaFree(d_lse));
-    CUDA_CHECK(cudaFree(d_dq)); CUDA_CHECK(cudaFree(d_dk)); CUDA_CHECK(cudaFree(d_dv)); CUDA_CHECK(cudaFree(d_delta));
+    CUDA_CHECK(cudaFree(d_dq)); CUDA_CHECK(cudaFree(d_dk)); CUDA_CHECK(cudaFree(d_dv));
     free(pos); free(o1); free(lse1); free(o_again); free(lse_again);
     return r;
 }

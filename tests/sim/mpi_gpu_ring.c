@@ -85,7 +85,7 @@ static Result run_op(const AttentionConfig *cfg, const Comm *cp, int inner, cons
     uint16_t *d_v = to_device(v, (size_t)nk * 2), *d_dout = to_device(dout, (size_t)nq * 2);
     int64_t *d_pos = to_device(pos, (size_t)T * sizeof(int64_t));
     uint16_t *d_o = poisoned((size_t)nq * 2);
-    float *d_lse = poisoned((size_t)(HQ * T) * sizeof(float)), *d_delta = poisoned((size_t)(HQ * T) * sizeof(float));
+    float *d_lse = poisoned((size_t)(HQ * T) * sizeof(float));
     uint16_t *d_dq = poisoned((size_t)nq * 2), *d_dk = poisoned((size_t)nk * 2);
     uint16_t *d_dv = poisoned((size_t)nk * 2);
     CUDA_CHECK(cudaMemset(d_dq, 0, (size_t)nq * 2));
@@ -93,11 +93,11 @@ static Result run_op(const AttentionConfig *cfg, const Comm *cp, int inner, cons
     CUDA_CHECK(cudaMemset(d_dv, 0, (size_t)nk * 2));
     SparseStats stats = {0};
     attention_cuda_forward(st, 0, true, shape, d_q, d_k, d_v, d_pos, d_o, d_lse, &stats, 0);
-    attention_cuda_backward(st, 0, shape, d_q, d_k, d_v, d_pos, d_o, d_lse, d_dout, d_delta, d_dq, d_dk, d_dv, 0);
+    attention_cuda_backward(st, 0, shape, d_q, d_k, d_v, d_pos, d_o, d_lse, d_dout, d_dq, d_dk, d_dv, 0);
     CUDA_CHECK(cudaDeviceSynchronize());
     Result r = {from_device_bf16(d_o, nq), from_device_f32(d_lse, HQ * T), from_device_bf16(d_dq, nq),
                 from_device_bf16(d_dk, nk), from_device_bf16(d_dv, nk), attention_cuda_ring_bytes(st), stats};
-    void *all[] = {d_q, d_k, d_v, d_dout, d_pos, d_o, d_lse, d_delta, d_dq, d_dk, d_dv};
+    void *all[] = {d_q, d_k, d_v, d_dout, d_pos, d_o, d_lse, d_dq, d_dk, d_dv};
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) CUDA_CHECK(cudaFree(all[i]));
     attention_cuda_free(st);
     return r;

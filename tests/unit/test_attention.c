@@ -6,7 +6,11 @@
 // as every one-rank op runs it): bit for bit the kernels on the whole
 // sequence, one step on the caller's own K/V, the kernels' begin and
 // backward_end hooks called once per pass, and no MPI call (this program
-// never initialises MPI). Ends with a timing line (printed, not asserted).
+// never initialises MPI); the CPU op (attention/op/attention_cpu.h) on the
+// ring of one that its backend binds (attention/ring/ring_cpu.h:
+// ring_cpu_new without a communicator): bit for bit the kernels on the whole
+// sequence, dense and sparse (its plan's statistics too), no bytes sent.
+// Ends with a timing line (printed, not asserted).
 //
 // Tolerances: max |kernel - reference| / max |reference| per tensor, with fp32
 // kernels against a double reference: 1e-5 for O and LSE, 1e-4 for dQ, dK, dV.
@@ -18,7 +22,10 @@
 #include <string.h>
 
 #include "../../attention/attention.h"
+#include "../../attention/op/attention_cpu.h"
 #include "../../attention/ring/ring.h"
+#include "../../attention/ring/ring_cpu.h"
+#include "../../attention/sparse/sparse_plan.h"
 #include "../../dist/util.h"
 #include "attn_ref.h"
 #include "../lib/check.h"
@@ -392,11 +399,17 @@ static void counted_end(void *ctx, const struct Ring *ring, const AttnShape *sha
     c->foreign += dk != c->dk || dv != c->dv;
 }
 
-static void test_ring_of_one(void) {
+// The ring-of-one tests' problem: 130 tokens in 3 documents, block 16.
+static Problem documents_problem(uint64_t seed) {
     static const int64_t starts[] = {0, 40, 77};
-    Problem p = make_problem(130, 130, 4, 2, 32, 16, 9100);
+    Problem p = make_problem(130, 130, 4, 2, 32, 16, seed);
     p.s.doc_starts = starts;
     p.s.doc_count = 3;
+    return p;
+}
+
+static void test_ring_of_one(void) {
+    Problem p = documents_problem(9100);
     const int64_t one[] = {0, 130};
     const int64_t n = 2 * p.nq + 2 * p.nk + p.nl;
     float *want = xmalloc((size_t)n * sizeof(float)), *got = xcalloc((size_t)n, sizeof(float));
@@ -420,6 +433,67 @@ static void test_ring_of_one(void) {
            c.backward_begins, c.ends, c.foreign);
     free(want);
     free(got);
+    free_problem(&p);
+}
+
+// The sparse kernels on the whole sequence over the index of sparse_plan_local
+// (one layer of cfg), as kernel_forward and kernel_backward run the dense ones.
+static void sparse_whole(const Problem *p, const AttentionConfig *cfg, float *o, float *lse, float *dq, float *dk,
+                         float *dv, SparseStats *stats) {
+    int *vertical, *slash;
+    sparse_budget_tables(cfg, 1, p->s.num_heads, &vertical, &slash);
+    SparseIndex index = {0};
+    sparse_plan_local(cfg, &p->s, p->q, p->k, p->qp, vertical, slash, &index, stats);
+    attn_forward_init(&p->s, o, lse);
+    attn_sparse_forward_cpu(&p->s, &index, p->q, p->qp, p->k, p->v, p->kp, o, lse);
+    float *delta = xmalloc((size_t)p->nl * sizeof(float));
+    attn_backward_delta(&p->s, o, p->w, delta);
+    attn_sparse_backward_cpu(&p->s, &index, p->q, p->qp, p->k, p->v, p->kp, lse, delta, p->w, dq, dk, dv);
+    sparse_index_free(&index);
+    free(delta); free(vertical); free(slash);
+}
+
+// The CPU op on ring_cpu_new's ring of one against the kernels on the whole
+// sequence (documents): o, lse, dq, dk, dv and the sparse plan's statistics
+// bit for bit, dense and sparse (budget fixed: a pattern that leaves blocks out).
+static void test_op_ring_of_one(void) {
+    Problem p = documents_problem(9200);
+    const int64_t one[] = {0, 130};
+    const int64_t n = 2 * p.nq + 2 * p.nk + p.nl;
+    for (int sparse = 0; sparse < 2; sparse++) {
+        const AttentionConfig cfg = {.type = sparse ? ATTN_SPARSE : ATTN_DENSE, .block_size = 16, .last_q = 16,
+                                     .top_p = 0.9, .max_vertical = 8, .max_slash = 8, .sink = 4, .local = 8,
+                                     .budget = BUDGET_FIXED, .vertical = 2, .slash = 2};
+        float *want = xcalloc((size_t)n, sizeof(float)), *got = xcalloc((size_t)n, sizeof(float));
+        float *o = want, *dq = o + p.nq, *dk = dq + p.nq, *dv = dk + p.nk, *lse = dv + p.nk;
+        SparseStats want_stats = {0}, got_stats = {0};
+        if (sparse) {
+            sparse_whole(&p, &cfg, o, lse, dq, dk, dv, &want_stats);
+        } else {
+            kernel_forward(&p, 1, one, ORDER, o, lse);
+            kernel_backward(&p, 1, one, ORDER, o, lse, dq, dk, dv);
+        }
+        o = got, dq = o + p.nq, dk = dq + p.nq, dv = dk + p.nk, lse = dv + p.nk;
+        AttnState *st = attention_cpu_new(&cfg, 1, p.s.num_heads);
+        const AttnRingCpu ring = ring_cpu_new(NULL, 1);
+        const bool on_ring = attention_cpu_set_ring(st, &ring);
+        attention_cpu_sequence(st, p.qp, 130);
+        attention_cpu_forward(st, 0, true, &p.s, p.q, p.k, p.v, p.qp, o, lse, sparse ? &got_stats : NULL);
+        attention_cpu_backward(st, 0, &p.s, p.q, p.k, p.v, p.qp, o, lse, p.w, dq, dk, dv);
+        const double bytes = attention_cpu_ring_bytes(st);
+        attention_cpu_free(st);
+        EXPECT(memcmp(want, got, (size_t)n * sizeof(float)) == 0 &&
+               memcmp(&want_stats, &got_stats, sizeof(SparseStats)) == 0,
+               "CPU op on a ring of one, %s: o, lse, dq, dk, dv%s bitwise equal to the kernels on the whole "
+               "sequence (documents)", sparse ? "sparse" : "dense", sparse ? " and the plan's statistics" : "");
+        EXPECT(!on_ring && bytes == 0, "CPU op on a ring of one, %s: not a ring (%d), no bytes sent (%g)",
+               sparse ? "sparse" : "dense", on_ring, bytes);
+        if (sparse)
+            EXPECT(want_stats.computed < want_stats.causal, "CPU op on a ring of one, sparse: the pattern leaves "
+                   "pairs out (computed %g of %g causal)", want_stats.computed, want_stats.causal);
+        free(want);
+        free(got);
+    }
     free_problem(&p);
 }
 
@@ -471,6 +545,7 @@ int main(void) {
     test_untouched_rows();
     test_documents();
     test_ring_of_one();
+    test_op_ring_of_one();
     timing();
     return check_exit();
 }

@@ -480,7 +480,7 @@ static void test_loading_refreshes(void) {
     rmdir(dir);
 }
 
-// Statistics (rstd per norm, lse per layer, the final rstd, delta) stay fp32:
+// Statistics (rstd per norm, lse per layer, the final rstd) stay fp32:
 // the arena with 2-byte activations is half the 4-byte one's activations plus
 // all of its statistics.
 static void test_arena_bytes(void) {
@@ -490,7 +490,7 @@ static void test_arena_bytes(void) {
         size_t fp32 = model_activation_arena_bytes(&c, ckpt, 10, 0, T, 4);
         size_t bf16 = model_activation_arena_bytes(&c, ckpt, 10, 0, T, 2);
         int64_t kept = ckpt ? 1 : L;
-        int64_t stats = (kept * (2 * T + Hq * T) + T + Hq * T + 63) / 64 * 64;  // padded to 64 elements
+        int64_t stats = (kept * (2 * T + Hq * T) + T + 63) / 64 * 64;  // padded to 64 elements
         size_t acts16 = fp32 - bf16;  // the Act elements x 2 bytes
         EXPECT(bf16 == acts16 + 4 * (size_t)stats, "%s: %lld statistics fp32 in the bf16 arena (%zu vs %zu bytes)",
                ckpt ? "checkpointed" : "saved", (long long)stats, bf16, fp32);

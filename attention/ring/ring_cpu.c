@@ -20,7 +20,7 @@ typedef struct {
     bool built;
     RingKernels kernels;       // the current call's (begin)
     RingNeed need;             // dense, ring_send selected: key blocks each rank's queries read
-    uint64_t *need_bits;       // [cp size, need.words]
+    RingDenseNeed dense_need;  // its bits, kept for the sequence
     RingTraffic traffic;       // K/V and dK/dV messages since the sequence began
     int64_t column_bytes;      // sparse: the gathered columns' K/V and dK/dV since the sequence began
 } RingCpu;
@@ -47,13 +47,14 @@ static void check_built(const RingCpu *rc, const char *what) {
 static void forget_sequence(RingCpu *rc) {
     if (!rc->built) return;
     ring_free(&rc->ring);
+    ring_dense_need_forget(&rc->dense_need);
     rc->built = false;
 }
 
 static void ring_free_cpu(void *ring) {
     RingCpu *rc = ring;
     forget_sequence(rc);
-    free(rc->need_bits);
+    ring_dense_need_free(&rc->dense_need);
     free(rc);
 }
 
@@ -102,9 +103,7 @@ static const RingKernels *begin(RingCpu *rc, const AttnShape *shape, RingSend se
     rc->kernels.traffic = &rc->traffic;
     if (send != RING_SEND_SELECTED || !rc->cp) return &rc->kernels;
     const int64_t words = ring_need_words(rc->ring.offsets[rc->cp->size], shape->block_size);
-    rc->need_bits = xrealloc(rc->need_bits, (size_t)(rc->cp->size * words) * sizeof(uint64_t));
-    ring_dense_need(&rc->ring, shape, words, rc->need_bits);
-    rc->need = (RingNeed){.block_size = shape->block_size, .words = words, .need = rc->need_bits};
+    rc->need = ring_dense_need_kept(&rc->dense_need, &rc->ring, shape, words);
     rc->kernels.need = &rc->need;
     return &rc->kernels;
 }

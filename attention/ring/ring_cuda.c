@@ -92,7 +92,7 @@ typedef struct {
     RingMemory memory;
     RingKernels kernels;
     RingNeed need;             // ring_send selected: key blocks each rank's queries read
-    uint64_t *need_bits;       // [cp size, need.words] (dense)
+    RingDenseNeed dense_need;  // dense: its bits, kept for the sequence
     RingTraffic traffic;
     RingKernels sparse_kernels;
     RingKernels local_sparse_kernels;  // a ring of one: the whole index
@@ -596,6 +596,7 @@ static void count_recall(RingCuda *rc, const AttnShape *shape, const float *lse,
 static void forget_sequence(RingCuda *rc) {
     if (!rc->built) return;
     ring_free(&rc->ring);
+    ring_dense_need_forget(&rc->dense_need);
     rc->built = false;
 }
 
@@ -612,7 +613,7 @@ static void ring_free_cuda(void *ring) {
     for (size_t i = 0; i < sizeof(scratch) / sizeof(scratch[0]); i++)
         if (scratch[i]) CUDA_CHECK(cudaFree(scratch[i]));
     free(rc->positions_host);
-    free(rc->need_bits);
+    ring_dense_need_free(&rc->dense_need);
     free(rc->lse_est);
     free(rc);
 }
@@ -666,12 +667,9 @@ static const RingKernels *begin(RingCuda *rc, const AttnShape *shape, RingSend s
     kernels->need = NULL;
     if (send != RING_SEND_SELECTED) return kernels;
     const int64_t words = ring_need_words(rc->ring.offsets[rc->cp->size], shape->block_size);
-    if (!index) {
-        rc->need_bits = xrealloc(rc->need_bits, (size_t)(rc->cp->size * words) * sizeof(uint64_t));
-        ring_dense_need(&rc->ring, shape, words, rc->need_bits);
-    }
     CHECK(!index || layer->need, "sparse ring attention (CUDA): ring_send selected but the plan was made for full");
-    rc->need = (RingNeed){.block_size = shape->block_size, .words = words, .need = index ? layer->need : rc->need_bits};
+    rc->need = index ? (RingNeed){.block_size = shape->block_size, .words = words, .need = layer->need}
+                     : ring_dense_need_kept(&rc->dense_need, &rc->ring, shape, words);
     kernels->need = &rc->need;
     return kernels;
 }

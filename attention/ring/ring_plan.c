@@ -76,6 +76,14 @@ bool ring_chunk_visible(const int64_t *q_pos, int64_t Tq, const int64_t *k_pos, 
     return false;
 }
 
+// Bits lo .. hi (inclusive) of row set, a word at a time.
+static void set_bit_range(uint64_t *row, int64_t lo, int64_t hi) {
+    for (int64_t w = lo / 64; w <= hi / 64; w++) {
+        const int from = w == lo / 64 ? (int)(lo % 64) : 0, to = w == hi / 64 ? (int)(hi % 64) : 63;
+        row[w] |= (~(uint64_t)0 >> (63 - to)) & (~(uint64_t)0 << from);
+    }
+}
+
 void ring_dense_need(const Ring *ring, const AttnShape *shape, int64_t words, uint64_t *bits) {
     const int W = ring->cp->size, B = shape->block_size;
     memset(bits, 0, (size_t)(W * words) * sizeof(uint64_t));
@@ -89,10 +97,33 @@ void ring_dense_need(const Ring *ring, const AttnShape *shape, int64_t words, ui
         for (int64_t i0 = 0; i0 < T; i0 += B) {               // query tile: tokens i0 .. last
             const int64_t last = (i0 + B < T ? i0 + B : T) - 1;
             const int64_t first = attn_doc_first(shape->doc_starts, shape->doc_count, pos[i0]);
-            for (int64_t b = first > 0 ? first / B : 0; b <= pos[last] / B; b++)
-                row[b / 64] |= (uint64_t)1 << (b % 64);
+            set_bit_range(row, first > 0 ? first / B : 0, pos[last] / B);
         }
     }
+}
+
+RingNeed ring_dense_need_kept(RingDenseNeed *kept, const Ring *ring, const AttnShape *shape, int64_t words) {
+    const int64_t doc_count = shape->doc_starts ? shape->doc_count : 0;
+    const size_t doc_bytes = sizeof(int64_t) * (size_t)doc_count;
+    if (kept->block_size != shape->block_size || kept->words != words || kept->doc_count != doc_count ||
+        (doc_count && memcmp(kept->doc_starts, shape->doc_starts, doc_bytes))) {
+        kept->bits = xrealloc(kept->bits, sizeof(uint64_t) * (size_t)(ring->cp->size * words));
+        ring_dense_need(ring, shape, words, kept->bits);
+        kept->doc_starts = xrealloc(kept->doc_starts, doc_bytes + sizeof(int64_t));
+        if (doc_count) memcpy(kept->doc_starts, shape->doc_starts, doc_bytes);
+        kept->doc_count = doc_count;
+        kept->words = words;
+        kept->block_size = shape->block_size;
+    }
+    return (RingNeed){.block_size = shape->block_size, .words = words, .need = kept->bits};
+}
+
+void ring_dense_need_forget(RingDenseNeed *kept) { kept->block_size = 0; }
+
+void ring_dense_need_free(RingDenseNeed *kept) {
+    free(kept->bits);
+    free(kept->doc_starts);
+    *kept = (RingDenseNeed){0};
 }
 
 void ring_send_tokens(const Ring *ring, const RingNeed *need, int64_t *kv_tokens, int64_t *dkv_tokens) {

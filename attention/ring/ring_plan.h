@@ -60,6 +60,22 @@ bool ring_chunk_visible(const int64_t *q_pos, int64_t Tq, const int64_t *k_pos, 
 // first query's document (without documents: every block up to the last
 // query's). Every rank's tokens must be whole blocks of B (layout.h).
 void ring_dense_need(const Ring *ring, const AttnShape *shape, int64_t words, uint64_t *bits);
+// ring_dense_need's bits kept by a ring between its calls: every layer's
+// forward and backward of a sequence reads the same ones, so they are
+// computed again only after ring_dense_need_forget (a new sequence) or when
+// the block size or the document starts differ from the last call's.
+typedef struct {
+    uint64_t *bits;            // [cp size, words]
+    int64_t words;
+    int block_size;            // 0: nothing kept
+    int64_t *doc_starts;       // [doc_count] the starts they were computed for
+    int64_t doc_count;
+} RingDenseNeed;
+// The need of shape's dense kernels on ring (words as ring_dense_need's);
+// its bits stay kept's.
+RingNeed ring_dense_need_kept(RingDenseNeed *kept, const Ring *ring, const AttnShape *shape, int64_t words);
+void ring_dense_need_forget(RingDenseNeed *kept);
+void ring_dense_need_free(RingDenseNeed *kept);
 
 // Tokens (rows of K and V, or of dK and dV) the transfers of one ring pass
 // send, per rank and step, with `need` (NULL: whole chunks), without MPI: the

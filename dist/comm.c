@@ -181,16 +181,13 @@ void dist_setup(Dist *d, int dp, int cp, int cp_inner, const char *source) {
         comm_fail_all(&d->world, "%s: %s", source, why);
     const Grid *g = &d->grid;
     int dp_rank = d->world_rank / g->cp, cp_rank = d->world_rank % g->cp;
-    int outer = cp_rank / g->cp_inner, inner = cp_rank % g->cp_inner;
     d->dp = split(&d->world, cp_rank, dp_rank, "dp");
     d->cp = split(&d->world, dp_rank, cp_rank, "cp");
-    d->cp_inner = split(&d->world, dp_rank * g->cp_outer + outer, inner, "cp-inner");
-    d->cp_outer = split(&d->world, dp_rank * g->cp_inner + inner, outer, "cp-outer");
 }
 
 void dist_finalize(Dist *d) {
     if (d->leave_devices) d->leave_devices(d);
-    Comm *comms[] = {&d->dp, &d->cp, &d->cp_inner, &d->cp_outer};
+    Comm *comms[] = {&d->dp, &d->cp};
     for (size_t i = 0; i < sizeof(comms) / sizeof(comms[0]); i++)
         if (comms[i]->name) MPI_CHECK(MPI_Comm_free(&comms[i]->comm));
     MPI_CHECK(MPI_Finalize());

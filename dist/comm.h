@@ -31,7 +31,7 @@ typedef enum { REDUCE_SUM, REDUCE_MAX, REDUCE_MIN } ReduceOp;
 // One communicator: its MPI handle, its name for messages, this rank in it.
 typedef struct Comm {
     MPI_Comm comm;
-    const char *name;          // "world", "dp", "cp", "cp-inner", "cp-outer"
+    const char *name;          // "world", "dp", "cp"
     int rank, size;
     double timeout_s;          // every wait on it gives up after this long
     struct ncclComm *nccl;     // its NCCL communicator for device buffers (dist/comm_device.h), or NULL
@@ -50,7 +50,7 @@ typedef struct Dist {
     int rank_cpus;                // CPUs this rank may run on (its affinity mask)
     const char *launcher;         // "mpirun", "srun" (its environment cross-checked) or "none"
     Grid grid;
-    Comm world, dp, cp, cp_inner, cp_outer;
+    Comm world, dp, cp;        // the hierarchical ring's inner and outer peers are ranks of cp (Grid)
     void (*leave_devices)(struct Dist *d);  // set by comm_device_join: frees the NCCL communicators
 } Dist;
 
@@ -70,7 +70,7 @@ void dist_init(Dist *d, int *argc, char ***argv, double timeout_s);
 int dist_grid(int world, int ranks_per_node, int dp, int cp, int cp_inner, Grid *grid,
               char *why, size_t why_size);
 
-// Build dp, cp, cp-inner and cp-outer for the requested grid. A bad request
+// Build dp and cp for the requested grid. A bad request
 // ends every rank (rank 0 prints "mtrain: SOURCE: <reason>"; source names
 // where the settings came from, e.g. the run file).
 void dist_setup(Dist *d, int dp, int cp, int cp_inner, const char *source);

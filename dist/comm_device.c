@@ -16,7 +16,7 @@
 
 // The communicators that get a device side, in the order every rank makes
 // them: those the device code communicates on (the hierarchical ring's hops
-// are peers of cp; cp_inner and cp_outer stay host-side).
+// are peers of cp).
 static Comm *dist_comms(Dist *d, int i) {
     Comm *comms[] = {&d->world, &d->dp, &d->cp};
     return i < (int)(sizeof(comms) / sizeof(comms[0])) ? comms[i] : NULL;

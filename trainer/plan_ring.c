@@ -45,20 +45,8 @@ static double causal_pairs(const int64_t *q_pos, int64_t Tq, const int64_t *k_po
 
 // The run's tokens in cfg's layout over cp ranks, inner per inner ring.
 static void ring_build(RingTable *t, const Config *cfg, int inner) {
-    const int64_t N = cfg->train.seq_len;
-    const int B = cfg->attention.block_size, W = t->W;
-    t->comm = (Comm){.name = "cp", .size = W};
-    t->ring = (Ring){.cp = &t->comm, .inner = inner, .outer = W / inner,
-                     .counts = xmalloc((size_t)W * sizeof(int64_t)),
-                     .offsets = xmalloc((size_t)(W + 1) * sizeof(int64_t)),
-                     .positions = xmalloc((size_t)N * sizeof(int64_t))};
-    t->ring.offsets[0] = 0;
-    for (int r = 0; r < W; r++) {
-        t->ring.counts[r] = layout_rank_positions(cfg->attention.layout, N, B, W, r,
-                                                  t->ring.positions + t->ring.offsets[r]);
-        t->ring.offsets[r + 1] = t->ring.offsets[r] + t->ring.counts[r];
-        if (t->ring.counts[r] > t->ring.max_count) t->ring.max_count = t->ring.counts[r];
-    }
+    ring_init_layout(&t->ring, &t->comm, cfg->attention.layout, cfg->train.seq_len, cfg->attention.block_size, t->W,
+                     inner);
 }
 
 // Forward attention of each step: the planner's mean step scaled by the
@@ -290,7 +278,7 @@ static void table_free(RingTable *t) {
         free(t->dkv[i]);
         for (int l = 0; l < 2; l++) free(t->kv[i][l]);
     }
-    free(t->ring.counts); free(t->ring.offsets); free(t->ring.positions);
+    ring_free(&t->ring);
 }
 
 // The tables of cfg under one schedule (inner ranks per inner ring; inner =

@@ -214,6 +214,22 @@ void ring_init(Ring *ring, const Comm *cp, int inner, const int64_t *pos, int64_
     free(all);
 }
 
+void ring_init_layout(Ring *ring, Comm *comm, LayoutKind layout, int64_t N, int B, int W, int inner) {
+    CHECK(inner > 0 && W % inner == 0, "ring: inner ring of %d ranks does not divide cp = %d", inner, W);
+    *comm = (Comm){.comm = MPI_COMM_NULL, .name = "cp", .rank = 0, .size = W};
+    *ring = (Ring){.cp = comm, .inner = inner, .outer = W / inner, .scratch = xcalloc(1, sizeof(RingScratch)),
+                   .memory = &ring_host_memory, .counts = xmalloc((size_t)W * sizeof(int64_t)),
+                   .offsets = xmalloc((size_t)(W + 1) * sizeof(int64_t)),
+                   .positions = xmalloc((size_t)(N + 1) * sizeof(int64_t))};
+    ring->offsets[0] = 0;
+    for (int r = 0; r < W; r++) {
+        ring->counts[r] = layout_rank_positions(layout, N, B, W, r, ring->positions + ring->offsets[r]);
+        ring->offsets[r + 1] = ring->offsets[r] + ring->counts[r];
+        if (ring->counts[r] > ring->max_count) ring->max_count = ring->counts[r];
+    }
+    ring->kernel_positions = ring->positions;
+}
+
 // Token lists and the block mask live on the host, the rest in the ring's memory.
 static bool on_host(RingBuffer which) { return which >= SEL_HOP_INNER && which <= BUF_MASK; }
 

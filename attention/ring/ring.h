@@ -36,6 +36,7 @@
 
 #include "../../dist/comm.h"
 #include "../attention.h"
+#include "../layout.h"
 
 // ring_send selected: which key blocks each cp rank's kernels use. A K/V
 // transfer then carries only the blocks of the chunk that the receiver or a
@@ -150,6 +151,11 @@ int ring_inner_size(RingSchedule schedule, int cp_size, int cp_inner);
 // inner must divide cp->size. Collective over cp. cp NULL: a ring of one
 // rank (inner 1; no MPI).
 void ring_init(Ring *ring, const Comm *cp, int inner, const int64_t *pos, int64_t tokens);
+// The ring of a layout on paper, for planning and tests: every rank's
+// positions of N tokens in layout's blocks of B over W ranks (layout.h),
+// inner per inner ring, no communication; *comm (the caller's, kept while the
+// ring is) gets W ranks and no communicator, this process as rank 0.
+void ring_init_layout(Ring *ring, Comm *comm, LayoutKind layout, int64_t N, int B, int W, int inner);
 void ring_free(Ring *ring);
 // The ring's buffers from now on in `memory`, and kernel_positions [N] there:
 // `positions` in that memory (the caller keeps it until ring_free).

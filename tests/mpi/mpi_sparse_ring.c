@@ -319,16 +319,11 @@ static void whole_index(const SparsePattern *p, int B, SparseIndex *x) {
 // gathered columns' bytes per rank.
 static void plan_bytes(const SparsePattern *p, int B, LayoutKind layout, int W, int inner, int64_t token_bytes) {
     const int64_t N = p->seq_len, words = ring_need_words(N, B);
-    Comm comm = {MPI_COMM_NULL, "cp", 0, W, 0, NULL};
-    Ring ring = {.cp = &comm, .inner = inner, .outer = W / inner, .counts = xmalloc((size_t)W * sizeof(int64_t)),
-                 .offsets = xmalloc((size_t)(W + 1) * sizeof(int64_t)),
-                 .positions = xmalloc((size_t)N * sizeof(int64_t))};
+    Comm comm;
+    Ring ring;
+    ring_init_layout(&ring, &comm, layout, N, B, W, inner);
     uint64_t *bits = xmalloc((size_t)(W * words) * sizeof(uint64_t));
-    ring.offsets[0] = 0;
     for (int r = 0; r < W; r++) {
-        ring.counts[r] = layout_rank_positions(layout, N, B, W, r, ring.positions + ring.offsets[r]);
-        ring.offsets[r + 1] = ring.offsets[r] + ring.counts[r];
-        if (ring.counts[r] > ring.max_count) ring.max_count = ring.counts[r];
         const int64_t nqb = (ring.counts[r] + B - 1) / B;
         int64_t *qb = xmalloc((size_t)(nqb + 1) * sizeof(int64_t));
         for (int64_t i = 0; i < nqb; i++) qb[i] = ring.positions[ring.offsets[r] + i * B] / B;
@@ -357,7 +352,7 @@ static void plan_bytes(const SparsePattern *p, int B, LayoutKind layout, int W, 
            W / inner, inner, fwd[0] / mib, fwd[1] / mib, fwd[1] / fwd[0], bwd[0] / mib, bwd[1] / mib, bwd[1] / bwd[0],
            (fwd[1] + bwd[1]) / (fwd[0] + bwd[0]), (double)columns * token_bytes * (W - 1) / W / 1048576);
     free(col); free(kv); free(dkv); free(bits);
-    free(ring.counts); free(ring.offsets); free(ring.positions);
+    ring_free(&ring);
 }
 
 static void plan(int64_t N, int B, bool shared) {

@@ -1,10 +1,11 @@
 // test_ring_need.c: ring_send selected's dense need (attention/ring/ring_plan.h)
-// on rings built without MPI: ring_dense_need sets exactly the key blocks a
-// brute-force scan finds for every query tile, over sequences of more than 64
-// and 128 blocks (several words per rank), every layout, 1 to 4 ranks, with
-// and without documents; ring_dense_need_kept returns the bits it keeps while
-// nothing changed and computes them again after ring_dense_need_forget and
-// when the block size or the document starts' contents change.
+// on rings of a layout on paper (ring_init_layout): ring_dense_need sets
+// exactly the key blocks a brute-force scan finds for every query tile, over
+// sequences of more than 64 and 128 blocks (several words per rank), every
+// layout, 1 to 4 ranks, with and without documents; ring_dense_need_kept
+// returns the bits it keeps while nothing changed and computes them again
+// after ring_dense_need_forget and when the block size or the document
+// starts' contents change.
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,26 +13,6 @@
 #include "../../attention/ring/ring_plan.h"
 #include "../../attention/ring/ring_sparse.h"
 #include "../lib/check.h"
-
-// A geometry-only ring (no communicator) of N tokens over W ranks in layout, blocks of B.
-static Ring ring_on_paper(Comm *comm, int W, int64_t N, int B, LayoutKind layout) {
-    *comm = (Comm){.name = "cp", .size = W};
-    Ring ring = {.cp = comm, .inner = W, .outer = 1, .counts = malloc(sizeof(int64_t) * (size_t)W),
-                 .offsets = malloc(sizeof(int64_t) * (size_t)(W + 1)), .positions = malloc(sizeof(int64_t) * (size_t)N)};
-    ring.offsets[0] = 0;
-    for (int r = 0; r < W; r++) {
-        ring.counts[r] = layout_rank_positions(layout, N, B, W, r, ring.positions + ring.offsets[r]);
-        ring.offsets[r + 1] = ring.offsets[r] + ring.counts[r];
-        if (ring.counts[r] > ring.max_count) ring.max_count = ring.counts[r];
-    }
-    return ring;
-}
-
-static void ring_on_paper_free(Ring *ring) {
-    free(ring->counts);
-    free(ring->offsets);
-    free(ring->positions);
-}
 
 // The need by its definition, one (rank, query tile, key, block) at a time:
 // block b is read when one of its keys is visible to one of the tile's queries.
@@ -66,7 +47,8 @@ static void check_exact(void) {
                 for (int docs = 0; docs < 2; docs++) {
                     const int64_t N = lengths[n], words = ring_need_words(N, B);
                     Comm comm;
-                    Ring ring = ring_on_paper(&comm, W, N, B, (LayoutKind)l);
+                    Ring ring;
+                    ring_init_layout(&ring, &comm, (LayoutKind)l, N, B, W, W);
                     const AttnShape shape = {.block_size = B, .doc_starts = docs ? starts : NULL,
                                              .doc_count = docs ? 5 : 0};
                     uint64_t *got = malloc(sizeof(uint64_t) * (size_t)(W * words));
@@ -77,7 +59,7 @@ static void check_exact(void) {
                            layout_name((LayoutKind)l), W, (long long)N, docs ? "_documents" : "");
                     free(got);
                     free(want);
-                    ring_on_paper_free(&ring);
+                    ring_free(&ring);
                 }
 }
 
@@ -85,7 +67,8 @@ static void check_kept(void) {
     const int B = 4, W = 2;
     const int64_t N = B * 80, words = ring_need_words(N, B);
     Comm comm;
-    Ring ring = ring_on_paper(&comm, W, N, B, LAYOUT_ZIGZAG);
+    Ring ring;
+    ring_init_layout(&ring, &comm, LAYOUT_ZIGZAG, N, B, W, W);
     int64_t starts[] = {0, B * 30};
     AttnShape shape = {.block_size = B, .doc_starts = starts, .doc_count = 2};
     uint64_t *fresh = malloc(sizeof(uint64_t) * (size_t)(W * words));
@@ -116,17 +99,17 @@ static void check_kept(void) {
     need = ring_dense_need_kept(&kept, &ring, &shape, words);
     EXPECT(same_bits(need.need, fresh, W * words), "ring_dense_need_kept_forget: a new sequence recomputes");
 
-    ring_on_paper_free(&ring);
+    ring_free(&ring);
     shape.block_size = 2 * B;                 // the same tokens in blocks of 2B
     const int64_t words2 = ring_need_words(N, 2 * B);
-    ring = ring_on_paper(&comm, W, N, 2 * B, LAYOUT_ZIGZAG);
+    ring_init_layout(&ring, &comm, LAYOUT_ZIGZAG, N, 2 * B, W, W);
     need = ring_dense_need_kept(&kept, &ring, &shape, words2);
     ring_dense_need(&ring, &shape, words2, fresh);
     EXPECT(need.block_size == 2 * B && same_bits(need.need, fresh, W * words2),
            "ring_dense_need_kept_block_size: another block size recomputes");
     ring_dense_need_free(&kept);
     free(fresh);
-    ring_on_paper_free(&ring);
+    ring_free(&ring);
 }
 
 int main(void) {

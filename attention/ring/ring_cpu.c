@@ -102,8 +102,7 @@ static const RingKernels *begin(RingCpu *rc, const AttnShape *shape, RingSend se
     rc->kernels = ring_dense_cpu;
     rc->kernels.traffic = &rc->traffic;
     if (send != RING_SEND_SELECTED || !rc->cp) return &rc->kernels;
-    const int64_t words = ring_need_words(rc->ring.offsets[rc->cp->size], shape->block_size);
-    rc->need = ring_dense_need_kept(&rc->dense_need, &rc->ring, shape, words);
+    rc->need = ring_dense_need_kept(&rc->dense_need, &rc->ring, shape);
     rc->kernels.need = &rc->need;
     return &rc->kernels;
 }

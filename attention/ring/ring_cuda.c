@@ -666,10 +666,11 @@ static const RingKernels *begin(RingCuda *rc, const AttnShape *shape, RingSend s
     RingKernels *kernels = index ? &rc->sparse_kernels : &rc->kernels;
     kernels->need = NULL;
     if (send != RING_SEND_SELECTED) return kernels;
-    const int64_t words = ring_need_words(rc->ring.offsets[rc->cp->size], shape->block_size);
     CHECK(!index || layer->need, "sparse ring attention (CUDA): ring_send selected but the plan was made for full");
-    rc->need = index ? (RingNeed){.block_size = shape->block_size, .words = words, .need = layer->need}
-                     : ring_dense_need_kept(&rc->dense_need, &rc->ring, shape, words);
+    rc->need = index ? (RingNeed){.block_size = shape->block_size,
+                                  .words = ring_need_words(rc->ring.offsets[rc->cp->size], shape->block_size),
+                                  .need = layer->need}
+                     : ring_dense_need_kept(&rc->dense_need, &rc->ring, shape);
     kernels->need = &rc->need;
     return kernels;
 }

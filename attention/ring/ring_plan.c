@@ -76,6 +76,10 @@ bool ring_chunk_visible(const int64_t *q_pos, int64_t Tq, const int64_t *k_pos, 
     return false;
 }
 
+int64_t ring_need_words(int64_t seq_len, int block_size) {
+    return ((seq_len + block_size - 1) / block_size + 63) / 64;
+}
+
 // Bits lo .. hi (inclusive) of row set, a word at a time.
 static void set_bit_range(uint64_t *row, int64_t lo, int64_t hi) {
     for (int64_t w = lo / 64; w <= hi / 64; w++) {
@@ -102,17 +106,17 @@ void ring_dense_need(const Ring *ring, const AttnShape *shape, int64_t words, ui
     }
 }
 
-RingNeed ring_dense_need_kept(RingDenseNeed *kept, const Ring *ring, const AttnShape *shape, int64_t words) {
+RingNeed ring_dense_need_kept(RingDenseNeed *kept, const Ring *ring, const AttnShape *shape) {
+    const int64_t words = ring_need_words(ring->offsets[ring->cp->size], shape->block_size);
     const int64_t doc_count = shape->doc_starts ? shape->doc_count : 0;
     const size_t doc_bytes = sizeof(int64_t) * (size_t)doc_count;
-    if (kept->block_size != shape->block_size || kept->words != words || kept->doc_count != doc_count ||
+    if (kept->block_size != shape->block_size || kept->doc_count != doc_count ||
         (doc_count && memcmp(kept->doc_starts, shape->doc_starts, doc_bytes))) {
         kept->bits = xrealloc(kept->bits, sizeof(uint64_t) * (size_t)(ring->cp->size * words));
         ring_dense_need(ring, shape, words, kept->bits);
         kept->doc_starts = xrealloc(kept->doc_starts, doc_bytes + sizeof(int64_t));
         if (doc_count) memcpy(kept->doc_starts, shape->doc_starts, doc_bytes);
         kept->doc_count = doc_count;
-        kept->words = words;
         kept->block_size = shape->block_size;
     }
     return (RingNeed){.block_size = shape->block_size, .words = words, .need = kept->bits};

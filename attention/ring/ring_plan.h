@@ -53,8 +53,11 @@ int64_t ring_dkv_rows(const Ring *ring, const Place *p, const RingNeed *need, in
 bool ring_chunk_visible(const int64_t *q_pos, int64_t Tq, const int64_t *k_pos, int64_t Tk,
                         const int64_t *doc_starts, int64_t doc_count);
 
+// uint64 words of a need row (RingNeed): ceil(num_blocks / 64) for N tokens in blocks of B.
+int64_t ring_need_words(int64_t seq_len, int block_size);
+
 // ring_send selected for the dense kernels (attention.h): bit b of row r of
-// bits [cp size, words] (words = ceil(ceil(N / B) / 64), B = block_size) is
+// bits [cp size, words] (words = ring_need_words(N, B), B = block_size) is
 // set when some query tile of rank r reads key block b, i.e. the block holds
 // a key at or before the tile's last query and at or after the start of its
 // first query's document (without documents: every block up to the last
@@ -65,15 +68,13 @@ void ring_dense_need(const Ring *ring, const AttnShape *shape, int64_t words, ui
 // computed again only after ring_dense_need_forget (a new sequence) or when
 // the block size or the document starts differ from the last call's.
 typedef struct {
-    uint64_t *bits;            // [cp size, words]
-    int64_t words;
+    uint64_t *bits;            // [cp size, ring_need_words]
     int block_size;            // 0: nothing kept
     int64_t *doc_starts;       // [doc_count] the starts they were computed for
     int64_t doc_count;
 } RingDenseNeed;
-// The need of shape's dense kernels on ring (words as ring_dense_need's);
-// its bits stay kept's.
-RingNeed ring_dense_need_kept(RingDenseNeed *kept, const Ring *ring, const AttnShape *shape, int64_t words);
+// The need of shape's dense kernels on ring; its bits stay kept's.
+RingNeed ring_dense_need_kept(RingDenseNeed *kept, const Ring *ring, const AttnShape *shape);
 void ring_dense_need_forget(RingDenseNeed *kept);
 void ring_dense_need_free(RingDenseNeed *kept);
 

@@ -12,10 +12,7 @@
 #include <string.h>
 
 #include "../../dist/util.h"
-
-int64_t ring_need_words(int64_t seq_len, int block_size) {
-    return ((seq_len + block_size - 1) / block_size + 63) / 64;
-}
+#include "ring_plan.h"
 
 void ring_need_row(const SparseIndex *index, int64_t words, uint64_t *row) {
     memset(row, 0, (size_t)words * sizeof(uint64_t));

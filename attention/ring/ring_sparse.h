@@ -89,9 +89,8 @@ void ring_sparse_free(RingSparse *rs);
 
 // Bit rows of the key blocks each index uses, for the W indexes of a ring
 // (index[r] over rank r's query blocks): need [W, words] with words =
-// ceil(num_blocks / 64). No MPI (used by ring_sparse_plan per rank, and by
-// byte models over any W).
-int64_t ring_need_words(int64_t seq_len, int block_size);
+// ring_need_words (ring_plan.h). No MPI (used by ring_sparse_plan per rank,
+// and by byte models over any W).
 void ring_need_row(const SparseIndex *index, int64_t words, uint64_t *row);
 
 // The gathered columns (RingColumns) of the ring's ranks' indexes (index:

@@ -74,36 +74,36 @@ static void check_kept(void) {
     uint64_t *fresh = malloc(sizeof(uint64_t) * (size_t)(W * words));
     RingDenseNeed kept = {0};
 
-    RingNeed need = ring_dense_need_kept(&kept, &ring, &shape, words);
+    RingNeed need = ring_dense_need_kept(&kept, &ring, &shape);
     ring_dense_need(&ring, &shape, words, fresh);
     EXPECT(need.block_size == B && need.words == words && same_bits(need.need, fresh, W * words),
            "ring_dense_need_kept_first: the bits of ring_dense_need");
     kept.bits[0] ^= 1;                        // a mark that only a recomputation removes
-    need = ring_dense_need_kept(&kept, &ring, &shape, words);
+    need = ring_dense_need_kept(&kept, &ring, &shape);
     EXPECT((need.need[0] ^ fresh[0]) == 1, "ring_dense_need_kept_same: the same call again is not recomputed");
 
     starts[1] = B * 50;                       // the same array, other contents
-    need = ring_dense_need_kept(&kept, &ring, &shape, words);
+    need = ring_dense_need_kept(&kept, &ring, &shape);
     ring_dense_need(&ring, &shape, words, fresh);
     EXPECT(same_bits(need.need, fresh, W * words), "ring_dense_need_kept_documents: other document starts recompute");
 
     kept.bits[0] ^= 1;
     shape.doc_starts = NULL;
     shape.doc_count = 0;
-    need = ring_dense_need_kept(&kept, &ring, &shape, words);
+    need = ring_dense_need_kept(&kept, &ring, &shape);
     ring_dense_need(&ring, &shape, words, fresh);
     EXPECT(same_bits(need.need, fresh, W * words), "ring_dense_need_kept_no_documents: dropping them recomputes");
 
     kept.bits[0] ^= 1;
     ring_dense_need_forget(&kept);
-    need = ring_dense_need_kept(&kept, &ring, &shape, words);
+    need = ring_dense_need_kept(&kept, &ring, &shape);
     EXPECT(same_bits(need.need, fresh, W * words), "ring_dense_need_kept_forget: a new sequence recomputes");
 
     ring_free(&ring);
     shape.block_size = 2 * B;                 // the same tokens in blocks of 2B
     const int64_t words2 = ring_need_words(N, 2 * B);
     ring_init_layout(&ring, &comm, LAYOUT_ZIGZAG, N, 2 * B, W, W);
-    need = ring_dense_need_kept(&kept, &ring, &shape, words2);
+    need = ring_dense_need_kept(&kept, &ring, &shape);
     ring_dense_need(&ring, &shape, words2, fresh);
     EXPECT(need.block_size == 2 * B && same_bits(need.need, fresh, W * words2),
            "ring_dense_need_kept_block_size: another block size recomputes");

@@ -19,6 +19,8 @@
 //   devices                      the visible devices: count and PCI bus ids (CUDA_VISIBLE_DEVICES)
 //   fragments                    mma.sync and ldmatrix element by element against the PTX ISA tables
 //   memory_peak                  cudasimMemoryPeak: cudaMalloc's bytes plus the pool's high-water mark (ok / FAIL)
+//   banks                        shared-memory wavefronts of cp.async and ldmatrix: rows 128 bytes apart
+//                                counted 8-way conflicting, swizzled and padded rows conflict-free (ok / FAIL)
 // tests/sim/test_sim.sh runs each in a child process and asserts its outcome.
 #include <math.h>
 #include <stdio.h>
@@ -486,6 +488,73 @@ static void check_ldmatrix() {
     CUDA_CHECK(cudaFree(d_out));
 }
 
+// ---- shared-memory bank conflicts: a 32 x 64 bf16 tile copied in by cp.async and read by ldmatrix.x4 ----
+
+// Where row r's 16-byte chunk c lies: rows 128 bytes apart (chunk c of every
+// row in the same 4 banks), the same rows with chunk c stored at c ^ (r % 8)
+// (the 8 rows of a matrix in 8 distinct 4-bank groups), rows padded to 144
+// bytes (the attention tiles' D + 8).
+enum BankLayout { ROWS_128, SWIZZLED, PADDED };
+static const char *bank_layout_name[] = {"rows 128 bytes apart", "rows 128 bytes apart, chunks swizzled by row",
+                                         "rows padded to 144 bytes"};
+
+template <BankLayout L> __device__ int chunk_offset(int r, int c) {
+    return L == PADDED ? r * 72 + 8 * c : r * 64 + 8 * (L == SWIZZLED ? c ^ (r % 8) : c);
+}
+
+// One warp: lane l copies row l of src [32][64] chunk by chunk (8 cp.async),
+// then reads chunk c of rows 0..31 as four 8x8 matrices (8 ldmatrix.x4, lane l
+// giving row l): out [8][32][4] the registers, the same whatever the layout.
+template <BankLayout L> __global__ void bank_layout_kernel(const bf16 *src, uint32_t *out) {
+    DYNAMIC_SHARED(bf16, s);
+    const int lane = threadIdx.x;
+    for (int c = 0; c < 8; c++) cp_async16(s + chunk_offset<L>(lane, c), src + lane * 64 + 8 * c, true);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    for (int c = 0; c < 8; c++) {
+        uint32_t r[4];
+        ldmatrix_x4(r, s + chunk_offset<L>(lane, c));
+        for (int i = 0; i < 4; i++) out[(c * 32 + lane) * 4 + i] = r[i];
+    }
+}
+
+// Per layout the counted wavefronts against their minimum (8 calls x 4
+// phases of 8 lanes, 8 ldmatrix.x4 x 4 matrices: 32 each): an 8-way conflict
+// for rows 128 bytes apart, none when swizzled or padded; the registers alike.
+static void banks() {
+    uint16_t src[32 * 64];
+    for (int i = 0; i < 32 * 64; i++) src[i] = bf16_of((float)(i % 251));
+    uint16_t *d_src;
+    uint32_t *d_out, out[3][8 * 32 * 4];
+    CUDA_CHECK(cudaMalloc((void **)&d_src, sizeof src));
+    CUDA_CHECK(cudaMalloc((void **)&d_out, sizeof out[0]));
+    CUDA_CHECK(cudaMemcpy(d_src, src, sizeof src, cudaMemcpyHostToDevice));
+    const size_t smem = 32 * 72 * sizeof(uint16_t);
+    const bf16 *bsrc = reinterpret_cast<const bf16 *>(d_src);
+    for (int l = 0; l < 3; l++) {
+        cudasim_kernel_counts_reset();
+        if (l == ROWS_128) CUDA_LAUNCH(bank_layout_kernel<ROWS_128>, 1, 32, smem, 0, bsrc, d_out);
+        else if (l == SWIZZLED) CUDA_LAUNCH(bank_layout_kernel<SWIZZLED>, 1, 32, smem, 0, bsrc, d_out);
+        else CUDA_LAUNCH(bank_layout_kernel<PADDED>, 1, 32, smem, 0, bsrc, d_out);
+        CUDA_CHECK(cudaGetLastError());
+        CUDA_CHECK(cudaMemcpy(out[l], d_out, sizeof out[l], cudaMemcpyDeviceToHost));
+        cudasimKernelCounts k;
+        CHECK(cudasim_kernel_counts("bank_layout_kernel", &k) == 1, "banks: the kernel was not counted");
+        const unsigned long long want = l == ROWS_128 ? 8 * 32 : 32;
+        EXPECT(k.cp_async_wavefronts == want && k.cp_async_wavefronts_min == 32,
+               "cp.async destinations, %s: %llu wavefronts, minimum %llu (want %llu, 32)", bank_layout_name[l],
+               k.cp_async_wavefronts, k.cp_async_wavefronts_min, want);
+        EXPECT(k.ldmatrix_wavefronts == want && k.ldmatrix_wavefronts_min == 32,
+               "ldmatrix.x4, %s: %llu wavefronts, minimum %llu (want %llu, 32)", bank_layout_name[l],
+               k.ldmatrix_wavefronts, k.ldmatrix_wavefronts_min, want);
+    }
+    EXPECT(!memcmp(out[0], out[1], sizeof out[0]) && !memcmp(out[0], out[2], sizeof out[0]),
+           "the three layouts give ldmatrix the same registers");
+    CUDA_CHECK(cudaFree(d_src));
+    CUDA_CHECK(cudaFree(d_out));
+}
+
 int main(int argc, char **argv) {
     CHECK(argc == 2, "usage: %s CASE (see tests/sim/sim_selftest.cu)", argv[0]);
     const char *c = argv[1];
@@ -501,6 +570,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(c, "host_memory")) host_memory();
     else if (!strcmp(c, "devices")) devices();
     else if (!strcmp(c, "fragments")) { check_mma(); check_ldmatrix(); }
+    else if (!strcmp(c, "banks")) banks();
     else CHECK(0, "sim_selftest: unknown case %s", c);
     return check_exit();
 }

@@ -44,7 +44,7 @@ done
 if [ -x $sim/gpu_test_counts ]; then
   # CUDASIM_COUNTS=FILE: a header, then one line per kernel since the program's last reset (its sparse backward).
   expect "CUDASIM_COUNTS writes the kernels' counts at exit ($(tail -n 1 "$tmp/counts.tsv" | cut -f 1 | cut -c 1-40)...)" \
-    "head -n 1 '$tmp/counts.tsv' | grep -qx 'kernel.launches.blocks.mma.ldmatrix_bytes.cp_async_bytes.shuffles.barriers.atomics' && grep -qE '^void sparse_backward_kernel<.*\)	1	[0-9]+	[1-9]' '$tmp/counts.tsv'"
+    "head -n 1 '$tmp/counts.tsv' | grep -qx 'kernel.launches.blocks.mma.ldmatrix_bytes.cp_async_bytes.shuffles.barriers.atomics.ldmatrix_wavefronts.ldmatrix_wavefronts_min.cp_async_wavefronts.cp_async_wavefronts_min' && grep -qE '^void sparse_backward_kernel<.*\)	1	[0-9]+	[1-9]' '$tmp/counts.tsv'"
 fi
 
 # Self-tests that print a result: the wrong kernel wrong under some seed, the right one right under all.
@@ -89,8 +89,8 @@ expect "out-of-bounds device read: AddressSanitizer heap-buffer-overflow in the 
 # Self-tests that check themselves (launch errors; cudaEventQuery over a polled
 # operation and the last error; pinned and pageable host memory, host
 # synchronisations by call site, stream priorities; mma and ldmatrix against
-# the PTX tables; the device memory peak).
-for c in launch_limits polled host_memory fragments memory_peak; do
+# the PTX tables; the device memory peak; bank conflicts counted).
+for c in launch_limits polled host_memory fragments memory_peak banks; do
   $sim/sim_selftest $c >"$tmp/out" 2>&1
   rc=$?
   cat "$tmp/out"

@@ -7,7 +7,8 @@
 // line, exit 1, never a hang). Each phase between barriers is scheduled from
 // CUDASIM_SEED (run_block). Also here: shared memory (poisoned), cp.async,
 // ldmatrix, mma.sync, the hardware's launch checks, and the work each kernel
-// passes through them counted by kernel name (cudasim_kernel_counts).
+// passes through them counted by kernel name (cudasim_kernel_counts), the
+// shared-memory wavefronts of ldmatrix and cp.async included.
 #include <dlfcn.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <array>
 #include <cxxabi.h>
 #include <map>
 #include <memory>
@@ -54,7 +56,8 @@ struct PendingCopy {
 
 // Work counted per block, summed per kernel name when the block ends.
 enum CountKind { COUNT_MMA, COUNT_LDMATRIX_BYTES, COUNT_CP_ASYNC_BYTES, COUNT_SHUFFLES, COUNT_BARRIERS,
-                 COUNT_ATOMICS, COUNT_KINDS };
+                 COUNT_ATOMICS, COUNT_LDMATRIX_WAVEFRONTS, COUNT_LDMATRIX_WAVEFRONTS_MIN, COUNT_CP_ASYNC_WAVEFRONTS,
+                 COUNT_CP_ASYNC_WAVEFRONTS_MIN, COUNT_KINDS };
 
 struct Block;
 
@@ -70,6 +73,7 @@ struct Thread {
     uint64_t out[4];            // its results
     std::vector<PendingCopy> copies;
     int64_t committed;          // cp.async groups committed so far
+    int cp_async_issued;        // cp.async calls since the block's last barrier
 };
 
 struct Block {
@@ -82,6 +86,9 @@ struct Block {
     size_t static_bytes;
     std::mt19937_64 rng;
     uint64_t counts[COUNT_KINDS];
+    // Per warp, the shared destinations of its cp.async calls since the last
+    // barrier: [k][lane] the k-th call of each lane (0 where the lane made none).
+    std::vector<std::vector<std::array<uintptr_t, 32>>> cp_async_dst;
 };
 
 static thread_local Thread *running = nullptr;
@@ -150,6 +157,45 @@ void *shared_static(const void *site, size_t bytes, size_t align) {
     memset(p, POISON, bytes);
     b->statics.push_back({site, (unsigned char *)p, bytes});
     return p;
+}
+
+// ---- shared-memory wavefronts (CUDA C++ Programming Guide, "Shared Memory" of compute capability 5.x and
+// later: 32 banks of 4 bytes, successive 4-byte words in successive banks; the accesses of one request to
+// distinct words of one bank are served one after the other, a word read by several threads once). A request
+// is served in phases: one ldmatrix matrix (its 8 row addresses of 16 bytes), 8 lanes of a 16-byte access
+// (lanes 0-7, 8-15, 16-23, 24-31). A phase takes as many wavefronts as the most distinct words it touches in one
+// bank (a bank holds one word of each 128-byte line: the most distinct 128-byte lines in one bank); its
+// conflict-free minimum is its distinct words over 32, rounded up ----
+
+static const int BANKS = 32;
+
+// Wavefronts of one phase: n accesses of `bytes` (a multiple of 4) at addr[i] (0: no access), added to
+// counts[counted] and its minimum to counts[minimum].
+static void count_phase(uint64_t *counts, int counted, int minimum, const uintptr_t *addr, int n, int bytes) {
+    uintptr_t words[8 * 4];
+    int distinct = 0;
+    for (int i = 0; i < n; i++)
+        for (int w = 0; addr[i] && w < bytes / 4; w++) {
+            const uintptr_t word = addr[i] / 4 + w;
+            if (std::find(words, words + distinct, word) == words + distinct) words[distinct++] = word;
+        }
+    int per_bank[BANKS] = {0}, most = 0;
+    for (int i = 0; i < distinct; i++) most = std::max(most, ++per_bank[words[i] % BANKS]);
+    counts[counted] += (uint64_t)most;
+    counts[minimum] += (uint64_t)(distinct + BANKS - 1) / BANKS;
+}
+
+// The cp.async calls since the last barrier: the k-th call of each lane of a warp is one warp instruction
+// (the lanes of a warp run the same code), 16 bytes a lane, four phases of 8 lanes.
+static void count_cp_async_wavefronts(Block *b) {
+    for (auto &warp : b->cp_async_dst) {
+        for (const std::array<uintptr_t, 32> &call : warp)
+            for (int phase = 0; phase < 4; phase++)
+                count_phase(b->counts, COUNT_CP_ASYNC_WAVEFRONTS, COUNT_CP_ASYNC_WAVEFRONTS_MIN,
+                            call.data() + 8 * phase, 8, 16);
+        warp.clear();
+    }
+    for (Thread &t : b->threads) t.cp_async_issued = 0;
 }
 
 // ---- barriers (CUDA C++ Programming Guide, "Synchronization Functions": __syncthreads waits until every
@@ -224,7 +270,12 @@ void ldmatrix(uint32_t *r, int count, bool trans, const void *smem_row) {
     for (int i = 0; i < count; i++) r[i] = (uint32_t)t->out[i];
 }
 
-static void complete_ldmatrix(Thread *const *lane, int count, bool trans) {
+static void complete_ldmatrix(Thread *const *lane, int count, bool trans, uint64_t *counts) {
+    for (int i = 0; i < count; i++) {
+        uintptr_t rows[8];
+        for (int r = 0; r < 8; r++) rows[r] = (uintptr_t)lane[8 * i + r]->in[0];
+        count_phase(counts, COUNT_LDMATRIX_WAVEFRONTS, COUNT_LDMATRIX_WAVEFRONTS_MIN, rows, 8, 16);
+    }
     for (int l = 0; l < 32; l++)
         for (int i = 0; i < count; i++) {
             uint16_t e[2];
@@ -313,6 +364,9 @@ void cp_async16(void *smem, const void *gmem, int src_bytes) {
         violation(t, "cp.async destination %p is not in the block's shared memory (PTX ISA, cp.async)", smem);
     if (src_bytes < 0 || src_bytes > 16)
         violation(t, "cp.async src-size %d is not in 0..16 (PTX ISA, cp.async)", src_bytes);
+    std::vector<std::array<uintptr_t, 32>> &calls = t->block->cp_async_dst[t->linear / 32];
+    if ((int)calls.size() <= t->cp_async_issued) calls.push_back({});
+    calls[t->cp_async_issued++][t->linear % 32] = (uintptr_t)smem;
     PendingCopy c;
     c.dst = smem;
     memset(c.data, 0, 16);
@@ -411,7 +465,7 @@ static void resolve_warp(Block *b, int w, std::vector<Thread *> &ready) {
                 if (lane[j]) lane[j]->out[0] = r;
             break;
         }
-        case OP_LDMATRIX: complete_ldmatrix(lane, t->variant / 2, t->variant % 2); break;
+        case OP_LDMATRIX: complete_ldmatrix(lane, t->variant / 2, t->variant % 2, b->counts); break;
         case OP_MMA: complete_mma(lane); break;
         }
         if (t->op == OP_SHUFFLE) b->counts[COUNT_SHUFFLES]++;
@@ -480,6 +534,10 @@ static void add_counts(const std::string &name, uint64_t launches, const uint64_
     k.shuffles += counts[COUNT_SHUFFLES];
     k.barriers += counts[COUNT_BARRIERS];
     k.atomics += counts[COUNT_ATOMICS];
+    k.ldmatrix_wavefronts += counts[COUNT_LDMATRIX_WAVEFRONTS];
+    k.ldmatrix_wavefronts_min += counts[COUNT_LDMATRIX_WAVEFRONTS_MIN];
+    k.cp_async_wavefronts += counts[COUNT_CP_ASYNC_WAVEFRONTS];
+    k.cp_async_wavefronts_min += counts[COUNT_CP_ASYNC_WAVEFRONTS_MIN];
 }
 
 // CUDASIM_COUNTS=FILE: the counts of every kernel at exit, written to a temporary name and renamed.
@@ -489,11 +547,13 @@ static void write_counts() {
     const std::string tmp = std::string(path) + ".tmp";
     FILE *f = fopen(tmp.c_str(), "w");
     if (!f) fail("CUDASIM_COUNTS=%s: cannot write %s", path, tmp.c_str());
-    fprintf(f, "kernel\tlaunches\tblocks\tmma\tldmatrix_bytes\tcp_async_bytes\tshuffles\tbarriers\tatomics\n");
+    fprintf(f, "kernel\tlaunches\tblocks\tmma\tldmatrix_bytes\tcp_async_bytes\tshuffles\tbarriers\tatomics"
+               "\tldmatrix_wavefronts\tldmatrix_wavefronts_min\tcp_async_wavefronts\tcp_async_wavefronts_min\n");
     for (const auto &e : counts_by_kernel) {
         const cudasimKernelCounts &k = e.second;
-        fprintf(f, "%s\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\n", e.first.c_str(), k.launches, k.blocks,
-                k.mma, k.ldmatrix_bytes, k.cp_async_bytes, k.shuffles, k.barriers, k.atomics);
+        fprintf(f, "%s\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\n", e.first.c_str(),
+                k.launches, k.blocks, k.mma, k.ldmatrix_bytes, k.cp_async_bytes, k.shuffles, k.barriers, k.atomics,
+                k.ldmatrix_wavefronts, k.ldmatrix_wavefronts_min, k.cp_async_wavefronts, k.cp_async_wavefronts_min);
     }
     if (fclose(f) != 0 || rename(tmp.c_str(), path) != 0) fail("CUDASIM_COUNTS=%s: cannot write it", path);
 }
@@ -514,6 +574,7 @@ static void run_block(const Launch *l, uint3 block_idx, uint64_t block_linear) {
     b.threads.resize(n);
     const int nw = (n + 31) / 32;
     std::vector<std::vector<Thread *>> ready(nw);   // per warp: lanes that may run
+    b.cp_async_dst.resize(nw);
     for (int i = 0; i < n; i++) {
         Thread *t = &b.threads[i];
         t->state.thread_idx = uint3{(unsigned)i % bd.x, (unsigned)i / bd.x % bd.y, (unsigned)i / (bd.x * bd.y)};
@@ -524,6 +585,7 @@ static void run_block(const Launch *l, uint3 block_idx, uint64_t block_linear) {
         t->linear = i;
         t->wait = RUNNABLE;
         t->committed = 0;
+        t->cp_async_issued = 0;
         fiber_start(&t->fiber, thread_main, t);
         ready[i / 32].push_back(t);
     }
@@ -571,6 +633,7 @@ static void run_block(const Launch *l, uint3 block_idx, uint64_t block_linear) {
         }
         if (exited == n) break;
         if (at_barrier != n) deadlock(&b);
+        count_cp_async_wavefronts(&b);
         b.counts[COUNT_BARRIERS]++;
         for (Thread &t : b.threads) {
             t.wait = RUNNABLE;
@@ -579,6 +642,7 @@ static void run_block(const Launch *l, uint3 block_idx, uint64_t block_linear) {
         new_phase();
     }
     running = nullptr;
+    count_cp_async_wavefronts(&b);
     free(b.dynamic_smem);
     for (const Block::Static &s : b.statics) free(s.p);
     add_counts(l->name, 0, b.counts);
@@ -729,6 +793,10 @@ int cudasim_kernel_counts(const char *name, cudasimKernelCounts *out) {
         out->shuffles += k.shuffles;
         out->barriers += k.barriers;
         out->atomics += k.atomics;
+        out->ldmatrix_wavefronts += k.ldmatrix_wavefronts;
+        out->ldmatrix_wavefronts_min += k.ldmatrix_wavefronts_min;
+        out->cp_async_wavefronts += k.cp_async_wavefronts;
+        out->cp_async_wavefronts_min += k.cp_async_wavefronts_min;
     }
     return matched;
 }

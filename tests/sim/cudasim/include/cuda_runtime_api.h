@@ -156,13 +156,16 @@ long cudasim_nccl_priorities(int *least, int *greatest);
 // warp), bytes read by ldmatrix (128 per 8x8 matrix), bytes copied by cp.async
 // (16 per call, zero-filled or not), warp shuffles (one per warp), block
 // barriers (one per block per __syncthreads) and atomics (one per thread per
-// call). cudasim_kernel_counts sums the kernels whose name contains `name`
+// call); the shared-memory wavefronts of ldmatrix and of cp.async's shared
+// destinations, each with its conflict-free minimum (equal when the kernel
+// has no bank conflict there; docs/SIM.md gives the model). cudasim_kernel_counts sums the kernels whose name contains `name`
 // into out and returns how many there were. With CUDASIM_COUNTS=FILE the
 // program writes at exit one line per kernel (tab-separated, a header line
 // naming the columns) to FILE.
 #define CUDASIM_KERNEL_COUNTS 1
 typedef struct {
     unsigned long long launches, blocks, mma, ldmatrix_bytes, cp_async_bytes, shuffles, barriers, atomics;
+    unsigned long long ldmatrix_wavefronts, ldmatrix_wavefronts_min, cp_async_wavefronts, cp_async_wavefronts_min;
 } cudasimKernelCounts;
 void cudasim_kernel_counts_reset(void);
 int cudasim_kernel_counts(const char *name, cudasimKernelCounts *out);

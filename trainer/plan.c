@@ -832,19 +832,20 @@ void plan_print_kernels(const Plan *p, const Config *cfg, FILE *out) {
             "%.4g/s\n\n", hw->name, rate.mma, hw->peak_tflops, rate.smem / 1e12, rate.hbm / 1e12, rate.atomics,
             rate.shuffles);
     fprintf(out, "| kernel | mma.sync | ldmatrix GB | cp.async GB | atomics | shuffles | barriers | tensor ms | "
-            "shared memory ms | HBM ms | atomics ms | bound ms | binds | TFLOP/s at the bound |\n"
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n");
+            "shared memory ms | HBM ms | atomics ms | bound ms | binds | TFLOP/s at the bound | shared bytes per "
+            "mma.sync |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|\n");
     for (int i = 0; i < n; i++) {
         const KernelRow *r = &rows[i];
         if (r->kind != KERNEL_ATTENTION) continue;
         const KernelCounts c = counts_times(r->counts, 1.0 / r->calls);
         const char *binds;
         const double bound = kernel_seconds(r, hw, &binds) / r->calls;
-        fprintf(out, "| %s | %.4g | %.4g | %.4g | %.4g | %.4g | %.4g | %.3f | %.3f | %.3f | %.3f | %.3f | %s | %.0f |\n",
+        fprintf(out, "| %s | %.4g | %.4g | %.4g | %.4g | %.4g | %.4g | %.3f | %.3f | %.3f | %.3f | %.3f | %s | %.0f | "
+                "%.0f |\n",
                 r->name, c.mma, c.ldmatrix_bytes / 1e9, c.cp_async_bytes / 1e9, c.atomics, c.shuffles, c.barriers,
                 1e3 * c.mma / rate.mma, 1e3 * (c.ldmatrix_bytes + c.cp_async_bytes) / rate.smem,
                 1e3 * r->bytes / r->calls / rate.hbm, 1e3 * c.atomics / rate.atomics, 1e3 * bound, binds,
-                r->flops / r->calls / bound / 1e12);
+                r->flops / r->calls / bound / 1e12, shared_bytes_per_mma(c));
     }
     if (p->gpu)
         fprintf(out, "\nthese are the kernels alone: the plan's step on %s adds their launches, the host "

@@ -84,3 +84,7 @@ KernelCounts sparse_backward_counts(int head_dim, int block_size, double rows, d
         .barriers = 3 * tiles,
         .atomics = 2.0 * D * keys};
 }
+
+double shared_bytes_per_mma(KernelCounts c) {
+    return (c.ldmatrix_bytes + c.cp_async_bytes) / c.mma;
+}

@@ -49,4 +49,7 @@ KernelCounts flash_backward_counts(int head_dim, double k_tiles, double pairs, d
 KernelCounts sparse_forward_counts(int head_dim, int block_size, double rows, double tiles);
 KernelCounts sparse_backward_counts(int head_dim, int block_size, double rows, double tiles, double keys);
 
+// Bytes through shared memory (ldmatrix + cp.async) per mma.sync of c.
+double shared_bytes_per_mma(KernelCounts c);
+
 #endif

@@ -6,8 +6,11 @@
 // and 320 (a short last forward query tile); the sparse forward and
 // backward (sparse_cuda.cu) on an index of slash lines and vertical columns,
 // blocks of 64 and 128, 384 tokens, whose visited key tiles and keys the
-// test reads from the host index. Every count must be equal. Sim only: a native build cannot
-// count and says so.
+// test reads from the host index. Every count must be equal, and so must the
+// shared bytes per mma.sync that `mtrain plan --kernels` prints. Each
+// kernel's shared-memory wavefronts (ldmatrix, cp.async) against their
+// conflict-free minimum are reported; the kernels of the table conflict_free
+// must have none above it. Sim only: a native build cannot count and says so.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,8 +29,40 @@
 
 enum { HQ = 4, HKV = 2 };
 
-// The counts of the kernels named `kernel` since the reset against `want`.
-static void expect_counts(const char *name, const char *kernel, KernelCounts want) {
+// The attention kernels whose shared memory the sim counts free of bank
+// conflicts (wavefronts equal to the conflict-free minimum, ldmatrix and
+// cp.async; docs/SIM.md), by kind and head dim (sparse: and block size). A
+// listed kernel that gains a conflict fails; one not listed prints its excess.
+static const char *const conflict_free[] = {
+    "dense forward D64",  "dense forward D128",  "dense backward D64",  "dense backward D128",
+    "sparse forward D64 B64", "sparse forward D64 B128", "sparse forward D128 B64", "sparse forward D128 B128",
+    "sparse backward D64 B64", "sparse backward D64 B128", "sparse backward D128 B64", "sparse backward D128 B128",
+};
+
+static bool listed_conflict_free(const char *kind) {
+    for (size_t i = 0; i < sizeof(conflict_free) / sizeof(conflict_free[0]); i++)
+        if (!strcmp(conflict_free[i], kind)) return true;
+    return false;
+}
+
+// The wavefronts of `got` (kernel kind `kind`, case `name`) against their minimum.
+static void expect_conflict_free(const char *name, const char *kind, const cudasimKernelCounts *got) {
+    const unsigned long long excess = got->ldmatrix_wavefronts - got->ldmatrix_wavefronts_min +
+                                      got->cp_async_wavefronts - got->cp_async_wavefronts_min;
+    char what[256];
+    snprintf(what, sizeof what, "%s (%s): ldmatrix %llu wavefronts, minimum %llu; cp.async %llu, minimum %llu",
+             name, kind, got->ldmatrix_wavefronts, got->ldmatrix_wavefronts_min, got->cp_async_wavefronts,
+             got->cp_async_wavefronts_min);
+    if (listed_conflict_free(kind))
+        EXPECT_COUNTED(excess == 0 && got->ldmatrix_wavefronts_min > 0 && got->cp_async_wavefronts_min > 0,
+                       "%s: conflict-free", what);
+    else
+        printf("conflicts %s: %llu wavefronts above the minimum (%.1f%%)\n", what, excess,
+               100.0 * (double)excess / (double)(got->ldmatrix_wavefronts_min + got->cp_async_wavefronts_min));
+}
+
+// The counts of the kernels named `kernel` (of kind `kind`) since the reset against `want`.
+static void expect_counts(const char *name, const char *kernel, const char *kind, KernelCounts want) {
     CUDA_CHECK(cudaDeviceSynchronize());
     cudasimKernelCounts got;
     EXPECT_COUNTED(cudasim_kernel_counts(kernel, &got) == 1, "%s: one kernel named %s", name, kernel);
@@ -45,6 +80,10 @@ static void expect_counts(const char *name, const char *kernel, KernelCounts wan
                                      what[i], g[i], w[i]);
     EXPECT_COUNTED(used == 0, "%s (%.0f mma, %.0f ldmatrix bytes, %.0f cp.async bytes, %.0f atomics)%s", name, g[2],
                    g[3], g[4], g[7], diffs);
+    const double per_mma = (g[3] + g[4]) / g[2], planned = shared_bytes_per_mma(want);
+    EXPECT_COUNTED(per_mma == planned, "%s: %.1f shared bytes per mma.sync counted, %.1f by the plan", name, per_mma,
+                   planned);
+    expect_conflict_free(name, kind, &got);
 }
 
 typedef struct {
@@ -103,15 +142,18 @@ static void dense_case(int64_t T, int D, Rng *rng) {
     attn_forward_init_cuda(&s, in.o, in.lse, 0);
     cudasim_kernel_counts_reset();
     attn_dense_forward_cuda(&s, in.q, in.pos, in.k, in.v, in.pos, in.o, in.lse, 0);
+    char kind[64];
     snprintf(name, sizeof name, "counts_dense_forward_T%lld_D%d", (long long)T, D);
-    expect_counts(name, "flash_forward_kernel<",
+    snprintf(kind, sizeof kind, "dense forward D%d", D);
+    expect_counts(name, "flash_forward_kernel<", kind,
                   flash_forward_counts(D, HQ * (double)((T + f.fwd_bm - 1) / f.fwd_bm),
                                        HQ * flash_forward_pairs(T, f.fwd_bm, f.fwd_bn)));
     cudasim_kernel_counts_reset();
     attn_dense_backward_cuda(&s, in.q, in.pos, in.k, in.v, in.pos, in.lse, in.delta, in.dout, in.dq, in.dk, in.dv, 0);
     snprintf(name, sizeof name, "counts_dense_backward_T%lld_D%d", (long long)T, D);
+    snprintf(kind, sizeof kind, "dense backward D%d", D);
     const double pairs = HQ * flash_backward_pairs(T, f.bwd_bm, f.bwd_bn);
-    expect_counts(name, "flash_backward_kernel<",
+    expect_counts(name, "flash_backward_kernel<", kind,
                   flash_backward_counts(D, HQ * (double)((T + f.bwd_bn - 1) / f.bwd_bn), pairs, pairs * f.bwd_bm,
                                         HQ * (double)T));
     free_inputs(&in);
@@ -145,17 +187,19 @@ static void sparse_case(int64_t T, int D, int B, Rng *rng) {
     SparseIndexCuda dx = {0};
     sparse_index_to_cuda(&x, &dx);
     const AttnShape s = shape_of(&in, B);
-    char name[96];
+    char name[96], kind[64];
     attn_forward_init_cuda(&s, in.o, in.lse, 0);
     cudasim_kernel_counts_reset();
     attn_sparse_forward_cuda(&s, &dx, in.q, in.pos, in.k, in.v, in.pos, in.o, in.lse, 0);
     snprintf(name, sizeof name, "counts_sparse_forward_T%lld_D%d_B%d", (long long)T, D, B);
-    expect_counts(name, "sparse_forward_kernel<", sparse_forward_counts(D, B, rows, tiles));
+    snprintf(kind, sizeof kind, "sparse forward D%d B%d", D, B);
+    expect_counts(name, "sparse_forward_kernel<", kind, sparse_forward_counts(D, B, rows, tiles));
     cudasim_kernel_counts_reset();
     attn_sparse_backward_cuda(&s, &dx, in.q, in.pos, in.k, in.v, in.pos, in.lse, in.delta, in.dout, in.dq, in.dk,
                               in.dv, 0);
     snprintf(name, sizeof name, "counts_sparse_backward_T%lld_D%d_B%d", (long long)T, D, B);
-    expect_counts(name, "sparse_backward_kernel<", sparse_backward_counts(D, B, rows, tiles, keys));
+    snprintf(kind, sizeof kind, "sparse backward D%d B%d", D, B);
+    expect_counts(name, "sparse_backward_kernel<", kind, sparse_backward_counts(D, B, rows, tiles, keys));
     sparse_index_free_cuda(&dx);
     sparse_index_free(&x);
     sparse_pattern_free(&p);

@@ -55,7 +55,7 @@
 #              cp 2 over NCCL and staged through MPI, and in the middle of a
 #              cp 4 ring;
 #   kill       a rank killed by SIGKILL at its first ring wait: mpirun ends
-#              the whole job, naming the rank, well within the time limit.
+#              the whole job, naming the rank, before any rank's own time-out.
 # The ring tolerances are test_cuda_ring.sh's (bf16 activations, the ring's
 # log-sum-exp merge and dK/dV sums in another order than one kernel): a ring
 # or a reduction that lost or doubled a chunk or a rank's gradient moves the

@@ -23,7 +23,7 @@
 #              not complete within 3 s" (the NCCL watchdog), under ZeRO with
 #              nccl and mpi, and in buckets on the communication stream;
 #   kill       a rank killed by SIGKILL before the reduction: mpirun ends
-#              the whole job, naming the rank, well within the time limit.
+#              the whole job, naming the rank, before any rank's own time-out.
 cd "$(dirname "$0")/../.."
 source tests/lib/lib.sh
 sim_setup nccl_reduce

@@ -2,7 +2,8 @@
 // (cblas_sgemm). Every reduction runs in a fixed order, so results are
 // bitwise reproducible for a given thread count (resume relies on it).
 // Act and Weight are fp32 here, and the compute weights are the master
-// itself: each op casts its table-typed arguments to float on entry.
+// itself: each op casts its table-typed arguments to float on entry. Here
+// too, as every build has this file: backend_select and backend_join_devices.
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>

@@ -35,7 +35,6 @@ typedef struct Act Act;
 typedef struct Weight Weight;
 
 typedef struct {
-    const char *name;
     size_t act_bytes;     // bytes of one Act element
     size_t weight_bytes;  // bytes of one Weight element
     bool on_gpu;          // memory and ops on a GPU (the run's memory plan is the GPU's)
@@ -167,6 +166,21 @@ typedef struct {
     // AdamW on n fp32 master parameters: m, v updated; param -= lr * (mhat/(sqrt(vhat)+eps) + wd*param).
     void (*adamw)(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int64_t step);
+
+    // What a run reports of its device (a backend on_gpu; NULL on the CPU's).
+    // Under the CPU execution model of CUDA (tests/sim/cudasim/) only: the
+    // peak of the device memory this process has held (cudaMalloc and the
+    // stream-ordered pool at its high-water mark), true; false on a real GPU
+    // (no such figure).
+    bool (*memory_peak)(double *bytes);
+    // MTRAIN_SYNC_REPORT=1: sync_begin begins counting the host
+    // synchronisations (the host waiting for the device) at the start of a
+    // step; after it, sync_print prints "host syncs per step: N", then one
+    // line per call site (file:line (function): call: count), then the
+    // priority of the streams NCCL ran on. Counted by the CPU execution model
+    // of CUDA (build/sim/mtrain); a native build says it cannot.
+    void (*sync_begin)(void);
+    void (*sync_print)(void);
 } Backend;
 
 // train.backend: cpu, cuda, or auto (cuda when this build has it and a GPU
@@ -182,20 +196,15 @@ const Backend *backend_cpu(void);
 const Backend *backend_cuda(void);
 // Whether a GPU is visible; else why not (one line into why[why_size]).
 bool backend_cuda_visible(char *why, size_t why_size);
-// Under the CPU execution model of CUDA (tests/sim/cudasim/) only: the peak of
-// the device memory this process has held (cudaMalloc and the stream-ordered
-// pool at its high-water mark), true; false on a real GPU (no such figure).
-bool backend_cuda_memory_peak(double *bytes);
-// MTRAIN_SYNC_REPORT=1: begin counting the host synchronisations (the host
-// waiting for the device) at the start of a step; after it, print "host syncs
-// per step: N", then one line per call site (file:line (function): call:
-// count), then the priority of the streams NCCL ran on. Counted by the CPU
-// execution model of CUDA (build/sim/mtrain); a native build says it cannot.
-void backend_cuda_sync_begin(void);
-void backend_cuda_sync_print(void);
 #endif
 // The backend of train.backend; one line and exit 1 when this build or this
 // machine lacks it.
 const Backend *backend_select(BackendKind kind);
+struct Dist;
+// Before a run's first backend_select: when train.backend `kind` selects the
+// CUDA backend (cuda, or auto with a GPU visible), each rank of d to its GPU
+// with the device communicators (NCCL when nccl, else staged through the
+// host: dist/comm_device.h); nothing otherwise. A collective over d's world.
+void backend_join_devices(BackendKind kind, struct Dist *d, bool nccl);
 
 #endif

@@ -235,8 +235,41 @@ static void adamw(float *param, const float *grad, float *m, float *v, int64_t n
     adamw_cuda(param, bf16, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step, cuda.stream);
 }
 
+static void sync_begin(void) {
+#ifdef CUDASIM_HOST_SYNCS
+    cudasim_host_syncs_reset();
+#endif
+}
+
+static void sync_print(void) {
+#ifdef CUDASIM_HOST_SYNCS
+    printf("host syncs per step: %ld\n", cudasim_host_syncs(NULL));
+    cudasim_host_syncs(stdout);
+    int least = 0, greatest = 0, device_least = 0, device_greatest = 0;
+    long ops = cudasim_nccl_priorities(&least, &greatest);
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&device_least, &device_greatest));
+    if (ops > 0)
+        printf("NCCL operations per step: %ld, on streams of priority %d to %d (the device's: %d least, %d greatest)\n",
+               ops, greatest, least, device_least, device_greatest);
+#else
+    printf("host syncs per step: not counted (only the CPU execution model of CUDA counts them: build/sim/mtrain)\n");
+#endif
+    fflush(stdout);
+}
+
+static bool memory_peak(double *bytes) {
+#ifdef CUDASIM_MEMORY_PEAK
+    size_t peak;
+    CUDA_CHECK(cudasimMemoryPeak(&peak));
+    *bytes = (double)peak;
+    return true;
+#else
+    (void)bytes;
+    return false;
+#endif
+}
+
 static const Backend cuda_backend = {
-    .name = "cuda",
     .act_bytes = sizeof(uint16_t),
     .weight_bytes = sizeof(uint16_t),
     .on_gpu = true,
@@ -278,29 +311,10 @@ static const Backend cuda_backend = {
     .allreduce_sum_finish = allreduce_sum_finish,
     .reduce_scatter_sum = reduce_scatter_sum,
     .adamw = adamw,
+    .memory_peak = memory_peak,
+    .sync_begin = sync_begin,
+    .sync_print = sync_print,
 };
-
-void backend_cuda_sync_begin(void) {
-#ifdef CUDASIM_HOST_SYNCS
-    cudasim_host_syncs_reset();
-#endif
-}
-
-void backend_cuda_sync_print(void) {
-#ifdef CUDASIM_HOST_SYNCS
-    printf("host syncs per step: %ld\n", cudasim_host_syncs(NULL));
-    cudasim_host_syncs(stdout);
-    int least = 0, greatest = 0, device_least = 0, device_greatest = 0;
-    long ops = cudasim_nccl_priorities(&least, &greatest);
-    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&device_least, &device_greatest));
-    if (ops > 0)
-        printf("NCCL operations per step: %ld, on streams of priority %d to %d (the device's: %d least, %d greatest)\n",
-               ops, greatest, least, device_least, device_greatest);
-#else
-    printf("host syncs per step: not counted (only the CPU execution model of CUDA counts them: build/sim/mtrain)\n");
-#endif
-    fflush(stdout);
-}
 
 bool backend_cuda_visible(char *why, size_t why_size) {
     int count = 0;
@@ -336,18 +350,6 @@ const Backend *backend_cuda(void) {
     CUDA_CHECK(cudaMallocHost(&cuda.staging, STAGING_BYTES));
     cuda.ready = true;
     return &cuda_backend;
-}
-
-bool backend_cuda_memory_peak(double *bytes) {
-#ifdef CUDASIM_MEMORY_PEAK
-    size_t peak;
-    CUDA_CHECK(cudasimMemoryPeak(&peak));
-    *bytes = (double)peak;
-    return true;
-#else
-    (void)bytes;
-    return false;
-#endif
 }
 
 #endif

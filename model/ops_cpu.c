@@ -2,7 +2,8 @@
 // (cblas_sgemm). Every reduction runs in a fixed order, so results are
 // bitwise reproducible for a given thread count (resume relies on it).
 // Act and Weight are fp32 here, and the compute weights are the master
-// itself: each op casts its table-typed arguments to float on entry.
+// itself: each op casts its table-typed arguments to float on entry. Here
+// too, as every build has this file: backend_select and backend_join_devices.
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
@@ -13,6 +14,9 @@
 #include "../attention/op/attention_cpu.h"
 #include "../attention/ring/ring_cpu.h"
 #include "backend.h"
+#ifdef MTRAIN_CUDA
+#include "../dist/comm_device.h"
+#endif
 
 static void *cpu_alloc(size_t bytes) { return xcalloc(1, bytes); }
 static void cpu_free(void *ptr) { free(ptr); }
@@ -314,7 +318,6 @@ static void attention_cached(AttnState *st, const AttnShape *shape, const Act *q
 }
 
 static const Backend cpu_backend = {
-    .name = "cpu",
     .act_bytes = sizeof(float),
     .weight_bytes = sizeof(float),
     .alloc = cpu_alloc,
@@ -369,9 +372,20 @@ const Backend *backend_select(BackendKind kind) {
     }
     return &cpu_backend;
 }
+
+void backend_join_devices(BackendKind kind, Dist *d, bool nccl) {
+    char why[160];
+    if (kind != BACKEND_CPU && backend_cuda_visible(why, sizeof(why))) comm_device_join(d, nccl);
+}
 #else
 const Backend *backend_select(BackendKind kind) {
     if (kind == BACKEND_CUDA) fail("train.backend: cuda: this build has no CUDA backend (build/mtrain is the CPU build; `make build/cuda/mtrain` with nvcc has it)");
     return &cpu_backend;
+}
+
+void backend_join_devices(BackendKind kind, Dist *d, bool nccl) {
+    (void)kind;
+    (void)d;
+    (void)nccl;
 }
 #endif

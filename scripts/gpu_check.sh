@@ -374,6 +374,10 @@ stage_context() {
   done
 }
 
+# hold: waits until its limit stops it; no list of stages names it (GPU_CHECK_LIMITS="hold:1 ...": how
+# tests/sim/test_gpu_check.sh checks a stage past its limit, whatever the machine's speed).
+stage_hold() { sleep infinity; }
+
 # ---- sizes: the GPU's, or tiny ones under the sim
 # The tiny model with the CUDA kernels' head dim (64) and the bytes tokenizer's vocabulary (the bundle's shard).
 tiny_model=(model.vocab_size=258 model.hidden_size=128 model.intermediate_size=256 model.num_heads=2 model.num_kv_heads=1 model.head_dim=64)
@@ -401,7 +405,7 @@ else
                attention.slash=1 attention.sink=4 attention.local=1)
   limits=(device:600 tests:1200 sanitizer:1200 attention:1200 train:1200 agreement:600 context:2400)
 fi
-# GPU_CHECK_LIMITS="NAME:SECONDS ...": other stages or limits (tests/sim/test_gpu_check.sh).
+# GPU_CHECK_LIMITS="NAME:SECONDS ...": other stages or limits (tests/sim/test_gpu_check.sh; stage_hold).
 [ -n "${GPU_CHECK_LIMITS:-}" ] && read -r -a limits <<<"$GPU_CHECK_LIMITS"
 # --stages A,B: those stages only (each with its limit), in the order above.
 if [ -n "$stages_given" ]; then

@@ -27,7 +27,7 @@ cd "$(dirname "$0")/.."
 filter=${1:-}
 build=${MTRAIN_BUILD:-build}
 export MTRAIN=$build/mtrain
-passed=0; failed=0
+passed=0; failed=0; skipped=0
 log=$(mktemp -d)
 trap 'rm -rf "$log"' EXIT
 
@@ -37,24 +37,37 @@ run_one() {
   local start=$SECONDS
   "$@" >"$out" 2>&1
   local rc=$?
-  local ok fail
+  local ok fail skip
   ok=$(grep -c '^ok ' "$out")
   fail=$(grep -c '^FAIL ' "$out")
+  skip=$(grep -c '^skip ' "$out")
   if [ "$rc" -ne 0 ] && [ "$fail" -eq 0 ]; then
     fail=1
     echo "FAIL $name: exited with status $rc" >>"$out"
   fi
-  if [ "$rc" -eq 0 ] && [ "$ok" -eq 0 ] && [ "$fail" -eq 0 ]; then
+  if [ "$rc" -eq 0 ] && [ "$ok" -eq 0 ] && [ "$fail" -eq 0 ] && [ "$skip" -eq 0 ]; then
     fail=1
     echo "FAIL $name: ran no check" >>"$out"
   fi
-  passed=$((passed + ok)); failed=$((failed + fail))
-  printf '%-40s %4d ok %3d failed  %4ds\n' "$name" "$ok" "$fail" $((SECONDS - start))
+  passed=$((passed + ok)); failed=$((failed + fail)); skipped=$((skipped + skip))
+  printf '%-40s %4d ok %3d failed  %4ds' "$name" "$ok" "$fail" $((SECONDS - start))
+  if [ "$skip" -gt 0 ]; then
+    printf '  %d skipped\n' "$skip"
+    grep -E '^skip ' "$out" | sed 's/^/    /'
+  else
+    echo
+  fi
   if [ "$fail" -ne 0 ]; then
     grep -E '^FAIL ' "$out" | sed 's/^/    /'
     echo "    --- last lines of output ---"
     tail -n 15 "$out" | sed 's/^/    /'
   fi
+}
+
+# summary: the last line, "N passed, N failed[, N skipped]" (CI reads it).
+summary() {
+  if [ "$skipped" -eq 0 ]; then echo "$passed passed, $failed failed"
+  else echo "$passed passed, $failed failed, $skipped skipped"; fi
 }
 
 for t in "$build"/tests/test_*; do
@@ -69,7 +82,7 @@ for t in tests/*/test_*.sh; do
 done
 if [ "$build" != build ]; then
   echo "not run against $build (they run build/ programs): ${left[*]} and tests/*/test_*.py"
-  echo "$passed passed, $failed failed"
+  summary
   [ "$failed" -eq 0 ]
   exit
 fi
@@ -78,5 +91,5 @@ for t in tests/*/test_*.py; do
   case "${t##*/}" in *"$filter"*) run_one "$(basename "$t")" /usr/bin/python3 "$t" ;; esac
 done
 
-echo "$passed passed, $failed failed"
+summary
 [ "$failed" -eq 0 ]

@@ -1,7 +1,8 @@
 // args.h: the one parser of the verbs' options (score, generate, export,
 // plan, tasks, tokenize, detokenize, shard, data): a table of options, each a
-// flag, an option with a value or an option with a list of values; the verb
-// keeps its own usage and messages.
+// flag, an option with a value or an option with a list of values; the one
+// rule for an unknown option or a missing value, and the one help detector
+// (main.c). The verb keeps its own usage.
 #ifndef MTRAIN_ARGS_H
 #define MTRAIN_ARGS_H
 
@@ -30,8 +31,8 @@ typedef struct {
 // What args_parse read: the other arguments moved to argv[0, kept) in
 // order; the arguments from argv[rest] on not read (the verb's overrides);
 // or the argument that stopped it: an option given last without its value,
-// or an ARG_LIST option followed by none (missing), or an argument beginning with reject_prefix that is no option
-// (unknown). NULL when none.
+// or an ARG_LIST option followed by none (missing), or an argument beginning
+// with "-" that is no option (unknown). NULL when none.
 typedef struct {
     int kept, rest;
     const char *missing, *unknown;
@@ -39,13 +40,19 @@ typedef struct {
 
 // Read the options of table options [count] from argv [argc], in any order
 // among the other arguments; at the (max_kept + 1)-th other argument, stop
-// (rest = its index; else rest = argc). reject_prefix: NULL, or the prefix
-// ("-", "--") of arguments that must be options.
-ArgsResult args_parse(const ArgOption *options, int count, int argc, char **argv, int max_kept,
-                      const char *reject_prefix);
+// (rest = its index; else rest = argc).
+ArgsResult args_parse(const ArgOption *options, int count, int argc, char **argv, int max_kept);
 
-// Whether argv is exactly "-h" or "--help": how main.c calls a verb with its
-// own usage when the command line asks for help.
+// The verbs' one usage error: "mtrain: " and the message, then the verb's
+// usage, on stderr. Returns 2, the exit status.
+int args_usage_error(const char *usage, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+// The verbs' one rule for what stopped args_parse: "mtrain: --x needs a
+// value" (missing) or "mtrain: unknown option '--x'" (unknown), then the
+// usage (args_usage_error): 2. 0 when neither.
+int args_refused(ArgsResult r, const char *usage);
+
+// Whether any of argv is "-h" or "--help": main.c then prints the verb's
+// usage (or calls the verb with "--help" alone when it has a longer one).
 bool args_help(int argc, char **argv);
 
 #endif

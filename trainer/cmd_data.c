@@ -9,7 +9,6 @@
 #include <omp.h>
 #include <inttypes.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,17 +52,6 @@ static const char *detokenize_usage =
     "  each line of ids becomes its text followed by a newline.\n";
 
 // Prints "mtrain: <message>" and the usage; returns the usage exit status 2.
-static int usage_error(const char *usage, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int usage_error(const char *usage, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "mtrain: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n%s", usage);
-    va_end(ap);
-    return 2;
-}
-
 // The whole number in value, into *out when it lies in [lo, hi]; else false.
 static bool whole_number(const char *value, int64_t lo, int64_t hi, int64_t *out) {
     char *end;
@@ -383,21 +371,21 @@ int cmd_tokenize(int argc, char **argv) {
                                  {"--output", ARG_VALUE, &output}, {"--threads", ARG_VALUE, &threads_text},
                                  {"--text-field", ARG_VALUE, &text_field}, {"--frame-tokens", ARG_VALUE, &frames_text},
                                  {"--force", ARG_FLAG, &force}};
-    ArgsResult args = args_parse(options, (int)(sizeof(options) / sizeof(options[0])), argc, argv, 0, NULL);
-    if (args.missing)
-        return usage_error(tokenize_usage, strcmp(args.missing, "--input") ? "%s needs a value"
-                                                                           : "%s needs at least one file", args.missing);
-    if (args.rest < argc) return usage_error(tokenize_usage, "tokenize: unknown argument '%s'", argv[args.rest]);
+    ArgsResult args = args_parse(options, (int)(sizeof(options) / sizeof(options[0])), argc, argv, 0);
+    if (args.missing && !strcmp(args.missing, "--input"))
+        return args_usage_error(tokenize_usage, "--input needs at least one file");
+    if (args_refused(args, tokenize_usage)) return 2;
+    if (args.rest < argc) return args_usage_error(tokenize_usage, "tokenize: unknown argument '%s'", argv[args.rest]);
     int64_t frame_tokens = 0, threads = 0;
     if (frames_text && !whole_number(frames_text, 1, SHARD_MAX_FRAME_TOKENS, &frame_tokens))
-        return usage_error(tokenize_usage, "--frame-tokens '%s' is not a whole number in 1 .. %" PRId64, frames_text,
+        return args_usage_error(tokenize_usage, "--frame-tokens '%s' is not a whole number in 1 .. %" PRId64, frames_text,
                            (int64_t)SHARD_MAX_FRAME_TOKENS);
     if (threads_text && !whole_number(threads_text, 1, 1024, &threads))
-        return usage_error(tokenize_usage, "--threads '%s' is not a whole number in 1 .. 1024", threads_text);
+        return args_usage_error(tokenize_usage, "--threads '%s' is not a whole number in 1 .. 1024", threads_text);
     const char **inputs = input_list.values;
     const int input_count = input_list.count;
     const char *missing = !tokenizer ? "--tokenizer" : !input_count ? "--input" : !output ? "--output" : NULL;
-    if (missing) return usage_error(tokenize_usage, "tokenize: %s is required", missing);
+    if (missing) return args_usage_error(tokenize_usage, "tokenize: %s is required", missing);
     for (int i = 0; i < input_count; i++) check_text_file(inputs[i]);  // a missing or binary input fails before any work
     if (!force && access(output, F_OK) == 0)
         fail("%s: already exists (expected a new file; --force replaces it)", output);
@@ -517,7 +505,7 @@ static void shard_dump(const char *path, Tokenizer *tokenizer) {
 }
 
 int cmd_shard(int argc, char **argv) {
-    if (argc < 1) return usage_error(shard_usage, "shard: which action? (info, verify or dump)");
+    if (argc < 1) return args_usage_error(shard_usage, "shard: which action? (info, verify or dump)");
     if (args_help(argc, argv)) { printf("%s", shard_usage); return 0; }
     const char *action = argv[0];
     char **files = argv + 1;
@@ -526,13 +514,12 @@ int cmd_shard(int argc, char **argv) {
     const ArgOption dump_options[] = {{"--text", ARG_FLAG, &text}, {"--tokenizer", ARG_VALUE, &tokenizer}};
     // --text and --tokenizer are dump's; every other "--" argument is unknown.
     const int option_count = strcmp(action, "dump") ? 0 : (int)(sizeof(dump_options) / sizeof(dump_options[0]));
-    ArgsResult args = args_parse(dump_options, option_count, argc - 1, files, argc, "--");
-    if (args.missing) return usage_error(shard_usage, "%s needs a value", args.missing);
-    if (args.unknown) return usage_error(shard_usage, "shard: unknown option '%s'", args.unknown);
+    ArgsResult args = args_parse(dump_options, option_count, argc - 1, files, argc);
+    if (args_refused(args, shard_usage)) return 2;
     const int file_count = args.kept;
-    if (tokenizer && !text) return usage_error(shard_usage, "shard dump: --tokenizer decodes text: it needs --text");
+    if (tokenizer && !text) return args_usage_error(shard_usage, "shard dump: --tokenizer decodes text: it needs --text");
     if (!strcmp(action, "verify")) {
-        if (file_count < 1) return usage_error(shard_usage, "shard verify: which FILE?");
+        if (file_count < 1) return args_usage_error(shard_usage, "shard verify: which FILE?");
         for (int i = 0; i < file_count; i++) {
             Shard s;
             shard_open(&s, files[i]);
@@ -542,8 +529,8 @@ int cmd_shard(int argc, char **argv) {
         }
         return 0;
     }
-    if (strcmp(action, "info") && strcmp(action, "dump")) return usage_error(shard_usage, "shard: unknown action '%s'", action);
-    if (file_count != 1) return usage_error(shard_usage, "shard %s: expected exactly one FILE", action);
+    if (strcmp(action, "info") && strcmp(action, "dump")) return args_usage_error(shard_usage, "shard: unknown action '%s'", action);
+    if (file_count != 1) return args_usage_error(shard_usage, "shard %s: expected exactly one FILE", action);
     if (!strcmp(action, "info")) {
         shard_info(files[0]);
         return 0;
@@ -561,12 +548,12 @@ int cmd_detokenize(int argc, char **argv) {
     if (args_help(argc, argv)) { printf("%s", detokenize_usage); return 0; }
     const char *tokenizer = NULL;
     const ArgOption options[] = {{"--tokenizer", ARG_VALUE, &tokenizer}};
-    ArgsResult args = args_parse(options, 1, argc, argv, 1, "--");
-    if (args.missing) return usage_error(detokenize_usage, "%s needs a value", args.missing);
-    const char *unexpected = args.unknown ? args.unknown : args.rest < argc ? argv[args.rest] : NULL;
-    if (unexpected) return usage_error(detokenize_usage, "detokenize: unexpected argument '%s'", unexpected);
+    ArgsResult args = args_parse(options, 1, argc, argv, 1);
+    if (args_refused(args, detokenize_usage)) return 2;
+    if (args.rest < argc)
+        return args_usage_error(detokenize_usage, "detokenize: unexpected argument '%s'", argv[args.rest]);
     const char *input = args.kept ? argv[0] : NULL;
-    if (!tokenizer) return usage_error(detokenize_usage, "detokenize: --tokenizer is required");
+    if (!tokenizer) return args_usage_error(detokenize_usage, "detokenize: --tokenizer is required");
     Tokenizer *t = tokenizer_open(tokenizer);
     FILE *f = input ? xfopen(input, "rb") : stdin;
     const char *name = input ? input : "stdin";
@@ -667,18 +654,17 @@ static void data_show(Loader *l, const Config *cfg, int64_t g) {
 
 int cmd_data(int argc, char **argv) {
     if (args_help(argc, argv)) { printf("%s", data_usage); return 0; }
-    if (argc < 1 || argv[0][0] == '-') return usage_error(data_usage, "data: which RUN.yaml?");
+    if (argc < 1 || argv[0][0] == '-') return args_usage_error(data_usage, "data: which RUN.yaml?");
     const char *read_text = NULL, *show_text = NULL;
     const ArgOption options[] = {{"--read", ARG_VALUE, &read_text}, {"--show", ARG_VALUE, &show_text}};
     char **overrides = argv + 1;
-    ArgsResult args = args_parse(options, 2, argc - 1, overrides, argc, "--");
-    if (args.missing) return usage_error(data_usage, "%s needs a value", args.missing);
-    if (args.unknown) return usage_error(data_usage, "data: unknown option '%s'", args.unknown);
+    ArgsResult args = args_parse(options, 2, argc - 1, overrides, argc);
+    if (args_refused(args, data_usage)) return 2;
     int64_t read = 0, show = -1;
     if (read_text && !whole_number(read_text, 0, INT64_MAX, &read))
-        return usage_error(data_usage, "--read '%s' is not a whole number >= 0", read_text);
+        return args_usage_error(data_usage, "--read '%s' is not a whole number >= 0", read_text);
     if (show_text && !whole_number(show_text, 0, INT64_MAX, &show))
-        return usage_error(data_usage, "--show '%s' is not a whole number >= 0", show_text);
+        return args_usage_error(data_usage, "--show '%s' is not a whole number >= 0", show_text);
     Config cfg;
     config_from_args(&cfg, argv[0], args.kept, overrides, false);
     Loader l;

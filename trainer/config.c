@@ -20,6 +20,7 @@
 
 #include "../dist/util.h"
 #include "../model/hf_config.h"
+#include "args.h"
 #include "commands.h"
 
 // ----------------------------------------------------------------------------
@@ -1208,8 +1209,9 @@ int cmd_config(int argc, char **argv) {
         config_print_doc(stdout);
         return 0;
     }
-    if (argc < 1 || argv[0][0] == '-')
-        fail("usage: mtrain config RUN.yaml [section.key=value ...] | mtrain config --doc");
+    const char *usage = "usage: mtrain config RUN.yaml [section.key=value ...] | mtrain config --doc";
+    if (argc < 1 || argv[0][0] == '-') fail("%s", usage);
+    if (args_refused(args_parse(NULL, 0, argc - 1, argv + 1, argc), usage)) return 2;
     Config cfg;
     config_from_args(&cfg, argv[0], argc - 1, argv + 1, false);
     config_print(&cfg, stdout);

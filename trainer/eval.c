@@ -472,17 +472,18 @@ static void write_plots(const EvalPlan *p, const double *loss, int *const *corre
 int cmd_tasks(int argc, char **argv) {
     const char *count_text = NULL, *output = NULL;
     const ArgOption options[] = {{"--count", ARG_VALUE, &count_text}, {"--output", ARG_VALUE, &output}};
-    ArgsResult args = args_parse(options, (int)(sizeof(options) / sizeof(options[0])), argc, argv, argc, NULL);
+    ArgsResult args = args_parse(options, (int)(sizeof(options) / sizeof(options[0])), argc, argv, argc);
     int64_t count = count_text ? atoll(count_text) : 0;
     int kept = args.kept;
     const char *usage = "usage: mtrain tasks RUN.yaml --count N --output OUT.jsonl [section.key=value ...]";
-    if (args.missing || count < 1 || !output) {
+    if (args_refused(args, usage)) return 2;
+    if (count < 1 || !output) {
         fprintf(stderr, "%s\n", usage);
         return 2;
     }
     Config cfg;
     Dist dist;
-    if (!run_start(kept, argv, usage, true, &cfg, &dist)) return 2;
+    if (!run_start_file(kept, argv, usage, true, &cfg, &dist)) return 2;
     EvalPlan plan;
     plan_eval(&plan, &cfg, argv[0]);
     if (!plan.grid_count) fail("%s: eval.tasks '%s' has no task to generate (expected passkey, niah or ruler)", argv[0], cfg.eval.tasks);
@@ -529,7 +530,7 @@ int cmd_tasks(int argc, char **argv) {
 int cmd_eval(int argc, char **argv) {
     Config cfg;
     Dist dist;
-    if (!run_start(argc, argv, "usage: mtrain eval RUN.yaml [section.key=value ...]", true, &cfg, &dist)) return 2;
+    if (!run_start_file(argc, argv, "usage: mtrain eval RUN.yaml [section.key=value ...]", true, &cfg, &dist)) return 2;
     if (dist.dp.size > 1)
         comm_fail_all(&dist.world, "%s: parallel.dp %d: eval splits each sequence over its ranks (expected "
                       "parallel.dp 1)", argv[0], dist.dp.size);

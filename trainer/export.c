@@ -30,11 +30,8 @@
 #include "commands.h"
 #include "config.h"
 
-static int usage(void) {
-    fprintf(stderr, "usage: mtrain export CKPT_DIR OUT_DIR [--dtype bf16|f32] [--max-shard-size SIZE] "
-                    "[model.key=value ...]\n  SIZE: bytes, or with a unit: 5GB, 500MB, 2GiB (default 5GB)\n");
-    return 2;
-}
+static const char *export_usage = "usage: mtrain export CKPT_DIR OUT_DIR [--dtype bf16|f32] [--max-shard-size SIZE] "
+                                  "[model.key=value ...]\n  SIZE: bytes, or with a unit: 5GB, 500MB, 2GiB (default 5GB)\n";
 
 // "5GB" = 5·10^9, "2GiB" = 2·2^30, "123" = 123 bytes (units as transformers
 // reads them, case-insensitive); fails on anything else.
@@ -111,8 +108,9 @@ static void warn_rounded_back(const float *params, const ModelConfig *mc, const 
 int cmd_export(int argc, char **argv) {
     const char *dtype_name = "bf16", *shard_text = "5GB";
     const ArgOption options[] = {{"--dtype", ARG_VALUE, &dtype_name}, {"--max-shard-size", ARG_VALUE, &shard_text}};
-    ArgsResult args = args_parse(options, (int)(sizeof(options) / sizeof(options[0])), argc, argv, 2, "-");
-    if (args.missing || args.unknown || args.kept < 2) return usage();
+    ArgsResult args = args_parse(options, (int)(sizeof(options) / sizeof(options[0])), argc, argv, 2);
+    if (args_refused(args, export_usage)) return 2;
+    if (args.kept < 2) return args_usage_error(export_usage, "export: expected CKPT_DIR and OUT_DIR");
     const char *src = argv[0], *out = argv[1];
     int first_override = args.rest;
     StDtype dtype = ST_BF16;

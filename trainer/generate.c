@@ -129,12 +129,8 @@ int cmd_generate(int argc, char **argv) {
         {"--tokens", ARG_VALUE, &tokens_path}, {"--tokenizer", ARG_VALUE, &tokenizer},
         {"--max-new", ARG_VALUE, &max_new_text}, {"--temperature", ARG_VALUE, &temperature},
         {"--top-p", ARG_VALUE, &top_p}, {"--top-k", ARG_VALUE, &top_k}, {"--seed", ARG_VALUE, &seed_text}};
-    ArgsResult args = args_parse(options, (int)(sizeof(options) / sizeof(options[0])), argc, argv, 0, "--");
-    if (args.missing || args.unknown) {
-        fprintf(stderr, "mtrain generate: %s %s\n%s\n", args.missing ? args.missing : "unknown option",
-                args.missing ? "needs a value" : args.unknown, generate_usage);
-        return 2;
-    }
+    ArgsResult args = args_parse(options, (int)(sizeof(options) / sizeof(options[0])), argc, argv, 0);
+    if (args_refused(args, generate_usage)) return 2;
     if (max_new_text) max_new = (int64_t)parse_number("--max-new", max_new_text, 1, 1e9, true);
     if (temperature) s.temperature = parse_number("--temperature", temperature, 0, 1e6, false);
     if (top_p) s.top_p = parse_number("--top-p", top_p, 1e-9, 1, false);
@@ -159,12 +155,10 @@ int cmd_generate(int argc, char **argv) {
     if (n == 0) fail("generate: --prompt gives no tokens (tokenizer %s)", tok->name);
 
     Dist dist;
-    dist_init(&dist, NULL, NULL, cfg.parallel.timeout_s);
+    run_start(&cfg, &dist, "mtrain generate");
     if (dist.world_size > 1)
         comm_fail_all(&dist.world, "mtrain generate: %d ranks: generation runs in one process (expected no mpirun "
                       "or srun)", dist.world_size);
-    dist_setup(&dist, 1, 1, 1, "mtrain generate");
-    join_devices(&cfg, &dist);
     apply_threads(&cfg, &dist);
     Model m;
     model_from_config(&m, &cfg);

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "args.h"
 #include "commands.h"
 
 typedef struct {
@@ -37,13 +38,6 @@ static void usage(FILE *out) {
     for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++) fprintf(out, "  mtrain %s\n", verbs[i].usage);
 }
 
-// -h or --help anywhere after the verb.
-static bool asks_help(int argc, char **argv) {
-    for (int i = 0; i < argc; i++)
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return true;
-    return false;
-}
-
 // OpenMP threads that spin while they wait for work take the CPUs of other
 // processes (the other ranks, other jobs), and a step then takes many times
 // longer (docs/PERFORMANCE.md). libgomp reads its wait policy once, when it
@@ -64,13 +58,13 @@ static void restart_with_passive_wait(char **argv) {
 
 int main(int argc, char **argv) {
     restart_with_passive_wait(argv);
-    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+    if (argc < 2 || args_help(1, argv + 1)) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
     for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
         if (!strcmp(argv[1], verbs[i].name)) {
-            if (!asks_help(argc - 2, argv + 2)) return verbs[i].run(argc - 2, argv + 2);
+            if (!args_help(argc - 2, argv + 2)) return verbs[i].run(argc - 2, argv + 2);
             if (verbs[i].own_help) return verbs[i].run(1, (char *[]){"--help", NULL});
             printf("usage: mtrain %s\n", verbs[i].usage);
             return 0;

@@ -498,21 +498,22 @@ static double kernels_seconds(const Plan *p, const Config *cfg, const GpuProfile
 
 // Per launch and per host synchronisation, the time the device idles
 // (assumed: a launch's overhead where kernels are short, a synchronisation's
-// round trip through the host with the queue drained). Host synchronisations
-// per step as the sim counts them (docs/SIM.md, MTRAIN_SYNC_REPORT: 7 per
-// step on one rank, dense or sparse; 2 more on a ring, whatever its size and
-// the layers; a sparse ring's plan stays on the device: 2 more, or with
-// ring_send selected, which reads the need rows back per layer, 1 + 3 per
-// layer more; with documents 1 more per micro batch, the attention op's
-// wait before it copies a sequence's document starts), the per-layer term
-// per micro batch.
+// round trip through the host with the queue drained).
 #define LAUNCH_S 3e-6
 #define HOST_SYNC_S 20e-6
+// Host synchronisations per step as the sim counts them (docs/SIM.md,
+// MTRAIN_SYNC_REPORT): the one statement of that count, which plan prints
+// ("(N syncs)") and tests/sim/test_sync_report.sh compares with counted runs
+// of each case below.
 static double host_syncs(const Plan *p, const Config *cfg) {
-    const double L = cfg->model.num_layers * (double)cfg->train.micro_batches;
-    const bool sparse = cfg->attention.type == ATTN_SPARSE, selected = cfg->attention.ring_send == RING_SEND_SELECTED;
-    return 7 + (p->cp > 1 ? 2 : 0) + (p->cp > 1 && sparse ? (selected ? 1 + 3 * L : 2) : 0) +
-           (cfg->data.doc_mask ? cfg->train.micro_batches : 0);
+    const double L = cfg->model.num_layers * (double)cfg->train.micro_batches;  // layers of all micro batches
+    const bool ring = p->cp > 1, sparse = cfg->attention.type == ATTN_SPARSE;
+    double syncs = 7;                      // one rank, dense or sparse: the step's uploads and downloads
+    if (ring) syncs += 2;                  // a ring, whatever its size and the layers
+    if (ring && sparse)                    // a sparse ring's plan stays on the device; ring_send selected reads
+        syncs += cfg->attention.ring_send == RING_SEND_SELECTED ? 1 + 3 * L : 2;  // the need rows back per layer
+    if (cfg->data.doc_mask) syncs += cfg->train.micro_batches;  // the op's wait before it copies document starts
+    return syncs;
 }
 
 // FLOPs of one optimizer step on one rank: the GEMMs of its tokens (6 per
@@ -868,8 +869,8 @@ int cmd_plan(int argc, char **argv) {
     const ArgOption options[] = {{"--kernels", ARG_FLAG, &kernels}, {"--ring", ARG_FLAG, &ring},
                                  {"--gpu", ARG_VALUE, &gpu_name}, {"--density", ARG_VALUE, &density_text}};
     // The run file, then the overrides: argv[1, 1 + n) after the parse.
-    ArgsResult args = args_parse(options, (int)(sizeof(options) / sizeof(options[0])), argc - 1, argv + 1, argc, NULL);
-    if (args.missing) fail("plan: %s needs a value (%s)", args.missing, usage);
+    ArgsResult args = args_parse(options, (int)(sizeof(options) / sizeof(options[0])), argc - 1, argv + 1, argc);
+    if (args_refused(args, usage)) return 2;
     if (density_text) {
         char *end;
         density = strtod(density_text, &end);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "../dist/util.h"
+#include "args.h"
 #include "commands.h"
 #include "eval.h"
 
@@ -76,8 +77,10 @@ static void rename_png(const char *dir, const char *name) {
 }
 
 int cmd_plot(int argc, char **argv) {
-    if (argc != 1 || argv[0][0] == '-') {
-        fprintf(stderr, "usage: mtrain plot LOG_DIR   (PNG plots of LOG_DIR/metrics.jsonl)\n");
+    const char *usage = "usage: mtrain plot LOG_DIR   (PNG plots of LOG_DIR/metrics.jsonl)";
+    if (args_refused(args_parse(NULL, 0, argc, argv, argc), usage)) return 2;
+    if (argc != 1) {
+        fprintf(stderr, "%s\n", usage);
         return 2;
     }
     const char *dir = argv[0];

@@ -1,5 +1,5 @@
-// run.c: the set-up of a run that every verb shares (run.h): the start on a
-// run file, GPUs, quiet ranks, threads, the model, loader and ring from the
+// run.c: the set-up of a run that every verb shares (run.h): the start of
+// the ranks on a config or a run file, threads, the model, loader and ring from the
 // run config, integer files.
 #include "run.h"
 
@@ -12,9 +12,7 @@
 
 #include "../attention/ring/ring.h"
 #include "../dist/progress.h"
-#ifdef MTRAIN_CUDA
-#include "../dist/comm_device.h"
-#endif
+#include "args.h"
 
 int apply_threads(const Config *cfg, const Dist *dist) {
     int share = dist->node_cpus / dist->local_size;
@@ -60,33 +58,29 @@ void loader_from_config(Loader *l, const Config *cfg, bool validation) {
     loader_open(l, &lc);
 }
 
-void quiet_other_ranks(const Dist *dist) {
+// Ranks other than 0 write stdout to /dev/null: rank 0 alone speaks (errors
+// still reach stderr from any rank).
+static void quiet_other_ranks(const Dist *dist) {
     if (dist->world_rank == 0) return;
     if (!freopen("/dev/null", "w", stdout)) fail("/dev/null: cannot open for writing");
     progress_quiet();
 }
 
-void join_devices(const Config *cfg, Dist *dist) {
-#ifdef MTRAIN_CUDA
-    char why[160];
-    if (cfg->train.backend != BACKEND_CPU && backend_cuda_visible(why, sizeof(why)))
-        comm_device_join(dist, cfg->parallel.comm == COMM_NCCL);
-#else
-    (void)cfg;
-    (void)dist;
-#endif
+void run_start(const Config *cfg, Dist *dist, const char *source) {
+    dist_init(dist, NULL, NULL, cfg->parallel.timeout_s);
+    dist_setup(dist, cfg->parallel.dp, cfg->parallel.cp, cfg->parallel.cp_inner, source);
+    quiet_other_ranks(dist);
+    backend_join_devices(cfg->train.backend, dist, cfg->parallel.comm == COMM_NCCL);
 }
 
-bool run_start(int argc, char **argv, const char *usage, bool eval_model, Config *cfg, Dist *dist) {
+bool run_start_file(int argc, char **argv, const char *usage, bool eval_model, Config *cfg, Dist *dist) {
     if (argc < 1 || argv[0][0] == '-') {
         fprintf(stderr, "%s\n", usage);
         return false;
     }
+    if (args_refused(args_parse(NULL, 0, argc - 1, argv + 1, argc), usage)) return false;
     config_from_args(cfg, argv[0], argc - 1, argv + 1, eval_model);
-    dist_init(dist, NULL, NULL, cfg->parallel.timeout_s);
-    dist_setup(dist, cfg->parallel.dp, cfg->parallel.cp, cfg->parallel.cp_inner, argv[0]);
-    quiet_other_ranks(dist);
-    join_devices(cfg, dist);
+    run_start(cfg, dist, argv[0]);
     return true;
 }
 

@@ -1,6 +1,6 @@
 // run.h: the set-up of a run that every verb shares (train, eval, score,
-// generate, the data commands): the start on a run file, the ranks' GPUs and
-// output, threads, a model and a loader built from the run config, the cp
+// generate, the data commands): the start of the ranks (MPI, grid, GPUs,
+// output) on a resolved config or a run file, threads, a model and a loader built from the run config, the cp
 // ring, and reading integer files.
 #ifndef MTRAIN_RUN_H
 #define MTRAIN_RUN_H
@@ -23,17 +23,16 @@ void loader_from_config(Loader *l, const Config *cfg, bool validation);
 // Attention over the cp ring when cp > 1 (dense, or sparse with the pattern
 // estimated over the ring), with the schedule of attention.ring.
 void model_join_ring(Model *m, const Config *cfg, const Dist *dist);
-// Ranks other than 0 write stdout to /dev/null: rank 0 alone speaks (errors
-// still reach stderr from any rank).
-void quiet_other_ranks(const Dist *dist);
-// The CUDA backend's ranks (train.backend cuda, or auto with a GPU): each to
-// its GPU, with the device communicators of parallel.comm, before the backend
-// is first used (without a GPU, backend_select says why). A collective.
-void join_devices(const Config *cfg, Dist *dist);
-// The start of a verb on a run file (argv[0]) and overrides: config, MPI,
-// the rank grid, the GPUs (join_devices), and stdout on rank 0 only. Prints usage and returns false
-// when no run file is given. eval_model: see config_from_args.
-bool run_start(int argc, char **argv, const char *usage, bool eval_model, Config *cfg, Dist *dist);
+// The start of every verb that loads a model, on its resolved config: MPI,
+// the rank grid of parallel.* (source names the config in its errors),
+// stdout on rank 0 only, and on the CUDA backend each rank to its GPU with
+// the device communicators of parallel.comm, before the backend is first
+// used (backend_join_devices). A collective.
+void run_start(const Config *cfg, Dist *dist, const char *source);
+// run_start on a run file (argv[0]) and overrides (config_from_args;
+// eval_model: see there). Prints usage and returns false when no run file is
+// given, or an unknown option (args_refused) among the overrides.
+bool run_start_file(int argc, char **argv, const char *usage, bool eval_model, Config *cfg, Dist *dist);
 // The whitespace-separated integers of file path (`what`s), each in [0,
 // limit) (`range` names the limit), strictly ascending when `ascending`;
 // their number in *count. One line naming the file and the value otherwise.

@@ -21,11 +21,8 @@
 #include "commands.h"
 #include "run.h"
 
-static int usage(void) {
-    fprintf(stderr, "usage: mtrain score --model DIR --tokens FILE [--docs FILE] [--grads OUT.safetensors] "
-                    "[--logits OUT.safetensors] [section.key=value ...]\n");
-    return 2;
-}
+static const char *score_usage = "usage: mtrain score --model DIR --tokens FILE [--docs FILE] "
+                                 "[--grads OUT.safetensors] [--logits OUT.safetensors] [section.key=value ...]";
 
 int cmd_score(int argc, char **argv) {
     const char *model_dir = NULL, *tokens_path = NULL, *docs_path = NULL, *grads_path = NULL, *logits_path = NULL;
@@ -34,18 +31,16 @@ int cmd_score(int argc, char **argv) {
     const ArgOption options[] = {{"--model", ARG_VALUE, &model_dir}, {"--tokens", ARG_VALUE, &tokens_path},
                                  {"--docs", ARG_VALUE, &docs_path}, {"--grads", ARG_VALUE, &grads_path},
                                  {"--logits", ARG_VALUE, &logits_path}};
-    ArgsResult args = args_parse(options, (int)(sizeof(options) / sizeof(options[0])), argc, argv, 0, NULL);
-    if (args.missing || !model_dir || !tokens_path) return usage();
+    ArgsResult args = args_parse(options, (int)(sizeof(options) / sizeof(options[0])), argc, argv, 0);
+    if (args_refused(args, score_usage)) return 2;
+    if (!model_dir || !tokens_path) return args_usage_error(score_usage, "score: --model and --tokens are required");
     char path[4096];
     snprintf(path, sizeof(path), "%s/config.json", model_dir);
     hf_config_read(path, &cfg.model);
     for (int i = args.rest; i < argc; i++) config_override(&cfg, argv[i]);
     config_validate(&cfg, path);
     Dist dist;
-    dist_init(&dist, NULL, NULL, cfg.parallel.timeout_s);
-    dist_setup(&dist, cfg.parallel.dp, cfg.parallel.cp, cfg.parallel.cp_inner, "mtrain score");
-    quiet_other_ranks(&dist);
-    join_devices(&cfg, &dist);
+    run_start(&cfg, &dist, "mtrain score");
     if (dist.dp.size > 1)
         comm_fail_all(&dist.world, "mtrain score: parallel.dp %d: score splits one sequence over its ranks "
                       "(expected parallel.dp 1)", dist.dp.size);

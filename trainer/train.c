@@ -26,7 +26,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../attention/ring/ring.h"
 #include "../data/packing.h"
 #include "../dist/progress.h"
 #include "../dist/test_hooks.h"
@@ -49,19 +48,15 @@ static Config grid_config(const Config *cfg, const Dist *dist) {
 // device memory it measured beside the plan's (the CUDA context and NCCL's
 // buffers, which no allocation holds, left out).
 static void print_device_memory(const Config *cfg, const Dist *dist) {
-#ifdef MTRAIN_CUDA
+    const Backend *be = backend_select(cfg->train.backend);
     double peak;
-    if (!backend_select(cfg->train.backend)->on_gpu || !backend_cuda_memory_peak(&peak)) return;
+    if (!be->on_gpu || !be->memory_peak(&peak)) return;
     Plan p;
     const Config grid = grid_config(cfg, dist);
     plan_build_gpu_memory(&p, &grid);
     printf("device memory: peak %.1f MiB measured by the sim (cudaMalloc and the pool's high-water mark) | planned "
            "%.1f MiB (%.1f with the CUDA context and NCCL buffers)\n", peak / (1 << 20),
            (p.total_bytes - p.runtime_bytes) / (1 << 20), p.total_bytes / (1 << 20));
-#else
-    (void)cfg;
-    (void)dist;
-#endif
 }
 
 static OptimizerConfig optimizer_config(const Config *cfg) {
@@ -546,7 +541,7 @@ typedef struct {
 // gradient reduction, the start (checkpoint, folder or seed). False: usage
 // printed.
 static bool train_setup(Trainer *t, int argc, char **argv) {
-    if (!run_start(argc, argv, "usage: mtrain train RUN.yaml [section.key=value ...]", false, &t->cfg, &t->dist))
+    if (!run_start_file(argc, argv, "usage: mtrain train RUN.yaml [section.key=value ...]", false, &t->cfg, &t->dist))
         return false;
     Config *cfg = &t->cfg;
     Dist *dist = &t->dist;
@@ -609,12 +604,8 @@ static void train_begin(Trainer *t) {
 // last step, counted from its start (after = false) and printed after it.
 static void sync_report(const Trainer *t, int64_t step, bool after) {
     if (!t->sync_report || step != t->cfg.train.steps) return;
-#ifdef MTRAIN_CUDA
-    if (after) backend_cuda_sync_print();
-    else backend_cuda_sync_begin();
-#else
-    (void)after;
-#endif
+    if (after) t->m.be->sync_print();
+    else t->m.be->sync_begin();
 }
 
 // One step: the micro-batches forward and backward, the gradient sum over

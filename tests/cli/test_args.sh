@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# test_args.sh: the data verbs' arguments (tokenize, detokenize, shard, data)
-# through trainer/args.c: help, an option without its value, an unknown
-# option or argument, a bad number, the --input list, options valid for one
-# shard action only, and a run file's overrides among the options; each error
-# one line with exit status 2. Prints "ok NAME" / "FAIL NAME: why".
+# test_args.sh: the verbs' arguments through trainer/args.c: help, an option
+# without its value, an unknown option (one rule for every verb) or argument,
+# a bad number, the --input list, options valid for one shard action only,
+# and a run file's overrides among the options; each error one line with
+# exit status 2. Prints "ok NAME" / "FAIL NAME: why".
 #   MTRAIN=path/to/mtrain bash tests/cli/test_args.sh   (default build/mtrain)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -40,7 +40,7 @@ done
 usage_error "tokenize: a value missing" "--output needs a value" tokenize --tokenizer bytes --input a.txt --output
 usage_error "tokenize: --input followed by an option" "--input needs at least one file" \
   tokenize --tokenizer bytes --input --output c.shard
-usage_error "tokenize: unknown option" "tokenize: unknown argument '--bogus'" tokenize --tokenizer bytes --bogus
+usage_error "tokenize: unknown option" "unknown option '--bogus'" tokenize --tokenizer bytes --bogus
 usage_error "tokenize: stray argument" "tokenize: unknown argument 'extra'" \
   tokenize --tokenizer bytes --input a.txt --output c.shard extra
 usage_error "tokenize: --threads 1025" "--threads '1025' is not a whole number in 1 .. 1024" \
@@ -54,10 +54,10 @@ expect "tokenize: two --input lists add up" \
 
 usage_error "detokenize: a value missing" "--tokenizer needs a value" detokenize a.txt --tokenizer
 usage_error "detokenize: a second file" "detokenize: unexpected argument 'b.txt'" detokenize --tokenizer bytes a.txt b.txt
-usage_error "detokenize: unknown option" "detokenize: unexpected argument '--bogus'" detokenize --bogus
+usage_error "detokenize: unknown option" "unknown option '--bogus'" detokenize --bogus
 usage_error "detokenize: --tokenizer required" "detokenize: --tokenizer is required" detokenize a.txt
 
-usage_error "shard info: --text is dump's" "shard: unknown option '--text'" shard info c.shard --text
+usage_error "shard info: --text is dump's" "unknown option '--text'" shard info c.shard --text
 usage_error "shard dump: a value missing" "--tokenizer needs a value" shard dump c.shard --text --tokenizer
 usage_error "shard dump: two files" "shard dump: expected exactly one FILE" shard dump c.shard c.shard
 expect "shard dump: options before the file" \
@@ -65,8 +65,18 @@ expect "shard dump: options before the file" \
 
 usage_error "data: options first" "data: which RUN.yaml?" data --read 1 run.yaml
 usage_error "data: a value missing" "--show needs a value" data run.yaml --show
-usage_error "data: unknown option" "data: unknown option '--bogus'" data run.yaml --bogus
+usage_error "data: unknown option" "unknown option '--bogus'" data run.yaml --bogus
 usage_error "data: --read -1" "--read '-1' is not a whole number >= 0" data run.yaml --read -1
 expect "data: an override among the options" \
   "'$mtrain' data run.yaml --show 1 train.seq_len=2 >out.txt && grep -q ' sequences of 2 per epoch' out.txt && grep -q '^sequence 1 ' out.txt"
+
+# One rule for an unknown option, whichever verb: one line naming it, the usage, exit 2, nothing run.
+for verb in "train run.yaml" "eval run.yaml" "config run.yaml" "plan run.yaml" "tasks run.yaml --count 1 --output t.jsonl" \
+  "score --model m --tokens a.txt" "generate --model m --prompt hi" "export ck out" "plot logs"; do
+  usage_error "${verb%% *}: unknown option" "unknown option '--bogus'" $verb --bogus
+  usage_error "${verb%% *}: unknown short option" "unknown option '-q'" $verb -q
+  expect "${verb%% *}: unknown option: the usage follows" "grep -q '^usage: mtrain ${verb%% *}' err.txt"
+done
+usage_error "generate: a value missing" "--seed needs a value" generate --model m --prompt hi --seed
+usage_error "plan: a value missing" "--gpu needs a value" plan run.yaml --gpu
 exit $((failures > 0))

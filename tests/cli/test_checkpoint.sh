@@ -60,14 +60,26 @@ head -c 100 "$tmp/ref/step_00000012/model.safetensors" >"$tmp/half/step_00000012
 train checkpoint.dir="$tmp/half"
 expect "half-written checkpoint ignored, previous one used" 'grep -q "resumed from $tmp/half/step_00000008" "$tmp/out.txt" && same "$tmp/ref/step_00000012" "$tmp/half/step_00000012"'
 
-# kill -9 at an arbitrary moment (checkpoint every step), then resume: same end.
-"$MTRAIN" train "$tmp/run.yaml" checkpoint.dir="$tmp/killed" checkpoint.every=1 train.steps=12 >/dev/null 2>&1 &
+# kill -9 mid-run (checkpoint every step): the run holds after step 7's
+# update, before its checkpoint (MTRAIN_TEST_FAULT's stall at the 7th step),
+# is killed there, and the resume from step 6 ends bit-identical.
+MTRAIN_TEST_FAULT=stall:0@step#7 "$MTRAIN" train "$tmp/run.yaml" checkpoint.dir="$tmp/killed" checkpoint.every=1 \
+  parallel.timeout_s=60 >"$tmp/killed.out" 2>&1 &
 pid=$!
-sleep 0.15
+for _ in $(seq 6000); do  # at most 10 min: a hang guard
+  grep -q "stall at the fault point step" "$tmp/killed.out" && break
+  kill -0 $pid 2>/dev/null || break
+  sleep 0.1
+done
 kill -9 $pid 2>/dev/null
 wait $pid 2>/dev/null
+rc=$?
+expect "kill -9 landed mid-run: at step 7, step 6 the last checkpoint (exit $rc; latest $(cat "$tmp/killed/latest" 2>&1))" \
+  '[ $rc -eq 137 ] && [ "$(cat "$tmp/killed/latest")" = step_00000006 ] && [ ! -e "$tmp/killed/step_00000007" ]'
+: >"$tmp/out.txt"
 train checkpoint.dir="$tmp/killed"
-expect "resume after kill -9 ends bit-identical" 'same "$tmp/ref/step_00000012" "$tmp/killed/step_00000012"'
+expect "resume after kill -9 continues from step 6 and ends bit-identical" \
+  'grep -q "resumed from $tmp/killed/step_00000006: step 6" "$tmp/out.txt" && same "$tmp/ref/step_00000012" "$tmp/killed/step_00000012"'
 
 # Keep policy: every 2 steps, keep the newest 2, keep every 4th for good.
 train checkpoint.dir="$tmp/keep" checkpoint.every=2 checkpoint.keep=2 checkpoint.keep_every=4 train.steps=10

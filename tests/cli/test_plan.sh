@@ -210,7 +210,7 @@ chmod +x "$tmp/bin/srun"
 PATH=$tmp/bin:$PATH bash scripts/sbatch_example.sh configs/tiny-cpu.yaml train.steps=100000 checkpoint.dir="$tmp/ck_sb" \
   log.dir="$tmp/log_sb" checkpoint.resume=never >"$tmp/sb.out" 2>&1 &
 sb=$!
-for _ in $(seq 600); do grep -q '^step' "$tmp/sb.out" && break; sleep 0.2; done
+for _ in $(seq 3000); do grep -q '^step' "$tmp/sb.out" && break; kill -0 "$sb" 2>/dev/null || break; sleep 0.2; done  # a hang guard: 10 min
 kill -USR1 "$sb"
 wait "$sb"
 rc=$?

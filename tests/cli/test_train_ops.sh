@@ -141,8 +141,8 @@ launch() {  # launch NP ARGS...: mtrain train on NP ranks (1: no mpirun), in the
     "$MTRAIN" train $SIG_RUN "$@" &
   fi
 }
-wait_steps() {  # wait_steps METRICS N: until METRICS has N step lines (at most 60 s)
-  for _ in $(seq 600); do
+wait_steps() {  # wait_steps METRICS N: until METRICS has N step lines (at most 10 min: a hang guard)
+  for _ in $(seq 6000); do
     local n
     n=$(grep -c '"loss"' "$1" 2>/dev/null)
     [ "${n:-0}" -ge "$2" ] && return 0
@@ -150,8 +150,8 @@ wait_steps() {  # wait_steps METRICS N: until METRICS has N step lines (at most 
   done
   return 1
 }
-finish() {  # finish PID: its exit status, or kill -9 and 137 when it runs 60 s more
-  for _ in $(seq 600); do
+finish() {  # finish PID: its exit status, or kill -9 and 137 when it runs 10 min more (a hang guard)
+  for _ in $(seq 6000); do
     kill -0 "$1" 2>/dev/null || break
     sleep 0.1
   done
@@ -164,7 +164,7 @@ stop_and_resume() {
   local name=$1 np=$2 sig=$3 target=$4 dir="$tmp/$1"
   launch "$np" checkpoint.dir="$dir" log.dir="$dir/logs" train.steps=100000 >"$tmp/$name.out" 2>&1
   local pid=$! victim
-  wait_steps "$dir/logs/metrics.jsonl" 5 || { bad "$name: run started" "no 5 steps within 60 s"; kill -9 "$pid"; return; }
+  wait_steps "$dir/logs/metrics.jsonl" 5 || { bad "$name: run started" "no 5 steps within 10 min"; kill -9 "$pid"; return; }
   case $target in
     mpirun) victim=$pid ;;
     rank0) victim=$( ([ "$np" -gt 1 ] && pgrep -P "$pid" -x mtrain || echo "$pid") | sort -n | head -1) ;;
@@ -203,7 +203,7 @@ if wait_steps "$dir/logs/metrics.jsonl" 5; then
   expect "under checkpoint.resume: never the stop line names checkpoint.resume=auto" \
     'grep -q "^stopped by SIGINT .*; the same command with checkpoint.resume=auto resumes (as it is, it starts over)$" "$tmp/never.out" && ! grep -q "the same command resumes" "$tmp/never.out"'
 else
-  bad "resume never: run started" "no 5 steps within 60 s"
+  bad "resume never: run started" "no 5 steps within 10 min"
   kill -9 "$pid"
 fi
 stop_and_resume term2 2 TERM rank1
@@ -232,7 +232,7 @@ if wait_steps "$dir/logs/metrics.jsonl" 5; then
   rc=$?
   expect "after a second signal the newest checkpoint loads" '[ $rc -eq 0 ] && grep -q "^resumed from $newest" "$tmp/twice.out"'
 else
-  bad "second signal: run started" "no 5 steps within 60 s"
+  bad "second signal: run started" "no 5 steps within 10 min"
   kill -9 "$pid"
 fi
 exit $((failures > 0))

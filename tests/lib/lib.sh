@@ -1,6 +1,6 @@
 # lib.sh: shared preamble of the shell tests (sourced): a temporary folder
-# $tmp removed on exit, and ok / bad / expect / expect_within printing "ok NAME" and
-# "FAIL NAME: why" lines for tests/run.sh, counting failures in $failures;
+# $tmp removed on exit, and ok / bad / skip / expect / expect_within printing "ok NAME",
+# "FAIL NAME: why" and "skip NAME: why" lines for tests/run.sh, counting failures in $failures;
 # mpirun_env for tests that start mpirun; sim_train, runs_differ and below
 # for the tests that train on the CUDA backend under the sim.
 tmp=$(mktemp -d)
@@ -8,6 +8,8 @@ trap 'rm -rf "$tmp"' EXIT
 failures=0
 ok() { echo "ok $1"; }
 bad() { echo "FAIL $1: $2"; failures=$((failures + 1)); }
+# skip NAME WHY: a check this machine cannot run (tests/run.sh counts it apart).
+skip() { echo "skip $1: $2"; }
 expect() { if eval "$2"; then ok "$1"; else bad "$1" "$2"; fi; }
 # expect_within NAME PLANNED MEASURED TOLERANCE OUTPUT: a planned figure
 # within TOLERANCE (a fraction) of the measured one, both printed on a

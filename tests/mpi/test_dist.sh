@@ -25,12 +25,12 @@ fi
 export OMP_NUM_THREADS=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
 if [ "$(id -u)" -eq 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 
-# mpi NP ARGS...: run the program ($prog unless MPI_PROG is set) on NP ranks (at most 90 s); stdout and
+# mpi NP ARGS...: run the program ($prog unless MPI_PROG is set) on NP ranks (at most 10 min: a hang guard); stdout and
 # stderr into $tmp/out and $tmp/err, the wall time in seconds into $tmp/time.
 mpi() {
   local np=$1; shift
   local start=$SECONDS
-  timeout 90 mpirun --oversubscribe --bind-to none -np "$np" "${MPI_PROG:-$prog}" "$@" >"$tmp/out" 2>"$tmp/err"
+  timeout 600 mpirun --oversubscribe --bind-to none -np "$np" "${MPI_PROG:-$prog}" "$@" >"$tmp/out" 2>"$tmp/err"
   local rc=$?
   echo $((SECONDS - start)) >"$tmp/time"
   return $rc
@@ -116,12 +116,14 @@ fi
 # --- failures end every rank, never a hang ---
 
 # A rank SIGKILLs itself while the others wait in an all-reduce (their own
-# time-out is 600 s, so Open MPI's abort propagation must end them).
+# time-out is 600 s, which would print "did not complete within": Open MPI's
+# abort propagation must end them).
 MTRAIN_TIMEOUT_S=600 mpi 4 kill
 rc=$? t=$(cat "$tmp/time")
 if [ "$rc" -eq 0 ]; then bad dist_rank_killed "exit status 0"
-elif [ "$rc" -eq 124 ] || [ "$t" -ge 60 ]; then bad dist_rank_killed "still running after $t s"
+elif [ "$rc" -eq 124 ]; then bad dist_rank_killed "still running after $t s"
 elif ! grep -q 'exited on signal 9' "$tmp/err"; then bad dist_rank_killed "no message naming the dead rank: $(tail -n 3 "$tmp/err" | tr '\n' ' ')"
+elif grep -q 'did not complete within' "$tmp/err"; then bad dist_rank_killed "a rank's own time-out ended it: $(grep -m 1 'did not complete within' "$tmp/err")"
 elif grep -q '^FAIL ' "$tmp/out"; then bad dist_rank_killed "$(grep '^FAIL ' "$tmp/out" | head -1)"
 else ok "dist_rank_killed (all ranks ended in $t s)"
 fi
@@ -130,7 +132,7 @@ fi
 MTRAIN_TIMEOUT_S=2 mpi 4 skip
 rc=$? t=$(cat "$tmp/time")
 if [ "$rc" -eq 0 ]; then bad dist_collective_timeout "exit status 0"
-elif [ "$rc" -eq 124 ] || [ "$t" -ge 60 ]; then bad dist_collective_timeout "still running after $t s"
+elif [ "$rc" -eq 124 ]; then bad dist_collective_timeout "still running after $t s"
 elif ! grep -Eq '^mtrain: rank [0-2]: all-reduce \(sum\) on world did not complete within 2 s$' "$tmp/err"; then
   bad dist_collective_timeout "no time-out message: $(tail -n 3 "$tmp/err" | tr '\n' ' ')"
 elif grep -q '^mtrain: rank 3:' "$tmp/err"; then bad dist_collective_timeout "the skipping rank reported a time-out"

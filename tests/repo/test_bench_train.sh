@@ -9,7 +9,7 @@ cd "$(dirname "$0")/../.."
 . tests/lib/lib.sh
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
-  echo "skip bench_train_refuses: a GPU is visible (the script would benchmark)"
+  skip bench_train_refuses "a GPU is visible (the script would benchmark)"
 else
   bash scripts/bench_train.sh >"$tmp/out" 2>&1
   rc=$?
@@ -24,7 +24,7 @@ if /usr/bin/python3 -c 'import transformers' 2>/dev/null; then
   expect hf_peer_trains "[ $rc -eq 0 ] && grep -Eq '^hf_tokens_per_s [0-9]+$' '$tmp/hf' && \
     awk '\$1 == \"hf_loss\" { exit !(\$2 > 0 && \$2 < 100) }' '$tmp/hf'"
 else
-  echo "skip hf_peer_trains: python3 has no transformers module (the peer needs it on the GPU machine)"
+  skip hf_peer_trains "python3 has no transformers module (the peer needs it on the GPU machine)"
   expect hf_peer_names_missing "[ $rc -eq 2 ] && [ \$(wc -l <'$tmp/hf') -eq 1 ] && grep -q \"'transformers'\" '$tmp/hf'"
 fi
 exit $((failures > 0))

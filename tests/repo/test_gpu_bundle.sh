@@ -14,14 +14,14 @@
 # build/bundle/tests/single_rank_mpi, from tests/repo/single_rank_mpi.c). Any library the
 # bundle needed from the host would be missing there. Builds the bundle when
 # it is missing or stale (make gpu-bundle; needs nvcc) and runs as root
-# (chroot); otherwise says why and checks nothing else.
+# (chroot); otherwise prints one skip line saying why and checks nothing else.
 set -u
 cd "$(dirname "$0")/../.."
 . tests/lib/lib.sh
 
 cuda=${CUDA_HOME:-/usr/local/cuda}
 if [ ! -x "$cuda/bin/nvcc" ] || [ "$(id -u)" -ne 0 ]; then
-  ok "gpu_bundle_skipped (needs nvcc in $cuda and root for chroot)"
+  skip gpu_bundle "needs nvcc in $cuda and root for chroot"
   exit 0
 fi
 expect "make gpu-bundle" \

@@ -55,7 +55,7 @@
 #              cp 2 over NCCL and staged through MPI, and in the middle of a
 #              cp 4 ring;
 #   kill       a rank killed by SIGKILL at its first ring wait: mpirun ends
-#              the whole job, naming the rank, well within the time limit.
+#              the whole job, naming the rank, before any rank's own time-out.
 # The ring tolerances are test_cuda_ring.sh's (bf16 activations, the ring's
 # log-sum-exp merge and dK/dV sums in another order than one kernel): a ring
 # or a reduction that lost or doubled a chunk or a rank's gradient moves the
@@ -173,7 +173,7 @@ while read -r name np fault settings; do
   t=$(( $(date +%s) - start ))
   first=$(grep -m1 '^mtrain: rank' "$tmp/stall_$name.out")
   expect "cuda_multi_stall_$name: rank $fault stalled in the ring ends the job (exit $rc in $t s: $first)" \
-    "[ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $t -lt 60 ] &&
+    "[ $rc -ne 0 ] && [ $rc -ne 124 ] &&
      grep -q '^rank $fault: MTRAIN_TEST_FAULT: stall at the fault point ring' '$tmp/stall_$name.out' &&
      [[ '$first' =~ ^mtrain:\ rank\ ([0-9]+):\ ring\ attention\ (forward|backward):\ .*\ on\ cp\ did\ not\ complete\ within\ 3\ s$ ]] &&
      [ \${BASH_REMATCH[1]} -ne $fault ]"
@@ -188,6 +188,7 @@ MTRAIN_TEST_FAULT=kill:1@ring train kill 2 parallel.cp=2 parallel.timeout_s=600
 rc=$?
 t=$(( $(date +%s) - start ))
 expect "cuda_multi_kill: a rank killed in the ring ends the job (exit $rc in $t s)" \
-  "[ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $t -lt 60 ] && grep -q 'exited on signal 9' '$tmp/kill.out' &&
+  "[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q 'exited on signal 9' '$tmp/kill.out' &&
+   ! grep -q 'did not complete within' '$tmp/kill.out' &&
    grep -q '^rank 1: MTRAIN_TEST_FAULT: kill at the fault point ring' '$tmp/kill.out'"
 exit $((failures > 0))

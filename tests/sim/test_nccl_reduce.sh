@@ -23,7 +23,7 @@
 #              not complete within 3 s" (the NCCL watchdog), under ZeRO with
 #              nccl and mpi, and in buckets on the communication stream;
 #   kill       a rank killed by SIGKILL before the reduction: mpirun ends
-#              the whole job, naming the rank, well within the time limit.
+#              the whole job, naming the rank, before any rank's own time-out.
 cd "$(dirname "$0")/../.."
 source tests/lib/lib.sh
 sim_setup nccl_reduce
@@ -73,7 +73,7 @@ for run in "zero_nccl parallel.zero=1" "zero_mpi parallel.zero=1 parallel.comm=m
   rc=$?
   t=$(( $(date +%s) - start ))
   expect "nccl_stall_$name: a rank that skips the reduction ends the job (exit $rc in $t s: $(grep -m1 '^mtrain: rank' "$tmp/stall_$name.out"))" \
-    "[ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $t -lt 60 ] &&
+    "[ $rc -ne 0 ] && [ $rc -ne 124 ] &&
      grep -Eq '^mtrain: rank 0: (reduce-scatter|all-reduce \(sum\)) on world did not complete within 3 s$' '$tmp/stall_$name.out' &&
      ! grep -q '^mtrain: rank 1:' '$tmp/stall_$name.out'"
 done
@@ -82,5 +82,6 @@ MTRAIN_TEST_FAULT=kill:1 train kill 2 parallel.dp=2 parallel.zero=1 parallel.tim
 rc=$?
 t=$(( $(date +%s) - start ))
 expect "nccl_zero_kill: a rank killed before the reduction ends the job (exit $rc in $t s)" \
-  "[ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $t -lt 60 ] && grep -q 'exited on signal 9' '$tmp/kill.out'"
+  "[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q 'exited on signal 9' '$tmp/kill.out' &&
+   ! grep -q 'did not complete within' '$tmp/kill.out'"
 exit $((failures > 0))

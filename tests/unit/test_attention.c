@@ -10,7 +10,6 @@
 // ring of one that its backend binds (attention/ring/ring_cpu.h:
 // ring_cpu_new without a communicator): bit for bit the kernels on the whole
 // sequence, dense and sparse (its plan's statistics too), no bytes sent.
-// Ends with a timing line (printed, not asserted).
 //
 // Tolerances: max |kernel - reference| / max |reference| per tensor, with fp32
 // kernels against a double reference: 1e-5 for O and LSE, 1e-4 for dQ, dK, dV.
@@ -497,44 +496,6 @@ static void test_op_ring_of_one(void) {
     free_problem(&p);
 }
 
-// Best of 2 runs of the forward and the backward of p over one chunk (seconds).
-static void time_kernels(const Problem *p, double *fwd, double *bwd) {
-    float *o = xmalloc((size_t)(2 * p->nq + 2 * p->nk + p->nl) * sizeof(float));
-    float *dq = o + p->nq, *dk = dq + p->nq, *dv = dk + p->nk, *lse = dv + p->nk;
-    const int64_t cuts[] = {0, p->s.k_tokens};
-    *fwd = *bwd = INFINITY;
-    for (int rep = 0; rep < 2; rep++) {
-        double t0 = now_seconds();
-        kernel_forward(p, 1, cuts, ORDER, o, lse);
-        double t1 = now_seconds();
-        kernel_backward(p, 1, cuts, ORDER, o, lse, dq, dk, dv);
-        double t2 = now_seconds();
-        *fwd = fmin(*fwd, t1 - t0);
-        *bwd = fmin(*bwd, t2 - t1);
-    }
-    free(o);
-}
-
-// Timing (printed only): T = 4096, Hq = 8, Hkv = 2, D = 64, block 64; then
-// with 8 documents of 512 tokens, against the ideal 1/8 of the causal time.
-static void timing(void) {
-    static const int64_t starts[] = {512, 1024, 1536, 2048, 2560, 3072, 3584};
-    Problem p = make_problem(4096, 4096, 8, 2, 64, 64, 8000);
-    const double flops = 4.0 * 4096 * 4096 / 2 * 64 * 8;   // causal forward
-    double fwd, bwd, doc_fwd, doc_bwd;
-    time_kernels(&p, &fwd, &bwd);
-    printf("timing T=4096 Hq=8 Hkv=2 D=64 block=64, %d threads: forward %.0f ms "
-           "(%.1f GFLOP/s), backward %.0f ms (%.1f GFLOP/s counting 2.5x forward flops)\n",
-           omp_get_max_threads(), 1e3 * fwd, flops / fwd * 1e-9, 1e3 * bwd,
-           2.5 * flops / bwd * 1e-9);
-    p.s.doc_starts = starts;
-    p.s.doc_count = 7;
-    time_kernels(&p, &doc_fwd, &doc_bwd);
-    printf("timing with 8 documents of 512 tokens: forward %.0f ms (%.3f of causal), backward %.0f ms "
-           "(%.3f of causal); ideal 0.125\n", 1e3 * doc_fwd, doc_fwd / fwd, 1e3 * doc_bwd, doc_bwd / bwd);
-    free_problem(&p);
-}
-
 int main(void) {
     test_forward_shapes();
     test_backward_shapes();
@@ -546,6 +507,5 @@ int main(void) {
     test_documents();
     test_ring_of_one();
     test_op_ring_of_one();
-    timing();
     return check_exit();
 }

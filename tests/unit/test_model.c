@@ -383,7 +383,6 @@ static void copy_weights_refresh(Weight *w, const float *master, int64_t begin, 
 
 static Backend copying_backend(void) {
     Backend be = *backend_cpu();
-    be.name = "cpu-with-copy";
     be.weights_new = copy_weights_new;
     be.weights_free = copy_weights_free;
     be.weights_refresh = copy_weights_refresh;

@@ -59,6 +59,7 @@ RULES=(
   'run |^build/mtrain tokenize --tokenizer bytes --input corpus/|'
   'run |^build/mtrain data configs/tiny-cpu\.yaml |'
   'run |^build/mtrain train configs/tiny-cpu\.yaml data\.train=|train.steps=10'
+  'run |^build/mtrain train configs/tiny-cpu\.yaml attention\.type=sparse attention\.block_size=8 |train.steps=20'
   'run |^build/mtrain eval configs/tiny-cpu\.yaml eval\.lengths=512,1024 |eval.samples=1'
   'skip|^mpirun -np 4 build/mtrain eval RUN\.yaml |placeholder RUN.yaml and 512K-token lengths'
   'skip|^bash scripts/context_extension\.sh$|takes about 15 minutes'

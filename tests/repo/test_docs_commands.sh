@@ -63,6 +63,7 @@ RULES=(
   'run |^build/mtrain eval configs/tiny-cpu\.yaml eval\.lengths=512,1024 |eval.samples=1'
   'skip|^mpirun -np 4 build/mtrain eval RUN\.yaml |placeholder RUN.yaml and 512K-token lengths'
   'skip|^bash scripts/context_extension\.sh$|takes about 15 minutes'
+  'skip|^bash scripts/sparse_vs_dense\.sh$|six runs of the context-extension recipe (about 15 minutes each)'
   'run |^build/mtrain config --doc$|'
   'run |^build/mtrain train configs/tiny-cpu\.yaml train\.lr=1e-3 train\.steps=10 checkpoint\.dir=checkpoints/lr1e-3$|'
   'skip|^build/mtrain config RUN\.yaml \[overrides\]$|synopsis with placeholders'

@@ -9,24 +9,43 @@
 # Writes context_extension/: passkey.png (accuracy by length, before and
 # after), results_before.json / results_after.json (every length x depth
 # cell), summary.txt, and the logs and checkpoints of each stage.
+# The environment varies it (scripts/sparse_vs_dense.sh runs it so):
+#   OUT=DIR             the folder (context_extension)
+#   SEED=S              train.seed of every training stage (the run file's 1)
+#   FINETUNE=dense      the extension fine-tune with dense ring attention (sparse)
+#   EVAL_ATTENTION=dense both evaluations with dense ring attention (sparse)
+#   EVAL_ARGS="k=v .."  more overrides of both evaluations (eval.tasks=..., eval.samples=...)
+#   COPY_STEPS, SHORT_STEPS, LONG_STEPS, SHORT_SAMPLES, LONG_SAMPLES  the stages' sizes
+#   RESUME=1            continue OUT where it stopped: the sample shards and
+#                       evaluations kept, each training stage from its newest
+#                       checkpoint (every 100 steps), a finished one skipped
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=context_extension
+out=${OUT:-context_extension}
 cfg=configs/context-extension.yaml
 mtrain=build/mtrain
 short=256 long=2048 ranks=2
 factor=$((long / short))
 copy_steps=${COPY_STEPS:-400} short_steps=${SHORT_STEPS:-3000} long_steps=${LONG_STEPS:-3000}
+short_samples=${SHORT_SAMPLES:-24000} long_samples=${LONG_SAMPLES:-12000}
 lengths=250,500,1000,2000
-rm -rf "$out"
+resume=${RESUME:-0}
+[ "$resume" = 1 ] || rm -rf "$out"
 mkdir -p "$out"
 source scripts/cpu_ranks.sh
+# Every training stage: the seed, and with RESUME=1 checkpoints to resume from.
+stage="train.seed=${SEED:-1}"
+[ "$resume" = 1 ] && stage="$stage checkpoint.resume=auto checkpoint.every=100"
 # Sparse attention for everything that runs on the ring: a fixed budget per
 # head over 32-token blocks (at 2048 tokens about a quarter of the causal
 # score elements: `attn density` in the logs), blocks striped over the ranks,
 # each ring hop sending only the K/V blocks still needed.
 sparse="attention.type=sparse attention.budget=fixed attention.vertical=32 attention.slash=32 attention.sink=32
         attention.local=64 attention.ring_send=selected"
+dense="attention.type=dense attention.ring_send=selected"
+finetune=$sparse eval_attention=$sparse
+[ "${FINETUNE:-sparse}" = dense ] && finetune=$dense
+[ "${EVAL_ATTENTION:-sparse}" = dense ] && eval_attention=$dense
 # The extended model: YaRN over the 256-token original context. beta_fast 2
 # and beta_slow 0.5 are the defaults (32, 1) scaled to this model: YaRN keeps
 # dimensions turning more than beta_fast times over the original context, and
@@ -45,6 +64,7 @@ last() { echo "$1/$(cat "$1/latest")"; }
 # fixed distances instead of finding the key, and that does not extend.
 samples() {  # samples NAME MIN MAX COUNT SEED
   local name=$1 min=$2 max=$3 count=$4 seed=$5 part
+  [ "$resume" = 1 ] && [ -f "$out/$name.shard" ] && return
   : >"$out/$name.jsonl"
   for part in 0 1 2 3; do  # eval.lengths takes 32 lengths: 4 interleaved sets
     local set
@@ -58,33 +78,35 @@ samples() {  # samples NAME MIN MAX COUNT SEED
   $mtrain tokenize --tokenizer bytes --input "$out/$name.jsonl" --output "$out/$name.shard" >/dev/null
 }
 echo "== data: passkey samples of 130..$((short - 6)) and 130..$((long - 8)) tokens"
-samples short 130 $((short - 6)) 24000 10
-samples long 130 $((long - 8)) 12000 20
+samples short 130 $((short - 6)) "$short_samples" 10
+samples long 130 $((long - 8)) "$long_samples" 20
 
 # 1. Copying first (the built-in synthetic data repeats segments): induction
 #    heads form here in a few hundred steps; on passkey text alone they take
 #    far longer, because only the answer digits reward copying.
 echo "== 1. $copy_steps steps of copying at $short tokens (synthetic data)"
-$mtrain train $cfg data.train=synthetic train.steps="$copy_steps" checkpoint.dir="$out/copy" log.dir="$out/copy"
+$mtrain train $cfg $stage data.train=synthetic train.steps="$copy_steps" checkpoint.dir="$out/copy" log.dir="$out/copy"
 # 2. Passkey retrieval at the short context.
 echo "== 2. $short_steps steps of passkey retrieval at $short tokens"
-$mtrain train $cfg data.train="$out/short.shard" train.init_from="$(last "$out/copy")" train.steps="$short_steps" \
+$mtrain train $cfg $stage data.train="$out/short.shard" train.init_from="$(last "$out/copy")" train.steps="$short_steps" \
   train.micro_batches=8 train.lr=1e-3 train.min_lr=1e-4 checkpoint.dir="$out/short" log.dir="$out/short"
 
 evaluate() {  # evaluate NAME MODEL [overrides]: passkey by length and depth on the ring
   local name=$1 model=$2
   shift 2
-  run_ranks $ranks eval $cfg eval.model="$model" eval.lengths=$lengths eval.out="$out/eval_$name" $sparse "$@"
+  [ "$resume" = 1 ] && [ -f "$out/results_$name.json" ] && return
+  run_ranks $ranks eval $cfg eval.model="$model" eval.lengths=$lengths eval.out="$out/eval_$name" $eval_attention \
+    ${EVAL_ARGS:-} "$@"
   cp "$out/eval_$name/results.json" "$out/results_$name.json"
 }
 # 3. Before: the short model as trained (plain RoPE), at 1x..8x its context.
-echo "== 3. before: the $short-token model at lengths $lengths (sparse ring attention, $ranks ranks)"
+echo "== 3. before: the $short-token model at lengths $lengths (${EVAL_ATTENTION:-sparse} ring attention, $ranks ranks)"
 evaluate before "$(last "$out/short")" model.max_position_embeddings=$long
 
 # 4. Extension: YaRN factor 8 and a fine-tune at 2048 tokens, sparse ring
 #    attention over the ranks (cp = ranks: each holds half of every sequence).
-echo "== 4. extension: YaRN x$factor, $long_steps steps at $long tokens, sparse ring attention on $ranks ranks"
-run_ranks $ranks train $cfg $yarn $sparse train.seq_len=$long train.micro_batches=1 train.lr=1e-3 train.min_lr=1e-4 \
+echo "== 4. extension: YaRN x$factor, $long_steps steps at $long tokens, ${FINETUNE:-sparse} ring attention on $ranks ranks"
+run_ranks $ranks train $cfg $stage $yarn $finetune train.seq_len=$long train.micro_batches=1 train.lr=1e-3 train.min_lr=1e-4 \
   train.warmup_steps=10 data.train="$out/long.shard" data.val_sequences=2 train.init_from="$(last "$out/short")" \
   train.steps="$long_steps" checkpoint.dir="$out/long" log.dir="$out/long" log.every=500 log.attention_every=500 \
   log.val_every="$long_steps"

@@ -91,6 +91,7 @@ typedef struct {
     int every;                 // print a step line every N steps
     int64_t val_every;         // validation loss every N steps (0 = off)
     int64_t attention_every;   // sparse attention density/recall every N steps (0 = off)
+    double min_recall;         // a warning for a layer whose sampled recall is under it (0 = never)
     bool tensorboard;          // also TensorBoard event files in dir (trainer/tensorboard.h)
 } LogConfig;
 

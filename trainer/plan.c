@@ -730,6 +730,41 @@ static void print_advice(const Plan *p, const Config *cfg, FILE *out) {
             p->gpu ? "GPUs with more memory" : "more nodes, or nodes with more memory");
 }
 
+// Sparse attention's budget for the run's length: the planned density (what
+// the plan's FLOPs and times assume) and the pattern estimation's share of
+// the attention's work in a step (the estimation, attention forward and
+// backward rows of kernel_rows: their FLOPs, and on a GPU their derived
+// times; the selection and the index are not counted).
+static void print_sparse_budget(const Plan *p, const Config *cfg, FILE *out) {
+    const AttentionConfig *a = &cfg->attention;
+    KernelRow rows[MAX_KERNEL_ROWS];
+    const int n = kernel_rows(p, cfg, rows);
+    double flops[2] = {0, 0}, seconds[2] = {0, 0};   // estimation, attention forward + backward
+    for (int i = 0; i < n; i++) {
+        const int estimation = !strcmp(rows[i].name, "sparse estimation");
+        if (!estimation && strcmp(rows[i].name, "attention forward") && strcmp(rows[i].name, "attention backward"))
+            continue;
+        const char *binds;
+        flops[!estimation] += rows[i].flops;
+        if (p->gpu && p->hw.peak_tflops > 0) seconds[!estimation] += kernel_seconds(&rows[i], &p->hw, &binds);
+    }
+    char budget[192];
+    if (p->density_assumed && a->budget == BUDGET_TOPP && p->density == expected_density(a, cfg->train.seq_len))
+        snprintf(budget, sizeof(budget), "budget topp %g: at most the caps' %d vertical + %d slash lines per head, "
+                 "an upper bound; --density D plans another", a->top_p, a->max_vertical, a->max_slash);
+    else if (p->density_assumed)
+        snprintf(budget, sizeof(budget), "--density");
+    else
+        snprintf(budget, sizeof(budget), "budget fixed: %d vertical + %d slash lines per head%s", a->vertical,
+                 a->slash, a->budget_file == BUDGET_FILE_PATH ? " (budget_file: per head)" : "");
+    fprintf(out, "sparse attention at %d tokens: planned density %.4f (%s; sink %d, local %d) | pattern "
+            "estimation (last_q %d queries against every key, both passes; selection and index not counted) %.1f%% "
+            "of the attention's FLOPs", cfg->train.seq_len, p->density, budget, a->sink, a->local, a->last_q,
+            100 * flops[0] / (flops[0] + flops[1]));
+    if (seconds[0] > 0) fprintf(out, ", %.1f%% of its derived time", 100 * seconds[0] / (seconds[0] + seconds[1]));
+    fprintf(out, " | the recall it reaches: log.attention_every\n");
+}
+
 void plan_print(const Plan *p, const Config *cfg, FILE *out) {
     const ModelConfig *c = &cfg->model;
     if (p->gpu)
@@ -754,6 +789,7 @@ void plan_print(const Plan *p, const Config *cfg, FILE *out) {
             p->gpu ? "GPU" : "rank", p->dense_model_flops, p->model_flops, p->density,
             cfg->attention.type == ATTN_DENSE ? "dense" : p->density_assumed ? "expected: --density or the top_p caps"
             : "fixed budget", p->hardware_flops);
+    if (cfg->attention.type == ATTN_SPARSE) print_sparse_budget(p, cfg, out);
     if (p->cp > 1)
         fprintf(out, "ring step of one layer: %.2f MiB forward (K/V), %.2f MiB backward (K/V + dK/dV)%s\n",
                 p->ring_fwd_bytes / (1 << 20), p->ring_bwd_bytes / (1 << 20), p->gpu ? "" : " (fp32)");

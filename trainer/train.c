@@ -322,46 +322,78 @@ static void begin_attention_stats(Model *m, const Config *cfg, int64_t step) {
         memset(m->attention_stats, 0, sizeof(SparseStats) * (size_t)m->cfg.num_layers);
 }
 
-// The collected statistics as " | attn density D recall R" (means over
-// layers) for the step line and as JSON fields (per layer lists) for
-// metrics.jsonl, and as numbers: scalars [3] = the mean density, the mean
-// recall and the ring's MiB (TensorBoard); empty and NaN when none were
-// collected. Stops collecting. A plan's counts cover its whole sequence (one
-// rank, or the cp totals of the ring plan, identical on every cp rank), so
-// they are summed over dp only.
-static void end_attention_stats(Model *m, const Dist *dist, char *line, size_t line_size, char *json,
-                                size_t json_size, double scalars[3]) {
+// Appends `, "name": [v0, ..]` of values [L] at json + *used; returns their mean.
+static double json_layer_list(char *json, size_t json_size, size_t *used, const char *name, const double *values,
+                              int L) {
+    double sum = 0;
+    *used += (size_t)snprintf(json + *used, json_size - *used, ", \"%s\": [", name);
+    for (int l = 0; l < L; l++) {
+        sum += values[l];
+        *used += (size_t)snprintf(json + *used, json_size - *used, "%s%.6g", l ? ", " : "", values[l]);
+    }
+    *used += (size_t)snprintf(json + *used, json_size - *used, "]");
+    return sum / L;
+}
+
+// A warning line on rank 0 for each layer whose sampled recall [L] is under
+// log.min_recall, naming the setting that widens the pattern.
+static void warn_low_recall(const Config *cfg, const Dist *dist, int64_t step, const double *recall, int L) {
+    if (dist->world_rank != 0) return;
+    const AttentionConfig *a = &cfg->attention;
+    char raise[160];
+    if (a->budget == BUDGET_FIXED)
+        snprintf(raise, sizeof(raise), "attention.vertical %d / attention.slash %d%s", a->vertical, a->slash,
+                 a->budget_file == BUDGET_FILE_PATH ? " (or the layer's lines of attention.budget_file)" : "");
+    else
+        snprintf(raise, sizeof(raise), "attention.top_p %g, or attention.max_vertical %d / max_slash %d if the "
+                 "lines reach them", a->top_p, a->max_vertical, a->max_slash);
+    for (int l = 0; l < L; l++)
+        if (recall[l] < cfg->log.min_recall)
+            fprintf(stderr, "warning: step %lld: layer %d: sparse attention recall %.3f is under log.min_recall "
+                    "%g: the pattern misses attention mass; raise %s\n", (long long)step, l, recall[l],
+                    cfg->log.min_recall, raise);
+}
+
+// The collected statistics as " | attn density D recall R est E" (means
+// over layers: the recall of the recall sample, then of the estimation
+// rows) for the step line and as JSON fields (per layer lists) for
+// metrics.jsonl, and as numbers: scalars [4] = the mean density, the two
+// mean recalls and the ring's MiB (TensorBoard); empty and NaN when none
+// were collected. A layer under log.min_recall gets a warning. Stops
+// collecting. A plan's counts cover its whole sequence (one rank, or the cp
+// totals of the ring plan, identical on every cp rank), so they are summed
+// over dp only.
+static void end_attention_stats(Model *m, const Config *cfg, const Dist *dist, int64_t step, char *line,
+                                size_t line_size, char *json, size_t json_size, double scalars[4]) {
     line[0] = json[0] = '\0';
-    scalars[0] = scalars[1] = scalars[2] = NAN;
+    scalars[0] = scalars[1] = scalars[2] = scalars[3] = NAN;
     if (!m->collect_attention_stats) return;
     m->collect_attention_stats = false;
     int L = m->cfg.num_layers;
-    _Static_assert(sizeof(SparseStats) == 4 * sizeof(double), "SparseStats is reduced as doubles");
-    comm_allreduce(&dist->dp, m->attention_stats, 4 * (int64_t)L, DT_DOUBLE, REDUCE_SUM);
-    double density_sum = 0, recall_sum = 0;
-    size_t used = (size_t)snprintf(json, json_size, ", \"attention_density\": [");
+    _Static_assert(sizeof(SparseStats) == 6 * sizeof(double), "SparseStats is reduced as doubles");
+    comm_allreduce(&dist->dp, m->attention_stats, 6 * (int64_t)L, DT_DOUBLE, REDUCE_SUM);
+    double *per_layer = xmalloc(sizeof(double) * 3 * (size_t)L);   // density, recall, estimation rows' recall [L]
     for (int l = 0; l < L; l++) {
-        double density = m->attention_stats[l].computed / m->attention_stats[l].causal;
-        density_sum += density;
-        used += (size_t)snprintf(json + used, json_size - used, "%s%.6g", l ? ", " : "", density);
+        const SparseStats *x = &m->attention_stats[l];
+        per_layer[l] = x->computed / x->causal;
+        per_layer[L + l] = x->sampled_mass / x->sampled_rows;
+        per_layer[2 * L + l] = x->covered_mass / x->estimation_rows;
     }
-    used += (size_t)snprintf(json + used, json_size - used, "], \"attention_recall\": [");
-    for (int l = 0; l < L; l++) {
-        double recall = m->attention_stats[l].covered_mass / m->attention_stats[l].estimation_rows;
-        recall_sum += recall;
-        used += (size_t)snprintf(json + used, json_size - used, "%s%.6g", l ? ", " : "", recall);
-    }
-    used += (size_t)snprintf(json + used, json_size - used, "]");
-    int n = snprintf(line, line_size, " | attn density %.3f recall %.3f", density_sum / L, recall_sum / L);
-    scalars[0] = density_sum / L;
-    scalars[1] = recall_sum / L;
+    size_t used = 0;
+    scalars[0] = json_layer_list(json, json_size, &used, "attention_density", per_layer, L);
+    scalars[1] = json_layer_list(json, json_size, &used, "attention_recall", per_layer + L, L);
+    scalars[2] = json_layer_list(json, json_size, &used, "attention_estimation_recall", per_layer + 2 * L, L);
+    int n = snprintf(line, line_size, " | attn density %.3f recall %.3f est %.3f", scalars[0], scalars[1],
+                     scalars[2]);
+    warn_low_recall(cfg, dist, step, per_layer + L, L);
+    free(per_layer);
     if (!m->cp || m->attention.type != ATTN_SPARSE) return;
     // Bytes the sparse ring sent for the last sequence (all ranks, all
     // layers, forward and backward): K/V and dK/dV hops and gathered columns.
     double bytes = model_attention_ring_bytes(m);
     comm_allreduce(&dist->world, &bytes, 1, DT_DOUBLE, REDUCE_SUM);
     snprintf(json + used, json_size - used, ", \"ring_bytes\": %.0f", bytes);
-    scalars[2] = bytes / (1 << 20);
+    scalars[3] = bytes / (1 << 20);
     snprintf(line + n, line_size - (size_t)n, " | ring %.2f MiB (%s)", bytes / (1 << 20),
              m->attention.ring_send == RING_SEND_SELECTED ? "selected" : "full");
 }
@@ -526,7 +558,7 @@ typedef struct {
     char attention_line[128];  // the step's attention statistics (end_attention_stats)
     char *attention_json;
     size_t attention_json_size;
-    double attention_scalars[3];
+    double attention_scalars[4];
     double train_start, best_val;
     bool sync_report;          // MTRAIN_SYNC_REPORT on the CUDA backend
 } Trainer;
@@ -578,7 +610,7 @@ static bool train_setup(Trainer *t, int argc, char **argv) {
         if (cfg->log.tensorboard) tb_open(&t->tb_writer, cfg->log.dir, t->state.step);
     }
     t->tb = t->tb_writer.f ? &t->tb_writer : NULL;
-    t->attention_json_size = 128 + 32 * (size_t)cfg->model.num_layers;
+    t->attention_json_size = 160 + 48 * (size_t)cfg->model.num_layers;
     t->attention_json = xmalloc(t->attention_json_size);
     return true;
 }
@@ -637,7 +669,7 @@ static StepResult train_step(Trainer *t, int64_t step) {
     model_reduce_grads(m);
     comm_allreduce(&dist->world, &r.loss, 1, DT_DOUBLE, REDUCE_SUM);
     r.loss /= (double)t->step_tokens;
-    end_attention_stats(m, dist, t->attention_line, sizeof(t->attention_line), t->attention_json,
+    end_attention_stats(m, &t->cfg, dist, step, t->attention_line, sizeof(t->attention_line), t->attention_json,
                         t->attention_json_size, t->attention_scalars);
     r.lr = lr_at(&t->oc, step);
     r.grad_norm = r.bad_rank < dist->world_size ? NAN : optimizer_step(m, &t->oc, step, &r.lr);
@@ -682,9 +714,10 @@ static void log_step(Trainer *t, int64_t step, const StepResult *r) {
             r->loss, r->grad_norm, r->lr, tokens_per_s, mfu, rss_mib, r->ms, t->attention_json, t->state.run_id);
     if (fflush(t->metrics) != 0) fail("%s: write failed", t->metrics_path);
     static const char *const tags[] = {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s",
-                                       "train/mfu", "attention/density", "attention/recall", "ring/mib"};
+                                       "train/mfu", "attention/density", "attention/recall",
+                                       "attention/estimation_recall", "ring/mib"};
     const double values[] = {r->loss, r->lr, r->grad_norm, tokens_per_s, mfu, t->attention_scalars[0],
-                             t->attention_scalars[1], t->attention_scalars[2]};
+                             t->attention_scalars[1], t->attention_scalars[2], t->attention_scalars[3]};
     if (t->tb) tb_scalars(t->tb, step, tags, values, (int)(sizeof(values) / sizeof(values[0])));
 }
 

@@ -18,6 +18,8 @@
 //   lse_est          [Hq, last_q] fp32 estimation (plan forward)
 //   vertical, slash  [Hq, T] fp32      estimation scores (plan forward)
 //   q_blocks         [T / B] int64     the query blocks of the index
+//   recall           the recall sample's positions [n] int64, dense lse [Hq, n] fp32
+//                    and queries [n, Hq, D] bf16 (statistics)
 //   docs             [N] int64         the document starts (AttnShape.doc_starts_device;
 //                                      room for one per token of the sequence)
 #include <cuda_bf16.h>
@@ -62,7 +64,8 @@ struct AttnState {
     bool pos_is_iota;            // pos[t] == t for every t
     AttnRingCuda ring;           // the cp ring (ring.ring NULL on one rank)
     void **ring_layer;           // [num_layers] sparse on a ring: the plan's state of the layer (ring's)
-    Scratch o_acc, dq_acc, dk_acc, dv_acc, lse_est, vertical, slash, q_blocks, docs;
+    Scratch o_acc, dq_acc, dk_acc, dv_acc, lse_est, vertical, slash, q_blocks, docs, recall;
+    int64_t recall_rows[SPARSE_RECALL_ROWS];  // the recall sample (host; kept while its copy is queued)
     int64_t *docs_host;          // [docs_capacity] page-locked: the starts last copied to docs
     int64_t docs_count, docs_capacity;
     cudaEvent_t docs_copied;     // after that copy (NULL before the first)
@@ -123,7 +126,7 @@ extern "C" void attention_cuda_free(AttnState *st) {
     sparse_index_free_cuda(&st->index);
     sparse_index_free_cuda(&st->est_index);
     Scratch *all[] = {&st->o_acc, &st->dq_acc, &st->dk_acc, &st->dv_acc, &st->lse_est,
-                      &st->vertical, &st->slash, &st->q_blocks, &st->docs};
+                      &st->vertical, &st->slash, &st->q_blocks, &st->docs, &st->recall};
     for (Scratch *s : all) scratch_free(s);
     if (st->docs_host) CUDA_CHECK(cudaFreeHost(st->docs_host));
     if (st->docs_copied) CUDA_CHECK(cudaEventDestroy(st->docs_copied));
@@ -240,6 +243,43 @@ static void count_recall(AttnState *st, int l, const AttnShape *s, int64_t Lq, c
     free(est);
 }
 
+// stats->sampled_mass, sampled_rows after a plan forward on one GPU: the
+// recall sample's rows (sparse_recall_rows, away from the estimation rows),
+// the pattern's share of each row's softmax mass exp(lse - lse_dense), lse
+// the sparse forward's, lse_dense the rows' against every key (the
+// estimation's pass 1 on them). Uses o_acc as scratch.
+static void count_sampled_recall(AttnState *st, const AttnShape *s, const uint16_t *q, const uint16_t *k,
+                                 const int64_t *pos, const float *lse, cudaStream_t stream, SparseStats *stats) {
+    const int64_t T = s->q_tokens, Lq = st->cfg.last_q < T ? st->cfg.last_q : T;
+    const int Hq = s->num_heads;
+    const size_t row = sizeof(uint16_t) * (size_t)Hq * (size_t)s->head_dim;
+    AttnShape rows = *s;
+    rows.q_tokens = sparse_recall_rows(T, Lq, st->recall_rows);
+    const int64_t n = rows.q_tokens;
+    int64_t *rows_dev = (int64_t *)scratch(&st->recall, sizeof(int64_t) * (size_t)n +
+                                           sizeof(float) * (size_t)(Hq * n) + row * (size_t)n);
+    float *lse_dense = (float *)(rows_dev + n);                         // [Hq, n]
+    uint16_t *qs = (uint16_t *)(lse_dense + Hq * n);                    // [n, Hq, D]
+    CUDA_CHECK(cudaMemcpyAsync(rows_dev, st->recall_rows, sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice,
+                               stream));
+    for (int64_t i = 0; i < n; i++)   // positions are token indices on one GPU
+        CUDA_CHECK(cudaMemcpyAsync((char *)qs + (size_t)i * row, (const char *)q + (size_t)st->recall_rows[i] * row,
+                                   row, cudaMemcpyDeviceToDevice, stream));
+    attn_forward_init_cuda(&rows, (float *)st->o_acc.ptr, lse_dense, stream);
+    sparse_estimate_lse_cuda(&rows, qs, rows_dev, k, pos, lse_dense, stream);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    float *dense = (float *)xmalloc(sizeof(float) * (size_t)(Hq * n));
+    float *sparse = (float *)xmalloc(sizeof(float) * (size_t)(Hq * T));
+    CUDA_CHECK(cudaMemcpy(dense, lse_dense, sizeof(float) * (size_t)(Hq * n), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(sparse, lse, sizeof(float) * (size_t)(Hq * T), cudaMemcpyDeviceToHost));
+    for (int h = 0; h < Hq; h++)
+        for (int64_t i = 0; i < n; i++)
+            stats->sampled_mass += exp((double)sparse[h * T + st->recall_rows[i]] - (double)dense[h * n + i]);
+    stats->sampled_rows += (double)(Hq * n);
+    free(dense);
+    free(sparse);
+}
+
 // Layer l's index for this rank's query blocks (positions pos, device) in
 // st->index: built from the layer's pattern unless it holds it already.
 static const SparseIndexCuda *layer_index(AttnState *st, int l, const AttnShape *s, const int64_t *pos,
@@ -342,6 +382,8 @@ extern "C" void attention_cuda_forward(AttnState *st, int layer, bool plan, cons
     st->ring.forward(st->ring.ring, &s, st->cfg.ring_send, call_index(st, layer, &s, pos, stream),
                      st->ring_layer[layer], q, k, v, o_acc, lse, plan ? stats : NULL, stream);
     attn_output_bf16_cuda(&s, o_acc, o, stream);
+    if (plan && stats && st->cfg.type == ATTN_SPARSE && !on_ring(st))   // the ring counts its own
+        count_sampled_recall(st, &s, q, k, pos, lse, stream, stats);
 }
 
 extern "C" void attention_cuda_cached(AttnState *st, const AttnShape *shape, const uint16_t *q, const int64_t *q_pos,

@@ -51,12 +51,14 @@ extern "C" {
 //                remade; free with layer_free) the ring's state of the
 //                layer: the key blocks every rank's index reads and the
 //                columns gathered once per layer; stats: NULL or the
-//                density added (cp totals)
+//                density added (cp totals), and the recall sample's dense
+//                lse kept for the forward
 //   forward      index NULL: dense; else the sparse kernels over the index
 //                and the plan's layer: the columns gathered to every rank
 //                and computed in ring step 0, the blocks per ring step;
-//                stats: NULL or the recall added (cp totals, after a
-//                sparse_plan of the same layer)
+//                stats: NULL or the recall (estimation rows and recall
+//                sample) added (cp totals, after a sparse_plan of the same
+//                layer)
 //   backward     likewise; the columns' dK/dV go home after the ring
 typedef struct {
     void *ring;
@@ -85,7 +87,8 @@ bool attention_cuda_set_ring(AttnState *st, const AttnRingCuda *ring);
 // A new sequence: pos [tokens] its positions (host).
 void attention_cuda_sequence(AttnState *st, const int64_t *pos, int64_t tokens);
 // stats: NULL, or the layer's density (computed, causal) and recall
-// (covered_mass, estimation_rows) added, as the CPU op counts them; waits
+// (covered_mass, estimation_rows; sampled_mass, sampled_rows) added, as the
+// CPU op counts them; waits
 // for the stream (the counts are read back to the host).
 void attention_cuda_forward(AttnState *st, int layer, bool plan, const AttnShape *shape, const uint16_t *q,
                             const uint16_t *k, const uint16_t *v, const int64_t *pos, uint16_t *o, float *lse,

@@ -109,6 +109,12 @@ typedef struct {
     size_t est_q_bytes, est_pos_bytes, est_lse_bytes, est_scores_bytes, q_blocks_bytes, plan_bits_bytes;
     float *lse_est;            // [Hq, est_rows] host, for the forward's recall (with statistics)
     int64_t est_rows;
+    // The recall sample (with statistics): its positions (host), its dense lse
+    // [Hq, sample_count] (host) for the forward's recall, the plan's device scratch.
+    int64_t sample_rows[SPARSE_RECALL_ROWS], sample_count;
+    float *sample_lse;
+    void *sample;
+    size_t sample_bytes;
 } RingCuda;
 
 // A layer's sparse ring state (AttnRingCuda's `layer`), made by the plan
@@ -398,20 +404,6 @@ static void sparse_backward(void *ctx, const AttnShape *shape, const void *q, co
 
 // ---- the sparse plan over the ring ----
 
-// Rows of tokens first .. T - 1 (positions pos, ascending, at least base)
-// into the estimation layout dst [Lq, row] at row pos - base, from src at
-// row t (src_local) or at the same row; one device copy per run of
-// consecutive positions (a layout's block).
-static void copy_estimation_rows(const int64_t *pos, int64_t first, int64_t T, int64_t base, size_t row_bytes,
-                                 char *dst, const char *src, bool src_local, cudaStream_t stream) {
-    for (int64_t t = first, end; t < T; t = end) {
-        for (end = t + 1; end < T && pos[end] == pos[end - 1] + 1; end++) {}
-        const size_t at = (size_t)(pos[t] - base) * row_bytes;
-        CUDA_CHECK(cudaMemcpyAsync(dst + at, src + (src_local ? (size_t)t * row_bytes : at),
-                                   (size_t)(end - t) * row_bytes, cudaMemcpyDeviceToDevice, stream));
-    }
-}
-
 // The first of the T tokens at positions pos (ascending) at or after base.
 static int64_t first_at_or_after(const int64_t *pos, int64_t T, int64_t base) {
     int64_t first = T;
@@ -419,27 +411,87 @@ static int64_t first_at_or_after(const int64_t *pos, int64_t T, int64_t base) {
     return first;
 }
 
-// qe [Lq, Hq, D] (device): the last Lq queries of the sequence (positions
-// N - Lq .. N - 1) on every rank. Each rank copies its rows there (the tail
-// of its own: positions ascend) into its block of arena [W, Lq, Hq, D]
-// (device), the blocks are all-gathered on the device, and every rank copies
-// each rank's rows out of that rank's block (every rank knows the ring's
-// positions). Hq * D is even (D 64 or 128).
-static void gather_estimation_queries(RingCuda *rc, const AttnShape *shape, const uint16_t *q, int64_t Lq,
-                                      uint16_t *arena, uint16_t *qe, cudaStream_t stream) {
+// The rows of the tokens at positions pos [T] (ascending) that are among the
+// ascending positions rows [n], into dst [n, row] at their index in rows,
+// from src at the token's row (src_local) or at that same index; one device
+// copy per run of consecutive tokens at consecutive rows (a layout's block).
+static void copy_rows_at(const int64_t *pos, int64_t T, const int64_t *rows, int64_t n, size_t row_bytes, char *dst,
+                         const char *src, bool src_local, cudaStream_t stream) {
+    int64_t i = 0;
+    for (int64_t t = n ? first_at_or_after(pos, T, rows[0]) : T; t < T && i < n;) {
+        while (i < n && rows[i] < pos[t]) i++;
+        if (i == n) break;
+        if (rows[i] != pos[t]) {
+            t++;
+            continue;
+        }
+        int64_t run = 1;
+        while (t + run < T && i + run < n && pos[t + run] == pos[t] + run && rows[i + run] == rows[i] + run) run++;
+        CUDA_CHECK(cudaMemcpyAsync(dst + (size_t)i * row_bytes, src + (size_t)(src_local ? t : i) * row_bytes,
+                                   (size_t)run * row_bytes, cudaMemcpyDeviceToDevice, stream));
+        t += run;
+        i += run;
+    }
+}
+
+// qe [n, Hq, D] (device): the queries at the ascending positions rows [n]
+// (host) on every rank. Each rank copies its rows there into its block of
+// arena [W, n, Hq, D] (device), the blocks are all-gathered on the device,
+// and every rank copies each rank's rows out of that rank's block (every
+// rank knows the ring's positions). Hq * D is even (D 64 or 128).
+static void gather_queries(RingCuda *rc, const AttnShape *shape, const uint16_t *q, const int64_t *rows, int64_t n,
+                           uint16_t *arena, uint16_t *qe, cudaStream_t stream) {
     const Ring *ring = &rc->ring;
     const int W = rc->cp->size, me = rc->cp->rank;
-    const int64_t N = ring->offsets[W], base = N - Lq, wq = (int64_t)shape->num_heads * shape->head_dim;
+    const int64_t wq = (int64_t)shape->num_heads * shape->head_dim;
     const size_t row = sizeof(uint16_t) * (size_t)wq;
-    const int64_t *mine = ring->positions + ring->offsets[me];
-    copy_estimation_rows(mine, first_at_or_after(mine, ring->counts[me], base), ring->counts[me], base, row,
-                         (char *)(arena + me * Lq * wq), (const char *)q, true, stream);
-    comm_device_allgather_bf16(rc->cp, arena, Lq * wq, stream);
-    for (int r = 0; r < W; r++) {
-        const int64_t *pos = ring->positions + ring->offsets[r];
-        copy_estimation_rows(pos, first_at_or_after(pos, ring->counts[r], base), ring->counts[r], base, row,
-                             (char *)qe, (const char *)(arena + r * Lq * wq), false, stream);
-    }
+    copy_rows_at(ring->positions + ring->offsets[me], ring->counts[me], rows, n, row, (char *)(arena + me * n * wq),
+                 (const char *)q, true, stream);
+    comm_device_allgather_bf16(rc->cp, arena, n * wq, stream);
+    for (int r = 0; r < W; r++)
+        copy_rows_at(ring->positions + ring->offsets[r], ring->counts[r], rows, n, row, (char *)qe,
+                     (const char *)(arena + r * n * wq), false, stream);
+}
+
+// lse [Hq, n] (device): dense attention's lse of the queries qe [n, Hq, D] at
+// positions qe_pos [n] (device) over every rank's keys k, from this rank's
+// partial in its block of parts [W, Hq, n] (set to -inf before), all-gathered
+// and folded in rank order (ring_combine_lse_cuda): the same bits on every rank.
+static void rows_lse(RingCuda *rc, const AttnShape *shape, int64_t n, const uint16_t *qe, const int64_t *qe_pos,
+                     const uint16_t *k, float *parts, float *lse, cudaStream_t stream) {
+    const Ring *rg = &rc->ring;
+    const int W = rc->cp->size, me = rc->cp->rank;
+    const int64_t nl = shape->num_heads * n;
+    AttnShape rows = *shape;
+    rows.q_tokens = n;
+    rows.k_tokens = rg->counts[me];
+    sparse_estimate_lse_cuda(&rows, qe, qe_pos, k, rc->positions + rg->offsets[me], parts + me * nl, stream);
+    comm_device_allgather_bf16(rc->cp, (uint16_t *)parts, 2 * nl, stream);
+    ring_combine_lse_cuda(parts, W, nl, lse, stream);
+}
+
+// stats: the recall sample's rows (sparse_recall_rows) gathered to every
+// rank, their dense lse over the ring into rc->sample_lse [Hq, n] (host),
+// for the forward's count_recall.
+static void plan_sample(RingCuda *rc, const AttnShape *shape, const uint16_t *q, const uint16_t *k, int64_t Lq,
+                        cudaStream_t stream) {
+    const int W = rc->cp->size, Hq = shape->num_heads;
+    const int64_t N = rc->ring.offsets[W], wq = (int64_t)Hq * shape->head_dim;
+    const int64_t n = sparse_recall_rows(N, Lq, rc->sample_rows), nl = Hq * n;
+    room(&rc->sample, &rc->sample_bytes, sizeof(int64_t) * (size_t)n + sizeof(float) * (size_t)((W + 1) * nl) +
+                                         sizeof(uint16_t) * (size_t)((W + 1) * n * wq));
+    int64_t *rows_dev = rc->sample;                                     // [n]
+    float *parts = (float *)(rows_dev + n), *lse = parts + W * nl;     // [W, Hq, n], [Hq, n]
+    uint16_t *arena = (uint16_t *)(lse + nl), *qs = arena + W * n * wq; // [W, n, Hq, D], [n, Hq, D]
+    ring_estimation_init_cuda(rows_dev, n, 0, parts + rc->cp->rank * nl, nl, stream);   // the lse's -inf
+    CUDA_CHECK(cudaMemcpyAsync(rows_dev, rc->sample_rows, sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice,
+                               stream));
+    gather_queries(rc, shape, q, rc->sample_rows, n, arena, qs, stream);
+    rows_lse(rc, shape, n, qs, rows_dev, k, parts, lse, stream);
+    rc->sample_lse = xrealloc(rc->sample_lse, sizeof(float) * (size_t)(nl + 1));
+    rc->sample_count = n;
+    host_wait(stream);
+    CUDA_CHECK(cudaMemcpy(rc->sample_lse, lse, sizeof(float) * (size_t)nl, cudaMemcpyDeviceToHost));
 }
 
 static void ring_layer_free(void *layer) {
@@ -525,18 +577,19 @@ static void ring_sparse_plan_cuda(void *ring, const AttentionConfig *cfg, const 
     room(&rc->q_blocks, &rc->q_blocks_bytes, sizeof(int64_t) * (size_t)(nqb + 1));
     uint16_t *qe = (uint16_t *)rc->est_q + W * Lq * wq;
     float *parts = rc->est_lse, *lse = parts + W * nl, *vertical = rc->est_scores, *slash = vertical + Hq * N;
-    gather_estimation_queries(rc, shape, q, Lq, rc->est_q, qe, stream);
+    int64_t *qe_pos = xmalloc(sizeof(int64_t) * (size_t)Lq);   // host
+    for (int64_t i = 0; i < Lq; i++) qe_pos[i] = N - Lq + i;
+    gather_queries(rc, shape, q, qe_pos, Lq, rc->est_q, qe, stream);
+    free(qe_pos);
     const int64_t *k_pos = rc->positions + rg->offsets[me];
     sparse_query_blocks_cuda(k_pos, T, B, rc->q_blocks, stream);
 
     // Pass 1: the partial lse over this rank's keys (from -inf) into its block, combined.
     ring_estimation_init_cuda(rc->est_pos, Lq, N - Lq, parts + me * nl, nl, stream);
+    rows_lse(rc, shape, Lq, qe, rc->est_pos, k, parts, lse, stream);
     AttnShape est = *shape;
     est.q_tokens = Lq;
     est.k_tokens = T;
-    sparse_estimate_lse_cuda(&est, qe, rc->est_pos, k, k_pos, parts + me * nl, stream);
-    comm_device_allgather_bf16(rc->cp, (uint16_t *)parts, 2 * nl, stream);
-    ring_combine_lse_cuda(parts, W, nl, lse, stream);
     if (stats) {   // the forward's recall (count_recall)
         rc->lse_est = xrealloc(rc->lse_est, sizeof(float) * (size_t)(nl + 1));
         rc->est_rows = Lq;
@@ -567,27 +620,37 @@ static void ring_sparse_plan_cuda(void *ring, const AttentionConfig *cfg, const 
         stats->computed += sums[0];
         stats->causal += sums[1];
         sparse_index_free(&mine);
+        plan_sample(rc, shape, q, k, Lq, stream);
     }
 }
 
-// stats->covered_mass, estimation_rows after a sparse forward: the
-// estimation rows' exp(lse - lse_est) (the pattern's share of each row's
-// softmax mass, as the one-GPU op counts it), summed over the rows' owners.
+// stats->covered_mass, estimation_rows and sampled_mass, sampled_rows after
+// a sparse forward: the estimation rows' and the recall sample's rows'
+// exp(lse - their dense lse) (the pattern's share of each row's softmax
+// mass, as the one-GPU op counts it), summed over the rows' owners.
 static void count_recall(RingCuda *rc, const AttnShape *shape, const float *lse, SparseStats *stats) {
     const Ring *rg = &rc->ring;
     const int W = rc->cp->size, me = rc->cp->rank, Hq = shape->num_heads;
-    const int64_t N = rg->offsets[W], T = rg->counts[me], Lq = rc->est_rows, *pos = rg->positions + rg->offsets[me];
+    const int64_t N = rg->offsets[W], T = rg->counts[me], Lq = rc->est_rows, n = rc->sample_count;
+    const int64_t *pos = rg->positions + rg->offsets[me];
     float *host = xmalloc(sizeof(float) * (size_t)(Hq * T + 1));
     host_wait(rc->stream);
     CUDA_CHECK(cudaMemcpy(host, lse, sizeof(float) * (size_t)(Hq * T), cudaMemcpyDeviceToHost));
-    double covered = 0;
-    for (int h = 0; h < Hq; h++)
-        for (int64_t t = 0; t < T; t++)
+    double covered[2] = {0, 0};   // estimation rows, recall sample
+    for (int64_t t = 0, i = 0; t < T; t++) {   // pos and sample_rows ascending
+        while (i < n && rc->sample_rows[i] < pos[t]) i++;
+        for (int h = 0; h < Hq; h++) {
             if (pos[t] >= N - Lq)
-                covered += exp((double)host[h * T + t] - (double)rc->lse_est[h * Lq + pos[t] - (N - Lq)]);
-    comm_allreduce(rc->cp, &covered, 1, DT_DOUBLE, REDUCE_SUM);
-    stats->covered_mass += covered;
+                covered[0] += exp((double)host[h * T + t] - (double)rc->lse_est[h * Lq + pos[t] - (N - Lq)]);
+            if (i < n && rc->sample_rows[i] == pos[t])
+                covered[1] += exp((double)host[h * T + t] - (double)rc->sample_lse[h * n + i]);
+        }
+    }
+    comm_allreduce(rc->cp, covered, 2, DT_DOUBLE, REDUCE_SUM);
+    stats->covered_mass += covered[0];
     stats->estimation_rows += (double)(Hq * Lq);
+    stats->sampled_mass += covered[1];
+    stats->sampled_rows += (double)(Hq * n);
     free(host);
 }
 
@@ -609,12 +672,13 @@ static void ring_free_cuda(void *ring) {
     for (int i = 0; i < RING_BUFFERS_CUDA; i++)
         if (rc->buffers[i].ptr) CUDA_CHECK(cudaFree(rc->buffers[i].ptr));
     void *scratch[] = {rc->positions, rc->staging, rc->est_q, rc->est_pos, rc->est_lse, rc->est_scores,
-                       rc->q_blocks, rc->plan_bits, rc->column_arena, rc->column_dkv};
+                       rc->q_blocks, rc->plan_bits, rc->column_arena, rc->column_dkv, rc->sample};
     for (size_t i = 0; i < sizeof(scratch) / sizeof(scratch[0]); i++)
         if (scratch[i]) CUDA_CHECK(cudaFree(scratch[i]));
     free(rc->positions_host);
     ring_dense_need_free(&rc->dense_need);
     free(rc->lse_est);
+    free(rc->sample_lse);
     free(rc);
 }
 

@@ -23,17 +23,19 @@ void ring_need_row(const SparseIndex *index, int64_t words, uint64_t *row) {
 
 // ------------------------------------------------------------- estimation
 
-// The last Lq queries of the sequence (global positions N - Lq .. N - 1) from
-// every rank into qe [Lq, Hq, D] on every rank: each row has one owner and
-// the others add zeros, so the sum is exact.
-static float *gather_estimation_queries(const Ring *ring, const AttnShape *shape, const float *q,
-                                        int64_t Lq) {
-    const int64_t N = ring->offsets[ring->cp->size], wq = (int64_t)shape->num_heads * shape->head_dim;
+// The queries at the ascending global positions rows [n] from every rank
+// (this rank's T queries q [T, Hq, D]) into qe [n, Hq, D] on every rank: each row has one owner and the others
+// add zeros, so the sum is exact.
+static float *gather_queries(const Ring *ring, int64_t T, const AttnShape *shape, const float *q,
+                             const int64_t *rows, int64_t n) {
+    const int64_t wq = (int64_t)shape->num_heads * shape->head_dim;
     const int64_t *pos = ring->positions + ring->offsets[ring->cp->rank];
-    float *qe = xcalloc((size_t)(Lq * wq + 1), sizeof(float));
-    for (int64_t t = 0; t < shape->q_tokens; t++)
-        if (pos[t] >= N - Lq) memcpy(qe + (pos[t] - (N - Lq)) * wq, q + t * wq, (size_t)wq * sizeof(float));
-    comm_allreduce(ring->cp, qe, Lq * wq, DT_FLOAT, REDUCE_SUM);
+    float *qe = xcalloc((size_t)(n * wq + 1), sizeof(float));
+    for (int64_t t = 0, i = 0; t < T && i < n; t++) {   // both ascending
+        while (i < n && rows[i] < pos[t]) i++;
+        if (i < n && rows[i] == pos[t]) memcpy(qe + i * wq, q + t * wq, (size_t)wq * sizeof(float));
+    }
+    comm_allreduce(ring->cp, qe, n * wq, DT_FLOAT, REDUCE_SUM);
     return qe;
 }
 
@@ -141,30 +143,45 @@ void ring_columns_free(RingColumns *c) {
     *c = (RingColumns){0};
 }
 
-// Density and recall of the pattern summed over cp, added to stats.
-static void plan_stats(const Ring *ring, const RingSparse *rs, int sink, const AttnShape *est, const float *qe,
-                       const int64_t *qe_pos, const float *k, const float *lse, SparseStats *stats) {
-    const int Hq = est->num_heads, B = rs->index.block_size;
-    const int64_t Lq = est->q_tokens, *pos = ring->positions + ring->offsets[ring->cp->rank];
+// Dense attention's lse [Hq, n] (malloc'd) of the queries qe [n, Hq, D] at
+// global positions qe_pos (rows_shape: q_tokens n, k_tokens this rank's),
+// over every rank's keys: this rank's partial, combined.
+static float *rows_lse(const Ring *ring, const AttnShape *rows_shape, const float *qe, const int64_t *qe_pos,
+                       const float *k) {
+    const int64_t n = (int64_t)rows_shape->num_heads * rows_shape->q_tokens;
+    float *lse = xmalloc((size_t)(n + 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) lse[i] = -INFINITY;
+    sparse_estimate_lse(rows_shape, qe, qe_pos, k, ring->positions + ring->offsets[ring->cp->rank], lse);
+    ring_sparse_combine_lse(ring->cp, lse, n);
+    return lse;
+}
+
+// Density and recall of the pattern summed over cp, added to stats: the
+// estimation rows' mass (their combined lse given), and the recall sample's
+// rows gathered from their owners against dense attention over the ring.
+static void plan_stats(const Ring *ring, const RingSparse *rs, int sink, const AttnShape *est, const float *q,
+                       const float *qe, const int64_t *qe_pos, const float *k, const float *lse, SparseStats *stats) {
+    const int Hq = est->num_heads;
+    const int64_t *pos = ring->positions + ring->offsets[ring->cp->rank], N = ring->offsets[ring->cp->size];
     SparseStats mine = {0};
     sparse_index_count(&rs->index, pos, est->k_tokens, est->doc_starts, est->doc_count, &mine);
-    SparseIndex est_index;
-    const int64_t first = qe_pos[0] / B, count = qe_pos[Lq - 1] / B - first + 1;
-    int64_t *blocks = xmalloc((size_t)count * sizeof(int64_t));
-    for (int64_t i = 0; i < count; i++) blocks[i] = first + i;
-    sparse_index_build(&rs->pattern, B, blocks, count, &est_index);
-    sparse_index_documents(est, sink, &est_index);
-    double *sums = xcalloc((size_t)Hq + 2, sizeof(double));      // computed, causal, covered [Hq]
-    sparse_estimate_recall(est, &est_index, qe, qe_pos, k, pos, lse, sums + 2);
-    sums[0] = mine.computed;
-    sums[1] = mine.causal;
-    comm_allreduce(ring->cp, sums, Hq + 2, DT_DOUBLE, REDUCE_SUM);
+    int64_t rows[SPARSE_RECALL_ROWS];
+    AttnShape sample = *est;
+    sample.q_tokens = sparse_recall_rows(N, est->q_tokens, rows);
+    float *qs = gather_queries(ring, est->k_tokens, est, q, rows, sample.q_tokens);   // [n, Hq, D]
+    float *lse_sample = rows_lse(ring, &sample, qs, rows, k);
+    double sums[4] = {mine.computed, mine.causal,
+                      sparse_pattern_mass(&rs->pattern, sink, est, qe, qe_pos, k, pos, lse),
+                      sparse_pattern_mass(&rs->pattern, sink, &sample, qs, rows, k, pos, lse_sample)};
+    comm_allreduce(ring->cp, sums, 4, DT_DOUBLE, REDUCE_SUM);
     stats->computed += sums[0];
     stats->causal += sums[1];
-    for (int h = 0; h < Hq; h++) stats->covered_mass += sums[2 + h];
-    stats->estimation_rows += (double)(Hq * Lq);
-    free(blocks); free(sums);
-    sparse_index_free(&est_index);
+    stats->covered_mass += sums[2];
+    stats->estimation_rows += (double)(Hq * est->q_tokens);
+    stats->sampled_mass += sums[3];
+    stats->sampled_rows += (double)(Hq * sample.q_tokens);
+    free(qs);
+    free(lse_sample);
 }
 
 void ring_sparse_plan(const Ring *ring, const AttentionConfig *cfg, const AttnShape *shape,
@@ -183,13 +200,10 @@ void ring_sparse_plan(const Ring *ring, const AttentionConfig *cfg, const AttnSh
     AttnShape est = *shape;
     est.q_tokens = Lq;
     est.k_tokens = T;
-    float *qe = gather_estimation_queries(ring, shape, q, Lq);       // [Lq, Hq, D]
     int64_t *qe_pos = xmalloc((size_t)Lq * sizeof(int64_t));
     for (int64_t i = 0; i < Lq; i++) qe_pos[i] = N - Lq + i;
-    float *lse = xmalloc((size_t)(Hq * Lq) * sizeof(float));        // [Hq, Lq]
-    for (int64_t i = 0; i < Hq * Lq; i++) lse[i] = -INFINITY;
-    sparse_estimate_lse(&est, qe, qe_pos, k, pos, lse);
-    ring_sparse_combine_lse(cp, lse, Hq * Lq);
+    float *qe = gather_queries(ring, T, shape, q, qe_pos, Lq);      // [Lq, Hq, D]
+    float *lse = rows_lse(ring, &est, qe, qe_pos, k);              // [Hq, Lq]
     float *scores = xcalloc((size_t)(2 * Hq * N), sizeof(float));  // vertical [Hq, N], slash [Hq, N]
     sparse_estimate_scores(&est, qe, qe_pos, k, pos, lse, N, scores, scores + Hq * N);
     ring_sparse_combine_sums(cp, scores, 2 * Hq * N);
@@ -212,7 +226,7 @@ void ring_sparse_plan(const Ring *ring, const AttentionConfig *cfg, const AttnSh
     rs->need.need = rs->need_bits;
     ring_columns_plan(ring, &rs->index, &rs->columns);
 
-    if (stats) plan_stats(ring, rs, cfg->sink, &est, qe, qe_pos, k, lse, stats);
+    if (stats) plan_stats(ring, rs, cfg->sink, &est, q, qe, qe_pos, k, lse, stats);
     free(qe); free(qe_pos); free(lse); free(scores); free(q_blocks); free(row);
 }
 

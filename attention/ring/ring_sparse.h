@@ -64,7 +64,8 @@ typedef struct {
 // shape: q_tokens = this rank's tokens T (block-aligned, at the ring's
 // positions); q [T, Hq, D], k [T, Hkv, D] after RoPE. fixed_vertical /
 // fixed_slash [Hq] as in sparse_plan_local. rs (zero-initialised before its
-// first plan) is rebuilt; free it with ring_sparse_free. stats, when not NULL, gets the cp totals added (the
+// first plan) is rebuilt; free it with ring_sparse_free. stats, when not NULL, gets the cp totals added (density,
+// the estimation rows' recall and the recall sample's, sparse_recall_rows; the
 // same numbers on every rank; equal to sparse_plan_local's up to rounding).
 // Collective over ring->cp.
 void ring_sparse_plan(const Ring *ring, const AttentionConfig *cfg, const AttnShape *shape,

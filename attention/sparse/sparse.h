@@ -57,6 +57,9 @@ typedef struct {
     double causal;             // causal score elements of dense attention
     double covered_mass;       // estimation rows: softmax mass inside the pattern
     double estimation_rows;    // estimation rows counted (Hq * last_q)
+    double sampled_mass;       // the recall sample's rows (sparse_recall_rows): softmax mass
+                               // inside the pattern, against dense attention
+    double sampled_rows;       // sampled rows counted (Hq * the sample's rows)
 } SparseStats;
 
 // Pass 1 of the estimation. shape: q_tokens = Lq estimation queries, k_tokens
@@ -91,6 +94,30 @@ void sparse_select(const AttentionConfig *cfg, const float *vertical, const floa
 // not selected. Causality is left to the kernels (token-exact).
 void sparse_index_build(const SparsePattern *pattern, int block_size, const int64_t *q_blocks,
                         int64_t num_q_blocks, SparseIndex *index);
+
+// The index rows of the query blocks that hold the ascending positions
+// rows_pos [n] (each block once), as sparse_index_build then
+// sparse_index_documents with shape's documents: the rows the forward uses
+// for those queries.
+void sparse_index_for_rows(const SparsePattern *pattern, const AttnShape *shape, int sink, const int64_t *rows_pos,
+                           int64_t n, SparseIndex *index);
+
+// The recall sample of a sequence of seq_len tokens whose last last_q
+// queries estimate the pattern: rows [SPARSE_RECALL_ROWS] gets the
+// ascending positions of min(SPARSE_RECALL_ROWS, M) queries, M = seq_len -
+// last_q, one drawn (fixed seed) from each of as many equal strata of
+// [0, M), so that no estimation row is measured; when M < 1 (every query
+// estimates) from all seq_len positions. Returns the count.
+#define SPARSE_RECALL_ROWS 64
+int64_t sparse_recall_rows(int64_t seq_len, int64_t last_q, int64_t *rows);
+
+// Softmax mass inside the pattern of the rows qe [n, Hq, D] at ascending
+// positions qe_pos [n] (rows_shape: q_tokens = n, k_tokens = this chunk's
+// keys k [Tk, Hkv, D] at k_pos), from this chunk: the rows' final lse_est
+// [Hq, n] and their index rows (sparse_index_for_rows), summed over heads
+// and rows.
+double sparse_pattern_mass(const SparsePattern *pattern, int sink, const AttnShape *rows_shape, const float *qe,
+                           const int64_t *qe_pos, const float *k, const int64_t *k_pos, const float *lse_est);
 
 // Estimation rows' softmax mass inside the pattern, from this chunk: adds to
 // covered [Hq] (start at zero). est_index indexes the blocks of qe_pos.

@@ -3,7 +3,8 @@
 // one key chunk at a time: pass 1 merges each row's log-sum-exp over chunks,
 // pass 2 turns the final lse into softmax column sums (vertical) and diagonal
 // sums (slash), and the recall pass measures how much of each row's mass a
-// pattern covers. Scores come in tiles S [Lq, EST_TILE] = scale Q K^T from
+// pattern covers (the estimation rows, or the recall sample's rows, drawn
+// by sparse_recall_rows away from them). Scores come in tiles S [Lq, EST_TILE] = scale Q K^T from
 // cblas_sgemm straight out of the strided [T, H, D] layout (no copies);
 // OpenMP runs over q heads, so every output element has one owner and the
 // results do not depend on the thread count. Softmax statistics are fp32.
@@ -211,4 +212,29 @@ void sparse_estimate_recall(const AttnShape *shape, const SparseIndex *est_index
         free(s); free(in);
     }
     free(qb_of);
+}
+
+int64_t sparse_recall_rows(int64_t seq_len, int64_t last_q, int64_t *rows) {
+    const int64_t M = seq_len - last_q >= 1 ? seq_len - last_q : seq_len;
+    const int64_t n = M < SPARSE_RECALL_ROWS ? M : SPARSE_RECALL_ROWS;
+    Rng rng;
+    rng_seed(&rng, 0x5ec411);
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t lo = i * M / n, hi = (i + 1) * M / n;   // stratum i: [lo, hi), hi > lo as n <= M
+        rows[i] = lo + (int64_t)rng_below(&rng, (uint64_t)(hi - lo));
+    }
+    return n;
+}
+
+double sparse_pattern_mass(const SparsePattern *pattern, int sink, const AttnShape *rows_shape, const float *qe,
+                           const int64_t *qe_pos, const float *k, const int64_t *k_pos, const float *lse_est) {
+    const int Hq = rows_shape->num_heads;
+    SparseIndex index;
+    sparse_index_for_rows(pattern, rows_shape, sink, qe_pos, rows_shape->q_tokens, &index);
+    double *covered = xcalloc((size_t)Hq, sizeof(double)), mass = 0;
+    sparse_estimate_recall(rows_shape, &index, qe, qe_pos, k, k_pos, lse_est, covered);
+    for (int h = 0; h < Hq; h++) mass += covered[h];
+    free(covered);
+    sparse_index_free(&index);
+    return mass;
 }

@@ -2,7 +2,7 @@
 // sparse_select picks each q head's vertical positions and slash
 // offsets (top-p mass or fixed counts, plus sink and local lines);
 // sparse_index_build turns a pattern into per-(head, query block) key blocks
-// and extra columns; sparse_index_count measures the pattern's token-exact
+// and extra columns (sparse_index_for_rows: for the blocks of given rows); sparse_index_count measures the pattern's token-exact
 // work; sparse_budget_load reads fixed budgets per layer and head. Everything
 // is deterministic: identical inputs give identical output on every rank.
 #include <ctype.h>
@@ -204,6 +204,17 @@ void sparse_index_build(const SparsePattern *pattern, int block_size, const int6
             index->columns = xmalloc((size_t)(index->column_start[rows] + 1) * sizeof(int64_t));
         }
     }
+}
+
+void sparse_index_for_rows(const SparsePattern *pattern, const AttnShape *shape, int sink, const int64_t *rows_pos,
+                           int64_t n, SparseIndex *index) {
+    const int B = shape->block_size;
+    int64_t *blocks = xmalloc((size_t)(n + 1) * sizeof(int64_t)), count = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (count == 0 || blocks[count - 1] != rows_pos[i] / B) blocks[count++] = rows_pos[i] / B;
+    sparse_index_build(pattern, B, blocks, count, index);
+    sparse_index_documents(shape, sink, index);
+    free(blocks);
 }
 
 // Whether the ascending blocks [n] hold block b.

@@ -1,29 +1,39 @@
 // sparse_plan.c: estimation -> selection -> index for one layer on a rank
-// that holds the whole sequence (see sparse_plan.h).
+// that holds the whole sequence (see sparse_plan.h), and with statistics
+// its density and recall (on the estimation rows and on the recall sample).
 #include "sparse_plan.h"
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "../../dist/util.h"
 
-// Index rows for the query blocks first_block .. last_block, restricted to
-// the shape's documents (sink: cfg->sink per document).
-static void index_for_blocks(const SparsePattern *pattern, const AttnShape *shape, int sink,
-                             int64_t first_block, int64_t last_block, SparseIndex *index) {
-    int64_t count = last_block - first_block + 1;
-    int64_t *blocks = xmalloc(sizeof(int64_t) * (size_t)count);
-    for (int64_t i = 0; i < count; i++) blocks[i] = first_block + i;
-    sparse_index_build(pattern, shape->block_size, blocks, count, index);
-    sparse_index_documents(shape, sink, index);
-    free(blocks);
+// stats->sampled_mass, sampled_rows: the recall sample's rows (not the
+// estimation's Lq) against every key, their softmax mass inside the pattern.
+static void count_sampled_recall(const SparsePattern *pattern, int sink, const AttnShape *shape, const float *q,
+                                 const float *k, const int64_t *pos, int64_t Lq, SparseStats *stats) {
+    const int Hq = shape->num_heads;
+    const int64_t wq = (int64_t)Hq * shape->head_dim;
+    int64_t rows[SPARSE_RECALL_ROWS];
+    AttnShape rs = *shape;
+    rs.q_tokens = sparse_recall_rows(shape->q_tokens, Lq, rows);
+    float *qs = xmalloc(sizeof(float) * (size_t)(rs.q_tokens * wq));  // [n, Hq, D]
+    float *lse = xmalloc(sizeof(float) * (size_t)(Hq * rs.q_tokens));  // [Hq, n]
+    for (int64_t i = 0; i < rs.q_tokens; i++) memcpy(qs + i * wq, q + rows[i] * wq, sizeof(float) * (size_t)wq);
+    for (int64_t i = 0; i < Hq * rs.q_tokens; i++) lse[i] = -INFINITY;
+    sparse_estimate_lse(&rs, qs, rows, k, pos, lse);
+    stats->sampled_mass += sparse_pattern_mass(pattern, sink, &rs, qs, rows, k, pos, lse);
+    stats->sampled_rows += (double)(Hq * rs.q_tokens);
+    free(qs);
+    free(lse);
 }
 
 void sparse_plan_local(const AttentionConfig *cfg, const AttnShape *shape, const float *q,
                        const float *k, const int64_t *pos, const int *fixed_vertical,
                        const int *fixed_slash, SparseIndex *index, SparseStats *stats) {
     int64_t T = shape->q_tokens;
-    int Hq = shape->num_heads, B = shape->block_size;
+    int Hq = shape->num_heads;
     int64_t Lq = cfg->last_q < T ? cfg->last_q : T;
     AttnShape est = *shape;
     est.q_tokens = Lq;
@@ -40,18 +50,13 @@ void sparse_plan_local(const AttentionConfig *cfg, const AttnShape *shape, const
     SparsePattern pattern;
     sparse_select(cfg, vertical, slash, Hq, T, fixed_vertical, fixed_slash, &pattern);
     sparse_index_free(index);
-    index_for_blocks(&pattern, shape, cfg->sink, 0, (T - 1) / B, index);
+    sparse_index_for_rows(&pattern, shape, cfg->sink, pos, T, index);
 
     if (stats) {
         sparse_index_count(index, pos, T, shape->doc_starts, shape->doc_count, stats);
-        SparseIndex est_index;
-        index_for_blocks(&pattern, shape, cfg->sink, qe_pos[0] / B, qe_pos[Lq - 1] / B, &est_index);
-        double *covered = xcalloc((size_t)Hq, sizeof(double));
-        sparse_estimate_recall(&est, &est_index, qe, qe_pos, k, pos, lse_est, covered);
-        for (int h = 0; h < Hq; h++) stats->covered_mass += covered[h];
+        stats->covered_mass += sparse_pattern_mass(&pattern, cfg->sink, &est, qe, qe_pos, k, pos, lse_est);
         stats->estimation_rows += (double)(Hq * Lq);
-        free(covered);
-        sparse_index_free(&est_index);
+        count_sampled_recall(&pattern, cfg->sink, shape, q, k, pos, Lq, stats);
     }
     sparse_pattern_free(&pattern);
     free(vertical);

@@ -11,7 +11,7 @@
 // min(cfg->last_q, T) queries. fixed_vertical / fixed_slash [Hq] are this
 // layer's budgets (NULL unless cfg->budget is "fixed"). The previous index is
 // freed and replaced. stats, when not NULL, gets this layer's density and
-// recall counts added.
+// recall counts added (the estimation rows' and the recall sample's).
 void sparse_plan_local(const AttentionConfig *cfg, const AttnShape *shape, const float *q,
                        const float *k, const int64_t *pos, const int *fixed_vertical,
                        const int *fixed_slash, SparseIndex *index, SparseStats *stats);

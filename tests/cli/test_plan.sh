@@ -5,6 +5,7 @@
 # different shape on one rank (one with Qwen's 151936-token vocabulary, 256
 # tokens per step under a loss chunk of 1024) and two on two ranks (cp 2; dp 2 with ZeRO-1); the cluster run files pass the plan on their GPUs; a run
 # that cannot fit is refused with one line; bad plan options get one line; --kernels adds up to the plan;
+# sparse attention's budget line (planned density, the estimation's share of the attention's work);
 # metrics.jsonl carries MFU and RSS.
 #   MTRAIN=path/to/mtrain bash tests/cli/test_plan.sh   (default build/mtrain)
 set -u
@@ -105,6 +106,20 @@ expect plan_05b_512k_mlp_whole_no_fit "[ $rc -eq 3 ] && grep -q '^fits: NO' '$tm
 "$MTRAIN" plan $one_gpu attention.type=sparse >"$tmp/out" 2>&1
 rc=$?
 expect plan_05b_512k_sparse_fits "[ $rc -eq 0 ] && grep -q '^fits: yes' '$tmp/out'"
+# The sparse budget line: a fixed budget of 64 + 64 lines, sink 64, local 64 at 2048 tokens plans density
+# (64 + 64 + 2 x 64 + 2 x 64) / 2048 = 0.1875; the estimation (4 last_q N FLOPs per head and layer) against
+# the attention (2 N^2 density x (1 forward + 2.5 backward)): 2 x 64 / (2 x 64 + 2048 x 0.1875 x 3.5) = 8.7%;
+# on a GPU also the share of the kernels' derived time; top_p names its caps as an upper bound.
+fixed="attention.type=sparse attention.budget=fixed attention.vertical=64 attention.slash=64 attention.sink=64
+       attention.local=64 attention.last_q=64 train.seq_len=2048 model.max_position_embeddings=2048"
+"$MTRAIN" plan configs/tiny-cpu.yaml $fixed >"$tmp/out" 2>&1
+expect plan_sparse_budget_fixed "grep -q '^sparse attention at 2048 tokens: planned density 0.1875 (budget fixed: 64 vertical + 64 slash lines per head; sink 64, local 64) | pattern estimation (last_q 64 queries .*) 8.7% of the attention.s FLOPs | ' '$tmp/out'"
+"$MTRAIN" plan configs/tiny-cpu.yaml $fixed --gpu h100 >"$tmp/out" 2>&1
+expect plan_sparse_budget_gpu_time "grep -q '^sparse attention at 2048 tokens: .* 8.7% of the attention.s FLOPs, [0-9.]*% of its derived time' '$tmp/out'"
+"$MTRAIN" plan configs/tiny-cpu.yaml attention.type=sparse attention.top_p=0.8 >"$tmp/out" 2>&1
+expect plan_sparse_budget_topp "grep -q '^sparse attention at 256 tokens: planned density 1.0000 (budget topp 0.8: at most the caps. 4096 vertical + 4096 slash lines per head, an upper bound' '$tmp/out'"
+"$MTRAIN" plan configs/tiny-cpu.yaml >"$tmp/out" 2>&1
+expect plan_sparse_budget_dense_none "! grep -q '^sparse attention' '$tmp/out'"
 for att in dense sparse; do
   "$MTRAIN" plan configs/qwen2.5-3b-512k-32xa100.yaml parallel.cp=8 parallel.cp_inner=8 attention.type=$att \
     >"$tmp/out" 2>&1

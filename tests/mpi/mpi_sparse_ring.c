@@ -25,7 +25,7 @@
 //
 // Tolerances (fp32 against fp32, only the merge order differs): max |ring -
 // ref| / max |ref| per tensor below 5e-6 for O and LSE, 2e-5 for dQ, dK, dV;
-// recall mass within 1e-5 relative.
+// recall masses (estimation rows, recall sample) within 1e-5 relative.
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -180,9 +180,12 @@ static int64_t check_case(LayoutKind layout, int64_t N, const char *budget, int 
             expect_all(same, "sparse_ring_pattern_%s", tag);
             expect_all(stats.computed == ref_stats.computed && stats.causal == ref_stats.causal &&
                        stats.estimation_rows == ref_stats.estimation_rows &&
-                       fabs(stats.covered_mass - ref_stats.covered_mass) <= 1e-5 * ref_stats.covered_mass,
-                       "sparse_ring_stats_%s (density %.3f, recall %.4f)", tag, stats.computed / stats.causal,
-                       stats.covered_mass / stats.estimation_rows);
+                       fabs(stats.covered_mass - ref_stats.covered_mass) <= 1e-5 * ref_stats.covered_mass &&
+                       stats.sampled_rows == ref_stats.sampled_rows && stats.sampled_rows > 0 &&
+                       fabs(stats.sampled_mass - ref_stats.sampled_mass) <= 1e-5 * ref_stats.sampled_mass,
+                       "sparse_ring_stats_%s (density %.3f, recall %.4f, estimation rows %.4f; one rank %.4f)", tag,
+                       stats.computed / stats.causal, stats.sampled_mass / stats.sampled_rows,
+                       stats.covered_mass / stats.estimation_rows, ref_stats.sampled_mass / ref_stats.sampled_rows);
         }
         got[send] = grads_new(T, wq, wk, Hq);
         Grads *g = &got[send];

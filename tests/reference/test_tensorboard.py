@@ -11,7 +11,7 @@
 # and the per-layer density and recall lists, whose means the scalars are),
 # and the (tag, step) pairs are exactly those metrics.jsonl implies; the
 # sparse ring run (mpirun -np 2, parallel.cp=2) logs attention/density,
-# attention/recall and ring/mib; a run resumed from an earlier checkpoint
+# attention/recall, attention/estimation_recall and ring/mib; a run resumed from an earlier checkpoint
 # appends a second file whose name sorts after the first and whose SessionLog START makes a TensorBoard-style
 # reader (files in name order, START drops later steps) see what
 # metrics.jsonl holds; no events file without log.tensorboard; the reader
@@ -161,7 +161,8 @@ def expected(metrics_path):
         for tag, key, printed in [("train/loss", "loss", 0), ("train/lr", "lr", 0), ("train/grad_norm", "grad_norm", 0),
                                   ("train/tokens_per_s", "tokens_per_s", 0.05), ("train/mfu", "mfu", 5e-7)]:
             want[(tag, s)] = (m[key], printed)
-        for tag, key in [("attention/density", "attention_density"), ("attention/recall", "attention_recall")]:
+        for tag, key in [("attention/density", "attention_density"), ("attention/recall", "attention_recall"),
+                         ("attention/estimation_recall", "attention_estimation_recall")]:
             if key in m:
                 want[(tag, s)] = (sum(m[key]) / len(m[key]), 5e-7 * max(m[key]))
         if "ring_bytes" in m:
@@ -224,7 +225,8 @@ def main():
 
         ring = os.path.join(d, "ring")
         train(ring, 2, small + sparse + ["parallel.cp=2"])
-        compare("sparse ring cp=2", ring, ["attention/density", "attention/recall", "ring/mib"])
+        compare("sparse ring cp=2", ring, ["attention/density", "attention/recall", "attention/estimation_recall",
+                                           "ring/mib"])
 
         off = os.path.join(d, "off")
         train(off, 1, ["train.steps=1", "train.warmup_steps=1", "train.seq_len=128"])

@@ -10,7 +10,8 @@
 // the layer's index is kept), then the backward of layer 0 accumulates into
 // non-zero bf16 dq, dk, dv. Also the sparse statistics: density counts
 // (integers) equal to the CPU op's, their causal pairs (with documents: of
-// one document) equal to an independent count, recall within 1e-3.
+// one document) equal to an independent count, recall (estimation rows and
+// the recall sample) within 1e-3.
 // Needs a GPU (`make test-gpu`), or the sim (tests/sim/test_sim.sh).
 //   build/tests/gpu_test_attention_op             every case
 //   build/tests/gpu_test_attention_op small       the small cases
@@ -374,6 +375,14 @@ static void run_case(const Case *c, uint64_t seed) {
         EXPECT_COUNTED(gpu.stats.estimation_rows == rows && fabs(gpu.stats.covered_mass - ref) <= TOL_RECALL * ref,
                        "%s recall %.6f (reference %.6f, %.0f rows)", name, gpu.stats.covered_mass / rows, ref / rows,
                        gpu.stats.estimation_rows);
+        // The recall sample (away from the estimation rows) against the CPU op's (fixed), itself tested
+        // against a double brute force (tests/unit/test_sparse_index.c); every line: all of the mass.
+        int64_t sample[SPARSE_RECALL_ROWS];
+        const double sample_rows = (double)(c->Hq * sparse_recall_rows(c->T, config_of(c, c->kind).last_q, sample));
+        const double sampled = c->kind == KIND_SPARSE_FIXED ? cpu.stats.sampled_mass : sample_rows;
+        EXPECT_COUNTED(gpu.stats.sampled_rows == sample_rows && fabs(gpu.stats.sampled_mass - sampled) <= TOL_RECALL *
+                       sampled, "%s sampled recall %.6f (reference %.6f, %.0f rows)", name,
+                       gpu.stats.sampled_mass / sample_rows, sampled / sample_rows, gpu.stats.sampled_rows);
     }
     free_results(&cpu);
     free_results(&gpu);

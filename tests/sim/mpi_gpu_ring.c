@@ -18,7 +18,8 @@
 // Sparse (N_SPARSE tokens, blocks of 64): the same checks of the sparse op
 // (the pattern estimated over the ring, the sparse kernels per ring step)
 // against the one-GPU sparse op, and its statistics (density counts equal,
-// recall within 1e-4 relative); the planned bytes use the key blocks each
+// recall of the estimation rows and of the recall sample within 1e-4
+// relative); the planned bytes use the key blocks each
 // rank's index reads (its blocks only: the columns are gathered once per
 // layer, their bytes counted by ring_columns_bytes), from an independent
 // CPU plan of the whole sequence (sparse_plan_local on the same bf16
@@ -316,6 +317,10 @@ static void check_case(int inner, LayoutKind layout, RingSend send, DocSet docs,
                    "cuda_ring_stats_%s: density %.0f / %.0f (one GPU %.0f / %.0f), recall mass %.6f (one GPU "
                    "%.6f, %.0f rows)", name, a.computed, a.causal, b.computed, b.causal, a.covered_mass,
                    b.covered_mass, a.estimation_rows);
+        const double sampled = fabs(a.sampled_mass - b.sampled_mass) / b.sampled_mass;
+        EXPECT_ALL(a.sampled_rows == b.sampled_rows && a.sampled_rows > 0 && sampled <= TOL_RECALL,
+                   "cuda_ring_sampled_recall_%s: mass %.6f (one GPU %.6f, %.0f rows)", name, a.sampled_mass,
+                   b.sampled_mass, a.sampled_rows);
     }
     void *all[] = {q, k, v, dout, iota, pos, lq, lk, lv, ldout, o, lse, dq, dk, dv, need, mark, remote};
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) free(all[i]);

@@ -125,8 +125,8 @@ for run in "1 2 2" "3 4 2"; do
   rc=$?
   sed "s/^\(ok\|FAIL\) /\1 seed${seed}_/" "$tmp/unit.out" | grep -E '^(ok|FAIL) '
   failures=$((failures + $(grep -c '^FAIL ' "$tmp/unit.out")))
-  expect "cuda_ring_unit_seed${seed}_np${np}_inner$inner: mpi_gpu_ring ran its 108 checks (exit $rc)" \
-    "[ $rc -eq 0 ] && [ \$(grep -c '^ok ' '$tmp/unit.out') -eq 108 ]"
+  expect "cuda_ring_unit_seed${seed}_np${np}_inner$inner: mpi_gpu_ring ran its 118 checks (exit $rc)" \
+    "[ $rc -eq 0 ] && [ \$(grep -c '^ok ' '$tmp/unit.out') -eq 118 ]"
 done
 
 CUDASIM_SEED=1 sim_train mpi 2 2 parallel.cp=2 parallel.comm=mpi

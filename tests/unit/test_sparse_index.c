@@ -4,7 +4,8 @@
 // ties, sink/local, fixed budgets); a planted vertical-slash structure found
 // by estimation + selection; index invariants and equality with a brute-force
 // token mask from the pattern's definition, for many (N, B) and rank subsets;
-// work counts and recall against brute force; the budget file reader.
+// work counts and recall against brute force (the estimation rows, and the
+// plan's recall sample against dense attention); the budget file reader.
 //   test_sparse_index                      run the checks
 //   test_sparse_index --budget FILE L H    print FILE's budgets for L layers x H heads
 //                                          (defaults 7 / 9; tests/unit/test_sparse_budget.sh)
@@ -19,6 +20,7 @@
 
 #include "../../attention/layout.h"
 #include "../../attention/sparse/sparse.h"
+#include "../../attention/sparse/sparse_plan.h"
 #include "../../dist/util.h"
 #include "../lib/check.h"
 
@@ -626,6 +628,81 @@ static void test_recall(void) {
     free(sel_block); free(is_vert); free(pos); free(kc);
 }
 
+// ---------------------------------------------------------- sampled recall
+
+// Whether key position j lies in index row r (a selected block or a column).
+static int row_holds(const SparseIndex *ix, int64_t r, int64_t j) {
+    for (int64_t e = ix->block_start[r]; e < ix->block_start[r + 1]; e++)
+        if (ix->blocks[e] == j / ix->block_size) return 1;
+    for (int64_t e = ix->column_start[r]; e < ix->column_start[r + 1]; e++)
+        if (ix->columns[e] == j) return 1;
+    return 0;
+}
+
+// The recall sample's softmax mass inside ix (the whole sequence's index, q
+// [N, Hq, D], k [N, Hkv, D] at positions 0..N-1) in double: per sampled row
+// its dense causal softmax, summed over the keys its index row holds.
+static double brute_sampled_mass(const AttnShape *s, const SparseIndex *ix, const float *q, const float *k,
+                                 const int64_t *rows, int64_t n) {
+    double mass = 0;
+    for (int h = 0; h < s->num_heads; h++)
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t t = rows[i], r = h * ix->num_q_blocks + t / ix->block_size;
+            double mx = -INFINITY, sum = 0, in = 0;
+            for (int64_t j = 0; j <= t; j++) mx = fmax(mx, score_qk(s, q, t, h, k, j));
+            for (int64_t j = 0; j <= t; j++) {
+                const double p = exp(score_qk(s, q, t, h, k, j) - mx);
+                sum += p;
+                if (row_holds(ix, r, j)) in += p;
+            }
+            mass += in / sum;
+        }
+    return mass;
+}
+
+// sparse_plan_local's recall sample: rows spread over the sequence before the
+// estimation rows, its mass equal to a double brute force over the plan's
+// index, and lower under a smaller budget.
+static void test_sampled_recall(void) {
+    const int64_t N = 400, Lq = 48;
+    const int Hq = 4, Hkv = 2, D = 32, B = 16;
+    Rng rng;
+    rng_seed(&rng, 21);
+    AttnShape s = {N, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), NULL, 0, NULL};
+    float *q = randn(&rng, N * Hq * D, 2.0), *k = randn(&rng, N * Hkv * D, 2.0);
+    int64_t *pos = last_positions(N, N), rows[SPARSE_RECALL_ROWS];
+    const int64_t n = sparse_recall_rows(N, Lq, rows);
+    int spread = n == SPARSE_RECALL_ROWS;
+    for (int64_t i = 0; i < n; i++)   // one row in each of n equal strata of [0, N - Lq)
+        spread &= rows[i] >= i * (N - Lq) / n && rows[i] < (i + 1) * (N - Lq) / n;
+    EXPECT(spread, "recall sample: %lld rows, one in each stratum of [0, %lld)", (long long)n, (long long)(N - Lq));
+    int64_t few[SPARSE_RECALL_ROWS];
+    EXPECT(sparse_recall_rows(40, 48, few) == 40 && few[0] == 0 && few[39] == 39,
+           "recall sample of a sequence shorter than last_q: all of its rows");
+
+    AttentionConfig wide = select_config(BUDGET_TOPP, 0.5, 24, 24, 2, 2);
+    AttentionConfig narrow = select_config(BUDGET_FIXED, 0, 0, 0, 1, 1);
+    wide.type = narrow.type = ATTN_SPARSE;
+    wide.last_q = narrow.last_q = (int)Lq;
+    narrow.vertical = narrow.slash = 2;
+    double recall[2];
+    for (int c = 0; c < 2; c++) {
+        SparseIndex ix = {0};
+        SparseStats st = {0};
+        sparse_plan_local(c ? &narrow : &wide, &s, q, k, pos, NULL, NULL, &ix, &st);
+        const double want = brute_sampled_mass(&s, &ix, q, k, rows, n);
+        recall[c] = st.sampled_mass / st.sampled_rows;
+        EXPECT(st.sampled_rows == (double)(Hq * n) && fabs(st.sampled_mass - want) <= 1e-5 * Hq * n,
+               "sampled recall (%s) %.6f over %.0f rows = double brute force %.6f; estimation rows %.4f",
+               c ? "fixed 2/2" : "top_p 0.5, at most 24 lines", recall[c], st.sampled_rows, want / (double)(Hq * n),
+               st.covered_mass / st.estimation_rows);
+        sparse_index_free(&ix);
+    }
+    EXPECT(recall[1] < recall[0] - 0.05, "a smaller selection lowers the sampled recall: %.4f (fixed 2/2) vs %.4f",
+           recall[1], recall[0]);
+    free(q); free(k); free(pos);
+}
+
 // --------------------------------------------------------------- planted
 
 // Keys are near one-hot (key j ~ e_j, D >= N) so that a query built as
@@ -959,6 +1036,7 @@ int main(int argc, char **argv) {
     test_selection();
     test_index();
     test_recall();
+    test_sampled_recall();
     test_planted();
     test_budget_good();
     test_documents_estimation();

@@ -76,6 +76,8 @@ void *xmalloc_aligned(size_t bytes) {
 FILE *xfopen(const char *path, const char *mode) {
     FILE *f = fopen(path, mode);
     if (!f) fail("%s: cannot open (%s)", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) fail("%s: is a folder (expected a file)", path);
     return f;
 }
 
@@ -164,7 +166,24 @@ uint16_t f32_to_bf16(float f) {
     return (uint16_t)(bits >> 16);
 }
 
-bool other_process_alive(int pid) { return pid != (int)getpid() && (kill(pid, 0) == 0 || errno == EPERM); }
+bool same_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    return b && stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+// A zombie (state Z in /proc/PID/stat: exited, not yet reaped) counts as gone.
+bool other_process_alive(int pid) {
+    if (pid == (int)getpid() || (kill(pid, 0) != 0 && errno != EPERM)) return false;
+    char path[64], text[512];
+    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return true;
+    size_t got = fread(text, 1, sizeof(text) - 1, f);
+    fclose(f);
+    text[got] = '\0';
+    const char *end = strrchr(text, ')');  // "PID (COMM) STATE ...": COMM may hold spaces and parentheses
+    return !(end && end[1] == ' ' && end[2] == 'Z');
+}
 
 double now_seconds(void) {
     struct timespec ts;

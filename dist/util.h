@@ -56,8 +56,11 @@ void make_dirs(const char *path);
 float bf16_to_f32(uint16_t h);
 uint16_t f32_to_bf16(float f);
 
+// Whether two paths name the same existing file or folder (b may be NULL).
+bool same_file(const char *a, const char *b);
+
 // Whether a process other than this one with this id is running (EPERM:
-// another user's, alive).
+// another user's, alive; a zombie, exited but not reaped, is not).
 bool other_process_alive(int pid);
 
 // Monotonic wall clock in seconds.

@@ -810,7 +810,9 @@ static void load_layers(Config *cfg, const char *path, int argc, char **argv) {
 
 // Keys that name a file or folder, checked before any work so that a missing
 // one is reported with its key. A key that holds a keyword is not checked.
-static void check_path_keys(const Config *cfg, const char *source) {
+// eval_model (`mtrain eval`, `tasks`): checkpoint.dir and log.dir are not
+// written, so a read-only one is fine.
+static void check_path_keys(const Config *cfg, const char *source, bool eval_model) {
     const struct {
         const char *key;
         const char *value;     // the path, or NULL for a keyword
@@ -838,7 +840,7 @@ static void check_path_keys(const Config *cfg, const char *source) {
     // ancestor must be a folder we may write in.
     const struct { const char *key, *value; } outputs[] = {
         {"checkpoint.dir", cfg->checkpoint.dir}, {"log.dir", cfg->log.dir}, {"eval.out", cfg->eval.out}};
-    for (size_t i = 0; i < sizeof(outputs) / sizeof(outputs[0]); i++) {
+    for (size_t i = eval_model ? 2 : 0; i < sizeof(outputs) / sizeof(outputs[0]); i++) {
         char existing[CONFIG_STR];
         snprintf(existing, sizeof(existing), "%s", outputs[i].value);
         struct stat st;
@@ -956,7 +958,7 @@ static const char *config_load(Config *cfg, const char *path, int argc, char **a
         shapes = from_folder ? "train.init_from's config.json" : "model.preset and the run file's model section";
     }
     config_validate(cfg, source);
-    check_path_keys(cfg, source);
+    check_path_keys(cfg, source, eval_model);
     return shapes;
 }
 

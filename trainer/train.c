@@ -66,7 +66,8 @@ static void print_device_memory(const Config *cfg, const Dist *dist) {
 
 static OptimizerConfig optimizer_config(const Config *cfg) {
     const TrainConfig *t = &cfg->train;
-    OptimizerConfig oc = {t->lr, t->min_lr, t->warmup_steps, t->steps, t->lr_schedule,
+    int64_t warmup = t->warmup_steps < t->steps ? t->warmup_steps : t->steps;  // clamped (clamp_and_warn)
+    OptimizerConfig oc = {t->lr, t->min_lr, warmup, t->steps, t->lr_schedule,
                           t->weight_decay, t->beta1, t->beta2, t->eps, t->grad_clip};
     return oc;
 }
@@ -142,8 +143,9 @@ static void start_state(const Config *cfg, const Dist *dist, Model *m, TrainStat
             fail("%s: the checkpoint is at step %lld, beyond train.steps = %lld (raise train.steps, or resume an "
                  "earlier checkpoint)", path, (long long)state->step, (long long)cfg->train.steps);
         uint64_t resumed_run = state->run_id;
-        bool roll_back = c->resume == RESUME_PATH && !same_folder(path, latest);
+        bool roll_back = c->resume == RESUME_PATH && !same_file(path, latest);
         if (roll_back) {
+            if (dist->world_rank == 0) checkpoint_check_roll_back(cfg, path, state->step);
             state->run_id = checkpoint_new_run_id();
             *branched_from = resumed_run;
         }
@@ -183,7 +185,8 @@ static uint64_t metrics_last_run(const char *text, size_t bytes) {
 // id of its last line is neither the run's nor branched_from) moves it aside
 // to log.dir/metrics.RUN.jsonl, and a resumed run (step > 0) takes its own
 // metrics.RUN.jsonl back, each with one line; a roll-back keeps a copy of the
-// run it branched off whole as metrics.RUN.jsonl. Of the file's lines, those
+// run it branched off whole as metrics.RUN.jsonl, and takes that run's lines
+// from there when another run wrote last. Of the file's lines, those
 // of later steps (written before the run stopped without a checkpoint of
 // them) are dropped, so that no step appears twice; a fresh run (step 0)
 // starts an empty file. Rewritten under a temporary name, then renamed.
@@ -210,8 +213,12 @@ static FILE *open_metrics(const char *dir, const char *path, int64_t step, uint6
         text = NULL;
         bytes = 0;
     }
-    snprintf(aside, sizeof(aside), "%s/metrics.%016" PRIx64 ".jsonl", dir, run);
-    if (step > 0 && !text && access(aside, F_OK) == 0) {
+    snprintf(aside, sizeof(aside), "%s/metrics.%016" PRIx64 ".jsonl", dir, branched_from ? branched_from : run);
+    if (step > 0 && !text && access(aside, F_OK) == 0 && branched_from) {
+        text = read_file(aside, &bytes);
+        printf("metrics: %s starts with the lines up to step %lld of %s, the run this roll-back branches off\n", path,
+               (long long)step, aside);
+    } else if (step > 0 && !text && access(aside, F_OK) == 0) {
         rename_into_place(aside, path);
         printf("metrics: %s of this run moved back to %s\n", aside, path);
         text = read_file(path, &bytes);
@@ -494,17 +501,16 @@ static void check_memory(const Config *cfg, const Dist *dist, Plan *plan) {
 }
 
 // Settings that train but are likely not what was meant: a warmup longer
-// than the run is clamped to it, with a note; a sequence longer than the
-// model's declared context gets a warning. Rank 0 prints each once.
-static void clamp_and_warn(Config *cfg, const Dist *dist) {
-    TrainConfig *t = &cfg->train;
+// than the run is clamped to it (by optimizer_config, so that the run's keys
+// keep the value set and a longer run resumes it), with a note; a sequence
+// longer than the model's declared context gets a warning. Rank 0 prints
+// each once.
+static void clamp_and_warn(const Config *cfg, const Dist *dist) {
+    const TrainConfig *t = &cfg->train;
     bool print = dist->world_rank == 0;
-    if (t->warmup_steps > t->steps) {
-        if (print)
-            fprintf(stderr, "note: train.warmup_steps %lld is more than train.steps %lld: warmup clamped to %lld "
-                    "steps\n", (long long)t->warmup_steps, (long long)t->steps, (long long)t->steps);
-        t->warmup_steps = t->steps;
-    }
+    if (print && t->warmup_steps > t->steps)
+        fprintf(stderr, "note: train.warmup_steps %lld is more than train.steps %lld: warmup clamped to %lld "
+                "steps\n", (long long)t->warmup_steps, (long long)t->steps, (long long)t->steps);
     if (print && t->seq_len > cfg->model.max_position_embeddings)
         fprintf(stderr, "warning: train.seq_len %lld is beyond model.max_position_embeddings %d: the model is "
                 "declared for shorter contexts (raise max_position_embeddings, with rope_scaling to extend it)\n",

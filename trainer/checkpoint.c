@@ -192,6 +192,7 @@ static void write_state(const char *path, const TrainState *s, uint64_t model_ha
     cJSON_AddNumberToObject(root, "tokens_seen", (double)s->tokens_seen);
     cJSON_AddNumberToObject(root, "data_cursor", (double)s->data_cursor);
     cJSON_AddNumberToObject(root, "bad_steps_in_a_row", (double)s->bad_in_a_row);
+    cJSON_AddStringToObject(root, "grid", s->grid);
     char word[4][24];
     for (int i = 0; i < 4; i++) snprintf(word[i], sizeof(word[i]), "%016" PRIx64, s->rng.s[i]);
     const char *words[4] = {word[0], word[1], word[2], word[3]};
@@ -351,6 +352,8 @@ static void read_state(const char *path, TrainState *s, char *optimizer, uint64_
     s->data_cursor = state_int(root, "data_cursor", path);
     s->bad_in_a_row = state_int(root, "bad_steps_in_a_row", path);
     s->run_id = state_hex(root, "run_id", path);
+    const cJSON *grid = cJSON_GetObjectItemCaseSensitive(root, "grid");
+    snprintf(s->grid, sizeof(s->grid), "%s", cJSON_IsString(grid) ? grid->valuestring : "");
     const cJSON *rng = cJSON_GetObjectItemCaseSensitive(root, "rng");
     if (!cJSON_IsArray(rng) || cJSON_GetArraySize(rng) != 4) fail("%s: field 'rng' must be 4 hex words", path);
     for (int i = 0; i < 4; i++)

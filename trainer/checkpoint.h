@@ -35,6 +35,7 @@ typedef struct {
     Rng rng;                 // the run's RNG state
     uint64_t run_id;         // the run's id (checkpoint_new_run_id), never 0
     int64_t bad_in_a_row;    // bad steps in a row ending at `step` (train.max_bad_steps)
+    char grid[128];          // how the steps were made: "dp D x cp C, layout L, S sequences a step" ("" unknown)
 } TrainState;
 
 // Write the checkpoint for state->step and apply the keep policy, with a

@@ -517,6 +517,18 @@ static void clamp_and_warn(const Config *cfg, const Dist *dist) {
                 (long long)t->seq_len, cfg->model.max_position_embeddings);
 }
 
+// state->grid = how this run makes its steps; a resumed checkpoint made
+// them otherwise (another global batch, grid or layout): a note on rank 0.
+static void note_grid(TrainState *state, const Config *cfg, const Dist *dist) {
+    char grid[sizeof(state->grid)];
+    int64_t sequences = (int64_t)cfg->train.micro_batches * dist->dp.size;
+    snprintf(grid, sizeof(grid), "dp %d x cp %d, layout %s, %lld sequence%s a step", dist->dp.size, dist->cp.size,
+             config_enum_name(cfg, &cfg->attention.layout), (long long)sequences, sequences == 1 ? "" : "s");
+    if (dist->world_rank == 0 && state->step > 0 && state->grid[0] && strcmp(state->grid, grid))
+        printf("note: the checkpoint's steps were made on %s; this run's are on %s\n", state->grid, grid);
+    snprintf(state->grid, sizeof(state->grid), "%s", grid);
+}
+
 // A training run between its steps: what the steps share.
 typedef struct {
     Config cfg;
@@ -575,6 +587,7 @@ static bool train_setup(Trainer *t, int argc, char **argv) {
     model_set_grad_reduce(&t->m, &dist->world, cfg->parallel.bucket_mb > 0 && bucket < 1 ? 1 : bucket);
     t->oc = optimizer_config(cfg);
     t->step_tokens = cfg->train.seq_len * cfg->train.micro_batches * dist->dp.size;
+    note_grid(&t->state, cfg, dist);
     if (dist->world_size > 1)
         printf("ranks: %d = dp %d x cp %d (ring %s, cp_inner %d, layout %s)%s%s, %d thread%s per rank, launcher %s\n",
                dist->world_size, dist->dp.size, dist->cp.size, config_enum_name(cfg, &cfg->attention.ring),

@@ -9,7 +9,8 @@
 # metrics.jsonl starts with the parent's lines; a folder where a file should
 # be is named; a zombie writer's temporary folder is removed; eval reads a
 # read-only checkpoint.dir; generate keeps to the model's context; tokenize
-# refuses to overwrite its input; resume is not blocked by a clamped warmup.
+# refuses to overwrite its input; resume is not blocked by a clamped warmup
+# and names another global batch.
 set -u
 cd "$(dirname "$0")/../.."
 MTRAIN=${MTRAIN:-build/mtrain}
@@ -100,10 +101,12 @@ rc=$?
 expect "and the next restart goes on (rc $rc)" '[ $rc -eq 0 ] && [ -f "$tmp/old/step_00000008/state.json" ]'
 cp -r "$ref" "$tmp/newest"
 echo garbage >"$tmp/newest/step_00000006/state.json"
-train newest train.steps=7
+train newest train.steps=7 train.micro_batches=2
 rc=$?
 expect "garbage in the newest step's state.json: step 5 is resumed, with a warning (rc $rc)" \
   '[ $rc -eq 0 ] && grep -q "^warning: $tmp/newest/step_00000006: state.json is not a JSON object" "$tmp/newest.out" && grep -q "^resumed from $tmp/newest/step_00000005: step 5" "$tmp/newest.out"'
+expect "a resume with another global batch (train.micro_batches 1 -> 2) says so in one line" \
+  '[ "$(grep -c "^note: the checkpoint.s steps were made on dp 1 x cp 1, layout [a-z]*, 1 sequence a step; this run.s are on dp 1 x cp 1, layout [a-z]*, 2 sequences a step$" "$tmp/newest.out")" = 1 ]'
 cp -r "$ref" "$tmp/never"
 echo garbage >"$tmp/never/step_00000003/state.json"
 train never checkpoint.resume=never checkpoint.overwrite=true train.seed=7 train.steps=1

@@ -83,6 +83,8 @@ from dp1
 train 1 dp1 train.micro_batches=4 train.steps=3
 expect "shards_resume_dp1: one rank without ZeRO reads every shard (loss, weights within tolerance)" \
   'resumed dp1 && close dp1 && [ -f "$tmp/dp1/step_00000003/optimizer.zst" ]'
+expect "shards_resume_dp1_note: the resume names the grid it changes" \
+  'grep -q "^note: the checkpoint.s steps were made on dp 2 x cp 1, .*, 4 sequences a step; this run.s are on dp 1 x cp 1, .*, 4 sequences a step" "$tmp/dp1.out"'
 from dp4
 train 4 dp4 parallel.dp=4 parallel.zero=1 train.steps=3
 expect "shards_resume_dp4: four shards from two (loss, weights within tolerance)" \

@@ -552,6 +552,7 @@ typedef struct {
     double attention_scalars[3];
     double train_start, best_val;
     bool sync_report;          // MTRAIN_SYNC_REPORT on the CUDA backend
+    int launcher;              // under mpirun or srun: the launcher's process (this rank's parent at start), else 0
 } Trainer;
 
 // One step's figures.
@@ -588,6 +589,7 @@ static bool train_setup(Trainer *t, int argc, char **argv) {
     t->oc = optimizer_config(cfg);
     t->step_tokens = cfg->train.seq_len * cfg->train.micro_batches * dist->dp.size;
     note_grid(&t->state, cfg, dist);
+    t->launcher = strcmp(dist->launcher, "none") ? (int)getppid() : 0;
     if (dist->world_size > 1)
         printf("ranks: %d = dp %d x cp %d (ring %s, cp_inner %d, layout %s)%s%s, %d thread%s per rank, launcher %s\n",
                dist->world_size, dist->dp.size, dist->cp.size, config_enum_name(cfg, &cfg->attention.ring),
@@ -716,10 +718,23 @@ static void log_step(Trainer *t, int64_t step, const StepResult *r) {
     if (t->tb) tb_scalars(t->tb, step, tags, values, (int)(sizeof(values) / sizeof(values[0])));
 }
 
+// Under a launcher, stop (every rank, with one line) when it is gone on any
+// rank (a rank's parent process changed: the launcher was killed and the
+// rank orphaned), before another checkpoint is written.
+static void stop_when_launcher_gone(const Trainer *t, int64_t step) {
+    if (!t->launcher) return;
+    int64_t gone = getppid() != t->launcher;
+    comm_allreduce(&t->dist.world, &gone, 1, DT_INT64, REDUCE_MAX);
+    if (gone)
+        fail("step %lld: the launcher (%s, process %d) is gone: stopping without writing another checkpoint; the "
+             "same command resumes from the last one", (long long)step, t->dist.launcher, t->launcher);
+}
+
 // After step `step`: validation and a checkpoint when due; a stop signal on
 // any rank: a checkpoint (when none was just written) and true.
 static bool after_step(Trainer *t, int64_t step) {
     const Config *cfg = &t->cfg;
+    stop_when_launcher_gone(t, step);
     t->state.step = step;
     if (cfg->log.val_every > 0 && (step % cfg->log.val_every == 0 || step == cfg->train.steps))
         t->best_val = fmin(t->best_val, log_validation(&t->m, cfg, &t->dist, &t->data, step, t->metrics,

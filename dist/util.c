@@ -18,25 +18,59 @@ volatile int stopping_on_error;
 int __lsan_is_turned_off(void);
 int __lsan_is_turned_off(void) { return stopping_on_error; }
 
+int (*fail_rank_to_name)(void);
+
+// Under mpirun or srun before MPI starts (no fail_rank_to_name yet): the
+// launcher's rank of this process, 0 when there is none.
+static int launched_rank(void) {
+    const char *rank = getenv("OMPI_COMM_WORLD_RANK");
+    if (!rank && getenv("SLURM_STEP_ID")) rank = getenv("SLURM_PROCID");
+    return rank ? atoi(rank) : 0;
+}
+
+// Seconds a rank other than 0 waits, before MPI starts, before it prints an
+// error: when rank 0 has the same error (a config error: the same files and
+// arguments), the launcher ends the job on rank 0's exit first.
+#define OTHER_RANK_GRACE_S 5
+
+// The error line "mtrain: [rank N: ]WHERE MESSAGE", in one write (lines of
+// ranks sharing stderr do not interleave), by the rank that names it:
+// under several ranks an error that every rank hits prints once.
+static void report_error(const char *where, const char *fmt, va_list ap) {
+    char line[4096];
+    int rank = 0;
+    if (fail_rank_to_name) {
+        rank = fail_rank_to_name();
+    } else if ((rank = launched_rank()) > 0) {
+        sleep(OTHER_RANK_GRACE_S);
+    }
+    if (rank < 0) return;
+    int n = rank > 0 ? snprintf(line, sizeof(line), "mtrain: rank %d: %s", rank, where)
+                     : snprintf(line, sizeof(line), "mtrain: %s", where);
+    n += vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
+    if (n > (int)sizeof(line) - 2) n = (int)sizeof(line) - 2;
+    line[n++] = '\n';
+    fflush(stdout);
+    if (write(STDERR_FILENO, line, (size_t)n) < 0) return;  // nowhere left to say it
+}
+
 void fail(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "mtrain: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
     stopping_on_error = 1;
+    report_error("", fmt, ap);
+    va_end(ap);
     exit(1);
 }
 
 void fail_at(const char *file, int line, const char *fmt, ...) {
+    char where[512];
+    snprintf(where, sizeof(where), "%s:%d: ", file, line);
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "mtrain: %s:%d: ", file, line);
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
     stopping_on_error = 1;
+    report_error(where, fmt, ap);
+    va_end(ap);
     exit(1);
 }
 

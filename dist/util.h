@@ -11,7 +11,12 @@
 
 // Print "mtrain: <message>" and exit(1). Used for user-facing errors (bad
 // input files, bad config) where the message already names file and problem.
+// Under several ranks an error prints once: by rank 0, or, when rank 0 has
+// not hit it, by the rank that did, naming it ("mtrain: rank N: ...").
 void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+// Set while MPI runs (dist/comm.c): the rank an error line of this process
+// names, 0 for none, -1 when it is not printed (rank 0 prints it).
+extern int (*fail_rank_to_name)(void);
 
 // Internal errors: print file:line and the message, exit(1).
 void fail_at(const char *file, int line, const char *fmt, ...)

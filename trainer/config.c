@@ -172,7 +172,7 @@ static const Key keys[] = {
     INT(checkpoint, keep, 3, 1, 1 << 20, "Keep the run's newest K checkpoints (its older ones are removed; other runs' checkpoints are never counted nor removed)."),
     INT64(checkpoint, keep_every, 0, 0, 1e12, "Also keep every checkpoint whose step is a multiple of M, for good; 0 = none."),
     PATH(checkpoint, resume, "auto", NAMES("auto", "never"), "a checkpoint folder", "`auto`: continue from the newest complete checkpoint in `dir`, if any, of the run that wrote last (`latest`) (refused when it belongs to another configuration: its fingerprint, the keys that decide what a run computes, differs); `never`: start fresh, a new run; or a checkpoint folder (other than the one `auto` takes: a roll-back, a new run branched off it)."),
-    BOOL(checkpoint, overwrite, false, "With `resume: never`, a `dir` holding another run's checkpoints is refused; `true` removes them and starts fresh."),
+    BOOL(checkpoint, overwrite, false, "With `resume: never`, a `dir` holding another run's checkpoints is refused; `true` removes them and starts fresh. With `resume` a folder other than the latest checkpoint (a roll-back), a `dir` holding step folders the new run could write (steps after the folder's, up to `train.steps`) is refused; `true` replaces them as it writes."),
 
     STRING(log, dir, "logs", "Folder of `metrics.jsonl` (and the TensorBoard event files, `tensorboard`)."),
     INT(log, every, 1, 1, 1e9, "Print a step line every N steps."),

@@ -7,8 +7,9 @@
 // Sampling: greedy at --temperature 0, else softmax(logits / T) restricted to
 // the --top-k most likely tokens (0: all), then to the fewest most likely
 // whose mass reaches --top-p, drawn with the seeded RNG (--seed). Generation
-// stops after --max-new tokens or at the tokenizer's end of text (its id the
-// last of --ids; no text for it).
+// stops after --max-new tokens (capped so that the prompt and the new tokens
+// fit model.max_position_embeddings) or at the tokenizer's end of text (its
+// id the last of --ids; no text for it).
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>

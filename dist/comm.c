@@ -61,12 +61,12 @@ static int env_int(const char *name) {
     return *end || v < 0 || v > INT_MAX ? -1 : (int)v;
 }
 
-// Errors under several ranks (util.h's fail_rank_to_name): a rank that fails
-// tells the others on error_comm (a copy of the world, so that no collective
-// in flight sees the message) and prints; another rank that fails prints,
-// naming itself, only when rank 0's word has not come within
-// ERROR_GRACE_S: an error every rank hits prints once, one rank 0 does not hit
-// is still said.
+// Errors under several ranks (util.h's fail_rank_to_name): rank 0, failing,
+// tells every other rank on error_comm (a copy of the world, so that no
+// collective in flight sees the message) and prints; another rank that fails
+// prints, naming itself, only when rank 0's word has not come within
+// ERROR_GRACE_S: an error every rank hits prints once, one that rank 0 does
+// not hit is still said.
 #define ERROR_GRACE_S 5.0
 static MPI_Comm error_comm = MPI_COMM_NULL;
 static pthread_t mpi_thread;  // the thread that called MPI_Init (MPI_THREAD_FUNNELED: the only one that may call MPI)

@@ -136,14 +136,19 @@ static float *read_moments(const char *path, const char *magic, const uint64_t *
     return host;
 }
 
-// optimizer.zst, whose moments must have the XXH64 that state.json records
-// (recorded): the optimizer state of the same checkpoint.
+// The optimizer file at path has the XXH64 (got) that state.json records: the
+// optimizer state of the same checkpoint.
+static void check_optimizer_digest(const char *path, uint64_t got, uint64_t recorded) {
+    if (got != recorded)
+        fail("%s: XXH64 %016" PRIx64 ", state.json records %016" PRIx64 " (the optimizer state of another "
+             "checkpoint)", path, got, recorded);
+}
+
+// optimizer.zst, whose moments must have the XXH64 state.json records.
 static void read_optimizer(const char *path, Model *m, uint64_t recorded) {
     uint64_t P = (uint64_t)m->total_params, digest;
     float *host = read_moments(path, OPTIMIZER_MAGIC, &P, 1, "parameter count", m->total_params, &digest);
-    if (digest != recorded)
-        fail("%s: XXH64 %016" PRIx64 ", state.json records %016" PRIx64 " (the optimizer state of another "
-             "checkpoint)", path, digest, recorded);
+    check_optimizer_digest(path, digest, recorded);
     model_alloc_optimizer(m);
     model_set_moments(m, 0, host, host + m->total_params, m->total_params);
     free(host);
@@ -825,13 +830,15 @@ void checkpoint_check_roll_back(const Config *cfg, const char *from, int64_t fro
     char taken[512] = "";
     size_t used = 0;
     int count = 0;
-    for (int64_t step = from_step + 1; step <= cfg->train.steps && used < sizeof(taken); step++)
+    // The steps in (from_step, train.steps], in ascending order.
+    for (int64_t last = from_step; used < sizeof(taken);) {
+        int64_t next = -1;
         for (int i = 0; i < n; i++)
-            if (steps[i] == step) {
-                used += (size_t)snprintf(taken + used, sizeof(taken) - used, "%s%lld", count++ ? ", " : "",
-                                         (long long)step);
-                break;
-            }
+            if (steps[i] > last && steps[i] <= cfg->train.steps && (next < 0 || steps[i] < next)) next = steps[i];
+        if (next < 0) break;
+        used += (size_t)snprintf(taken + used, sizeof(taken) - used, "%s%lld", count++ ? ", " : "", (long long)next);
+        last = next;
+    }
     free(steps);
     if (count > 0 && !cfg->checkpoint.overwrite)
         fail("%s: a roll-back to step %lld, and %s holds another run's step%s %s up to train.steps, which it would "
@@ -897,9 +904,6 @@ void checkpoint_load(const char *dir, Model *m, TrainState *state) {
         read_optimizer(path, m, optimizer_hash);
         return;
     }
-    uint64_t got = file_xxh64(path);
-    if (got != optimizer_hash)
-        fail("%s: XXH64 %016" PRIx64 ", state.json records %016" PRIx64 " (the optimizer state of another "
-             "checkpoint)", path, got, optimizer_hash);
+    check_optimizer_digest(path, file_xxh64(path), optimizer_hash);
     read_sharded_optimizer(dir, path, m);
 }

@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -60,6 +61,39 @@ static int env_int(const char *name) {
     return *end || v < 0 || v > INT_MAX ? -1 : (int)v;
 }
 
+// Errors under several ranks (util.h's fail_rank_to_name): rank 0, failing,
+// tells every other rank on error_comm (a copy of the world, so that no
+// collective in flight sees the message) and prints; another rank that fails
+// prints, naming itself, only when rank 0's word has not come within
+// ERROR_GRACE_S: an error every rank hits prints once, one that rank 0 does
+// not hit is still said.
+#define ERROR_GRACE_S 5.0
+static MPI_Comm error_comm = MPI_COMM_NULL;
+static pthread_t mpi_thread;  // the thread that called MPI_Init (MPI_THREAD_FUNNELED: the only one that may call MPI)
+
+static int error_rank_to_name(void) {
+    static const int rank0_failed = 1;
+    int rank = 0, size = 1, flag = 0, got;
+    if (!pthread_equal(pthread_self(), mpi_thread) || MPI_Comm_rank(error_comm, &rank) != MPI_SUCCESS ||
+        MPI_Comm_size(error_comm, &size) != MPI_SUCCESS)
+        return 0;
+    if (rank == 0) {
+        for (int r = 1; r < size; r++) {
+            MPI_Request req;
+            if (MPI_Isend(&rank0_failed, 1, MPI_INT, r, 0, error_comm, &req) == MPI_SUCCESS) MPI_Request_free(&req);
+        }
+        return 0;
+    }
+    MPI_Request req;
+    if (MPI_Irecv(&got, 1, MPI_INT, 0, 0, error_comm, &req) != MPI_SUCCESS) return rank;
+    for (double deadline = now_seconds() + ERROR_GRACE_S; now_seconds() < deadline;) {
+        if (MPI_Test(&req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) return rank;
+        if (flag) return -1;
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
+    return rank;
+}
+
 static Comm make_comm(MPI_Comm comm, const char *name, double timeout_s) {
     Comm c = {comm, name, 0, 1, timeout_s, NULL};
     MPI_CHECK(MPI_Comm_rank(comm, &c.rank));
@@ -90,6 +124,12 @@ void dist_init(Dist *d, int *argc, char ***argv, double timeout_s) {
     d->world = make_comm(MPI_COMM_WORLD, "world", timeout_s);
     d->world_rank = d->world.rank;
     d->world_size = d->world.size;
+    if (d->world_size > 1) {
+        MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &error_comm));
+        MPI_CHECK(MPI_Comm_set_errhandler(error_comm, MPI_ERRORS_RETURN));
+        mpi_thread = pthread_self();
+        fail_rank_to_name = error_rank_to_name;
+    }
 
     MPI_Comm node;
     MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, d->world_rank, MPI_INFO_NULL, &node));
@@ -122,8 +162,8 @@ void dist_init(Dist *d, int *argc, char ***argv, double timeout_s) {
         d->launcher = "srun";
     }
     if (launcher >= 0 && launcher != d->local_rank)
-        fail("rank %d: the launcher's %s is %d but MPI places this rank %d of %d on its node (expected them equal)",
-             d->world_rank, source, launcher, d->local_rank, d->local_size);
+        fail("the launcher's %s is %d but MPI places this rank %d of %d on its node (expected them equal)", source,
+             launcher, d->local_rank, d->local_size);
 }
 
 static int gcd(int a, int b) {
@@ -190,6 +230,10 @@ void dist_finalize(Dist *d) {
     Comm *comms[] = {&d->dp, &d->cp};
     for (size_t i = 0; i < sizeof(comms) / sizeof(comms[0]); i++)
         if (comms[i]->name) MPI_CHECK(MPI_Comm_free(&comms[i]->comm));
+    if (error_comm != MPI_COMM_NULL) {
+        fail_rank_to_name = NULL;
+        MPI_CHECK(MPI_Comm_free(&error_comm));
+    }
     MPI_CHECK(MPI_Finalize());
 }
 

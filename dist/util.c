@@ -18,25 +18,59 @@ volatile int stopping_on_error;
 int __lsan_is_turned_off(void);
 int __lsan_is_turned_off(void) { return stopping_on_error; }
 
+int (*fail_rank_to_name)(void);
+
+// Under mpirun or srun before MPI starts (no fail_rank_to_name yet): the
+// launcher's rank of this process, 0 when there is none.
+static int launched_rank(void) {
+    const char *rank = getenv("OMPI_COMM_WORLD_RANK");
+    if (!rank && getenv("SLURM_STEP_ID")) rank = getenv("SLURM_PROCID");
+    return rank ? atoi(rank) : 0;
+}
+
+// Seconds a rank other than 0 waits, before MPI starts, before it prints an
+// error: when rank 0 has the same error (a config error: the same files and
+// arguments), the launcher ends the job on rank 0's exit first.
+#define OTHER_RANK_GRACE_S 5
+
+// The error line "mtrain: [rank N: ]WHERE MESSAGE", in one write (lines of
+// ranks sharing stderr do not interleave), by the rank that names it:
+// under several ranks an error that every rank hits prints once.
+static void report_error(const char *where, const char *fmt, va_list ap) {
+    char line[4096];
+    int rank = 0;
+    if (fail_rank_to_name) {
+        rank = fail_rank_to_name();
+    } else if ((rank = launched_rank()) > 0) {
+        sleep(OTHER_RANK_GRACE_S);
+    }
+    if (rank < 0) return;
+    int n = rank > 0 ? snprintf(line, sizeof(line), "mtrain: rank %d: %s", rank, where)
+                     : snprintf(line, sizeof(line), "mtrain: %s", where);
+    n += vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
+    if (n > (int)sizeof(line) - 2) n = (int)sizeof(line) - 2;
+    line[n++] = '\n';
+    fflush(stdout);
+    if (write(STDERR_FILENO, line, (size_t)n) < 0) return;  // nowhere left to say it
+}
+
 void fail(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "mtrain: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
     stopping_on_error = 1;
+    report_error("", fmt, ap);
+    va_end(ap);
     exit(1);
 }
 
 void fail_at(const char *file, int line, const char *fmt, ...) {
+    char where[512];
+    snprintf(where, sizeof(where), "%s:%d: ", file, line);
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "mtrain: %s:%d: ", file, line);
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
     stopping_on_error = 1;
+    report_error(where, fmt, ap);
+    va_end(ap);
     exit(1);
 }
 
@@ -76,6 +110,8 @@ void *xmalloc_aligned(size_t bytes) {
 FILE *xfopen(const char *path, const char *mode) {
     FILE *f = fopen(path, mode);
     if (!f) fail("%s: cannot open (%s)", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) fail("%s: is a folder (expected a file)", path);
     return f;
 }
 
@@ -164,7 +200,24 @@ uint16_t f32_to_bf16(float f) {
     return (uint16_t)(bits >> 16);
 }
 
-bool other_process_alive(int pid) { return pid != (int)getpid() && (kill(pid, 0) == 0 || errno == EPERM); }
+bool same_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    return b && stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+// A zombie (state Z in /proc/PID/stat: exited, not yet reaped) counts as gone.
+bool other_process_alive(int pid) {
+    if (pid == (int)getpid() || (kill(pid, 0) != 0 && errno != EPERM)) return false;
+    char path[64], text[512];
+    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return true;
+    size_t got = fread(text, 1, sizeof(text) - 1, f);
+    fclose(f);
+    text[got] = '\0';
+    const char *end = strrchr(text, ')');  // "PID (COMM) STATE ...": COMM may hold spaces and parentheses
+    return !(end && end[1] == ' ' && end[2] == 'Z');
+}
 
 double now_seconds(void) {
     struct timespec ts;

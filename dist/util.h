@@ -11,7 +11,12 @@
 
 // Print "mtrain: <message>" and exit(1). Used for user-facing errors (bad
 // input files, bad config) where the message already names file and problem.
+// Under several ranks an error prints once: by rank 0, or, when rank 0 has
+// not hit it, by the rank that did, naming it ("mtrain: rank N: ...").
 void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+// Set while MPI runs (dist/comm.c): the rank an error line of this process
+// names, 0 for none, -1 when it is not printed (rank 0 prints it).
+extern int (*fail_rank_to_name)(void);
 
 // Internal errors: print file:line and the message, exit(1).
 void fail_at(const char *file, int line, const char *fmt, ...)
@@ -56,8 +61,11 @@ void make_dirs(const char *path);
 float bf16_to_f32(uint16_t h);
 uint16_t f32_to_bf16(float f);
 
+// Whether two paths name the same existing file or folder (b may be NULL).
+bool same_file(const char *a, const char *b);
+
 // Whether a process other than this one with this id is running (EPERM:
-// another user's, alive).
+// another user's, alive; a zombie, exited but not reaped, is not).
 bool other_process_alive(int pid);
 
 // Monotonic wall clock in seconds.

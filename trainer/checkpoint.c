@@ -136,9 +136,19 @@ static float *read_moments(const char *path, const char *magic, const uint64_t *
     return host;
 }
 
-static void read_optimizer(const char *path, Model *m) {
+// The optimizer file at path has the XXH64 (got) that state.json records: the
+// optimizer state of the same checkpoint.
+static void check_optimizer_digest(const char *path, uint64_t got, uint64_t recorded) {
+    if (got != recorded)
+        fail("%s: XXH64 %016" PRIx64 ", state.json records %016" PRIx64 " (the optimizer state of another "
+             "checkpoint)", path, got, recorded);
+}
+
+// optimizer.zst, whose moments must have the XXH64 state.json records.
+static void read_optimizer(const char *path, Model *m, uint64_t recorded) {
     uint64_t P = (uint64_t)m->total_params, digest;
     float *host = read_moments(path, OPTIMIZER_MAGIC, &P, 1, "parameter count", m->total_params, &digest);
+    check_optimizer_digest(path, digest, recorded);
     model_alloc_optimizer(m);
     model_set_moments(m, 0, host, host + m->total_params, m->total_params);
     free(host);
@@ -174,9 +184,11 @@ static void add_hex(cJSON *root, const char *key, uint64_t value) {
     cJSON_AddStringToObject(root, key, text);
 }
 
-// state.json: the TrainState, the XXH64 of model.safetensors and the run's
-// fingerprint with the keys it hashes.
-static void write_state(const char *path, const TrainState *s, uint64_t model_hash, const Config *cfg) {
+// state.json: the TrainState, the XXH64 of model.safetensors, the optimizer
+// file's name (optimizer.zst or optimizer.index.json) and digest, and the
+// run's fingerprint with the keys it hashes.
+static void write_state(const char *path, const TrainState *s, uint64_t model_hash, const char *optimizer,
+                        uint64_t optimizer_hash, const Config *cfg) {
     char *run_keys = xmalloc(RUN_KEYS_BYTES);
     uint64_t fingerprint = run_fingerprint(cfg, run_keys);
     cJSON *root = cJSON_CreateObject();
@@ -185,11 +197,14 @@ static void write_state(const char *path, const TrainState *s, uint64_t model_ha
     cJSON_AddNumberToObject(root, "tokens_seen", (double)s->tokens_seen);
     cJSON_AddNumberToObject(root, "data_cursor", (double)s->data_cursor);
     cJSON_AddNumberToObject(root, "bad_steps_in_a_row", (double)s->bad_in_a_row);
+    cJSON_AddStringToObject(root, "grid", s->grid);
     char word[4][24];
     for (int i = 0; i < 4; i++) snprintf(word[i], sizeof(word[i]), "%016" PRIx64, s->rng.s[i]);
     const char *words[4] = {word[0], word[1], word[2], word[3]};
     cJSON_AddItemToObject(root, "rng", cJSON_CreateStringArray(words, 4));
     add_hex(root, "model_xxh64", model_hash);
+    cJSON_AddStringToObject(root, "optimizer", optimizer);
+    add_hex(root, "optimizer_xxh64", optimizer_hash);
     add_hex(root, "fingerprint", fingerprint);
     cJSON_AddStringToObject(root, "run_keys", run_keys);
     char *text = cJSON_Print(root);
@@ -228,11 +243,23 @@ static uint64_t state_hex(const cJSON *root, const char *key, const char *path) 
     return value;
 }
 
-static cJSON *read_state_json(const char *path) {
+// The JSON object in the file at path, or NULL when it is not a readable file
+// holding one.
+static cJSON *parse_json_file(const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode) || access(path, R_OK) != 0) return NULL;
     char *text = read_file(path, NULL);
     cJSON *root = cJSON_Parse(text);
     free(text);
-    if (!cJSON_IsObject(root)) fail("%s: not a JSON object", path);
+    if (cJSON_IsObject(root)) return root;
+    cJSON_Delete(root);
+    return NULL;
+}
+
+static cJSON *read_state_json(const char *path) {
+    if (access(path, F_OK) != 0) fail("%s: cannot open (%s)", path, strerror(errno));
+    cJSON *root = parse_json_file(path);
+    if (!root) fail("%s: not a JSON object (expected a file holding one)", path);
     return root;
 }
 
@@ -242,8 +269,9 @@ static void shard_file(char *out, size_t n, int shard, int shards) {
 }
 
 // optimizer.index.json: the parameter count and, per shard in arena order,
-// its file, first float, float count and XXH64 (digests [shards]).
-static void write_shard_index(const char *path, const Model *m, int shards, const uint64_t *digests) {
+// its file, first float, float count and XXH64 (digests [shards]). Returns
+// the XXH64 of the file.
+static uint64_t write_shard_index(const char *path, const Model *m, int shards, const uint64_t *digests) {
     int64_t size = model_shard_size(m, shards);
     cJSON *root = cJSON_CreateObject();
     cJSON_AddNumberToObject(root, "parameters", (double)m->total_params);
@@ -262,8 +290,10 @@ static void write_shard_index(const char *path, const Model *m, int shards, cons
     }
     char *text = cJSON_Print(root);
     write_file_atomic(path, text, strlen(text));
+    uint64_t digest = XXH64(text, strlen(text), 0);
     free(text);
     cJSON_Delete(root);
+    return digest;
 }
 
 // The moments of a sharded checkpoint (optimizer.index.json in dir): the
@@ -307,20 +337,50 @@ static void read_sharded_optimizer(const char *dir, const char *index_path, Mode
     cJSON_Delete(root);
 }
 
-// The TrainState and the XXH64 of model.safetensors recorded in state.json.
-static void read_state(const char *path, TrainState *s, uint64_t *model_hash) {
+// The sequence length in a state.json's run_keys text (its train.seq_len
+// line), 0 when it has none.
+static int64_t run_keys_seq_len(const char *run_keys) {
+    static const char key[] = "train.seq_len=";
+    for (const char *line = run_keys; line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL)
+        if (!strncmp(line, key, sizeof(key) - 1)) return strtoll(line + sizeof(key) - 1, NULL, 10);
+    return 0;
+}
+
+// The TrainState in state.json, and the optimizer file it records (optimizer
+// [32]: optimizer.zst or optimizer.index.json) with that file's digest. The
+// fields must agree with each other: tokens_seen = data_cursor x
+// train.seq_len (of its run_keys), bad_steps_in_a_row <= step.
+static void read_state(const char *path, TrainState *s, char *optimizer, uint64_t *optimizer_hash) {
     cJSON *root = read_state_json(path);
     s->step = state_int(root, "step", path);
     s->tokens_seen = state_int(root, "tokens_seen", path);
     s->data_cursor = state_int(root, "data_cursor", path);
     s->bad_in_a_row = state_int(root, "bad_steps_in_a_row", path);
     s->run_id = state_hex(root, "run_id", path);
+    const cJSON *grid = cJSON_GetObjectItemCaseSensitive(root, "grid");
+    snprintf(s->grid, sizeof(s->grid), "%s", cJSON_IsString(grid) ? grid->valuestring : "");
     const cJSON *rng = cJSON_GetObjectItemCaseSensitive(root, "rng");
     if (!cJSON_IsArray(rng) || cJSON_GetArraySize(rng) != 4) fail("%s: field 'rng' must be 4 hex words", path);
     for (int i = 0; i < 4; i++)
         if (!hex_word(cJSON_GetArrayItem(rng, i), &s->rng.s[i]))
             fail("%s: field 'rng' must be 4 hex words (1 to 16 hex digits each)", path);
-    *model_hash = state_hex(root, "model_xxh64", path);
+    state_hex(root, "model_xxh64", path);
+    const cJSON *file = cJSON_GetObjectItemCaseSensitive(root, "optimizer");
+    if (!cJSON_IsString(file) ||
+        (strcmp(file->valuestring, "optimizer.zst") && strcmp(file->valuestring, "optimizer.index.json")))
+        fail("%s: field 'optimizer' is missing or another name (expected \"optimizer.zst\" or "
+             "\"optimizer.index.json\")", path);
+    snprintf(optimizer, 32, "%s", file->valuestring);
+    *optimizer_hash = state_hex(root, "optimizer_xxh64", path);
+    const cJSON *keys = cJSON_GetObjectItemCaseSensitive(root, "run_keys");
+    int64_t seq_len = cJSON_IsString(keys) ? run_keys_seq_len(keys->valuestring) : 0;
+    if (seq_len > 0 && s->tokens_seen != s->data_cursor * seq_len)
+        fail("%s: tokens_seen %lld is not data_cursor %lld x train.seq_len %lld (expected fields written together: "
+             "the file was edited or damaged)", path, (long long)s->tokens_seen, (long long)s->data_cursor,
+             (long long)seq_len);
+    if (s->bad_in_a_row > s->step)
+        fail("%s: bad_steps_in_a_row %lld is more than step %lld (expected at most the steps made)", path,
+             (long long)s->bad_in_a_row, (long long)s->step);
     cJSON_Delete(root);
 }
 
@@ -419,11 +479,6 @@ static void step_path(char *out, size_t size, const char *dir, int64_t step) {
     if ((size_t)snprintf(out, size, "%s/step_%08lld", dir, (long long)step) >= size) fail("%s: path too long", dir);
 }
 
-bool same_folder(const char *a, const char *b) {
-    struct stat sa, sb;
-    return b && stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
-}
-
 // A checkpoint folder is complete when it holds every file the writer puts
 // in it (state.json last), with optimizer.zst or, sharded, optimizer.index.json
 // (written after every shard); the renamed-in folder always is, unless damaged.
@@ -440,29 +495,42 @@ static bool checkpoint_complete(const char *dir) {
     return access(path, R_OK) == 0;
 }
 
-// The run id in the state.json of checkpoint folder dir.
-static uint64_t checkpoint_run(const char *dir) {
+// The run id in the state.json of checkpoint folder dir into *run; false
+// when state.json is not a JSON object with one (damaged).
+static bool checkpoint_run(const char *dir, uint64_t *run) {
     char path[4096];
     join(path, sizeof(path), dir, "state.json");
-    cJSON *root = read_state_json(path);
-    uint64_t run = state_hex(root, "run_id", path);
+    cJSON *root = parse_json_file(path);
+    bool readable = root && hex_word(cJSON_GetObjectItemCaseSensitive(root, "run_id"), run);
     cJSON_Delete(root);
-    return run;
+    return readable;
+}
+
+static void warn_unreadable(const char *dir) {
+    fprintf(stderr, "warning: %s: state.json is not a JSON object with a run_id (a damaged checkpoint): skipped\n",
+            dir);
 }
 
 // Keep the run's newest `keep` complete checkpoints and every one whose step
 // is a multiple of keep_every (when > 0); remove the rest, but never the
 // checkpoint just written (step `written`) nor the folder the run resumed
-// from. Incomplete folders and other runs' checkpoints are neither counted
-// nor removed.
+// from. Incomplete folders, damaged ones (a warning, once a process) and other
+// runs' checkpoints are neither counted nor removed.
 static void prune(const CheckpointConfig *c, uint64_t run, int64_t written, const char *resumed_from,
                   double timeout_s) {
+    static bool warned;
     int n;
     int64_t *steps = list_steps(c->dir, &n);
     char path[4096];
     for (int i = 0; i < n; i++) {
         step_path(path, sizeof(path), c->dir, steps[i]);
-        if (!checkpoint_complete(path) || checkpoint_run(path) != run) steps[i--] = steps[--n];
+        uint64_t theirs = 0;
+        bool complete = checkpoint_complete(path), readable = complete && checkpoint_run(path, &theirs);
+        if (complete && !readable && !warned) {
+            warn_unreadable(path);
+            warned = true;
+        }
+        if (!readable || theirs != run) steps[i--] = steps[--n];
     }
     for (int i = 0; i < n; i++) {
         int newer = 0;
@@ -470,7 +538,7 @@ static void prune(const CheckpointConfig *c, uint64_t run, int64_t written, cons
         bool permanent = c->keep_every > 0 && steps[i] % c->keep_every == 0;
         if (newer < c->keep || permanent || steps[i] == written) continue;
         step_path(path, sizeof(path), c->dir, steps[i]);
-        if (!same_folder(path, resumed_from)) remove_checkpoint(path, timeout_s);
+        if (!same_file(path, resumed_from)) remove_checkpoint(path, timeout_s);
     }
     free(steps);
 }
@@ -555,7 +623,7 @@ static void lock_dir(const char *dir) {
 void checkpoint_lock_dirs(const Config *cfg) {
     lock_dir(cfg->checkpoint.dir);
     make_dirs(cfg->log.dir);
-    if (!same_folder(cfg->log.dir, cfg->checkpoint.dir)) lock_dir(cfg->log.dir);
+    if (!same_file(cfg->log.dir, cfg->checkpoint.dir)) lock_dir(cfg->log.dir);
 }
 
 uint64_t checkpoint_new_run_id(void) {
@@ -575,15 +643,15 @@ static void write_latest(const char *dir, const char *name) {
 
 // This rank's moments into tmp_dir: under ZeRO-1 (over) its shard file,
 // then every rank's XXH64 gathered into digests [over->size] (the wait for
-// every shard, under over's time limit); else optimizer.zst.
-static void write_optimizer(const char *tmp_dir, const Model *m, const Comm *over, uint64_t *digests,
+// every shard, under over's time limit); else optimizer.zst, returning the
+// XXH64 of its moments.
+static uint64_t write_optimizer(const char *tmp_dir, const Model *m, const Comm *over, uint64_t *digests,
                             Progress *progress) {
     char name[64], path[4096];
     if (!over) {
         uint64_t P = (uint64_t)m->total_params;
         join(path, sizeof(path), tmp_dir, "optimizer.zst");
-        write_moments(path, OPTIMIZER_MAGIC, &P, 1, m, progress);
-        return;
+        return write_moments(path, OPTIMIZER_MAGIC, &P, 1, m, progress);
     }
     shard_file(name, sizeof(name), over->rank, over->size);
     join(path, sizeof(path), tmp_dir, name);
@@ -591,6 +659,7 @@ static void write_optimizer(const char *tmp_dir, const Model *m, const Comm *ove
     uint64_t digest = write_moments(path, SHARD_MAGIC, words, 3, m, progress);
     test_fault("shard", over->rank, over->timeout_s);
     comm_allgather(over, &digest, digests, 1, DT_INT64);
+    return 0;
 }
 
 void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state, const float *params,
@@ -632,7 +701,7 @@ void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state,
         config_print(cfg, f);
         xfclose_sync(f, path);
     }
-    write_optimizer(tmp_dir, m, over, digests, &progress);
+    uint64_t optimizer_hash = write_optimizer(tmp_dir, m, over, digests, &progress);
     if (!writer) {
         free(digests);
         progress_end(&progress);
@@ -640,11 +709,11 @@ void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state,
     }
     if (over) {
         join(path, sizeof(path), tmp_dir, "optimizer.index.json");
-        write_shard_index(path, m, over->size, digests);
+        optimizer_hash = write_shard_index(path, m, over->size, digests);
     }
     free(digests);
     join(path, sizeof(path), tmp_dir, "state.json");
-    write_state(path, state, model_hash, cfg);
+    write_state(path, state, model_hash, over ? "optimizer.index.json" : "optimizer.zst", optimizer_hash, cfg);
     fsync_dir(tmp_dir);
     // An existing step_N/ is moved aside, not deleted, until the new one is in
     // place: a kill in between leaves step_N.old.PID/, which
@@ -662,7 +731,8 @@ void checkpoint_save(const Config *cfg, const Model *m, const TrainState *state,
 }
 
 // The newest complete checkpoint folder in dir into out, of run `run` only
-// when `one_run` (warning about newer incomplete ones it skips); 0 if none.
+// when `one_run` (warning about newer incomplete or damaged ones it skips); 0
+// if none.
 static int newest_checkpoint(const char *dir, bool one_run, uint64_t run, char *out, size_t out_bytes) {
     int n;
     int64_t *steps = list_steps(dir, &n);
@@ -679,7 +749,12 @@ static int newest_checkpoint(const char *dir, bool one_run, uint64_t run, char *
                     "checkpoint\n", out);
             continue;
         }
-        if (one_run && checkpoint_run(out) != run) continue;
+        uint64_t theirs;
+        if (!checkpoint_run(out, &theirs)) {
+            warn_unreadable(out);
+            continue;
+        }
+        if (one_run && theirs != run) continue;
         free(steps);
         return 1;
     }
@@ -688,8 +763,9 @@ static int newest_checkpoint(const char *dir, bool one_run, uint64_t run, char *
 }
 
 // The complete checkpoint folder that dir/latest names into out (its name
-// into name [64]); 0 when `latest` is missing or names none.
-static int latest_named(const char *dir, char *name, char *out, size_t out_bytes) {
+// into name [64], its run id into *run); 0 when `latest` is missing or names
+// none.
+static int latest_named(const char *dir, char *name, char *out, size_t out_bytes, uint64_t *run) {
     char path[4096];
     join(path, sizeof(path), dir, "latest");
     name[0] = '\0';
@@ -699,18 +775,20 @@ static int latest_named(const char *dir, char *name, char *out, size_t out_bytes
     free(text);
     if (step_of(name) < 0) return 0;
     join(out, out_bytes, dir, name);
-    return checkpoint_complete(out);
+    return checkpoint_complete(out) && checkpoint_run(out, run);
 }
 
 int checkpoint_find_latest(const char *dir, char *out, size_t out_bytes) {
     char name[64];
-    if (latest_named(dir, name, out, out_bytes)) return newest_checkpoint(dir, true, checkpoint_run(out), out, out_bytes);
+    uint64_t run;
+    if (latest_named(dir, name, out, out_bytes, &run)) return newest_checkpoint(dir, true, run, out, out_bytes);
     return newest_checkpoint(dir, false, 0, out, out_bytes);
 }
 
 int checkpoint_repair_latest(const char *dir, char *out, size_t out_bytes) {
     char name[64];
-    latest_named(dir, name, out, out_bytes);
+    uint64_t run;
+    latest_named(dir, name, out, out_bytes, &run);
     if (!checkpoint_find_latest(dir, out, out_bytes)) return 0;
     const char *found = strrchr(out, '/') + 1;
     if (strcmp(found, name)) {
@@ -728,7 +806,13 @@ void checkpoint_clear_other_runs(const Config *cfg) {
     char path[4096], diff[2048];
     for (int i = 0; i < n; i++) {
         step_path(path, sizeof(path), dir, steps[i]);
-        if (!checkpoint_complete(path) || checkpoint_same_run(path, cfg, diff, sizeof(diff))) continue;
+        uint64_t run;
+        if (!checkpoint_complete(path)) continue;
+        if (!checkpoint_run(path, &run)) {
+            warn_unreadable(path);
+            continue;
+        }
+        if (checkpoint_same_run(path, cfg, diff, sizeof(diff))) continue;
         if (!cfg->checkpoint.overwrite)
             fail("%s: a checkpoint of another run (%s) and checkpoint.resume is never: use another "
                  "checkpoint.dir, or checkpoint.overwrite=true to remove that run's checkpoints",
@@ -737,6 +821,29 @@ void checkpoint_clear_other_runs(const Config *cfg) {
         printf("removed %s: a checkpoint of another run (checkpoint.overwrite)\n", path);
     }
     free(steps);
+}
+
+void checkpoint_check_roll_back(const Config *cfg, const char *from, int64_t from_step) {
+    const char *dir = cfg->checkpoint.dir;
+    int n;
+    int64_t *steps = list_steps(dir, &n);
+    char taken[512] = "";
+    size_t used = 0;
+    int count = 0;
+    // The steps in (from_step, train.steps], in ascending order.
+    for (int64_t last = from_step; used < sizeof(taken);) {
+        int64_t next = -1;
+        for (int i = 0; i < n; i++)
+            if (steps[i] > last && steps[i] <= cfg->train.steps && (next < 0 || steps[i] < next)) next = steps[i];
+        if (next < 0) break;
+        used += (size_t)snprintf(taken + used, sizeof(taken) - used, "%s%lld", count++ ? ", " : "", (long long)next);
+        last = next;
+    }
+    free(steps);
+    if (count > 0 && !cfg->checkpoint.overwrite)
+        fail("%s: a roll-back to step %lld, and %s holds another run's step%s %s up to train.steps, which it would "
+             "overwrite: use another checkpoint.dir, or checkpoint.overwrite=true to replace them", from,
+             (long long)from_step, dir, count == 1 ? "" : "s", taken);
 }
 
 // Refuse weights of another architecture, naming the first differing field.
@@ -750,9 +857,26 @@ static void check_same_model(const ModelConfig *want, const ModelConfig *got, co
 #undef SAME
 }
 
+// A checkpoint's step folder (one holding state.json): its model.safetensors
+// must have the XXH64 that state.json records.
+static void check_weights_digest(const char *dir) {
+    char path[4096], weights[4096];
+    join(path, sizeof(path), dir, "state.json");
+    if (access(path, F_OK) != 0) return;
+    cJSON *root = read_state_json(path);
+    uint64_t recorded = state_hex(root, "model_xxh64", path);
+    cJSON_Delete(root);
+    join(weights, sizeof(weights), dir, "model.safetensors");
+    uint64_t got = file_xxh64(weights);
+    if (got != recorded)
+        fail("%s: checksum mismatch: XXH64 %016" PRIx64 ", state.json records %016" PRIx64 " (file is damaged)",
+             weights, got, recorded);
+}
+
 void model_load_hf_folder(Model *m, const char *dir) {
     char path[4096];
     ModelConfig got;
+    check_weights_digest(dir);
     join(path, sizeof(path), dir, "config.json");
     hf_config_read(path, &got);
     check_same_model(&m->cfg, &got, path);
@@ -765,26 +889,21 @@ void model_load_hf_folder(Model *m, const char *dir) {
 }
 
 void checkpoint_load(const char *dir, Model *m, TrainState *state) {
-    char path[4096];
-    uint64_t model_hash;
+    char path[4096], optimizer[32];
+    uint64_t optimizer_hash;
     join(path, sizeof(path), dir, "state.json");
-    read_state(path, state, &model_hash);
+    read_state(path, state, optimizer, &optimizer_hash);
     const char *slash = strrchr(dir, '/');
     int64_t named = step_of(slash ? slash + 1 : dir);
     if (named >= 0 && named != state->step)
         fail("%s: step %lld, but the folder is named for step %lld (a folder renamed or copied by hand)", path,
              (long long)state->step, (long long)named);
-    join(path, sizeof(path), dir, "model.safetensors");
-    uint64_t got = file_xxh64(path);
-    if (got != model_hash)
-        fail("%s: checksum mismatch: XXH64 %016" PRIx64 ", state.json records %016" PRIx64 " (file is damaged)", path,
-             got, model_hash);
     model_load_hf_folder(m, dir);
-    join(path, sizeof(path), dir, "optimizer.index.json");
-    if (access(path, F_OK) == 0) {
-        read_sharded_optimizer(dir, path, m);
+    join(path, sizeof(path), dir, optimizer);
+    if (!strcmp(optimizer, "optimizer.zst")) {
+        read_optimizer(path, m, optimizer_hash);
         return;
     }
-    join(path, sizeof(path), dir, "optimizer.zst");
-    read_optimizer(path, m);
+    check_optimizer_digest(path, file_xxh64(path), optimizer_hash);
+    read_sharded_optimizer(dir, path, m);
 }

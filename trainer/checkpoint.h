@@ -6,7 +6,9 @@
 //                                    under ZeRO-1 instead optimizer.K-of-N.zst,
 //                                    one shard per rank, and optimizer.index.json
 //   state.json                       step, tokens seen, data cursor, RNG state,
-//                                    XXH64 of model.safetensors, run fingerprint
+//                                    XXH64 of model.safetensors, the name and
+//                                    XXH64 of the optimizer file (optimizer.zst
+//                                    or optimizer.index.json), run fingerprint
 // It is written as step_XXXXXXXX.tmp.<pid>/, every file fsynced, then renamed;
 // the `latest` pointer file moves last. A folder without the final name is
 // never read, so a process killed while writing leaves the previous one in use.
@@ -33,6 +35,7 @@ typedef struct {
     Rng rng;                 // the run's RNG state
     uint64_t run_id;         // the run's id (checkpoint_new_run_id), never 0
     int64_t bad_in_a_row;    // bad steps in a row ending at `step` (train.max_bad_steps)
+    char grid[128];          // how the steps were made: "dp D x cp C, layout L, S sequences a step" ("" unknown)
 } TrainState;
 
 // Write the checkpoint for state->step and apply the keep policy, with a
@@ -72,29 +75,37 @@ bool checkpoint_same_run(const char *dir, const Config *cfg, char *diff, size_t 
 // checkpoint of another run or an incomplete one, unless checkpoint.overwrite,
 // which removes them.
 void checkpoint_clear_other_runs(const Config *cfg);
+// For a roll-back (an explicit checkpoint.resume of `from`, at step
+// from_step, other than the latest checkpoint): fail (one line naming the
+// steps) when checkpoint.dir holds a step folder the new run could write,
+// one of steps (from_step, train.steps], unless checkpoint.overwrite.
+void checkpoint_check_roll_back(const Config *cfg, const char *from, int64_t from_step);
 // The host bytes a checkpoint write adds to a copy of the parameters when the
 // moments stream (a piece buffer and the compressor's).
 size_t checkpoint_stream_bytes(void);
 // The checkpoint folder in dir that a run continues into out: the newest
 // complete checkpoint of the run whose checkpoint `latest` names, or the
 // newest complete one of any run when `latest` names none (warning about
-// newer incomplete ones it skips); 0 if there is none.
+// newer incomplete or damaged ones it skips: a state.json that is not a JSON
+// object with a run_id); 0 if there is none.
 int checkpoint_find_latest(const char *dir, char *out, size_t out_bytes);
 // checkpoint_find_latest, and rewrite dir/latest, with a warning, when it
 // does not name the folder found (a kill between a step folder's rename and
 // `latest`'s, a folder removed by hand).
 int checkpoint_repair_latest(const char *dir, char *out, size_t out_bytes);
-// Whether two paths name the same existing folder (b may be NULL).
-bool same_folder(const char *a, const char *b);
 // Load weights, optimizer moments and state from a checkpoint folder. Refuses
 // (one line naming the field) a checkpoint of another model shape, weights
-// whose XXH64 differs from state.json's, counts outside [0, 2^53], hex words
-// that are not 1 to 16 hex digits, and a step_N folder whose state.json
-// records another step.
+// whose XXH64 differs from state.json's, an optimizer file other than the
+// one state.json names with its XXH64, counts outside [0, 2^53], fields that
+// disagree (tokens_seen other than data_cursor x train.seq_len,
+// bad_steps_in_a_row beyond step), hex words that are not 1 to 16 hex
+// digits, and a step_N folder whose state.json records another step.
 void checkpoint_load(const char *path, Model *m, TrainState *state);
-// Load the weights of a Hugging Face folder (train.init_from) into m after
-// checking that its config.json describes the same architecture, with a
-// progress line when it takes long.
+// Load the weights of a Hugging Face folder (train.init_from, and every
+// verb that reads a model folder) into m after checking that its config.json
+// describes the same architecture and, in a checkpoint's step folder (one
+// holding state.json), that model.safetensors has the XXH64 state.json
+// records; with a progress line when it takes long.
 void model_load_hf_folder(Model *m, const char *dir);
 
 #endif

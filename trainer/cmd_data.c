@@ -387,6 +387,10 @@ int cmd_tokenize(int argc, char **argv) {
     const char *missing = !tokenizer ? "--tokenizer" : !input_count ? "--input" : !output ? "--output" : NULL;
     if (missing) return args_usage_error(tokenize_usage, "tokenize: %s is required", missing);
     for (int i = 0; i < input_count; i++) check_text_file(inputs[i]);  // a missing or binary input fails before any work
+    for (int i = 0; i < input_count; i++)
+        if (same_file(inputs[i], output))
+            fail("%s: --output is the --input %s (expected another file: the input would be overwritten)", output,
+                 inputs[i]);
     if (!force && access(output, F_OK) == 0)
         fail("%s: already exists (expected a new file; --force replaces it)", output);
 

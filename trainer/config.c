@@ -173,7 +173,7 @@ static const Key keys[] = {
     INT(checkpoint, keep, 3, 1, 1 << 20, "Keep the run's newest K checkpoints (its older ones are removed; other runs' checkpoints are never counted nor removed)."),
     INT64(checkpoint, keep_every, 0, 0, 1e12, "Also keep every checkpoint whose step is a multiple of M, for good; 0 = none."),
     PATH(checkpoint, resume, "auto", NAMES("auto", "never"), "a checkpoint folder", "`auto`: continue from the newest complete checkpoint in `dir`, if any, of the run that wrote last (`latest`) (refused when it belongs to another configuration: its fingerprint, the keys that decide what a run computes, differs); `never`: start fresh, a new run; or a checkpoint folder (other than the one `auto` takes: a roll-back, a new run branched off it)."),
-    BOOL(checkpoint, overwrite, false, "With `resume: never`, a `dir` holding another run's checkpoints is refused; `true` removes them and starts fresh."),
+    BOOL(checkpoint, overwrite, false, "With `resume: never`, a `dir` holding another run's checkpoints is refused; `true` removes them and starts fresh. With `resume` a folder other than the latest checkpoint (a roll-back), a `dir` holding step folders the new run could write (steps after the folder's, up to `train.steps`) is refused; `true` replaces them as it writes."),
 
     STRING(log, dir, "logs", "Folder of `metrics.jsonl` (and the TensorBoard event files, `tensorboard`)."),
     INT(log, every, 1, 1, 1e9, "Print a step line every N steps."),
@@ -812,7 +812,9 @@ static void load_layers(Config *cfg, const char *path, int argc, char **argv) {
 
 // Keys that name a file or folder, checked before any work so that a missing
 // one is reported with its key. A key that holds a keyword is not checked.
-static void check_path_keys(const Config *cfg, const char *source) {
+// eval_model (`mtrain eval`, `tasks`): checkpoint.dir and log.dir are not
+// written, so a read-only one is fine.
+static void check_path_keys(const Config *cfg, const char *source, bool eval_model) {
     const struct {
         const char *key;
         const char *value;     // the path, or NULL for a keyword
@@ -840,7 +842,7 @@ static void check_path_keys(const Config *cfg, const char *source) {
     // ancestor must be a folder we may write in.
     const struct { const char *key, *value; } outputs[] = {
         {"checkpoint.dir", cfg->checkpoint.dir}, {"log.dir", cfg->log.dir}, {"eval.out", cfg->eval.out}};
-    for (size_t i = 0; i < sizeof(outputs) / sizeof(outputs[0]); i++) {
+    for (size_t i = eval_model ? 2 : 0; i < sizeof(outputs) / sizeof(outputs[0]); i++) {
         char existing[CONFIG_STR];
         snprintf(existing, sizeof(existing), "%s", outputs[i].value);
         struct stat st;
@@ -958,7 +960,7 @@ static const char *config_load(Config *cfg, const char *path, int argc, char **a
         shapes = from_folder ? "train.init_from's config.json" : "model.preset and the run file's model section";
     }
     config_validate(cfg, source);
-    check_path_keys(cfg, source);
+    check_path_keys(cfg, source, eval_model);
     return shapes;
 }
 

@@ -7,8 +7,9 @@
 // Sampling: greedy at --temperature 0, else softmax(logits / T) restricted to
 // the --top-k most likely tokens (0: all), then to the fewest most likely
 // whose mass reaches --top-p, drawn with the seeded RNG (--seed). Generation
-// stops after --max-new tokens or at the tokenizer's end of text (its id the
-// last of --ids; no text for it).
+// stops after --max-new tokens (capped so that the prompt and the new tokens
+// fit model.max_position_embeddings) or at the tokenizer's end of text (its
+// id the last of --ids; no text for it).
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -153,6 +154,16 @@ int cmd_generate(int argc, char **argv) {
     int64_t n;
     int32_t *ids = prompt_ids(tokens_path, prompt, tok, cfg.model.vocab_size, &n);
     if (n == 0) fail("generate: --prompt gives no tokens (tokenizer %s)", tok->name);
+    int64_t context = cfg.model.max_position_embeddings;
+    if (n >= context)
+        fail("generate: the prompt has %lld tokens, the model's context is %lld (model.max_position_embeddings; "
+             "expected a shorter prompt, or the key raised as an override)", (long long)n, (long long)context);
+    if (n + max_new > context) {
+        fprintf(stderr, "note: generate: --max-new %lld capped to %lld: the prompt's %lld tokens and the new ones "
+                "fill the model's context of %lld (model.max_position_embeddings)\n", (long long)max_new,
+                (long long)(context - n), (long long)n, (long long)context);
+        max_new = context - n;
+    }
 
     Dist dist;
     run_start(&cfg, &dist, "mtrain generate");

@@ -61,7 +61,8 @@ static void print_device_memory(const Config *cfg, const Dist *dist) {
 
 static OptimizerConfig optimizer_config(const Config *cfg) {
     const TrainConfig *t = &cfg->train;
-    OptimizerConfig oc = {t->lr, t->min_lr, t->warmup_steps, t->steps, t->lr_schedule,
+    int64_t warmup = t->warmup_steps < t->steps ? t->warmup_steps : t->steps;  // clamped (clamp_and_warn)
+    OptimizerConfig oc = {t->lr, t->min_lr, warmup, t->steps, t->lr_schedule,
                           t->weight_decay, t->beta1, t->beta2, t->eps, t->grad_clip};
     return oc;
 }
@@ -137,8 +138,9 @@ static void start_state(const Config *cfg, const Dist *dist, Model *m, TrainStat
             fail("%s: the checkpoint is at step %lld, beyond train.steps = %lld (raise train.steps, or resume an "
                  "earlier checkpoint)", path, (long long)state->step, (long long)cfg->train.steps);
         uint64_t resumed_run = state->run_id;
-        bool roll_back = c->resume == RESUME_PATH && !same_folder(path, latest);
+        bool roll_back = c->resume == RESUME_PATH && !same_file(path, latest);
         if (roll_back) {
+            if (dist->world_rank == 0) checkpoint_check_roll_back(cfg, path, state->step);
             state->run_id = checkpoint_new_run_id();
             *branched_from = resumed_run;
         }
@@ -178,7 +180,8 @@ static uint64_t metrics_last_run(const char *text, size_t bytes) {
 // id of its last line is neither the run's nor branched_from) moves it aside
 // to log.dir/metrics.RUN.jsonl, and a resumed run (step > 0) takes its own
 // metrics.RUN.jsonl back, each with one line; a roll-back keeps a copy of the
-// run it branched off whole as metrics.RUN.jsonl. Of the file's lines, those
+// run it branched off whole as metrics.RUN.jsonl, and takes that run's lines
+// from there when another run wrote last. Of the file's lines, those
 // of later steps (written before the run stopped without a checkpoint of
 // them) are dropped, so that no step appears twice; a fresh run (step 0)
 // starts an empty file. Rewritten under a temporary name, then renamed.
@@ -205,8 +208,12 @@ static FILE *open_metrics(const char *dir, const char *path, int64_t step, uint6
         text = NULL;
         bytes = 0;
     }
-    snprintf(aside, sizeof(aside), "%s/metrics.%016" PRIx64 ".jsonl", dir, run);
-    if (step > 0 && !text && access(aside, F_OK) == 0) {
+    snprintf(aside, sizeof(aside), "%s/metrics.%016" PRIx64 ".jsonl", dir, branched_from ? branched_from : run);
+    if (step > 0 && !text && access(aside, F_OK) == 0 && branched_from) {
+        text = read_file(aside, &bytes);
+        printf("metrics: %s starts with the lines up to step %lld of %s, the run this roll-back branches off\n", path,
+               (long long)step, aside);
+    } else if (step > 0 && !text && access(aside, F_OK) == 0) {
         rename_into_place(aside, path);
         printf("metrics: %s of this run moved back to %s\n", aside, path);
         text = read_file(path, &bytes);
@@ -521,21 +528,32 @@ static void check_memory(const Config *cfg, const Dist *dist, Plan *plan) {
 }
 
 // Settings that train but are likely not what was meant: a warmup longer
-// than the run is clamped to it, with a note; a sequence longer than the
-// model's declared context gets a warning. Rank 0 prints each once.
-static void clamp_and_warn(Config *cfg, const Dist *dist) {
-    TrainConfig *t = &cfg->train;
+// than the run is clamped to it (by optimizer_config, so that the run's keys
+// keep the value set and a longer run resumes it), with a note; a sequence
+// longer than the model's declared context gets a warning. Rank 0 prints
+// each once.
+static void clamp_and_warn(const Config *cfg, const Dist *dist) {
+    const TrainConfig *t = &cfg->train;
     bool print = dist->world_rank == 0;
-    if (t->warmup_steps > t->steps) {
-        if (print)
-            fprintf(stderr, "note: train.warmup_steps %lld is more than train.steps %lld: warmup clamped to %lld "
-                    "steps\n", (long long)t->warmup_steps, (long long)t->steps, (long long)t->steps);
-        t->warmup_steps = t->steps;
-    }
+    if (print && t->warmup_steps > t->steps)
+        fprintf(stderr, "note: train.warmup_steps %lld is more than train.steps %lld: warmup clamped to %lld "
+                "steps\n", (long long)t->warmup_steps, (long long)t->steps, (long long)t->steps);
     if (print && t->seq_len > cfg->model.max_position_embeddings)
         fprintf(stderr, "warning: train.seq_len %lld is beyond model.max_position_embeddings %d: the model is "
                 "declared for shorter contexts (raise max_position_embeddings, with rope_scaling to extend it)\n",
                 (long long)t->seq_len, cfg->model.max_position_embeddings);
+}
+
+// state->grid = how this run makes its steps; a resumed checkpoint made
+// them otherwise (another global batch, grid or layout): a note on rank 0.
+static void note_grid(TrainState *state, const Config *cfg, const Dist *dist) {
+    char grid[sizeof(state->grid)];
+    int64_t sequences = (int64_t)cfg->train.micro_batches * dist->dp.size;
+    snprintf(grid, sizeof(grid), "dp %d x cp %d, layout %s, %lld sequence%s a step", dist->dp.size, dist->cp.size,
+             config_enum_name(cfg, &cfg->attention.layout), (long long)sequences, sequences == 1 ? "" : "s");
+    if (dist->world_rank == 0 && state->step > 0 && state->grid[0] && strcmp(state->grid, grid))
+        printf("note: the checkpoint's steps were made on %s; this run's are on %s\n", state->grid, grid);
+    snprintf(state->grid, sizeof(state->grid), "%s", grid);
 }
 
 // A training run between its steps: what the steps share.
@@ -561,6 +579,7 @@ typedef struct {
     double attention_scalars[4];
     double train_start, best_val;
     bool sync_report;          // MTRAIN_SYNC_REPORT on the CUDA backend
+    int launcher;              // under mpirun or srun: the launcher's process (this rank's parent at start), else 0
 } Trainer;
 
 // One step's figures.
@@ -596,6 +615,8 @@ static bool train_setup(Trainer *t, int argc, char **argv) {
     model_set_grad_reduce(&t->m, &dist->world, cfg->parallel.bucket_mb > 0 && bucket < 1 ? 1 : bucket);
     t->oc = optimizer_config(cfg);
     t->step_tokens = cfg->train.seq_len * cfg->train.micro_batches * dist->dp.size;
+    note_grid(&t->state, cfg, dist);
+    t->launcher = strcmp(dist->launcher, "none") ? (int)getppid() : 0;
     if (dist->world_size > 1)
         printf("ranks: %d = dp %d x cp %d (ring %s, cp_inner %d, layout %s)%s%s, %d thread%s per rank, launcher %s\n",
                dist->world_size, dist->dp.size, dist->cp.size, config_enum_name(cfg, &cfg->attention.ring),
@@ -721,10 +742,23 @@ static void log_step(Trainer *t, int64_t step, const StepResult *r) {
     if (t->tb) tb_scalars(t->tb, step, tags, values, (int)(sizeof(values) / sizeof(values[0])));
 }
 
+// Under a launcher, stop (every rank, with one line) when it is gone on any
+// rank (a rank's parent process changed: the launcher was killed and the
+// rank orphaned), before another checkpoint is written.
+static void stop_when_launcher_gone(const Trainer *t, int64_t step) {
+    if (!t->launcher) return;
+    int64_t gone = getppid() != t->launcher;
+    comm_allreduce(&t->dist.world, &gone, 1, DT_INT64, REDUCE_MAX);
+    if (gone)
+        fail("step %lld: the launcher (%s, process %d) is gone: stopping without writing another checkpoint; the "
+             "same command resumes from the last one", (long long)step, t->dist.launcher, t->launcher);
+}
+
 // After step `step`: validation and a checkpoint when due; a stop signal on
 // any rank: a checkpoint (when none was just written) and true.
 static bool after_step(Trainer *t, int64_t step) {
     const Config *cfg = &t->cfg;
+    stop_when_launcher_gone(t, step);
     t->state.step = step;
     if (cfg->log.val_every > 0 && (step % cfg->log.val_every == 0 || step == cfg->train.steps))
         t->best_val = fmin(t->best_val, log_validation(&t->m, cfg, &t->dist, &t->data, step, t->metrics,

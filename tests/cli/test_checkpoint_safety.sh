@@ -70,10 +70,11 @@ expect "a malformed MTRAIN_TEST_NAN_STEP: one line" '[ "$(cat "$tmp/bad_env.out"
 train 1 ref
 ref="$tmp/ref"
 
-# Replacing an existing step folder: resumed from step 4, step 5 and 6 are
-# written again in place; no .old folder stays.
+# Replacing an existing step folder: resumed from step 4 with
+# checkpoint.overwrite, step 5 and 6 are written again in place; no .old
+# folder stays.
 cp -r "$ref" "$tmp/replace"
-train 1 replace checkpoint.resume="$tmp/replace/step_00000004"
+train 1 replace checkpoint.resume="$tmp/replace/step_00000004" checkpoint.overwrite=true
 expect "re-running from step 4 replaces step 6 with an identical one" \
   'same "$tmp/replace/step_00000006" "$ref/step_00000006" && [ -z "$(find "$tmp/replace" -name "*.old.*")" ]'
 # Leftovers of dead writers: a replacement interrupted before (.old, final
@@ -116,7 +117,7 @@ expect "resume never into the same run's folder (keys outside the fingerprint ch
 # Pruning: rolled back to step 2 with keep 1, the resumed-from folder and the
 # one just written survive.
 cp -r "$ref" "$tmp/roll"
-train 1 roll checkpoint.resume="$tmp/roll/step_00000002" checkpoint.keep=1 train.steps=4
+train 1 roll checkpoint.resume="$tmp/roll/step_00000002" checkpoint.keep=1 train.steps=4 checkpoint.overwrite=true
 expect "roll-back: step 2 (resumed from) and step 4 (just written) are kept" \
   '[ -f "$tmp/roll/step_00000002/state.json" ] && [ -f "$tmp/roll/step_00000004/state.json" ] && ! [ -d "$tmp/roll/step_00000003" ]'
 
@@ -188,10 +189,11 @@ expect "resume never: a new run id in state.json" '[ "$(run_of "$tmp/owner/step_
 train 1 owner checkpoint.every=2 checkpoint.keep=3 train.steps=8
 expect "auto after resume never: resumes the new run's latest (step 6), not the older run's step 16" \
   'grep -q "^resumed from $tmp/owner/step_00000006: step 6" "$tmp/owner.out" && [ "$(run_of "$tmp/owner/step_00000008")" = "$(run_of "$tmp/owner/step_00000006")" ]'
-# A roll-back with another lr (keep_every 4) is a new run: it keeps its own
+# A roll-back with another lr (keep_every 4) is a new run: with
+# checkpoint.overwrite (it replaces the older run's step 8) it keeps its own
 # newest 3 and auto resumes its own step 9.
 train 1 owner_rb checkpoint.resume="$tmp/owner_rb/step_00000004" train.lr=1e-3 checkpoint.every=1 checkpoint.keep=3 \
-  checkpoint.keep_every=4 train.steps=9
+  checkpoint.keep_every=4 train.steps=9 checkpoint.overwrite=true
 expect "roll-back: its steps 7, 8, 9 are kept beside the older run's 12, 14, 16" \
   '[ "$(cd "$tmp/owner_rb" && ls -d step_* | tr "\n" " ")" = "step_00000004 step_00000007 step_00000008 step_00000009 step_00000012 step_00000014 step_00000016 " ]'
 train 1 owner_rb train.lr=1e-3 checkpoint.every=1 checkpoint.keep=3 checkpoint.keep_every=4 train.steps=10

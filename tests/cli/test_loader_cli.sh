@@ -66,8 +66,10 @@ train checkpoint.dir="$tmp/part"
 expect "resume logs the step it continued from" 'grep -q "resumed from $tmp/part/step_00000008: step 8" "$tmp/out.txt"'
 expect "8 steps resumed to 12 equal 12 steps bitwise (model.safetensors)" 'same_model "$tmp/ref/step_00000012" "$tmp/part/step_00000012"'
 
-# The cursor is what selects the data: resuming at cursor 17 ends elsewhere.
-sed -i 's/"data_cursor":[[:space:]]*16/"data_cursor": 17/' "$tmp/moved/step_00000008/state.json"
+# The cursor is what selects the data: resuming at cursor 17 (tokens_seen
+# 17 x 32 with it, as state.json's fields must agree) ends elsewhere.
+sed -i -e 's/"data_cursor":[[:space:]]*16/"data_cursor": 17/' -e 's/"tokens_seen":[[:space:]]*512/"tokens_seen": 544/' \
+  "$tmp/moved/step_00000008/state.json"
 train checkpoint.dir="$tmp/moved"
 expect "a resume from another data cursor gives another model" \
   '[ -f "$tmp/moved/step_00000012/model.safetensors" ] && ! same_model "$tmp/ref/step_00000012" "$tmp/moved/step_00000012"'

@@ -13,7 +13,8 @@
 #                        tests/mpi/test_dist_train.sh);
 #   without ZeRO         a dp 2 checkpoint without ZeRO resumed under ZeRO is
 #                        bit-identical (ZeRO on dp 2 equals no ZeRO bit for bit);
-# a damaged and a missing shard stop the resume with one line naming the file;
+# a damaged, a missing and a folder shard, and the shards of another step,
+# stop the resume with one line naming the file;
 # a rank killed after writing its shard (MTRAIN_TEST_FAULT kill:1@shard)
 # leaves no step folder, and the run resumes from the previous checkpoint to
 # the same bytes.
@@ -82,6 +83,8 @@ from dp1
 train 1 dp1 train.micro_batches=4 train.steps=3
 expect "shards_resume_dp1: one rank without ZeRO reads every shard (loss, weights within tolerance)" \
   'resumed dp1 && close dp1 && [ -f "$tmp/dp1/step_00000003/optimizer.zst" ]'
+expect "shards_resume_dp1_note: the resume names the grid it changes" \
+  'grep -q "^note: the checkpoint.s steps were made on dp 2 x cp 1, .*, 4 sequences a step; this run.s are on dp 1 x cp 1, .*, 4 sequences a step" "$tmp/dp1.out"'
 from dp4
 train 4 dp4 parallel.dp=4 parallel.zero=1 train.steps=3
 expect "shards_resume_dp4: four shards from two (loss, weights within tolerance)" \
@@ -111,6 +114,18 @@ refused flip "shards_damaged" "step_00000002/optimizer.00001-of-00002.zst: \(dam
 from missing
 rm "$tmp/missing/step_00000002/optimizer.00000-of-00002.zst"
 refused missing "shards_missing" "step_00000002/optimizer.00000-of-00002.zst: cannot open"
+
+# The moments are bound to their step: step 1's index and shards in step 2
+# are refused (state.json records the index's XXH64), naming the index; a
+# shard that is a folder is named.
+from bound
+cp "$tmp/ck/step_00000001"/optimizer.* "$tmp/bound/step_00000002/"
+refused bound "shards_of_step_1_in_step_2" \
+  "step_00000002/optimizer.index.json: XXH64 [0-9a-f]*, state.json records [0-9a-f]* (the optimizer state of another checkpoint)"
+from shard_dir
+rm "$tmp/shard_dir/step_00000002/optimizer.00001-of-00002.zst"
+mkdir "$tmp/shard_dir/step_00000002/optimizer.00001-of-00002.zst"
+refused shard_dir "shards_folder" "step_00000002/optimizer.00001-of-00002.zst: is a folder (expected a file)"
 
 # A rank killed after writing its shard of step 2: step 1 stays the latest and resumes to the same bytes.
 MTRAIN_TEST_FAULT=kill:1@shard#2 train 2 kill parallel.dp=2 train.micro_batches=2 parallel.zero=1 train.steps=3 \

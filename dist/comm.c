@@ -67,7 +67,7 @@ static int env_int(const char *name) {
 // prints, naming itself, only when rank 0's word has not come within
 // ERROR_GRACE_S: an error every rank hits prints once, one that rank 0 does
 // not hit is still said.
-#define ERROR_GRACE_S 5.0
+#define ERROR_GRACE_S 20.0
 static MPI_Comm error_comm = MPI_COMM_NULL;
 static pthread_t mpi_thread;  // the thread that called MPI_Init (MPI_THREAD_FUNNELED: the only one that may call MPI)
 

@@ -31,7 +31,7 @@ static int launched_rank(void) {
 // Seconds a rank other than 0 waits, before MPI starts, before it prints an
 // error: when rank 0 has the same error (a config error: the same files and
 // arguments), the launcher ends the job on rank 0's exit first.
-#define OTHER_RANK_GRACE_S 5
+#define OTHER_RANK_GRACE_S 20
 
 // The error line "mtrain: [rank N: ]WHERE MESSAGE", in one write (lines of
 // ranks sharing stderr do not interleave), by the rank that names it:

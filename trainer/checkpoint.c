@@ -138,14 +138,16 @@ static float *read_moments(const char *path, const char *magic, const uint64_t *
 
 // The optimizer file at path has the XXH64 (got) that state.json records: the
 // optimizer state of the same checkpoint.
-static void check_optimizer_digest(const char *path, uint64_t got, uint64_t recorded) {
-    if (got != recorded)
+// recorded: NULL for a checkpoint whose state.json records no optimizer
+// digest (written by an mtrain before it did): nothing to check against.
+static void check_optimizer_digest(const char *path, uint64_t got, const uint64_t *recorded) {
+    if (recorded && got != *recorded)
         fail("%s: XXH64 %016" PRIx64 ", state.json records %016" PRIx64 " (the optimizer state of another "
-             "checkpoint)", path, got, recorded);
+             "checkpoint)", path, got, *recorded);
 }
 
 // optimizer.zst, whose moments must have the XXH64 state.json records.
-static void read_optimizer(const char *path, Model *m, uint64_t recorded) {
+static void read_optimizer(const char *path, Model *m, const uint64_t *recorded) {
     uint64_t P = (uint64_t)m->total_params, digest;
     float *host = read_moments(path, OPTIMIZER_MAGIC, &P, 1, "parameter count", m->total_params, &digest);
     check_optimizer_digest(path, digest, recorded);
@@ -366,12 +368,16 @@ static void read_state(const char *path, TrainState *s, char *optimizer, uint64_
             fail("%s: field 'rng' must be 4 hex words (1 to 16 hex digits each)", path);
     state_hex(root, "model_xxh64", path);
     const cJSON *file = cJSON_GetObjectItemCaseSensitive(root, "optimizer");
-    if (!cJSON_IsString(file) ||
+    if (!file && !cJSON_GetObjectItemCaseSensitive(root, "optimizer_xxh64")) {
+        optimizer[0] = '\0';   // an older checkpoint's: no optimizer file named, nothing to verify it by
+    } else if (!cJSON_IsString(file) ||
         (strcmp(file->valuestring, "optimizer.zst") && strcmp(file->valuestring, "optimizer.index.json")))
         fail("%s: field 'optimizer' is missing or another name (expected \"optimizer.zst\" or "
              "\"optimizer.index.json\")", path);
-    snprintf(optimizer, 32, "%s", file->valuestring);
-    *optimizer_hash = state_hex(root, "optimizer_xxh64", path);
+    } else {
+        snprintf(optimizer, 32, "%s", file->valuestring);
+        *optimizer_hash = state_hex(root, "optimizer_xxh64", path);
+    }
     const cJSON *keys = cJSON_GetObjectItemCaseSensitive(root, "run_keys");
     int64_t seq_len = cJSON_IsString(keys) ? run_keys_seq_len(keys->valuestring) : 0;
     if (seq_len > 0 && s->tokens_seen != s->data_cursor * seq_len)
@@ -899,11 +905,19 @@ void checkpoint_load(const char *dir, Model *m, TrainState *state) {
         fail("%s: step %lld, but the folder is named for step %lld (a folder renamed or copied by hand)", path,
              (long long)state->step, (long long)named);
     model_load_hf_folder(m, dir);
+    const uint64_t *recorded = &optimizer_hash;
+    if (!optimizer[0]) {   // written before state.json named its optimizer: the file that is there, unverified
+        join(path, sizeof(path), dir, "optimizer.index.json");
+        snprintf(optimizer, sizeof(optimizer), "%s", access(path, F_OK) == 0 ? "optimizer.index.json" : "optimizer.zst");
+        printf("note: %s/state.json records no optimizer digest (an older checkpoint): %s is read unverified\n", dir,
+               optimizer);
+        recorded = NULL;
+    }
     join(path, sizeof(path), dir, optimizer);
     if (!strcmp(optimizer, "optimizer.zst")) {
-        read_optimizer(path, m, optimizer_hash);
+        read_optimizer(path, m, recorded);
         return;
     }
-    check_optimizer_digest(path, file_xxh64(path), optimizer_hash);
+    check_optimizer_digest(path, file_xxh64(path), recorded);
     read_sharded_optimizer(dir, path, m);
 }

@@ -26,6 +26,9 @@
 //                                wgmma.wait_group: prints poison
 //   mbarrier_no_expect_tx / mbarrier_missing_bytes / wgmma_early_write / wgmma_no_fence / setmaxnreg_odd /
 //   setmaxnreg_over              one cudasim line, exit 1
+//   pipeline / pipeline_wrong_parity   a producer thread and a consumer warpgroup over two stages of TMA
+//                                tiles (full and empty mbarriers, phases reused): waits on the stage's
+//                                parity / always on parity 0: prints correct / one cudasim line, exit 1
 //   setmaxnreg                   producer .dec 40, consumers .inc 232 in any order: prints correct
 //   banks                        shared-memory wavefronts of cp.async and ldmatrix: rows 128 bytes apart
 //                                counted 8-way conflicting, swizzled and padded rows conflict-free (ok / FAIL)
@@ -624,9 +627,10 @@ __global__ void tma_wgmma_kernel(const __grid_constant__ CUtensorMap map_a, cons
         out[(16 * w + g + 8 * (i % 4 / 2)) * N + 8 * (i / 4) + 2 * t + i % 2] = d[i];
 }
 
-static CUtensorMap tensor_map_2d(const uint16_t *d, uint64_t rows, uint32_t box_rows, int span) {
+// A row-major bf16 tensor of rows x cols, boxes of SPAN bytes (16: no swizzle) by box_rows.
+static CUtensorMap tensor_map_2d(const uint16_t *d, uint64_t cols, uint64_t rows, uint32_t box_rows, int span) {
     CUtensorMap map;
-    const cuuint64_t dim[2] = {64, rows}, stride[1] = {64 * 2};
+    const cuuint64_t dim[2] = {cols, rows}, stride[1] = {cols * 2};
     const cuuint32_t box[2] = {(cuuint32_t)span / 2, box_rows}, one[2] = {1, 1};
     const CUresult r = cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)d, dim, stride, box, one,
                                               CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -650,7 +654,7 @@ static const char *tma_wgmma(int span, int desc_span, int mode, cudasimKernelCou
     CUDA_CHECK(cudaMalloc((void **)&d_out, sizeof out));
     CUDA_CHECK(cudaMemcpy(d_a, a, sizeof a, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(d_b, b, sizeof b, cudaMemcpyHostToDevice));
-    const CUtensorMap map_a = tensor_map_2d(d_a, 60, 64, span), map_b = tensor_map_2d(d_b, N, N, span);
+    const CUtensorMap map_a = tensor_map_2d(d_a, 64, 60, 64, span), map_b = tensor_map_2d(d_b, 64, N, N, span);
     cudasim_kernel_counts_reset();
     // the tiles and 4 KiB beyond them that a wrong descriptor may read (poison)
     CUDA_LAUNCH(tma_wgmma_kernel<N>, 1, 128, (64 + N) * 128 + 4096, 0, map_a, map_b,
@@ -696,7 +700,7 @@ static void tma_layout(int span) {
     CUDA_CHECK(cudaMalloc((void **)&d_src, sizeof src));
     CUDA_CHECK(cudaMalloc((void **)&d_out, sizeof out));
     CUDA_CHECK(cudaMemcpy(d_src, src, sizeof src, cudaMemcpyHostToDevice));
-    const CUtensorMap map = tensor_map_2d(d_src, 8, 8, span);
+    const CUtensorMap map = tensor_map_2d(d_src, 64, 8, 8, span);
     const int bytes = 8 * span, e = span / 2;
     CUDA_LAUNCH(tma_layout_kernel, 1, 32, bytes, 0, map, bytes, d_out);
     CUDA_CHECK(cudaGetLastError());
@@ -738,6 +742,83 @@ static void hopper_gemm() {
                    "%s (want wrong or poison)", spans[s], wrong, r);
         }
     }
+}
+
+// A pipeline of two stages: one producer thread (warp 4) loads the k-th 64 x 64 tiles of A (64 x 64 tiles) and B
+// (64 x 64 tiles) by TMA (128-byte swizzle) into stage k % 2 on mbarrier full[k % 2], after the consumers
+// released the stage's previous use on empty[k % 2]; the consumer warpgroup waits for full[k % 2] on the
+// parity of the stage's use, multiplies (wgmma, N 64), and arrives on empty. WRONG_PARITY waits on parity 0
+// every time.
+__global__ void pipeline_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                                int tiles, int wrong_parity, float *out) {
+    DYNAMIC_SHARED(unsigned char, smem);   // stage s: A at 16384 s, B at 16384 s + 8192
+    STATIC_SHARED(uint64_t, full, [2]);
+    STATIC_SHARED(uint64_t, empty, [2]);
+    if (threadIdx.x == 0)
+        for (int s = 0; s < 2; s++) {
+            mbarrier_init(&full[s], 1);
+            mbarrier_init(&empty[s], 128);
+        }
+    __syncthreads();
+    if (threadIdx.x >= 128) {
+        for (int k = 0; threadIdx.x == 128 && k < tiles; k++) {
+            const int s = k % 2;
+            if (k >= 2) mbarrier_wait(&empty[s], (k / 2 - 1) % 2);
+            mbarrier_arrive_expect_tx(&full[s], 2 * 64 * 128);
+            tma_load_2d(smem + 16384 * s, &map_a, 64 * k, 0, &full[s]);
+            tma_load_2d(smem + 16384 * s + 8192, &map_b, 64 * k, 0, &full[s]);
+        }
+        return;
+    }
+    float d[32];
+    for (int k = 0; k < tiles; k++) {
+        const int s = k % 2;
+        mbarrier_wait(&full[s], wrong_parity ? 0 : k / 2 % 2);
+        wgmma_fence();
+        for (int j = 0; j < 4; j++)
+            wgmma_bf16<64>(d, wgmma_descriptor(smem + 16384 * s + 32 * j, 16, 1024, WGMMA_SWIZZLE_128B),
+                           wgmma_descriptor(smem + 16384 * s + 8192 + 32 * j, 16, 1024, WGMMA_SWIZZLE_128B),
+                           k > 0 || j > 0);
+        wgmma_commit_group();
+        wgmma_wait_group<0>();
+        mbarrier_arrive(&empty[s]);
+    }
+    const int w = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    for (int i = 0; i < 32; i++) out[(16 * w + g + 8 * (i % 4 / 2)) * 64 + 8 * (i / 4) + 2 * t + i % 2] = d[i];
+}
+
+// Prints correct, wrong or poison against a CPU GEMM over 6 tiles of K.
+static void pipeline(bool wrong_parity) {
+    const int tiles = 6, K = 64 * tiles;
+    static uint16_t a[64 * K], b[64 * K];
+    static float out[64 * 64];
+    for (int i = 0; i < 64 * K; i++) {
+        a[i] = bf16_of((float)((i * 7) % 13 - 6) / 8);
+        b[i] = bf16_of((float)((i * 5) % 11 - 5) / 4);
+    }
+    uint16_t *d_a, *d_b;
+    float *d_out;
+    CUDA_CHECK(cudaMalloc((void **)&d_a, sizeof a));
+    CUDA_CHECK(cudaMalloc((void **)&d_b, sizeof b));
+    CUDA_CHECK(cudaMalloc((void **)&d_out, sizeof out));
+    CUDA_CHECK(cudaMemcpy(d_a, a, sizeof a, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_b, b, sizeof b, cudaMemcpyHostToDevice));
+    const CUtensorMap map_a = tensor_map_2d(d_a, K, 64, 64, 128), map_b = tensor_map_2d(d_b, K, 64, 64, 128);
+    CUDA_LAUNCH(pipeline_kernel, 1, 160, 2 * 16384, 0, map_a, map_b, tiles, (int)wrong_parity, d_out);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaMemcpy(out, d_out, sizeof out, cudaMemcpyDeviceToHost));
+    const char *verdict = "correct";
+    for (int r = 0; r < 64; r++)
+        for (int c = 0; c < 64; c++) {
+            double sum = 0;
+            for (int k = 0; k < K; k++) sum += (double)float_of(a[r * K + k]) * float_of(b[c * K + k]);
+            if (isnan(out[r * 64 + c])) verdict = "poison";
+            else if (fabs(out[r * 64 + c] - sum) > 1e-3 && strcmp(verdict, "poison")) verdict = "wrong";
+        }
+    printf("%s\n", verdict);
+    CUDA_CHECK(cudaFree(d_a));
+    CUDA_CHECK(cudaFree(d_b));
+    CUDA_CHECK(cudaFree(d_out));
 }
 
 // A misuse of the pipeline: prints what the kernel computed, or the sim stops it with one line.
@@ -792,6 +873,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(c, "hopper_gemm")) hopper_gemm();
     else if (!strncmp(c, "mbarrier_", 9) || !strncmp(c, "wgmma_", 6)) hopper_misuse(c);
     else if (!strcmp(c, "setmaxnreg")) setmaxnreg_case(232);
+    else if (!strcmp(c, "pipeline") || !strcmp(c, "pipeline_wrong_parity")) pipeline(!strcmp(c, "pipeline_wrong_parity"));
     else if (!strcmp(c, "setmaxnreg_over")) setmaxnreg_case(256);
     else if (!strcmp(c, "setmaxnreg_odd")) setmaxnreg_case(100);
     else CHECK(0, "sim_selftest: unknown case %s", c);

@@ -61,6 +61,8 @@ r=$(results mbarrier_wrong_phase)
 expect "mbarrier wait on the wrong phase parity: the TMA tile read as poison ($r)" '[ "$r" = "poison " ]'
 r=$(results wgmma_early_read)
 expect "wgmma accumulators read before wgmma.wait_group: poison ($r)" '[ "$r" = "poison " ]'
+r=$(results pipeline)
+expect "TMA / wgmma pipeline of two stages, full and empty mbarriers: correct under every seed ($r)" '[ "$r" = "correct " ]'
 r=$(results setmaxnreg)
 expect "setmaxnreg: producer .dec, consumers .inc in any order complete under every seed ($r)" '[ "$r" = "correct " ]'
 r=$(results streams_nowait)
@@ -87,6 +89,7 @@ violation barrier_divergence "^cudasim: kernel barrier_divergence_kernel${where}
 tma='^cudasim: kernel void tma_wgmma_kernel<64>.* block \(0,0,0\)'
 violation mbarrier_no_expect_tx "${tma}: bulk copies completed on the mbarrier .* never landed"
 violation mbarrier_missing_bytes "${tma} thread .*mbarrier.try_wait.parity 0 .* never completes.*tx-count 16384: bytes an expect-tx announced never arrived"
+violation pipeline_wrong_parity "^cudasim: kernel pipeline_kernel.* block \(0,0,0\).*(mbarrier.try_wait.parity 1 .* never completes|bulk copies completed on the mbarrier .* never landed)"
 violation wgmma_early_write "${tma} thread .*accumulator register 1 .* was written between its wgmma.mma_async and the wgmma.wait_group"
 violation wgmma_no_fence "${tma} thread .*wgmma.mma_async without a wgmma.fence"
 violation setmaxnreg_odd "^cudasim: kernel void setmaxnreg_kernel<100>${where}setmaxnreg.inc.sync.aligned.u32 100: the count must be a multiple of 8"

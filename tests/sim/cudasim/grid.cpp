@@ -553,8 +553,8 @@ static bool release_mbarrier_waiters(Block *b, std::vector<std::vector<Thread *>
 
 // ---- bulk copies (PTX ISA, "cp.async.bulk", "cp.async.bulk.tensor", .mbarrier::complete_tx::bytes): the
 // source is read at the call and the destination holds poison; the copy is in flight until no thread of the
-// block can run and no __syncthreads can complete (the latest a GPU may take), then its bytes complete on the mbarrier's current phase
-// (complete-tx) and land when that phase completes ----
+// block can run and no __syncthreads can complete (the latest a GPU may take), then its bytes complete on the
+// mbarrier's current phase (complete-tx) and land when that phase completes ----
 
 static void complete_tx(Thread *t, uint64_t *bar, unsigned char *dst, std::vector<unsigned char> data,
                         const char *what) {
@@ -1028,7 +1028,8 @@ static void write_counts() {
                "\twgmma\twgmma_flops\ttma_bytes\tmbarrier_waits\n");
     for (const auto &e : counts_by_kernel) {
         const cudasimKernelCounts &k = e.second;
-        fprintf(f, "%s\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\n",
+        fprintf(f,
+                "%s\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\n",
                 e.first.c_str(), k.launches, k.blocks, k.mma, k.ldmatrix_bytes, k.cp_async_bytes, k.shuffles,
                 k.barriers, k.atomics, k.ldmatrix_wavefronts, k.ldmatrix_wavefronts_min, k.cp_async_wavefronts,
                 k.cp_async_wavefronts_min, k.wgmma, k.wgmma_flops, k.tma_bytes, k.mbarrier_waits);

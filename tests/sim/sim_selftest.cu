@@ -24,8 +24,8 @@
 //                                swizzle wrong; the Hopper counts (ok / FAIL)
 //   mbarrier_wrong_phase / wgmma_early_read   a wait on the wrong parity / the accumulators read before
 //                                wgmma.wait_group: prints poison
-//   mbarrier_no_expect_tx / mbarrier_missing_bytes / wgmma_early_write / wgmma_no_fence / setmaxnreg_odd /
-//   setmaxnreg_over              one cudasim line, exit 1
+//   mbarrier_no_expect_tx / mbarrier_missing_bytes / wgmma_early_write / wgmma_no_fence /
+//   wgmma_operand_overwritten / setmaxnreg_odd / setmaxnreg_over   one cudasim line, exit 1
 //   pipeline / pipeline_wrong_parity   a producer thread and a consumer warpgroup over two stages of TMA
 //                                tiles (full and empty mbarriers, phases reused): waits on the stage's
 //                                parity / always on parity 0: prints correct / one cudasim line, exit 1
@@ -575,7 +575,7 @@ static void banks() {
 // (the loads' own, or a wrong one). out: the 64 x N accumulators by the documented fragment layout. MODE:
 // 0 right; 1 waits on the wrong parity; 2 arrives without expect-tx; 3 expects twice the bytes; 4 reads the
 // accumulators before the wait; 5 writes them before the wait; 6 no wgmma.fence; 7 right, A from registers
-// (each thread's fragment of a_rows, the tensor's 60 rows).
+// (each thread's fragment of a_rows, the tensor's 60 rows); 8 thread 0 rewrites a byte of B before the wait.
 static int swizzle_of(int span) { return span == 128 ? 1 : span == 64 ? 2 : span == 32 ? 3 : 0; }
 
 template <int N>
@@ -621,6 +621,7 @@ __global__ void tma_wgmma_kernel(const __grid_constant__ CUtensorMap map_a, cons
     wgmma_commit_group();
     const float early = d[0];
     if (mode == 5) d[1] = 0.0f;
+    if (mode == 8 && threadIdx.x == 0) tile_b[0] ^= 1;
     wgmma_wait_group<0>();
     if (mode == 4) d[0] = early;
     for (int i = 0; i < N / 2; i++)
@@ -827,9 +828,11 @@ static void pipeline(bool wrong_parity) {
 // A misuse of the pipeline: prints what the kernel computed, or the sim stops it with one line.
 static void hopper_misuse(const char *which) {
     const char *names[] = {"", "mbarrier_wrong_phase", "mbarrier_no_expect_tx", "mbarrier_missing_bytes",
-                           "wgmma_early_read", "wgmma_early_write", "wgmma_no_fence"};
+                           "wgmma_early_read", "wgmma_early_write", "wgmma_no_fence", "", "wgmma_operand_overwritten"};
+    const int modes = (int)(sizeof names / sizeof names[0]);
     int mode = 1;
-    while (strcmp(names[mode], which)) mode++;
+    while (mode < modes && strcmp(names[mode], which)) mode++;
+    CHECK(mode < modes, "sim_selftest: unknown case %s", which);
     cudasimKernelCounts k;
     printf("%s\n", tma_wgmma<64>(128, 128, mode, &k));
 }

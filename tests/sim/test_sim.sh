@@ -92,6 +92,7 @@ violation mbarrier_missing_bytes "${tma} thread .*mbarrier.try_wait.parity 0 .* 
 violation pipeline_wrong_parity "^cudasim: kernel pipeline_kernel.* block \(0,0,0\).*(mbarrier.try_wait.parity 1 .* never completes|bulk copies completed on the mbarrier .* never landed)"
 violation wgmma_early_write "${tma} thread .*accumulator register 1 .* was written between its wgmma.mma_async and the wgmma.wait_group"
 violation wgmma_no_fence "${tma} thread .*wgmma.mma_async without a wgmma.fence"
+violation wgmma_operand_overwritten "${tma} thread .*the shared memory a wgmma.mma_async read .* changed before the last wgmma.wait_group"
 violation setmaxnreg_odd "^cudasim: kernel void setmaxnreg_kernel<100>${where}setmaxnreg.inc.sync.aligned.u32 100: the count must be a multiple of 8"
 violation setmaxnreg_over "^cudasim: kernel void setmaxnreg_kernel<256>${where}setmaxnreg.inc to 256 registers waits forever"
 # What the CUDA attention op refuses, likewise: sparse blocks of 32.

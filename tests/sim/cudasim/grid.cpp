@@ -74,6 +74,19 @@ struct PendingAccumulator {
     int64_t group;              // the wgmma group it belongs to (the thread's commit count at issue)
 };
 
+// The shared-memory operands a wgmma.mma_async read, as read: the last of its warpgroup's threads to wait for
+// it reads them again, and they must not have changed.
+struct WgmmaOperands {
+    uint64_t a_desc, b_desc;    // a_desc 0: A came from registers
+    int n;
+    std::vector<float> a, b;
+    int waiting;                // threads of the warpgroup that have not waited for it yet
+};
+struct PendingOperands {
+    std::shared_ptr<WgmmaOperands> operands;
+    int64_t group;
+};
+
 // A bulk copy in flight: its bytes complete on bar when no thread of the block can run (bulk copies).
 struct BulkCopy {
     uint64_t *bar;
@@ -114,6 +127,7 @@ struct Thread {
     uint64_t *mbarrier = nullptr;   // AT_MBARRIER: the barrier and the parity waited for
     unsigned parity = 0;
     std::vector<PendingAccumulator> accumulators;
+    std::vector<PendingOperands> wgmma_operands;
     int64_t wgmma_committed = 0;    // wgmma groups committed so far
     bool wgmma_fenced = false;      // a wgmma.fence since the start or the last wgmma.wait_group
 };
@@ -712,8 +726,11 @@ static void complete_wgmma(Thread *const *lane, uint64_t *counts) {
         }
     else read_operand(t, t->in[0], 64, A.data());
     read_operand(t, t->in[1], n, B.data());
+    auto operands = std::make_shared<WgmmaOperands>(
+        WgmmaOperands{from_regs ? 0 : t->in[0], t->in[1], n, from_regs ? std::vector<float>() : A, B, 128});
     for (int l = 0; l < 128; l++) {
         Thread *u = lane[l];
+        u->wgmma_operands.push_back({operands, u->wgmma_committed});
         float *d = (float *)(uintptr_t)u->in[2];
         PendingAccumulator *p = nullptr;
         for (PendingAccumulator &q : u->accumulators)
@@ -769,6 +786,26 @@ void wgmma_wait_group(int n) {
         memcpy(p.d, p.values.data(), p.values.size() * sizeof(float));
     }
     t->accumulators.resize(keep);
+    keep = 0;
+    for (size_t i = 0; i < t->wgmma_operands.size(); i++) {
+        PendingOperands &p = t->wgmma_operands[i];
+        if (p.group >= t->wgmma_committed - n) {
+            t->wgmma_operands[keep++] = std::move(p);
+            continue;
+        }
+        WgmmaOperands &o = *p.operands;
+        if (--o.waiting > 0) continue;
+        std::vector<float> a(o.a.size()), b(o.b.size());
+        if (o.a_desc) read_operand(t, o.a_desc, 64, a.data());
+        read_operand(t, o.b_desc, o.n, b.data());
+        if (memcmp(a.data(), o.a.data(), a.size() * sizeof(float)) ||
+            memcmp(b.data(), o.b.data(), b.size() * sizeof(float)))
+            violation(t, "the shared memory a wgmma.mma_async read (descriptors A 0x%016llx, B 0x%016llx) changed "
+                         "before the last wgmma.wait_group of its warpgroup covered it (PTX ISA, wgmma.mma_async: its "
+                         "shared operands must not be modified until the wait)",
+                      (unsigned long long)o.a_desc, (unsigned long long)o.b_desc);
+    }
+    t->wgmma_operands.resize(keep);
     t->wgmma_fenced = false;
 }
 

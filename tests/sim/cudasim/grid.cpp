@@ -523,17 +523,15 @@ void mbarrier_init(uint64_t *bar, unsigned count) {
     *bar = 0;
 }
 
-uint64_t mbarrier_arrive(uint64_t *bar, unsigned tx_bytes) {
+void mbarrier_arrive(uint64_t *bar, unsigned tx_bytes) {
     Thread *t = self("mbarrier.arrive");
     MBarrier &m = mbarrier_of(t, bar, "mbarrier.arrive");
     m.tx += tx_bytes;
     if (m.tx > TX_LIMIT)
         violation(t, "mbarrier.arrive.expect_tx of %u bytes on %p: the tx-count %lld exceeds 2^20-1 (PTX ISA, "
                      "mbarrier: tx-count range)", tx_bytes, (void *)bar, (long long)m.tx);
-    const uint64_t phase = m.phase;
     m.pending--;
     complete_phase_if_done(m);
-    return phase;
 }
 
 bool mbarrier_test_wait_parity(uint64_t *bar, unsigned parity) {

@@ -66,8 +66,8 @@ void *shared_dynamic();
 // The shared-memory address of p (its offset in the block's dynamic shared memory, which starts at 0).
 uint32_t shared_address(const void *p);
 void mbarrier_init(uint64_t *bar, unsigned count);
-// expect-tx of tx_bytes (0: none), then one arrival; returns the phase the arrival was made in.
-uint64_t mbarrier_arrive(uint64_t *bar, unsigned tx_bytes);
+// expect-tx of tx_bytes (0: none), then one arrival.
+void mbarrier_arrive(uint64_t *bar, unsigned tx_bytes);
 bool mbarrier_test_wait_parity(uint64_t *bar, unsigned parity);
 void mbarrier_wait_parity(uint64_t *bar, unsigned parity);
 // cp.async.bulk (1D, bytes a multiple of 16) and cp.async.bulk.tensor (rank coordinates of a tensor map from

@@ -52,11 +52,14 @@ typedef ATTN_INPUTS(bf16) AttnInputsBf16;   // the kernels' inputs (attn_args.h)
 // ---- PTX wrappers (under the CPU execution model, -D__CUDASIM__, the sim's
 // implementation of the same instruction: tests/sim/cudasim/grid.cpp) ----
 
-#ifndef __CUDASIM__
+// The shared-memory address of p (under the sim: its offset in the block's dynamic shared memory).
 __device__ __forceinline__ uint32_t smem_addr(const void *p) {
+#ifdef __CUDASIM__
+    return cudasim::shared_address(p);
+#else
     return (uint32_t)__cvta_generic_to_shared(p);
-}
 #endif
+}
 
 // 16 bytes global -> shared, asynchronous; zero-filled (nothing read) when !valid.
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {

@@ -19,6 +19,17 @@
 //   devices                      the visible devices: count and PCI bus ids (CUDA_VISIBLE_DEVICES)
 //   fragments                    mma.sync and ldmatrix element by element against the PTX ISA tables
 //   memory_peak                  cudasimMemoryPeak: cudaMalloc's bytes plus the pool's high-water mark (ok / FAIL)
+//   hopper_gemm                  TMA (every swizzle, out-of-bounds zero fill) on an mbarrier, then wgmma
+//                                m64nNk16 (N 64, 128, 256) against a CPU GEMM; a descriptor of the wrong
+//                                swizzle wrong; the Hopper counts (ok / FAIL)
+//   mbarrier_wrong_phase / wgmma_early_read   a wait on the wrong parity / the accumulators read before
+//                                wgmma.wait_group: prints poison
+//   mbarrier_no_expect_tx / mbarrier_missing_bytes / wgmma_early_write / wgmma_no_fence /
+//   wgmma_operand_overwritten / setmaxnreg_odd / setmaxnreg_over   one cudasim line, exit 1
+//   pipeline / pipeline_wrong_parity   a producer thread and a consumer warpgroup over two stages of TMA
+//                                tiles (full and empty mbarriers, phases reused): waits on the stage's
+//                                parity / always on parity 0: prints correct / one cudasim line, exit 1
+//   setmaxnreg                   producer .dec 40, consumers .inc 232 in any order: prints correct
 //   banks                        shared-memory wavefronts of cp.async and ldmatrix: rows 128 bytes apart
 //                                counted 8-way conflicting, swizzled and padded rows conflict-free (ok / FAIL)
 // tests/sim/test_sim.sh runs each in a child process and asserts its outcome.
@@ -30,6 +41,7 @@
 #include <cuda_runtime.h>
 
 #include "../../attention/kernels/flash_tiles.cuh"
+#include "../../attention/kernels/hopper.cuh"
 #include "../../dist/cuda_check.h"
 #include "../../dist/cuda_kernel.h"
 #include "../lib/check.h"
@@ -555,6 +567,299 @@ static void banks() {
     CUDA_CHECK(cudaFree(d_out));
 }
 
+// ---- Hopper: tiles loaded by TMA on an mbarrier, multiplied by wgmma (tests/sim/cudasim/grid.cpp) ----
+
+// A (64 x 64, of which the tensor's 60 rows: rows 60..63 are the out-of-bounds zero fill) times B^T (B: N x
+// 64), both K-major bf16, loaded by tma_load_2d in boxes of SPAN bytes a row (16: no swizzle, the core-matrix
+// layout; 32, 64, 128: that swizzle) and multiplied by 4 wgmma of k16 with descriptors of swizzle DESC_SPAN
+// (the loads' own, or a wrong one). out: the 64 x N accumulators by the documented fragment layout. MODE:
+// 0 right; 1 waits on the wrong parity; 2 arrives without expect-tx; 3 expects twice the bytes; 4 reads the
+// accumulators before the wait; 5 writes them before the wait; 6 no wgmma.fence; 7 right, A from registers
+// (each thread's fragment of a_rows, the tensor's 60 rows); 8 thread 0 rewrites a byte of B before the wait.
+static int swizzle_of(int span) { return span == 128 ? 1 : span == 64 ? 2 : span == 32 ? 3 : 0; }
+
+template <int N>
+__global__ void tma_wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                                 const bf16 *a_rows, int span, int desc_span, int mode, float *out) {
+    DYNAMIC_SHARED(unsigned char, smem);
+    STATIC_SHARED(uint64_t, bar, [1]);
+    unsigned char *tile_a = smem, *tile_b = smem + 64 * 128;
+    const int e = span / 2, boxes = 64 / e;   // elements a box row, boxes along K
+    const unsigned bytes = (64 + N) * 64 * 2;
+    if (threadIdx.x == 0) {
+        mbarrier_init(bar, 1);
+        if (mode == 2) mbarrier_arrive(bar);
+        else mbarrier_arrive_expect_tx(bar, mode == 3 ? 2 * bytes : bytes);
+        for (int b = 0; b < boxes; b++) {
+            tma_load_2d(tile_a + b * 64 * span, &map_a, b * e, 0, bar);
+            tma_load_2d(tile_b + b * N * span, &map_b, b * e, 0, bar);
+        }
+    }
+    __syncthreads();
+    mbarrier_wait(bar, mode == 1 ? 1 : 0);
+    float d[N / 2];
+    const int w = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    uint32_t a[4][4];   // [k16 step][register]: rows 16 w + g (+ 8), columns 16 step + 2 t (+ 8), pairs
+    for (int j = 0; mode == 7 && j < 4; j++)
+        for (int r = 0; r < 4; r++) {
+            const int row = 16 * w + g + 8 * (r % 2), col = 16 * j + 2 * t + 8 * (r / 2);
+            const bf16 zero = __float2bfloat16_rn(0.0f), lo = row < 60 ? a_rows[row * 64 + col] : zero,
+                       hi = row < 60 ? a_rows[row * 64 + col + 1] : zero;
+            a[j][r] = (uint32_t)lo.__x | (uint32_t)hi.__x << 16;
+        }
+    if (mode != 6) wgmma_fence();
+    for (int j = 0; j < 4; j++) {   // k16 step j: 32 bytes at K offset 32 j
+        const int box = 32 * j / (span < 32 ? 16 : span), within = span < 32 ? 0 : 32 * j % span;
+        const int sw = swizzle_of(desc_span);
+        const uint64_t da = wgmma_descriptor(tile_a + (span < 32 ? 2 * j : box) * 64 * span + within, 64 * 16,
+                                             span < 32 ? 128 : 8 * span, (WgmmaSwizzle)sw);
+        const uint64_t db = wgmma_descriptor(tile_b + (span < 32 ? 2 * j : box) * N * span + within, N * 16,
+                                             span < 32 ? 128 : 8 * span, (WgmmaSwizzle)sw);
+        if (mode == 7) wgmma_bf16_rs<N>(d, a[j], db, j > 0);
+        else wgmma_bf16<N>(d, da, db, j > 0);
+    }
+    wgmma_commit_group();
+    const float early = d[0];
+    if (mode == 5) d[1] = 0.0f;
+    if (mode == 8 && threadIdx.x == 0) tile_b[0] ^= 1;
+    wgmma_wait_group<0>();
+    if (mode == 4) d[0] = early;
+    for (int i = 0; i < N / 2; i++)
+        out[(16 * w + g + 8 * (i % 4 / 2)) * N + 8 * (i / 4) + 2 * t + i % 2] = d[i];
+}
+
+// A row-major bf16 tensor of rows x cols, boxes of SPAN bytes (16: no swizzle) by box_rows.
+static CUtensorMap tensor_map_2d(const uint16_t *d, uint64_t cols, uint64_t rows, uint32_t box_rows, int span) {
+    CUtensorMap map;
+    const cuuint64_t dim[2] = {cols, rows}, stride[1] = {cols * 2};
+    const cuuint32_t box[2] = {(cuuint32_t)span / 2, box_rows}, one[2] = {1, 1};
+    const CUtensorMapSwizzle swizzle = span == 16   ? CU_TENSOR_MAP_SWIZZLE_NONE
+                                       : span == 32 ? CU_TENSOR_MAP_SWIZZLE_32B
+                                       : span == 64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                                    : CU_TENSOR_MAP_SWIZZLE_128B;
+    const CUresult r = cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)d, dim, stride, box,
+                                              one, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                                              CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    CHECK(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled: %d", (int)r);
+    return map;
+}
+
+// Runs the kernel; "correct", "wrong" or "poison" (a NaN) against a CPU GEMM (fp64), and the counts.
+template <int N>
+static const char *tma_wgmma(int span, int desc_span, int mode, cudasimKernelCounts *k) {
+    static uint16_t a[60 * 64], b[N * 64];
+    static float out[64 * N];
+    for (int i = 0; i < 60 * 64; i++) a[i] = bf16_of((float)((i * 7) % 13 - 6) / 8);
+    for (int i = 0; i < N * 64; i++) b[i] = bf16_of((float)((i * 5) % 11 - 5) / 4);
+    uint16_t *d_a, *d_b;
+    float *d_out;
+    CUDA_CHECK(cudaMalloc((void **)&d_a, sizeof a));
+    CUDA_CHECK(cudaMalloc((void **)&d_b, sizeof b));
+    CUDA_CHECK(cudaMalloc((void **)&d_out, sizeof out));
+    CUDA_CHECK(cudaMemcpy(d_a, a, sizeof a, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_b, b, sizeof b, cudaMemcpyHostToDevice));
+    const CUtensorMap map_a = tensor_map_2d(d_a, 64, 60, 64, span), map_b = tensor_map_2d(d_b, 64, N, N, span);
+    cudasim_kernel_counts_reset();
+    // the tiles and 4 KiB beyond them that a wrong descriptor may read (poison)
+    CUDA_LAUNCH(tma_wgmma_kernel<N>, 1, 128, (64 + N) * 128 + 4096, 0, map_a, map_b,
+                reinterpret_cast<const bf16 *>(d_a), span, desc_span, mode, d_out);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaMemcpy(out, d_out, sizeof out, cudaMemcpyDeviceToHost));
+    cudasim_kernel_counts("tma_wgmma_kernel", k);
+    const char *verdict = "correct";
+    for (int r = 0; r < 64; r++)
+        for (int c = 0; c < N; c++) {
+            double s = 0;
+            for (int kk = 0; r < 60 && kk < 64; kk++) s += (double)float_of(a[r * 64 + kk]) * float_of(b[c * 64 + kk]);
+            if (isnan(out[r * N + c])) verdict = "poison";
+            else if (fabs(out[r * N + c] - s) > 1e-3 && strcmp(verdict, "poison")) verdict = "wrong";
+        }
+    CUDA_CHECK(cudaFree(d_a));
+    CUDA_CHECK(cudaFree(d_b));
+    CUDA_CHECK(cudaFree(d_out));
+    return verdict;
+}
+
+// One box of 8 rows of SPAN bytes (uint16 r * 64 + e at row r, element e) loaded by TMA, its shared bytes as
+// they lie.
+__global__ void tma_layout_kernel(const __grid_constant__ CUtensorMap map, int bytes, uint16_t *out) {
+    DYNAMIC_SHARED(uint16_t, box);
+    STATIC_SHARED(uint64_t, bar, [1]);
+    if (threadIdx.x == 0) {
+        mbarrier_init(bar, 1);
+        mbarrier_arrive_expect_tx(bar, bytes);
+        tma_load_2d(box, &map, 0, 0, bar);
+    }
+    __syncthreads();
+    mbarrier_wait(bar, 0);
+    for (int i = threadIdx.x; i < bytes / 2; i += blockDim.x) out[i] = box[i];
+}
+
+// The swizzle as the CUDA C++ Programming Guide's TMA section gives it: with a span of S bytes, 16-byte chunk c
+// of row r (rows of S bytes) lies at chunk c ^ ((r S / 128) mod (S / 16)) of its row.
+static void tma_layout(int span) {
+    uint16_t src[8 * 64], out[8 * 64];
+    for (int i = 0; i < 8 * 64; i++) src[i] = (uint16_t)i;
+    uint16_t *d_src, *d_out;
+    CUDA_CHECK(cudaMalloc((void **)&d_src, sizeof src));
+    CUDA_CHECK(cudaMalloc((void **)&d_out, sizeof out));
+    CUDA_CHECK(cudaMemcpy(d_src, src, sizeof src, cudaMemcpyHostToDevice));
+    const CUtensorMap map = tensor_map_2d(d_src, 64, 8, 8, span);
+    const int bytes = 8 * span, e = span / 2;
+    CUDA_LAUNCH(tma_layout_kernel, 1, 32, bytes, 0, map, bytes, d_out);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaMemcpy(out, d_out, bytes, cudaMemcpyDeviceToHost));
+    int wrong = 0;
+    for (int r = 0; r < 8; r++)
+        for (int x = 0; x < e; x++) {
+            const int c = x / 8, at = r * e + 8 * (c ^ (r * span / 128 % (span / 16))) + x % 8;
+            wrong += out[at] != r * 64 + x;
+        }
+    EXPECT(wrong == 0, "TMA box of 8 rows of %d bytes, swizzled: %d elements away from the documented chunk", span,
+           wrong);
+    CUDA_CHECK(cudaFree(d_src));
+    CUDA_CHECK(cudaFree(d_out));
+}
+
+// Every N and swizzle against the CPU GEMM, a descriptor of the wrong swizzle wrong, and the counts.
+static void hopper_gemm() {
+    const int spans[4] = {16, 32, 64, 128};
+    for (int s = 1; s < 4; s++) tma_layout(spans[s]);
+    for (int s = 0; s < 4; s++) {
+        cudasimKernelCounts k;
+        const char *r64 = tma_wgmma<64>(spans[s], spans[s], 0, &k);
+        const char *r128 = tma_wgmma<128>(spans[s], spans[s], 0, &k);
+        const char *r256 = tma_wgmma<256>(spans[s], spans[s], 0, &k);
+        EXPECT(!strcmp(r64, "correct") && !strcmp(r128, "correct") && !strcmp(r256, "correct"),
+               "TMA boxes of %d-byte rows, wgmma m64nNk16 N 64/128/256 against a CPU GEMM: %s %s %s", spans[s], r64,
+               r128, r256);
+        EXPECT(k.wgmma == 4 && k.wgmma_flops == 4ull * 2 * 64 * 256 * 16 && k.tma_bytes == (64 + 256) * 128 &&
+                   k.mbarrier_waits == 128,
+               "counts of N 256: %llu wgmma, %llu FLOPs, %llu TMA bytes, %llu mbarrier waits (want 4, %llu, %d, 128)",
+               k.wgmma, k.wgmma_flops, k.tma_bytes, k.mbarrier_waits, 4ull * 2 * 64 * 256 * 16, (64 + 256) * 128);
+        const char *rs = tma_wgmma<128>(spans[s], spans[s], 7, &k);
+        EXPECT(!strcmp(rs, "correct"), "the same with A from registers, N 128: %s", rs);
+        if (spans[s] > 16) {
+            const int wrong = spans[s] / 2;
+            const char *r = tma_wgmma<128>(spans[s], wrong, 0, &k);
+            EXPECT(strcmp(r, "correct"), "tiles swizzled by %d bytes read through descriptors of %d bytes (16: none): "
+                   "%s (want wrong or poison)", spans[s], wrong, r);
+        }
+    }
+}
+
+// A pipeline of two stages: one producer thread (warp 4) loads the k-th 64 x 64 tiles of A (64 x 64 tiles) and B
+// (64 x 64 tiles) by TMA (128-byte swizzle) into stage k % 2 on mbarrier full[k % 2], after the consumers
+// released the stage's previous use on empty[k % 2]; the consumer warpgroup waits for full[k % 2] on the
+// parity of the stage's use, multiplies (wgmma, N 64), and arrives on empty. WRONG_PARITY waits on parity 0
+// every time.
+__global__ void pipeline_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                                int tiles, int wrong_parity, float *out) {
+    DYNAMIC_SHARED(unsigned char, smem);   // stage s: A at 16384 s, B at 16384 s + 8192
+    STATIC_SHARED(uint64_t, full, [2]);
+    STATIC_SHARED(uint64_t, empty, [2]);
+    if (threadIdx.x == 0)
+        for (int s = 0; s < 2; s++) {
+            mbarrier_init(&full[s], 1);
+            mbarrier_init(&empty[s], 128);
+        }
+    __syncthreads();
+    if (threadIdx.x >= 128) {
+        for (int k = 0; threadIdx.x == 128 && k < tiles; k++) {
+            const int s = k % 2;
+            if (k >= 2) mbarrier_wait(&empty[s], (k / 2 - 1) % 2);
+            mbarrier_arrive_expect_tx(&full[s], 2 * 64 * 128);
+            tma_load_2d(smem + 16384 * s, &map_a, 64 * k, 0, &full[s]);
+            tma_load_2d(smem + 16384 * s + 8192, &map_b, 64 * k, 0, &full[s]);
+        }
+        return;
+    }
+    float d[32];
+    for (int k = 0; k < tiles; k++) {
+        const int s = k % 2;
+        mbarrier_wait(&full[s], wrong_parity ? 0 : k / 2 % 2);
+        wgmma_fence();
+        for (int j = 0; j < 4; j++)
+            wgmma_bf16<64>(d, wgmma_descriptor(smem + 16384 * s + 32 * j, 16, 1024, WGMMA_SWIZZLE_128B),
+                           wgmma_descriptor(smem + 16384 * s + 8192 + 32 * j, 16, 1024, WGMMA_SWIZZLE_128B),
+                           k > 0 || j > 0);
+        wgmma_commit_group();
+        wgmma_wait_group<0>();
+        mbarrier_arrive(&empty[s]);
+    }
+    const int w = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    for (int i = 0; i < 32; i++) out[(16 * w + g + 8 * (i % 4 / 2)) * 64 + 8 * (i / 4) + 2 * t + i % 2] = d[i];
+}
+
+// Prints correct, wrong or poison against a CPU GEMM over 6 tiles of K.
+static void pipeline(bool wrong_parity) {
+    const int tiles = 6, K = 64 * tiles;
+    static uint16_t a[64 * K], b[64 * K];
+    static float out[64 * 64];
+    for (int i = 0; i < 64 * K; i++) {
+        a[i] = bf16_of((float)((i * 7) % 13 - 6) / 8);
+        b[i] = bf16_of((float)((i * 5) % 11 - 5) / 4);
+    }
+    uint16_t *d_a, *d_b;
+    float *d_out;
+    CUDA_CHECK(cudaMalloc((void **)&d_a, sizeof a));
+    CUDA_CHECK(cudaMalloc((void **)&d_b, sizeof b));
+    CUDA_CHECK(cudaMalloc((void **)&d_out, sizeof out));
+    CUDA_CHECK(cudaMemcpy(d_a, a, sizeof a, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_b, b, sizeof b, cudaMemcpyHostToDevice));
+    const CUtensorMap map_a = tensor_map_2d(d_a, K, 64, 64, 128), map_b = tensor_map_2d(d_b, K, 64, 64, 128);
+    CUDA_LAUNCH(pipeline_kernel, 1, 160, 2 * 16384, 0, map_a, map_b, tiles, (int)wrong_parity, d_out);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaMemcpy(out, d_out, sizeof out, cudaMemcpyDeviceToHost));
+    const char *verdict = "correct";
+    for (int r = 0; r < 64; r++)
+        for (int c = 0; c < 64; c++) {
+            double sum = 0;
+            for (int k = 0; k < K; k++) sum += (double)float_of(a[r * K + k]) * float_of(b[c * K + k]);
+            if (isnan(out[r * 64 + c])) verdict = "poison";
+            else if (fabs(out[r * 64 + c] - sum) > 1e-3 && strcmp(verdict, "poison")) verdict = "wrong";
+        }
+    printf("%s\n", verdict);
+    CUDA_CHECK(cudaFree(d_a));
+    CUDA_CHECK(cudaFree(d_b));
+    CUDA_CHECK(cudaFree(d_out));
+}
+
+// A misuse of the pipeline: prints what the kernel computed, or the sim stops it with one line.
+static void hopper_misuse(const char *which) {
+    const char *names[] = {"", "mbarrier_wrong_phase", "mbarrier_no_expect_tx", "mbarrier_missing_bytes",
+                           "wgmma_early_read", "wgmma_early_write", "wgmma_no_fence", "", "wgmma_operand_overwritten"};
+    const int modes = (int)(sizeof names / sizeof names[0]);
+    int mode = 1;
+    while (mode < modes && strcmp(names[mode], which)) mode++;
+    CHECK(mode < modes, "sim_selftest: unknown case %s", which);
+    cudasimKernelCounts k;
+    printf("%s\n", tma_wgmma<64>(128, 128, mode, &k));
+}
+
+// setmaxnreg: the producer warpgroup gives up registers, two consumers take them, in any order (an .inc waits
+// for room); a count that is no multiple of 8, or more than the block holds, is stopped.
+template <int CONSUMER>
+__global__ void setmaxnreg_kernel(int *out) {
+    if (threadIdx.x < 128) setmaxnreg_dec<40>();
+    else setmaxnreg_inc<CONSUMER>();
+    out[threadIdx.x] = 1;
+}
+
+static void setmaxnreg_case(int consumer) {
+    int *d_out, out[384];
+    CUDA_CHECK(cudaMalloc((void **)&d_out, sizeof out));
+    if (consumer == 232) CUDA_LAUNCH(setmaxnreg_kernel<232>, 1, 384, 0, 0, d_out);
+    else if (consumer == 256) CUDA_LAUNCH(setmaxnreg_kernel<256>, 1, 384, 0, 0, d_out);
+    else CUDA_LAUNCH(setmaxnreg_kernel<100>, 1, 384, 0, 0, d_out);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaMemcpy(out, d_out, sizeof out, cudaMemcpyDeviceToHost));
+    int ran = 0;
+    for (int i = 0; i < 384; i++) ran += out[i] == 1;
+    printf("%s\n", ran == 384 ? "correct" : "wrong");
+    CUDA_CHECK(cudaFree(d_out));
+}
+
 int main(int argc, char **argv) {
     CHECK(argc == 2, "usage: %s CASE (see tests/sim/sim_selftest.cu)", argv[0]);
     const char *c = argv[1];
@@ -571,6 +876,13 @@ int main(int argc, char **argv) {
     else if (!strcmp(c, "devices")) devices();
     else if (!strcmp(c, "fragments")) { check_mma(); check_ldmatrix(); }
     else if (!strcmp(c, "banks")) banks();
+    else if (!strcmp(c, "hopper_gemm")) hopper_gemm();
+    else if (!strncmp(c, "mbarrier_", 9) || !strncmp(c, "wgmma_", 6)) hopper_misuse(c);
+    else if (!strcmp(c, "setmaxnreg")) setmaxnreg_case(232);
+    else if (!strcmp(c, "pipeline") || !strcmp(c, "pipeline_wrong_parity"))
+        pipeline(!strcmp(c, "pipeline_wrong_parity"));
+    else if (!strcmp(c, "setmaxnreg_over")) setmaxnreg_case(256);
+    else if (!strcmp(c, "setmaxnreg_odd")) setmaxnreg_case(100);
     else CHECK(0, "sim_selftest: unknown case %s", c);
     return check_exit();
 }

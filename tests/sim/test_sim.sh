@@ -44,7 +44,7 @@ done
 if [ -x $sim/gpu_test_counts ]; then
   # CUDASIM_COUNTS=FILE: a header, then one line per kernel since the program's last reset (its sparse backward).
   expect "CUDASIM_COUNTS writes the kernels' counts at exit ($(tail -n 1 "$tmp/counts.tsv" | cut -f 1 | cut -c 1-40)...)" \
-    "head -n 1 '$tmp/counts.tsv' | grep -qx 'kernel.launches.blocks.mma.ldmatrix_bytes.cp_async_bytes.shuffles.barriers.atomics.ldmatrix_wavefronts.ldmatrix_wavefronts_min.cp_async_wavefronts.cp_async_wavefronts_min' && grep -qE '^void sparse_backward_kernel<.*\)	1	[0-9]+	[1-9]' '$tmp/counts.tsv'"
+    "head -n 1 '$tmp/counts.tsv' | grep -qx 'kernel.launches.blocks.mma.ldmatrix_bytes.cp_async_bytes.shuffles.barriers.atomics.ldmatrix_wavefronts.ldmatrix_wavefronts_min.cp_async_wavefronts.cp_async_wavefronts_min.wgmma.wgmma_flops.tma_bytes.mbarrier_waits' && grep -qE '^void sparse_backward_kernel<.*\)	1	[0-9]+	[1-9]' '$tmp/counts.tsv'"
 fi
 
 # Self-tests that print a result: the wrong kernel wrong under some seed, the right one right under all.
@@ -57,6 +57,14 @@ r=$(results cp_async_early)
 expect "read before cp.async.wait_group sees poison ($r)" '[ "$r" = "poison " ]'
 r=$(results cp_async_waited)
 expect "read after cp.async.wait_group sees the data ($r)" '[ "$r" = "correct " ]'
+r=$(results mbarrier_wrong_phase)
+expect "mbarrier wait on the wrong phase parity: the TMA tile read as poison ($r)" '[ "$r" = "poison " ]'
+r=$(results wgmma_early_read)
+expect "wgmma accumulators read before wgmma.wait_group: poison ($r)" '[ "$r" = "poison " ]'
+r=$(results pipeline)
+expect "TMA / wgmma pipeline of two stages, full and empty mbarriers: correct under every seed ($r)" '[ "$r" = "correct " ]'
+r=$(results setmaxnreg)
+expect "setmaxnreg: producer .dec, consumers .inc in any order complete under every seed ($r)" '[ "$r" = "correct " ]'
 r=$(results streams_nowait)
 expect "a kernel reading another stream's result without cudaStreamWaitEvent: wrong under some seed ($r)" \
   '[[ "$r" == *wrong* ]]'
@@ -77,6 +85,16 @@ where='.* block \(0,0,0\) thread \([0-9]+,0,0\) warp [0-9]+ lane [0-9]+: '
 violation shfl_missing_lane "^cudasim: kernel shfl_missing_lane_kernel${where}.*lane 5 of the mask has exited"
 violation misaligned_cp_async "^cudasim: kernel misaligned_cp_async_kernel${where}.*16-byte aligned"
 violation barrier_divergence "^cudasim: kernel barrier_divergence_kernel${where}__syncthreads while thread .* has exited"
+# Hopper: bulk copies on an mbarrier, wgmma, setmaxnreg used wrongly.
+tma='^cudasim: kernel void tma_wgmma_kernel<64>.* block \(0,0,0\)'
+violation mbarrier_no_expect_tx "${tma}: bulk copies completed on the mbarrier .* never landed"
+violation mbarrier_missing_bytes "${tma} thread .*mbarrier.try_wait.parity 0 .* never completes.*tx-count 16384: bytes an expect-tx announced never arrived"
+violation pipeline_wrong_parity "^cudasim: kernel pipeline_kernel.* block \(0,0,0\).*(mbarrier.try_wait.parity 1 .* never completes|bulk copies completed on the mbarrier .* never landed)"
+violation wgmma_early_write "${tma} thread .*accumulator register 1 .* was written between its wgmma.mma_async and the wgmma.wait_group"
+violation wgmma_no_fence "${tma} thread .*wgmma.mma_async without a wgmma.fence"
+violation wgmma_operand_overwritten "${tma} thread .*the shared memory a wgmma.mma_async read .* changed before the last wgmma.wait_group"
+violation setmaxnreg_odd "^cudasim: kernel void setmaxnreg_kernel<100>${where}setmaxnreg.inc.sync.aligned.u32 100: the count must be a multiple of 8"
+violation setmaxnreg_over "^cudasim: kernel void setmaxnreg_kernel<256>${where}setmaxnreg.inc to 256 registers waits forever"
 # What the CUDA attention op refuses, likewise: sparse blocks of 32.
 violation refuse-block 'attention.block_size 32: the CUDA sparse attention supports 64 and 128' \
   $sim/gpu_test_attention_op
@@ -89,12 +107,20 @@ expect "out-of-bounds device read: AddressSanitizer heap-buffer-overflow in the 
 # Self-tests that check themselves (launch errors; cudaEventQuery over a polled
 # operation and the last error; pinned and pageable host memory, host
 # synchronisations by call site, stream priorities; mma and ldmatrix against
-# the PTX tables; the device memory peak; bank conflicts counted).
+# the PTX tables; the device memory peak; bank conflicts counted; TMA and
+# wgmma against a CPU GEMM under every seed).
 for c in launch_limits polled host_memory fragments memory_peak banks; do
   $sim/sim_selftest $c >"$tmp/out" 2>&1
   rc=$?
   cat "$tmp/out"
   expect "sim_selftest $c exits 0" "[ $rc -eq 0 ]"
+done
+
+for s in $seeds; do
+  CUDASIM_SEED=$s $sim/sim_selftest hopper_gemm >"$tmp/out" 2>&1
+  rc=$?
+  cat "$tmp/out"
+  expect "sim_selftest hopper_gemm exits 0 (CUDASIM_SEED=$s)" "[ $rc -eq 0 ]"
 done
 
 # The visible devices: all of the node's CUDASIM_DEVICES, or CUDA_VISIBLE_DEVICES

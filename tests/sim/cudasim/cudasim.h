@@ -54,6 +54,19 @@ void nccl_enqueued(cudaStream_t stream, const std::vector<const void *> &comms, 
 // Device memory = host memory: is [p, p+bytes) inside one live device allocation? (for library checks)
 bool is_device(const void *p, size_t bytes);
 
+// The sim's encoding of a CUtensorMap (cuda.h; written by cuTensorMapEncodeTiled in tensor_map.cpp, read by
+// the bulk tensor copies in grid.cpp): a tiled tensor of `rank` dimensions, dimension 0 contiguous.
+struct TensorMapModel {
+    uint64_t magic;               // TENSOR_MAP_MAGIC once encoded
+    const unsigned char *global;  // element (0, ..., 0)
+    uint64_t dim[5];              // elements per dimension
+    uint64_t stride[5];           // bytes between successive indices of each dimension (stride[0] = element size)
+    uint32_t box[5];              // the box copied per call, elements per dimension
+    uint32_t rank, element_bytes;
+    uint32_t swizzle_bytes;       // 0 (none), 32, 64 or 128
+};
+static const uint64_t TENSOR_MAP_MAGIC = 0x70616d726f736e74ull;
+
 }  // namespace cudasim
 
 #endif

@@ -8,7 +8,10 @@
 // CUDASIM_SEED (run_block). Also here: shared memory (poisoned), cp.async,
 // ldmatrix, mma.sync, the hardware's launch checks, and the work each kernel
 // passes through them counted by kernel name (cudasim_kernel_counts), the
-// shared-memory wavefronts of ldmatrix and cp.async included.
+// shared-memory wavefronts of ldmatrix and cp.async included; and the Hopper
+// operations: mbarrier phases, bulk and tensor copies landing when their
+// phase completes, wgmma on a warpgroup with its accumulators held until the
+// wait_group, setmaxnreg.
 #include <dlfcn.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -38,13 +41,16 @@ enum Wait {
     RUNNABLE,
     AT_SYNCTHREADS,
     AT_WARP_OP,
+    AT_MBARRIER,                // mbarrier.try_wait on a phase not yet complete
     EXITED
 };
 
 // Warp operations; two lanes take part in the same collective when kind (and its variant) and mask match.
-enum WarpOp { OP_SYNCWARP, OP_SHUFFLE, OP_VOTE, OP_LDMATRIX, OP_MMA };
+// OP_WGMMA and OP_SETMAXNREG are warpgroup collectives: the 128 threads of 4 warps 4i..4i+3.
+enum WarpOp { OP_SYNCWARP, OP_SHUFFLE, OP_VOTE, OP_LDMATRIX, OP_MMA, OP_WGMMA, OP_SETMAXNREG };
 static const char *warp_op_name(int op) {
-    static const char *names[] = {"__syncwarp", "__shfl*_sync", "__ballot/__any/__all_sync", "ldmatrix", "mma.sync"};
+    static const char *names[] = {"__syncwarp", "__shfl*_sync", "__ballot/__any/__all_sync", "ldmatrix", "mma.sync",
+                                  "wgmma.mma_async", "setmaxnreg"};
     return names[op];
 }
 
@@ -57,7 +63,51 @@ struct PendingCopy {
 // Work counted per block, summed per kernel name when the block ends.
 enum CountKind { COUNT_MMA, COUNT_LDMATRIX_BYTES, COUNT_CP_ASYNC_BYTES, COUNT_SHUFFLES, COUNT_BARRIERS,
                  COUNT_ATOMICS, COUNT_LDMATRIX_WAVEFRONTS, COUNT_LDMATRIX_WAVEFRONTS_MIN, COUNT_CP_ASYNC_WAVEFRONTS,
-                 COUNT_CP_ASYNC_WAVEFRONTS_MIN, COUNT_KINDS };
+                 COUNT_CP_ASYNC_WAVEFRONTS_MIN, COUNT_WGMMA, COUNT_WGMMA_FLOPS, COUNT_TMA_BYTES, COUNT_MBARRIER_WAITS,
+                 COUNT_KINDS };
+
+// A thread's accumulators of a wgmma.mma_async not yet covered by a wgmma.wait_group: the results, held
+// here while the registers at d hold poison.
+struct PendingAccumulator {
+    float *d;
+    std::vector<float> values;
+    int64_t group;              // the wgmma group it belongs to (the thread's commit count at issue)
+};
+
+// The shared-memory operands a wgmma.mma_async read, as read: the last of its warpgroup's threads to wait for
+// it reads them again, and they must not have changed.
+struct WgmmaOperands {
+    uint64_t a_desc, b_desc;    // a_desc 0: A came from registers
+    int n;
+    std::vector<float> a, b;
+    int waiting;                // threads of the warpgroup that have not waited for it yet
+};
+struct PendingOperands {
+    std::shared_ptr<WgmmaOperands> operands;
+    int64_t group;
+};
+
+// A bulk copy in flight: its bytes complete on bar when no thread of the block can run (bulk copies).
+struct BulkCopy {
+    uint64_t *bar;
+    unsigned char *dst;
+    std::vector<unsigned char> data;
+};
+
+// Bulk-copy bytes that completed in an mbarrier phase: they land when the phase completes.
+struct Landing {
+    unsigned char *dst;
+    std::vector<unsigned char> data;
+};
+
+// An mbarrier object (PTX ISA, "Parallel Synchronization and Communication Instructions: mbarrier"): the
+// expected arrival count, the pending arrivals and tx-count of the current phase, the phases completed.
+struct MBarrier {
+    uint32_t expected = 0, pending = 0;
+    int64_t tx = 0;
+    uint64_t phase = 0;
+    std::vector<Landing> landing;
+};
 
 struct Block;
 
@@ -74,6 +124,12 @@ struct Thread {
     std::vector<PendingCopy> copies;
     int64_t committed;          // cp.async groups committed so far
     int cp_async_issued;        // cp.async calls since the block's last barrier
+    uint64_t *mbarrier = nullptr;   // AT_MBARRIER: the barrier and the parity waited for
+    unsigned parity = 0;
+    std::vector<PendingAccumulator> accumulators;
+    std::vector<PendingOperands> wgmma_operands;
+    int64_t wgmma_committed = 0;    // wgmma groups committed so far
+    bool wgmma_fenced = false;      // a wgmma.fence since the start or the last wgmma.wait_group
 };
 
 struct Block {
@@ -89,6 +145,10 @@ struct Block {
     // Per warp, the shared destinations of its cp.async calls since the last
     // barrier: [k][lane] the k-th call of each lane (0 where the lane made none).
     std::vector<std::vector<std::array<uintptr_t, 32>>> cp_async_dst;
+    std::map<uintptr_t, MBarrier> mbarriers;   // by address
+    int mbarrier_waiters = 0;
+    std::vector<BulkCopy> in_flight;
+    std::vector<unsigned> registers;            // per warpgroup, per thread (setmaxnreg)
 };
 
 static thread_local Thread *running = nullptr;
@@ -396,6 +456,387 @@ void cp_async_wait(int n) {
     land_copies(t, t->committed - n);
 }
 
+// ---- Hopper: shared-memory addresses. The sim puts the block's dynamic shared memory at shared address 0
+// (allocated 1024-byte aligned), so the swizzle patterns, functions of address bits, fall on a kernel's
+// 1024-byte aligned tiles as on a GPU ----
+
+static uint32_t dynamic_offset(Thread *t, const void *p, size_t bytes, const char *what) {
+    const Block *b = t->block;
+    const unsigned char *c = (const unsigned char *)p;
+    if (c < b->dynamic_smem || c + bytes > b->dynamic_smem + b->launch->smem)
+        violation(t, "%s %p (%zu bytes) is not in the block's dynamic shared memory (the sim addresses the Hopper "
+                     "operations' shared operands there only)", what, p, bytes);
+    return (uint32_t)(c - b->dynamic_smem);
+}
+
+uint32_t shared_address(const void *p) {
+    return dynamic_offset(self("shared address"), p, 0, "shared address of");
+}
+
+// The swizzle of a shared address with a span of S = 32, 64 or 128 bytes (CUDA C++ Programming Guide,
+// "Tensor Memory Access", swizzle modes; PTX ISA, "Shared Memory Matrix Layout"): the 16-byte chunk bits
+// [4, 4 + log2(S/16)) are XORed with bits [7, 7 + log2(S/16)), the 128-byte line within 256, 512 or 1024 bytes.
+static uint32_t swizzle(uint32_t addr, uint32_t span) {
+    return span ? addr ^ ((addr >> 7 & (span / 16 - 1)) << 4) : addr;
+}
+
+// ---- mbarrier (PTX ISA, "mbarrier"): init sets the expected arrival count (1..2^20-1); arrive counts one
+// arrival of the current phase, expect-tx adds bytes to its tx-count, a bulk copy's complete-tx subtracts its
+// bytes; the phase completes when its pending arrivals and its tx-count are both zero, and the next phase
+// starts with the expected count. test_wait/try_wait.parity P: true when the phase of parity P has completed,
+// i.e. the current phase has the other parity ----
+
+static const int64_t TX_LIMIT = (1 << 20) - 1;
+
+static MBarrier &mbarrier_of(Thread *t, uint64_t *bar, const char *what) {
+    auto it = t->block->mbarriers.find((uintptr_t)bar);
+    if (it == t->block->mbarriers.end())
+        violation(t, "%s on %p, which no mbarrier.init of this block initialised (PTX ISA, mbarrier: initialise "
+                     "the object before any other mbarrier operation)", what, (void *)bar);
+    return it->second;
+}
+
+static void complete_phase_if_done(MBarrier &m) {
+    if (m.pending || m.tx) return;
+    for (const Landing &l : m.landing) memcpy(l.dst, l.data.data(), l.data.size());
+    m.landing.clear();
+    m.phase++;
+    m.pending = m.expected;
+}
+
+static bool parity_done(const MBarrier &m, unsigned parity) {
+    return (m.phase & 1) != (parity & 1);
+}
+
+void mbarrier_init(uint64_t *bar, unsigned count) {
+    Thread *t = self("mbarrier.init");
+    if ((uintptr_t)bar % 8 || !in_shared(t->block, bar, 8))
+        violation(t, "mbarrier.init of %p: the object must be 8-byte aligned in shared memory (PTX ISA, mbarrier)",
+                  (void *)bar);
+    if (count < 1 || count > TX_LIMIT)
+        violation(t, "mbarrier.init with count %u: must be in [1, 2^20-1] (PTX ISA, mbarrier.init)", count);
+    MBarrier &m = t->block->mbarriers[(uintptr_t)bar];
+    if (!m.landing.empty())
+        violation(t, "mbarrier.init of %p while bulk copies that completed on it have not landed", (void *)bar);
+    m = MBarrier();
+    m.expected = m.pending = count;
+    *bar = 0;
+}
+
+void mbarrier_arrive(uint64_t *bar, unsigned tx_bytes) {
+    Thread *t = self("mbarrier.arrive");
+    MBarrier &m = mbarrier_of(t, bar, "mbarrier.arrive");
+    m.tx += tx_bytes;
+    if (m.tx > TX_LIMIT)
+        violation(t, "mbarrier.arrive.expect_tx of %u bytes on %p: the tx-count %lld exceeds 2^20-1 (PTX ISA, "
+                     "mbarrier: tx-count range)", tx_bytes, (void *)bar, (long long)m.tx);
+    m.pending--;
+    complete_phase_if_done(m);
+}
+
+bool mbarrier_test_wait_parity(uint64_t *bar, unsigned parity) {
+    Thread *t = self("mbarrier.test_wait");
+    t->block->counts[COUNT_MBARRIER_WAITS]++;
+    return parity_done(mbarrier_of(t, bar, "mbarrier.test_wait"), parity);
+}
+
+void mbarrier_wait_parity(uint64_t *bar, unsigned parity) {
+    Thread *t = self("mbarrier.try_wait");
+    t->block->counts[COUNT_MBARRIER_WAITS]++;
+    if (parity_done(mbarrier_of(t, bar, "mbarrier.try_wait"), parity)) return;
+    t->mbarrier = bar;
+    t->parity = parity;
+    t->block->mbarrier_waiters++;
+    yield(t, AT_MBARRIER);
+}
+
+// The waiters whose phase has completed may run again; true when one was released.
+static bool release_mbarrier_waiters(Block *b, std::vector<std::vector<Thread *>> &ready) {
+    bool released = false;
+    for (Thread &t : b->threads)
+        if (t.wait == AT_MBARRIER && parity_done(b->mbarriers[(uintptr_t)t.mbarrier], t.parity)) {
+            t.wait = RUNNABLE;
+            b->mbarrier_waiters--;
+            ready[t.linear / 32].push_back(&t);
+            released = true;
+        }
+    return released;
+}
+
+// ---- bulk copies (PTX ISA, "cp.async.bulk", "cp.async.bulk.tensor", .mbarrier::complete_tx::bytes): the
+// source is read at the call and the destination holds poison; the copy is in flight until no thread of the
+// block can run and no __syncthreads can complete (the latest a GPU may take), then its bytes complete on the
+// mbarrier's current phase (complete-tx) and land when that phase completes ----
+
+static void complete_tx(Thread *t, uint64_t *bar, unsigned char *dst, std::vector<unsigned char> data,
+                        const char *what) {
+    mbarrier_of(t, bar, what);
+    memset(dst, POISON, data.size());
+    t->block->counts[COUNT_TMA_BYTES] += data.size();
+    t->block->in_flight.push_back({bar, dst, std::move(data)});
+}
+
+static void deliver_bulk_copies(Block *b) {
+    for (BulkCopy &c : b->in_flight) {
+        MBarrier &m = b->mbarriers[(uintptr_t)c.bar];
+        m.tx -= (int64_t)c.data.size();
+        if (m.tx < -TX_LIMIT)
+            fail("kernel %s: bulk copies of %zu bytes on the mbarrier at %p take its tx-count to %lld, below "
+                 "-(2^20-1) (PTX ISA, mbarrier: tx-count range)", b->launch->name.c_str(), c.data.size(),
+                 (void *)c.bar, (long long)m.tx);
+        m.landing.push_back({c.dst, std::move(c.data)});
+        complete_phase_if_done(m);
+    }
+    b->in_flight.clear();
+}
+
+void bulk_copy(void *smem, const void *gmem, unsigned bytes, uint64_t *bar) {
+    Thread *t = self("cp.async.bulk");
+    if (bytes == 0 || bytes % 16 || (uintptr_t)smem % 16 || (uintptr_t)gmem % 16)
+        violation(t, "cp.async.bulk of %u bytes from %p to %p: the size must be a non-zero multiple of 16 and both "
+                     "addresses 16-byte aligned (PTX ISA, cp.async.bulk)", bytes, gmem, smem);
+    if (!in_shared(t->block, smem, bytes))
+        violation(t, "cp.async.bulk destination %p (%u bytes) is not in the block's shared memory", smem, bytes);
+    const unsigned char *src = (const unsigned char *)gmem;
+    complete_tx(t, bar, (unsigned char *)smem, std::vector<unsigned char>(src, src + bytes), "cp.async.bulk");
+}
+
+// The box at coords: element (i0, i1, ...) of the box is the tensor's (coords[0] + i0, coords[1] + i1, ...),
+// zero outside the tensor; the box is stored dimension 0 fastest, its byte at offset o at shared address
+// swizzle(destination + o).
+void bulk_tensor_load(void *smem, const void *tensor_map, const int *coords, int rank, uint64_t *bar) {
+    Thread *t = self("cp.async.bulk.tensor");
+    TensorMapModel m;
+    memcpy(&m, tensor_map, sizeof m);
+    if (m.magic != TENSOR_MAP_MAGIC)
+        violation(t, "cp.async.bulk.tensor with %p, which is no tensor map made by cuTensorMapEncodeTiled",
+                  tensor_map);
+    if ((int)m.rank != rank)
+        violation(t, "cp.async.bulk.tensor.%dd with a tensor map of rank %u", rank, m.rank);
+    if ((uintptr_t)smem % 128)
+        violation(t, "cp.async.bulk.tensor destination %p is not 128-byte aligned (PTX ISA, cp.async.bulk.tensor)",
+                  smem);
+    uint64_t elements = 1;
+    for (int i = 0; i < rank; i++) elements *= m.box[i];
+    const size_t esize = m.element_bytes, bytes = elements * esize;
+    const uint32_t base = dynamic_offset(t, smem, bytes, "cp.async.bulk.tensor destination");
+    std::vector<unsigned char> box(bytes, 0), placed(bytes);
+    for (uint64_t e = 0; e < elements; e++) {
+        uint64_t rest = e;
+        bool inside = true;
+        const unsigned char *src = m.global;
+        for (int i = 0; i < rank; i++) {
+            const int64_t c = (int64_t)coords[i] + (int64_t)(rest % m.box[i]);
+            rest /= m.box[i];
+            if (c < 0 || c >= (int64_t)m.dim[i]) inside = false;
+            else src += (uint64_t)c * m.stride[i];
+        }
+        if (inside) memcpy(&box[e * esize], src, esize);
+    }
+    for (size_t o = 0; o < bytes; o++) {
+        const size_t at = swizzle(base + (uint32_t)o, m.swizzle_bytes) - base;
+        if (at >= bytes)
+            violation(t, "cp.async.bulk.tensor: the %zu-byte box swizzled by %u bytes does not fill whole 128-byte "
+                         "lines", bytes, m.swizzle_bytes);
+        placed[at] = box[o];
+    }
+    complete_tx(t, bar, (unsigned char *)smem, std::move(placed), "cp.async.bulk.tensor");
+}
+
+// ---- wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16 (PTX ISA, "Asynchronous Warpgroup Level Matrix
+// Multiply-Accumulate"): a collective of the warpgroup's 128 threads. D (64 x N, fp32) = A (64 x 16) B (16 x N)
+// (+ D). Warp w of the warpgroup holds rows 16w..16w+15; with g = lane / 4, t = lane % 4, accumulator i of a
+// thread is row 16w + g + 8 ((i % 4) / 2), column 8 (i / 4) + 2t + i % 2; A from registers as mma.m16n8k16's
+// A fragment of the warp's 16 rows. The results are the thread's at the wgmma.wait_group that covers the
+// group: until then the accumulator registers hold poison, and finding them written there is a violation.
+// A wgmma.fence must come before the first wgmma.mma_async and again after each wgmma.wait_group (the
+// registers are accessed there). Products exact, the sum in double rounded once, as mma.sync ----
+
+static const uint32_t DESCRIPTOR_SPAN[4] = {0, 128, 64, 32};   // swizzle mode bits 62-63: none, 128B, 64B, 32B
+
+// rows x 16 bf16 of a K-major operand through its matrix descriptor (PTX ISA, "Matrix Descriptor Format":
+// start address bits 0-13, leading byte offset 16-29, stride byte offset 32-45, each in 16-byte units;
+// base offset 49-51; swizzle mode 62-63). Without swizzle, 8 x 8 core matrices of 8 rows of 16 bytes: element
+// (r, k) at start + (r/8) SBO + (k/8) LBO + 16 (r%8) + 2 (k%8). With a swizzle of S bytes, rows of S bytes in
+// atoms of 8 rows: start + (r/8) SBO + S (r%8) + 2k, swizzled; LBO unused.
+static void read_operand(Thread *t, uint64_t desc, int rows, float *out) {
+    const Block *b = t->block;
+    const uint32_t start = (uint32_t)(desc & 0x3fff) << 4, lbo = (uint32_t)(desc >> 16 & 0x3fff) << 4,
+                   sbo = (uint32_t)(desc >> 32 & 0x3fff) << 4, span = DESCRIPTOR_SPAN[desc >> 62];
+    if (desc >> 49 & 7)
+        violation(t, "wgmma descriptor 0x%016llx has a base offset: the sim models base offset 0 (tiles aligned "
+                     "to the swizzle's repeat)", (unsigned long long)desc);
+    for (int r = 0; r < rows; r++)
+        for (int k = 0; k < 16; k++) {
+            const uint32_t linear = span ? start + r / 8 * sbo + span * (r % 8) + 2 * k
+                                         : start + r / 8 * sbo + k / 8 * lbo + 16 * (r % 8) + 2 * (k % 8);
+            const uint32_t addr = swizzle(linear, span);
+            if (addr + 2 > b->launch->smem)
+                violation(t, "wgmma descriptor 0x%016llx reads shared address %u, past the block's %zu bytes of "
+                             "dynamic shared memory", (unsigned long long)desc, addr, b->launch->smem);
+            uint16_t bits;
+            memcpy(&bits, b->dynamic_smem + addr, 2);
+            out[r * 16 + k] = bf16_bits_to_float(bits);
+        }
+}
+
+// The warpgroup's threads must make 4 whole warps.
+static void check_warpgroup(Thread *t, const char *what) {
+    if ((t->linear / 128 + 1) * 128 > (int)t->block->threads.size())
+        violation(t, "%s in warpgroup %d, which the block's %zu threads do not fill (PTX ISA: a warpgroup is 4 "
+                     "contiguous warps)", what, t->linear / 128, t->block->threads.size());
+}
+
+void wgmma_bf16(float *d, int n, uint64_t a_desc, const uint32_t *a_regs, uint64_t b_desc, bool accumulate) {
+    Thread *t = self("wgmma.mma_async");
+    check_warpgroup(t, "wgmma.mma_async");
+    if (n < 8 || n > 256 || n % 8)
+        violation(t, "wgmma.mma_async.m64n%dk16: N must be a multiple of 8 in [8, 256] (PTX ISA)", n);
+    if (!t->wgmma_fenced)
+        violation(t, "wgmma.mma_async without a wgmma.fence since the kernel began or since the last "
+                     "wgmma.wait_group (PTX ISA, wgmma.fence: required before the first wgmma.mma_async and "
+                     "between register accesses and a wgmma.mma_async)");
+    t->op = OP_WGMMA;
+    t->variant = n * 4 + (a_regs ? 2 : 0) + accumulate;
+    t->mask = 0xffffffffu;
+    t->in[0] = a_desc;
+    t->in[1] = b_desc;
+    t->in[2] = (uint64_t)(uintptr_t)d;
+    if (a_regs) {
+        t->in[4] = a_regs[0] | (uint64_t)a_regs[1] << 32;
+        t->in[5] = a_regs[2] | (uint64_t)a_regs[3] << 32;
+    }
+    yield(t, AT_WARP_OP);
+}
+
+static void complete_wgmma(Thread *const *lane, uint64_t *counts) {
+    Thread *t = lane[0];
+    const int n = t->variant / 4;
+    const bool from_regs = t->variant & 2, accumulate = t->variant & 1;
+    std::vector<float> A(64 * 16), B((size_t)n * 16);
+    if (from_regs)
+        for (int l = 0; l < 128; l++) {
+            const int row0 = 16 * (l / 32) + l % 32 / 4, col0 = 2 * (l % 4);
+            for (int r = 0; r < 4; r++)
+                for (int h = 0; h < 2; h++)
+                    A[(row0 + 8 * (r % 2)) * 16 + col0 + 8 * (r / 2) + h] =
+                        bf16_bits_to_float((uint32_t)(lane[l]->in[4 + r / 2] >> (32 * (r % 2) + 16 * h)) & 0xffff);
+        }
+    else read_operand(t, t->in[0], 64, A.data());
+    read_operand(t, t->in[1], n, B.data());
+    auto operands = std::make_shared<WgmmaOperands>(
+        WgmmaOperands{from_regs ? 0 : t->in[0], t->in[1], n, from_regs ? std::vector<float>() : A, B, 128});
+    for (int l = 0; l < 128; l++) {
+        Thread *u = lane[l];
+        u->wgmma_operands.push_back({operands, u->wgmma_committed});
+        float *d = (float *)(uintptr_t)u->in[2];
+        PendingAccumulator *p = nullptr;
+        for (PendingAccumulator &q : u->accumulators)
+            if (q.d == d) p = &q;
+        if (p && (int)p->values.size() != n / 2)
+            violation(u, "wgmma.mma_async.m64n%dk16 on accumulators at %p still pending from one of another shape", n,
+                      (void *)d);
+        std::vector<float> c(n / 2, 0.0f);
+        if (accumulate && p) c = p->values;
+        else if (accumulate) memcpy(c.data(), d, c.size() * sizeof(float));
+        for (int i = 0; i < n / 2; i++) {
+            const int row = 16 * (l / 32) + l % 32 / 4 + 8 * (i % 4 / 2), col = 8 * (i / 4) + 2 * (l % 4) + i % 2;
+            double s = c[i];
+            for (int k = 0; k < 16; k++) s += (double)A[row * 16 + k] * (double)B[col * 16 + k];
+            c[i] = (float)s;
+        }
+        if (!p) {
+            u->accumulators.push_back({d, {}, 0});
+            p = &u->accumulators.back();
+        }
+        p->values = std::move(c);
+        p->group = u->wgmma_committed;
+        memset(d, POISON, (size_t)n / 2 * sizeof(float));
+    }
+    counts[COUNT_WGMMA]++;
+    counts[COUNT_WGMMA_FLOPS] += 2ull * 64 * (uint64_t)n * 16;
+}
+
+void wgmma_fence() {
+    self("wgmma.fence")->wgmma_fenced = true;
+}
+
+void wgmma_commit_group() {
+    self("wgmma.commit_group")->wgmma_committed++;
+}
+
+// Land the accumulators of every committed group but the newest n.
+void wgmma_wait_group(int n) {
+    Thread *t = self("wgmma.wait_group");
+    size_t keep = 0;
+    for (size_t i = 0; i < t->accumulators.size(); i++) {
+        PendingAccumulator &p = t->accumulators[i];
+        if (p.group >= t->wgmma_committed - n) {
+            t->accumulators[keep++] = std::move(p);
+            continue;
+        }
+        const unsigned char *bytes = (const unsigned char *)p.d;
+        for (size_t j = 0; j < p.values.size() * sizeof(float); j++)
+            if (bytes[j] != POISON)
+                violation(t, "accumulator register %zu at %p was written between its wgmma.mma_async and the "
+                             "wgmma.wait_group that covers it (PTX ISA, wgmma.mma_async: accessing the accumulators "
+                             "before the wait is undefined)", j / sizeof(float), (void *)p.d);
+        memcpy(p.d, p.values.data(), p.values.size() * sizeof(float));
+    }
+    t->accumulators.resize(keep);
+    keep = 0;
+    for (size_t i = 0; i < t->wgmma_operands.size(); i++) {
+        PendingOperands &p = t->wgmma_operands[i];
+        if (p.group >= t->wgmma_committed - n) {
+            t->wgmma_operands[keep++] = std::move(p);
+            continue;
+        }
+        WgmmaOperands &o = *p.operands;
+        if (--o.waiting > 0) continue;
+        std::vector<float> a(o.a.size()), b(o.b.size());
+        if (o.a_desc) read_operand(t, o.a_desc, 64, a.data());
+        read_operand(t, o.b_desc, o.n, b.data());
+        if (memcmp(a.data(), o.a.data(), a.size() * sizeof(float)) ||
+            memcmp(b.data(), o.b.data(), b.size() * sizeof(float)))
+            violation(t, "the shared memory a wgmma.mma_async read (descriptors A 0x%016llx, B 0x%016llx) changed "
+                         "before the last wgmma.wait_group of its warpgroup covered it (PTX ISA, wgmma.mma_async: its "
+                         "shared operands must not be modified until the wait)",
+                      (unsigned long long)o.a_desc, (unsigned long long)o.b_desc);
+    }
+    t->wgmma_operands.resize(keep);
+    t->wgmma_fenced = false;
+}
+
+// ---- setmaxnreg.{inc,dec}.sync.aligned.u32 (PTX ISA, "setmaxnreg"): a warpgroup collective setting the
+// registers per thread of the warpgroup to a multiple of 8 in [24, 256]. The block's registers are 64K; the sim
+// starts each warpgroup at 64K / (128 x warpgroups) rounded down to a multiple of 8 (at most 256); an .inc waits
+// until the other warpgroups' counts leave room for it ----
+
+static const unsigned BLOCK_REGISTERS = 65536;
+
+void setmaxnreg(unsigned count, bool increase) {
+    Thread *t = self("setmaxnreg");
+    check_warpgroup(t, "setmaxnreg");
+    if (count % 8 || count < 24 || count > 256)
+        violation(t, "setmaxnreg.%s.sync.aligned.u32 %u: the count must be a multiple of 8 in [24, 256] (PTX ISA, "
+                     "setmaxnreg)", increase ? "inc" : "dec", count);
+    t->op = OP_SETMAXNREG;
+    t->variant = (int)count * 2 + increase;
+    t->mask = 0xffffffffu;
+    yield(t, AT_WARP_OP);
+}
+
+// The registers per thread the block's warpgroups hold, once warpgroup wg holds count.
+static unsigned registers_with(Block *b, int wg, unsigned count) {
+    if (b->registers.empty()) {
+        const unsigned groups = (unsigned)(b->threads.size() + 127) / 128;
+        b->registers.assign(groups, std::min(256u, BLOCK_REGISTERS / (128 * groups) / 8 * 8));
+    }
+    unsigned total = 0;
+    for (size_t g = 0; g < b->registers.size(); g++) total += (int)g == wg ? count : b->registers[g];
+    return total;
+}
+
 // ---- the block scheduler ----
 
 static void thread_main(void *arg) {
@@ -405,6 +846,9 @@ static void thread_main(void *arg) {
     current = &t->state;
     t->block->launch->body();
     land_copies(t, INT64_MAX);          // copies in flight at exit still land
+    if (!t->accumulators.empty())
+        violation(t, "the thread ends with the results of a wgmma.mma_async no wgmma.wait_group covered (PTX ISA, "
+                     "wgmma.wait_group)");
     t->wait = EXITED;
     running = nullptr;
     current = nullptr;
@@ -415,16 +859,54 @@ static const char *wait_name(const Thread *t) {
     static thread_local char buf[96];
     if (t->wait == EXITED) return "has exited";
     if (t->wait == AT_SYNCTHREADS) return "waits at __syncthreads";
+    if (t->wait == AT_MBARRIER) return "waits at mbarrier.try_wait";
     snprintf(buf, sizeof buf, "waits at %s (mask 0x%08x)", warp_op_name(t->op), t->mask);
     return buf;
 }
 
+// Complete the warpgroup collective that thread t waits at when all 128 threads are there (a setmaxnreg.inc
+// also when the block's registers leave room for it); released threads go to `ready` of their warps.
+static bool resolve_warpgroup(Block *b, Thread *t, std::vector<std::vector<Thread *>> &ready) {
+    const int wg = t->linear / 128;
+    Thread *lane[128];
+    for (int j = 0; j < 128; j++) {
+        lane[j] = &b->threads[wg * 128 + j];
+        if (lane[j]->wait != AT_WARP_OP || lane[j]->op != t->op) return false;
+    }
+    for (int j = 0; j < 128; j++)
+        if (lane[j]->variant != t->variant)
+            violation(lane[j], "%s with operands other than thread %d's of its warpgroup (PTX ISA, .sync.aligned: "
+                               "every thread of the warpgroup executes the same instruction)",
+                      warp_op_name(t->op), t->linear);
+    if (t->op == OP_WGMMA) complete_wgmma(lane, b->counts);
+    else {
+        const unsigned count = (unsigned)t->variant / 2, total = registers_with(b, wg, count);
+        if (t->variant % 2 && total * 128 > BLOCK_REGISTERS) return false;
+        b->registers[wg] = count;
+    }
+    for (int j = 0; j < 128; j++) {
+        lane[j]->wait = RUNNABLE;
+        ready[lane[j]->linear / 32].push_back(lane[j]);
+    }
+    if (t->op == OP_SETMAXNREG)   // registers released may let another warpgroup's .inc complete
+        for (int g = 0; g < (int)b->registers.size(); g++) {
+            Thread *first = &b->threads[g * 128];
+            if (g != wg && first->wait == AT_WARP_OP && first->op == OP_SETMAXNREG) resolve_warpgroup(b, first, ready);
+        }
+    return true;
+}
+
 // Complete the collectives of warp w whose lanes are all there (released lanes go to `ready`).
-static void resolve_warp(Block *b, int w, std::vector<Thread *> &ready) {
+static void resolve_warp(Block *b, int w, std::vector<std::vector<Thread *>> &ready_of) {
     const int n = (int)b->threads.size(), w0 = w * 32;
+    std::vector<Thread *> &ready = ready_of[w];
     for (int i = 0; i < 32 && w0 + i < n; i++) {
         Thread *t = &b->threads[w0 + i];
         if (t->wait != AT_WARP_OP) continue;
+        if (t->op == OP_WGMMA || t->op == OP_SETMAXNREG) {
+            resolve_warpgroup(b, t, ready_of);
+            continue;
+        }
         bool complete = true;
         for (int j = 0; j < 32 && complete; j++) {
             if (!(t->mask >> j & 1u)) continue;
@@ -501,6 +983,31 @@ static void resolve_warp(Block *b, int w, std::vector<Thread *> &ready) {
     }
     for (int i = 0; i < n; i++) {
         Thread *t = &b->threads[i];
+        if (t->wait == AT_WARP_OP && (t->op == OP_WGMMA || t->op == OP_SETMAXNREG)) {
+            for (int j = i / 128 * 128; j < i / 128 * 128 + 128; j++) {
+                const Thread *u = &b->threads[j];
+                if (u->wait != AT_WARP_OP || u->op != t->op)
+                    violation(t, "%s while thread %d of its warpgroup %s (PTX ISA, .sync.aligned: every thread of "
+                                 "the warpgroup executes it)", warp_op_name(t->op), j, wait_name(u));
+            }
+            if (t->op == OP_SETMAXNREG)
+                violation(t, "setmaxnreg.inc to %d registers waits forever: the block's warpgroups hold %u per "
+                             "thread and no .dec releases any (PTX ISA, setmaxnreg; %u registers per block)",
+                          t->variant / 2, registers_with(b, -1, 0), BLOCK_REGISTERS);
+        }
+        if (t->wait == AT_MBARRIER) {
+            const MBarrier &m = b->mbarriers[(uintptr_t)t->mbarrier];
+            violation(t, "mbarrier.try_wait.parity %u on %p never completes: no thread of the block can run; the "
+                         "barrier's phase %llu has %u of %u arrivals pending and tx-count %lld%s (PTX ISA, "
+                         "mbarrier: a phase completes when its pending arrivals and tx-count are zero)",
+                      t->parity, (void *)t->mbarrier, (unsigned long long)m.phase, m.pending, m.expected,
+                      (long long)m.tx,
+                      m.tx < 0 ? ": more bytes arrived than an expect-tx announced"
+                      : m.tx > 0 ? ": bytes an expect-tx announced never arrived" : "");
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        Thread *t = &b->threads[i];
         if (t->wait == AT_SYNCTHREADS)
             for (int j = 0; j < n; j++)
                 if (b->threads[j].wait != AT_SYNCTHREADS)
@@ -538,6 +1045,10 @@ static void add_counts(const std::string &name, uint64_t launches, const uint64_
     k.ldmatrix_wavefronts_min += counts[COUNT_LDMATRIX_WAVEFRONTS_MIN];
     k.cp_async_wavefronts += counts[COUNT_CP_ASYNC_WAVEFRONTS];
     k.cp_async_wavefronts_min += counts[COUNT_CP_ASYNC_WAVEFRONTS_MIN];
+    k.wgmma += counts[COUNT_WGMMA];
+    k.wgmma_flops += counts[COUNT_WGMMA_FLOPS];
+    k.tma_bytes += counts[COUNT_TMA_BYTES];
+    k.mbarrier_waits += counts[COUNT_MBARRIER_WAITS];
 }
 
 // CUDASIM_COUNTS=FILE: the counts of every kernel at exit, written to a temporary name and renamed.
@@ -548,12 +1059,15 @@ static void write_counts() {
     FILE *f = fopen(tmp.c_str(), "w");
     if (!f) fail("CUDASIM_COUNTS=%s: cannot write %s", path, tmp.c_str());
     fprintf(f, "kernel\tlaunches\tblocks\tmma\tldmatrix_bytes\tcp_async_bytes\tshuffles\tbarriers\tatomics"
-               "\tldmatrix_wavefronts\tldmatrix_wavefronts_min\tcp_async_wavefronts\tcp_async_wavefronts_min\n");
+               "\tldmatrix_wavefronts\tldmatrix_wavefronts_min\tcp_async_wavefronts\tcp_async_wavefronts_min"
+               "\twgmma\twgmma_flops\ttma_bytes\tmbarrier_waits\n");
     for (const auto &e : counts_by_kernel) {
         const cudasimKernelCounts &k = e.second;
-        fprintf(f, "%s\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\n", e.first.c_str(),
-                k.launches, k.blocks, k.mma, k.ldmatrix_bytes, k.cp_async_bytes, k.shuffles, k.barriers, k.atomics,
-                k.ldmatrix_wavefronts, k.ldmatrix_wavefronts_min, k.cp_async_wavefronts, k.cp_async_wavefronts_min);
+        fprintf(f,
+                "%s\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\t%llu\n",
+                e.first.c_str(), k.launches, k.blocks, k.mma, k.ldmatrix_bytes, k.cp_async_bytes, k.shuffles,
+                k.barriers, k.atomics, k.ldmatrix_wavefronts, k.ldmatrix_wavefronts_min, k.cp_async_wavefronts,
+                k.cp_async_wavefronts_min, k.wgmma, k.wgmma_flops, k.tma_bytes, k.mbarrier_waits);
     }
     if (fclose(f) != 0 || rename(tmp.c_str(), path) != 0) fail("CUDASIM_COUNTS=%s: cannot write it", path);
 }
@@ -566,7 +1080,7 @@ static void run_block(const Launch *l, uint3 block_idx, uint64_t block_linear) {
     b.rng.seed(seed() * 0x9e3779b97f4a7c15ull ^ (l->number << 32) ^ block_linear);
     fiber_init_thread(&b.scheduler);
     void *smem;
-    if (posix_memalign(&smem, 128, l->smem ? l->smem : 1) != 0) fail("out of memory for shared memory");
+    if (posix_memalign(&smem, 1024, l->smem ? l->smem : 1) != 0) fail("out of memory for shared memory");
     b.dynamic_smem = (unsigned char *)smem;
     memset(b.dynamic_smem, POISON, l->smem);
     const dim3 bd = l->block;
@@ -623,13 +1137,19 @@ static void run_block(const Launch *l, uint3 block_idx, uint64_t block_linear) {
                 fiber_switch(&b.scheduler, &t->fiber, false);
                 if (t->wait == EXITED) fiber_release(&t->fiber);
             }
-            resolve_warp(&b, w, ready[w]);
+            resolve_warp(&b, w, ready);
+            if (b.mbarrier_waiters) release_mbarrier_waiters(&b, ready);
             continue;
         }
+        if (b.mbarrier_waiters && release_mbarrier_waiters(&b, ready)) continue;
         int at_barrier = 0, exited = 0;
         for (const Thread &t : b.threads) {
             at_barrier += t.wait == AT_SYNCTHREADS;
             exited += t.wait == EXITED;
+        }
+        if (at_barrier != n && !b.in_flight.empty()) {   // the block waits (or has ended): the copies complete
+            deliver_bulk_copies(&b);
+            continue;
         }
         if (exited == n) break;
         if (at_barrier != n) deadlock(&b);
@@ -642,6 +1162,12 @@ static void run_block(const Launch *l, uint3 block_idx, uint64_t block_linear) {
         new_phase();
     }
     running = nullptr;
+    for (const auto &e : b.mbarriers)
+        if (!e.second.landing.empty())
+            fail("kernel %s block (%u,%u,%u): bulk copies completed on the mbarrier at %p in a phase that never "
+                 "completed, so they never landed (a missing arrive, or bytes no expect-tx announced; PTX ISA, "
+                 "mbarrier) (CUDASIM_SEED=%llu)", l->name.c_str(), block_idx.x, block_idx.y, block_idx.z,
+                 (void *)e.first, (unsigned long long)seed());
     count_cp_async_wavefronts(&b);
     free(b.dynamic_smem);
     for (const Block::Static &s : b.statics) free(s.p);
@@ -797,6 +1323,10 @@ int cudasim_kernel_counts(const char *name, cudasimKernelCounts *out) {
         out->ldmatrix_wavefronts_min += k.ldmatrix_wavefronts_min;
         out->cp_async_wavefronts += k.cp_async_wavefronts;
         out->cp_async_wavefronts_min += k.cp_async_wavefronts_min;
+        out->wgmma += k.wgmma;
+        out->wgmma_flops += k.wgmma_flops;
+        out->tma_bytes += k.tma_bytes;
+        out->mbarrier_waits += k.mbarrier_waits;
     }
     return matched;
 }

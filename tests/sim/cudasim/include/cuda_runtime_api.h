@@ -158,7 +158,10 @@ long cudasim_nccl_priorities(int *least, int *greatest);
 // barriers (one per block per __syncthreads) and atomics (one per thread per
 // call); the shared-memory wavefronts of ldmatrix and of cp.async's shared
 // destinations, each with its conflict-free minimum (equal when the kernel
-// has no bank conflict there; docs/SIM.md gives the model). cudasim_kernel_counts sums the kernels whose name contains `name`
+// has no bank conflict there; docs/SIM.md gives the model); the Hopper
+// operations: wgmma.mma_async instructions (one per warpgroup) and their
+// FLOPs (2 x 64 x N x 16 each), bytes of bulk and bulk tensor copies, and
+// mbarrier waits (one per thread per try_wait or test_wait). cudasim_kernel_counts sums the kernels whose name contains `name`
 // into out and returns how many there were. With CUDASIM_COUNTS=FILE the
 // program writes at exit one line per kernel (tab-separated, a header line
 // naming the columns) to FILE.
@@ -166,6 +169,7 @@ long cudasim_nccl_priorities(int *least, int *greatest);
 typedef struct {
     unsigned long long launches, blocks, mma, ldmatrix_bytes, cp_async_bytes, shuffles, barriers, atomics;
     unsigned long long ldmatrix_wavefronts, ldmatrix_wavefronts_min, cp_async_wavefronts, cp_async_wavefronts_min;
+    unsigned long long wgmma, wgmma_flops, tma_bytes, mbarrier_waits;
 } cudasimKernelCounts;
 void cudasim_kernel_counts_reset(void);
 int cudasim_kernel_counts(const char *name, cudasimKernelCounts *out);

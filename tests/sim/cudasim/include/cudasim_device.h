@@ -1,7 +1,8 @@
 // cudasim_device.h: the device side of CUDA for g++ (included by the sim's
 // cuda_runtime.h in C++): qualifiers, vector types, threadIdx & co. per
 // fiber, warp collectives, barriers, atomics, fast math, cp.async, ldmatrix,
-// mma.sync and the kernel launch (cudasim_launch, behind CUDA_LAUNCH).
+// mma.sync, the Hopper operations (mbarrier, bulk and tensor copies, wgmma,
+// setmaxnreg) and the kernel launch (cudasim_launch, behind CUDA_LAUNCH).
 // The semantics live in tests/sim/cudasim/grid.cpp; each names its source there.
 #ifndef CUDASIM_DEVICE_H
 #define CUDASIM_DEVICE_H
@@ -22,6 +23,7 @@
 #define __noinline__ __attribute__((noinline))
 #define __align__(n) __attribute__((aligned(n)))
 #define __launch_bounds__(...)
+#define __grid_constant__
 
 struct uint3 { unsigned int x, y, z; };
 struct dim3 {
@@ -60,6 +62,25 @@ void cp_async16(void *smem, const void *gmem, int src_bytes);
 void cp_async_commit();
 void cp_async_wait(int n);
 void *shared_dynamic();
+// Hopper (sm_90) operations, each as the PTX ISA describes it (grid.cpp names the sections; docs/SIM.md).
+// The shared-memory address of p (its offset in the block's dynamic shared memory, which starts at 0).
+uint32_t shared_address(const void *p);
+void mbarrier_init(uint64_t *bar, unsigned count);
+// expect-tx of tx_bytes (0: none), then one arrival.
+void mbarrier_arrive(uint64_t *bar, unsigned tx_bytes);
+bool mbarrier_test_wait_parity(uint64_t *bar, unsigned parity);
+void mbarrier_wait_parity(uint64_t *bar, unsigned parity);
+// cp.async.bulk (1D, bytes a multiple of 16) and cp.async.bulk.tensor (rank coordinates of a tensor map from
+// cuTensorMapEncodeTiled) global -> shared, completing their bytes on the mbarrier bar.
+void bulk_copy(void *smem, const void *gmem, unsigned bytes, uint64_t *bar);
+void bulk_tensor_load(void *smem, const void *tensor_map, const int *coords, int rank, uint64_t *bar);
+// wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16: d holds the thread's n/2 accumulators; A from the
+// descriptor a_desc, or (a_regs != nullptr) from the thread's 4 registers; B from b_desc.
+void wgmma_bf16(float *d, int n, uint64_t a_desc, const uint32_t *a_regs, uint64_t b_desc, bool accumulate);
+void wgmma_fence();
+void wgmma_commit_group();
+void wgmma_wait_group(int n);
+void setmaxnreg(unsigned count, bool increase);
 // Work counted per kernel (cuda_runtime_api.h, cudasim_kernel_counts): the
 // warp collectives, barriers and cp.async count themselves in grid.cpp; an
 // atomic adds one here (nothing outside a kernel).

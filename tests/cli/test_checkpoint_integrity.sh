@@ -69,6 +69,17 @@ train opt train.steps=7
 one_line "step 5's optimizer.zst in step 6: resume" $? "$tmp/opt.out" \
   "step_00000006/optimizer.zst: XXH64 [0-9a-f]*, state.json records [0-9a-f]* (the optimizer state of another checkpoint)"
 
+# A checkpoint written before state.json named its optimizer file (both
+# fields removed): it resumes, says the optimizer state is read unverified,
+# and ends where the checkpoint with the fields ends (the same step 7).
+cp -r "$ref" "$tmp/legacy" "$tmp/current"
+sed -i '/"optimizer":/d; /"optimizer_xxh64":/d' "$tmp/legacy/step_00000006/state.json"
+train legacy train.steps=7
+rc=$?
+train current train.steps=7
+expect "an older checkpoint without the optimizer fields resumes with a note, the same as with them (rc $rc)" \
+  '[ $rc -eq 0 ] && grep -q "^note: .*step_00000006/state.json records no optimizer digest (an older checkpoint): optimizer.zst is read unverified" "$tmp/legacy.out" && cmp -s "$tmp/legacy/step_00000007/model.safetensors" "$tmp/current/step_00000007/model.safetensors"'
+
 # 3. state.json's fields must agree with each other.
 cp -r "$ref" "$tmp/cursor"
 sed -i 's/"data_cursor":[^,]*,/"data_cursor": 7,/' "$tmp/cursor/step_00000006/state.json"

@@ -371,7 +371,7 @@ static void read_state(const char *path, TrainState *s, char *optimizer, uint64_
     if (!file && !cJSON_GetObjectItemCaseSensitive(root, "optimizer_xxh64")) {
         optimizer[0] = '\0';   // an older checkpoint's: no optimizer file named, nothing to verify it by
     } else if (!cJSON_IsString(file) ||
-        (strcmp(file->valuestring, "optimizer.zst") && strcmp(file->valuestring, "optimizer.index.json")))
+               (strcmp(file->valuestring, "optimizer.zst") && strcmp(file->valuestring, "optimizer.index.json"))) {
         fail("%s: field 'optimizer' is missing or another name (expected \"optimizer.zst\" or "
              "\"optimizer.index.json\")", path);
     } else {

@@ -72,7 +72,8 @@ one_line "step 5's optimizer.zst in step 6: resume" $? "$tmp/opt.out" \
 # A checkpoint written before state.json named its optimizer file (both
 # fields removed): it resumes, says the optimizer state is read unverified,
 # and ends where the checkpoint with the fields ends (the same step 7).
-cp -r "$ref" "$tmp/legacy" "$tmp/current"
+cp -r "$ref" "$tmp/legacy"
+cp -r "$ref" "$tmp/current"
 sed -i '/"optimizer":/d; /"optimizer_xxh64":/d' "$tmp/legacy/step_00000006/state.json"
 train legacy train.steps=7
 rc=$?

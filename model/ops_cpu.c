@@ -73,10 +73,15 @@ static void matmul_backward(Act *dinp_act, float *dweight, float *dbias, const A
     if (dinp)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, IC, OC, 1.0f, dout, OC, weight, IC,
                     1.0f, dinp, IC);
-    // dweight[OC, IC] += dout^T[OC, T] @ inp[T, IC]
-    if (dweight)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, (int)T, 1.0f, dout, OC, inp, IC,
-                    1.0f, dweight, IC);
+    // dweight[OC, IC] += dout^T[OC, T] @ inp[T, IC], in blocks of DWEIGHT_ROWS output rows: threaded
+    // OpenBLAS packs dout^T's panel whole ([min(T, its K block), OC] fp32 across its threads' buffers), which
+    // for the LM head (OC = vocabulary) is as large as the logits chunk; a block bounds it.
+    enum { DWEIGHT_ROWS = 4096 };
+    for (int o0 = 0; dweight && o0 < OC; o0 += DWEIGHT_ROWS) {
+        int rows = OC - o0 < DWEIGHT_ROWS ? OC - o0 : DWEIGHT_ROWS;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, rows, IC, (int)T, 1.0f, dout + o0, OC, inp, IC,
+                    1.0f, dweight + (int64_t)o0 * IC, IC);
+    }
     if (!dbias) return;
     #pragma omp parallel for
     for (int o0 = 0; o0 < OC; o0 += 16) {

@@ -610,6 +610,7 @@ static bool train_setup(Trainer *t, int argc, char **argv) {
     t->attention_json = xmalloc(t->attention_json_size);
     startup_phase(&clock, "logs");
     printf("start-up: %.2f s (%s)\n", clock.last - clock.start, clock.line);
+    fflush(stdout);
     return true;
 }
 
@@ -692,11 +693,28 @@ static StepResult train_step(Trainer *t, int64_t step) {
     return r;
 }
 
+// MFU is never above 100%: a step whose FLOPs (with the recomputation) ran
+// faster than the peak (measured while the machine was busy, or stated too
+// low) proves the peak at least that rate, which the peak becomes (a note
+// the first time).
+static void raise_peak(Plan *plan, int64_t step, double ms) {
+    static bool noted;
+    const double achieved = plan->hardware_flops / (ms * 1e-3);
+    if (!(plan->peak_flops > 0) || achieved <= plan->peak_flops) return;
+    if (!noted)
+        printf("note: step %lld ran at %.1f GFLOP/s, above the peak of %.1f GFLOP/s (%s): MFU from now on against the "
+               "fastest step's rate\n", (long long)step, achieved * 1e-9, plan->peak_flops * 1e-9,
+               plan->gpu ? "the GPU's" : plan->peak_measured ? "the sgemm measured at start" : "hardware.peak_tflops");
+    noted = true;
+    plan->peak_flops = achieved;
+}
+
 // A good step's line (every log.every steps and the last) and its
 // metrics.jsonl and TensorBoard values.
 static void log_step(Trainer *t, int64_t step, const StepResult *r) {
     const Config *cfg = &t->cfg;
     double tokens_per_s = (double)t->step_tokens / (r->ms * 1e-3);
+    raise_peak(&t->plan, step, r->ms);
     double mfu = t->plan.peak_flops > 0 ? t->plan.model_flops / (r->ms * 1e-3 * t->plan.peak_flops) : 0;
     double rss_mib = plan_rss_now() / (1 << 20);
     if (t->state.bad_in_a_row == 0 && (step % cfg->log.every == 0 || step == cfg->train.steps)) {

@@ -60,6 +60,17 @@ for run in "${runs[@]}"; do
 done
 expect plan_metrics_fields "grep -q '\"mfu\": [0-9.]*, \"rss_mib\": [0-9.]*' '$tmp/log_saved/metrics.jsonl'"
 expect plan_step_line "grep -Eq 'MFU [0-9.]+% \| RSS [0-9]+ MiB' '$tmp/saved.out'"
+# MFU is never above 100%: a stated CPU peak (1 MFLOP/s) below what a step achieves is raised to it, with a note;
+# every step line and metrics line of that run and of a measured-peak run at most 100%
+# shellcheck disable=SC2086
+"$PLAIN_MTRAIN" train $base checkpoint.dir="$tmp/ck_peak" log.dir="$tmp/log_peak" hardware.peak_tflops=0.000001 \
+  >"$tmp/peak.out" 2>&1
+mfu_at_most_100() {
+  sed -n 's/.* | MFU \([0-9.]*\)% | .*/\1/p' "$1" | awk '{ n++; if ($1 > 100) bad = 1 } END { exit bad || !n }' &&
+    grep -o '"mfu": [0-9.e+-]*' "$2" | awk '{ if ($2 > 1) bad = 1 } END { exit bad }'
+}
+expect plan_mfu_stated_peak_raised "grep -q '^note: step 1 ran at [0-9.]* GFLOP/s, above the peak of 0.0 GFLOP/s (hardware.peak_tflops): MFU from now on against the fastest step.s rate' '$tmp/peak.out' && mfu_at_most_100 '$tmp/peak.out' '$tmp/log_peak/metrics.jsonl'"
+expect plan_mfu_measured_peak "mfu_at_most_100 '$tmp/saved.out' '$tmp/log_saved/metrics.jsonl'"
 
 # the cluster run files plan as they are (no weights: train.init_from's folder is not here) and exit 0
 for pair in qwen2.5-3b-512k-32xa100:a100-80g qwen2.5-0.5b-128k-8xa100:a100-80g qwen2.5-7b-512k-32xh100:h100; do

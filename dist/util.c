@@ -247,9 +247,9 @@ static double ziggurat_tail(Rng *rng, bool negative) {
     return negative ? -(ZIGGURAT_R + x) : ZIGGURAT_R + x;
 }
 
-double rng_normal_at(uint64_t key, uint64_t index) {
-    pthread_once(&ziggurat_once, ziggurat_build);
-    uint64_t bits = rng_hash(key, index);
+// The ziggurat's draw from its first 64 bits (the fast path inlined where
+// it is used).
+static inline double ziggurat_normal(uint64_t bits) {
     Rng rng;
     bool seeded = false;
     for (;;) {
@@ -266,4 +266,15 @@ double rng_normal_at(uint64_t key, uint64_t index) {
         if (f_inner + rng_uniform(&rng) * (f_outer - f_inner) < 1.0) return x;
         bits = rng_next(&rng);
     }
+}
+
+double rng_normal_at(uint64_t key, uint64_t index) {
+    pthread_once(&ziggurat_once, ziggurat_build);
+    return ziggurat_normal(rng_hash(key, index));
+}
+
+void rng_normal_fill(float *out, int64_t n, uint64_t key, uint64_t first, double scale) {
+    pthread_once(&ziggurat_once, ziggurat_build);
+    #pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < n; j++) out[j] = (float)(scale * ziggurat_normal(rng_hash(key, first + (uint64_t)j)));
 }

@@ -81,5 +81,8 @@ uint64_t rng_below(Rng *rng, uint64_t n);
 uint64_t rng_hash(uint64_t key, uint64_t index);
 // A standard normal (the ziggurat method over rng_hash(key, index)).
 double rng_normal_at(uint64_t key, uint64_t index);
+// out[j] = (float)(scale * rng_normal_at(key, first + j)) for j < n, on every
+// thread.
+void rng_normal_fill(float *out, int64_t n, uint64_t key, uint64_t first, double scale);
 
 #endif

@@ -254,13 +254,12 @@ void model_gather_params(const Model *m, float *host) {
 // tensor is init_std * rng_normal_at(rng_hash(seed, i), j), on every thread.
 static void init_tensor_piece(const Model *m, int i, uint64_t seed, int64_t first, int64_t n, float *out) {
     const ParamInfo *p = &m->params[i];
-    const uint64_t key = rng_hash(seed, (uint64_t)i);
-    const double std = m->cfg.init_std;
-    #pragma omp parallel for schedule(static)
-    for (int64_t j = 0; j < n; j++)
-        out[j] = p->init == INIT_ONES ? 1.0f
-               : p->init == INIT_ZEROS ? 0.0f
-               : (float)(std * rng_normal_at(key, (uint64_t)(first + j)));
+    if (p->init == INIT_NORMAL) {
+        rng_normal_fill(out, n, rng_hash(seed, (uint64_t)i), (uint64_t)first, m->cfg.init_std);
+        return;
+    }
+    const float value = p->init == INIT_ONES ? 1.0f : 0.0f;
+    for (int64_t j = 0; j < n; j++) out[j] = value;
 }
 
 void model_init_weights(Model *m, uint64_t seed) {

@@ -171,7 +171,7 @@ static int64_t rank_tokens(const Config *cfg, int cp) {
 // and the larger of the host copies made beside it: a checkpoint write's
 // (trainer/train.c, print_memory) or, on several ranks, the gradient
 // all-reduce's (the arena's host copy, and as much again inside MPI:
-// measured). The initialisation's copy is smaller.
+// measured). The initialisation draws into the master in place.
 static void plan_cpu_memory(Plan *p, const Config *cfg, double acts, double lm_chunk, int64_t shard,
                             int64_t shards) {
     double P = 4.0 * (double)p->params, arena = 4.0 * (double)(shard * shards);

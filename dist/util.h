@@ -82,5 +82,15 @@ double rng_uniform(Rng *rng);
 double rng_normal(Rng *rng);
 // Uniform integer in [0, n).
 uint64_t rng_below(Rng *rng, uint64_t n);
+// Counter-based draws: functions of (key, index) alone, so that any thread
+// draws any element and a result never depends on the thread count.
+// rng_hash: 64 uniform bits (splitmix64's output number index + 1 of key);
+// also makes a stream's key from a seed and a stream number.
+uint64_t rng_hash(uint64_t key, uint64_t index);
+// A standard normal (the ziggurat method over rng_hash(key, index)).
+double rng_normal_at(uint64_t key, uint64_t index);
+// out[j] = (float)(scale * rng_normal_at(key, first + j)) for j < n, on every
+// thread.
+void rng_normal_fill(float *out, int64_t n, uint64_t key, uint64_t first, double scale);
 
 #endif

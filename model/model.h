@@ -146,7 +146,8 @@ void model_shard_optimizer(Model *m, const struct Comm *over);
 int64_t model_shard_size(const Model *m, int shards);
 // Allocate the AdamW moments of [opt_begin, opt_begin + opt_count) (training only).
 void model_alloc_optimizer(Model *m);
-// Seeded initialisation: matrices N(0, init_std), norms 1, biases 0.
+// Seeded initialisation: matrices N(0, init_std), norms 1, biases 0; each
+// element a function of (seed, tensor, index), the same for any thread count.
 void model_init_weights(Model *m, uint64_t seed);
 // host [n]: the fp32 master weights of arena floats [offset, offset + n);
 // this rank keeps the part its master holds (all of it unless sharded).

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "../dist/comm.h"
 #include "../dist/util.h"
@@ -18,10 +19,31 @@
 #include "../dist/comm_device.h"
 #endif
 
-static void *cpu_alloc(size_t bytes) { return xcalloc(1, bytes); }
+// Buffers of 2 MiB or more on transparent huge pages where the kernel
+// offers them on request (THP "madvise"): a 2 GiB arena then faults in 1K
+// times, not 512K. Advice only: where the kernel has no THP it fails and
+// changes nothing.
+static void *cpu_alloc(size_t bytes) {
+    void *ptr = xcalloc(1, bytes);
+    const uintptr_t page = 4096, begin = ((uintptr_t)ptr + page - 1) & ~(page - 1), end = (uintptr_t)ptr + bytes;
+    if (bytes >= (1 << 21) && end > begin) (void)madvise((void *)begin, end - begin, MADV_HUGEPAGE);
+    return ptr;
+}
 static void cpu_free(void *ptr) { free(ptr); }
-static void cpu_zero(void *ptr, size_t bytes) { memset(ptr, 0, bytes); }
-static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+
+// Large zeroing and copies (the gradient arena every step, the first touch
+// of an arena) in pieces of 1 MiB on every thread.
+#define CPU_PIECE ((size_t)1 << 20)
+static void cpu_zero(void *ptr, size_t bytes) {
+    #pragma omp parallel for schedule(static) if (bytes >= 8 * CPU_PIECE)
+    for (size_t at = 0; at < bytes; at += CPU_PIECE)
+        memset((char *)ptr + at, 0, bytes - at < CPU_PIECE ? bytes - at : CPU_PIECE);
+}
+static void cpu_copy(void *dst, const void *src, size_t bytes) {
+    #pragma omp parallel for schedule(static) if (bytes >= 8 * CPU_PIECE)
+    for (size_t at = 0; at < bytes; at += CPU_PIECE)
+        memcpy((char *)dst + at, (const char *)src + at, bytes - at < CPU_PIECE ? bytes - at : CPU_PIECE);
+}
 
 // The compute weights are the fp32 master, always whole: nothing to copy or refresh.
 static Weight *weights_new(float *master, int64_t begin, int64_t count, int64_t n) {
@@ -77,10 +99,15 @@ static void matmul_backward(Act *dinp_act, float *dweight, float *dbias, const A
     if (dinp)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, IC, OC, 1.0f, dout, OC, weight, IC,
                     1.0f, dinp, IC);
-    // dweight[OC, IC] += dout^T[OC, T] @ inp[T, IC]
-    if (dweight)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, (int)T, 1.0f, dout, OC, inp, IC,
-                    1.0f, dweight, IC);
+    // dweight[OC, IC] += dout^T[OC, T] @ inp[T, IC], in blocks of DWEIGHT_ROWS output rows: threaded
+    // OpenBLAS packs dout^T's panel whole ([min(T, its K block), OC] fp32 across its threads' buffers), which
+    // for the LM head (OC = vocabulary) is as large as the logits chunk; a block bounds it.
+    enum { DWEIGHT_ROWS = 4096 };
+    for (int o0 = 0; dweight && o0 < OC; o0 += DWEIGHT_ROWS) {
+        int rows = OC - o0 < DWEIGHT_ROWS ? OC - o0 : DWEIGHT_ROWS;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, rows, IC, (int)T, 1.0f, dout + o0, OC, inp, IC,
+                    1.0f, dweight + (int64_t)o0 * IC, IC);
+    }
     if (!dbias) return;
     #pragma omp parallel for
     for (int o0 = 0; o0 < OC; o0 += 16) {

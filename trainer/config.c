@@ -194,7 +194,7 @@ static const Key keys[] = {
     UINT64(eval, seed, 1234, "Seed of the task generators (keys, values, filler start, distractor depths)."),
 
     ENUM(hardware, gpu, "none", NAMES("none", "a100-40g", "a100-80g", "h100", "h200"), "GPU profile of `mtrain plan` (`--gpu` overrides it): `none` = plan the CPU backend (unless `peak_tflops` and `hbm_gib` describe a GPU); a name = the datasheet figures of that GPU (SXM, trainer/plan.c). The keys below replace single figures."),
-    DOUBLE(hardware, peak_tflops, 0.0, 0, 1e6, 0, "Dense bf16 peak TFLOP/s of one GPU; 0 = the profile's. On the CPU backend: the TFLOP/s of one rank that MFU (step line, metrics.jsonl) is measured against; 0 = the rate of an sgemm measured at start."),
+    DOUBLE(hardware, peak_tflops, 0.0, 0, 1e6, 0, "Dense bf16 peak TFLOP/s of one GPU; 0 = the profile's. On the CPU backend: the TFLOP/s of one rank that MFU (step line, metrics.jsonl) is measured against; 0 = the best 1024^3 sgemm over 0.2 s measured at start. A step that runs faster raises it to its rate (MFU never above 100%)."),
     DOUBLE(hardware, hbm_gib, 0.0, 0, 1e6, 0, "Memory of one GPU in GiB; 0 = the profile's."),
     DOUBLE(hardware, hbm_gbs, 0.0, 0, 1e6, 0, "Memory bandwidth of one GPU, GB/s; 0 = the profile's."),
     DOUBLE(hardware, nvlink_gbs, 0.0, 0, 1e6, 0, "GPU-to-GPU bandwidth inside a node (NVLink), GB/s per direction; 0 = the profile's."),

@@ -588,29 +588,52 @@ typedef struct {
     int bad_rank;              // the first rank whose loss or gradient was not finite; world_size: none
 } StepResult;
 
+// The start-up's phases, timed: "start-up: S s (configuration and ranks S,
+// ...)", printed once the run has started (its one-line refusals stay one
+// line); a long phase shows its own progress meanwhile.
+typedef struct {
+    double start, last;
+    char line[256];
+    size_t used;
+} StartupClock;
+
+static void startup_phase(StartupClock *clock, const char *what) {
+    double now = now_seconds();
+    if (clock->used < sizeof(clock->line))
+        clock->used += (size_t)snprintf(clock->line + clock->used, sizeof(clock->line) - clock->used, "%s%s %.2f",
+                                        clock->used ? ", " : "", what, now - clock->last);
+    clock->last = now;
+}
+
 // The ranks, the data, the memory check, the model with its optimizer and
 // gradient reduction, the start (checkpoint, folder or seed). False: usage
 // printed.
 static bool train_setup(Trainer *t, int argc, char **argv) {
+    StartupClock clock = {.start = now_seconds(), .last = now_seconds()};
     if (!run_start_file(argc, argv, "usage: mtrain train RUN.yaml [section.key=value ...]", false, &t->cfg, &t->dist))
         return false;
     Config *cfg = &t->cfg;
     Dist *dist = &t->dist;
+    startup_phase(&clock, "configuration and ranks");
     t->zero = cfg->parallel.zero == 1;
     run_data_open(&t->data, cfg, dist);
     clamp_and_warn(cfg, dist);
     cfg->data.content_hash = t->data.loader.content_hash;
     int threads = apply_threads(cfg, dist);
+    startup_phase(&clock, "data loader");
     check_memory(cfg, dist, &t->plan);
+    startup_phase(&clock, t->plan.gpu || !t->plan.peak_measured ? "memory plan" : "memory plan and CPU peak");
     model_from_config(&t->m, cfg);
     model_join_ring(&t->m, cfg, dist);
     if (t->zero) model_shard_optimizer(&t->m, &dist->world);
     model_alloc_optimizer(&t->m);
+    startup_phase(&clock, "allocation");
     rng_seed(&t->state.rng, cfg->train.seed);
     catch_stop_signals();
     test_hooks_read();
     uint64_t branched_from;
     start_state(cfg, dist, &t->m, &t->state, t->rolled_back_from, &branched_from);
+    startup_phase(&clock, t->state.step > 0 ? "checkpoint" : "weights");
     int64_t bucket = (int64_t)(cfg->parallel.bucket_mb * (1 << 20) / sizeof(float));
     model_set_grad_reduce(&t->m, &dist->world, cfg->parallel.bucket_mb > 0 && bucket < 1 ? 1 : bucket);
     t->oc = optimizer_config(cfg);
@@ -633,6 +656,9 @@ static bool train_setup(Trainer *t, int argc, char **argv) {
     t->tb = t->tb_writer.f ? &t->tb_writer : NULL;
     t->attention_json_size = 160 + 48 * (size_t)cfg->model.num_layers;
     t->attention_json = xmalloc(t->attention_json_size);
+    startup_phase(&clock, "logs");
+    printf("start-up: %.2f s (%s)\n", clock.last - clock.start, clock.line);
+    fflush(stdout);
     return true;
 }
 
@@ -711,11 +737,28 @@ static StepResult train_step(Trainer *t, int64_t step) {
     return r;
 }
 
+// MFU is never above 100%: a step whose FLOPs (with the recomputation) ran
+// faster than the peak (measured while the machine was busy, or stated too
+// low) proves the peak at least that rate, which the peak becomes (a note
+// the first time).
+static void raise_peak(Plan *plan, int64_t step, double ms) {
+    static bool noted;
+    const double achieved = plan->hardware_flops / (ms * 1e-3);
+    if (!(plan->peak_flops > 0) || achieved <= plan->peak_flops) return;
+    if (!noted)
+        printf("note: step %lld ran at %.1f GFLOP/s, above the peak of %.1f GFLOP/s (%s): MFU from now on against the "
+               "fastest step's rate\n", (long long)step, achieved * 1e-9, plan->peak_flops * 1e-9,
+               plan->gpu ? "the GPU's" : plan->peak_measured ? "the sgemm measured at start" : "hardware.peak_tflops");
+    noted = true;
+    plan->peak_flops = achieved;
+}
+
 // A good step's line (every log.every steps and the last) and its
 // metrics.jsonl and TensorBoard values.
 static void log_step(Trainer *t, int64_t step, const StepResult *r) {
     const Config *cfg = &t->cfg;
     double tokens_per_s = (double)t->step_tokens / (r->ms * 1e-3);
+    raise_peak(&t->plan, step, r->ms);
     double mfu = t->plan.peak_flops > 0 ? t->plan.model_flops / (r->ms * 1e-3 * t->plan.peak_flops) : 0;
     double rss_mib = plan_rss_now() / (1 << 20);
     if (t->state.bad_in_a_row == 0 && (step % cfg->log.every == 0 || step == cfg->train.steps)) {

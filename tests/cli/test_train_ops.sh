@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_train_ops.sh: the operations of a training run through build/mtrain:
 # one step trains at the peak lr and changes the weights; the end-of-run
-# summary line; progress lines of loading, checkpoint writing, score,
+# summary line; the start-up line; progress lines of initialising, loading, checkpoint writing, score,
 # tokenize and eval; resuming a finished run says so; SIGTERM / SIGINT mid-run on
 # 1 and on 2 ranks (sent to one rank: all agree) and SIGUSR1 to mpirun stop
 # after a step with a checkpoint and exit 0, and the resumed run is
@@ -53,6 +53,14 @@ expect "progress while loading a model folder, with rate and eta" \
   'grep -Eq "^loading $tmp/one/step_00000001: [0-9.]+/[0-9.]+ MiB \| [0-9.]+ MiB/s \| eta [0-9]+m[0-9]+s$" "$tmp/prog.out" && grep -Eq "^loading $tmp/one/step_00000001: [0-9.]+ MiB in [0-9.]+ s" "$tmp/prog.out"'
 expect "progress while writing a checkpoint, with rate and eta" \
   'grep -Eq "^writing checkpoint $tmp/prog/step_00000001: [0-9.]+/[0-9.]+ MiB \| [0-9.]+ MiB/s \| eta" "$tmp/prog.out" && grep -Eq "^writing checkpoint $tmp/prog/step_00000001: [0-9.]+ MiB in [0-9.]+ s" "$tmp/prog.out"'
+# The start-up's phases on one line before the first step, adding up to its
+# total; the seeded initialisation's progress, closed by one line.
+MTRAIN_PROGRESS_SECONDS=0 "$MTRAIN" train $RUN checkpoint.dir="$tmp/init" log.dir="$tmp/init" train.steps=1 \
+  >"$tmp/init.out" 2>&1
+expect "start-up phases on one line before the first step, adding up to its total" \
+  'awk "/^start-up: [0-9.]+ s \\(configuration and ranks [0-9.]+, data loader [0-9.]+, memory plan and CPU peak [0-9.]+, allocation [0-9.]+, weights [0-9.]+, logs [0-9.]+\\)\$/ { for (i = 4; i <= NF; i++) if (\$i ~ /^[0-9.]+[,)]\$/) { sum += \$i; n++ } total = \$2; at = NR } /^step +1\\/1 / { first = NR } END { d = sum - total; exit !(n == 6 && at && first > at && d < 0.04 && d > -0.04) }" "$tmp/init.out"'
+expect "progress while initialising the weights" \
+  'grep -Eq "^initialising the weights: [0-9.]+/[0-9.]+ MiB \| [0-9.]+ MiB/s \| eta" "$tmp/init.out" && grep -Eq "^initialising the weights: [0-9.]+ MiB in [0-9.]+ s" "$tmp/init.out"'
 seq 0 40 | tr '\n' ' ' >"$tmp/tokens.txt"
 MTRAIN_PROGRESS_SECONDS=0 "$MTRAIN" score --model "$tmp/one/step_00000001" --tokens "$tmp/tokens.txt" >"$tmp/score.out" 2>&1
 expect "progress while scoring, by layer" \

@@ -1,5 +1,6 @@
 // test_model.c: the model and optimizer on the CPU backend: parameter table,
-// seeded initialisation, activation checkpointing (bitwise identical
+// seeded initialisation (the counter-based normal's moments and tails, the
+// weights of a seed the same on one thread and on two), activation checkpointing (bitwise identical
 // gradients), gradient accumulation, LR schedules, AdamW against a hand
 // computation, clipping, overfitting one fixed batch, and document masking
 // (one document's tokens do not reach the others' loss and gradients), and
@@ -11,6 +12,7 @@
 // act_bytes; and packed documents with RoPE positions restarting at each
 // equal to each alone.
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,6 +99,71 @@ static void test_init(void) {
     free(wb);
     model_free(&a);
     model_free(&b);
+}
+
+// rng_normal_at over 4M indices of one key: mean 0, variance 1, kurtosis 3,
+// and each one-sided tail beyond 1, 2, 3 and 4 (0.15866, 0.022750,
+// 1.3499e-3, 3.1671e-5) within 5 standard errors; another key draws other
+// values.
+static void test_normal_at(void) {
+    const int64_t n = (int64_t)1 << 22;
+    const double limits[4] = {1, 2, 3, 4}, tails[4] = {0.15866, 0.022750, 1.3499e-3, 3.1671e-5};
+    double sum = 0, sum2 = 0, sum4 = 0, above[4] = {0}, below[4] = {0};
+    int64_t same = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double z = rng_normal_at(42, (uint64_t)i);
+        sum += z, sum2 += z * z, sum4 += z * z * z * z;
+        for (int k = 0; k < 4; k++) above[k] += z > limits[k], below[k] += z < -limits[k];
+        same += i < 1000 && z == rng_normal_at(43, (uint64_t)i);
+    }
+    double mean = sum / n, var = sum2 / n - mean * mean, kurt = sum4 / n / (var * var);
+    EXPECT(fabs(mean) < 5 / sqrt((double)n) && fabs(var - 1) < 5 * sqrt(2.0 / n) && fabs(kurt - 3) < 5 * sqrt(24.0 / n),
+           "normal_at: mean %.5f, variance %.5f, kurtosis %.4f (0, 1, 3)", mean, var, kurt);
+    for (int k = 0; k < 4; k++) {
+        double hi = above[k] / n, lo = below[k] / n, se = sqrt(tails[k] * (1 - tails[k]) / n);
+        EXPECT(fabs(hi - tails[k]) < 5 * se && fabs(lo - tails[k]) < 5 * se,
+               "normal_at: P(z > %.0f) = %.3e, P(z < -%.0f) = %.3e (%.3e)", limits[k], hi, limits[k], lo, tails[k]);
+    }
+    EXPECT(same == 0, "normal_at: another key, other values");
+}
+
+// The initial weights of a seed: element j of tensor i is init_std *
+// rng_normal_at(rng_hash(seed, i), j) (so byte-identical on one thread and
+// on two), each normal tensor with mean 0 and std init_std.
+static void test_init_threads(void) {
+    ModelConfig c = tiny_config();
+    c.hidden_size = 256, c.intermediate_size = 512, c.num_heads = 8, c.head_dim = 32, c.vocab_size = 1000;
+    c.init_std = 0.02;
+    Model m;
+    model_init(&m, &c, backend_cpu(), NULL, 1024);
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    model_init_weights(&m, 99);
+    float *one = download_arena(&m, m.param_mem);
+    omp_set_num_threads(2);
+    model_init_weights(&m, 99);
+    float *two = download_arena(&m, m.param_mem);
+    omp_set_num_threads(threads);
+    EXPECT(!memcmp(one, two, sizeof(float) * (size_t)m.total_params), "initial weights: one thread and two the same");
+    int bad_moments = 0, bad_elements = 0;
+    for (int i = 0; i < m.num_params; i++) {
+        const ParamInfo *p = &m.params[i];
+        if (p->init != INIT_NORMAL) continue;
+        double sum = 0, sum2 = 0;
+        for (int64_t j = 0; j < p->numel; j++) sum += one[p->offset + j], sum2 += (double)one[p->offset + j] * one[p->offset + j];
+        double mean = sum / p->numel, std = sqrt(sum2 / p->numel - mean * mean);
+        // five standard errors of the mean and of the std (0.02 / sqrt(2 n))
+        if (fabs(mean) > 5 * 0.02 / sqrt((double)p->numel) || fabs(std - 0.02) > 5 * 0.02 / sqrt(2.0 * p->numel))
+            bad_moments++, printf("# %s: mean %.3g std %.5g\n", p->name, mean, std);
+        for (int64_t j = 0; j < p->numel; j += 997)
+            bad_elements += one[p->offset + j] != (float)(0.02 * rng_normal_at(rng_hash(99, (uint64_t)i), (uint64_t)j));
+    }
+    EXPECT(bad_moments == 0, "every normal tensor: mean 0, std init_std (%d off)", bad_moments);
+    EXPECT(bad_elements == 0, "element j of tensor i is init_std * normal_at(hash(seed, i), j) (%d differ)",
+           bad_elements);
+    free(one);
+    free(two);
+    model_free(&m);
 }
 
 static void test_checkpointing(void) {
@@ -546,6 +613,8 @@ static void test_reset_positions(void) {
 int main(void) {
     test_param_table();
     test_init();
+    test_normal_at();
+    test_init_threads();
     test_checkpointing();
     test_mlp_chunks();
     test_accumulation();

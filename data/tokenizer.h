@@ -1,7 +1,8 @@
 // tokenizer.h: the tokenizer interface shared by every tokenizer mtrain knows:
 // the byte tokenizer (`bytes`, data/tokenizer_bytes.c) and byte-level BPE from
 // a Hugging Face tokenizer.json (data/tokenizer_bpe.c). Encoding appends ids
-// to a growable list; decoding maps each id to the bytes of its piece.
+// to a growable list; decoding maps each id to the bytes of its piece, and
+// writing ids as text decodes those bytes as UTF-8 (tokenizer_write).
 #ifndef MTRAIN_TOKENIZER_H
 #define MTRAIN_TOKENIZER_H
 
@@ -42,8 +43,21 @@ struct Tokenizer {
 // (a Hugging Face model folder). Fails with one clear line on a bad file.
 Tokenizer *tokenizer_open(const char *spec);
 void tokenizer_close(Tokenizer *t);
-// Writes the pieces of ids[0..count) to out. Returns -1, or the index of the
-// first id that is not in the vocabulary (nothing of it is written).
-int64_t tokenizer_write(const Tokenizer *t, const uint32_t *ids, int64_t count, FILE *out);
+// Token ids as text: the bytes of their pieces read as UTF-8, each maximal
+// part of an invalid or cut-short sequence written as U+FFFD (EF BF BD), as
+// Python's bytes.decode("utf-8", "replace") does, so that what is written is
+// always valid UTF-8. A character split between pieces, or between calls,
+// waits in the decoder for its last bytes; text_decoder_finish ends the text.
+typedef struct {
+    uint8_t held[4];       // the bytes of an unfinished character
+    int held_len, need;    // bytes held, and the length its first byte announces
+} TextDecoder;
+
+// Writes the text of ids[0..count) to out through d (zeroed at the start of a
+// text). Returns -1, or the index of the first id that is not in the
+// vocabulary (nothing of it is written).
+int64_t tokenizer_write(const Tokenizer *t, TextDecoder *d, const uint32_t *ids, int64_t count, FILE *out);
+// Ends the text: an unfinished character held in d is written as U+FFFD.
+void text_decoder_finish(TextDecoder *d, FILE *out);
 
 #endif

@@ -49,7 +49,7 @@ static const char *shard_usage =
 static const char *detokenize_usage =
     "usage: mtrain detokenize --tokenizer T [FILE]\n"
     "  reads token ids (whole numbers separated by spaces) from FILE or stdin and writes their text;\n"
-    "  each line of ids becomes its text followed by a newline.\n";
+    "  each line of ids becomes its text (UTF-8; bytes that are not show as U+FFFD) followed by a newline.\n";
 
 // Prints "mtrain: <message>" and the usage; returns the usage exit status 2.
 // The whole number in value, into *out when it lies in [lo, hi]; else false.
@@ -488,6 +488,7 @@ static void shard_dump(const char *path, Tokenizer *tokenizer) {
     const int64_t chunk = 1 << 16;
     uint32_t *ids = xmalloc((size_t)chunk * sizeof(uint32_t));
     for (int64_t d = 0; d < s.doc_count; d++) {
+        TextDecoder text = {0};
         int64_t start = shard_document_start(&s, d), end = shard_document_start(&s, d + 1);
         for (int64_t pos = start; pos < end; pos += chunk) {
             int64_t n = end - pos < chunk ? end - pos : chunk;
@@ -496,11 +497,12 @@ static void shard_dump(const char *path, Tokenizer *tokenizer) {
                 for (int64_t i = 0; i < n; i++) printf("%s%" PRIu32, pos + i == start ? "" : " ", ids[i]);
                 continue;
             }
-            int64_t bad = tokenizer_write(tokenizer, ids, n, stdout);
+            int64_t bad = tokenizer_write(tokenizer, &text, ids, n, stdout);
             if (bad >= 0)
                 fail("%s: token %" PRId64 " has id %" PRIu32 ", which tokenizer %s does not have (expected an id of its "
                      "vocabulary)", path, pos + bad, ids[bad], tokenizer->name);
         }
+        if (tokenizer) text_decoder_finish(&text, stdout);
         putchar('\n');
     }
     flush_stdout();
@@ -577,10 +579,12 @@ int cmd_detokenize(int argc, char **argv) {
             ids.ids[ids.count++] = (uint32_t)id;
             p = end;
         }
-        int64_t bad = tokenizer_write(t, ids.ids, ids.count, stdout);
+        TextDecoder text = {0};
+        int64_t bad = tokenizer_write(t, &text, ids.ids, ids.count, stdout);
         if (bad >= 0)
             fail("%s:%" PRId64 ": token id %" PRIu32 " is not in the vocabulary of %s (expected an id it has)", name,
                  line_no, ids.ids[bad], t->name);
+        text_decoder_finish(&text, stdout);
         putchar('\n');
     }
     if (ferror(f)) fail("%s: read failed (%s)", name, strerror(errno));

@@ -493,30 +493,29 @@ int cmd_tasks(int argc, char **argv) {
     char tmp[4096];
     snprintf(tmp, sizeof(tmp), "%s.tmp.%d", output, (int)getpid());
     FILE *out = xfopen(tmp, "w");
-    char *text = NULL;
     for (int64_t i = 0; i < count; i++) {
         TaskSpec spec = {plan.grid[i % plan.grid_count], plan.lengths[(i / plan.grid_count) % plan.length_count],
                          rng_uniform(&rng), sample_seed(cfg.eval.seed, -1, (int)i)};
         TaskSample sample;
         task_generate(&spec, &hay, plan.tok, &sample);
+        char *text = NULL;
         size_t used = 0;
-        for (int64_t t = 0; t < sample.length + sample.answer_len; t++) {
-            size_t len;
-            const uint8_t *piece = plan.tok->piece(plan.tok, (uint32_t)sample.tokens[t], &len);
-            text = xrealloc(text, used + len + 1);
-            memcpy(text + used, piece, len);
-            used += len;
-        }
-        text[used] = '\0';
+        FILE *text_file = open_memstream(&text, &used);
+        CHECK(text_file, "tasks: open_memstream failed");
+        TextDecoder decoder = {0};
+        tokenizer_write(plan.tok, &decoder, (const uint32_t *)sample.tokens, sample.length + sample.answer_len,
+                        text_file);
+        text_decoder_finish(&decoder, text_file);
+        CHECK(fclose(text_file) == 0, "tasks: writing a sample's text failed");
         cJSON *line = cJSON_CreateObject();
         cJSON_AddStringToObject(line, "text", text);
         char *json = cJSON_PrintUnformatted(line);
         if (fprintf(out, "%s\n", json) < 0) fail("%s: write failed", tmp);
         free(json);
         cJSON_Delete(line);
+        free(text);
         task_sample_free(&sample);
     }
-    free(text);
     xfclose_sync(out, tmp);
     rename_into_place(tmp, output);
     printf("tasks: %lld samples of %s at lengths %s -> %s\n", (long long)count, cfg.eval.tasks, cfg.eval.lengths, output);

@@ -3,7 +3,8 @@
 // run's backend (train.backend=cpu|cuda as an override). The prompt comes as
 // text (--prompt, encoded with the folder's tokenizer.json, else the bytes
 // tokenizer; --tokenizer chooses another) or as token ids (--tokens FILE);
-// the new tokens stream to stdout as text, or as ids on one line (--ids).
+// the new tokens stream to stdout as text (always valid UTF-8: an invalid or
+// unfinished byte sequence shows as U+FFFD), or as ids on one line (--ids).
 // Sampling: greedy at --temperature 0, else softmax(logits / T) restricted to
 // the --top-k most likely tokens (0: all), then to the fewest most likely
 // whose mass reaches --top-p, drawn with the seeded RNG (--seed). Generation
@@ -184,11 +185,12 @@ int cmd_generate(int argc, char **argv) {
     rng_seed(&rng, seed);
     decoder_append(&d, ids, n, logits);
     bool unknown_warned = false;
+    TextDecoder text = {0};
     for (int64_t i = 0; i < max_new; i++) {
         int32_t next = sample(logits, V, &s, &rng, order, probs);
         if (print_ids) printf(i ? " %d" : "%d", next);
         else if (next == tok->end_of_text) break;
-        else if (tokenizer_write(tok, (const uint32_t *)&next, 1, stdout) >= 0 && !unknown_warned) {
+        else if (tokenizer_write(tok, &text, (const uint32_t *)&next, 1, stdout) >= 0 && !unknown_warned) {
             fprintf(stderr, "warning: generate: token %d has no text in tokenizer %s; such tokens are left out\n",
                     next, tok->name);
             unknown_warned = true;
@@ -197,6 +199,7 @@ int cmd_generate(int argc, char **argv) {
         if (next == tok->end_of_text) break;
         if (i + 1 < max_new) decoder_append(&d, &next, 1, logits);
     }
+    text_decoder_finish(&text, stdout);
     printf("\n");
     free(probs);
     free(order);

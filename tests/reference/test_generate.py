@@ -7,7 +7,8 @@
 # margin between the best and the second-best logit is checked to be well
 # above fp32 rounding, so that equal ids are the claim and not luck.
 # Also: a prompt longer than one prefill chunk (256 tokens), GQA, tied and
-# untied heads, YaRN; text output with the bytes tokenizer; a stop at the end
+# untied heads, YaRN; text output with the bytes tokenizer (always UTF-8:
+# invalid bytes as U+FFFD, as Python decodes them); a stop at the end
 # of text; sampling with a seed is reproducible and a different seed changes
 # it; --top-k 1 equals greedy; sampled tokens lie in the top-k set / the top-p nucleus of the
 # reference's distribution at their step; the CUDA backend (build/sim/mtrain,
@@ -132,20 +133,30 @@ def test_sampling(d):
 
 def test_text(d):
     """A bytes model (vocab 258, no tokenizer.json): --prompt text in, the
-    same ids out as --tokens with the prompt's bytes, and the text is those bytes."""
+    same ids out as --tokens with the prompt's bytes, and the text is those
+    bytes read as UTF-8 with every invalid or cut-short sequence as U+FFFD
+    (Python's decode(errors="replace")): greedy, and 300 tokens sampled at
+    temperature 3 from random weights, which give invalid sequences (and,
+    among them, a few valid characters of 2 to 4 bytes)."""
     cfg = ref.make_config(vocab=258, hidden=32, inter=48, layers=1, heads=2, kv_heads=1)
     folder, tok = os.path.join(d, "bytes"), os.path.join(d, "bytes.tok")
     ref.write_model(folder, cfg, ref.random_model(cfg, seed=30))
     ref.write_tokens(tok, list(b"Hello"))
-    args = ["generate", "--model", folder, "--temperature", "0", "--max-new", "12", "--prompt", "Hello"] + CPU
-    text = subprocess.run([harness.MTRAIN] + args, capture_output=True, timeout=300)
-    _, ids = generate(folder, tok, ["--temperature", "0", "--max-new", "12"])
-    if ids and 256 in ids:                   # stops after <|endoftext|>
-        ids = ids[:ids.index(256) + 1]
-    want = bytes(t for t in (ids or []) if t < 256)
-    check("text: --prompt on the bytes tokenizer gives the --tokens ids as text",
-          text.returncode == 0 and ids is not None and text.stdout == want + b"\n",
-          f"{text.stdout!r} vs {want!r}, stderr {text.stderr.strip()[-300:]}")
+    for tag, new, sampling in (("greedy", 12, ["--temperature", "0"]),
+                               ("sampled", 300, ["--temperature", "3", "--seed", "5"])):
+        args = ["generate", "--model", folder, "--max-new", str(new), "--prompt", "Hello"] + sampling + CPU
+        text = subprocess.run([harness.MTRAIN] + args, capture_output=True, timeout=300)
+        _, ids = generate(folder, tok, sampling + ["--max-new", str(new)])
+        if ids and 256 in ids:                   # stops after <|endoftext|>
+            ids = ids[:ids.index(256) + 1]
+        raw = bytes(t for t in (ids or []) if t < 256)
+        want = raw.decode("utf-8", "replace").encode()
+        check(f"text {tag}: --prompt on the bytes tokenizer gives the --tokens ids as UTF-8 text",
+              text.returncode == 0 and ids is not None and text.stdout == want + b"\n",
+              f"{text.stdout!r} vs {want!r}, stderr {text.stderr.strip()[-300:]}")
+        if tag == "sampled":
+            check("text sampled: the ids hold bytes that are not UTF-8 (the case under test)", want != raw,
+                  f"{raw!r}")
 
 
 def test_end_of_text(d):

@@ -189,7 +189,8 @@ bool backend_cuda_memory_peak(double *bytes);
 // MTRAIN_SYNC_REPORT=1: begin counting the host synchronisations (the host
 // waiting for the device) at the start of a step; after it, print "host syncs
 // per step: N", then one line per call site (file:line (function): call:
-// count), then the priority of the streams NCCL ran on. Counted by the CPU
+// count), then "device launches per step: N (K kernels, M cuBLASLt matmuls,
+// S memsets)", then the priority of the streams NCCL ran on. Counted by the CPU
 // execution model of CUDA (build/sim/mtrain); a native build says it cannot.
 void backend_cuda_sync_begin(void);
 void backend_cuda_sync_print(void);

@@ -290,6 +290,10 @@ void backend_cuda_sync_print(void) {
 #ifdef CUDASIM_HOST_SYNCS
     printf("host syncs per step: %ld\n", cudasim_host_syncs(NULL));
     cudasim_host_syncs(stdout);
+    long kernels, matmuls, memsets;
+    const long launches = cudasim_device_launches(&kernels, &matmuls, &memsets);
+    printf("device launches per step: %ld (%ld kernels, %ld cuBLASLt matmuls, %ld memsets)\n", launches, kernels,
+           matmuls, memsets);
     int least = 0, greatest = 0, device_least = 0, device_greatest = 0;
     long ops = cudasim_nccl_priorities(&least, &greatest);
     CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&device_least, &device_greatest));

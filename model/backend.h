@@ -4,8 +4,12 @@
 // Conventions:
 //   - activations are token-major: x[T, C];
 //   - weights are Hugging Face layout: W[out, in] row-major;
-//   - every backward op ACCUMULATES (+=) into its gradient outputs (d*),
-//     both parameter gradients and input gradients; callers zero them.
+//   - every backward op ACCUMULATES (+=) into its parameter gradients and
+//     into the input gradients it does not own: rmsnorm_backward's dinp,
+//     attention_backward's dq, dk, dv, matmul_backward's dinp when told to
+//     add (callers zero them where nothing was there); swiglu_backward and
+//     matmul_backward's dinp otherwise WRITE theirs (the first op to fill a
+//     buffer writes it: nothing zeroed, no extra rounding).
 // Element types (the compiler keeps them apart):
 //   - float: master weights, parameter gradients, AdamW moments (the arenas
 //     the optimizer, checkpoints and the dp/cp reduction see) and the per-row
@@ -33,6 +37,20 @@
 // addressed in elements of act_bytes / weight_bytes (model.c).
 typedef struct Act Act;
 typedef struct Weight Weight;
+
+// One tensor of an AdamW step (Backend.adamw): its elements [offset, offset +
+// n) of the run the step updates, and its weight decay.
+typedef struct {
+    int64_t offset, n;
+    float weight_decay;
+} AdamWTensor;
+
+// The hyperparameters of one AdamW step; every gradient is multiplied by
+// grad_scale first (clipping; 1 without).
+typedef struct {
+    float lr, beta1, beta2, eps, grad_scale;
+    int64_t step;
+} AdamWStep;
 
 typedef struct {
     const char *name;
@@ -75,9 +93,10 @@ typedef struct {
     // out[T, OC] = inp[T, IC] @ weight[OC, IC]^T (+ bias[OC] when not NULL)
     void (*matmul_forward)(Act *out, const Act *inp, const Weight *weight, const Weight *bias, int64_t T, int IC,
                            int OC);
-    // dinp += dout @ weight; dweight += dout^T @ inp; dbias += colsum(dout). NULL skips.
-    void (*matmul_backward)(Act *dinp, float *dweight, float *dbias, const Act *dout, const Act *inp,
-                            const Weight *weight, int64_t T, int IC, int OC);
+    // dinp = dout @ weight, or += with dinp_add; dweight += dout^T @ inp;
+    // dbias += colsum(dout). NULL skips.
+    void (*matmul_backward)(Act *dinp, bool dinp_add, float *dweight, float *dbias, const Act *dout,
+                            const Act *inp, const Weight *weight, int64_t T, int IC, int OC);
 
     // out = inp * rstd * weight, rstd[T] = 1/sqrt(mean(inp^2) + eps)
     void (*rmsnorm_forward)(Act *out, float *rstd, const Act *inp, const Weight *weight, int64_t T, int H,
@@ -98,12 +117,10 @@ typedef struct {
     void (*rope)(Act *x, const int64_t *pos, int64_t T, int heads, int D, const double *inv_freq,
                  double attention_factor, int inverse);
 
-    // out[n] = silu(gate[n]) * up[n]
+    // out[n] = silu(gate[n]) * up[n]; the backward writes dgate and dup.
     void (*swiglu_forward)(Act *out, const Act *gate, const Act *up, int64_t n);
     void (*swiglu_backward)(Act *dgate, Act *dup, const Act *dout, const Act *gate, const Act *up, int64_t n);
 
-    // x[n] *= s (gradients)
-    void (*scale)(float *x, float s, int64_t n);
     // sum of x[n]^2 in double (gradients)
     double (*sum_squares)(const float *x, int64_t n);
 
@@ -164,9 +181,14 @@ typedef struct {
     // undefined afterwards).
     void (*reduce_scatter_sum)(const struct Comm *c, float *arena, int64_t count);
 
-    // AdamW on n fp32 master parameters: m, v updated; param -= lr * (mhat/(sqrt(vhat)+eps) + wd*param).
-    void (*adamw)(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int64_t step);
+    // One AdamW step on every tensor of tensors [count] in one pass: over
+    // a run of fp32 master parameters param (grad, m, v alike), tensor i its
+    // elements [offset, offset + n) with its weight decay; g = grad *
+    // grad_scale (clipping), m, v updated, param -= lr * (mhat/(sqrt(vhat)+eps)
+    // + wd*param), and the compute copy weight of the same run (weight [offset]
+    // the compute weight of param [offset]; CPU: param itself) written from it.
+    void (*adamw)(float *param, Weight *weight, const float *grad, float *m, float *v, const AdamWTensor *tensors,
+                  int count, const AdamWStep *hp);
 } Backend;
 
 // train.backend: cpu, cuda, or auto (cuda when this build has it and a GPU

@@ -9,7 +9,7 @@
 // row-major product Y = P Q is asked as Y^T = Q^T P^T on the same memory,
 // with no copy and no transpose of data:
 //   forward  out^T[OC, T]  = W[OC, IC]      . inp^T[IC, T]   A = W (stored IC x OC) op T,  B = inp op N
-//   dinp     dinp^T[IC, T] += W^T[IC, OC]   . dout^T[OC, T]  A = W op N,  B = dout (stored OC x T) op N
+//   dinp     dinp^T[IC, T] (+)= W^T[IC, OC] . dout^T[OC, T]  A = W op N,  B = dout (stored OC x T) op N
 //   dweight  dW^T[IC, OC]  += inp^T[IC, T]  . dout[T, OC]    A = inp op N,  B = dout op T
 // The bias of the forward is a vector over out^T's rows (OC): the BIAS
 // epilogue's vector of D's rows, added to every column (token).
@@ -253,7 +253,7 @@ static void bias_grad(MatmulCuda *mm, float *dbias, const uint16_t *dout, int64_
     CUDA_CHECK(cudaGetLastError());
 }
 
-extern "C" void matmul_backward_cuda(MatmulCuda *mm, uint16_t *dinp, float *dweight, float *dbias,
+extern "C" void matmul_backward_cuda(MatmulCuda *mm, uint16_t *dinp, bool dinp_add, float *dweight, float *dbias,
                                      const uint16_t *dout, const uint16_t *inp, const uint16_t *weight, int64_t T,
                                      int IC, int OC, cudaStream_t stream) {
     check_dims(T, IC, OC);
@@ -261,7 +261,8 @@ extern "C" void matmul_backward_cuda(MatmulCuda *mm, uint16_t *dinp, float *dwei
     check_aligned(dout, "dout");
     if (dinp) {
         check_aligned(dinp, "dinp"); check_aligned(weight, "weight");
-        gemm(mm, weight, IC, OC, CUBLAS_OP_N, dout, OC, T, CUBLAS_OP_N, dinp, CUDA_R_16BF, 1.0f, NULL, stream);
+        gemm(mm, weight, IC, OC, CUBLAS_OP_N, dout, OC, T, CUBLAS_OP_N, dinp, CUDA_R_16BF, dinp_add ? 1.0f : 0.0f,
+             NULL, stream);
     }
     if (dweight) {
         check_aligned(dweight, "dweight"); check_aligned(inp, "inp");

@@ -17,6 +17,7 @@
 #ifndef MTRAIN_MATMUL_CUDA_H
 #define MTRAIN_MATMUL_CUDA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cuda_runtime_api.h>
@@ -39,10 +40,12 @@ void matmul_cuda_destroy(MatmulCuda *mm);
 void matmul_forward_cuda(MatmulCuda *mm, uint16_t *out, const uint16_t *inp, const uint16_t *weight,
                          const uint16_t *bias, int64_t T, int IC, int OC, cudaStream_t stream);
 
-// dinp[T, IC] += dout @ weight;  dweight[OC, IC] += dout^T @ inp;  dbias[OC] += colsum(dout).
+// dinp[T, IC] = dout @ weight (beta 0: one rounding), or += with dinp_add
+// (beta 1: cuBLASLt may round the product before adding, a second rounding);
+// dweight[OC, IC] += dout^T @ inp;  dbias[OC] += colsum(dout).
 // NULL dinp, dweight or dbias skips that output. dbias is summed in a fixed
 // order (no atomics): the same inputs give the same bits.
-void matmul_backward_cuda(MatmulCuda *mm, uint16_t *dinp, float *dweight, float *dbias, const uint16_t *dout,
+void matmul_backward_cuda(MatmulCuda *mm, uint16_t *dinp, bool dinp_add, float *dweight, float *dbias, const uint16_t *dout,
                           const uint16_t *inp, const uint16_t *weight, int64_t T, int IC, int OC,
                           cudaStream_t stream);
 

@@ -178,6 +178,8 @@ float *model_tensor(const Model *m, float *arena, int index);
 Act *model_act_at(const Model *m, Act *base, int64_t elements);
 // Backend pointer to a tensor's compute copy (in weight_mem).
 Weight *model_weight(const Model *m, int index);
+// Backend pointer to the compute copy of arena element `offset`.
+Weight *model_weight_at(const Model *m, int64_t offset);
 
 // One sequence (or this rank's part of it): forward, fused chunked LM head +
 // cross entropy, backward. tokens, targets and positions are host arrays [T]

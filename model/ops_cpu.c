@@ -65,11 +65,12 @@ static void matmul_forward(Act *out_act, const Act *inp_act, const Weight *weigh
     }
 }
 
-static void matmul_backward(Act *dinp_act, float *dweight, float *dbias, const Act *dout_act, const Act *inp_act,
-                            const Weight *weight_w, int64_t T, int IC, int OC) {
+static void matmul_backward(Act *dinp_act, bool dinp_add, float *dweight, float *dbias, const Act *dout_act,
+                            const Act *inp_act, const Weight *weight_w, int64_t T, int IC, int OC) {
     float *dinp = (float *)dinp_act;
     const float *dout = (const float *)dout_act, *inp = (const float *)inp_act, *weight = (const float *)weight_w;
-    // dinp[T, IC] += dout[T, OC] @ weight[OC, IC]
+    // dinp[T, IC] (+)= dout[T, OC] @ weight[OC, IC]: written as zeroed, then added to
+    if (dinp && !dinp_add) memset(dinp, 0, sizeof(float) * (size_t)(T * IC));
     if (dinp)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, IC, OC, 1.0f, dout, OC, weight, IC,
                     1.0f, dinp, IC);
@@ -189,14 +190,9 @@ static void swiglu_backward(Act *dgate_act, Act *dup_act, const Act *dout_act, c
     #pragma omp parallel for
     for (int64_t i = 0; i < n; i++) {
         float g = gate[i], s = 1.0f / (1.0f + expf(-g));
-        dgate[i] += dout[i] * up[i] * s * (1.0f + g * (1.0f - s));
-        dup[i] += dout[i] * g * s;
+        dgate[i] = dout[i] * up[i] * s * (1.0f + g * (1.0f - s));
+        dup[i] = dout[i] * g * s;
     }
-}
-
-static void scale(float *x, float s, int64_t n) {
-    #pragma omp parallel for
-    for (int64_t i = 0; i < n; i++) x[i] *= s;
 }
 
 // Fixed-size chunks summed in order: the same result for any thread count.
@@ -243,16 +239,23 @@ static double cross_entropy(Act *logits_act, const int32_t *targets, int64_t C, 
     return total;
 }
 
-static void adamw(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int64_t step) {
-    float c1 = 1.0f - powf(beta1, (float)step), c2 = 1.0f - powf(beta2, (float)step);
-    #pragma omp parallel for
-    for (int64_t i = 0; i < n; i++) {
-        float g = grad[i];
-        m[i] = beta1 * m[i] + (1.0f - beta1) * g;
-        v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
-        float mhat = m[i] / c1, vhat = v[i] / c2;
-        param[i] -= lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * param[i]);
+// The compute weights are the master itself: weight is param.
+static void adamw(float *param, Weight *weight, const float *grad, float *m, float *v, const AdamWTensor *tensors,
+                  int count, const AdamWStep *hp) {
+    (void)weight;
+    const float beta1 = hp->beta1, beta2 = hp->beta2;
+    const float c1 = 1.0f - powf(beta1, (float)hp->step), c2 = 1.0f - powf(beta2, (float)hp->step);
+    for (int t = 0; t < count; t++) {
+        const int64_t begin = tensors[t].offset, end = begin + tensors[t].n;
+        const float weight_decay = tensors[t].weight_decay;
+        #pragma omp parallel for
+        for (int64_t i = begin; i < end; i++) {
+            float g = grad[i] * hp->grad_scale;
+            m[i] = beta1 * m[i] + (1.0f - beta1) * g;
+            v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
+            float mhat = m[i] / c1, vhat = v[i] / c2;
+            param[i] -= hp->lr * (mhat / (sqrtf(vhat) + hp->eps) + weight_decay * param[i]);
+        }
     }
 }
 
@@ -339,7 +342,6 @@ static const Backend cpu_backend = {
     .rope = rope,
     .swiglu_forward = swiglu_forward,
     .swiglu_backward = swiglu_backward,
-    .scale = scale,
     .sum_squares = sum_squares,
     .cross_entropy = cross_entropy,
     .attention_new = attention_cpu_new,

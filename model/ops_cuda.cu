@@ -230,21 +230,15 @@ swiglu_backward_kernel(bf16 *dgate, bf16 *dup, const bf16 *dout, const bf16 *gat
         load_group(g, gate + i, count, vec);
         load_group(u, up + i, count, vec);
         load_group(dy, dout + i, count, vec);
-        load_group(dg, dgate + i, count, vec);
-        load_group(du, dup + i, count, vec);
 #pragma unroll
         for (int k = 0; k < GROUP; k++) {
             const float s = 1.0f / (1.0f + expf(-g[k]));
-            dg[k] += dy[k] * u[k] * s * (1.0f + g[k] * (1.0f - s));
-            du[k] += dy[k] * g[k] * s;
+            dg[k] = dy[k] * u[k] * s * (1.0f + g[k] * (1.0f - s));
+            du[k] = dy[k] * g[k] * s;
         }
         store_group(dgate + i, dg, count, vec);
         store_group(dup + i, du, count, vec);
     }
-}
-
-__global__ void __launch_bounds__(THREADS) scale_kernel(float *x, float s, int64_t n) {
-    FOR_EACH(i, n) x[i] *= s;
 }
 
 // ---- reductions to one double ----
@@ -317,20 +311,25 @@ cross_entropy_kernel(bf16 *logits, const int32_t *targets, int64_t C, int V, flo
 
 // One step's hyperparameters; c1, c2 the bias corrections 1 - beta1^step, 1 - beta2^step.
 struct AdamWHyper {
-    float lr, beta1, beta2, eps, weight_decay, c1, c2;
+    float lr, beta1, beta2, eps, grad_scale, c1, c2;
 };
 
+// Block b takes runs b, b + gridDim.x, ...; its threads stride over each run.
 __global__ void __launch_bounds__(THREADS)
-adamw_kernel(float *param, bf16 *param_bf16, const float *grad, float *m, float *v, int64_t n, AdamWHyper hp) {
-    FOR_EACH(i, n) {
-        const float g = grad[i];
-        const float mi = hp.beta1 * m[i] + (1.0f - hp.beta1) * g, vi = hp.beta2 * v[i] + (1.0f - hp.beta2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        const float mhat = mi / hp.c1, vhat = vi / hp.c2;
-        const float p = param[i] - hp.lr * (mhat / (sqrtf(vhat) + hp.eps) + hp.weight_decay * param[i]);
-        param[i] = p;
-        st(param_bf16 + i, p);
+adamw_kernel(float *param, bf16 *param_bf16, const float *grad, float *m, float *v, const AdamWRun *runs, int count,
+             AdamWHyper hp) {
+    for (int r = blockIdx.x; r < count; r += gridDim.x) {
+        const AdamWRun run = runs[r];
+        for (int64_t i = run.offset + threadIdx.x; i < run.offset + run.n; i += THREADS) {
+            const float g = grad[i] * hp.grad_scale;
+            const float mi = hp.beta1 * m[i] + (1.0f - hp.beta1) * g, vi = hp.beta2 * v[i] + (1.0f - hp.beta2) * g * g;
+            m[i] = mi;
+            v[i] = vi;
+            const float mhat = mi / hp.c1, vhat = vi / hp.c2;
+            const float p = param[i] - hp.lr * (mhat / (sqrtf(vhat) + hp.eps) + run.weight_decay * param[i]);
+            param[i] = p;
+            st(param_bf16 + i, p);
+        }
     }
 }
 
@@ -430,12 +429,6 @@ extern "C" void accumulate_cuda(uint16_t *y, const uint16_t *x, int64_t n, cudaS
     launch_add_into((bf16 *)y, (const bf16 *)x, n, stream);
 }
 
-extern "C" void scale_cuda(float *x, float s, int64_t n, cudaStream_t stream) {
-    if (n == 0) return;
-    CUDA_LAUNCH(scale_kernel, grid_for(n, THREADS), THREADS, 0, stream, x, s, n);
-    CUDA_CHECK(cudaGetLastError());
-}
-
 // *total += sum of partial[n], then partial released (stream order).
 static void add_partials(double *total, double *partial, int64_t n, cudaStream_t stream) {
     CUDA_LAUNCH(add_sum_kernel, 1, THREADS, 0, stream, total, (const double *)partial, n);
@@ -464,13 +457,14 @@ extern "C" void cross_entropy_cuda(uint16_t *logits, const int32_t *targets, int
     add_partials(loss, row_loss, C, stream);
 }
 
-extern "C" void adamw_cuda(float *param, uint16_t *param_bf16, const float *grad, float *m, float *v, int64_t n,
-                           float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step,
-                           cudaStream_t stream) {
-    if (n == 0) return;
-    const AdamWHyper hp = {lr, beta1, beta2, eps, weight_decay, 1.0f - powf(beta1, (float)step),
+extern "C" void adamw_cuda(float *param, uint16_t *param_bf16, const float *grad, float *m, float *v,
+                           const AdamWRun *runs, int count, float lr, float beta1, float beta2, float eps,
+                           float grad_scale, int64_t step, cudaStream_t stream) {
+    if (count == 0) return;
+    const AdamWHyper hp = {lr, beta1, beta2, eps, grad_scale, 1.0f - powf(beta1, (float)step),
                            1.0f - powf(beta2, (float)step)};
-    CUDA_LAUNCH(adamw_kernel, grid_for(n, THREADS), THREADS, 0, stream, param, (bf16 *)param_bf16, grad, m, v, n, hp);
+    CUDA_LAUNCH(adamw_kernel, row_grid(count), THREADS, 0, stream, param, (bf16 *)param_bf16, grad, m, v, runs,
+                count, hp);
     CUDA_CHECK(cudaGetLastError());
 }
 

@@ -93,10 +93,12 @@ typedef struct {
     // out[T, OC] = inp[T, IC] @ weight[OC, IC]^T (+ bias[OC] when not NULL)
     void (*matmul_forward)(Act *out, const Act *inp, const Weight *weight, const Weight *bias, int64_t T, int IC,
                            int OC);
-    // dinp = dout @ weight, or += with dinp_add; dweight += dout^T @ inp;
-    // dbias += colsum(dout). NULL skips.
-    void (*matmul_backward)(Act *dinp, bool dinp_add, float *dweight, float *dbias, const Act *dout,
-                            const Act *inp, const Weight *weight, int64_t T, int IC, int OC);
+    // dinp = dout @ weight, or += with dinp_add; dweight += dout^T @ inp. NULL skips.
+    void (*matmul_backward)(Act *dinp, bool dinp_add, float *dweight, const Act *dout, const Act *inp,
+                            const Weight *weight, int64_t T, int IC, int OC);
+    // The bias gradients of up to 3 outputs in one pass (q, k and v's):
+    // dbias[i] [OC[i]] += colsum(dout[i] [T, OC[i]]) for i < count.
+    void (*bias_backward)(float *const *dbias, const Act *const *dout, const int *OC, int count, int64_t T);
 
     // out = inp * rstd * weight, rstd[T] = 1/sqrt(mean(inp^2) + eps)
     void (*rmsnorm_forward)(Act *out, float *rstd, const Act *inp, const Weight *weight, int64_t T, int H,
@@ -110,12 +112,13 @@ typedef struct {
     void (*residual_rmsnorm_forward)(Act *out, float *rstd, Act *x, const Act *delta, const Weight *weight,
                                      int64_t T, int H, float eps);
 
-    // In place on x[T, heads, D]: rotate-half RoPE at global positions pos[T],
+    // In place on q[T, q_heads, D] and k[T, k_heads, D] (k NULL, k_heads 0:
+    // q alone), in one pass: rotate-half RoPE at global positions pos[T],
     // angle_i = pos · inv_freq[i] in double (inv_freq [D/2], backend memory, from
     // model/rope.c), cos and sin multiplied by attention_factor (YaRN; else 1).
     // inverse = 0 rotates by +angle (forward), 1 by -angle (the transpose, for backward).
-    void (*rope)(Act *x, const int64_t *pos, int64_t T, int heads, int D, const double *inv_freq,
-                 double attention_factor, int inverse);
+    void (*rope)(Act *q, int q_heads, Act *k, int k_heads, const int64_t *pos, int64_t T, int D,
+                 const double *inv_freq, double attention_factor, int inverse);
 
     // out[n] = silu(gate[n]) * up[n]; the backward writes dgate and dup.
     void (*swiglu_forward)(Act *out, const Act *gate, const Act *up, int64_t n);

@@ -118,10 +118,13 @@ static void matmul_forward(Act *out, const Act *inp, const Weight *weight, const
     matmul_forward_cuda(cuda.mm, (uint16_t *)out, (const uint16_t *)inp, (const uint16_t *)weight,
                         (const uint16_t *)bias, T, IC, OC, cuda.stream);
 }
-static void matmul_backward(Act *dinp, bool dinp_add, float *dweight, float *dbias, const Act *dout,
-                            const Act *inp, const Weight *weight, int64_t T, int IC, int OC) {
-    matmul_backward_cuda(cuda.mm, (uint16_t *)dinp, dinp_add, dweight, dbias, (const uint16_t *)dout, (const uint16_t *)inp,
+static void matmul_backward(Act *dinp, bool dinp_add, float *dweight, const Act *dout, const Act *inp,
+                            const Weight *weight, int64_t T, int IC, int OC) {
+    matmul_backward_cuda(cuda.mm, (uint16_t *)dinp, dinp_add, dweight, (const uint16_t *)dout, (const uint16_t *)inp,
                          (const uint16_t *)weight, T, IC, OC, cuda.stream);
+}
+static void bias_backward(float *const *dbias, const Act *const *dout, const int *OC, int count, int64_t T) {
+    bias_grads_cuda(cuda.mm, dbias, (const uint16_t *const *)dout, OC, count, T, cuda.stream);
 }
 
 static void rmsnorm_forward(Act *out, float *rstd, const Act *inp, const Weight *weight, int64_t T, int H,
@@ -140,9 +143,10 @@ static void residual_rmsnorm_forward(Act *out, float *rstd, Act *x, const Act *d
     residual_rmsnorm_forward_cuda((uint16_t *)out, rstd, (uint16_t *)x, (const uint16_t *)delta,
                                   (const uint16_t *)weight, T, H, eps, cuda.stream);
 }
-static void rope(Act *x, const int64_t *pos, int64_t T, int heads, int D, const double *inv_freq,
-                 double attention_factor, int inverse) {
-    rope_cuda((uint16_t *)x, pos, T, heads, D, inv_freq, attention_factor, inverse, cuda.stream);
+static void rope(Act *q, int q_heads, Act *k, int k_heads, const int64_t *pos, int64_t T, int D,
+                 const double *inv_freq, double attention_factor, int inverse) {
+    rope_cuda((uint16_t *)q, q_heads, (uint16_t *)k, k_heads, pos, T, D, inv_freq, attention_factor, inverse,
+              cuda.stream);
 }
 
 static void swiglu_forward(Act *out, const Act *gate, const Act *up, int64_t n) {
@@ -207,12 +211,22 @@ static void reduce_scatter_sum(const struct Comm *c, float *arena, int64_t count
     comm_device_reduce_scatter(c, arena, count, cuda.stream);
 }
 
+// Whether tensors [count] are the ones the table was made from (field by
+// field: a struct's padding bytes are unspecified).
+static bool adamw_table_of(const AdamWTensor *tensors, int count) {
+    if (!cuda.adamw_runs || count != cuda.adamw_tensor_count) return false;
+    for (int t = 0; t < count; t++) {
+        const AdamWTensor *a = &tensors[t], *b = &cuda.adamw_tensors[t];
+        if (a->offset != b->offset || a->n != b->n || a->weight_decay != b->weight_decay) return false;
+    }
+    return true;
+}
+
 // The device table of runs for tensors [count]: the one made last when the
 // tensors are the same, else made now (cut into runs of ADAMW_RUN, uploaded).
 static const AdamWRun *adamw_runs(const AdamWTensor *tensors, int count) {
     const size_t bytes = sizeof(AdamWTensor) * (size_t)count;
-    if (cuda.adamw_runs && count == cuda.adamw_tensor_count && !memcmp(tensors, cuda.adamw_tensors, bytes))
-        return cuda.adamw_runs;
+    if (adamw_table_of(tensors, count)) return cuda.adamw_runs;
     int runs = 0;
     for (int t = 0; t < count; t++) runs += (int)((tensors[t].n + ADAMW_RUN - 1) / ADAMW_RUN);
     AdamWRun *host = xmalloc(sizeof(AdamWRun) * (size_t)(runs ? runs : 1));
@@ -261,6 +275,7 @@ static const Backend cuda_backend = {
     .embedding_backward = embedding_backward,
     .matmul_forward = matmul_forward,
     .matmul_backward = matmul_backward,
+    .bias_backward = bias_backward,
     .rmsnorm_forward = rmsnorm_forward,
     .rmsnorm_backward = rmsnorm_backward,
     .residual_rmsnorm_forward = residual_rmsnorm_forward,

@@ -493,8 +493,8 @@ static void layer_forward(Model *m, int l, LayerActs *a, const NormedOutput *out
     be->matmul_forward(a->q, a->h_attn, W(LAYER_Q_WEIGHT), W(LAYER_Q_BIAS), T, H, QD);
     be->matmul_forward(a->k, a->h_attn, W(LAYER_K_WEIGHT), W(LAYER_K_BIAS), T, H, KD);
     be->matmul_forward(a->v, a->h_attn, W(LAYER_V_WEIGHT), W(LAYER_V_BIAS), T, H, KD);
-    be->rope(a->q, m->rope_positions, T, c->num_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 0);
-    be->rope(a->k, m->rope_positions, T, c->num_kv_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 0);
+    be->rope(a->q, c->num_heads, a->k, c->num_kv_heads, m->rope_positions, T, c->head_dim, m->rope_inv_freq,
+             m->rope_attention_factor, 0);
     // A recomputation (out == NULL) reuses the sparse pattern of the first forward.
     AttnShape s = attn_shape(m, T);
     be->attention_forward(m->attn, l, out != NULL, &s, a->q, a->k, a->v, m->positions, a->att, a->lse,
@@ -533,28 +533,29 @@ static void layer_backward(Model *m, int l, LayerActs *a, int64_t T) {
         const int64_t n = T - t0 < rows ? T - t0 : rows;
         Act *dx = model_act_at(m, m->dx, t0 * H), *dh = model_act_at(m, m->dh, t0 * H), *h = model_act_at(m, a->h_mlp, t0 * H);
         if (m->mlp_chunk_rows) mlp_up(m, l, a, t0, n);
-        be->matmul_backward(m->dact, false, G(LAYER_DOWN_WEIGHT), NULL, dx, a->act, W(LAYER_DOWN_WEIGHT), n, I, H);
+        be->matmul_backward(m->dact, false, G(LAYER_DOWN_WEIGHT), dx, a->act, W(LAYER_DOWN_WEIGHT), n, I, H);
         be->swiglu_backward(m->dgate, m->dup, m->dact, a->gate, a->up, n * I);
-        be->matmul_backward(dh, false, G(LAYER_GATE_WEIGHT), NULL, m->dgate, h, W(LAYER_GATE_WEIGHT), n, H, I);
-        be->matmul_backward(dh, true, G(LAYER_UP_WEIGHT), NULL, m->dup, h, W(LAYER_UP_WEIGHT), n, H, I);
+        be->matmul_backward(dh, false, G(LAYER_GATE_WEIGHT), m->dgate, h, W(LAYER_GATE_WEIGHT), n, H, I);
+        be->matmul_backward(dh, true, G(LAYER_UP_WEIGHT), m->dup, h, W(LAYER_UP_WEIGHT), n, H, I);
     }
     // d(x_mid) = d(out) (the residual, already in dx) + the norm's gradient, added in place.
     be->rmsnorm_backward(m->dx, G(LAYER_POST_NORM), m->dh, a->x_mid, W(LAYER_POST_NORM), a->rstd_mlp, T, H);
     // attention: x_mid = x_in + o_proj(attention(rope(q), rope(k), v)), from h = norm(x_in)
-    be->matmul_backward(m->datt, false, G(LAYER_O_WEIGHT), NULL, m->dx, a->att, W(LAYER_O_WEIGHT), T, QD, H);
+    be->matmul_backward(m->datt, false, G(LAYER_O_WEIGHT), m->dx, a->att, W(LAYER_O_WEIGHT), T, QD, H);
     AttnShape s = attn_shape(m, T);
     // The attention backward adds into dq, dk, dv: zeroed at once (adjacent in the arena).
     zero_act(m, m->dq, dqkv_span(m, T, KD));
     be->attention_backward(m->attn, l, &s, a->q, a->k, a->v, m->positions, a->att, a->lse, m->datt,
                            m->dq, m->dk, m->dv);
-    be->rope(m->dq, m->rope_positions, T, c->num_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 1);
-    be->rope(m->dk, m->rope_positions, T, c->num_kv_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 1);
-    be->matmul_backward(m->dh, false, G(LAYER_Q_WEIGHT), G(LAYER_Q_BIAS), m->dq, a->h_attn, W(LAYER_Q_WEIGHT), T, H,
-                        QD);
-    be->matmul_backward(m->dh, true, G(LAYER_K_WEIGHT), G(LAYER_K_BIAS), m->dk, a->h_attn, W(LAYER_K_WEIGHT), T, H,
-                        KD);
-    be->matmul_backward(m->dh, true, G(LAYER_V_WEIGHT), G(LAYER_V_BIAS), m->dv, a->h_attn, W(LAYER_V_WEIGHT), T, H,
-                        KD);
+    be->rope(m->dq, c->num_heads, m->dk, c->num_kv_heads, m->rope_positions, T, c->head_dim, m->rope_inv_freq,
+             m->rope_attention_factor, 1);
+    be->matmul_backward(m->dh, false, G(LAYER_Q_WEIGHT), m->dq, a->h_attn, W(LAYER_Q_WEIGHT), T, H, QD);
+    be->matmul_backward(m->dh, true, G(LAYER_K_WEIGHT), m->dk, a->h_attn, W(LAYER_K_WEIGHT), T, H, KD);
+    be->matmul_backward(m->dh, true, G(LAYER_V_WEIGHT), m->dv, a->h_attn, W(LAYER_V_WEIGHT), T, H, KD);
+    float *const dbias[3] = {G(LAYER_Q_BIAS), G(LAYER_K_BIAS), G(LAYER_V_BIAS)};
+    const Act *const dqkv[3] = {m->dq, m->dk, m->dv};
+    const int widths[3] = {QD, KD, KD};
+    be->bias_backward(dbias, dqkv, widths, 3, T);
     be->rmsnorm_backward(m->dx, G(LAYER_INPUT_NORM), m->dh, a->x_in, W(LAYER_INPUT_NORM), a->rstd_attn, T, H);
 #undef W
 #undef G
@@ -601,7 +602,7 @@ static double head_loss(Model *m, const int32_t *targets, int64_t T, float grad_
         be->matmul_forward(m->logits, h, head, NULL, n, H, V);
         loss += be->cross_entropy(m->logits, m->targets + c0, n, V, grad_scale);
         if (backward)   // each chunk writes its rows of dh
-            be->matmul_backward(model_act_at(m, m->dh, c0 * H), false, dhead, NULL, m->logits, h, head, n, H, V);
+            be->matmul_backward(model_act_at(m, m->dh, c0 * H), false, dhead, m->logits, h, head, n, H, V);
     }
     return loss;
 }

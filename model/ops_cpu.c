@@ -65,8 +65,8 @@ static void matmul_forward(Act *out_act, const Act *inp_act, const Weight *weigh
     }
 }
 
-static void matmul_backward(Act *dinp_act, bool dinp_add, float *dweight, float *dbias, const Act *dout_act,
-                            const Act *inp_act, const Weight *weight_w, int64_t T, int IC, int OC) {
+static void matmul_backward(Act *dinp_act, bool dinp_add, float *dweight, const Act *dout_act, const Act *inp_act,
+                            const Weight *weight_w, int64_t T, int IC, int OC) {
     float *dinp = (float *)dinp_act;
     const float *dout = (const float *)dout_act, *inp = (const float *)inp_act, *weight = (const float *)weight_w;
     // dinp[T, IC] (+)= dout[T, OC] @ weight[OC, IC]: written as zeroed, then added to
@@ -78,14 +78,21 @@ static void matmul_backward(Act *dinp_act, bool dinp_add, float *dweight, float 
     if (dweight)
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, (int)T, 1.0f, dout, OC, inp, IC,
                     1.0f, dweight, IC);
-    if (!dbias) return;
-    #pragma omp parallel for
-    for (int o0 = 0; o0 < OC; o0 += 16) {
-        int o1 = o0 + 16 < OC ? o0 + 16 : OC;
-        float acc[16] = {0};
-        for (int64_t t = 0; t < T; t++)
-            for (int o = o0; o < o1; o++) acc[o - o0] += dout[t * OC + o];
-        for (int o = o0; o < o1; o++) dbias[o] += acc[o - o0];
+}
+
+// Each output's columns in tiles of 16, the tokens in order.
+static void bias_backward(float *const *dbias, const Act *const *dout_act, const int *OC_of, int count, int64_t T) {
+    for (int i = 0; i < count; i++) {
+        const float *dout = (const float *)dout_act[i];
+        const int OC = OC_of[i];
+        #pragma omp parallel for
+        for (int o0 = 0; o0 < OC; o0 += 16) {
+            int o1 = o0 + 16 < OC ? o0 + 16 : OC;
+            float acc[16] = {0};
+            for (int64_t t = 0; t < T; t++)
+                for (int o = o0; o < o1; o++) acc[o - o0] += dout[t * OC + o];
+            for (int o = o0; o < o1; o++) dbias[i][o] += acc[o - o0];
+        }
     }
 }
 
@@ -146,9 +153,21 @@ static void rmsnorm_backward(Act *dinp_act, float *dweight, const Act *dout_act,
 }
 
 // Angles in double: at 512K positions an fp32 angle is off by ~0.03 rad.
-static void rope(Act *x_act, const int64_t *pos, int64_t T, int heads, int D, const double *inv_freq,
-                 double attention_factor, int inverse) {
-    float *x = (float *)x_act;
+// x[T, heads, D] rotated by the angles of token t, cos and sin in cs [D].
+static void rope_rows(float *x, int64_t t, int heads, int D, const float *cs) {
+    int half = D / 2;
+    for (int h = 0; h < heads; h++) {
+        float *v = x + (t * heads + h) * (int64_t)D;
+        for (int i = 0; i < half; i++) {
+            float x1 = v[i], x2 = v[half + i], c = cs[i], s = cs[half + i];
+            v[i] = x1 * c - x2 * s;
+            v[half + i] = x2 * c + x1 * s;
+        }
+    }
+}
+
+static void rope(Act *q, int q_heads, Act *k, int k_heads, const int64_t *pos, int64_t T, int D,
+                 const double *inv_freq, double attention_factor, int inverse) {
     int half = D / 2;
     #pragma omp parallel
     {
@@ -160,14 +179,8 @@ static void rope(Act *x_act, const int64_t *pos, int64_t T, int heads, int D, co
                 cs[i] = (float)(attention_factor * cos(angle));
                 cs[half + i] = (float)(attention_factor * (inverse ? -sin(angle) : sin(angle)));
             }
-            for (int h = 0; h < heads; h++) {
-                float *v = x + (t * heads + h) * (int64_t)D;
-                for (int i = 0; i < half; i++) {
-                    float x1 = v[i], x2 = v[half + i], c = cs[i], s = cs[half + i];
-                    v[i] = x1 * c - x2 * s;
-                    v[half + i] = x2 * c + x1 * s;
-                }
-            }
+            rope_rows((float *)q, t, q_heads, D, cs);
+            if (k) rope_rows((float *)k, t, k_heads, D, cs);
         }
         free(cs);
     }
@@ -336,6 +349,7 @@ static const Backend cpu_backend = {
     .embedding_backward = embedding_backward,
     .matmul_forward = matmul_forward,
     .matmul_backward = matmul_backward,
+    .bias_backward = bias_backward,
     .rmsnorm_forward = rmsnorm_forward,
     .rmsnorm_backward = rmsnorm_backward,
     .residual_rmsnorm_forward = residual_rmsnorm_forward,

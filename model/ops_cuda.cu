@@ -186,10 +186,21 @@ __global__ void __launch_bounds__(THREADS) add_column_sums_kernel(float *out, co
 
 // ---- RoPE ----
 
-// One thread per (t, i < D/2): the angle's cos and sin once, then every head.
+// Pair i of every head of token t of x[T, heads, D] rotated by (c, s).
+__device__ __forceinline__ void rope_heads(bf16 *x, int64_t t, int heads, int D, int i, float c, float s) {
+    const int half = D / 2;
+    for (int h = 0; h < heads; h++) {
+        bf16 *v = x + (t * heads + h) * D;
+        const float x1 = ld(v + i), x2 = ld(v + half + i);
+        st(v + i, x1 * c - x2 * s);
+        st(v + half + i, x2 * c + x1 * s);
+    }
+}
+
+// One thread per (t, i < D/2): the angle's cos and sin once, then every head of q and of k.
 __global__ void __launch_bounds__(THREADS)
-rope_kernel(bf16 *x, const int64_t *pos, int64_t T, int heads, int D, const double *inv_freq,
-            double attention_factor, int inverse) {
+rope_kernel(bf16 *q, int q_heads, bf16 *k, int k_heads, const int64_t *pos, int64_t T, int D,
+            const double *inv_freq, double attention_factor, int inverse) {
     const int half = D / 2;
     for (int64_t p = (int64_t)blockIdx.x * THREADS + threadIdx.x; p < T * half; p += (int64_t)gridDim.x * THREADS) {
         const int64_t t = p / half;
@@ -197,12 +208,8 @@ rope_kernel(bf16 *x, const int64_t *pos, int64_t T, int heads, int D, const doub
         const double angle = (double)pos[t] * inv_freq[i];
         const float c = (float)(attention_factor * cos(angle));
         const float s = (float)(attention_factor * (inverse ? -sin(angle) : sin(angle)));
-        for (int h = 0; h < heads; h++) {
-            bf16 *v = x + (t * heads + h) * D;
-            const float x1 = ld(v + i), x2 = ld(v + half + i);
-            st(v + i, x1 * c - x2 * s);
-            st(v + half + i, x2 * c + x1 * s);
-        }
+        rope_heads(q, t, q_heads, D, i, c, s);
+        if (k) rope_heads(k, t, k_heads, D, i, c, s);
     }
 }
 
@@ -399,12 +406,12 @@ extern "C" void rmsnorm_backward_cuda(uint16_t *dinp, float *dweight, const uint
     CUDA_CHECK(cudaFreeAsync(partial, stream));
 }
 
-extern "C" void rope_cuda(uint16_t *x, const int64_t *pos, int64_t T, int heads, int D, const double *inv_freq,
-                          double attention_factor, int inverse, cudaStream_t stream) {
+extern "C" void rope_cuda(uint16_t *q, int q_heads, uint16_t *k, int k_heads, const int64_t *pos, int64_t T, int D,
+                          const double *inv_freq, double attention_factor, int inverse, cudaStream_t stream) {
     CHECK(D > 0 && D % 2 == 0, "rope_cuda: head dim %d is not even", D);
     if (T == 0) return;
-    CUDA_LAUNCH(rope_kernel, grid_for(T * (D / 2), THREADS), THREADS, 0, stream, (bf16 *)x, pos, T, heads, D, inv_freq,
-                attention_factor, inverse);
+    CUDA_LAUNCH(rope_kernel, grid_for(T * (D / 2), THREADS), THREADS, 0, stream, (bf16 *)q, q_heads, (bf16 *)k,
+                k_heads, pos, T, D, inv_freq, attention_factor, inverse);
     CUDA_CHECK(cudaGetLastError());
 }
 

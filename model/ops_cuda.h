@@ -44,12 +44,13 @@ void residual_rmsnorm_forward_cuda(uint16_t *out, float *rstd, uint16_t *x, cons
 void rmsnorm_backward_cuda(uint16_t *dinp, float *dweight, const uint16_t *dout, const uint16_t *inp,
                            const uint16_t *weight, const float *rstd, int64_t T, int H, cudaStream_t stream);
 
-// In place on x[T, heads, D] bf16: rotate-half RoPE at positions pos[T],
+// In place on q[T, q_heads, D] and k[T, k_heads, D] bf16 (k NULL: q alone),
+// one launch: rotate-half RoPE at positions pos[T],
 // angle_i = pos * inv_freq[i] in double (inv_freq [D/2] from model/rope.c),
 // cos and sin in double times attention_factor, rounded to fp32; inverse = 1
 // rotates by -angle (the backward).
-void rope_cuda(uint16_t *x, const int64_t *pos, int64_t T, int heads, int D, const double *inv_freq,
-               double attention_factor, int inverse, cudaStream_t stream);
+void rope_cuda(uint16_t *q, int q_heads, uint16_t *k, int k_heads, const int64_t *pos, int64_t T, int D,
+               const double *inv_freq, double attention_factor, int inverse, cudaStream_t stream);
 
 // out[n] = silu(gate[n]) * up[n], all bf16.
 void swiglu_forward_cuda(uint16_t *out, const uint16_t *gate, const uint16_t *up, int64_t n, cudaStream_t stream);

@@ -2,10 +2,12 @@
 // the sim's subset under the CPU execution model) against double-precision
 // loops written here: the forward with and without bias, and the three
 // backward outputs accumulated into non-zero values (dinp, alternately,
-// written: beta 0), each of dinp, dweight, dbias skipped (NULL) in turn, on shapes that are no multiple of any tile
-// (T 1, 7, 130; IC, OC 24, 40, 257, 1000), with tensors 256-byte aligned
-// and, alternately, only 16-byte aligned (the heuristic must be told). Then
-// more distinct problems than the algorithm cache holds, and the first again.
+// written: beta 0; dbias by bias_grads_cuda), each of dinp, dweight, dbias
+// skipped in turn, on shapes that are no multiple of any tile (T 1, 7, 130;
+// IC, OC 24, 40, 257, 1000), with tensors 256-byte aligned and, alternately,
+// only 16-byte aligned (the heuristic must be told). Then three outputs'
+// bias gradients in one call, and more distinct problems than the algorithm
+// cache holds, and the first again.
 //   gpu_test_matmul [small]    small: the shapes above; without: also T 1037 at 896 x 1152
 //
 // Tolerance, element by element, from the error analysis of a sum: an
@@ -176,7 +178,13 @@ static void run_case(MatmulCuda *mm, const Case *c, uint64_t seed) {
     CUDA_CHECK(cudaStreamCreate(&stream));
     matmul_forward_cuda(mm, d_out.ptr, d_inp.ptr, d_w.ptr, c->bias ? d_bias.ptr : NULL, T, (int)IC, (int)OC, stream);
     matmul_backward_cuda(mm, c->skip == 1 ? NULL : d_dinp.ptr, c->dinp_add, c->skip == 2 ? NULL : d_dw.ptr,
-                         c->skip == 3 ? NULL : d_db.ptr, d_dout.ptr, d_inp.ptr, d_w.ptr, T, (int)IC, (int)OC, stream);
+                         d_dout.ptr, d_inp.ptr, d_w.ptr, T, (int)IC, (int)OC, stream);
+    if (c->skip != 3) {
+        float *dbias = d_db.ptr;
+        const uint16_t *dout_of = d_dout.ptr;
+        const int oc = (int)OC;
+        bias_grads_cuda(mm, &dbias, &dout_of, &oc, 1, T, stream);
+    }
     CUDA_CHECK(cudaStreamSynchronize(stream));
     CUDA_CHECK(cudaStreamDestroy(stream));
 
@@ -205,6 +213,42 @@ static void run_case(MatmulCuda *mm, const Case *c, uint64_t seed) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) device_free(&all[i]);
     free(inp_b); free(w_b); free(bias_b); free(dout_b); free(dinp0_b);
     free(inp); free(w); free(bias); free(dout); free(dinp0); free(dw0); free(db0);
+}
+
+// Three outputs' bias gradients in one call (q, k and v's: OC 40, 24 and
+// 257, tokens 130), each added to its own start values: an output summed
+// into another's vector, or a column block or slice of the wrong output,
+// is off by about the sum itself.
+static void check_bias_grads_three(MatmulCuda *mm) {
+    enum { T = 130, OUTPUTS = 3 };
+    const int oc[OUTPUTS] = {40, 24, 257};
+    Rng rng;
+    rng_seed(&rng, 11);
+    float *dbias[OUTPUTS];
+    const uint16_t *dout[OUTPUTS];
+    float *dout_f[OUTPUTS], *db0[OUTPUTS];
+    uint16_t *dout_b[OUTPUTS];
+    for (int i = 0; i < OUTPUTS; i++) {
+        random_bf16(&rng, (int64_t)T * oc[i], &dout_b[i], &dout_f[i]);
+        db0[i] = random_scaled_f32(&rng, oc[i], sqrt((double)T));
+        dout[i] = to_device(dout_b[i], (size_t)T * oc[i] * 2);
+        dbias[i] = to_device(db0[i], (size_t)oc[i] * 4);
+    }
+    bias_grads_cuda(mm, dbias, dout, oc, OUTPUTS, T, 0);
+    float *ones = xmalloc((size_t)T * sizeof(float));
+    for (int64_t t = 0; t < T; t++) ones[t] = 1.0f;
+    Reference ref = reference_alloc(257);
+    for (int i = 0; i < OUTPUTS; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "bias gradients of 3 outputs in one call, output %d (OC %d)", i, oc[i]);
+        reference(&ref, oc[i], 1, T, dout_f[i], 1, oc[i], ones, 0, 1, db0[i], 1, 0);
+        check_output(name, "dbias += colsum(dout)", from_device_f32(dbias[i], oc[i]), &ref, oc[i], T, 0);
+        CUDA_CHECK(cudaFree((void *)dout[i]));
+        CUDA_CHECK(cudaFree(dbias[i]));
+        free(dout_b[i]); free(dout_f[i]); free(db0[i]);
+    }
+    reference_free(&ref);
+    free(ones);
 }
 
 // More distinct problems than the cache holds (one token, OC 1..PROBLEMS), then
@@ -254,6 +298,7 @@ int main(int argc, char **argv) {
         run_case(mm, &big_written, seed++);
         run_case(mm, &big, seed++);
     }
+    check_bias_grads_three(mm);
     check_cache_eviction(mm);
     matmul_cuda_destroy(mm);
     printf("%d checks\n", checks);

@@ -267,12 +267,14 @@ static void test_residual_rmsnorm(int64_t T, int H, int offset) {
 
 // ---- RoPE ----
 
+// q [T, heads, D] and k [T, (heads + 1) / 2, D] in one call (k right after q
+// in one buffer), each against the formula.
 static void test_rope(int64_t T, int heads, int D, double attention_factor, int inverse) {
     char shape[96];
     snprintf(shape, sizeof shape, "T=%lld heads=%d D=%d factor=%g inverse=%d", (long long)T, heads, D,
              attention_factor, inverse);
-    const int half = D / 2;
-    const int64_t n = T * heads * D;
+    const int half = D / 2, k_heads = (heads + 1) / 2;
+    const int64_t nq = T * heads * D, n = nq + T * k_heads * D;
     uint16_t *x;
     float *xf;
     random_bf16(&rng, n, &x, &xf);
@@ -284,25 +286,28 @@ static void test_rope(int64_t T, int heads, int D, double attention_factor, int 
     int64_t *d_pos = to_device(pos, (size_t)T * sizeof(int64_t));
     double *d_inv = to_device(inv_freq, (size_t)half * sizeof(double));
 
-    rope_cuda(d_x, d_pos, T, heads, D, d_inv, attention_factor, inverse, 0);
+    rope_cuda(d_x, heads, d_x + nq, k_heads, d_pos, T, D, d_inv, attention_factor, inverse, 0);
     float *got = download_bf16(d_x, n);
     double *want = dalloc(n), *bound = dalloc(n);
-    for (int64_t t = 0; t < T; t++)
-        for (int i = 0; i < half; i++) {
-            const double angle = (double)pos[t] * inv_freq[i];
-            const double c = attention_factor * cos(angle);
-            const double s = attention_factor * sin(angle) * (inverse ? -1 : 1);
-            for (int h = 0; h < heads; h++) {
-                const int64_t j = (t * heads + h) * D + i;
-                const double x1 = xf[j], x2 = xf[j + half];
-                want[j] = x1 * c - x2 * s;
-                want[j + half] = x2 * c + x1 * s;
-                const double slack = 4 * U32 * attention_factor * (fabs(x1) + fabs(x2));
-                bound[j] = U16 * fabs(want[j]) + slack;
-                bound[j + half] = U16 * fabs(want[j + half]) + slack;
+    const struct { int64_t at; int heads; } tensors[2] = {{0, heads}, {nq, k_heads}};
+    for (int q_or_k = 0; q_or_k < 2; q_or_k++)
+        for (int64_t t = 0; t < T; t++)
+            for (int i = 0; i < half; i++) {
+                const double angle = (double)pos[t] * inv_freq[i];
+                const double c = attention_factor * cos(angle);
+                const double s = attention_factor * sin(angle) * (inverse ? -1 : 1);
+                const int H = tensors[q_or_k].heads;
+                for (int h = 0; h < H; h++) {
+                    const int64_t j = tensors[q_or_k].at + (t * H + h) * D + i;
+                    const double x1 = xf[j], x2 = xf[j + half];
+                    want[j] = x1 * c - x2 * s;
+                    want[j + half] = x2 * c + x1 * s;
+                    const double slack = 4 * U32 * attention_factor * (fabs(x1) + fabs(x2));
+                    bound[j] = U16 * fabs(want[j]) + slack;
+                    bound[j + half] = U16 * fabs(want[j + half]) + slack;
+                }
             }
-        }
-    expect_within("rope", "x", shape, got, want, bound, n);
+    expect_within("rope", "q and k", shape, got, want, bound, n);
 
     CUDA_CHECK(cudaFree(d_x)); CUDA_CHECK(cudaFree(d_pos)); CUDA_CHECK(cudaFree(d_inv));
     free(x); free(xf); free(pos); free(inv_freq); free(got); free(want); free(bound);

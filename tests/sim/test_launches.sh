@@ -14,7 +14,7 @@ cd "$(dirname "$0")/../.."
 source tests/lib/lib.sh
 sim_setup launches
 RUN="$SIM_RUN train.steps=2 checkpoint.resume=never"
-declare -A MOST=([keep]=54 [recompute]=70) MEMSETS=([keep]=5 [recompute]=6)
+declare -A MOST=([keep]=48 [recompute]=63) MEMSETS=([keep]=5 [recompute]=6)
 
 # count NAME KIND: the report's figure of KIND (total, kernels, matmuls, memsets) in run NAME.
 count() {

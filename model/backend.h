@@ -128,8 +128,10 @@ typedef struct {
     double (*sum_squares)(const float *x, int64_t n);
 
     // In place: logits[C, V] -> dlogits = (softmax - onehot(target)) * grad_scale for
-    // rows whose target >= 0 (others zero). Returns the summed cross entropy.
-    double (*cross_entropy)(Act *logits, const int32_t *targets, int64_t C, int V, float grad_scale);
+    // rows whose target >= 0 (others zero); *loss (one double, backend memory)
+    // += the summed cross entropy, so that the chunks of a sequence add up
+    // where they run and the host reads the sum once.
+    void (*cross_entropy)(Act *logits, const int32_t *targets, int64_t C, int V, float grad_scale, double *loss);
 
     // Attention: one op, dense or sparse (attention.type), over the cp ring
     // (one rank: a ring of one), behind an opaque state per model.

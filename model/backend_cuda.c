@@ -3,8 +3,8 @@
 // attention/op/attention_cuda_op.h bound with the backend's one stream and its
 // one cuBLASLt context. Activations and compute weights are bf16 (the ops'
 // uint16_t), master weights, gradients, moments and statistics fp32.
-// Everything is enqueued on the one stream; download, act_to_host and the ops
-// that return a double (sum_squares, cross_entropy) wait for it, and upload
+// Everything is enqueued on the one stream; download, act_to_host and
+// sum_squares (it returns a double) wait for it, and upload
 // waits too, so the host buffer is free again when it returns (both through
 // a page-locked staging buffer); allreduce_sum
 // (dist/comm_device.h: NCCL or host-staged) returns with the sum in place.
@@ -33,7 +33,7 @@ static struct {
     cudaStream_t stream;
     cudaStream_t comm_stream;  // the bucketed gradient reduction (allreduce_sum_start)
     MatmulCuda *mm;
-    double *total;  // one device double: sum_squares' and cross_entropy's result
+    double *total;  // one device double: sum_squares' result
     void *staging;  // [STAGING_BYTES] page-locked: the host side of every upload and download
     // AdamW's table of runs on the device, made from the tensors of the last
     // step that differed (the same every step of a run: uploaded once).
@@ -168,10 +168,8 @@ static double sum_squares(const float *x, int64_t n) {
     sum_squares_cuda(x, n, cuda.total, cuda.stream);
     return read_total();
 }
-static double cross_entropy(Act *logits, const int32_t *targets, int64_t C, int V, float grad_scale) {
-    cuda_zero(cuda.total, sizeof(double));
-    cross_entropy_cuda((uint16_t *)logits, targets, C, V, grad_scale, cuda.total, cuda.stream);
-    return read_total();
+static void cross_entropy(Act *logits, const int32_t *targets, int64_t C, int V, float grad_scale, double *loss) {
+    cross_entropy_cuda((uint16_t *)logits, targets, C, V, grad_scale, loss, cuda.stream);
 }
 
 // The op's ring (a ring of one for cp NULL or one rank), built here as the

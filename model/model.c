@@ -110,6 +110,7 @@ void model_init(Model *m, const ModelConfig *config, const Backend *be, const At
     double *inv_freq = xmalloc(rope_bytes);
     m->rope_attention_factor = rope_frequencies(cfg, cfg->head_dim, inv_freq);
     m->rope_inv_freq = be->alloc(rope_bytes);
+    m->loss_sum = be->alloc(sizeof(double));
     be->upload(m->rope_inv_freq, inv_freq, rope_bytes);
     free(inv_freq);
 }
@@ -192,6 +193,7 @@ void model_free(Model *m) {
     be->free(m->param_mem);
     be->free(m->grad_mem);
     be->free(m->rope_inv_freq);
+    be->free(m->loss_sum);
     if (m->adam_m) be->free(m->adam_m);
     if (m->adam_v) be->free(m->adam_v);
     free(m->params);
@@ -595,15 +597,17 @@ static double head_loss(Model *m, const int32_t *targets, int64_t T, float grad_
     be->upload(m->targets, targets, sizeof(int32_t) * (size_t)T);
     const Weight *head = model_weight(m, model_head_param(m));
     float *dhead = model_tensor(m, m->grad_mem, model_head_param(m));
-    double loss = 0;
+    be->zero(m->loss_sum, sizeof(double));
     for (int64_t c0 = 0; c0 < T; c0 += m->loss_chunk) {
         int64_t n = T - c0 < m->loss_chunk ? T - c0 : m->loss_chunk;
         Act *h = model_act_at(m, m->h_final, c0 * H);
         be->matmul_forward(m->logits, h, head, NULL, n, H, V);
-        loss += be->cross_entropy(m->logits, m->targets + c0, n, V, grad_scale);
+        be->cross_entropy(m->logits, m->targets + c0, n, V, grad_scale, m->loss_sum);
         if (backward)   // each chunk writes its rows of dh
             be->matmul_backward(model_act_at(m, m->dh, c0 * H), false, dhead, m->logits, h, head, n, H, V);
     }
+    double loss;   // read once for the whole sequence
+    be->download(&loss, m->loss_sum, sizeof(loss));
     return loss;
 }
 

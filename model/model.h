@@ -87,6 +87,7 @@ typedef struct {
     int64_t *positions;      // [T] global positions (masks, ring layouts)
     int64_t *rope_positions; // [T] the positions RoPE rotates by (model_set_rope_documents)
     double *rope_inv_freq;   // [head_dim / 2], backend memory (model/rope.c)
+    double *loss_sum;        // one double, backend memory: the chunks' cross entropy of a sequence
     double rope_attention_factor;  // scales RoPE cos and sin (YaRN; 1 otherwise)
     Progress *progress;      // NULL, or counts every layer of a forward and of a backward pass
 

@@ -226,7 +226,8 @@ static double sum_squares(const float *x, int64_t n) {
     return total;
 }
 
-static double cross_entropy(Act *logits_act, const int32_t *targets, int64_t C, int V, float grad_scale) {
+static void cross_entropy(Act *logits_act, const int32_t *targets, int64_t C, int V, float grad_scale,
+                          double *loss) {
     float *logits = (float *)logits_act;
     double *row_loss = xmalloc(sizeof(double) * (size_t)(C ? C : 1));
     #pragma omp parallel for
@@ -249,7 +250,7 @@ static double cross_entropy(Act *logits_act, const int32_t *targets, int64_t C, 
     double total = 0;
     for (int64_t t = 0; t < C; t++) total += row_loss[t];
     free(row_loss);
-    return total;
+    *loss += total;
 }
 
 // The compute weights are the master itself: weight is param.

@@ -3,9 +3,10 @@
 // has blocks of THREADS threads and a grid of at most MAX_BLOCKS blocks that
 // stride over the tensor: element-wise kernels one group of GROUP = 8
 // elements per thread (16-byte loads where the tensors are aligned, element
-// by element for the tail; dist/cuda_elementwise.cuh), row kernels (RMSNorm,
-// cross entropy) one row per block at a time, RMSNorm with 16-byte loads
-// where H is a multiple of GROUP. Reductions
+// by element for the tail; dist/cuda_elementwise.cuh), the RMSNorm forward
+// one row per warp, the other row kernels (its backward, cross entropy) one
+// row per block at a time, RMSNorm with 16-byte loads where H is a multiple
+// of GROUP. Reductions
 // combine in a fixed order (warp butterflies, then the warps in order, then
 // blocks' partial sums in order by one more kernel), never with atomics, so
 // every result is bitwise reproducible.
@@ -96,18 +97,24 @@ embedding_backward_kernel(float *dtable, const int32_t *tokens, const bf16 *dout
 
 __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
 
-// Per row: x += delta when delta is not NULL (x rounded once and written
-// back; the norm reads the rounded x, as the unfused add then norm would),
-// then out = x * r * weight with r = rstd[t] = 1/sqrt(mean(x^2) + eps).
-// vec: every row 16-byte aligned (H a multiple of GROUP, pointers aligned).
+// This lane's groups of a row of H: columns [c, c + count), lane the thread's lane in its warp.
+#define FOR_EACH_LANE_GROUP(c, count, H, lane) \
+    for (int c = (lane) * GROUP, count = group_count(c, H); c < (H); c += 32 * GROUP, count = group_count(c, H))
+
+// One warp per row (WARPS rows of a block at a time): x += delta when delta
+// is not NULL (x rounded once and written back by the lane that read it; the
+// norm reads the rounded x, as the unfused add then norm would), then out = x
+// * r * weight with r = rstd[t] = 1/sqrt(mean(x^2) + eps), the sum of squares
+// by the warp's butterfly (every lane the same bits). vec: every row 16-byte
+// aligned (H a multiple of GROUP, pointers aligned).
 __global__ void __launch_bounds__(THREADS)
 rmsnorm_forward_kernel(bf16 *out, float *rstd, bf16 *inp, const bf16 *delta, const bf16 *weight, int64_t T, int H,
                        float eps, bool vec) {
-    STATIC_SHARED(double, scratch, [WARPS]);
-    for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+    const int lane = threadIdx.x % 32;
+    for (int64_t t = (int64_t)blockIdx.x * WARPS + threadIdx.x / 32; t < T; t += (int64_t)gridDim.x * WARPS) {
         bf16 *x = inp + t * H;
         double ss = 0;
-        FOR_EACH_ROW_GROUP(c, count, H) {
+        FOR_EACH_LANE_GROUP(c, count, H, lane) {
             float v[GROUP];
             load_group(v, x + c, count, vec);
             if (delta) {
@@ -120,10 +127,10 @@ rmsnorm_forward_kernel(bf16 *out, float *rstd, bf16 *inp, const bf16 *delta, con
 #pragma unroll
             for (int k = 0; k < GROUP; k++) ss += (double)v[k] * v[k];   // 0 past the row's end
         }
-        ss = block_sum(ss, scratch);
+        for (int off = 16; off > 0; off /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
         const float r = (float)(1.0 / sqrt(ss / H + eps));
-        if (threadIdx.x == 0) rstd[t] = r;
-        FOR_EACH_ROW_GROUP(c, count, H) {
+        if (lane == 0) rstd[t] = r;
+        FOR_EACH_LANE_GROUP(c, count, H, lane) {
             float v[GROUP], w[GROUP];
             load_group(v, x + c, count, vec);
             load_group(w, weight + c, count, vec);
@@ -371,8 +378,8 @@ static void rmsnorm_rows(bf16 *out, float *rstd, bf16 *x, const bf16 *delta, con
                          float eps, cudaStream_t stream) {
     if (T == 0) return;
     const bool vec = rows_aligned(H, out, x, delta ? (const void *)delta : (const void *)x, weight);
-    CUDA_LAUNCH(rmsnorm_forward_kernel, row_grid(T), THREADS, 0, stream, out, rstd, x, delta, weight, T, H, eps,
-                vec);
+    CUDA_LAUNCH(rmsnorm_forward_kernel, row_grid((T + WARPS - 1) / WARPS), THREADS, 0, stream, out, rstd, x, delta,
+                weight, T, H, eps, vec);
     CUDA_CHECK(cudaGetLastError());
 }
 

@@ -4,8 +4,12 @@
 // Conventions:
 //   - activations are token-major: x[T, C];
 //   - weights are Hugging Face layout: W[out, in] row-major;
-//   - every backward op ACCUMULATES (+=) into its gradient outputs (d*),
-//     both parameter gradients and input gradients; callers zero them.
+//   - every backward op ACCUMULATES (+=) into its parameter gradients and
+//     into the input gradients it does not own: rmsnorm_backward's dinp,
+//     attention_backward's dq, dk, dv, matmul_backward's dinp when told to
+//     add (callers zero them where nothing was there); swiglu_backward and
+//     matmul_backward's dinp otherwise WRITE theirs (the first op to fill a
+//     buffer writes it: nothing zeroed, no extra rounding).
 // Element types (the compiler keeps them apart):
 //   - float: master weights, parameter gradients, AdamW moments (the arenas
 //     the optimizer, checkpoints and the dp/cp reduction see) and the per-row
@@ -33,6 +37,20 @@
 // addressed in elements of act_bytes / weight_bytes (model.c).
 typedef struct Act Act;
 typedef struct Weight Weight;
+
+// One tensor of an AdamW step (Backend.adamw): its elements [offset, offset +
+// n) of the run the step updates, and its weight decay.
+typedef struct {
+    int64_t offset, n;
+    float weight_decay;
+} AdamWTensor;
+
+// The hyperparameters of one AdamW step; every gradient is multiplied by
+// grad_scale first (clipping; 1 without).
+typedef struct {
+    float lr, beta1, beta2, eps, grad_scale;
+    int64_t step;
+} AdamWStep;
 
 typedef struct {
     size_t act_bytes;     // bytes of one Act element
@@ -74,9 +92,12 @@ typedef struct {
     // out[T, OC] = inp[T, IC] @ weight[OC, IC]^T (+ bias[OC] when not NULL)
     void (*matmul_forward)(Act *out, const Act *inp, const Weight *weight, const Weight *bias, int64_t T, int IC,
                            int OC);
-    // dinp += dout @ weight; dweight += dout^T @ inp; dbias += colsum(dout). NULL skips.
-    void (*matmul_backward)(Act *dinp, float *dweight, float *dbias, const Act *dout, const Act *inp,
+    // dinp = dout @ weight, or += with dinp_add; dweight += dout^T @ inp. NULL skips.
+    void (*matmul_backward)(Act *dinp, bool dinp_add, float *dweight, const Act *dout, const Act *inp,
                             const Weight *weight, int64_t T, int IC, int OC);
+    // The bias gradients of up to 3 outputs in one pass (q, k and v's):
+    // dbias[i] [OC[i]] += colsum(dout[i] [T, OC[i]]) for i < count.
+    void (*bias_backward)(float *const *dbias, const Act *const *dout, const int *OC, int count, int64_t T);
 
     // out = inp * rstd * weight, rstd[T] = 1/sqrt(mean(inp^2) + eps)
     void (*rmsnorm_forward)(Act *out, float *rstd, const Act *inp, const Weight *weight, int64_t T, int H,
@@ -90,25 +111,26 @@ typedef struct {
     void (*residual_rmsnorm_forward)(Act *out, float *rstd, Act *x, const Act *delta, const Weight *weight,
                                      int64_t T, int H, float eps);
 
-    // In place on x[T, heads, D]: rotate-half RoPE at global positions pos[T],
+    // In place on q[T, q_heads, D] and k[T, k_heads, D] (k NULL, k_heads 0:
+    // q alone), in one pass: rotate-half RoPE at global positions pos[T],
     // angle_i = pos · inv_freq[i] in double (inv_freq [D/2], backend memory, from
     // model/rope.c), cos and sin multiplied by attention_factor (YaRN; else 1).
     // inverse = 0 rotates by +angle (forward), 1 by -angle (the transpose, for backward).
-    void (*rope)(Act *x, const int64_t *pos, int64_t T, int heads, int D, const double *inv_freq,
-                 double attention_factor, int inverse);
+    void (*rope)(Act *q, int q_heads, Act *k, int k_heads, const int64_t *pos, int64_t T, int D,
+                 const double *inv_freq, double attention_factor, int inverse);
 
-    // out[n] = silu(gate[n]) * up[n]
+    // out[n] = silu(gate[n]) * up[n]; the backward writes dgate and dup.
     void (*swiglu_forward)(Act *out, const Act *gate, const Act *up, int64_t n);
     void (*swiglu_backward)(Act *dgate, Act *dup, const Act *dout, const Act *gate, const Act *up, int64_t n);
 
-    // x[n] *= s (gradients)
-    void (*scale)(float *x, float s, int64_t n);
     // sum of x[n]^2 in double (gradients)
     double (*sum_squares)(const float *x, int64_t n);
 
     // In place: logits[C, V] -> dlogits = (softmax - onehot(target)) * grad_scale for
-    // rows whose target >= 0 (others zero). Returns the summed cross entropy.
-    double (*cross_entropy)(Act *logits, const int32_t *targets, int64_t C, int V, float grad_scale);
+    // rows whose target >= 0 (others zero); *loss (one double, backend memory)
+    // += the summed cross entropy, so that the chunks of a sequence add up
+    // where they run and the host reads the sum once.
+    void (*cross_entropy)(Act *logits, const int32_t *targets, int64_t C, int V, float grad_scale, double *loss);
 
     // Attention: one op, dense or sparse (attention.type), over the cp ring
     // (one rank: a ring of one), behind an opaque state per model.
@@ -163,9 +185,14 @@ typedef struct {
     // undefined afterwards).
     void (*reduce_scatter_sum)(const struct Comm *c, float *arena, int64_t count);
 
-    // AdamW on n fp32 master parameters: m, v updated; param -= lr * (mhat/(sqrt(vhat)+eps) + wd*param).
-    void (*adamw)(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int64_t step);
+    // One AdamW step on every tensor of tensors [count] in one pass: over
+    // a run of fp32 master parameters param (grad, m, v alike), tensor i its
+    // elements [offset, offset + n) with its weight decay; g = grad *
+    // grad_scale (clipping), m, v updated, param -= lr * (mhat/(sqrt(vhat)+eps)
+    // + wd*param), and the compute copy weight of the same run (weight [offset]
+    // the compute weight of param [offset]; CPU: param itself) written from it.
+    void (*adamw)(float *param, Weight *weight, const float *grad, float *m, float *v, const AdamWTensor *tensors,
+                  int count, const AdamWStep *hp);
 
     // What a run reports of its device (a backend on_gpu; NULL on the CPU's).
     // Under the CPU execution model of CUDA (tests/sim/cudasim/) only: the
@@ -176,7 +203,8 @@ typedef struct {
     // MTRAIN_SYNC_REPORT=1: sync_begin begins counting the host
     // synchronisations (the host waiting for the device) at the start of a
     // step; after it, sync_print prints "host syncs per step: N", then one
-    // line per call site (file:line (function): call: count), then the
+    // line per call site (file:line (function): call: count), then "device
+    // launches per step: N (K kernels, M cuBLASLt matmuls, S memsets)", then the
     // priority of the streams NCCL ran on. Counted by the CPU execution model
     // of CUDA (build/sim/mtrain); a native build says it cannot.
     void (*sync_begin)(void);

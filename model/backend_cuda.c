@@ -3,8 +3,8 @@
 // attention/op/attention_cuda_op.h bound with the backend's one stream and its
 // one cuBLASLt context. Activations and compute weights are bf16 (the ops'
 // uint16_t), master weights, gradients, moments and statistics fp32.
-// Everything is enqueued on the one stream; download, act_to_host and the ops
-// that return a double (sum_squares, cross_entropy) wait for it, and upload
+// Everything is enqueued on the one stream; download, act_to_host and
+// sum_squares (it returns a double) wait for it, and upload
 // waits too, so the host buffer is free again when it returns (both through
 // a page-locked staging buffer); allreduce_sum
 // (dist/comm_device.h: NCCL or host-staged) returns with the sum in place.
@@ -15,6 +15,7 @@
 #ifdef MTRAIN_CUDA
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../attention/op/attention_cuda_op.h"
@@ -27,24 +28,19 @@
 #include "matmul_cuda.h"
 #include "ops_cuda.h"
 
-// The compute copies made by weights_new, so that adamw finds the bf16 copy
-// of the master range it updates and writes it in the same pass: master
-// [count] holds the arena range [begin, begin + count) of bf16 [n].
-#define MAX_WEIGHT_COPIES 8
-typedef struct {
-    const float *master;
-    uint16_t *bf16;
-    int64_t begin, count;
-} WeightCopy;
-
 static struct {
     bool ready;
     cudaStream_t stream;
     cudaStream_t comm_stream;  // the bucketed gradient reduction (allreduce_sum_start)
     MatmulCuda *mm;
-    double *total;  // one device double: sum_squares' and cross_entropy's result
+    double *total;  // one device double: sum_squares' result
     void *staging;  // [STAGING_BYTES] page-locked: the host side of every upload and download
-    WeightCopy copies[MAX_WEIGHT_COPIES];
+    // AdamW's table of runs on the device, made from the tensors of the last
+    // step that differed (the same every step of a run: uploaded once).
+    AdamWTensor *adamw_tensors;  // host [adamw_tensor_count]: the tensors it was made from
+    int adamw_tensor_count;
+    AdamWRun *adamw_runs;        // device [adamw_run_count]
+    int adamw_run_count;
 } cuda;
 
 // Uploads and downloads go through a page-locked buffer made once with the
@@ -86,23 +82,14 @@ static Weight *weights_new(float *master, int64_t begin, int64_t count, int64_t 
     CHECK(begin >= 0 && count >= 0 && begin + count <= n,
           "CUDA backend: master range [%lld, %lld) outside the %lld weights", (long long)begin,
           (long long)(begin + count), (long long)n);
-    int slot = 0;
-    while (slot < MAX_WEIGHT_COPIES && cuda.copies[slot].master) slot++;
-    CHECK(slot < MAX_WEIGHT_COPIES, "CUDA backend: more than %d models at once", MAX_WEIGHT_COPIES);
     uint16_t *bf16 = cuda_alloc(sizeof(uint16_t) * (size_t)n);
     f32_to_bf16_cuda(bf16 + begin, master, count, cuda.stream);
-    cuda.copies[slot] = (WeightCopy){master, bf16, begin, count};
     return (Weight *)bf16;
 }
+// The bf16 copy is memory of its own, whatever the master.
 static void weights_free(Weight *w, float *master) {
-    for (int i = 0; i < MAX_WEIGHT_COPIES; i++)
-        if (cuda.copies[i].master == master) {
-            CHECK(cuda.copies[i].bf16 == (uint16_t *)w, "CUDA backend: the compute weights of another master");
-            cuda_free(w);
-            cuda.copies[i] = (WeightCopy){0};
-            return;
-        }
-    FAIL("CUDA backend: weights_free of a master without compute weights");
+    (void)master;
+    cuda_free(w);
 }
 static void weights_refresh(Weight *w, const float *master, int64_t begin, int64_t count) {
     f32_to_bf16_cuda((uint16_t *)w + begin, master, count, cuda.stream);
@@ -131,10 +118,13 @@ static void matmul_forward(Act *out, const Act *inp, const Weight *weight, const
     matmul_forward_cuda(cuda.mm, (uint16_t *)out, (const uint16_t *)inp, (const uint16_t *)weight,
                         (const uint16_t *)bias, T, IC, OC, cuda.stream);
 }
-static void matmul_backward(Act *dinp, float *dweight, float *dbias, const Act *dout, const Act *inp,
+static void matmul_backward(Act *dinp, bool dinp_add, float *dweight, const Act *dout, const Act *inp,
                             const Weight *weight, int64_t T, int IC, int OC) {
-    matmul_backward_cuda(cuda.mm, (uint16_t *)dinp, dweight, dbias, (const uint16_t *)dout, (const uint16_t *)inp,
+    matmul_backward_cuda(cuda.mm, (uint16_t *)dinp, dinp_add, dweight, (const uint16_t *)dout, (const uint16_t *)inp,
                          (const uint16_t *)weight, T, IC, OC, cuda.stream);
+}
+static void bias_backward(float *const *dbias, const Act *const *dout, const int *OC, int count, int64_t T) {
+    bias_grads_cuda(cuda.mm, dbias, (const uint16_t *const *)dout, OC, count, T, cuda.stream);
 }
 
 static void rmsnorm_forward(Act *out, float *rstd, const Act *inp, const Weight *weight, int64_t T, int H,
@@ -153,9 +143,10 @@ static void residual_rmsnorm_forward(Act *out, float *rstd, Act *x, const Act *d
     residual_rmsnorm_forward_cuda((uint16_t *)out, rstd, (uint16_t *)x, (const uint16_t *)delta,
                                   (const uint16_t *)weight, T, H, eps, cuda.stream);
 }
-static void rope(Act *x, const int64_t *pos, int64_t T, int heads, int D, const double *inv_freq,
-                 double attention_factor, int inverse) {
-    rope_cuda((uint16_t *)x, pos, T, heads, D, inv_freq, attention_factor, inverse, cuda.stream);
+static void rope(Act *q, int q_heads, Act *k, int k_heads, const int64_t *pos, int64_t T, int D,
+                 const double *inv_freq, double attention_factor, int inverse) {
+    rope_cuda((uint16_t *)q, q_heads, (uint16_t *)k, k_heads, pos, T, D, inv_freq, attention_factor, inverse,
+              cuda.stream);
 }
 
 static void swiglu_forward(Act *out, const Act *gate, const Act *up, int64_t n) {
@@ -166,7 +157,6 @@ static void swiglu_backward(Act *dgate, Act *dup, const Act *dout, const Act *ga
                          (const uint16_t *)up, n, cuda.stream);
 }
 
-static void scale(float *x, float s, int64_t n) { scale_cuda(x, s, n, cuda.stream); }
 // cuda.total on the host, once the stream's work before it is done.
 static double read_total(void) {
     double total;
@@ -178,10 +168,8 @@ static double sum_squares(const float *x, int64_t n) {
     sum_squares_cuda(x, n, cuda.total, cuda.stream);
     return read_total();
 }
-static double cross_entropy(Act *logits, const int32_t *targets, int64_t C, int V, float grad_scale) {
-    cuda_zero(cuda.total, sizeof(double));
-    cross_entropy_cuda((uint16_t *)logits, targets, C, V, grad_scale, cuda.total, cuda.stream);
-    return read_total();
+static void cross_entropy(Act *logits, const int32_t *targets, int64_t C, int V, float grad_scale, double *loss) {
+    cross_entropy_cuda((uint16_t *)logits, targets, C, V, grad_scale, loss, cuda.stream);
 }
 
 // The op's ring (a ring of one for cp NULL or one rank), built here as the
@@ -221,18 +209,47 @@ static void reduce_scatter_sum(const struct Comm *c, float *arena, int64_t count
     comm_device_reduce_scatter(c, arena, count, cuda.stream);
 }
 
-// The bf16 copy of param[n] is written by the same kernel: found among the
-// compute copies by the master range param lies in.
-static void adamw(float *param, const float *grad, float *m, float *v, int64_t n, float lr, float beta1,
-                  float beta2, float eps, float weight_decay, int64_t step) {
-    uint16_t *bf16 = NULL;
-    for (int i = 0; i < MAX_WEIGHT_COPIES && !bf16; i++) {
-        const WeightCopy *c = &cuda.copies[i];
-        if (c->master && param >= c->master && param + n <= c->master + c->count)
-            bf16 = c->bf16 + c->begin + (param - c->master);
+// Whether tensors [count] are the ones the table was made from (field by
+// field: a struct's padding bytes are unspecified).
+static bool adamw_table_of(const AdamWTensor *tensors, int count) {
+    if (!cuda.adamw_runs || count != cuda.adamw_tensor_count) return false;
+    for (int t = 0; t < count; t++) {
+        const AdamWTensor *a = &tensors[t], *b = &cuda.adamw_tensors[t];
+        if (a->offset != b->offset || a->n != b->n || a->weight_decay != b->weight_decay) return false;
     }
-    CHECK(bf16, "CUDA backend: adamw on parameters that have no compute weights");
-    adamw_cuda(param, bf16, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step, cuda.stream);
+    return true;
+}
+
+// The device table of runs for tensors [count]: the one made last when the
+// tensors are the same, else made now (cut into runs of ADAMW_RUN, uploaded).
+static const AdamWRun *adamw_runs(const AdamWTensor *tensors, int count) {
+    const size_t bytes = sizeof(AdamWTensor) * (size_t)count;
+    if (adamw_table_of(tensors, count)) return cuda.adamw_runs;
+    int runs = 0;
+    for (int t = 0; t < count; t++) runs += (int)((tensors[t].n + ADAMW_RUN - 1) / ADAMW_RUN);
+    AdamWRun *host = xmalloc(sizeof(AdamWRun) * (size_t)(runs ? runs : 1));
+    int r = 0;
+    for (int t = 0; t < count; t++)
+        for (int64_t at = 0; at < tensors[t].n; at += ADAMW_RUN)
+            host[r++] = (AdamWRun){tensors[t].offset + at,
+                                   tensors[t].n - at < ADAMW_RUN ? tensors[t].n - at : ADAMW_RUN,
+                                   tensors[t].weight_decay};
+    if (cuda.adamw_runs) cuda_free(cuda.adamw_runs);
+    cuda.adamw_runs = cuda_alloc(sizeof(AdamWRun) * (size_t)runs);
+    cuda_upload(cuda.adamw_runs, host, sizeof(AdamWRun) * (size_t)runs);
+    free(host);
+    cuda.adamw_tensors = xrealloc(cuda.adamw_tensors, bytes ? bytes : 1);
+    memcpy(cuda.adamw_tensors, tensors, bytes);
+    cuda.adamw_tensor_count = count;
+    cuda.adamw_run_count = runs;
+    return cuda.adamw_runs;
+}
+
+static void adamw(float *param, Weight *weight, const float *grad, float *m, float *v, const AdamWTensor *tensors,
+                  int count, const AdamWStep *hp) {
+    const AdamWRun *runs = adamw_runs(tensors, count);
+    adamw_cuda(param, (uint16_t *)weight, grad, m, v, runs, cuda.adamw_run_count, hp->lr, hp->beta1, hp->beta2,
+               hp->eps, hp->grad_scale, hp->step, cuda.stream);
 }
 
 static void sync_begin(void) {
@@ -245,6 +262,10 @@ static void sync_print(void) {
 #ifdef CUDASIM_HOST_SYNCS
     printf("host syncs per step: %ld\n", cudasim_host_syncs(NULL));
     cudasim_host_syncs(stdout);
+    long kernels, matmuls, memsets;
+    const long launches = cudasim_device_launches(&kernels, &matmuls, &memsets);
+    printf("device launches per step: %ld (%ld kernels, %ld cuBLASLt matmuls, %ld memsets)\n", launches, kernels,
+           matmuls, memsets);
     int least = 0, greatest = 0, device_least = 0, device_greatest = 0;
     long ops = cudasim_nccl_priorities(&least, &greatest);
     CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&device_least, &device_greatest));
@@ -289,13 +310,13 @@ static const Backend cuda_backend = {
     .embedding_backward = embedding_backward,
     .matmul_forward = matmul_forward,
     .matmul_backward = matmul_backward,
+    .bias_backward = bias_backward,
     .rmsnorm_forward = rmsnorm_forward,
     .rmsnorm_backward = rmsnorm_backward,
     .residual_rmsnorm_forward = residual_rmsnorm_forward,
     .rope = rope,
     .swiglu_forward = swiglu_forward,
     .swiglu_backward = swiglu_backward,
-    .scale = scale,
     .sum_squares = sum_squares,
     .cross_entropy = cross_entropy,
     .attention_new = attention_cuda_new,

@@ -71,8 +71,8 @@ static void decoder_layer(Decoder *d, int l, int64_t p, int64_t T, const Weight 
     be->matmul_forward(d->q, d->h, W(LAYER_Q_WEIGHT), W(LAYER_Q_BIAS), T, H, QD);
     be->matmul_forward(k, d->h, W(LAYER_K_WEIGHT), W(LAYER_K_BIAS), T, H, KD);
     be->matmul_forward(v, d->h, W(LAYER_V_WEIGHT), W(LAYER_V_BIAS), T, H, KD);
-    be->rope(d->q, pos, T, c->num_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 0);
-    be->rope(k, pos, T, c->num_kv_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 0);
+    be->rope(d->q, c->num_heads, k, c->num_kv_heads, pos, T, c->head_dim, m->rope_inv_freq,
+             m->rope_attention_factor, 0);
     // [T, Hq, D] queries against the cache's p + T keys.
     AttnShape s = {T, p + T, c->num_heads, c->num_kv_heads, c->head_dim, m->attention.block_size,
                    (float)(1.0 / sqrt((double)c->head_dim)), NULL, 0, NULL};

@@ -17,6 +17,7 @@
 #ifndef MTRAIN_MATMUL_CUDA_H
 #define MTRAIN_MATMUL_CUDA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cuda_runtime_api.h>
@@ -39,12 +40,19 @@ void matmul_cuda_destroy(MatmulCuda *mm);
 void matmul_forward_cuda(MatmulCuda *mm, uint16_t *out, const uint16_t *inp, const uint16_t *weight,
                          const uint16_t *bias, int64_t T, int IC, int OC, cudaStream_t stream);
 
-// dinp[T, IC] += dout @ weight;  dweight[OC, IC] += dout^T @ inp;  dbias[OC] += colsum(dout).
-// NULL dinp, dweight or dbias skips that output. dbias is summed in a fixed
-// order (no atomics): the same inputs give the same bits.
-void matmul_backward_cuda(MatmulCuda *mm, uint16_t *dinp, float *dweight, float *dbias, const uint16_t *dout,
+// dinp[T, IC] = dout @ weight (beta 0: one rounding), or += with dinp_add
+// (beta 1: cuBLASLt may round the product before adding, a second rounding);
+// dweight[OC, IC] += dout^T @ inp. NULL dinp or dweight skips that output.
+void matmul_backward_cuda(MatmulCuda *mm, uint16_t *dinp, bool dinp_add, float *dweight, const uint16_t *dout,
                           const uint16_t *inp, const uint16_t *weight, int64_t T, int IC, int OC,
                           cudaStream_t stream);
+
+// dbias[i][OC[i]] fp32 += colsum(dout[i][T, OC[i]] bf16) for i < count (at
+// most BIAS_GRADS_MAX), all in two launches; summed in a fixed order (no
+// atomics): the same inputs give the same bits.
+#define BIAS_GRADS_MAX 3
+void bias_grads_cuda(MatmulCuda *mm, float *const *dbias, const uint16_t *const *dout, const int *OC, int count,
+                     int64_t T, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -110,6 +110,7 @@ void model_init(Model *m, const ModelConfig *config, const Backend *be, const At
     double *inv_freq = xmalloc(rope_bytes);
     m->rope_attention_factor = rope_frequencies(cfg, cfg->head_dim, inv_freq);
     m->rope_inv_freq = be->alloc(rope_bytes);
+    m->loss_sum = be->alloc(sizeof(double));
     be->upload(m->rope_inv_freq, inv_freq, rope_bytes);
     free(inv_freq);
 }
@@ -192,6 +193,7 @@ void model_free(Model *m) {
     be->free(m->param_mem);
     be->free(m->grad_mem);
     be->free(m->rope_inv_freq);
+    be->free(m->loss_sum);
     if (m->adam_m) be->free(m->adam_m);
     if (m->adam_v) be->free(m->adam_v);
     free(m->params);
@@ -217,9 +219,10 @@ int model_param_index(const Model *m, const char *name) {
     return -1;
 }
 float *model_tensor(const Model *m, float *arena, int index) { return arena + m->params[index].offset; }
-Weight *model_weight(const Model *m, int index) {
-    return (Weight *)((char *)m->weight_mem + (size_t)m->params[index].offset * m->be->weight_bytes);
+Weight *model_weight_at(const Model *m, int64_t offset) {
+    return (Weight *)((char *)m->weight_mem + (size_t)offset * m->be->weight_bytes);
 }
+Weight *model_weight(const Model *m, int index) { return model_weight_at(m, m->params[index].offset); }
 
 void model_set_params(Model *m, int64_t offset, const float *host, int64_t n) {
     int64_t end = m->master_begin + m->master_count;
@@ -350,6 +353,10 @@ Act *model_act_at(const Model *m, Act *base, int64_t elements) {
 }
 
 static void zero_act(const Model *m, Act *x, int64_t n) { m->be->zero(x, m->be->act_bytes * (size_t)n); }
+// Elements from dq to the end of dv [T, KD] (dq, dk, dv carved in turn for the arena's tokens).
+static int64_t dqkv_span(const Model *m, int64_t T, int64_t KD) {
+    return ((const char *)m->dv - (const char *)m->dq) / (int64_t)m->be->act_bytes + T * KD;
+}
 
 // Carves the activation arena: statistics from stat on, Act tensors from act on.
 typedef struct {
@@ -424,8 +431,8 @@ static void ensure_activations(Model *m, int64_t T) {
     }
     m->dx = take_act(&cur, T * H);
     m->dh = take_act(&cur, T * H);
-    m->dq = take_act(&cur, T * QD);
     m->datt = take_act(&cur, T * QD);
+    m->dq = take_act(&cur, T * QD);   // dq, dk, dv adjacent: dqkv_span
     m->dk = take_act(&cur, T * KD);
     m->dv = take_act(&cur, T * KD);
     m->dgate = take_act(&cur, (C ? C : T) * I);
@@ -506,8 +513,8 @@ static void layer_forward(Model *m, int l, LayerActs *a, const NormedOutput *out
     be->matmul_forward(a->q, a->h_attn, W(LAYER_Q_WEIGHT), W(LAYER_Q_BIAS), T, H, QD);
     be->matmul_forward(a->k, a->h_attn, W(LAYER_K_WEIGHT), W(LAYER_K_BIAS), T, H, KD);
     be->matmul_forward(a->v, a->h_attn, W(LAYER_V_WEIGHT), W(LAYER_V_BIAS), T, H, KD);
-    be->rope(a->q, m->rope_positions, T, c->num_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 0);
-    be->rope(a->k, m->rope_positions, T, c->num_kv_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 0);
+    be->rope(a->q, c->num_heads, a->k, c->num_kv_heads, m->rope_positions, T, c->head_dim, m->rope_inv_freq,
+             m->rope_attention_factor, 0);
     // A recomputation (out == NULL) reuses the sparse pattern of the first forward.
     AttnShape s = attn_shape(m, T);
     be->attention_forward(m->attn, l, out != NULL, &s, a->q, a->k, a->v, m->positions, a->att, a->lse,
@@ -539,37 +546,36 @@ static void layer_backward(Model *m, int l, LayerActs *a, int64_t T) {
 #define G(which) model_tensor(m, m->grad_mem, model_layer_param(m, l, which))
     // MLP: out = x_mid + down(silu(gate(h)) * up(h)), h = norm(x_mid); in
     // chunks of tokens, each recomputing its gate, up and act first.
+    // The first op to fill a buffer writes it (nothing zeroed): each chunk's
+    // rows of dh are written by the gate's dinp and added to by the up's.
     const int64_t rows = m->mlp_chunk_rows ? m->mlp_chunk_rows : T;
-    zero_act(m, m->dh, T * H);
     for (int64_t t0 = 0; t0 < T; t0 += rows) {
         const int64_t n = T - t0 < rows ? T - t0 : rows;
         Act *dx = model_act_at(m, m->dx, t0 * H), *dh = model_act_at(m, m->dh, t0 * H), *h = model_act_at(m, a->h_mlp, t0 * H);
         if (m->mlp_chunk_rows) mlp_up(m, l, a, t0, n);
-        zero_act(m, m->dact, n * I);
-        be->matmul_backward(m->dact, G(LAYER_DOWN_WEIGHT), NULL, dx, a->act, W(LAYER_DOWN_WEIGHT), n, I, H);
-        zero_act(m, m->dgate, n * I);
-        zero_act(m, m->dup, n * I);
+        be->matmul_backward(m->dact, false, G(LAYER_DOWN_WEIGHT), dx, a->act, W(LAYER_DOWN_WEIGHT), n, I, H);
         be->swiglu_backward(m->dgate, m->dup, m->dact, a->gate, a->up, n * I);
-        be->matmul_backward(dh, G(LAYER_GATE_WEIGHT), NULL, m->dgate, h, W(LAYER_GATE_WEIGHT), n, H, I);
-        be->matmul_backward(dh, G(LAYER_UP_WEIGHT), NULL, m->dup, h, W(LAYER_UP_WEIGHT), n, H, I);
+        be->matmul_backward(dh, false, G(LAYER_GATE_WEIGHT), m->dgate, h, W(LAYER_GATE_WEIGHT), n, H, I);
+        be->matmul_backward(dh, true, G(LAYER_UP_WEIGHT), m->dup, h, W(LAYER_UP_WEIGHT), n, H, I);
     }
     // d(x_mid) = d(out) (the residual, already in dx) + the norm's gradient, added in place.
     be->rmsnorm_backward(m->dx, G(LAYER_POST_NORM), m->dh, a->x_mid, W(LAYER_POST_NORM), a->rstd_mlp, T, H);
     // attention: x_mid = x_in + o_proj(attention(rope(q), rope(k), v)), from h = norm(x_in)
-    zero_act(m, m->datt, T * QD);
-    be->matmul_backward(m->datt, G(LAYER_O_WEIGHT), NULL, m->dx, a->att, W(LAYER_O_WEIGHT), T, QD, H);
+    be->matmul_backward(m->datt, false, G(LAYER_O_WEIGHT), m->dx, a->att, W(LAYER_O_WEIGHT), T, QD, H);
     AttnShape s = attn_shape(m, T);
-    zero_act(m, m->dq, T * QD);
-    zero_act(m, m->dk, T * KD);
-    zero_act(m, m->dv, T * KD);
+    // The attention backward adds into dq, dk, dv: zeroed at once (adjacent in the arena).
+    zero_act(m, m->dq, dqkv_span(m, T, KD));
     be->attention_backward(m->attn, l, &s, a->q, a->k, a->v, m->positions, a->att, a->lse, m->datt,
                            m->dq, m->dk, m->dv);
-    be->rope(m->dq, m->rope_positions, T, c->num_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 1);
-    be->rope(m->dk, m->rope_positions, T, c->num_kv_heads, c->head_dim, m->rope_inv_freq, m->rope_attention_factor, 1);
-    zero_act(m, m->dh, T * H);
-    be->matmul_backward(m->dh, G(LAYER_Q_WEIGHT), G(LAYER_Q_BIAS), m->dq, a->h_attn, W(LAYER_Q_WEIGHT), T, H, QD);
-    be->matmul_backward(m->dh, G(LAYER_K_WEIGHT), G(LAYER_K_BIAS), m->dk, a->h_attn, W(LAYER_K_WEIGHT), T, H, KD);
-    be->matmul_backward(m->dh, G(LAYER_V_WEIGHT), G(LAYER_V_BIAS), m->dv, a->h_attn, W(LAYER_V_WEIGHT), T, H, KD);
+    be->rope(m->dq, c->num_heads, m->dk, c->num_kv_heads, m->rope_positions, T, c->head_dim, m->rope_inv_freq,
+             m->rope_attention_factor, 1);
+    be->matmul_backward(m->dh, false, G(LAYER_Q_WEIGHT), m->dq, a->h_attn, W(LAYER_Q_WEIGHT), T, H, QD);
+    be->matmul_backward(m->dh, true, G(LAYER_K_WEIGHT), m->dk, a->h_attn, W(LAYER_K_WEIGHT), T, H, KD);
+    be->matmul_backward(m->dh, true, G(LAYER_V_WEIGHT), m->dv, a->h_attn, W(LAYER_V_WEIGHT), T, H, KD);
+    float *const dbias[3] = {G(LAYER_Q_BIAS), G(LAYER_K_BIAS), G(LAYER_V_BIAS)};
+    const Act *const dqkv[3] = {m->dq, m->dk, m->dv};
+    const int widths[3] = {QD, KD, KD};
+    be->bias_backward(dbias, dqkv, widths, 3, T);
     be->rmsnorm_backward(m->dx, G(LAYER_INPUT_NORM), m->dh, a->x_in, W(LAYER_INPUT_NORM), a->rstd_attn, T, H);
 #undef W
 #undef G
@@ -609,15 +615,17 @@ static double head_loss(Model *m, const int32_t *targets, int64_t T, float grad_
     be->upload(m->targets, targets, sizeof(int32_t) * (size_t)T);
     const Weight *head = model_weight(m, model_head_param(m));
     float *dhead = model_tensor(m, m->grad_mem, model_head_param(m));
-    if (backward) zero_act(m, m->dh, T * H);
-    double loss = 0;
+    be->zero(m->loss_sum, sizeof(double));
     for (int64_t c0 = 0; c0 < T; c0 += m->loss_chunk) {
         int64_t n = T - c0 < m->loss_chunk ? T - c0 : m->loss_chunk;
         Act *h = model_act_at(m, m->h_final, c0 * H);
         be->matmul_forward(m->logits, h, head, NULL, n, H, V);
-        loss += be->cross_entropy(m->logits, m->targets + c0, n, V, grad_scale);
-        if (backward) be->matmul_backward(model_act_at(m, m->dh, c0 * H), dhead, NULL, m->logits, h, head, n, H, V);
+        be->cross_entropy(m->logits, m->targets + c0, n, V, grad_scale, m->loss_sum);
+        if (backward)   // each chunk writes its rows of dh
+            be->matmul_backward(model_act_at(m, m->dh, c0 * H), false, dhead, m->logits, h, head, n, H, V);
     }
+    double loss;   // read once for the whole sequence
+    be->download(&loss, m->loss_sum, sizeof(loss));
     return loss;
 }
 

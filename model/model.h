@@ -87,6 +87,7 @@ typedef struct {
     int64_t *positions;      // [T] global positions (masks, ring layouts)
     int64_t *rope_positions; // [T] the positions RoPE rotates by (model_set_rope_documents)
     double *rope_inv_freq;   // [head_dim / 2], backend memory (model/rope.c)
+    double *loss_sum;        // one double, backend memory: the chunks' cross entropy of a sequence
     double rope_attention_factor;  // scales RoPE cos and sin (YaRN; 1 otherwise)
     Progress *progress;      // NULL, or counts every layer of a forward and of a backward pass
 
@@ -179,6 +180,8 @@ float *model_tensor(const Model *m, float *arena, int index);
 Act *model_act_at(const Model *m, Act *base, int64_t elements);
 // Backend pointer to a tensor's compute copy (in weight_mem).
 Weight *model_weight(const Model *m, int index);
+// Backend pointer to the compute copy of arena element `offset`.
+Weight *model_weight_at(const Model *m, int64_t offset);
 
 // One sequence (or this rank's part of it): forward, fused chunked LM head +
 // cross entropy, backward. tokens, targets and positions are host arrays [T]

@@ -91,11 +91,12 @@ static void matmul_forward(Act *out_act, const Act *inp_act, const Weight *weigh
     }
 }
 
-static void matmul_backward(Act *dinp_act, float *dweight, float *dbias, const Act *dout_act, const Act *inp_act,
+static void matmul_backward(Act *dinp_act, bool dinp_add, float *dweight, const Act *dout_act, const Act *inp_act,
                             const Weight *weight_w, int64_t T, int IC, int OC) {
     float *dinp = (float *)dinp_act;
     const float *dout = (const float *)dout_act, *inp = (const float *)inp_act, *weight = (const float *)weight_w;
-    // dinp[T, IC] += dout[T, OC] @ weight[OC, IC]
+    // dinp[T, IC] (+)= dout[T, OC] @ weight[OC, IC]: written as zeroed, then added to
+    if (dinp && !dinp_add) memset(dinp, 0, sizeof(float) * (size_t)(T * IC));
     if (dinp)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, IC, OC, 1.0f, dout, OC, weight, IC,
                     1.0f, dinp, IC);
@@ -108,14 +109,21 @@ static void matmul_backward(Act *dinp_act, float *dweight, float *dbias, const A
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, rows, IC, (int)T, 1.0f, dout + o0, OC, inp, IC,
                     1.0f, dweight + (int64_t)o0 * IC, IC);
     }
-    if (!dbias) return;
-    #pragma omp parallel for
-    for (int o0 = 0; o0 < OC; o0 += 16) {
-        int o1 = o0 + 16 < OC ? o0 + 16 : OC;
-        float acc[16] = {0};
-        for (int64_t t = 0; t < T; t++)
-            for (int o = o0; o < o1; o++) acc[o - o0] += dout[t * OC + o];
-        for (int o = o0; o < o1; o++) dbias[o] += acc[o - o0];
+}
+
+// Each output's columns in tiles of 16, the tokens in order.
+static void bias_backward(float *const *dbias, const Act *const *dout_act, const int *OC_of, int count, int64_t T) {
+    for (int i = 0; i < count; i++) {
+        const float *dout = (const float *)dout_act[i];
+        const int OC = OC_of[i];
+        #pragma omp parallel for
+        for (int o0 = 0; o0 < OC; o0 += 16) {
+            int o1 = o0 + 16 < OC ? o0 + 16 : OC;
+            float acc[16] = {0};
+            for (int64_t t = 0; t < T; t++)
+                for (int o = o0; o < o1; o++) acc[o - o0] += dout[t * OC + o];
+            for (int o = o0; o < o1; o++) dbias[i][o] += acc[o - o0];
+        }
     }
 }
 
@@ -176,9 +184,21 @@ static void rmsnorm_backward(Act *dinp_act, float *dweight, const Act *dout_act,
 }
 
 // Angles in double: at 512K positions an fp32 angle is off by ~0.03 rad.
-static void rope(Act *x_act, const int64_t *pos, int64_t T, int heads, int D, const double *inv_freq,
-                 double attention_factor, int inverse) {
-    float *x = (float *)x_act;
+// x[T, heads, D] rotated by the angles of token t, cos and sin in cs [D].
+static void rope_rows(float *x, int64_t t, int heads, int D, const float *cs) {
+    int half = D / 2;
+    for (int h = 0; h < heads; h++) {
+        float *v = x + (t * heads + h) * (int64_t)D;
+        for (int i = 0; i < half; i++) {
+            float x1 = v[i], x2 = v[half + i], c = cs[i], s = cs[half + i];
+            v[i] = x1 * c - x2 * s;
+            v[half + i] = x2 * c + x1 * s;
+        }
+    }
+}
+
+static void rope(Act *q, int q_heads, Act *k, int k_heads, const int64_t *pos, int64_t T, int D,
+                 const double *inv_freq, double attention_factor, int inverse) {
     int half = D / 2;
     #pragma omp parallel
     {
@@ -190,14 +210,8 @@ static void rope(Act *x_act, const int64_t *pos, int64_t T, int heads, int D, co
                 cs[i] = (float)(attention_factor * cos(angle));
                 cs[half + i] = (float)(attention_factor * (inverse ? -sin(angle) : sin(angle)));
             }
-            for (int h = 0; h < heads; h++) {
-                float *v = x + (t * heads + h) * (int64_t)D;
-                for (int i = 0; i < half; i++) {
-                    float x1 = v[i], x2 = v[half + i], c = cs[i], s = cs[half + i];
-                    v[i] = x1 * c - x2 * s;
-                    v[half + i] = x2 * c + x1 * s;
-                }
-            }
+            rope_rows((float *)q, t, q_heads, D, cs);
+            if (k) rope_rows((float *)k, t, k_heads, D, cs);
         }
         free(cs);
     }
@@ -220,14 +234,9 @@ static void swiglu_backward(Act *dgate_act, Act *dup_act, const Act *dout_act, c
     #pragma omp parallel for
     for (int64_t i = 0; i < n; i++) {
         float g = gate[i], s = 1.0f / (1.0f + expf(-g));
-        dgate[i] += dout[i] * up[i] * s * (1.0f + g * (1.0f - s));
-        dup[i] += dout[i] * g * s;
+        dgate[i] = dout[i] * up[i] * s * (1.0f + g * (1.0f - s));
+        dup[i] = dout[i] * g * s;
     }
-}
-
-static void scale(float *x, float s, int64_t n) {
-    #pragma omp parallel for
-    for (int64_t i = 0; i < n; i++) x[i] *= s;
 }
 
 // Fixed-size chunks summed in order: the same result for any thread count.
@@ -248,7 +257,8 @@ static double sum_squares(const float *x, int64_t n) {
     return total;
 }
 
-static double cross_entropy(Act *logits_act, const int32_t *targets, int64_t C, int V, float grad_scale) {
+static void cross_entropy(Act *logits_act, const int32_t *targets, int64_t C, int V, float grad_scale,
+                          double *loss) {
     float *logits = (float *)logits_act;
     double *row_loss = xmalloc(sizeof(double) * (size_t)(C ? C : 1));
     #pragma omp parallel for
@@ -271,19 +281,26 @@ static double cross_entropy(Act *logits_act, const int32_t *targets, int64_t C, 
     double total = 0;
     for (int64_t t = 0; t < C; t++) total += row_loss[t];
     free(row_loss);
-    return total;
+    *loss += total;
 }
 
-static void adamw(float *param, const float *grad, float *m, float *v, int64_t n, float lr,
-                  float beta1, float beta2, float eps, float weight_decay, int64_t step) {
-    float c1 = 1.0f - powf(beta1, (float)step), c2 = 1.0f - powf(beta2, (float)step);
-    #pragma omp parallel for
-    for (int64_t i = 0; i < n; i++) {
-        float g = grad[i];
-        m[i] = beta1 * m[i] + (1.0f - beta1) * g;
-        v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
-        float mhat = m[i] / c1, vhat = v[i] / c2;
-        param[i] -= lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * param[i]);
+// The compute weights are the master itself: weight is param.
+static void adamw(float *param, Weight *weight, const float *grad, float *m, float *v, const AdamWTensor *tensors,
+                  int count, const AdamWStep *hp) {
+    (void)weight;
+    const float beta1 = hp->beta1, beta2 = hp->beta2;
+    const float c1 = 1.0f - powf(beta1, (float)hp->step), c2 = 1.0f - powf(beta2, (float)hp->step);
+    for (int t = 0; t < count; t++) {
+        const int64_t begin = tensors[t].offset, end = begin + tensors[t].n;
+        const float weight_decay = tensors[t].weight_decay;
+        #pragma omp parallel for
+        for (int64_t i = begin; i < end; i++) {
+            float g = grad[i] * hp->grad_scale;
+            m[i] = beta1 * m[i] + (1.0f - beta1) * g;
+            v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
+            float mhat = m[i] / c1, vhat = v[i] / c2;
+            param[i] -= hp->lr * (mhat / (sqrtf(vhat) + hp->eps) + weight_decay * param[i]);
+        }
     }
 }
 
@@ -363,13 +380,13 @@ static const Backend cpu_backend = {
     .embedding_backward = embedding_backward,
     .matmul_forward = matmul_forward,
     .matmul_backward = matmul_backward,
+    .bias_backward = bias_backward,
     .rmsnorm_forward = rmsnorm_forward,
     .rmsnorm_backward = rmsnorm_backward,
     .residual_rmsnorm_forward = residual_rmsnorm_forward,
     .rope = rope,
     .swiglu_forward = swiglu_forward,
     .swiglu_backward = swiglu_backward,
-    .scale = scale,
     .sum_squares = sum_squares,
     .cross_entropy = cross_entropy,
     .attention_new = attention_cpu_new,

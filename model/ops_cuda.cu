@@ -3,9 +3,10 @@
 // has blocks of THREADS threads and a grid of at most MAX_BLOCKS blocks that
 // stride over the tensor: element-wise kernels one group of GROUP = 8
 // elements per thread (16-byte loads where the tensors are aligned, element
-// by element for the tail; dist/cuda_elementwise.cuh), row kernels (RMSNorm,
-// cross entropy) one row per block at a time, RMSNorm with 16-byte loads
-// where H is a multiple of GROUP. Reductions
+// by element for the tail; dist/cuda_elementwise.cuh), the RMSNorm forward
+// one row per warp, the other row kernels (its backward, cross entropy) one
+// row per block at a time, RMSNorm with 16-byte loads where H is a multiple
+// of GROUP. Reductions
 // combine in a fixed order (warp butterflies, then the warps in order, then
 // blocks' partial sums in order by one more kernel), never with atomics, so
 // every result is bitwise reproducible.
@@ -96,18 +97,24 @@ embedding_backward_kernel(float *dtable, const int32_t *tokens, const bf16 *dout
 
 __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
 
-// Per row: x += delta when delta is not NULL (x rounded once and written
-// back; the norm reads the rounded x, as the unfused add then norm would),
-// then out = x * r * weight with r = rstd[t] = 1/sqrt(mean(x^2) + eps).
-// vec: every row 16-byte aligned (H a multiple of GROUP, pointers aligned).
+// This lane's groups of a row of H: columns [c, c + count), lane the thread's lane in its warp.
+#define FOR_EACH_LANE_GROUP(c, count, H, lane) \
+    for (int c = (lane) * GROUP, count = group_count(c, H); c < (H); c += 32 * GROUP, count = group_count(c, H))
+
+// One warp per row (WARPS rows of a block at a time): x += delta when delta
+// is not NULL (x rounded once and written back by the lane that read it; the
+// norm reads the rounded x, as the unfused add then norm would), then out = x
+// * r * weight with r = rstd[t] = 1/sqrt(mean(x^2) + eps), the sum of squares
+// by the warp's butterfly (every lane the same bits). vec: every row 16-byte
+// aligned (H a multiple of GROUP, pointers aligned).
 __global__ void __launch_bounds__(THREADS)
 rmsnorm_forward_kernel(bf16 *out, float *rstd, bf16 *inp, const bf16 *delta, const bf16 *weight, int64_t T, int H,
                        float eps, bool vec) {
-    STATIC_SHARED(double, scratch, [WARPS]);
-    for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+    const int lane = threadIdx.x % 32;
+    for (int64_t t = (int64_t)blockIdx.x * WARPS + threadIdx.x / 32; t < T; t += (int64_t)gridDim.x * WARPS) {
         bf16 *x = inp + t * H;
         double ss = 0;
-        FOR_EACH_ROW_GROUP(c, count, H) {
+        FOR_EACH_LANE_GROUP(c, count, H, lane) {
             float v[GROUP];
             load_group(v, x + c, count, vec);
             if (delta) {
@@ -120,10 +127,10 @@ rmsnorm_forward_kernel(bf16 *out, float *rstd, bf16 *inp, const bf16 *delta, con
 #pragma unroll
             for (int k = 0; k < GROUP; k++) ss += (double)v[k] * v[k];   // 0 past the row's end
         }
-        ss = block_sum(ss, scratch);
+        for (int off = 16; off > 0; off /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
         const float r = (float)(1.0 / sqrt(ss / H + eps));
-        if (threadIdx.x == 0) rstd[t] = r;
-        FOR_EACH_ROW_GROUP(c, count, H) {
+        if (lane == 0) rstd[t] = r;
+        FOR_EACH_LANE_GROUP(c, count, H, lane) {
             float v[GROUP], w[GROUP];
             load_group(v, x + c, count, vec);
             load_group(w, weight + c, count, vec);
@@ -186,10 +193,21 @@ __global__ void __launch_bounds__(THREADS) add_column_sums_kernel(float *out, co
 
 // ---- RoPE ----
 
-// One thread per (t, i < D/2): the angle's cos and sin once, then every head.
+// Pair i of every head of token t of x[T, heads, D] rotated by (c, s).
+__device__ __forceinline__ void rope_heads(bf16 *x, int64_t t, int heads, int D, int i, float c, float s) {
+    const int half = D / 2;
+    for (int h = 0; h < heads; h++) {
+        bf16 *v = x + (t * heads + h) * D;
+        const float x1 = ld(v + i), x2 = ld(v + half + i);
+        st(v + i, x1 * c - x2 * s);
+        st(v + half + i, x2 * c + x1 * s);
+    }
+}
+
+// One thread per (t, i < D/2): the angle's cos and sin once, then every head of q and of k.
 __global__ void __launch_bounds__(THREADS)
-rope_kernel(bf16 *x, const int64_t *pos, int64_t T, int heads, int D, const double *inv_freq,
-            double attention_factor, int inverse) {
+rope_kernel(bf16 *q, int q_heads, bf16 *k, int k_heads, const int64_t *pos, int64_t T, int D,
+            const double *inv_freq, double attention_factor, int inverse) {
     const int half = D / 2;
     for (int64_t p = (int64_t)blockIdx.x * THREADS + threadIdx.x; p < T * half; p += (int64_t)gridDim.x * THREADS) {
         const int64_t t = p / half;
@@ -197,12 +215,8 @@ rope_kernel(bf16 *x, const int64_t *pos, int64_t T, int heads, int D, const doub
         const double angle = (double)pos[t] * inv_freq[i];
         const float c = (float)(attention_factor * cos(angle));
         const float s = (float)(attention_factor * (inverse ? -sin(angle) : sin(angle)));
-        for (int h = 0; h < heads; h++) {
-            bf16 *v = x + (t * heads + h) * D;
-            const float x1 = ld(v + i), x2 = ld(v + half + i);
-            st(v + i, x1 * c - x2 * s);
-            st(v + half + i, x2 * c + x1 * s);
-        }
+        rope_heads(q, t, q_heads, D, i, c, s);
+        if (k) rope_heads(k, t, k_heads, D, i, c, s);
     }
 }
 
@@ -230,21 +244,15 @@ swiglu_backward_kernel(bf16 *dgate, bf16 *dup, const bf16 *dout, const bf16 *gat
         load_group(g, gate + i, count, vec);
         load_group(u, up + i, count, vec);
         load_group(dy, dout + i, count, vec);
-        load_group(dg, dgate + i, count, vec);
-        load_group(du, dup + i, count, vec);
 #pragma unroll
         for (int k = 0; k < GROUP; k++) {
             const float s = 1.0f / (1.0f + expf(-g[k]));
-            dg[k] += dy[k] * u[k] * s * (1.0f + g[k] * (1.0f - s));
-            du[k] += dy[k] * g[k] * s;
+            dg[k] = dy[k] * u[k] * s * (1.0f + g[k] * (1.0f - s));
+            du[k] = dy[k] * g[k] * s;
         }
         store_group(dgate + i, dg, count, vec);
         store_group(dup + i, du, count, vec);
     }
-}
-
-__global__ void __launch_bounds__(THREADS) scale_kernel(float *x, float s, int64_t n) {
-    FOR_EACH(i, n) x[i] *= s;
 }
 
 // ---- reductions to one double ----
@@ -317,20 +325,25 @@ cross_entropy_kernel(bf16 *logits, const int32_t *targets, int64_t C, int V, flo
 
 // One step's hyperparameters; c1, c2 the bias corrections 1 - beta1^step, 1 - beta2^step.
 struct AdamWHyper {
-    float lr, beta1, beta2, eps, weight_decay, c1, c2;
+    float lr, beta1, beta2, eps, grad_scale, c1, c2;
 };
 
+// Block b takes runs b, b + gridDim.x, ...; its threads stride over each run.
 __global__ void __launch_bounds__(THREADS)
-adamw_kernel(float *param, bf16 *param_bf16, const float *grad, float *m, float *v, int64_t n, AdamWHyper hp) {
-    FOR_EACH(i, n) {
-        const float g = grad[i];
-        const float mi = hp.beta1 * m[i] + (1.0f - hp.beta1) * g, vi = hp.beta2 * v[i] + (1.0f - hp.beta2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        const float mhat = mi / hp.c1, vhat = vi / hp.c2;
-        const float p = param[i] - hp.lr * (mhat / (sqrtf(vhat) + hp.eps) + hp.weight_decay * param[i]);
-        param[i] = p;
-        st(param_bf16 + i, p);
+adamw_kernel(float *param, bf16 *param_bf16, const float *grad, float *m, float *v, const AdamWRun *runs, int count,
+             AdamWHyper hp) {
+    for (int r = blockIdx.x; r < count; r += gridDim.x) {
+        const AdamWRun run = runs[r];
+        for (int64_t i = run.offset + threadIdx.x; i < run.offset + run.n; i += THREADS) {
+            const float g = grad[i] * hp.grad_scale;
+            const float mi = hp.beta1 * m[i] + (1.0f - hp.beta1) * g, vi = hp.beta2 * v[i] + (1.0f - hp.beta2) * g * g;
+            m[i] = mi;
+            v[i] = vi;
+            const float mhat = mi / hp.c1, vhat = vi / hp.c2;
+            const float p = param[i] - hp.lr * (mhat / (sqrtf(vhat) + hp.eps) + run.weight_decay * param[i]);
+            param[i] = p;
+            st(param_bf16 + i, p);
+        }
     }
 }
 
@@ -365,8 +378,8 @@ static void rmsnorm_rows(bf16 *out, float *rstd, bf16 *x, const bf16 *delta, con
                          float eps, cudaStream_t stream) {
     if (T == 0) return;
     const bool vec = rows_aligned(H, out, x, delta ? (const void *)delta : (const void *)x, weight);
-    CUDA_LAUNCH(rmsnorm_forward_kernel, row_grid(T), THREADS, 0, stream, out, rstd, x, delta, weight, T, H, eps,
-                vec);
+    CUDA_LAUNCH(rmsnorm_forward_kernel, row_grid((T + WARPS - 1) / WARPS), THREADS, 0, stream, out, rstd, x, delta,
+                weight, T, H, eps, vec);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -400,12 +413,12 @@ extern "C" void rmsnorm_backward_cuda(uint16_t *dinp, float *dweight, const uint
     CUDA_CHECK(cudaFreeAsync(partial, stream));
 }
 
-extern "C" void rope_cuda(uint16_t *x, const int64_t *pos, int64_t T, int heads, int D, const double *inv_freq,
-                          double attention_factor, int inverse, cudaStream_t stream) {
+extern "C" void rope_cuda(uint16_t *q, int q_heads, uint16_t *k, int k_heads, const int64_t *pos, int64_t T, int D,
+                          const double *inv_freq, double attention_factor, int inverse, cudaStream_t stream) {
     CHECK(D > 0 && D % 2 == 0, "rope_cuda: head dim %d is not even", D);
     if (T == 0) return;
-    CUDA_LAUNCH(rope_kernel, grid_for(T * (D / 2), THREADS), THREADS, 0, stream, (bf16 *)x, pos, T, heads, D, inv_freq,
-                attention_factor, inverse);
+    CUDA_LAUNCH(rope_kernel, grid_for(T * (D / 2), THREADS), THREADS, 0, stream, (bf16 *)q, q_heads, (bf16 *)k,
+                k_heads, pos, T, D, inv_freq, attention_factor, inverse);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -428,12 +441,6 @@ extern "C" void swiglu_backward_cuda(uint16_t *dgate, uint16_t *dup, const uint1
 
 extern "C" void accumulate_cuda(uint16_t *y, const uint16_t *x, int64_t n, cudaStream_t stream) {
     launch_add_into((bf16 *)y, (const bf16 *)x, n, stream);
-}
-
-extern "C" void scale_cuda(float *x, float s, int64_t n, cudaStream_t stream) {
-    if (n == 0) return;
-    CUDA_LAUNCH(scale_kernel, grid_for(n, THREADS), THREADS, 0, stream, x, s, n);
-    CUDA_CHECK(cudaGetLastError());
 }
 
 // *total += sum of partial[n], then partial released (stream order).
@@ -464,13 +471,14 @@ extern "C" void cross_entropy_cuda(uint16_t *logits, const int32_t *targets, int
     add_partials(loss, row_loss, C, stream);
 }
 
-extern "C" void adamw_cuda(float *param, uint16_t *param_bf16, const float *grad, float *m, float *v, int64_t n,
-                           float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step,
-                           cudaStream_t stream) {
-    if (n == 0) return;
-    const AdamWHyper hp = {lr, beta1, beta2, eps, weight_decay, 1.0f - powf(beta1, (float)step),
+extern "C" void adamw_cuda(float *param, uint16_t *param_bf16, const float *grad, float *m, float *v,
+                           const AdamWRun *runs, int count, float lr, float beta1, float beta2, float eps,
+                           float grad_scale, int64_t step, cudaStream_t stream) {
+    if (count == 0) return;
+    const AdamWHyper hp = {lr, beta1, beta2, eps, grad_scale, 1.0f - powf(beta1, (float)step),
                            1.0f - powf(beta2, (float)step)};
-    CUDA_LAUNCH(adamw_kernel, grid_for(n, THREADS), THREADS, 0, stream, param, (bf16 *)param_bf16, grad, m, v, n, hp);
+    CUDA_LAUNCH(adamw_kernel, row_grid(count), THREADS, 0, stream, param, (bf16 *)param_bf16, grad, m, v, runs,
+                count, hp);
     CUDA_CHECK(cudaGetLastError());
 }
 

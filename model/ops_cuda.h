@@ -44,23 +44,22 @@ void residual_rmsnorm_forward_cuda(uint16_t *out, float *rstd, uint16_t *x, cons
 void rmsnorm_backward_cuda(uint16_t *dinp, float *dweight, const uint16_t *dout, const uint16_t *inp,
                            const uint16_t *weight, const float *rstd, int64_t T, int H, cudaStream_t stream);
 
-// In place on x[T, heads, D] bf16: rotate-half RoPE at positions pos[T],
+// In place on q[T, q_heads, D] and k[T, k_heads, D] bf16 (k NULL: q alone),
+// one launch: rotate-half RoPE at positions pos[T],
 // angle_i = pos * inv_freq[i] in double (inv_freq [D/2] from model/rope.c),
 // cos and sin in double times attention_factor, rounded to fp32; inverse = 1
 // rotates by -angle (the backward).
-void rope_cuda(uint16_t *x, const int64_t *pos, int64_t T, int heads, int D, const double *inv_freq,
-               double attention_factor, int inverse, cudaStream_t stream);
+void rope_cuda(uint16_t *q, int q_heads, uint16_t *k, int k_heads, const int64_t *pos, int64_t T, int D,
+               const double *inv_freq, double attention_factor, int inverse, cudaStream_t stream);
 
 // out[n] = silu(gate[n]) * up[n], all bf16.
 void swiglu_forward_cuda(uint16_t *out, const uint16_t *gate, const uint16_t *up, int64_t n, cudaStream_t stream);
-// dgate += dout up s (1 + g (1 - s)), dup += dout g s with s = sigmoid(g); all bf16.
+// dgate = dout up s (1 + g (1 - s)), dup = dout g s with s = sigmoid(g); all bf16 (written, not added to).
 void swiglu_backward_cuda(uint16_t *dgate, uint16_t *dup, const uint16_t *dout, const uint16_t *gate,
                           const uint16_t *up, int64_t n, cudaStream_t stream);
 
 // y[n] += x[n], bf16.
 void accumulate_cuda(uint16_t *y, const uint16_t *x, int64_t n, cudaStream_t stream);
-// x[n] *= s, fp32 (gradient clipping).
-void scale_cuda(float *x, float s, int64_t n, cudaStream_t stream);
 // *total += sum of x[n]^2 (fp32 x, double sums); total is one device double,
 // so the squares of many tensors add up on the GPU and are read once.
 void sum_squares_cuda(const float *x, int64_t n, double *total, cudaStream_t stream);
@@ -71,10 +70,22 @@ void sum_squares_cuda(const float *x, int64_t n, double *total, cudaStream_t str
 void cross_entropy_cuda(uint16_t *logits, const int32_t *targets, int64_t C, int V, float grad_scale,
                         double *loss, cudaStream_t stream);
 
-// AdamW on n fp32 parameters (m, v updated, the CPU op's formula) and the bf16
-// compute copy param_bf16[n] written from the updated parameters.
-void adamw_cuda(float *param, uint16_t *param_bf16, const float *grad, float *m, float *v, int64_t n, float lr,
-                float beta1, float beta2, float eps, float weight_decay, int64_t step, cudaStream_t stream);
+// One run of AdamW's table: elements [offset, offset + n) of the arrays, with
+// its weight decay; a tensor is cut into runs of at most ADAMW_RUN elements,
+// one block's work at a time.
+#define ADAMW_RUN 65536
+typedef struct {
+    int64_t offset, n;
+    float weight_decay;
+} AdamWRun;
+
+// AdamW in one launch over the runs [count] (a device table) of the fp32
+// parameters param (grad, m, v alike): g = grad * grad_scale, m, v updated
+// (the CPU op's formula) and the bf16 compute copy param_bf16 of the same
+// elements written from the updated parameters.
+void adamw_cuda(float *param, uint16_t *param_bf16, const float *grad, float *m, float *v, const AdamWRun *runs,
+                int count, float lr, float beta1, float beta2, float eps, float grad_scale, int64_t step,
+                cudaStream_t stream);
 
 // out[n] bf16 = in[n] rounded to nearest even: also the refresh of the bf16
 // compute weights from the fp32 master.

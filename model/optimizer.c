@@ -2,6 +2,7 @@
 #include "optimizer.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../dist/comm.h"
@@ -27,20 +28,24 @@ double optimizer_step(Model *m, const OptimizerConfig *oc, int64_t step, double 
     double norm = sqrt(squares);
     if (lr_out) *lr_out = lr_at(oc, step);
     if (!isfinite(norm)) return norm;  // a bad step: parameters and moments stay as they are
-    if (oc->grad_clip > 0 && norm > oc->grad_clip) be->scale(m->grad_mem + begin, (float)(oc->grad_clip / norm), m->opt_count);
+    const float clip = oc->grad_clip > 0 && norm > oc->grad_clip ? (float)(oc->grad_clip / norm) : 1.0f;
     double lr = lr_at(oc, step);
     model_alloc_optimizer(m);
-    // Each tensor's part in the range.
+    // Each tensor's part in the range, all in one AdamW pass, which writes the
+    // compute copy of the range too; under ZeRO-1 the ranks' ranges then go to every rank.
+    AdamWTensor *tensors = xmalloc(sizeof(AdamWTensor) * (size_t)m->num_params);
+    int count = 0;
     for (int i = 0; i < m->num_params; i++) {
         const ParamInfo *p = &m->params[i];
         int64_t lo = p->offset > begin ? p->offset : begin;
         int64_t hi = p->offset + p->numel < end ? p->offset + p->numel : end;
-        if (lo >= hi) continue;
-        be->adamw(m->param_mem + (lo - m->master_begin), m->grad_mem + lo, m->adam_m + (lo - begin),
-                  m->adam_v + (lo - begin), hi - lo, (float)lr, (float)oc->beta1, (float)oc->beta2, (float)oc->eps,
-                  p->decay ? (float)oc->weight_decay : 0.0f, step);
+        if (lo < hi) tensors[count++] = (AdamWTensor){lo - begin, hi - lo, p->decay ? (float)oc->weight_decay : 0.0f};
     }
-    model_weights_changed(m);
+    const AdamWStep hp = {(float)lr, (float)oc->beta1, (float)oc->beta2, (float)oc->eps, clip, step};
+    be->adamw(m->param_mem + (begin - m->master_begin), model_weight_at(m, begin), m->grad_mem + begin, m->adam_m,
+              m->adam_v, tensors, count, &hp);
+    free(tensors);
+    if (m->opt_comm) be->weights_allgather(m->opt_comm, m->weight_mem, model_shard_size(m, m->opt_comm->size));
     if (lr_out) *lr_out = lr;
     return norm;
 }

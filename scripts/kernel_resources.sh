@@ -131,7 +131,7 @@ launch_table() {
   # model/ops_cuda.cu: THREADS = 256 everywhere; the RMSNorm backward's dweight sums take H fp32 of
   # dynamic shared memory, at most RMSNORM_BWD_MAX_H = 8192.
   for k in embedding_forward embedding_backward rmsnorm_forward add_column_sums rope swiglu_forward \
-           swiglu_backward scale sum_squares add_sum cross_entropy adamw; do
+           swiglu_backward sum_squares add_sum cross_entropy adamw; do
     row "${k}_kernel" 256 0 default all
   done
   row 'rmsnorm_backward_kernel' 256 $((8192 * 4)) default all   # rmsnorm_backward_cuda()
@@ -157,7 +157,7 @@ launch_table() {
   row 'columns_mark_kernel' 256 0 default all         # ring_columns_plan_cuda()
   row 'columns_flag_kernel' 256 0 default all         # ring_columns_plan_cuda()
   row 'columns_fill_kernel' 256 0 default all         # ring_columns_plan_cuda()
-  # matmul_cuda.cu: the bias gradient, BIAS_COLS x BIAS_WARPS = 32 x 8 and BIAS_SUM_THREADS = 256 (bias_grad()).
+  # matmul_cuda.cu: the bias gradient, BIAS_COLS x BIAS_WARPS = 32 x 8 and BIAS_SUM_THREADS = 256 (bias_grads_cuda()).
   row 'bias_grad_partial_kernel' 256 0 default all
   row 'bias_grad_sum_kernel' 256 0 default all
   # CUB (DeviceScan, DeviceSegmentedRadixSort): the agent kernels launch with their policy's

@@ -352,12 +352,14 @@ static int kernel_rows(const Plan *p, const Config *cfg, KernelRow *rows) {
     const double chunk_rows = fmin((double)cfg->train.loss_chunk, Tm);
     const double shards = cfg->parallel.zero == 1 ? (double)p->dp * p->cp : 1.0;
     const double gemm_io[7][2] = {{H, QD}, {H, KD}, {H, KD}, {QD, H}, {H, F}, {H, F}, {F, H}};
+    const int dinp_added[7] = {0, 1, 1, 0, 0, 1, 0};   // k, v and up add to the dX q and gate wrote
     double gf = 0, gf_bytes = 0, gb_bytes = 0;
     for (int g = 0; g < 7; g++) {
         const double IC = gemm_io[g][0], OC = gemm_io[g][1];
         gf += 2 * T * IC * OC;
         gf_bytes += 2 * (T * IC + IC * OC + T * OC);
-        gb_bytes += (2 * T * OC + 2 * IC * OC + 4 * T * IC) + (2 * T * OC + 2 * T * IC + 8 * IC * OC);
+        gb_bytes += (2 * T * OC + 2 * IC * OC + (dinp_added[g] ? 4 : 2) * T * IC) +
+                    (2 * T * OC + 2 * T * IC + 8 * IC * OC);
     }
     gb_bytes += 2 * T * (QD + 2 * KD);   // the bias gradients read dout once more
     int n = 0;
@@ -401,14 +403,16 @@ static int kernel_rows(const Plan *p, const Config *cfg, KernelRow *rows) {
     n = add_kernel(rows, n, "residual add + rmsnorm (fused)", fused_norms, 0, fused_norms * 8 * T * H,
                    KERNEL_MEMORY);
     n = add_kernel(rows, n, "rmsnorm backward", 2 * L + 1, 0, (2 * L + 1) * 8 * T * H, KERNEL_MEMORY);
-    n = add_kernel(rows, n, "rope forward (q, k)", 2 * L * fwd, 0, L * fwd * 4 * T * (QD + KD), KERNEL_MEMORY);
-    n = add_kernel(rows, n, "rope backward (dq, dk)", 2 * L, 0, L * 4 * T * (QD + KD), KERNEL_MEMORY);
+    n = add_kernel(rows, n, "rope forward (q, k)", L * fwd, 0, L * fwd * 4 * T * (QD + KD), KERNEL_MEMORY);
+    n = add_kernel(rows, n, "rope backward (dq, dk)", L, 0, L * 4 * T * (QD + KD), KERNEL_MEMORY);
     n = add_kernel(rows, n, "swiglu forward", L * fwd, 0, L * fwd * 6 * T * F, KERNEL_MEMORY);
-    n = add_kernel(rows, n, "swiglu backward", L, 0, L * 14 * T * F, KERNEL_MEMORY);
-    n = add_kernel(rows, n, "zeroing activation gradients", 9 * L + 2, 0,
-                   L * 2 * T * (3 * F + 2 * H + 2 * QD + 2 * KD) + 4 * T * H, KERNEL_MEMORY);
+    n = add_kernel(rows, n, "swiglu backward", L, 0, L * 10 * T * F, KERNEL_MEMORY);
+    // dq, dk, dv (the attention backward adds into them) per layer, d(x_final) once; every other
+    // activation gradient is written by its first op.
+    n = add_kernel(rows, n, "zeroing activation gradients", L + 1, 0, L * 2 * T * (QD + 2 * KD) + 2 * T * H,
+                   KERNEL_MEMORY);
     n = add_kernel(rows, n, "cross entropy (per chunk)", chunks, 0, 6 * T * V, KERNEL_MEMORY);
-    n = add_kernel(rows, n, "zeroing gradients, norm, clip", 3, 0, 16 * P, KERNEL_MEMORY);
+    n = add_kernel(rows, n, "zeroing gradients, norm", 2, 0, 8 * P, KERNEL_MEMORY);   // clipping inside AdamW
     n = add_kernel(rows, n, "adamw + bf16 copy", 1, 0, 30 * P / shards, KERNEL_MEMORY);
     return n;
 }

@@ -15,7 +15,7 @@
 // U16 |want| plus a few U32 times the magnitudes of the fp32 terms it was
 // formed from (which covers cancellation); an fp32 sum of k terms gets k U32
 // times the sum of their magnitudes. Where a result is exactly one rounding
-// of an exact value (accumulate, scale, conversions, the bf16 copy of AdamW)
+// of an exact value (accumulate, conversions, the bf16 copy of AdamW)
 // it must match bit for bit.
 #include <math.h>
 #include <stdio.h>
@@ -267,12 +267,14 @@ static void test_residual_rmsnorm(int64_t T, int H, int offset) {
 
 // ---- RoPE ----
 
+// q [T, heads, D] and k [T, (heads + 1) / 2, D] in one call (k right after q
+// in one buffer), each against the formula.
 static void test_rope(int64_t T, int heads, int D, double attention_factor, int inverse) {
     char shape[96];
     snprintf(shape, sizeof shape, "T=%lld heads=%d D=%d factor=%g inverse=%d", (long long)T, heads, D,
              attention_factor, inverse);
-    const int half = D / 2;
-    const int64_t n = T * heads * D;
+    const int half = D / 2, k_heads = (heads + 1) / 2;
+    const int64_t nq = T * heads * D, n = nq + T * k_heads * D;
     uint16_t *x;
     float *xf;
     random_bf16(&rng, n, &x, &xf);
@@ -284,45 +286,47 @@ static void test_rope(int64_t T, int heads, int D, double attention_factor, int 
     int64_t *d_pos = to_device(pos, (size_t)T * sizeof(int64_t));
     double *d_inv = to_device(inv_freq, (size_t)half * sizeof(double));
 
-    rope_cuda(d_x, d_pos, T, heads, D, d_inv, attention_factor, inverse, 0);
+    rope_cuda(d_x, heads, d_x + nq, k_heads, d_pos, T, D, d_inv, attention_factor, inverse, 0);
     float *got = download_bf16(d_x, n);
     double *want = dalloc(n), *bound = dalloc(n);
-    for (int64_t t = 0; t < T; t++)
-        for (int i = 0; i < half; i++) {
-            const double angle = (double)pos[t] * inv_freq[i];
-            const double c = attention_factor * cos(angle);
-            const double s = attention_factor * sin(angle) * (inverse ? -1 : 1);
-            for (int h = 0; h < heads; h++) {
-                const int64_t j = (t * heads + h) * D + i;
-                const double x1 = xf[j], x2 = xf[j + half];
-                want[j] = x1 * c - x2 * s;
-                want[j + half] = x2 * c + x1 * s;
-                const double slack = 4 * U32 * attention_factor * (fabs(x1) + fabs(x2));
-                bound[j] = U16 * fabs(want[j]) + slack;
-                bound[j + half] = U16 * fabs(want[j + half]) + slack;
+    const struct { int64_t at; int heads; } tensors[2] = {{0, heads}, {nq, k_heads}};
+    for (int q_or_k = 0; q_or_k < 2; q_or_k++)
+        for (int64_t t = 0; t < T; t++)
+            for (int i = 0; i < half; i++) {
+                const double angle = (double)pos[t] * inv_freq[i];
+                const double c = attention_factor * cos(angle);
+                const double s = attention_factor * sin(angle) * (inverse ? -1 : 1);
+                const int H = tensors[q_or_k].heads;
+                for (int h = 0; h < H; h++) {
+                    const int64_t j = tensors[q_or_k].at + (t * H + h) * D + i;
+                    const double x1 = xf[j], x2 = xf[j + half];
+                    want[j] = x1 * c - x2 * s;
+                    want[j + half] = x2 * c + x1 * s;
+                    const double slack = 4 * U32 * attention_factor * (fabs(x1) + fabs(x2));
+                    bound[j] = U16 * fabs(want[j]) + slack;
+                    bound[j + half] = U16 * fabs(want[j + half]) + slack;
+                }
             }
-        }
-    expect_within("rope", "x", shape, got, want, bound, n);
+    expect_within("rope", "q and k", shape, got, want, bound, n);
 
     CUDA_CHECK(cudaFree(d_x)); CUDA_CHECK(cudaFree(d_pos)); CUDA_CHECK(cudaFree(d_inv));
     free(x); free(xf); free(pos); free(inv_freq); free(got); free(want); free(bound);
 }
 
-// ---- SwiGLU, accumulate, scale ----
+// ---- SwiGLU, accumulate ----
 
 static void test_swiglu(int64_t n) {
     char shape[32];
     snprintf(shape, sizeof shape, "n=%lld", (long long)n);
-    uint16_t *g, *u, *dy, *dg0, *du0;
-    float *gf, *uf, *dyf, *dg0f, *du0f;
+    uint16_t *g, *u, *dy;
+    float *gf, *uf, *dyf;
     random_bf16_scaled(n, 3.0, &g, &gf);   // sigmoid's tails and g(1 - s) near -1
     random_bf16(&rng, n, &u, &uf);
     random_bf16(&rng, n, &dy, &dyf);
-    random_bf16(&rng, n, &dg0, &dg0f);
-    random_bf16(&rng, n, &du0, &du0f);
     uint16_t *d_g = to_device(g, (size_t)n * 2), *d_u = to_device(u, (size_t)n * 2);
-    uint16_t *d_dy = to_device(dy, (size_t)n * 2), *d_dg = to_device(dg0, (size_t)n * 2);
-    uint16_t *d_du = to_device(du0, (size_t)n * 2), *d_out = poisoned((size_t)n * 2);
+    uint16_t *d_dy = to_device(dy, (size_t)n * 2);
+    // NaN: the backward writes every element (it does not add to them)
+    uint16_t *d_dg = poisoned((size_t)n * 2), *d_du = poisoned((size_t)n * 2), *d_out = poisoned((size_t)n * 2);
 
     swiglu_forward_cuda(d_out, d_g, d_u, n, 0);
     swiglu_backward_cuda(d_dg, d_du, d_dy, d_g, d_u, n, 0);
@@ -334,10 +338,10 @@ static void test_swiglu(int64_t n) {
         want[i] = x * s * uf[i];
         bound[i] = (U16 + 8 * U32) * fabs(want[i]);
         const double a = dyf[i] * uf[i] * s;
-        want_g[i] = dg0f[i] + a * (1.0 + x * (1.0 - s));
-        bound_g[i] = U16 * fabs(want_g[i]) + 16 * U32 * (fabs(dg0f[i]) + fabs(a) * (1.0 + fabs(x)));
-        want_u[i] = du0f[i] + dyf[i] * x * s;
-        bound_u[i] = U16 * fabs(want_u[i]) + 8 * U32 * (fabs(du0f[i]) + fabs(dyf[i] * x * s));
+        want_g[i] = a * (1.0 + x * (1.0 - s));
+        bound_g[i] = U16 * fabs(want_g[i]) + 16 * U32 * fabs(a) * (1.0 + fabs(x));
+        want_u[i] = dyf[i] * x * s;
+        bound_u[i] = U16 * fabs(want_u[i]) + 8 * U32 * fabs(dyf[i] * x * s);
     }
     expect_within("swiglu_forward", "out", shape, out, want, bound, n);
     expect_within("swiglu_backward", "dgate", shape, dg, want_g, bound_g, n);
@@ -345,17 +349,16 @@ static void test_swiglu(int64_t n) {
 
     CUDA_CHECK(cudaFree(d_g)); CUDA_CHECK(cudaFree(d_u)); CUDA_CHECK(cudaFree(d_dy)); CUDA_CHECK(cudaFree(d_dg));
     CUDA_CHECK(cudaFree(d_du)); CUDA_CHECK(cudaFree(d_out));
-    free(g); free(gf); free(u); free(uf); free(dy); free(dyf); free(dg0); free(dg0f); free(du0); free(du0f);
+    free(g); free(gf); free(u); free(uf); free(dy); free(dyf);
     free(out); free(dg); free(du); free(want); free(bound); free(want_g); free(bound_g); free(want_u);
     free(bound_u);
 }
 
 // accumulate: the sum of two bf16 values is exact in fp32 here (exponents
 // within 16 of each other), so y must be that sum rounded once, bit for bit.
-// scale: fl32(x s) is one rounding of the exact double product.
 // offset: y and x start that many elements into their buffers (1: not
 // 16-byte aligned, every group element by element).
-static void test_accumulate_scale(int64_t n, int offset) {
+static void test_accumulate(int64_t n, int offset) {
     uint16_t *y, *x;
     float *yf, *xf;
     random_bf16(&rng, n + offset, &y, &yf);
@@ -370,18 +373,8 @@ static void test_accumulate_scale(int64_t n, int offset) {
     EXPECT_COUNTED(wrong == 0, "accumulate n=%lld offset=%d: %lld elements are not y + x rounded once (or, before "
                    "the offset, changed)", (long long)n, offset, (long long)wrong);
 
-    float *v = random_f32(&rng, n);
-    const float s = 0.37f;
-    float *d_v = to_device(v, (size_t)n * sizeof(float));
-    scale_cuda(d_v, s, n, 0);
-    float *vs = from_device_f32(d_v, n);
-    wrong = 0;
-    for (int64_t i = 0; i < n; i++) wrong += vs[i] != (float)((double)v[i] * s);
-    EXPECT_COUNTED(wrong == 0, "scale n=%lld: %lld elements are not x s rounded once", (long long)n,
-                   (long long)wrong);
-
-    CUDA_CHECK(cudaFree(d_y)); CUDA_CHECK(cudaFree(d_x)); CUDA_CHECK(cudaFree(d_v));
-    free(y); free(yf); free(x); free(xf); free(got); free(v); free(vs);
+    CUDA_CHECK(cudaFree(d_y)); CUDA_CHECK(cudaFree(d_x));
+    free(y); free(yf); free(x); free(xf); free(got);
 }
 
 // ---- sum of squares ----
@@ -468,36 +461,48 @@ static void test_cross_entropy(int64_t C, int V) {
 // then to the update (v has no cancellation: its terms are >= 0). Every 5th
 // element is such a cancellation with p = 0, so a bound without m's error
 // fails. The bf16 copy is the updated fp32 parameter rounded once, bit for bit.
+// One launch over a table of three runs: [0, a) without weight decay, [a + 1,
+// b) and [b, n) with it; element a lies in no run and keeps its bits (and its
+// bf16 copy its poison). The gradients are scaled by 1/2 (clipping; exact).
 static void test_adamw(int64_t n) {
-    const float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, wd = 0.1f;
-    const int64_t step = 3;
+    const float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, wd = 0.1f, grad_scale = 0.5f;
+    const int64_t step = 3, a = n / 3, b = a + 1 + (n - a - 1) / 2;
+    const AdamWRun runs[3] = {{0, a, 0.0f}, {a + 1, b - a - 1, wd}, {b, n - b, wd}};
     float *p = random_f32(&rng, n), *g = random_f32(&rng, n), *m = random_f32(&rng, n), *v = random_f32(&rng, n);
     for (int64_t i = 0; i < n; i++) {
         m[i] *= 0.1f;
         v[i] = v[i] * v[i] * 0.01f;
-        if (i % 5 == 0) {   // beta1 m + (1 - beta1) g cancels to a few U32 of its terms
-            g[i] = (float)(-(double)beta1 * m[i] / (1.0 - beta1));
+        if (i % 5 == 0) {   // beta1 m + (1 - beta1) g grad_scale cancels to a few U32 of its terms
+            g[i] = (float)(-(double)beta1 * m[i] / (1.0 - beta1) / grad_scale);
             p[i] = 0;
         }
     }
     float *d_p = to_device(p, (size_t)n * 4), *d_g = to_device(g, (size_t)n * 4);
     float *d_m = to_device(m, (size_t)n * 4), *d_v = to_device(v, (size_t)n * 4);
+    AdamWRun *d_runs = to_device(runs, sizeof runs);
     uint16_t *d_pb = poisoned((size_t)n * 2);
-    adamw_cuda(d_p, d_pb, d_g, d_m, d_v, n, lr, beta1, beta2, eps, wd, step, 0);
+    adamw_cuda(d_p, d_pb, d_g, d_m, d_v, d_runs, 3, lr, beta1, beta2, eps, grad_scale, step, 0);
     float *gp = from_device_f32(d_p, n), *gm = from_device_f32(d_m, n), *gv = from_device_f32(d_v, n);
-    uint16_t *gb = xmalloc((size_t)n * 2 + 1);
+    uint16_t *gb = xmalloc((size_t)n * 2 + 1), *poison = xmalloc(2);
     CUDA_CHECK(cudaMemcpy(gb, d_pb, (size_t)n * 2, cudaMemcpyDeviceToHost));
+    memcpy(poison, gb + a, 2);
     double *wp = dalloc(n), *wm = dalloc(n), *wv = dalloc(n), *bp = dalloc(n), *bm = dalloc(n), *bv = dalloc(n);
     const double c1 = 1 - pow(beta1, (double)step), c2 = 1 - pow(beta2, (double)step);
     int64_t wrong_copy = 0;
     for (int64_t i = 0; i < n; i++) {
-        const double a = (double)beta1 * m[i], b = (1.0 - beta1) * g[i];
-        wm[i] = a + b;
-        bm[i] = 4 * U32 * (fabs(a) + fabs(b));
-        const double a2 = (double)beta2 * v[i], b2 = (1.0 - beta2) * g[i] * g[i];
+        if (i == a) {   // in no run: unchanged
+            wm[i] = m[i], wv[i] = v[i], wp[i] = p[i];
+            bm[i] = bv[i] = bp[i] = 0;
+            continue;
+        }
+        const double gi = (double)g[i] * grad_scale, decay = i < a ? 0.0 : (double)wd * p[i];
+        const double a1 = (double)beta1 * m[i], b1 = (1.0 - beta1) * gi;
+        wm[i] = a1 + b1;
+        bm[i] = 4 * U32 * (fabs(a1) + fabs(b1));
+        const double a2 = (double)beta2 * v[i], b2 = (1.0 - beta2) * gi * gi;
         wv[i] = a2 + b2;
         bv[i] = 4 * U32 * (a2 + b2);
-        const double update = wm[i] / c1 / (sqrt(wv[i] / c2) + eps), decay = (double)wd * p[i];
+        const double update = wm[i] / c1 / (sqrt(wv[i] / c2) + eps);
         wp[i] = p[i] - lr * (update + decay);
         bp[i] = 2 * U32 * fabs(wp[i]) + 16 * U32 * lr * (fabs(update) + fabs(decay))
               + lr * bm[i] / c1 / (sqrt(wv[i] / c2) + eps);
@@ -510,9 +515,11 @@ static void test_adamw(int64_t n) {
     expect_within("adamw", "param", shape, gp, wp, bp, n);
     EXPECT_COUNTED(wrong_copy == 0, "adamw bf16 copy %s: %lld elements are not the parameter rounded", shape,
                    (long long)wrong_copy);
+    EXPECT_COUNTED(gp[a] == p[a] && isnan(bf16_to_f32(poison[0])),
+                   "adamw %s: the element in no run keeps its parameter and its (poisoned) bf16 copy", shape);
     CUDA_CHECK(cudaFree(d_p)); CUDA_CHECK(cudaFree(d_g)); CUDA_CHECK(cudaFree(d_m)); CUDA_CHECK(cudaFree(d_v));
-    CUDA_CHECK(cudaFree(d_pb));
-    free(p); free(g); free(m); free(v); free(gp); free(gm); free(gv); free(gb);
+    CUDA_CHECK(cudaFree(d_pb)); CUDA_CHECK(cudaFree(d_runs));
+    free(p); free(g); free(m); free(v); free(gp); free(gm); free(gv); free(gb); free(poison);
     free(wp); free(wm); free(wv); free(bp); free(bm); free(bv);
 }
 
@@ -580,10 +587,10 @@ int main(int argc, char **argv) {
     test_swiglu(7 * 40);
     test_swiglu(37 * 896);
     test_swiglu(1001);                   // a tail group of 1
-    test_accumulate_scale(1, 0);
-    test_accumulate_scale(130 * 40, 0);
-    test_accumulate_scale(1003, 0);      // a tail group of 3
-    test_accumulate_scale(1003, 1);      // unaligned
+    test_accumulate(1, 0);
+    test_accumulate(130 * 40, 0);
+    test_accumulate(1003, 0);      // a tail group of 3
+    test_accumulate(1003, 1);      // unaligned
     test_sum_squares(1, 7);
     test_sum_squares(130 * 896, 600001);   // a full grid, several elements per thread
     test_cross_entropy(1, 257);

@@ -26,7 +26,8 @@
 #              document starts through its own);
 #   plan       every run's N equals the host syncs that `mtrain plan --gpu`
 #              predicts for the same settings (its step time counts them),
-#              ring_send selected's 3 per layer included;
+#              ring_send selected's 3 per layer included, and a loss in 4
+#              chunks (the chunks' cross entropy summed on the device, read once);
 #   priority   cp 2 over NCCL: every NCCL operation of the step runs on a
 #              stream of the device's greatest priority;
 #   measured   N and the sites of every run, printed as "info" lines.
@@ -48,6 +49,7 @@ DOCS="model.vocab_size=258 data.train=$tmp/docs.shard data.doc_mask=true"
 
 cases="dense_l2 1 model.num_layers=2
 dense_l4 1 model.num_layers=4
+chunks_l2 1 model.num_layers=2 train.loss_chunk=32
 ring2_l2 2 parallel.cp=2 model.num_layers=2
 ring2_l4 2 parallel.cp=2 model.num_layers=4
 ring4_l2 4 parallel.cp=4 model.num_layers=2 train.seq_len=256

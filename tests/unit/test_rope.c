@@ -72,7 +72,9 @@ static void test_yarn_shape(void) {
     EXPECT(!memcmp(inv, with_zero, sizeof(inv)), "original 0 means max_position_embeddings");
 }
 
-// The op against the definition: x' = af·(x cos + rotate_half(x) sin), per head.
+// The op against the definition: x' = af·(x cos + rotate_half(x) sin), per head;
+// the same op on q and on a k of the first head of every token in one call
+// rotates that k as it rotates q's first head.
 static void test_rope_op(void) {
     enum { T = 5, H = 3, D = 16 };
     const Backend *be = backend_cpu();
@@ -80,10 +82,15 @@ static void test_rope_op(void) {
     double inv[D / 2];
     double af = rope_frequencies(&c, D, inv);
     int64_t pos[T] = {0, 1, 7, 100, 4000};
-    float x[T * H * D], y[T * H * D];
+    float x[T * H * D], y[T * H * D], k[T * D];
     for (int i = 0; i < T * H * D; i++) x[i] = (float)sin(0.37 * i + 1.0);
     memcpy(y, x, sizeof(x));
-    be->rope((Act *)y, pos, T, H, D, inv, af, 0);  // the CPU backend: Act is fp32
+    for (int t = 0; t < T; t++) memcpy(k + t * D, x + t * H * D, sizeof(float) * D);
+    be->rope((Act *)y, H, (Act *)k, 1, pos, T, D, inv, af, 0);  // the CPU backend: Act is fp32
+    int k_differs = 0;
+    for (int t = 0; t < T; t++) k_differs += memcmp(k + t * D, y + t * H * D, sizeof(float) * D) != 0;
+    EXPECT(k_differs == 0, "rope of q and k in one call: k's head rotated as q's first head (%d tokens differ)",
+           k_differs);
     double worst = 0;
     for (int t = 0; t < T; t++)
         for (int h = 0; h < H; h++)
@@ -96,7 +103,7 @@ static void test_rope_op(void) {
                 worst = fmax(worst, fabs(y[(t * H + h) * D + i] - want));
             }
     EXPECT(worst < 1e-6, "rope op = af (x cos + rotate_half(x) sin) (max err %.2e)", worst);
-    be->rope((Act *)y, pos, T, H, D, inv, af, 1);  // the CPU backend: Act is fp32
+    be->rope((Act *)y, H, NULL, 0, pos, T, D, inv, af, 1);  // the CPU backend: Act is fp32
     double back = 0;
     for (int i = 0; i < T * H * D; i++) back = fmax(back, fabs(y[i] - af * af * x[i]));
     EXPECT(back < 1e-6, "inverse rope is the transpose: R^T R x = af^2 x (max err %.2e)", back);

@@ -84,6 +84,8 @@ static std::map<std::pair<const void *, std::string>, long> host_syncs;
 // The priorities of the streams NCCL operations were enqueued on since the reset.
 static long nccl_ops = 0;
 static int nccl_least = 0, nccl_greatest = 0;
+// Device launches enqueued since the reset: kernels, cuBLASLt matmuls, memsets.
+static long launched_kernels = 0, launched_matmuls = 0, launched_memsets = 0;
 // Stream priorities of the A100 (cudaDeviceGetStreamPriorityRange): 0 least, -5 greatest.
 static const int LEAST_PRIORITY = 0, GREATEST_PRIORITY = -5;
 
@@ -188,6 +190,9 @@ static uint64_t enqueue_after(cudaStream_t stream, const char *what, std::functi
 void enqueue(cudaStream_t stream, const char *what, std::function<void()> op) {
     std::lock_guard<std::recursive_mutex> lock(host_mutex);
     if (!stream_of(stream)->coupled.empty()) fail("%s, then a %s there", stream_of(stream)->coupled.c_str(), what);
+    launched_kernels += !strcmp(what, "kernel");
+    launched_matmuls += !strcmp(what, "cublasLtMatmul");
+    launched_memsets += !strcmp(what, "cudaMemsetAsync");
     enqueue_after(stream, what, std::move(op), 0);
 }
 
@@ -874,6 +879,7 @@ void cudasim_host_syncs_reset(void) {
     std::lock_guard<std::recursive_mutex> lock(host_mutex);
     host_syncs.clear();
     nccl_ops = 0;
+    launched_kernels = launched_matmuls = launched_memsets = 0;
 }
 
 long cudasim_host_syncs(FILE *sites) {
@@ -886,6 +892,14 @@ long cudasim_host_syncs(FILE *sites) {
     }
     for (const auto &l : lines) fprintf(sites, "  %s: %ld\n", l.first.c_str(), l.second);
     return total;
+}
+
+long cudasim_device_launches(long *kernels, long *matmuls, long *memsets) {
+    std::lock_guard<std::recursive_mutex> lock(host_mutex);
+    *kernels = launched_kernels;
+    *matmuls = launched_matmuls;
+    *memsets = launched_memsets;
+    return launched_kernels + launched_matmuls + launched_memsets;
 }
 
 long cudasim_nccl_priorities(int *least, int *greatest) {

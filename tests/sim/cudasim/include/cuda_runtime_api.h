@@ -144,10 +144,12 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
 // (their number; one line "  FILE:LINE (FUNCTION): CALL: COUNT" per site into
 // sites unless NULL), and the NCCL operations enqueued since the reset (their
 // number; the least and greatest priority of their streams, numerically the
-// highest and lowest).
+// highest and lowest), and the device launches enqueued since the reset
+// (their number: kernels, cuBLASLt matmuls and memsets, each also by kind).
 #define CUDASIM_HOST_SYNCS 1
 void cudasim_host_syncs_reset(void);
 long cudasim_host_syncs(FILE *sites);
+long cudasim_device_launches(long *kernels, long *matmuls, long *memsets);
 long cudasim_nccl_priorities(int *least, int *greatest);
 
 // The work that passed through the device wrappers of every kernel run since

@@ -214,18 +214,6 @@ void sparse_estimate_recall(const AttnShape *shape, const SparseIndex *est_index
     free(qb_of);
 }
 
-int64_t sparse_recall_rows(int64_t seq_len, int64_t last_q, int64_t *rows) {
-    const int64_t M = seq_len - last_q >= 1 ? seq_len - last_q : seq_len;
-    const int64_t n = M < SPARSE_RECALL_ROWS ? M : SPARSE_RECALL_ROWS;
-    Rng rng;
-    rng_seed(&rng, 0x5ec411);
-    for (int64_t i = 0; i < n; i++) {
-        const int64_t lo = i * M / n, hi = (i + 1) * M / n;   // stratum i: [lo, hi), hi > lo as n <= M
-        rows[i] = lo + (int64_t)rng_below(&rng, (uint64_t)(hi - lo));
-    }
-    return n;
-}
-
 double sparse_pattern_mass(const SparsePattern *pattern, int sink, const AttnShape *rows_shape, const float *qe,
                            const int64_t *qe_pos, const float *k, const int64_t *k_pos, const float *lse_est) {
     const int Hq = rows_shape->num_heads;

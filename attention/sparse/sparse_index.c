@@ -414,3 +414,17 @@ void sparse_budget_tables(const AttentionConfig *cfg, int num_layers, int num_he
         (*slash)[i] = cfg->slash;
     }
 }
+
+// The recall sample's rows (sparse.h), here beside the index: the GPU
+// programs link this file and not the estimation.
+int64_t sparse_recall_rows(int64_t seq_len, int64_t last_q, int64_t *rows) {
+    const int64_t M = seq_len - last_q >= 1 ? seq_len - last_q : seq_len;
+    const int64_t n = M < SPARSE_RECALL_ROWS ? M : SPARSE_RECALL_ROWS;
+    Rng rng;
+    rng_seed(&rng, 0x5ec411);
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t lo = i * M / n, hi = (i + 1) * M / n;   // stratum i: [lo, hi), hi > lo as n <= M
+        rows[i] = lo + (int64_t)rng_below(&rng, (uint64_t)(hi - lo));
+    }
+    return n;
+}

@@ -22,8 +22,7 @@
 # shared memory within the GPU's per-block opt-in limit where launched, and
 # within the 48 KiB default where the host code does not raise it
 # (cudaFuncSetAttribute); registers x threads within the 65536 registers of
-# an SM; threads within __launch_bounds__; as many resident CTAs per SM as
-# __launch_bounds__ asks for (min_blocks), where it asks.
+# an SM; threads within __launch_bounds__.
 # A kernel missing from the launch table below gets occupancy "?", one line on
 # stderr (--check: a FAIL) and exit status 1; --check over every source also
 # fails a row of the table that no kernel matches.
@@ -340,9 +339,6 @@ awk -F'\t' -v mode="$mode" '
         else print "FAIL registers " label ": " regs " registers x " threads " threads > 65536"
         if (threads <= nt) print "ok launch_bounds " label
         else print "FAIL launch_bounds " label ": " threads " threads > __launch_bounds__ " nt
-        if (mb > 0 && ctas >= mb) print "ok min_blocks " label ": " ctas " CTAs per SM"
-        if (mb > 0 && ctas < mb)
-          print "FAIL min_blocks " label ": " ctas " CTAs per SM < " mb " of __launch_bounds__ (registers, shared memory)"
       }
     }
   }

@@ -40,6 +40,7 @@ typedef struct { int MPI_SOURCE, MPI_TAG, MPI_ERROR; } MPI_Status;
 #define MPI_BYTE (1 * 16 + 0)
 #define MPI_CHAR (1 * 16 + 2)
 #define MPI_UINT16_T (2 * 16 + 1)
+#define MPI_INT (4 * 16 + 3)
 #define MPI_FLOAT (4 * 16 + 4)
 #define MPI_INT64_T (8 * 16 + 5)
 #define MPI_DOUBLE (8 * 16 + 6)
@@ -58,12 +59,15 @@ int MPI_Comm_rank(MPI_Comm comm, int *rank);
 int MPI_Comm_size(MPI_Comm comm, int *size);
 int MPI_Comm_split(MPI_Comm comm, int color, int key, MPI_Comm *newcomm);
 int MPI_Comm_split_type(MPI_Comm comm, int split_type, int key, MPI_Info info, MPI_Comm *newcomm);
+int MPI_Comm_dup(MPI_Comm comm, MPI_Comm *newcomm);
 int MPI_Comm_free(MPI_Comm *comm);
 int MPI_Comm_set_errhandler(MPI_Comm comm, MPI_Errhandler errhandler);
 
 int MPI_Isend(const void *buf, int count, MPI_Datatype type, int dest, int tag, MPI_Comm comm, MPI_Request *req);
 int MPI_Irecv(void *buf, int count, MPI_Datatype type, int source, int tag, MPI_Comm comm, MPI_Request *req);
+int MPI_Test(MPI_Request *req, int *flag, MPI_Status *status);
 int MPI_Testall(int count, MPI_Request reqs[], int *flag, MPI_Status statuses[]);
+int MPI_Request_free(MPI_Request *req);
 
 int MPI_Allreduce(const void *send, void *recv, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm);
 int MPI_Bcast(void *buf, int count, MPI_Datatype type, int root, MPI_Comm comm);

@@ -96,6 +96,8 @@ int MPI_Comm_split_type(MPI_Comm comm, int split_type, int key, MPI_Info info, M
     return MPI_Comm_split(comm, split_type, key, newcomm);
 }
 
+int MPI_Comm_dup(MPI_Comm comm, MPI_Comm *newcomm) { return MPI_Comm_split(comm, 0, 0, newcomm); }
+
 int MPI_Comm_free(MPI_Comm *comm) {
     if (*comm == MPI_COMM_NULL || *comm == MPI_COMM_WORLD) return MPI_ERR_ARG;
     *comm = MPI_COMM_NULL;
@@ -158,6 +160,15 @@ int MPI_Testall(int count, MPI_Request reqs[], int *flag, MPI_Status statuses[])
         free(reqs[i]);
         reqs[i] = MPI_REQUEST_NULL;
     }
+    return MPI_SUCCESS;
+}
+
+int MPI_Test(MPI_Request *req, int *flag, MPI_Status *status) { return MPI_Testall(1, req, flag, status); }
+
+// Frees a request at once: a send's is complete, a receive's is dropped.
+int MPI_Request_free(MPI_Request *req) {
+    free(*req);
+    *req = MPI_REQUEST_NULL;
     return MPI_SUCCESS;
 }
 

@@ -1,7 +1,9 @@
-// attention.h: the attention module's interface. Flash-style causal attention
-// over one chunk of keys at a time, so that the same kernels serve a single
-// rank (one chunk: all keys) and a ring (one chunk per ring step). Positions
-// are global token positions, so any token layout over ranks works.
+// attention.h: the vocabulary every part of attention/ shares, at its
+// bottom with layout.h and sparse_types.h: the attention config, one call's
+// shape, the op's opaque state. Attention is flash-style and causal over one
+// chunk of keys at a time, so that the same kernels serve a single rank (one
+// chunk: all keys) and a ring (one chunk per ring step). Positions are
+// global token positions, so any token layout over ranks works.
 //
 // Memory layout is token-major, as the projections produce it:
 //   q, o, dq, do : [Tq, Hq, D]      k, v, dk, dv : [Tk, Hkv, D]
@@ -19,6 +21,12 @@
 typedef enum { ATTN_DENSE, ATTN_SPARSE } AttnType;
 // attention.ring: the ring schedule (ring.h)
 typedef enum { RING_FLAT, RING_HIERARCHICAL } RingSchedule;
+
+// The inner ring size of a schedule for a cp group of cp_size ranks with
+// cp_inner ranks per inner ring (hierarchical).
+static inline int ring_inner_size(RingSchedule schedule, int cp_size, int cp_inner) {
+    return schedule == RING_HIERARCHICAL ? cp_inner : cp_size;
+}
 // attention.ring_send (sparse ring: ring_sparse.h)
 typedef enum { RING_SEND_FULL, RING_SEND_SELECTED } RingSend;
 // attention.budget: how many vertical / slash lines a head keeps (sparse.h)
@@ -75,32 +83,5 @@ typedef struct {
     // sparse_cuda.h), set by the CUDA op once per sequence; NULL on the CPU.
     const int64_t *doc_starts_device;
 } AttnShape;
-
-// Start a running result: o = 0, lse = -inf.
-void attn_forward_init(const AttnShape *shape, float *o, float *lse);
-
-// The first key position a query at position p may see: the last of the
-// sorted doc_starts [doc_count] <= p; INT64_MIN when there is none (no
-// documents, or p before the first start).
-int64_t attn_doc_first(const int64_t *doc_starts, int64_t doc_count, int64_t p);
-
-// Causal attention of q against one key chunk (mask: k_pos <= q_pos, and
-// k_pos >= attn_doc_first(q_pos) with documents), merged
-// into the running (o, lse) by log-sum-exp in fp32. o stays normalised after
-// every call; rows that see no key in this chunk are left unchanged.
-void attn_dense_forward_cpu(const AttnShape *shape, const float *q, const int64_t *q_pos,
-                            const float *k, const float *v, const int64_t *k_pos,
-                            float *o, float *lse);
-
-// delta[h, t] = sum_d do[t, h, d] * o[t, h, d] (FlashAttention-2's D).
-void attn_backward_delta(const AttnShape *shape, const float *o, const float *dout, float *delta);
-
-// Gradients of the final attention output with respect to q and this key
-// chunk, recomputing P = exp(S - lse) from the final lse. Accumulates (+=)
-// into dq [Tq, Hq, D], dk and dv [Tk, Hkv, D].
-void attn_dense_backward_cpu(const AttnShape *shape, const float *q, const int64_t *q_pos,
-                             const float *k, const float *v, const int64_t *k_pos,
-                             const float *lse, const float *delta, const float *dout,
-                             float *dq, float *dk, float *dv);
 
 #endif

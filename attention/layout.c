@@ -1,5 +1,6 @@
 // layout.c: which global blocks and token positions each context-parallel
-// rank holds (contiguous / zigzag / striped), see layout.h.
+// rank holds (contiguous / zigzag / striped), and the document rule of the
+// masks (attn_doc_first), see layout.h.
 #include "layout.h"
 
 #include <stdlib.h>
@@ -70,4 +71,13 @@ int64_t layout_rank_positions(LayoutKind kind, int64_t seq_len, int block_size, 
     }
     free(blocks);
     return count;
+}
+
+int64_t attn_doc_first(const int64_t *doc_starts, int64_t doc_count, int64_t p) {
+    int64_t lo = 0, hi = doc_count;                                // first start > p: hi
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (doc_starts[mid] <= p) lo = mid + 1; else hi = mid;
+    }
+    return hi == 0 ? INT64_MIN : doc_starts[hi - 1];
 }

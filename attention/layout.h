@@ -1,7 +1,10 @@
-// layout.h: how a sequence of N tokens is spread over the W ranks of a
-// context-parallel group (docs/ARCHITECTURE.md, Attention), at block granularity: the sequence is
-// cut into ceil(N / B) blocks of B tokens (the last may be shorter) and each
-// rank holds whole blocks, in ascending global order:
+// layout.h: the rules every part of attention/ shares, below all of them:
+// how a sequence of N tokens is spread over the W ranks of a
+// context-parallel group (docs/ARCHITECTURE.md, Attention), and which keys a
+// query's document lets it see (attn_doc_first). Layouts work at block
+// granularity: the sequence is cut into ceil(N / B) blocks of B tokens (the
+// last may be shorter) and each rank holds whole blocks, in ascending global
+// order:
 //   contiguous  rank r holds one run of consecutive blocks (sizes differ by <= 1)
 //   zigzag      the blocks are cut into 2W runs as equal as possible; rank r
 //               holds runs r and 2W-1-r (balanced for dense causal attention)
@@ -29,5 +32,10 @@ int64_t layout_rank_blocks(LayoutKind kind, int64_t seq_len, int block_size, int
 // (room for seq_len entries; NULL only counts). Returns how many tokens.
 int64_t layout_rank_positions(LayoutKind kind, int64_t seq_len, int block_size, int world,
                               int rank, int64_t *pos);
+
+// The first key position a query at position p may see: the last of the
+// sorted doc_starts [doc_count] <= p; INT64_MIN when there is none (no
+// documents, or p before the first start).
+int64_t attn_doc_first(const int64_t *doc_starts, int64_t doc_count, int64_t p);
 
 #endif

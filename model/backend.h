@@ -31,7 +31,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../attention/sparse/sparse.h"
+#include "../attention/attention_api.h"
 
 // A backend's activation tensor and its compute copy of the weights: opaque,
 // addressed in elements of act_bytes / weight_bytes (model.c).

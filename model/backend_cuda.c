@@ -18,8 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../attention/op/attention_cuda_op.h"
-#include "../attention/ring/ring_cuda.h"
+#include "../attention/attention_api.h"
 #include "../dist/comm.h"
 #include "../dist/comm_device.h"
 #include "../dist/cuda_check.h"
@@ -172,12 +171,6 @@ static void cross_entropy(Act *logits, const int32_t *targets, int64_t C, int V,
     cross_entropy_cuda((uint16_t *)logits, targets, C, V, grad_scale, loss, cuda.stream);
 }
 
-// The op's ring (a ring of one for cp NULL or one rank), built here as the
-// CPU backend builds its own: the op links no MPI (attention_cuda_op.h).
-static bool attention_set_ring(AttnState *st, const struct Comm *cp, int inner) {
-    const AttnRingCuda ring = ring_cuda_new(cp, inner);
-    return attention_cuda_set_ring(st, &ring);
-}
 static void attention_forward(AttnState *st, int layer, bool plan, const AttnShape *shape, const Act *q,
                               const Act *k, const Act *v, const int64_t *pos, Act *o, float *lse,
                               SparseStats *stats) {
@@ -321,7 +314,7 @@ static const Backend cuda_backend = {
     .cross_entropy = cross_entropy,
     .attention_new = attention_cuda_new,
     .attention_free = attention_cuda_free,
-    .attention_set_ring = attention_set_ring,
+    .attention_set_ring = attention_cuda_set_ring,
     .attention_sequence = attention_cuda_sequence,
     .attention_forward = attention_forward,
     .attention_backward = attention_backward,

@@ -12,8 +12,7 @@
 
 #include "../dist/comm.h"
 #include "../dist/util.h"
-#include "../attention/op/attention_cpu.h"
-#include "../attention/ring/ring_cpu.h"
+#include "../attention/attention_api.h"
 #include "backend.h"
 #ifdef MTRAIN_CUDA
 #include "../dist/comm_device.h"
@@ -336,13 +335,7 @@ static void weights_allgather(const Comm *c, Weight *w, int64_t count) {
     comm_allgather(c, NULL, (float *)w, count, DT_FLOAT);
 }
 
-// The attention op's entries: the CPU's Act is fp32 (attention_cpu.h).
-// The op's ring (a ring of one for cp NULL or one rank), built here as the
-// CUDA backend builds its own: the op never sees a communicator.
-static bool attention_set_ring(AttnState *st, const struct Comm *cp, int inner) {
-    const AttnRingCpu ring = ring_cpu_new(cp, inner);
-    return attention_cpu_set_ring(st, &ring);
-}
+// The attention op's entries: the CPU's Act is fp32 (attention_api.h).
 static void attention_forward(AttnState *st, int layer, bool plan, const AttnShape *shape, const Act *q,
                               const Act *k, const Act *v, const int64_t *pos, Act *o, float *lse,
                               SparseStats *stats) {
@@ -391,7 +384,7 @@ static const Backend cpu_backend = {
     .cross_entropy = cross_entropy,
     .attention_new = attention_cpu_new,
     .attention_free = attention_cpu_free,
-    .attention_set_ring = attention_set_ring,
+    .attention_set_ring = attention_cpu_set_ring,
     .attention_sequence = attention_cpu_sequence,
     .attention_forward = attention_forward,
     .attention_backward = attention_backward,

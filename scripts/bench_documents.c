@@ -20,7 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "../attention/attention.h"
+#include "../attention/attention_api.h"
 #include "../data/synthetic.h"
 #include "../dist/util.h"
 #include "bench_layer.h"

@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "../attention/attention.h"
+#include "../attention/attention_api.h"
 #include "../model/backend.h"
 #include "../model/model_config.h"
 #include "../model/optimizer.h"

@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "../attention/layout.h"
+#include "../attention/attention_api.h"
 #include "../data/tasks.h"
 #include "../dist/comm.h"
 #include "../model/model.h"

@@ -16,8 +16,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "../attention/layout.h"
-#include "../attention/ring/ring.h"
+#include "../attention/attention_api.h"
 #include "../model/model.h"
 #include "args.h"
 #include "checkpoint.h"

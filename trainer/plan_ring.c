@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../attention/layout.h"
 #include "../attention/ring/ring_plan.h"
 #include "../attention/ring/ring_sparse.h"
 #include "plan.h"

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "../attention/ring/ring.h"
+#include "../attention/attention_api.h"
 #include "../dist/progress.h"
 #include "args.h"
 

@@ -14,18 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../attention.h"
+#include "flash_cpu.h"
 #include "flash_tiles.h"
 #include "../../dist/util.h"
-
-int64_t attn_doc_first(const int64_t *doc_starts, int64_t doc_count, int64_t p) {
-    int64_t lo = 0, hi = doc_count;                                // first start > p: hi
-    while (lo < hi) {
-        const int64_t mid = lo + (hi - lo) / 2;
-        if (doc_starts[mid] <= p) lo = mid + 1; else hi = mid;
-    }
-    return hi == 0 ? INT64_MIN : doc_starts[hi - 1];
-}
 
 void attn_forward_init(const AttnShape *shape, float *o, float *lse) {
     int64_t rows = shape->q_tokens * shape->num_heads;

@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include "flash_tiles.h"
-#include "../sparse/sparse.h"
+#include "sparse_flash_cpu.h"
 #include "../../dist/util.h"
 
 // Token i of a block-aligned arrangement of T tokens at global positions pos

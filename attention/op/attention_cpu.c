@@ -1,18 +1,20 @@
-// attention_cpu.c: the CPU backend's attention op (attention_cpu.h). One
-// path for every case, as attention_cuda_op.cu's: the AttnRingCpu bound by
-// the backend (ring_cpu.h: a ring of one on one rank) runs ring.c's
-// schedule over the dense kernels or the layer's sparse pattern; the sparse
+// attention_cpu.c: the CPU backend's attention op (attention_api.h). One
+// path for every case, as attention_cuda_op.cu's: the AttnRingCpu that
+// attention_cpu_set_ring makes (ring_cpu_new: a ring of one on one rank)
+// runs ring.c's schedule over the dense kernels or the layer's sparse pattern; the sparse
 // plan is this rank's (sparse_plan_local, on a ring of one: its whole
 // index) or the ring's (several ranks: ring_sparse.h). The state keeps what
 // lives between calls: the attention config and its fixed budgets, each
 // layer's sparse pattern from the sequence's first forward (reused by
 // backward and by a recomputation): the index on one rank, the ring's state
 // of the layer over several.
-#include "attention_cpu.h"
+#include "../attention_api.h"
 
 #include <stdlib.h>
 
 #include "../../dist/util.h"
+#include "../ring/ring_cpu.h"
+#include "../kernels/flash_cpu.h"
 #include "../sparse/sparse_plan.h"
 
 struct AttnState {
@@ -59,11 +61,11 @@ void attention_cpu_free(AttnState *st) {
     free(st);
 }
 
-bool attention_cpu_set_ring(AttnState *st, const AttnRingCpu *ring) {
+bool attention_cpu_set_ring(AttnState *st, const struct Comm *cp, int inner) {
     forget_ring_layers(st);
     if (st->ring.ring) st->ring.free(st->ring.ring);
-    st->ring = *ring;
-    return ring->cp_size > 1;
+    st->ring = ring_cpu_new(cp, inner);
+    return st->ring.cp_size > 1;
 }
 
 void attention_cpu_sequence(AttnState *st, const int64_t *pos, int64_t tokens) {

@@ -1,8 +1,8 @@
-// attention_cuda_op.cu: the CUDA backend's attention op (attention_cuda_op.h),
+// attention_cuda_op.cu: the CUDA backend's attention op (attention_api.h),
 // composed from the kernels of flash_cuda.cu, sparse_cuda.cu and
 // sparse_select_cuda.cu as attention_cpu.c composes the CPU kernels: one
-// path, the AttnRingCuda bound by the backend (ring_cuda.h: a ring of one on
-// one GPU) runs ring.c's schedule over the dense kernels or the layer's
+// path, the AttnRingCuda bound by attention_cuda_set_ring (ring_cuda.h: a
+// ring of one on one GPU) runs ring.c's schedule over the dense kernels or the layer's
 // index on device buffers; the sparse plan is this GPU's (plan_layer) or
 // the ring's. The state keeps what lives between calls: the config and its
 // fixed budgets, each layer's device pattern from the sequence's plan
@@ -33,12 +33,13 @@
 extern "C" {
 #include "../sparse/sparse.h"
 }
+#include "attention_cuda_op.h"
 #include "../../dist/cuda_check.h"
 #include "../../dist/cuda_elementwise.cuh"
 #include "../../dist/cuda_kernel.h"
 #include "../kernels/attention_cuda.h"
-#include "attention_cuda_op.h"
 #include "../kernels/sparse_cuda.h"
+#include "../sparse/sparse_select_cuda.h"
 
 // sparse_select_cuda.cu's estimation takes at most this many queries.
 #define EST_MAX_QUERIES 128
@@ -140,7 +141,7 @@ extern "C" void attention_cuda_free(AttnState *st) {
     free(st);
 }
 
-extern "C" bool attention_cuda_set_ring(AttnState *st, const AttnRingCuda *ring) {
+extern "C" bool attention_cuda_bind_ring(AttnState *st, const AttnRingCuda *ring) {
     forget_ring_layers(st);
     forget_plans(st);
     if (st->ring.ring) st->ring.free(st->ring.ring);

@@ -27,6 +27,7 @@
 // transfers posted between two waits over as one group, run to completion
 // before the next (NCCL groups on one stream, dist/comm_device.h), neither
 // mismatches messages nor waits for a later group.
+#include "../kernels/flash_cpu.h"
 #include "ring_plan.h"
 
 #include <stdbool.h>
@@ -166,10 +167,6 @@ const RingMemory ring_host_memory = {
     .add_rows = host_add_rows, .send = host_send, .recv = host_recv, .wait = host_wait,
     .forward_init = host_forward_init, .backward_delta = host_backward_delta,
 };
-
-int ring_inner_size(RingSchedule schedule, int cp_size, int cp_inner) {
-    return schedule == RING_HIERARCHICAL ? cp_inner : cp_size;
-}
 
 // The communicator of a ring of one rank: never used for a transfer.
 static const Comm one_rank = {.name = "one rank", .rank = 0, .size = 1};

@@ -143,10 +143,6 @@ typedef struct Ring {
     const int64_t *kernel_positions;  // positions as the kernels read them (in memory)
 } Ring;
 
-// The inner ring size of a schedule for a cp group of cp_size ranks with
-// cp_inner ranks per inner ring (hierarchical).
-int ring_inner_size(RingSchedule schedule, int cp_size, int cp_inner);
-
 // pos [tokens]: this rank's global positions (the same for queries and keys).
 // inner must divide cp->size. Collective over cp. cp NULL: a ring of one
 // rank (inner 1; no MPI).

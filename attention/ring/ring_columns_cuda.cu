@@ -11,6 +11,7 @@
 #include "../../dist/cuda_check.h"
 #include "../../dist/cuda_elementwise.cuh"
 #include "../../dist/cuda_kernel.h"
+#include "../sparse/sparse_select_cuda.h"
 #include "ring_columns_cuda.h"
 
 __global__ void __launch_bounds__(ELEMENTWISE_THREADS) estimation_init_kernel(int64_t *pos, int64_t Lq,

@@ -33,6 +33,7 @@
 #include "ring_rows_cuda.h"
 #include "ring_sparse.h"
 #include "../kernels/sparse_cuda.h"
+#include "../sparse/sparse_select_cuda.h"
 
 // Token lists on the device. ring.c computes each row list on the host for
 // every call, the same lists for every layer (and step) of one layout; each

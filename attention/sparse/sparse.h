@@ -9,7 +9,8 @@
 //   3. sparse_index_build  — per q head and query block, the key blocks and
 //                            the extra vertical columns
 //   4. attn_sparse_forward_cpu / attn_sparse_backward_cpu — the kernels of
-//      attention.h restricted to the index, over one key chunk at a time.
+//      attention.h restricted to the index, over one key chunk at a time
+//      (kernels/sparse_flash_cpu.h; the types: attention/sparse_types.h).
 // GQA: the pattern is selected per q head (heads of one kv group may differ).
 //
 // Block-aligned token arrangement (what every layout of attention/layout.h
@@ -24,43 +25,8 @@
 #include <stdint.h>
 
 #include "../attention.h"
-
-// The selected lines, per q head, in CSR form. Entries ascending, no repeats.
-typedef struct {
-    int num_heads;             // Hq
-    int64_t seq_len;           // N
-    int64_t *vertical_start;   // [Hq + 1]
-    int64_t *vertical;         // key positions in [0, N)
-    int64_t *slash_start;      // [Hq + 1]
-    int64_t *slash;            // offsets q - k in [0, N)
-} SparsePattern;
-
-// The pattern turned into work, for a set of query blocks (a rank's). Row
-// r = h * num_q_blocks + i is q head h and local query block i.
-typedef struct {
-    int num_heads;             // Hq
-    int block_size;            // B
-    int64_t seq_len;           // N
-    int64_t num_q_blocks;      // local query blocks
-    int64_t *q_blocks;         // [num_q_blocks] global block id of each local query block
-    int64_t *block_start;      // [Hq * num_q_blocks + 1]
-    int64_t *blocks;           // global key block ids, ascending, each <= the row's q block;
-                               // the diagonal block (== q block) is always present
-    int64_t *column_start;     // [Hq * num_q_blocks + 1]
-    int64_t *columns;          // global key positions, ascending, none inside a selected
-                               // block of the row, each <= the row's last query position
-} SparseIndex;
-
-// Work and quality of a pattern, summed over rows (and ranks) before dividing.
-typedef struct {
-    double computed;           // causal score elements inside the pattern (token-exact)
-    double causal;             // causal score elements of dense attention
-    double covered_mass;       // estimation rows: softmax mass inside the pattern
-    double estimation_rows;    // estimation rows counted (Hq * last_q)
-    double sampled_mass;       // the recall sample's rows (sparse_recall_rows): softmax mass
-                               // inside the pattern, against dense attention
-    double sampled_rows;       // sampled rows counted (Hq * the sample's rows)
-} SparseStats;
+#include "../kernels/sparse_flash_cpu.h"
+#include "../sparse_types.h"
 
 // Pass 1 of the estimation. shape: q_tokens = Lq estimation queries, k_tokens
 // = this chunk's keys. qe [Lq, Hq, D] at qe_pos [Lq]; k [Tk, Hkv, D] at
@@ -156,40 +122,5 @@ void sparse_budget_tables(const AttentionConfig *cfg, int num_layers, int num_he
 
 void sparse_pattern_free(SparsePattern *pattern);
 void sparse_index_free(SparseIndex *index);
-
-// Sparse flash attention over one key chunk, as attn_dense_forward_cpu
-// (attention.h) but computing only the index's blocks and columns that lie in
-// this chunk (causal mask token-exact). q and this chunk block-aligned;
-// index->q_blocks[i] is the global block of q's local block i.
-void attn_sparse_forward_cpu(const AttnShape *shape, const SparseIndex *index,
-                             const float *q, const int64_t *q_pos, const float *k,
-                             const float *v, const int64_t *k_pos, float *o, float *lse);
-
-// Backward over one key chunk, as attn_dense_backward_cpu (accumulates dq,
-// dk, dv) restricted to the same index.
-void attn_sparse_backward_cpu(const AttnShape *shape, const SparseIndex *index,
-                              const float *q, const int64_t *q_pos, const float *k,
-                              const float *v, const int64_t *k_pos, const float *lse,
-                              const float *delta, const float *dout, float *dq, float *dk,
-                              float *dv);
-
-// Which part of the index a call computes.
-typedef enum {
-    SPARSE_ALL,                // blocks and columns that lie in the chunk (the entries above)
-    SPARSE_BLOCKS,             // only the selected blocks (ring steps when columns are gathered)
-    SPARSE_COLUMNS,            // only the columns, against K/V rows at an arbitrary ascending
-                               // list of key positions k_pos [Tk] (need not be block-aligned)
-} SparsePart;
-
-// attn_sparse_forward_cpu / attn_sparse_backward_cpu restricted to `part`.
-void attn_sparse_forward_part_cpu(SparsePart part, const AttnShape *shape,
-                                  const SparseIndex *index, const float *q, const int64_t *q_pos,
-                                  const float *k, const float *v, const int64_t *k_pos, float *o,
-                                  float *lse);
-void attn_sparse_backward_part_cpu(SparsePart part, const AttnShape *shape,
-                                   const SparseIndex *index, const float *q, const int64_t *q_pos,
-                                   const float *k, const float *v, const int64_t *k_pos,
-                                   const float *lse, const float *delta, const float *dout,
-                                   float *dq, float *dk, float *dv);
 
 #endif

@@ -33,7 +33,7 @@
 #include "../../dist/cuda_kernel.h"
 #include "../kernels/attention_cuda.h"
 #include "../kernels/flash_tiles.cuh"
-#include "../kernels/sparse_cuda.h"
+#include "sparse_select_cuda.h"
 
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f

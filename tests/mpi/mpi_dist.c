@@ -23,6 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../../attention/kernels/flash_cpu.h"
 #include "../../attention/layout.h"
 #include "../../attention/ring/ring_plan.h"
 #include "../../attention/ring/ring_sparse.h"

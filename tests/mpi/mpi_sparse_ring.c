@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../attention/kernels/flash_cpu.h"
 #include "../../attention/ring/balance.h"
 #include "../../attention/layout.h"
 #include "../../attention/ring/ring_plan.h"

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../attention/kernels/flash_cpu.h"
 #include "../../attention/sparse/sparse.h"
 #include "../../dist/util.h"
 #include "../../model/safetensors.h"

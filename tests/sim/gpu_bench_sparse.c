@@ -28,6 +28,7 @@
 
 #include "../../attention/kernels/attention_cuda.h"
 #include "../../attention/kernels/sparse_cuda.h"
+#include "../../attention/sparse/sparse_select_cuda.h"
 #include "../../dist/cuda_check.h"
 #include "../../dist/util.h"
 

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../attention/kernels/flash_cpu.h"
 #include "../../attention/attention.h"
 #include "../../attention/kernels/attention_cuda.h"
 #include "../../attention/layout.h"

@@ -41,8 +41,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../attention/op/attention_cuda_op.h"
-#include "../../attention/ring/ring_cuda.h"
+#include "../../attention/attention_api.h"
+#include "../../attention/sparse/sparse.h"
 #include "../../dist/cuda_check.h"
 #include "../../dist/util.h"
 #include "../../model/backend.h"
@@ -287,8 +287,7 @@ static Results gpu_run(const Case *c, Kind kind, Inputs in[2], const char *name)
     int64_t *pos = iota(c->T);
     int64_t *d_pos = to_device(pos, (size_t)c->T * sizeof(int64_t));
     AttnState *st = attention_cuda_new(&cfg, 2, c->Hq);
-    const AttnRingCuda one = ring_cuda_new(NULL, 1);
-    EXPECT_COUNTED(!attention_cuda_set_ring(st, &one), "%s: a ring of one on one rank", name);
+    EXPECT_COUNTED(!attention_cuda_set_ring(st, NULL, 1), "%s: a ring of one on one rank", name);
     attention_cuda_sequence(st, pos, c->T);
     uint16_t *d_o = poisoned((size_t)in[0].nq * sizeof(uint16_t));
     float *d_lse = poisoned((size_t)nl * sizeof(float));

@@ -41,11 +41,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../attention/kernels/flash_cpu.h"
 #include "../../attention/attention.h"
 #include "../../attention/kernels/attention_cuda.h"
 #include "../../attention/layout.h"
 #include "../../attention/sparse/sparse.h"
 #include "../../attention/kernels/sparse_cuda.h"
+#include "../../attention/sparse/sparse_select_cuda.h"
 #include "../../dist/cuda_check.h"
 #include "../../dist/util.h"
 #include "../lib/check.h"

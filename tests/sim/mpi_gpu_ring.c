@@ -42,9 +42,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../attention/op/attention_cuda_op.h"
+#include "../../attention/attention_api.h"
 #include "../../attention/layout.h"
-#include "../../attention/ring/ring_cuda.h"
 #include "../../attention/ring/ring_plan.h"
 #include "../../attention/ring/ring_sparse.h"
 #include "../../attention/sparse/sparse_plan.h"
@@ -79,8 +78,7 @@ static Result run_op(const AttentionConfig *cfg, const Comm *cp, int inner, cons
                      const int64_t *pos, int64_t T) {
     const int64_t nq = T * HQ * D, nk = T * HKV * D;
     AttnState *st = attention_cuda_new(cfg, 1, HQ);
-    const AttnRingCuda ring = ring_cuda_new(cp, inner);   // cp NULL: a ring of one
-    attention_cuda_set_ring(st, &ring);
+    attention_cuda_set_ring(st, cp, inner);   // cp NULL: a ring of one
     attention_cuda_sequence(st, pos, T);
     uint16_t *d_q = to_device(q, (size_t)nq * 2), *d_k = to_device(k, (size_t)nk * 2);
     uint16_t *d_v = to_device(v, (size_t)nk * 2), *d_dout = to_device(dout, (size_t)nq * 2);

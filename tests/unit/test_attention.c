@@ -6,9 +6,9 @@
 // as every one-rank op runs it): bit for bit the kernels on the whole
 // sequence, one step on the caller's own K/V, the kernels' begin and
 // backward_end hooks called once per pass, and no MPI call (this program
-// never initialises MPI); the CPU op (attention/op/attention_cpu.h) on the
-// ring of one that its backend binds (attention/ring/ring_cpu.h:
-// ring_cpu_new without a communicator): bit for bit the kernels on the whole
+// never initialises MPI); the CPU op (attention/attention_api.h) on the
+// ring of one that attention_cpu_set_ring makes without a communicator
+// (ring_cpu_new): bit for bit the kernels on the whole
 // sequence, dense and sparse (its plan's statistics too), no bytes sent.
 //
 // Tolerances: max |kernel - reference| / max |reference| per tensor, with fp32
@@ -20,10 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../attention/kernels/flash_cpu.h"
 #include "../../attention/attention.h"
-#include "../../attention/op/attention_cpu.h"
+#include "../../attention/attention_api.h"
 #include "../../attention/ring/ring.h"
-#include "../../attention/ring/ring_cpu.h"
 #include "../../attention/sparse/sparse_plan.h"
 #include "../../dist/util.h"
 #include "attn_ref.h"
@@ -474,8 +474,7 @@ static void test_op_ring_of_one(void) {
         }
         o = got, dq = o + p.nq, dk = dq + p.nq, dv = dk + p.nk, lse = dv + p.nk;
         AttnState *st = attention_cpu_new(&cfg, 1, p.s.num_heads);
-        const AttnRingCpu ring = ring_cpu_new(NULL, 1);
-        const bool on_ring = attention_cpu_set_ring(st, &ring);
+        const bool on_ring = attention_cpu_set_ring(st, NULL, 1);
         attention_cpu_sequence(st, p.qp, 130);
         attention_cpu_forward(st, 0, true, &p.s, p.q, p.k, p.v, p.qp, o, lse, sparse ? &got_stats : NULL);
         attention_cpu_backward(st, 0, &p.s, p.q, p.k, p.v, p.qp, o, lse, p.w, dq, dk, dv);

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../../attention/kernels/flash_cpu.h"
 #include "../../attention/layout.h"
 #include "../../attention/sparse/sparse.h"
 #include "../../attention/sparse/sparse_plan.h"

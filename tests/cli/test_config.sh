@@ -68,7 +68,7 @@ fi
 : >"$tmp/empty.yaml"
 if "$mtrain" config "$tmp/empty.yaml" >"$tmp/empty.out" 2>"$tmp/err"; then
   has_lines config_empty_file_gives_defaults "$tmp/empty.out" "  hidden_size: 64" "  lr: 0.001" \
-    "  seed: 1234" "  tie_word_embeddings: true" "  checkpoint_activations: false" "  dir: checkpoints"
+    "  seed: 1234" "  tie_word_embeddings: true" "  recompute: none" "  dir: checkpoints"
 else
   bad config_empty_file_gives_defaults "exit status $?: $(head -c 300 "$tmp/err")"
 fi
@@ -85,7 +85,7 @@ fi
 if "$mtrain" config configs/tiny-cpu.yaml train.lr=0.1 train.min_lr=3.3333333333333335e-05 \
     model.init_std=0.017 train.eps=1e-10 model.rope_theta=12345.678901234567 train.weight_decay=0 \
     train.seed=18446744073709551615 'data.train=my "data"/a\b*.shard' checkpoint.dir=yes log.dir=123 \
-    train.checkpoint_activations=true >"$tmp/round1.yaml" 2>"$tmp/err" &&
+    train.recompute=full >"$tmp/round1.yaml" 2>"$tmp/err" &&
    "$mtrain" config "$tmp/round1.yaml" >"$tmp/round2.yaml" 2>>"$tmp/err"; then
   if cmp -s "$tmp/round1.yaml" "$tmp/round2.yaml"; then
     has_lines config_round_trip "$tmp/round2.yaml" "  lr: 0.1" "  min_lr: 3.3333333333333335e-05" \

@@ -23,7 +23,7 @@ base="configs/tiny-cpu.yaml train.steps=2 train.warmup_steps=0 checkpoint.resume
 mid="model.hidden_size=512 model.intermediate_size=1376 model.num_layers=4 model.num_heads=8 model.num_kv_heads=2"
 runs=(
   "saved $mid train.seq_len=512 model.max_position_embeddings=512"
-  "checkpointed $mid train.seq_len=512 model.max_position_embeddings=512 train.checkpoint_activations=true"
+  "checkpointed $mid train.seq_len=512 model.max_position_embeddings=512 train.recompute=full"
   "vocab model.vocab_size=32000 model.hidden_size=256 model.intermediate_size=688 model.num_heads=4 model.tie_word_embeddings=false train.loss_chunk=256"
   "long model.hidden_size=256 model.intermediate_size=688 model.num_layers=4 model.num_heads=4 train.seq_len=2048 model.max_position_embeddings=2048"
   "sparse model.hidden_size=256 model.intermediate_size=688 model.num_layers=4 model.num_heads=4 train.seq_len=2048 model.max_position_embeddings=2048 attention.type=sparse attention.block_size=64"
@@ -154,11 +154,11 @@ expect "plan_sparse_combine: $c_sparse s sparse (0.468 expected), $c_dense dense
   "[ '$c_sparse' = 0.468 ] && [ '$c_dense' = 0.000 ] && [ '$c_one' = 0.000 ]"
 # the 3B run without checkpointing or ZeRO on 40 GB A100s does not fit: exit 3, the advice names what to change
 "$MTRAIN" plan configs/qwen2.5-3b-512k-32xa100.yaml --gpu a100-40g \
-  train.checkpoint_activations=false parallel.zero=0 >"$tmp/nofit.out" 2>&1
+  train.recompute=none parallel.zero=0 >"$tmp/nofit.out" 2>&1
 rc=$?
-expect plan_nofit_advice "[ $rc -eq 3 ] && grep -q '^fits: NO' '$tmp/nofit.out' && grep -q '^to fit: train.checkpoint_activations=true' '$tmp/nofit.out'"
+expect plan_nofit_advice "[ $rc -eq 3 ] && grep -q '^fits: NO' '$tmp/nofit.out' && grep -q '^to fit: train.recompute=full' '$tmp/nofit.out'"
 "$MTRAIN" plan configs/qwen2.5-3b-512k-32xa100.yaml --gpu a100-40g --ring \
-  train.checkpoint_activations=false parallel.zero=0 >"$tmp/nofit.out" 2>&1
+  train.recompute=none parallel.zero=0 >"$tmp/nofit.out" 2>&1
 rc=$?
 expect plan_nofit_ring_exit "[ $rc -eq 3 ] && grep -q '^fits: NO' '$tmp/nofit.out'"
 
@@ -191,12 +191,12 @@ sums='/^FLOPs per step/ { split($0, w, " "); model = w[6] }
   !done && /^[|] [a-zA-Z]/ && $4 ~ /[0-9]/ { flops += $4 }
   !done && /^[|] [a-zA-Z]/ && $7 ~ /[0-9]/ { ta += $7; th += $8 }
   END { printf "%g %g %g %g %g %g %g\n", model / 1e9, flops, step, ta, a, th, h }'
-kernels train.checkpoint_activations=false | awk -F'|' "$sums" >"$tmp/sums"
+kernels train.recompute=none | awk -F'|' "$sums" >"$tmp/sums"
 read -r model flops step ta a th h <"$tmp/sums"
 expect plan_kernels_flops "awk 'BEGIN { r = $flops / $model; s = $step / $flops; exit !(r > 0.999 && r < 1.001 && s > 0.999 && s < 1.001) }'"
 expect plan_kernels_bounds "awk 'BEGIN { exit !($a > 0 && ($ta - $a) ^ 2 < 0.01 && $h > 0 && ($th - $h) ^ 2 < 0.01 && $h < $a) }'"
-kernels train.checkpoint_activations=true >"$tmp/ckpt.out"
-expect plan_kernels_recompute "grep -q '^| GEMMs of the layers, forward | 336 |' '$tmp/ckpt.out' && kernels train.checkpoint_activations=false | grep -q '^| GEMMs of the layers, forward | 168 |'"
+kernels train.recompute=full >"$tmp/ckpt.out"
+expect plan_kernels_recompute "grep -q '^| GEMMs of the layers, forward | 336 |' '$tmp/ckpt.out' && kernels train.recompute=none | grep -q '^| GEMMs of the layers, forward | 168 |'"
 
 # the time model: the attention kernels' counted work per call (Qwen2.5-3B's 16 q heads x 128 at 32K tokens,
 # dense, one GPU: 16 heads x 65792 tile pairs x 1024 mma.sync = 1.078e+09 forward), each bound the largest of

@@ -25,7 +25,7 @@ topp="attention.type=sparse attention.block_size=64 attention.budget=topp attent
       attention.max_vertical=256 attention.max_slash=256"
 runs=(
   "dense 1 train.seq_len=256"
-  "checkpointed 1 train.seq_len=256 train.checkpoint_activations=true"
+  "checkpointed 1 train.seq_len=256 train.recompute=full"
   "sparse 1 train.seq_len=1024 $sparse"
   "cp2 2 train.seq_len=512 parallel.cp=2"
   "sparse_cp4_zero 4 train.seq_len=1024 parallel.cp=4 parallel.zero=1 $sparse"
@@ -54,7 +54,7 @@ expect_within plan_device_topp_growth "$grown_planned" "$grown_measured" 0.10 "$
 # checkpointing: one chunk covering the sequence (the chunked code path) gives the bits of the MLP whole,
 # chunks of 32 tokens the same up to rounding.
 RUN=$SIM_RUN
-for chunk in 0 128 32; do sim_train "mlp_$chunk" 1 1 train.checkpoint_activations=true train.mlp_chunk=$chunk; done
+for chunk in 0 128 32; do sim_train "mlp_$chunk" 1 1 train.recompute=full train.mlp_chunk=$chunk; done
 read -r loss weights <<<"$(runs_differ mlp_0 mlp_128)"
 expect plan_device_mlp_one_chunk_bitwise "[ '$loss' = 0.000e+00 ] && [ '$weights' = 0.000e+00 ]"
 read -r loss weights <<<"$(runs_differ mlp_0 mlp_32)"

@@ -816,8 +816,9 @@ static void print_policies(const Plan *p, FILE *out) {
     for (int r = 0; r < PLAN_POLICIES; r++) {
         fprintf(out, "  recompute %-9s %9.3f GiB total", plan_recompute_name((RecomputePolicy)r), p->policy_bytes[r] * GIB);
         if (p->policy_step_s[r] > 0) fprintf(out, ", step %.3f s", p->policy_step_s[r]);
-        fprintf(out, ", %s%s\n", p->policy_fits[r] ? "fits" : "does not fit",
-                r != (int)p->recompute ? "" : p->recompute_auto ? "  <- auto picks this" : "  <- train.recompute");
+        const char *mark = r != (int)p->recompute ? "" : !p->recompute_auto ? "  <- train.recompute"
+                           : p->policy_fits[r] ? "  <- auto picks this" : "  <- auto: none fits, the smallest planned";
+        fprintf(out, ", %s%s\n", p->policy_fits[r] ? "fits" : "does not fit", mark);
     }
 }
 

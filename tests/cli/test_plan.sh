@@ -124,6 +124,18 @@ expect plan_05b_512k_mlp_whole_no_fit "[ $rc -eq 3 ] && grep -q '^fits: NO' '$tm
 "$MTRAIN" plan $one_gpu attention.type=sparse >"$tmp/out" 2>&1
 rc=$?
 expect plan_05b_512k_sparse_fits "[ $rc -eq 0 ] && grep -q '^fits: yes' '$tmp/out'"
+# train.recompute: each policy's memory and step; auto takes the first of none, selective, full that fits
+# (at 512K tokens on one H200 none does not, selective does), never one that does not; memory falls and the
+# step grows from none to full; when none fits, the plan says so and plans the smallest.
+"$MTRAIN" plan configs/qwen2.5-0.5b-512k-1gpu.yaml train.recompute=auto >"$tmp/auto.out" 2>&1
+rc=$?
+expect plan_recompute_auto_first_fitting "[ $rc -eq 0 ] && grep -q '^  recompute none .*, does not fit$' '$tmp/auto.out' && grep -q '^  recompute selective .*, fits  <- auto picks this$' '$tmp/auto.out' && grep -q '| recompute selective (auto)$' '$tmp/auto.out'"
+order=$(sed -n 's/^  recompute [a-z]* *\([0-9.]*\) GiB total, step \([0-9.]*\) s.*/\1 \2/p' "$tmp/auto.out" | tr '\n' ' ')
+expect plan_recompute_order "[ \$(echo '$order' | wc -w) -eq 6 ] && echo '$order' | awk '{ exit !(\$1 > \$3 && \$3 > \$5 && \$2 < \$4 && \$4 < \$6) }'"
+"$MTRAIN" plan configs/qwen2.5-7b-512k-32xh100.yaml parallel.cp=1 train.recompute=auto >"$tmp/auto.out" 2>&1
+rc=$?
+expect plan_recompute_auto_none_fits "[ $rc -eq 3 ] && [ \$(grep -c '^  recompute .*, does not fit' '$tmp/auto.out') -eq 3 ] && grep -q '^  recompute full .*  <- auto: none fits, the smallest planned$' '$tmp/auto.out' && grep -q '^fits: NO' '$tmp/auto.out'"
+
 # The sparse budget line: a fixed budget of 64 + 64 lines, sink 64, local 64 at 2048 tokens plans density
 # (64 + 64 + 2 x 64 + 2 x 64) / 2048 = 0.1875; the estimation (4 last_q N FLOPs per head and layer) against
 # the attention (2 N^2 density x (1 forward + 2.5 backward)): 2 x 64 / (2 x 64 + 2048 x 0.1875 x 3.5) = 8.7%;

@@ -53,7 +53,7 @@ typedef struct {
     double beta1, beta2, eps;  // AdamW moments
     double grad_clip;          // global-norm clip; 0 = off
     uint64_t seed;             // initialisation and data order
-    RecomputePolicy recompute; // none | selective | full | auto (resolved by the trainer: plan_choose_recompute)
+    RecomputePolicy recompute; // none | selective | full | auto (the plan's pick: plan_build)
     int loss_chunk;            // tokens per fused LM-head + cross-entropy chunk
     int mlp_chunk;             // tokens per MLP chunk (model_mlp_chunk_rows); 0 = the MLP whole
     InitFrom init_from;        // none | a Hugging Face folder to start from (init_from_path)

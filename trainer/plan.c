@@ -347,8 +347,8 @@ static int kernel_rows(const Plan *p, const Config *cfg, KernelRow *rows) {
     const double T = (double)p->tokens * cfg->train.micro_batches, L = c->num_layers, H = c->hidden_size;
     const double F = c->intermediate_size, V = c->vocab_size, D = c->head_dim ? c->head_dim : H / c->num_heads;
     const double QD = c->num_heads * D, KD = c->num_kv_heads * D, P = (double)p->params;
-    const double fwd = cfg->train.recompute != RECOMPUTE_NONE ? 2 : 1;       // forward passes of a layer
-    const double attn_fwd = cfg->train.recompute == RECOMPUTE_FULL ? 2 : 1;  // forward passes of its attention
+    const double fwd = p->recompute != RECOMPUTE_NONE ? 2 : 1;       // forward passes of a layer (the plan's policy)
+    const double attn_fwd = p->recompute == RECOMPUTE_FULL ? 2 : 1;  // forward passes of its attention
     const double micro = cfg->train.micro_batches, Tm = (double)p->tokens;
     const double chunks = ceil((double)p->tokens / cfg->train.loss_chunk) * cfg->train.micro_batches;
     const double chunk_rows = fmin((double)cfg->train.loss_chunk, Tm);
@@ -539,7 +539,7 @@ static void plan_flops(Plan *p, const Config *cfg) {
     p->model_flops = gemm + (1 + PLAN_ATTENTION_BACKWARD) * attn_fwd * p->density;
     // Recomputation runs every layer's GEMMs again (full: its attention too); without it an MLP in chunks
     // recomputes its gate and up.
-    const RecomputePolicy policy = cfg->train.recompute;
+    const RecomputePolicy policy = p->recompute;
     double recompute = policy == RECOMPUTE_NONE ? 0.0 : gemm / 3.0 + (policy == RECOMPUTE_FULL ? attn_fwd * p->density : 0);
     if (policy == RECOMPUTE_NONE && model_mlp_chunk_rows(cfg->train.mlp_chunk, policy, p->tokens))
         recompute += 4.0 * tokens * c->hidden_size * c->intermediate_size * c->num_layers;

@@ -52,6 +52,15 @@ typedef struct {
     int64_t step;
 } AdamWStep;
 
+// The per-op profile's categories and phases (log.profile, model/profile.h).
+typedef enum {
+    PROFILE_GEMM, PROFILE_ATTENTION, PROFILE_NORM, PROFILE_ROPE, PROFILE_SWIGLU, PROFILE_CROSS_ENTROPY,
+    PROFILE_EMBEDDING, PROFILE_OPTIMIZER, PROFILE_COMMUNICATION, PROFILE_MEMORY, PROFILE_OTHER, PROFILE_CATEGORIES
+} ProfileCategory;
+typedef enum {
+    PHASE_FORWARD, PHASE_RECOMPUTE, PHASE_BACKWARD, PHASE_LOSS, PHASE_UPDATE, PROFILE_PHASES
+} ProfilePhase;
+
 typedef struct {
     size_t act_bytes;     // bytes of one Act element
     size_t weight_bytes;  // bytes of one Weight element
@@ -209,6 +218,20 @@ typedef struct {
     // of CUDA (build/sim/mtrain); a native build says it cannot.
     void (*sync_begin)(void);
     void (*sync_print)(void);
+
+    // The per-op profile (model/profile.h). profile_phase: the phase of the
+    // ops that follow (model.c marks them; NULL but in the profile's table).
+    // profile_mark: a mark of the work enqueued so far, returned as its index
+    // (CUDA: an event recorded on the stream; CPU: the wall clock); after the
+    // step profile_ms: milliseconds from mark a to mark b (CUDA: waits for
+    // b); profile_clear: the marks forgotten. profile_launches: the device
+    // launches enqueued so far, as the CPU execution model of CUDA counts
+    // them (-1 elsewhere).
+    void (*profile_phase)(ProfilePhase phase);
+    int (*profile_mark)(void);
+    double (*profile_ms)(int a, int b);
+    void (*profile_clear)(void);
+    long (*profile_launches)(void);
 } Backend;
 
 // train.backend: cpu, cuda, or auto (cuda when this build has it and a GPU

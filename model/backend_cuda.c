@@ -271,6 +271,39 @@ static void sync_print(void) {
     fflush(stdout);
 }
 
+// The profile's marks: events recorded on the stream, kept for the next
+// profiled step (made as the first one needs them).
+static struct {
+    cudaEvent_t *events;
+    int count, capacity;
+} marks;
+
+static int profile_mark(void) {
+    if (marks.count == marks.capacity) {
+        int more = marks.capacity ? 2 * marks.capacity : 1024;
+        marks.events = xrealloc(marks.events, sizeof(cudaEvent_t) * (size_t)more);
+        for (int i = marks.capacity; i < more; i++) CUDA_CHECK(cudaEventCreate(&marks.events[i]));
+        marks.capacity = more;
+    }
+    CUDA_CHECK(cudaEventRecord(marks.events[marks.count], cuda.stream));
+    return marks.count++;
+}
+static double profile_ms(int a, int b) {
+    float ms;
+    CUDA_CHECK(cudaEventSynchronize(marks.events[b]));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, marks.events[a], marks.events[b]));
+    return ms;
+}
+static void profile_clear(void) { marks.count = 0; }
+static long profile_launches(void) {
+#ifdef CUDASIM_HOST_SYNCS
+    long kernels, matmuls, memsets;
+    return cudasim_device_launches(&kernels, &matmuls, &memsets);
+#else
+    return -1;
+#endif
+}
+
 static bool memory_peak(double *bytes) {
 #ifdef CUDASIM_MEMORY_PEAK
     size_t peak;
@@ -328,6 +361,10 @@ static const Backend cuda_backend = {
     .memory_peak = memory_peak,
     .sync_begin = sync_begin,
     .sync_print = sync_print,
+    .profile_mark = profile_mark,
+    .profile_ms = profile_ms,
+    .profile_clear = profile_clear,
+    .profile_launches = profile_launches,
 };
 
 bool backend_cuda_visible(char *why, size_t why_size) {

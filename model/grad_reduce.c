@@ -8,9 +8,15 @@
 #include "../dist/comm.h"
 #include "model.h"
 
-void model_zero_grads(Model *m) { m->be->zero(m->grad_mem, sizeof(float) * (size_t)m->arena_floats); }
+void model_zero_grads(Model *m) {
+    model_mark_phase(m, PHASE_UPDATE);
+    m->be->zero(m->grad_mem, sizeof(float) * (size_t)m->arena_floats);
+}
 
-bool model_grads_finite(const Model *m) { return isfinite(m->be->sum_squares(m->grad_mem, m->total_params)); }
+bool model_grads_finite(const Model *m) {
+    model_mark_phase(m, PHASE_UPDATE);
+    return isfinite(m->be->sum_squares(m->grad_mem, m->total_params));
+}
 
 void model_poison_grads(Model *m) {
     static const float not_a_number = NAN;
@@ -45,6 +51,7 @@ void model_grads_start(Model *m) {
 
 void model_reduce_grads(Model *m) {
     const struct Comm *over = m->grad_comm;
+    model_mark_phase(m, PHASE_UPDATE);
     if (model_grads_bucketed(m)) {
         m->grads_final = NULL;
         if (m->grad_started > 0) m->be->allreduce_sum_start(over, m->grad_mem, m->grad_started);

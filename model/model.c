@@ -1,7 +1,8 @@
 // model.c: the Qwen2.5 decoder (docs/ARCHITECTURE.md, Model) as one graph over the backend
 // op table: parameter table, seeded initialisation, activation arena, forward,
-// fused chunked LM head + cross entropy, and backward with optional per-layer
-// activation checkpointing (recompute the layer from its saved input).
+// fused chunked LM head + cross entropy, and backward under a recompute
+// policy (none; selective: the layer but its attention from the saved input,
+// attention output and lse; full: the whole layer from its saved input).
 // Attention is one op of the backend (on one rank or, under context
 // parallelism, over the ring of the cp group): everything else is
 // token-local, so a rank runs the same graph on its own tokens at their
@@ -16,6 +17,7 @@
 #include <string.h>
 
 #include "../dist/comm.h"
+#include "profile.h"
 #include "rope.h"
 
 // The tensors of one decoder layer: HF suffix, weight decay, initialisation.
@@ -299,19 +301,26 @@ typedef struct {
 #define ARENA_ALIGN 64
 static int64_t arena_span(int64_t elements) { return (elements + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN; }
 
-int64_t model_mlp_chunk_rows(int mlp_chunk, bool checkpoint_activations, int64_t T) {
-    if (mlp_chunk <= 0 || (!checkpoint_activations && T <= mlp_chunk)) return 0;
+int64_t model_mlp_chunk_rows(int mlp_chunk, RecomputePolicy recompute, int64_t T) {
+    if (mlp_chunk <= 0 || (recompute == RECOMPUTE_NONE && T <= mlp_chunk)) return 0;
     return mlp_chunk < T ? mlp_chunk : T;
 }
 
-// One layer's saved activations, excluding x_in; its gate, up and act of
-// mlp_rows tokens (0: the MLP's chunk buffers are shared).
-static ArenaCount layer_act_count(const ModelConfig *c, int64_t T, int64_t mlp_rows) {
+// The attention output and its lse of one layer.
+static ArenaCount attention_out_count(const ModelConfig *c, int64_t T) {
+    return (ArenaCount){arena_span(T * (int64_t)c->num_heads * c->head_dim), (int64_t)c->num_heads * T};
+}
+
+// One layer's saved activations, excluding x_in (and, without attention_out,
+// att and lse); its gate, up and act of mlp_rows tokens (0: the MLP's chunk
+// buffers are shared).
+static ArenaCount layer_act_count(const ModelConfig *c, int64_t T, int64_t mlp_rows, bool attention_out) {
     int64_t H = c->hidden_size, I = c->intermediate_size;
     int64_t QD = (int64_t)c->num_heads * c->head_dim, KD = (int64_t)c->num_kv_heads * c->head_dim;
-    return (ArenaCount){3 * arena_span(T * H) + 2 * arena_span(T * QD) + 2 * arena_span(T * KD) +
-                            3 * arena_span(mlp_rows * I),
-                        2 * T + (int64_t)c->num_heads * T};
+    ArenaCount att = attention_out ? attention_out_count(c, T) : (ArenaCount){0, 0};
+    return (ArenaCount){3 * arena_span(T * H) + arena_span(T * QD) + 2 * arena_span(T * KD) +
+                            3 * arena_span(mlp_rows * I) + att.act,
+                        2 * T + att.stat};
 }
 
 int64_t model_loss_chunk_rows(int loss_chunk, int64_t T) { return loss_chunk < T ? loss_chunk : T; }
@@ -327,25 +336,34 @@ static int64_t grad_act_count(const ModelConfig *c, int loss_chunk, int64_t T, i
 
 // With the MLP in chunks of C tokens, one shared gate, up and act [C, I]
 // in place of every kept layer's [T, I], and the gradients' [C, I].
-static ArenaCount activation_count(const ModelConfig *c, bool checkpoint_activations, int loss_chunk, int mlp_chunk,
+// Under a recompute policy the layers share one set of the recomputed
+// activations (selective: each keeping its own attention output and lse).
+static ArenaCount activation_count(const ModelConfig *c, RecomputePolicy recompute, int loss_chunk, int mlp_chunk,
                                    int64_t T) {
-    const int64_t C = model_mlp_chunk_rows(mlp_chunk, checkpoint_activations, T);
-    ArenaCount layer = layer_act_count(c, T, C ? 0 : T);
-    int64_t kept = checkpoint_activations ? 1 : c->num_layers;
-    return (ArenaCount){arena_span(T * (int64_t)c->hidden_size) * (c->num_layers + 2) + kept * layer.act +
+    const int64_t C = model_mlp_chunk_rows(mlp_chunk, recompute, T);
+    const int64_t L = c->num_layers;
+    ArenaCount layers;
+    if (recompute == RECOMPUTE_NONE) {
+        ArenaCount layer = layer_act_count(c, T, C ? 0 : T, true);
+        layers = (ArenaCount){L * layer.act, L * layer.stat};
+    } else {
+        const bool selective = recompute == RECOMPUTE_SELECTIVE;
+        ArenaCount shared = layer_act_count(c, T, C ? 0 : T, !selective), att = attention_out_count(c, T);
+        layers = selective ? (ArenaCount){shared.act + L * att.act, shared.stat + L * att.stat} : shared;
+    }
+    return (ArenaCount){arena_span(T * (int64_t)c->hidden_size) * (L + 2) + layers.act +
                             grad_act_count(c, loss_chunk, T, C ? C : T) + 3 * arena_span(C * c->intermediate_size),
-                        arena_span(T + kept * layer.stat)};
+                        arena_span(T + layers.stat)};
 }
 
-size_t model_activation_arena_bytes(const ModelConfig *c, bool checkpoint_activations, int loss_chunk, int mlp_chunk,
+size_t model_activation_arena_bytes(const ModelConfig *c, RecomputePolicy recompute, int loss_chunk, int mlp_chunk,
                                     int64_t T, size_t act_bytes) {
-    ArenaCount n = activation_count(c, checkpoint_activations, loss_chunk, mlp_chunk, T);
+    ArenaCount n = activation_count(c, recompute, loss_chunk, mlp_chunk, T);
     return (size_t)n.act * act_bytes + (size_t)n.stat * sizeof(float);
 }
 
 size_t model_activation_bytes(const Model *m, int64_t T) {
-    return model_activation_arena_bytes(&m->cfg, m->checkpoint_activations, m->loss_chunk, m->mlp_chunk, T,
-                                        m->be->act_bytes);
+    return model_activation_arena_bytes(&m->cfg, m->recompute, m->loss_chunk, m->mlp_chunk, T, m->be->act_bytes);
 }
 
 Act *model_act_at(const Model *m, Act *base, int64_t elements) {
@@ -377,7 +395,14 @@ static Act *take_act(ArenaCursor *cur, int64_t count) {
     return p;
 }
 
-static void carve_layer(LayerActs *a, ArenaCursor *cur, const ModelConfig *c, int64_t T, int64_t mlp_rows) {
+static void carve_attention_out(LayerActs *a, ArenaCursor *cur, const ModelConfig *c, int64_t T) {
+    a->att = take_act(cur, T * c->num_heads * c->head_dim);
+    a->lse = take_stat(cur, (int64_t)c->num_heads * T);
+}
+
+// A layer's activations but x_in (layer_act_count), att and lse only with attention_out.
+static void carve_layer(LayerActs *a, ArenaCursor *cur, const ModelConfig *c, int64_t T, int64_t mlp_rows,
+                        bool attention_out) {
     int64_t H = c->hidden_size, I = c->intermediate_size;
     int64_t QD = (int64_t)c->num_heads * c->head_dim, KD = (int64_t)c->num_kv_heads * c->head_dim;
     a->rstd_attn = take_stat(cur, T);
@@ -385,8 +410,7 @@ static void carve_layer(LayerActs *a, ArenaCursor *cur, const ModelConfig *c, in
     a->q = take_act(cur, T * QD);
     a->k = take_act(cur, T * KD);
     a->v = take_act(cur, T * KD);
-    a->att = take_act(cur, T * QD);
-    a->lse = take_stat(cur, (int64_t)c->num_heads * T);
+    if (attention_out) carve_attention_out(a, cur, c, T);
     a->x_mid = take_act(cur, T * H);
     a->rstd_mlp = take_stat(cur, T);
     a->h_mlp = take_act(cur, T * H);
@@ -396,19 +420,19 @@ static void carve_layer(LayerActs *a, ArenaCursor *cur, const ModelConfig *c, in
     a->act = take_act(cur, mlp_rows * I);
 }
 
-// Size the activation arena for T tokens (grows, never shrinks; at least one
+// Carve the activation arena for T tokens under m's policy (at least one
 // token, so that a cp rank holding none still has buffers for the ring).
-static void ensure_activations(Model *m, int64_t T) {
+static void carve_activations(Model *m, int64_t T) {
     if (T < 1) T = 1;
-    if (T <= m->max_tokens) return;
     free_activations(m);
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     int64_t H = c->hidden_size, I = c->intermediate_size;
     int64_t QD = (int64_t)c->num_heads * c->head_dim, KD = (int64_t)c->num_kv_heads * c->head_dim;
+    const bool shared = m->recompute != RECOMPUTE_NONE, selective = m->recompute == RECOMPUTE_SELECTIVE;
     // The fp32 statistics first (padded to ARENA_ALIGN), then the Act tensors.
-    ArenaCount count = activation_count(c, m->checkpoint_activations, m->loss_chunk, m->mlp_chunk, T);
-    const int64_t C = m->mlp_chunk_rows = model_mlp_chunk_rows(m->mlp_chunk, m->checkpoint_activations, T);
+    ArenaCount count = activation_count(c, m->recompute, m->loss_chunk, m->mlp_chunk, T);
+    const int64_t C = m->mlp_chunk_rows = model_mlp_chunk_rows(m->mlp_chunk, m->recompute, T);
     size_t bytes = model_activation_bytes(m, T);
     m->activation_arena = be->alloc(bytes);
     float *stats = m->activation_arena;
@@ -419,13 +443,15 @@ static void ensure_activations(Model *m, int64_t T) {
     m->x_final = take_act(&cur, T * H);
     m->rstd_final = take_stat(&cur, T);
     m->h_final = take_act(&cur, T * H);
-    if (m->checkpoint_activations) carve_layer(&m->scratch, &cur, c, T, C ? 0 : T);
-    else for (int l = 0; l < c->num_layers; l++) carve_layer(&m->layers[l], &cur, c, T, C ? 0 : T);
+    if (shared) carve_layer(&m->scratch, &cur, c, T, C ? 0 : T, !selective);
+    else for (int l = 0; l < c->num_layers; l++) carve_layer(&m->layers[l], &cur, c, T, C ? 0 : T, true);
+    if (selective)
+        for (int l = 0; l < c->num_layers; l++) carve_attention_out(&m->layers[l], &cur, c, T);
     if (C) {  // one set of chunk buffers that every layer's MLP uses in turn
         LayerActs chunk;
-        carve_layer(&chunk, &cur, c, 0, C);
+        carve_layer(&chunk, &cur, c, 0, C, false);
         for (int l = 0; l < c->num_layers; l++) {
-            LayerActs *a = m->checkpoint_activations ? &m->scratch : &m->layers[l];
+            LayerActs *a = shared ? &m->scratch : &m->layers[l];
             a->gate = chunk.gate, a->up = chunk.up, a->act = chunk.act;
         }
     }
@@ -448,11 +474,21 @@ static void ensure_activations(Model *m, int64_t T) {
     m->max_tokens = T;
 }
 
-// The activations layer l uses: its own, or the shared scratch set.
+void model_set_activations(Model *m, RecomputePolicy recompute, int mlp_chunk, int64_t tokens) {
+    CHECK(recompute == RECOMPUTE_NONE || recompute == RECOMPUTE_SELECTIVE || recompute == RECOMPUTE_FULL,
+          "model_set_activations: recompute policy %d is not none, selective or full", (int)recompute);
+    m->recompute = recompute;
+    m->mlp_chunk = mlp_chunk;
+    carve_activations(m, tokens);
+}
+
+// The activations layer l uses: its own, or the shared scratch set with
+// its x_in (selective: and its att and lse).
 static LayerActs *layer_acts(Model *m, int l) {
     LayerActs *a = &m->layers[l];
-    if (!m->checkpoint_activations) return a;
+    if (m->recompute == RECOMPUTE_NONE) return a;
     m->scratch.x_in = a->x_in;
+    if (m->recompute == RECOMPUTE_SELECTIVE) m->scratch.att = a->att, m->scratch.lse = a->lse;
     return &m->scratch;
 }
 
@@ -466,7 +502,7 @@ static AttnShape attn_shape(const Model *m, int64_t T) {
 
 // Where layer l's output goes and the norm that reads it: the next layer's
 // x_in with its input norm (h_attn, rstd_attn: its own, or the scratch set's
-// under checkpointing), or after the last layer x_final and the final norm.
+// when recomputing), or after the last layer x_final and the final norm.
 typedef struct {
     Act *x, *h;
     float *rstd;
@@ -476,7 +512,7 @@ typedef struct {
 static NormedOutput layer_output(const Model *m, int l) {
     if (l + 1 == m->cfg.num_layers)
         return (NormedOutput){m->x_final, m->h_final, m->rstd_final, model_weight(m, model_final_norm_param(m))};
-    const LayerActs *next = m->checkpoint_activations ? &m->scratch : &m->layers[l + 1];
+    const LayerActs *next = m->recompute != RECOMPUTE_NONE ? &m->scratch : &m->layers[l + 1];
     return (NormedOutput){m->layers[l + 1].x_in, next->h_attn, next->rstd_attn,
                           model_weight(m, model_layer_param(m, l + 1, LAYER_INPUT_NORM))};
 }
@@ -487,11 +523,6 @@ static void input_norm(Model *m, int l, LayerActs *a, int64_t T) {
                            T, m->cfg.hidden_size, (float)m->cfg.rms_norm_eps);
 }
 
-// One decoder layer on a->x_in, whose input norm is in a->h_attn (the
-// previous layer's fused residual + norm, or input_norm); the output, its
-// residual added and its norm taken in one op, goes to out. out NULL: a
-// recomputation for backward, which needs only the saved activations and
-// takes the input norm itself.
 // The MLP's gate, up and act [n, I] of tokens [t0, t0 + n) (h_mlp's rows)
 // into a's buffers from their first row.
 static void mlp_up(Model *m, int l, LayerActs *a, int64_t t0, int64_t n) {
@@ -503,22 +534,43 @@ static void mlp_up(Model *m, int l, LayerActs *a, int64_t t0, int64_t n) {
     be->swiglu_forward(a->act, a->gate, a->up, n * I);
 }
 
-static void layer_forward(Model *m, int l, LayerActs *a, const NormedOutput *out, int64_t T) {
+// What one call of layer_forward runs: the forward pass, or a recomputation
+// of what the backward reads (recompute_pass).
+typedef struct {
+    bool input_norm;   // take the input norm (else the previous layer's fused residual + norm wrote a->h_attn)
+    bool attention;    // run attention into a->att, a->lse (else they are kept from the forward pass)
+    bool plan_sparse;  // sparse attention: estimate the layer's pattern (else reuse its last: the forward's)
+    bool output;       // the MLP's down projection and the residual + next norm into the output
+} LayerPass;
+
+static const LayerPass forward_pass = {.attention = true, .plan_sparse = true, .output = true};
+
+// The recomputation before layer l's backward: under full also attention
+// (on the forward's sparse pattern), under selective not.
+static LayerPass recompute_pass(const Model *m) {
+    return (LayerPass){.input_norm = true, .attention = m->recompute == RECOMPUTE_FULL};
+}
+
+// One decoder layer on a->x_in, whose input norm is in a->h_attn unless
+// pass->input_norm; with pass->output the output, its residual added and its
+// norm taken in one op, goes to out (else out is unused).
+static void layer_forward(Model *m, int l, LayerActs *a, const LayerPass *pass, const NormedOutput *out,
+                          int64_t T) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     int H = c->hidden_size, I = c->intermediate_size;
     int QD = c->num_heads * c->head_dim, KD = c->num_kv_heads * c->head_dim;
 #define W(which) model_weight(m, model_layer_param(m, l, which))
-    if (!out) input_norm(m, l, a, T);
+    if (pass->input_norm) input_norm(m, l, a, T);
     be->matmul_forward(a->q, a->h_attn, W(LAYER_Q_WEIGHT), W(LAYER_Q_BIAS), T, H, QD);
     be->matmul_forward(a->k, a->h_attn, W(LAYER_K_WEIGHT), W(LAYER_K_BIAS), T, H, KD);
     be->matmul_forward(a->v, a->h_attn, W(LAYER_V_WEIGHT), W(LAYER_V_BIAS), T, H, KD);
     be->rope(a->q, c->num_heads, a->k, c->num_kv_heads, m->rope_positions, T, c->head_dim, m->rope_inv_freq,
              m->rope_attention_factor, 0);
-    // A recomputation (out == NULL) reuses the sparse pattern of the first forward.
     AttnShape s = attn_shape(m, T);
-    be->attention_forward(m->attn, l, out != NULL, &s, a->q, a->k, a->v, m->positions, a->att, a->lse,
-                          m->collect_attention_stats ? &m->attention_stats[l] : NULL);
+    if (pass->attention)
+        be->attention_forward(m->attn, l, pass->plan_sparse, &s, a->q, a->k, a->v, m->positions, a->att, a->lse,
+                              m->collect_attention_stats ? &m->attention_stats[l] : NULL);
     be->matmul_forward(a->x_mid, a->att, W(LAYER_O_WEIGHT), NULL, T, QD, H);
     be->residual_rmsnorm_forward(a->h_mlp, a->rstd_mlp, a->x_mid, a->x_in, W(LAYER_POST_NORM), T, H,
                                  (float)c->rms_norm_eps);
@@ -526,7 +578,7 @@ static void layer_forward(Model *m, int l, LayerActs *a, const NormedOutput *out
     // chunks of tokens (the backward recomputes them chunk by chunk).
     const int64_t rows = m->mlp_chunk_rows ? m->mlp_chunk_rows : T;
     if (!m->mlp_chunk_rows) mlp_up(m, l, a, 0, T);
-    if (!out) return;
+    if (!pass->output) return;
     for (int64_t t0 = 0; t0 < T; t0 += rows) {
         const int64_t n = T - t0 < rows ? T - t0 : rows;
         if (m->mlp_chunk_rows) mlp_up(m, l, a, t0, n);
@@ -586,10 +638,11 @@ static void layer_backward(Model *m, int l, LayerActs *a, int64_t T) {
 static void model_forward(Model *m, const int32_t *tokens, const int64_t *positions, int64_t T) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
+    model_mark_phase(m, PHASE_FORWARD);
     for (int64_t t = 0; t < T; t++)
         if (tokens[t] < 0 || tokens[t] >= c->vocab_size)
             fail("token %d at position %lld is outside the vocabulary [0, %d)", tokens[t], (long long)t, c->vocab_size);
-    ensure_activations(m, T);
+    if (T > m->max_tokens || !m->max_tokens) carve_activations(m, T);
     int64_t *pos = xmalloc(2 * sizeof(int64_t) * (size_t)T), *rope_pos = pos + T;
     for (int64_t t = 0; t < T; t++) pos[t] = positions ? positions[t] : t;
     be->upload(m->positions, pos, sizeof(int64_t) * (size_t)T);
@@ -602,7 +655,7 @@ static void model_forward(Model *m, const int32_t *tokens, const int64_t *positi
     input_norm(m, 0, layer_acts(m, 0), T);
     for (int l = 0; l < c->num_layers; l++) {
         NormedOutput out = layer_output(m, l);
-        layer_forward(m, l, layer_acts(m, l), &out, T);
+        layer_forward(m, l, layer_acts(m, l), &forward_pass, &out, T);
         progress_add(m->progress, 1);
     }
 }
@@ -615,6 +668,7 @@ static double head_loss(Model *m, const int32_t *targets, int64_t T, float grad_
     be->upload(m->targets, targets, sizeof(int32_t) * (size_t)T);
     const Weight *head = model_weight(m, model_head_param(m));
     float *dhead = model_tensor(m, m->grad_mem, model_head_param(m));
+    model_mark_phase(m, PHASE_LOSS);
     be->zero(m->loss_sum, sizeof(double));
     for (int64_t c0 = 0; c0 < T; c0 += m->loss_chunk) {
         int64_t n = T - c0 < m->loss_chunk ? T - c0 : m->loss_chunk;
@@ -635,6 +689,13 @@ double model_loss(Model *m, const int32_t *tokens, const int32_t *targets, const
     return head_loss(m, targets, T, 0.0f, false);
 }
 
+void model_mark_phase(const Model *m, ProfilePhase phase) {
+    if (m->be->profile_phase) m->be->profile_phase(phase);
+}
+
+void model_profile_begin(Model *m) { m->be = profile_begin(m->be); }
+void model_profile_end(Model *m, Profile *out) { m->be = profile_end(out); }
+
 // The arena from offset on is final for this backward pass (Model.grads_final).
 static void grads_final(Model *m, int64_t offset) {
     if (m->grads_final) m->grads_final(m->grads_final_ctx, offset);
@@ -647,14 +708,20 @@ double model_forward_backward(Model *m, const int32_t *tokens, const int32_t *ta
     int H = c->hidden_size;
     model_forward(m, tokens, positions, T);
     double loss = head_loss(m, targets, T, grad_scale, true);
+    model_mark_phase(m, PHASE_BACKWARD);
     zero_act(m, m->dx, T * H);
     int fn = model_final_norm_param(m);
     be->rmsnorm_backward(m->dx, model_tensor(m, m->grad_mem, fn), m->dh, m->x_final, model_weight(m, fn), m->rstd_final,
                          T, H);
     grads_final(m, m->params[fn].offset);
+    const LayerPass recompute = recompute_pass(m);
     for (int l = c->num_layers - 1; l >= 0; l--) {
         LayerActs *a = layer_acts(m, l);
-        if (m->checkpoint_activations) layer_forward(m, l, a, NULL, T);
+        if (m->recompute != RECOMPUTE_NONE) {
+            model_mark_phase(m, PHASE_RECOMPUTE);
+            layer_forward(m, l, a, &recompute, NULL, T);
+            model_mark_phase(m, PHASE_BACKWARD);
+        }
         layer_backward(m, l, a, T);
         grads_final(m, m->params[model_layer_param(m, l, LAYER_INPUT_NORM)].offset);
         progress_add(m->progress, 1);

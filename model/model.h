@@ -56,10 +56,10 @@ typedef struct {
 typedef struct {
     ModelConfig cfg;
     const Backend *be;
-    bool checkpoint_activations;
+    RecomputePolicy recompute;  // model_set_activations
     AttentionConfig attention;  // dense | sparse, tile size, sparse budgets
     int loss_chunk;          // tokens per fused LM-head + cross-entropy chunk
-    int mlp_chunk;           // tokens per MLP chunk (model_mlp_chunk_rows); 0 = the MLP whole
+    int mlp_chunk;           // tokens per MLP chunk (model_mlp_chunk_rows; model_set_activations); 0 = the MLP whole
     int64_t mlp_chunk_rows;  // the activations' MLP chunk (0 = gate, up, act [T, I] kept per layer)
 
     int num_params;
@@ -76,8 +76,8 @@ typedef struct {
 
     int64_t max_tokens;      // T the activations were sized for (0 = none yet)
     void *activation_arena;  // backend memory: the fp32 statistics, then the Act tensors
-    LayerActs *layers;       // [num_layers]; with checkpointing only x_in is per layer
-    LayerActs scratch;       // the shared recompute buffers under checkpointing
+    LayerActs *layers;       // [num_layers]; recomputing, only x_in (selective: and att, lse) is per layer
+    LayerActs scratch;       // the shared buffers of the recomputed activations (recompute not none)
     Act *x_final, *h_final;  // [T, H]
     float *rstd_final;       // [T]
     Act *dx, *dh, *dq, *dk, *dv, *datt;
@@ -120,6 +120,11 @@ typedef struct {
 // of loss_chunk tokens; model_set_attention changes the attention later.
 void model_init(Model *m, const ModelConfig *cfg, const Backend *be, const AttentionConfig *attention,
                 int loss_chunk);
+// The activation arena for sequences of up to `tokens` tokens under this
+// recompute policy (not RECOMPUTE_AUTO) and MLP chunk (tokens; 0 = the MLP
+// whole), carved at once. A model never given one runs with policy none and
+// the MLP whole; a forward over more tokens than carved carves it again, larger.
+void model_set_activations(Model *m, RecomputePolicy recompute, int mlp_chunk, int64_t tokens);
 // Use this attention; for budget fixed, reads the budget file when set.
 void model_set_attention(Model *m, const AttentionConfig *attention);
 void model_free(Model *m);
@@ -200,6 +205,15 @@ void model_logits(Model *m, const int32_t *tokens, const int64_t *positions, int
 void model_logits_range(Model *m, const int32_t *tokens, const int64_t *positions, int64_t T, int64_t first,
                         int64_t count, float *logits_host);
 
+// The per-op profile (model/profile.h): the ops from model_profile_begin
+// to model_profile_end run through the profile's table, into *out at the
+// end. model_mark_phase: the phase of the ops that follow (nothing outside
+// a profile).
+struct Profile;
+void model_profile_begin(Model *m);
+void model_profile_end(Model *m, struct Profile *out);
+void model_mark_phase(const Model *m, ProfilePhase phase);
+
 // Gradients and optimizer state (model/grad_reduce.c). Zero the gradient arena.
 void model_zero_grads(Model *m);
 // Whether every gradient is finite (their sum of squares, before any reduction).
@@ -249,15 +263,15 @@ size_t model_activation_bytes(const Model *m, int64_t T);
 // saved activations, backward buffers and the LM-head chunk
 // [model_loss_chunk_rows, vocab] in act_bytes each, the row statistics (rstd,
 // lse) in fp32.
-size_t model_activation_arena_bytes(const ModelConfig *c, bool checkpoint_activations, int loss_chunk, int mlp_chunk,
+size_t model_activation_arena_bytes(const ModelConfig *c, RecomputePolicy recompute, int loss_chunk, int mlp_chunk,
                                     int64_t T, size_t act_bytes);
 // Tokens per MLP chunk for T tokens: 0 = the MLP whole, its gate, up and act
 // [T, I] kept per layer for the backward; else gate, up, act and their
 // gradients exist for this many tokens only, shared by the layers, and the
 // backward recomputes them chunk by chunk from the saved norm output. Chunks
-// when mlp_chunk > 0 and either activation checkpointing is on (its backward
-// recomputes the layer anyway) or T is above mlp_chunk.
-int64_t model_mlp_chunk_rows(int mlp_chunk, bool checkpoint_activations, int64_t T);
+// when mlp_chunk > 0 and either the policy recomputes (its backward recomputes
+// the MLP anyway) or T is above mlp_chunk.
+int64_t model_mlp_chunk_rows(int mlp_chunk, RecomputePolicy recompute, int64_t T);
 // Rows of the LM-head chunk for T tokens: loss_chunk, or T when fewer (no
 // chunk holds more tokens than the step has).
 int64_t model_loss_chunk_rows(int loss_chunk, int64_t T);

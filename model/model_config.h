@@ -1,4 +1,4 @@
-// model_config.h: the Qwen2 architecture hyper-parameters, shared by the run
+// model_config.h: the Qwen2 architecture hyper-parameters and the recompute policy, shared by the run
 // config (trainer/config.c) and Hugging Face config.json I/O (model/hf_config.c).
 #ifndef MTRAIN_MODEL_CONFIG_H
 #define MTRAIN_MODEL_CONFIG_H
@@ -39,5 +39,16 @@ typedef struct {
     int max_position_embeddings; // max_position_embeddings
     RopeScaling rope_scaling;  // rope_scaling (null in config.json = type none)
 } ModelConfig;
+
+// What the forward keeps for the backward (train.recompute), from the fastest
+// and largest to the slowest and smallest; every policy gives the same
+// gradients bit for bit on the CPU backend.
+typedef enum {
+    RECOMPUTE_NONE,       // every layer's activations kept
+    RECOMPUTE_SELECTIVE,  // each layer's input, attention output and lse kept; the norms, projections, RoPE
+                          // and MLP recomputed in the backward (attention is not run again)
+    RECOMPUTE_FULL,       // each layer's input kept; the whole layer recomputed, attention forward included
+    RECOMPUTE_AUTO        // the trainer's choice (trainer/plan.c), never a model's
+} RecomputePolicy;
 
 #endif

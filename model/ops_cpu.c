@@ -283,6 +283,25 @@ static void cross_entropy(Act *logits_act, const int32_t *targets, int64_t C, in
     *loss += total;
 }
 
+// The profile's marks: the wall clock when each was made (ops run to the
+// end before they return); no device launches.
+static struct {
+    double *seconds;
+    int count, capacity;
+} marks;
+
+static int profile_mark(void) {
+    if (marks.count == marks.capacity) {
+        marks.capacity = marks.capacity ? 2 * marks.capacity : 1024;
+        marks.seconds = xrealloc(marks.seconds, sizeof(double) * (size_t)marks.capacity);
+    }
+    marks.seconds[marks.count] = now_seconds();
+    return marks.count++;
+}
+static double profile_ms(int a, int b) { return 1e3 * (marks.seconds[b] - marks.seconds[a]); }
+static void profile_clear(void) { marks.count = 0; }
+static long profile_launches(void) { return -1; }
+
 // The compute weights are the master itself: weight is param.
 static void adamw(float *param, Weight *weight, const float *grad, float *m, float *v, const AdamWTensor *tensors,
                   int count, const AdamWStep *hp) {
@@ -395,6 +414,10 @@ static const Backend cpu_backend = {
     .allreduce_sum_finish = allreduce_sum_finish,
     .reduce_scatter_sum = reduce_scatter_sum,
     .adamw = adamw,
+    .profile_mark = profile_mark,
+    .profile_ms = profile_ms,
+    .profile_clear = profile_clear,
+    .profile_launches = profile_launches,
 };
 
 const Backend *backend_cpu(void) { return &cpu_backend; }

@@ -21,6 +21,7 @@ double lr_at(const OptimizerConfig *oc, int64_t step) {
 
 double optimizer_step(Model *m, const OptimizerConfig *oc, int64_t step, double *lr_out) {
     const Backend *be = m->be;
+    model_mark_phase(m, PHASE_UPDATE);
     // This rank's range of the gradient (all of it unless ZeRO-1 sharded).
     int64_t begin = m->opt_begin, end = m->opt_begin + m->opt_count;
     double squares = be->sum_squares(m->grad_mem + begin, m->opt_count);

@@ -19,17 +19,17 @@ log: {dir: $tmp/log}
 YAML
 echo "device: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; $(date -u +%F)"
 echo
-echo "| tokens | activation ckpt | mtrain tok/s | mtrain peak RSS MiB | torch tok/s | torch peak RSS MiB | mtrain / torch |"
+echo "| tokens | recompute | mtrain tok/s | mtrain peak RSS MiB | torch tok/s | torch peak RSS MiB | mtrain / torch |"
 echo "|---|---|---|---|---|---|---|"
 for T in 2048 8192; do
-  for ckpt in false true; do
+  for ckpt in none full; do
     rm -rf "$tmp/log" "$tmp/ckpt"
     /usr/bin/time -f %M -o "$tmp/rss" build/mtrain train "$tmp/run.yaml" train.seq_len=$T \
-      train.checkpoint_activations=$ckpt >/dev/null
+      train.recompute=$ckpt >/dev/null
     # best of steps 2..4 (step 1 warms up)
     ours=$(grep -o '"tokens_per_s": [0-9.]*' "$tmp/log/metrics.jsonl" | tail -n 3 | awk '{print $2}' | sort -g | tail -n 1)
     our_rss=$(( $(cat "$tmp/rss") / 1024 ))
-    if [ "$ckpt" = false ]; then
+    if [ "$ckpt" = none ]; then
       /usr/bin/time -f %M -o "$tmp/trss" /usr/bin/python3 scripts/bench_cpu_torch.py $T "${shape[@]}" >"$tmp/torch"
       theirs=$(awk '{print $2}' "$tmp/torch")
       their_rss=$(( $(cat "$tmp/trss") / 1024 ))

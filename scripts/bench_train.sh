@@ -53,7 +53,7 @@ mtrain_run() {
   local name=$1 n=$2 s=$3; shift 3
   rm -rf "$out/$name"
   build/cuda/mtrain train "$base" train.init_from=none train.backend=cuda data.train=synthetic \
-    parallel.dp=1 parallel.cp=1 parallel.zero=0 train.micro_batches=1 train.checkpoint_activations=true \
+    parallel.dp=1 parallel.cp=1 parallel.zero=0 train.micro_batches=1 train.recompute=full \
     train.seq_len="$n" train.steps="$s" train.warmup_steps=0 train.lr_schedule=constant \
     model.max_position_embeddings="$((n > 131072 ? n : 131072))" hardware.gpu="$gpu" \
     checkpoint.dir="$out/$name/ck" checkpoint.resume=never checkpoint.overwrite=true \

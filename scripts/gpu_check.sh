@@ -99,7 +99,7 @@ train_run() {
     sampler=$!
   fi
   timeout -k 5 "${run_limit:-0}" "$mtrain" train "$base" train.init_from=none train.backend=cuda data.train=synthetic parallel.dp=1 parallel.cp=1 \
-    parallel.zero=0 train.micro_batches=1 train.checkpoint_activations=true train.seq_len="$n" train.steps="$s" \
+    parallel.zero=0 train.micro_batches=1 train.recompute=full train.seq_len="$n" train.steps="$s" \
     train.warmup_steps=0 train.lr_schedule=constant model.max_position_embeddings="$((n > 131072 ? n : 131072))" \
     hardware.gpu="$gpu" checkpoint.dir="$work/$name/ck" checkpoint.every=0 checkpoint.final=false \
     checkpoint.resume=never log.dir="$work/$name" log.every=1 "${model_args[@]}" "$@" >"$work/$name.log" 2>&1 </dev/null

@@ -19,7 +19,7 @@ lengths=(32768 131072 524288)
 plan() {
   local n=$2
   build/mtrain plan "${base[$1]}" --gpu a100-80g --kernels parallel.cp=1 parallel.dp=1 \
-    parallel.zero=0 train.micro_batches=1 train.checkpoint_activations=true train.seq_len="$n" \
+    parallel.zero=0 train.micro_batches=1 train.recompute=full train.seq_len="$n" \
     model.max_position_embeddings="$((n > 131072 ? n : 131072))" attention.type="$3" || [ $? -eq 3 ]  # 3: does not fit
 }
 

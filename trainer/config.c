@@ -152,9 +152,9 @@ static const Key keys[] = {
     DOUBLE(train, eps, 1e-8, 0, INFINITY, MIN_OPEN, "AdamW epsilon."),
     DOUBLE(train, grad_clip, 1.0, 0, 1e9, 0, "Clip the global gradient norm to this value; 0 = off."),
     UINT64(train, seed, 1234, "Seed of the initialisation and of the data order."),
-    BOOL(train, checkpoint_activations, false, "Recompute each layer's activations in the backward pass (saves memory)."),
+    ENUM(train, recompute, "auto", NAMES("none", "selective", "full", "auto"), "What the forward keeps for the backward: `none` = every layer's activations (fastest, most memory); `selective` = each layer's input, attention output and its lse, the backward recomputing the norms, projections, RoPE and the MLP but not attention; `full` = each layer's input only, the backward recomputing the whole layer, attention included (least memory); `auto` = the first of none, selective, full whose planned memory (`mtrain plan`, which prints each) fits the GPU of the hardware section (usable HBM) or, on the CPU backend, the node's MemAvailable for its ranks; on a GPU without a profile (`hardware.gpu: none`) `none`. The same gradients bit for bit on the CPU backend under every policy."),
     INT(train, loss_chunk, 1024, 1, 1 << 30, "Tokens per chunk of the fused LM head + cross entropy."),
-    INT(train, mlp_chunk, 16384, 0, 1 << 30, "Tokens per chunk of the MLP: its gate, up and SiLU product (and their gradients) exist for this many tokens only, shared by the layers, and the backward recomputes them chunk by chunk from the saved norm output. Used under `checkpoint_activations` (whose backward recomputes the layer anyway: no extra work), and without it when `seq_len` per rank is above this (two more GEMMs per layer in the backward); 0 = the MLP whole, its [tokens, intermediate_size] buffers kept per layer. The same results on the CPU backend when one chunk covers the sequence."),
+    INT(train, mlp_chunk, 16384, 0, 1 << 30, "Tokens per chunk of the MLP: its gate, up and SiLU product (and their gradients) exist for this many tokens only, shared by the layers, and the backward recomputes them chunk by chunk from the saved norm output. Used under `recompute` selective or full (whose backward recomputes the MLP anyway: no extra work), and without it when `seq_len` per rank is above this (two more GEMMs per layer in the backward); 0 = the MLP whole, its [tokens, intermediate_size] buffers kept per layer. The same results on the CPU backend when one chunk covers the sequence."),
     PATH(train, init_from, "none", NAMES("none"), "a Hugging Face folder", "`none` (random initialisation) or a Hugging Face folder (`config.json` + `model.safetensors`) to start from."),
     INT(train, max_bad_steps, 5, 1, 1 << 30, "A step whose loss or gradient norm is not finite on any rank is skipped on every rank (weights and AdamW state unchanged, its sequences consumed) and logged; this many in a row stop the run (exit 1, checkpoints kept). For testing, `MTRAIN_TEST_NAN_STEP=N[,RANK[,COUNT]]` in the environment makes the loss and gradient of COUNT steps from step N (default 1) NaN on world rank RANK (default 0)."),
     BOOL(train, memory_check, true, "Before allocating, compare the planned memory of the run (as `mtrain plan` prints it; CPU backend: the host memory of every rank on this node) with what the node has (`MemAvailable`) and refuse the run with the breakdown when it does not fit; `false` starts anyway. The CUDA backend prints its GPU's memory plan at start instead and checks no host memory."),
@@ -180,6 +180,7 @@ static const Key keys[] = {
     INT64(log, val_every, 0, 0, 1e12, "Validation loss before training and every N steps (and after the last); 0 = off."),
     INT64(log, attention_every, 0, 0, 1e12, "Sparse attention: every N steps, per layer the density (computed / causal score elements) and the recall in the step line (`recall`, `est`: means over layers) and `metrics.jsonl` (`attention_density`, `attention_recall`, `attention_estimation_recall`): `recall` is the share of each query's softmax mass that the pattern holds, measured against dense attention on 64 query rows spread over the sequence away from the estimation rows; `est` the same on the estimation rows themselves, which chose the pattern; 0 = off."),
     DOUBLE(log, min_recall, 0, 0, 1, 0, "Sparse attention, with `attention_every`: a warning names each layer whose `recall` falls under this share and the budget setting to raise (`attention.top_p`, `max_vertical` / `max_slash`, or the fixed `vertical` / `slash`); 0 = never."),
+    BOOL(log, profile, false, "The per-op profile of one step, the run's second (its first when it runs one): each op timed on the device (CUDA: events on the stream; CPU: the wall clock) and, under the CPU execution model of CUDA, its device launches counted, by category (GEMM by shape, attention, norms, RoPE, SwiGLU, cross entropy, embedding, optimizer, communication, memory, other) and phase (forward, recompute, backward, loss, update), with idle = the step's wall time less the ops'. Rank 0 prints the table (calls, launches, ms, % of the step, TFLOP/s or GB/s of the work the shapes imply) and writes it as JSON to `profile.json` in `dir`. The profiled step waits for nothing more, but its time includes the marks' cost."),
     BOOL(log, tensorboard, false, "Also write the step metrics as TensorBoard scalars (`train/loss`, `train/lr`, `train/grad_norm`, `train/tokens_per_s`, `train/mfu`, `val/loss`; with sparse attention statistics `attention/density`, `attention/recall`, `attention/estimation_recall` (means over layers) and on a ring `ring/mib`) to `events.out.tfevents.*` in `dir`, one file per run start (`tensorboard --logdir DIR`)."),
 
     PATH(eval, model, "latest", NAMES("latest"), "a checkpoint or Hugging Face folder", "Model to evaluate: `latest` = the newest complete checkpoint in `checkpoint.dir`, or a checkpoint / Hugging Face folder (its `config.json` must match the `model` section)."),
@@ -579,6 +580,11 @@ static const struct { const char *name, *section, *key; } key_aliases[] = {
     {"eval_every", "log", "val_every"},
 };
 
+// Keys this trainer had before, the key that replaced each and its values for the old ones.
+static const struct { const char *section, *name, *key, *values; } renamed_keys[] = {
+    {"train", "checkpoint_activations", "train.recompute", "true = full, false = none"},
+};
+
 // The nearest key by edit distance, in `section` only (same_section) or in
 // the others; *distance gets its distance.
 static const Key *nearest_key(const char *section, const char *key, bool same_section, int *distance) {
@@ -602,6 +608,9 @@ static void fail_unknown_key(const char *where, const char *section, const char 
         if (!strcmp(key, key_aliases[i].name))
             fail("%s: unknown key %s (did you mean '%s.%s'?)", where, quoted, key_aliases[i].section,
                  key_aliases[i].key);
+    for (size_t i = 0; i < sizeof(renamed_keys) / sizeof(renamed_keys[0]); i++)
+        if (!strcmp(section, renamed_keys[i].section) && !strcmp(key, renamed_keys[i].name))
+            fail("%s: %s is now '%s' (%s)", where, quoted, renamed_keys[i].key, renamed_keys[i].values);
     int d;
     const Key *best = nearest_key(section, key, true, &d);
     if (!best || !is_near(key, d)) best = nearest_key(section, key, false, &d);
@@ -1116,7 +1125,7 @@ const char *config_enum_name(const Config *cfg, const void *field) {
 size_t config_run_keys(const Config *cfg, char *out, size_t size) {
     // How a run is computed, not what: resumable with other values.
     static const char *const how[] = {"model.preset", "train.steps", "train.backend", "train.max_bad_steps", "train.micro_batches",
-                                      "train.loss_chunk", "train.mlp_chunk", "train.checkpoint_activations", "attention.ring",
+                                      "train.loss_chunk", "train.mlp_chunk", "train.recompute", "attention.ring",
                                       "attention.ring_send", "attention.layout"};
     char text[CONFIG_STR + 64], name[128];
     size_t used = 0;

@@ -53,7 +53,7 @@ typedef struct {
     double beta1, beta2, eps;  // AdamW moments
     double grad_clip;          // global-norm clip; 0 = off
     uint64_t seed;             // initialisation and data order
-    bool checkpoint_activations; // recompute each layer in backward
+    RecomputePolicy recompute; // none | selective | full | auto (the plan's pick: plan_build)
     int loss_chunk;            // tokens per fused LM-head + cross-entropy chunk
     int mlp_chunk;             // tokens per MLP chunk (model_mlp_chunk_rows); 0 = the MLP whole
     InitFrom init_from;        // none | a Hugging Face folder to start from (init_from_path)
@@ -93,6 +93,7 @@ typedef struct {
     int64_t attention_every;   // sparse attention density/recall every N steps (0 = off)
     double min_recall;         // a warning for a layer whose sampled recall is under it (0 = never)
     bool tensorboard;          // also TensorBoard event files in dir (trainer/tensorboard.h)
+    bool profile;              // the per-op profile of one step (model/profile.h) into dir/profile.json
 } LogConfig;
 
 typedef struct {
@@ -185,7 +186,7 @@ const char *config_enum_name(const Config *cfg, const void *field);
 // model.preset (its shapes are keys of their own) and the keys of how it is
 // computed (train.steps, raised to go on; train.backend,
 // max_bad_steps, micro_batches, which changes with the grid, loss_chunk,
-// checkpoint_activations; attention.ring, ring_send, layout), then
+// recompute; attention.ring, ring_send, layout), then
 // "data.content=HEX" when data.content_hash is set (shards re-tokenized
 // under the same path are another run). Checkpoints record it as the run's
 // fingerprint. Returns the length (truncated at size - 1).

@@ -539,7 +539,7 @@ int cmd_eval(int argc, char **argv) {
                              cfg.attention.block_size};
     apply_threads(&cfg, &dist);
     Model m;
-    model_from_config(&m, &cfg);
+    model_from_config(&m, &cfg, cfg.train.recompute, 0);
     model_join_ring(&m, &cfg, &dist);
     if (!plan.model_path[0])
         fail("checkpoint.dir: %s: no complete checkpoint to evaluate (eval.model: latest; expected a step_XXXXXXXX "

@@ -173,7 +173,7 @@ int cmd_generate(int argc, char **argv) {
                       "or srun)", dist.world_size);
     apply_threads(&cfg, &dist);
     Model m;
-    model_from_config(&m, &cfg);
+    model_from_config(&m, &cfg, cfg.train.recompute, 0);
     model_load_hf_folder(&m, model_dir);
     Decoder d;
     decoder_init(&d, &m, n + max_new, 256);

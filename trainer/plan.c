@@ -339,13 +339,15 @@ static void attention_counts(const Plan *p, const Config *cfg, KernelCounts *fwd
 // master, moments and accumulators 4), with the plan's tokens per GPU. Bytes:
 // every tensor moved between HBM and the chip once per call (a lower bound:
 // perfect reuse in shared memory and L2); an accumulated output is read and
-// written. Activation checkpointing runs every layer's forward twice.
+// written. Recomputation runs every layer's forward twice, attention's
+// (recompute full) or all of it but attention (selective).
 static int kernel_rows(const Plan *p, const Config *cfg, KernelRow *rows) {
     const ModelConfig *c = &cfg->model;
     const double T = (double)p->tokens * cfg->train.micro_batches, L = c->num_layers, H = c->hidden_size;
     const double F = c->intermediate_size, V = c->vocab_size, D = c->head_dim ? c->head_dim : H / c->num_heads;
     const double QD = c->num_heads * D, KD = c->num_kv_heads * D, P = (double)p->params;
-    const double fwd = cfg->train.checkpoint_activations ? 2 : 1;   // forward passes of a layer
+    const double fwd = p->recompute != RECOMPUTE_NONE ? 2 : 1;       // forward passes of a layer (the plan's policy)
+    const double attn_fwd = p->recompute == RECOMPUTE_FULL ? 2 : 1;  // forward passes of its attention
     const double micro = cfg->train.micro_batches, Tm = (double)p->tokens;
     const double chunks = ceil((double)p->tokens / cfg->train.loss_chunk) * cfg->train.micro_batches;
     const double chunk_rows = fmin((double)cfg->train.loss_chunk, Tm);
@@ -382,11 +384,11 @@ static int kernel_rows(const Plan *p, const Config *cfg, KernelRow *rows) {
     // and adds the fp32 dq, dk, dv into their bf16 tensors.
     const double N = (double)cfg->train.seq_len;
     const double attn = 2.0 * N * N * c->num_heads * D / p->cp * p->density * cfg->train.micro_batches;
-    KernelCounts attn_fwd, attn_bwd;
-    attention_counts(p, cfg, &attn_fwd, &attn_bwd);
-    n = add_kernel(rows, n, "attention forward", L * fwd, attn * L * fwd,
-                   L * fwd * (2 * T * (QD + 2 * KD) + 18 * T * QD), KERNEL_ATTENTION);
-    rows[n - 1].counts = counts_times(attn_fwd, L * fwd * micro);
+    KernelCounts fwd_counts, attn_bwd;
+    attention_counts(p, cfg, &fwd_counts, &attn_bwd);
+    n = add_kernel(rows, n, "attention forward", L * attn_fwd, attn * L * attn_fwd,
+                   L * attn_fwd * (2 * T * (QD + 2 * KD) + 18 * T * QD), KERNEL_ATTENTION);
+    rows[n - 1].counts = counts_times(fwd_counts, L * attn_fwd * micro);
     n = add_kernel(rows, n, "attention backward", L, PLAN_ATTENTION_BACKWARD * attn * L,
                    L * (2 * T * (5 * QD + 2 * KD) + 20 * T * (QD + 2 * KD)), KERNEL_ATTENTION);
     rows[n - 1].counts = counts_times(attn_bwd, L * micro);
@@ -534,13 +536,15 @@ static void plan_flops(Plan *p, const Config *cfg) {
     double attn_fwd = 2.0 * N * N * c->num_heads * c->head_dim * c->num_layers * micro / p->cp;
     p->dense_model_flops = gemm + (1 + PLAN_ATTENTION_BACKWARD) * attn_fwd;
     p->model_flops = gemm + (1 + PLAN_ATTENTION_BACKWARD) * attn_fwd * p->density;
-    // Checkpointing recomputes every layer's forward; without it an MLP in chunks recomputes its gate and up.
-    double recompute = cfg->train.checkpoint_activations ? (gemm / 3.0 + attn_fwd * p->density) : 0.0;
-    if (!cfg->train.checkpoint_activations && model_mlp_chunk_rows(cfg->train.mlp_chunk, false, p->tokens))
+    // Recomputation runs every layer's GEMMs again (full: its attention too); without it an MLP in chunks
+    // recomputes its gate and up.
+    const RecomputePolicy policy = p->recompute;
+    double recompute = policy == RECOMPUTE_NONE ? 0.0 : gemm / 3.0 + (policy == RECOMPUTE_FULL ? attn_fwd * p->density : 0);
+    if (policy == RECOMPUTE_NONE && model_mlp_chunk_rows(cfg->train.mlp_chunk, policy, p->tokens))
         recompute += 4.0 * tokens * c->hidden_size * c->intermediate_size * c->num_layers;
     p->hardware_flops = p->model_flops + recompute;
     if (p->peak_flops <= 0) return;
-    const double steps = micro * c->num_layers * p->cp, fwd_passes = cfg->train.checkpoint_activations ? 2 : 1;
+    const double steps = micro * c->num_layers * p->cp, fwd_passes = policy == RECOMPUTE_FULL ? 2 : 1;
     if (!p->gpu) {   // the FLOPs at the rank's peak
         const double forward = attn_fwd * p->density / p->peak_flops;
         p->attention_efficiency = 1.0;
@@ -603,9 +607,11 @@ static void plan_communication(Plan *p, const Config *cfg) {
     p->reduce_s = R > 1 ? bytes * (R - 1) / R / nodes_bw : 0;
 }
 
-void plan_build(Plan *p, const Config *cfg, const GpuProfile *gpu, double cpu_peak_flops, bool peak_measured,
-                double density_override) {
+// The plan of cfg under its recompute policy (not auto).
+static void plan_policy(Plan *p, const Config *cfg, const GpuProfile *gpu, double cpu_peak_flops, bool peak_measured,
+                        double density_override) {
     memset(p, 0, sizeof(*p));
+    p->recompute = cfg->train.recompute;
     Config c = *cfg;
     ModelConfig *mc = &c.model;
     if (mc->head_dim == 0) mc->head_dim = mc->hidden_size / mc->num_heads;
@@ -627,11 +633,8 @@ void plan_build(Plan *p, const Config *cfg, const GpuProfile *gpu, double cpu_pe
                          (density_override > 0 || cfg->attention.budget == BUDGET_TOPP);
     size_t act_bytes = gpu ? GPU_ACT_BYTES : sizeof(float);  // the CPU backend's act_bytes
     double lm_chunk = (double)act_bytes * (double)model_loss_chunk_rows(c.train.loss_chunk, p->tokens) * mc->vocab_size;
-    p->activations_saved =
-        (double)model_activation_arena_bytes(mc, false, c.train.loss_chunk, c.train.mlp_chunk, p->tokens, act_bytes) - lm_chunk;
-    p->activations_checkpointed =
-        (double)model_activation_arena_bytes(mc, true, c.train.loss_chunk, c.train.mlp_chunk, p->tokens, act_bytes) - lm_chunk;
-    double acts = lm_chunk + (c.train.checkpoint_activations ? p->activations_checkpointed : p->activations_saved);
+    double acts = (double)model_activation_arena_bytes(mc, c.train.recompute, c.train.loss_chunk, c.train.mlp_chunk,
+                                                       p->tokens, act_bytes);
     int64_t shards = cfg->parallel.zero == 1 ? (int64_t)p->dp * p->cp : 1;  // ZeRO-1 over dp x cp
     int64_t shard = (p->params + shards - 1) / shards;                      // model_shard_size
     if (gpu) {
@@ -646,6 +649,34 @@ void plan_build(Plan *p, const Config *cfg, const GpuProfile *gpu, double cpu_pe
         p->step_s = p->compute_s + p->launch_s + p->host_sync_s + p->ring_exposed_s + p->sparse_combine_s + p->reduce_s;
         p->tokens_per_s = (double)c.train.seq_len * c.train.micro_batches * p->dp / p->step_s;
         p->mfu = p->model_flops / (p->step_s * p->peak_flops);
+    }
+}
+
+// The plans of the three policies; train.recompute auto takes the first of
+// none, selective, full (each recomputes what the one before keeps: slower,
+// smaller) that fits, the last when none does, none when there is nothing to
+// fit into (a GPU without a profile, an unreadable MemAvailable).
+void plan_build(Plan *p, const Config *cfg, const GpuProfile *gpu, double cpu_peak_flops, bool peak_measured,
+                double density_override) {
+    Plan each[PLAN_POLICIES];
+    for (int r = 0; r < PLAN_POLICIES; r++) {
+        Config c = *cfg;
+        c.train.recompute = (RecomputePolicy)r;
+        plan_policy(&each[r], &c, gpu, cpu_peak_flops, peak_measured, density_override);
+    }
+    RecomputePolicy pick = cfg->train.recompute;
+    if (pick == RECOMPUTE_AUTO) {
+        const bool capacity = gpu ? each[0].capacity_bytes > 0 : plan_mem_available() > 0;
+        pick = capacity ? RECOMPUTE_FULL : RECOMPUTE_NONE;
+        for (int r = PLAN_POLICIES - 1; r >= 0 && capacity; r--)
+            if (plan_fits(&each[r])) pick = (RecomputePolicy)r;
+    }
+    *p = each[pick];
+    p->recompute_auto = cfg->train.recompute == RECOMPUTE_AUTO;
+    for (int r = 0; r < PLAN_POLICIES; r++) {
+        p->policy_bytes[r] = each[r].total_bytes;
+        p->policy_step_s[r] = each[r].step_s;
+        p->policy_fits[r] = plan_fits(&each[r]);
     }
 }
 
@@ -703,17 +734,18 @@ bool plan_fits(const Plan *p) {
     return p->total_bytes * p->dp * p->cp <= plan_mem_available();
 }
 
-// What to change when the run does not fit: the first settings (activation
-// checkpointing, ZeRO-1, then cp doubled) under which it does.
+// What to change when the run does not fit: the first settings (recompute
+// full, ZeRO-1, then cp doubled) under which it does.
 static void print_advice(const Plan *p, const Config *cfg, FILE *out) {
     Config c = *cfg;
+    c.train.recompute = p->recompute;
     GpuProfile hw = p->hw;
     const char *changes[2];
     int n = 0;
     for (int round = 0; round < 8; round++) {
-        if (!c.train.checkpoint_activations) {
-            c.train.checkpoint_activations = true;
-            changes[n++] = "train.checkpoint_activations=true";
+        if (c.train.recompute != RECOMPUTE_FULL) {
+            c.train.recompute = RECOMPUTE_FULL;
+            changes[n++] = "train.recompute=full";
         } else if (c.parallel.zero == 0 && p->dp * p->cp > 1) {  // ZeRO-1's shards
             c.parallel.zero = 1;
             changes[n++] = "parallel.zero=1";
@@ -731,7 +763,7 @@ static void print_advice(const Plan *p, const Config *cfg, FILE *out) {
             return;
         }
     }
-    fprintf(out, "to fit: no setting of checkpointing, ZeRO-1 and cp up to %d fits (ZeRO-1 leaves %.2f GiB of "
+    fprintf(out, "to fit: no setting of recompute, ZeRO-1 and cp up to %d fits (ZeRO-1 leaves %.2f GiB of "
             "weights and gradients on every %s); use %s\n", c.parallel.cp,
             (p->gpu ? 6.0 : 8.0) * (double)p->params * GIB, p->gpu ? "GPU" : "rank",
             p->gpu ? "GPUs with more memory" : "more nodes, or nodes with more memory");
@@ -772,6 +804,23 @@ static void print_sparse_budget(const Plan *p, const Config *cfg, FILE *out) {
     fprintf(out, " | the recall it reaches: log.attention_every\n");
 }
 
+const char *plan_recompute_name(RecomputePolicy r) {
+    Config c = {.train.recompute = r};
+    return config_enum_name(&c, &c.train.recompute);
+}
+
+// One line per recompute policy: its memory, its step and whether it fits;
+// the one planned marked (auto's pick, or train.recompute).
+static void print_policies(const Plan *p, FILE *out) {
+    for (int r = 0; r < PLAN_POLICIES; r++) {
+        fprintf(out, "  recompute %-9s %9.3f GiB total", plan_recompute_name((RecomputePolicy)r), p->policy_bytes[r] * GIB);
+        if (p->policy_step_s[r] > 0) fprintf(out, ", step %.3f s", p->policy_step_s[r]);
+        const char *mark = r != (int)p->recompute ? "" : !p->recompute_auto ? "  <- train.recompute"
+                           : p->policy_fits[r] ? "  <- auto picks this" : "  <- auto: none fits, the smallest planned";
+        fprintf(out, ", %s%s\n", p->policy_fits[r] ? "fits" : "does not fit", mark);
+    }
+}
+
 void plan_print(const Plan *p, const Config *cfg, FILE *out) {
     const ModelConfig *c = &cfg->model;
     if (p->gpu)
@@ -782,16 +831,15 @@ void plan_print(const Plan *p, const Config *cfg, FILE *out) {
         fprintf(out, "plan: CPU backend (fp32), host memory of rank 0 (validated against the measured peak RSS: "
                 "docs/PERFORMANCE.md)\n");
     fprintf(out, "model: %lld parameters (%d layers, hidden %d, heads %d/%d x %d, vocab %d) | seq_len %d x %d micro "
-            "batches | dp %d x cp %d (ring %d x %d), %lld tokens per rank | ZeRO-1 %s | checkpointing %s\n",
+            "batches | dp %d x cp %d (ring %d x %d), %lld tokens per rank | ZeRO-1 %s | recompute %s%s\n",
             (long long)p->params, c->num_layers, c->hidden_size, c->num_heads, c->num_kv_heads, c->head_dim ? c->head_dim
             : c->hidden_size / c->num_heads, c->vocab_size, cfg->train.seq_len, cfg->train.micro_batches, p->dp, p->cp,
             p->cp_inner, p->cp_outer, (long long)p->tokens, cfg->parallel.zero ? "on" : "off",
-            cfg->train.checkpoint_activations ? "on" : "off");
+            plan_recompute_name(p->recompute), p->recompute_auto ? " (auto)" : "");
     fprintf(out, "memory per %s (GiB):\n", p->gpu ? "GPU" : "rank");
     for (int i = 0; i < p->num_items; i++) fprintf(out, "  %-44s %9.3f\n", p->items[i].name, p->items[i].bytes * GIB);
     fprintf(out, "  %-44s %9.3f\n", "total", p->total_bytes * GIB);
-    fprintf(out, "  activations saved for backward: %.3f without checkpointing, %.3f with\n",
-            p->activations_saved * GIB, p->activations_checkpointed * GIB);
+    print_policies(p, out);
     fprintf(out, "FLOPs per step per %s: %.4g dense, %.4g at attention density %.4f (%s), %.4g with recomputation\n",
             p->gpu ? "GPU" : "rank", p->dense_model_flops, p->model_flops, p->density,
             cfg->attention.type == ATTN_DENSE ? "dense" : p->density_assumed ? "expected: --density or the top_p caps"

@@ -39,6 +39,8 @@ bool plan_gpu(const Config *cfg, GpuProfile *out);
 double plan_cpu_peak(const Config *cfg, bool *measured);
 
 #define PLAN_MAX_ITEMS 16
+// The recompute policies a plan compares: none, selective, full.
+#define PLAN_POLICIES 3
 // Attention's backward FLOPs over its forward: 5 GEMMs (with the recomputed
 // scores) against 2.
 #define PLAN_ATTENTION_BACKWARD 2.5
@@ -63,10 +65,14 @@ typedef struct {
     double total_bytes;          // peak memory of one rank
     double runtime_bytes;        // GPU: of the total, the CUDA context and NCCL's buffers (not allocations)
     double capacity_bytes;       // GPU: HBM; CPU: 0 (the caller compares with MemAvailable)
-    double activations_saved, activations_checkpointed;  // bytes, both settings
+    RecomputePolicy recompute;   // the policy planned: train.recompute, or auto's pick (plan_build)
+    bool recompute_auto;         // train.recompute was auto
+    double policy_bytes[PLAN_POLICIES];   // per policy (none, selective, full): total_bytes,
+    double policy_step_s[PLAN_POLICIES];  // step_s (0: no rates)
+    bool policy_fits[PLAN_POLICIES];      // and plan_fits
     double model_flops;          // per rank per optimizer step, at the density (no recomputation)
     double dense_model_flops;    // the same with dense attention
-    double hardware_flops;       // with the forward recomputation of activation checkpointing
+    double hardware_flops;       // with the recomputation of train.recompute
     double ring_fwd_bytes, ring_bwd_bytes;  // one ring step of one layer: K/V; K/V + dK/dV
     double inner_gbs, outer_gbs;            // GB/s per direction per GPU of a hop on the inner and outer ring
     double ring_inner_s, ring_outer_s;      // time of those on the inner (NVLink) and outer (network) links
@@ -81,12 +87,15 @@ typedef struct {
     double tokens_per_s, mfu;
 } Plan;
 
-// The plan of cfg: on gpu (NULL = the CPU backend, whose FLOP/s is
+// The plan of cfg under its train.recompute (auto: the first of none,
+// selective, full that fits), with each policy's memory, step and fit: on gpu (NULL = the CPU backend, whose FLOP/s is
 // cpu_peak_flops, measured or configured; 0 = unknown, no times).
 // density_override in (0, 1] replaces the expected density of sparse
 // attention; 0 = none.
 void plan_build(Plan *p, const Config *cfg, const GpuProfile *gpu, double cpu_peak_flops, bool peak_measured,
                 double density_override);
+// train.recompute's name of a policy.
+const char *plan_recompute_name(RecomputePolicy r);
 // Slash lines per head that make a sparse pattern of cfg's vertical, sink
 // and local lines reach density over seq_len tokens (the inverse of the
 // plan's expected density); at least 0.

@@ -348,7 +348,7 @@ void plan_ring_print(const Config *cfg, const GpuProfile *gpu, double density, F
     fprintf(out, "overlap: a transfer is hidden when it takes no longer than the compute it runs under (inner: the "
             "step; outer: the whole inner round); a pass lasts the sum of max(compute, transfer); the backward's "
             "dK/dV accumulators add to the link their step uses and the last one goes home after the last step%s\n",
-            cfg->train.checkpoint_activations ? "; with activation checkpointing the backward recomputes the forward "
+            dense.recompute == RECOMPUTE_FULL ? "; with recompute full the backward recomputes the forward "
             "first (one more forward pass)" : "");
     double ms[2][2][3];  // [flat, hierarchical][forward, backward][dense full, sparse full, sparse selected]
     int hier = cfg->parallel.cp_inner > 0 && cfg->parallel.cp_inner < W ? cfg->parallel.cp_inner : gpu->gpus_per_node;

@@ -30,10 +30,9 @@ int apply_threads(const Config *cfg, const Dist *dist) {
     return threads;
 }
 
-void model_from_config(Model *m, const Config *cfg) {
+void model_from_config(Model *m, const Config *cfg, RecomputePolicy recompute, int64_t tokens) {
     model_init(m, &cfg->model, backend_select(cfg->train.backend), &cfg->attention, cfg->train.loss_chunk);
-    m->mlp_chunk = cfg->train.mlp_chunk;
-    m->checkpoint_activations = cfg->train.checkpoint_activations;
+    model_set_activations(m, recompute == RECOMPUTE_AUTO ? RECOMPUTE_NONE : recompute, cfg->train.mlp_chunk, tokens);
 }
 
 void loader_from_config(Loader *l, const Config *cfg, bool validation) {

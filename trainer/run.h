@@ -15,8 +15,10 @@
 // CPUs). An explicit setting that oversubscribes the node gets a one-line
 // warning on stderr (rank 0). Returns the threads.
 int apply_threads(const Config *cfg, const Dist *dist);
-// model_init with the backend and the attention/loss/checkpointing settings.
-void model_from_config(Model *m, const Config *cfg);
+// model_init with the backend and the attention, loss and MLP chunk settings;
+// its activation arena carved for `tokens` under recompute (auto: none, for
+// the verbs that do not plan it; 0 tokens: sized by the first forward).
+void model_from_config(Model *m, const Config *cfg, RecomputePolicy recompute, int64_t tokens);
 // loader_open with the run's data, vocabulary, sequence length and seed;
 // with validation false no validation stream (nothing held out).
 void loader_from_config(Loader *l, const Config *cfg, bool validation);

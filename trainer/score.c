@@ -62,7 +62,7 @@ int cmd_score(int argc, char **argv) {
     for (int64_t t = 0; t < T; t++) tokens[t] = (int32_t)ids[t];
     free(ids);
     Model m;
-    model_from_config(&m, &cfg);
+    model_from_config(&m, &cfg, cfg.train.recompute, 0);
     model_join_ring(&m, &cfg, &dist);
     model_load_hf_folder(&m, model_dir);
     if (docs_path) {

@@ -30,6 +30,7 @@
 #include "../dist/progress.h"
 #include "../dist/test_hooks.h"
 #include "../model/optimizer.h"
+#include "../model/profile.h"
 #include "checkpoint.h"
 #include "commands.h"
 #include "plan.h"
@@ -73,16 +74,15 @@ static OptimizerConfig optimizer_config(const Config *cfg) {
 // checkpoint write adds on rank 0: a copy of the parameters (and, when the
 // master is sharded, the gather's receive buffer of the same size), and the
 // moments streamed in pieces of a few MiB.
-static void print_memory(const Model *m, int64_t T) {
+static void print_memory(const Model *m, int64_t T, bool recompute_auto) {
     double mib = 1.0 / (1 << 20), p = (double)m->total_params * sizeof(float) * mib;
     ModelMemory mem = model_memory(m);
     double write = (model_master_sharded(m) ? 2 * p : p) + checkpoint_stream_bytes() * mib;
     printf("model: %lld parameters, fp32 master of %lld floats on this rank | memory MiB: master %.1f, compute copy "
-           "%.1f, grads %.1f, adam %.1f, activations %.1f (T=%lld%s), checkpoint write %.1f more on the host\n",
-           (long long)m->total_params, (long long)m->master_count, mem.master * mib, mem.compute * mib,
-           mem.grads * mib, mem.adam * mib,
-           (double)model_activation_bytes(m, T) * mib, (long long)T, m->checkpoint_activations ? ", checkpointed" : "",
-           write);
+           "%.1f, grads %.1f, adam %.1f, activations %.1f (T=%lld, recompute %s%s), checkpoint write %.1f more on the "
+           "host\n", (long long)m->total_params, (long long)m->master_count, mem.master * mib, mem.compute * mib,
+           mem.grads * mib, mem.adam * mib, (double)model_activation_bytes(m, T) * mib, (long long)T,
+           plan_recompute_name(m->recompute), recompute_auto ? ": auto's pick, mtrain plan compares" : "", write);
 }
 
 // Where the run starts: a checkpoint (checkpoint.resume), a Hugging Face
@@ -623,7 +623,9 @@ static bool train_setup(Trainer *t, int argc, char **argv) {
     startup_phase(&clock, "data loader");
     check_memory(cfg, dist, &t->plan);
     startup_phase(&clock, t->plan.gpu || !t->plan.peak_measured ? "memory plan" : "memory plan and CPU peak");
-    model_from_config(&t->m, cfg);
+    const RunData *d = &t->data;
+    const int64_t T = layout_rank_positions(d->layout, cfg->train.seq_len, d->block_size, d->cp, d->cp_rank, NULL);
+    model_from_config(&t->m, cfg, t->plan.recompute, T);
     model_join_ring(&t->m, cfg, dist);
     if (t->zero) model_shard_optimizer(&t->m, &dist->world);
     model_alloc_optimizer(&t->m);
@@ -645,8 +647,7 @@ static bool train_setup(Trainer *t, int argc, char **argv) {
                dist->world_size, dist->dp.size, dist->cp.size, config_enum_name(cfg, &cfg->attention.ring),
                dist->grid.cp_inner, config_enum_name(cfg, &cfg->attention.layout), t->zero ? ", ZeRO-1" : "",
                dist->world.nccl ? ", gradients over NCCL" : "", threads, threads == 1 ? "" : "s", dist->launcher);
-    const RunData *d = &t->data;
-    print_memory(&t->m, layout_rank_positions(d->layout, cfg->train.seq_len, d->block_size, d->cp, d->cp_rank, NULL));
+    print_memory(&t->m, T, cfg->train.recompute == RECOMPUTE_AUTO);
     snprintf(t->metrics_path, sizeof(t->metrics_path), "%s/metrics.jsonl", cfg->log.dir);
     if (dist->world_rank == 0) {
         checkpoint_recover_dir(cfg->log.dir, false);
@@ -848,13 +849,32 @@ static void train_close(Trainer *t) {
     dist_finalize(&t->dist);
 }
 
+// log.profile: the per-op profile of the run's second step (its first when
+// it runs one), printed and written to log.dir/profile.json by rank 0.
+static bool profiled_step(const Trainer *t, int64_t step) {
+    const int64_t second = t->first_step + 1 <= t->cfg.train.steps ? t->first_step + 1 : t->first_step;
+    return t->cfg.log.profile && step == second;
+}
+
+static void write_profile(Trainer *t, int64_t step) {
+    Profile profile;
+    model_profile_end(&t->m, &profile);
+    if (t->dist.world_rank != 0) return;
+    profile_print(&profile, step, stdout);
+    char path[CONFIG_STR + 16];
+    snprintf(path, sizeof(path), "%s/profile.json", t->cfg.log.dir);
+    profile_write_json(&profile, step, path);
+}
+
 int cmd_train(int argc, char **argv) {
     Trainer t = {0};
     if (!train_setup(&t, argc, argv)) return 2;
     train_begin(&t);
     for (int64_t step = t.first_step; step <= t.cfg.train.steps; step++) {
         sync_report(&t, step, false);
+        if (profiled_step(&t, step)) model_profile_begin(&t.m);
         StepResult r = train_step(&t, step);
+        if (profiled_step(&t, step)) write_profile(&t, step);
         log_step(&t, step, &r);
         if (after_step(&t, step)) break;
     }

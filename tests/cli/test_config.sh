@@ -68,7 +68,7 @@ fi
 : >"$tmp/empty.yaml"
 if "$mtrain" config "$tmp/empty.yaml" >"$tmp/empty.out" 2>"$tmp/err"; then
   has_lines config_empty_file_gives_defaults "$tmp/empty.out" "  hidden_size: 64" "  lr: 0.001" \
-    "  seed: 1234" "  tie_word_embeddings: true" "  checkpoint_activations: false" "  dir: checkpoints"
+    "  seed: 1234" "  tie_word_embeddings: true" "  recompute: auto" "  profile: false" "  dir: checkpoints"
 else
   bad config_empty_file_gives_defaults "exit status $?: $(head -c 300 "$tmp/err")"
 fi
@@ -85,7 +85,7 @@ fi
 if "$mtrain" config configs/tiny-cpu.yaml train.lr=0.1 train.min_lr=3.3333333333333335e-05 \
     model.init_std=0.017 train.eps=1e-10 model.rope_theta=12345.678901234567 train.weight_decay=0 \
     train.seed=18446744073709551615 'data.train=my "data"/a\b*.shard' checkpoint.dir=yes log.dir=123 \
-    train.checkpoint_activations=true >"$tmp/round1.yaml" 2>"$tmp/err" &&
+    train.recompute=full >"$tmp/round1.yaml" 2>"$tmp/err" &&
    "$mtrain" config "$tmp/round1.yaml" >"$tmp/round2.yaml" 2>>"$tmp/err"; then
   if cmp -s "$tmp/round1.yaml" "$tmp/round2.yaml"; then
     has_lines config_round_trip "$tmp/round2.yaml" "  lr: 0.1" "  min_lr: 3.3333333333333335e-05" \
@@ -183,6 +183,11 @@ expect_error config_suggest_hf_heads "unknown key 'model\.num_attention_heads' \
   configs/tiny-cpu.yaml model.num_attention_heads=2
 expect_error config_suggest_batch_size "unknown key 'train\.batch_size' \(did you mean 'train\.micro_batches'\?\)$" \
   configs/tiny-cpu.yaml train.batch_size=2
+expect_error config_renamed_checkpoint_activations "'train\.checkpoint_activations' is now 'train\.recompute' \(true = full, false = none\)$" \
+  configs/tiny-cpu.yaml train.checkpoint_activations=true
+expect_error config_recompute_value "train\.recompute: 'some' is not allowed \(expected one of none, selective, full, auto\)$" \
+  configs/tiny-cpu.yaml train.recompute=some
+expect_error config_profile_value "log\.profile: 'maybe'" configs/tiny-cpu.yaml log.profile=maybe
 expect_error config_suggest_save_every "unknown key 'checkpoint\.save_every' \(did you mean 'checkpoint\.every'\?\)$" \
   configs/tiny-cpu.yaml checkpoint.save_every=2
 expect_error config_suggest_same_section_first "unknown key 'attention\.budjet' \(did you mean 'attention\.budget'\?\)$" \

@@ -23,7 +23,7 @@ base="configs/tiny-cpu.yaml train.steps=2 train.warmup_steps=0 checkpoint.resume
 mid="model.hidden_size=512 model.intermediate_size=1376 model.num_layers=4 model.num_heads=8 model.num_kv_heads=2"
 runs=(
   "saved $mid train.seq_len=512 model.max_position_embeddings=512"
-  "checkpointed $mid train.seq_len=512 model.max_position_embeddings=512 train.checkpoint_activations=true"
+  "checkpointed $mid train.seq_len=512 model.max_position_embeddings=512 train.recompute=full"
   "vocab model.vocab_size=32000 model.hidden_size=256 model.intermediate_size=688 model.num_heads=4 model.tie_word_embeddings=false train.loss_chunk=256"
   "long model.hidden_size=256 model.intermediate_size=688 model.num_layers=4 model.num_heads=4 train.seq_len=2048 model.max_position_embeddings=2048"
   "sparse model.hidden_size=256 model.intermediate_size=688 model.num_layers=4 model.num_heads=4 train.seq_len=2048 model.max_position_embeddings=2048 attention.type=sparse attention.block_size=64"
@@ -124,6 +124,18 @@ expect plan_05b_512k_mlp_whole_no_fit "[ $rc -eq 3 ] && grep -q '^fits: NO' '$tm
 "$MTRAIN" plan $one_gpu attention.type=sparse >"$tmp/out" 2>&1
 rc=$?
 expect plan_05b_512k_sparse_fits "[ $rc -eq 0 ] && grep -q '^fits: yes' '$tmp/out'"
+# train.recompute: each policy's memory and step; auto takes the first of none, selective, full that fits
+# (at 512K tokens on one H200 none does not, selective does), never one that does not; memory falls and the
+# step grows from none to full; when none fits, the plan says so and plans the smallest.
+"$MTRAIN" plan configs/qwen2.5-0.5b-512k-1gpu.yaml train.recompute=auto >"$tmp/auto.out" 2>&1
+rc=$?
+expect plan_recompute_auto_first_fitting "[ $rc -eq 0 ] && grep -q '^  recompute none .*, does not fit$' '$tmp/auto.out' && grep -q '^  recompute selective .*, fits  <- auto picks this$' '$tmp/auto.out' && grep -q '| recompute selective (auto)$' '$tmp/auto.out'"
+order=$(sed -n 's/^  recompute [a-z]* *\([0-9.]*\) GiB total, step \([0-9.]*\) s.*/\1 \2/p' "$tmp/auto.out" | tr '\n' ' ')
+expect plan_recompute_order "[ \$(echo '$order' | wc -w) -eq 6 ] && echo '$order' | awk '{ exit !(\$1 > \$3 && \$3 > \$5 && \$2 < \$4 && \$4 < \$6) }'"
+"$MTRAIN" plan configs/qwen2.5-7b-512k-32xh100.yaml parallel.cp=1 train.recompute=auto >"$tmp/auto.out" 2>&1
+rc=$?
+expect plan_recompute_auto_none_fits "[ $rc -eq 3 ] && [ \$(grep -c '^  recompute .*, does not fit' '$tmp/auto.out') -eq 3 ] && grep -q '^  recompute full .*  <- auto: none fits, the smallest planned$' '$tmp/auto.out' && grep -q '^fits: NO' '$tmp/auto.out'"
+
 # The sparse budget line: a fixed budget of 64 + 64 lines, sink 64, local 64 at 2048 tokens plans density
 # (64 + 64 + 2 x 64 + 2 x 64) / 2048 = 0.1875; the estimation (4 last_q N FLOPs per head and layer) against
 # the attention (2 N^2 density x (1 forward + 2.5 backward)): 2 x 64 / (2 x 64 + 2048 x 0.1875 x 3.5) = 8.7%;
@@ -154,11 +166,11 @@ expect "plan_sparse_combine: $c_sparse s sparse (0.468 expected), $c_dense dense
   "[ '$c_sparse' = 0.468 ] && [ '$c_dense' = 0.000 ] && [ '$c_one' = 0.000 ]"
 # the 3B run without checkpointing or ZeRO on 40 GB A100s does not fit: exit 3, the advice names what to change
 "$MTRAIN" plan configs/qwen2.5-3b-512k-32xa100.yaml --gpu a100-40g \
-  train.checkpoint_activations=false parallel.zero=0 >"$tmp/nofit.out" 2>&1
+  train.recompute=none parallel.zero=0 >"$tmp/nofit.out" 2>&1
 rc=$?
-expect plan_nofit_advice "[ $rc -eq 3 ] && grep -q '^fits: NO' '$tmp/nofit.out' && grep -q '^to fit: train.checkpoint_activations=true' '$tmp/nofit.out'"
+expect plan_nofit_advice "[ $rc -eq 3 ] && grep -q '^fits: NO' '$tmp/nofit.out' && grep -q '^to fit: train.recompute=full' '$tmp/nofit.out'"
 "$MTRAIN" plan configs/qwen2.5-3b-512k-32xa100.yaml --gpu a100-40g --ring \
-  train.checkpoint_activations=false parallel.zero=0 >"$tmp/nofit.out" 2>&1
+  train.recompute=none parallel.zero=0 >"$tmp/nofit.out" 2>&1
 rc=$?
 expect plan_nofit_ring_exit "[ $rc -eq 3 ] && grep -q '^fits: NO' '$tmp/nofit.out'"
 
@@ -191,12 +203,12 @@ sums='/^FLOPs per step/ { split($0, w, " "); model = w[6] }
   !done && /^[|] [a-zA-Z]/ && $4 ~ /[0-9]/ { flops += $4 }
   !done && /^[|] [a-zA-Z]/ && $7 ~ /[0-9]/ { ta += $7; th += $8 }
   END { printf "%g %g %g %g %g %g %g\n", model / 1e9, flops, step, ta, a, th, h }'
-kernels train.checkpoint_activations=false | awk -F'|' "$sums" >"$tmp/sums"
+kernels train.recompute=none | awk -F'|' "$sums" >"$tmp/sums"
 read -r model flops step ta a th h <"$tmp/sums"
 expect plan_kernels_flops "awk 'BEGIN { r = $flops / $model; s = $step / $flops; exit !(r > 0.999 && r < 1.001 && s > 0.999 && s < 1.001) }'"
 expect plan_kernels_bounds "awk 'BEGIN { exit !($a > 0 && ($ta - $a) ^ 2 < 0.01 && $h > 0 && ($th - $h) ^ 2 < 0.01 && $h < $a) }'"
-kernels train.checkpoint_activations=true >"$tmp/ckpt.out"
-expect plan_kernels_recompute "grep -q '^| GEMMs of the layers, forward | 336 |' '$tmp/ckpt.out' && kernels train.checkpoint_activations=false | grep -q '^| GEMMs of the layers, forward | 168 |'"
+kernels train.recompute=full >"$tmp/ckpt.out"
+expect plan_kernels_recompute "grep -q '^| GEMMs of the layers, forward | 336 |' '$tmp/ckpt.out' && kernels train.recompute=none | grep -q '^| GEMMs of the layers, forward | 168 |'"
 
 # the time model: the attention kernels' counted work per call (Qwen2.5-3B's 16 q heads x 128 at 32K tokens,
 # dense, one GPU: 16 heads x 65792 tile pairs x 1024 mma.sync = 1.078e+09 forward), each bound the largest of

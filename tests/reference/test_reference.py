@@ -3,7 +3,7 @@
 # models: loss, logits and the gradient of every parameter, over configs that
 # vary tied/untied head, GQA ratio 1/2/4, head dim 8/16/32, 1-3 layers, odd
 # sequence lengths, vocabulary size, rope theta and tile sizes that do not
-# divide the sequence. Also: activation checkpointing changes no bit of the
+# divide the sequence. Also: recompute selective and full change no bit of the
 # gradients, BF16/F16 files load, and bad model folders / token files fail
 # with one clear line naming the file.
 #
@@ -153,7 +153,7 @@ def test_documents(d):
     one_line_error(p, "reset_positions without --docs", ["data.reset_positions", "--docs"])
 
 
-def test_checkpoint_activations(d):
+def test_recompute(d):
     tag, cfg, T, overrides = CONFIGS[3]
     params = ref.random_model(cfg, seed=3)
     tokens = ref.random_tokens(cfg, T, seed=3)
@@ -162,24 +162,24 @@ def test_checkpoint_activations(d):
     tok_path = os.path.join(d, "ckpt.tokens")
     ref.write_tokens(tok_path, tokens)
     out = {}
-    for flag in ("false", "true"):
-        g = os.path.join(d, f"ckpt_{flag}.st")
+    for policy in ("none", "selective", "full"):
+        g = os.path.join(d, f"ckpt_{policy}.st")
         p, loss, _ = harness.score(mdir, tok_path, grads=g,
-                                   overrides=CPU + overrides + [f"train.checkpoint_activations={flag}"])
-        check(f"checkpoint_activations={flag} runs", p.returncode == 0 and loss is not None,
-              p.stderr.strip()[-300:])
+                                   overrides=CPU + overrides + [f"train.recompute={policy}"])
+        check(f"recompute={policy} runs", p.returncode == 0 and loss is not None, p.stderr.strip()[-300:])
         if p.returncode != 0:
             return
-        out[flag] = (loss, open(g, "rb").read(), g)
-    same = out["false"][1] == out["true"][1]
-    detail = ""
-    if not same:
-        a, b = harness.read_safetensors(out["false"][2]), harness.read_safetensors(out["true"][2])
-        diff = [n for n in a if n not in b or not torch.equal(a[n], b[n])]
-        detail = f"grads files differ; tensors that differ: {diff[:6]}"
-    check("checkpoint_activations grads bitwise identical", same, detail)
-    check("checkpoint_activations loss identical", out["false"][0] == out["true"][0],
-          f"{out['false'][0]!r} vs {out['true'][0]!r}")
+        out[policy] = (loss, open(g, "rb").read(), g)
+    for policy in ("selective", "full"):
+        same = out["none"][1] == out[policy][1]
+        detail = ""
+        if not same:
+            a, b = harness.read_safetensors(out["none"][2]), harness.read_safetensors(out[policy][2])
+            diff = [n for n in a if n not in b or not torch.equal(a[n], b[n])]
+            detail = f"grads files differ; tensors that differ: {diff[:6]}"
+        check(f"recompute {policy} grads bitwise identical to none", same, detail)
+        check(f"recompute {policy} loss identical to none", out["none"][0] == out[policy][0],
+              f"{out['none'][0]!r} vs {out[policy][0]!r}")
 
 
 def test_half_files(d):
@@ -290,7 +290,7 @@ def main():
     check("reference is causal", causal)
     with tempfile.TemporaryDirectory(prefix="mtrain_ref_") as d:
         test_configs(d)
-        test_checkpoint_activations(d)
+        test_recompute(d)
         test_half_files(d)
         test_bad_inputs(d)
         test_documents(d)

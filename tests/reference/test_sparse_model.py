@@ -69,7 +69,7 @@ def test_dense_equivalence(d):
 
         sparse = score_files(tag + " sparse", mdir, tok_path, d, blk + SPARSE)
         ckpt = score_files(tag + " sparse ckpt", mdir, tok_path, d,
-                           blk + SPARSE + ["train.checkpoint_activations=true"])
+                           blk + SPARSE + ["train.recompute=full"])
         if sparse and ckpt:
             check(f"{tag} a sparse pattern changes the loss", abs(sparse[0] - dense[0]) > 1e-4 * abs(dense[0]),
                   f"sparse {sparse[0]!r} dense {dense[0]!r}")

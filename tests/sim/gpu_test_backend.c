@@ -135,7 +135,8 @@ static CudaStep run_case(const Case *k, const Case *prev_case, const CudaStep *p
     model_init(&gpu, &c, backend_cuda(), NULL, 1024);
     model_set_attention(&cpu, &a);
     model_set_attention(&gpu, &a);
-    cpu.checkpoint_activations = gpu.checkpoint_activations = k->checkpoint;
+    model_set_activations(&cpu, k->checkpoint ? RECOMPUTE_FULL : RECOMPUTE_NONE, 0, k->T);
+    model_set_activations(&gpu, k->checkpoint ? RECOMPUTE_FULL : RECOMPUTE_NONE, 0, k->T);
     cpu.collect_attention_stats = k->attention == CASE_SPARSE_FIXED;
     model_init_weights(&cpu, 7);
     float *weights = download_arena(&cpu, cpu.param_mem);

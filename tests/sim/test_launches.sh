@@ -5,16 +5,18 @@
 # last step, and train prints "device launches per step: N (K kernels, M
 # cuBLASLt matmuls, S memsets)". A step of 4 layers less one of 2, halved, is
 # a layer's share:
-#   per_layer  at most ${MOST[keep]} launches per layer with dense
-#              attention, ${MOST[recompute]} with activation checkpointing
-#              (which runs each layer's forward twice);
-#   memsets    at most ${MEMSETS[keep]} (${MEMSETS[recompute]}) memsets per layer;
+#   per_layer  at most ${MOST[none]} launches per layer with dense
+#              attention and train.recompute none, ${MOST[selective]} with
+#              selective (the layer's forward but attention twice),
+#              ${MOST[full]} with full (the whole forward twice);
+#   memsets    at most ${MEMSETS[none]} (${MEMSETS[selective]},
+#              ${MEMSETS[full]}) memsets per layer;
 #   measured   the counts of every run, printed as "info" lines.
 cd "$(dirname "$0")/../.."
 source tests/lib/lib.sh
 sim_setup launches
 RUN="$SIM_RUN train.steps=2 checkpoint.resume=never"
-declare -A MOST=([keep]=48 [recompute]=63) MEMSETS=([keep]=5 [recompute]=6)
+declare -A MOST=([none]=48 [selective]=58 [full]=63) MEMSETS=([none]=5 [selective]=5 [full]=6)
 
 # count NAME KIND: the report's figure of KIND (total, kernels, matmuls, memsets) in run NAME.
 count() {
@@ -22,11 +24,10 @@ count() {
     "$tmp/$1.out" | awk -v kind="$2" '{ print kind == "total" ? $1 : kind == "kernels" ? $2 : kind == "matmuls" ? $3 : $4 }'
 }
 
-for policy in keep recompute; do
-  checkpoint=$([ $policy = recompute ] && echo true || echo false)
+for policy in none selective full; do
   for layers in 2 4; do
     name=${policy}_l$layers
-    MTRAIN_SYNC_REPORT=1 sim_train "$name" 1 1 model.num_layers=$layers train.checkpoint_activations=$checkpoint
+    MTRAIN_SYNC_REPORT=1 sim_train "$name" 1 1 model.num_layers=$layers train.recompute=$policy
     rc=$?
     expect "launches_report_$name: exit $rc, the report's count ($(count "$name" total))" \
       "[ $rc -eq 0 ] && [ -n '$(count "$name" total)' ]"

@@ -1,6 +1,6 @@
 // test_model.c: the model and optimizer on the CPU backend: parameter table,
 // seeded initialisation (the counter-based normal's moments and tails, the
-// weights of a seed the same on one thread and on two), activation checkpointing (bitwise identical
+// weights of a seed the same on one thread and on two), the recompute policies (bitwise identical
 // gradients), gradient accumulation, LR schedules, AdamW against a hand
 // computation, clipping, overfitting one fixed batch, and document masking
 // (one document's tokens do not reach the others' loss and gradients), and
@@ -166,36 +166,44 @@ static void test_init_threads(void) {
     model_free(&m);
 }
 
-static void test_checkpointing(void) {
+// The recompute policies: selective and full give the loss and every
+// gradient bitwise equal to none's, each in less activation memory than the
+// one before it.
+static void test_recompute_policies(void) {
+    static const char *const names[] = {"none", "selective", "full"};
     ModelConfig c = tiny_config();
     int64_t T = 77;
     int32_t seq[78];
     synthetic_sequence(3, 0, c.vocab_size, seq, T + 1);
-    Model m;
-    model_init(&m, &c, backend_cpu(), NULL, 1024);
-    model_init_weights(&m, 11);
-    m.attention.block_size = 16;
-    m.loss_chunk = 10;
-    grads_of(&m, seq, T, 1.0f / (float)T);
-    float *plain = download_arena(&m, m.grad_mem);
-    model_free(&m);
-    model_init(&m, &c, backend_cpu(), NULL, 1024);
-    model_init_weights(&m, 11);
-    m.attention.block_size = 16;
-    m.loss_chunk = 10;
-    m.checkpoint_activations = true;
-    grads_of(&m, seq, T, 1.0f / (float)T);
-    float *ckpt = download_arena(&m, m.grad_mem);
-    EXPECT(!memcmp(plain, ckpt, sizeof(float) * (size_t)m.total_params),
-           "activation checkpointing gives bitwise identical gradients");
-    Model deep_plain = {.cfg = c, .be = backend_cpu(), .loss_chunk = 10}, deep_ckpt = deep_plain;
-    deep_plain.cfg.num_layers = deep_ckpt.cfg.num_layers = 16;
-    deep_ckpt.checkpoint_activations = true;
-    EXPECT(model_activation_bytes(&deep_ckpt, 4096) < 0.5 * (double)model_activation_bytes(&deep_plain, 4096),
-           "checkpointing a 16-layer model needs under half the activation memory");
-    free(plain);
-    free(ckpt);
-    model_free(&m);
+    float *grads[3];
+    double loss[3];
+    for (int r = RECOMPUTE_NONE; r <= RECOMPUTE_FULL; r++) {
+        Model m;
+        model_init(&m, &c, backend_cpu(), NULL, 1024);
+        model_init_weights(&m, 11);
+        m.attention.block_size = 16;
+        m.loss_chunk = 10;
+        model_set_activations(&m, (RecomputePolicy)r, 0, T);
+        model_zero_grads(&m);
+        loss[r] = model_forward_backward(&m, seq, seq + 1, NULL, T, 1.0f / (float)T);
+        grads[r] = download_arena(&m, m.grad_mem);
+        if (r > RECOMPUTE_NONE)
+            EXPECT(loss[r] == loss[0] && !memcmp(grads[0], grads[r], sizeof(float) * (size_t)m.total_params),
+                   "recompute %s gives the loss and gradients of none bitwise (loss %.17g vs %.17g)", names[r],
+                   loss[r], loss[0]);
+        model_free(&m);
+    }
+    size_t bytes[3];
+    for (int r = RECOMPUTE_NONE; r <= RECOMPUTE_FULL; r++) {
+        Model deep = {.cfg = c, .be = backend_cpu(), .loss_chunk = 10, .recompute = (RecomputePolicy)r};
+        deep.cfg.num_layers = 16;
+        bytes[r] = model_activation_bytes(&deep, 4096);
+        free(grads[r]);
+    }
+    EXPECT(bytes[RECOMPUTE_FULL] < bytes[RECOMPUTE_SELECTIVE] && bytes[RECOMPUTE_SELECTIVE] < bytes[RECOMPUTE_NONE] &&
+           bytes[RECOMPUTE_FULL] < 0.5 * (double)bytes[RECOMPUTE_NONE],
+           "a 16-layer model's activations: none %zu > selective %zu > full %zu bytes, full under half of none",
+           bytes[RECOMPUTE_NONE], bytes[RECOMPUTE_SELECTIVE], bytes[RECOMPUTE_FULL]);
 }
 
 // The MLP in token chunks (model_mlp_chunk_rows). Under checkpointing a
@@ -218,8 +226,7 @@ static MlpRun mlp_run(const int32_t *seq, int64_t T, int mlp_chunk, bool ckpt) {
     model_init_weights(&m, 11);
     m.attention.block_size = 16;
     m.loss_chunk = 10;
-    m.mlp_chunk = mlp_chunk;
-    m.checkpoint_activations = ckpt;
+    model_set_activations(&m, ckpt ? RECOMPUTE_FULL : RECOMPUTE_NONE, mlp_chunk, T);
     m.be->zero(m.grad_mem, sizeof(float) * (size_t)m.total_params);
     MlpRun r = {.loss = model_forward_backward(&m, seq, seq + 1, NULL, T, 1.0f / (float)T), .count = m.total_params,
                 .bytes = model_activation_bytes(&m, T)};
@@ -563,17 +570,19 @@ static void test_loading_refreshes(void) {
 static void test_arena_bytes(void) {
     ModelConfig c = tiny_config();
     const int64_t T = 37, L = c.num_layers, Hq = c.num_heads;
-    for (int ckpt = 0; ckpt < 2; ckpt++) {
-        size_t fp32 = model_activation_arena_bytes(&c, ckpt, 10, 0, T, 4);
-        size_t bf16 = model_activation_arena_bytes(&c, ckpt, 10, 0, T, 2);
-        int64_t kept = ckpt ? 1 : L;
-        int64_t stats = (kept * (2 * T + Hq * T) + T + 63) / 64 * 64;  // padded to 64 elements
+    static const char *const names[] = {"none", "selective", "full"};
+    for (int r = RECOMPUTE_NONE; r <= RECOMPUTE_FULL; r++) {
+        size_t fp32 = model_activation_arena_bytes(&c, (RecomputePolicy)r, 10, 0, T, 4);
+        size_t bf16 = model_activation_arena_bytes(&c, (RecomputePolicy)r, 10, 0, T, 2);
+        // rstd twice and lse per kept layer (selective: the rstd of one, every layer's lse), the final rstd
+        int64_t rstd_layers = r == RECOMPUTE_NONE ? L : 1, lse_layers = r == RECOMPUTE_FULL ? 1 : L;
+        int64_t stats = (rstd_layers * 2 * T + lse_layers * Hq * T + T + 63) / 64 * 64;  // padded to 64 elements
         size_t acts16 = fp32 - bf16;  // the Act elements x 2 bytes
         EXPECT(bf16 == acts16 + 4 * (size_t)stats, "%s: %lld statistics fp32 in the bf16 arena (%zu vs %zu bytes)",
-               ckpt ? "checkpointed" : "saved", (long long)stats, bf16, fp32);
+               names[r], (long long)stats, bf16, fp32);
     }
     Model cpu = {.cfg = c, .be = backend_cpu(), .loss_chunk = 10};
-    EXPECT(model_activation_bytes(&cpu, T) == model_activation_arena_bytes(&c, false, 10, 0, T, 4),
+    EXPECT(model_activation_bytes(&cpu, T) == model_activation_arena_bytes(&c, RECOMPUTE_NONE, 10, 0, T, 4),
            "the CPU backend's arena uses 4-byte activations");
 }
 
@@ -626,7 +635,7 @@ int main(void) {
     test_init();
     test_normal_at();
     test_init_threads();
-    test_checkpointing();
+    test_recompute_policies();
     test_mlp_chunks();
     test_accumulation();
     test_schedule();

@@ -314,28 +314,16 @@ static KernelCounts counts_times(KernelCounts c, double calls) {
 
 // The attention kernels' counted work over one layer's pass of the rank's
 // queries against the whole sequence (N tokens, Hq heads, head dim D): the
-// counts of one causal sequence (plan_counts.h) over cp ranks (the striped
-// and zigzag layouts deal the causal work evenly); sparse, the sparse
-// kernels over the density's share of the causal key tiles.
+// counts of one causal sequence (attn_pass_counts) over cp ranks (the striped
+// and zigzag layouts deal the causal work evenly; every count is linear in
+// the tiles and pairs); sparse, the sparse kernels over the density's share
+// of the causal key tiles.
 static void attention_counts(const Plan *p, const Config *cfg, KernelCounts *fwd, KernelCounts *bwd) {
     const ModelConfig *c = &cfg->model;
     const int D = c->head_dim ? c->head_dim : c->hidden_size / c->num_heads;
-    const int64_t N = cfg->train.seq_len;
-    const double Hq = c->num_heads, cp = p->cp;
-    if (p->density < 1.0) {
-        const int B = cfg->attention.block_size == 128 ? 128 : 64;
-        const double rows = Hq * (double)((N + B - 1) / B) / cp;
-        const double tiles = fmax(rows, p->density * Hq * flash_forward_pairs(N, B, SPARSE_KEY_TILE) / cp);
-        *fwd = sparse_forward_counts(D, B, rows, tiles);
-        *bwd = sparse_backward_counts(D, B, rows, tiles, tiles * SPARSE_KEY_TILE);
-        return;
-    }
-    const FlashTiles f = flash_tiles(D);
-    const double bwd_pairs = Hq * flash_backward_pairs(N, f.bwd_bm, f.bwd_bn) / cp;
-    *fwd = flash_forward_counts(D, Hq * (double)((N + f.fwd_bm - 1) / f.fwd_bm) / cp,
-                                Hq * flash_forward_pairs(N, f.fwd_bm, f.fwd_bn) / cp);
-    *bwd = flash_backward_counts(D, Hq * (double)((N + f.bwd_bn - 1) / f.bwd_bn) / cp, bwd_pairs,
-                                 bwd_pairs * f.bwd_bm, Hq * (double)N / cp);
+    attn_pass_counts(D, cfg->train.seq_len, c->num_heads, p->density, cfg->attention.block_size, fwd, bwd);
+    *fwd = counts_times(*fwd, 1.0 / p->cp);
+    *bwd = counts_times(*bwd, 1.0 / p->cp);
 }
 
 // What the cost model needs of an attention row besides its counts.

@@ -58,6 +58,24 @@ int attn_blocks_per_sm(bool sparse, bool backward, int head_dim, int block_size)
     return sparse && head_dim == 128 && block_size == 128 ? 1 : 2;
 }
 
+void attn_pass_counts(int d, int64_t n, double heads, double density, int block_size, KernelCounts *fwd,
+                      KernelCounts *bwd) {
+    if (density < 1.0) {
+        const int B = block_size == 128 ? 128 : 64;
+        const double rows = heads * (double)((n + B - 1) / B);
+        const double tiles = fmax(rows, density * heads * flash_forward_pairs(n, B, SPARSE_KEY_TILE));
+        *fwd = sparse_forward_counts(d, B, rows, tiles);
+        *bwd = sparse_backward_counts(d, B, rows, tiles, tiles * SPARSE_KEY_TILE);
+        return;
+    }
+    const FlashTiles f = flash_tiles(d);
+    const double bwd_pairs = heads * flash_backward_pairs(n, f.bwd_bm, f.bwd_bn);
+    *fwd = flash_forward_counts(d, heads * (double)((n + f.fwd_bm - 1) / f.fwd_bm),
+                                heads * flash_forward_pairs(n, f.fwd_bm, f.fwd_bn));
+    *bwd = flash_backward_counts(d, heads * (double)((n + f.bwd_bn - 1) / f.bwd_bn), bwd_pairs, bwd_pairs * f.bwd_bm,
+                                 heads * (double)n);
+}
+
 AttnCost attn_cost(const KernelCounts *c, double exp2, int blocks_per_sm, const AttnGpuRates *g) {
     const double per_sm = g->sms * g->clock_ghz * 1e9, k = blocks_per_sm > 0 ? blocks_per_sm : 1;
     AttnCost r = {

@@ -11,6 +11,7 @@
 #define MTRAIN_PLAN_COST_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "plan_counts.h"
 
@@ -43,6 +44,13 @@ double attn_exp2_count(const KernelCounts *c, int head_dim, bool backward);
 // sparse forward as the dense one, the sparse backward 1 at head dim 128
 // with blocks of 128 and 2 otherwise.
 int attn_blocks_per_sm(bool sparse, bool backward, int head_dim, int block_size);
+
+// The counted work (plan_counts.h) of one causal pass over n tokens, heads q
+// heads, head dim d: the dense kernels at density 1, else the sparse ones
+// (query blocks of block_size, 64 or 128) over that share of the causal key
+// tiles.
+void attn_pass_counts(int d, int64_t n, double heads, double density, int block_size, KernelCounts *fwd,
+                      KernelCounts *bwd);
 
 // Seconds of each phase on its unit, and the prediction.
 typedef struct {

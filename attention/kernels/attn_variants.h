@@ -58,6 +58,20 @@ typedef struct {
 } AttnVariantResources;
 AttnVariantResources attn_variant_resources(const AttnVariant *v);
 
+// The variant of `kind` at head_dim for a GPU of compute capability `arch`
+// (major x 10 + minor): the sweep's measured choice (attn_choice.h) where a
+// sweep of that architecture filled it, else the cost model's (the most
+// TFLOP/s predicted by trainer/plan_cost.h for a causal pass of 16K tokens,
+// 16 q heads; sparse at 5 % of the key blocks of 128). *tflops is the figure
+// behind the choice, *measured whether the sweep measured it. NULL: no
+// variant of that kind and head dim.
+const AttnVariant *attn_variant_choose(AttnVariantKind kind, int head_dim, int arch, double *tflops, int *measured);
+
+// Once per process, on stderr: how the kernels of head_dim (dense or sparse)
+// were chosen for device 0, e.g. "attention kernels: chosen by the cost model
+// (...); no sweep for sm_90 yet".
+void attn_variants_report(int head_dim, int sparse);
+
 // The dense kernels of flash_cuda.cu without documents, for head dim 64 or
 // 128: the forward (backward = 0) or the backward.
 const void *attn_dense_kernel(int head_dim, int backward);

@@ -13,9 +13,10 @@
 // registers, shared memory and blocks per SM (cudaFuncGetAttributes, the
 // occupancy API). scripts/sweep_table.sh turns the table into the trainer's
 // choice of variant per architecture and head dim.
-//   gpu_sweep_attention [small] [--repeats R] [--out FILE] [--broken]
+//   gpu_sweep_attention [small] [--repeats R] [--head-dim 64|128] [--out FILE] [--broken]
 // Default N1 = 4096, N2 = 16384, 5 repeats; `small`: N1 = 64, N2 = 256, 2
-// q / 1 kv heads, micro-benchmarks at a few iterations (the sim).
+// q / 1 kv heads, micro-benchmarks at a few iterations (the sim). --head-dim:
+// that head dim only.
 // --broken adds, after each reference, a copy that runs it with the scale
 // doubled: its error must fail it (tests/sim/test_gpu_sweep.sh).
 // Output (FILE, default stdout): '#' lines (device, SM clock, micro-benchmarks)
@@ -254,22 +255,25 @@ static void sweep_kind(AttnVariantKind kind, Problem *p, const Shape *shape, int
 }
 
 int main(int argc, char **argv) {
-    int small = 0, repeats = 5, broken = 0;
+    int small = 0, repeats = 5, broken = 0, only_dim = 0;
     const char *out_path = NULL;
-    const char *usage = "usage: gpu_sweep_attention [small] [--repeats R] [--out FILE] [--broken]";
+    const char *usage = "usage: gpu_sweep_attention [small] [--repeats R] [--head-dim 64|128] [--out FILE] [--broken]";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "small")) small = 1;
         else if (!strcmp(argv[i], "--broken")) broken = 1;
         else if (!strcmp(argv[i], "--repeats") && i + 1 < argc) repeats = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
+        else if (!strcmp(argv[i], "--head-dim") && i + 1 < argc) only_dim = atoi(argv[++i]);
         else FAIL("gpu_sweep_attention: unknown argument '%s' (%s)", argv[i], usage);
     }
     CHECK(repeats >= 1 && repeats <= MAX_REPEATS, "gpu_sweep_attention: --repeats %d (expected 1 to %d)", repeats,
           MAX_REPEATS);
+    CHECK(only_dim == 0 || only_dim == 64 || only_dim == 128, "gpu_sweep_attention: --head-dim %d (expected 64 or 128)",
+          only_dim);
     FILE *out = out_path ? fopen(out_path, "w") : stdout;
     CHECK(out, "gpu_sweep_attention: cannot write %s", out_path);
 
-    cudaDeviceProp prop;
+    struct cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     SweepMicro m;
     sweep_micro(small ? 2 : prop.multiProcessorCount * 4, small ? 128 : 100000, &m);
@@ -294,7 +298,7 @@ int main(int argc, char **argv) {
     rng_seed(&rng, 7);
     const int dims[2] = {64, 128};
     for (int d = 0; d < 2; d++)
-        for (int i = 0; i < 5; i++) {
+        for (int i = 0; i < 5 && (!only_dim || only_dim == dims[d]); i++) {
             Problem p;
             problem_init(&p, dims[d], Hq, Hkv, &shapes[i], &rng);
             const int sparse = shapes[i].kind == SHAPE_SPARSE;

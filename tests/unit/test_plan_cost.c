@@ -12,17 +12,6 @@
 
 #define CALIBRATION_ERROR 0.08
 
-// The dense kernels' counted work over one causal pass of n tokens, 16 q heads (plan.c's attention_counts).
-static void dense_counts(int d, int64_t n, KernelCounts *fwd, KernelCounts *bwd) {
-    const double heads = 16;
-    const FlashTiles f = flash_tiles(d);
-    const double bwd_pairs = heads * flash_backward_pairs(n, f.bwd_bm, f.bwd_bn);
-    *fwd = flash_forward_counts(d, heads * (double)((n + f.fwd_bm - 1) / f.fwd_bm),
-                                heads * flash_forward_pairs(n, f.fwd_bm, f.fwd_bn));
-    *bwd = flash_backward_counts(d, heads * (double)((n + f.bwd_bn - 1) / f.bwd_bn), bwd_pairs, bwd_pairs * f.bwd_bm,
-                                 heads * (double)n);
-}
-
 static double predicted_ms(const KernelCounts *c, int d, bool backward, const AttnGpuRates *g) {
     return 1e3 * attn_cost(c, attn_exp2_count(c, d, backward), attn_blocks_per_sm(false, backward, d, 0), g).seconds;
 }
@@ -38,7 +27,7 @@ int main(void) {
         {128, 16384, 6.22, 21.53}, {128, 65536, 100.35, 337.69}, {64, 16384, 3.53, 11.19}, {64, 65536, 48.05, 172.90}};
     for (int i = 0; i < 4; i++) {
         KernelCounts fwd, bwd;
-        dense_counts(measured[i].d, measured[i].n, &fwd, &bwd);
+        attn_pass_counts(measured[i].d, measured[i].n, 16, 1.0, 64, &fwd, &bwd);
         const double f = predicted_ms(&fwd, measured[i].d, false, h200), b = predicted_ms(&bwd, measured[i].d, true, h200);
         EXPECT(fabs(f / measured[i].fwd_ms - 1) <= CALIBRATION_ERROR,
                "calibrated_forward d=%d n=%lld: predicted %.2f ms, measured %.2f", measured[i].d,
@@ -51,7 +40,7 @@ int main(void) {
     // Monotonic: each count raised alone (and all at once) never lowers the prediction, and raises it
     // where the model gives that count a cost.
     KernelCounts base, bwd;
-    dense_counts(128, 16384, &base, &bwd);
+    attn_pass_counts(128, 16384, 16, 1.0, 64, &base, &bwd);
     base.atomics = bwd.atomics / 4;   // some atomics, so that their phase has a cost
     const double exp2 = attn_exp2_count(&base, 128, false), t0 = attn_cost(&base, exp2, 1, h200).seconds;
     double *fields[] = {&base.mma, &base.ldmatrix_bytes, &base.cp_async_bytes, &base.barriers, &base.atomics};

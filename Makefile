@@ -71,7 +71,8 @@ CUDA_BIN = build/cuda/mtrain build/tests/gpu_test_backend build/tests/gpu_test_a
 MPI_TEST_BIN += $(patsubst tests/sim/%.c,build/tests/%,$(wildcard tests/sim/mpi_gpu_*.c))
 build/tests/mpi_gpu_%: LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lnccl -lstdc++
 GPU_OBJ = build/obj/dist/util.o build/obj/attention/kernels/flash_cpu.o build/obj/attention/layout.o \
-          build/obj/attention/kernels/sparse_flash_cpu.o build/obj/attention/sparse/sparse_index.o $(CU_OBJ)
+          build/obj/attention/kernels/sparse_flash_cpu.o build/obj/attention/sparse/sparse_index.o \
+          build/obj/trainer/plan_counts.o build/obj/trainer/plan_cost.o $(CU_OBJ)
 GPU_LDLIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lstdc++ -lm -fopenmp
 endif
 DEPS_OK = build/.deps-ok
@@ -183,7 +184,7 @@ SIM_LDLIBS = $(filter-out -lcudart -lcublasLt -lnccl,$(LDLIBS)) -lstdc++ -ldl -r
 SIM_GPU_LDLIBS = -lstdc++ -lm -ldl -fopenmp -rdynamic
 SIM_GPU_OBJ = build/sim/obj/dist/util.o build/sim/obj/attention/kernels/flash_cpu.o build/sim/obj/attention/layout.o \
               build/sim/obj/attention/kernels/sparse_flash_cpu.o build/sim/obj/attention/sparse/sparse_index.o \
-              build/sim/obj/trainer/plan_counts.o $(SIM_CU_OBJ)
+              build/sim/obj/trainer/plan_counts.o build/sim/obj/trainer/plan_cost.o $(SIM_CU_OBJ)
 SIM_GPU_TESTS = build/sim/tests/gpu_test_attention build/sim/tests/gpu_test_matmul \
                 $(if $(SIM_HAS_CUB),build/sim/tests/gpu_test_sparse build/sim/tests/gpu_test_counts build/sim/tests/gpu_test_attention_op build/sim/tests/gpu_test_ops \
                 build/sim/tests/gpu_test_backend)
@@ -382,7 +383,8 @@ fuzz: build-fuzz
 BUNDLE_CFLAGS = -O3 -march=x86-64-v3 -std=gnu11 -fopenmp -Wall -Wextra -MMD -MP -DMTRAIN_CUDA -Idist/mpi_single \
                 -I/usr/include/x86_64-linux-gnu/openblas-openmp -I$(CUDA_HOME)/include
 BUNDLE_BIN = build/bundle/bin/mtrain \
-             $(patsubst tests/sim/%.c,build/bundle/bin/%,$(wildcard tests/sim/gpu_test_*.c tests/sim/gpu_bench_*.c))
+             $(patsubst tests/sim/%.c,build/bundle/bin/%,$(wildcard tests/sim/gpu_test_*.c tests/sim/gpu_bench_*.c \
+                                                                     tests/sim/gpu_sweep_*.c))
 BUNDLE_ARCHIVE = build/bundle/libmtrain.a
 BUNDLE_LDLIBS = -Wl,--as-needed -L$(CUDA_HOME)/lib64 -lcublasLt -lnccl -lcudart_static $(BLAS_DIR)/libopenblas.a \
                 -Wl,-Bstatic -lyaml -lzstd -lpcre2-8 -lutf8proc -lgfortran -lquadmath -lgomp -Wl,-Bdynamic \
@@ -403,7 +405,8 @@ build/bundle/obj/%.o: %.c $(DEPS_OK)
 	$(CC) $(BUNDLE_CFLAGS) -c $< -o $@
 
 $(BUNDLE_ARCHIVE): $(LIB_SRC:%.c=build/bundle/obj/%.o) build/bundle/obj/dist/mpi_single/mpi_single.o \
-                   $(CU_SRC:%.cu=build/obj/%.cu.o) build/obj/tests/sim/gpu_cub.cu.o
+                   $(CU_SRC:%.cu=build/obj/%.cu.o) build/obj/tests/sim/gpu_cub.cu.o \
+                   build/obj/tests/sim/gpu_sweep_micro.cu.o
 	rm -f $@ && $(AR) rcs $@ $^
 
 build/bundle/lib/libcjson.so: /usr/lib/x86_64-linux-gnu/libcjson.so
@@ -425,6 +428,12 @@ build/bundle/tests/single_rank_mpi: build/bundle/obj/tests/repo/single_rank_mpi.
 
 # scripts/gpu_check.sh --sim (tests/sim/test_gpu_check.sh) runs the attention benchmark under the sim too.
 build-sim: build/sim/tests/gpu_bench_attention
+
+# The sweep of the attention kernel variants (its micro-benchmark kernels beside it), on a GPU and in the sim
+# (the sparse variants need the sim's CUB subset).
+build/tests/gpu_sweep_attention: build/obj/tests/sim/gpu_sweep_micro.cu.o
+build/sim/tests/gpu_sweep_attention: build/sim/obj/tests/sim/gpu_sweep_micro.cu.o
+build-sim: $(if $(SIM_HAS_CUB),build/sim/tests/gpu_sweep_attention)
 
 clean:
 	rm -rf build

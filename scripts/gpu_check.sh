@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # gpu_check.sh: the one command for a GPU machine, run from the GPU bundle
-# (make gpu-bundle, scripts/gpu_bundle.sh): nothing is compiled there. Seven
+# (make gpu-bundle, scripts/gpu_bundle.sh): nothing is compiled there. Eight
 # stages, each under its own time limit (`timeout`, the whole stage stopped
 # past it); a stage that fails, is skipped or runs out of time says so in its
 # summary line and the next one runs regardless:
 #   device     GPU, driver, clocks, memory (nvidia-smi); the cuBLASLt and NCCL in use
+#   sweep      every attention kernel variant on the sweep's shapes and the
+#              cost model's micro-benchmarks (bin/gpu_sweep_attention): its
+#              table, $OUT/sweep.tsv, is what scripts/sweep_table.sh turns into
+#              the trainer's choice of variant (the sim: small shapes)
 #   tests      the GPU test programs (bin/gpu_test_*) at full size (the sim: two, small)
 #   sanitizer  compute-sanitizer memcheck, racecheck and synccheck on the small
 #              cases of the attention, sparse, ops and matmul tests (the sim:
@@ -26,9 +30,9 @@
 #              within 2% step by step
 #   context    the longest sequence the 0.5B shape trains a step, sparse and
 #              dense: 32K doubled while runs succeed, each run bounded
-# Limits: 474 s in all on a GPU. $OUT (default ./gpu-check) receives
+# Limits: 564 s in all on a GPU. $OUT (default ./gpu-check) receives
 # summary.txt, written after every stage (one line per stage, then each
-# stage's figures), and one log per stage, NAME.log: 8 files. Scratch
+# stage's figures), one log per stage, NAME.log, and sweep.tsv: 10 files. Scratch
 # (metrics) goes to $TMPDIR; the training runs write no checkpoint
 # (checkpoint.final=false: 5.6 GB and 11-14 s each at 0.5B).
 #   OUT=DIR gpu-bundle/run gpu_check.sh    on the GPU machine (python3 on PATH: PyTorch's, or PYTHON=)
@@ -138,6 +142,31 @@ stage_device() {
     --format=csv,noheader | sed 's/, / | /g') (name | driver | memory | SM clock now | SM clock max | memory clock | power limit | persistence)"
   result "libraries: LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}; python3: $(command -v "$python") ($("$python" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' 2>&1 | tail -n 1))"
   command -v compute-sanitizer >/dev/null && result "compute-sanitizer: $(compute-sanitizer --version | tail -n 1)"
+}
+
+# The sweep's table into $out/sweep.tsv; its micro-benchmarks and each kind's best variant at the longest
+# causal shape into the summary.
+stage_sweep() {
+  local args=() rc
+  [ $mode = sim ] && args=(small --repeats 1)
+  echo "== gpu_sweep_attention ${args[*]}"
+  mkdir -p "$out"
+  "$bin/gpu_sweep_attention" "${args[@]}" --out "$out/sweep.tsv" >"$work/sweep.out" 2>&1
+  rc=$?
+  cat "$work/sweep.out"
+  cat "$out/sweep.tsv" 2>/dev/null
+  if [ $rc -ne 0 ]; then
+    failed "gpu_sweep_attention (exit $rc): $({ grep -m 2 -E '^FAIL|cudasim|error' "$work/sweep.out" || tail -n 1 "$work/sweep.out"; } | tr '\n' ' ' | cut -c1-200)"
+    return
+  fi
+  result "ok gpu_sweep_attention: $(tail -n 1 "$work/sweep.out"); table: $out/sweep.tsv"
+  result "micro-benchmarks: $(awk '/^# [a-z0-9_]+ [0-9.e+-]+$/ { printf "%s%s %s", n++ ? ", " : "", $2, $3 }' "$out/sweep.tsv")"
+  awk -F'\t' '$1 !~ /^#/ && $1 != "variant" && $4 ~ /^(causal|sparse)_/ { k = $2 " d=" $3; split($4, s, "_")
+         if (s[2] + 0 < max[k]) next
+         if (s[2] + 0 > max[k]) { max[k] = s[2] + 0; best[k] = "" }
+         if (best[k] == "" || $8 + 0 > tf[k]) { best[k] = $1 " " $4; tf[k] = $8 + 0 } }
+       END { for (k in best) printf "best %s: %s, %.4g TFLOP/s\n", k, best[k], tf[k] }' "$out/sweep.tsv" |
+    sort | while read -r line; do result "$line"; done
 }
 
 stage_tests() {
@@ -391,7 +420,7 @@ if [ $mode = gpu ]; then
   context_start=32768 context_max=1048576 per_context=40   # start-up of a 0.5B run: 5-8 s
   per_test=45 per_sanitizer=30
   sparse_args=()   # the run file's: top_p 0.9 in blocks of 128
-  limits=(device:12 tests:80 sanitizer:65 attention:52 train:130 agreement:50 context:85)
+  limits=(device:12 sweep:90 tests:80 sanitizer:65 attention:52 train:130 agreement:50 context:85)
 else
   test_programs=(gpu_test_matmul gpu_test_cub)
   model_args=("${tiny_model[@]}")
@@ -403,7 +432,7 @@ else
   per_test=600 per_sanitizer=600
   sparse_args=(attention.type=sparse attention.block_size=64 attention.budget=fixed attention.vertical=4
                attention.slash=1 attention.sink=4 attention.local=1)
-  limits=(device:600 tests:1200 sanitizer:1200 attention:1200 train:1200 agreement:600 context:2400)
+  limits=(device:600 sweep:600 tests:1200 sanitizer:1200 attention:1200 train:1200 agreement:600 context:2400)
 fi
 # GPU_CHECK_LIMITS="NAME:SECONDS ...": other stages or limits (tests/sim/test_gpu_check.sh; stage_hold).
 [ -n "${GPU_CHECK_LIMITS:-}" ] && read -r -a limits <<<"$GPU_CHECK_LIMITS"

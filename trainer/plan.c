@@ -21,6 +21,7 @@
 #include "args.h"
 #include "checkpoint.h"
 #include "commands.h"
+#include "plan_cost.h"
 #include "plan_counts.h"
 
 // NVIDIA datasheets: A100 Tensor Core GPU (SXM4, 2021: 312 TFLOP/s dense
@@ -285,6 +286,8 @@ typedef struct {
     double calls, flops, bytes;   // per step; flops and bytes summed over the calls
     KernelKind kind;
     KernelCounts counts;          // KERNEL_ATTENTION: the counted work summed over the calls
+    double exp2;                  // KERNEL_ATTENTION: its exp2 results, and its blocks per SM (plan_cost.h)
+    int blocks_per_sm;
     GemmShape gemms[MAX_ROW_GEMMS];
     int num_gemms;
 } KernelRow;
@@ -310,28 +313,24 @@ static KernelCounts counts_times(KernelCounts c, double calls) {
 
 // The attention kernels' counted work over one layer's pass of the rank's
 // queries against the whole sequence (N tokens, Hq heads, head dim D): the
-// counts of one causal sequence (plan_counts.h) over cp ranks (the striped
-// and zigzag layouts deal the causal work evenly); sparse, the sparse
-// kernels over the density's share of the causal key tiles.
+// counts of one causal sequence (attn_pass_counts) over cp ranks (the striped
+// and zigzag layouts deal the causal work evenly; every count is linear in
+// the tiles and pairs); sparse, the sparse kernels over the density's share
+// of the causal key tiles.
 static void attention_counts(const Plan *p, const Config *cfg, KernelCounts *fwd, KernelCounts *bwd) {
     const ModelConfig *c = &cfg->model;
     const int D = c->head_dim ? c->head_dim : c->hidden_size / c->num_heads;
-    const int64_t N = cfg->train.seq_len;
-    const double Hq = c->num_heads, cp = p->cp;
-    if (p->density < 1.0) {
-        const int B = cfg->attention.block_size == 128 ? 128 : 64;
-        const double rows = Hq * (double)((N + B - 1) / B) / cp;
-        const double tiles = fmax(rows, p->density * Hq * flash_forward_pairs(N, B, SPARSE_KEY_TILE) / cp);
-        *fwd = sparse_forward_counts(D, B, rows, tiles);
-        *bwd = sparse_backward_counts(D, B, rows, tiles, tiles * SPARSE_KEY_TILE);
-        return;
-    }
-    const FlashTiles f = flash_tiles(D);
-    const double bwd_pairs = Hq * flash_backward_pairs(N, f.bwd_bm, f.bwd_bn) / cp;
-    *fwd = flash_forward_counts(D, Hq * (double)((N + f.fwd_bm - 1) / f.fwd_bm) / cp,
-                                Hq * flash_forward_pairs(N, f.fwd_bm, f.fwd_bn) / cp);
-    *bwd = flash_backward_counts(D, Hq * (double)((N + f.bwd_bn - 1) / f.bwd_bn) / cp, bwd_pairs,
-                                 bwd_pairs * f.bwd_bm, Hq * (double)N / cp);
+    attn_pass_counts(D, cfg->train.seq_len, c->num_heads, p->density, cfg->attention.block_size, fwd, bwd);
+    *fwd = counts_times(*fwd, 1.0 / p->cp);
+    *bwd = counts_times(*bwd, 1.0 / p->cp);
+}
+
+// What the cost model needs of an attention row besides its counts.
+static void set_attention_cost(KernelRow *r, const Plan *p, const Config *cfg, bool backward) {
+    const ModelConfig *c = &cfg->model;
+    const int D = c->head_dim ? c->head_dim : c->hidden_size / c->num_heads;
+    r->exp2 = attn_exp2_count(&r->counts, D, backward);
+    r->blocks_per_sm = attn_blocks_per_sm(p->density < 1.0, backward, D, cfg->attention.block_size);
 }
 
 // The kernels of one optimizer step on one GPU as model.c calls them on the
@@ -389,9 +388,11 @@ static int kernel_rows(const Plan *p, const Config *cfg, KernelRow *rows) {
     n = add_kernel(rows, n, "attention forward", L * attn_fwd, attn * L * attn_fwd,
                    L * attn_fwd * (2 * T * (QD + 2 * KD) + 18 * T * QD), KERNEL_ATTENTION);
     rows[n - 1].counts = counts_times(fwd_counts, L * attn_fwd * micro);
+    set_attention_cost(&rows[n - 1], p, cfg, false);
     n = add_kernel(rows, n, "attention backward", L, PLAN_ATTENTION_BACKWARD * attn * L,
                    L * (2 * T * (5 * QD + 2 * KD) + 20 * T * (QD + 2 * KD)), KERNEL_ATTENTION);
     rows[n - 1].counts = counts_times(attn_bwd, L * micro);
+    set_attention_cost(&rows[n - 1], p, cfg, true);
     if (cfg->attention.type == ATTN_SPARSE)   // last_q queries against every key, twice; fp32 scores
         n = add_kernel(rows, n, "sparse estimation", L, 4 * D * c->num_heads * (double)cfg->attention.last_q * N * L,
                        L * (2 * T * KD + 8 * c->num_heads * T), KERNEL_FP32);
@@ -462,10 +463,12 @@ static double bind(double t, double seconds, const char *name, const char **bind
     return fmax(t, seconds);
 }
 
-// The derived time bound of a row on gpu: the largest of its resources' times
+// The derived time of a row on gpu: the largest of its resources' times
 // (bytes at the HBM bandwidth for every kind; the GEMMs' waves; the
-// attention kernels' counted mma, shared-memory bytes, atomics and shuffles;
-// the estimation's FLOPs at the fp32 peak); *binds names the resource.
+// estimation's FLOPs at the fp32 peak); the attention kernels' time from the
+// cost model where it has the GPU's rates (plan_cost.h), else the largest of
+// their counted mma, shared-memory bytes, atomics and shuffles at the peak
+// rates; *binds names the resource.
 static double kernel_seconds(const KernelRow *r, const GpuProfile *gpu, const char **binds) {
     const GpuRates rate = gpu_rates(gpu);
     *binds = "HBM";
@@ -476,7 +479,12 @@ static double kernel_seconds(const KernelRow *r, const GpuProfile *gpu, const ch
         for (int i = 0; i < r->num_gemms; i++) waves += gemm_seconds(&r->gemms[i], gpu);
         t = bind(t, waves, "tensor (waves)", binds);
     }
-    if (r->kind == KERNEL_ATTENTION) {
+    const AttnGpuRates *model = attn_gpu_rates(gpu->name);
+    if (r->kind == KERNEL_ATTENTION && model) {
+        const AttnCost cost = attn_cost(&r->counts, r->exp2, r->blocks_per_sm, model);
+        if (cost.seconds > t) *binds = cost.binds;
+        t = fmax(t, cost.seconds);
+    } else if (r->kind == KERNEL_ATTENTION) {
         const KernelCounts *c = &r->counts;
         t = bind(t, c->mma / rate.mma, "tensor", binds);
         if (rate.smem > 0) t = bind(t, (c->ldmatrix_bytes + c->cp_async_bytes) / rate.smem, "shared memory", binds);
@@ -915,29 +923,31 @@ void plan_print_kernels(const Plan *p, const Config *cfg, FILE *out) {
         fprintf(out, "%s: the kernels' bounds add up to %.3f s, %.0f tokens/s per GPU, MFU %.1f%%\n", gpus[g]->name,
                 total[g], (double)p->tokens * cfg->train.micro_batches / total[g],
                 100 * p->model_flops / (total[g] * gpus[g]->peak_tflops * 1e12));
-    // The attention kernels' derivation on the plan's GPU, per call (one layer's pass).
-    const GpuProfile *hw = p->gpu && p->hw.sms > 0 ? &p->hw : gpus[0];
-    const GpuRates rate = gpu_rates(hw);
-    fprintf(out, "\nattention kernels per call (one layer's pass over the rank's queries) on %s: counted work "
-            "(trainer/plan_counts.c, equal to the sim's counts: gpu_test_counts) at %.4g mma.sync/s (%.0f TFLOP/s), "
-            "shared memory %.4g TB/s (ldmatrix + cp.async bytes), HBM %.4g TB/s, L2 atomics %.4g/s, shuffles "
-            "%.4g/s\n\n", hw->name, rate.mma, hw->peak_tflops, rate.smem / 1e12, rate.hbm / 1e12, rate.atomics,
-            rate.shuffles);
-    fprintf(out, "| kernel | mma.sync | ldmatrix GB | cp.async GB | atomics | shuffles | barriers | tensor ms | "
-            "shared memory ms | HBM ms | atomics ms | bound ms | binds | TFLOP/s at the bound | shared bytes per "
-            "mma.sync |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|\n");
+    // The attention kernels' cost model on the plan's GPU (the A100-80GB where it has no rates), per call.
+    const AttnGpuRates *model = attn_gpu_rates(p->gpu ? p->hw.name : "");
+    if (!model) model = attn_gpu_rates(gpus[0]->name);
+    fprintf(out, "\nattention kernels per call (one layer's pass over the rank's queries) on %s (%s): counted work "
+            "(trainer/plan_counts.c, equal to the sim's counts: gpu_test_counts) through the cost model "
+            "(trainer/plan_cost.c; derived, calibrated on the H200's measured kernels): per SM per clock %.2f "
+            "mma.sync, %.0f shared-memory bytes, %.0f exp2; %.0f L2 atomics per clock; %d SMs at %.2f GHz; "
+            "barrier %.0f clocks; overlap %.2f per co-resident block\n\n", model->name, model->arch,
+            model->mma_per_clock, model->smem_bytes_per_clock, model->exp2_per_clock, model->atomics_per_clock,
+            model->sms, model->clock_ghz, model->barrier_clocks, model->overlap);
+    fprintf(out, "| kernel | mma.sync | ldmatrix GB | cp.async GB | atomics | shuffles | barriers | mma.sync ms | "
+            "shared memory ms | exp2 ms | atomics ms | barriers ms | predicted ms | binds | predicted TFLOP/s | "
+            "blocks per SM | shared bytes per mma.sync |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n");
     for (int i = 0; i < n; i++) {
         const KernelRow *r = &rows[i];
         if (r->kind != KERNEL_ATTENTION) continue;
         const KernelCounts c = counts_times(r->counts, 1.0 / r->calls);
-        const char *binds;
-        const double bound = kernel_seconds(r, hw, &binds) / r->calls;
-        fprintf(out, "| %s | %.4g | %.4g | %.4g | %.4g | %.4g | %.4g | %.3f | %.3f | %.3f | %.3f | %.3f | %s | %.0f | "
-                "%.0f |\n",
+        const AttnCost cost = attn_cost(&c, r->exp2 / r->calls, r->blocks_per_sm, model);
+        fprintf(out, "| %s | %.4g | %.4g | %.4g | %.4g | %.4g | %.4g | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %s | "
+                "%.0f | %d | %.0f |\n",
                 r->name, c.mma, c.ldmatrix_bytes / 1e9, c.cp_async_bytes / 1e9, c.atomics, c.shuffles, c.barriers,
-                1e3 * c.mma / rate.mma, 1e3 * (c.ldmatrix_bytes + c.cp_async_bytes) / rate.smem,
-                1e3 * r->bytes / r->calls / rate.hbm, 1e3 * c.atomics / rate.atomics, 1e3 * bound, binds,
-                r->flops / r->calls / bound / 1e12, shared_bytes_per_mma(c));
+                1e3 * cost.mma, 1e3 * cost.smem, 1e3 * cost.exp2, 1e3 * cost.atomics, 1e3 * cost.barriers,
+                1e3 * cost.seconds, cost.binds, r->flops / r->calls / cost.seconds / 1e12, r->blocks_per_sm,
+                shared_bytes_per_mma(c));
     }
     if (p->gpu)
         fprintf(out, "\nthese are the kernels alone: the plan's step on %s adds their launches, the host "

@@ -331,7 +331,7 @@ void plan_ring_print(const Config *cfg, const GpuProfile *gpu, double density, F
     fprintf(out, "links: NVLink %.0f GB/s per direction per GPU (%.0f GB/s bidirectional); network %.1f GB/s per "
             "direction per GPU (%.0f Gb/s per node of %d GPUs, shared when all send at once)\n", gpu->nvlink_gbs,
             2 * gpu->nvlink_gbs, gpu->internode_gbs, gpu->internode_gbs * gpu->gpus_per_node * 8, gpu->gpus_per_node);
-    fprintf(out, "compute: %.0f TFLOP/s bf16 peak; attention kernels' derived bound at %.0f%% of it dense, %.0f%% sparse; sparse density "
+    fprintf(out, "compute: %.0f TFLOP/s bf16 peak; attention kernels' derived time (cost model) at %.1f%% of it dense, %.1f%% sparse; sparse density "
             "%.4f (%.1f%% sparse, %s); backward %.2f x forward dense, %.2f sparse; per step: the planner's mean step x the causal "
             "pairs of the step's slowest rank / the mean (sparse work assumed spread as causal work)\n",
             gpu->peak_tflops, 100 * dense.attention_efficiency, 100 * sparse.attention_efficiency, sparse.density,

@@ -38,6 +38,7 @@ extern "C" {
 #include "../../dist/cuda_elementwise.cuh"
 #include "../../dist/cuda_kernel.h"
 #include "../kernels/attention_cuda.h"
+#include "../kernels/attn_variants.h"
 #include "../kernels/sparse_cuda.h"
 #include "../sparse/sparse_select_cuda.h"
 
@@ -376,6 +377,7 @@ extern "C" void attention_cuda_forward(AttnState *st, int layer, bool plan, cons
                                        const int64_t *pos, uint16_t *o, float *lse, SparseStats *stats,
                                        cudaStream_t stream) {
     check_call(st, layer, shape);
+    attn_variants_report(shape->head_dim, st->cfg.type == ATTN_SPARSE);   // once per process
     const AttnShape s = with_documents(st, shape, stream);
     const size_t nq = (size_t)(s.q_tokens * s.num_heads * s.head_dim);
     float *o_acc = (float *)scratch(&st->o_acc, sizeof(float) * nq);

@@ -24,7 +24,7 @@ read -r hq hkv d < <(sed -n 's/.*heads \([0-9]*\)\/\([0-9]*\) x \([0-9]*\)$/\1 \
 seq=$(sed -n 's/.*one sequence of \([0-9]*\) tokens.*/\1/p' "$tmp/ring.out")
 cp=$(sed -n 's/.* cp \([0-9]*\), layout.*/\1/p' "$tmp/ring.out")
 read -r nvlink network < <(sed -n 's/^links: NVLink \([0-9.]*\) GB.*network \([0-9.]*\) GB\/s per direction.*/\1 \2/p' "$tmp/ring.out")
-read -r peak dense_eff sparse_eff density < <(sed -n 's/^compute: \([0-9.]*\) TFLOP.* at \([0-9]*\)% of it dense, \([0-9]*\)% sparse; sparse density \([0-9.]*\) .*/\1 \2 \3 \4/p' "$tmp/ring.out")
+read -r peak dense_eff sparse_eff density < <(sed -n 's/^compute: \([0-9.]*\) TFLOP.* at \([0-9.]*\)% of it dense, \([0-9.]*\)% sparse; sparse density \([0-9.]*\) .*/\1 \2 \3 \4/p' "$tmp/ring.out")
 expect ring_inputs_printed "[ '$tokens' = 16384 ] && [ '$hq $hkv $d' = '16 2 128' ] && [ '$seq $cp' = '524288 32' ] && [ '$nvlink $network' = '300 12.5' ] && [ '$peak $density' = '312 0.0500' ]"
 
 # Rows of one section (flat or hierarchical) and pass (forward or backward), "|"-separated.

@@ -2,7 +2,7 @@
 # test_gpu_check.sh: scripts/gpu_check.sh --sim, the GPU check's stages on the
 # sim builds (build/sim/) at tiny sizes, so that the script is tested before a
 # GPU runs it: every stage ok, its figures in the summary, the PyTorch stages
-# skipped with one line each, at most 8 files in $OUT. A stage past its limit
+# skipped with one line each, at most 10 files in $OUT (the sweep's table one of them). A stage past its limit
 # (GPU_CHECK_LIMITS) says so on its line while the next stage runs and the
 # summary is written; --stages runs the stages named (an unknown name: one
 # line, exit 2); without the bundle the check refuses with one line.
@@ -10,8 +10,8 @@ set -u
 cd "$(dirname "$0")/../.."
 . tests/lib/lib.sh
 
-if [ ! -x build/sim/mtrain ] || [ ! -x build/sim/tests/gpu_bench_attention ]; then
-  bad "gpu_check_sim_build" "build/sim/mtrain or build/sim/tests/gpu_bench_attention missing (make build-sim)"
+if [ ! -x build/sim/mtrain ] || [ ! -x build/sim/tests/gpu_bench_attention ] || [ ! -x build/sim/tests/gpu_sweep_attention ]; then
+  bad "gpu_check_sim_build" "build/sim/mtrain, build/sim/tests/gpu_bench_attention or gpu_sweep_attention missing (make build-sim)"
   exit 1
 fi
 export OMP_NUM_THREADS=1
@@ -19,16 +19,20 @@ OUT=$tmp/out bash scripts/gpu_check.sh --sim >"$tmp/check.txt" 2>&1
 rc=$?
 summary=$tmp/out/summary.txt
 expect "gpu_check_sim: exit 0 ($rc)" '[ $rc -eq 0 ]'
-for stage in device tests sanitizer attention train agreement context; do
+for stage in device sweep tests sanitizer attention train agreement context; do
   expect "gpu_check_sim_$stage: ok, with figures ($(grep -m 1 -E "^[a-zA-Z]+ +$stage " "$summary" 2>/dev/null))" \
     'grep -qE "^ok +$stage .*\($stage\.log\)" "$summary" && grep -q "^## $stage" "$summary" && [ -s "$tmp/out/$stage.log" ]'
 done
 expect "gpu_check_sim_figures: tiny model losses, memory plan, dense attention timings, longest sequences" \
   'grep -q "^ok tiny model on synthetic: losses" "$summary" && grep -q "memory plan [0-9.]* GiB printed" "$summary" &&
    grep -q "^mtrain dense N=64 d=64: fwd" "$summary" && grep -q "^longest sequence trained one step, sparse: 128 tokens" "$summary"'
+expect "gpu_check_sim_sweep: its table in \$OUT, micro-benchmarks and the best variants in the summary" \
+  '[ -s "$tmp/out/sweep.tsv" ] && grep -q "^micro-benchmarks: sm_clock_mhz [0-9]" "$summary" &&
+   grep -q "exp2_per_sm_clock [0-9]" "$summary" &&
+   grep -q "^best dense_fwd d=128: dense_fwd_d128_.* causal_256, " "$summary" && grep -q "^best sparse_bwd d=64: sparse_bwd_d64_" "$summary"'
 expect "gpu_check_sim_skips: the PyTorch stages skipped with one line each" \
   '[ "$(grep -c "^skipped: .*PyTorch" "$summary")" -eq 4 ] && ! grep -q "^FAIL" "$summary"'
-expect "gpu_check_sim_files: at most 8 files in \$OUT ($(ls "$tmp/out" | wc -l))" '[ "$(ls "$tmp/out" | wc -l)" -le 8 ]'
+expect "gpu_check_sim_files: at most 10 files in \$OUT ($(ls "$tmp/out" | wc -l))" '[ "$(ls "$tmp/out" | wc -l)" -le 10 ]'
 
 # The stage hold waits until its limit stops it, so a 1 s limit always does; the seconds it took are
 # not checked: stopping it and its children may take more than the limit on a busy CI.

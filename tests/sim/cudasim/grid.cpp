@@ -1258,6 +1258,20 @@ static const std::map<std::string, uint64_t> &launch_bounds() {
     return table;
 }
 
+// cudaFuncGetAttributes: the dynamic shared memory cudaFuncSetAttribute allowed (0 before) and the
+// __launch_bounds__ threads (the device's 1024 without); the sim compiles no SASS, so registers, static
+// shared and local bytes are 0.
+void func_attributes(const void *fn, cudaFuncAttributes *attr) {
+    *attr = cudaFuncAttributes{};
+    {
+        std::lock_guard<std::mutex> lock(attr_mutex);
+        auto it = max_dynamic_smem.find(fn);
+        attr->maxDynamicSharedSizeBytes = it != max_dynamic_smem.end() ? (int)it->second : 0;
+    }
+    auto bound = launch_bounds().find(mangled_name(fn));
+    attr->maxThreadsPerBlock = bound != launch_bounds().end() ? (int)bound->second : device_props().maxThreadsPerBlock;
+}
+
 void launch_grid(const char *name, const void *fn, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                  std::function<void()> body) {
     const cudaDeviceProp &p = device_props();

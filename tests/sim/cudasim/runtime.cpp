@@ -630,6 +630,25 @@ cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, 
     return result(set_max_dynamic_smem(func, value));
 }
 
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes *attr, const void *func) {
+    if (!func || !attr) return result(cudaErrorInvalidValue);
+    func_attributes(func, attr);
+    return cudaSuccess;
+}
+
+// Resident blocks per SM of the device's limits (CUDA C++ Programming Guide, "Compute Capabilities": threads
+// and blocks per SM, shared memory per SM with 1 KiB reserved per block); registers are not known to the sim.
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, const void *func, int block_size,
+                                                          size_t dynamic_smem) {
+    if (!func || !blocks || block_size <= 0) return result(cudaErrorInvalidValue);
+    const cudaDeviceProp &p = device_props();
+    const int warps = (block_size + 31) / 32;
+    int n = std::min(32, p.maxThreadsPerMultiProcessor / (warps * 32));
+    n = std::min(n, (int)(p.sharedMemPerMultiprocessor / (dynamic_smem + 1024)));
+    *blocks = n;
+    return cudaSuccess;
+}
+
 // cudaMalloc and cudaFree synchronise the device (CUDA C++ Programming Guide,
 // "Implicit Synchronization"): each counts as a host synchronisation.
 cudaError_t cudaMalloc(void **ptr, size_t size) {

@@ -33,6 +33,7 @@ struct Launch {
 };
 
 cudaError_t set_max_dynamic_smem(const void *fn, int bytes);
+void func_attributes(const void *fn, cudaFuncAttributes *attr);
 
 }  // namespace cudasim
 

@@ -76,6 +76,17 @@ typedef struct cudaDeviceProp {
     int minor;
 } cudaDeviceProp;
 
+// The fields of the toolkit's cudaFuncAttributes that the sim fills in
+// (cudaFuncGetAttributes: the dynamic shared memory allowed and the
+// __launch_bounds__ threads; no SASS, so registers and bytes are 0).
+typedef struct cudaFuncAttributes {
+    size_t sharedSizeBytes;
+    size_t localSizeBytes;
+    int maxThreadsPerBlock;
+    int numRegs;
+    int maxDynamicSharedSizeBytes;
+} cudaFuncAttributes;
+
 #define cudaStreamDefault 0x00
 #define cudaStreamNonBlocking 0x01
 #define cudaHostAllocDefault 0x00
@@ -98,6 +109,9 @@ cudaError_t cudaDeviceSynchronize(void);
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *pool, int device);
 cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr, void *value);
 cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value);
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes *attr, const void *func);
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, const void *func, int block_size,
+                                                          size_t dynamic_smem);
 
 cudaError_t cudaMalloc(void **ptr, size_t size);
 // The sim's own query (no CUDA runtime has it; code that reads it tests

@@ -10,6 +10,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include <functional>
 #include <tuple>
@@ -159,6 +160,13 @@ inline float __logf(float x) noexcept { return logf(x); }
 inline float __log2f(float x) noexcept { return log2f(x); }
 inline float __exp2f(float x) noexcept { return exp2f(x); }
 static inline float __fdividef(float a, float b) { return a / b; }
+// clock64 (CUDA C++ Programming Guide, "Time Function"): the sim's SM clock counts nanoseconds of the host's
+// monotonic clock, a 1 GHz clock.
+static inline long long clock64() {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
 
 #define CUDASIM_MINMAX(T) \
     static inline T min(T a, T b) { return a < b ? a : b; } \

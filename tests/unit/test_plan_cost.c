@@ -1,0 +1,74 @@
+// test_plan_cost.c: the attention kernels' cost model (trainer/plan_cost.c).
+// Its predictions for the dense kernels at the shapes the H200 measured
+// (docs/PERFORMANCE.md, "Measured on a GPU": causal, 16 q heads, head dims
+// 64 and 128, 16K and 64K tokens) within the stated calibration error of
+// 8 %; more work never predicts less time; each phase's time follows its
+// own rate; fewer co-resident blocks never predict less time.
+#include <math.h>
+#include <stdio.h>
+
+#include "../../trainer/plan_cost.h"
+#include "../lib/check.h"
+
+#define CALIBRATION_ERROR 0.08
+
+static double predicted_ms(const KernelCounts *c, int d, bool backward, const AttnGpuRates *g) {
+    return 1e3 * attn_cost(c, attn_exp2_count(c, d, backward), attn_blocks_per_sm(false, backward, d, 0), g).seconds;
+}
+
+int main(void) {
+    const AttnGpuRates *h200 = attn_gpu_rates("h200");
+    EXPECT(h200 && attn_gpu_rates("a100-80g") && attn_gpu_rates("h100"), "rates_for_every_profile");
+    EXPECT(attn_gpu_rates("nonesuch") == NULL, "no_rates_for_an_unknown_gpu");
+    if (!h200) return check_exit();
+
+    // head dim, tokens, measured forward and backward ms (H200).
+    const struct { int d; int64_t n; double fwd_ms, bwd_ms; } measured[] = {
+        {128, 16384, 6.22, 21.53}, {128, 65536, 100.35, 337.69}, {64, 16384, 3.53, 11.19}, {64, 65536, 48.05, 172.90}};
+    for (int i = 0; i < 4; i++) {
+        KernelCounts fwd, bwd;
+        attn_pass_counts(measured[i].d, measured[i].n, 16, 1.0, 64, &fwd, &bwd);
+        const double f = predicted_ms(&fwd, measured[i].d, false, h200), b = predicted_ms(&bwd, measured[i].d, true, h200);
+        EXPECT(fabs(f / measured[i].fwd_ms - 1) <= CALIBRATION_ERROR,
+               "calibrated_forward d=%d n=%lld: predicted %.2f ms, measured %.2f", measured[i].d,
+               (long long)measured[i].n, f, measured[i].fwd_ms);
+        EXPECT(fabs(b / measured[i].bwd_ms - 1) <= CALIBRATION_ERROR,
+               "calibrated_backward d=%d n=%lld: predicted %.2f ms, measured %.2f", measured[i].d,
+               (long long)measured[i].n, b, measured[i].bwd_ms);
+    }
+
+    // Monotonic: each count raised alone (and all at once) never lowers the prediction, and raises it
+    // where the model gives that count a cost.
+    KernelCounts base, bwd;
+    attn_pass_counts(128, 16384, 16, 1.0, 64, &base, &bwd);
+    base.atomics = bwd.atomics / 4;   // some atomics, so that their phase has a cost
+    const double exp2 = attn_exp2_count(&base, 128, false), t0 = attn_cost(&base, exp2, 1, h200).seconds;
+    double *fields[] = {&base.mma, &base.ldmatrix_bytes, &base.cp_async_bytes, &base.barriers, &base.atomics};
+    const char *names[] = {"mma", "ldmatrix_bytes", "cp_async_bytes", "barriers", "atomics"};
+    for (int i = 0; i < 5; i++) {
+        const double keep = *fields[i];
+        *fields[i] = keep * 1.5;
+        const double t = attn_cost(&base, exp2, 1, h200).seconds;
+        *fields[i] = keep;
+        EXPECT(t > t0, "monotonic_in_%s: %.4g ms at 1.5x, %.4g ms", names[i], 1e3 * t, 1e3 * t0);
+    }
+    EXPECT(attn_cost(&base, 2 * exp2, 1, h200).seconds > t0, "monotonic_in_exp2");
+    EXPECT(attn_cost(&base, exp2, 2, h200).seconds < t0 && attn_cost(&base, exp2, 4, h200).seconds <
+           attn_cost(&base, exp2, 2, h200).seconds, "more_blocks_per_sm_hide_more");
+
+    // Each phase at its own rate: mma at mma_per_clock per SM per clock, bytes at 128 per SM per clock.
+    const AttnCost c = attn_cost(&base, exp2, 1, h200);
+    const double per_sm = h200->sms * h200->clock_ghz * 1e9;
+    EXPECT(fabs(c.mma * per_sm * h200->mma_per_clock / base.mma - 1) < 1e-12 &&
+           fabs(c.smem * per_sm * 128 / (base.ldmatrix_bytes + base.cp_async_bytes) - 1) < 1e-12 &&
+           fabs(c.exp2 * per_sm * 16 / exp2 - 1) < 1e-12, "phase_rates");
+    EXPECT(c.seconds >= fmax(fmax(c.mma, c.smem), fmax(c.exp2, c.atomics)) &&
+           c.seconds <= c.mma + c.smem + c.exp2 + c.atomics + c.barriers + 1e-15, "between_the_bound_and_the_sum");
+    // The exp2 count: one per score; the forward's 128 x 64 tile pair at head dim 128 has 8192 scores.
+    KernelCounts pair = flash_forward_counts(128, 1, 1);
+    EXPECT(fabs(attn_exp2_count(&pair, 128, false) - 128 * 64) < 1e-9, "exp2_one_per_score: %.0f",
+           attn_exp2_count(&pair, 128, false));
+    // A faster GPU (the H200's clock over the H100's) predicts less time for the same work.
+    EXPECT(attn_cost(&base, exp2, 1, attn_gpu_rates("h100")).seconds > t0, "faster_clock_less_time");
+    return check_exit();
+}

@@ -252,7 +252,7 @@ flash_backward_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnGrads grad
 
     load_tile<D, NT>(ks, k, j0, BN, Tk, Hkv, kvh);
     load_tile<D, NT>(vs, v, j0, BN, Tk, Hkv, kvh);
-    int64_t qt = next_tile<false, DOCS>(q_hi, 0, nqt, k_lo, f_lo, k_hi);
+    int64_t qt = next_tile<DOCS>(q_hi, 0, nqt, k_lo, f_lo, k_hi);
     if (qt < nqt) load_q(qt, 0);
     cp_async_commit();
     if (qt >= nqt) { cp_async_wait<0>(); return; }   // no query sees these keys
@@ -265,7 +265,7 @@ flash_backward_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnGrads grad
     const int wr = warp % WR, wc = warp / WR;
 
     while (qt < nqt) {
-        const int64_t nxt = next_tile<false, DOCS>(q_hi, qt + 1, nqt, k_lo, f_lo, k_hi);
+        const int64_t nxt = next_tile<DOCS>(q_hi, qt + 1, nqt, k_lo, f_lo, k_hi);
         if (nxt < nqt) load_q(nxt, buf ^ 1);
         cp_async_commit();
         cp_async_wait<1>();

@@ -178,21 +178,19 @@ __device__ __forceinline__ void load_tile(bf16 *s, const bf16 *x, int64_t t0, in
     load_rows<D, NT, SWIZZLE>(s, x, rows, H, h, [=](int r) { return t0 + r < T ? t0 + r : (int64_t)-1; });
 }
 
-// The first tile t' >= t (n when none) that is not skipped: key tiles with
-// bound = k_lo > limit = q_hi (forward), query tiles with bound = q_hi <
-// limit = k_lo (backward). With DOCS also key tiles wholly before every
-// query's document (doc_bound = k_hi < doc_limit = the query tile's lowest
-// document start) and query tiles whose documents all start after every key
-// (doc_bound = the tiles' lowest document start > doc_limit = k_hi). Every
-// lane of a warp calls it alike; 32 tiles a step.
-template <bool KEYS, bool DOCS = false>
+// The first query tile t' >= t (n when none) that the backward's key tile
+// does not skip: query tiles with bound = q_hi >= limit = k_lo, and with
+// DOCS not those whose documents all start after every key (doc_bound = the
+// tiles' lowest document start > doc_limit = k_hi). Every lane of a warp
+// calls it alike; 32 tiles a step.
+template <bool DOCS = false>
 __device__ __forceinline__ int64_t next_tile(const int64_t *bound, int64_t t, int64_t n, int64_t limit,
                                              const int64_t *doc_bound = nullptr, int64_t doc_limit = 0) {
     const int lane = threadIdx.x % 32;
     for (; t < n; t += 32) {
         const int64_t i = t + lane;
-        bool take = i < n && (KEYS ? bound[i] <= limit : bound[i] >= limit);
-        if (DOCS && take) take = KEYS ? doc_bound[i] >= doc_limit : doc_bound[i] <= doc_limit;
+        bool take = i < n && bound[i] >= limit;
+        if (DOCS && take) take = doc_bound[i] <= doc_limit;
         const unsigned mask = __ballot_sync(0xffffffffu, take);
         if (mask) return t + __ffs((int)mask) - 1;
     }

@@ -4,7 +4,7 @@
 // tile products of attention/kernels/flash_tiles.cuh (16 rows a warp, mma_abt:
 // K/16 x (1 + N/16) ldmatrix.x4 and K/16 x N/8 mma; mma_pb: K/16 x N/16
 // ldmatrix.x4 and K/16 x N/8 mma; mma_atb as mma_abt; 32 rows a warp, the
-// dense forward's mma_abt32: K/16 x (2 + N/16) ldmatrix.x4 and 2 x K/16 x N/8
+// forwards' mma_abt32: K/16 x (2 + N/16) ldmatrix.x4 and 2 x K/16 x N/8
 // mma; mma_pb32: K/16 x N/16 ldmatrix.x4 and 2 x K/16 x N/8 mma), two
 // barriers and the next tile's cp.async. An ldmatrix.x4 reads 512 bytes; a
 // cp.async copies 16.
@@ -66,13 +66,14 @@ KernelCounts flash_backward_counts(int head_dim, double k_tiles, double pairs, d
 }
 
 KernelCounts sparse_forward_counts(int head_dim, int block_size, double rows, double tiles) {
-    const int D = head_dim, BM = block_size, BN = SPARSE_KEY_TILE, NW = BM / 16;
+    const int D = head_dim, BM = block_size, BN = SPARSE_KEY_TILE, NW = BM / 32;   // 32 rows a warp
     return (KernelCounts){
         .launches = 1, .blocks = rows,
-        .mma = tiles * NW * (product_mma(D, BN) + product_mma(BN, D)),
-        .ldmatrix_bytes = 512 * tiles * NW * (abt_ldmatrix(D, BN) + pb_ldmatrix(BN, D)),
+        .mma = tiles * NW * 2 * (product_mma(D, BN) + product_mma(BN, D)),
+        .ldmatrix_bytes = 512 * tiles * NW * (abt32_ldmatrix(D, BN) + pb_ldmatrix(BN, D)),
         .cp_async_bytes = 2.0 * D * (rows * BM + tiles * 2 * BN),
-        .shuffles = NW * 4 * (rows + tiles),
+        // the merge's 4 row sums (8) per CTA, the online softmax's 4 row maxima (8) per tile
+        .shuffles = NW * 8 * (rows + tiles),
         .barriers = rows + 2 * tiles,
         .atomics = 0};
 }

@@ -165,14 +165,8 @@ flash_forward_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnOut out, co
         const int nxt = walk.next(kt + 1, &next_full, k_lo, k_hi, Tk);
 
         uint32_t p[2][BN / 16][4];                // P as the A fragments of P V
-        {
-            float s[2][BN / 8][4];
-#pragma unroll
-            for (int m = 0; m < 2; m++) zero<BN>(s[m]);
-            mma_abt32<D, BN>(s, qs + warp * 32 * D, ks);
-            softmax_tile32<D, BN, DOCS>(rows, s, full, kps, qps + warp * 32, qfs + warp * 32, scale_log2);
-            pack_rows32<BN>(p, s);
-        }
+        forward_scores32<D, BN, DOCS>(rows, p, qs + warp * 32 * D, ks, full, kps, qps + warp * 32, qfs + warp * 32,
+                                      scale_log2);
 
         cp_async_wait<0>();
         __syncthreads();   // V is in; every warp is done with K and its positions

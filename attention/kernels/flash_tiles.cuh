@@ -2,11 +2,10 @@
 // (flash_cuda.cu, sparse_cuda.cu): PTX wrappers for cp.async, ldmatrix and
 // mma.sync.m16n8k16 (bf16 in, fp32 accumulate), tile loads global -> shared
 // (contiguous or gathered by token), per-tile position bounds and tile
-// skipping, the three warp-level tile products of 16 rows every flash kernel
-// is made of and the forward's per-tile online softmax and final merge over
-// them (the sparse kernels), the same of 32 rows a warp over swizzled tiles
-// (the dense forward); the kernels' arguments (attn_args.h) as __restrict__
-// locals.
+// skipping, the three warp-level tile products of 16 rows the backward
+// kernels are made of, the forward's of 32 rows a warp over swizzled tiles
+// with its per-tile online softmax and final merge (the dense and the sparse
+// forward); the kernels' arguments (attn_args.h) as __restrict__ locals.
 // Shared tiles are row-major bf16, either with rows padded by 16 bytes (8
 // elements), so the 8 row addresses of an ldmatrix land in distinct banks,
 // or unpadded and swizzled (swizzle) to the same effect.
@@ -348,80 +347,7 @@ __device__ __forceinline__ void mma_atb(float (*c)[4], const bf16 *a, int lda, c
     }
 }
 
-// ---- forward: one warp's 16 queries (rows g and g + 8 of this thread) ----
-
-// The running state of an online softmax: O (unnormalised), max (log2 units)
-// and this thread's part of the sum, for rows g and g + 8.
-template <int D>
-struct SoftmaxRows {
-    float acc[D / 8][4];
-    float m0, m1, l0, l1;
-};
-
-template <int D>
-__device__ __forceinline__ void softmax_rows_init(SoftmaxRows<D> &r) {
-    zero<D>(r.acc);
-    r.m0 = r.m1 = -INFINITY;
-    r.l0 = r.l1 = 0.0f;
-}
-
-// One key tile of BN keys (kb, vb [BN][D + 8], positions kp [BN]) into the
-// warp's rows: S = Q K^T (qw: the warp's 16 query rows), scaled to log2
-// units, masked by position (key visible iff kp <= qp, and with DOCS
-// kp >= qf, the first position of the row's document) unless `full`, online
-// softmax, O += P V with P taken from the score accumulators.
-template <int D, int BN, bool DOCS = false>
-__device__ __forceinline__ void forward_tile(SoftmaxRows<D> &r, const bf16 *qw, const bf16 *kb,
-                                             const bf16 *vb, const int64_t *kp, bool full,
-                                             int64_t qp0, int64_t qp1, float scale_log2,
-                                             int64_t qf0 = 0, int64_t qf1 = 0) {
-    constexpr int LD = D + 8;
-    const int t4 = threadIdx.x % 4;
-    float s[BN / 8][4];
-    zero<BN>(s);
-    mma_abt<D, BN>(s, qw, LD, kb, LD);
-
-    float mx0 = r.m0, mx1 = r.m1;
-#pragma unroll
-    for (int n = 0; n < BN / 8; n++) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            s[n][e] *= scale_log2;
-            if (!full) {
-                const int64_t key = kp[n * 8 + 2 * t4 + (e & 1)];
-                if (key > (e < 2 ? qp0 : qp1) || (DOCS && key < (e < 2 ? qf0 : qf1))) s[n][e] = -INFINITY;
-            }
-        }
-        mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
-        mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
-    }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    // A row with nothing visible yet keeps max -inf; subtracting 0 keeps p = 0.
-    const float base0 = mx0 == -INFINITY ? 0.0f : mx0, base1 = mx1 == -INFINITY ? 0.0f : mx1;
-    const float corr0 = exp2_approx(r.m0 - base0), corr1 = exp2_approx(r.m1 - base1);
-    r.m0 = mx0; r.m1 = mx1;
-    float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-    for (int n = 0; n < BN / 8; n++) {
-        s[n][0] = exp2_approx(s[n][0] - base0);
-        s[n][1] = exp2_approx(s[n][1] - base0);
-        s[n][2] = exp2_approx(s[n][2] - base1);
-        s[n][3] = exp2_approx(s[n][3] - base1);
-        sum0 += s[n][0] + s[n][1];
-        sum1 += s[n][2] + s[n][3];
-    }
-    r.l0 = r.l0 * corr0 + sum0;
-    r.l1 = r.l1 * corr1 + sum1;
-#pragma unroll
-    for (int n = 0; n < D / 8; n++) {
-        r.acc[n][0] *= corr0; r.acc[n][1] *= corr0;
-        r.acc[n][2] *= corr1; r.acc[n][3] *= corr1;
-    }
-    mma_pb<BN, D>(r.acc, s, vb, LD);
-}
+// ---- forward: a chunk's result merged into the running output ----
 
 // The merge of one row's chunk result (max m in log2 units, sum l) into its
 // running lse `old` (natural log): the weights of the old output (wa) and
@@ -450,34 +376,8 @@ __device__ __forceinline__ void merge_row(float *orow, const float (*acc)[4], in
     }
 }
 
-// Merge the rows' (acc / l, m + log l) into the running (o [Tq, Hq, D], lse
-// [Hq, Tq]) of q head h; rows past Tq or that saw no key are left unchanged.
-template <int D>
-__device__ __forceinline__ void forward_merge(SoftmaxRows<D> &r, int64_t row0, int64_t row1,
-                                              int64_t Tq, int Hq, int h, float *o, float *lse) {
-    const int t4 = threadIdx.x % 4;
-    r.l0 += __shfl_xor_sync(0xffffffffu, r.l0, 1);
-    r.l0 += __shfl_xor_sync(0xffffffffu, r.l0, 2);
-    r.l1 += __shfl_xor_sync(0xffffffffu, r.l1, 1);
-    r.l1 += __shfl_xor_sync(0xffffffffu, r.l1, 2);
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        const int64_t row = half ? row1 : row0;
-        const float m = half ? r.m1 : r.m0, l = half ? r.l1 : r.l0;
-        const bool valid = row < Tq && m != -INFINITY;        // same for the 4 lanes of a row
-        const float old = valid ? lse[h * Tq + row] : 0.0f;
-        __syncwarp();                                         // every lane read before lane t4 = 0 writes
-        if (valid) {
-            float wa, wb;
-            const float merged = merge_weights(old, m, l, &wa, &wb);
-            merge_row<D>(o + (row * Hq + h) * (int64_t)D, r.acc, half, wa, wb);
-            if (t4 == 0) lse[h * Tq + row] = merged;
-        }
-    }
-}
-
-// ---- the dense forward: one warp's 32 queries, two m16 tiles, over
-// swizzled tiles (swizzle) ----
+// ---- forward (dense and sparse): one warp's 32 queries, two m16 tiles,
+// over swizzled tiles (swizzle) ----
 // Every K or V fragment an ldmatrix reads feeds the mma.sync of both m16
 // tiles. Rows of the warp: i = 0..3 is m16 tile i / 2, row g + 8 (i % 2)
 // (local row 16 (i / 2) + g + 8 (i % 2)).
@@ -628,6 +528,22 @@ __device__ __forceinline__ void softmax_tile32(SoftmaxRows32<D> &r, float (*s)[B
                 s[m][n][e] = exp2_approx(s[m][n][e] - base[2 * m + e / 2]);
                 r.l[2 * m + e / 2] += s[m][n][e];
             }
+}
+
+// One key tile into the warp's 32 rows, up to P: S = Q K^T (qw the warp's
+// first query row, kb the tile's keys, swizzled [BN][D]), the online softmax
+// (softmax_tile32: mask unless `full`, kp, qp, qf as there), P as the A
+// fragments of P V (mma_pb32).
+template <int D, int BN, bool DOCS>
+__device__ __forceinline__ void forward_scores32(SoftmaxRows32<D> &r, uint32_t (*p)[BN / 16][4], const bf16 *qw,
+                                                 const bf16 *kb, bool full, const int64_t *kp, const int64_t *qp,
+                                                 const int64_t *qf, float scale_log2) {
+    float s[2][BN / 8][4];
+#pragma unroll
+    for (int m = 0; m < 2; m++) zero<BN>(s[m]);
+    mma_abt32<D, BN>(s, qw, kb);
+    softmax_tile32<D, BN, DOCS>(r, s, full, kp, qp, qf, scale_log2);
+    pack_rows32<BN>(p, s);
 }
 
 // Merge the warp's 32 rows (acc / l, m + log l) into the running (o [Tq, Hq,

@@ -70,14 +70,16 @@ done
 # ---- launch table ----
 # Bytes of the dynamic shared memory each host function requests (bf16 = 2
 # bytes, int64 = 8, fp32 = 4; rows padded to D + 8 elements).
-flash_forward_smem() {   # flash_cuda.cu forward(): (BM + 4 BN) LD bf16 + 2 BN int64
-  local D=$1 BM=$2 BN=$3; echo $(((BM + 4 * BN) * (D + 8) * 2 + 2 * BN * 8)); }
+flash_forward_smem() {   # flash_cuda.cu forward(): (BM + 2 BN) D bf16 (swizzled, no padding)
+                         # + (BN + BM, + BM with documents: DOCS 1) int64 + BM fp32, BM = FWD_BM = 128
+  local D=$1 BN=$2 DOCS=$3; echo $(((128 + 2 * BN) * D * 2 + (BN + 128 * (1 + DOCS)) * 8 + 128 * 4)); }
 flash_backward_smem() {  # flash_cuda.cu backward(): (2 BN + 4 BM) LD + BN (BM + 8) bf16
                          # + 2 BM (2 fp32 + int64, + int64 with documents: DOCS 1)
   local D=$1 BM=$2 BN=$3 DOCS=$4
   echo $(((2 * BN + 4 * BM) * (D + 8) * 2 + BN * (BM + 8) * 2 + 2 * BM * (16 + 8 * DOCS))); }
-sparse_forward_smem() {  # sparse_cuda.cu forward(): as the dense forward with BN = KEY_TILE = 64
-  flash_forward_smem "$1" "$2" 64; }
+sparse_forward_smem() {  # sparse_cuda.cu forward_launch(): (BM + 2 KEY_TILE) D bf16 (swizzled) + (4 KEY_TILE
+                         # + BM, + BM with documents: DOCS 1) int64 + BM fp32, KEY_TILE = 64
+  local D=$1 BM=$2 DOCS=$3; echo $(((BM + 2 * 64) * D * 2 + (4 * 64 + BM * (1 + DOCS)) * 8 + BM * 4)); }
 sparse_backward_smem() { # sparse_cuda.cu backward_smem<D, BM, KVBUF>()
   local D=$1 BM=$2 KVBUF=$3
   echo $(((2 * BM + 2 * KVBUF * 64) * (D + 8) * 2 + 2 * BM * 72 * 2 + 2 * KVBUF * 64 * 8)); }
@@ -91,7 +93,8 @@ est_smem() {             # sparse_select_cuda.cu est_smem(Lq, D) at the largest 
 # (all, sm_80, sm_90, none).
 launch_table() {
   local D
-  # flash_cuda.cu: Tiles<64> forward 128 x 64 (2 CTAs), backward 64 x 64; Tiles<128> 128 x 64 (1 CTA), 32 x 64.
+  # flash_cuda.cu: forward FWD_BM = 128 queries (4 warps of 32) x FWD_BN = 64 keys, __launch_bounds__(128, 2);
+  # backward Tiles<64> 64 x 64, Tiles<128> 32 x 64.
   row 'tile_bounds_kernel' 128 0 default all            # tile_bounds()
   row 'fill_kernel' 256 0 default all                   # attn_forward_init_cuda()
   row 'delta_kernel' 256 0 default all                  # attn_backward_delta_cuda()
@@ -100,24 +103,25 @@ launch_table() {
   local docs
   for docs in false true; do
     local d=$([ $docs = true ] && echo 1 || echo 0)
-    row "flash_forward_kernel<64, 128, 64, 2, $docs>" 256 "$(flash_forward_smem 64 128 64)" optin all
-    row "flash_forward_kernel<128, 128, 64, 1, $docs>" 256 "$(flash_forward_smem 128 128 64)" optin all
+    row "flash_forward_kernel<64, 64, $docs>" 128 "$(flash_forward_smem 64 64 $d)" optin all
+    row "flash_forward_kernel<128, 64, $docs>" 128 "$(flash_forward_smem 128 64 $d)" optin all
     row "flash_backward_kernel<64, 64, 64, $docs>" 128 "$(flash_backward_smem 64 64 64 $d)" optin all
     row "flash_backward_kernel<128, 32, 64, $docs>" 128 "$(flash_backward_smem 128 32 64 $d)" optin all
   done
-  # sparse_cuda.cu: threads 2 BM (B = BM = 64 or 128); the backward double-buffers K/V where the
-  # device's opt-in limit allows it (D 128, B 128: H100 yes, A100 no).
+  # sparse_cuda.cu: the forward BM threads (warps of 32 queries), __launch_bounds__(BM, 256 / BM), the
+  # backward 2 BM (B = BM = 64 or 128); the backward double-buffers K/V where the device's opt-in limit
+  # allows it (D 128, B 128: H100 yes, A100 no).
   row 'local_block_kernel' 128 0 default all            # chunk_view()
   row 'column_count_kernel' 256 0 default all           # chunk_view()
   row 'column_fill_kernel' 256 0 default all            # chunk_view()
   # Each with and without documents (the last template argument).
   for docs in false true; do
+    local d=$([ $docs = true ] && echo 1 || echo 0)
     for D in 64 128; do
-      row "sparse_forward_kernel<$D, 64, 2, $docs>" 128 "$(sparse_forward_smem $D 64)" optin all
+      row "sparse_forward_kernel<$D, 64, $docs>" 64 "$(sparse_forward_smem $D 64 $d)" optin all
+      row "sparse_forward_kernel<$D, 128, $docs>" 128 "$(sparse_forward_smem $D 128 $d)" optin all
       row "sparse_backward_kernel<$D, 64, 2, $docs>" 128 "$(sparse_backward_smem $D 64 2)" optin all
     done
-    row "sparse_forward_kernel<64, 128, 2, $docs>" 256 "$(sparse_forward_smem 64 128)" optin all
-    row "sparse_forward_kernel<128, 128, 1, $docs>" 256 "$(sparse_forward_smem 128 128)" optin all
     row "sparse_backward_kernel<64, 128, 2, $docs>" 256 "$(sparse_backward_smem 64 128 2)" optin all
     row "sparse_backward_kernel<128, 128, 2, $docs>" 256 "$(sparse_backward_smem 128 128 2)" optin sm_90
     row "sparse_backward_kernel<128, 128, 1, $docs>" 256 "$(sparse_backward_smem 128 128 1)" optin sm_80

@@ -1,10 +1,13 @@
 // plan_counts.c: the attention kernels' counted work as functions of their
 // shapes (plan_counts.h). Each formula follows its kernel's loops: per CTA the
 // tile loads and reductions before the loop, per visited tile pair the warp
-// tile products of attention/kernels/flash_tiles.cuh (mma_abt: K/16 x (1 + N/16)
-// ldmatrix.x4 and K/16 x N/8 mma; mma_pb: K/16 x N/16 ldmatrix.x4 and
-// K/16 x N/8 mma; mma_atb as mma_abt), two barriers and the next tile's
-// cp.async. An ldmatrix.x4 reads 512 bytes; a cp.async copies 16.
+// tile products of attention/kernels/flash_tiles.cuh (16 rows a warp, mma_abt:
+// K/16 x (1 + N/16) ldmatrix.x4 and K/16 x N/8 mma; mma_pb: K/16 x N/16
+// ldmatrix.x4 and K/16 x N/8 mma; mma_atb as mma_abt; 32 rows a warp, the
+// forwards' mma_abt32: K/16 x (2 + N/16) ldmatrix.x4 and 2 x K/16 x N/8
+// mma; mma_pb32: K/16 x N/16 ldmatrix.x4 and 2 x K/16 x N/8 mma), two
+// barriers and the next tile's cp.async. An ldmatrix.x4 reads 512 bytes; a
+// cp.async copies 16.
 #include "plan_counts.h"
 
 #include <math.h>
@@ -26,21 +29,23 @@ double flash_backward_pairs(int64_t t, int bm, int bn) {
     return pairs;
 }
 
-// Warp instructions of the three tile products (16 rows per warp).
+// Warp instructions of the tile products (16 rows per warp; the A operand
+// of the 32-row mma_abt32 is two fragments per step, its B fragment one).
 static double abt_ldmatrix(int k, int n) { return k / 16.0 * (1 + n / 16.0); }
+static double abt32_ldmatrix(int k, int n) { return k / 16.0 * (2 + n / 16.0); }
 static double pb_ldmatrix(int k, int n) { return k / 16.0 * (n / 16.0); }
 static double product_mma(int k, int n) { return k / 16.0 * (n / 8.0); }
 
 KernelCounts flash_forward_counts(int head_dim, double q_tiles, double pairs) {
     const FlashTiles f = flash_tiles(head_dim);
-    const int D = head_dim, BM = f.fwd_bm, BN = f.fwd_bn, NW = BM / 16;
+    const int D = head_dim, BM = f.fwd_bm, BN = f.fwd_bn, NW = BM / 32;   // 32 rows a warp
     return (KernelCounts){
         .launches = 1, .blocks = q_tiles,
-        .mma = pairs * NW * (product_mma(D, BN) + product_mma(BN, D)),
-        .ldmatrix_bytes = 512 * pairs * NW * (abt_ldmatrix(D, BN) + pb_ldmatrix(BN, D)),
+        .mma = pairs * NW * 2 * (product_mma(D, BN) + product_mma(BN, D)),
+        .ldmatrix_bytes = 512 * pairs * NW * (abt32_ldmatrix(D, BN) + pb_ldmatrix(BN, D)),
         .cp_async_bytes = 2.0 * D * (q_tiles * BM + pairs * 2 * BN),
-        // tile_pos_bounds (10) and the merge (4) per CTA, the online softmax's row max (4) per pair
-        .shuffles = NW * (14 * q_tiles + 4 * pairs),
+        // tile_pos_bounds (10) and the merge's 4 row sums (8) per CTA, the online softmax's 4 row maxima (8) per pair
+        .shuffles = NW * (18 * q_tiles + 8 * pairs),
         .barriers = q_tiles + 2 * pairs,
         .atomics = 0};
 }
@@ -61,13 +66,14 @@ KernelCounts flash_backward_counts(int head_dim, double k_tiles, double pairs, d
 }
 
 KernelCounts sparse_forward_counts(int head_dim, int block_size, double rows, double tiles) {
-    const int D = head_dim, BM = block_size, BN = SPARSE_KEY_TILE, NW = BM / 16;
+    const int D = head_dim, BM = block_size, BN = SPARSE_KEY_TILE, NW = BM / 32;   // 32 rows a warp
     return (KernelCounts){
         .launches = 1, .blocks = rows,
-        .mma = tiles * NW * (product_mma(D, BN) + product_mma(BN, D)),
-        .ldmatrix_bytes = 512 * tiles * NW * (abt_ldmatrix(D, BN) + pb_ldmatrix(BN, D)),
+        .mma = tiles * NW * 2 * (product_mma(D, BN) + product_mma(BN, D)),
+        .ldmatrix_bytes = 512 * tiles * NW * (abt32_ldmatrix(D, BN) + pb_ldmatrix(BN, D)),
         .cp_async_bytes = 2.0 * D * (rows * BM + tiles * 2 * BN),
-        .shuffles = NW * 4 * (rows + tiles),
+        // the merge's 4 row sums (8) per CTA, the online softmax's 4 row maxima (8) per tile
+        .shuffles = NW * 8 * (rows + tiles),
         .barriers = rows + 2 * tiles,
         .atomics = 0};
 }

@@ -5,11 +5,16 @@
 // Tensor cores through mma.sync.m16n8k16 (bf16 in, fp32 accumulate), tiles
 // moved global -> shared with cp.async (16 bytes, zero-filled past the end)
 // and shared -> registers with ldmatrix (building blocks: flash_tiles.cuh).
-//   forward   one CTA per (q head, tile of BM queries), one warp per 16
-//             queries; key/value tiles of BN keys double-buffered; online
-//             softmax in registers (log2 domain, exp2), P reused from the
-//             score accumulators as the A operand of P V; at the end the
-//             chunk's (O, LSE) merged into the running fp32 (o_acc, lse).
+//   forward   one CTA per (q head, tile of 128 queries), 4 warps of 32
+//             queries (two m16 tiles, so every K/V fragment read from shared
+//             memory feeds both), two CTAs per SM; Q, K, V tiles swizzled
+//             (no padding, no bank conflict); K and V single-buffered, each
+//             loading while the other is computed with; the visited key
+//             tiles and which need a mask from per-tile position bounds, 32
+//             tiles a ballot; online softmax in registers (log2 domain,
+//             exp2), P packed from the score accumulators as the A operand of
+//             P V; at the end the chunk's (O, LSE) merged into the running
+//             fp32 (o_acc, lse), whose lse was read at the start.
 //   backward  FlashAttention-2: one CTA per (q head, tile of BN keys), one warp
 //             per 16 keys holding dK, dV in registers; loops over query tiles
 //             of BM (Q, dO double-buffered), recomputes S^T = K Q^T and
@@ -92,78 +97,92 @@ __global__ void delta_kernel(const bf16 *o, const bf16 *dout, float *delta, int6
 
 // ---- forward ----
 
-// Grid (ceil(Tq / BM), Hq), BM / 16 warps, registers capped for CTAS CTAs
-// per multiprocessor. Key tiles of BN; k_lo, k_hi [ceil(Tk / BN)] are their
-// position bounds; scale_log2 = d.scale log2(e). DOCS: pos.q_first as
-// attn_args.h (NULL otherwise). Shared: q [BM][LD], k, v [2][BN][LD], key
-// positions [2][BN] (INT64_MAX past Tk).
-template <int D, int BM, int BN, int CTAS, bool DOCS>
-__global__ void __launch_bounds__(BM * 2, CTAS)
+// The forward's CTA: FWD_WARPS warps of 32 queries (two m16 tiles each).
+enum { FWD_WARPS = 4, FWD_BM = FWD_WARPS * 32 };
+
+// Grid (ceil(Tq / FWD_BM), Hq), FWD_WARPS warps of 32 queries each, at
+// least two CTAs per multiprocessor. Key tiles of BN; k_lo, k_hi
+// [ceil(Tk / BN)] are their position bounds; scale_log2 = d.scale log2(e).
+// DOCS: pos.q_first as attn_args.h (NULL otherwise). Shared (forward_smem):
+// q [FWD_BM][D], k, v [BN][D] (swizzled), key positions [BN] (INT64_MAX past
+// Tk; written only for tiles that need a mask), and per query the position
+// (INT64_MIN past Tq), the document start (DOCS) and the lse of the running
+// output, read once at the start.
+// Per key tile: K waits, V loads while S = Q K^T and the softmax run; V
+// waits, the next K (and its positions, when it needs a mask) loads while
+// O += P V runs.
+template <int D, int BN, bool DOCS>
+__global__ void __launch_bounds__(FWD_WARPS * 32, 2)
 flash_forward_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnOut out, const int64_t *__restrict__ k_lo,
                      const int64_t *__restrict__ k_hi, float scale_log2) {
     RESTRICT_ARGS(d, pos, in);
     float *__restrict__ o = out.o, *__restrict__ lse = out.lse;
-    constexpr int NT = BM * 2, LD = D + 8;
+    constexpr int BM = FWD_BM, NT = FWD_WARPS * 32;
     DYNAMIC_SHARED(unsigned char, smem);
     bf16 *qs = reinterpret_cast<bf16 *>(smem);
-    bf16 *ks = qs + BM * LD;
-    bf16 *vs = ks + 2 * BN * LD;
-    int64_t *kps = reinterpret_cast<int64_t *>(vs + 2 * BN * LD);
+    bf16 *ks = qs + BM * D;
+    bf16 *vs = ks + BN * D;
+    int64_t *kps = reinterpret_cast<int64_t *>(vs + BN * D);
+    int64_t *qps = kps + BN;
+    int64_t *qfs = qps + BM;                      // DOCS only
+    float *lse_s = reinterpret_cast<float *>(qfs + (DOCS ? BM : 0));
     STATIC_SHARED(int64_t, red, [2 * (NT / 32)]);
 
-    const int tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4;
+    const int tid = threadIdx.x, warp = tid / 32;
     const int h = blockIdx.y, kvh = h / (Hq / Hkv);
     const int64_t i0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * BM;   // heavier (later) tiles first
-    const int64_t nkt = (Tk + BN - 1) / BN;
 
+    load_tile<D, NT, true>(qs, q, i0, BM, Tq, Hq, h);
+    {   // this thread's query: position, document start, running lse (published by the barrier below)
+        const int64_t row = i0 + tid;
+        qps[tid] = row < Tq ? q_pos[row] : INT64_MIN;
+        if (DOCS) qfs[tid] = row < Tq ? q_first[row] : 0;
+        lse_s[tid] = row < Tq ? lse[h * Tq + row] : 0.0f;
+    }
     int64_t q_lo, q_hi, f_lo = 0, f_hi = 0;      // f: bounds of the tile's document starts
     tile_pos_bounds<NT>(q_pos, i0, BM, Tq, red, &q_lo, &q_hi);
     if (DOCS) {
         __syncthreads();                          // every thread has read red
         tile_pos_bounds<NT>(q_first, i0, BM, Tq, red, &f_lo, &f_hi);
     }
-    // This thread's two rows (g and g + 8 of its warp's 16); past Tq: nothing visible.
-    // Only row0 stays live through the key loop: at 2 CTAs of 256 threads an SM's
-    // 65536 registers leave 128 per thread, and D = 64 needs all of them.
-    const int64_t row0 = i0 + warp * 16 + g;
-    const int64_t qp0 = row0 < Tq ? q_pos[row0] : INT64_MIN;
-    const int64_t qp1 = row0 + 8 < Tq ? q_pos[row0 + 8] : INT64_MIN;
-    const int64_t qf0 = DOCS && row0 < Tq ? q_first[row0] : 0;
-    const int64_t qf1 = DOCS && row0 + 8 < Tq ? q_first[row0 + 8] : 0;
-
-    auto load_kv = [&](int64_t kt, int buf) {
-        const int64_t j0 = kt * BN;
-        load_tile<D, NT>(ks + buf * BN * LD, k, j0, BN, Tk, Hkv, kvh);
-        load_tile<D, NT>(vs + buf * BN * LD, v, j0, BN, Tk, Hkv, kvh);
-        if (tid < BN) kps[buf * BN + tid] = j0 + tid < Tk ? k_pos[j0 + tid] : INT64_MAX;
-    };
-
-    load_tile<D, NT>(qs, q, i0, BM, Tq, Hq, h);
-    int64_t kt = next_tile<true, DOCS>(k_lo, 0, nkt, q_hi, k_hi, f_lo);
-    if (kt < nkt) load_kv(kt, 0);
+    KeyTileWalk<BN, DOCS> walk = {q_lo, q_hi, f_lo, f_hi};
+    const int nkt = (int)((Tk + BN - 1) / BN);
+    bool full = false, next_full = false;
+    int kt = walk.next(0, &full, k_lo, k_hi, Tk);
+    if (kt < nkt) {
+        load_tile<D, NT, true>(ks, k, (int64_t)kt * BN, BN, Tk, Hkv, kvh);
+        if (!full && tid < BN) kps[tid] = (int64_t)kt * BN + tid < Tk ? k_pos[(int64_t)kt * BN + tid] : INT64_MAX;
+    }
     cp_async_commit();
 
-    SoftmaxRows<D> rows;                          // O, max, sum of rows g, g+8 of the warp's 16
-    softmax_rows_init<D>(rows);
-    int buf = 0;
-
+    SoftmaxRows32<D> rows;                        // O, max, sum of the warp's 32 rows
+    softmax_rows32_init<D>(rows);
     while (kt < nkt) {
-        const int64_t nxt = next_tile<true, DOCS>(k_lo, kt + 1, nkt, q_hi, k_hi, f_lo);
-        if (nxt < nkt) load_kv(nxt, buf ^ 1);
+        cp_async_wait<0>();
+        __syncthreads();   // K and its positions are in; every warp is done with V
+        load_tile<D, NT, true>(vs, v, (int64_t)kt * BN, BN, Tk, Hkv, kvh);
         cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
+        const int nxt = walk.next(kt + 1, &next_full, k_lo, k_hi, Tk);
 
-        const bool full = (kt + 1) * BN <= Tk && k_hi[kt] <= q_lo &&   // every pair visible
-                          (!DOCS || k_lo[kt] >= f_hi);
-        forward_tile<D, BN, DOCS>(rows, qs + warp * 16 * LD, ks + buf * BN * LD, vs + buf * BN * LD,
-                                  kps + buf * BN, full, qp0, qp1, scale_log2, qf0, qf1);
-        __syncthreads();   // every warp is done with buf before it is refilled
+        uint32_t p[2][BN / 16][4];                // P as the A fragments of P V
+        forward_scores32<D, BN, DOCS>(rows, p, qs + warp * 32 * D, ks, full, kps, qps + warp * 32, qfs + warp * 32,
+                                      scale_log2);
+
+        cp_async_wait<0>();
+        __syncthreads();   // V is in; every warp is done with K and its positions
+        const int64_t j0 = (int64_t)nxt * BN;
+        const bool mask_next = nxt < nkt && !next_full && tid < BN;
+        int64_t kp_next = INT64_MAX;
+        if (nxt < nkt) load_tile<D, NT, true>(ks, k, j0, BN, Tk, Hkv, kvh);
+        if (mask_next && j0 + tid < Tk) kp_next = k_pos[j0 + tid];   // lands during P V
+        cp_async_commit();
+        mma_pb32<BN, D>(rows.acc, p, vs);
+        if (mask_next) kps[tid] = kp_next;
         kt = nxt;
-        buf ^= 1;
+        full = next_full;
     }
     cp_async_wait<0>();
-    forward_merge<D>(rows, row0, row0 + 8, Tq, Hq, h, o, lse);
+    forward_merge32<D>(rows, i0 + warp * 32, lse_s + warp * 32, Tq, Hq, h, o, lse);
 }
 
 // ---- backward ----
@@ -227,7 +246,7 @@ flash_backward_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnGrads grad
 
     load_tile<D, NT>(ks, k, j0, BN, Tk, Hkv, kvh);
     load_tile<D, NT>(vs, v, j0, BN, Tk, Hkv, kvh);
-    int64_t qt = next_tile<false, DOCS>(q_hi, 0, nqt, k_lo, f_lo, k_hi);
+    int64_t qt = next_tile<DOCS>(q_hi, 0, nqt, k_lo, f_lo, k_hi);
     if (qt < nqt) load_q(qt, 0);
     cp_async_commit();
     if (qt >= nqt) { cp_async_wait<0>(); return; }   // no query sees these keys
@@ -240,7 +259,7 @@ flash_backward_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnGrads grad
     const int wr = warp % WR, wc = warp / WR;
 
     while (qt < nqt) {
-        const int64_t nxt = next_tile<false, DOCS>(q_hi, qt + 1, nqt, k_lo, f_lo, k_hi);
+        const int64_t nxt = next_tile<DOCS>(q_hi, qt + 1, nqt, k_lo, f_lo, k_hi);
         if (nxt < nqt) load_q(nxt, buf ^ 1);
         cp_async_commit();
         cp_async_wait<1>();
@@ -326,12 +345,12 @@ flash_backward_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnGrads grad
 
 // ---- host side ----
 
-// Tile shapes per head dim (queries x keys): forward BM x BN with FWD_CTAS
-// CTAs per multiprocessor (register cap), backward BM queries per step x BN
-// keys per CTA. Chosen so that ptxas reports no spills (docs/DECISIONS.md).
+// Tile shapes per head dim: forward FWD_BM queries x FWD_BN keys, backward
+// BM queries per step x BN keys per CTA. Chosen so that ptxas reports no
+// spills (docs/DECISIONS.md).
 template <int D> struct Tiles;
-template <> struct Tiles<64> { enum { FWD_BM = 128, FWD_BN = 64, FWD_CTAS = 2, BWD_BM = 64, BWD_BN = 64 }; };
-template <> struct Tiles<128> { enum { FWD_BM = 128, FWD_BN = 64, FWD_CTAS = 1, BWD_BM = 32, BWD_BN = 64 }; };
+template <> struct Tiles<64> { enum { FWD_BN = 64, BWD_BM = 64, BWD_BN = 64 }; };
+template <> struct Tiles<128> { enum { FWD_BN = 64, BWD_BM = 32, BWD_BN = 64 }; };
 
 static void check_shape_cuda(const AttnShape *s) {
     CHECK(s->head_dim == 64 || s->head_dim == 128, "attention (CUDA): head_dim %d (supported: 64, 128)",
@@ -380,14 +399,16 @@ extern "C" int64_t *attn_doc_first_cuda(const AttnShape *s, const int64_t *q_pos
 template <int D, bool DOCS>
 static void forward(const AttnShape *s, const AttnPos &pos, const AttnInputsBf16 &in, const AttnOut &out,
                     cudaStream_t stream) {
-    constexpr int BM = Tiles<D>::FWD_BM, BN = Tiles<D>::FWD_BN, LD = D + 8;
-    const size_t smem = (size_t)(BM + 4 * BN) * LD * sizeof(bf16) + 2 * BN * sizeof(int64_t);
-    auto kernel = flash_forward_kernel<D, BM, BN, Tiles<D>::FWD_CTAS, DOCS>;
+    constexpr int BM = FWD_BM, BN = Tiles<D>::FWD_BN;
+    // q, k, v tiles (bf16), key positions, query positions (and document starts), lse
+    const size_t smem = (size_t)(BM + 2 * BN) * D * sizeof(bf16) + (BN + (DOCS ? 2 : 1) * BM) * sizeof(int64_t) +
+                        BM * sizeof(float);
+    auto kernel = flash_forward_kernel<D, BN, DOCS>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int64_t *k_lo = tile_bounds(pos.k_pos, s->k_tokens, BN, stream);
     const int64_t nkt = (s->k_tokens + BN - 1) / BN;
     const dim3 grid((unsigned)((s->q_tokens + BM - 1) / BM), (unsigned)s->num_heads);
-    CUDA_LAUNCH(kernel, grid, BM * 2, smem, stream, attn_dims(s), pos, in, out, k_lo, k_lo + nkt,
+    CUDA_LAUNCH(kernel, grid, FWD_WARPS * 32, smem, stream, attn_dims(s), pos, in, out, k_lo, k_lo + nkt,
                 s->scale * LOG2E);
     CUDA_CHECK(cudaGetLastError());
     CUDA_CHECK(cudaFreeAsync(k_lo, stream));

@@ -2,11 +2,13 @@
 // (flash_cuda.cu, sparse_cuda.cu): PTX wrappers for cp.async, ldmatrix and
 // mma.sync.m16n8k16 (bf16 in, fp32 accumulate), tile loads global -> shared
 // (contiguous or gathered by token), per-tile position bounds and tile
-// skipping, the three warp-level tile products every flash kernel is made of,
-// and the forward's per-tile online softmax and final merge; the kernels'
-// arguments (attn_args.h) as __restrict__ locals.
-// Shared tiles are row-major bf16 with rows padded by 16 bytes (8 elements),
-// so the 8 row addresses of an ldmatrix land in distinct banks.
+// skipping, the three warp-level tile products of 16 rows the backward
+// kernels are made of, the forward's of 32 rows a warp over swizzled tiles
+// with its per-tile online softmax and final merge (the dense and the sparse
+// forward); the kernels' arguments (attn_args.h) as __restrict__ locals.
+// Shared tiles are row-major bf16, either with rows padded by 16 bytes (8
+// elements), so the 8 row addresses of an ldmatrix land in distinct banks,
+// or unpadded and swizzled (swizzle) to the same effect.
 #ifndef MTRAIN_FLASH_TILES_CUH
 #define MTRAIN_FLASH_TILES_CUH
 
@@ -141,48 +143,99 @@ __device__ __forceinline__ float exp2_approx(float x) {
 
 // ---- tiles: loads, position bounds, skipping ----
 
-// rows x D tile gathered from x [T, H, D], head h -> s [rows][D + 8] by
-// cp.async: row r from token tok(r), a zero row where tok(r) < 0. All NT
-// threads of the CTA take part.
-template <int D, int NT, typename Tok>
+// Element (row, col) of a swizzled [rows][D] bf16 tile (no padding): the
+// 16-byte chunk c of row r is stored at chunk c ^ (r % 8), so the 8 rows of
+// one chunk that an ldmatrix phase reads and the 8 chunks of one row that a
+// cp.async phase writes fall in 8 distinct 16-byte bank groups. col is a
+// multiple of 8 wherever a chunk is addressed.
+template <int D>
+__device__ __forceinline__ int swizzle(int row, int col) {
+    static_assert(D % 64 == 0, "swizzled tiles need rows of a multiple of 64 elements");
+    return row * D + (((col / 8) ^ (row % 8)) * 8) + col % 8;
+}
+
+// rows x D tile gathered from x [T, H, D], head h -> s by cp.async: row r
+// from token tok(r), a zero row where tok(r) < 0. s is [rows][D + 8]
+// (padded) or, with SWIZZLE, [rows][D] swizzled. All NT threads of the CTA
+// take part.
+template <int D, int NT, bool SWIZZLE = false, typename Tok>
 __device__ __forceinline__ void load_rows(bf16 *s, const bf16 *x, int rows, int H, int h, Tok tok) {
     constexpr int LD = D + 8, CHUNKS = D / 8;
     for (int c = threadIdx.x; c < rows * CHUNKS; c += NT) {
         const int r = c / CHUNKS, col = (c % CHUNKS) * 8;
         const int64_t t = tok(r);
         const bf16 *src = t >= 0 ? x + (t * H + h) * (int64_t)D + col : x;
-        cp_async16(s + r * LD + col, src, t >= 0);
+        cp_async16(s + (SWIZZLE ? swizzle<D>(r, col) : r * LD + col), src, t >= 0);
     }
 }
 
-// rows x D tile of x [T, H, D] (tokens t0.., head h) -> s [rows][D + 8] by
-// cp.async, zero rows past T.
-template <int D, int NT>
+// rows x D tile of x [T, H, D] (tokens t0.., head h) -> s by cp.async
+// ([rows][D + 8], or swizzled [rows][D] with SWIZZLE), zero rows past T.
+template <int D, int NT, bool SWIZZLE = false>
 __device__ __forceinline__ void load_tile(bf16 *s, const bf16 *x, int64_t t0, int rows, int64_t T,
                                           int H, int h) {
-    load_rows<D, NT>(s, x, rows, H, h, [=](int r) { return t0 + r < T ? t0 + r : (int64_t)-1; });
+    load_rows<D, NT, SWIZZLE>(s, x, rows, H, h, [=](int r) { return t0 + r < T ? t0 + r : (int64_t)-1; });
 }
 
-// The first tile t' >= t (n when none) that is not skipped: key tiles with
-// bound = k_lo > limit = q_hi (forward), query tiles with bound = q_hi <
-// limit = k_lo (backward). With DOCS also key tiles wholly before every
-// query's document (doc_bound = k_hi < doc_limit = the query tile's lowest
-// document start) and query tiles whose documents all start after every key
-// (doc_bound = the tiles' lowest document start > doc_limit = k_hi). Every
-// lane of a warp calls it alike; 32 tiles a step.
-template <bool KEYS, bool DOCS = false>
+// The first query tile t' >= t (n when none) that the backward's key tile
+// does not skip: query tiles with bound = q_hi >= limit = k_lo, and with
+// DOCS not those whose documents all start after every key (doc_bound = the
+// tiles' lowest document start > doc_limit = k_hi). Every lane of a warp
+// calls it alike; 32 tiles a step.
+template <bool DOCS = false>
 __device__ __forceinline__ int64_t next_tile(const int64_t *bound, int64_t t, int64_t n, int64_t limit,
                                              const int64_t *doc_bound = nullptr, int64_t doc_limit = 0) {
     const int lane = threadIdx.x % 32;
     for (; t < n; t += 32) {
         const int64_t i = t + lane;
-        bool take = i < n && (KEYS ? bound[i] <= limit : bound[i] >= limit);
-        if (DOCS && take) take = KEYS ? doc_bound[i] >= doc_limit : doc_bound[i] <= doc_limit;
+        bool take = i < n && bound[i] >= limit;
+        if (DOCS && take) take = doc_bound[i] <= doc_limit;
         const unsigned mask = __ballot_sync(0xffffffffu, take);
         if (mask) return t + __ffs((int)mask) - 1;
     }
     return n;
 }
+
+// The key tiles (of BN keys) one query tile of the dense forward visits, in
+// order, 32 tiles a window: per window each lane reads one tile's position
+// bounds (k_lo, k_hi [ceil(Tk / BN)]) and two ballots give the tiles with a
+// visible pair (k_lo <= q_hi, and with DOCS k_hi >= f_lo: not wholly before
+// every query's document) and the full ones (whole, k_hi <= q_lo, and with
+// DOCS k_lo >= f_hi: every pair visible, no mask), so stepping to the next
+// tile is bit arithmetic and the bounds are read once per 32 tiles. The
+// kernel's arguments (k_lo, k_hi, Tk) are passed at each step rather than
+// kept: they stay in the parameter bank, not in registers. Every lane of a
+// warp steps alike.
+template <int BN, bool DOCS>
+struct KeyTileWalk {
+    int64_t q_lo, q_hi, f_lo, f_hi;
+    int w0 = -32;                // the window: tiles w0 .. w0 + 31
+    unsigned visible = 0, full = 0;
+
+    // The first visible tile at or after t (ceil(Tk / BN): none), and whether it is full.
+    __device__ int next(int t, bool *is_full, const int64_t *k_lo, const int64_t *k_hi, int64_t Tk) {
+        const int n = (int)((Tk + BN - 1) / BN);
+        for (; t < n; t = (t | 31) + 1) {
+            const int w = t & ~31;
+            if (w != w0) {
+                const int i = w + (int)threadIdx.x % 32;
+                const int64_t lo = i < n ? k_lo[i] : INT64_MAX, hi = i < n ? k_hi[i] : INT64_MIN;
+                const bool vis = lo <= q_hi && (!DOCS || hi >= f_lo);
+                w0 = w;
+                visible = __ballot_sync(0xffffffffu, vis);
+                full = __ballot_sync(0xffffffffu, vis && (int64_t)(i + 1) * BN <= Tk && hi <= q_lo &&
+                                                      (!DOCS || lo >= f_hi));
+            }
+            const unsigned rest = visible & (0xffffffffu << (t - w));
+            if (rest) {
+                const int at = __ffs((int)rest) - 1;
+                *is_full = (full >> at) & 1u;
+                return w + at;
+            }
+        }
+        return n;
+    }
+};
 
 // Min and max of pos[t0 .. t0 + n) (entries at T and beyond left out; n <= NT)
 // over the CTA; red [2 * NT / 32] shared. Contains a __syncthreads.
@@ -294,114 +347,224 @@ __device__ __forceinline__ void mma_atb(float (*c)[4], const bf16 *a, int lda, c
     }
 }
 
-// ---- forward: one warp's 16 queries (rows g and g + 8 of this thread) ----
+// ---- forward: a chunk's result merged into the running output ----
 
-// The running state of an online softmax: O (unnormalised), max (log2 units)
-// and this thread's part of the sum, for rows g and g + 8.
+// The merge of one row's chunk result (max m in log2 units, sum l) into its
+// running lse `old` (natural log): the weights of the old output (wa) and
+// of the chunk's unnormalised one (wb, 1 / l included); returns the new lse.
+__device__ __forceinline__ float merge_weights(float old, float m, float l, float *wa, float *wb) {
+    const float chunk = (m + __log2f(l)) * 0.6931471805599453f;
+    const float mx = fmaxf(old, chunk);
+    const float a = __expf(old - mx), b = __expf(chunk - mx);
+    *wa = a / (a + b);
+    *wb = b / (a + b) / l;
+    return mx + __logf(a + b);
+}
+
+// orow [D] = wa orow + wb acc for this thread's columns of row half (0: g,
+// 1: g + 8) of a 16-row accumulator acc [D / 8][4].
 template <int D>
-struct SoftmaxRows {
-    float acc[D / 8][4];
-    float m0, m1, l0, l1;
+__device__ __forceinline__ void merge_row(float *orow, const float (*acc)[4], int half, float wa, float wb) {
+    const int t4 = threadIdx.x % 4;
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) {
+        float2 *p = reinterpret_cast<float2 *>(orow + n * 8 + 2 * t4);
+        float2 prev = *p;
+        prev.x = wa * prev.x + wb * acc[n][2 * half];
+        prev.y = wa * prev.y + wb * acc[n][2 * half + 1];
+        *p = prev;
+    }
+}
+
+// ---- forward (dense and sparse): one warp's 32 queries, two m16 tiles,
+// over swizzled tiles (swizzle) ----
+// Every K or V fragment an ldmatrix reads feeds the mma.sync of both m16
+// tiles. Rows of the warp: i = 0..3 is m16 tile i / 2, row g + 8 (i % 2)
+// (local row 16 (i / 2) + g + 8 (i % 2)).
+
+// Both products step along the swizzled rows by 16 columns (two chunks) with
+// an XOR: swizzle(r, c + 16 k) = swizzle(r, c) ^ 16 k for c < 16 and
+// 16 k < D (the row's bits lie above), so each lane keeps one offset per
+// operand instead of one per step.
+
+// c [32 x N] += a [32 x K] b^T with b [N x K]: a (the warp's first row) and
+// b swizzled [.][K] bf16 tiles in shared memory; c[m] rows 16 m .. 16 m + 15.
+template <int K, int N>
+__device__ __forceinline__ void mma_abt32(float (*c)[N / 8][4], const bf16 *a, const bf16 *b) {
+    const int lane = threadIdx.x % 32;
+    const int a0 = swizzle<K>(lane % 16, (lane / 16) * 8);
+    const int b0 = swizzle<K>(lane % 8 + (lane / 16) * 8, ((lane / 8) % 2) * 8);
+#pragma unroll
+    for (int kk = 0; kk < K / 16; kk++) {
+        uint32_t af[2][4];
+#pragma unroll
+        for (int m = 0; m < 2; m++) ldmatrix_x4(af[m], a + m * 16 * K + (a0 ^ (kk * 16)));
+#pragma unroll
+        for (int nn = 0; nn < N / 16; nn++) {
+            uint32_t bf[4];
+            ldmatrix_x4(bf, b + nn * 16 * K + (b0 ^ (kk * 16)));
+#pragma unroll
+            for (int m = 0; m < 2; m++) {
+                mma16816(c[m][2 * nn], af[m], bf[0], bf[1]);
+                mma16816(c[m][2 * nn + 1], af[m], bf[2], bf[3]);
+            }
+        }
+    }
+}
+
+// The A fragments of P [32 x K] (mma_pb32) from the accumulators of the
+// 32 x K product that made it (mma_abt32's layout), rounded to bf16.
+template <int K>
+__device__ __forceinline__ void pack_rows32(uint32_t (*pa)[K / 16][4], const float (*p)[K / 8][4]) {
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int kk = 0; kk < K / 16; kk++) {
+            pa[m][kk][0] = pack_bf16(p[m][2 * kk][0], p[m][2 * kk][1]);
+            pa[m][kk][1] = pack_bf16(p[m][2 * kk][2], p[m][2 * kk][3]);
+            pa[m][kk][2] = pack_bf16(p[m][2 * kk + 1][0], p[m][2 * kk + 1][1]);
+            pa[m][kk][3] = pack_bf16(p[m][2 * kk + 1][2], p[m][2 * kk + 1][3]);
+        }
+}
+
+// c [32 x N] += P [32 x K] b: P as A fragments (pack_rows32), b a swizzled
+// [K][N] bf16 tile in shared memory (read transposed by ldmatrix).
+template <int K, int N>
+__device__ __forceinline__ void mma_pb32(float (*c)[N / 8][4], const uint32_t (*pa)[K / 16][4], const bf16 *b) {
+    const int lane = threadIdx.x % 32;
+    const int b0 = swizzle<N>(lane % 8 + ((lane / 8) % 2) * 8, (lane / 16) * 8);
+#pragma unroll
+    for (int kk = 0; kk < K / 16; kk++) {
+#pragma unroll
+        for (int nn = 0; nn < N / 16; nn++) {
+            uint32_t bf[4];
+            ldmatrix_x4_trans(bf, b + kk * 16 * N + (b0 ^ (nn * 16)));
+#pragma unroll
+            for (int m = 0; m < 2; m++) {
+                mma16816(c[m][2 * nn], pa[m][kk], bf[0], bf[1]);
+                mma16816(c[m][2 * nn + 1], pa[m][kk], bf[2], bf[3]);
+            }
+        }
+    }
+}
+
+// The running state of the online softmax of the warp's 32 rows: O
+// (unnormalised), max (log2 units) and this thread's part of the sum.
+template <int D>
+struct SoftmaxRows32 {
+    float acc[2][D / 8][4];
+    float m[4], l[4];
 };
 
 template <int D>
-__device__ __forceinline__ void softmax_rows_init(SoftmaxRows<D> &r) {
-    zero<D>(r.acc);
-    r.m0 = r.m1 = -INFINITY;
-    r.l0 = r.l1 = 0.0f;
+__device__ __forceinline__ void softmax_rows32_init(SoftmaxRows32<D> &r) {
+#pragma unroll
+    for (int m = 0; m < 2; m++) zero<D>(r.acc[m]);
+#pragma unroll
+    for (int i = 0; i < 4; i++) { r.m[i] = -INFINITY; r.l[i] = 0.0f; }
 }
 
-// One key tile of BN keys (kb, vb [BN][D + 8], positions kp [BN]) into the
-// warp's rows: S = Q K^T (qw: the warp's 16 query rows), scaled to log2
-// units, masked by position (key visible iff kp <= qp, and with DOCS
-// kp >= qf, the first position of the row's document) unless `full`, online
-// softmax, O += P V with P taken from the score accumulators.
-template <int D, int BN, bool DOCS = false>
-__device__ __forceinline__ void forward_tile(SoftmaxRows<D> &r, const bf16 *qw, const bf16 *kb,
-                                             const bf16 *vb, const int64_t *kp, bool full,
-                                             int64_t qp0, int64_t qp1, float scale_log2,
-                                             int64_t qf0 = 0, int64_t qf1 = 0) {
-    constexpr int LD = D + 8;
-    const int t4 = threadIdx.x % 4;
-    float s[BN / 8][4];
-    zero<BN>(s);
-    mma_abt<D, BN>(s, qw, LD, kb, LD);
-
-    float mx0 = r.m0, mx1 = r.m1;
+// S [32 x BN] (the scores of one key tile, from mma_abt32) -> P in place:
+// scaled to log2 units, masked by position unless `full` (key j visible to
+// row i iff kp[j] <= qp[i], and with DOCS kp[j] >= qf[i]; kp [BN] the keys',
+// qp, qf [32] the warp's rows' positions and document starts, all in shared
+// memory), then the online softmax: max, sum and O rescaled.
+template <int D, int BN, bool DOCS>
+__device__ __forceinline__ void softmax_tile32(SoftmaxRows32<D> &r, float (*s)[BN / 8][4], bool full,
+                                               const int64_t *kp, const int64_t *qp, const int64_t *qf,
+                                               float scale_log2) {
+    const int g = threadIdx.x % 32 / 4, t4 = threadIdx.x % 4;
+    float mx[4];
 #pragma unroll
-    for (int n = 0; n < BN / 8; n++) {
+    for (int i = 0; i < 4; i++) mx[i] = r.m[i];
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            s[n][e] *= scale_log2;
-            if (!full) {
-                const int64_t key = kp[n * 8 + 2 * t4 + (e & 1)];
-                if (key > (e < 2 ? qp0 : qp1) || (DOCS && key < (e < 2 ? qf0 : qf1))) s[n][e] = -INFINITY;
+    for (int m = 0; m < 2; m++) {
+#pragma unroll
+        for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[m][n][e] *= scale_log2;
+        if (!full) {
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int row = m * 16 + g + half * 8;
+                const int64_t qpr = qp[row], qfr = DOCS ? qf[row] : 0;
+#pragma unroll
+                for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int64_t key = kp[n * 8 + 2 * t4 + e];
+                        if (key > qpr || (DOCS && key < qfr)) s[m][n][2 * half + e] = -INFINITY;
+                    }
             }
         }
-        mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
-        mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
-    }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    // A row with nothing visible yet keeps max -inf; subtracting 0 keeps p = 0.
-    const float base0 = mx0 == -INFINITY ? 0.0f : mx0, base1 = mx1 == -INFINITY ? 0.0f : mx1;
-    const float corr0 = exp2_approx(r.m0 - base0), corr1 = exp2_approx(r.m1 - base1);
-    r.m0 = mx0; r.m1 = mx1;
-    float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
-    for (int n = 0; n < BN / 8; n++) {
-        s[n][0] = exp2_approx(s[n][0] - base0);
-        s[n][1] = exp2_approx(s[n][1] - base0);
-        s[n][2] = exp2_approx(s[n][2] - base1);
-        s[n][3] = exp2_approx(s[n][3] - base1);
-        sum0 += s[n][0] + s[n][1];
-        sum1 += s[n][2] + s[n][3];
+        for (int n = 0; n < BN / 8; n++) {
+            mx[2 * m] = fmaxf(mx[2 * m], fmaxf(s[m][n][0], s[m][n][1]));
+            mx[2 * m + 1] = fmaxf(mx[2 * m + 1], fmaxf(s[m][n][2], s[m][n][3]));
+        }
     }
-    r.l0 = r.l0 * corr0 + sum0;
-    r.l1 = r.l1 * corr1 + sum1;
+    float base[4];
 #pragma unroll
-    for (int n = 0; n < D / 8; n++) {
-        r.acc[n][0] *= corr0; r.acc[n][1] *= corr0;
-        r.acc[n][2] *= corr1; r.acc[n][3] *= corr1;
+    for (int i = 0; i < 4; i++) {
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+        // A row with nothing visible yet keeps max -inf; subtracting 0 keeps p = 0.
+        base[i] = mx[i] == -INFINITY ? 0.0f : mx[i];
+        const float corr = exp2_approx(r.m[i] - base[i]);
+        r.m[i] = mx[i];
+        r.l[i] *= corr;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            r.acc[i / 2][n][2 * (i % 2)] *= corr;
+            r.acc[i / 2][n][2 * (i % 2) + 1] *= corr;
+        }
     }
-    mma_pb<BN, D>(r.acc, s, vb, LD);
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                s[m][n][e] = exp2_approx(s[m][n][e] - base[2 * m + e / 2]);
+                r.l[2 * m + e / 2] += s[m][n][e];
+            }
 }
 
-// Merge the rows' (acc / l, m + log l) into the running (o [Tq, Hq, D], lse
-// [Hq, Tq]) of q head h; rows past Tq or that saw no key are left unchanged.
+// One key tile into the warp's 32 rows, up to P: S = Q K^T (qw the warp's
+// first query row, kb the tile's keys, swizzled [BN][D]), the online softmax
+// (softmax_tile32: mask unless `full`, kp, qp, qf as there), P as the A
+// fragments of P V (mma_pb32).
+template <int D, int BN, bool DOCS>
+__device__ __forceinline__ void forward_scores32(SoftmaxRows32<D> &r, uint32_t (*p)[BN / 16][4], const bf16 *qw,
+                                                 const bf16 *kb, bool full, const int64_t *kp, const int64_t *qp,
+                                                 const int64_t *qf, float scale_log2) {
+    float s[2][BN / 8][4];
+#pragma unroll
+    for (int m = 0; m < 2; m++) zero<BN>(s[m]);
+    mma_abt32<D, BN>(s, qw, kb);
+    softmax_tile32<D, BN, DOCS>(r, s, full, kp, qp, qf, scale_log2);
+    pack_rows32<BN>(p, s);
+}
+
+// Merge the warp's 32 rows (acc / l, m + log l) into the running (o [Tq, Hq,
+// D], lse [Hq, Tq]) of q head h; row0 the warp's first row, old [32] the
+// rows' lse as the kernel found it (read into shared memory at its start);
+// rows past Tq or that saw no key are left unchanged.
 template <int D>
-__device__ __forceinline__ void forward_merge(SoftmaxRows<D> &r, int64_t row0, int64_t row1,
-                                              int64_t Tq, int Hq, int h, float *o, float *lse) {
-    const int t4 = threadIdx.x % 4;
-    r.l0 += __shfl_xor_sync(0xffffffffu, r.l0, 1);
-    r.l0 += __shfl_xor_sync(0xffffffffu, r.l0, 2);
-    r.l1 += __shfl_xor_sync(0xffffffffu, r.l1, 1);
-    r.l1 += __shfl_xor_sync(0xffffffffu, r.l1, 2);
+__device__ __forceinline__ void forward_merge32(SoftmaxRows32<D> &r, int64_t row0, const float *old, int64_t Tq,
+                                                int Hq, int h, float *o, float *lse) {
+    const int g = threadIdx.x % 32 / 4, t4 = threadIdx.x % 4;
 #pragma unroll
-    for (int half = 0; half < 2; half++) {
-        const int64_t row = half ? row1 : row0;
-        const float m = half ? r.m1 : r.m0, l = half ? r.l1 : r.l0;
-        const bool valid = row < Tq && m != -INFINITY;        // same for the 4 lanes of a row
-        const float old = valid ? lse[h * Tq + row] : 0.0f;
-        __syncwarp();                                         // every lane read before lane t4 = 0 writes
-        if (valid) {
-            const float chunk = (m + __log2f(l)) * 0.6931471805599453f;
-            const float mx = fmaxf(old, chunk);
-            const float a = __expf(old - mx), b = __expf(chunk - mx);
-            const float wa = a / (a + b), wb = b / (a + b) / l;
-            float *orow = o + (row * Hq + h) * (int64_t)D;
-#pragma unroll
-            for (int n = 0; n < D / 8; n++) {
-                float2 *p = reinterpret_cast<float2 *>(orow + n * 8 + 2 * t4);
-                float2 prev = *p;
-                prev.x = wa * prev.x + wb * r.acc[n][2 * half];
-                prev.y = wa * prev.y + wb * r.acc[n][2 * half + 1];
-                *p = prev;
-            }
-            if (t4 == 0) lse[h * Tq + row] = mx + __logf(a + b);
-        }
+    for (int i = 0; i < 4; i++) {
+        r.l[i] += __shfl_xor_sync(0xffffffffu, r.l[i], 1);
+        r.l[i] += __shfl_xor_sync(0xffffffffu, r.l[i], 2);
+        const int local = (i / 2) * 16 + g + (i % 2) * 8;
+        const int64_t row = row0 + local;
+        if (row >= Tq || r.m[i] == -INFINITY) continue;
+        float wa, wb;
+        const float merged = merge_weights(old[local], r.m[i], r.l[i], &wa, &wb);
+        merge_row<D>(o + (row * Hq + h) * (int64_t)D, r.acc[i / 2], i % 2, wa, wb);
+        if (t4 == 0) lse[h * Tq + row] = merged;
     }
 }
 

@@ -12,7 +12,8 @@
 // against K/V rows gathered at an ascending list of positions (the ring's
 // gathered columns): the view then holds no block, or no column. Then one CTA per index row
 // (q head h, query block i: the query tile is the whole block of B = 64 or
-// 128 queries, one warp per 16) walks the row's key tiles of 64 keys: each
+// 128 queries; the forward one warp per 32, the backward one per 16) walks
+// the row's key tiles of 64 keys: each
 // selected block present in the chunk (B / 64 tiles), then the row's columns
 // gathered 64 at a time (K and V rows loaded by token with cp.async). The
 // mask is token-exact by position, dropped where the tile's last (largest)
@@ -22,8 +23,11 @@
 // position is at or after the block's last query's document start; the
 // index itself holds no block or column without a key of the row's
 // documents (sparse_index_documents), so no tile is skipped here.
-//   forward   the dense kernel's per-tile online softmax and final merge into
-//             the running fp32 (o_acc, lse) (flash_tiles.cuh).
+//   forward   the dense forward's tiles (4 or 2 warps of 32 queries), pipeline,
+//             per-tile online softmax and final merge into the running fp32
+//             (o_acc, lse) (flash_tiles.cuh); the next tile's local tokens
+//             and positions are read during this tile's S, so its K and V
+//             loads wait on no global read.
 //   backward  query-major: the CTA holds dQ of its row in registers and adds
 //             it once at the end (one writer per row); per key tile it
 //             recomputes S = Q K^T, dP = dO V^T, P = exp2(S - lse),
@@ -185,95 +189,124 @@ struct RowTiles {
         return e < ncol ? col_key[c0 + e] : -1;
     }
 
+    // The j0 of token(): item it's first local token (a block item's; 0 for columns).
+    __device__ int64_t first(int64_t it) const { return it < nbi ? block_first(it) : 0; }
+
     // Item it's K, V rows of kv head kvh -> ks, vs [KEY_TILE][D + 8] (cp.async,
     // zero rows where short); their positions -> kps (INT64_MAX where short)
-    // and, unless NULL, local tokens -> ktok (-1 where short).
+    // and local tokens -> ktok (-1 where short).
     template <int D, int NT>
     __device__ void load(int64_t it, const bf16 *k, const bf16 *v, const int64_t *k_pos, int Hkv, int kvh,
                          bf16 *ks, bf16 *vs, int64_t *kps, int64_t *ktok) const {
-        const int64_t j0 = it < nbi ? block_first(it) : 0;
+        const int64_t j0 = first(it);
         auto tok = [&](int j) { return token(it, j0, j); };
         load_rows<D, NT>(ks, k, KEY_TILE, Hkv, kvh, tok);
         load_rows<D, NT>(vs, v, KEY_TILE, Hkv, kvh, tok);
         if (threadIdx.x < KEY_TILE) {
             const int64_t t = tok(threadIdx.x);
             kps[threadIdx.x] = t >= 0 ? k_pos[t] : INT64_MAX;
-            if (ktok) ktok[threadIdx.x] = t;
+            ktok[threadIdx.x] = t;
         }
     }
 };
 
 // ---- forward ----
 
-// Grid (Hq * nqb) rows of c, BM / 16 warps, registers capped for CTAS CTAs
-// per multiprocessor; scale_log2 = d.scale log2(e). DOCS: pos.q_first as
-// attn_args.h (NULL otherwise). Shared: q [BM][LD], k, v [2][BN][LD], key
-// positions [2][BN] (INT64_MAX where the tile is short).
-template <int D, int BM, int CTAS, bool DOCS>
-__global__ void __launch_bounds__(BM * 2, CTAS)
+// Grid (Hq * nqb) rows of c, BM / 32 warps of 32 queries: the dense
+// forward's tiles and pipeline (flash_cuda.cu), at least 8 warps per
+// multiprocessor; scale_log2 = d.scale log2(e). DOCS: pos.q_first as
+// attn_args.h (NULL otherwise). Shared (forward_smem): q [BM][D], k, v
+// [BN][D] (swizzled); per key tile of the two in flight (this one, the
+// next) its local tokens (-1 where short) and positions (INT64_MAX where
+// short) [2][BN]; per query the position (INT64_MIN past Tq), the document
+// start (DOCS) and the lse of the running output, read once at the start.
+// Per key tile: K waits, V loads while S = Q K^T and the softmax run, and
+// the next tile's local tokens (block list, columns) are read from global
+// memory; V waits, the next K loads from those tokens while O += P V runs
+// and the next tile's key positions are read.
+template <int D, int BM, bool DOCS>
+__global__ void __launch_bounds__(BM, 256 / BM)
 sparse_forward_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnOut out, SparseView c, float scale_log2) {
     RESTRICT_ARGS(d, pos, in);
     RESTRICT_ROWS(c);
     float *__restrict__ o = out.o, *__restrict__ lse = out.lse;
-    constexpr int NT = BM * 2, LD = D + 8, BN = KEY_TILE;
+    constexpr int NT = BM, BN = KEY_TILE;
+    static_assert(BN <= NT, "a thread per key of a tile");
     DYNAMIC_SHARED(unsigned char, smem);
     bf16 *qs = reinterpret_cast<bf16 *>(smem);
-    bf16 *ks = qs + BM * LD;
-    bf16 *vs = ks + 2 * BN * LD;
-    int64_t *kps = reinterpret_cast<int64_t *>(vs + 2 * BN * LD);
+    bf16 *ks = qs + BM * D;
+    bf16 *vs = ks + BN * D;
+    int64_t *ktok = reinterpret_cast<int64_t *>(vs + BN * D);   // [2][BN]
+    int64_t *kps = ktok + 2 * BN;                               // [2][BN]
+    int64_t *qps = kps + 2 * BN;                                // [BM]
+    int64_t *qfs = qps + BM;                                    // [BM], DOCS only
+    float *lse_s = reinterpret_cast<float *>(qfs + (DOCS ? BM : 0));
 
-    const int tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4;
+    const int tid = threadIdx.x, warp = tid / 32;
     const int h = blockIdx.x % Hq, kvh = h / (Hq / Hkv);          // later query blocks first
     const int64_t r = h * nqb + nqb - 1 - blockIdx.x / Hq;
     const int64_t i0 = (r % nqb) * BM, q_lo = q_pos[i0];         // a block's first query is its lowest
-    const int64_t row0 = i0 + warp * 16 + g, row1 = row0 + 8;
-    const int64_t qp0 = row0 < Tq ? q_pos[row0] : INT64_MIN;
-    const int64_t qp1 = row1 < Tq ? q_pos[row1] : INT64_MIN;
-    // DOCS: the block's document starts in shared memory, read where used (registers
-    // as for the walk below); its queries are consecutive positions, so the last
-    // real query's document starts last (f_last).
-    STATIC_SHARED(int64_t, qf_s, [DOCS ? BM : 1]);
+    // The block's queries are consecutive positions, so the last real query's
+    // document starts last (f_last).
     const int f_last = (int)(min(Tq - i0, (int64_t)BM) - 1);
-    if (DOCS && tid < BM) qf_s[tid] = i0 + tid < Tq ? q_first[i0 + tid] : 0;
-    // The row's walk lives in shared memory and is read where used: at 2 CTAs of 256
-    // threads an SM's 65536 registers leave 128 per thread, which D = 64 needs for
-    // the tile products and the softmax state.
+    {   // this thread's query: position, document start, running lse (published by the loop's first barrier)
+        const int64_t row = i0 + tid;
+        qps[tid] = row < Tq ? q_pos[row] : INT64_MIN;
+        if (DOCS) qfs[tid] = row < Tq ? q_first[row] : 0;
+        lse_s[tid] = row < Tq ? lse[h * Tq + row] : 0.0f;
+    }
+    // The row's walk lives in shared memory and is read where used (registers
+    // go to the tile products and the softmax state).
     STATIC_SHARED(RowTiles<BM>, row_tiles, [1]);
     if (tid == 0) row_tiles[0] = RowTiles<BM>(block_start, blocks, local_block, col_start, col_key, r, Tk);
     __syncthreads();
     const RowTiles<BM> &tiles = row_tiles[0];
 
-    auto load_kv = [&](int64_t it, int buf) {
-        tiles.template load<D, NT>(it, k, v, k_pos, Hkv, kvh, ks + buf * BN * LD, vs + buf * BN * LD,
-                                   kps + buf * BN, nullptr);
-    };
-
-    load_tile<D, NT>(qs, q, i0, BM, Tq, Hq, h);
+    load_tile<D, NT, true>(qs, q, i0, BM, Tq, Hq, h);
     int64_t it = tiles.next(0);
-    if (it < tiles.total) load_kv(it, 0);
+    if (it < tiles.total) {
+        const int64_t j0 = tiles.first(it);
+        load_rows<D, NT, true>(ks, k, BN, Hkv, kvh, [&](int j) { return tiles.token(it, j0, j); });
+        if (tid < BN) {   // this thread's key: local token, position
+            const int64_t t = tiles.token(it, j0, tid);
+            ktok[tid] = t;
+            kps[tid] = t >= 0 ? k_pos[t] : INT64_MAX;
+        }
+    }
     cp_async_commit();
 
-    SoftmaxRows<D> rows;
-    softmax_rows_init<D>(rows);
+    SoftmaxRows32<D> rows;                        // O, max, sum of the warp's 32 rows
+    softmax_rows32_init<D>(rows);
     int buf = 0;
     while (it < tiles.total) {
-        const int64_t nxt = tiles.next(it + 1);
-        if (nxt < tiles.total) load_kv(nxt, buf ^ 1);
+        cp_async_wait<0>();
+        __syncthreads();   // K, its tokens and positions are in; every warp is done with V
+        const int64_t *kt = ktok + buf * BN, *kp = kps + buf * BN;
+        load_rows<D, NT, true>(vs, v, BN, Hkv, kvh, [&](int j) { return kt[j]; });
         cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
+        const int64_t nxt = tiles.next(it + 1);
+        const bool key_next = nxt < tiles.total && tid < BN;   // this thread's key of the next tile
+        const int64_t tok_next = key_next ? tiles.token(nxt, tiles.first(nxt), tid) : -1;   // lands during S
 
-        const int64_t *kp = kps + buf * BN;
-        const bool full = kp[BN - 1] <= q_lo && (!DOCS || kp[0] >= qf_s[f_last]);
-        forward_tile<D, BN, DOCS>(rows, qs + warp * 16 * LD, ks + buf * BN * LD, vs + buf * BN * LD, kp,
-                                  full, qp0, qp1, scale_log2, DOCS ? qf_s[warp * 16 + g] : 0,
-                                  DOCS ? qf_s[warp * 16 + g + 8] : 0);
-        __syncthreads();   // every warp is done with buf before it is refilled
+        uint32_t p[2][BN / 16][4];                // P as the A fragments of P V
+        const bool full = kp[BN - 1] <= q_lo && (!DOCS || kp[0] >= qfs[f_last]);
+        forward_scores32<D, BN, DOCS>(rows, p, qs + warp * 32 * D, ks, full, kp, qps + warp * 32,
+                                      qfs + warp * 32, scale_log2);
+        if (key_next) ktok[(buf ^ 1) * BN + tid] = tok_next;
+
+        cp_async_wait<0>();
+        __syncthreads();   // V and the next tile's tokens are in; every warp is done with K
+        const int64_t *kt_next = ktok + (buf ^ 1) * BN;
+        if (nxt < tiles.total) load_rows<D, NT, true>(ks, k, BN, Hkv, kvh, [&](int j) { return kt_next[j]; });
+        cp_async_commit();
+        const int64_t kp_next = key_next && tok_next >= 0 ? k_pos[tok_next] : INT64_MAX;   // lands during P V
+        mma_pb32<BN, D>(rows.acc, p, vs);
+        if (key_next) kps[(buf ^ 1) * BN + tid] = kp_next;
         it = nxt;
         buf ^= 1;
     }
     cp_async_wait<0>();
-    forward_merge<D>(rows, row0, row1, Tq, Hq, h, o, lse);
+    forward_merge32<D>(rows, i0 + warp * 32, lse_s + warp * 32, Tq, Hq, h, o, lse);
 }
 
 // ---- backward ----
@@ -456,11 +489,13 @@ static void check_aligned(const void *p, const char *name) {
 template <int D, int BM, bool DOCS>
 static void forward_launch(const AttnShape *s, const SparseView &c, const AttnPos &pos, const AttnInputsBf16 &in,
                            const AttnOut &out, cudaStream_t stream) {
-    constexpr int LD = D + 8, BN = KEY_TILE;
-    const size_t smem = (size_t)(BM + 4 * BN) * LD * sizeof(bf16) + 2 * BN * sizeof(int64_t);
-    auto kernel = sparse_forward_kernel<D, BM, (D == 128 && BM == 128 ? 1 : 2), DOCS>;
+    constexpr int BN = KEY_TILE;
+    // q, k, v tiles (bf16); key tokens and positions of two tiles; query positions (and document starts), lse
+    const size_t smem = (size_t)(BM + 2 * BN) * D * sizeof(bf16) + (4 * BN + (DOCS ? 2 : 1) * BM) * sizeof(int64_t) +
+                        BM * sizeof(float);
+    auto kernel = sparse_forward_kernel<D, BM, DOCS>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    CUDA_LAUNCH(kernel, (unsigned)c.rows, BM * 2, smem, stream, attn_dims(s), pos, in, out, c, s->scale * LOG2E);
+    CUDA_LAUNCH(kernel, (unsigned)c.rows, BM, smem, stream, attn_dims(s), pos, in, out, c, s->scale * LOG2E);
     CUDA_CHECK(cudaGetLastError());
 }
 

@@ -3,8 +3,9 @@
 # nvcc for sm_80 and sm_90 through scripts/kernel_resources.sh (no GPU
 # needed): per kernel and arch no spill, shared memory within the A100/H100
 # per-block limits of the launch, registers x threads within an SM, threads
-# within __launch_bounds__, every kernel in the script's launch table and
-# every row of that table used.
+# within __launch_bounds__, the dense forward at two CTAs per SM (head dims
+# 64 and 128), every kernel in the script's launch table and every row of
+# that table used.
 # Then the script itself on a small probe kernel that spills and that the
 # launch table does not know: both must show. Without nvcc it cannot check
 # and says so as one failure. Prints "ok NAME" / "FAIL NAME: why".
@@ -33,6 +34,13 @@ expect "every_kernel_seen" "[ $seen -ge $globals ]   # kernel instances seen >= 
 expect "dense_forward_d64_checked" \
   "grep -q '^ok no_spill flash_forward_kernel<64, .*\[sm_80\]' '$tmp/check.txt' &&
    grep -q '^ok no_spill flash_forward_kernel<64, .*\[sm_90\]' '$tmp/check.txt'"
+# The dense forward: two CTAs per SM (occupancy x 64 warps / the warps of its __launch_bounds__, which its
+# launch uses) at head dims 64 and 128, with and without documents, on both archs.
+bash scripts/kernel_resources.sh attention/kernels/flash_cuda.cu >"$tmp/flash.tsv" 2>/dev/null
+for d in 64 128; do
+  expect "dense_forward_d${d}_two_ctas_per_sm" \
+    "[ \$(awk -F'\t' '\$2 ~ /^_Z20flash_forward_kernelILi${d}E/ && \$8 * 64 / (\$6 / 32) >= 2' '$tmp/flash.tsv' | wc -l) -eq 4 ]"
+done
 
 # The probe: capped at 32 registers (1024 threads, 2 CTAs) with 64 values live.
 cat >"$tmp/probe.cu" <<'EOF'

@@ -7,10 +7,11 @@
 // backward (sparse_cuda.cu) on an index of slash lines and vertical columns,
 // blocks of 64 and 128, 384 tokens, whose visited key tiles and keys the
 // test reads from the host index. Every count must be equal, and so must the
-// shared bytes per mma.sync that `mtrain plan --kernels` prints. Each
-// kernel's shared-memory wavefronts (ldmatrix, cp.async) against their
-// conflict-free minimum are reported; the kernels of the table conflict_free
-// must have none above it. Sim only: a native build cannot count and says so.
+// shared bytes per mma.sync that `mtrain plan --kernels` prints; the dense
+// forward's must be at most 200. Each kernel's shared-memory wavefronts
+// (ldmatrix, cp.async) against their conflict-free minimum are reported; the
+// kernels of the table conflict_free must have none above it. Sim only: a
+// native build cannot count and says so.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -207,10 +208,21 @@ static void sparse_case(int64_t T, int D, int B, Rng *rng) {
     free_inputs(&in);
 }
 
+// The dense forward's shared-memory bytes (ldmatrix + cp.async) per mma.sync
+// over one tile pair, from the formula the cases above hold equal to the
+// kernel: at most 200 (each K/V fragment serves the 32 rows of a warp).
+static void dense_forward_smem_per_mma(int D) {
+    const KernelCounts pair = flash_forward_counts(D, 0, 1);
+    const double bytes = (pair.ldmatrix_bytes + pair.cp_async_bytes) / pair.mma;
+    EXPECT_COUNTED(bytes <= 200, "counts_dense_forward_D%d_smem_per_mma: %.0f bytes per mma.sync (at most 200)", D,
+                   bytes);
+}
+
 int main(void) {
     Rng rng;
     rng_seed(&rng, 7);
     for (int d = 64; d <= 128; d *= 2) {
+        dense_forward_smem_per_mma(d);
         dense_case(128, d, &rng);
         dense_case(320, d, &rng);
         for (int b = 64; b <= 128; b *= 2) sparse_case(384, d, b, &rng);

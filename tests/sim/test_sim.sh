@@ -163,11 +163,10 @@ PY
   done
   expect "mutant $1: $test $arg fails under seeds:$caught" '[ -n "$caught" ]'
 }
-mutant gpu_test_attention small "forward without the __syncthreads after cp.async.wait_group" attention/kernels/flash_cuda.cu \
-  's = s.replace("cp_async_wait<1>();\n        __syncthreads();\n\n        const bool full",
-                 "cp_async_wait<1>();\n\n        const bool full", 1)'
-mutant gpu_test_attention small "forward without the __syncthreads before a buffer is refilled" attention/kernels/flash_cuda.cu \
-  's = s.replace("        __syncthreads();   // every warp is done with buf before it is refilled\n", "", 1)'
+mutant gpu_test_attention small "forward without the __syncthreads after K's cp.async.wait_group" attention/kernels/flash_cuda.cu \
+  's = s.replace("        __syncthreads();   // K and its positions are in; every warp is done with V\n", "", 1)'
+mutant gpu_test_attention small "forward without the __syncthreads after V's cp.async.wait_group" attention/kernels/flash_cuda.cu \
+  's = s.replace("        __syncthreads();   // V is in; every warp is done with K and its positions\n", "", 1)'
 mutant gpu_test_attention small "pack_bf16 with its two halves swapped" attention/kernels/flash_tiles.cuh \
   's = s.replace("__floats2bfloat162_rn(lo, hi)", "__floats2bfloat162_rn(hi, lo)", 1)'
 # The barriers closing the index build's three loops (after each
@@ -186,7 +185,7 @@ mutant gpu_test_sparse index "block_exclusive_sum without its __syncthreads" att
 # With nvcc the sim knows each kernel's __launch_bounds__ (build/sim/launch_bounds.tsv).
 if [ "$(wc -l <build/sim/launch_bounds.tsv)" -gt 1 ]; then
   mutant gpu_test_attention small "forward launched with more threads than its __launch_bounds__" attention/kernels/flash_cuda.cu \
-    's = s.replace("CUDA_LAUNCH(kernel, grid, BM * 2, smem", "CUDA_LAUNCH(kernel, grid, BM * 4, smem", 1)' \
+    's = s.replace("CUDA_LAUNCH(kernel, grid, FWD_WARPS * 32, smem", "CUDA_LAUNCH(kernel, grid, FWD_WARPS * 64, smem", 1)' \
     'too many resources requested for launch'
 fi
 

@@ -18,18 +18,15 @@
 extern "C" {
 #endif
 
-// attention.kernels: which dense forward runs on the GPU. AUTO: the mma.sync
-// kernels unless a table of measurements says otherwise (none yet: sm_90 stays
-// off by default); SM80: the mma.sync kernels; SM90: the sm_90 kernels, or
-// one line and exit where they do not cover the GPU or the shape.
-typedef enum { ATTN_KERNELS_AUTO, ATTN_KERNELS_SM80, ATTN_KERNELS_SM90 } AttnKernels;
-
 // Why the sm_90 forward cannot run `shape` on the current device (a phrase for
 // a message), or NULL when it can.
 const char *attn_sm90_unsupported(const AttnShape *shape);
 
-// The process's choice for the dense forward (default AUTO). SM90 on a device
-// without compute capability 9.0 stops with one line.
+// The process's choice for the dense forward (attention.kernels, attention.h;
+// default AUTO). AUTO: the mma.sync kernels (no table of measurements
+// chooses the sm_90 ones yet); SM80: the mma.sync kernels; SM90: the sm_90
+// kernels, and on a device without compute capability 9.0 one line and exit
+// here, on a shape they do not cover one line and exit at the call.
 void attn_kernels_choose(AttnKernels kernels);
 
 // attn_dense_forward_cuda (attention_cuda.h) on the sm_90 kernels: the shape

@@ -58,7 +58,7 @@ constexpr int FLAG_PARTIAL = 0, FLAG_FULL = 1, FLAG_END = 2;   // a stage's key 
 constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;       // 24 + 2 x 240 of 512 per thread of each warpgroup
 
 // Min and max over the warp of a (lanes with !valid left out); every lane gets them.
-__device__ __forceinline__ void warp_bounds(int64_t a, bool valid_a, int64_t b, bool valid_b, int64_t *lo,
+static __device__ __forceinline__ void warp_bounds(int64_t a, bool valid_a, int64_t b, bool valid_b, int64_t *lo,
                                             int64_t *hi) {
     int64_t mn = min(valid_a ? a : INT64_MAX, valid_b ? b : INT64_MAX);
     int64_t mx = max(valid_a ? a : INT64_MIN, valid_b ? b : INT64_MIN);
@@ -72,7 +72,7 @@ __device__ __forceinline__ void warp_bounds(int64_t a, bool valid_a, int64_t b, 
 
 // The producer's warp: Q of the CTA's heads, then every key tile some query of the tile sees, in order.
 template <int D, int C, bool DOCS>
-__device__ void produce(unsigned char *smem, const CUtensorMap *qmap, const CUtensorMap *kmap,
+static __device__ void produce(unsigned char *smem, const CUtensorMap *qmap, const CUtensorMap *kmap,
                         const CUtensorMap *vmap, const int64_t *__restrict__ q_pos,
                         const int64_t *__restrict__ k_pos, const int64_t *__restrict__ q_first, int64_t Tq,
                         int64_t Tk, int64_t i0, int h0, int heads, int kvh) {
@@ -127,7 +127,7 @@ __device__ void produce(unsigned char *smem, const CUtensorMap *qmap, const CUte
 // One consumer warpgroup: q head h against every stage the producer fills; merges into (o, lse) at the end.
 // Thread (warp w of the group, lane l; g = l / 4, t = l % 4) holds rows 16 w + g and + 8 of the tile.
 template <int D, int C, bool DOCS>
-__device__ void consume(unsigned char *smem, int c, const int64_t *__restrict__ q_pos,
+static __device__ void consume(unsigned char *smem, int c, const int64_t *__restrict__ q_pos,
                         const int64_t *__restrict__ q_first, int64_t Tq, int Hq, int64_t i0, int h,
                         float scale_log2, float *__restrict__ o, float *__restrict__ lse) {
     using L = Sm90Smem<D, C>;
@@ -271,6 +271,7 @@ flash_sm90_forward_kernel(AttnDims d, AttnPos pos, AttnOut out, const __grid_con
             mbarrier_init(&full[s], 1);
             mbarrier_init(&empty[s], 128 * heads);
         }
+        mbarrier_init_fence();
     }
     __syncthreads();
     if (wg == 0) {

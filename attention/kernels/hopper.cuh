@@ -29,6 +29,14 @@ __device__ __forceinline__ void mbarrier_init(uint64_t *bar, unsigned count) {
 #endif
 }
 
+// After the CTA's mbarrier_init calls, before a __syncthreads: the initialisations visible to the bulk copies
+// (the async proxy) that complete on the barriers. The sim's barriers are visible to them at once.
+__device__ __forceinline__ void mbarrier_init_fence() {
+#ifndef __CUDASIM__
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+
 // One arrival on the current phase.
 __device__ __forceinline__ void mbarrier_arrive(uint64_t *bar) {
 #ifdef __CUDASIM__

@@ -84,7 +84,7 @@ static int64_t tiles_seen(const int64_t *qpos, const int64_t *qfirst, int64_t Tq
 static void run_case(const Case *c, uint64_t seed) {
     Rng rng;
     rng_seed(&rng, seed);
-    const int D = c->D, Hq = c->Hq, Hkv = c->Hkv, group = Hq / Hkv;
+    const int D = c->D, Hq = c->Hq, Hkv = c->Hkv;
     char name[160];
     snprintf(name, sizeof name, "sm90 N=%lld D=%d Hq=%d Hkv=%d chunks=%d%s", (long long)c->n, D, Hq, Hkv,
              c->world, c->docs ? " documents" : "");
@@ -152,7 +152,7 @@ static void run_case(const Case *c, uint64_t seed) {
     // per kv head and slice of at most two heads.
     cudasimKernelCounts k;
     cudasim_kernel_counts("flash_sm90_forward_kernel", &k);
-    const int slices = group >= 2 ? (group + 1) / 2 : 1;
+    const int group = Hq / Hkv, slices = group >= 2 ? (group + 1) / 2 : 1;
     const unsigned long long wgmma = 2ull * Hq * tiles * (D / 16 + TILE / 16);
     const unsigned long long tma = 2ull * ((unsigned long long)c->world * ((Tq + TILE - 1) / TILE) * Hq * TILE * D * 2 +
                                           (unsigned long long)tiles * Hkv * slices * 2 * TILE * D * 2);

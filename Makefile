@@ -98,6 +98,11 @@ build/obj/%.cu.o: %.cu $(DEPS_OK)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
+# wgmma and setmaxnreg need the arch-specific target: flash_sm90.cu's sm_90 code is sm_90a.
+comma := ,
+build/obj/attention/kernels/flash_sm90.cu.o: CUDA_ARCHS := \
+    $(subst compute_90$(comma)code=sm_90,compute_90a$(comma)code=sm_90a,$(CUDA_ARCHS))
+
 build/mtrain: build/obj/trainer/main.o $(LIB_OBJ)
 	$(CC) $^ -o $@ $(LDLIBS)
 
@@ -177,7 +182,7 @@ SIM_LIB = build/sim/libcudasim.a
 # (mtrain and the tests that link the library: the device communicators).
 SIM_NCCL_OBJ = build/sim/obj/tests/sim/cudasim/mpi/nccl.o
 SIM_HAS_CUB = $(wildcard tests/sim/cudasim/include/cub/cub.cuh)
-SIM_CU_NO_CUB = attention/kernels/flash_cuda.cu model/matmul_cuda.cu
+SIM_CU_NO_CUB = attention/kernels/flash_cuda.cu attention/kernels/flash_sm90.cu model/matmul_cuda.cu
 SIM_CU_SRC = $(SIM_CU_NO_CUB) $(if $(SIM_HAS_CUB),$(filter-out $(SIM_CU_NO_CUB),$(CU_SRC)))
 SIM_CU_OBJ = $(SIM_CU_SRC:%.cu=build/sim/obj/%.cu.o)
 SIM_LDLIBS = $(filter-out -lcudart -lcublasLt -lnccl,$(LDLIBS)) -lstdc++ -ldl -rdynamic
@@ -185,7 +190,7 @@ SIM_GPU_LDLIBS = -lstdc++ -lm -ldl -fopenmp -rdynamic
 SIM_GPU_OBJ = build/sim/obj/dist/util.o build/sim/obj/attention/kernels/flash_cpu.o build/sim/obj/attention/layout.o \
               build/sim/obj/attention/kernels/sparse_flash_cpu.o build/sim/obj/attention/sparse/sparse_index.o \
               build/sim/obj/trainer/plan_counts.o build/sim/obj/trainer/plan_cost.o $(SIM_CU_OBJ)
-SIM_GPU_TESTS = build/sim/tests/gpu_test_attention build/sim/tests/gpu_test_matmul \
+SIM_GPU_TESTS = build/sim/tests/gpu_test_attention build/sim/tests/gpu_test_matmul build/sim/tests/gpu_test_sm90 \
                 $(if $(SIM_HAS_CUB),build/sim/tests/gpu_test_sparse build/sim/tests/gpu_test_counts build/sim/tests/gpu_test_attention_op build/sim/tests/gpu_test_ops \
                 build/sim/tests/gpu_test_backend)
 SIM_BIN = $(SIM_GPU_TESTS) $(SIM_GPU_TESTS:%=%_asan) build/sim/tests/sim_selftest build/sim/tests/sim_selftest_asan \

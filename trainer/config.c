@@ -70,6 +70,7 @@ ENUM_FIELD_IS_INT(attention, ring);
 ENUM_FIELD_IS_INT(attention, ring_send);
 ENUM_FIELD_IS_INT(attention, budget);
 ENUM_FIELD_IS_INT(attention, layout);
+ENUM_FIELD_IS_INT(attention, kernels);
 ENUM_FIELD_IS_INT(parallel, comm);
 ENUM_FIELD_IS_INT(train, backend);
 ENUM_FIELD_IS_INT(train, lr_schedule);
@@ -127,6 +128,7 @@ static const Key keys[] = {
     INT(attention, vertical, 1024, 0, 1 << 30, "Sparse, budget `fixed`: vertical lines per head."),
     INT(attention, slash, 1024, 0, 1 << 30, "Sparse, budget `fixed`: slash lines per head."),
     PATH(attention, budget_file, "none", NAMES("none"), "a budget file", "Sparse, budget `fixed`: `none`, or a text file of `layer head vertical slash` lines that overrides the counts per layer and head."),
+    ENUM(attention, kernels, "auto", NAMES("auto", "sm80", "sm90"), "The dense attention forward on a GPU (`train.backend: cuda`): `auto` = the mma.sync kernels (the Hopper kernels stay off until measurements choose them); `sm80` = the mma.sync kernels; `sm90` = the Hopper kernels (wgmma, TMA; head dims 64 and 128): a GPU without compute capability 9.0 stops the run with one line. The backward is the mma.sync one either way."),
     ENUM(attention, layout, "striped", NAMES("contiguous", "zigzag", "striped"), "How a sequence's blocks of `block_size` tokens are spread over context-parallel ranks; the loader hands each rank its tokens in this order."),
 
     INT(parallel, threads, 0, 0, 4096, "OpenMP (and OpenBLAS) threads of each rank on the CPU backend; 0 = the CPUs of this node divided by the MPI ranks on it (at least 1; all CPUs for one process). A setting that oversubscribes the node gets a warning."),

@@ -29,6 +29,14 @@ __device__ __forceinline__ void mbarrier_init(uint64_t *bar, unsigned count) {
 #endif
 }
 
+// After the CTA's mbarrier_init calls, before a __syncthreads: the initialisations visible to the bulk copies
+// (the async proxy) that complete on the barriers. The sim's barriers are visible to them at once.
+__device__ __forceinline__ void mbarrier_init_fence() {
+#ifndef __CUDASIM__
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+
 // One arrival on the current phase.
 __device__ __forceinline__ void mbarrier_arrive(uint64_t *bar) {
 #ifdef __CUDASIM__
@@ -203,7 +211,7 @@ template <int N>
 __device__ __forceinline__ void wgmma_bf16(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc, bool accumulate) {
     static_assert(N == 64 || N == 128 || N == 256, "wgmma_bf16: N is 64, 128 or 256");
 #ifdef __CUDASIM__
-    cudasim::wgmma_bf16(d, N, a_desc, nullptr, b_desc, accumulate);
+    cudasim::wgmma_bf16(d, N, a_desc, nullptr, b_desc, false, accumulate);
 #else
     if constexpr (N == 64) {
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
@@ -228,31 +236,35 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[N / 2], uint64_t a_desc, u
 }
 
 // The same with A from registers: a[4] as mma.m16n8k16's A fragment of the warp's rows 16 warp .. 16 warp + 15.
-template <int N>
+// B_MN_MAJOR: B's descriptor is of the transposed (MN-major) layout, N contiguous (imm-trans-b 1).
+template <int N, bool B_MN_MAJOR = false>
 __device__ __forceinline__ void wgmma_bf16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b_desc,
                                               bool accumulate) {
     static_assert(N == 64 || N == 128 || N == 256, "wgmma_bf16_rs: N is 64, 128 or 256");
 #ifdef __CUDASIM__
-    cudasim::wgmma_bf16(d, N, 0, a, b_desc, accumulate);
+    cudasim::wgmma_bf16(d, N, 0, a, b_desc, B_MN_MAJOR, accumulate);
 #else
     if constexpr (N == 64) {
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
                      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" WGMMA_D32
-                     "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                     "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
                      : WGMMA_D32_OPERANDS(d)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"((int)accumulate));
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"((int)accumulate),
+                       "n"((int)B_MN_MAJOR));
     } else if constexpr (N == 128) {
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
                      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" WGMMA_D64
-                     "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+                     "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
                      : WGMMA_D64_OPERANDS(d)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"((int)accumulate));
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"((int)accumulate),
+                       "n"((int)B_MN_MAJOR));
     } else {
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
                      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" WGMMA_D128
-                     "}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+                     "}, {%128, %129, %130, %131}, %132, p, 1, 1, %134;\n}\n"
                      : WGMMA_D128_OPERANDS(d)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"((int)accumulate));
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"((int)accumulate),
+                       "n"((int)B_MN_MAJOR));
     }
 #endif
 }

@@ -39,6 +39,7 @@ extern "C" {
 #include "../../dist/cuda_kernel.h"
 #include "../kernels/attention_cuda.h"
 #include "../kernels/attn_variants.h"
+#include "../kernels/flash_sm90.h"
 #include "../kernels/sparse_cuda.h"
 #include "../sparse/sparse_select_cuda.h"
 
@@ -96,6 +97,7 @@ extern "C" AttnState *attention_cuda_new(const AttentionConfig *cfg, int num_lay
           "attention.block_size %d: the CUDA sparse attention supports 64 and 128", cfg->block_size);
     CHECK(!sparse || cfg->last_q <= EST_MAX_QUERIES,
           "attention.last_q %d: the CUDA sparse estimation takes at most %d queries", cfg->last_q, EST_MAX_QUERIES);
+    attn_kernels_choose(cfg->kernels);
     AttnState *st = (AttnState *)xcalloc(1, sizeof(AttnState));
     st->cfg = *cfg;
     st->num_layers = num_layers;
@@ -395,7 +397,7 @@ extern "C" void attention_cuda_cached(AttnState *st, const AttnShape *shape, con
     const AttnShape s = with_documents(st, shape, stream);
     float *o_acc = (float *)scratch(&st->o_acc, sizeof(float) * (size_t)(s.q_tokens * s.num_heads * s.head_dim));
     attn_forward_init_cuda(&s, o_acc, lse, stream);
-    attn_dense_forward_cuda(&s, q, q_pos, k, v, k_pos, o_acc, lse, stream);
+    attn_dense_forward_chosen_cuda(&s, q, q_pos, k, v, k_pos, o_acc, lse, stream);
     attn_output_bf16_cuda(&s, o_acc, o, stream);
 }
 

@@ -28,6 +28,7 @@
 #include "../../dist/cuda_check.h"
 #include "../../dist/util.h"
 #include "../kernels/attention_cuda.h"
+#include "../kernels/flash_sm90.h"
 #include "ring_columns_cuda.h"
 #include "ring_plan.h"
 #include "ring_rows_cuda.h"
@@ -337,7 +338,7 @@ static void dev_backward_delta(void *ctx, const AttnShape *shape, const void *o,
 static void dense_forward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos, const void *k,
                           const void *v, const int64_t *k_pos, float *o, float *lse) {
     RingCuda *rc = ctx;
-    attn_dense_forward_cuda(shape, q, q_pos, k, v, k_pos, o, lse, rc->stream);
+    attn_dense_forward_chosen_cuda(shape, q, q_pos, k, v, k_pos, o, lse, rc->stream);
 }
 
 static void dense_backward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos, const void *k,

@@ -20,8 +20,8 @@
 //   fragments                    mma.sync and ldmatrix element by element against the PTX ISA tables
 //   memory_peak                  cudasimMemoryPeak: cudaMalloc's bytes plus the pool's high-water mark (ok / FAIL)
 //   hopper_gemm                  TMA (every swizzle, out-of-bounds zero fill) on an mbarrier, then wgmma
-//                                m64nNk16 (N 64, 128, 256) against a CPU GEMM; a descriptor of the wrong
-//                                swizzle wrong; the Hopper counts (ok / FAIL)
+//                                m64nNk16 (N 64, 128, 256) against a CPU GEMM, also with B MN-major; a
+//                                descriptor of the wrong swizzle or major-ness wrong; the Hopper counts (ok / FAIL)
 //   mbarrier_wrong_phase / wgmma_early_read   a wait on the wrong parity / the accumulators read before
 //                                wgmma.wait_group: prints poison
 //   mbarrier_no_expect_tx / mbarrier_missing_bytes / wgmma_early_write / wgmma_no_fence /
@@ -575,7 +575,9 @@ static void banks() {
 // (the loads' own, or a wrong one). out: the 64 x N accumulators by the documented fragment layout. MODE:
 // 0 right; 1 waits on the wrong parity; 2 arrives without expect-tx; 3 expects twice the bytes; 4 reads the
 // accumulators before the wait; 5 writes them before the wait; 6 no wgmma.fence; 7 right, A from registers
-// (each thread's fragment of a_rows, the tensor's 60 rows); 8 thread 0 rewrites a byte of B before the wait.
+// (each thread's fragment of a_rows, the tensor's 60 rows); 8 thread 0 rewrites a byte of B before the wait;
+// 9 right, A from registers and B MN-major: map_b holds B^T (64 x N, N contiguous), loaded in boxes along N,
+// read through MN-major descriptors; 10 the same read as K-major.
 static int swizzle_of(int span) { return span == 128 ? 1 : span == 64 ? 2 : span == 32 ? 3 : 0; }
 
 template <int N>
@@ -592,15 +594,16 @@ __global__ void tma_wgmma_kernel(const __grid_constant__ CUtensorMap map_a, cons
         else mbarrier_arrive_expect_tx(bar, mode == 3 ? 2 * bytes : bytes);
         for (int b = 0; b < boxes; b++) {
             tma_load_2d(tile_a + b * 64 * span, &map_a, b * e, 0, bar);
-            tma_load_2d(tile_b + b * N * span, &map_b, b * e, 0, bar);
+            if (mode < 9) tma_load_2d(tile_b + b * N * span, &map_b, b * e, 0, bar);
         }
+        for (int b = 0; mode >= 9 && b < N / e; b++) tma_load_2d(tile_b + b * 64 * span, &map_b, b * e, 0, bar);
     }
     __syncthreads();
     mbarrier_wait(bar, mode == 1 ? 1 : 0);
     float d[N / 2];
     const int w = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
     uint32_t a[4][4];   // [k16 step][register]: rows 16 w + g (+ 8), columns 16 step + 2 t (+ 8), pairs
-    for (int j = 0; mode == 7 && j < 4; j++)
+    for (int j = 0; (mode == 7 || mode >= 9) && j < 4; j++)
         for (int r = 0; r < 4; r++) {
             const int row = 16 * w + g + 8 * (r % 2), col = 16 * j + 2 * t + 8 * (r / 2);
             const bf16 zero = __float2bfloat16_rn(0.0f), lo = row < 60 ? a_rows[row * 64 + col] : zero,
@@ -615,7 +618,12 @@ __global__ void tma_wgmma_kernel(const __grid_constant__ CUtensorMap map_a, cons
                                              span < 32 ? 128 : 8 * span, (WgmmaSwizzle)sw);
         const uint64_t db = wgmma_descriptor(tile_b + (span < 32 ? 2 * j : box) * N * span + within, N * 16,
                                              span < 32 ? 128 : 8 * span, (WgmmaSwizzle)sw);
+        // B^T's rows 16 j..: 8 rows (k) of a box SBO apart, the next box of N (span / 2 elements) LBO apart.
+        const uint64_t dt = wgmma_descriptor(tile_b + 16 * j * span, span < 32 ? 128 : 64 * span,
+                                             span < 32 ? 1024 : 8 * span, (WgmmaSwizzle)sw);
         if (mode == 7) wgmma_bf16_rs<N>(d, a[j], db, j > 0);
+        else if (mode == 9) wgmma_bf16_rs<N, true>(d, a[j], dt, j > 0);
+        else if (mode == 10) wgmma_bf16_rs<N, false>(d, a[j], dt, j > 0);
         else wgmma_bf16<N>(d, da, db, j > 0);
     }
     wgmma_commit_group();
@@ -647,21 +655,23 @@ static CUtensorMap tensor_map_2d(const uint16_t *d, uint64_t cols, uint64_t rows
 // Runs the kernel; "correct", "wrong" or "poison" (a NaN) against a CPU GEMM (fp64), and the counts.
 template <int N>
 static const char *tma_wgmma(int span, int desc_span, int mode, cudasimKernelCounts *k) {
-    static uint16_t a[60 * 64], b[N * 64];
+    static uint16_t a[60 * 64], b[N * 64], bt[64 * N];
     static float out[64 * N];
     for (int i = 0; i < 60 * 64; i++) a[i] = bf16_of((float)((i * 7) % 13 - 6) / 8);
     for (int i = 0; i < N * 64; i++) b[i] = bf16_of((float)((i * 5) % 11 - 5) / 4);
+    for (int i = 0; i < N * 64; i++) bt[i % 64 * N + i / 64] = b[i];
     uint16_t *d_a, *d_b;
     float *d_out;
     CUDA_CHECK(cudaMalloc((void **)&d_a, sizeof a));
     CUDA_CHECK(cudaMalloc((void **)&d_b, sizeof b));
     CUDA_CHECK(cudaMalloc((void **)&d_out, sizeof out));
     CUDA_CHECK(cudaMemcpy(d_a, a, sizeof a, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(d_b, b, sizeof b, cudaMemcpyHostToDevice));
-    const CUtensorMap map_a = tensor_map_2d(d_a, 64, 60, 64, span), map_b = tensor_map_2d(d_b, 64, N, N, span);
+    CUDA_CHECK(cudaMemcpy(d_b, mode >= 9 ? bt : b, sizeof b, cudaMemcpyHostToDevice));
+    const CUtensorMap map_a = tensor_map_2d(d_a, 64, 60, 64, span),
+                      map_b = mode >= 9 ? tensor_map_2d(d_b, N, 64, 64, span) : tensor_map_2d(d_b, 64, N, N, span);
     cudasim_kernel_counts_reset();
-    // the tiles and 4 KiB beyond them that a wrong descriptor may read (poison)
-    CUDA_LAUNCH(tma_wgmma_kernel<N>, 1, 128, (64 + N) * 128 + 4096, 0, map_a, map_b,
+    // the tiles and 8 KiB beyond them that a wrong descriptor may read (poison)
+    CUDA_LAUNCH(tma_wgmma_kernel<N>, 1, 128, (64 + N) * 128 + 8192, 0, map_a, map_b,
                 reinterpret_cast<const bf16 *>(d_a), span, desc_span, mode, d_out);
     CUDA_CHECK(cudaGetLastError());
     CUDA_CHECK(cudaMemcpy(out, d_out, sizeof out, cudaMemcpyDeviceToHost));
@@ -739,6 +749,11 @@ static void hopper_gemm() {
                k.wgmma, k.wgmma_flops, k.tma_bytes, k.mbarrier_waits, 4ull * 2 * 64 * 256 * 16, (64 + 256) * 128);
         const char *rs = tma_wgmma<128>(spans[s], spans[s], 7, &k);
         EXPECT(!strcmp(rs, "correct"), "the same with A from registers, N 128: %s", rs);
+        const char *mn64 = tma_wgmma<64>(spans[s], spans[s], 9, &k), *mn128 = tma_wgmma<128>(spans[s], spans[s], 9, &k);
+        const char *as_k = tma_wgmma<128>(spans[s], spans[s], 10, &k);
+        EXPECT(!strcmp(mn64, "correct") && !strcmp(mn128, "correct") && strcmp(as_k, "correct"),
+               "B MN-major (B^T in boxes along N), N 64/128: %s %s; read as K-major: %s (want wrong or poison)", mn64,
+               mn128, as_k);
         if (spans[s] > 16) {
             const int wrong = spans[s] / 2;
             const char *r = tma_wgmma<128>(spans[s], wrong, 0, &k);

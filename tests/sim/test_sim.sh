@@ -6,7 +6,8 @@
 # AddressSanitizer); what the CUDA attention op refuses (one line, exit 1);
 # and mutations of the attention sources (a __syncthreads
 # removed, a fragment's bf16 halves swapped, too many threads for the
-# __launch_bounds__) that the attention test must catch, and of the sparse
+# __launch_bounds__; in the Hopper forward an mbarrier wait removed or on the
+# wrong phase, a wgmma fence or wait removed) that the attention tests must catch, and of the sparse
 # index build's barriers (each loop's closing __syncthreads, the one inside
 # block_exclusive_sum) that the sparse test's long index row must catch.
 cd "$(dirname "$0")/../.."
@@ -169,6 +170,17 @@ mutant gpu_test_attention small "forward without the __syncthreads after V's cp.
   's = s.replace("        __syncthreads();   // V is in; every warp is done with K and its positions\n", "", 1)'
 mutant gpu_test_attention small "pack_bf16 with its two halves swapped" attention/kernels/flash_tiles.cuh \
   's = s.replace("__floats2bfloat162_rn(lo, hi)", "__floats2bfloat162_rn(hi, lo)", 1)'
+# The Hopper forward's pipeline: each missing wait, wrong phase or missing wgmma fence or wait must fail it.
+mutant gpu_test_sm90 small "sm90 consumer without its wait on the stage's full mbarrier" attention/kernels/flash_sm90.cu \
+  's = s.replace("        mbarrier_wait(&full[stage], phase);\n", "", 1)'
+mutant gpu_test_sm90 small "sm90 consumer waiting on parity 0 every time" attention/kernels/flash_sm90.cu \
+  's = s.replace("mbarrier_wait(&full[stage], phase);", "mbarrier_wait(&full[stage], 0);", 1)'
+mutant gpu_test_sm90 small "sm90 producer refilling a stage without its wait on empty" attention/kernels/flash_sm90.cu \
+  's = s.replace("        mbarrier_wait(&empty[stage], phase ^ 1);\n        kps", "        kps", 1)'
+mutant gpu_test_sm90 small "sm90 S = Q K^T without its wgmma.fence" attention/kernels/flash_sm90.cu \
+  's = s.replace("        wgmma_fence();\n#pragma unroll\n        for (int kk = 0; kk < D / 16", "#pragma unroll\n        for (int kk = 0; kk < D / 16", 1)'
+mutant gpu_test_sm90 small "sm90 S = Q K^T read before its wgmma.wait_group" attention/kernels/flash_sm90.cu \
+  's = s.replace("        wgmma_commit_group();\n        wgmma_wait_group<0>();\n\n", "        wgmma_commit_group();\n\n", 1)'
 # The barriers closing the index build's three loops (after each
 # block_exclusive_sum) and the one inside block_exclusive_sum: the long index
 # row runs each loop several times with data in every warp.

@@ -79,6 +79,7 @@ struct PendingAccumulator {
 struct WgmmaOperands {
     uint64_t a_desc, b_desc;    // a_desc 0: A came from registers
     int n;
+    bool b_mn_major;
     std::vector<float> a, b;
     int waiting;                // threads of the warpgroup that have not waited for it yet
 };
@@ -654,12 +655,15 @@ void bulk_tensor_load(void *smem, const void *tensor_map, const int *coords, int
 
 static const uint32_t DESCRIPTOR_SPAN[4] = {0, 128, 64, 32};   // swizzle mode bits 62-63: none, 128B, 64B, 32B
 
-// rows x 16 bf16 of a K-major operand through its matrix descriptor (PTX ISA, "Matrix Descriptor Format":
+// rows x 16 bf16 of an operand through its matrix descriptor (PTX ISA, "Matrix Descriptor Format":
 // start address bits 0-13, leading byte offset 16-29, stride byte offset 32-45, each in 16-byte units;
-// base offset 49-51; swizzle mode 62-63). Without swizzle, 8 x 8 core matrices of 8 rows of 16 bytes: element
-// (r, k) at start + (r/8) SBO + (k/8) LBO + 16 (r%8) + 2 (k%8). With a swizzle of S bytes, rows of S bytes in
-// atoms of 8 rows: start + (r/8) SBO + S (r%8) + 2k, swizzled; LBO unused.
-static void read_operand(Thread *t, uint64_t desc, int rows, float *out) {
+// base offset 49-51; swizzle mode 62-63; "Shared Memory Matrix Layout" for the strides). K-major: without
+// swizzle, 8 x 8 core matrices of 8 rows of 16 bytes: element (r, k) at start + (r/8) SBO + (k/8) LBO +
+// 16 (r%8) + 2 (k%8); with a swizzle of S bytes, rows of S bytes in atoms of 8 rows: start + (r/8) SBO +
+// S (r%8) + 2k, swizzled; LBO unused. MN-major (B transposed: r contiguous): without swizzle, element (r, k)
+// at start + (r/8) SBO + (k/8) LBO + 16 (k%8) + 2 (r%8); with a swizzle of S bytes, rows of S bytes (S/2
+// elements of r) for 8 consecutive k: start + (r / (S/2)) LBO + (k/8) SBO + S (k%8) + 2 (r % (S/2)), swizzled.
+static void read_operand(Thread *t, uint64_t desc, int rows, bool mn_major, float *out) {
     const Block *b = t->block;
     const uint32_t start = (uint32_t)(desc & 0x3fff) << 4, lbo = (uint32_t)(desc >> 16 & 0x3fff) << 4,
                    sbo = (uint32_t)(desc >> 32 & 0x3fff) << 4, span = DESCRIPTOR_SPAN[desc >> 62];
@@ -668,8 +672,13 @@ static void read_operand(Thread *t, uint64_t desc, int rows, float *out) {
                      "to the swizzle's repeat)", (unsigned long long)desc);
     for (int r = 0; r < rows; r++)
         for (int k = 0; k < 16; k++) {
-            const uint32_t linear = span ? start + r / 8 * sbo + span * (r % 8) + 2 * k
-                                         : start + r / 8 * sbo + k / 8 * lbo + 16 * (r % 8) + 2 * (k % 8);
+            uint32_t linear;
+            if (!mn_major)
+                linear = span ? start + r / 8 * sbo + span * (r % 8) + 2 * k
+                              : start + r / 8 * sbo + k / 8 * lbo + 16 * (r % 8) + 2 * (k % 8);
+            else
+                linear = span ? start + r / (span / 2) * lbo + k / 8 * sbo + span * (k % 8) + 2 * (r % (span / 2))
+                              : start + r / 8 * sbo + k / 8 * lbo + 16 * (k % 8) + 2 * (r % 8);
             const uint32_t addr = swizzle(linear, span);
             if (addr + 2 > b->launch->smem)
                 violation(t, "wgmma descriptor 0x%016llx reads shared address %u, past the block's %zu bytes of "
@@ -687,7 +696,8 @@ static void check_warpgroup(Thread *t, const char *what) {
                      "contiguous warps)", what, t->linear / 128, t->block->threads.size());
 }
 
-void wgmma_bf16(float *d, int n, uint64_t a_desc, const uint32_t *a_regs, uint64_t b_desc, bool accumulate) {
+void wgmma_bf16(float *d, int n, uint64_t a_desc, const uint32_t *a_regs, uint64_t b_desc, bool b_mn_major,
+                bool accumulate) {
     Thread *t = self("wgmma.mma_async");
     check_warpgroup(t, "wgmma.mma_async");
     if (n < 8 || n > 256 || n % 8)
@@ -697,7 +707,7 @@ void wgmma_bf16(float *d, int n, uint64_t a_desc, const uint32_t *a_regs, uint64
                      "wgmma.wait_group (PTX ISA, wgmma.fence: required before the first wgmma.mma_async and "
                      "between register accesses and a wgmma.mma_async)");
     t->op = OP_WGMMA;
-    t->variant = n * 4 + (a_regs ? 2 : 0) + accumulate;
+    t->variant = n * 8 + (b_mn_major ? 4 : 0) + (a_regs ? 2 : 0) + accumulate;
     t->mask = 0xffffffffu;
     t->in[0] = a_desc;
     t->in[1] = b_desc;
@@ -711,8 +721,8 @@ void wgmma_bf16(float *d, int n, uint64_t a_desc, const uint32_t *a_regs, uint64
 
 static void complete_wgmma(Thread *const *lane, uint64_t *counts) {
     Thread *t = lane[0];
-    const int n = t->variant / 4;
-    const bool from_regs = t->variant & 2, accumulate = t->variant & 1;
+    const int n = t->variant / 8;
+    const bool b_mn_major = t->variant & 4, from_regs = t->variant & 2, accumulate = t->variant & 1;
     std::vector<float> A(64 * 16), B((size_t)n * 16);
     if (from_regs)
         for (int l = 0; l < 128; l++) {
@@ -722,10 +732,10 @@ static void complete_wgmma(Thread *const *lane, uint64_t *counts) {
                     A[(row0 + 8 * (r % 2)) * 16 + col0 + 8 * (r / 2) + h] =
                         bf16_bits_to_float((uint32_t)(lane[l]->in[4 + r / 2] >> (32 * (r % 2) + 16 * h)) & 0xffff);
         }
-    else read_operand(t, t->in[0], 64, A.data());
-    read_operand(t, t->in[1], n, B.data());
-    auto operands = std::make_shared<WgmmaOperands>(
-        WgmmaOperands{from_regs ? 0 : t->in[0], t->in[1], n, from_regs ? std::vector<float>() : A, B, 128});
+    else read_operand(t, t->in[0], 64, false, A.data());
+    read_operand(t, t->in[1], n, b_mn_major, B.data());
+    auto operands = std::make_shared<WgmmaOperands>(WgmmaOperands{
+        from_regs ? 0 : t->in[0], t->in[1], n, b_mn_major, from_regs ? std::vector<float>() : A, B, 128});
     for (int l = 0; l < 128; l++) {
         Thread *u = lane[l];
         u->wgmma_operands.push_back({operands, u->wgmma_committed});
@@ -794,8 +804,8 @@ void wgmma_wait_group(int n) {
         WgmmaOperands &o = *p.operands;
         if (--o.waiting > 0) continue;
         std::vector<float> a(o.a.size()), b(o.b.size());
-        if (o.a_desc) read_operand(t, o.a_desc, 64, a.data());
-        read_operand(t, o.b_desc, o.n, b.data());
+        if (o.a_desc) read_operand(t, o.a_desc, 64, false, a.data());
+        read_operand(t, o.b_desc, o.n, o.b_mn_major, b.data());
         if (memcmp(a.data(), o.a.data(), a.size() * sizeof(float)) ||
             memcmp(b.data(), o.b.data(), b.size() * sizeof(float)))
             violation(t, "the shared memory a wgmma.mma_async read (descriptors A 0x%016llx, B 0x%016llx) changed "

@@ -117,19 +117,27 @@ const cudaDeviceProp &device_props() {
     static const cudaDeviceProp p = [] {
         cudaDeviceProp d;
         memset(&d, 0, sizeof d);
-        snprintf(d.name, sizeof d.name, "cudasim A100-SXM4-80GB (CPU execution model)");
+        // CUDASIM_SM=90: an H100-SXM5-80GB (compute capability 9.0, 227 KiB of shared memory per block).
+        const char *sm = getenv("CUDASIM_SM");
+        const bool hopper = sm && strcmp(sm, "90") == 0;
+        if (sm && !hopper && strcmp(sm, "80") != 0) {
+            fprintf(stderr, "cudasim: CUDASIM_SM=%s (expected 80 or 90)\n", sm);
+            exit(1);
+        }
+        snprintf(d.name, sizeof d.name, "cudasim %s (CPU execution model)",
+                 hopper ? "H100-SXM5-80GB" : "A100-SXM4-80GB");
         d.totalGlobalMem = (size_t)80 << 30;
         d.sharedMemPerBlock = 48 * 1024;
-        d.sharedMemPerBlockOptin = 163 * 1024;
-        d.sharedMemPerMultiprocessor = 164 * 1024;
+        d.sharedMemPerBlockOptin = (hopper ? 227 : 163) * 1024;
+        d.sharedMemPerMultiprocessor = (hopper ? 228 : 164) * 1024;
         d.regsPerBlock = 65536;
         d.warpSize = 32;
         d.maxThreadsPerBlock = 1024;
         d.maxThreadsDim[0] = 1024; d.maxThreadsDim[1] = 1024; d.maxThreadsDim[2] = 64;
         d.maxGridSize[0] = 2147483647; d.maxGridSize[1] = 65535; d.maxGridSize[2] = 65535;
         d.maxThreadsPerMultiProcessor = 2048;
-        d.multiProcessorCount = 108;
-        d.major = 8;
+        d.multiProcessorCount = hopper ? 132 : 108;
+        d.major = hopper ? 9 : 8;
         d.minor = 0;
         return d;
     }();

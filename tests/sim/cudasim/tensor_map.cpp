@@ -2,9 +2,10 @@
 // Management") for the CPU execution model of CUDA: the driver's checks of
 // the arguments, then the sim's encoding of the map (cudasim.h,
 // TensorMapModel) in its 128 opaque bytes, which grid.cpp's bulk tensor
-// copies read. Interleaved layouts, element strides other than 1 and the
+// copies read; cudaGetDriverEntryPointByVersion finds it by name. Interleaved layouts, element strides other than 1 and the
 // NaN out-of-bounds fill are not modelled: asked for, the program ends.
 #include <cuda.h>
+#include <cuda_runtime_api.h>
 #include <string.h>
 
 #include "cudasim.h"
@@ -64,4 +65,16 @@ CUresult cuTensorMapEncodeTiled(CUtensorMap *tensorMap, CUtensorMapDataType tens
     memset(tensorMap, 0, sizeof *tensorMap);
     memcpy(tensorMap->opaque, &m, sizeof m);
     return CUDA_SUCCESS;
+}
+
+// CUDA Runtime API, "Driver Entry Point Access": the sim's driver functions by name.
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr, unsigned int cudaVersion,
+                                             unsigned long long flags, enum cudaDriverEntryPointQueryResult *status) {
+    (void)cudaVersion;
+    (void)flags;
+    const bool found = symbol && strcmp(symbol, "cuTensorMapEncodeTiled") == 0;
+    if (status) *status = found ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+    if (!funcPtr) return cudaErrorInvalidValue;
+    *funcPtr = found ? (void *)cuTensorMapEncodeTiled : nullptr;
+    return cudaSuccess;
 }

@@ -112,6 +112,13 @@ cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, 
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes *attr, const void *func);
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *blocks, const void *func, int block_size,
                                                           size_t dynamic_smem);
+// A driver API function by name (the sim has cuTensorMapEncodeTiled), so that a program needs no libcuda.
+enum cudaDriverEntryPointQueryResult {
+    cudaDriverEntryPointSuccess = 0, cudaDriverEntryPointSymbolNotFound = 1, cudaDriverEntryPointVersionNotSufficent = 2
+};
+#define cudaEnableDefault 0x0
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr, unsigned int cudaVersion,
+                                             unsigned long long flags, enum cudaDriverEntryPointQueryResult *status);
 
 cudaError_t cudaMalloc(void **ptr, size_t size);
 // The sim's own query (no CUDA runtime has it; code that reads it tests

@@ -76,8 +76,10 @@ void mbarrier_wait_parity(uint64_t *bar, unsigned parity);
 void bulk_copy(void *smem, const void *gmem, unsigned bytes, uint64_t *bar);
 void bulk_tensor_load(void *smem, const void *tensor_map, const int *coords, int rank, uint64_t *bar);
 // wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16: d holds the thread's n/2 accumulators; A from the
-// descriptor a_desc, or (a_regs != nullptr) from the thread's 4 registers; B from b_desc.
-void wgmma_bf16(float *d, int n, uint64_t a_desc, const uint32_t *a_regs, uint64_t b_desc, bool accumulate);
+// descriptor a_desc, or (a_regs != nullptr) from the thread's 4 registers; B from b_desc, K-major or (b_mn_major,
+// the transposed layout) MN-major.
+void wgmma_bf16(float *d, int n, uint64_t a_desc, const uint32_t *a_regs, uint64_t b_desc, bool b_mn_major,
+                bool accumulate);
 void wgmma_fence();
 void wgmma_commit_group();
 void wgmma_wait_group(int n);

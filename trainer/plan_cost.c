@@ -31,7 +31,7 @@
 // kernel times do not bind on it; gpu_sweep_attention's mma.sync
 // micro-benchmark measures it). Calibrated on the H200's eight kernel times:
 // L2 fp32 atomics at 2.5 per 512 KiB L2 slice per clock (A100 80 slices,
-// H100/H200 100), overlap 0.05 (today's kernels hide almost nothing: one or
+// H100/H200 100), overlap 0.05 (the measured kernels hide almost nothing: one or
 // two blocks per SM), a barrier 550 clocks; sm_80 takes sm_90's.
 #define ATOMICS_PER_SLICE 2.5
 #define BARRIER_CLOCKS 550
@@ -54,7 +54,7 @@ double attn_exp2_count(const KernelCounts *c, int head_dim, bool backward) {
 }
 
 int attn_blocks_per_sm(bool sparse, bool backward, int head_dim, int block_size) {
-    if (!backward) return head_dim == 128 ? 1 : 2;
+    if (!backward) return sparse ? 256 / (block_size == 128 ? 128 : 64) : 2;
     return sparse && head_dim == 128 && block_size == 128 ? 1 : 2;
 }
 

@@ -35,7 +35,7 @@ typedef struct {
 } AttnVariantCall;
 
 typedef struct {
-    const char *name;          // kind, head dim and shape, e.g. dense_fwd_d128_q128_k64_w8_s2
+    const char *name;          // kind, head dim and shape, e.g. dense_fwd_d128_q128_k64_w4_s2
     AttnVariantKind kind;
     int head_dim;
     int tile_q, tile_k;        // queries and keys of a tile pair

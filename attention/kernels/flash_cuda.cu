@@ -493,9 +493,7 @@ extern "C" const void *attn_dense_kernel(int head_dim, int backward) {
     CHECK(head_dim == 64 || head_dim == 128, "attention (CUDA): head_dim %d (supported: 64, 128)", head_dim);
     if (head_dim == 64)
         return backward ? (const void *)flash_backward_kernel<64, Tiles<64>::BWD_BM, Tiles<64>::BWD_BN, false>
-                        : (const void *)flash_forward_kernel<64, Tiles<64>::FWD_BM, Tiles<64>::FWD_BN,
-                                                             Tiles<64>::FWD_CTAS, false>;
+                        : (const void *)flash_forward_kernel<64, Tiles<64>::FWD_BN, false>;
     return backward ? (const void *)flash_backward_kernel<128, Tiles<128>::BWD_BM, Tiles<128>::BWD_BN, false>
-                    : (const void *)flash_forward_kernel<128, Tiles<128>::FWD_BM, Tiles<128>::FWD_BN,
-                                                         Tiles<128>::FWD_CTAS, false>;
+                    : (const void *)flash_forward_kernel<128, Tiles<128>::FWD_BN, false>;
 }

@@ -4,8 +4,9 @@
 # attn_variants.cu) on every shape of its kind, each within the bf16 bound
 # of its reference; the dense kernels' shared memory and blocks per SM as the
 # sim's cudaFuncGetAttributes and occupancy API give them (the forward at
-# head dim 128: (128 + 4 x 64) rows x 136 bf16 + 64 x 2 positions = 105472
-# bytes, one block on the sim's A100; at head dim 64 two); the
+# head dim 128: (128 + 2 x 64) rows x 128 bf16, 64 + 128 positions and 128
+# lse = 67584 bytes, two blocks on the sim's A100; at head dim 64 34816
+# bytes, four: the sim reads no registers, which hold a GPU at two); the
 # micro-benchmarks' lines. With --broken (head dim 64) a copy of each
 # reference run at twice the scale fails its check and the sweep exits 1. scripts/sweep_table.sh
 # refuses the sim's table and turns the same table, relabelled as a GPU's
@@ -38,8 +39,8 @@ expect "sweep_every_variant: each dense variant on its 4 shapes, each sparse one
   '[ -z "$missing" ] && [ "$(rows | wc -l)" -eq 20 ]'
 expect "sweep_within_bound: every error <= 1e-2, status ok, TFLOP/s and time positive" \
   '[ "$(rows | awk -F"\t" "\$9 + 0 <= 1e-2 && \$15 == \"ok\" && \$7 > 0 && \$8 > 0" | wc -l)" -eq 20 ]'
-expect "sweep_resources: dense forward d=128 105472 bytes, 1 block per SM; d=64 56320 bytes, 2" \
-  'rows | awk -F"\t" "\$1 ~ /^dense_fwd_d128/ { a += (\$12 == 105472 && \$14 == 1) } \$1 ~ /^dense_fwd_d64/ { b += (\$12 == 56320 && \$14 == 2) }
+expect "sweep_resources: dense forward d=128 67584 bytes, 2 blocks per SM; d=64 34816 bytes, 4" \
+  'rows | awk -F"\t" "\$1 ~ /^dense_fwd_d128/ { a += (\$12 == 67584 && \$14 == 2) } \$1 ~ /^dense_fwd_d64/ { b += (\$12 == 34816 && \$14 == 4) }
                       END { exit !(a == 4 && b == 4) }"'
 expect "sweep_micro: device, arch, clock and the micro-benchmarks' lines" \
   'grep -q "^# arch sm_80$" "$tmp/sweep.tsv" && grep -q "cudasim" "$tmp/sweep.tsv" &&
@@ -64,7 +65,7 @@ printf '%s\n' 'typedef enum { ATTN_DENSE_FORWARD, ATTN_DENSE_BACKWARD, ATTN_SPAR
   'int main(void) { return sizeof rows / sizeof rows[0] == 9 && rows[0].arch == 90 ? 0 : 1; }' >"$tmp/rows.c"
 expect "sweep_table_rows: 8 rows for sm_90 (a dense and a sparse kind each way, two head dims) that compile ($rc)" \
   '[ $rc -eq 0 ] && [ "$(grep -c "^    {90, " "$tmp/choice.h")" -eq 8 ] && grep -q "\"NVIDIA TEST 20[0-9-]*\"}, " "$tmp/choice.h" &&
-   grep -q "{90, 128, ATTN_DENSE_FORWARD, \"dense_fwd_d128_q128_k64_w8_s2\"" "$tmp/choice.h" &&
+   grep -q "{90, 128, ATTN_DENSE_FORWARD, \"dense_fwd_d128_q128_k64_w4_s2\"" "$tmp/choice.h" &&
    cc -I"$tmp" "$tmp/rows.c" -o "$tmp/rows" && "$tmp/rows"'
 if [ -x build/sim/mtrain ]; then
   build/sim/mtrain train configs/tiny-cpu.yaml train.backend=cuda data.train=synthetic train.steps=2 train.seq_len=64 \
@@ -74,7 +75,7 @@ if [ -x build/sim/mtrain ]; then
   rc=$?
   expect "sweep_choice_said_once: the run names the cost model's kernels once, no sweep for sm_80 ($rc)" \
     '[ $rc -eq 0 ] && [ "$(grep -c "^attention kernels: " "$tmp/train.txt")" -eq 1 ] &&
-     grep -q "^attention kernels: chosen by the cost model (dense_fwd_d64_q128_k64_w8_s2 [0-9]* TFLOP/s, dense_bwd_d64_q64_k64_w4_s2 [0-9]* TFLOP/s, predicted); no sweep for sm_80 yet$" "$tmp/train.txt"'
+     grep -q "^attention kernels: chosen by the cost model (dense_fwd_d64_q128_k64_w4_s2 [0-9]* TFLOP/s, dense_bwd_d64_q64_k64_w4_s2 [0-9]* TFLOP/s, predicted); no sweep for sm_80 yet$" "$tmp/train.txt"'
 else
   bad "sweep_choice_said_once" "build/sim/mtrain missing (make build-sim)"
 fi

@@ -12,8 +12,25 @@
 
 #define CALIBRATION_ERROR 0.08
 
-static double predicted_ms(const KernelCounts *c, int d, bool backward, const AttnGpuRates *g) {
-    return 1e3 * attn_cost(c, attn_exp2_count(c, d, backward), attn_blocks_per_sm(false, backward, d, 0), g).seconds;
+static double predicted_ms(const KernelCounts *c, int d, bool backward, int blocks_per_sm, const AttnGpuRates *g) {
+    return 1e3 * attn_cost(c, attn_exp2_count(c, d, backward), blocks_per_sm, g).seconds;
+}
+
+// The dense forward the H200 measured: 8 warps of 16 query rows over tile
+// pairs of 128 queries x 64 keys (plan_counts.c's formulas with 16 rows a
+// warp: mma_abt K/16 x (1 + N/16) ldmatrix.x4, mma_pb K/16 x N/16, each
+// K/16 x N/8 mma; 320 shared bytes per mma.sync), one block per SM at head
+// dim 128 and two at 64. Today's forward (32 rows a warp) replaced it after
+// the measurement, so the calibration counts the kernel that ran.
+static KernelCounts measured_forward_counts(int d, int64_t n, double heads) {
+    const double BM = 128, BN = 64, NW = BM / 16, q_tiles = heads * (double)((n + 127) / 128);
+    const double pairs = heads * flash_forward_pairs(n, 128, 64);
+    return (KernelCounts){
+        .launches = 1, .blocks = q_tiles,
+        .mma = pairs * NW * (d / 16.0 * BN / 8 + BN / 16 * d / 8.0),
+        .ldmatrix_bytes = 512 * pairs * NW * (d / 16.0 * (1 + BN / 16) + BN / 16 * d / 16.0),
+        .cp_async_bytes = 2.0 * d * (q_tiles * BM + pairs * 2 * BN),
+        .barriers = q_tiles + 2 * pairs};
 }
 
 int main(void) {
@@ -26,9 +43,16 @@ int main(void) {
     const struct { int d; int64_t n; double fwd_ms, bwd_ms; } measured[] = {
         {128, 16384, 6.22, 21.53}, {128, 65536, 100.35, 337.69}, {64, 16384, 3.53, 11.19}, {64, 65536, 48.05, 172.90}};
     for (int i = 0; i < 4; i++) {
-        KernelCounts fwd, bwd;
-        attn_pass_counts(measured[i].d, measured[i].n, 16, 1.0, 64, &fwd, &bwd);
-        const double f = predicted_ms(&fwd, measured[i].d, false, h200), b = predicted_ms(&bwd, measured[i].d, true, h200);
+        const int d = measured[i].d;
+        KernelCounts today_fwd, bwd;
+        attn_pass_counts(d, measured[i].n, 16, 1.0, 64, &today_fwd, &bwd);
+        const KernelCounts fwd = measured_forward_counts(d, measured[i].n, 16);
+        EXPECT(fabs((fwd.ldmatrix_bytes + fwd.cp_async_bytes) / fwd.mma - 320) < 1 &&
+               today_fwd.mma == fwd.mma && today_fwd.cp_async_bytes == fwd.cp_async_bytes,
+               "measured_forward_geometry d=%d: %.1f shared bytes per mma.sync, the same products as today's", d,
+               (fwd.ldmatrix_bytes + fwd.cp_async_bytes) / fwd.mma);
+        const double f = predicted_ms(&fwd, d, false, d == 128 ? 1 : 2, h200),
+                     b = predicted_ms(&bwd, d, true, attn_blocks_per_sm(false, true, d, 0), h200);
         EXPECT(fabs(f / measured[i].fwd_ms - 1) <= CALIBRATION_ERROR,
                "calibrated_forward d=%d n=%lld: predicted %.2f ms, measured %.2f", measured[i].d,
                (long long)measured[i].n, f, measured[i].fwd_ms);

@@ -284,6 +284,7 @@ typedef struct {
 typedef struct {
     const char *name;
     double calls, flops, bytes;   // per step; flops and bytes summed over the calls
+    double shared_bytes;          // KERNEL_FP32: shared-memory wavefronts as bytes (plain accesses), summed
     KernelKind kind;
     KernelCounts counts;          // KERNEL_ATTENTION: the counted work summed over the calls
     GemmShape gemms[MAX_ROW_GEMMS];
@@ -391,9 +392,22 @@ static int kernel_rows(const Plan *p, const Config *cfg, KernelRow *rows) {
     n = add_kernel(rows, n, "attention backward", L, PLAN_ATTENTION_BACKWARD * attn * L,
                    L * (2 * T * (5 * QD + 2 * KD) + 20 * T * (QD + 2 * KD)), KERNEL_ATTENTION);
     rows[n - 1].counts = counts_times(attn_bwd, L * micro);
-    if (cfg->attention.type == ATTN_SPARSE)   // last_q queries against every key, twice; fp32 scores
-        n = add_kernel(rows, n, "sparse estimation", L, 4 * D * c->num_heads * (double)cfg->attention.last_q * N * L,
-                       L * (2 * T * KD + 8 * c->num_heads * T), KERNEL_FP32);
+    if (cfg->attention.type == ATTN_SPARSE) {   // last_q queries against the rank's N / cp keys, both passes
+        const int64_t Lq = cfg->attention.last_q < N ? cfg->attention.last_q : (int64_t)N;
+        const EstimationCounts e = sparse_estimation_counts((int)D, c->num_heads, c->num_kv_heads, Lq,
+                                                            (int64_t)ceil(N / p->cp));
+        n = add_kernel(rows, n, "sparse estimation", L * micro, 2 * e.fma * L * micro, e.hbm_bytes * L * micro,
+                       KERNEL_FP32);
+        rows[n - 1].shared_bytes = e.shared_bytes * L * micro;
+        // every rank selects on the whole sequence; its index covers its own query blocks
+        // lines per head: the budget's, at most density x N (density x N = vertical + sink + 2 (slash + local))
+        const double lines = fmin(other_lines(&cfg->attention) - cfg->attention.local +
+                                  plan_slash_lines(&cfg->attention, cfg->train.seq_len, p->density), p->density * N);
+        const double index_rows = c->num_heads * ceil(Tm / cfg->attention.block_size);
+        n = add_kernel(rows, n, "sparse selection and index", 7 * L * micro, 0,
+                       sparse_selection_index_bytes(c->num_heads, cfg->train.seq_len, index_rows, lines) * L * micro,
+                       KERNEL_MEMORY);
+    }
     n = add_kernel(rows, n, "embedding forward", 1, 0, 4 * T * H, KERNEL_MEMORY);
     n = add_kernel(rows, n, "embedding backward", 1, 0, 10 * T * H, KERNEL_MEMORY);
     // Both residual adds of a layer fused with the norm after them; the input norm alone for the first
@@ -470,6 +484,7 @@ static double kernel_seconds(const KernelRow *r, const GpuProfile *gpu, const ch
     *binds = "HBM";
     double t = r->bytes / rate.hbm;
     if (r->kind == KERNEL_FP32 && gpu->fp32_tflops > 0) t = bind(t, r->flops / (gpu->fp32_tflops * 1e12), "fp32", binds);
+    if (r->kind == KERNEL_FP32 && rate.smem > 0) t = bind(t, r->shared_bytes / rate.smem, "shared memory", binds);
     if (r->kind == KERNEL_GEMM) {
         double waves = 0;
         for (int i = 0; i < r->num_gemms; i++) waves += gemm_seconds(&r->gemms[i], gpu);
@@ -740,16 +755,16 @@ static void print_advice(const Plan *p, const Config *cfg, FILE *out) {
 
 // Sparse attention's budget for the run's length: the planned density (what
 // the plan's FLOPs and times assume) and the pattern estimation's share of
-// the attention's work in a step (the estimation, attention forward and
-// backward rows of kernel_rows: their FLOPs, and on a GPU their derived
-// times; the selection and the index are not counted).
+// the attention's work in a step (the estimation, selection and index,
+// attention forward and backward rows of kernel_rows: their FLOPs, and on a
+// GPU their derived times).
 static void print_sparse_budget(const Plan *p, const Config *cfg, FILE *out) {
     const AttentionConfig *a = &cfg->attention;
     KernelRow rows[MAX_KERNEL_ROWS];
     const int n = kernel_rows(p, cfg, rows);
     double flops[2] = {0, 0}, seconds[2] = {0, 0};   // estimation, attention forward + backward
     for (int i = 0; i < n; i++) {
-        const int estimation = !strcmp(rows[i].name, "sparse estimation");
+        const int estimation = !strncmp(rows[i].name, "sparse ", 7);   // estimation; selection and index
         if (!estimation && strcmp(rows[i].name, "attention forward") && strcmp(rows[i].name, "attention backward"))
             continue;
         const char *binds;
@@ -766,7 +781,7 @@ static void print_sparse_budget(const Plan *p, const Config *cfg, FILE *out) {
         snprintf(budget, sizeof(budget), "budget fixed: %d vertical + %d slash lines per head%s", a->vertical,
                  a->slash, a->budget_file == BUDGET_FILE_PATH ? " (budget_file: per head)" : "");
     fprintf(out, "sparse attention at %d tokens: planned density %.4f (%s; sink %d, local %d) | pattern "
-            "estimation (last_q %d queries against every key, both passes; selection and index not counted) %.1f%% "
+            "estimation (last_q %d queries against the rank's keys, both passes), selection and index %.1f%% "
             "of the attention's FLOPs", cfg->train.seq_len, p->density, budget, a->sink, a->local, a->last_q,
             100 * flops[0] / (flops[0] + flops[1]));
     if (seconds[0] > 0) fprintf(out, ", %.1f%% of its derived time", 100 * seconds[0] / (seconds[0] + seconds[1]));
@@ -834,6 +849,32 @@ static const GpuProfile *profile_named(const char *name) {
     FAIL("no GPU profile %s", name);
 }
 
+// The sparse pattern's kernels per call (one layer) on hw: the estimation's
+// counted work (sparse_estimation_counts) and the selection's and index's
+// bytes, their bounds, and their share of the pattern plus the sparse
+// attention forward and backward (per call of each).
+static void print_sparse_pattern_kernels(const KernelRow *rows, int n, const GpuProfile *hw, FILE *out) {
+    const KernelRow *est = NULL, *sel = NULL;
+    double attention = 0, est_s = 0, sel_s = 0;
+    const char *binds, *est_binds = "";
+    for (int i = 0; i < n; i++) {
+        const double t = kernel_seconds(&rows[i], hw, &binds);
+        if (!strcmp(rows[i].name, "sparse estimation")) est = &rows[i], est_s = t, est_binds = binds;
+        if (!strcmp(rows[i].name, "sparse selection and index")) sel = &rows[i], sel_s = t;
+        if (rows[i].kind == KERNEL_ATTENTION) attention += t / rows[i].calls;
+    }
+    if (!est || !sel) return;
+    const GpuRates rate = gpu_rates(hw);
+    const double layers = est->calls, pattern = (est_s + sel_s) / layers;   // one call of each per layer
+    fprintf(out, "\nsparse pattern per call (one layer) on %s: estimation, both passes (counted: trainer/plan_counts.c): "
+            "%.4g fp32 FMA %.3f ms, shared memory %.4g GB %.3f ms, HBM %.4g GB %.3f ms: %.3f ms (%s) | selection and "
+            "index %.4g GB HBM %.3f ms | the pattern %.1f%% of the pattern + sparse attention forward + backward "
+            "(%.3f ms)\n", hw->name, est->flops / 2 / layers, 1e3 * est->flops / layers / (hw->fp32_tflops * 1e12),
+            est->shared_bytes / layers / 1e9, 1e3 * est->shared_bytes / layers / rate.smem, est->bytes / layers / 1e9,
+            1e3 * est->bytes / layers / rate.hbm, 1e3 * est_s / layers, est_binds, sel->bytes / layers / 1e9,
+            1e3 * sel_s / layers, 100 * pattern / (pattern + attention), 1e3 * attention);
+}
+
 void plan_print_kernels(const Plan *p, const Config *cfg, FILE *out) {
     const GpuProfile *gpus[2] = {profile_named("a100-80g"), profile_named("h100")};
     KernelRow rows[MAX_KERNEL_ROWS];
@@ -892,6 +933,7 @@ void plan_print_kernels(const Plan *p, const Config *cfg, FILE *out) {
                 1e3 * r->bytes / r->calls / rate.hbm, 1e3 * c.atomics / rate.atomics, 1e3 * bound, binds,
                 r->flops / r->calls / bound / 1e12, shared_bytes_per_mma(c));
     }
+    print_sparse_pattern_kernels(rows, n, hw, out);
     if (p->gpu)
         fprintf(out, "\nthese are the kernels alone: the plan's step on %s adds their launches, the host "
                 "synchronisations, the ring's exposed transfers, the sparse plan's combine and the gradient "

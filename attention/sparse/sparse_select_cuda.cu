@@ -2,7 +2,9 @@
 // estimation to index, without a host read (sparse_cuda.h; the CPU
 // version: sparse_estimate.c, sparse_index.c, docs/ARCHITECTURE.md).
 //   estimation  per (q head, tile of 128 keys) CTA, fp32 on CUDA cores (the
-//               estimation queries are few): pass 1 writes each tile's
+//               estimation queries are few): the scores S = Q K^T of the tile
+//               register-blocked into shared memory (a thread's 24 shared
+//               loads per d feed 128 FMAs), then pass 1 writes each tile's
 //               (max, sum) per query, a merge kernel folds them into lse_est;
 //               pass 2 adds the softmax column sums to vertical (one owner
 //               per key) and the diagonal sums to slash (shared-memory
@@ -37,8 +39,10 @@
 
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
-#define EST_KEYS 128         // keys per estimation CTA (one thread each)
+#define EST_KEYS 128         // keys per estimation CTA
+#define EST_THREADS 64       // threads per estimation CTA: 8 key groups x 8 query groups of the score tile
 #define EST_MAX_Q 128        // at most this many estimation queries
+#define EST_Q_CHUNK 64       // queries per register block of the score tile (16 keys x 8 queries per thread)
 #define SEL_THREADS 256
 #define SEL_MAX_HEADS 128    // fixed budgets: counts of at most this many q heads, passed by value
 
@@ -59,11 +63,21 @@ struct SegmentBudget {
 // [Lq] of the estimation queries, pos.k_pos [Tk]), in.q the estimation
 // queries qe [Lq, Hq, D], in.k the keys [Tk, Hkv, D] (in.v, in.dout unused).
 
+// Estimation queries rounded up to whole register blocks of the score tile.
+static __host__ __device__ int est_padded_queries(int Lq) {
+    return (Lq + EST_Q_CHUNK - 1) / EST_Q_CHUNK * EST_Q_CHUNK;
+}
+
+// A key's row of the score tile in shared memory: the padded queries and 4
+// more, so that rows lie 4 banks apart (the tile's stores conflict-free).
+static __host__ __device__ int est_tile_row(int Lq) { return est_padded_queries(Lq) + 4; }
+
 // Shared tiles of one estimation CTA (q head h, keys j0 .. j0 + EST_KEYS):
-// queries qs [Lq][D + 1] scaled to log2 units, keys ks [EST_KEYS][D + 1]
-// (zero past Tk), their positions kps (INT64_MAX past Tk), qps [Lq], and
-// qfs [Lq] the first key position each query sees (pos.q_first; INT64_MIN
-// for every query when it is NULL: no documents).
+// queries qs [est_padded_queries(Lq)][D + 1] scaled to log2 units (zero past
+// Lq), keys ks [EST_KEYS][D + 1] (zero past Tk), their positions kps
+// (INT64_MAX past Tk), qps [Lq], and qfs [Lq] the first key position each
+// query sees (pos.q_first; INT64_MIN for every query when it is NULL: no
+// documents).
 template <int D>
 __device__ void est_load(const AttnDims &dims, const AttnPos &pos, const AttnInputsBf16 &in, int h, int64_t j0,
                          float scale_log2, float *qs, float *ks, int64_t *kps, int64_t *qps, int64_t *qfs) {
@@ -72,9 +86,9 @@ __device__ void est_load(const AttnDims &dims, const AttnPos &pos, const AttnInp
     const bf16 *qe = in.q, *k = in.k;
     const int64_t *qe_pos = pos.q_pos, *qe_first = pos.q_first, *k_pos = pos.k_pos;
     const int kvh = h / (Hq / Hkv);
-    for (int i = threadIdx.x; i < Lq * D; i += blockDim.x) {
+    for (int i = threadIdx.x; i < est_padded_queries(Lq) * D; i += blockDim.x) {
         const int e = i / D, d = i % D;
-        qs[e * (D + 1) + d] = __bfloat162float(qe[((int64_t)e * Hq + h) * D + d]) * scale_log2;
+        qs[e * (D + 1) + d] = e < Lq ? __bfloat162float(qe[((int64_t)e * Hq + h) * D + d]) * scale_log2 : 0.0f;
     }
     for (int i = threadIdx.x; i < EST_KEYS * D; i += blockDim.x) {
         const int j = i / D, d = i % D;
@@ -89,30 +103,62 @@ __device__ void est_load(const AttnDims &dims, const AttnPos &pos, const AttnInp
     __syncthreads();
 }
 
+// The tile's scores S [EST_KEYS][est_tile_row(Lq)] = ks qs^T (log2 units;
+// keys past Tk score against zero rows, masked by their positions),
+// EST_THREADS threads: thread t holds the 16 x 8 block of keys t % 8 + 8 a
+// and queries t / 8 + 8 b (a < 16, b < 8) of each EST_Q_CHUNK queries in
+// registers; per d its 24 shared loads (8 key rows and 4 query rows per
+// warp, D + 1 apart: conflict-free) feed 128 FMAs. Each score is summed over
+// d in order, as a dot product.
 template <int D>
-__device__ __forceinline__ float dot_row(const float *a, const float *b) {
-    float s = 0.0f;
-#pragma unroll 16
-    for (int d = 0; d < D; d++) s += a[d] * b[d];
-    return s;
+__device__ void est_score_tile(int Lq, const float *qs, const float *ks, float *S) {
+    const int kg = threadIdx.x % 8, qg = threadIdx.x / 8, row = est_tile_row(Lq);
+    for (int e0 = 0; e0 < Lq; e0 += EST_Q_CHUNK) {
+        float acc[16][8];
+#pragma unroll
+        for (int a = 0; a < 16; a++)
+#pragma unroll
+            for (int b = 0; b < 8; b++) acc[a][b] = 0.0f;
+        for (int d = 0; d < D; d++) {
+            float kr[16], qr[8];
+#pragma unroll
+            for (int a = 0; a < 16; a++) kr[a] = ks[(kg + 8 * a) * (D + 1) + d];
+#pragma unroll
+            for (int b = 0; b < 8; b++) qr[b] = qs[(e0 + qg + 8 * b) * (D + 1) + d];
+#pragma unroll
+            for (int a = 0; a < 16; a++)
+#pragma unroll
+                for (int b = 0; b < 8; b++) acc[a][b] += qr[b] * kr[a];
+        }
+#pragma unroll
+        for (int a = 0; a < 16; a++)
+#pragma unroll
+            for (int b = 0; b < 8; b++) {
+                const int e = e0 + qg + 8 * b;
+                if (e < Lq) S[(kg + 8 * a) * row + e] = acc[a][b];
+            }
+    }
+    __syncthreads();
 }
 
-// Grid (key tiles, Hq), EST_KEYS threads; one thread per estimation query:
+// Grid (key tiles, Hq), EST_THREADS threads; one thread per estimation query:
 // part [Hq][tiles][Lq] = (max, sum) of its visible scores in the tile (log2 units).
 template <int D>
 __global__ void est_lse_kernel(AttnDims dims, AttnPos pos, AttnInputsBf16 in, float scale_log2, float2 *part) {
     const int Lq = (int)dims.Tq;
     DYNAMIC_SHARED(unsigned char, smem);
     int64_t *kps = reinterpret_cast<int64_t *>(smem), *qps = kps + EST_KEYS;
-    float *qs = reinterpret_cast<float *>(qps + EST_MAX_Q), *ks = qs + Lq * (D + 1);
+    float *qs = reinterpret_cast<float *>(qps + EST_MAX_Q), *ks = qs + est_padded_queries(Lq) * (D + 1);
+    float *S = ks + EST_KEYS * (D + 1);
     STATIC_SHARED(int64_t, qfs, [EST_MAX_Q]);
     const int h = blockIdx.y;
     est_load<D>(dims, pos, in, h, (int64_t)blockIdx.x * EST_KEYS, scale_log2, qs, ks, kps, qps, qfs);
+    est_score_tile<D>(Lq, qs, ks, S);
     for (int e = threadIdx.x; e < Lq; e += blockDim.x) {
         float m = -INFINITY, l = 0.0f;
         for (int j = 0; j < EST_KEYS; j++) {
             if (kps[j] > qps[e] || kps[j] < qfs[e]) continue;
-            const float s = dot_row<D>(qs + e * (D + 1), ks + j * (D + 1));
+            const float s = S[j * est_tile_row(Lq) + e];
             if (s > m) { l = l * exp2f(m - s) + 1.0f; m = s; }
             else l += exp2f(s - m);
         }
@@ -150,7 +196,7 @@ __global__ void est_lse_merge_kernel(const float2 *part, int64_t tiles, int Lq, 
     }
 }
 
-// Grid (key tiles, Hq), EST_KEYS threads; one thread per key: P = exp(S -
+// Grid (key tiles, Hq), EST_THREADS threads; one thread per key: P = exp(S -
 // lse_est) over the estimation queries that see it; vertical [Hq, N] at the
 // key's position += its column sum; slash [Hq, N] at q - k += each P.
 template <int D>
@@ -160,7 +206,8 @@ __global__ void est_scores_kernel(AttnDims dims, AttnPos pos, AttnInputsBf16 in,
     constexpr int W = EST_KEYS + EST_MAX_Q;        // slash window: offsets base .. base + W
     DYNAMIC_SHARED(unsigned char, smem);
     int64_t *kps = reinterpret_cast<int64_t *>(smem), *qps = kps + EST_KEYS;
-    float *qs = reinterpret_cast<float *>(qps + EST_MAX_Q), *ks = qs + Lq * (D + 1);
+    float *qs = reinterpret_cast<float *>(qps + EST_MAX_Q), *ks = qs + est_padded_queries(Lq) * (D + 1);
+    float *S = ks + EST_KEYS * (D + 1);
     STATIC_SHARED(float, lse2, [EST_MAX_Q]);
     STATIC_SHARED(float, window, [W]);
     STATIC_SHARED(int64_t, qfs, [EST_MAX_Q]);
@@ -168,16 +215,18 @@ __global__ void est_scores_kernel(AttnDims dims, AttnPos pos, AttnInputsBf16 in,
     for (int i = threadIdx.x; i < W; i += blockDim.x) window[i] = 0.0f;
     for (int i = threadIdx.x; i < Lq; i += blockDim.x) lse2[i] = lse_est[h * Lq + i] * LOG2E;
     est_load<D>(dims, pos, in, h, (int64_t)blockIdx.x * EST_KEYS, scale_log2, qs, ks, kps, qps, qfs);
+    est_score_tile<D>(Lq, qs, ks, S);
     // Offsets of contiguous keys and queries fall in the window; others go
     // straight to global memory.
     const int64_t base = qps[0] - kps[0] - (EST_KEYS - 1);
-    const int j = threadIdx.x;
-    const int64_t kp = kps[j];
-    if (kp != INT64_MAX) {
+    for (int j = threadIdx.x; j < EST_KEYS; j += blockDim.x) {
+        const int64_t kp = kps[j];
+        if (kp == INT64_MAX) continue;
+        const float *srow = S + j * est_tile_row(Lq);
         float col = 0.0f;
         for (int e = 0; e < Lq; e++) {
             if (kp > qps[e] || kp < qfs[e] || lse2[e] == -INFINITY) continue;
-            const float p = exp2f(dot_row<D>(qs + e * (D + 1), ks + j * (D + 1)) - lse2[e]);
+            const float p = exp2f(srow[e] - lse2[e]);
             col += p;
             const int64_t d = qps[e] - kp, w = d - base;
             if (w >= 0 && w < W) atomicAdd(&window[w], p);
@@ -214,8 +263,11 @@ static void check_estimate(const AttnShape *s) {
           "sparse estimation (CUDA): %d q heads not a multiple of %d kv heads", s->num_heads, s->num_kv_heads);
 }
 
+// kps, qps; qs, ks; the score tile S.
 static size_t est_smem(int Lq, int D) {
-    return (size_t)(EST_KEYS + EST_MAX_Q) * sizeof(int64_t) + (size_t)(Lq + EST_KEYS) * (D + 1) * sizeof(float);
+    return (size_t)(EST_KEYS + EST_MAX_Q) * sizeof(int64_t) +
+           (size_t)(est_padded_queries(Lq) + EST_KEYS) * (D + 1) * sizeof(float) +
+           (size_t)EST_KEYS * est_tile_row(Lq) * sizeof(float);
 }
 
 template <int D>
@@ -230,7 +282,7 @@ static void estimate_lse(const AttnShape *s, const bf16 *qe, const int64_t *qe_p
     int64_t *qe_first = attn_doc_first_cuda(s, qe_pos, stream);
     const AttnPos pos = {qe_pos, k_pos, qe_first};
     const AttnInputsBf16 in = {qe, k, NULL, NULL};
-    CUDA_LAUNCH(est_lse_kernel<D>, dim3((unsigned)tiles, (unsigned)s->num_heads), EST_KEYS, smem, stream,
+    CUDA_LAUNCH(est_lse_kernel<D>, dim3((unsigned)tiles, (unsigned)s->num_heads), EST_THREADS, smem, stream,
                 attn_dims(s), pos, in, s->scale * LOG2E, part);
     CUDA_CHECK(cudaGetLastError());
     if (qe_first) CUDA_CHECK(cudaFreeAsync(qe_first, stream));
@@ -262,7 +314,7 @@ static void estimate_scores(const AttnShape *s, const bf16 *qe, const int64_t *q
     int64_t *qe_first = attn_doc_first_cuda(s, qe_pos, stream);
     const AttnPos pos = {qe_pos, k_pos, qe_first};
     const AttnInputsBf16 in = {qe, k, NULL, NULL};
-    CUDA_LAUNCH(est_scores_kernel<D>, dim3((unsigned)tiles, (unsigned)s->num_heads), EST_KEYS, smem, stream,
+    CUDA_LAUNCH(est_scores_kernel<D>, dim3((unsigned)tiles, (unsigned)s->num_heads), EST_THREADS, smem, stream,
                 attn_dims(s), pos, in, lse_est, N, s->scale * LOG2E, vertical, slash);
     CUDA_CHECK(cudaGetLastError());
     if (qe_first) CUDA_CHECK(cudaFreeAsync(qe_first, stream));

@@ -399,14 +399,18 @@ static int kernel_rows(const Plan *p, const Config *cfg, KernelRow *rows) {
         n = add_kernel(rows, n, "sparse estimation", L * micro, 2 * e.fma * L * micro, e.hbm_bytes * L * micro,
                        KERNEL_FP32);
         rows[n - 1].shared_bytes = e.shared_bytes * L * micro;
-        // every rank selects on the whole sequence; its index covers its own query blocks
-        // lines per head: the budget's, at most density x N (density x N = vertical + sink + 2 (slash + local))
-        const double lines = fmin(other_lines(&cfg->attention) - cfg->attention.local +
-                                  plan_slash_lines(&cfg->attention, cfg->train.seq_len, p->density), p->density * N);
-        const double index_rows = c->num_heads * ceil(Tm / cfg->attention.block_size);
-        n = add_kernel(rows, n, "sparse selection and index", 7 * L * micro, 0,
-                       sparse_selection_index_bytes(c->num_heads, cfg->train.seq_len, index_rows, lines) * L * micro,
-                       KERNEL_MEMORY);
+        // every rank selects on the whole sequence; its index covers its own query blocks and is built for the
+        // forward, each recomputation and the backward. Lines per head: the budget's vertical (and sink) and
+        // slash (and local) lines, scaled to density x N = vertical + sink + 2 (slash + local) where they exceed it
+        const AttentionConfig *a = &cfg->attention;
+        const double vertical = other_lines(a) - 2.0 * a->local;
+        const double slash = plan_slash_lines(a, cfg->train.seq_len, p->density) + a->local;
+        const double fit = fmin(1.0, p->density * N / (vertical + 2 * slash));
+        const double index_rows = c->num_heads * ceil(Tm / a->block_size);
+        n = add_kernel(rows, n, "sparse selection", L * micro, 0,
+                       sparse_selection_bytes(c->num_heads, cfg->train.seq_len) * L * micro, KERNEL_MEMORY);
+        n = add_kernel(rows, n, "sparse index", (fwd + 1) * L * micro, 0,
+                       sparse_index_build_bytes(index_rows, fit * vertical, fit * slash) * (fwd + 1) * L * micro, KERNEL_MEMORY);
     }
     n = add_kernel(rows, n, "embedding forward", 1, 0, 4 * T * H, KERNEL_MEMORY);
     n = add_kernel(rows, n, "embedding backward", 1, 0, 10 * T * H, KERNEL_MEMORY);
@@ -854,25 +858,29 @@ static const GpuProfile *profile_named(const char *name) {
 // bytes, their bounds, and their share of the pattern plus the sparse
 // attention forward and backward (per call of each).
 static void print_sparse_pattern_kernels(const KernelRow *rows, int n, const GpuProfile *hw, FILE *out) {
-    const KernelRow *est = NULL, *sel = NULL;
-    double attention = 0, est_s = 0, sel_s = 0;
+    const KernelRow *est = NULL, *sel = NULL, *index = NULL;
+    double attention = 0, est_s = 0, sel_s = 0, index_s = 0;
     const char *binds, *est_binds = "";
     for (int i = 0; i < n; i++) {
         const double t = kernel_seconds(&rows[i], hw, &binds);
         if (!strcmp(rows[i].name, "sparse estimation")) est = &rows[i], est_s = t, est_binds = binds;
-        if (!strcmp(rows[i].name, "sparse selection and index")) sel = &rows[i], sel_s = t;
+        if (!strcmp(rows[i].name, "sparse selection")) sel = &rows[i], sel_s = t;
+        if (!strcmp(rows[i].name, "sparse index")) index = &rows[i], index_s = t / rows[i].calls;
         if (rows[i].kind == KERNEL_ATTENTION) attention += t / rows[i].calls;
     }
-    if (!est || !sel) return;
+    if (!est || !sel || !index) return;
     const GpuRates rate = gpu_rates(hw);
-    const double layers = est->calls, pattern = (est_s + sel_s) / layers;   // one call of each per layer
-    fprintf(out, "\nsparse pattern per call (one layer) on %s: estimation, both passes (counted: trainer/plan_counts.c): "
-            "%.4g fp32 FMA %.3f ms, shared memory %.4g GB %.3f ms, HBM %.4g GB %.3f ms: %.3f ms (%s) | selection and "
-            "index %.4g GB HBM %.3f ms | the pattern %.1f%% of the pattern + sparse attention forward + backward "
-            "(%.3f ms)\n", hw->name, est->flops / 2 / layers, 1e3 * est->flops / layers / (hw->fp32_tflops * 1e12),
+    const double layers = est->calls;   // one estimation and selection per layer, an index per forward and backward
+    const double pattern = (est_s + sel_s) / layers + 2 * index_s;
+    fprintf(out, "\nsparse pattern per layer's forward + backward on %s: estimation, both passes (counted: "
+            "trainer/plan_counts.c): %.4g fp32 FMA %.3f ms, shared memory %.4g GB %.3f ms, HBM %.4g GB %.3f ms: "
+            "%.3f ms (%s) | selection %.4g GB HBM %.3f ms | index, 2 builds: %.4g GB HBM %.3f ms | the pattern "
+            "%.1f%% of the pattern + sparse attention forward + backward (%.3f ms)\n", hw->name,
+            est->flops / 2 / layers, 1e3 * est->flops / layers / (hw->fp32_tflops * 1e12),
             est->shared_bytes / layers / 1e9, 1e3 * est->shared_bytes / layers / rate.smem, est->bytes / layers / 1e9,
             1e3 * est->bytes / layers / rate.hbm, 1e3 * est_s / layers, est_binds, sel->bytes / layers / 1e9,
-            1e3 * sel_s / layers, 100 * pattern / (pattern + attention), 1e3 * attention);
+            1e3 * sel_s / layers, 2 * index->bytes / index->calls / 1e9, 2e3 * index_s,
+            100 * pattern / (pattern + attention), 1e3 * attention);
 }
 
 void plan_print_kernels(const Plan *p, const Config *cfg, FILE *out) {

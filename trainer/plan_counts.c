@@ -115,9 +115,12 @@ EstimationCounts sparse_estimation_counts(int head_dim, int num_heads, int num_k
                      2 * 8 * num_heads * keys_d};
 }
 
-double sparse_selection_index_bytes(int num_heads, int64_t seq_len, double rows, double lines_per_head) {
+double sparse_selection_bytes(int num_heads, int64_t seq_len) {
     const double elements = 2.0 * num_heads * (double)seq_len;
     // keys: the score read, the key written; the sort; take and mark read the keys; the marks set and read
-    const double selection = elements * (4 + 8 + 16 * SELECTION_SORT_PASSES + 8 + 8 + 3);
-    return selection + rows * lines_per_head * 8 * (2 + 1);
+    return elements * (4 + 8 + 16 * SELECTION_SORT_PASSES + 8 + 8 + 3);
+}
+
+double sparse_index_build_bytes(double rows, double vertical_lines, double slash_lines) {
+    return rows * 8 * (2 * (slash_lines + vertical_lines / 2) + slash_lines + vertical_lines);
 }

@@ -66,13 +66,16 @@ typedef struct {
 } EstimationCounts;
 EstimationCounts sparse_estimation_counts(int head_dim, int num_heads, int num_kv_heads, int64_t queries,
                                           int64_t keys);
-// The selection and the index on the GPU as HBM bytes: the selection's
-// 2 x num_heads x seq_len sort keys (written, sorted in SELECTION_SORT_PASSES
-// passes that each read and write them, read to take and mark), the marks;
-// the index's two launches over rows = num_heads x query blocks, each reading
-// its head's lines_per_head lines (8 bytes each), and the blocks and columns
-// written (at most lines_per_head per row).
+// The selection and one build of the index on the GPU as HBM bytes: the
+// selection's 2 x num_heads x seq_len sort keys (written, sorted in
+// SELECTION_SORT_PASSES passes that each read and write them, read to take
+// and mark) and the marks; the index's two launches (count, fill) over rows
+// = num_heads x query blocks, each reading the lines of its head up to its
+// last query (8 bytes each: the slash lines, nearly all of them short
+// offsets, and on average half the vertical lines), and the blocks and
+// columns written (at most as many as the lines).
 #define SELECTION_SORT_PASSES 8
-double sparse_selection_index_bytes(int num_heads, int64_t seq_len, double rows, double lines_per_head);
+double sparse_selection_bytes(int num_heads, int64_t seq_len);
+double sparse_index_build_bytes(double rows, double vertical_lines, double slash_lines);
 
 #endif

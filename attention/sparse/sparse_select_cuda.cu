@@ -512,6 +512,16 @@ __device__ void row_documents(const int64_t *doc_starts, int64_t doc_count, int 
     *sink_end = end < q_hi + 1 ? end : q_hi + 1;
 }
 
+// The number of entries of the ascending list a [n] that are at most x.
+__device__ int64_t count_at_most(const int64_t *a, int64_t n, int64_t x) {
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (a[mid] <= x) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
 // One CTA per row r = h * nqb + i of the index x (nqb = x.num_q_blocks,
 // global query block qb = x.q_blocks[i], B = x.block_size): marks the row's
 // key blocks in a shared bitmap, then (FILL = false) counts them and the
@@ -520,6 +530,9 @@ __device__ void row_documents(const int64_t *doc_starts, int64_t doc_count, int 
 // x.column_start[r]. With documents (doc_starts [doc_count], device) the row
 // keeps only blocks and columns at or after lo (row_documents) and gets the
 // sink columns lo .. sink_end - 1, all where no kept block holds them.
+// Only the lines up to the row's last query reach it: slash offsets and
+// vertical positions at most q_hi (both lists ascending), so a row reads no
+// other line.
 template <bool FILL>
 __global__ void __launch_bounds__(SEL_THREADS) index_row_kernel(const SparsePatternCuda p, const SparseIndexCuda x,
                                                                 const int64_t *doc_starts, int64_t doc_count,
@@ -539,15 +552,16 @@ __global__ void __launch_bounds__(SEL_THREADS) index_row_kernel(const SparsePatt
     __syncthreads();
     if (threadIdx.x == 0) atomicOr(&bits[qb / 32], 1u << (qb % 32));
     const int64_t *slash = p.slash + h * p.slash_capacity, *vertical = p.vertical + h * p.vertical_capacity;
-    for (int64_t s = threadIdx.x; s < p.slash_count[h]; s += SEL_THREADS) {
+    const int64_t ns = count_at_most(slash, p.slash_count[h], q_hi);
+    const int64_t nv = count_at_most(vertical, p.vertical_count[h], q_hi);
+    for (int64_t s = threadIdx.x; s < ns; s += SEL_THREADS) {
         const int64_t d = slash[s];
-        if (q_hi - d < 0) continue;
         const int64_t k_lo = q_lo - d > 0 ? q_lo - d : 0;
         for (int64_t kb = k_lo / B; kb <= (q_hi - d) / B; kb++) atomicOr(&bits[kb / 32], 1u << (kb % 32));
     }
     __syncthreads();
     auto marked = [&](int64_t kb) { return (bits[kb / 32] >> (kb % 32)) & 1u; };
-    const int64_t nv = p.vertical_count[h], first_block = lo / B;
+    const int64_t first_block = lo / B;
     int64_t nb = FILL ? block_start[r] : 0, nc = FILL ? column_start[r] : 0;
     // Blocks from first_block on (the blocks before it end before lo).
     for (int64_t w0 = first_block / 32; w0 < words; w0 += SEL_THREADS) {

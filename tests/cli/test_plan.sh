@@ -140,7 +140,7 @@ expect plan_sparse_budget_gpu_time "grep -q '^sparse attention at 2048 tokens: .
 # and 128K tokens; on a ring each rank estimates against its own keys: cp 2 half the estimation FLOPs of cp 1.
 for n in 65536 131072; do
   "$MTRAIN" plan configs/qwen2.5-0.5b-512k-1gpu.yaml train.seq_len=$n --density 0.038 --kernels >"$tmp/out" 2>&1
-  share=$(sed -n 's/^sparse pattern per call (one layer) on h200: .* the pattern \([0-9.]*\)% of the pattern .*/\1/p' "$tmp/out")
+  share=$(sed -n 's/^sparse pattern per layer.s forward + backward on h200: .* the pattern \([0-9.]*\)% of the pattern .*/\1/p' "$tmp/out")
   expect "plan_sparse_pattern_share_$n" "[ -n '$share' ] && awk 'BEGIN { exit !($share <= 15) }'"
 done
 est_gflop() {

@@ -90,15 +90,16 @@ double shared_bytes_per_mma(KernelCounts c) {
 }
 
 // Per CTA (a q head, 128 keys, 64 threads = 2 warps, P = queries rounded up
-// to 64, D the head dim), per pass: the score tile's P x 128 x D FMAs, its
-// loads (per warp, d and 64 queries 16 key and 8 query loads, one wavefront
-// each: 2 x P / 64 x 24 x D) and stores (per warp and 64 queries 128,
+// to chunks of 64, D the head dim), per pass: the score tiles' P x 128 x D
+// FMAs, their loads (per warp, d and chunk 16 key and 8 query loads, one
+// wavefront each: 2 x P / 64 x 24 x D) and stores (per warp and chunk 128,
 // conflict-free: 2 x P / 64 x 128), the queries and keys stored once
 // (P x D / 32 + 4 x D). Pass 1's loop (a thread per query: per key the
 // score and the key position, 2 x 128 wavefronts per warp of queries);
-// pass 2's (a thread per key, 4 warps' worth: per query its position, first
+// pass 2's (a thread per key, two keys each: per query its position, first
 // key and lse, the score (a key row 4 banks from the next: 4 wavefronts) and
-// the window atomic, 8 wavefronts) and its window flush (256 global atomics).
+// the window atomic, 8 wavefronts per warp of keys) and its window flush
+// (256 global atomics).
 EstimationCounts sparse_estimation_counts(int head_dim, int num_heads, int num_kv_heads, int64_t queries,
                                           int64_t keys) {
     const double D = head_dim, Lq = (double)queries, P = ceil(Lq / 64) * 64, keys_d = (double)keys;

@@ -63,33 +63,23 @@ struct SegmentBudget {
 // [Lq] of the estimation queries, pos.k_pos [Tk]), in.q the estimation
 // queries qe [Lq, Hq, D], in.k the keys [Tk, Hkv, D] (in.v, in.dout unused).
 
-// Estimation queries rounded up to whole register blocks of the score tile.
-static __host__ __device__ int est_padded_queries(int Lq) {
-    return (Lq + EST_Q_CHUNK - 1) / EST_Q_CHUNK * EST_Q_CHUNK;
-}
-
-// A key's row of the score tile in shared memory: the padded queries and 4
+// A key's row of the score tile in shared memory: the chunk's queries and 4
 // more, so that rows lie 4 banks apart (the tile's stores conflict-free).
-static __host__ __device__ int est_tile_row(int Lq) { return est_padded_queries(Lq) + 4; }
+#define EST_TILE_ROW (EST_Q_CHUNK + 4)
 
 // Shared tiles of one estimation CTA (q head h, keys j0 .. j0 + EST_KEYS):
-// queries qs [est_padded_queries(Lq)][D + 1] scaled to log2 units (zero past
-// Lq), keys ks [EST_KEYS][D + 1] (zero past Tk), their positions kps
-// (INT64_MAX past Tk), qps [Lq], and qfs [Lq] the first key position each
-// query sees (pos.q_first; INT64_MIN for every query when it is NULL: no
-// documents).
+// keys ks [EST_KEYS][D + 1] (zero past Tk), their positions kps (INT64_MAX
+// past Tk), the queries' positions qps [Lq], and qfs [Lq] the first key
+// position each query sees (pos.q_first; INT64_MIN for every query when it
+// is NULL: no documents).
 template <int D>
-__device__ void est_load(const AttnDims &dims, const AttnPos &pos, const AttnInputsBf16 &in, int h, int64_t j0,
-                         float scale_log2, float *qs, float *ks, int64_t *kps, int64_t *qps, int64_t *qfs) {
+__device__ void est_load_keys(const AttnDims &dims, const AttnPos &pos, const AttnInputsBf16 &in, int h,
+                              int64_t j0, float *ks, int64_t *kps, int64_t *qps, int64_t *qfs) {
     const int Lq = (int)dims.Tq, Hq = dims.Hq, Hkv = dims.Hkv;
     const int64_t Tk = dims.Tk;
-    const bf16 *qe = in.q, *k = in.k;
+    const bf16 *k = in.k;
     const int64_t *qe_pos = pos.q_pos, *qe_first = pos.q_first, *k_pos = pos.k_pos;
     const int kvh = h / (Hq / Hkv);
-    for (int i = threadIdx.x; i < est_padded_queries(Lq) * D; i += blockDim.x) {
-        const int e = i / D, d = i % D;
-        qs[e * (D + 1) + d] = e < Lq ? __bfloat162float(qe[((int64_t)e * Hq + h) * D + d]) * scale_log2 : 0.0f;
-    }
     for (int i = threadIdx.x; i < EST_KEYS * D; i += blockDim.x) {
         const int j = i / D, d = i % D;
         const int64_t t = j0 + j;
@@ -100,69 +90,77 @@ __device__ void est_load(const AttnDims &dims, const AttnPos &pos, const AttnInp
         qps[i] = qe_pos[i];
         qfs[i] = qe_first ? qe_first[i] : INT64_MIN;
     }
-    __syncthreads();
 }
 
-// The tile's scores S [EST_KEYS][est_tile_row(Lq)] = ks qs^T (log2 units;
-// keys past Tk score against zero rows, masked by their positions),
-// EST_THREADS threads: thread t holds the 16 x 8 block of keys t % 8 + 8 a
-// and queries t / 8 + 8 b (a < 16, b < 8) of each EST_Q_CHUNK queries in
-// registers; per d its 24 shared loads (8 key rows and 4 query rows per
-// warp, D + 1 apart: conflict-free) feed 128 FMAs. Each score is summed over
-// d in order, as a dot product.
+// The scores of one chunk of queries e0 .. e0 + EST_Q_CHUNK (q head h) against
+// the CTA's keys ks: the queries into qs [EST_Q_CHUNK][D + 1], scaled to log2
+// units (zero past Lq), then S [EST_KEYS][EST_TILE_ROW] = ks qs^T (keys
+// past Tk score against zero rows, masked by their positions). EST_THREADS
+// threads: thread t holds the 16 x 8 block of keys t % 8 + 8 a and queries
+// t / 8 + 8 b (a < 16, b < 8) in registers; per d its 24 shared loads (8
+// key rows and 4 query rows per warp, D + 1 apart: conflict-free) feed 128
+// FMAs. Each score is summed over d in order, as a dot product. Callers
+// synchronise before the next chunk overwrites qs and S.
 template <int D>
-__device__ void est_score_tile(int Lq, const float *qs, const float *ks, float *S) {
-    const int kg = threadIdx.x % 8, qg = threadIdx.x / 8, row = est_tile_row(Lq);
-    for (int e0 = 0; e0 < Lq; e0 += EST_Q_CHUNK) {
-        float acc[16][8];
-#pragma unroll
-        for (int a = 0; a < 16; a++)
-#pragma unroll
-            for (int b = 0; b < 8; b++) acc[a][b] = 0.0f;
-        for (int d = 0; d < D; d++) {
-            float kr[16], qr[8];
-#pragma unroll
-            for (int a = 0; a < 16; a++) kr[a] = ks[(kg + 8 * a) * (D + 1) + d];
-#pragma unroll
-            for (int b = 0; b < 8; b++) qr[b] = qs[(e0 + qg + 8 * b) * (D + 1) + d];
-#pragma unroll
-            for (int a = 0; a < 16; a++)
-#pragma unroll
-                for (int b = 0; b < 8; b++) acc[a][b] += qr[b] * kr[a];
-        }
-#pragma unroll
-        for (int a = 0; a < 16; a++)
-#pragma unroll
-            for (int b = 0; b < 8; b++) {
-                const int e = e0 + qg + 8 * b;
-                if (e < Lq) S[(kg + 8 * a) * row + e] = acc[a][b];
-            }
+__device__ void est_score_tile(const AttnDims &dims, const AttnInputsBf16 &in, int h, int e0, float scale_log2,
+                               float *qs, const float *ks, float *S) {
+    const int Lq = (int)dims.Tq, Hq = dims.Hq;
+    for (int i = threadIdx.x; i < EST_Q_CHUNK * D; i += blockDim.x) {
+        const int e = e0 + i / D, d = i % D;
+        qs[(i / D) * (D + 1) + d] = e < Lq ? __bfloat162float(in.q[((int64_t)e * Hq + h) * D + d]) * scale_log2 : 0.0f;
     }
     __syncthreads();
+    const int kg = threadIdx.x % 8, qg = threadIdx.x / 8;
+    float acc[16][8];
+#pragma unroll
+    for (int a = 0; a < 16; a++)
+#pragma unroll
+        for (int b = 0; b < 8; b++) acc[a][b] = 0.0f;
+    for (int d = 0; d < D; d++) {
+        float kr[16], qr[8];
+#pragma unroll
+        for (int a = 0; a < 16; a++) kr[a] = ks[(kg + 8 * a) * (D + 1) + d];
+#pragma unroll
+        for (int b = 0; b < 8; b++) qr[b] = qs[(qg + 8 * b) * (D + 1) + d];
+#pragma unroll
+        for (int a = 0; a < 16; a++)
+#pragma unroll
+            for (int b = 0; b < 8; b++) acc[a][b] += qr[b] * kr[a];
+    }
+#pragma unroll
+    for (int a = 0; a < 16; a++)
+#pragma unroll
+        for (int b = 0; b < 8; b++) S[(kg + 8 * a) * EST_TILE_ROW + qg + 8 * b] = acc[a][b];
+    __syncthreads();
 }
 
-// Grid (key tiles, Hq), EST_THREADS threads; one thread per estimation query:
-// part [Hq][tiles][Lq] = (max, sum) of its visible scores in the tile (log2 units).
+// Grid (key tiles, Hq), EST_THREADS threads; per chunk of queries one thread
+// per query: part [Hq][tiles][Lq] = (max, sum) of its visible scores in the
+// tile (log2 units).
 template <int D>
 __global__ void est_lse_kernel(AttnDims dims, AttnPos pos, AttnInputsBf16 in, float scale_log2, float2 *part) {
     const int Lq = (int)dims.Tq;
     DYNAMIC_SHARED(unsigned char, smem);
     int64_t *kps = reinterpret_cast<int64_t *>(smem), *qps = kps + EST_KEYS;
-    float *qs = reinterpret_cast<float *>(qps + EST_MAX_Q), *ks = qs + est_padded_queries(Lq) * (D + 1);
+    float *qs = reinterpret_cast<float *>(qps + EST_MAX_Q), *ks = qs + EST_Q_CHUNK * (D + 1);
     float *S = ks + EST_KEYS * (D + 1);
     STATIC_SHARED(int64_t, qfs, [EST_MAX_Q]);
     const int h = blockIdx.y;
-    est_load<D>(dims, pos, in, h, (int64_t)blockIdx.x * EST_KEYS, scale_log2, qs, ks, kps, qps, qfs);
-    est_score_tile<D>(Lq, qs, ks, S);
-    for (int e = threadIdx.x; e < Lq; e += blockDim.x) {
-        float m = -INFINITY, l = 0.0f;
-        for (int j = 0; j < EST_KEYS; j++) {
-            if (kps[j] > qps[e] || kps[j] < qfs[e]) continue;
-            const float s = S[j * est_tile_row(Lq) + e];
-            if (s > m) { l = l * exp2f(m - s) + 1.0f; m = s; }
-            else l += exp2f(s - m);
+    est_load_keys<D>(dims, pos, in, h, (int64_t)blockIdx.x * EST_KEYS, ks, kps, qps, qfs);
+    for (int e0 = 0; e0 < Lq; e0 += EST_Q_CHUNK) {
+        est_score_tile<D>(dims, in, h, e0, scale_log2, qs, ks, S);
+        for (int c = threadIdx.x; c < EST_Q_CHUNK && e0 + c < Lq; c += blockDim.x) {
+            const int e = e0 + c;
+            float m = -INFINITY, l = 0.0f;
+            for (int j = 0; j < EST_KEYS; j++) {
+                if (kps[j] > qps[e] || kps[j] < qfs[e]) continue;
+                const float s = S[j * EST_TILE_ROW + c];
+                if (s > m) { l = l * exp2f(m - s) + 1.0f; m = s; }
+                else l += exp2f(s - m);
+            }
+            part[((int64_t)h * gridDim.x + blockIdx.x) * Lq + e] = make_float2(m, l);
         }
-        part[((int64_t)h * gridDim.x + blockIdx.x) * Lq + e] = make_float2(m, l);
+        __syncthreads();
     }
 }
 
@@ -196,17 +194,19 @@ __global__ void est_lse_merge_kernel(const float2 *part, int64_t tiles, int Lq, 
     }
 }
 
-// Grid (key tiles, Hq), EST_THREADS threads; one thread per key: P = exp(S -
-// lse_est) over the estimation queries that see it; vertical [Hq, N] at the
-// key's position += its column sum; slash [Hq, N] at q - k += each P.
+// Grid (key tiles, Hq), EST_THREADS threads; one thread per key (two keys
+// each): P = exp(S - lse_est) over the estimation queries that see it, a
+// chunk of queries at a time; vertical [Hq, N] at the key's position += its
+// column sum; slash [Hq, N] at q - k += each P.
 template <int D>
 __global__ void est_scores_kernel(AttnDims dims, AttnPos pos, AttnInputsBf16 in, const float *lse_est, int64_t N,
                                   float scale_log2, float *vertical, float *slash) {
     const int Lq = (int)dims.Tq;
     constexpr int W = EST_KEYS + EST_MAX_Q;        // slash window: offsets base .. base + W
+    constexpr int KEYS_PER_THREAD = EST_KEYS / EST_THREADS;
     DYNAMIC_SHARED(unsigned char, smem);
     int64_t *kps = reinterpret_cast<int64_t *>(smem), *qps = kps + EST_KEYS;
-    float *qs = reinterpret_cast<float *>(qps + EST_MAX_Q), *ks = qs + est_padded_queries(Lq) * (D + 1);
+    float *qs = reinterpret_cast<float *>(qps + EST_MAX_Q), *ks = qs + EST_Q_CHUNK * (D + 1);
     float *S = ks + EST_KEYS * (D + 1);
     STATIC_SHARED(float, lse2, [EST_MAX_Q]);
     STATIC_SHARED(float, window, [W]);
@@ -214,27 +214,34 @@ __global__ void est_scores_kernel(AttnDims dims, AttnPos pos, AttnInputsBf16 in,
     const int h = blockIdx.y;
     for (int i = threadIdx.x; i < W; i += blockDim.x) window[i] = 0.0f;
     for (int i = threadIdx.x; i < Lq; i += blockDim.x) lse2[i] = lse_est[h * Lq + i] * LOG2E;
-    est_load<D>(dims, pos, in, h, (int64_t)blockIdx.x * EST_KEYS, scale_log2, qs, ks, kps, qps, qfs);
-    est_score_tile<D>(Lq, qs, ks, S);
+    est_load_keys<D>(dims, pos, in, h, (int64_t)blockIdx.x * EST_KEYS, ks, kps, qps, qfs);
+    __syncthreads();
     // Offsets of contiguous keys and queries fall in the window; others go
     // straight to global memory.
     const int64_t base = qps[0] - kps[0] - (EST_KEYS - 1);
-    for (int j = threadIdx.x; j < EST_KEYS; j += blockDim.x) {
-        const int64_t kp = kps[j];
-        if (kp == INT64_MAX) continue;
-        const float *srow = S + j * est_tile_row(Lq);
-        float col = 0.0f;
-        for (int e = 0; e < Lq; e++) {
-            if (kp > qps[e] || kp < qfs[e] || lse2[e] == -INFINITY) continue;
-            const float p = exp2f(srow[e] - lse2[e]);
-            col += p;
-            const int64_t d = qps[e] - kp, w = d - base;
-            if (w >= 0 && w < W) atomicAdd(&window[w], p);
-            else atomicAdd(&slash[h * N + d], p);
+    float col[KEYS_PER_THREAD] = {};
+    for (int e0 = 0; e0 < Lq; e0 += EST_Q_CHUNK) {
+        est_score_tile<D>(dims, in, h, e0, scale_log2, qs, ks, S);
+        for (int r = 0; r < KEYS_PER_THREAD; r++) {
+            const int j = threadIdx.x + r * EST_THREADS;
+            const int64_t kp = kps[j];
+            if (kp == INT64_MAX) continue;
+            for (int c = 0; c < EST_Q_CHUNK && e0 + c < Lq; c++) {
+                const int e = e0 + c;
+                if (kp > qps[e] || kp < qfs[e] || lse2[e] == -INFINITY) continue;
+                const float p = exp2f(S[j * EST_TILE_ROW + c] - lse2[e]);
+                col[r] += p;
+                const int64_t d = qps[e] - kp, w = d - base;
+                if (w >= 0 && w < W) atomicAdd(&window[w], p);
+                else atomicAdd(&slash[h * N + d], p);
+            }
         }
-        vertical[h * N + kp] += col;
+        __syncthreads();
     }
-    __syncthreads();
+    for (int r = 0; r < KEYS_PER_THREAD; r++) {
+        const int64_t kp = kps[threadIdx.x + r * EST_THREADS];
+        if (kp != INT64_MAX) vertical[h * N + kp] += col[r];
+    }
     for (int i = threadIdx.x; i < W; i += blockDim.x)
         if (window[i] != 0.0f) atomicAdd(&slash[h * N + base + i], window[i]);
 }
@@ -264,10 +271,9 @@ static void check_estimate(const AttnShape *s) {
 }
 
 // kps, qps; qs, ks; the score tile S.
-static size_t est_smem(int Lq, int D) {
-    return (size_t)(EST_KEYS + EST_MAX_Q) * sizeof(int64_t) +
-           (size_t)(est_padded_queries(Lq) + EST_KEYS) * (D + 1) * sizeof(float) +
-           (size_t)EST_KEYS * est_tile_row(Lq) * sizeof(float);
+static size_t est_smem(int D) {
+    return (size_t)(EST_KEYS + EST_MAX_Q) * sizeof(int64_t) + (size_t)(EST_Q_CHUNK + EST_KEYS) * (D + 1) * sizeof(float) +
+           (size_t)EST_KEYS * EST_TILE_ROW * sizeof(float);
 }
 
 template <int D>
@@ -275,7 +281,7 @@ static void estimate_lse(const AttnShape *s, const bf16 *qe, const int64_t *qe_p
                          const int64_t *k_pos, float *lse_est, cudaStream_t stream) {
     const int Lq = (int)s->q_tokens;
     const int64_t tiles = (s->k_tokens + EST_KEYS - 1) / EST_KEYS;
-    const size_t smem = est_smem(Lq, D);
+    const size_t smem = est_smem(D);
     CUDA_CHECK(cudaFuncSetAttribute(est_lse_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     float2 *part;
     CUDA_CHECK(cudaMallocAsync((void **)&part, (size_t)(tiles * s->num_heads * Lq) * sizeof(float2), stream));
@@ -306,9 +312,8 @@ template <int D>
 static void estimate_scores(const AttnShape *s, const bf16 *qe, const int64_t *qe_pos, const bf16 *k,
                             const int64_t *k_pos, const float *lse_est, int64_t N, float *vertical,
                             float *slash, cudaStream_t stream) {
-    const int Lq = (int)s->q_tokens;
     const int64_t tiles = (s->k_tokens + EST_KEYS - 1) / EST_KEYS;
-    const size_t smem = est_smem(Lq, D);
+    const size_t smem = est_smem(D);
     CUDA_CHECK(cudaFuncSetAttribute(est_scores_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)smem));
     int64_t *qe_first = attn_doc_first_cuda(s, qe_pos, stream);

@@ -135,7 +135,7 @@ for name in ("before", "after"):
         c[0] += t["correct"]
         c[1] += t["samples"]
 print("# length  before  after   (passkey exact-match accuracy, mean over depths)")
-for length in sorted(acc):
+for length in sorted(l for l in acc if len(acc[l]) == 2):   # the lengths both evaluations ran
     b, a = (acc[length][n][0] / acc[length][n][1] for n in ("before", "after"))
     print(f"{length:8d}  {b:6.3f}  {a:6.3f}")
 PY

@@ -19,6 +19,10 @@
 #   RESUME=1            continue OUT where it stopped: the sample shards and
 #                       evaluations kept, each training stage from its newest
 #                       checkpoint (every 100 steps), a finished one skipped
+#   UNTIL=before        stop after the before evaluation
+#   SHORT_MODEL=DIR     extend this short model (a checkpoint folder) instead of
+#                       training one: stages 1 and 2 skipped (scripts/sparse_vs_dense.sh
+#                       extends one short model in every arm)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-context_extension}
@@ -78,9 +82,10 @@ samples() {  # samples NAME MIN MAX COUNT SEED
   $mtrain tokenize --tokenizer bytes --input "$out/$name.jsonl" --output "$out/$name.shard" >/dev/null
 }
 echo "== data: passkey samples of 130..$((short - 6)) and 130..$((long - 8)) tokens"
-samples short 130 $((short - 6)) "$short_samples" 10
+[ -n "${SHORT_MODEL:-}" ] || samples short 130 $((short - 6)) "$short_samples" 10
 samples long 130 $((long - 8)) "$long_samples" 20
 
+if [ -z "${SHORT_MODEL:-}" ]; then
 # 1. Copying first (the built-in synthetic data repeats segments): induction
 #    heads form here in a few hundred steps; on passkey text alone they take
 #    far longer, because only the answer digits reward copying.
@@ -90,6 +95,8 @@ $mtrain train $cfg $stage data.train=synthetic train.steps="$copy_steps" checkpo
 echo "== 2. $short_steps steps of passkey retrieval at $short tokens"
 $mtrain train $cfg $stage data.train="$out/short.shard" train.init_from="$(last "$out/copy")" train.steps="$short_steps" \
   train.micro_batches=8 train.lr=1e-3 train.min_lr=1e-4 checkpoint.dir="$out/short" log.dir="$out/short"
+fi
+short_model=${SHORT_MODEL:-$(last "$out/short")}
 
 evaluate() {  # evaluate NAME MODEL [overrides]: passkey by length and depth on the ring
   local name=$1 model=$2
@@ -101,13 +108,14 @@ evaluate() {  # evaluate NAME MODEL [overrides]: passkey by length and depth on 
 }
 # 3. Before: the short model as trained (plain RoPE), at 1x..8x its context.
 echo "== 3. before: the $short-token model at lengths $lengths (${EVAL_ATTENTION:-sparse} ring attention, $ranks ranks)"
-evaluate before "$(last "$out/short")" model.max_position_embeddings=$long
+evaluate before "$short_model" model.max_position_embeddings=$long
+[ "${UNTIL:-}" = before ] && exit 0
 
 # 4. Extension: YaRN factor 8 and a fine-tune at 2048 tokens, sparse ring
 #    attention over the ranks (cp = ranks: each holds half of every sequence).
 echo "== 4. extension: YaRN x$factor, $long_steps steps at $long tokens, ${FINETUNE:-sparse} ring attention on $ranks ranks"
 run_ranks $ranks train $cfg $stage $yarn $finetune train.seq_len=$long train.micro_batches=1 train.lr=1e-3 train.min_lr=1e-4 \
-  train.warmup_steps=10 data.train="$out/long.shard" data.val_sequences=2 train.init_from="$(last "$out/short")" \
+  train.warmup_steps=10 data.train="$out/long.shard" data.val_sequences=2 train.init_from="$short_model" \
   train.steps="$long_steps" checkpoint.dir="$out/long" log.dir="$out/long" log.every=500 log.attention_every=500 \
   log.val_every="$long_steps"
 
@@ -127,7 +135,7 @@ for name in ("before", "after"):
         c[0] += t["correct"]
         c[1] += t["samples"]
 print("# length  before  after   (passkey exact-match accuracy, mean over depths)")
-for length in sorted(acc):
+for length in sorted(l for l in acc if len(acc[l]) == 2):   # the lengths both evaluations ran
     b, a = (acc[length][n][0] / acc[length][n][1] for n in ("before", "after"))
     print(f"{length:8d}  {b:6.3f}  {a:6.3f}")
 PY

@@ -83,8 +83,8 @@ sparse_forward_smem() {  # sparse_cuda.cu forward_launch(): (BM + 2 KEY_TILE) D 
 sparse_backward_smem() { # sparse_cuda.cu backward_smem<D, BM, KVBUF>()
   local D=$1 BM=$2 KVBUF=$3
   echo $(((2 * BM + 2 * KVBUF * 64) * (D + 8) * 2 + 2 * BM * 72 * 2 + 2 * KVBUF * 64 * 8)); }
-est_smem() {             # sparse_select_cuda.cu est_smem(Lq, D) at the largest Lq = EST_MAX_Q = 128
-  local D=$1; echo $(((128 + 128) * 8 + (128 + 128) * (D + 1) * 4)); }
+est_smem() {             # sparse_select_cuda.cu est_smem(D): EST_KEYS = EST_MAX_Q = 128, EST_Q_CHUNK = 64
+  local D=$1; echo $(((128 + 128) * 8 + (64 + 128) * (D + 1) * 4 + 128 * (64 + 4) * 4)); }
 
 # One row per kernel: name (a glob over the demangled name without "void "
 # and parameters), threads per block ("bounds": its __launch_bounds__),
@@ -126,11 +126,11 @@ launch_table() {
     row "sparse_backward_kernel<128, 128, 2, $docs>" 256 "$(sparse_backward_smem 128 128 2)" optin sm_90
     row "sparse_backward_kernel<128, 128, 1, $docs>" 256 "$(sparse_backward_smem 128 128 1)" optin sm_80
   done
-  # sparse_select_cuda.cu: EST_KEYS = 128 threads, SEL_THREADS = 256. index_row_kernel's bitmap
+  # sparse_select_cuda.cu: EST_THREADS = 64 threads, SEL_THREADS = 256. index_row_kernel's bitmap
   # is one bit per key block of the sequence: (N / B / 32 + 1) words, here N = 1M tokens, B = 64.
   for D in 64 128; do
-    row "est_lse_kernel<$D>" 128 "$(est_smem $D)" optin all
-    row "est_scores_kernel<$D>" 128 "$(est_smem $D)" optin all
+    row "est_lse_kernel<$D>" 64 "$(est_smem $D)" optin all
+    row "est_scores_kernel<$D>" 64 "$(est_smem $D)" optin all
   done
   # model/ops_cuda.cu: THREADS = 256 everywhere; the RMSNorm backward's dweight sums take H fp32 of
   # dynamic shared memory, at most RMSNORM_BWD_MAX_H = 8192.

@@ -1,34 +1,41 @@
 #!/usr/bin/env bash
 # sparse_vs_dense.sh: is a model trained with sparse attention as good as one
-# trained with dense attention, everything else the same? For each of SEEDS
-# seeds it runs the context-extension recipe (scripts/context_extension.sh)
-# twice, its extension fine-tune once with sparse ring attention (the
-# recipe's fixed budget) and once with dense ring attention (same data,
-# steps, schedule and seed), evaluates each extended model with the same
-# dense `mtrain eval` (passkey, NIAH and RULER by length x depth at 500, 1000
-# and 2000 tokens; perplexity by length on the fine-tune's held-out documents) and writes one table: per
-# task and length, each arm's mean over the seeds and its spread (sample
-# standard deviation; the smallest and largest seed).
-#   bash scripts/sparse_vs_dense.sh        (3 seeds: six runs of the recipe, each about 15 minutes on 2 cores)
+# trained with dense attention, everything else the same? The context-extension
+# recipe (scripts/context_extension.sh) trains its short model once (seed 1);
+# then for each of SEEDS seeds its extension fine-tune runs twice from that
+# model, once with sparse ring attention (the recipe's fixed budget) and once
+# with dense ring attention (same data, steps, schedule and seed: the seed
+# orders the fine-tune's data and picks its held-out documents). Each extended
+# model gets the same dense `mtrain eval` (passkey, NIAH and RULER by length x
+# depth at 500, 1000 and 2000 tokens; perplexity by length on the fine-tune's
+# held-out documents), and one table shows per task and length each arm's
+# mean over the seeds and its spread (sample standard deviation; the smallest
+# and largest seed).
+#   bash scripts/sparse_vs_dense.sh        (3 seeds: the short model and six fine-tunes, about 45 minutes on 2 cores)
 # Interrupted, the same command resumes every arm where it stopped
 # (context_extension.sh with RESUME=1: from its newest checkpoint); FRESH=1
 # starts over. Environment: SEEDS (3), OUT (sparse_vs_dense), and
 # context_extension.sh's sizes (COPY_STEPS, SHORT_STEPS, LONG_STEPS,
 # SHORT_SAMPLES, LONG_SAMPLES) and EVAL_ARGS (e.g. eval.samples=2).
-# Writes OUT/seedS/ARM/ (each run's folder, results_after.json its
-# evaluation), OUT/table.txt and OUT/table.json.
+# Writes OUT/base/ (the short model), OUT/seedS/ARM/ (each fine-tune's folder,
+# results_after.json its evaluation), OUT/table.txt and OUT/table.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-sparse_vs_dense}
 seeds=${SEEDS:-3}
 [ "${FRESH:-0}" = 1 ] && rm -rf "$out"
 mkdir -p "$out"
+echo "== the short model, once ($out/base)"
+OUT="$out/base" SEED=1 EVAL_ATTENTION=dense RESUME=1 UNTIL=before bash scripts/context_extension.sh
+short_model=$(realpath "$out/base/short/$(cat "$out/base/short/latest")")
 for seed in $(seq 1 "$seeds"); do
   for arm in dense sparse; do
     dir="$out/seed$seed/$arm"
     echo "== seed $seed: the $arm fine-tune ($dir)"
+    mkdir -p "$dir"
+    cp -n "$out/base/long.shard" "$out/base/results_before.json" "$dir/"   # kept: RESUME=1 skips both
     # The held-out documents of the fine-tune (its data, seq_len, seed and val_sequences) for perplexity.
-    OUT="$dir" SEED="$seed" FINETUNE="$arm" EVAL_ATTENTION=dense RESUME=1 \
+    OUT="$dir" SEED="$seed" FINETUNE="$arm" EVAL_ATTENTION=dense RESUME=1 SHORT_MODEL="$short_model" \
       EVAL_ARGS="eval.tasks=perplexity,passkey,niah,ruler eval.lengths=500,1000,2000 eval.text=heldout data.train=$dir/long.shard
                  train.seq_len=2048 train.seed=$seed data.val_sequences=2 ${EVAL_ARGS:-}" \
       bash scripts/context_extension.sh

@@ -284,6 +284,7 @@ typedef struct {
 typedef struct {
     const char *name;
     double calls, flops, bytes;   // per step; flops and bytes summed over the calls
+    double shared_bytes;          // KERNEL_FP32: shared-memory wavefronts as bytes (plain accesses), summed
     KernelKind kind;
     KernelCounts counts;          // KERNEL_ATTENTION: the counted work summed over the calls
     double exp2;                  // KERNEL_ATTENTION: its exp2 results, and its blocks per SM (plan_cost.h)
@@ -393,9 +394,26 @@ static int kernel_rows(const Plan *p, const Config *cfg, KernelRow *rows) {
                    L * (2 * T * (5 * QD + 2 * KD) + 20 * T * (QD + 2 * KD)), KERNEL_ATTENTION);
     rows[n - 1].counts = counts_times(attn_bwd, L * micro);
     set_attention_cost(&rows[n - 1], p, cfg, true);
-    if (cfg->attention.type == ATTN_SPARSE)   // last_q queries against every key, twice; fp32 scores
-        n = add_kernel(rows, n, "sparse estimation", L, 4 * D * c->num_heads * (double)cfg->attention.last_q * N * L,
-                       L * (2 * T * KD + 8 * c->num_heads * T), KERNEL_FP32);
+    if (cfg->attention.type == ATTN_SPARSE) {   // last_q queries against the rank's N / cp keys, both passes
+        const int64_t Lq = cfg->attention.last_q < N ? cfg->attention.last_q : (int64_t)N;
+        const EstimationCounts e = sparse_estimation_counts((int)D, c->num_heads, c->num_kv_heads, Lq,
+                                                            (int64_t)ceil(N / p->cp));
+        n = add_kernel(rows, n, "sparse estimation", L * micro, 2 * e.fma * L * micro, e.hbm_bytes * L * micro,
+                       KERNEL_FP32);
+        rows[n - 1].shared_bytes = e.shared_bytes * L * micro;
+        // every rank selects on the whole sequence; its index covers its own query blocks and is built for the
+        // forward, each recomputation and the backward. Lines per head: the budget's vertical (and sink) and
+        // slash (and local) lines, scaled to density x N = vertical + sink + 2 (slash + local) where they exceed it
+        const AttentionConfig *a = &cfg->attention;
+        const double vertical = other_lines(a) - 2.0 * a->local;
+        const double slash = plan_slash_lines(a, cfg->train.seq_len, p->density) + a->local;
+        const double fit = fmin(1.0, p->density * N / (vertical + 2 * slash));
+        const double index_rows = c->num_heads * ceil(Tm / a->block_size);
+        n = add_kernel(rows, n, "sparse selection", L * micro, 0,
+                       sparse_selection_bytes(c->num_heads, cfg->train.seq_len) * L * micro, KERNEL_MEMORY);
+        n = add_kernel(rows, n, "sparse index", (attn_fwd + 1) * L * micro, 0,
+                       sparse_index_build_bytes(index_rows, fit * vertical, fit * slash) * (attn_fwd + 1) * L * micro, KERNEL_MEMORY);
+    }
     n = add_kernel(rows, n, "embedding forward", 1, 0, 4 * T * H, KERNEL_MEMORY);
     n = add_kernel(rows, n, "embedding backward", 1, 0, 10 * T * H, KERNEL_MEMORY);
     // Both residual adds of a layer fused with the norm after them; the input norm alone for the first
@@ -474,6 +492,7 @@ static double kernel_seconds(const KernelRow *r, const GpuProfile *gpu, const ch
     *binds = "HBM";
     double t = r->bytes / rate.hbm;
     if (r->kind == KERNEL_FP32 && gpu->fp32_tflops > 0) t = bind(t, r->flops / (gpu->fp32_tflops * 1e12), "fp32", binds);
+    if (r->kind == KERNEL_FP32 && rate.smem > 0) t = bind(t, r->shared_bytes / rate.smem, "shared memory", binds);
     if (r->kind == KERNEL_GEMM) {
         double waves = 0;
         for (int i = 0; i < r->num_gemms; i++) waves += gemm_seconds(&r->gemms[i], gpu);
@@ -779,16 +798,16 @@ static void print_advice(const Plan *p, const Config *cfg, FILE *out) {
 
 // Sparse attention's budget for the run's length: the planned density (what
 // the plan's FLOPs and times assume) and the pattern estimation's share of
-// the attention's work in a step (the estimation, attention forward and
-// backward rows of kernel_rows: their FLOPs, and on a GPU their derived
-// times; the selection and the index are not counted).
+// the attention's work in a step (the estimation, selection and index,
+// attention forward and backward rows of kernel_rows: their FLOPs, and on a
+// GPU their derived times).
 static void print_sparse_budget(const Plan *p, const Config *cfg, FILE *out) {
     const AttentionConfig *a = &cfg->attention;
     KernelRow rows[MAX_KERNEL_ROWS];
     const int n = kernel_rows(p, cfg, rows);
     double flops[2] = {0, 0}, seconds[2] = {0, 0};   // estimation, attention forward + backward
     for (int i = 0; i < n; i++) {
-        const int estimation = !strcmp(rows[i].name, "sparse estimation");
+        const int estimation = !strncmp(rows[i].name, "sparse ", 7);   // estimation; selection and index
         if (!estimation && strcmp(rows[i].name, "attention forward") && strcmp(rows[i].name, "attention backward"))
             continue;
         const char *binds;
@@ -805,7 +824,7 @@ static void print_sparse_budget(const Plan *p, const Config *cfg, FILE *out) {
         snprintf(budget, sizeof(budget), "budget fixed: %d vertical + %d slash lines per head%s", a->vertical,
                  a->slash, a->budget_file == BUDGET_FILE_PATH ? " (budget_file: per head)" : "");
     fprintf(out, "sparse attention at %d tokens: planned density %.4f (%s; sink %d, local %d) | pattern "
-            "estimation (last_q %d queries against every key, both passes; selection and index not counted) %.1f%% "
+            "estimation (last_q %d queries against the rank's keys, both passes), selection and index %.1f%% "
             "of the attention's FLOPs", cfg->train.seq_len, p->density, budget, a->sink, a->local, a->last_q,
             100 * flops[0] / (flops[0] + flops[1]));
     if (seconds[0] > 0) fprintf(out, ", %.1f%% of its derived time", 100 * seconds[0] / (seconds[0] + seconds[1]));
@@ -889,6 +908,36 @@ static const GpuProfile *profile_named(const char *name) {
     FAIL("no GPU profile %s", name);
 }
 
+// The sparse pattern's kernels per call (one layer) on hw: the estimation's
+// counted work (sparse_estimation_counts) and the selection's and index's
+// bytes, their bounds, and their share of the pattern plus the sparse
+// attention forward and backward (per call of each).
+static void print_sparse_pattern_kernels(const KernelRow *rows, int n, const GpuProfile *hw, FILE *out) {
+    const KernelRow *est = NULL, *sel = NULL, *index = NULL;
+    double attention = 0, est_s = 0, sel_s = 0, index_s = 0;
+    const char *binds, *est_binds = "";
+    for (int i = 0; i < n; i++) {
+        const double t = kernel_seconds(&rows[i], hw, &binds);
+        if (!strcmp(rows[i].name, "sparse estimation")) est = &rows[i], est_s = t, est_binds = binds;
+        if (!strcmp(rows[i].name, "sparse selection")) sel = &rows[i], sel_s = t;
+        if (!strcmp(rows[i].name, "sparse index")) index = &rows[i], index_s = t / rows[i].calls;
+        if (rows[i].kind == KERNEL_ATTENTION) attention += t / rows[i].calls;
+    }
+    if (!est || !sel || !index) return;
+    const GpuRates rate = gpu_rates(hw);
+    const double layers = est->calls;   // one estimation and selection per layer, an index per forward and backward
+    const double pattern = (est_s + sel_s) / layers + 2 * index_s;
+    fprintf(out, "\nsparse pattern per layer's forward + backward on %s: estimation, both passes (counted: "
+            "trainer/plan_counts.c): %.4g fp32 FMA %.3f ms, shared memory %.4g GB %.3f ms, HBM %.4g GB %.3f ms: "
+            "%.3f ms (%s) | selection %.4g GB HBM %.3f ms | index, 2 builds: %.4g GB HBM %.3f ms | the pattern "
+            "%.1f%% of the pattern + sparse attention forward + backward (%.3f ms)\n", hw->name,
+            est->flops / 2 / layers, 1e3 * est->flops / layers / (hw->fp32_tflops * 1e12),
+            est->shared_bytes / layers / 1e9, 1e3 * est->shared_bytes / layers / rate.smem, est->bytes / layers / 1e9,
+            1e3 * est->bytes / layers / rate.hbm, 1e3 * est_s / layers, est_binds, sel->bytes / layers / 1e9,
+            1e3 * sel_s / layers, 2 * index->bytes / index->calls / 1e9, 2e3 * index_s,
+            100 * pattern / (pattern + attention), 1e3 * attention);
+}
+
 void plan_print_kernels(const Plan *p, const Config *cfg, FILE *out) {
     const GpuProfile *gpus[2] = {profile_named("a100-80g"), profile_named("h100")};
     KernelRow rows[MAX_KERNEL_ROWS];
@@ -949,6 +998,7 @@ void plan_print_kernels(const Plan *p, const Config *cfg, FILE *out) {
                 1e3 * cost.seconds, cost.binds, r->flops / r->calls / cost.seconds / 1e12, r->blocks_per_sm,
                 shared_bytes_per_mma(c));
     }
+    print_sparse_pattern_kernels(rows, n, hw, out);
     if (p->gpu)
         fprintf(out, "\nthese are the kernels alone: the plan's step on %s adds their launches, the host "
                 "synchronisations, the ring's exposed transfers, the sparse plan's combine and the gradient "

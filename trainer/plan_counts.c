@@ -94,3 +94,40 @@ KernelCounts sparse_backward_counts(int head_dim, int block_size, double rows, d
 double shared_bytes_per_mma(KernelCounts c) {
     return (c.ldmatrix_bytes + c.cp_async_bytes) / c.mma;
 }
+
+// Per CTA (a q head, 128 keys, 64 threads = 2 warps, P = queries rounded up
+// to chunks of 64, D the head dim), per pass: the score tiles' P x 128 x D
+// FMAs, their loads (per warp, d and chunk 16 key and 8 query loads, one
+// wavefront each: 2 x P / 64 x 24 x D) and stores (per warp and chunk 128,
+// conflict-free: 2 x P / 64 x 128), the queries and keys stored once
+// (P x D / 32 + 4 x D). Pass 1's loop (a thread per query: per key the
+// score and the key position, 2 x 128 wavefronts per warp of queries);
+// pass 2's (a thread per key, two keys each: per query its position, first
+// key and lse, the score (a key row 4 banks from the next: 4 wavefronts) and
+// the window atomic, 8 wavefronts per warp of keys) and its window flush
+// (256 global atomics).
+EstimationCounts sparse_estimation_counts(int head_dim, int num_heads, int num_kv_heads, int64_t queries,
+                                          int64_t keys) {
+    const double D = head_dim, Lq = (double)queries, P = ceil(Lq / 64) * 64, keys_d = (double)keys;
+    const double blocks = ceil(keys_d / 128) * num_heads;
+    const double tile_wavefronts = 0.75 * P * D + 4 * P + P * D / 32 + 4 * D;
+    const double wavefronts = 2 * tile_wavefronts + ceil(Lq / 32) * 2 * 128 + 4 * 8 * Lq;
+    return (EstimationCounts){
+        .blocks = 2 * blocks,
+        .fma = 2 * blocks * P * 128 * D,
+        .shared_bytes = 128 * blocks * wavefronts,
+        .exps = 2 * blocks * Lq * 128,
+        .atomics = blocks * 256,
+        .hbm_bytes = 2 * (2 * keys_d * num_kv_heads * D + 2 * Lq * num_heads * D) + 2 * 8 * blocks * Lq +
+                     2 * 8 * num_heads * keys_d};
+}
+
+double sparse_selection_bytes(int num_heads, int64_t seq_len) {
+    const double elements = 2.0 * num_heads * (double)seq_len;
+    // keys: the score read, the key written; the sort; take and mark read the keys; the marks set and read
+    return elements * (4 + 8 + 16 * SELECTION_SORT_PASSES + 8 + 8 + 3);
+}
+
+double sparse_index_build_bytes(double rows, double vertical_lines, double slash_lines) {
+    return rows * 8 * (2 * (slash_lines + vertical_lines / 2) + slash_lines + vertical_lines);
+}

@@ -52,4 +52,30 @@ KernelCounts sparse_backward_counts(int head_dim, int block_size, double rows, d
 // Bytes through shared memory (ldmatrix + cp.async) per mma.sync of c.
 double shared_bytes_per_mma(KernelCounts c);
 
+// The sparse pattern's estimation on the GPU (attention/sparse/sparse_select_cuda.cu):
+// both passes (est_lse_kernel with its merge, est_scores_kernel) of `queries`
+// estimation queries against `keys` keys, num_heads q heads over num_kv_heads.
+// fp32 FMAs of the score tiles (queries rounded up to the tiles' blocks of
+// 64); shared-memory wavefronts of plain loads, stores and shared atomics as
+// bytes (128 per wavefront: the sim does not count plain shared accesses, so
+// these follow the kernels' loops by hand); exp2f calls; global atomics (the
+// slash windows); HBM bytes (keys read once per kv head per pass, the
+// partial (max, sum) pairs, the vertical and slash sums read and written).
+typedef struct {
+    double blocks, fma, shared_bytes, exps, atomics, hbm_bytes;
+} EstimationCounts;
+EstimationCounts sparse_estimation_counts(int head_dim, int num_heads, int num_kv_heads, int64_t queries,
+                                          int64_t keys);
+// The selection and one build of the index on the GPU as HBM bytes: the
+// selection's 2 x num_heads x seq_len sort keys (written, sorted in
+// SELECTION_SORT_PASSES passes that each read and write them, read to take
+// and mark) and the marks; the index's two launches (count, fill) over rows
+// = num_heads x query blocks, each reading the lines of its head up to its
+// last query (8 bytes each: the slash lines, nearly all of them short
+// offsets, and on average half the vertical lines), and the blocks and
+// columns written (at most as many as the lines).
+#define SELECTION_SORT_PASSES 8
+double sparse_selection_bytes(int num_heads, int64_t seq_len);
+double sparse_index_build_bytes(double rows, double vertical_lines, double slash_lines);
+
 #endif

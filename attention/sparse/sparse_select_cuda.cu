@@ -2,7 +2,9 @@
 // estimation to index, without a host read (sparse_cuda.h; the CPU
 // version: sparse_estimate.c, sparse_index.c, docs/ARCHITECTURE.md).
 //   estimation  per (q head, tile of 128 keys) CTA, fp32 on CUDA cores (the
-//               estimation queries are few): pass 1 writes each tile's
+//               estimation queries are few): the scores S = Q K^T of the tile
+//               register-blocked into shared memory (a thread's 24 shared
+//               loads per d feed 128 FMAs), then pass 1 writes each tile's
 //               (max, sum) per query, a merge kernel folds them into lse_est;
 //               pass 2 adds the softmax column sums to vertical (one owner
 //               per key) and the diagonal sums to slash (shared-memory
@@ -37,8 +39,10 @@
 
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
-#define EST_KEYS 128         // keys per estimation CTA (one thread each)
+#define EST_KEYS 128         // keys per estimation CTA
+#define EST_THREADS 64       // threads per estimation CTA: 8 key groups x 8 query groups of the score tile
 #define EST_MAX_Q 128        // at most this many estimation queries
+#define EST_Q_CHUNK 64       // queries per register block of the score tile (16 keys x 8 queries per thread)
 #define SEL_THREADS 256
 #define SEL_MAX_HEADS 128    // fixed budgets: counts of at most this many q heads, passed by value
 
@@ -59,23 +63,23 @@ struct SegmentBudget {
 // [Lq] of the estimation queries, pos.k_pos [Tk]), in.q the estimation
 // queries qe [Lq, Hq, D], in.k the keys [Tk, Hkv, D] (in.v, in.dout unused).
 
+// A key's row of the score tile in shared memory: the chunk's queries and 4
+// more, so that rows lie 4 banks apart (the tile's stores conflict-free).
+#define EST_TILE_ROW (EST_Q_CHUNK + 4)
+
 // Shared tiles of one estimation CTA (q head h, keys j0 .. j0 + EST_KEYS):
-// queries qs [Lq][D + 1] scaled to log2 units, keys ks [EST_KEYS][D + 1]
-// (zero past Tk), their positions kps (INT64_MAX past Tk), qps [Lq], and
-// qfs [Lq] the first key position each query sees (pos.q_first; INT64_MIN
-// for every query when it is NULL: no documents).
+// keys ks [EST_KEYS][D + 1] (zero past Tk), their positions kps (INT64_MAX
+// past Tk), the queries' positions qps [Lq], and qfs [Lq] the first key
+// position each query sees (pos.q_first; INT64_MIN for every query when it
+// is NULL: no documents).
 template <int D>
-__device__ void est_load(const AttnDims &dims, const AttnPos &pos, const AttnInputsBf16 &in, int h, int64_t j0,
-                         float scale_log2, float *qs, float *ks, int64_t *kps, int64_t *qps, int64_t *qfs) {
+__device__ void est_load_keys(const AttnDims &dims, const AttnPos &pos, const AttnInputsBf16 &in, int h,
+                              int64_t j0, float *ks, int64_t *kps, int64_t *qps, int64_t *qfs) {
     const int Lq = (int)dims.Tq, Hq = dims.Hq, Hkv = dims.Hkv;
     const int64_t Tk = dims.Tk;
-    const bf16 *qe = in.q, *k = in.k;
+    const bf16 *k = in.k;
     const int64_t *qe_pos = pos.q_pos, *qe_first = pos.q_first, *k_pos = pos.k_pos;
     const int kvh = h / (Hq / Hkv);
-    for (int i = threadIdx.x; i < Lq * D; i += blockDim.x) {
-        const int e = i / D, d = i % D;
-        qs[e * (D + 1) + d] = __bfloat162float(qe[((int64_t)e * Hq + h) * D + d]) * scale_log2;
-    }
     for (int i = threadIdx.x; i < EST_KEYS * D; i += blockDim.x) {
         const int j = i / D, d = i % D;
         const int64_t t = j0 + j;
@@ -86,37 +90,77 @@ __device__ void est_load(const AttnDims &dims, const AttnPos &pos, const AttnInp
         qps[i] = qe_pos[i];
         qfs[i] = qe_first ? qe_first[i] : INT64_MIN;
     }
+}
+
+// The scores of one chunk of queries e0 .. e0 + EST_Q_CHUNK (q head h) against
+// the CTA's keys ks: the queries into qs [EST_Q_CHUNK][D + 1], scaled to log2
+// units (zero past Lq), then S [EST_KEYS][EST_TILE_ROW] = ks qs^T (keys
+// past Tk score against zero rows, masked by their positions). EST_THREADS
+// threads: thread t holds the 16 x 8 block of keys t % 8 + 8 a and queries
+// t / 8 + 8 b (a < 16, b < 8) in registers; per d its 24 shared loads (8
+// key rows and 4 query rows per warp, D + 1 apart: conflict-free) feed 128
+// FMAs. Each score is summed over d in order, as a dot product. Callers
+// synchronise before the next chunk overwrites qs and S.
+template <int D>
+__device__ void est_score_tile(const AttnDims &dims, const AttnInputsBf16 &in, int h, int e0, float scale_log2,
+                               float *qs, const float *ks, float *S) {
+    const int Lq = (int)dims.Tq, Hq = dims.Hq;
+    for (int i = threadIdx.x; i < EST_Q_CHUNK * D; i += blockDim.x) {
+        const int e = e0 + i / D, d = i % D;
+        qs[(i / D) * (D + 1) + d] = e < Lq ? __bfloat162float(in.q[((int64_t)e * Hq + h) * D + d]) * scale_log2 : 0.0f;
+    }
+    __syncthreads();
+    const int kg = threadIdx.x % 8, qg = threadIdx.x / 8;
+    float acc[16][8];
+#pragma unroll
+    for (int a = 0; a < 16; a++)
+#pragma unroll
+        for (int b = 0; b < 8; b++) acc[a][b] = 0.0f;
+    for (int d = 0; d < D; d++) {
+        float kr[16], qr[8];
+#pragma unroll
+        for (int a = 0; a < 16; a++) kr[a] = ks[(kg + 8 * a) * (D + 1) + d];
+#pragma unroll
+        for (int b = 0; b < 8; b++) qr[b] = qs[(qg + 8 * b) * (D + 1) + d];
+#pragma unroll
+        for (int a = 0; a < 16; a++)
+#pragma unroll
+            for (int b = 0; b < 8; b++) acc[a][b] += qr[b] * kr[a];
+    }
+#pragma unroll
+    for (int a = 0; a < 16; a++)
+#pragma unroll
+        for (int b = 0; b < 8; b++) S[(kg + 8 * a) * EST_TILE_ROW + qg + 8 * b] = acc[a][b];
     __syncthreads();
 }
 
-template <int D>
-__device__ __forceinline__ float dot_row(const float *a, const float *b) {
-    float s = 0.0f;
-#pragma unroll 16
-    for (int d = 0; d < D; d++) s += a[d] * b[d];
-    return s;
-}
-
-// Grid (key tiles, Hq), EST_KEYS threads; one thread per estimation query:
-// part [Hq][tiles][Lq] = (max, sum) of its visible scores in the tile (log2 units).
+// Grid (key tiles, Hq), EST_THREADS threads; per chunk of queries one thread
+// per query: part [Hq][tiles][Lq] = (max, sum) of its visible scores in the
+// tile (log2 units).
 template <int D>
 __global__ void est_lse_kernel(AttnDims dims, AttnPos pos, AttnInputsBf16 in, float scale_log2, float2 *part) {
     const int Lq = (int)dims.Tq;
     DYNAMIC_SHARED(unsigned char, smem);
     int64_t *kps = reinterpret_cast<int64_t *>(smem), *qps = kps + EST_KEYS;
-    float *qs = reinterpret_cast<float *>(qps + EST_MAX_Q), *ks = qs + Lq * (D + 1);
+    float *qs = reinterpret_cast<float *>(qps + EST_MAX_Q), *ks = qs + EST_Q_CHUNK * (D + 1);
+    float *S = ks + EST_KEYS * (D + 1);
     STATIC_SHARED(int64_t, qfs, [EST_MAX_Q]);
     const int h = blockIdx.y;
-    est_load<D>(dims, pos, in, h, (int64_t)blockIdx.x * EST_KEYS, scale_log2, qs, ks, kps, qps, qfs);
-    for (int e = threadIdx.x; e < Lq; e += blockDim.x) {
-        float m = -INFINITY, l = 0.0f;
-        for (int j = 0; j < EST_KEYS; j++) {
-            if (kps[j] > qps[e] || kps[j] < qfs[e]) continue;
-            const float s = dot_row<D>(qs + e * (D + 1), ks + j * (D + 1));
-            if (s > m) { l = l * exp2f(m - s) + 1.0f; m = s; }
-            else l += exp2f(s - m);
+    est_load_keys<D>(dims, pos, in, h, (int64_t)blockIdx.x * EST_KEYS, ks, kps, qps, qfs);
+    for (int e0 = 0; e0 < Lq; e0 += EST_Q_CHUNK) {
+        est_score_tile<D>(dims, in, h, e0, scale_log2, qs, ks, S);
+        for (int c = threadIdx.x; c < EST_Q_CHUNK && e0 + c < Lq; c += blockDim.x) {
+            const int e = e0 + c;
+            float m = -INFINITY, l = 0.0f;
+            for (int j = 0; j < EST_KEYS; j++) {
+                if (kps[j] > qps[e] || kps[j] < qfs[e]) continue;
+                const float s = S[j * EST_TILE_ROW + c];
+                if (s > m) { l = l * exp2f(m - s) + 1.0f; m = s; }
+                else l += exp2f(s - m);
+            }
+            part[((int64_t)h * gridDim.x + blockIdx.x) * Lq + e] = make_float2(m, l);
         }
-        part[((int64_t)h * gridDim.x + blockIdx.x) * Lq + e] = make_float2(m, l);
+        __syncthreads();
     }
 }
 
@@ -150,42 +194,54 @@ __global__ void est_lse_merge_kernel(const float2 *part, int64_t tiles, int Lq, 
     }
 }
 
-// Grid (key tiles, Hq), EST_KEYS threads; one thread per key: P = exp(S -
-// lse_est) over the estimation queries that see it; vertical [Hq, N] at the
-// key's position += its column sum; slash [Hq, N] at q - k += each P.
+// Grid (key tiles, Hq), EST_THREADS threads; one thread per key (two keys
+// each): P = exp(S - lse_est) over the estimation queries that see it, a
+// chunk of queries at a time; vertical [Hq, N] at the key's position += its
+// column sum; slash [Hq, N] at q - k += each P.
 template <int D>
 __global__ void est_scores_kernel(AttnDims dims, AttnPos pos, AttnInputsBf16 in, const float *lse_est, int64_t N,
                                   float scale_log2, float *vertical, float *slash) {
     const int Lq = (int)dims.Tq;
     constexpr int W = EST_KEYS + EST_MAX_Q;        // slash window: offsets base .. base + W
+    constexpr int KEYS_PER_THREAD = EST_KEYS / EST_THREADS;
     DYNAMIC_SHARED(unsigned char, smem);
     int64_t *kps = reinterpret_cast<int64_t *>(smem), *qps = kps + EST_KEYS;
-    float *qs = reinterpret_cast<float *>(qps + EST_MAX_Q), *ks = qs + Lq * (D + 1);
+    float *qs = reinterpret_cast<float *>(qps + EST_MAX_Q), *ks = qs + EST_Q_CHUNK * (D + 1);
+    float *S = ks + EST_KEYS * (D + 1);
     STATIC_SHARED(float, lse2, [EST_MAX_Q]);
     STATIC_SHARED(float, window, [W]);
     STATIC_SHARED(int64_t, qfs, [EST_MAX_Q]);
     const int h = blockIdx.y;
     for (int i = threadIdx.x; i < W; i += blockDim.x) window[i] = 0.0f;
     for (int i = threadIdx.x; i < Lq; i += blockDim.x) lse2[i] = lse_est[h * Lq + i] * LOG2E;
-    est_load<D>(dims, pos, in, h, (int64_t)blockIdx.x * EST_KEYS, scale_log2, qs, ks, kps, qps, qfs);
+    est_load_keys<D>(dims, pos, in, h, (int64_t)blockIdx.x * EST_KEYS, ks, kps, qps, qfs);
+    __syncthreads();
     // Offsets of contiguous keys and queries fall in the window; others go
     // straight to global memory.
     const int64_t base = qps[0] - kps[0] - (EST_KEYS - 1);
-    const int j = threadIdx.x;
-    const int64_t kp = kps[j];
-    if (kp != INT64_MAX) {
-        float col = 0.0f;
-        for (int e = 0; e < Lq; e++) {
-            if (kp > qps[e] || kp < qfs[e] || lse2[e] == -INFINITY) continue;
-            const float p = exp2f(dot_row<D>(qs + e * (D + 1), ks + j * (D + 1)) - lse2[e]);
-            col += p;
-            const int64_t d = qps[e] - kp, w = d - base;
-            if (w >= 0 && w < W) atomicAdd(&window[w], p);
-            else atomicAdd(&slash[h * N + d], p);
+    float col[KEYS_PER_THREAD] = {};
+    for (int e0 = 0; e0 < Lq; e0 += EST_Q_CHUNK) {
+        est_score_tile<D>(dims, in, h, e0, scale_log2, qs, ks, S);
+        for (int r = 0; r < KEYS_PER_THREAD; r++) {
+            const int j = threadIdx.x + r * EST_THREADS;
+            const int64_t kp = kps[j];
+            if (kp == INT64_MAX) continue;
+            for (int c = 0; c < EST_Q_CHUNK && e0 + c < Lq; c++) {
+                const int e = e0 + c;
+                if (kp > qps[e] || kp < qfs[e] || lse2[e] == -INFINITY) continue;
+                const float p = exp2f(S[j * EST_TILE_ROW + c] - lse2[e]);
+                col[r] += p;
+                const int64_t d = qps[e] - kp, w = d - base;
+                if (w >= 0 && w < W) atomicAdd(&window[w], p);
+                else atomicAdd(&slash[h * N + d], p);
+            }
         }
-        vertical[h * N + kp] += col;
+        __syncthreads();
     }
-    __syncthreads();
+    for (int r = 0; r < KEYS_PER_THREAD; r++) {
+        const int64_t kp = kps[threadIdx.x + r * EST_THREADS];
+        if (kp != INT64_MAX) vertical[h * N + kp] += col[r];
+    }
     for (int i = threadIdx.x; i < W; i += blockDim.x)
         if (window[i] != 0.0f) atomicAdd(&slash[h * N + base + i], window[i]);
 }
@@ -214,8 +270,10 @@ static void check_estimate(const AttnShape *s) {
           "sparse estimation (CUDA): %d q heads not a multiple of %d kv heads", s->num_heads, s->num_kv_heads);
 }
 
-static size_t est_smem(int Lq, int D) {
-    return (size_t)(EST_KEYS + EST_MAX_Q) * sizeof(int64_t) + (size_t)(Lq + EST_KEYS) * (D + 1) * sizeof(float);
+// kps, qps; qs, ks; the score tile S.
+static size_t est_smem(int D) {
+    return (size_t)(EST_KEYS + EST_MAX_Q) * sizeof(int64_t) + (size_t)(EST_Q_CHUNK + EST_KEYS) * (D + 1) * sizeof(float) +
+           (size_t)EST_KEYS * EST_TILE_ROW * sizeof(float);
 }
 
 template <int D>
@@ -223,14 +281,14 @@ static void estimate_lse(const AttnShape *s, const bf16 *qe, const int64_t *qe_p
                          const int64_t *k_pos, float *lse_est, cudaStream_t stream) {
     const int Lq = (int)s->q_tokens;
     const int64_t tiles = (s->k_tokens + EST_KEYS - 1) / EST_KEYS;
-    const size_t smem = est_smem(Lq, D);
+    const size_t smem = est_smem(D);
     CUDA_CHECK(cudaFuncSetAttribute(est_lse_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     float2 *part;
     CUDA_CHECK(cudaMallocAsync((void **)&part, (size_t)(tiles * s->num_heads * Lq) * sizeof(float2), stream));
     int64_t *qe_first = attn_doc_first_cuda(s, qe_pos, stream);
     const AttnPos pos = {qe_pos, k_pos, qe_first};
     const AttnInputsBf16 in = {qe, k, NULL, NULL};
-    CUDA_LAUNCH(est_lse_kernel<D>, dim3((unsigned)tiles, (unsigned)s->num_heads), EST_KEYS, smem, stream,
+    CUDA_LAUNCH(est_lse_kernel<D>, dim3((unsigned)tiles, (unsigned)s->num_heads), EST_THREADS, smem, stream,
                 attn_dims(s), pos, in, s->scale * LOG2E, part);
     CUDA_CHECK(cudaGetLastError());
     if (qe_first) CUDA_CHECK(cudaFreeAsync(qe_first, stream));
@@ -254,15 +312,14 @@ template <int D>
 static void estimate_scores(const AttnShape *s, const bf16 *qe, const int64_t *qe_pos, const bf16 *k,
                             const int64_t *k_pos, const float *lse_est, int64_t N, float *vertical,
                             float *slash, cudaStream_t stream) {
-    const int Lq = (int)s->q_tokens;
     const int64_t tiles = (s->k_tokens + EST_KEYS - 1) / EST_KEYS;
-    const size_t smem = est_smem(Lq, D);
+    const size_t smem = est_smem(D);
     CUDA_CHECK(cudaFuncSetAttribute(est_scores_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)smem));
     int64_t *qe_first = attn_doc_first_cuda(s, qe_pos, stream);
     const AttnPos pos = {qe_pos, k_pos, qe_first};
     const AttnInputsBf16 in = {qe, k, NULL, NULL};
-    CUDA_LAUNCH(est_scores_kernel<D>, dim3((unsigned)tiles, (unsigned)s->num_heads), EST_KEYS, smem, stream,
+    CUDA_LAUNCH(est_scores_kernel<D>, dim3((unsigned)tiles, (unsigned)s->num_heads), EST_THREADS, smem, stream,
                 attn_dims(s), pos, in, lse_est, N, s->scale * LOG2E, vertical, slash);
     CUDA_CHECK(cudaGetLastError());
     if (qe_first) CUDA_CHECK(cudaFreeAsync(qe_first, stream));
@@ -460,6 +517,16 @@ __device__ void row_documents(const int64_t *doc_starts, int64_t doc_count, int 
     *sink_end = end < q_hi + 1 ? end : q_hi + 1;
 }
 
+// The number of entries of the ascending list a [n] that are at most x.
+__device__ int64_t count_at_most(const int64_t *a, int64_t n, int64_t x) {
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (a[mid] <= x) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
 // One CTA per row r = h * nqb + i of the index x (nqb = x.num_q_blocks,
 // global query block qb = x.q_blocks[i], B = x.block_size): marks the row's
 // key blocks in a shared bitmap, then (FILL = false) counts them and the
@@ -468,6 +535,9 @@ __device__ void row_documents(const int64_t *doc_starts, int64_t doc_count, int 
 // x.column_start[r]. With documents (doc_starts [doc_count], device) the row
 // keeps only blocks and columns at or after lo (row_documents) and gets the
 // sink columns lo .. sink_end - 1, all where no kept block holds them.
+// Only the lines up to the row's last query reach it: slash offsets and
+// vertical positions at most q_hi (both lists ascending), so a row reads no
+// other line.
 template <bool FILL>
 __global__ void __launch_bounds__(SEL_THREADS) index_row_kernel(const SparsePatternCuda p, const SparseIndexCuda x,
                                                                 const int64_t *doc_starts, int64_t doc_count,
@@ -487,15 +557,16 @@ __global__ void __launch_bounds__(SEL_THREADS) index_row_kernel(const SparsePatt
     __syncthreads();
     if (threadIdx.x == 0) atomicOr(&bits[qb / 32], 1u << (qb % 32));
     const int64_t *slash = p.slash + h * p.slash_capacity, *vertical = p.vertical + h * p.vertical_capacity;
-    for (int64_t s = threadIdx.x; s < p.slash_count[h]; s += SEL_THREADS) {
+    const int64_t ns = count_at_most(slash, p.slash_count[h], q_hi);
+    const int64_t nv = count_at_most(vertical, p.vertical_count[h], q_hi);
+    for (int64_t s = threadIdx.x; s < ns; s += SEL_THREADS) {
         const int64_t d = slash[s];
-        if (q_hi - d < 0) continue;
         const int64_t k_lo = q_lo - d > 0 ? q_lo - d : 0;
         for (int64_t kb = k_lo / B; kb <= (q_hi - d) / B; kb++) atomicOr(&bits[kb / 32], 1u << (kb % 32));
     }
     __syncthreads();
     auto marked = [&](int64_t kb) { return (bits[kb / 32] >> (kb % 32)) & 1u; };
-    const int64_t nv = p.vertical_count[h], first_block = lo / B;
+    const int64_t first_block = lo / B;
     int64_t nb = FILL ? block_start[r] : 0, nc = FILL ? column_start[r] : 0;
     // Blocks from first_block on (the blocks before it end before lo).
     for (int64_t w0 = first_block / 32; w0 < words; w0 += SEL_THREADS) {

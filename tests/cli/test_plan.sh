@@ -137,15 +137,30 @@ rc=$?
 expect plan_recompute_auto_none_fits "[ $rc -eq 3 ] && [ \$(grep -c '^  recompute .*, does not fit' '$tmp/auto.out') -eq 3 ] && grep -q '^  recompute full .*  <- auto: none fits, the smallest planned$' '$tmp/auto.out' && grep -q '^fits: NO' '$tmp/auto.out'"
 
 # The sparse budget line: a fixed budget of 64 + 64 lines, sink 64, local 64 at 2048 tokens plans density
-# (64 + 64 + 2 x 64 + 2 x 64) / 2048 = 0.1875; the estimation (4 last_q N FLOPs per head and layer) against
-# the attention (2 N^2 density x (1 forward + 2.5 backward)): 2 x 64 / (2 x 64 + 2048 x 0.1875 x 3.5) = 8.7%;
-# on a GPU also the share of the kernels' derived time; top_p names its caps as an upper bound.
+# (64 + 64 + 2 x 64 + 2 x 64) / 2048 = 0.1875; the estimation (4 last_q N FLOPs per head and layer; the
+# selection and index none) against the attention (2 N^2 density x (1 forward + 2.5 backward)):
+# 2 x 64 / (2 x 64 + 2048 x 0.1875 x 3.5) = 8.7%; on a GPU also the share of the kernels' derived time; top_p
+# names its caps as an upper bound.
 fixed="attention.type=sparse attention.budget=fixed attention.vertical=64 attention.slash=64 attention.sink=64
        attention.local=64 attention.last_q=64 train.seq_len=2048 model.max_position_embeddings=2048"
 "$MTRAIN" plan configs/tiny-cpu.yaml $fixed >"$tmp/out" 2>&1
-expect plan_sparse_budget_fixed "grep -q '^sparse attention at 2048 tokens: planned density 0.1875 (budget fixed: 64 vertical + 64 slash lines per head; sink 64, local 64) | pattern estimation (last_q 64 queries .*) 8.7% of the attention.s FLOPs | ' '$tmp/out'"
+expect plan_sparse_budget_fixed "grep -q '^sparse attention at 2048 tokens: planned density 0.1875 (budget fixed: 64 vertical + 64 slash lines per head; sink 64, local 64) | pattern estimation (last_q 64 queries .*), selection and index 8.7% of the attention.s FLOPs | ' '$tmp/out'"
 "$MTRAIN" plan configs/tiny-cpu.yaml $fixed --gpu h100 >"$tmp/out" 2>&1
 expect plan_sparse_budget_gpu_time "grep -q '^sparse attention at 2048 tokens: .* 8.7% of the attention.s FLOPs, [0-9.]*% of its derived time' '$tmp/out'"
+# The sparse pattern per layer on an H200 (Qwen2.5-0.5B, density 3.8%): the estimation's counted work and the
+# selection's and index's bytes at most 15% of the pattern + the sparse attention forward + backward at 64K
+# and 128K tokens; on a ring each rank estimates against its own keys: cp 2 half the estimation FLOPs of cp 1.
+for n in 65536 131072; do
+  "$MTRAIN" plan configs/qwen2.5-0.5b-512k-1gpu.yaml train.seq_len=$n --density 0.038 --kernels >"$tmp/out" 2>&1
+  share=$(sed -n 's/^sparse pattern per layer.s forward + backward on h200: .* the pattern \([0-9.]*\)% of the pattern .*/\1/p' "$tmp/out")
+  expect "plan_sparse_pattern_share_$n" "[ -n '$share' ] && awk 'BEGIN { exit !($share <= 15) }'"
+done
+est_gflop() {
+  "$MTRAIN" plan configs/qwen2.5-0.5b-128k-8xa100.yaml --kernels train.init_from=none parallel.dp=1 "$@" 2>&1 |
+    awk -F'|' '$2 == " sparse estimation " { print $4 }'
+}
+cp1=$(est_gflop parallel.cp=1) cp2=$(est_gflop parallel.cp=2)
+expect plan_sparse_estimation_per_rank "[ -n '$cp1' ] && [ -n '$cp2' ] && awk 'BEGIN { r = $cp1 / $cp2; exit !(r > 1.99 && r < 2.01) }'"
 "$MTRAIN" plan configs/tiny-cpu.yaml attention.type=sparse attention.top_p=0.8 >"$tmp/out" 2>&1
 expect plan_sparse_budget_topp "grep -q '^sparse attention at 256 tokens: planned density 1.0000 (budget topp 0.8: at most the caps. 4096 vertical + 4096 slash lines per head, an upper bound' '$tmp/out'"
 "$MTRAIN" plan configs/tiny-cpu.yaml >"$tmp/out" 2>&1

@@ -998,7 +998,7 @@ void plan_print_kernels(const Plan *p, const Config *cfg, FILE *out) {
                 1e3 * cost.seconds, cost.binds, r->flops / r->calls / cost.seconds / 1e12, r->blocks_per_sm,
                 shared_bytes_per_mma(c));
     }
-    print_sparse_pattern_kernels(rows, n, hw, out);
+    print_sparse_pattern_kernels(rows, n, p->gpu && p->hw.sms > 0 ? &p->hw : gpus[0], out);
     if (p->gpu)
         fprintf(out, "\nthese are the kernels alone: the plan's step on %s adds their launches, the host "
                 "synchronisations, the ring's exposed transfers, the sparse plan's combine and the gradient "

@@ -30,6 +30,7 @@
 #include "../../attention/kernels/attention_cuda.h"
 #include "../../attention/kernels/attn_variants.h"
 #include "../../attention/kernels/sparse_cuda.h"
+#include "../../attention/sparse/sparse.h"
 #include "../../dist/cuda_check.h"
 #include "../../dist/util.h"
 #include "../lib/check.h"

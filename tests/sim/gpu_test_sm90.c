@@ -20,6 +20,7 @@
 
 #include "../../attention/attention.h"
 #include "../../attention/kernels/attention_cuda.h"
+#include "../../attention/kernels/flash_cpu.h"
 #include "../../attention/kernels/flash_sm90.h"
 #include "../../attention/layout.h"
 #include "../../dist/cuda_check.h"

@@ -43,13 +43,7 @@
 // key tiles lie before every document of a query tile.
 static const int64_t DOC_STARTS[] = {3, 5, 6, 129, 200, 256, 257, 1000, 2050, 4000};
 
-typedef struct {
-    int64_t n;       // sequence length
-    int D, Hq, Hkv;
-    int world;       // 1: queries and keys are the whole sequence; else striped chunks
-    int rank;        // the queries' rank (world > 1); chunks come in ring order from it
-    int docs;        // 1: documents at DOC_STARTS; 0: one document
-} Case;
+#include "attn_case.h"
 
 // One key chunk: positions and bf16 K, V (host bits, fp32 values, device copies).
 typedef struct {
@@ -60,16 +54,6 @@ typedef struct {
     int64_t *d_pos;
     uint16_t *d_k, *d_v;
 } Chunk;
-
-static const int64_t *d_doc_starts;   // DOC_STARTS on the device (main)
-
-static AttnShape shape_of(const Case *c, int64_t Tq, int64_t Tk) {
-    int64_t count = 0;
-    while (c->docs && count < (int64_t)(sizeof DOC_STARTS / sizeof DOC_STARTS[0]) && DOC_STARTS[count] < c->n)
-        count++;
-    return (AttnShape){Tq, Tk, c->Hq, c->Hkv, c->D, LAYOUT_BLOCK, 1.0f / sqrtf((float)c->D),
-                       count > 0 ? DOC_STARTS : NULL, count, count > 0 ? d_doc_starts : NULL};
-}
 
 // Forward of every chunk on the GPU into fresh (poisoned, then initialised)
 // o_acc and lse; returns o_acc on the device.
@@ -97,20 +81,11 @@ static void run_case(const Case *c, uint64_t seed) {
     // Positions: the queries' and each chunk's, in ring order (own rank first).
     const int nch = c->world;
     int64_t *qpos = xmalloc((size_t)c->n * sizeof(int64_t));
-    const int64_t Tq = c->world == 1 ? c->n
-        : layout_rank_positions(LAYOUT_STRIPED, c->n, LAYOUT_BLOCK, c->world, c->rank, qpos);
-    if (c->world == 1)
-        for (int64_t t = 0; t < c->n; t++) qpos[t] = t;
+    const int64_t Tq = case_chunk_positions(c, 0, qpos);
     Chunk *ch = xcalloc((size_t)nch, sizeof(Chunk));
     for (int i = 0; i < nch; i++) {
         ch[i].pos = xmalloc((size_t)c->n * sizeof(int64_t) + 1);
-        if (c->world == 1) {
-            ch[i].T = c->n;
-            memcpy(ch[i].pos, qpos, (size_t)c->n * sizeof(int64_t));
-        } else {
-            const int r = ((c->rank - i) % c->world + c->world) % c->world;
-            ch[i].T = layout_rank_positions(LAYOUT_STRIPED, c->n, LAYOUT_BLOCK, c->world, r, ch[i].pos);
-        }
+        ch[i].T = case_chunk_positions(c, i, ch[i].pos);
         random_bf16(&rng, ch[i].T * Hkv * D, &ch[i].k, &ch[i].kf);
         random_bf16(&rng, ch[i].T * Hkv * D, &ch[i].v, &ch[i].vf);
         ch[i].d_pos = to_device(ch[i].pos, (size_t)ch[i].T * sizeof(int64_t));

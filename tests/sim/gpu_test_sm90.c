@@ -37,23 +37,7 @@
 // [71, 150); [150, 260) from inside one tile to the fifth.
 static const int64_t DOC_STARTS[] = {3, 70, 71, 150, 260};
 
-typedef struct {
-    int64_t n;       // sequence length
-    int D, Hq, Hkv;
-    int world;       // 1: queries and keys are the whole sequence; else striped chunks
-    int rank;        // the queries' rank (world > 1); chunks come in ring order from it
-    int docs;        // 1: documents at DOC_STARTS
-} Case;
-
-static const int64_t *d_doc_starts;
-
-static AttnShape shape_of(const Case *c, int64_t Tq, int64_t Tk) {
-    int64_t count = 0;
-    while (c->docs && count < (int64_t)(sizeof DOC_STARTS / sizeof DOC_STARTS[0]) && DOC_STARTS[count] < c->n)
-        count++;
-    return (AttnShape){Tq, Tk, c->Hq, c->Hkv, c->D, LAYOUT_BLOCK, 1.0f / sqrtf((float)c->D),
-                       count > 0 ? DOC_STARTS : NULL, count, count > 0 ? d_doc_starts : NULL};
-}
+#include "attn_case.h"
 
 // Min and max of x[t0 .. min(t0 + TILE, T)).
 static void bounds(const int64_t *x, int64_t t0, int64_t T, int64_t *lo, int64_t *hi) {
@@ -91,10 +75,7 @@ static void run_case(const Case *c, uint64_t seed) {
              c->world, c->docs ? " documents" : "");
 
     int64_t *qpos = xmalloc((size_t)c->n * sizeof(int64_t));
-    const int64_t Tq = c->world == 1 ? c->n
-        : layout_rank_positions(LAYOUT_STRIPED, c->n, LAYOUT_BLOCK, c->world, c->rank, qpos);
-    if (c->world == 1)
-        for (int64_t t = 0; t < c->n; t++) qpos[t] = t;
+    const int64_t Tq = case_chunk_positions(c, 0, qpos);
     const AttnShape s0 = shape_of(c, Tq, 0);
     int64_t *qfirst = xmalloc((size_t)Tq * sizeof(int64_t) + 1);
     for (int64_t t = 0; t < Tq; t++)
@@ -120,10 +101,7 @@ static void run_case(const Case *c, uint64_t seed) {
 #endif
     for (int i = 0; i < c->world; i++) {          // chunks in ring order, own rank first
         int64_t *kpos = xmalloc((size_t)c->n * sizeof(int64_t) + 1);
-        int64_t Tk = c->n;
-        if (c->world == 1) memcpy(kpos, qpos, (size_t)c->n * sizeof(int64_t));
-        else Tk = layout_rank_positions(LAYOUT_STRIPED, c->n, LAYOUT_BLOCK, c->world,
-                                        ((c->rank - i) % c->world + c->world) % c->world, kpos);
+        const int64_t Tk = case_chunk_positions(c, i, kpos);
         uint16_t *k, *v;
         float *kf, *vf;
         random_bf16(&rng, Tk * Hkv * D, &k, &kf);

@@ -57,19 +57,6 @@ template <int D, int C> struct Sm90Smem {
 constexpr int FLAG_PARTIAL = 0, FLAG_FULL = 1, FLAG_END = 2;   // a stage's key tile: masked, whole, none (the end)
 constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;       // 24 + 2 x 240 of 512 per thread of each warpgroup
 
-// Min and max over the warp of a (lanes with !valid left out); every lane gets them.
-static __device__ __forceinline__ void warp_bounds(int64_t a, bool valid_a, int64_t b, bool valid_b, int64_t *lo,
-                                            int64_t *hi) {
-    int64_t mn = min(valid_a ? a : INT64_MAX, valid_b ? b : INT64_MAX);
-    int64_t mx = max(valid_a ? a : INT64_MIN, valid_b ? b : INT64_MIN);
-    for (int off = 16; off > 0; off /= 2) {
-        mn = min(mn, (int64_t)__shfl_xor_sync(0xffffffffu, (long long)mn, off));
-        mx = max(mx, (int64_t)__shfl_xor_sync(0xffffffffu, (long long)mx, off));
-    }
-    *lo = mn;
-    *hi = mx;
-}
-
 // The producer's warp: Q of the CTA's heads, then every key tile some query of the tile sees, in order.
 template <int D, int C, bool DOCS>
 static __device__ void produce(unsigned char *smem, const CUtensorMap *qmap, const CUtensorMap *kmap,
@@ -311,30 +298,6 @@ extern "C" void attn_kernels_choose(AttnKernels kernels) {
     CHECK(kernels != ATTN_KERNELS_SM90 || device_is_sm90(),
           "attention.kernels: sm90 needs a GPU of compute capability 9.0 (this one is not; use auto or sm80)");
     chosen = kernels;
-}
-
-// x [T][H D] bf16 as a 2D tensor map of boxes of 64 elements x 64 rows, 128-byte swizzle.
-static CUtensorMap tensor_map(const uint16_t *x, int64_t T, int H, int D) {
-    typedef CUresult (*Encode)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
-                               const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
-                               CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static Encode encode = NULL;
-    if (!encode) {
-        enum cudaDriverEntryPointQueryResult found;
-        void *fn = NULL;
-        CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
-        CHECK(found == cudaDriverEntryPointSuccess && fn, "attention (sm_90): the driver has no cuTensorMapEncodeTiled");
-        encode = (Encode)fn;
-    }
-    CUtensorMap map;
-    const cuuint64_t dim[2] = {(cuuint64_t)H * D, (cuuint64_t)T}, stride[1] = {(cuuint64_t)H * D * 2};
-    const cuuint32_t box[2] = {64, 64}, step[2] = {1, 1};
-    const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)x, dim, stride, box, step,
-                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                              CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    CHECK(r == CUDA_SUCCESS, "attention (sm_90): cuTensorMapEncodeTiled of a [%lld][%d] tensor: error %d",
-          (long long)T, H * D, (int)r);
-    return map;
 }
 
 template <int D, int C, bool DOCS>

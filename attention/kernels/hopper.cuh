@@ -3,10 +3,12 @@
 // phase parity), bulk copies and bulk tensor copies (TMA) completing on an
 // mbarrier, wgmma.mma_async m64nNk16 (bf16 in, fp32 accumulate; N 64, 128,
 // 256) with shared-memory matrix descriptors, its fence / commit / wait, and
-// setmaxnreg. nvcc compiles them for the arch-specific target sm_90a only
-// (wgmma and setmaxnreg need it: -gencode arch=compute_90a,code=sm_90a;
-// device code for other targets does not see them); under the CPU execution model of
-// CUDA (-D__CUDASIM__) each calls the sim's implementation of the same
+// setmaxnreg; and what the sm_90 attention kernels share (a warp's position
+// bounds, the host's tensor maps of [T][H D] bf16). nvcc compiles the
+// wrappers for the arch-specific target sm_90a only (wgmma and setmaxnreg
+// need it: -gencode arch=compute_90a,code=sm_90a; device code for other
+// targets does not see them); under the CPU execution model of CUDA
+// (-D__CUDASIM__) each calls the sim's implementation of the same
 // instruction (tests/sim/cudasim/grid.cpp; the rules in docs/SIM.md).
 #ifndef MTRAIN_HOPPER_CUH
 #define MTRAIN_HOPPER_CUH
@@ -14,6 +16,7 @@
 #include <cuda.h>
 #include <stdint.h>
 
+#include "../../dist/cuda_check.h"
 #include "flash_tiles.cuh"
 
 #if defined(__CUDASIM__) || !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -287,6 +290,47 @@ template <int COUNT> __device__ __forceinline__ void setmaxnreg_dec() {
 #endif
 }
 
+// ---- shared by the sm_90 attention kernels (flash_sm90.cu, flash_sm90_backward.cu) ----
+
+// Min and max over the warp of a (lanes with !valid left out); every lane gets them.
+static __device__ __forceinline__ void warp_bounds(int64_t a, bool valid_a, int64_t b, bool valid_b, int64_t *lo,
+                                            int64_t *hi) {
+    int64_t mn = min(valid_a ? a : INT64_MAX, valid_b ? b : INT64_MAX);
+    int64_t mx = max(valid_a ? a : INT64_MIN, valid_b ? b : INT64_MIN);
+    for (int off = 16; off > 0; off /= 2) {
+        mn = min(mn, (int64_t)__shfl_xor_sync(0xffffffffu, (long long)mn, off));
+        mx = max(mx, (int64_t)__shfl_xor_sync(0xffffffffu, (long long)mx, off));
+    }
+    *lo = mn;
+    *hi = mx;
+}
+
 #endif  // sm_90a or the sim
+
+// ---- host side ----
+
+// x [T][H D] bf16 as a 2D tensor map of boxes of 64 elements x 64 rows, 128-byte swizzle.
+static inline CUtensorMap tensor_map(const uint16_t *x, int64_t T, int H, int D) {
+    typedef CUresult (*Encode)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                               const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                               CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static Encode encode = NULL;
+    if (!encode) {
+        enum cudaDriverEntryPointQueryResult found;
+        void *fn = NULL;
+        CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+        CHECK(found == cudaDriverEntryPointSuccess && fn, "attention (sm_90): the driver has no cuTensorMapEncodeTiled");
+        encode = (Encode)fn;
+    }
+    CUtensorMap map;
+    const cuuint64_t dim[2] = {(cuuint64_t)H * D, (cuuint64_t)T}, stride[1] = {(cuuint64_t)H * D * 2};
+    const cuuint32_t box[2] = {64, 64}, step[2] = {1, 1};
+    const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)x, dim, stride, box, step,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    CHECK(r == CUDA_SUCCESS, "attention (sm_90): cuTensorMapEncodeTiled of a [%lld][%d] tensor: error %d",
+          (long long)T, H * D, (int)r);
+    return map;
+}
 
 #endif

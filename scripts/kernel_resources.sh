@@ -87,6 +87,11 @@ sm90_forward_smem() {   # flash_sm90.cu attn_dense_forward_sm90(): Sm90Smem<D, C
                          # 2 stages of K and V boxes of 8192 bytes (D / 64 boxes each), 2 x 64 int64 key positions,
                          # 2 int flags (to 8 bytes), 5 mbarriers
   local D=$1 C=$2; echo $(((C + 4) * (D / 64) * 8192 + 1024 + 8 + 40 + 1024)); }
+sm90_backward_smem() {  # flash_sm90_backward.cu backward_sm90(): Sm90BackwardSmem<D>::BYTES + 1024 of alignment: 2 consumers'
+                         # K and V boxes and 2 stages of Q and dO boxes (8192 bytes, D / 64 boxes each), dS^T 2 x 64 x 72
+                         # bf16, 2 stages x 64 rows of lse, delta (fp32), positions, document starts (int64), 2 first
+                         # rows, 2 heads, 2 x 2 flags, 7 mbarriers
+  local D=$1; echo $((8 * (D / 64) * 8192 + 2 * 64 * 72 * 2 + 2 * 64 * (4 + 4 + 8 + 8) + 16 + 8 + 16 + 56 + 1024)); }
 est_smem() {             # sparse_select_cuda.cu est_smem(D): EST_KEYS = EST_MAX_Q = 128, EST_Q_CHUNK = 64
   local D=$1; echo $(((128 + 128) * 8 + (64 + 128) * (D + 1) * 4 + 128 * (64 + 4) * 4)); }
 
@@ -112,13 +117,15 @@ launch_table() {
     row "flash_backward_kernel<64, 64, 64, $docs>" 128 "$(flash_backward_smem 64 64 64 $d)" optin all
     row "flash_backward_kernel<128, 32, 64, $docs>" 128 "$(flash_backward_smem 128 32 64 $d)" optin all
   done
-  # flash_sm90.cu: 128 (C + 1) threads (a producer and C consumer warpgroups), launched only on sm_90. The
-  # Makefile builds this file for sm_90a; this script compiles sm_90, where its kernels are the guard's empty
-  # stub (their registers here are not the real ones: ptxas on sm_90a reports 168-240 and 40-56 spill bytes).
+  # flash_sm90.cu: 128 (C + 1) threads (a producer and C consumer warpgroups), flash_sm90_backward.cu: 384
+  # (C = 2), launched only on sm_90. The Makefile builds these files for sm_90a; this script compiles sm_90, where
+  # their kernels are the guard's empty stub (their registers here are not the real ones: ptxas on sm_90a reports
+  # 168-240 and 40-56 spill bytes for the forward, 168 and none for the backward).
   for docs in false true; do
     for D in 64 128; do
       row "flash_sm90_forward_kernel<$D, 1, $docs>" 256 "$(sm90_forward_smem $D 1)" optin sm_90
       row "flash_sm90_forward_kernel<$D, 2, $docs>" 384 "$(sm90_forward_smem $D 2)" optin sm_90
+      row "flash_sm90_backward_kernel<$D, $docs>" 384 "$(sm90_backward_smem $D)" optin sm_90
     done
   done
   # sparse_cuda.cu: the forward BM threads (warps of 32 queries), __launch_bounds__(BM, 256 / BM), the

@@ -1,18 +1,20 @@
-// gpu_test_sm90.c: the Hopper dense attention forward (attention/kernels/flash_sm90.cu)
-// against the CPU kernel (attention/kernels/flash_cpu.c) on the same bf16-rounded
-// inputs: head dims 64 and 128, GQA groups of 1, 2 and 3 (one consumer
+// gpu_test_sm90.c: the Hopper dense attention forward and backward
+// (attention/kernels/flash_sm90.cu, flash_sm90_backward.cu) against the CPU
+// kernels (attention/kernels/flash_cpu.c) on the same bf16-rounded inputs:
+// head dims 64 and 128, GQA groups of 1, 2 and 3 (forward: one consumer
 // warpgroup, two, and two with the last slice of heads half empty), lengths
 // that are not multiples of the 64-token tiles, key chunks of a striped layout
-// merged in ring order (rows that see nothing of a chunk), documents crossing
-// tiles. Also: the work done is the work planned (wgmma instructions and TMA
-// bytes from the tiles some query of a tile sees: causal and document tiles
-// skipped), no shared-memory wavefront above its minimum, and two runs agree
-// bit for bit. Needs a GPU of compute capability 9.0 (skipped elsewhere);
-// under the sim the device is an H100 (CUDASIM_SM=90). Run by `make test-gpu`
-// and under the sim (tests/sim/test_sim.sh).
-//   build/tests/gpu_test_sm90 [small]     (every case is small)
+// in ring order (rows that see nothing of a chunk), tiles every query sees
+// whole, documents crossing tiles. Also: the work done is the work planned
+// (wgmma instructions and TMA bytes from the tiles some query of a tile sees:
+// causal and document tiles skipped), no shared-memory wavefront above its
+// minimum, and two runs agree bit for bit (the backward: dK and dV; dQ is
+// added with atomics). Needs a GPU of compute capability 9.0 (skipped
+// elsewhere); under the sim the device is an H100 (CUDASIM_SM=90). Run by
+// `make test-gpu` and under the sim (tests/sim/test_sim.sh).
+//   build/tests/gpu_test_sm90 [small | backward]   (every case is small; backward: the backward's cases only)
 //
-// Tolerance as gpu_test_attention: ||gpu - cpu|| / ||cpu|| <= 1e-2 for O, 1e-4 for the LSE.
+// Tolerance as gpu_test_attention: ||gpu - cpu|| / ||cpu|| <= 1e-2 for O, dQ, dK, dV, 1e-4 for the LSE.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,31 +41,47 @@ static const int64_t DOC_STARTS[] = {3, 70, 71, 150, 260};
 
 #include "attn_case.h"
 
-// Min and max of x[t0 .. min(t0 + TILE, T)).
-static void bounds(const int64_t *x, int64_t t0, int64_t T, int64_t *lo, int64_t *hi) {
+// Min and max of x[t0 .. min(t0 + tile, T)).
+static void bounds(const int64_t *x, int64_t t0, int64_t T, int64_t tile, int64_t *lo, int64_t *hi) {
     *lo = INT64_MAX;
     *hi = INT64_MIN;
-    for (int64_t t = t0; t < T && t < t0 + TILE; t++) {
+    for (int64_t t = t0; t < T && t < t0 + tile; t++) {
         if (x[t] < *lo) *lo = x[t];
         if (x[t] > *hi) *hi = x[t];
     }
 }
 
-// The key tiles the kernel must load for queries qpos [Tq] (first positions qfirst) against kpos [Tk]: summed
-// over the query tiles, the tiles with a key some query of the tile sees by position and document.
-static int64_t tiles_seen(const int64_t *qpos, const int64_t *qfirst, int64_t Tq, const int64_t *kpos, int64_t Tk) {
+// The (query tile, key tile) pairs of TILE queries and key_tile keys for queries qpos [Tq] (first positions
+// qfirst) against kpos [Tk] where some query of the tile sees a key of the tile by position and document: the
+// key tiles the forward loads, the query tiles the backward visits.
+static int64_t tiles_seen(const int64_t *qpos, const int64_t *qfirst, int64_t Tq, const int64_t *kpos, int64_t Tk,
+                          int64_t key_tile) {
     int64_t n = 0;
     for (int64_t i0 = 0; i0 < Tq; i0 += TILE) {
         int64_t q_lo, q_hi, f_lo, f_hi;
-        bounds(qpos, i0, Tq, &q_lo, &q_hi);
-        bounds(qfirst, i0, Tq, &f_lo, &f_hi);
-        for (int64_t j0 = 0; j0 < Tk; j0 += TILE) {
+        bounds(qpos, i0, Tq, TILE, &q_lo, &q_hi);
+        bounds(qfirst, i0, Tq, TILE, &f_lo, &f_hi);
+        for (int64_t j0 = 0; j0 < Tk; j0 += key_tile) {
             int64_t k_lo, k_hi;
-            bounds(kpos, j0, Tk, &k_lo, &k_hi);
+            bounds(kpos, j0, Tk, key_tile, &k_lo, &k_hi);
             n += k_lo <= q_hi && k_hi >= f_lo;
         }
     }
     return n;
+}
+
+// The case's check name (prefix, sizes), its queries' positions qpos and the first key position each may
+// see qfirst (INT64_MIN without documents); returns their count.
+static int64_t case_queries(const Case *c, const char *prefix, char name[160], int64_t **qpos, int64_t **qfirst) {
+    snprintf(name, 160, "%s N=%lld D=%d Hq=%d Hkv=%d chunks=%d%s", prefix, (long long)c->n, c->D, c->Hq, c->Hkv,
+             c->world, c->docs ? " documents" : "");
+    *qpos = xmalloc((size_t)c->n * sizeof(int64_t));
+    const int64_t Tq = case_chunk_positions(c, 0, *qpos);
+    const AttnShape s = shape_of(c, Tq, 0);
+    *qfirst = xmalloc((size_t)Tq * sizeof(int64_t) + 1);
+    for (int64_t t = 0; t < Tq; t++)
+        (*qfirst)[t] = s.doc_count ? attn_doc_first(s.doc_starts, s.doc_count, (*qpos)[t]) : INT64_MIN;
+    return Tq;
 }
 
 static void run_case(const Case *c, uint64_t seed) {
@@ -71,15 +89,9 @@ static void run_case(const Case *c, uint64_t seed) {
     rng_seed(&rng, seed);
     const int D = c->D, Hq = c->Hq, Hkv = c->Hkv;
     char name[160];
-    snprintf(name, sizeof name, "sm90 N=%lld D=%d Hq=%d Hkv=%d chunks=%d%s", (long long)c->n, D, Hq, Hkv,
-             c->world, c->docs ? " documents" : "");
-
-    int64_t *qpos = xmalloc((size_t)c->n * sizeof(int64_t));
-    const int64_t Tq = case_chunk_positions(c, 0, qpos);
+    int64_t *qpos, *qfirst;
+    const int64_t Tq = case_queries(c, "sm90", name, &qpos, &qfirst);
     const AttnShape s0 = shape_of(c, Tq, 0);
-    int64_t *qfirst = xmalloc((size_t)Tq * sizeof(int64_t) + 1);
-    for (int64_t t = 0; t < Tq; t++)
-        qfirst[t] = s0.doc_count ? attn_doc_first(s0.doc_starts, s0.doc_count, qpos[t]) : INT64_MIN;
     const int64_t nq = Tq * Hq * D, nl = Hq * Tq;
     uint16_t *q;
     float *qf;
@@ -114,7 +126,7 @@ static void run_case(const Case *c, uint64_t seed) {
         for (int run = 0; run < 2; run++)
             attn_dense_forward_sm90(&s, d_q, d_qpos, d_k, d_v, d_kpos, d_o[run], d_lse[run], 0);
         CUDA_CHECK(cudaDeviceSynchronize());
-        tiles += tiles_seen(qpos, qfirst, Tq, kpos, Tk);
+        tiles += tiles_seen(qpos, qfirst, Tq, kpos, Tk, TILE);
         CUDA_CHECK(cudaFree(d_k)); CUDA_CHECK(cudaFree(d_v)); CUDA_CHECK(cudaFree(d_kpos));
         free(kpos); free(k); free(v); free(kf); free(vf);
     }
@@ -146,8 +158,121 @@ static void run_case(const Case *c, uint64_t seed) {
     free(qpos); free(qfirst); free(q); free(qf); free(o_ref); free(lse_ref); free(o); free(lse); free(o2); free(lse2);
 }
 
+// The backward of every key chunk against the CPU's, from the CPU forward's lse and delta (dq, dk, dv start
+// from random values; the increments compared). Also: the work done is the work planned, no ldmatrix wavefront
+// above its minimum, and dk, dv (no atomics) the same bits in a second run.
+static void run_backward_case(const Case *c, uint64_t seed) {
+    Rng rng;
+    rng_seed(&rng, seed);
+    const int D = c->D, Hq = c->Hq, Hkv = c->Hkv;
+    char name[160];
+    int64_t *qpos, *qfirst;
+    const int64_t Tq = case_queries(c, "sm90 backward", name, &qpos, &qfirst);
+    const AttnShape s0 = shape_of(c, Tq, 0);
+    const int64_t nq = Tq * Hq * D, nl = Hq * Tq;
+    uint16_t *q, *dout;
+    float *qf, *doutf;
+    random_bf16(&rng, nq, &q, &qf);
+    random_bf16(&rng, nq, &dout, &doutf);
+    int64_t *kpos[8], Tk[8];
+    uint16_t *k[8], *v[8];
+    float *kf[8], *vf[8];
+    CHECK(c->world <= 8, "gpu_test_sm90: at most 8 chunks");
+    float *o_ref = xmalloc((size_t)nq * sizeof(float) + 1), *lse_ref = xmalloc((size_t)nl * sizeof(float) + 1);
+    float *delta_ref = xmalloc((size_t)nl * sizeof(float) + 1);
+    attn_forward_init(&s0, o_ref, lse_ref);
+    for (int i = 0; i < c->world; i++) {
+        kpos[i] = xmalloc((size_t)c->n * sizeof(int64_t) + 1);
+        Tk[i] = case_chunk_positions(c, i, kpos[i]);
+        random_bf16(&rng, Tk[i] * Hkv * D, &k[i], &kf[i]);
+        random_bf16(&rng, Tk[i] * Hkv * D, &v[i], &vf[i]);
+        const AttnShape s = shape_of(c, Tq, Tk[i]);
+        attn_dense_forward_cpu(&s, qf, qpos, kf[i], vf[i], kpos[i], o_ref, lse_ref);
+    }
+    attn_backward_delta(&s0, o_ref, doutf, delta_ref);
+    float *dq0 = random_f32(&rng, nq), *dq_ref = xmalloc((size_t)nq * sizeof(float) + 1);
+    memcpy(dq_ref, dq0, (size_t)nq * sizeof(float));
+    uint16_t *d_q = to_device(q, (size_t)nq * sizeof(uint16_t)), *d_dout = to_device(dout, (size_t)nq * sizeof(uint16_t));
+    int64_t *d_qpos = to_device(qpos, (size_t)Tq * sizeof(int64_t));
+    float *d_lse = to_device(lse_ref, (size_t)nl * sizeof(float)), *d_delta = to_device(delta_ref, (size_t)nl * sizeof(float));
+    float *d_dq = to_device(dq0, (size_t)nq * sizeof(float));
+
+    double dk_diff = 0, dk_norm = 0, dv_diff = 0, dv_norm = 0;
+    int64_t pairs = 0, visits = 0, kv_tiles = 0;
+    int same = 1;
+#ifdef CUDASIM_KERNEL_COUNTS
+    cudasim_kernel_counts_reset();
+#endif
+    for (int i = 0; i < c->world; i++) {
+        const int64_t nk = Tk[i] * Hkv * D;
+        const AttnShape s = shape_of(c, Tq, Tk[i]);
+        float *dk0 = random_f32(&rng, nk), *dv0 = random_f32(&rng, nk);
+        float *dk_ref = xmalloc((size_t)nk * sizeof(float) + 1), *dv_ref = xmalloc((size_t)nk * sizeof(float) + 1);
+        memcpy(dk_ref, dk0, (size_t)nk * sizeof(float));
+        memcpy(dv_ref, dv0, (size_t)nk * sizeof(float));
+        attn_dense_backward_cpu(&s, qf, qpos, kf[i], vf[i], kpos[i], lse_ref, delta_ref, doutf, dq_ref, dk_ref, dv_ref);
+        uint16_t *d_k = to_device(k[i], (size_t)nk * sizeof(uint16_t)), *d_v = to_device(v[i], (size_t)nk * sizeof(uint16_t));
+        int64_t *d_kpos = to_device(kpos[i], (size_t)Tk[i] * sizeof(int64_t));
+        float *d_dk[2], *d_dv[2], *d_dq2 = poisoned((size_t)nq * sizeof(float));
+        for (int run = 0; run < 2; run++) {        // the second into scratch dq
+            d_dk[run] = to_device(dk0, (size_t)nk * sizeof(float));
+            d_dv[run] = to_device(dv0, (size_t)nk * sizeof(float));
+            attn_dense_backward_sm90(&s, d_q, d_qpos, d_k, d_v, d_kpos, d_lse, d_delta, d_dout, run ? d_dq2 : d_dq,
+                                     d_dk[run], d_dv[run], 0);
+        }
+        CUDA_CHECK(cudaDeviceSynchronize());
+        pairs += tiles_seen(qpos, qfirst, Tq, kpos[i], Tk[i], TILE);
+        visits += tiles_seen(qpos, qfirst, Tq, kpos[i], Tk[i], 2 * TILE);
+        kv_tiles += (Tk[i] + 2 * TILE - 1) / (2 * TILE);
+        float *dk = from_device_f32(d_dk[0], nk), *dv = from_device_f32(d_dv[0], nk);
+        float *dk2 = from_device_f32(d_dk[1], nk), *dv2 = from_device_f32(d_dv[1], nk);
+        same &= memcmp(dk, dk2, (size_t)nk * sizeof(float)) == 0 && memcmp(dv, dv2, (size_t)nk * sizeof(float)) == 0;
+        subtract(dk, dk0, nk); subtract(dk_ref, dk0, nk);
+        subtract(dv, dv0, nk); subtract(dv_ref, dv0, nk);
+        // Per-chunk errors combined into one Frobenius norm over all chunks.
+        const double ek = rel_frobenius(dk, dk_ref, nk), ev = rel_frobenius(dv, dv_ref, nk);
+        double nkr = 0, nvr = 0;
+        for (int64_t j = 0; j < nk; j++) { nkr += (double)dk_ref[j] * dk_ref[j]; nvr += (double)dv_ref[j] * dv_ref[j]; }
+        dk_diff += ek * ek * nkr; dk_norm += nkr;
+        dv_diff += ev * ev * nvr; dv_norm += nvr;
+        for (int run = 0; run < 2; run++) { CUDA_CHECK(cudaFree(d_dk[run])); CUDA_CHECK(cudaFree(d_dv[run])); }
+        CUDA_CHECK(cudaFree(d_k)); CUDA_CHECK(cudaFree(d_v)); CUDA_CHECK(cudaFree(d_kpos)); CUDA_CHECK(cudaFree(d_dq2));
+        free(dk0); free(dv0); free(dk_ref); free(dv_ref); free(dk); free(dv); free(dk2); free(dv2);
+    }
+    float *dq = from_device_f32(d_dq, nq);
+    subtract(dq, dq0, nq);
+    subtract(dq_ref, dq0, nq);
+    double e;
+    EXPECT_COUNTED((e = rel_frobenius_floor(dq, dq_ref, nq, GRAD_FLOOR)) <= TOL, "%s dQ rel %.2e", name, e);
+    EXPECT_COUNTED((e = sqrt(dk_diff / (dk_norm + 1e-30))) <= TOL, "%s dK rel %.2e", name, e);
+    EXPECT_COUNTED((e = sqrt(dv_diff / (dv_norm + 1e-30))) <= TOL, "%s dV rel %.2e", name, e);
+    EXPECT_COUNTED(same, "%s dK, dV repeatable", name);
+#ifdef CUDASIM_KERNEL_COUNTS
+    // Per run: each q head's (64-key tile, query tile) pairs seen x (D / 16 wgmma for S^T, D / 16 for dP^T,
+    // 64 / 16 for dV, for dK, D / 16 for dQ); TMA: K and V of 128 keys per kv head, Q and dO per q head and
+    // (128-key tile, query tile) pair seen.
+    cudasimKernelCounts kc;
+    cudasim_kernel_counts("flash_sm90_backward_kernel", &kc);
+    const unsigned long long wgmma = 2ull * Hq * pairs * (3 * D / 16 + 2 * TILE / 16);
+    const unsigned long long tma = 2ull * ((unsigned long long)kv_tiles * Hkv * 2 * (2 * TILE) * D * 2 +
+                                          (unsigned long long)visits * Hq * 2 * TILE * D * 2);
+    EXPECT_COUNTED(kc.wgmma == wgmma && kc.tma_bytes == tma, "%s work: %llu wgmma (planned %llu), %llu TMA bytes "
+                   "(planned %llu) over %lld pairs of tiles seen", name, kc.wgmma, wgmma, kc.tma_bytes, tma,
+                   (long long)pairs);
+    EXPECT_COUNTED(kc.ldmatrix_wavefronts == kc.ldmatrix_wavefronts_min, "%s ldmatrix wavefronts at their minimum "
+                   "(%llu/%llu)", name, kc.ldmatrix_wavefronts, kc.ldmatrix_wavefronts_min);
+#endif
+    for (int i = 0; i < c->world; i++) { free(kpos[i]); free(k[i]); free(v[i]); free(kf[i]); free(vf[i]); }
+    CUDA_CHECK(cudaFree(d_q)); CUDA_CHECK(cudaFree(d_dout)); CUDA_CHECK(cudaFree(d_qpos));
+    CUDA_CHECK(cudaFree(d_lse)); CUDA_CHECK(cudaFree(d_delta)); CUDA_CHECK(cudaFree(d_dq));
+    free(qpos); free(qfirst); free(q); free(qf); free(dout); free(doutf); free(o_ref); free(lse_ref);
+    free(delta_ref); free(dq0); free(dq_ref); free(dq);
+}
+
 int main(int argc, char **argv) {
-    CHECK(argc == 1 || (argc == 2 && strcmp(argv[1], "small") == 0), "usage: %s [small]", argv[0]);
+    const int backward_only = argc == 2 && strcmp(argv[1], "backward") == 0;
+    CHECK(argc == 1 || (argc == 2 && (strcmp(argv[1], "small") == 0 || backward_only)), "usage: %s [small | backward]",
+          argv[0]);
 #ifdef CUDASIM_KERNEL_COUNTS
     setenv("CUDASIM_SM", "90", 1);                 // the sim's device: an H100
 #endif
@@ -166,7 +291,8 @@ int main(int argc, char **argv) {
         {256, 64, 2, 1, 3, 2, 0},
     };
     const int count = (int)(sizeof cases / sizeof cases[0]);
-    for (int i = 0; i < count; i++) run_case(&cases[i], 2000 + i);
+    for (int i = 0; i < count && !backward_only; i++) run_case(&cases[i], 2000 + i);
+    for (int i = 0; i < count; i++) run_backward_case(&cases[i], 3000 + i);
     printf("%d cases: %d passed, %d failed\n", count, checks - check_failures, check_failures);
     return check_exit();
 }

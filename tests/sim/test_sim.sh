@@ -7,7 +7,9 @@
 # and mutations of the attention sources (a __syncthreads
 # removed, a fragment's bf16 halves swapped, too many threads for the
 # __launch_bounds__; in the Hopper forward an mbarrier wait removed or on the
-# wrong phase, a wgmma fence or wait removed) that the attention tests must catch, and of the sparse
+# wrong phase, a wgmma fence or wait removed; in the Hopper backward the
+# wait on its dS^T barrier, on empty or a wgmma wait removed, empty's wrong
+# phase, a fence removed) that the attention tests must catch, and of the sparse
 # index build's barriers (each loop's closing __syncthreads, the one inside
 # block_exclusive_sum) that the sparse test's long index row must catch.
 cd "$(dirname "$0")/../.."
@@ -181,6 +183,20 @@ mutant gpu_test_sm90 small "sm90 S = Q K^T without its wgmma.fence" attention/ke
   's = s.replace("        wgmma_fence();\n#pragma unroll\n        for (int kk = 0; kk < D / 16", "#pragma unroll\n        for (int kk = 0; kk < D / 16", 1)'
 mutant gpu_test_sm90 small "sm90 S = Q K^T read before its wgmma.wait_group" attention/kernels/flash_sm90.cu \
   's = s.replace("        wgmma_commit_group();\n        wgmma_wait_group<0>();\n\n", "        wgmma_commit_group();\n\n", 1)'
+# The Hopper backward's: a missing wait (the warpgroup's dS^T barrier, the producer's on empty, dQ's
+# wgmma.wait_group), a wrong phase, a missing wgmma fence; its cases only (argument backward). (A consumer
+# that skips its wait on full, or waits on the wrong parity, spins through stale stages without end: no mutant.)
+bwd=attention/kernels/flash_sm90_backward.cu
+mutant gpu_test_sm90 backward "sm90 backward reading dS^T without the wait on the warpgroup's barrier" $bwd \
+  's = s.replace("            mbarrier_wait(&bar.ds_ready[c], ds_phase);\n", "", 1)'
+mutant gpu_test_sm90 backward "sm90 backward producer refilling a stage without its wait on empty" $bwd \
+  's = s.replace("            mbarrier_wait(&bar.empty[stage], phase ^ 1);\n", "", 1)'
+mutant gpu_test_sm90 backward "sm90 backward producer waiting on empty with the wrong parity" $bwd \
+  's = s.replace("mbarrier_wait(&bar.empty[stage], phase ^ 1);\n#pragma", "mbarrier_wait(&bar.empty[stage], phase);\n#pragma", 1)'
+mutant gpu_test_sm90 backward "sm90 backward dV, dK += without their wgmma.fence" $bwd \
+  's = s.replace("            wgmma_fence();\n#pragma unroll\n            for (int kk = 0; kk < BWD_BM / 16; kk++) {", "#pragma unroll\n            for (int kk = 0; kk < BWD_BM / 16; kk++) {", 1)'
+mutant gpu_test_sm90 backward "sm90 backward dQ read before its wgmma.wait_group" $bwd \
+  's = s.replace("                wgmma_commit_group();\n                wgmma_wait_group<0>();\n#pragma unroll\n                for (int r", "                wgmma_commit_group();\n#pragma unroll\n                for (int r", 1)'
 # The barriers closing the index build's three loops (after each
 # block_exclusive_sum) and the one inside block_exclusive_sum: the long index
 # row runs each loop several times with data in every warp.

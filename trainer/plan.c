@@ -3,7 +3,7 @@
 // tokens/s and MFU, whether the run fits and what to change when it does
 // not; with --kernels the CUDA backend's kernels of one step, each with its
 // FLOPs, bytes and derived time bound on the A100-80GB and H100 (the
-// attention kernels from their counted work, plan_counts.h). The CPU figures follow the allocations of the CPU backend (model.c,
+// attention kernels from their counted work, kernel_counts.h). The CPU figures follow the allocations of the CPU backend (model.c,
 // train.c, checkpoint.c); the GPU figures are those of the CUDA backend as
 // designed (docs/PERFORMANCE.md: the planner against measured memory, and
 // the derivation of its time model).
@@ -21,8 +21,6 @@
 #include "args.h"
 #include "checkpoint.h"
 #include "commands.h"
-#include "plan_cost.h"
-#include "plan_counts.h"
 
 // NVIDIA datasheets: A100 Tensor Core GPU (SXM4, 2021: 312 TFLOP/s dense
 // bf16; 40 GB HBM2 1555 GB/s, 80 GB HBM2e 2039 GB/s; NVLink 600 GB/s total,
@@ -270,7 +268,7 @@ static void plan_gpu_memory(Plan *p, const Config *cfg, double acts, double lm_c
 
 // What bounds a kernel: cuBLASLt GEMMs (the tensor peak in whole waves of
 // output tiles, or the bytes), our attention kernels (their counted work,
-// plan_counts.h, at the GPU's rates), fp32 on CUDA cores (the sparse
+// kernel_counts.h, at the GPU's rates), fp32 on CUDA cores (the sparse
 // estimation), the bytes alone (memory-bound kernels).
 typedef enum { KERNEL_GEMM, KERNEL_ATTENTION, KERNEL_FP32, KERNEL_MEMORY } KernelKind;
 
@@ -287,7 +285,7 @@ typedef struct {
     double shared_bytes;          // KERNEL_FP32: shared-memory wavefronts as bytes (plain accesses), summed
     KernelKind kind;
     KernelCounts counts;          // KERNEL_ATTENTION: the counted work summed over the calls
-    double exp2;                  // KERNEL_ATTENTION: its exp2 results, and its blocks per SM (plan_cost.h)
+    double exp2;                  // KERNEL_ATTENTION: its exp2 results, and its blocks per SM (kernel_cost.h)
     int blocks_per_sm;
     GemmShape gemms[MAX_ROW_GEMMS];
     int num_gemms;
@@ -484,7 +482,7 @@ static double bind(double t, double seconds, const char *name, const char **bind
 // The derived time of a row on gpu: the largest of its resources' times
 // (bytes at the HBM bandwidth for every kind; the GEMMs' waves; the
 // estimation's FLOPs at the fp32 peak); the attention kernels' time from the
-// cost model where it has the GPU's rates (plan_cost.h), else the largest of
+// cost model where it has the GPU's rates (kernel_cost.h), else the largest of
 // their counted mma, shared-memory bytes, atomics and shuffles at the peak
 // rates; *binds names the resource.
 static double kernel_seconds(const KernelRow *r, const GpuProfile *gpu, const char **binds) {
@@ -928,7 +926,7 @@ static void print_sparse_pattern_kernels(const KernelRow *rows, int n, const Gpu
     const double layers = est->calls;   // one estimation and selection per layer, an index per forward and backward
     const double pattern = (est_s + sel_s) / layers + 2 * index_s;
     fprintf(out, "\nsparse pattern per layer's forward + backward on %s: estimation, both passes (counted: "
-            "trainer/plan_counts.c): %.4g fp32 FMA %.3f ms, shared memory %.4g GB %.3f ms, HBM %.4g GB %.3f ms: "
+            "attention/kernels/kernel_counts.c): %.4g fp32 FMA %.3f ms, shared memory %.4g GB %.3f ms, HBM %.4g GB %.3f ms: "
             "%.3f ms (%s) | selection %.4g GB HBM %.3f ms | index, 2 builds: %.4g GB HBM %.3f ms | the pattern "
             "%.1f%% of the pattern + sparse attention forward + backward (%.3f ms)\n", hw->name,
             est->flops / 2 / layers, 1e3 * est->flops / layers / (hw->fp32_tflops * 1e12),
@@ -976,8 +974,8 @@ void plan_print_kernels(const Plan *p, const Config *cfg, FILE *out) {
     const AttnGpuRates *model = attn_gpu_rates(p->gpu ? p->hw.name : "");
     if (!model) model = attn_gpu_rates(gpus[0]->name);
     fprintf(out, "\nattention kernels per call (one layer's pass over the rank's queries) on %s (%s): counted work "
-            "(trainer/plan_counts.c, equal to the sim's counts: gpu_test_counts) through the cost model "
-            "(trainer/plan_cost.c; derived, calibrated on the H200's measured kernels): per SM per clock %.2f "
+            "(attention/kernels/kernel_counts.c, equal to the sim's counts: gpu_test_counts) through the cost model "
+            "(attention/kernels/kernel_cost.c; derived, calibrated on the H200's measured kernels): per SM per clock %.2f "
             "mma.sync, %.0f shared-memory bytes, %.0f exp2; %.0f L2 atomics per clock; %d SMs at %.2f GHz; "
             "barrier %.0f clocks; overlap %.2f per co-resident block\n\n", model->name, model->arch,
             model->mma_per_clock, model->smem_bytes_per_clock, model->exp2_per_clock, model->atomics_per_clock,

@@ -6,14 +6,14 @@
 // 64). A new instance adds its launch function beside its kernel and a row
 // here; the first row of a kind and head dim is that kind's reference. The
 // choice per architecture and head dim: attn_choice.h (measured), else the
-// cost model (trainer/plan_cost.h).
+// cost model (kernel_cost.h).
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "../../dist/cuda_check.h"
 extern "C" {
-#include "../../trainer/plan_cost.h"
+#include "kernel_cost.h"
 }
 #include "attention_cuda.h"
 #include "attn_choice.h"
@@ -83,7 +83,7 @@ static int is_backward(AttnVariantKind k) { return k == ATTN_DENSE_BACKWARD || k
 
 // The cost model's TFLOP/s for v on a causal pass of 16K tokens, 16 q heads (sparse: 5 % of the key blocks
 // of 128), on the rates of an A100 (sm_80) or an H100 (sm_90 and later). The counts are those of the
-// kernels' tile shapes per head dim (plan_counts.h).
+// kernels' tile shapes per head dim (kernel_counts.h).
 static double predicted_tflops(const AttnVariant *v, int arch) {
     const double density = is_sparse(v->kind) ? 0.05 : 1.0, n = 16384, heads = 16;
     KernelCounts fwd, bwd;

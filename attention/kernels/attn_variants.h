@@ -61,7 +61,7 @@ AttnVariantResources attn_variant_resources(const AttnVariant *v);
 // The variant of `kind` at head_dim for a GPU of compute capability `arch`
 // (major x 10 + minor): the sweep's measured choice (attn_choice.h) where a
 // sweep of that architecture filled it, else the cost model's (the most
-// TFLOP/s predicted by trainer/plan_cost.h for a causal pass of 16K tokens,
+// TFLOP/s predicted by kernel_cost.h for a causal pass of 16K tokens,
 // 16 q heads; sparse at 5 % of the key blocks of 128). *tflops is the figure
 // behind the choice, *measured whether the sweep measured it. NULL: no
 // variant of that kind and head dim.

@@ -388,7 +388,7 @@ static int kernel_rows(const Plan *p, const Config *cfg, KernelRow *rows) {
                    L * attn_fwd * (2 * T * (QD + 2 * KD) + 18 * T * QD), KERNEL_ATTENTION);
     rows[n - 1].counts = counts_times(fwd_counts, L * attn_fwd * micro);
     set_attention_cost(&rows[n - 1], p, cfg, false);
-    n = add_kernel(rows, n, "attention backward", L, PLAN_ATTENTION_BACKWARD * attn * L,
+    n = add_kernel(rows, n, "attention backward", L, ATTN_BACKWARD_FLOPS * attn * L,
                    L * (2 * T * (5 * QD + 2 * KD) + 20 * T * (QD + 2 * KD)), KERNEL_ATTENTION);
     rows[n - 1].counts = counts_times(attn_bwd, L * micro);
     set_attention_cost(&rows[n - 1], p, cfg, true);
@@ -552,15 +552,15 @@ static double host_syncs(const Plan *p, const Config *cfg) {
 
 // FLOPs of one optimizer step on one rank: the GEMMs of its tokens (6 per
 // weight per token: forward, dX, dW) and the causal attention of its slice
-// (forward 2 GEMMs, backward PLAN_ATTENTION_BACKWARD x forward).
+// (forward 2 GEMMs, backward ATTN_BACKWARD_FLOPS x forward).
 static void plan_flops(Plan *p, const Config *cfg) {
     const ModelConfig *c = &cfg->model;
     double N = (double)cfg->train.seq_len, micro = cfg->train.micro_batches;
     double tokens = (double)p->tokens * micro;
     double gemm = 6.0 * (double)matmul_weights(c) * tokens;
     double attn_fwd = 2.0 * N * N * c->num_heads * c->head_dim * c->num_layers * micro / p->cp;
-    p->dense_model_flops = gemm + (1 + PLAN_ATTENTION_BACKWARD) * attn_fwd;
-    p->model_flops = gemm + (1 + PLAN_ATTENTION_BACKWARD) * attn_fwd * p->density;
+    p->dense_model_flops = gemm + (1 + ATTN_BACKWARD_FLOPS) * attn_fwd;
+    p->model_flops = gemm + (1 + ATTN_BACKWARD_FLOPS) * attn_fwd * p->density;
     // Recomputation runs every layer's GEMMs again (full: its attention too); without it an MLP in chunks
     // recomputes its gate and up.
     const RecomputePolicy policy = p->recompute;
@@ -573,10 +573,10 @@ static void plan_flops(Plan *p, const Config *cfg) {
     if (!p->gpu) {   // the FLOPs at the rank's peak
         const double forward = attn_fwd * p->density / p->peak_flops;
         p->attention_efficiency = 1.0;
-        p->compute_s = (gemm + recompute) / p->peak_flops + (1 + PLAN_ATTENTION_BACKWARD) * forward;
+        p->compute_s = (gemm + recompute) / p->peak_flops + (1 + ATTN_BACKWARD_FLOPS) * forward;
         p->attention_fwd_step_s = forward / steps;
-        p->attention_step_s = (fwd_passes + PLAN_ATTENTION_BACKWARD) * p->attention_fwd_step_s;
-        p->attention_backward_ratio = PLAN_ATTENTION_BACKWARD;
+        p->attention_step_s = (fwd_passes + ATTN_BACKWARD_FLOPS) * p->attention_fwd_step_s;
+        p->attention_backward_ratio = ATTN_BACKWARD_FLOPS;
         return;
     }
     // The kernels of the step (plan_print_kernels' rows) at their derived bounds.

@@ -41,9 +41,6 @@ double plan_cpu_peak(const Config *cfg, bool *measured);
 #define PLAN_MAX_ITEMS 16
 // The recompute policies a plan compares: none, selective, full.
 #define PLAN_POLICIES 3
-// Attention's backward FLOPs over its forward: 5 GEMMs (with the recomputed
-// scores) against 2.
-#define PLAN_ATTENTION_BACKWARD 2.5
 
 typedef struct {
     const char *name;
@@ -79,7 +76,7 @@ typedef struct {
     double attention_efficiency; // the attention forward's FLOPs over the peak times its derived time (kernel_cost.h)
     double attention_fwd_step_s; // one forward pass of one ring step of one layer, mean over ranks and steps
     double attention_step_s;     // attention compute of one ring step of one layer (forward + backward)
-    double attention_backward_ratio; // attention backward time over forward time (derived; CPU: PLAN_ATTENTION_BACKWARD)
+    double attention_backward_ratio; // attention backward time over forward time (derived; CPU: ATTN_BACKWARD_FLOPS)
     double launches, host_syncs; // GPU: kernel launches and host synchronisations per step
     double launch_s, host_sync_s;// their time per step (assumed costs: plan.c)
     double sparse_combine_s;     // the sparse plan's combine of the estimation over cp, per step (not overlapped)

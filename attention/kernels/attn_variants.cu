@@ -92,7 +92,7 @@ static double predicted_tflops(const AttnVariant *v, int arch) {
     const AttnCost cost = attn_cost(c, attn_exp2_count(c, v->head_dim, is_backward(v->kind)),
                                     attn_blocks_per_sm(is_sparse(v->kind), is_backward(v->kind), v->head_dim, 128),
                                     attn_gpu_rates(arch < 90 ? "a100-80g" : "h100"));
-    const double flops = 2.0 * n * n * heads * v->head_dim * density * (is_backward(v->kind) ? 2.5 : 1.0);
+    const double flops = 2.0 * n * n * heads * v->head_dim * density * (is_backward(v->kind) ? ATTN_BACKWARD_FLOPS : 1.0);
     return flops / cost.seconds / 1e12;
 }
 

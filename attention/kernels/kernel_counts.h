@@ -11,6 +11,10 @@
 
 #include <stdint.h>
 
+// Attention's backward FLOPs over its forward: 5 GEMMs (with the recomputed
+// scores) against 2.
+#define ATTN_BACKWARD_FLOPS 2.5
+
 typedef struct {
     double launches, blocks, mma, ldmatrix_bytes, cp_async_bytes, shuffles, barriers, atomics;
 } KernelCounts;

@@ -6,7 +6,7 @@
 // documents (dense kinds); N2 with about 5 % of the causal key blocks of
 // 128 (sparse kinds). Per variant and shape: the median time of `repeats`
 // runs after a checked one (CUDA events), TFLOP/s (causal FLOPs: 4 D per
-// visible query-key pair and head forward, 2.5 times that backward), the
+// visible query-key pair and head forward, ATTN_BACKWARD_FLOPS times that backward), the
 // relative Frobenius error of its output against its kind's reference (the
 // first variant of that kind and head dim; the forward's o, the backward's
 // dq, dk, dv: the worst) within the bf16 bound of the attention tests (1e-2),
@@ -29,6 +29,7 @@
 
 #include "../../attention/kernels/attention_cuda.h"
 #include "../../attention/kernels/attn_variants.h"
+#include "../../attention/kernels/kernel_counts.h"
 #include "../../attention/kernels/sparse_cuda.h"
 #include "../../attention/sparse/sparse.h"
 #include "../../dist/cuda_check.h"
@@ -239,7 +240,7 @@ static void sweep_kind(AttnVariantKind kind, Problem *p, const Shape *shape, int
             for (int r = 0; r < repeats; r++) ms[r] = run_variant(v, p, factor);
             qsort(ms, (size_t)repeats, sizeof(float), compare_floats);
             const double median = ms[repeats / 2];
-            const double flops = 4.0 * p->D * p->Hq * p->pairs * (is_forward(kind) ? 1.0 : 2.5);
+            const double flops = 4.0 * p->D * p->Hq * p->pairs * (is_forward(kind) ? 1.0 : ATTN_BACKWARD_FLOPS);
             const AttnVariantResources res = attn_variant_resources(v);
             char name[96];
             snprintf(name, sizeof name, "%s%s", is_broken ? "broken_" : "", v->name);

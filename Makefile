@@ -72,7 +72,7 @@ MPI_TEST_BIN += $(patsubst tests/sim/%.c,build/tests/%,$(wildcard tests/sim/mpi_
 build/tests/mpi_gpu_%: LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lnccl -lstdc++
 GPU_OBJ = build/obj/dist/util.o build/obj/attention/kernels/flash_cpu.o build/obj/attention/layout.o \
           build/obj/attention/kernels/sparse_flash_cpu.o build/obj/attention/sparse/sparse_index.o \
-          build/obj/trainer/plan_counts.o build/obj/trainer/plan_cost.o $(CU_OBJ)
+          build/obj/attention/kernels/kernel_counts.o build/obj/attention/kernels/kernel_cost.o $(CU_OBJ)
 GPU_LDLIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lstdc++ -lm -fopenmp
 endif
 DEPS_OK = build/.deps-ok
@@ -190,7 +190,7 @@ SIM_LDLIBS = $(filter-out -lcudart -lcublasLt -lnccl,$(LDLIBS)) -lstdc++ -ldl -r
 SIM_GPU_LDLIBS = -lstdc++ -lm -ldl -fopenmp -rdynamic
 SIM_GPU_OBJ = build/sim/obj/dist/util.o build/sim/obj/attention/kernels/flash_cpu.o build/sim/obj/attention/layout.o \
               build/sim/obj/attention/kernels/sparse_flash_cpu.o build/sim/obj/attention/sparse/sparse_index.o \
-              build/sim/obj/trainer/plan_counts.o build/sim/obj/trainer/plan_cost.o $(SIM_CU_OBJ)
+              build/sim/obj/attention/kernels/kernel_counts.o build/sim/obj/attention/kernels/kernel_cost.o $(SIM_CU_OBJ)
 SIM_GPU_TESTS = build/sim/tests/gpu_test_attention build/sim/tests/gpu_test_matmul build/sim/tests/gpu_test_sm90 \
                 $(if $(SIM_HAS_CUB),build/sim/tests/gpu_test_sparse build/sim/tests/gpu_test_counts build/sim/tests/gpu_test_attention_op build/sim/tests/gpu_test_ops \
                 build/sim/tests/gpu_test_backend)

@@ -29,9 +29,10 @@ static inline int ring_inner_size(RingSchedule schedule, int cp_size, int cp_inn
 }
 // attention.ring_send (sparse ring: ring_sparse.h)
 typedef enum { RING_SEND_FULL, RING_SEND_SELECTED } RingSend;
-// attention.kernels: the dense forward on a GPU (kernels/flash_sm90.h): auto
-// (the mma.sync kernels until measurements choose), sm80 (mma.sync), sm90
-// (the Hopper kernels)
+// attention.kernels: what bounds the registry's choice of GPU kernels
+// (kernels/attn_variants.h): auto (a sweep's row, else the cost model among
+// the mma.sync kernels), sm80 (mma.sync only), sm90 (the Hopper kernels
+// where a kind has them)
 typedef enum { ATTN_KERNELS_AUTO, ATTN_KERNELS_SM80, ATTN_KERNELS_SM90 } AttnKernels;
 // attention.budget: how many vertical / slash lines a head keeps (sparse.h)
 typedef enum { BUDGET_TOPP, BUDGET_FIXED } SparseBudget;
@@ -61,7 +62,7 @@ typedef struct {
     BudgetFile budget_file;    // none | a file (budget_file_path)
     char budget_file_path[ATTN_PATH_MAX]; // BUDGET_FILE_PATH: the file of "layer head vertical slash" lines
     LayoutKind layout;         // contiguous | zigzag | striped (attention/layout.h)
-    AttnKernels kernels;       // auto | sm80 | sm90: the GPU's dense forward
+    AttnKernels kernels;       // auto | sm80 | sm90: the GPU kernels the registry may choose
 } AttentionConfig;
 
 // The model's attention operation (model/backend.h): one state per model,

@@ -1,11 +1,13 @@
 // attention_api.h: the attention component's one public header, all that
 // the rest of mtrain uses of attention/ (data/ alone also reads layout.h):
 // the config and a call's shape (attention.h), the token layouts and the
-// document rule (layout.h), the sparse statistics (sparse_types.h) and each
-// backend's attention op: create, bind the cp ring, start a sequence,
-// forward, backward, the decode's cached call, the ring's bytes. The
-// Backend table (model/backend.h) states the ops' contracts; the two ops
-// take the same parameters in the same order, in their backend's memory:
+// document rule (layout.h), the sparse statistics (sparse_types.h), the
+// kernels' counted work and cost model for the planner (kernels/
+// kernel_cost.h, kernel_counts.h) and each backend's attention op: create,
+// bind the cp ring, start a sequence, forward, backward, the decode's cached
+// call, the ring's bytes. The Backend table (model/backend.h) states the
+// ops' contracts; the two ops take the same parameters in the same order,
+// in their backend's memory:
 //   CPU (op/attention_cpu.c)       fp32 host memory
 //   CUDA (op/attention_cuda_op.cu) device memory, activations bf16 (uint16_t
 //        bits), lse fp32, pos int64; every call enqueued on `stream` (a
@@ -26,6 +28,7 @@
 #include <stdint.h>
 
 #include "attention.h"
+#include "kernels/kernel_cost.h"
 #include "layout.h"
 #include "sparse_types.h"
 

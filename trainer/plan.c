@@ -3,7 +3,7 @@
 // tokens/s and MFU, whether the run fits and what to change when it does
 // not; with --kernels the CUDA backend's kernels of one step, each with its
 // FLOPs, bytes and derived time bound on the A100-80GB and H100 (the
-// attention kernels from their counted work, plan_counts.h). The CPU figures follow the allocations of the CPU backend (model.c,
+// attention kernels from their counted work, kernel_counts.h). The CPU figures follow the allocations of the CPU backend (model.c,
 // train.c, checkpoint.c); the GPU figures are those of the CUDA backend as
 // designed (docs/PERFORMANCE.md: the planner against measured memory, and
 // the derivation of its time model).
@@ -21,8 +21,6 @@
 #include "args.h"
 #include "checkpoint.h"
 #include "commands.h"
-#include "plan_cost.h"
-#include "plan_counts.h"
 
 // NVIDIA datasheets: A100 Tensor Core GPU (SXM4, 2021: 312 TFLOP/s dense
 // bf16; 40 GB HBM2 1555 GB/s, 80 GB HBM2e 2039 GB/s; NVLink 600 GB/s total,
@@ -270,7 +268,7 @@ static void plan_gpu_memory(Plan *p, const Config *cfg, double acts, double lm_c
 
 // What bounds a kernel: cuBLASLt GEMMs (the tensor peak in whole waves of
 // output tiles, or the bytes), our attention kernels (their counted work,
-// plan_counts.h, at the GPU's rates), fp32 on CUDA cores (the sparse
+// kernel_counts.h, at the GPU's rates), fp32 on CUDA cores (the sparse
 // estimation), the bytes alone (memory-bound kernels).
 typedef enum { KERNEL_GEMM, KERNEL_ATTENTION, KERNEL_FP32, KERNEL_MEMORY } KernelKind;
 
@@ -287,7 +285,7 @@ typedef struct {
     double shared_bytes;          // KERNEL_FP32: shared-memory wavefronts as bytes (plain accesses), summed
     KernelKind kind;
     KernelCounts counts;          // KERNEL_ATTENTION: the counted work summed over the calls
-    double exp2;                  // KERNEL_ATTENTION: its exp2 results, and its blocks per SM (plan_cost.h)
+    double exp2;                  // KERNEL_ATTENTION: its exp2 results, and its blocks per SM (kernel_cost.h)
     int blocks_per_sm;
     GemmShape gemms[MAX_ROW_GEMMS];
     int num_gemms;
@@ -390,7 +388,7 @@ static int kernel_rows(const Plan *p, const Config *cfg, KernelRow *rows) {
                    L * attn_fwd * (2 * T * (QD + 2 * KD) + 18 * T * QD), KERNEL_ATTENTION);
     rows[n - 1].counts = counts_times(fwd_counts, L * attn_fwd * micro);
     set_attention_cost(&rows[n - 1], p, cfg, false);
-    n = add_kernel(rows, n, "attention backward", L, PLAN_ATTENTION_BACKWARD * attn * L,
+    n = add_kernel(rows, n, "attention backward", L, ATTN_BACKWARD_FLOPS * attn * L,
                    L * (2 * T * (5 * QD + 2 * KD) + 20 * T * (QD + 2 * KD)), KERNEL_ATTENTION);
     rows[n - 1].counts = counts_times(attn_bwd, L * micro);
     set_attention_cost(&rows[n - 1], p, cfg, true);
@@ -484,7 +482,7 @@ static double bind(double t, double seconds, const char *name, const char **bind
 // The derived time of a row on gpu: the largest of its resources' times
 // (bytes at the HBM bandwidth for every kind; the GEMMs' waves; the
 // estimation's FLOPs at the fp32 peak); the attention kernels' time from the
-// cost model where it has the GPU's rates (plan_cost.h), else the largest of
+// cost model where it has the GPU's rates (kernel_cost.h), else the largest of
 // their counted mma, shared-memory bytes, atomics and shuffles at the peak
 // rates; *binds names the resource.
 static double kernel_seconds(const KernelRow *r, const GpuProfile *gpu, const char **binds) {
@@ -554,15 +552,15 @@ static double host_syncs(const Plan *p, const Config *cfg) {
 
 // FLOPs of one optimizer step on one rank: the GEMMs of its tokens (6 per
 // weight per token: forward, dX, dW) and the causal attention of its slice
-// (forward 2 GEMMs, backward PLAN_ATTENTION_BACKWARD x forward).
+// (forward 2 GEMMs, backward ATTN_BACKWARD_FLOPS x forward).
 static void plan_flops(Plan *p, const Config *cfg) {
     const ModelConfig *c = &cfg->model;
     double N = (double)cfg->train.seq_len, micro = cfg->train.micro_batches;
     double tokens = (double)p->tokens * micro;
     double gemm = 6.0 * (double)matmul_weights(c) * tokens;
     double attn_fwd = 2.0 * N * N * c->num_heads * c->head_dim * c->num_layers * micro / p->cp;
-    p->dense_model_flops = gemm + (1 + PLAN_ATTENTION_BACKWARD) * attn_fwd;
-    p->model_flops = gemm + (1 + PLAN_ATTENTION_BACKWARD) * attn_fwd * p->density;
+    p->dense_model_flops = gemm + (1 + ATTN_BACKWARD_FLOPS) * attn_fwd;
+    p->model_flops = gemm + (1 + ATTN_BACKWARD_FLOPS) * attn_fwd * p->density;
     // Recomputation runs every layer's GEMMs again (full: its attention too); without it an MLP in chunks
     // recomputes its gate and up.
     const RecomputePolicy policy = p->recompute;
@@ -575,10 +573,10 @@ static void plan_flops(Plan *p, const Config *cfg) {
     if (!p->gpu) {   // the FLOPs at the rank's peak
         const double forward = attn_fwd * p->density / p->peak_flops;
         p->attention_efficiency = 1.0;
-        p->compute_s = (gemm + recompute) / p->peak_flops + (1 + PLAN_ATTENTION_BACKWARD) * forward;
+        p->compute_s = (gemm + recompute) / p->peak_flops + (1 + ATTN_BACKWARD_FLOPS) * forward;
         p->attention_fwd_step_s = forward / steps;
-        p->attention_step_s = (fwd_passes + PLAN_ATTENTION_BACKWARD) * p->attention_fwd_step_s;
-        p->attention_backward_ratio = PLAN_ATTENTION_BACKWARD;
+        p->attention_step_s = (fwd_passes + ATTN_BACKWARD_FLOPS) * p->attention_fwd_step_s;
+        p->attention_backward_ratio = ATTN_BACKWARD_FLOPS;
         return;
     }
     // The kernels of the step (plan_print_kernels' rows) at their derived bounds.
@@ -928,7 +926,7 @@ static void print_sparse_pattern_kernels(const KernelRow *rows, int n, const Gpu
     const double layers = est->calls;   // one estimation and selection per layer, an index per forward and backward
     const double pattern = (est_s + sel_s) / layers + 2 * index_s;
     fprintf(out, "\nsparse pattern per layer's forward + backward on %s: estimation, both passes (counted: "
-            "trainer/plan_counts.c): %.4g fp32 FMA %.3f ms, shared memory %.4g GB %.3f ms, HBM %.4g GB %.3f ms: "
+            "attention/kernels/kernel_counts.c): %.4g fp32 FMA %.3f ms, shared memory %.4g GB %.3f ms, HBM %.4g GB %.3f ms: "
             "%.3f ms (%s) | selection %.4g GB HBM %.3f ms | index, 2 builds: %.4g GB HBM %.3f ms | the pattern "
             "%.1f%% of the pattern + sparse attention forward + backward (%.3f ms)\n", hw->name,
             est->flops / 2 / layers, 1e3 * est->flops / layers / (hw->fp32_tflops * 1e12),
@@ -976,8 +974,8 @@ void plan_print_kernels(const Plan *p, const Config *cfg, FILE *out) {
     const AttnGpuRates *model = attn_gpu_rates(p->gpu ? p->hw.name : "");
     if (!model) model = attn_gpu_rates(gpus[0]->name);
     fprintf(out, "\nattention kernels per call (one layer's pass over the rank's queries) on %s (%s): counted work "
-            "(trainer/plan_counts.c, equal to the sim's counts: gpu_test_counts) through the cost model "
-            "(trainer/plan_cost.c; derived, calibrated on the H200's measured kernels): per SM per clock %.2f "
+            "(attention/kernels/kernel_counts.c, equal to the sim's counts: gpu_test_counts) through the cost model "
+            "(attention/kernels/kernel_cost.c; derived, calibrated on the H200's measured kernels): per SM per clock %.2f "
             "mma.sync, %.0f shared-memory bytes, %.0f exp2; %.0f L2 atomics per clock; %d SMs at %.2f GHz; "
             "barrier %.0f clocks; overlap %.2f per co-resident block\n\n", model->name, model->arch,
             model->mma_per_clock, model->smem_bytes_per_clock, model->exp2_per_clock, model->atomics_per_clock,

@@ -41,9 +41,6 @@ double plan_cpu_peak(const Config *cfg, bool *measured);
 #define PLAN_MAX_ITEMS 16
 // The recompute policies a plan compares: none, selective, full.
 #define PLAN_POLICIES 3
-// Attention's backward FLOPs over its forward: 5 GEMMs (with the recomputed
-// scores) against 2.
-#define PLAN_ATTENTION_BACKWARD 2.5
 
 typedef struct {
     const char *name;
@@ -76,10 +73,10 @@ typedef struct {
     double ring_fwd_bytes, ring_bwd_bytes;  // one ring step of one layer: K/V; K/V + dK/dV
     double inner_gbs, outer_gbs;            // GB/s per direction per GPU of a hop on the inner and outer ring
     double ring_inner_s, ring_outer_s;      // time of those on the inner (NVLink) and outer (network) links
-    double attention_efficiency; // the attention forward's FLOPs over the peak times its derived time (plan_cost.h)
+    double attention_efficiency; // the attention forward's FLOPs over the peak times its derived time (kernel_cost.h)
     double attention_fwd_step_s; // one forward pass of one ring step of one layer, mean over ranks and steps
     double attention_step_s;     // attention compute of one ring step of one layer (forward + backward)
-    double attention_backward_ratio; // attention backward time over forward time (derived; CPU: PLAN_ATTENTION_BACKWARD)
+    double attention_backward_ratio; // attention backward time over forward time (derived; CPU: ATTN_BACKWARD_FLOPS)
     double launches, host_syncs; // GPU: kernel launches and host synchronisations per step
     double launch_s, host_sync_s;// their time per step (assumed costs: plan.c)
     double sparse_combine_s;     // the sparse plan's combine of the estimation over cp, per step (not overlapped)
@@ -112,7 +109,7 @@ void plan_print_verdict(const Plan *p, const Config *cfg, FILE *out);
 // The CUDA backend's kernels over one optimizer step of one GPU (`mtrain plan
 // --kernels`): per kernel its calls, FLOPs and DRAM bytes, its derived time
 // bound on the A100-80GB and H100 profiles and the resource that binds; the
-// attention kernels' counted work (plan_counts.h) and the rates behind the
+// attention kernels' counted work (kernel_counts.h) and the rates behind the
 // bounds; then the step's time and MFU on both, as markdown.
 void plan_print_kernels(const Plan *p, const Config *cfg, FILE *out);
 // "params 0.10 + grads 0.10 + ... = 0.45 GiB" on one line.

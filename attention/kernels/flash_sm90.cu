@@ -1,7 +1,7 @@
 // flash_sm90.cu: dense causal flash attention forward for Hopper (sm_90a),
 // warp-specialised, with the chunk semantics and arguments of
-// attn_dense_forward_cuda (attention_cuda.h, flash_sm90.h); the choice
-// between it and the mma.sync kernels (attention.kernels).
+// attn_dense_forward_cuda (attention_cuda.h, flash_sm90.h); a variant of
+// the registry (attn_variants.cu), which chooses it or the mma.sync kernels.
 //
 // One CTA per (tile of 64 queries, kv head, slice of C of its q heads):
 //   warpgroup 0   the producer (registers lowered by setmaxnreg): warp 0 loads
@@ -277,8 +277,6 @@ flash_sm90_forward_kernel(AttnDims d, AttnPos pos, AttnOut out, const __grid_con
 
 // ---- host side ----
 
-static AttnKernels chosen = ATTN_KERNELS_AUTO;
-
 static bool device_is_sm90(void) {
     int device, major;
     CUDA_CHECK(cudaGetDevice(&device));
@@ -292,12 +290,6 @@ extern "C" const char *attn_sm90_unsupported(const AttnShape *s) {
     if (s->num_kv_heads < 1 || s->num_heads % s->num_kv_heads) return "q heads not a multiple of the kv heads";
     if (s->q_tokens > INT32_MAX || s->k_tokens > INT32_MAX) return "more than 2^31 tokens";
     return NULL;
-}
-
-extern "C" void attn_kernels_choose(AttnKernels kernels) {
-    CHECK(kernels != ATTN_KERNELS_SM90 || device_is_sm90(),
-          "attention.kernels: sm90 needs a GPU of compute capability 9.0 (this one is not; use auto or sm80)");
-    chosen = kernels;
 }
 
 template <int D, int C, bool DOCS>
@@ -338,11 +330,4 @@ extern "C" void attn_dense_forward_sm90(const AttnShape *s, const uint16_t *q, c
     else if (q_first) forward_sm90_heads<128, true>(s, pos, out, qmap, kmap, vmap, stream);
     else forward_sm90_heads<128, false>(s, pos, out, qmap, kmap, vmap, stream);
     if (q_first) CUDA_CHECK(cudaFreeAsync(q_first, stream));
-}
-
-extern "C" void attn_dense_forward_chosen_cuda(const AttnShape *s, const uint16_t *q, const int64_t *q_pos,
-                                               const uint16_t *k, const uint16_t *v, const int64_t *k_pos,
-                                               float *o_acc, float *lse, cudaStream_t stream) {
-    if (chosen == ATTN_KERNELS_SM90) attn_dense_forward_sm90(s, q, q_pos, k, v, k_pos, o_acc, lse, stream);
-    else attn_dense_forward_cuda(s, q, q_pos, k, v, k_pos, o_acc, lse, stream);
 }

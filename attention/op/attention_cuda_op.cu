@@ -39,7 +39,6 @@ extern "C" {
 #include "../../dist/cuda_kernel.h"
 #include "../kernels/attention_cuda.h"
 #include "../kernels/attn_variants.h"
-#include "../kernels/flash_sm90.h"
 #include "../kernels/sparse_cuda.h"
 #include "../sparse/sparse_select_cuda.h"
 
@@ -97,7 +96,7 @@ extern "C" AttnState *attention_cuda_new(const AttentionConfig *cfg, int num_lay
           "attention.block_size %d: the CUDA sparse attention supports 64 and 128", cfg->block_size);
     CHECK(!sparse || cfg->last_q <= EST_MAX_QUERIES,
           "attention.last_q %d: the CUDA sparse estimation takes at most %d queries", cfg->last_q, EST_MAX_QUERIES);
-    attn_kernels_choose(cfg->kernels);
+    attn_variants_constrain(cfg->kernels);
     AttnState *st = (AttnState *)xcalloc(1, sizeof(AttnState));
     st->cfg = *cfg;
     st->num_layers = num_layers;
@@ -231,8 +230,9 @@ static void count_recall(AttnState *st, int l, const AttnShape *s, int64_t Lq, c
     rows.q_tokens = T - first * B;
     float *o_acc = (float *)st->o_acc.ptr, *lse_in = (float *)st->vertical.ptr;   // [Hq, rows]
     attn_forward_init_cuda(&rows, o_acc, lse_in, stream);
-    attn_sparse_forward_cuda(&rows, &st->est_index, q + (size_t)(first * B * Hq * s->head_dim), pos + first * B, k, v,
-                             pos, o_acc, lse_in, stream);
+    const AttnVariantCall call = {&rows, &st->est_index, q + (size_t)(first * B * Hq * s->head_dim), k, v, NULL,
+                                  pos + first * B, pos, o_acc, lse_in, NULL, NULL, NULL, NULL, NULL, SPARSE_ALL};
+    attn_variant_launch(ATTN_SPARSE_FORWARD, &call, stream);
     CUDA_CHECK(cudaStreamSynchronize(stream));
     float *in = (float *)xmalloc(sizeof(float) * (size_t)(Hq * rows.q_tokens));
     float *est = (float *)xmalloc(sizeof(float) * (size_t)(Hq * Lq));
@@ -397,7 +397,9 @@ extern "C" void attention_cuda_cached(AttnState *st, const AttnShape *shape, con
     const AttnShape s = with_documents(st, shape, stream);
     float *o_acc = (float *)scratch(&st->o_acc, sizeof(float) * (size_t)(s.q_tokens * s.num_heads * s.head_dim));
     attn_forward_init_cuda(&s, o_acc, lse, stream);
-    attn_dense_forward_chosen_cuda(&s, q, q_pos, k, v, k_pos, o_acc, lse, stream);
+    const AttnVariantCall call = {&s, NULL, q, k, v, NULL, q_pos, k_pos, o_acc, lse, NULL, NULL, NULL, NULL, NULL,
+                                  SPARSE_ALL};
+    attn_variant_launch(ATTN_DENSE_FORWARD, &call, stream);
     attn_output_bf16_cuda(&s, o_acc, o, stream);
 }
 

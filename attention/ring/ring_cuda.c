@@ -28,7 +28,7 @@
 #include "../../dist/cuda_check.h"
 #include "../../dist/util.h"
 #include "../kernels/attention_cuda.h"
-#include "../kernels/flash_sm90.h"
+#include "../kernels/attn_variants.h"
 #include "ring_columns_cuda.h"
 #include "ring_plan.h"
 #include "ring_rows_cuda.h"
@@ -338,14 +338,18 @@ static void dev_backward_delta(void *ctx, const AttnShape *shape, const void *o,
 static void dense_forward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos, const void *k,
                           const void *v, const int64_t *k_pos, float *o, float *lse) {
     RingCuda *rc = ctx;
-    attn_dense_forward_chosen_cuda(shape, q, q_pos, k, v, k_pos, o, lse, rc->stream);
+    const AttnVariantCall call = {.shape = shape, .q = q, .k = k, .v = v, .q_pos = q_pos, .k_pos = k_pos, .o_acc = o,
+                                  .lse = lse};
+    attn_variant_launch(ATTN_DENSE_FORWARD, &call, rc->stream);
 }
 
 static void dense_backward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos, const void *k,
                            const void *v, const int64_t *k_pos, const float *lse, const float *delta,
                            const void *dout, float *dq, float *dk, float *dv) {
     RingCuda *rc = ctx;
-    attn_dense_backward_cuda(shape, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk, dv, rc->stream);
+    const AttnVariantCall call = {.shape = shape, .q = q, .k = k, .v = v, .dout = dout, .q_pos = q_pos, .k_pos = k_pos,
+                                  .lse_final = lse, .delta = delta, .dq = dq, .dk = dk, .dv = dv};
+    attn_variant_launch(ATTN_DENSE_BACKWARD, &call, rc->stream);
 }
 
 // ---- the sparse kernels of a ring of one: the whole index (blocks and columns) in one pass ----
@@ -353,14 +357,19 @@ static void dense_backward(void *ctx, const AttnShape *shape, const void *q, con
 static void local_sparse_forward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos,
                                  const void *k, const void *v, const int64_t *k_pos, float *o, float *lse) {
     RingCuda *rc = ctx;
-    attn_sparse_forward_cuda(shape, rc->index, q, q_pos, k, v, k_pos, o, lse, rc->stream);
+    const AttnVariantCall call = {.shape = shape, .index = rc->index, .q = q, .k = k, .v = v, .q_pos = q_pos,
+                                  .k_pos = k_pos, .o_acc = o, .lse = lse};
+    attn_variant_launch(ATTN_SPARSE_FORWARD, &call, rc->stream);
 }
 
 static void local_sparse_backward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos,
                                   const void *k, const void *v, const int64_t *k_pos, const float *lse,
                                   const float *delta, const void *dout, float *dq, float *dk, float *dv) {
     RingCuda *rc = ctx;
-    attn_sparse_backward_cuda(shape, rc->index, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk, dv, rc->stream);
+    const AttnVariantCall call = {.shape = shape, .index = rc->index, .q = q, .k = k, .v = v, .dout = dout,
+                                  .q_pos = q_pos, .k_pos = k_pos, .lse_final = lse, .delta = delta, .dq = dq, .dk = dk,
+                                  .dv = dv};
+    attn_variant_launch(ATTN_SPARSE_BACKWARD, &call, rc->stream);
 }
 
 // ---- the sparse kernels per ring step (rc->index: the chunk's blocks; in step 0 also the gathered columns) ----
@@ -380,28 +389,41 @@ static const RingLayerCuda *column_pass(RingCuda *rc, const AttnShape *shape, At
 static void sparse_forward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos, const void *k,
                            const void *v, const int64_t *k_pos, float *o, float *lse) {
     RingCuda *rc = ctx;
-    attn_sparse_forward_part_cuda(SPARSE_BLOCKS, shape, rc->index, q, q_pos, k, v, k_pos, o, lse, rc->stream);
+    AttnVariantCall call = {.shape = shape, .index = rc->index, .q = q, .k = k, .v = v, .q_pos = q_pos, .k_pos = k_pos,
+                            .o_acc = o, .lse = lse, .part = SPARSE_BLOCKS};
+    attn_variant_launch(ATTN_SPARSE_FORWARD, &call, rc->stream);
     AttnShape s;
     int64_t half;
     const RingLayerCuda *layer = column_pass(rc, shape, &s, &half);
-    if (layer)
-        attn_sparse_forward_part_cuda(SPARSE_COLUMNS, &s, rc->index, q, q_pos, layer->column_kv,
-                                      layer->column_kv + half, layer->column_pos, o, lse, rc->stream);
+    if (!layer) return;
+    call.shape = &s;
+    call.k = layer->column_kv;
+    call.v = layer->column_kv + half;
+    call.k_pos = layer->column_pos;
+    call.part = SPARSE_COLUMNS;
+    attn_variant_launch(ATTN_SPARSE_FORWARD, &call, rc->stream);
 }
 
 static void sparse_backward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos, const void *k,
                             const void *v, const int64_t *k_pos, const float *lse, const float *delta,
                             const void *dout, float *dq, float *dk, float *dv) {
     RingCuda *rc = ctx;
-    attn_sparse_backward_part_cuda(SPARSE_BLOCKS, shape, rc->index, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk,
-                                   dv, rc->stream);
+    AttnVariantCall call = {.shape = shape, .index = rc->index, .q = q, .k = k, .v = v, .dout = dout, .q_pos = q_pos,
+                            .k_pos = k_pos, .lse_final = lse, .delta = delta, .dq = dq, .dk = dk, .dv = dv,
+                            .part = SPARSE_BLOCKS};
+    attn_variant_launch(ATTN_SPARSE_BACKWARD, &call, rc->stream);
     AttnShape s;
     int64_t half;
     const RingLayerCuda *layer = column_pass(rc, shape, &s, &half);
-    if (layer)
-        attn_sparse_backward_part_cuda(SPARSE_COLUMNS, &s, rc->index, q, q_pos, layer->column_kv,
-                                       layer->column_kv + half, layer->column_pos, lse, delta, dout, dq,
-                                       rc->column_dkv, rc->column_dkv + half, rc->stream);
+    if (!layer) return;
+    call.shape = &s;
+    call.k = layer->column_kv;
+    call.v = layer->column_kv + half;
+    call.k_pos = layer->column_pos;
+    call.dk = rc->column_dkv;
+    call.dv = rc->column_dkv + half;
+    call.part = SPARSE_COLUMNS;
+    attn_variant_launch(ATTN_SPARSE_BACKWARD, &call, rc->stream);
 }
 
 // ---- the sparse plan over the ring ----

@@ -227,7 +227,7 @@ expect plan_kernels_recompute "grep -q '^| GEMMs of the layers, forward | 336 |'
 
 # the time model: the attention kernels' counted work per call (Qwen2.5-3B's 16 q heads x 128 at 32K tokens,
 # dense, one GPU: 16 heads x 65792 tile pairs x 1024 mma.sync = 1.078e+09 forward), each predicted by the cost
-# model (trainer/plan_cost.c) from its phases: the largest of mma.sync, shared memory, exp2 and atomics, plus
+# model (attention/kernels/kernel_cost.c) from its phases: the largest of mma.sync, shared memory, exp2 and atomics, plus
 # (1 - 0.05)^blocks per SM of the others, plus the barriers; and the step table's attention rows those
 # predictions times the calls
 "$MTRAIN" plan configs/qwen2.5-3b-512k-32xa100.yaml --gpu h100 --kernels parallel.cp=1 parallel.dp=1 \

@@ -7,7 +7,8 @@
 #   2  sparse/   (beside ring/: ring/ may include sparse/, never the reverse)
 #   3  ring/
 #   4  op/ and attention_api.h (the ops' public declarations)
-# Checks: no file includes one of a higher layer; no cycle among the files;
+# Checks: no file includes one of a higher layer; attention/ includes
+# nothing of mtrain outside itself but dist/ (the bottom); no cycle among the files;
 # outside attention/, production code (model/, data/, trainer/, dist/,
 # scripts/ but its kernel benchmarks) includes only attention/attention_api.h,
 # data/ also attention/layout.h, and the planner's ring on paper
@@ -65,6 +66,10 @@ upward = [f"{f} ({layer(f)}) includes {t} ({layer(t)})" for f in inside for t in
           if t in graph and layer(t) > layer(f)]
 check("attention_layers_downward: no attention/ file includes one of a higher layer",
       not upward, "; ".join(upward))
+outward = [f"{f} includes {t}" for f in inside for t in includes(f)
+           if not t.startswith("attention/") and not t.startswith("dist/")]
+check("attention_layers_reach_only_dist: no attention/ file includes trainer/, model/, data/ or any other part "
+      "of mtrain but dist/", not outward, "; ".join(outward))
 missing = [f"{f} includes {t}" for f in inside for t in graph[f] if t not in graph]
 check("attention_layers_resolved: every include inside attention/ names a file of it", not missing,
       "; ".join(missing))

@@ -6,7 +6,7 @@
 // documents (dense kinds); N2 with about 5 % of the causal key blocks of
 // 128 (sparse kinds). Per variant and shape: the median time of `repeats`
 // runs after a checked one (CUDA events), TFLOP/s (causal FLOPs: 4 D per
-// visible query-key pair and head forward, 2.5 times that backward), the
+// visible query-key pair and head forward, ATTN_BACKWARD_FLOPS times that backward), the
 // relative Frobenius error of its output against its kind's reference (the
 // first variant of that kind and head dim; the forward's o, the backward's
 // dq, dk, dv: the worst) within the bf16 bound of the attention tests (1e-2),
@@ -19,8 +19,10 @@
 // that head dim only.
 // --broken adds, after each reference, a copy that runs it with the scale
 // doubled: its error must fail it (tests/sim/test_gpu_sweep.sh).
-// Output (FILE, default stdout): '#' lines (device, SM clock, micro-benchmarks)
-// then a TSV with a header line; "ok NAME" / "FAIL NAME: why" per variant and
+// Variants the GPU does not run (the Hopper ones on another architecture)
+// are listed on a '#' line and not run.
+// Output (FILE, default stdout): '#' lines (device, SM clock, micro-benchmarks,
+// the variants not run) then a TSV with a header line; "ok NAME" / "FAIL NAME: why" per variant and
 // shape on stdout; exit status 1 when any variant failed.
 #include <math.h>
 #include <stdio.h>
@@ -29,6 +31,7 @@
 
 #include "../../attention/kernels/attention_cuda.h"
 #include "../../attention/kernels/attn_variants.h"
+#include "../../attention/kernels/kernel_counts.h"
 #include "../../attention/kernels/sparse_cuda.h"
 #include "../../attention/sparse/sparse.h"
 #include "../../dist/cuda_check.h"
@@ -162,7 +165,7 @@ static float run_variant(const AttnVariant *v, Problem *p, float scale_factor) {
     AttnShape s = p->s;
     s.scale *= scale_factor;
     const AttnVariantCall call = {&s, &p->index, p->q, p->k, p->v, p->dout, p->q_pos, p->k_pos, p->o_acc, p->lse,
-                                  p->delta, p->dq, p->dk, p->dv};
+                                  p->lse, p->delta, p->dq, p->dk, p->dv, SPARSE_ALL};
     const int64_t nq = s.q_tokens * s.num_heads * s.head_dim, nk = s.k_tokens * s.num_kv_heads * s.head_dim;
     if (is_forward(v->kind)) {
         attn_forward_init_cuda(&s, p->o_acc, p->lse, 0);
@@ -223,12 +226,14 @@ static const char *kind_name(AttnVariantKind k) {
     return names[k];
 }
 
-// Every variant of `kind` and p's head dim on p (the reference first), one row each into out.
-static void sweep_kind(AttnVariantKind kind, Problem *p, const Shape *shape, int repeats, int broken, FILE *out) {
+// Every variant of `kind` and p's head dim that a GPU of compute capability arch runs, on p (the reference
+// first), one row each into out.
+static void sweep_kind(AttnVariantKind kind, Problem *p, const Shape *shape, int arch, int repeats, int broken,
+                       FILE *out) {
     const AttnVariant *ref = NULL;
     for (int i = 0; i < attn_variant_count; i++) {
         const AttnVariant *v = &attn_variants[i];
-        if (v->kind != kind || v->head_dim != p->D) continue;
+        if (v->kind != kind || v->head_dim != p->D || !attn_variant_runs_on(v, arch)) continue;
         const int copies = broken && !ref ? 2 : 1;
         for (int copy = 0; copy < copies; copy++) {
             const int is_ref = !ref && copy == 0, is_broken = copy == 1;
@@ -239,7 +244,7 @@ static void sweep_kind(AttnVariantKind kind, Problem *p, const Shape *shape, int
             for (int r = 0; r < repeats; r++) ms[r] = run_variant(v, p, factor);
             qsort(ms, (size_t)repeats, sizeof(float), compare_floats);
             const double median = ms[repeats / 2];
-            const double flops = 4.0 * p->D * p->Hq * p->pairs * (is_forward(kind) ? 1.0 : 2.5);
+            const double flops = 4.0 * p->D * p->Hq * p->pairs * (is_forward(kind) ? 1.0 : ATTN_BACKWARD_FLOPS);
             const AttnVariantResources res = attn_variant_resources(v);
             char name[96];
             snprintf(name, sizeof name, "%s%s", is_broken ? "broken_" : "", v->name);
@@ -285,6 +290,11 @@ int main(int argc, char **argv) {
             "# vector_atomics_floats_per_s %.4g\n", prop.major, prop.minor, m.sm_clock_mhz, m.mma_tflops,
             m.mma_per_sm_clock, m.ldmatrix_bytes_per_sm_clock, m.exp2_per_sm_clock, m.scalar_atomics_per_s,
             m.vector_atomics_per_s);
+    const int arch = prop.major * 10 + prop.minor;
+    fprintf(out, "# not run on sm_%d:", arch);
+    for (int i = 0; i < attn_variant_count; i++)
+        if (!attn_variant_runs_on(&attn_variants[i], arch)) fprintf(out, " %s", attn_variants[i].name);
+    fprintf(out, "\n");
     fprintf(out, "variant\tkind\thead_dim\tshape\ttokens\tdensity\tms\ttflops\terror\tregisters\tsmem_static\t"
             "smem_dynamic\tlocal_bytes\tblocks_per_sm\tstatus\n");
 
@@ -303,9 +313,10 @@ int main(int argc, char **argv) {
             Problem p;
             problem_init(&p, dims[d], Hq, Hkv, &shapes[i], &rng);
             const int sparse = shapes[i].kind == SHAPE_SPARSE;
-            sweep_kind(sparse ? ATTN_SPARSE_FORWARD : ATTN_DENSE_FORWARD, &p, &shapes[i], repeats, broken, out);
+            sweep_kind(sparse ? ATTN_SPARSE_FORWARD : ATTN_DENSE_FORWARD, &p, &shapes[i], arch, repeats, broken, out);
             backward_inputs(sparse ? ATTN_SPARSE_FORWARD : ATTN_DENSE_FORWARD, &p);
-            sweep_kind(sparse ? ATTN_SPARSE_BACKWARD : ATTN_DENSE_BACKWARD, &p, &shapes[i], repeats, broken, out);
+            sweep_kind(sparse ? ATTN_SPARSE_BACKWARD : ATTN_DENSE_BACKWARD, &p, &shapes[i], arch, repeats, broken,
+                       out);
             problem_free(&p);
         }
     if (out != stdout) CHECK(fclose(out) == 0, "gpu_sweep_attention: cannot write %s", out_path);

@@ -1,6 +1,6 @@
 // gpu_sweep_micro.h: the micro-benchmarks of gpu_sweep_attention
 // (gpu_sweep_micro.cu): the rates the attention cost model
-// (trainer/plan_cost.c) takes per SM, measured on the GPU at hand.
+// (attention/kernels/kernel_cost.c) takes per SM, measured on the GPU at hand.
 #ifndef MTRAIN_GPU_SWEEP_MICRO_H
 #define MTRAIN_GPU_SWEEP_MICRO_H
 

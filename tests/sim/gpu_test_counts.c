@@ -1,4 +1,4 @@
-// gpu_test_counts.c: the plan's count formulas (trainer/plan_counts.c)
+// gpu_test_counts.c: the plan's count formulas (attention/kernels/kernel_counts.c)
 // against the work the CPU execution model of CUDA counts in the attention
 // kernels (cudasim_kernel_counts: mma.sync, ldmatrix and cp.async bytes,
 // shuffles, barriers, atomics; docs/SIM.md): the dense forward and backward
@@ -22,7 +22,7 @@
 #include "../../attention/kernels/sparse_cuda.h"
 #include "../../dist/cuda_check.h"
 #include "../../dist/util.h"
-#include "../../trainer/plan_counts.h"
+#include "../../attention/kernels/kernel_counts.h"
 #include "../lib/check.h"
 
 #ifdef CUDASIM_KERNEL_COUNTS

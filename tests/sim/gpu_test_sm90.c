@@ -9,9 +9,11 @@
 // (wgmma instructions and TMA bytes from the tiles some query of a tile sees:
 // causal and document tiles skipped), no shared-memory wavefront above its
 // minimum, and two runs agree bit for bit (the backward: dK and dV; dQ is
-// added with atomics). Needs a GPU of compute capability 9.0 (skipped
-// elsewhere); under the sim the device is an H100 (CUDASIM_SM=90). Run by
-// `make test-gpu` and under the sim (tests/sim/test_sim.sh).
+// added with atomics). And the registry's choice of them (attn_variants.h:
+// under auto only where a sweep row chose one, under sm90 always, under sm80
+// never), on any device. The rest needs a GPU of compute capability 9.0
+// (skipped elsewhere); under the sim the device is an H100 (CUDASIM_SM=90).
+// Run by `make test-gpu` and under the sim (tests/sim/test_sim.sh).
 //   build/tests/gpu_test_sm90 [small | backward]   (every case is small; backward: the backward's cases only)
 //
 // Tolerance as gpu_test_attention: ||gpu - cpu|| / ||cpu|| <= 1e-2 for O, dQ, dK, dV, 1e-4 for the LSE.
@@ -22,6 +24,7 @@
 
 #include "../../attention/attention.h"
 #include "../../attention/kernels/attention_cuda.h"
+#include "../../attention/kernels/attn_variants.h"
 #include "../../attention/kernels/flash_cpu.h"
 #include "../../attention/kernels/flash_sm90.h"
 #include "../../attention/layout.h"
@@ -269,6 +272,65 @@ static void run_backward_case(const Case *c, uint64_t seed) {
     free(delta_ref); free(dq0); free(dq_ref); free(dq);
 }
 
+// The Hopper variant of `kind` at head dim d (the registry has one per head dim).
+static const AttnVariant *hopper_variant(AttnVariantKind kind, int d) {
+    for (int i = 0; i < attn_variant_count; i++)
+        if (attn_variants[i].kind == kind && attn_variants[i].head_dim == d && attn_variants[i].isa == ATTN_ISA_SM90)
+            return &attn_variants[i];
+    return NULL;
+}
+
+static const char *name_of(AttnChoice c) { return c.variant ? c.variant->name : "none"; }
+
+// attn_variant_choose under each attention.kernels, with and without a sweep row that names the Hopper forward.
+static void test_choice(void) {
+    const AttnChoiceRow none[] = {{0, 0, ATTN_DENSE_FORWARD, NULL, 0, NULL}};
+    const AttnVariant *h64 = hopper_variant(ATTN_DENSE_FORWARD, 64);
+    EXPECT_COUNTED(h64 && hopper_variant(ATTN_DENSE_FORWARD, 128),
+                   "choice: the registry has the Hopper forward at head dims 64 and 128");
+    if (!h64) return;
+    const AttnChoiceRow hopper_row[] = {{90, 64, ATTN_DENSE_FORWARD, h64->name, 500.0, "TEST"},
+                                        {0, 0, ATTN_DENSE_FORWARD, NULL, 0, NULL}};
+    const AttnChoiceRow mma_row[] = {{90, 64, ATTN_DENSE_FORWARD, "dense_fwd_d64_q128_k64_w4_s2", 300.0, "TEST"},
+                                     {0, 0, ATTN_DENSE_FORWARD, NULL, 0, NULL}};
+    for (int d = 64; d <= 128; d += 64)
+        for (int k = 0; k < 4; k++) {
+            const AttnChoice a80 = attn_variant_choose(none, (AttnVariantKind)k, d, 80, ATTN_KERNELS_AUTO);
+            const AttnChoice a90 = attn_variant_choose(none, (AttnVariantKind)k, d, 90, ATTN_KERNELS_AUTO);
+            EXPECT_COUNTED(a80.variant && a80.variant->isa == ATTN_ISA_MMA_SYNC && a80.by == ATTN_CHOSEN_PREDICTED &&
+                           a80.tflops > 0 && a90.variant && a90.variant->isa == ATTN_ISA_MMA_SYNC &&
+                           a90.by == ATTN_CHOSEN_PREDICTED,
+                           "choice: kind %d head dim %d under auto without a sweep row: the cost model's mma.sync "
+                           "variant on sm_80 (%s) and sm_90 (%s)", k, d, name_of(a80), name_of(a90));
+            const AttnChoice s90 = attn_variant_choose(none, (AttnVariantKind)k, d, 90, ATTN_KERNELS_SM90);
+            const AttnVariant *want = hopper_variant((AttnVariantKind)k, d);
+            EXPECT_COUNTED(want ? s90.variant == want && s90.by == ATTN_CHOSEN_BY_CONFIG
+                                : s90.variant == a90.variant && s90.by == ATTN_CHOSEN_PREDICTED,
+                           "choice: kind %d head dim %d under sm90 on sm_90: %s (got %s)", k, d,
+                           want ? want->name : "the mma.sync one (no Hopper variant)", name_of(s90));
+        }
+    AttnChoice c = attn_variant_choose(hopper_row, ATTN_DENSE_FORWARD, 64, 90, ATTN_KERNELS_AUTO);
+    EXPECT_COUNTED(c.variant == h64 && c.by == ATTN_CHOSEN_MEASURED && c.tflops == 500.0,
+                   "choice: auto on sm_90 runs the Hopper forward its sweep row chose (%s)", name_of(c));
+    c = attn_variant_choose(hopper_row, ATTN_DENSE_FORWARD, 128, 90, ATTN_KERNELS_AUTO);
+    EXPECT_COUNTED(c.variant && c.variant->isa == ATTN_ISA_MMA_SYNC && c.by == ATTN_CHOSEN_PREDICTED,
+                   "choice: a row at head dim 64 leaves 128 to the cost model (%s)", name_of(c));
+    c = attn_variant_choose(hopper_row, ATTN_DENSE_FORWARD, 64, 80, ATTN_KERNELS_AUTO);
+    EXPECT_COUNTED(c.variant && c.variant->isa == ATTN_ISA_MMA_SYNC && c.by == ATTN_CHOSEN_PREDICTED,
+                   "choice: sm_90's row does not choose for sm_80 (%s)", name_of(c));
+    c = attn_variant_choose(hopper_row, ATTN_DENSE_FORWARD, 64, 90, ATTN_KERNELS_SM80);
+    EXPECT_COUNTED(c.variant && c.variant->isa == ATTN_ISA_MMA_SYNC && c.by == ATTN_CHOSEN_PREDICTED,
+                   "choice: sm80 overrides a row that chose the Hopper forward (%s)", name_of(c));
+    c = attn_variant_choose(mma_row, ATTN_DENSE_FORWARD, 64, 90, ATTN_KERNELS_AUTO);
+    EXPECT_COUNTED(c.variant && !strcmp(c.variant->name, mma_row[0].variant) && c.by == ATTN_CHOSEN_MEASURED,
+                   "choice: auto on sm_90 runs the mma.sync forward its sweep row chose (%s)", name_of(c));
+    c = attn_variant_choose(mma_row, ATTN_DENSE_FORWARD, 64, 90, ATTN_KERNELS_SM90);
+    EXPECT_COUNTED(c.variant == h64 && c.by == ATTN_CHOSEN_BY_CONFIG,
+                   "choice: sm90 overrides a row that chose the mma.sync forward (%s)", name_of(c));
+    c = attn_variant_choose(none, ATTN_DENSE_FORWARD, 96, 90, ATTN_KERNELS_AUTO);
+    EXPECT_COUNTED(!c.variant, "choice: no variant at head dim 96 (%s)", name_of(c));
+}
+
 int main(int argc, char **argv) {
     const int backward_only = argc == 2 && strcmp(argv[1], "backward") == 0;
     CHECK(argc == 1 || (argc == 2 && (strcmp(argv[1], "small") == 0 || backward_only)), "usage: %s [small | backward]",
@@ -276,10 +338,11 @@ int main(int argc, char **argv) {
 #ifdef CUDASIM_KERNEL_COUNTS
     setenv("CUDASIM_SM", "90", 1);                 // the sim's device: an H100
 #endif
+    test_choice();
     AttnShape probe = {1, 1, 1, 1, 128, 64, 1.0f, NULL, 0, NULL};
     const char *why = attn_sm90_unsupported(&probe);
     if (why) {
-        printf("ok gpu_test_sm90 skipped: %s\n", why);
+        printf("skip gpu_test_sm90: %s\n", why);
         return 0;
     }
     d_doc_starts = to_device(DOC_STARTS, sizeof DOC_STARTS);

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # test_gpu_sweep.sh: build/sim/tests/gpu_sweep_attention at its small shapes.
-# Its table holds every variant of the registry (attention/kernels/
-# attn_variants.cu) on every shape of its kind, each within the bf16 bound
-# of its reference; the dense kernels' shared memory and blocks per SM as the
-# sim's cudaFuncGetAttributes and occupancy API give them (the forward at
+# On the sim's A100 its table holds every variant of the registry
+# (attention/kernels/attn_variants.cu) but the Hopper ones (named as not
+# run) on every shape of its kind, each within the bf16 bound of its
+# reference; on its H100 (CUDASIM_SM=90, head dim 64) the Hopper forward
+# too; the dense kernels' shared memory and blocks per SM as the sim's
+# cudaFuncGetAttributes and occupancy API give them (the forward at
 # head dim 128: (128 + 2 x 64) rows x 128 bf16, 64 + 128 positions and 128
 # lse = 67584 bytes, two blocks on the sim's A100; at head dim 64 34816
 # bytes, four: the sim reads no registers, which hold a GPU at two); the
@@ -27,16 +29,24 @@ $sweep small --repeats 1 --out "$tmp/sweep.tsv" >"$tmp/out.txt" 2>&1
 rc=$?
 expect "sweep_runs: exit 0 ($rc; $(tail -n 1 "$tmp/out.txt"))" '[ $rc -eq 0 ] && grep -q "^20 variant runs: 20 passed, 0 failed" "$tmp/out.txt"'
 rows() { awk -F'\t' '$1 !~ /^#/ && $1 != "variant"' "$tmp/sweep.tsv"; }
-missing=
+missing= hopper=
 for name in $(grep -o '{"[a-z0-9_]*"' attention/kernels/attn_variants.cu | tr -d '{"'); do
   case $name in
+    *_sm90_*) want=0 hopper="$hopper $name" ;;
     dense_*) want=4 ;;
     *) want=1 ;;
   esac
   [ "$(rows | awk -F'\t' -v n="$name" '$1 == n' | wc -l)" -eq $want ] || missing="$missing $name"
 done
-expect "sweep_every_variant: each dense variant on its 4 shapes, each sparse one on its own (missing:${missing:- none})" \
+expect "sweep_every_variant: each dense mma.sync variant on its 4 shapes, each sparse one on its own (missing:${missing:- none})" \
   '[ -z "$missing" ] && [ "$(rows | wc -l)" -eq 20 ]'
+expect "sweep_hopper_not_run: the table names the Hopper variants as not run on sm_80 ($(grep '^# not run' "$tmp/sweep.tsv"))" \
+  '[ -n "$hopper" ] && grep -qx "# not run on sm_80:$hopper" "$tmp/sweep.tsv"'
+CUDASIM_SM=90 $sweep small --repeats 1 --head-dim 64 --out "$tmp/h100.tsv" >"$tmp/h100.txt" 2>&1
+rc=$?
+expect "sweep_hopper_runs: on the sim's H100 the Hopper forward at head dim 64 on its 4 dense shapes within the bound, nothing left out ($rc; $(tail -n 1 "$tmp/h100.txt"))" \
+  '[ $rc -eq 0 ] && grep -qx "# not run on sm_90:" "$tmp/h100.tsv" &&
+   [ "$(awk -F"\t" "\$1 ~ /^dense_fwd_sm90_d64_/ && \$9 + 0 <= 1e-2 && \$15 == \"ok\"" "$tmp/h100.tsv" | wc -l)" -eq 4 ]'
 expect "sweep_within_bound: every error <= 1e-2, status ok, TFLOP/s and time positive" \
   '[ "$(rows | awk -F"\t" "\$9 + 0 <= 1e-2 && \$15 == \"ok\" && \$7 > 0 && \$8 > 0" | wc -l)" -eq 20 ]'
 expect "sweep_resources: dense forward d=128 67584 bytes, 2 blocks per SM; d=64 34816 bytes, 4" \
@@ -74,8 +84,8 @@ if [ -x build/sim/mtrain ]; then
     checkpoint.final=false >"$tmp/train.txt" 2>&1
   rc=$?
   expect "sweep_choice_said_once: the run names the cost model's kernels once, no sweep for sm_80 ($rc)" \
-    '[ $rc -eq 0 ] && [ "$(grep -c "^attention kernels: " "$tmp/train.txt")" -eq 1 ] &&
-     grep -q "^attention kernels: chosen by the cost model (dense_fwd_d64_q128_k64_w4_s2 [0-9]* TFLOP/s, dense_bwd_d64_q64_k64_w4_s2 [0-9]* TFLOP/s, predicted); no sweep for sm_80 yet$" "$tmp/train.txt"'
+    '[ $rc -eq 0 ] && [ "$(grep -c "^attention kernels " "$tmp/train.txt")" -eq 1 ] &&
+     grep -q "^attention kernels on sm_80, head_dim 64: dense_fwd_d64_q128_k64_w4_s2 (cost model: [0-9]* TFLOP/s), dense_bwd_d64_q64_k64_w4_s2 (cost model: [0-9]* TFLOP/s); no sweep for sm_80 yet$" "$tmp/train.txt"'
 else
   bad "sweep_choice_said_once" "build/sim/mtrain missing (make build-sim)"
 fi

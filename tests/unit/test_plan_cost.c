@@ -1,4 +1,4 @@
-// test_plan_cost.c: the attention kernels' cost model (trainer/plan_cost.c).
+// test_plan_cost.c: the attention kernels' cost model (attention/kernels/kernel_cost.c).
 // Its predictions for the dense kernels at the shapes the H200 measured
 // (docs/PERFORMANCE.md, "Measured on a GPU": causal, 16 q heads, head dims
 // 64 and 128, 16K and 64K tokens) within the stated calibration error of
@@ -7,7 +7,7 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "../../trainer/plan_cost.h"
+#include "../../attention/kernels/kernel_cost.h"
 #include "../lib/check.h"
 
 #define CALIBRATION_ERROR 0.08

@@ -1,5 +1,5 @@
-// plan_counts.c: the attention kernels' counted work as functions of their
-// shapes (plan_counts.h). Each formula follows its kernel's loops: per CTA the
+// kernel_counts.c: the attention kernels' counted work as functions of their
+// shapes (kernel_counts.h). Each formula follows its kernel's loops: per CTA the
 // tile loads and reductions before the loop, per visited tile pair the warp
 // tile products of attention/kernels/flash_tiles.cuh (16 rows a warp, mma_abt:
 // K/16 x (1 + N/16) ldmatrix.x4 and K/16 x N/8 mma; mma_pb: K/16 x N/16
@@ -8,7 +8,7 @@
 // mma; mma_pb32: K/16 x N/16 ldmatrix.x4 and 2 x K/16 x N/8 mma), two
 // barriers and the next tile's cp.async. An ldmatrix.x4 reads 512 bytes; a
 // cp.async copies 16.
-#include "plan_counts.h"
+#include "kernel_counts.h"
 
 #include <math.h>
 

@@ -1,19 +1,19 @@
-// plan_cost.h: the per-phase cost model of the attention kernels. From a
-// kernel's counted work (plan_counts.h: mma.sync, shared-memory bytes,
+// kernel_cost.h: the per-phase cost model of the attention kernels. From a
+// kernel's counted work (kernel_counts.h: mma.sync, shared-memory bytes,
 // barriers, atomics; exp2 and co-resident blocks added here) and a GPU's
 // per-SM rates it predicts the kernel's time: each phase's time on its own
 // unit, overlapped as far as the blocks an SM holds at once allow, plus the
 // barriers' latency. The rates are measured, sourced or calibrated (each
-// says which in plan_cost.c); calibrated on the H200's measured kernels
+// says which in kernel_cost.c); calibrated on the H200's measured kernels
 // (docs/PLANNER.md, "The cost model"). `mtrain plan` takes attention's time
 // from it; gpu_sweep_attention measures what it predicts.
-#ifndef MTRAIN_PLAN_COST_H
-#define MTRAIN_PLAN_COST_H
+#ifndef MTRAIN_KERNEL_COST_H
+#define MTRAIN_KERNEL_COST_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "plan_counts.h"
+#include "kernel_counts.h"
 
 // One GPU's rates for the model (per SM per clock unless said).
 typedef struct {
@@ -29,7 +29,7 @@ typedef struct {
     double overlap;             // fraction of the non-binding phases one block hides
 } AttnGpuRates;
 
-// The rates of GPU profile `name` (plan.c's names), NULL when the model has none.
+// The rates of GPU profile `name` (trainer/plan.c's names), NULL when the model has none.
 const AttnGpuRates *attn_gpu_rates(const char *name);
 
 // exp2 (ex2.approx) per thread: one per score the kernel computes. The
@@ -46,7 +46,7 @@ double attn_exp2_count(const KernelCounts *c, int head_dim, bool backward);
 // otherwise.
 int attn_blocks_per_sm(bool sparse, bool backward, int head_dim, int block_size);
 
-// The counted work (plan_counts.h) of one causal pass over n tokens, heads q
+// The counted work (kernel_counts.h) of one causal pass over n tokens, heads q
 // heads, head dim d: the dense kernels at density 1, else the sparse ones
 // (query blocks of block_size, 64 or 128) over that share of the causal key
 // tiles.

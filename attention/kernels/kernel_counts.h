@@ -1,15 +1,19 @@
-// plan_counts.h: the work of the project's attention kernels as functions of
+// kernel_counts.h: the work of the project's attention kernels as functions of
 // their shapes, the counts the CPU execution model of CUDA measures per kernel
 // (cudasim_kernel_counts, docs/SIM.md): mma.sync.m16n8k16 instructions,
 // ldmatrix and cp.async bytes, warp shuffles, block barriers and atomics.
-// The plan derives each kernel's time from them (plan.c); the sim test
+// The plan derives each kernel's time from them (trainer/plan.c); the sim test
 // tests/sim/gpu_test_counts.c holds them equal to what the kernels do. The tile
 // shapes are those of attention/kernels/flash_cuda.cu (Tiles<D>) and
 // attention/kernels/sparse_cuda.cu (KEY_TILE, one query block per CTA).
-#ifndef MTRAIN_PLAN_COUNTS_H
-#define MTRAIN_PLAN_COUNTS_H
+#ifndef MTRAIN_KERNEL_COUNTS_H
+#define MTRAIN_KERNEL_COUNTS_H
 
 #include <stdint.h>
+
+// Attention's backward FLOPs over its forward: 5 GEMMs (with the recomputed
+// scores) against 2.
+#define ATTN_BACKWARD_FLOPS 2.5
 
 typedef struct {
     double launches, blocks, mma, ldmatrix_bytes, cp_async_bytes, shuffles, barriers, atomics;

@@ -1,4 +1,4 @@
-// plan_cost.c: the attention kernels' per-phase cost model (plan_cost.h).
+// kernel_cost.c: the attention kernels' per-phase cost model (kernel_cost.h).
 //
 // Per SM, each phase's time on its unit: mma.sync on the tensor cores,
 // ldmatrix and cp.async bytes through shared memory, exp2 on the SFUs;
@@ -14,7 +14,7 @@
 // overlap and barrier_clocks fitted to the eight dense kernel times the H200
 // measured at 16K and 64K tokens (docs/PERFORMANCE.md, "Measured on a GPU"):
 // every one within 8 %; tests/unit/test_plan_cost.c holds the fit to that.
-#include "plan_cost.h"
+#include "kernel_cost.h"
 
 #include <math.h>
 #include <string.h>

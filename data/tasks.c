@@ -125,7 +125,11 @@ static void draft_task(const TaskSpec *spec, Draft *d) {
     int64_t values[TASK_MAX_NEEDLES];
     switch (spec->kind) {
     case TASK_PASSKEY: {
-        int64_t v = 10000 + (int64_t)rng_below(rng, 90000);
+        int digits = spec->key_digits ? spec->key_digits : 5;
+        CHECK(digits >= 1 && digits <= 9, "passkey of %d digits", digits);
+        int64_t lowest = 1;
+        for (int i = 1; i < digits; i++) lowest *= 10;
+        int64_t v = lowest + (int64_t)rng_below(rng, (uint64_t)(9 * lowest));
         snprintf(add_insert(d, spec->depth)->text, 96, "The pass key is %" PRId64 ". Remember it. %" PRId64
                  " is the pass key. ", v, v);
         snprintf(d->question, sizeof(d->question), "What is the pass key? The pass key is ");

@@ -53,6 +53,7 @@ typedef struct {
     int64_t length;        // prompt tokens
     double depth;          // where the asked needle (TASK_NIAH...) or the first value / link goes, in [0, 1]
     uint64_t seed;
+    int key_digits;        // TASK_PASSKEY: digits of the key, 1 to 9 (0: 5)
 } TaskSpec;
 
 // One inserted sentence: prompt tokens [offset, offset + len); `at` is its

@@ -190,6 +190,7 @@ static const Key keys[] = {
     STRING(eval, lengths, "512,1024", "Comma-separated context lengths in tokens (each >= 2; a task's prompt is exactly this long, its answer follows)."),
     STRING(eval, depths, "0,0.25,0.5,0.75,1", "Comma-separated needle depths in [0, 1]: where in the haystack the asked needle sits (0 = start, 1 = end)."),
     INT(eval, samples, 4, 1, 1 << 20, "Samples per (task, length, depth) cell, and sequences per perplexity length."),
+    INT(eval, passkey_digits, 5, 1, 9, "Digits of the `passkey` task's key (its first digit 1 to 9): 5 = 10000 to 99999, chance of a right guess 1 in 90000; 1 = 1 to 9, chance 1 in 9."),
     PATH(eval, text, "heldout", NAMES("heldout"), "a text file", "Text for perplexity (and for `haystack: text`): `heldout` = the loader's validation stream of `data.train` / `data.val`, or a text file tokenized with `eval.tokenizer`."),
     ENUM(eval, haystack, "filler", NAMES("filler", "text"), "What the `niah` needle hides in: built-in filler sentences, or `eval.text` (cycled when shorter than the haystack)."),
     PATH(eval, tokenizer, "model", NAMES("model", "bytes"), "a tokenizer.json or a folder holding one", "Tokenizer of the task prompts and of a text file: `model` = the evaluated folder's `tokenizer.json` when it has one, else `bytes`; `bytes` (ids are bytes, docs/FORMATS.md); a Hugging Face `tokenizer.json`, or a folder holding it. Perplexity on `heldout` needs none."),

@@ -103,6 +103,7 @@ typedef struct {
     char lengths[CONFIG_STR];  // comma list of context lengths in tokens
     char depths[CONFIG_STR];   // comma list of needle depths in [0, 1]
     int samples;               // samples per cell (and per perplexity length)
+    int passkey_digits;        // digits of the passkey task's key
     EvalText text;             // heldout (the loader's validation stream) | a text file (text_path)
     char text_path[CONFIG_STR];
     HaystackKind haystack;     // filler | text: what NIAH hides its needle in

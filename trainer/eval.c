@@ -194,7 +194,8 @@ static void plan_eval(EvalPlan *p, const Config *cfg, const char *run_file) {
         int64_t need = 0;
         for (int di = 0; di < p->depth_count; di++)
             for (int s = 0; s < cfg->eval.samples; s++) {
-                TaskSpec spec = {p->grid[g], shortest, p->depths[di], sample_seed(cfg->eval.seed, di, s)};
+                TaskSpec spec = {p->grid[g], shortest, p->depths[di], sample_seed(cfg->eval.seed, di, s),
+                                 cfg->eval.passkey_digits};
                 int64_t n = task_min_length(&spec, p->tok);
                 if (n > need) need = n;
             }
@@ -202,7 +203,8 @@ static void plan_eval(EvalPlan *p, const Config *cfg, const char *run_file) {
             fail("%s: eval.lengths: %lld is too short for task %s, whose needles and question take up to %lld "
                  "tokens (expected lengths of at least %lld)", run_file, (long long)shortest, task_name(p->grid[g]),
                  (long long)need - 1, (long long)need);
-        TaskSpec spec = {p->grid[g], shortest, p->depths[0], sample_seed(cfg->eval.seed, 0, 0)};
+        TaskSpec spec = {p->grid[g], shortest, p->depths[0], sample_seed(cfg->eval.seed, 0, 0),
+                         cfg->eval.passkey_digits};
         TaskSample s;
         task_generate(&spec, &hay, p->tok, &s);
         for (int64_t t = 0; t < s.length + s.answer_len; t++)
@@ -296,7 +298,8 @@ static void eval_grid(const EvalPlan *p, Model *m, TaskKind kind, int *correct) 
             int *c = &correct[li * p->depth_count + di];
             *c = 0;
             for (int s = 0; s < samples; s++) {
-                TaskSpec spec = {kind, p->lengths[li], p->depths[di], sample_seed(p->cfg->eval.seed, di, s)};
+                TaskSpec spec = {kind, p->lengths[li], p->depths[di], sample_seed(p->cfg->eval.seed, di, s),
+                                 p->cfg->eval.passkey_digits};
                 TaskSample sample;
                 task_generate(&spec, &hay, p->tok, &sample);
                 logits = xrealloc(logits, sizeof(float) * (size_t)(sample.answer_len * m->cfg.vocab_size));
@@ -466,7 +469,8 @@ static void write_plots(const EvalPlan *p, const double *loss, int *const *corre
 // `mtrain tasks`: task samples as training text
 
 // Sample i: the grid's task kinds and eval.lengths in turn, a depth drawn
-// uniformly in [0, 1], and a seed from a stream eval never uses (depth index
+// uniformly between the least and the greatest of eval.depths (the default
+// list: [0, 1]; `eval.depths=0`: every key at the start), and a seed from a stream eval never uses (depth index
 // -1), so a model trained on these text documents is never scored on one of
 // them. Each line of the JSONL output is {"text": prompt + answer}.
 int cmd_tasks(int argc, char **argv) {
@@ -489,13 +493,19 @@ int cmd_tasks(int argc, char **argv) {
     if (!plan.grid_count) fail("%s: eval.tasks '%s' has no task to generate (expected passkey, niah or ruler)", argv[0], cfg.eval.tasks);
     Rng rng;
     rng_seed(&rng, cfg.eval.seed);
+    double depth_lo = plan.depths[0], depth_hi = plan.depths[0];
+    for (int i = 1; i < plan.depth_count; i++) {
+        if (plan.depths[i] < depth_lo) depth_lo = plan.depths[i];
+        if (plan.depths[i] > depth_hi) depth_hi = plan.depths[i];
+    }
     Haystack hay = {NULL, 0};
     char tmp[4096];
     snprintf(tmp, sizeof(tmp), "%s.tmp.%d", output, (int)getpid());
     FILE *out = xfopen(tmp, "w");
     for (int64_t i = 0; i < count; i++) {
         TaskSpec spec = {plan.grid[i % plan.grid_count], plan.lengths[(i / plan.grid_count) % plan.length_count],
-                         rng_uniform(&rng), sample_seed(cfg.eval.seed, -1, (int)i)};
+                         depth_lo + (depth_hi - depth_lo) * rng_uniform(&rng), sample_seed(cfg.eval.seed, -1, (int)i),
+                         cfg.eval.passkey_digits};
         TaskSample sample;
         task_generate(&spec, &hay, plan.tok, &sample);
         char *text = NULL;

@@ -164,6 +164,17 @@ ok = rows[0].endswith("The pass key is " + key) and "ruler" not in rows[1]
 ok = ok and len(rows[0]) < len(rows[5]) and abs(len(rows[0]) - 512 - len(key)) <= 1
 sys.exit(0 if ok else 1)
 PYEOF'
+# eval.depths bounds the drawn depths (0: every key opens the prompt);
+# eval.passkey_digits sets the key's digits.
+"$MTRAIN" tasks "$tmp/run.yaml" --count 20 --output "$tmp/tasks_start.jsonl" eval.tasks=passkey eval.lengths=300 \
+  eval.depths=0 eval.passkey_digits=1 >/dev/null 2>&1
+expect "tasks: eval.depths=0 puts every key at the start; eval.passkey_digits=1 draws keys 1-9" '$PY - "$tmp/tasks_start.jsonl" <<PYEOF
+import json, re, sys
+rows = [json.loads(l)["text"] for l in open(sys.argv[1])]
+keys = [re.match(r"The pass key is ([1-9])\. Remember it\. \\1 is the pass key\. ", r) for r in rows]
+ok = len(rows) == 20 and all(keys) and all(r.endswith("The pass key is " + k.group(1)) for r, k in zip(rows, keys))
+sys.exit(0 if ok and len({k.group(1) for k in keys}) > 3 else 1)
+PYEOF'
 one_line_error() {  # NAME PATTERN OVERRIDES...
   local name=$1 pattern=$2; shift 2
   rm -rf "$tmp/bad"

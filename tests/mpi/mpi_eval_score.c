@@ -49,7 +49,7 @@ int main(int argc, char **argv) {
     for (LayoutKind layout = LAYOUT_CONTIGUOUS; layout <= LAYOUT_STRIPED; layout++) {
         EvalSplit split = {&dist.cp, layout, 16};
         for (TaskKind k = 0; k < TASK_COUNT; k++) {
-            TaskSpec spec = {k, 400, 0.5, 11};
+            TaskSpec spec = {k, 400, 0.5, 11, 0};
             TaskSample s;
             task_generate(&spec, &(Haystack){NULL, 0}, tok, &s);
             int64_t A = s.answer_len, V = c.vocab_size;

@@ -56,7 +56,7 @@ static void test_model_greedy(void) {
     Tokenizer *tok = tokenizer_open("bytes");
     EvalSplit one = {NULL, LAYOUT_CONTIGUOUS, 16};
     for (TaskKind k = 0; k < TASK_COUNT; k++) {
-        TaskSpec spec = {k, 400, 0.5, 11};
+        TaskSpec spec = {k, 400, 0.5, 11, 0};
         TaskSample s;
         task_generate(&spec, &(Haystack){NULL, 0}, tok, &s);
         int64_t L = s.length, A = s.answer_len;

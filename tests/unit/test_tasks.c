@@ -3,7 +3,8 @@
 // a sentence boundary and spelled as the task says, answer tokens equal to
 // the needle's value, filler around them, determinism by seed, distinct keys
 // (multi-key), values in prompt order (multi-value), a correct chain
-// (variable tracking), and a text-stream haystack cut exactly.
+// (variable tracking), a text-stream haystack cut exactly, and passkeys of
+// 1 to 9 digits (key_digits) that take every first digit.
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,7 +96,7 @@ static const char *noise[] = {"The grass is green. ", "The sky is blue. ", "The 
 static TaskSample generated(Tokenizer *tok, TaskKind kind, int64_t L, double depth, uint64_t seed,
                             char *what) {
     snprintf(what, 96, "%s L=%lld d=%.2f", task_name(kind), (long long)L, depth);
-    TaskSpec spec = {kind, L, depth, seed};
+    TaskSpec spec = {kind, L, depth, seed, 0};
     TaskSample s;
     task_generate(&spec, &(Haystack){NULL, 0}, tok, &s);
     check_common(&s, &spec, true, what);
@@ -188,7 +189,7 @@ static void test_vt(Tokenizer *tok, int64_t L, double depth, uint64_t seed) {
 static void test_niah_stream(Tokenizer *tok, const Haystack *hay, int64_t L, double depth) {
     char what[96];
     snprintf(what, sizeof(what), "niah stream L=%lld d=%.2f", (long long)L, depth);
-    TaskSpec spec = {TASK_NIAH, L, depth, 7};
+    TaskSpec spec = {TASK_NIAH, L, depth, 7, 0};
     TaskSample s;
     task_generate(&spec, hay, tok, &s);
     check_common(&s, &spec, false, what);
@@ -235,7 +236,7 @@ int main(void) {
     Haystack none = {NULL, 0};
     for (TaskKind k = 0; k < TASK_COUNT; k++) {
         TaskSample a, b, c;
-        TaskSpec spec = {k, 600, 0.5, 42}, other = {k, 600, 0.5, 43};
+        TaskSpec spec = {k, 600, 0.5, 42, 0}, other = {k, 600, 0.5, 43, 0};
         task_generate(&spec, &none, tok, &a);
         task_generate(&spec, &none, tok, &b);
         task_generate(&other, &none, tok, &c);
@@ -255,6 +256,25 @@ int main(void) {
         task_sample_free(&b);
         task_sample_free(&c);
         task_sample_free(&t);
+    }
+    // Keys of 1..9 digits: every digit count spelled in full, first digit 1-9
+    // (all nine seen over 200 seeds), the needle holding it; 0 means 5.
+    for (int digits = 0; digits <= 9; digits++) {
+        int firsts = 0, right = 0;
+        for (uint64_t seed = 0; seed < 200; seed++) {
+            TaskSpec spec = {TASK_PASSKEY, 200, 0, seed, digits};
+            TaskSample s;
+            task_generate(&spec, &none, tok, &s);
+            char buf[512], want[384];
+            needle_text(&s, 0, buf);
+            snprintf(want, sizeof(want), "The pass key is %s. Remember it. %s is the pass key. ", s.answer, s.answer);
+            right += (int)strlen(s.answer) == (digits ? digits : 5) && s.answer[0] >= '1' &&
+                     s.answer[strspn(s.answer, "0123456789")] == 0 && !strcmp(buf, want) && s.needles[0].offset == 0;
+            firsts |= 1 << (s.answer[0] - '0');
+            task_sample_free(&s);
+        }
+        EXPECT(right == 200 && firsts == 0x3fe,
+               "passkey of %d digits: %d of 200 keys spelled right at the start, first digits %#x", digits, right, firsts);
     }
     tokenizer_close(tok);
     return check_exit();

@@ -73,10 +73,10 @@ done
 flash_forward_smem() {   # flash_cuda.cu forward(): (BM + 2 BN) D bf16 (swizzled, no padding)
                          # + (BN + BM, + BM with documents: DOCS 1) int64 + BM fp32, BM = FWD_BM = 128
   local D=$1 BN=$2 DOCS=$3; echo $(((128 + 2 * BN) * D * 2 + (BN + 128 * (1 + DOCS)) * 8 + 128 * 4)); }
-flash_backward_smem() {  # flash_cuda.cu backward(): (2 BN + 4 BM) LD + BN (BM + 8) bf16
-                         # + 2 BM (2 fp32 + int64, + int64 with documents: DOCS 1)
-  local D=$1 BM=$2 BN=$3 DOCS=$4
-  echo $(((2 * BN + 4 * BM) * (D + 8) * 2 + BN * (BM + 8) * 2 + 2 * BM * (16 + 8 * DOCS))); }
+flash_backward_smem() {  # flash_cuda.cu backward_smem(): (2 BN + 3 BM) D + 2 BN BM bf16 (swizzled, no padding)
+                         # + BN int64 + 2 BM (2 fp32 + int64, + int64 with documents: DOCS 1), BN = BWD_BN = 128
+  local D=$1 BM=$2 DOCS=$3
+  echo $(((2 * 128 + 3 * BM) * D * 2 + 2 * 128 * BM * 2 + 128 * 8 + 2 * BM * (16 + 8 * DOCS))); }
 sparse_forward_smem() {  # sparse_cuda.cu forward_launch(): (BM + 2 KEY_TILE) D bf16 (swizzled) + (4 KEY_TILE
                          # + BM, + BM with documents: DOCS 1) int64 + BM fp32, KEY_TILE = 64
   local D=$1 BM=$2 DOCS=$3; echo $(((BM + 2 * 64) * D * 2 + (4 * 64 + BM * (1 + DOCS)) * 8 + BM * 4)); }
@@ -103,7 +103,7 @@ est_smem() {             # sparse_select_cuda.cu est_smem(D): EST_KEYS = EST_MAX
 launch_table() {
   local D
   # flash_cuda.cu: forward FWD_BM = 128 queries (4 warps of 32) x FWD_BN = 64 keys, __launch_bounds__(128, 2);
-  # backward Tiles<64> 64 x 64, Tiles<128> 32 x 64.
+  # backward BWD_BN = 128 keys (8 warps, __launch_bounds__(256, 1)) x Tiles<64> 128, Tiles<128> 64 queries.
   row 'tile_bounds_kernel' 128 0 default all            # tile_bounds()
   row 'fill_kernel' 256 0 default all                   # attn_forward_init_cuda()
   row 'delta_kernel' 256 0 default all                  # attn_backward_delta_cuda()
@@ -114,8 +114,8 @@ launch_table() {
     local d=$([ $docs = true ] && echo 1 || echo 0)
     row "flash_forward_kernel<64, 64, $docs>" 128 "$(flash_forward_smem 64 64 $d)" optin all
     row "flash_forward_kernel<128, 64, $docs>" 128 "$(flash_forward_smem 128 64 $d)" optin all
-    row "flash_backward_kernel<64, 64, 64, $docs>" 128 "$(flash_backward_smem 64 64 64 $d)" optin all
-    row "flash_backward_kernel<128, 32, 64, $docs>" 128 "$(flash_backward_smem 128 32 64 $d)" optin all
+    row "flash_backward_kernel<64, 128, $docs>" 256 "$(flash_backward_smem 64 128 $d)" optin all
+    row "flash_backward_kernel<128, 64, $docs>" 256 "$(flash_backward_smem 128 64 $d)" optin all
   done
   # flash_sm90.cu: 128 (C + 1) threads (a producer and C consumer warpgroups), flash_sm90_backward.cu: 384
   # (C = 2), launched only on sm_90. The Makefile builds these files for sm_90a; this script compiles sm_90, where

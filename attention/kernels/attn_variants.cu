@@ -63,8 +63,8 @@ static const void *dense_backward_128(void) { return attn_dense_kernel(128, 1); 
 extern "C" const AttnVariant attn_variants[] = {
     {"dense_fwd_d64_q128_k64_w4_s2", ATTN_DENSE_FORWARD, MMA, 64, 128, 64, 4, 2, dense_forward, dense_forward_64},
     {"dense_fwd_d128_q128_k64_w4_s2", ATTN_DENSE_FORWARD, MMA, 128, 128, 64, 4, 2, dense_forward, dense_forward_128},
-    {"dense_bwd_d64_q64_k64_w4_s2", ATTN_DENSE_BACKWARD, MMA, 64, 64, 64, 4, 2, dense_backward, dense_backward_64},
-    {"dense_bwd_d128_q32_k64_w4_s2", ATTN_DENSE_BACKWARD, MMA, 128, 32, 64, 4, 2, dense_backward, dense_backward_128},
+    {"dense_bwd_d64_q128_k128_w8_s2", ATTN_DENSE_BACKWARD, MMA, 64, 128, 128, 8, 2, dense_backward, dense_backward_64},
+    {"dense_bwd_d128_q64_k128_w8_s2", ATTN_DENSE_BACKWARD, MMA, 128, 64, 128, 8, 2, dense_backward, dense_backward_128},
     {"sparse_fwd_d64_q128_k64_w4_s1", ATTN_SPARSE_FORWARD, MMA, 64, 128, 64, 4, 1, sparse_forward, NULL},
     {"sparse_fwd_d128_q128_k64_w4_s1", ATTN_SPARSE_FORWARD, MMA, 128, 128, 64, 4, 1, sparse_forward, NULL},
     {"sparse_bwd_d64_q128_k64_w8_s2", ATTN_SPARSE_BACKWARD, MMA, 64, 128, 64, 8, 2, sparse_backward, NULL},

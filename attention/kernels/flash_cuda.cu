@@ -15,13 +15,17 @@
 //             exp2), P packed from the score accumulators as the A operand of
 //             P V; at the end the chunk's (O, LSE) merged into the running
 //             fp32 (o_acc, lse), whose lse was read at the start.
-//   backward  FlashAttention-2: one CTA per (q head, tile of BN keys), one warp
-//             per 16 keys holding dK, dV in registers; loops over query tiles
-//             of BM (Q, dO double-buffered), recomputes S^T = K Q^T and
-//             dP^T = V dO^T, P^T = exp2(S^T - lse), dS^T = P^T (dP^T - delta);
-//             dV += P^T dO, dK += dS^T Q; dS^T goes through shared memory for
-//             dQ = dS K, added to global dq with fp32 atomics. dK, dV are added
-//             with fp32 atomics at the end (GQA: several q heads per kv head).
+//   backward  FlashAttention-2: one CTA per (q head, tile of 128 keys), 8
+//             warps, one CTA per SM, holding dK, dV in registers; loops over
+//             query tiles of BM (Q double-buffered, dO reloaded once dV has
+//             read it, lse and delta of the next tile read during this one),
+//             recomputes S^T = K Q^T and dP^T = V dO^T (32 keys x BM / 2
+//             queries a warp), P^T = exp2(S^T - lse), dS^T = P^T (dP^T -
+//             delta); P^T and dS^T go through shared memory for dV += P^T
+//             dO, dK += dS^T Q and dQ = dS K (32 rows a warp, every tile
+//             swizzled), dQ added to global dq with fp32 atomics, each
+//             covering 128 keys. dK, dV are added with fp32 atomics at the
+//             end (GQA: several q heads per kv head).
 // The mask is by global position (key j visible to query i iff
 // k_pos[j] <= q_pos[i], and with documents k_pos[j] >= q_first[i], the first
 // position of query i's document); per-tile position bounds skip tiles with
@@ -145,10 +149,17 @@ flash_forward_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnOut out, co
         __syncthreads();                          // every thread has read red
         tile_pos_bounds<NT>(q_first, i0, BM, Tq, red, &f_lo, &f_hi);
     }
-    KeyTileWalk<BN, DOCS> walk = {q_lo, q_hi, f_lo, f_hi};
+    // Key tile i: visible (k_lo <= q_hi, and with DOCS k_hi >= f_lo: not wholly before every query's
+    // document); full (whole, k_hi <= q_lo, and with DOCS k_lo >= f_hi: every pair visible).
+    auto key_tile = [&](int i, bool *whole) {
+        const int64_t lo = k_lo[i], hi = k_hi[i];
+        *whole = (int64_t)(i + 1) * BN <= Tk && hi <= q_lo && (!DOCS || lo >= f_hi);
+        return lo <= q_hi && (!DOCS || hi >= f_lo);
+    };
+    TileWalk walk;
     const int nkt = (int)((Tk + BN - 1) / BN);
     bool full = false, next_full = false;
-    int kt = walk.next(0, &full, k_lo, k_hi, Tk);
+    int kt = walk.next(0, nkt, &full, key_tile);
     if (kt < nkt) {
         load_tile<D, NT, true>(ks, k, (int64_t)kt * BN, BN, Tk, Hkv, kvh);
         if (!full && tid < BN) kps[tid] = (int64_t)kt * BN + tid < Tk ? k_pos[(int64_t)kt * BN + tid] : INT64_MAX;
@@ -162,7 +173,7 @@ flash_forward_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnOut out, co
         __syncthreads();   // K and its positions are in; every warp is done with V
         load_tile<D, NT, true>(vs, v, (int64_t)kt * BN, BN, Tk, Hkv, kvh);
         cp_async_commit();
-        const int nxt = walk.next(kt + 1, &next_full, k_lo, k_hi, Tk);
+        const int nxt = walk.next(kt + 1, nkt, &next_full, key_tile);
 
         uint32_t p[2][BN / 16][4];                // P as the A fragments of P V
         forward_scores32<D, BN, DOCS>(rows, p, qs + warp * 32 * D, ks, full, kps, qps + warp * 32, qfs + warp * 32,
@@ -187,158 +198,175 @@ flash_forward_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnOut out, co
 
 // ---- backward ----
 
-// Grid (ceil(Tk / BN), Hq), BN / 16 warps. Query tiles of BM; q_lo, q_hi
-// [ceil(Tq / BM)] are their position bounds; scale_log2 = d.scale log2(e).
-// DOCS: pos.q_first as attn_args.h, f_lo, f_hi its bounds per query tile
-// (NULL otherwise).
-// Shared: k, v [BN][LD]; q, dout [2][BM][LD]; dS^T [BN][BM + 8]; per query
-// of the two buffered tiles, lse (log2 units), delta, position (INT64_MIN:
-// masked, past Tq or lse = -inf) and with DOCS q_first.
-template <int D, int BM, int BN, bool DOCS>
-__global__ void __launch_bounds__(BN * 2)
+// The backward's CTA: BWD_WARPS warps over a key tile of BWD_BN keys.
+enum { BWD_WARPS = 8, BWD_BN = 128 };
+
+// Grid (ceil(Tk / BWD_BN), Hq), BWD_WARPS warps, one CTA per multiprocessor.
+// k_lo, k_hi [ceil(Tk / BWD_BN)] are the key tiles' position bounds. Query
+// tiles of BM; q_lo, q_hi [ceil(Tq / BM)] are their position bounds;
+// scale_log2 = d.scale log2(e). DOCS: pos.q_first as attn_args.h, f_lo,
+// f_hi its bounds per query tile (NULL otherwise). The warps' parts: S^T,
+// dP^T and P^T, dS^T 4 (32 keys) x 2 (BM / 2 queries); dK, dV 4 (32 keys) x
+// 2 (D / 2 columns), in registers over the whole loop; dQ BM / 32 (32
+// queries) x the rest (columns). Shared (backward_smem), every tile
+// swizzled: k, v [BWD_BN][D]; q [2][BM][D]; dout [BM][D]; P^T, dS^T
+// [BWD_BN][BM]; key positions [BWD_BN] (INT64_MAX past Tk); per query of the
+// two buffered tiles the position (INT64_MIN: masked, past Tq or lse =
+// -inf; read only for tiles that need a mask), the document start (DOCS),
+// lse (log2 units) and delta.
+// Per query tile (three barriers): Q, dO and the tile's lse and delta wait;
+// the next Q loads and the next lse and delta are read while S^T = K Q^T
+// runs; dP^T = V dO^T, P^T and dS^T; P^T, dS^T go to shared memory; dV += P^T
+// dO; dO is free and the next one loads while dK += dS^T Q and dQ = dS K run,
+// dQ added to global dq with fp32 atomics. dK, dV are added with fp32
+// atomics at the end (GQA: several q heads per kv head).
+template <int D, int BM, bool DOCS>
+__global__ void __launch_bounds__(BWD_WARPS * 32, 1)
 flash_backward_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnGrads grads,
+                      const int64_t *__restrict__ k_lo, const int64_t *__restrict__ k_hi,
                       const int64_t *__restrict__ q_lo, const int64_t *__restrict__ q_hi,
                       const int64_t *__restrict__ f_lo, const int64_t *__restrict__ f_hi, float scale_log2) {
     RESTRICT_ARGS(d, pos, in);
     RESTRICT_GRADS(grads);
-    const float scale = d.scale;
-    constexpr int NT = BN * 2, NW = BN / 16, LD = D + 8, LDS = BM + 8;
-    constexpr int WR = BM / 16, WC = NW / WR, DQC = D / WC;   // dQ: WR x WC warps of 16 x DQC
-    static_assert(NW % WR == 0 && D % (16 * WC) == 0 && BM <= NT, "backward tile shape");
+    constexpr int BN = BWD_BN, NT = BWD_WARPS * 32;
+    constexpr int SQ = BM / 2, KC = D / 2;                      // S^T: queries, dK and dV: columns a warp
+    constexpr int QW = BM / 32, QC = D / (BWD_WARPS / QW);     // dQ: QW warps of 32 queries x QC columns
+    static_assert(BWD_WARPS == 8 && BM % 64 == 0 && BM <= NT && QC % 16 == 0, "backward tile shape");
     DYNAMIC_SHARED(unsigned char, smem);
     bf16 *ks = reinterpret_cast<bf16 *>(smem);
-    bf16 *vs = ks + BN * LD;
-    bf16 *qs = vs + BN * LD;               // [2][BM][LD]
-    bf16 *dos = qs + 2 * BM * LD;          // [2][BM][LD]
-    bf16 *dss = dos + 2 * BM * LD;         // [BN][LDS]
-    float *lse_s = reinterpret_cast<float *>(dss + BN * LDS);   // [2][BM]
-    float *del_s = lse_s + 2 * BM;                              // [2][BM]
-    int64_t *qp_s = reinterpret_cast<int64_t *>(del_s + 2 * BM); // [2][BM]
-    int64_t *qf_s = qp_s + 2 * BM;                               // [2][BM], DOCS only
-    STATIC_SHARED(int64_t, red, [2 * NW]);
+    bf16 *vs = ks + BN * D;
+    bf16 *qs = vs + BN * D;                                     // [2][BM][D]
+    bf16 *dos = qs + 2 * BM * D;                                // [BM][D]
+    bf16 *pts = dos + BM * D;                                   // P^T [BN][BM]
+    bf16 *dsts = pts + BN * BM;                                 // dS^T [BN][BM]
+    int64_t *kps = reinterpret_cast<int64_t *>(dsts + BN * BM); // [BN]
+    int64_t *qps = kps + BN;                                    // [2][BM]
+    int64_t *qfs = qps + 2 * BM;                                // [2][BM], DOCS only
+    float *lse_s = reinterpret_cast<float *>(qfs + (DOCS ? 2 * BM : 0));   // [2][BM]
+    float *del_s = lse_s + 2 * BM;                                          // [2][BM]
 
     const int tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4, t4 = tid % 4;
-    const int h = blockIdx.y, kvh = h / (Hq / Hkv);
-    const int64_t j0 = (int64_t)blockIdx.x * BN;
-    const int64_t nqt = (Tq + BM - 1) / BM;
+    const int h = blockIdx.y, kvh = h / (Hq / Hkv), kt = blockIdx.x;
+    const int64_t j0 = (int64_t)kt * BN;
+    const int nqt = (int)((Tq + BM - 1) / BM);
 
-    int64_t k_lo, k_hi;
-    tile_pos_bounds<NT>(k_pos, j0, BN, Tk, red, &k_lo, &k_hi);
-    // This thread's two keys (g and g + 8 of its warp's 16); past Tk: never visible.
-    const int64_t key0 = j0 + warp * 16 + g, key1 = key0 + 8;
-    const int64_t kp0 = key0 < Tk ? k_pos[key0] : INT64_MAX;
-    const int64_t kp1 = key1 < Tk ? k_pos[key1] : INT64_MAX;
-
-    auto load_q = [&](int64_t qt, int buf) {
-        const int64_t i0 = qt * BM;
-        load_tile<D, NT>(qs + buf * BM * LD, q, i0, BM, Tq, Hq, h);
-        load_tile<D, NT>(dos + buf * BM * LD, dout, i0, BM, Tq, Hq, h);
-        if (tid < BM) {
-            const int64_t row = i0 + tid;
-            const float L = row < Tq ? lse[h * Tq + row] : -INFINITY;
-            const bool live = L != -INFINITY;
-            lse_s[buf * BM + tid] = live ? L * LOG2E : 0.0f;
-            del_s[buf * BM + tid] = live ? delta[h * Tq + row] : 0.0f;
-            qp_s[buf * BM + tid] = live ? q_pos[row] : INT64_MIN;
-            if (DOCS) qf_s[buf * BM + tid] = live ? q_first[row] : 0;
-        }
+    // Query tile i: visible (q_hi >= k_lo, and with DOCS f_lo <= k_hi: not every document starting after
+    // every key); full (both tiles whole, k_hi <= q_lo, and with DOCS k_lo >= f_hi: every pair visible).
+    auto query_tile = [&](int i, bool *whole) {
+        const int64_t lo = k_lo[kt], hi = k_hi[kt];
+        *whole = (int64_t)(kt + 1) * BN <= Tk && (int64_t)(i + 1) * BM <= Tq && hi <= q_lo[i] &&
+                 (!DOCS || lo >= f_hi[i]);
+        return q_hi[i] >= lo && (!DOCS || f_lo[i] <= hi);
     };
+    TileWalk walk;
+    bool full = false, next_full = false;
+    int qt = walk.next(0, nqt, &full, query_tile);
+    if (qt >= nqt) return;                        // no query sees these keys
 
-    load_tile<D, NT>(ks, k, j0, BN, Tk, Hkv, kvh);
-    load_tile<D, NT>(vs, v, j0, BN, Tk, Hkv, kvh);
-    int64_t qt = next_tile<DOCS>(q_hi, 0, nqt, k_lo, f_lo, k_hi);
-    if (qt < nqt) load_q(qt, 0);
-    cp_async_commit();
-    if (qt >= nqt) { cp_async_wait<0>(); return; }   // no query sees these keys
-
-    float dka[D / 8][4], dva[D / 8][4];           // dK / scale, dV: keys g, g+8 x D
-    zero<D>(dka);
-    zero<D>(dva);
-    int buf = 0;
-    const bool keys_complete = j0 + BN <= Tk;
-    const int wr = warp % WR, wc = warp / WR;
-
-    while (qt < nqt) {
-        const int64_t nxt = next_tile<DOCS>(q_hi, qt + 1, nqt, k_lo, f_lo, k_hi);
-        if (nxt < nqt) load_q(nxt, buf ^ 1);
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
-
-        const int64_t i0 = qt * BM;
-        const bf16 *qb = qs + buf * BM * LD, *dob = dos + buf * BM * LD;
-        const float *ls = lse_s + buf * BM, *ds = del_s + buf * BM;
-        const int64_t *qp = qp_s + buf * BM, *qf = qf_s + buf * BM;
-        const bool full = keys_complete && i0 + BM <= Tq && k_hi <= q_lo[qt] && (!DOCS || k_lo >= f_hi[qt]);
-
-        // S^T = K Q^T and dP^T = V dO^T: 16 keys x BM queries per warp.
-        float st[BM / 8][4], dpt[BM / 8][4];
-        zero<BM>(st);
-        zero<BM>(dpt);
-        mma_abt<D, BM>(st, ks + warp * 16 * LD, LD, qb, LD);
-        mma_abt<D, BM>(dpt, vs + warp * 16 * LD, LD, dob, LD);
-
-        // P^T = exp2(S^T scale log2e - lse), dS^T = P^T (dP^T - delta); masked -> 0.
-#pragma unroll
-        for (int n = 0; n < BM / 8; n++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int col = n * 8 + 2 * t4 + (e & 1);
-                float x = st[n][e] * scale_log2 - ls[col];
-                if (!full) {
-                    const int64_t key = e < 2 ? kp0 : kp1;
-                    if (key > qp[col] || (DOCS && key < qf[col])) x = -INFINITY;
-                }
-                const float p = exp2_approx(x);
-                st[n][e] = p;
-                dpt[n][e] = p * (dpt[n][e] - ds[col]);
+    // This thread's query of tile t (tid < BM): lse in log2 units, delta, and for a tile that needs a mask
+    // the position and document start; the loads are independent (a dead row, past Tq or with lse = -inf,
+    // is settled after they land).
+    struct QueryRow { float lse, delta; int64_t pos, first; };
+    auto query_row = [&](int t, bool need_pos) {
+        QueryRow r = {0.0f, 0.0f, INT64_MIN, 0};
+        const int64_t row = (int64_t)t * BM + tid;
+        if (tid < BM && row < Tq) {
+            const float L = lse[h * Tq + row], del = delta[h * Tq + row];
+            const int64_t p = need_pos ? q_pos[row] : INT64_MIN;
+            const int64_t first = DOCS && need_pos ? q_first[row] : 0;
+            if (L != -INFINITY) {
+                r.lse = L * LOG2E;
+                r.delta = del;
+                r.pos = p;
+                r.first = first;
             }
         }
+        return r;
+    };
+    auto put_row = [&](const QueryRow &r, int b) {
+        if (tid >= BM) return;
+        lse_s[b * BM + tid] = r.lse;
+        del_s[b * BM + tid] = r.delta;
+        qps[b * BM + tid] = r.pos;
+        if (DOCS) qfs[b * BM + tid] = r.first;
+    };
 
-        // dV += P^T dO, dK += dS^T Q.
-        mma_pb<BM, D>(dva, st, dob, LD);
-        mma_pb<BM, D>(dka, dpt, qb, LD);
+    if (tid < BN) kps[tid] = j0 + tid < Tk ? k_pos[j0 + tid] : INT64_MAX;
+    load_tile<D, NT, true>(ks, k, j0, BN, Tk, Hkv, kvh);
+    load_tile<D, NT, true>(vs, v, j0, BN, Tk, Hkv, kvh);
+    load_tile<D, NT, true>(qs, q, (int64_t)qt * BM, BM, Tq, Hq, h);
+    load_tile<D, NT, true>(dos, dout, (int64_t)qt * BM, BM, Tq, Hq, h);
+    cp_async_commit();
+    put_row(query_row(qt, !full), 0);
 
-        // dS^T -> shared (key-major), for dQ = dS K across all BN keys.
+    const int kw = warp % 4, wh = warp / 4;       // S^T: keys 32 kw.., queries SQ wh..; dK, dV: columns KC wh..
+    const int qw = warp % QW, qc = warp / QW;     // dQ: queries 32 qw.., columns QC qc..
+    float dka[2][KC / 8][4], dva[2][KC / 8][4];   // dK / scale, dV of keys 32 kw..
 #pragma unroll
-        for (int n = 0; n < BM / 8; n++) {
-            const int col = n * 8 + 2 * t4;
-            *reinterpret_cast<uint32_t *>(dss + (warp * 16 + g) * LDS + col) = pack_bf16(dpt[n][0], dpt[n][1]);
-            *reinterpret_cast<uint32_t *>(dss + (warp * 16 + g + 8) * LDS + col) = pack_bf16(dpt[n][2], dpt[n][3]);
+    for (int m = 0; m < 2; m++) { zero<KC>(dka[m]); zero<KC>(dva[m]); }
+    int buf = 0;
+    while (qt < nqt) {
+        cp_async_wait<0>();
+        __syncthreads();   // Q, dO and the tile's rows are in; every warp is done with P^T, dS^T and the other Q
+        const int nxt = walk.next(qt + 1, nqt, &next_full, query_tile);
+        if (nxt < nqt) load_tile<D, NT, true>(qs + (buf ^ 1) * BM * D, q, (int64_t)nxt * BM, BM, Tq, Hq, h);
+        cp_async_commit();
+        const QueryRow next_row = nxt < nqt ? query_row(nxt, !next_full) : QueryRow{};   // lands during S^T
+
+        const bf16 *qb = qs + buf * BM * D;
+        {
+            float st[2][SQ / 8][4], dpt[2][SQ / 8][4];
+#pragma unroll
+            for (int m = 0; m < 2; m++) { zero<SQ>(st[m]); zero<SQ>(dpt[m]); }
+            mma_abt32<D, SQ, 2>(st, ks + kw * 32 * D, qb + wh * SQ * D);
+            put_row(next_row, buf ^ 1);
+            mma_abt32<D, SQ, 2>(dpt, vs + kw * 32 * D, dos + wh * SQ * D);
+            const int c0 = buf * BM + wh * SQ;
+            backward_tile32<SQ, DOCS>(st, dpt, full, kps + kw * 32, lse_s + c0, del_s + c0, qps + c0, qfs + c0,
+                                      scale_log2);
+            store_rows32<SQ, BM>(pts, kw * 32, wh * SQ, st);
+            store_rows32<SQ, BM>(dsts, kw * 32, wh * SQ, dpt);
         }
-        __syncthreads();
+        __syncthreads();   // P^T, dS^T and the rows of the next tile are in
 
-        // dQ [BM x D] += scale dS K: warp (wr, wc) takes queries wr*16.. and columns wc*DQC..
-        float dqa[DQC / 8][4];
-        zero<DQC>(dqa);
-        mma_atb<BN, DQC>(dqa, dss + wr * 16, LDS, ks + wc * DQC, LD);
+        mma_ab32<BM, KC, BM, D, false>(dva, pts + kw * 32 * BM, 0, dos, wh * KC);
+        __syncthreads();   // every warp is done with dO
+        if (nxt < nqt) load_tile<D, NT, true>(dos, dout, (int64_t)nxt * BM, BM, Tq, Hq, h);
+        cp_async_commit();
+        mma_ab32<BM, KC, BM, D, false>(dka, dsts + kw * 32 * BM, 0, qb, wh * KC);
+
+        float dqa[2][QC / 8][4];                  // dQ / scale of queries 32 qw.., columns QC qc..
 #pragma unroll
-        for (int half = 0; half < 2; half++) {
-            const int64_t row = i0 + wr * 16 + g + half * 8;
+        for (int m = 0; m < 2; m++) zero<QC>(dqa[m]);
+        mma_ab32<BN, QC, BM, D, true>(dqa, dsts, qw * 32, ks, qc * QC);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int64_t row = (int64_t)qt * BM + qw * 32 + (i / 2) * 16 + g + (i % 2) * 8;
             if (row >= Tq) continue;
-            float *dqrow = dq + (row * Hq + h) * (int64_t)D + wc * DQC + 2 * t4;
+            float *dqrow = dq + (row * Hq + h) * (int64_t)D + qc * QC + 2 * t4;
 #pragma unroll
-            for (int n = 0; n < DQC / 8; n++) {
-                atomicAdd(dqrow + n * 8, scale * dqa[n][2 * half]);
-                atomicAdd(dqrow + n * 8 + 1, scale * dqa[n][2 * half + 1]);
+            for (int n = 0; n < QC / 8; n++) {
+                atomicAdd(dqrow + n * 8, d.scale * dqa[i / 2][n][2 * (i % 2)]);
+                atomicAdd(dqrow + n * 8 + 1, d.scale * dqa[i / 2][n][2 * (i % 2) + 1]);
             }
         }
         qt = nxt;
+        full = next_full;
         buf ^= 1;
     }
     cp_async_wait<0>();
 
 #pragma unroll
-    for (int half = 0; half < 2; half++) {
-        const int64_t key = half ? key1 : key0;
+    for (int i = 0; i < 4; i++) {
+        const int64_t key = (int64_t)kt * BN + kw * 32 + (i / 2) * 16 + g + (i % 2) * 8;
         if (key >= Tk) continue;
-        const int64_t base = (key * Hkv + kvh) * (int64_t)D + 2 * t4;
+        const int64_t base = (key * Hkv + kvh) * (int64_t)D + wh * KC + 2 * t4;
 #pragma unroll
-        for (int n = 0; n < D / 8; n++) {
-            atomicAdd(dk + base + n * 8, scale * dka[n][2 * half]);
-            atomicAdd(dk + base + n * 8 + 1, scale * dka[n][2 * half + 1]);
-            atomicAdd(dv + base + n * 8, dva[n][2 * half]);
-            atomicAdd(dv + base + n * 8 + 1, dva[n][2 * half + 1]);
+        for (int n = 0; n < KC / 8; n++) {
+            atomicAdd(dk + base + n * 8, d.scale * dka[i / 2][n][2 * (i % 2)]);
+            atomicAdd(dk + base + n * 8 + 1, d.scale * dka[i / 2][n][2 * (i % 2) + 1]);
+            atomicAdd(dv + base + n * 8, dva[i / 2][n][2 * (i % 2)]);
+            atomicAdd(dv + base + n * 8 + 1, dva[i / 2][n][2 * (i % 2) + 1]);
         }
     }
 }
@@ -346,11 +374,12 @@ flash_backward_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnGrads grad
 // ---- host side ----
 
 // Tile shapes per head dim: forward FWD_BM queries x FWD_BN keys, backward
-// BM queries per step x BN keys per CTA. Chosen so that ptxas reports no
-// spills (docs/DECISIONS.md).
+// BWD_BM queries per step x BWD_BN keys per CTA. Chosen so that ptxas
+// reports no spills and the backward's shared memory fits an A100's
+// (docs/DECISIONS.md).
 template <int D> struct Tiles;
-template <> struct Tiles<64> { enum { FWD_BN = 64, BWD_BM = 64, BWD_BN = 64 }; };
-template <> struct Tiles<128> { enum { FWD_BN = 64, BWD_BM = 32, BWD_BN = 64 }; };
+template <> struct Tiles<64> { enum { FWD_BN = 64, BWD_BM = 128 }; };
+template <> struct Tiles<128> { enum { FWD_BN = 64, BWD_BM = 64 }; };
 
 static void check_shape_cuda(const AttnShape *s) {
     CHECK(s->head_dim == 64 || s->head_dim == 128, "attention (CUDA): head_dim %d (supported: 64, 128)",
@@ -449,22 +478,30 @@ extern "C" void attn_backward_delta_cuda(const AttnShape *s, const uint16_t *o, 
     CUDA_CHECK(cudaGetLastError());
 }
 
+// Shared memory of the backward kernel (its layout: flash_backward_kernel).
+template <int D, bool DOCS>
+static size_t backward_smem() {
+    constexpr int BM = Tiles<D>::BWD_BM, BN = BWD_BN;
+    return (size_t)(2 * BN + 3 * BM) * D * sizeof(bf16) + (size_t)2 * BN * BM * sizeof(bf16) +
+           BN * sizeof(int64_t) + 2 * BM * ((DOCS ? 2 : 1) * sizeof(int64_t) + 2 * sizeof(float));
+}
+
 template <int D, bool DOCS>
 static void backward(const AttnShape *s, const AttnPos &pos, const AttnInputsBf16 &in, const AttnGrads &grads,
                      cudaStream_t stream) {
-    constexpr int BM = Tiles<D>::BWD_BM, BN = Tiles<D>::BWD_BN, LD = D + 8;
-    const size_t smem = (size_t)(2 * BN + 4 * BM) * LD * sizeof(bf16) +
-                        (size_t)BN * (BM + 8) * sizeof(bf16) +
-                        2 * BM * (2 * sizeof(float) + (DOCS ? 2 : 1) * sizeof(int64_t));
-    auto kernel = flash_backward_kernel<D, BM, BN, DOCS>;
+    constexpr int BM = Tiles<D>::BWD_BM, BN = BWD_BN;
+    const size_t smem = backward_smem<D, DOCS>();
+    auto kernel = flash_backward_kernel<D, BM, DOCS>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    const int64_t nqt = (s->q_tokens + BM - 1) / BM;
+    const int64_t nqt = (s->q_tokens + BM - 1) / BM, nkt = (s->k_tokens + BN - 1) / BN;
+    int64_t *k_lo = tile_bounds(pos.k_pos, s->k_tokens, BN, stream);
     int64_t *q_lo = tile_bounds(pos.q_pos, s->q_tokens, BM, stream);
     int64_t *f_lo = DOCS ? tile_bounds(pos.q_first, s->q_tokens, BM, stream) : NULL;
-    const dim3 grid((unsigned)((s->k_tokens + BN - 1) / BN), (unsigned)s->num_heads);
-    CUDA_LAUNCH(kernel, grid, BN * 2, smem, stream, attn_dims(s), pos, in, grads, q_lo, q_lo + nqt, f_lo,
-                DOCS ? f_lo + nqt : NULL, s->scale * LOG2E);
+    const dim3 grid((unsigned)nkt, (unsigned)s->num_heads);
+    CUDA_LAUNCH(kernel, grid, BWD_WARPS * 32, smem, stream, attn_dims(s), pos, in, grads, k_lo, k_lo + nkt, q_lo,
+                q_lo + nqt, f_lo, DOCS ? f_lo + nqt : NULL, s->scale * LOG2E);
     CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaFreeAsync(k_lo, stream));
     CUDA_CHECK(cudaFreeAsync(q_lo, stream));
     if (DOCS) CUDA_CHECK(cudaFreeAsync(f_lo, stream));
 }
@@ -492,8 +529,8 @@ extern "C" void attn_dense_backward_cuda(const AttnShape *s, const uint16_t *q, 
 extern "C" const void *attn_dense_kernel(int head_dim, int backward) {
     CHECK(head_dim == 64 || head_dim == 128, "attention (CUDA): head_dim %d (supported: 64, 128)", head_dim);
     if (head_dim == 64)
-        return backward ? (const void *)flash_backward_kernel<64, Tiles<64>::BWD_BM, Tiles<64>::BWD_BN, false>
+        return backward ? (const void *)flash_backward_kernel<64, Tiles<64>::BWD_BM, false>
                         : (const void *)flash_forward_kernel<64, Tiles<64>::FWD_BN, false>;
-    return backward ? (const void *)flash_backward_kernel<128, Tiles<128>::BWD_BM, Tiles<128>::BWD_BN, false>
+    return backward ? (const void *)flash_backward_kernel<128, Tiles<128>::BWD_BM, false>
                     : (const void *)flash_forward_kernel<128, Tiles<128>::FWD_BN, false>;
 }

@@ -1,11 +1,13 @@
 // flash_tiles.cuh: the device building blocks of the CUDA attention kernels
 // (flash_cuda.cu, sparse_cuda.cu): PTX wrappers for cp.async, ldmatrix and
 // mma.sync.m16n8k16 (bf16 in, fp32 accumulate), tile loads global -> shared
-// (contiguous or gathered by token), per-tile position bounds and tile
-// skipping, the three warp-level tile products of 16 rows the backward
-// kernels are made of, the forward's of 32 rows a warp over swizzled tiles
-// with its per-tile online softmax and final merge (the dense and the sparse
-// forward); the kernels' arguments (attn_args.h) as __restrict__ locals.
+// (contiguous or gathered by token), per-tile position bounds and the walk
+// over the visible tiles, the three warp-level tile products of 16 rows the
+// sparse backward is made of, the products of 32 rows a warp over swizzled
+// tiles with the forward's per-tile online softmax and final merge (the
+// dense and the sparse forward) and the dense backward's P^T, dS^T tile; the
+// backward's P and dS of one score (both backwards); the kernels' arguments
+// (attn_args.h) as __restrict__ locals.
 // Shared tiles are row-major bf16, either with rows padded by 16 bytes (8
 // elements), so the 8 row addresses of an ldmatrix land in distinct banks,
 // or unpadded and swizzled (swizzle) to the same effect.
@@ -177,54 +179,30 @@ __device__ __forceinline__ void load_tile(bf16 *s, const bf16 *x, int64_t t0, in
     load_rows<D, NT, SWIZZLE>(s, x, rows, H, h, [=](int r) { return t0 + r < T ? t0 + r : (int64_t)-1; });
 }
 
-// The first query tile t' >= t (n when none) that the backward's key tile
-// does not skip: query tiles with bound = q_hi >= limit = k_lo, and with
-// DOCS not those whose documents all start after every key (doc_bound = the
-// tiles' lowest document start > doc_limit = k_hi). Every lane of a warp
-// calls it alike; 32 tiles a step.
-template <bool DOCS = false>
-__device__ __forceinline__ int64_t next_tile(const int64_t *bound, int64_t t, int64_t n, int64_t limit,
-                                             const int64_t *doc_bound = nullptr, int64_t doc_limit = 0) {
-    const int lane = threadIdx.x % 32;
-    for (; t < n; t += 32) {
-        const int64_t i = t + lane;
-        bool take = i < n && bound[i] >= limit;
-        if (DOCS && take) take = doc_bound[i] <= doc_limit;
-        const unsigned mask = __ballot_sync(0xffffffffu, take);
-        if (mask) return t + __ffs((int)mask) - 1;
-    }
-    return n;
-}
-
-// The key tiles (of BN keys) one query tile of the dense forward visits, in
-// order, 32 tiles a window: per window each lane reads one tile's position
-// bounds (k_lo, k_hi [ceil(Tk / BN)]) and two ballots give the tiles with a
-// visible pair (k_lo <= q_hi, and with DOCS k_hi >= f_lo: not wholly before
-// every query's document) and the full ones (whole, k_hi <= q_lo, and with
-// DOCS k_lo >= f_hi: every pair visible, no mask), so stepping to the next
-// tile is bit arithmetic and the bounds are read once per 32 tiles. The
-// kernel's arguments (k_lo, k_hi, Tk) are passed at each step rather than
-// kept: they stay in the parameter bank, not in registers. Every lane of a
-// warp steps alike.
-template <int BN, bool DOCS>
-struct KeyTileWalk {
-    int64_t q_lo, q_hi, f_lo, f_hi;
+// A walk over tiles 0 .. n - 1 that visits, in order, those a test marks
+// visible, 32 tiles a window: per window each lane tests one tile
+// (test(i, &full) returns whether tile i holds a visible pair and sets full
+// where every pair is visible, so that no mask is needed) and two ballots
+// keep the answers, so stepping to the next tile is bit arithmetic and the
+// tiles' position bounds are read once per 32 tiles. The test reads the
+// kernel's arguments where it is called: they stay in the parameter bank,
+// not in registers. Every lane of a warp steps alike.
+struct TileWalk {
     int w0 = -32;                // the window: tiles w0 .. w0 + 31
     unsigned visible = 0, full = 0;
 
-    // The first visible tile at or after t (ceil(Tk / BN): none), and whether it is full.
-    __device__ int next(int t, bool *is_full, const int64_t *k_lo, const int64_t *k_hi, int64_t Tk) {
-        const int n = (int)((Tk + BN - 1) / BN);
+    // The first visible tile at or after t (n: none), and whether it is full.
+    template <typename Test>
+    __device__ int next(int t, int n, bool *is_full, Test test) {
         for (; t < n; t = (t | 31) + 1) {
             const int w = t & ~31;
             if (w != w0) {
                 const int i = w + (int)threadIdx.x % 32;
-                const int64_t lo = i < n ? k_lo[i] : INT64_MAX, hi = i < n ? k_hi[i] : INT64_MIN;
-                const bool vis = lo <= q_hi && (!DOCS || hi >= f_lo);
+                bool whole = false;
+                const bool vis = i < n && test(i, &whole);
                 w0 = w;
                 visible = __ballot_sync(0xffffffffu, vis);
-                full = __ballot_sync(0xffffffffu, vis && (int64_t)(i + 1) * BN <= Tk && hi <= q_lo &&
-                                                      (!DOCS || lo >= f_hi));
+                full = __ballot_sync(0xffffffffu, vis && whole);
             }
             const unsigned rest = visible & (0xffffffffu << (t - w));
             if (rest) {
@@ -389,12 +367,14 @@ __device__ __forceinline__ void merge_row(float *orow, const float (*acc)[4], in
 
 // c [32 x N] += a [32 x K] b^T with b [N x K]: a (the warp's first row) and
 // b swizzled [.][K] bf16 tiles in shared memory; c[m] rows 16 m .. 16 m + 15.
-template <int K, int N>
+// UNROLL: steps of 16 along K unrolled (fewer keep fewer fragments in flight:
+// the backward's registers).
+template <int K, int N, int UNROLL = K / 16>
 __device__ __forceinline__ void mma_abt32(float (*c)[N / 8][4], const bf16 *a, const bf16 *b) {
     const int lane = threadIdx.x % 32;
     const int a0 = swizzle<K>(lane % 16, (lane / 16) * 8);
     const int b0 = swizzle<K>(lane % 8 + (lane / 16) * 8, ((lane / 8) % 2) * 8);
-#pragma unroll
+#pragma unroll UNROLL
     for (int kk = 0; kk < K / 16; kk++) {
         uint32_t af[2][4];
 #pragma unroll
@@ -565,6 +545,102 @@ __device__ __forceinline__ void forward_merge32(SoftmaxRows32<D> &r, int64_t row
         const float merged = merge_weights(old[local], r.m[i], r.l[i], &wa, &wb);
         merge_row<D>(o + (row * Hq + h) * (int64_t)D, r.acc[i / 2], i % 2, wa, wb);
         if (t4 == 0) lse[h * Tq + row] = merged;
+    }
+}
+
+// ---- backward (dense and sparse): the scores' gradients, and the products
+// of 32 rows a warp over swizzled tiles ----
+
+// One score of the backward: s of S = Q K^T (unscaled) and dp of dP = dO V^T
+// -> P = exp2(s scale_log2 - lse2) and dS = P (dp - delta) in place; lse2
+// the query's lse in log2 units, P = dS = 0 where the pair is not visible.
+// Every backward kernel computes its P and dS here (fp32; each rounds them to
+// bf16 only as an mma operand), so that the dense and sparse backwards agree.
+__device__ __forceinline__ void backward_score(float &s, float &dp, float scale_log2, float lse2, float delta,
+                                               bool visible) {
+    const float p = exp2_approx(visible ? s * scale_log2 - lse2 : -INFINITY);
+    s = p;
+    dp = p * (dp - delta);
+}
+
+// S^T, dP^T [32 keys x N queries] of one warp (mma_abt32's layout, rows the
+// keys) -> P^T, dS^T in place (backward_score), masked by position unless
+// `full` (key j visible to query i iff kp[j] <= qp[i], and with DOCS
+// kp[j] >= qf[i]); kp [32] the warp's keys' positions, ls, ds, qp, qf [N] the
+// queries' lse (log2 units), delta, position and document start, in shared
+// memory.
+template <int N, bool DOCS>
+__device__ __forceinline__ void backward_tile32(float (*st)[N / 8][4], float (*dpt)[N / 8][4], bool full,
+                                                const int64_t *kp, const float *ls, const float *ds,
+                                                const int64_t *qp, const int64_t *qf, float scale_log2) {
+    const int g = threadIdx.x % 32 / 4, t4 = threadIdx.x % 4;
+    int64_t key[4];                               // the thread's rows i: m16 tile i / 2, row g + 8 (i % 2)
+#pragma unroll
+    for (int i = 0; i < 4; i++) key[i] = full ? 0 : kp[(i / 2) * 16 + g + (i % 2) * 8];
+#pragma unroll
+    for (int n = 0; n < N / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int col = n * 8 + 2 * t4 + e;
+            const float l = ls[col], dl = ds[col];
+            const int64_t qpc = full ? 0 : qp[col], qfc = DOCS && !full ? qf[col] : 0;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const bool visible = full || (key[i] <= qpc && (!DOCS || key[i] >= qfc));
+                backward_score(st[i / 2][n][2 * (i % 2) + e], dpt[i / 2][n][2 * (i % 2) + e], scale_log2, l, dl,
+                               visible);
+            }
+        }
+}
+
+// The warp's 32 x N accumulators (mma_abt32's layout) rounded to bf16 into
+// rows r0 .. r0 + 31, columns c0 .. c0 + N - 1 of a swizzled [.][W] tile t:
+// two elements a store. r0 is a multiple of 32 and c0 of N (a power of 2),
+// so a thread's stores step from one offset by XOR and constant rows:
+// swizzle(r, c0 + 8 n + 2 t4) = swizzle(r, c0 + 2 t4) ^ 8 n.
+template <int N, int W>
+__device__ __forceinline__ void store_rows32(bf16 *t, int r0, int c0, const float (*c)[N / 8][4]) {
+    const int g = threadIdx.x % 32 / 4, t4 = threadIdx.x % 4;
+    const int base = swizzle<W>(r0 + g, c0 + 2 * t4);
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int n = 0; n < N / 8; n++) {
+            const int at = base + m * 16 * W;
+            *reinterpret_cast<uint32_t *>(t + (at ^ (n * 8))) = pack_bf16(c[m][n][0], c[m][n][1]);
+            *reinterpret_cast<uint32_t *>(t + ((at + 8 * W) ^ (n * 8))) = pack_bf16(c[m][n][2], c[m][n][3]);
+        }
+}
+
+// c [32 x N] += A [32 x K] B, both from swizzled tiles in shared memory: A
+// the warp's 32 rows of a [.][LDA] tile (a at its first row) or, with
+// A_TRANS, the transpose of columns a_col .. a_col + 31 of a [K][LDA] tile;
+// B columns b_col .. b_col + N - 1 of a [K][LDB] tile (read transposed).
+// Every fragment of B feeds the mma.sync of both m16 tiles.
+template <int K, int N, int LDA, int LDB, bool A_TRANS>
+__device__ __forceinline__ void mma_ab32(float (*c)[N / 8][4], const bf16 *a, int a_col, const bf16 *b, int b_col) {
+    const int lane = threadIdx.x % 32;
+    const int a0 = A_TRANS ? swizzle<LDA>(lane % 8 + (lane / 16) * 8, ((lane / 8) % 2) * 8)
+                           : swizzle<LDA>(lane % 16, (lane / 16) * 8);
+    const int b0 = swizzle<LDB>(lane % 8 + ((lane / 8) % 2) * 8, (lane / 16) * 8);
+#pragma unroll
+    for (int kk = 0; kk < K / 16; kk++) {
+        uint32_t af[2][4];
+#pragma unroll
+        for (int m = 0; m < 2; m++) {
+            if (A_TRANS) ldmatrix_x4_trans(af[m], a + kk * 16 * LDA + (a0 ^ (a_col + m * 16)));
+            else ldmatrix_x4(af[m], a + m * 16 * LDA + (a0 ^ (kk * 16)));
+        }
+#pragma unroll
+        for (int nn = 0; nn < N / 16; nn++) {
+            uint32_t bf[4];
+            ldmatrix_x4_trans(bf, b + kk * 16 * LDB + (b0 ^ (b_col + nn * 16)));
+#pragma unroll
+            for (int m = 0; m < 2; m++) {
+                mma16816(c[m][2 * nn], af[m], bf[0], bf[1]);
+                mma16816(c[m][2 * nn + 1], af[m], bf[2], bf[3]);
+            }
+        }
     }
 }
 

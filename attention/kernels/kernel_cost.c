@@ -55,7 +55,8 @@ double attn_exp2_count(const KernelCounts *c, int head_dim, bool backward) {
 
 int attn_blocks_per_sm(bool sparse, bool backward, int head_dim, int block_size) {
     if (!backward) return sparse ? 256 / (block_size == 128 ? 128 : 64) : 2;
-    return sparse && head_dim == 128 && block_size == 128 ? 1 : 2;
+    if (!sparse) return 1;
+    return head_dim == 128 && block_size == 128 ? 1 : 2;
 }
 
 void attn_pass_counts(int d, int64_t n, double heads, double density, int block_size, KernelCounts *fwd,

@@ -40,7 +40,7 @@ double attn_exp2_count(const KernelCounts *c, int head_dim, bool backward);
 
 // Blocks an SM holds at once of today's kernels (registers and shared memory
 // from ptxas, docs/PERFORMANCE.md "CUDA kernels: static resources"): the
-// dense forward 2, the dense backward 2, the sparse forward 2 with blocks of
+// dense forward 2, the dense backward 1, the sparse forward 2 with blocks of
 // 128 and 4 with blocks of 64 (its launch bounds; the A100 fits 3 at head
 // dim 128), the sparse backward 1 at head dim 128 with blocks of 128 and 2
 // otherwise.

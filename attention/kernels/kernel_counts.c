@@ -4,16 +4,16 @@
 // tile products of attention/kernels/flash_tiles.cuh (16 rows a warp, mma_abt:
 // K/16 x (1 + N/16) ldmatrix.x4 and K/16 x N/8 mma; mma_pb: K/16 x N/16
 // ldmatrix.x4 and K/16 x N/8 mma; mma_atb as mma_abt; 32 rows a warp, the
-// forwards' mma_abt32: K/16 x (2 + N/16) ldmatrix.x4 and 2 x K/16 x N/8
-// mma; mma_pb32: K/16 x N/16 ldmatrix.x4 and 2 x K/16 x N/8 mma), two
-// barriers and the next tile's cp.async. An ldmatrix.x4 reads 512 bytes; a
-// cp.async copies 16.
+// forwards' and the dense backward's mma_abt32 and mma_ab32: K/16 x (2 +
+// N/16) ldmatrix.x4 and 2 x K/16 x N/8 mma; mma_pb32: K/16 x N/16
+// ldmatrix.x4 and 2 x K/16 x N/8 mma), the barriers and the next tile's
+// cp.async. An ldmatrix.x4 reads 512 bytes; a cp.async copies 16.
 #include "kernel_counts.h"
 
 #include <math.h>
 
 FlashTiles flash_tiles(int head_dim) {
-    return head_dim == 128 ? (FlashTiles){128, 64, 32, 64} : (FlashTiles){128, 64, 64, 64};
+    return head_dim == 128 ? (FlashTiles){128, 64, 64, 128} : (FlashTiles){128, 64, 128, 128};
 }
 
 double flash_forward_pairs(int64_t t, int bm, int bn) {
@@ -52,16 +52,18 @@ KernelCounts flash_forward_counts(int head_dim, double q_tiles, double pairs) {
 
 KernelCounts flash_backward_counts(int head_dim, double k_tiles, double pairs, double dq_rows, double keys) {
     const FlashTiles f = flash_tiles(head_dim);
-    const int D = head_dim, BM = f.bwd_bm, BN = f.bwd_bn, NW = BN / 16, WC = NW / (BM / 16), DQC = D / WC;
+    const int D = head_dim, BM = f.bwd_bm, BN = f.bwd_bn, NW = 8, QC = D / (NW / (BM / 32));
     return (KernelCounts){
         .launches = 1, .blocks = k_tiles,
-        // S and dP (mma_abt), dV and dK (mma_pb) per warp, dQ (mma_atb) over the WR x WC warps
-        .mma = pairs * NW * (2 * product_mma(D, BM) + 2 * product_mma(BM, D) + product_mma(BN, DQC)),
-        .ldmatrix_bytes = 512 * pairs * NW * (2 * abt_ldmatrix(D, BM) + 2 * pb_ldmatrix(BM, D) +
-                                              abt_ldmatrix(BN, DQC)),
+        // per warp: S^T and dP^T (mma_abt32, 32 keys x BM / 2 queries), dV and dK (mma_ab32, 32 keys x D / 2
+        // columns over BM queries), dQ (mma_ab32, 32 queries x QC columns over BN keys)
+        .mma = pairs * NW * 2 * (2 * product_mma(D, BM / 2) + 2 * product_mma(BM, D / 2) + product_mma(BN, QC)),
+        .ldmatrix_bytes = 512 * pairs * NW * (2 * abt32_ldmatrix(D, BM / 2) + 2 * abt32_ldmatrix(BM, D / 2) +
+                                              abt32_ldmatrix(BN, QC)),
         .cp_async_bytes = 2.0 * D * (k_tiles * 2 * BN + pairs * 2 * BM),
-        .shuffles = NW * 10 * k_tiles,
-        .barriers = k_tiles + 2 * pairs,
+        // the key tiles' and query tiles' bounds come from tile_bounds_kernel: no reduction in the CTA
+        .shuffles = 0,
+        .barriers = 3 * pairs,
         .atomics = (double)D * (dq_rows + 2 * keys)};
 }
 

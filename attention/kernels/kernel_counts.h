@@ -40,8 +40,8 @@ double flash_backward_pairs(int64_t t, int bm, int bn);
 KernelCounts flash_forward_counts(int head_dim, double q_tiles, double pairs);
 // One launch of the dense backward (flash_backward_kernel, no documents):
 // k_tiles CTAs of bwd_bn keys, pairs visited, rows of dq the pairs add to
-// (bwd_bm per pair where the query tile is whole), keys of dk, dv (summed
-// over the heads).
+// (bwd_bm per pair where the query tile is whole, its rows before the end
+// where it is short), keys of dk, dv (summed over the heads).
 KernelCounts flash_backward_counts(int head_dim, double k_tiles, double pairs, double dq_rows, double keys);
 // One launch of the sparse forward and backward (sparse_forward_kernel,
 // sparse_backward_kernel with one or two K/V buffers, no documents) over rows index

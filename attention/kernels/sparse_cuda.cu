@@ -393,19 +393,14 @@ sparse_backward_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnGrads gra
         mma_abt<D, BN>(s, qs + warp * 16 * LD, LD, kb, LD);
         mma_abt<D, BN>(dp, dos + warp * 16 * LD, LD, vb, LD);
 
-        // P = exp2(S scale log2e - lse), dS = P (dP - delta); masked -> 0.
+        // P = exp2(S scale log2e - lse), dS = P (dP - delta); masked -> 0 (the dense backward's backward_score).
 #pragma unroll
         for (int n = 0; n < BN / 8; n++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                float x = s[n][e] * scale_log2 - L[e / 2];
-                if (!full) {
-                    const int64_t key = kp[n * 8 + 2 * t4 + (e & 1)];
-                    if (key > qp[e / 2] || (DOCS && key < qf[e / 2])) x = -INFINITY;
-                }
-                const float p = exp2_approx(x);
-                s[n][e] = p;
-                dp[n][e] = p * (dp[n][e] - del[e / 2]);
+                const int64_t key = full ? 0 : kp[n * 8 + 2 * t4 + (e & 1)];
+                const bool visible = full || (key <= qp[e / 2] && (!DOCS || key >= qf[e / 2]));
+                backward_score(s[n][e], dp[n][e], scale_log2, L[e / 2], del[e / 2], visible);
             }
         }
 

@@ -8,7 +8,8 @@
 // blocks of 64 and 128, 384 tokens, whose visited key tiles and keys the
 // test reads from the host index. Every count must be equal, and so must the
 // shared bytes per mma.sync that `mtrain plan --kernels` prints; the dense
-// forward's must be at most 200. Each kernel's shared-memory wavefronts
+// forward's must be at most 200, the dense backward's at most 260 with at
+// most 800 dQ atomics per MFLOP. Each kernel's shared-memory wavefronts
 // (ldmatrix, cp.async) against their conflict-free minimum are reported; the
 // kernels of the table conflict_free must have none above it. Sim only: a
 // native build cannot count and says so.
@@ -153,10 +154,14 @@ static void dense_case(int64_t T, int D, Rng *rng) {
     attn_dense_backward_cuda(&s, in.q, in.pos, in.k, in.v, in.pos, in.lse, in.delta, in.dout, in.dq, in.dk, in.dv, 0);
     snprintf(name, sizeof name, "counts_dense_backward_T%lld_D%d", (long long)T, D);
     snprintf(kind, sizeof kind, "dense backward D%d", D);
-    const double pairs = HQ * flash_backward_pairs(T, f.bwd_bm, f.bwd_bn);
+    // dq rows: each visited query tile's rows before T (the last one short where T is not a multiple of bwd_bm)
+    double dq_rows = 0;
+    for (int64_t j0 = 0; j0 < T; j0 += f.bwd_bn)
+        for (int64_t i0 = j0 / f.bwd_bm * f.bwd_bm; i0 < T; i0 += f.bwd_bm)
+            dq_rows += HQ * (double)(T - i0 < f.bwd_bm ? T - i0 : f.bwd_bm);
     expect_counts(name, "flash_backward_kernel<", kind,
-                  flash_backward_counts(D, HQ * (double)((T + f.bwd_bn - 1) / f.bwd_bn), pairs, pairs * f.bwd_bm,
-                                        HQ * (double)T));
+                  flash_backward_counts(D, HQ * (double)((T + f.bwd_bn - 1) / f.bwd_bn),
+                                        HQ * flash_backward_pairs(T, f.bwd_bm, f.bwd_bn), dq_rows, HQ * (double)T));
     free_inputs(&in);
 }
 
@@ -218,11 +223,28 @@ static void dense_forward_smem_per_mma(int D) {
                    bytes);
 }
 
+// The dense backward's shared-memory bytes per mma.sync over one tile pair
+// (at most 260: every fragment serves 32 rows) and its dQ atomics per MFLOP
+// of the pair (5 products of 2 x bwd_bm x bwd_bn x D FLOPs: at most 800, each
+// atomic covering bwd_bn keys), from the formula the cases above hold equal
+// to the kernel.
+static void dense_backward_per_mma(int D) {
+    const FlashTiles f = flash_tiles(D);
+    const KernelCounts pair = flash_backward_counts(D, 0, 1, f.bwd_bm, 0);
+    const double bytes = (pair.ldmatrix_bytes + pair.cp_async_bytes) / pair.mma;
+    const double mflop = 5 * 2.0 * f.bwd_bm * f.bwd_bn * D / 1e6;
+    EXPECT_COUNTED(bytes <= 260, "counts_dense_backward_D%d_smem_per_mma: %.1f bytes per mma.sync (at most 260)", D,
+                   bytes);
+    EXPECT_COUNTED(pair.atomics / mflop <= 800, "counts_dense_backward_D%d_dq_atomics: %.0f per MFLOP (at most 800)",
+                   D, pair.atomics / mflop);
+}
+
 int main(void) {
     Rng rng;
     rng_seed(&rng, 7);
     for (int d = 64; d <= 128; d *= 2) {
         dense_forward_smem_per_mma(d);
+        dense_backward_per_mma(d);
         dense_case(128, d, &rng);
         dense_case(320, d, &rng);
         for (int b = 64; b <= 128; b *= 2) sparse_case(384, d, b, &rng);

@@ -85,7 +85,7 @@ if [ -x build/sim/mtrain ]; then
   rc=$?
   expect "sweep_choice_said_once: the run names the cost model's kernels once, no sweep for sm_80 ($rc)" \
     '[ $rc -eq 0 ] && [ "$(grep -c "^attention kernels " "$tmp/train.txt")" -eq 1 ] &&
-     grep -q "^attention kernels on sm_80, head_dim 64: dense_fwd_d64_q128_k64_w4_s2 (cost model: [0-9]* TFLOP/s), dense_bwd_d64_q64_k64_w4_s2 (cost model: [0-9]* TFLOP/s); no sweep for sm_80 yet$" "$tmp/train.txt"'
+     grep -q "^attention kernels on sm_80, head_dim 64: dense_fwd_d64_q128_k64_w4_s2 (cost model: [0-9]* TFLOP/s), dense_bwd_d64_q128_k128_w8_s2 (cost model: [0-9]* TFLOP/s); no sweep for sm_80 yet$" "$tmp/train.txt"'
 else
   bad "sweep_choice_said_once" "build/sim/mtrain missing (make build-sim)"
 fi

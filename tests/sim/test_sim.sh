@@ -5,7 +5,7 @@
 # one "cudasim:" line and exit 1; an out-of-bounds read under
 # AddressSanitizer); what the CUDA attention op refuses (one line, exit 1);
 # and mutations of the attention sources (a __syncthreads
-# removed, a fragment's bf16 halves swapped, too many threads for the
+# removed from the forward or the backward, a fragment's bf16 halves swapped, too many threads for the
 # __launch_bounds__; in the Hopper forward an mbarrier wait removed or on the
 # wrong phase, a wgmma fence or wait removed; in the Hopper backward the
 # wait on its dS^T barrier, on empty or a wgmma wait removed, empty's wrong
@@ -170,6 +170,11 @@ mutant gpu_test_attention small "forward without the __syncthreads after K's cp.
   's = s.replace("        __syncthreads();   // K and its positions are in; every warp is done with V\n", "", 1)'
 mutant gpu_test_attention small "forward without the __syncthreads after V's cp.async.wait_group" attention/kernels/flash_cuda.cu \
   's = s.replace("        __syncthreads();   // V is in; every warp is done with K and its positions\n", "", 1)'
+# The backward's pipeline: P^T and dS^T read before every warp stored them, dO reloaded while a warp reads it.
+mutant gpu_test_attention small "backward without the __syncthreads after the P^T, dS^T stores" attention/kernels/flash_cuda.cu \
+  's = s.replace("        __syncthreads();   // P^T, dS^T and the rows of the next tile are in\n", "", 1)'
+mutant gpu_test_attention small "backward without the __syncthreads before dO reloads" attention/kernels/flash_cuda.cu \
+  's = s.replace("        __syncthreads();   // every warp is done with dO\n", "", 1)'
 mutant gpu_test_attention small "pack_bf16 with its two halves swapped" attention/kernels/flash_tiles.cuh \
   's = s.replace("__floats2bfloat162_rn(lo, hi)", "__floats2bfloat162_rn(hi, lo)", 1)'
 # The Hopper forward's pipeline: each missing wait, wrong phase or missing wgmma fence or wait must fail it.

@@ -428,8 +428,8 @@ static int kernel_rows(const Plan *p, const Config *cfg, KernelRow *rows) {
     n = add_kernel(rows, n, "residual add + rmsnorm (fused)", fused_norms, 0, fused_norms * 8 * T * H,
                    KERNEL_MEMORY);
     n = add_kernel(rows, n, "rmsnorm backward", 2 * L + 1, 0, (2 * L + 1) * 8 * T * H, KERNEL_MEMORY);
-    n = add_kernel(rows, n, "rope forward (split q|k|v)", L * fwd, 0, L * fwd * 4 * T * (QD + 2 * KD), KERNEL_MEMORY);
-    n = add_kernel(rows, n, "rope backward (join dq|dk|dv)", L, 0, L * 4 * T * (QD + 2 * KD), KERNEL_MEMORY);
+    n = add_kernel(rows, n, "rope forward (q, k, v split)", L * fwd, 0, L * fwd * 4 * T * (QD + 2 * KD), KERNEL_MEMORY);
+    n = add_kernel(rows, n, "rope backward (dq, dk, dv joined)", L, 0, L * 4 * T * (QD + 2 * KD), KERNEL_MEMORY);
     n = add_kernel(rows, n, "swiglu forward", L * fwd, 0, L * fwd * 6 * T * F, KERNEL_MEMORY);
     n = add_kernel(rows, n, "swiglu backward", L, 0, L * 10 * T * F, KERNEL_MEMORY);
     // dq, dk, dv (the attention backward adds into them) per layer, d(x_final) once; every other

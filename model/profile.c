@@ -168,7 +168,8 @@ static void p_swiglu_forward(Act *out, const Act *gate_up, int64_t rows, int wid
     PROFILED(PROFILE_SWIGLU, "", 0, act(3 * rows * width), prof.inner->swiglu_forward(out, gate_up, rows, width));
 }
 static void p_swiglu_backward(Act *dgate_up, const Act *dout, const Act *gate_up, int64_t rows, int width) {
-    PROFILED(PROFILE_SWIGLU, "", 0, act(5 * rows * width), prof.inner->swiglu_backward(dgate_up, dout, gate_up, rows, width));
+    PROFILED(PROFILE_SWIGLU, "", 0, act(5 * rows * width),
+             prof.inner->swiglu_backward(dgate_up, dout, gate_up, rows, width));
 }
 static double p_sum_squares(const float *x, int64_t n) {
     double sum = 0;

@@ -7,7 +7,7 @@
 //   - every backward op ACCUMULATES (+=) into its parameter gradients and
 //     into the input gradients it does not own: rmsnorm_backward's dinp,
 //     attention_backward's dq, dk, dv, matmul_backward's dinp when told to
-//     add (callers zero them where nothing was there); swiglu_backward and
+//     add (callers zero them where nothing was there); rope's join, swiglu_backward and
 //     matmul_backward's dinp otherwise WRITE theirs (the first op to fill a
 //     buffer writes it: nothing zeroed, no extra rounding).
 // Element types (the compiler keeps them apart):
@@ -104,9 +104,8 @@ typedef struct {
     // dinp = dout @ weight, or += with dinp_add; dweight += dout^T @ inp. NULL skips.
     void (*matmul_backward)(Act *dinp, bool dinp_add, float *dweight, const Act *dout, const Act *inp,
                             const Weight *weight, int64_t T, int IC, int OC);
-    // The bias gradients of up to 3 outputs in one pass (q, k and v's):
-    // dbias[i] [OC[i]] += colsum(dout[i] [T, OC[i]]) for i < count.
-    void (*bias_backward)(float *const *dbias, const Act *const *dout, const int *OC, int count, int64_t T);
+    // dbias[OC] += colsum(dout[T, OC]) (the fused q|k|v bias).
+    void (*bias_backward)(float *dbias, const Act *dout, int OC, int64_t T);
 
     // out = inp * rstd * weight, rstd[T] = 1/sqrt(mean(inp^2) + eps)
     void (*rmsnorm_forward)(Act *out, float *rstd, const Act *inp, const Weight *weight, int64_t T, int H,
@@ -120,17 +119,23 @@ typedef struct {
     void (*residual_rmsnorm_forward)(Act *out, float *rstd, Act *x, const Act *delta, const Weight *weight,
                                      int64_t T, int H, float eps);
 
-    // In place on q[T, q_heads, D] and k[T, k_heads, D] (k NULL, k_heads 0:
-    // q alone), in one pass: rotate-half RoPE at global positions pos[T],
-    // angle_i = pos · inv_freq[i] in double (inv_freq [D/2], backend memory, from
-    // model/rope.c), cos and sin multiplied by attention_factor (YaRN; else 1).
-    // inverse = 0 rotates by +angle (forward), 1 by -angle (the transpose, for backward).
-    void (*rope)(Act *q, int q_heads, Act *k, int k_heads, const int64_t *pos, int64_t T, int D,
+    // RoPE and the split (or join) of the fused q|k|v projection in one pass:
+    // qkv [T, (q_heads + 2 k_heads) D] holds each token's q [q_heads, D], then
+    // k [k_heads, D], then v [k_heads, D]; q [T, q_heads, D], k and v [T,
+    // k_heads, D] are apart (attention's layout). inverse = 0 (forward): q, k,
+    // v = split(qkv), q and k rotated by +angle; inverse = 1 (backward, the
+    // transpose): qkv = join(q, k, v), q and k rotated by -angle; v copied.
+    // Rotate-half RoPE at positions pos[T], angle_i = pos · inv_freq[i] in
+    // double (inv_freq [D/2], backend memory, from model/rope.c), cos and sin
+    // multiplied by attention_factor (YaRN; else 1).
+    void (*rope)(Act *qkv, Act *q, Act *k, Act *v, int q_heads, int k_heads, const int64_t *pos, int64_t T, int D,
                  const double *inv_freq, double attention_factor, int inverse);
 
-    // out[n] = silu(gate[n]) * up[n]; the backward writes dgate and dup.
-    void (*swiglu_forward)(Act *out, const Act *gate, const Act *up, int64_t n);
-    void (*swiglu_backward)(Act *dgate, Act *dup, const Act *dout, const Act *gate, const Act *up, int64_t n);
+    // On the fused gate|up projection gate_up [rows, 2 width] (each row: gate [width],
+    // then up [width]): out [rows, width] = silu(gate) * up; the backward writes
+    // dgate_up [rows, 2 width] from dout [rows, width].
+    void (*swiglu_forward)(Act *out, const Act *gate_up, int64_t rows, int width);
+    void (*swiglu_backward)(Act *dgate_up, const Act *dout, const Act *gate_up, int64_t rows, int width);
 
     // sum of x[n]^2 in double (gradients)
     double (*sum_squares)(const float *x, int64_t n);

@@ -122,8 +122,9 @@ static void matmul_backward(Act *dinp, bool dinp_add, float *dweight, const Act 
     matmul_backward_cuda(cuda.mm, (uint16_t *)dinp, dinp_add, dweight, (const uint16_t *)dout, (const uint16_t *)inp,
                          (const uint16_t *)weight, T, IC, OC, cuda.stream);
 }
-static void bias_backward(float *const *dbias, const Act *const *dout, const int *OC, int count, int64_t T) {
-    bias_grads_cuda(cuda.mm, dbias, (const uint16_t *const *)dout, OC, count, T, cuda.stream);
+static void bias_backward(float *dbias, const Act *dout, int OC, int64_t T) {
+    const uint16_t *out = (const uint16_t *)dout;
+    bias_grads_cuda(cuda.mm, &dbias, &out, &OC, 1, T, cuda.stream);
 }
 
 static void rmsnorm_forward(Act *out, float *rstd, const Act *inp, const Weight *weight, int64_t T, int H,
@@ -142,18 +143,18 @@ static void residual_rmsnorm_forward(Act *out, float *rstd, Act *x, const Act *d
     residual_rmsnorm_forward_cuda((uint16_t *)out, rstd, (uint16_t *)x, (const uint16_t *)delta,
                                   (const uint16_t *)weight, T, H, eps, cuda.stream);
 }
-static void rope(Act *q, int q_heads, Act *k, int k_heads, const int64_t *pos, int64_t T, int D,
+static void rope(Act *qkv, Act *q, Act *k, Act *v, int q_heads, int k_heads, const int64_t *pos, int64_t T, int D,
                  const double *inv_freq, double attention_factor, int inverse) {
-    rope_cuda((uint16_t *)q, q_heads, (uint16_t *)k, k_heads, pos, T, D, inv_freq, attention_factor, inverse,
-              cuda.stream);
+    rope_cuda((uint16_t *)qkv, (uint16_t *)q, (uint16_t *)k, (uint16_t *)v, q_heads, k_heads, pos, T, D, inv_freq,
+              attention_factor, inverse, cuda.stream);
 }
 
-static void swiglu_forward(Act *out, const Act *gate, const Act *up, int64_t n) {
-    swiglu_forward_cuda((uint16_t *)out, (const uint16_t *)gate, (const uint16_t *)up, n, cuda.stream);
+static void swiglu_forward(Act *out, const Act *gate_up, int64_t rows, int width) {
+    swiglu_forward_cuda((uint16_t *)out, (const uint16_t *)gate_up, rows, width, cuda.stream);
 }
-static void swiglu_backward(Act *dgate, Act *dup, const Act *dout, const Act *gate, const Act *up, int64_t n) {
-    swiglu_backward_cuda((uint16_t *)dgate, (uint16_t *)dup, (const uint16_t *)dout, (const uint16_t *)gate,
-                         (const uint16_t *)up, n, cuda.stream);
+static void swiglu_backward(Act *dgate_up, const Act *dout, const Act *gate_up, int64_t rows, int width) {
+    swiglu_backward_cuda((uint16_t *)dgate_up, (const uint16_t *)dout, (const uint16_t *)gate_up, rows, width,
+                         cuda.stream);
 }
 
 // cuda.total on the host, once the stream's work before it is done.

@@ -28,8 +28,8 @@ void decoder_init(Decoder *d, Model *m, int64_t capacity, int64_t chunk) {
     be->upload(d->positions, pos, sizeof(int64_t) * (size_t)capacity);
     free(pos);
     d->tokens = be->alloc(sizeof(int32_t) * (size_t)chunk);
-    Act **acts[] = {&d->x, &d->h, &d->out, &d->q, &d->att, &d->gate, &d->up, &d->act};
-    int64_t widths[] = {H, H, H, QD, QD, I, I, I};
+    Act **acts[] = {&d->x, &d->h, &d->out, &d->q, &d->att, &d->qkv, &d->gate_up, &d->act};
+    int64_t widths[] = {H, H, H, QD, QD, QD + 2 * KD, 2 * I, I};
     for (size_t i = 0; i < sizeof(acts) / sizeof(acts[0]); i++)
         *acts[i] = be->alloc(be->act_bytes * (size_t)(chunk * widths[i]));
     d->logits = be->alloc(be->act_bytes * (size_t)V);
@@ -45,7 +45,7 @@ void decoder_free(Decoder *d) {
     }
     free(d->k_cache);
     free(d->v_cache);
-    Act *acts[] = {d->x, d->h, d->out, d->q, d->att, d->gate, d->up, d->act, d->logits};
+    Act *acts[] = {d->x, d->h, d->out, d->q, d->att, d->qkv, d->gate_up, d->act, d->logits};
     for (size_t i = 0; i < sizeof(acts) / sizeof(acts[0]); i++) be->free(acts[i]);
     be->free(d->positions);
     be->free(d->tokens);
@@ -68,10 +68,8 @@ static void decoder_layer(Decoder *d, int l, int64_t p, int64_t T, const Weight 
 #define W(which) model_weight(m, model_layer_param(m, l, which))
     Act *k = model_act_at(m, d->k_cache[l], p * KD), *v = model_act_at(m, d->v_cache[l], p * KD);
     const int64_t *pos = d->positions + p;
-    be->matmul_forward(d->q, d->h, W(LAYER_Q_WEIGHT), W(LAYER_Q_BIAS), T, H, QD);
-    be->matmul_forward(k, d->h, W(LAYER_K_WEIGHT), W(LAYER_K_BIAS), T, H, KD);
-    be->matmul_forward(v, d->h, W(LAYER_V_WEIGHT), W(LAYER_V_BIAS), T, H, KD);
-    be->rope(d->q, c->num_heads, k, c->num_kv_heads, pos, T, c->head_dim, m->rope_inv_freq,
+    be->matmul_forward(d->qkv, d->h, W(LAYER_Q_WEIGHT), W(LAYER_Q_BIAS), T, H, QD + 2 * KD);
+    be->rope(d->qkv, d->q, k, v, c->num_heads, c->num_kv_heads, pos, T, c->head_dim, m->rope_inv_freq,
              m->rope_attention_factor, 0);
     // [T, Hq, D] queries against the cache's p + T keys.
     AttnShape s = {T, p + T, c->num_heads, c->num_kv_heads, c->head_dim, m->attention.block_size,
@@ -79,9 +77,8 @@ static void decoder_layer(Decoder *d, int l, int64_t p, int64_t T, const Weight 
     be->attention_cached(m->attn, &s, d->q, pos, d->k_cache[l], d->v_cache[l], d->positions, d->att, d->lse);
     be->matmul_forward(d->out, d->att, W(LAYER_O_WEIGHT), NULL, T, QD, H);
     be->residual_rmsnorm_forward(d->h, d->rstd, d->x, d->out, W(LAYER_POST_NORM), T, H, eps);
-    be->matmul_forward(d->gate, d->h, W(LAYER_GATE_WEIGHT), NULL, T, H, I);
-    be->matmul_forward(d->up, d->h, W(LAYER_UP_WEIGHT), NULL, T, H, I);
-    be->swiglu_forward(d->act, d->gate, d->up, T * I);
+    be->matmul_forward(d->gate_up, d->h, W(LAYER_GATE_WEIGHT), NULL, T, H, 2 * I);
+    be->swiglu_forward(d->act, d->gate_up, T, I);
     be->matmul_forward(d->out, d->act, W(LAYER_DOWN_WEIGHT), NULL, T, I, H);
     be->residual_rmsnorm_forward(d->h, d->rstd, d->x, d->out, next_norm, T, H, eps);
 #undef W

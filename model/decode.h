@@ -20,7 +20,8 @@ typedef struct {
     Act **k_cache, **v_cache;  // [num_layers] each [capacity, Hkv * D]
     int64_t *positions;      // [capacity] 0 .. capacity - 1 (backend memory)
     int32_t *tokens;         // [chunk] (backend memory)
-    Act *x, *h, *q, *att, *out, *gate, *up, *act;  // [chunk, H] x3, [chunk, Hq * D] x2, [chunk, H], [chunk, I] x3
+    Act *x, *h, *q, *att, *out;  // [chunk, H] x2, [chunk, Hq * D] x2, [chunk, H]
+    Act *qkv, *gate_up, *act;    // [chunk, (Hq + 2 Hkv) D], [chunk, 2I], [chunk, I] (model.h's fused projections)
     Act *logits;             // [1, V]
     float *rstd, *lse;       // [chunk], [Hq, chunk]
 } Decoder;

@@ -57,16 +57,31 @@ static int layer_tensor_shape(const ModelConfig *c, LayerTensor which, int64_t s
     }
 }
 
+// A layer's tensors in the arena: q, k, v's weights adjacent and then their
+// biases, so that one [QD + 2 KD, H] weight and one bias make all three
+// projections in one GEMM (the gradients alike: one dW GEMM); gate and up
+// adjacent ([2I, H], one GEMM). The input norm first: a layer's tensors are
+// the arena from its offset to the next layer's (Model.grads_final).
+static const LayerTensor layer_arena_order[LAYER_TENSORS] = {
+    LAYER_INPUT_NORM, LAYER_Q_WEIGHT, LAYER_K_WEIGHT, LAYER_V_WEIGHT, LAYER_Q_BIAS, LAYER_K_BIAS,
+    LAYER_V_BIAS, LAYER_O_WEIGHT, LAYER_POST_NORM, LAYER_GATE_WEIGHT, LAYER_UP_WEIGHT, LAYER_DOWN_WEIGHT,
+};
+
+// A tensor at the end of the table; its offset is set by place_param.
 static void add_param(Model *m, const char *name, int ndim, const int64_t *shape, bool decay, ParamInit init) {
     ParamInfo *p = &m->params[m->num_params++];
     snprintf(p->name, sizeof(p->name), "%s", name);
     p->ndim = ndim;
     p->numel = 1;
     for (int i = 0; i < ndim; i++) { p->shape[i] = shape[i]; p->numel *= shape[i]; }
-    p->offset = m->total_params;
     p->decay = decay;
     p->init = init;
-    m->total_params += p->numel;
+}
+
+// Tensor i at the end of the arena.
+static void place_param(Model *m, int i) {
+    m->params[i].offset = m->total_params;
+    m->total_params += m->params[i].numel;
 }
 
 void model_init(Model *m, const ModelConfig *config, const Backend *be, const AttentionConfig *attention,
@@ -101,6 +116,10 @@ void model_init(Model *m, const ModelConfig *config, const Backend *be, const At
     }
     add_param(m, "model.norm.weight", 1, norm_shape, false, INIT_ONES);
     if (!cfg->tie_word_embeddings) add_param(m, "lm_head.weight", 2, embed_shape, true, INIT_NORMAL);
+    place_param(m, model_embedding_param());
+    for (int l = 0; l < L; l++)
+        for (int t = 0; t < LAYER_TENSORS; t++) place_param(m, model_layer_param(m, l, layer_arena_order[t]));
+    for (int i = model_final_norm_param(m); i < m->num_params; i++) place_param(m, i);
     size_t bytes = (size_t)m->total_params * sizeof(float);
     m->param_mem = be->alloc(bytes);
     m->grad_mem = be->alloc(bytes);
@@ -312,30 +331,33 @@ static ArenaCount attention_out_count(const ModelConfig *c, int64_t T) {
 }
 
 // One layer's saved activations, excluding x_in (and, without attention_out,
-// att and lse); its gate, up and act of mlp_rows tokens (0: the MLP's chunk
+// att and lse); its gate_up and act of mlp_rows tokens (0: the MLP's chunk
 // buffers are shared).
 static ArenaCount layer_act_count(const ModelConfig *c, int64_t T, int64_t mlp_rows, bool attention_out) {
     int64_t H = c->hidden_size, I = c->intermediate_size;
     int64_t QD = (int64_t)c->num_heads * c->head_dim, KD = (int64_t)c->num_kv_heads * c->head_dim;
     ArenaCount att = attention_out ? attention_out_count(c, T) : (ArenaCount){0, 0};
     return (ArenaCount){3 * arena_span(T * H) + arena_span(T * QD) + 2 * arena_span(T * KD) +
-                            3 * arena_span(mlp_rows * I) + att.act,
+                            arena_span(mlp_rows * 2 * I) + arena_span(mlp_rows * I) + att.act,
                         2 * T + att.stat};
 }
 
 int64_t model_loss_chunk_rows(int loss_chunk, int64_t T) { return loss_chunk < T ? loss_chunk : T; }
 
-// The backward buffers (dgate, dup, dact of mlp_rows tokens) and the loss
-// chunk: Act elements (the backward keeps no statistics).
+// The backward buffers (dx, dh; qkv with datt; dq, dk, dv; dgate_up, dact
+// of mlp_rows tokens) and the loss chunk: Act elements (the backward keeps
+// no statistics).
 static int64_t grad_act_count(const ModelConfig *c, int loss_chunk, int64_t T, int64_t mlp_rows) {
     int64_t H = c->hidden_size, I = c->intermediate_size;
     int64_t QD = (int64_t)c->num_heads * c->head_dim, KD = (int64_t)c->num_kv_heads * c->head_dim;
-    return 2 * arena_span(T * H) + 2 * arena_span(T * QD) + 2 * arena_span(T * KD) + 3 * arena_span(mlp_rows * I) +
+    return 2 * arena_span(T * H) + arena_span(T * (QD + 2 * KD)) + arena_span(T * QD) + 2 * arena_span(T * KD) +
+           arena_span(mlp_rows * 2 * I) + arena_span(mlp_rows * I) +
            arena_span(model_loss_chunk_rows(loss_chunk, T) * c->vocab_size);
 }
 
-// With the MLP in chunks of C tokens, one shared gate, up and act [C, I]
-// in place of every kept layer's [T, I], and the gradients' [C, I].
+// With the MLP in chunks of C tokens, one shared gate_up [C, 2I] and act
+// [C, I] in place of every kept layer's [T, 2I] and [T, I], and the
+// gradients' [C, 2I] and [C, I].
 // Under a recompute policy the layers share one set of the recomputed
 // activations (selective: each keeping its own attention output and lse).
 static ArenaCount activation_count(const ModelConfig *c, RecomputePolicy recompute, int loss_chunk, int mlp_chunk,
@@ -352,7 +374,8 @@ static ArenaCount activation_count(const ModelConfig *c, RecomputePolicy recompu
         layers = selective ? (ArenaCount){shared.act + L * att.act, shared.stat + L * att.stat} : shared;
     }
     return (ArenaCount){arena_span(T * (int64_t)c->hidden_size) * (L + 2) + layers.act +
-                            grad_act_count(c, loss_chunk, T, C ? C : T) + 3 * arena_span(C * c->intermediate_size),
+                            grad_act_count(c, loss_chunk, T, C ? C : T) + arena_span(C * 2 * c->intermediate_size) +
+                            arena_span(C * c->intermediate_size),
                         arena_span(T + layers.stat)};
 }
 
@@ -415,8 +438,7 @@ static void carve_layer(LayerActs *a, ArenaCursor *cur, const ModelConfig *c, in
     a->rstd_mlp = take_stat(cur, T);
     a->h_mlp = take_act(cur, T * H);
     if (!mlp_rows) return;
-    a->gate = take_act(cur, mlp_rows * I);
-    a->up = take_act(cur, mlp_rows * I);
+    a->gate_up = take_act(cur, mlp_rows * 2 * I);
     a->act = take_act(cur, mlp_rows * I);
 }
 
@@ -452,17 +474,16 @@ static void carve_activations(Model *m, int64_t T) {
         carve_layer(&chunk, &cur, c, 0, C, false);
         for (int l = 0; l < c->num_layers; l++) {
             LayerActs *a = shared ? &m->scratch : &m->layers[l];
-            a->gate = chunk.gate, a->up = chunk.up, a->act = chunk.act;
+            a->gate_up = chunk.gate_up, a->act = chunk.act;
         }
     }
     m->dx = take_act(&cur, T * H);
     m->dh = take_act(&cur, T * H);
-    m->datt = take_act(&cur, T * QD);
+    m->qkv = m->datt = take_act(&cur, T * (QD + 2 * KD));
     m->dq = take_act(&cur, T * QD);   // dq, dk, dv adjacent: dqkv_span
     m->dk = take_act(&cur, T * KD);
     m->dv = take_act(&cur, T * KD);
-    m->dgate = take_act(&cur, (C ? C : T) * I);
-    m->dup = take_act(&cur, (C ? C : T) * I);
+    m->dgate_up = take_act(&cur, (C ? C : T) * 2 * I);
     m->dact = take_act(&cur, (C ? C : T) * I);
     m->logits = take_act(&cur, model_loss_chunk_rows(m->loss_chunk, T) * c->vocab_size);
     CHECK(cur.stat <= (float *)acts && (char *)cur.act == (char *)m->activation_arena + bytes,
@@ -523,15 +544,15 @@ static void input_norm(Model *m, int l, LayerActs *a, int64_t T) {
                            T, m->cfg.hidden_size, (float)m->cfg.rms_norm_eps);
 }
 
-// The MLP's gate, up and act [n, I] of tokens [t0, t0 + n) (h_mlp's rows)
-// into a's buffers from their first row.
+// The MLP's gate_up [n, 2I] (one GEMM: gate's and up's weights are adjacent,
+// [2I, H]) and act [n, I] of tokens [t0, t0 + n) (h_mlp's rows) into a's
+// buffers from their first row.
 static void mlp_up(Model *m, int l, LayerActs *a, int64_t t0, int64_t n) {
     const Backend *be = m->be;
     const int H = m->cfg.hidden_size, I = m->cfg.intermediate_size;
     const Act *h = model_act_at(m, a->h_mlp, t0 * H);
-    be->matmul_forward(a->gate, h, model_weight(m, model_layer_param(m, l, LAYER_GATE_WEIGHT)), NULL, n, H, I);
-    be->matmul_forward(a->up, h, model_weight(m, model_layer_param(m, l, LAYER_UP_WEIGHT)), NULL, n, H, I);
-    be->swiglu_forward(a->act, a->gate, a->up, n * I);
+    be->matmul_forward(a->gate_up, h, model_weight(m, model_layer_param(m, l, LAYER_GATE_WEIGHT)), NULL, n, H, 2 * I);
+    be->swiglu_forward(a->act, a->gate_up, n, I);
 }
 
 // What one call of layer_forward runs: the forward pass, or a recomputation
@@ -562,11 +583,11 @@ static void layer_forward(Model *m, int l, LayerActs *a, const LayerPass *pass, 
     int QD = c->num_heads * c->head_dim, KD = c->num_kv_heads * c->head_dim;
 #define W(which) model_weight(m, model_layer_param(m, l, which))
     if (pass->input_norm) input_norm(m, l, a, T);
-    be->matmul_forward(a->q, a->h_attn, W(LAYER_Q_WEIGHT), W(LAYER_Q_BIAS), T, H, QD);
-    be->matmul_forward(a->k, a->h_attn, W(LAYER_K_WEIGHT), W(LAYER_K_BIAS), T, H, KD);
-    be->matmul_forward(a->v, a->h_attn, W(LAYER_V_WEIGHT), W(LAYER_V_BIAS), T, H, KD);
-    be->rope(a->q, c->num_heads, a->k, c->num_kv_heads, m->rope_positions, T, c->head_dim, m->rope_inv_freq,
-             m->rope_attention_factor, 0);
+    // q|k|v in one GEMM (their weights and biases adjacent: [QD + 2 KD, H],
+    // [QD + 2 KD]), split by RoPE into a->q, a->k, a->v.
+    be->matmul_forward(m->qkv, a->h_attn, W(LAYER_Q_WEIGHT), W(LAYER_Q_BIAS), T, H, QD + 2 * KD);
+    be->rope(m->qkv, a->q, a->k, a->v, c->num_heads, c->num_kv_heads, m->rope_positions, T, c->head_dim,
+             m->rope_inv_freq, m->rope_attention_factor, 0);
     AttnShape s = attn_shape(m, T);
     if (pass->attention)
         be->attention_forward(m->attn, l, pass->plan_sparse, &s, a->q, a->k, a->v, m->positions, a->att, a->lse,
@@ -574,7 +595,7 @@ static void layer_forward(Model *m, int l, LayerActs *a, const LayerPass *pass, 
     be->matmul_forward(a->x_mid, a->att, W(LAYER_O_WEIGHT), NULL, T, QD, H);
     be->residual_rmsnorm_forward(a->h_mlp, a->rstd_mlp, a->x_mid, a->x_in, W(LAYER_POST_NORM), T, H,
                                  (float)c->rms_norm_eps);
-    // The MLP whole (its gate, up and act kept for the backward), or in
+    // The MLP whole (its gate_up and act kept for the backward), or in
     // chunks of tokens (the backward recomputes them chunk by chunk).
     const int64_t rows = m->mlp_chunk_rows ? m->mlp_chunk_rows : T;
     if (!m->mlp_chunk_rows) mlp_up(m, l, a, 0, T);
@@ -597,18 +618,17 @@ static void layer_backward(Model *m, int l, LayerActs *a, int64_t T) {
 #define W(which) model_weight(m, model_layer_param(m, l, which))
 #define G(which) model_tensor(m, m->grad_mem, model_layer_param(m, l, which))
     // MLP: out = x_mid + down(silu(gate(h)) * up(h)), h = norm(x_mid); in
-    // chunks of tokens, each recomputing its gate, up and act first.
+    // chunks of tokens, each recomputing its gate_up and act first.
     // The first op to fill a buffer writes it (nothing zeroed): each chunk's
-    // rows of dh are written by the gate's dinp and added to by the up's.
+    // rows of dh are written by the fused gate|up's dinp.
     const int64_t rows = m->mlp_chunk_rows ? m->mlp_chunk_rows : T;
     for (int64_t t0 = 0; t0 < T; t0 += rows) {
         const int64_t n = T - t0 < rows ? T - t0 : rows;
         Act *dx = model_act_at(m, m->dx, t0 * H), *dh = model_act_at(m, m->dh, t0 * H), *h = model_act_at(m, a->h_mlp, t0 * H);
         if (m->mlp_chunk_rows) mlp_up(m, l, a, t0, n);
         be->matmul_backward(m->dact, false, G(LAYER_DOWN_WEIGHT), dx, a->act, W(LAYER_DOWN_WEIGHT), n, I, H);
-        be->swiglu_backward(m->dgate, m->dup, m->dact, a->gate, a->up, n * I);
-        be->matmul_backward(dh, false, G(LAYER_GATE_WEIGHT), m->dgate, h, W(LAYER_GATE_WEIGHT), n, H, I);
-        be->matmul_backward(dh, true, G(LAYER_UP_WEIGHT), m->dup, h, W(LAYER_UP_WEIGHT), n, H, I);
+        be->swiglu_backward(m->dgate_up, m->dact, a->gate_up, n, I);
+        be->matmul_backward(dh, false, G(LAYER_GATE_WEIGHT), m->dgate_up, h, W(LAYER_GATE_WEIGHT), n, H, 2 * I);
     }
     // d(x_mid) = d(out) (the residual, already in dx) + the norm's gradient, added in place.
     be->rmsnorm_backward(m->dx, G(LAYER_POST_NORM), m->dh, a->x_mid, W(LAYER_POST_NORM), a->rstd_mlp, T, H);
@@ -619,15 +639,12 @@ static void layer_backward(Model *m, int l, LayerActs *a, int64_t T) {
     zero_act(m, m->dq, dqkv_span(m, T, KD));
     be->attention_backward(m->attn, l, &s, a->q, a->k, a->v, m->positions, a->att, a->lse, m->datt,
                            m->dq, m->dk, m->dv);
-    be->rope(m->dq, c->num_heads, m->dk, c->num_kv_heads, m->rope_positions, T, c->head_dim, m->rope_inv_freq,
-             m->rope_attention_factor, 1);
-    be->matmul_backward(m->dh, false, G(LAYER_Q_WEIGHT), m->dq, a->h_attn, W(LAYER_Q_WEIGHT), T, H, QD);
-    be->matmul_backward(m->dh, true, G(LAYER_K_WEIGHT), m->dk, a->h_attn, W(LAYER_K_WEIGHT), T, H, KD);
-    be->matmul_backward(m->dh, true, G(LAYER_V_WEIGHT), m->dv, a->h_attn, W(LAYER_V_WEIGHT), T, H, KD);
-    float *const dbias[3] = {G(LAYER_Q_BIAS), G(LAYER_K_BIAS), G(LAYER_V_BIAS)};
-    const Act *const dqkv[3] = {m->dq, m->dk, m->dv};
-    const int widths[3] = {QD, KD, KD};
-    be->bias_backward(dbias, dqkv, widths, 3, T);
+    // RoPE's backward joins dq, dk, dv into d(q|k|v) (over datt, read by
+    // now): one dX and one dW GEMM and one bias sum for all three.
+    be->rope(m->qkv, m->dq, m->dk, m->dv, c->num_heads, c->num_kv_heads, m->rope_positions, T, c->head_dim,
+             m->rope_inv_freq, m->rope_attention_factor, 1);
+    be->matmul_backward(m->dh, false, G(LAYER_Q_WEIGHT), m->qkv, a->h_attn, W(LAYER_Q_WEIGHT), T, H, QD + 2 * KD);
+    be->bias_backward(G(LAYER_Q_BIAS), m->qkv, QD + 2 * KD, T);
     be->rmsnorm_backward(m->dx, G(LAYER_INPUT_NORM), m->dh, a->x_in, W(LAYER_INPUT_NORM), a->rstd_attn, T, H);
 #undef W
 #undef G

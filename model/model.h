@@ -20,7 +20,8 @@
 #include "backend.h"
 #include "model_config.h"
 
-// The tensors of one decoder layer, in table order.
+// The tensors of one decoder layer, in table order (Hugging Face's; the
+// arena holds them in another: model.c's layer_arena_order).
 typedef enum {
     LAYER_INPUT_NORM, LAYER_Q_WEIGHT, LAYER_Q_BIAS, LAYER_K_WEIGHT, LAYER_K_BIAS,
     LAYER_V_WEIGHT, LAYER_V_BIAS, LAYER_O_WEIGHT, LAYER_POST_NORM,
@@ -34,7 +35,7 @@ typedef struct {
     int ndim;                // 1 or 2
     int64_t shape[2];        // [out, in] for matrices
     int64_t numel;
-    int64_t offset;          // in floats, into each arena
+    int64_t offset;          // in floats, into each arena (arena order, not table order: model.c)
     bool decay;              // AdamW weight decay applies
     ParamInit init;
 } ParamInfo;
@@ -50,7 +51,8 @@ typedef struct {
     Act *x_mid;              // [T, H] residual after attention
     float *rstd_mlp;         // [T]
     Act *h_mlp;              // [T, H]
-    Act *gate, *up, *act;    // [T, I] x3
+    Act *gate_up;            // [T, 2I]: each token's gate [I], then up [I] (one GEMM)
+    Act *act;                // [T, I]
 } LayerActs;
 
 typedef struct {
@@ -60,7 +62,7 @@ typedef struct {
     AttentionConfig attention;  // dense | sparse, tile size, sparse budgets
     int loss_chunk;          // tokens per fused LM-head + cross-entropy chunk
     int mlp_chunk;           // tokens per MLP chunk (model_mlp_chunk_rows; model_set_activations); 0 = the MLP whole
-    int64_t mlp_chunk_rows;  // the activations' MLP chunk (0 = gate, up, act [T, I] kept per layer)
+    int64_t mlp_chunk_rows;  // the activations' MLP chunk (0 = gate_up, act [T, 2I], [T, I] kept per layer)
 
     int num_params;
     ParamInfo *params;       // the parameter table
@@ -80,8 +82,13 @@ typedef struct {
     LayerActs scratch;       // the shared buffers of the recomputed activations (recompute not none)
     Act *x_final, *h_final;  // [T, H]
     float *rstd_final;       // [T]
-    Act *dx, *dh, *dq, *dk, *dv, *datt;
-    Act *dgate, *dup, *dact; // [mlp_chunk_rows or T, I]
+    Act *dx, *dh, *dq, *dk, *dv;
+    // [T, QD + 2 KD]: each layer's fused q|k|v projection before RoPE splits
+    // it, then in the backward d(q|k|v) as RoPE's backward joins it (one dX
+    // and one dW GEMM); its first T·QD elements are datt until the attention
+    // backward has read it.
+    Act *qkv, *datt;
+    Act *dgate_up, *dact;    // [mlp_chunk_rows or T, 2I], [mlp_chunk_rows or T, I]
     Act *logits;             // [min(loss_chunk, max_tokens), V]
     int32_t *tokens, *targets;
     int64_t *positions;      // [T] global positions (masks, ring layouts)

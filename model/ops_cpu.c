@@ -110,19 +110,16 @@ static void matmul_backward(Act *dinp_act, bool dinp_add, float *dweight, const 
     }
 }
 
-// Each output's columns in tiles of 16, the tokens in order.
-static void bias_backward(float *const *dbias, const Act *const *dout_act, const int *OC_of, int count, int64_t T) {
-    for (int i = 0; i < count; i++) {
-        const float *dout = (const float *)dout_act[i];
-        const int OC = OC_of[i];
-        #pragma omp parallel for
-        for (int o0 = 0; o0 < OC; o0 += 16) {
-            int o1 = o0 + 16 < OC ? o0 + 16 : OC;
-            float acc[16] = {0};
-            for (int64_t t = 0; t < T; t++)
-                for (int o = o0; o < o1; o++) acc[o - o0] += dout[t * OC + o];
-            for (int o = o0; o < o1; o++) dbias[i][o] += acc[o - o0];
-        }
+// The columns in tiles of 16, the tokens in order.
+static void bias_backward(float *dbias, const Act *dout_act, int OC, int64_t T) {
+    const float *dout = (const float *)dout_act;
+    #pragma omp parallel for
+    for (int o0 = 0; o0 < OC; o0 += 16) {
+        int o1 = o0 + 16 < OC ? o0 + 16 : OC;
+        float acc[16] = {0};
+        for (int64_t t = 0; t < T; t++)
+            for (int o = o0; o < o1; o++) acc[o - o0] += dout[t * OC + o];
+        for (int o = o0; o < o1; o++) dbias[o] += acc[o - o0];
     }
 }
 
@@ -183,22 +180,25 @@ static void rmsnorm_backward(Act *dinp_act, float *dweight, const Act *dout_act,
 }
 
 // Angles in double: at 512K positions an fp32 angle is off by ~0.03 rad.
-// x[T, heads, D] rotated by the angles of token t, cos and sin in cs [D].
-static void rope_rows(float *x, int64_t t, int heads, int D, const float *cs) {
+// dst[heads, D] = src[heads, D] rotated by the angles whose cos and sin are in cs [D].
+static void rope_heads(float *dst, const float *src, int heads, int D, const float *cs) {
     int half = D / 2;
     for (int h = 0; h < heads; h++) {
-        float *v = x + (t * heads + h) * (int64_t)D;
+        const float *x = src + (int64_t)h * D;
+        float *y = dst + (int64_t)h * D;
         for (int i = 0; i < half; i++) {
-            float x1 = v[i], x2 = v[half + i], c = cs[i], s = cs[half + i];
-            v[i] = x1 * c - x2 * s;
-            v[half + i] = x2 * c + x1 * s;
+            float x1 = x[i], x2 = x[half + i], c = cs[i], s = cs[half + i];
+            y[i] = x1 * c - x2 * s;
+            y[half + i] = x2 * c + x1 * s;
         }
     }
 }
 
-static void rope(Act *q, int q_heads, Act *k, int k_heads, const int64_t *pos, int64_t T, int D,
-                 const double *inv_freq, double attention_factor, int inverse) {
+static void rope(Act *qkv_act, Act *q_act, Act *k_act, Act *v_act, int q_heads, int k_heads, const int64_t *pos,
+                 int64_t T, int D, const double *inv_freq, double attention_factor, int inverse) {
     int half = D / 2;
+    const int64_t QD = (int64_t)q_heads * D, KD = (int64_t)k_heads * D;
+    float *qkv = (float *)qkv_act, *q = (float *)q_act, *k = (float *)k_act, *v = (float *)v_act;
     #pragma omp parallel
     {
         float *cs = xmalloc(sizeof(float) * (size_t)D);
@@ -209,32 +209,45 @@ static void rope(Act *q, int q_heads, Act *k, int k_heads, const int64_t *pos, i
                 cs[i] = (float)(attention_factor * cos(angle));
                 cs[half + i] = (float)(attention_factor * (inverse ? -sin(angle) : sin(angle)));
             }
-            rope_rows((float *)q, t, q_heads, D, cs);
-            if (k) rope_rows((float *)k, t, k_heads, D, cs);
+            float *row = qkv + t * (QD + 2 * KD), *qt = q + t * QD, *kt = k + t * KD, *vt = v + t * KD;
+            if (inverse) {
+                rope_heads(row, qt, q_heads, D, cs);
+                rope_heads(row + QD, kt, k_heads, D, cs);
+                memcpy(row + QD + KD, vt, sizeof(float) * (size_t)KD);
+            } else {
+                rope_heads(qt, row, q_heads, D, cs);
+                rope_heads(kt, row + QD, k_heads, D, cs);
+                memcpy(vt, row + QD + KD, sizeof(float) * (size_t)KD);
+            }
         }
         free(cs);
     }
 }
 
-static void swiglu_forward(Act *out_act, const Act *gate_act, const Act *up_act, int64_t n) {
+// Element e of the MLP's [rows, width] activations: its gate's index in
+// gate_up [rows, 2 width] (its up's is width further on).
+static int64_t gate_index(int64_t e, int width) { return e / width * 2 * width + e % width; }
+
+static void swiglu_forward(Act *out_act, const Act *gate_up_act, int64_t rows, int width) {
     float *out = (float *)out_act;
-    const float *gate = (const float *)gate_act, *up = (const float *)up_act;
+    const float *gate_up = (const float *)gate_up_act;
     #pragma omp parallel for
-    for (int64_t i = 0; i < n; i++) {
-        float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
+    for (int64_t e = 0; e < rows * width; e++) {
+        const float *gu = gate_up + gate_index(e, width);
+        float g = gu[0];
+        out[e] = g / (1.0f + expf(-g)) * gu[width];
     }
 }
 
-static void swiglu_backward(Act *dgate_act, Act *dup_act, const Act *dout_act, const Act *gate_act,
-                            const Act *up_act, int64_t n) {
-    float *dgate = (float *)dgate_act, *dup = (float *)dup_act;
-    const float *dout = (const float *)dout_act, *gate = (const float *)gate_act, *up = (const float *)up_act;
+static void swiglu_backward(Act *dgate_up_act, const Act *dout_act, const Act *gate_up_act, int64_t rows, int width) {
+    float *dgate_up = (float *)dgate_up_act;
+    const float *dout = (const float *)dout_act, *gate_up = (const float *)gate_up_act;
     #pragma omp parallel for
-    for (int64_t i = 0; i < n; i++) {
-        float g = gate[i], s = 1.0f / (1.0f + expf(-g));
-        dgate[i] = dout[i] * up[i] * s * (1.0f + g * (1.0f - s));
-        dup[i] = dout[i] * g * s;
+    for (int64_t e = 0; e < rows * width; e++) {
+        const int64_t at = gate_index(e, width);
+        float g = gate_up[at], u = gate_up[at + width], s = 1.0f / (1.0f + expf(-g));
+        dgate_up[at] = dout[e] * u * s * (1.0f + g * (1.0f - s));
+        dgate_up[at + width] = dout[e] * g * s;
     }
 }
 

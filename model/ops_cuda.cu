@@ -193,65 +193,113 @@ __global__ void __launch_bounds__(THREADS) add_column_sums_kernel(float *out, co
 
 // ---- RoPE ----
 
-// Pair i of every head of token t of x[T, heads, D] rotated by (c, s).
-__device__ __forceinline__ void rope_heads(bf16 *x, int64_t t, int heads, int D, int i, float c, float s) {
+// Pair i of every head of dst[heads, D] = src[heads, D] rotated by (c, s).
+__device__ __forceinline__ void rope_heads(bf16 *dst, const bf16 *src, int heads, int D, int i, float c, float s) {
     const int half = D / 2;
     for (int h = 0; h < heads; h++) {
-        bf16 *v = x + (t * heads + h) * D;
-        const float x1 = ld(v + i), x2 = ld(v + half + i);
-        st(v + i, x1 * c - x2 * s);
-        st(v + half + i, x2 * c + x1 * s);
+        const bf16 *x = src + h * D;
+        bf16 *y = dst + h * D;
+        const float x1 = ld(x + i), x2 = ld(x + half + i);
+        st(y + i, x1 * c - x2 * s);
+        st(y + half + i, x2 * c + x1 * s);
     }
 }
 
-// One thread per (t, i < D/2): the angle's cos and sin once, then every head of q and of k.
+// Pair i of every head of dst[heads, D] = src[heads, D].
+__device__ __forceinline__ void copy_heads(bf16 *dst, const bf16 *src, int heads, int D, int i) {
+    const int half = D / 2;
+    for (int h = 0; h < heads; h++) {
+        dst[h * D + i] = src[h * D + i];
+        dst[h * D + half + i] = src[h * D + half + i];
+    }
+}
+
+// One thread per (t, i < D/2): the angle's cos and sin once, then pair i of
+// every head of token t's q, k (rotated) and v (copied), from the fused row
+// to q, k, v (inverse 0) or back (inverse 1).
 __global__ void __launch_bounds__(THREADS)
-rope_kernel(bf16 *q, int q_heads, bf16 *k, int k_heads, const int64_t *pos, int64_t T, int D,
+rope_kernel(bf16 *qkv, bf16 *q, bf16 *k, bf16 *v, int q_heads, int k_heads, const int64_t *pos, int64_t T, int D,
             const double *inv_freq, double attention_factor, int inverse) {
     const int half = D / 2;
+    const int64_t QD = (int64_t)q_heads * D, KD = (int64_t)k_heads * D;
     for (int64_t p = (int64_t)blockIdx.x * THREADS + threadIdx.x; p < T * half; p += (int64_t)gridDim.x * THREADS) {
         const int64_t t = p / half;
         const int i = (int)(p % half);
         const double angle = (double)pos[t] * inv_freq[i];
         const float c = (float)(attention_factor * cos(angle));
         const float s = (float)(attention_factor * (inverse ? -sin(angle) : sin(angle)));
-        rope_heads(q, t, q_heads, D, i, c, s);
-        if (k) rope_heads(k, t, k_heads, D, i, c, s);
+        bf16 *row = qkv + t * (QD + 2 * KD), *qt = q + t * QD, *kt = k + t * KD, *vt = v + t * KD;
+        if (inverse) {
+            rope_heads(row, qt, q_heads, D, i, c, s);
+            rope_heads(row + QD, kt, k_heads, D, i, c, s);
+            copy_heads(row + QD + KD, vt, k_heads, D, i);
+        } else {
+            rope_heads(qt, row, q_heads, D, i, c, s);
+            rope_heads(kt, row + QD, k_heads, D, i, c, s);
+            copy_heads(vt, row + QD + KD, k_heads, D, i);
+        }
     }
 }
 
-// ---- element-wise ----
+// ---- SwiGLU ----
 
-// Element-wise kernels: one group of GROUP elements per thread, from i on;
-// vec: every tensor 16-byte aligned.
+// Element e of the MLP's [rows, width] activations: its gate's index in
+// gate_up [rows, 2 width] (its up's is width further on).
+__device__ __forceinline__ int64_t gate_index(int64_t e, int width) { return e / width * 2 * width + e % width; }
+
+// g, u = the gates and ups of the group of count elements from e; vec: the
+// group lies in one row and is 16-byte aligned (width a multiple of GROUP).
+__device__ __forceinline__ void load_gate_up(float (&g)[GROUP], float (&u)[GROUP], const bf16 *gate_up, int64_t e,
+                                             int count, int width, bool vec) {
+    if (vec) {
+        const bf16 *p = gate_up + gate_index(e, width);
+        load_group(g, p, count, true);
+        load_group(u, p + width, count, true);
+        return;
+    }
+#pragma unroll
+    for (int k = 0; k < GROUP; k++) {
+        const bf16 *p = gate_up + gate_index(e + k, width);
+        g[k] = k < count ? ld(p) : 0.0f;
+        u[k] = k < count ? ld(p + width) : 0.0f;
+    }
+}
+
+// One group of GROUP elements of the [rows, width] activations per thread, from e on.
 __global__ void __launch_bounds__(THREADS)
-swiglu_forward_kernel(bf16 *out, const bf16 *gate, const bf16 *up, int64_t n, bool vec) {
-    FOR_EACH_GROUP(i, count, n) {
+swiglu_forward_kernel(bf16 *out, const bf16 *gate_up, int64_t rows, int width, bool vec) {
+    FOR_EACH_GROUP(e, count, rows * width) {
         float g[GROUP], u[GROUP];
-        load_group(g, gate + i, count, vec);
-        load_group(u, up + i, count, vec);
+        load_gate_up(g, u, gate_up, e, (int)count, width, vec);
 #pragma unroll
         for (int k = 0; k < GROUP; k++) g[k] = g[k] / (1.0f + expf(-g[k])) * u[k];
-        store_group(out + i, g, count, vec);
+        store_group(out + e, g, (int)count, vec);
     }
 }
 
 __global__ void __launch_bounds__(THREADS)
-swiglu_backward_kernel(bf16 *dgate, bf16 *dup, const bf16 *dout, const bf16 *gate, const bf16 *up, int64_t n,
-                       bool vec) {
-    FOR_EACH_GROUP(i, count, n) {
+swiglu_backward_kernel(bf16 *dgate_up, const bf16 *dout, const bf16 *gate_up, int64_t rows, int width, bool vec) {
+    FOR_EACH_GROUP(e, count, rows * width) {
         float g[GROUP], u[GROUP], dy[GROUP], dg[GROUP], du[GROUP];
-        load_group(g, gate + i, count, vec);
-        load_group(u, up + i, count, vec);
-        load_group(dy, dout + i, count, vec);
+        load_gate_up(g, u, gate_up, e, (int)count, width, vec);
+        load_group(dy, dout + e, (int)count, vec);
 #pragma unroll
         for (int k = 0; k < GROUP; k++) {
             const float s = 1.0f / (1.0f + expf(-g[k]));
             dg[k] = dy[k] * u[k] * s * (1.0f + g[k] * (1.0f - s));
             du[k] = dy[k] * g[k] * s;
         }
-        store_group(dgate + i, dg, count, vec);
-        store_group(dup + i, du, count, vec);
+        if (vec) {
+            bf16 *p = dgate_up + gate_index(e, width);
+            store_group(p, dg, (int)count, true);
+            store_group(p + width, du, (int)count, true);
+            continue;
+        }
+        for (int k = 0; k < count; k++) {
+            bf16 *p = dgate_up + gate_index(e + k, width);
+            st(p, dg[k]);
+            st(p + width, du[k]);
+        }
     }
 }
 
@@ -413,29 +461,35 @@ extern "C" void rmsnorm_backward_cuda(uint16_t *dinp, float *dweight, const uint
     CUDA_CHECK(cudaFreeAsync(partial, stream));
 }
 
-extern "C" void rope_cuda(uint16_t *q, int q_heads, uint16_t *k, int k_heads, const int64_t *pos, int64_t T, int D,
-                          const double *inv_freq, double attention_factor, int inverse, cudaStream_t stream) {
+extern "C" void rope_cuda(uint16_t *qkv, uint16_t *q, uint16_t *k, uint16_t *v, int q_heads, int k_heads,
+                          const int64_t *pos, int64_t T, int D, const double *inv_freq, double attention_factor,
+                          int inverse, cudaStream_t stream) {
     CHECK(D > 0 && D % 2 == 0, "rope_cuda: head dim %d is not even", D);
     if (T == 0) return;
-    CUDA_LAUNCH(rope_kernel, grid_for(T * (D / 2), THREADS), THREADS, 0, stream, (bf16 *)q, q_heads, (bf16 *)k,
-                k_heads, pos, T, D, inv_freq, attention_factor, inverse);
+    CUDA_LAUNCH(rope_kernel, grid_for(T * (D / 2), THREADS), THREADS, 0, stream, (bf16 *)qkv, (bf16 *)q, (bf16 *)k,
+                (bf16 *)v, q_heads, k_heads, pos, T, D, inv_freq, attention_factor, inverse);
     CUDA_CHECK(cudaGetLastError());
 }
 
-extern "C" void swiglu_forward_cuda(uint16_t *out, const uint16_t *gate, const uint16_t *up, int64_t n,
+// 16-byte groups when every row's gates and ups are whole aligned groups.
+static bool gate_up_aligned(const void *out, const void *gate_up, int width) {
+    return width % GROUP == 0 && aligned16(out) && aligned16(gate_up);
+}
+
+extern "C" void swiglu_forward_cuda(uint16_t *out, const uint16_t *gate_up, int64_t rows, int width,
                                     cudaStream_t stream) {
-    if (n == 0) return;
-    CUDA_LAUNCH(swiglu_forward_kernel, grid_for(n, THREADS), THREADS, 0, stream, (bf16 *)out, (const bf16 *)gate,
-                (const bf16 *)up, n, aligned16(out) && aligned16(gate) && aligned16(up));
+    if (rows * width == 0) return;
+    CUDA_LAUNCH(swiglu_forward_kernel, grid_for((rows * width + GROUP - 1) / GROUP, THREADS), THREADS, 0, stream,
+                (bf16 *)out, (const bf16 *)gate_up, rows, width, gate_up_aligned(out, gate_up, width));
     CUDA_CHECK(cudaGetLastError());
 }
 
-extern "C" void swiglu_backward_cuda(uint16_t *dgate, uint16_t *dup, const uint16_t *dout, const uint16_t *gate,
-                                     const uint16_t *up, int64_t n, cudaStream_t stream) {
-    if (n == 0) return;
-    CUDA_LAUNCH(swiglu_backward_kernel, grid_for(n, THREADS), THREADS, 0, stream, (bf16 *)dgate, (bf16 *)dup,
-                (const bf16 *)dout, (const bf16 *)gate, (const bf16 *)up, n,
-                aligned16(dgate) && aligned16(dup) && aligned16(dout) && aligned16(gate) && aligned16(up));
+extern "C" void swiglu_backward_cuda(uint16_t *dgate_up, const uint16_t *dout, const uint16_t *gate_up, int64_t rows,
+                                     int width, cudaStream_t stream) {
+    if (rows * width == 0) return;
+    CUDA_LAUNCH(swiglu_backward_kernel, grid_for((rows * width + GROUP - 1) / GROUP, THREADS), THREADS, 0, stream,
+                (bf16 *)dgate_up, (const bf16 *)dout, (const bf16 *)gate_up, rows, width,
+                gate_up_aligned(dout, gate_up, width) && aligned16(dgate_up));
     CUDA_CHECK(cudaGetLastError());
 }
 

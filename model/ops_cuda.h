@@ -44,19 +44,23 @@ void residual_rmsnorm_forward_cuda(uint16_t *out, float *rstd, uint16_t *x, cons
 void rmsnorm_backward_cuda(uint16_t *dinp, float *dweight, const uint16_t *dout, const uint16_t *inp,
                            const uint16_t *weight, const float *rstd, int64_t T, int H, cudaStream_t stream);
 
-// In place on q[T, q_heads, D] and k[T, k_heads, D] bf16 (k NULL: q alone),
-// one launch: rotate-half RoPE at positions pos[T],
+// RoPE with the split or join of the fused q|k|v projection, one launch, all
+// bf16: qkv [T, (q_heads + 2 k_heads) D] (each token's q, k, v heads in
+// turn), q [T, q_heads, D], k and v [T, k_heads, D]. inverse = 0: q, k, v =
+// split(qkv), q and k rotated; inverse = 1 (the backward): qkv = join(q, k,
+// v), q and k rotated by -angle. Rotate-half RoPE at positions pos[T],
 // angle_i = pos * inv_freq[i] in double (inv_freq [D/2] from model/rope.c),
-// cos and sin in double times attention_factor, rounded to fp32; inverse = 1
-// rotates by -angle (the backward).
-void rope_cuda(uint16_t *q, int q_heads, uint16_t *k, int k_heads, const int64_t *pos, int64_t T, int D,
-               const double *inv_freq, double attention_factor, int inverse, cudaStream_t stream);
+// cos and sin in double times attention_factor, rounded to fp32.
+void rope_cuda(uint16_t *qkv, uint16_t *q, uint16_t *k, uint16_t *v, int q_heads, int k_heads, const int64_t *pos,
+               int64_t T, int D, const double *inv_freq, double attention_factor, int inverse, cudaStream_t stream);
 
-// out[n] = silu(gate[n]) * up[n], all bf16.
-void swiglu_forward_cuda(uint16_t *out, const uint16_t *gate, const uint16_t *up, int64_t n, cudaStream_t stream);
-// dgate = dout up s (1 + g (1 - s)), dup = dout g s with s = sigmoid(g); all bf16 (written, not added to).
-void swiglu_backward_cuda(uint16_t *dgate, uint16_t *dup, const uint16_t *dout, const uint16_t *gate,
-                          const uint16_t *up, int64_t n, cudaStream_t stream);
+// On the fused gate|up projection gate_up [rows, 2 width] (each row gate [width], up
+// [width]), all bf16: out [rows, width] = silu(gate) * up.
+void swiglu_forward_cuda(uint16_t *out, const uint16_t *gate_up, int64_t rows, int width, cudaStream_t stream);
+// dgate = dout up s (1 + g (1 - s)), dup = dout g s with s = sigmoid(g), into
+// dgate_up [rows, 2 width] as gate_up is laid out (written, not added to).
+void swiglu_backward_cuda(uint16_t *dgate_up, const uint16_t *dout, const uint16_t *gate_up, int64_t rows, int width,
+                          cudaStream_t stream);
 
 // y[n] += x[n], bf16.
 void accumulate_cuda(uint16_t *y, const uint16_t *x, int64_t n, cudaStream_t stream);

@@ -140,11 +140,9 @@ static void p_matmul_backward(Act *dinp, bool dinp_add, float *dweight, const Ac
     PROFILED(PROFILE_GEMM, gemm_shape(shape, sizeof(shape), T, IC, OC), 2.0 * products * (double)T * IC * OC, 0,
              prof.inner->matmul_backward(dinp, dinp_add, dweight, dout, inp, weight, T, IC, OC));
 }
-static void p_bias_backward(float *const *dbias, const Act *const *dout, const int *OC, int count, int64_t T) {
-    int64_t columns = 0;
-    for (int i = 0; i < count; i++) columns += OC[i];
-    PROFILED(PROFILE_OTHER, "bias gradients", 0, act(T * columns) + 8.0 * (double)columns,
-             prof.inner->bias_backward(dbias, dout, OC, count, T));
+static void p_bias_backward(float *dbias, const Act *dout, int OC, int64_t T) {
+    PROFILED(PROFILE_OTHER, "bias gradients", 0, act(T * (int64_t)OC) + 8.0 * (double)OC,
+             prof.inner->bias_backward(dbias, dout, OC, T));
 }
 static void p_rmsnorm_forward(Act *out, float *rstd, const Act *inp, const Weight *weight, int64_t T, int H,
                               float eps) {
@@ -161,16 +159,17 @@ static void p_residual_rmsnorm_forward(Act *out, float *rstd, Act *x, const Act 
     PROFILED(PROFILE_NORM, "", 0, act(4 * T * H) + 4.0 * (double)T,
              prof.inner->residual_rmsnorm_forward(out, rstd, x, delta, weight, T, H, eps));
 }
-static void p_rope(Act *q, int q_heads, Act *k, int k_heads, const int64_t *pos, int64_t T, int D,
+static void p_rope(Act *qkv, Act *q, Act *k, Act *v, int q_heads, int k_heads, const int64_t *pos, int64_t T, int D,
                    const double *inv_freq, double attention_factor, int inverse) {
-    PROFILED(PROFILE_ROPE, "", 0, act(2 * T * (int64_t)(q_heads + k_heads) * D),
-             prof.inner->rope(q, q_heads, k, k_heads, pos, T, D, inv_freq, attention_factor, inverse));
+    PROFILED(PROFILE_ROPE, "", 0, act(2 * T * (int64_t)(q_heads + 2 * k_heads) * D),
+             prof.inner->rope(qkv, q, k, v, q_heads, k_heads, pos, T, D, inv_freq, attention_factor, inverse));
 }
-static void p_swiglu_forward(Act *out, const Act *gate, const Act *up, int64_t n) {
-    PROFILED(PROFILE_SWIGLU, "", 0, act(3 * n), prof.inner->swiglu_forward(out, gate, up, n));
+static void p_swiglu_forward(Act *out, const Act *gate_up, int64_t rows, int width) {
+    PROFILED(PROFILE_SWIGLU, "", 0, act(3 * rows * width), prof.inner->swiglu_forward(out, gate_up, rows, width));
 }
-static void p_swiglu_backward(Act *dgate, Act *dup, const Act *dout, const Act *gate, const Act *up, int64_t n) {
-    PROFILED(PROFILE_SWIGLU, "", 0, act(5 * n), prof.inner->swiglu_backward(dgate, dup, dout, gate, up, n));
+static void p_swiglu_backward(Act *dgate_up, const Act *dout, const Act *gate_up, int64_t rows, int width) {
+    PROFILED(PROFILE_SWIGLU, "", 0, act(5 * rows * width),
+             prof.inner->swiglu_backward(dgate_up, dout, gate_up, rows, width));
 }
 static double p_sum_squares(const float *x, int64_t n) {
     double sum = 0;

@@ -31,8 +31,10 @@
 #include "../model/hf_config.h"
 #include "../model/hf_io.h"
 
-#define OPTIMIZER_MAGIC "MTADAMW1"
-#define SHARD_MAGIC "MTADAMS1"
+// The moments are in arena order (model.c's layer_arena_order); version 1
+// files hold them in another order (each layer's table order) and are refused.
+#define OPTIMIZER_MAGIC "MTADAMW2"
+#define SHARD_MAGIC "MTADAMS2"
 
 static void join(char *out, size_t n, const char *dir, const char *name) {
     if ((size_t)snprintf(out, n, "%s/%s", dir, name) >= n) fail("%s/%s: path too long", dir, name);
@@ -119,6 +121,9 @@ static float *read_moments(const char *path, const char *magic, const uint64_t *
     char *file = read_file(path, &file_bytes);
     uint64_t header[4];
     size_t header_bytes = sizeof(uint64_t) * (size_t)(n_words + 1);
+    if (file_bytes >= 8 && !memcmp(file, magic, 7) && file[7] == '1')
+        fail("%s: optimizer state of an earlier mtrain (%.8s: moments in another parameter order; expected %s); "
+             "start from its weights with train.init_from: its folder", path, file, magic);
     if (file_bytes < 8 + header_bytes || memcmp(file, magic, 8))
         fail("%s: not an mtrain optimizer state (bad magic or truncated)", path);
     memcpy(header, file + 8, header_bytes);

@@ -350,26 +350,31 @@ static int kernel_rows(const Plan *p, const Config *cfg, KernelRow *rows) {
     const double chunks = ceil((double)p->tokens / cfg->train.loss_chunk) * cfg->train.micro_batches;
     const double chunk_rows = fmin((double)cfg->train.loss_chunk, Tm);
     const double shards = cfg->parallel.zero == 1 ? (double)p->dp * p->cp : 1.0;
-    const double gemm_io[7][2] = {{H, QD}, {H, KD}, {H, KD}, {QD, H}, {H, F}, {H, F}, {F, H}};
-    const int dinp_added[7] = {0, 1, 1, 0, 0, 1, 0};   // k, v and up add to the dX q and gate wrote
-    double gf = 0, gf_bytes = 0, gb_bytes = 0;
-    for (int g = 0; g < 7; g++) {
+    // A layer's GEMMs (in, out): q|k|v fused (its bias in the epilogue), o, gate|up fused, down; each
+    // dX written (beta 0). Forward calls per layer: every pass runs all but down, which the
+    // recomputation leaves out.
+    const double gemm_io[4][2] = {{H, QD + 2 * KD}, {QD, H}, {H, 2 * F}, {F, H}};
+    const double gemm_calls[4] = {fwd, fwd, fwd, 1};
+    double gf = 0, gf_fwd = 0, gf_fwd_bytes = 0, gb_bytes = 0, fwd_calls = 0;
+    for (int g = 0; g < 4; g++) {
         const double IC = gemm_io[g][0], OC = gemm_io[g][1];
         gf += 2 * T * IC * OC;
-        gf_bytes += 2 * (T * IC + IC * OC + T * OC);
-        gb_bytes += (2 * T * OC + 2 * IC * OC + (dinp_added[g] ? 4 : 2) * T * IC) +
-                    (2 * T * OC + 2 * T * IC + 8 * IC * OC);
+        gf_fwd += 2 * T * IC * OC * gemm_calls[g];
+        gf_fwd_bytes += 2 * (T * IC + IC * OC + T * OC) * gemm_calls[g];
+        gb_bytes += (2 * T * OC + 2 * IC * OC + 2 * T * IC) + (2 * T * OC + 2 * T * IC + 8 * IC * OC);
+        fwd_calls += gemm_calls[g];
     }
-    gb_bytes += 2 * T * (QD + 2 * KD);   // the bias gradients read dout once more
     int n = 0;
-    n = add_kernel(rows, n, "GEMMs of the layers, forward", 7 * L * fwd, gf * L * fwd, gf_bytes * L * fwd,
-                   KERNEL_GEMM);
-    for (int g = 0; g < 7; g++) add_gemm(&rows[n - 1], Tm, gemm_io[g][1], gemm_io[g][0], L * fwd * micro);
-    n = add_kernel(rows, n, "GEMMs of the layers, dX and dW", 14 * L, 2 * gf * L, gb_bytes * L, KERNEL_GEMM);
-    for (int g = 0; g < 7; g++) {
+    n = add_kernel(rows, n, "GEMMs of the layers, forward", fwd_calls * L, gf_fwd * L, gf_fwd_bytes * L, KERNEL_GEMM);
+    for (int g = 0; g < 4; g++) add_gemm(&rows[n - 1], Tm, gemm_io[g][1], gemm_io[g][0], L * gemm_calls[g] * micro);
+    n = add_kernel(rows, n, "GEMMs of the layers, dX and dW", 8 * L, 2 * gf * L, gb_bytes * L, KERNEL_GEMM);
+    for (int g = 0; g < 4; g++) {
         add_gemm(&rows[n - 1], Tm, gemm_io[g][0], gemm_io[g][1], L * micro);               // dX = dY W
         add_gemm(&rows[n - 1], gemm_io[g][0], gemm_io[g][1], Tm, L * micro);               // dW = X^T dY
     }
+    // The q|k|v bias gradient: a column sum of d(q|k|v) in two launches.
+    n = add_kernel(rows, n, "bias gradients", 2 * L, 0, L * (2 * T * (QD + 2 * KD) + 8 * (QD + 2 * KD)),
+                   KERNEL_MEMORY);
     n = add_kernel(rows, n, "LM head, forward (per chunk)", chunks, 2 * T * H * V,
                    chunks * 2 * V * H + 2 * T * H + 2 * T * V, KERNEL_GEMM);
     add_gemm(&rows[n - 1], chunk_rows, V, H, chunks);
@@ -421,8 +426,8 @@ static int kernel_rows(const Plan *p, const Config *cfg, KernelRow *rows) {
     n = add_kernel(rows, n, "residual add + rmsnorm (fused)", fused_norms, 0, fused_norms * 8 * T * H,
                    KERNEL_MEMORY);
     n = add_kernel(rows, n, "rmsnorm backward", 2 * L + 1, 0, (2 * L + 1) * 8 * T * H, KERNEL_MEMORY);
-    n = add_kernel(rows, n, "rope forward (q, k)", L * fwd, 0, L * fwd * 4 * T * (QD + KD), KERNEL_MEMORY);
-    n = add_kernel(rows, n, "rope backward (dq, dk)", L, 0, L * 4 * T * (QD + KD), KERNEL_MEMORY);
+    n = add_kernel(rows, n, "rope forward (q, k, v split)", L * fwd, 0, L * fwd * 4 * T * (QD + 2 * KD), KERNEL_MEMORY);
+    n = add_kernel(rows, n, "rope backward (dq, dk, dv joined)", L, 0, L * 4 * T * (QD + 2 * KD), KERNEL_MEMORY);
     n = add_kernel(rows, n, "swiglu forward", L * fwd, 0, L * fwd * 6 * T * F, KERNEL_MEMORY);
     n = add_kernel(rows, n, "swiglu backward", L, 0, L * 10 * T * F, KERNEL_MEMORY);
     // dq, dk, dv (the attention backward adds into them) per layer, d(x_final) once; every other
@@ -561,10 +566,14 @@ static void plan_flops(Plan *p, const Config *cfg) {
     double attn_fwd = 2.0 * N * N * c->num_heads * c->head_dim * c->num_layers * micro / p->cp;
     p->dense_model_flops = gemm + (1 + ATTN_BACKWARD_FLOPS) * attn_fwd;
     p->model_flops = gemm + (1 + ATTN_BACKWARD_FLOPS) * attn_fwd * p->density;
-    // Recomputation runs every layer's GEMMs again (full: its attention too); without it an MLP in chunks
-    // recomputes its gate and up.
+    // Recomputation runs every layer's GEMMs again but the down projection's (full: its attention too);
+    // without it an MLP in chunks recomputes its gate and up.
     const RecomputePolicy policy = p->recompute;
-    double recompute = policy == RECOMPUTE_NONE ? 0.0 : gemm / 3.0 + (policy == RECOMPUTE_FULL ? attn_fwd * p->density : 0);
+    const double H = c->hidden_size, F = c->intermediate_size;
+    const double recomputed_gemm = 2.0 * tokens * c->num_layers * H * (2.0 * c->num_heads * c->head_dim +
+                                                                       2.0 * c->num_kv_heads * c->head_dim + 2 * F);
+    double recompute = policy == RECOMPUTE_NONE ? 0.0
+                       : recomputed_gemm + (policy == RECOMPUTE_FULL ? attn_fwd * p->density : 0);
     if (policy == RECOMPUTE_NONE && model_mlp_chunk_rows(cfg->train.mlp_chunk, policy, p->tokens))
         recompute += 4.0 * tokens * c->hidden_size * c->intermediate_size * c->num_layers;
     p->hardware_flops = p->model_flops + recompute;

@@ -267,70 +267,82 @@ static void test_residual_rmsnorm(int64_t T, int H, int offset) {
 
 // ---- RoPE ----
 
-// q [T, heads, D] and k [T, (heads + 1) / 2, D] in one call (k right after q
-// in one buffer), each against the formula.
+// The fused rows qkv [T, (heads + 2 k_heads) D] (k_heads = (heads + 1) / 2)
+// split into q [T, heads, D], k and v [T, k_heads, D] (one buffer, in turn)
+// or, inverse, joined back; q and k against the formula, v copied exactly.
 static void test_rope(int64_t T, int heads, int D, double attention_factor, int inverse) {
     char shape[96];
     snprintf(shape, sizeof shape, "T=%lld heads=%d D=%d factor=%g inverse=%d", (long long)T, heads, D,
              attention_factor, inverse);
     const int half = D / 2, k_heads = (heads + 1) / 2;
-    const int64_t nq = T * heads * D, n = nq + T * k_heads * D;
+    const int64_t QD = (int64_t)heads * D, KD = (int64_t)k_heads * D, W = QD + 2 * KD, n = T * W;
     uint16_t *x;
     float *xf;
-    random_bf16(&rng, n, &x, &xf);
+    random_bf16(&rng, n, &x, &xf);   // the input: the fused rows, or q, k, v in turn
     int64_t *pos = xmalloc((size_t)T * sizeof(int64_t));
     for (int64_t t = 0; t < T; t++) pos[t] = t == 0 ? 0 : (int64_t)rng_below(&rng, 600000);   // up to 586K
     double *inv_freq = dalloc(half);
     for (int i = 0; i < half; i++) inv_freq[i] = pow(1e6, -2.0 * i / D);
-    uint16_t *d_x = to_device(x, (size_t)n * 2);
+    uint16_t *d_in = to_device(x, (size_t)n * 2), *d_out = poisoned((size_t)n * 2);
     int64_t *d_pos = to_device(pos, (size_t)T * sizeof(int64_t));
     double *d_inv = to_device(inv_freq, (size_t)half * sizeof(double));
 
-    rope_cuda(d_x, heads, d_x + nq, k_heads, d_pos, T, D, d_inv, attention_factor, inverse, 0);
-    float *got = download_bf16(d_x, n);
+    uint16_t *fused = inverse ? d_out : d_in, *apart = inverse ? d_in : d_out;
+    rope_cuda(fused, apart, apart + T * QD, apart + T * (QD + KD), heads, k_heads, d_pos, T, D, d_inv,
+              attention_factor, inverse, 0);
+    float *got = download_bf16(d_out, n);
     double *want = dalloc(n), *bound = dalloc(n);
-    const struct { int64_t at; int heads; } tensors[2] = {{0, heads}, {nq, k_heads}};
-    for (int q_or_k = 0; q_or_k < 2; q_or_k++)
+    // Part p (q, k, v): its heads, its columns in the fused rows, its first element apart.
+    const struct { int heads; int64_t column, at; } parts[3] = {{heads, 0, 0}, {k_heads, QD, T * QD},
+                                                                 {k_heads, QD + KD, T * (QD + KD)}};
+    for (int p = 0; p < 3; p++)
         for (int64_t t = 0; t < T; t++)
             for (int i = 0; i < half; i++) {
                 const double angle = (double)pos[t] * inv_freq[i];
-                const double c = attention_factor * cos(angle);
-                const double s = attention_factor * sin(angle) * (inverse ? -1 : 1);
-                const int H = tensors[q_or_k].heads;
+                const double c = p == 2 ? 1 : attention_factor * cos(angle);
+                const double s = p == 2 ? 0 : attention_factor * sin(angle) * (inverse ? -1 : 1);
+                const int H = parts[p].heads;
                 for (int h = 0; h < H; h++) {
-                    const int64_t j = tensors[q_or_k].at + (t * H + h) * D + i;
-                    const double x1 = xf[j], x2 = xf[j + half];
-                    want[j] = x1 * c - x2 * s;
-                    want[j + half] = x2 * c + x1 * s;
-                    const double slack = 4 * U32 * attention_factor * (fabs(x1) + fabs(x2));
-                    bound[j] = U16 * fabs(want[j]) + slack;
-                    bound[j + half] = U16 * fabs(want[j + half]) + slack;
+                    const int64_t f = t * W + parts[p].column + h * D + i, a = parts[p].at + (t * H + h) * D + i;
+                    const int64_t from = inverse ? a : f, to = inverse ? f : a;
+                    const double x1 = xf[from], x2 = xf[from + half];
+                    want[to] = x1 * c - x2 * s;
+                    want[to + half] = x2 * c + x1 * s;
+                    const double slack = p == 2 ? 0 : 4 * U32 * attention_factor * (fabs(x1) + fabs(x2));
+                    bound[to] = p == 2 ? 0 : U16 * fabs(want[to]) + slack;
+                    bound[to + half] = p == 2 ? 0 : U16 * fabs(want[to + half]) + slack;
                 }
             }
-    expect_within("rope", "q and k", shape, got, want, bound, n);
+    expect_within("rope", "q, k and v", shape, got, want, bound, n);
 
-    CUDA_CHECK(cudaFree(d_x)); CUDA_CHECK(cudaFree(d_pos)); CUDA_CHECK(cudaFree(d_inv));
+    CUDA_CHECK(cudaFree(d_in)); CUDA_CHECK(cudaFree(d_out)); CUDA_CHECK(cudaFree(d_pos)); CUDA_CHECK(cudaFree(d_inv));
     free(x); free(xf); free(pos); free(inv_freq); free(got); free(want); free(bound);
 }
 
 // ---- SwiGLU, accumulate ----
 
-static void test_swiglu(int64_t n) {
-    char shape[32];
-    snprintf(shape, sizeof shape, "n=%lld", (long long)n);
+// gate_up [rows, 2I] (each row gate [I] then up [I]); I not a multiple of 8:
+// groups across rows, element by element.
+static void test_swiglu(int64_t rows, int I) {
+    char shape[48];
+    snprintf(shape, sizeof shape, "rows=%lld I=%d", (long long)rows, I);
+    const int64_t n = rows * I;
     uint16_t *g, *u, *dy;
     float *gf, *uf, *dyf;
     random_bf16_scaled(n, 3.0, &g, &gf);   // sigmoid's tails and g(1 - s) near -1
     random_bf16(&rng, n, &u, &uf);
     random_bf16(&rng, n, &dy, &dyf);
-    uint16_t *d_g = to_device(g, (size_t)n * 2), *d_u = to_device(u, (size_t)n * 2);
-    uint16_t *d_dy = to_device(dy, (size_t)n * 2);
+    uint16_t *gu = xmalloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) gu[i / I * 2 * I + i % I] = g[i], gu[i / I * 2 * I + I + i % I] = u[i];
+    uint16_t *d_gu = to_device(gu, (size_t)n * 4), *d_dy = to_device(dy, (size_t)n * 2);
     // NaN: the backward writes every element (it does not add to them)
-    uint16_t *d_dg = poisoned((size_t)n * 2), *d_du = poisoned((size_t)n * 2), *d_out = poisoned((size_t)n * 2);
+    uint16_t *d_dgu = poisoned((size_t)n * 4), *d_out = poisoned((size_t)n * 2);
 
-    swiglu_forward_cuda(d_out, d_g, d_u, n, 0);
-    swiglu_backward_cuda(d_dg, d_du, d_dy, d_g, d_u, n, 0);
-    float *out = download_bf16(d_out, n), *dg = download_bf16(d_dg, n), *du = download_bf16(d_du, n);
+    swiglu_forward_cuda(d_out, d_gu, rows, I, 0);
+    swiglu_backward_cuda(d_dgu, d_dy, d_gu, rows, I, 0);
+    float *out = download_bf16(d_out, n), *dgu = download_bf16(d_dgu, 2 * n);
+    float *dg = xmalloc((size_t)(n ? n : 1) * sizeof(float)), *du = xmalloc((size_t)(n ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) dg[i] = dgu[i / I * 2 * I + i % I], du[i] = dgu[i / I * 2 * I + I + i % I];
     double *want = dalloc(n), *bound = dalloc(n), *want_g = dalloc(n), *bound_g = dalloc(n);
     double *want_u = dalloc(n), *bound_u = dalloc(n);
     for (int64_t i = 0; i < n; i++) {
@@ -347,9 +359,8 @@ static void test_swiglu(int64_t n) {
     expect_within("swiglu_backward", "dgate", shape, dg, want_g, bound_g, n);
     expect_within("swiglu_backward", "dup", shape, du, want_u, bound_u, n);
 
-    CUDA_CHECK(cudaFree(d_g)); CUDA_CHECK(cudaFree(d_u)); CUDA_CHECK(cudaFree(d_dy)); CUDA_CHECK(cudaFree(d_dg));
-    CUDA_CHECK(cudaFree(d_du)); CUDA_CHECK(cudaFree(d_out));
-    free(g); free(gf); free(u); free(uf); free(dy); free(dyf);
+    CUDA_CHECK(cudaFree(d_gu)); CUDA_CHECK(cudaFree(d_dy)); CUDA_CHECK(cudaFree(d_dgu)); CUDA_CHECK(cudaFree(d_out));
+    free(g); free(gf); free(u); free(uf); free(dy); free(dyf); free(gu); free(dgu);
     free(out); free(dg); free(du); free(want); free(bound); free(want_g); free(bound_g); free(want_u);
     free(bound_u);
 }
@@ -583,10 +594,11 @@ int main(int argc, char **argv) {
     test_rope(7, 3, 64, 1.0, 1);
     test_rope(37, 2, 128, 1.2, 0);
     test_rope(130, 3, 128, 1.2, 1);
-    test_swiglu(1);
-    test_swiglu(7 * 40);
-    test_swiglu(37 * 896);
-    test_swiglu(1001);                   // a tail group of 1
+    test_swiglu(1, 1);
+    test_swiglu(7, 40);
+    test_swiglu(37, 896);
+    test_swiglu(7, 143);                 // rows not whole groups: element by element
+    test_swiglu(1, 1001);                // a tail group of 1
     test_accumulate(1, 0);
     test_accumulate(130 * 40, 0);
     test_accumulate(1003, 0);      // a tail group of 3
@@ -605,7 +617,7 @@ int main(int argc, char **argv) {
         test_embedding(4099, 896, 151936);
         test_rmsnorm(4099, 896);
         test_rope(4099, 14, 64, 1.0, 0);
-        test_swiglu(4099 * 4864);
+        test_swiglu(4099, 4864);
         test_cross_entropy(1000, 151936);
         test_adamw(50000000);
     }

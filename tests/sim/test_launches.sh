@@ -16,7 +16,7 @@ cd "$(dirname "$0")/../.."
 source tests/lib/lib.sh
 sim_setup launches
 RUN="$SIM_RUN train.steps=2 checkpoint.resume=never"
-declare -A MOST=([none]=48 [selective]=58 [full]=63) MEMSETS=([none]=5 [selective]=5 [full]=6)
+declare -A MOST=([none]=40 [selective]=46 [full]=51) MEMSETS=([none]=5 [selective]=5 [full]=6)
 
 # count NAME KIND: the report's figure of KIND (total, kernels, matmuls, memsets) in run NAME.
 count() {

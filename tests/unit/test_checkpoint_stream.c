@@ -61,7 +61,7 @@ static void check_model(const char *label, int hidden, int vocab, const char *di
 
     uint64_t header[2];
     memcpy(header, file + 8, sizeof(header));
-    EXPECT(!memcmp(file, "MTADAMW1", 8) && header[0] == (uint64_t)P && header[1] == XXH64(host, 2 * bytes, 0),
+    EXPECT(!memcmp(file, "MTADAMW2", 8) && header[0] == (uint64_t)P && header[1] == XXH64(host, 2 * bytes, 0),
            "%s: header holds the magic, the parameter count and the XXH64 of m then v", label);
     const char *frame = file + 24;
     size_t frame_bytes = file_bytes - 24;

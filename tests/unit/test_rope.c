@@ -72,41 +72,49 @@ static void test_yarn_shape(void) {
     EXPECT(!memcmp(inv, with_zero, sizeof(inv)), "original 0 means max_position_embeddings");
 }
 
-// The op against the definition: x' = af·(x cos + rotate_half(x) sin), per head;
-// the same op on q and on a k of the first head of every token in one call
-// rotates that k as it rotates q's first head.
+// The op against the definition: x' = af·(x cos + rotate_half(x) sin), per
+// head, split out of the fused q|k|v rows; k's head is each token's first q
+// head, so it comes out rotated as q's first head; v is copied; the inverse
+// joins them back into the fused rows, rotated by the transpose.
 static void test_rope_op(void) {
-    enum { T = 5, H = 3, D = 16 };
+    enum { T = 5, H = 3, D = 16, W = (H + 2) * D };
     const Backend *be = backend_cpu();
     ModelConfig c = yarn_config(D, 10000.0, 8.0, 64, 512);
     double inv[D / 2];
     double af = rope_frequencies(&c, D, inv);
     int64_t pos[T] = {0, 1, 7, 100, 4000};
-    float x[T * H * D], y[T * H * D], k[T * D];
-    for (int i = 0; i < T * H * D; i++) x[i] = (float)sin(0.37 * i + 1.0);
-    memcpy(y, x, sizeof(x));
-    for (int t = 0; t < T; t++) memcpy(k + t * D, x + t * H * D, sizeof(float) * D);
-    be->rope((Act *)y, H, (Act *)k, 1, pos, T, D, inv, af, 0);  // the CPU backend: Act is fp32
-    int k_differs = 0;
-    for (int t = 0; t < T; t++) k_differs += memcmp(k + t * D, y + t * H * D, sizeof(float) * D) != 0;
+    float qkv[T * W], back[T * W], y[T * H * D], k[T * D], v[T * D];
+    for (int i = 0; i < T * W; i++) qkv[i] = (float)sin(0.37 * i + 1.0);
+    for (int t = 0; t < T; t++) memcpy(qkv + t * W + H * D, qkv + t * W, sizeof(float) * D);
+    be->rope((Act *)qkv, (Act *)y, (Act *)k, (Act *)v, H, 1, pos, T, D, inv, af, 0);  // the CPU backend: Act is fp32
+    int k_differs = 0, v_differs = 0;
+    for (int t = 0; t < T; t++) {
+        k_differs += memcmp(k + t * D, y + t * H * D, sizeof(float) * D) != 0;
+        v_differs += memcmp(v + t * D, qkv + t * W + (H + 1) * D, sizeof(float) * D) != 0;
+    }
     EXPECT(k_differs == 0, "rope of q and k in one call: k's head rotated as q's first head (%d tokens differ)",
            k_differs);
+    EXPECT(v_differs == 0, "rope's split copies v out of the fused rows (%d tokens differ)", v_differs);
     double worst = 0;
     for (int t = 0; t < T; t++)
         for (int h = 0; h < H; h++)
             for (int i = 0; i < D; i++) {
-                const float *v = x + (t * H + h) * D;
+                const float *x = qkv + t * W + h * D;
                 int p = i % (D / 2);
                 double angle = (double)pos[t] * inv[p];
-                double rot = i < D / 2 ? -v[i + D / 2] : v[i - D / 2];
-                double want = af * (v[i] * cos(angle) + rot * sin(angle));
+                double rot = i < D / 2 ? -x[i + D / 2] : x[i - D / 2];
+                double want = af * (x[i] * cos(angle) + rot * sin(angle));
                 worst = fmax(worst, fabs(y[(t * H + h) * D + i] - want));
             }
     EXPECT(worst < 1e-6, "rope op = af (x cos + rotate_half(x) sin) (max err %.2e)", worst);
-    be->rope((Act *)y, H, NULL, 0, pos, T, D, inv, af, 1);  // the CPU backend: Act is fp32
-    double back = 0;
-    for (int i = 0; i < T * H * D; i++) back = fmax(back, fabs(y[i] - af * af * x[i]));
-    EXPECT(back < 1e-6, "inverse rope is the transpose: R^T R x = af^2 x (max err %.2e)", back);
+    be->rope((Act *)back, (Act *)y, (Act *)k, (Act *)v, H, 1, pos, T, D, inv, af, 1);
+    double err = 0;
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < W; i++) {
+            double scale = i < (H + 1) * D ? af * af : 1.0;   // q and k rotated there and back; v copied
+            err = fmax(err, fabs(back[t * W + i] - scale * qkv[t * W + i]));
+        }
+    EXPECT(err < 1e-6, "inverse rope is the transpose, joined: R^T R x = af^2 x, v as it was (max err %.2e)", err);
 }
 
 static int print_table(char **argv) {

@@ -1,10 +1,11 @@
 // attention_cuda_op.cu: the CUDA backend's attention op (attention_api.h),
 // composed from the kernels of flash_cuda.cu, sparse_cuda.cu and
 // sparse_select_cuda.cu as attention_cpu.c composes the CPU kernels: one
-// path, the AttnRingCuda bound by attention_cuda_set_ring (ring_cuda.h: a
-// ring of one on one GPU) runs ring.c's schedule over the dense kernels or the layer's
-// index on device buffers; the sparse plan is this GPU's (plan_layer) or
-// the ring's. The state keeps what lives between calls: the config and its
+// path, the device ring that attention_cuda_set_ring makes (ring_cuda.h: a
+// ring of one on one GPU) runs ring.c's schedule over the dense kernels or
+// the layer's index on device buffers; the sparse plan is this GPU's
+// (plan_layer) or the ring's. Only the trainer's programs link it (the
+// ring's objects need MPI); the GPU programs of the kernels alone do not. The state keeps what lives between calls: the config and its
 // fixed budgets, each layer's device pattern from the sequence's plan
 // forward, one device index (rebuilt from a layer's pattern on the device
 // when a call needs another layer's: every layer's index is not kept), the
@@ -33,7 +34,7 @@
 extern "C" {
 #include "../sparse/sparse.h"
 }
-#include "attention_cuda_op.h"
+#include "../attention_api.h"
 #include "../../dist/cuda_check.h"
 #include "../../dist/cuda_elementwise.cuh"
 #include "../../dist/cuda_kernel.h"
@@ -41,6 +42,7 @@ extern "C" {
 #include "../kernels/attn_variants.h"
 #include "../kernels/flash_sm90.h"
 #include "../kernels/sparse_cuda.h"
+#include "../ring/ring_cuda.h"
 #include "../sparse/sparse_select_cuda.h"
 
 // sparse_select_cuda.cu's estimation takes at most this many queries.
@@ -65,7 +67,7 @@ struct AttnState {
     int64_t *pos;                // [tokens] the sequence's positions (host)
     int64_t tokens;
     bool pos_is_iota;            // pos[t] == t for every t
-    AttnRingCuda ring;           // the cp ring (ring.ring NULL on one rank)
+    RingCuda *ring;              // the cp ring (NULL before attention_cuda_set_ring)
     void **ring_layer;           // [num_layers] sparse on a ring: the plan's state of the layer (ring's)
     Scratch o_acc, dq_acc, dk_acc, dv_acc, lse_est, vertical, slash, q_blocks, docs, recall;
     int64_t recall_rows[SPARSE_RECALL_ROWS];  // the recall sample (host; kept while its copy is queued)
@@ -118,7 +120,7 @@ static void forget_plans(AttnState *st) {
 // The ring's layer states (before the ring goes).
 static void forget_ring_layers(AttnState *st) {
     for (int l = 0; l < st->num_layers; l++) {
-        if (st->ring_layer[l] && st->ring.layer_free) st->ring.layer_free(st->ring_layer[l]);
+        ring_cuda_layer_free(st->ring_layer[l]);
         st->ring_layer[l] = NULL;
     }
 }
@@ -134,7 +136,7 @@ extern "C" void attention_cuda_free(AttnState *st) {
     for (Scratch *s : all) scratch_free(s);
     if (st->docs_host) CUDA_CHECK(cudaFreeHost(st->docs_host));
     if (st->docs_copied) CUDA_CHECK(cudaEventDestroy(st->docs_copied));
-    if (st->ring.ring) st->ring.free(st->ring.ring);
+    ring_cuda_free(st->ring);
     free(st->pattern);
     free(st->planned);
     free(st->ring_layer);
@@ -144,12 +146,12 @@ extern "C" void attention_cuda_free(AttnState *st) {
     free(st);
 }
 
-extern "C" bool attention_cuda_bind_ring(AttnState *st, const AttnRingCuda *ring) {
+extern "C" bool attention_cuda_set_ring(AttnState *st, const struct Comm *cp, int inner) {
     forget_ring_layers(st);
     forget_plans(st);
-    if (st->ring.ring) st->ring.free(st->ring.ring);
-    st->ring = *ring;
-    return ring->cp_size > 1;
+    ring_cuda_free(st->ring);
+    st->ring = ring_cuda_new(cp, inner);
+    return ring_cuda_size(st->ring) > 1;
 }
 
 extern "C" void attention_cuda_sequence(AttnState *st, const int64_t *pos, int64_t tokens) {
@@ -162,8 +164,8 @@ extern "C" void attention_cuda_sequence(AttnState *st, const int64_t *pos, int64
         st->pos[t] = pos[t];
         st->pos_is_iota &= pos[t] == t;
     }
-    CHECK(st->ring.ring, "attention (CUDA): a sequence before the ring (attention_cuda_set_ring)");
-    st->ring.sequence(st->ring.ring, pos, tokens);
+    CHECK(st->ring, "attention (CUDA): a sequence before the ring (attention_cuda_set_ring)");
+    ring_cuda_sequence(st->ring, pos, tokens);
 }
 
 // The call's shape with its document starts on the device
@@ -183,7 +185,7 @@ static AttnShape with_documents(AttnState *st, const AttnShape *shape, cudaStrea
         if (st->docs_copied) CUDA_CHECK(cudaEventSynchronize(st->docs_copied));
         else CUDA_CHECK(cudaEventCreateWithFlags(&st->docs_copied, cudaEventDisableTiming));
         if (n > st->docs_capacity) {
-            const int64_t tokens = st->tokens * st->ring.cp_size, capacity = n > tokens ? n : tokens;
+            const int64_t tokens = st->tokens * ring_cuda_size(st->ring), capacity = n > tokens ? n : tokens;
             if (st->docs_host) CUDA_CHECK(cudaFreeHost(st->docs_host));
             CUDA_CHECK(cudaMallocHost((void **)&st->docs_host, sizeof(int64_t) * (size_t)capacity));
             scratch(&st->docs, sizeof(int64_t) * (size_t)capacity);
@@ -335,7 +337,7 @@ static void plan_layer(AttnState *st, int l, const AttnShape *s, const uint16_t 
 // ---- forward and backward ----
 
 // Over several ranks.
-static bool on_ring(const AttnState *st) { return st->ring.cp_size > 1; }
+static bool on_ring(const AttnState *st) { return ring_cuda_size(st->ring) > 1; }
 
 static void check_call(const AttnState *st, int layer, const AttnShape *s) {
     CHECK(layer >= 0 && layer < st->num_layers, "attention (CUDA): layer %d outside [0, %d)", layer,
@@ -357,19 +359,26 @@ static void plan_layer_pattern(AttnState *st, int l, const AttnShape *s, const u
         plan_layer(st, l, s, q, k, v, pos, stream, stats);
         return;
     }
-    st->ring.sparse_plan(st->ring.ring, &st->cfg, s, q, k, layer_budget(st, st->budget_vertical, l),
-                         layer_budget(st, st->budget_slash, l), &st->pattern[l], &st->index, &st->ring_layer[l],
-                         stats, stream);
+    ring_cuda_sparse_plan(st->ring, &st->cfg, s, q, k, layer_budget(st, st->budget_vertical, l),
+                          layer_budget(st, st->budget_slash, l), &st->pattern[l], &st->index, &st->ring_layer[l],
+                          stats, stream);
     st->planned[l] = true;
     st->index_layer = l;
 }
 
-// Sparse: layer l's index (planned by the sequence's first forward); dense: NULL.
-static const SparseIndexCuda *call_index(AttnState *st, int l, const AttnShape *s, const int64_t *pos,
-                                         cudaStream_t stream) {
-    if (st->cfg.type != ATTN_SPARSE) return NULL;
+// Layer l's call through the ring: sparse, its index (planned by the
+// sequence's first forward) and over several ranks the ring's layer state;
+// dense: neither.
+static RingCallCuda layer_call(AttnState *st, int l, const AttnShape *s, const int64_t *pos, cudaStream_t stream) {
+    RingCallCuda call{};
+    call.shape = s;
+    call.send = st->cfg.ring_send;
+    call.stream = stream;
+    if (st->cfg.type != ATTN_SPARSE) return call;
     CHECK(st->planned[l], "attention (CUDA): layer %d used before its sequence's plan forward", l);
-    return layer_index(st, l, s, pos, stream);
+    call.index = layer_index(st, l, s, pos, stream);
+    call.layer = st->ring_layer[l];
+    return call;
 }
 
 // One path for every case: the ring's schedule (a ring of one on one GPU)
@@ -384,8 +393,11 @@ extern "C" void attention_cuda_forward(AttnState *st, int layer, bool plan, cons
     const size_t nq = (size_t)(s.q_tokens * s.num_heads * s.head_dim);
     float *o_acc = (float *)scratch(&st->o_acc, sizeof(float) * nq);
     if (plan && st->cfg.type == ATTN_SPARSE) plan_layer_pattern(st, layer, &s, q, k, v, pos, stream, stats);
-    st->ring.forward(st->ring.ring, &s, st->cfg.ring_send, call_index(st, layer, &s, pos, stream),
-                     st->ring_layer[layer], q, k, v, o_acc, lse, plan ? stats : NULL, stream);
+    RingCallCuda call = layer_call(st, layer, &s, pos, stream);
+    call.q = q, call.k = k, call.v = v;
+    call.out = AttnOut{o_acc, lse};
+    call.stats = plan ? stats : NULL;
+    ring_cuda_forward(st->ring, &call);
     attn_output_bf16_cuda(&s, o_acc, o, stream);
     if (plan && stats && st->cfg.type == ATTN_SPARSE && !on_ring(st))   // the ring counts its own
         count_sampled_recall(st, &s, q, k, pos, lse, stream, stats);
@@ -415,13 +427,15 @@ extern "C" void attention_cuda_backward(AttnState *st, int layer, const AttnShap
     CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, sizeof(float) * (size_t)nq, stream));
     CUDA_CHECK(cudaMemsetAsync(dk_acc, 0, sizeof(float) * (size_t)nk, stream));
     CUDA_CHECK(cudaMemsetAsync(dv_acc, 0, sizeof(float) * (size_t)nk, stream));
-    st->ring.backward(st->ring.ring, &s, st->cfg.ring_send, call_index(st, layer, &s, pos, stream),
-                      st->ring_layer[layer], q, k, v, o, lse, dout, dq_acc, dk_acc, dv_acc, stream);
+    RingCallCuda call = layer_call(st, layer, &s, pos, stream);
+    call.q = q, call.k = k, call.v = v, call.o = o, call.dout = dout;
+    call.grads = AttnGrads{lse, NULL, dq_acc, dk_acc, dv_acc};
+    ring_cuda_backward(st->ring, &call);
     launch_add_into((__nv_bfloat16 *)dq, dq_acc, nq, stream);
     launch_add_into((__nv_bfloat16 *)dk, dk_acc, nk, stream);
     launch_add_into((__nv_bfloat16 *)dv, dv_acc, nk, stream);
 }
 
 extern "C" double attention_cuda_ring_bytes(const AttnState *st) {
-    return st->ring.ring ? st->ring.bytes(st->ring.ring) : 0;
+    return st->ring ? ring_cuda_bytes(st->ring) : 0;
 }

@@ -365,21 +365,18 @@ typedef struct {
     int steps, begins, backward_begins, ends, foreign;
 } RingCounts;
 
-static void counted_forward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos, const void *k,
-                            const void *v, const int64_t *k_pos, float *o, float *lse) {
+static void counted_forward(void *ctx, const RingStep *step) {
     RingCounts *c = ctx;
     c->steps++;
-    c->foreign += k != c->k || v != c->v;
-    ring_dense_cpu.forward(NULL, shape, q, q_pos, k, v, k_pos, o, lse);
+    c->foreign += step->k != c->k || step->v != c->v;
+    ring_dense_cpu.forward(NULL, step);
 }
 
-static void counted_backward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos, const void *k,
-                             const void *v, const int64_t *k_pos, const float *lse, const float *delta,
-                             const void *dout, float *dq, float *dk, float *dv) {
+static void counted_backward(void *ctx, const RingStep *step) {
     RingCounts *c = ctx;
     c->steps++;
-    c->foreign += k != c->k || v != c->v || dk != c->dk || dv != c->dv;
-    ring_dense_cpu.backward(NULL, shape, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk, dv);
+    c->foreign += step->k != c->k || step->v != c->v || step->grads.dk != c->dk || step->grads.dv != c->dv;
+    ring_dense_cpu.backward(NULL, step);
 }
 
 static void counted_begin(void *ctx, const struct Ring *ring, const AttnShape *shape, bool backward, const void *k,
@@ -421,8 +418,11 @@ static void test_ring_of_one(void) {
                                  .backward_end = counted_end, .ctx = &c};
     Ring ring;
     ring_init(&ring, NULL, 1, p.qp, 130);
-    ring_attn_forward(&ring, &kernels, &p.s, p.q, p.k, p.v, o, lse);
-    ring_attn_backward(&ring, &kernels, &p.s, p.q, p.k, p.v, o, lse, p.w, dq, dk, dv);
+    const RingTensors forward = {.q = p.q, .k = p.k, .v = p.v, .out = {.o = o, .lse = lse}};
+    const RingTensors backward = {.q = p.q, .k = p.k, .v = p.v, .o = o, .dout = p.w,
+                                  .grads = {.lse = lse, .dq = dq, .dk = dk, .dv = dv}};
+    ring_attn_forward(&ring, &kernels, &p.s, &forward);
+    ring_attn_backward(&ring, &kernels, &p.s, &backward);
     ring_free(&ring);
     EXPECT(memcmp(want, got, (size_t)n * sizeof(float)) == 0,
            "ring of one: o, lse, dq, dk, dv bitwise equal to the kernels on the whole sequence (documents)");

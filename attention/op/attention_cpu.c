@@ -1,9 +1,9 @@
 // attention_cpu.c: the CPU backend's attention op (attention_api.h). One
 // path for every case, as attention_cuda_op.cu's: the ring that
 // attention_cpu_set_ring makes (ring_cpu_new: a ring of one on one rank)
-// runs ring.c's schedule over the dense kernels or the layer's sparse index;
-// the sparse plan is this rank's (sparse_plan_local, on a ring of one) or
-// the ring's (several ranks: ring_sparse.h). The state keeps what lives
+// runs ring.c's schedule over the dense kernels or the layer's sparse index,
+// and makes the sparse plan: this rank's own on a ring of one
+// (sparse_plan_local), the ring's over several ranks (ring_sparse.h). The state keeps what lives
 // between calls: the attention config and its fixed budgets, each layer's
 // sparse plan from the sequence's first forward (reused by backward and by
 // a recomputation): this rank's index, and over several ranks the ring's
@@ -15,7 +15,7 @@
 #include "../../dist/util.h"
 #include "../ring/ring_cpu.h"
 #include "../kernels/flash_cpu.h"
-#include "../sparse/sparse_plan.h"
+#include "../sparse/sparse.h"
 
 struct AttnState {
     AttentionConfig cfg;
@@ -79,18 +79,13 @@ static const int *layer_budget(const AttnState *st, const int *budget, int l) {
     return budget ? budget + (size_t)l * st->num_heads : NULL;
 }
 
-// Layer l's pattern from q, k [T, H, D] at this rank's positions pos [T],
-// estimated on this rank or over the ring (collective); stats: NULL or its
-// density and recall added.
+// Layer l's pattern from q, k [T, H, D], estimated by the ring (on this
+// rank alone on a ring of one; collective); stats: NULL or its density and
+// recall added.
 static void plan_layer_pattern(AttnState *st, int l, const AttnShape *shape, const float *q, const float *k,
-                               const int64_t *pos, SparseStats *stats) {
-    const int *fixed_vertical = layer_budget(st, st->budget_vertical, l);
-    const int *fixed_slash = layer_budget(st, st->budget_slash, l);
-    if (ring_cpu_size(st->ring) > 1)
-        ring_cpu_sparse_plan(st->ring, &st->cfg, shape, q, k, fixed_vertical, fixed_slash, &st->sparse_index[l],
-                             &st->ring_layer[l], stats);
-    else
-        sparse_plan_local(&st->cfg, shape, q, k, pos, fixed_vertical, fixed_slash, &st->sparse_index[l], stats);
+                               SparseStats *stats) {
+    ring_cpu_sparse_plan(st->ring, &st->cfg, shape, q, k, layer_budget(st, st->budget_vertical, l),
+                         layer_budget(st, st->budget_slash, l), &st->sparse_index[l], &st->ring_layer[l], stats);
     st->planned[l] = true;
 }
 
@@ -109,7 +104,8 @@ static RingCallCpu layer_call(const AttnState *st, int l, const AttnShape *shape
 void attention_cpu_forward(AttnState *st, int layer, bool plan, const AttnShape *shape, const float *q,
                            const float *k, const float *v, const int64_t *pos, float *o, float *lse,
                            SparseStats *stats) {
-    if (plan && st->cfg.type == ATTN_SPARSE) plan_layer_pattern(st, layer, shape, q, k, pos, stats);
+    (void)pos;   // the ring's positions
+    if (plan && st->cfg.type == ATTN_SPARSE) plan_layer_pattern(st, layer, shape, q, k, stats);
     RingCallCpu call = layer_call(st, layer, shape);
     call.t = (RingTensors){.q = q, .k = k, .v = v, .out = {.o = o, .lse = lse}};
     ring_cpu_forward(st->ring, &call);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "../../dist/util.h"
+#include "../sparse/sparse_plan.h"
 #include "ring_plan.h"
 #include "ring_sparse.h"
 
@@ -70,7 +71,10 @@ void ring_cpu_sparse_plan(RingCpu *rc, const AttentionConfig *cfg, const AttnSha
                           const float *k, const int *fixed_vertical, const int *fixed_slash, SparseIndex *index,
                           void **layer, SparseStats *stats) {
     check_built(rc, "a sparse plan");
-    CHECK(rc->cp, "ring attention (CPU): a ring plan on a ring of one (the op plans on its rank)");
+    if (!rc->cp) {   // one rank holds the sequence: its plan, no layer state
+        sparse_plan_local(cfg, shape, q, k, rc->ring.positions, fixed_vertical, fixed_slash, index, stats);
+        return;
+    }
     if (!*layer) *layer = xcalloc(1, sizeof(RingSparse));
     ring_sparse_plan(&rc->ring, cfg, shape, q, k, fixed_vertical, fixed_slash, cfg->ring_send, index, *layer, stats);
 }

@@ -44,14 +44,15 @@ void ring_cpu_free(RingCpu *rc);
 int ring_cpu_size(const RingCpu *rc);
 // (Collective over cp.) A new sequence: this rank's positions.
 void ring_cpu_sequence(RingCpu *rc, const int64_t *pos, int64_t tokens);
-// (Collective over cp; not on a ring of one.) The sparse pattern of this
-// rank's q, k [T, H, D] estimated over the ring (ring_sparse_plan with
-// cfg->ring_send), every rank selecting the same pattern: *index (replaced)
-// this rank's index, *layer (made or remade; free with
-// ring_cpu_layer_free) the ring's state of the layer: the key blocks every
-// rank's index reads and the columns gathered once per layer; stats: NULL
-// or the density and recall added (cp totals; the CPU's recall comes from
-// the plan, so the forward takes no stats).
+// (Collective over cp.) Layer's sparse pattern of this rank's q, k [T, H,
+// D]: *index (replaced) this rank's index of it. On a ring of one the
+// rank's own plan (sparse_plan_local; *layer stays NULL); over several
+// ranks estimated over the ring (ring_sparse_plan with cfg->ring_send),
+// every rank selecting the same pattern, and *layer (made or remade; free
+// with ring_cpu_layer_free) the ring's state of the layer: the key blocks
+// every rank's index reads and the columns gathered once per layer. stats:
+// NULL or the density and recall added (cp totals; the CPU's recall comes
+// from the plan, so the forward takes no stats).
 void ring_cpu_sparse_plan(RingCpu *rc, const AttentionConfig *cfg, const AttnShape *shape, const float *q,
                           const float *k, const int *fixed_vertical, const int *fixed_slash, SparseIndex *index,
                           void **layer, SparseStats *stats);

@@ -148,6 +148,20 @@ static void host_wait(cudaStream_t stream) {
     CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
+// The sparse plan's collectives over the ring's ranks (ring_cuda_sparse_plan,
+// count_recall): a ring of one has nothing to combine.
+static void plan_allgather(const RingCuda *rc, uint16_t *arena, int64_t count, cudaStream_t stream) {
+    if (rc->cp) comm_device_allgather_bf16(rc->cp, arena, count, stream);
+}
+
+static void plan_reduce_scatter(const RingCuda *rc, float *arena, int64_t count, cudaStream_t stream) {
+    if (rc->cp) comm_device_reduce_scatter(rc->cp, arena, count, stream);
+}
+
+static void plan_sum(const RingCuda *rc, double *x, int64_t n) {
+    if (rc->cp) comm_allreduce(rc->cp, x, n, DT_DOUBLE, REDUCE_SUM);
+}
+
 // Zeroed: with ring_send selected a chunk's unsent rows stay as they were,
 // and the dense kernels read them under the causal mask (weight 0, so they
 // must be finite).
@@ -446,12 +460,12 @@ static void copy_rows_at(const int64_t *pos, int64_t T, const int64_t *rows, int
 static void gather_queries(RingCuda *rc, const AttnShape *shape, const uint16_t *q, const int64_t *rows, int64_t n,
                            uint16_t *arena, uint16_t *qe, cudaStream_t stream) {
     const Ring *ring = &rc->ring;
-    const int W = rc->cp->size, me = rc->cp->rank;
+    const int W = ring->cp->size, me = ring->cp->rank;
     const int64_t wq = (int64_t)shape->num_heads * shape->head_dim;
     const size_t row = sizeof(uint16_t) * (size_t)wq;
     copy_rows_at(ring->positions + ring->offsets[me], ring->counts[me], rows, n, row, (char *)(arena + me * n * wq),
                  (const char *)q, true, stream);
-    comm_device_allgather_bf16(rc->cp, arena, n * wq, stream);
+    plan_allgather(rc, arena, n * wq, stream);
     for (int r = 0; r < W; r++)
         copy_rows_at(ring->positions + ring->offsets[r], ring->counts[r], rows, n, row, (char *)qe,
                      (const char *)(arena + r * n * wq), false, stream);
@@ -464,13 +478,13 @@ static void gather_queries(RingCuda *rc, const AttnShape *shape, const uint16_t 
 static void rows_lse(RingCuda *rc, const AttnShape *shape, int64_t n, const uint16_t *qe, const int64_t *qe_pos,
                      const uint16_t *k, float *parts, float *lse, cudaStream_t stream) {
     const Ring *rg = &rc->ring;
-    const int W = rc->cp->size, me = rc->cp->rank;
+    const int W = rg->cp->size, me = rg->cp->rank;
     const int64_t nl = shape->num_heads * n;
     AttnShape rows = *shape;
     rows.q_tokens = n;
     rows.k_tokens = rg->counts[me];
     sparse_estimate_lse_cuda(&rows, qe, qe_pos, k, rc->positions + rg->offsets[me], parts + me * nl, stream);
-    comm_device_allgather_bf16(rc->cp, (uint16_t *)parts, 2 * nl, stream);
+    plan_allgather(rc, (uint16_t *)parts, 2 * nl, stream);
     ring_combine_lse_cuda(parts, W, nl, lse, stream);
 }
 
@@ -479,7 +493,7 @@ static void rows_lse(RingCuda *rc, const AttnShape *shape, int64_t n, const uint
 // for the forward's count_recall.
 static void plan_sample(RingCuda *rc, const AttnShape *shape, const uint16_t *q, const uint16_t *k, int64_t Lq,
                         cudaStream_t stream) {
-    const int W = rc->cp->size, Hq = shape->num_heads;
+    const int W = rc->ring.cp->size, Hq = shape->num_heads;
     const int64_t N = rc->ring.offsets[W], wq = (int64_t)Hq * shape->head_dim;
     const int64_t n = sparse_recall_rows(N, Lq, rc->sample_rows), nl = Hq * n;
     room(&rc->sample, &rc->sample_bytes, sizeof(int64_t) * (size_t)n + sizeof(float) * (size_t)((W + 1) * nl) +
@@ -487,7 +501,7 @@ static void plan_sample(RingCuda *rc, const AttnShape *shape, const uint16_t *q,
     int64_t *rows_dev = rc->sample;                                     // [n]
     float *parts = (float *)(rows_dev + n), *lse = parts + W * nl;     // [W, Hq, n], [Hq, n]
     uint16_t *arena = (uint16_t *)(lse + nl), *qs = arena + W * n * wq; // [W, n, Hq, D], [n, Hq, D]
-    ring_estimation_init_cuda(rows_dev, n, 0, parts + rc->cp->rank * nl, nl, stream);   // the lse's -inf
+    ring_estimation_init_cuda(rows_dev, n, 0, parts + rc->ring.cp->rank * nl, nl, stream);   // the lse's -inf
     CUDA_CHECK(cudaMemcpyAsync(rows_dev, rc->sample_rows, sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice,
                                stream));
     gather_queries(rc, shape, q, rc->sample_rows, n, arena, qs, stream);
@@ -560,15 +574,16 @@ static void plan_columns(RingCuda *rc, const SparseIndexCuda *index, const Spars
 // so that every rank selects the same pattern: the lse's partials [W, Hq,
 // Lq] are all-gathered and every rank folds them in rank order
 // (ring_combine_lse_cuda); the sums [2, Hq, N] are reduce-scattered (each
-// block summed on its owner only) and the blocks all-gathered.
+// block summed on its owner only) and the blocks all-gathered. A ring of one
+// runs the same steps on its own keys with nothing to combine (the fold of
+// one partial is that partial) and has no layer state: one GPU's plan.
 void ring_cuda_sparse_plan(RingCuda *rc, const AttentionConfig *cfg, const AttnShape *shape, const uint16_t *q,
                            const uint16_t *k, const int *fixed_vertical, const int *fixed_slash,
                            SparsePatternCuda *pattern, SparseIndexCuda *index, void **layer_out, SparseStats *stats,
                            cudaStream_t stream) {
     CHECK(rc->built, "sparse ring attention (CUDA): a plan before the sequence's positions");
-    CHECK(rc->cp, "sparse ring attention (CUDA): a ring plan on a ring of one (the op plans on its GPU)");
     const Ring *rg = &rc->ring;
-    const int W = rc->cp->size, me = rc->cp->rank, Hq = shape->num_heads, B = shape->block_size;
+    const int W = rg->cp->size, me = rg->cp->rank, Hq = shape->num_heads, B = shape->block_size;
     const int64_t N = rg->offsets[W], T = rg->counts[me], *pos = rg->positions + rg->offsets[me];
     CHECK(T == shape->q_tokens, "sparse ring attention (CUDA): %lld local tokens but the ring was built for %lld",
           (long long)shape->q_tokens, (long long)T);
@@ -603,16 +618,18 @@ void ring_cuda_sparse_plan(RingCuda *rc, const AttentionConfig *cfg, const AttnS
     // Pass 2: the partial vertical and slash sums, combined.
     CUDA_CHECK(cudaMemsetAsync(vertical, 0, sizeof(float) * (size_t)(W * part), stream));
     sparse_estimate_scores_cuda(&est, qe, rc->est_pos, k, k_pos, lse, N, vertical, slash, stream);
-    comm_device_reduce_scatter(rc->cp, vertical, part, stream);
-    comm_device_allgather_bf16(rc->cp, (uint16_t *)vertical, 2 * part, stream);
+    plan_reduce_scatter(rc, vertical, part, stream);
+    plan_allgather(rc, (uint16_t *)vertical, 2 * part, stream);
 
     // Selection (identical inputs, identical pattern), this rank's index, the need rows and the columns.
     sparse_select_cuda(cfg, vertical, slash, Hq, N, fixed_vertical, fixed_slash, pattern, stream);
     sparse_index_build_cuda(pattern, B, rc->q_blocks, nqb, shape->doc_starts_device, shape->doc_count, cfg->sink,
                             index, stream);
-    RingLayerCuda *layer = *layer_out ? *layer_out : (*layer_out = xcalloc(1, sizeof(RingLayerCuda)));
-    if (cfg->ring_send == RING_SEND_SELECTED) plan_need(rc, index, ring_need_words(N, B), layer, stream);
-    plan_columns(rc, index, pattern, shape, cfg->sink, layer, stream);
+    if (rc->cp) {   // over several ranks: the layer's state
+        RingLayerCuda *layer = *layer_out ? *layer_out : (*layer_out = xcalloc(1, sizeof(RingLayerCuda)));
+        if (cfg->ring_send == RING_SEND_SELECTED) plan_need(rc, index, ring_need_words(N, B), layer, stream);
+        plan_columns(rc, index, pattern, shape, cfg->sink, layer, stream);
+    }
     if (stats) {
         SparseIndex mine;
         comm_device_settle();
@@ -620,7 +637,7 @@ void ring_cuda_sparse_plan(RingCuda *rc, const AttentionConfig *cfg, const AttnS
         SparseStats part = {0};
         sparse_index_count(&mine, pos, T, shape->doc_starts, shape->doc_count, &part);
         double sums[2] = {part.computed, part.causal};
-        comm_allreduce(rc->cp, sums, 2, DT_DOUBLE, REDUCE_SUM);
+        plan_sum(rc, sums, 2);
         stats->computed += sums[0];
         stats->causal += sums[1];
         sparse_index_free(&mine);
@@ -634,7 +651,7 @@ void ring_cuda_sparse_plan(RingCuda *rc, const AttentionConfig *cfg, const AttnS
 // mass, as the one-GPU op counts it), summed over the rows' owners.
 static void count_recall(RingCuda *rc, const AttnShape *shape, const float *lse, SparseStats *stats) {
     const Ring *rg = &rc->ring;
-    const int W = rc->cp->size, me = rc->cp->rank, Hq = shape->num_heads;
+    const int W = rg->cp->size, me = rg->cp->rank, Hq = shape->num_heads;
     const int64_t N = rg->offsets[W], T = rg->counts[me], Lq = rc->est_rows, n = rc->sample_count;
     const int64_t *pos = rg->positions + rg->offsets[me];
     float *host = xmalloc(sizeof(float) * (size_t)(Hq * T + 1));
@@ -650,7 +667,7 @@ static void count_recall(RingCuda *rc, const AttnShape *shape, const float *lse,
                 covered[1] += exp((double)host[h * T + t] - (double)rc->sample_lse[h * n + i]);
         }
     }
-    comm_allreduce(rc->cp, covered, 2, DT_DOUBLE, REDUCE_SUM);
+    plan_sum(rc, covered, 2);
     stats->covered_mass += covered[0];
     stats->estimation_rows += (double)(Hq * Lq);
     stats->sampled_mass += covered[1];
@@ -793,11 +810,10 @@ static RingTensors ring_tensors(const RingCallCuda *call) {
 void ring_cuda_forward(RingCuda *rc, const RingCallCuda *call) {
     const RingKernels *kernels = begin(rc, call);
     const RingTensors t = ring_tensors(call);
-    const bool columns = call->index && rc->cp;   // sparse over several ranks
-    if (columns)
+    if (call->index && rc->cp)   // sparse over several ranks
         gather_columns(rc, call->layer, (int64_t)call->shape->num_kv_heads * call->shape->head_dim, call->k, call->v);
     ring_attn_forward(&rc->ring, kernels, call->shape, &t);
-    if (columns && call->stats) count_recall(rc, call->shape, call->out.lse, call->stats);
+    if (call->index && call->stats) count_recall(rc, call->shape, call->out.lse, call->stats);
 }
 
 void ring_cuda_backward(RingCuda *rc, const RingCallCuda *call) {

@@ -38,8 +38,8 @@ typedef struct RingCuda RingCuda;
 // one, whose one step runs the whole index (blocks and columns) in one
 // pass. The pass's tensors: q, k, v (and the backward's o, dout) bf16 [T,
 // H, D]; forward: out (o [T, Hq, D] fp32 and lse [Hq, T], written), stats
-// NULL or the recall added (several ranks: estimation rows and recall
-// sample, cp totals, after a ring_cuda_sparse_plan of the same layer);
+// NULL or the recall added (sparse: the estimation rows' and the recall
+// sample's, cp totals, after a ring_cuda_sparse_plan of the same layer);
 // backward: grads.lse the forward's, grads.dq [T, Hq, D], grads.dk,
 // grads.dv [T, Hkv, D] fp32 accumulated (+=), grads.delta unused. Every call
 // is enqueued on stream.
@@ -63,13 +63,15 @@ void ring_cuda_free(RingCuda *rc);
 int ring_cuda_size(const RingCuda *rc);
 // (Collective over cp.) A new sequence: this rank's positions (host).
 void ring_cuda_sequence(RingCuda *rc, const int64_t *pos, int64_t tokens);
-// (Collective over cp; not on a ring of one.) The sparse pattern of this
-// rank's q, k [T, H, D] with the estimation's inputs gathered bit-identically
-// on every rank: *pattern the same on every rank, *index this rank's query
-// blocks, *layer (made or remade; free with ring_cuda_layer_free) the ring's
-// state of the layer: the key blocks every rank's index reads and the
-// columns gathered once per layer; stats: NULL or the density added (cp
-// totals), and the recall sample's dense lse kept for the forward.
+// (Collective over cp.) The layer's sparse pattern of this rank's q, k [T,
+// H, D] with the estimation's inputs combined bit-identically on every rank
+// (on a ring of one: this GPU's own plan, nothing combined): *pattern the
+// same on every rank, *index this rank's query blocks; over several ranks
+// *layer (made or remade; free with ring_cuda_layer_free) the ring's state
+// of the layer: the key blocks every rank's index reads and the columns
+// gathered once per layer (a ring of one leaves it NULL); stats: NULL or
+// the density added (cp totals), and the estimation rows' and the recall
+// sample's dense lse kept for the forward's recall.
 void ring_cuda_sparse_plan(RingCuda *rc, const AttentionConfig *cfg, const AttnShape *shape, const uint16_t *q,
                            const uint16_t *k, const int *fixed_vertical, const int *fixed_slash,
                            SparsePatternCuda *pattern, SparseIndexCuda *index, void **layer, SparseStats *stats,

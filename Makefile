@@ -70,9 +70,11 @@ CUDA_BIN = build/cuda/mtrain build/tests/gpu_test_backend build/tests/gpu_test_a
 # with the CUDA runtime and NCCL added.
 MPI_TEST_BIN += $(patsubst tests/sim/%.c,build/tests/%,$(wildcard tests/sim/mpi_gpu_*.c))
 build/tests/mpi_gpu_%: LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lnccl -lstdc++
+# Not the CUDA op (attention/op/): it calls its ring, whose objects need MPI.
 GPU_OBJ = build/obj/dist/util.o build/obj/attention/kernels/flash_cpu.o build/obj/attention/layout.o \
           build/obj/attention/kernels/sparse_flash_cpu.o build/obj/attention/sparse/sparse_index.o \
-          build/obj/attention/kernels/kernel_counts.o build/obj/attention/kernels/kernel_cost.o $(CU_OBJ)
+          build/obj/attention/kernels/kernel_counts.o build/obj/attention/kernels/kernel_cost.o \
+          $(filter-out build/obj/attention/op/%,$(CU_OBJ))
 GPU_LDLIBS = -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lstdc++ -lm -fopenmp
 endif
 DEPS_OK = build/.deps-ok
@@ -190,7 +192,8 @@ SIM_LDLIBS = $(filter-out -lcudart -lcublasLt -lnccl,$(LDLIBS)) -lstdc++ -ldl -r
 SIM_GPU_LDLIBS = -lstdc++ -lm -ldl -fopenmp -rdynamic
 SIM_GPU_OBJ = build/sim/obj/dist/util.o build/sim/obj/attention/kernels/flash_cpu.o build/sim/obj/attention/layout.o \
               build/sim/obj/attention/kernels/sparse_flash_cpu.o build/sim/obj/attention/sparse/sparse_index.o \
-              build/sim/obj/attention/kernels/kernel_counts.o build/sim/obj/attention/kernels/kernel_cost.o $(SIM_CU_OBJ)
+              build/sim/obj/attention/kernels/kernel_counts.o build/sim/obj/attention/kernels/kernel_cost.o \
+              $(filter-out build/sim/obj/attention/op/%,$(SIM_CU_OBJ))
 SIM_GPU_TESTS = build/sim/tests/gpu_test_attention build/sim/tests/gpu_test_matmul build/sim/tests/gpu_test_sm90 \
                 $(if $(SIM_HAS_CUB),build/sim/tests/gpu_test_sparse build/sim/tests/gpu_test_counts build/sim/tests/gpu_test_attention_op build/sim/tests/gpu_test_ops \
                 build/sim/tests/gpu_test_backend)
@@ -233,9 +236,11 @@ build/sim/tests/gpu_%: build/sim/obj/tests/sim/gpu_%.o $(SIM_GPU_OBJ) $(SIM_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $^ -o $@ $(SIM_GPU_LDLIBS)
 
-# The attention op's test compares with the CPU backend's op: it links the library and its libraries.
+# The attention op's test compares with the CPU backend's op: it links the library and its libraries, and
+# the CUDA op (over its ring: MPI), which the other GPU programs do not link.
+SIM_OP_OBJ = $(filter build/sim/obj/attention/op/%,$(SIM_CU_OBJ))
 build/sim/tests/gpu_test_attention_op build/sim/tests/gpu_test_backend: $(LIB_SRC:%.c=build/sim/obj/%.o) \
-    $(SIM_NCCL_OBJ)
+    $(SIM_OP_OBJ) $(SIM_NCCL_OBJ)
 build/sim/tests/gpu_test_attention_op build/sim/tests/gpu_test_backend: SIM_GPU_LDLIBS = $(SIM_LDLIBS)
 
 build/sim/tests/sim_%: build/sim/obj/tests/sim/sim_%.cu.o build/sim/obj/dist/util.o $(SIM_LIB)
@@ -267,7 +272,7 @@ build/sim/tests/gpu_%_asan: build/sim/asan/tests/sim/gpu_%.o $(SIM_GPU_OBJ:build
 	$(CC) $(SIM_ASAN) $^ -o $@ $(SIM_GPU_LDLIBS)
 
 build/sim/tests/gpu_test_attention_op_asan build/sim/tests/gpu_test_backend_asan: $(LIB_SRC:%.c=build/sim/asan/%.o) \
-    $(SIM_NCCL_OBJ:build/sim/obj/%=build/sim/asan/%)
+    $(SIM_OP_OBJ:build/sim/obj/%=build/sim/asan/%) $(SIM_NCCL_OBJ:build/sim/obj/%=build/sim/asan/%)
 build/sim/tests/gpu_test_attention_op_asan build/sim/tests/gpu_test_backend_asan: SIM_GPU_LDLIBS = $(SIM_LDLIBS)
 
 build/sim/mtrain: build/sim/obj/trainer/main.o $(LIB_SRC:%.c=build/sim/obj/%.o) $(SIM_CU_OBJ) $(SIM_NCCL_OBJ) $(SIM_LIB)

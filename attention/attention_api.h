@@ -62,8 +62,7 @@ double attention_cpu_ring_bytes(const AttnState *st);
 // ---- the CUDA op ----
 AttnState *attention_cuda_new(const AttentionConfig *cfg, int num_layers, int num_heads);
 void attention_cuda_free(AttnState *st);
-// As attention_cpu_set_ring (op/attention_cuda_ring.c: the programs that
-// link only the CUDA objects need no MPI).
+// As attention_cpu_set_ring.
 bool attention_cuda_set_ring(AttnState *st, const struct Comm *cp, int inner);
 // A new sequence: pos [tokens] its positions (host).
 void attention_cuda_sequence(AttnState *st, const int64_t *pos, int64_t tokens);

@@ -1,13 +1,13 @@
 // attention_cpu.c: the CPU backend's attention op (attention_api.h). One
-// path for every case, as attention_cuda_op.cu's: the AttnRingCpu that
+// path for every case, as attention_cuda_op.cu's: the ring that
 // attention_cpu_set_ring makes (ring_cpu_new: a ring of one on one rank)
-// runs ring.c's schedule over the dense kernels or the layer's sparse pattern; the sparse
-// plan is this rank's (sparse_plan_local, on a ring of one: its whole
-// index) or the ring's (several ranks: ring_sparse.h). The state keeps what
-// lives between calls: the attention config and its fixed budgets, each
-// layer's sparse pattern from the sequence's first forward (reused by
-// backward and by a recomputation): the index on one rank, the ring's state
-// of the layer over several.
+// runs ring.c's schedule over the dense kernels or the layer's sparse index,
+// and makes the sparse plan: this rank's own on a ring of one
+// (sparse_plan_local), the ring's over several ranks (ring_sparse.h). The state keeps what lives
+// between calls: the attention config and its fixed budgets, each layer's
+// sparse plan from the sequence's first forward (reused by backward and by
+// a recomputation): this rank's index, and over several ranks the ring's
+// state of the layer.
 #include "../attention_api.h"
 
 #include <stdlib.h>
@@ -15,17 +15,17 @@
 #include "../../dist/util.h"
 #include "../ring/ring_cpu.h"
 #include "../kernels/flash_cpu.h"
-#include "../sparse/sparse_plan.h"
+#include "../sparse/sparse.h"
 
 struct AttnState {
     AttentionConfig cfg;
     int num_layers, num_heads;
     int *budget_vertical;      // [num_layers * Hq] budget fixed, else NULL
     int *budget_slash;         // [num_layers * Hq]
-    SparseIndex *sparse_index; // [num_layers] sparse on one rank: the layer's pattern
+    SparseIndex *sparse_index; // [num_layers] sparse: this rank's index of the layer
     bool *planned;             // [num_layers] the layer's pattern is this sequence's
     void **ring_layer;         // [num_layers] sparse on a ring: the plan's state of the layer (the ring's)
-    AttnRingCpu ring;          // the cp ring (ring.ring NULL before attention_cpu_set_ring)
+    RingCpu *ring;             // the cp ring (NULL before attention_cpu_set_ring)
 };
 
 AttnState *attention_cpu_new(const AttentionConfig *cfg, int num_layers, int num_heads) {
@@ -43,7 +43,7 @@ AttnState *attention_cpu_new(const AttentionConfig *cfg, int num_layers, int num
 // The ring's layer states (before the ring goes).
 static void forget_ring_layers(AttnState *st) {
     for (int l = 0; l < st->num_layers; l++) {
-        if (st->ring_layer[l]) st->ring.layer_free(st->ring_layer[l]);
+        ring_cpu_layer_free(st->ring_layer[l]);
         st->ring_layer[l] = NULL;
     }
 }
@@ -52,7 +52,7 @@ void attention_cpu_free(AttnState *st) {
     if (!st) return;
     for (int l = 0; l < st->num_layers; l++) sparse_index_free(&st->sparse_index[l]);
     forget_ring_layers(st);
-    if (st->ring.ring) st->ring.free(st->ring.ring);
+    ring_cpu_free(st->ring);
     free(st->sparse_index);
     free(st->planned);
     free(st->ring_layer);
@@ -63,15 +63,15 @@ void attention_cpu_free(AttnState *st) {
 
 bool attention_cpu_set_ring(AttnState *st, const struct Comm *cp, int inner) {
     forget_ring_layers(st);
-    if (st->ring.ring) st->ring.free(st->ring.ring);
+    ring_cpu_free(st->ring);
     st->ring = ring_cpu_new(cp, inner);
-    return st->ring.cp_size > 1;
+    return ring_cpu_size(st->ring) > 1;
 }
 
 void attention_cpu_sequence(AttnState *st, const int64_t *pos, int64_t tokens) {
-    CHECK(st->ring.ring, "attention (CPU): a sequence before the ring (attention_cpu_set_ring)");
+    CHECK(st->ring, "attention (CPU): a sequence before the ring (attention_cpu_set_ring)");
     for (int l = 0; l < st->num_layers; l++) st->planned[l] = false;
-    st->ring.sequence(st->ring.ring, pos, tokens);
+    ring_cpu_sequence(st->ring, pos, tokens);
 }
 
 // Layer l's fixed budgets [Hq], or NULL (budget topp).
@@ -79,34 +79,36 @@ static const int *layer_budget(const AttnState *st, const int *budget, int l) {
     return budget ? budget + (size_t)l * st->num_heads : NULL;
 }
 
-// Layer l's pattern from q, k [T, H, D] at this rank's positions pos [T],
-// estimated on this rank or over the ring (collective); stats: NULL or its
-// density and recall added.
+// Layer l's pattern from q, k [T, H, D], estimated by the ring (on this
+// rank alone on a ring of one; collective); stats: NULL or its density and
+// recall added.
 static void plan_layer_pattern(AttnState *st, int l, const AttnShape *shape, const float *q, const float *k,
-                               const int64_t *pos, SparseStats *stats) {
-    const int *fixed_vertical = layer_budget(st, st->budget_vertical, l);
-    const int *fixed_slash = layer_budget(st, st->budget_slash, l);
-    if (st->ring.cp_size > 1)
-        st->ring.sparse_plan(st->ring.ring, &st->cfg, shape, q, k, fixed_vertical, fixed_slash, &st->ring_layer[l],
-                             stats);
-    else
-        sparse_plan_local(&st->cfg, shape, q, k, pos, fixed_vertical, fixed_slash, &st->sparse_index[l], stats);
+                               SparseStats *stats) {
+    ring_cpu_sparse_plan(st->ring, &st->cfg, shape, q, k, layer_budget(st, st->budget_vertical, l),
+                         layer_budget(st, st->budget_slash, l), &st->sparse_index[l], &st->ring_layer[l], stats);
     st->planned[l] = true;
 }
 
-// Sparse on one rank: layer l's index; else NULL (dense, or the ring's layer state).
-static const SparseIndex *call_index(const AttnState *st, int l) {
-    if (st->cfg.type != ATTN_SPARSE) return NULL;
+// Layer l's call through the ring: sparse, its index (planned by the
+// sequence's first forward) and over several ranks the ring's layer state;
+// dense: neither.
+static RingCallCpu layer_call(const AttnState *st, int l, const AttnShape *shape) {
+    RingCallCpu call = {.shape = shape, .send = st->cfg.ring_send};
+    if (st->cfg.type != ATTN_SPARSE) return call;
     CHECK(st->planned[l], "attention (CPU): layer %d used before its sequence's plan forward", l);
-    return st->ring.cp_size == 1 ? &st->sparse_index[l] : NULL;
+    call.index = &st->sparse_index[l];
+    call.layer = st->ring_layer[l];
+    return call;
 }
 
 void attention_cpu_forward(AttnState *st, int layer, bool plan, const AttnShape *shape, const float *q,
                            const float *k, const float *v, const int64_t *pos, float *o, float *lse,
                            SparseStats *stats) {
-    if (plan && st->cfg.type == ATTN_SPARSE) plan_layer_pattern(st, layer, shape, q, k, pos, stats);
-    st->ring.forward(st->ring.ring, shape, st->cfg.ring_send, call_index(st, layer), st->ring_layer[layer], q, k, v,
-                     o, lse);
+    (void)pos;   // the ring's positions
+    if (plan && st->cfg.type == ATTN_SPARSE) plan_layer_pattern(st, layer, shape, q, k, stats);
+    RingCallCpu call = layer_call(st, layer, shape);
+    call.t = (RingTensors){.q = q, .k = k, .v = v, .out = {.o = o, .lse = lse}};
+    ring_cpu_forward(st->ring, &call);
 }
 
 void attention_cpu_cached(AttnState *st, const AttnShape *shape, const float *q, const int64_t *q_pos,
@@ -120,10 +122,12 @@ void attention_cpu_backward(AttnState *st, int layer, const AttnShape *shape, co
                             const float *v, const int64_t *pos, const float *o, const float *lse,
                             const float *dout, float *dq, float *dk, float *dv) {
     (void)pos;   // the ring's positions
-    st->ring.backward(st->ring.ring, shape, st->cfg.ring_send, call_index(st, layer), st->ring_layer[layer], q, k, v,
-                      o, lse, dout, dq, dk, dv);
+    RingCallCpu call = layer_call(st, layer, shape);
+    call.t = (RingTensors){.q = q, .k = k, .v = v, .o = o, .dout = dout,
+                           .grads = {.lse = lse, .dq = dq, .dk = dk, .dv = dv}};
+    ring_cpu_backward(st->ring, &call);
 }
 
 double attention_cpu_ring_bytes(const AttnState *st) {
-    return st->ring.ring ? st->ring.bytes(st->ring.ring) : 0;
+    return st->ring ? ring_cpu_bytes(st->ring) : 0;
 }

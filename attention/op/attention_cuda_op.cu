@@ -1,45 +1,42 @@
 // attention_cuda_op.cu: the CUDA backend's attention op (attention_api.h),
-// composed from the kernels of flash_cuda.cu, sparse_cuda.cu and
-// sparse_select_cuda.cu as attention_cpu.c composes the CPU kernels: one
-// path, the AttnRingCuda bound by attention_cuda_set_ring (ring_cuda.h: a
-// ring of one on one GPU) runs ring.c's schedule over the dense kernels or the layer's
-// index on device buffers; the sparse plan is this GPU's (plan_layer) or
-// the ring's. The state keeps what lives between calls: the config and its
-// fixed budgets, each layer's device pattern from the sequence's plan
-// forward, one device index (rebuilt from a layer's pattern on the device
-// when a call needs another layer's: every layer's index is not kept), the
-// estimation rows' index of a plan's statistics, the sequence's positions
-// (host), the document starts on the device, and the scratch; every device
-// buffer is allocated once and grown (the index and the patterns by
-// sparse_select_cuda and sparse_index_build_cuda themselves):
+// composed as attention_cpu.c composes the CPU one: one path, the device
+// ring that attention_cuda_set_ring makes (ring_cuda.h: a ring of one on one
+// GPU) makes each layer's sparse plan (on this GPU alone on a ring of one)
+// and runs ring.c's schedule over the dense kernels or the layer's index on
+// device buffers. Only the trainer's programs link it (the ring's objects
+// need MPI); the GPU programs of the kernels alone do not. The state keeps
+// what lives between calls: the config and its fixed budgets, each layer's
+// device pattern from the sequence's plan forward, one device index
+// (rebuilt from a layer's pattern on the device when a call needs another
+// layer's: every layer's index is not kept), whether the sequence's
+// positions are 0 .. T-1, the document starts on the device, and the
+// scratch; every device buffer is allocated once and grown (the index and
+// the patterns by sparse_select_cuda and sparse_index_build_cuda
+// themselves):
 //   o_acc            [T, Hq, D] fp32   the forward's running output
 //   dq_acc           [T, Hq, D] fp32   the backward's sums, then added into
 //   dk_acc, dv_acc   [T, Hkv, D] fp32  the bf16 dq, dk, dv
-//   lse_est          [Hq, last_q] fp32 estimation (plan forward)
-//   vertical, slash  [Hq, T] fp32      estimation scores (plan forward)
 //   q_blocks         [T / B] int64     the query blocks of the index
-//   recall           the recall sample's positions [n] int64, dense lse [Hq, n] fp32
-//                    and queries [n, Hq, D] bf16 (statistics)
 //   docs             [N] int64         the document starts (AttnShape.doc_starts_device;
 //                                      room for one per token of the sequence)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-// sparse.h is C (sparse_budget_load, sparse_index_count, sparse_index_free): first, with C linkage.
+// sparse.h is C (sparse_budget_tables): first, with C linkage.
 extern "C" {
 #include "../sparse/sparse.h"
 }
-#include "attention_cuda_op.h"
+#include "../attention_api.h"
 #include "../../dist/cuda_check.h"
 #include "../../dist/cuda_elementwise.cuh"
 #include "../../dist/cuda_kernel.h"
 #include "../kernels/attention_cuda.h"
 #include "../kernels/attn_variants.h"
 #include "../kernels/sparse_cuda.h"
+#include "../ring/ring_cuda.h"
 #include "../sparse/sparse_select_cuda.h"
 
 // sparse_select_cuda.cu's estimation takes at most this many queries.
@@ -60,14 +57,11 @@ struct AttnState {
     bool *planned;               // [num_layers] pattern holds this sequence's
     SparseIndexCuda index;       // the index of layer index_layer's pattern (-1: none)
     int index_layer;
-    SparseIndexCuda est_index;   // the estimation rows' blocks (statistics)
-    int64_t *pos;                // [tokens] the sequence's positions (host)
-    int64_t tokens;
-    bool pos_is_iota;            // pos[t] == t for every t
-    AttnRingCuda ring;           // the cp ring (ring.ring NULL on one rank)
+    int64_t tokens;              // the sequence's
+    bool pos_is_iota;            // its position t is t for every t
+    RingCuda *ring;              // the cp ring (NULL before attention_cuda_set_ring)
     void **ring_layer;           // [num_layers] sparse on a ring: the plan's state of the layer (ring's)
-    Scratch o_acc, dq_acc, dk_acc, dv_acc, lse_est, vertical, slash, q_blocks, docs, recall;
-    int64_t recall_rows[SPARSE_RECALL_ROWS];  // the recall sample (host; kept while its copy is queued)
+    Scratch o_acc, dq_acc, dk_acc, dv_acc, q_blocks, docs;
     int64_t *docs_host;          // [docs_capacity] page-locked: the starts last copied to docs
     int64_t docs_count, docs_capacity;
     cudaEvent_t docs_copied;     // after that copy (NULL before the first)
@@ -117,7 +111,7 @@ static void forget_plans(AttnState *st) {
 // The ring's layer states (before the ring goes).
 static void forget_ring_layers(AttnState *st) {
     for (int l = 0; l < st->num_layers; l++) {
-        if (st->ring_layer[l] && st->ring.layer_free) st->ring.layer_free(st->ring_layer[l]);
+        ring_cuda_layer_free(st->ring_layer[l]);
         st->ring_layer[l] = NULL;
     }
 }
@@ -127,42 +121,34 @@ extern "C" void attention_cuda_free(AttnState *st) {
     for (int l = 0; l < st->num_layers; l++) sparse_pattern_free_cuda(&st->pattern[l]);
     forget_ring_layers(st);
     sparse_index_free_cuda(&st->index);
-    sparse_index_free_cuda(&st->est_index);
-    Scratch *all[] = {&st->o_acc, &st->dq_acc, &st->dk_acc, &st->dv_acc, &st->lse_est,
-                      &st->vertical, &st->slash, &st->q_blocks, &st->docs, &st->recall};
+    Scratch *all[] = {&st->o_acc, &st->dq_acc, &st->dk_acc, &st->dv_acc, &st->q_blocks, &st->docs};
     for (Scratch *s : all) scratch_free(s);
     if (st->docs_host) CUDA_CHECK(cudaFreeHost(st->docs_host));
     if (st->docs_copied) CUDA_CHECK(cudaEventDestroy(st->docs_copied));
-    if (st->ring.ring) st->ring.free(st->ring.ring);
+    ring_cuda_free(st->ring);
     free(st->pattern);
     free(st->planned);
     free(st->ring_layer);
-    free(st->pos);
     free(st->budget_vertical);
     free(st->budget_slash);
     free(st);
 }
 
-extern "C" bool attention_cuda_bind_ring(AttnState *st, const AttnRingCuda *ring) {
+extern "C" bool attention_cuda_set_ring(AttnState *st, const struct Comm *cp, int inner) {
     forget_ring_layers(st);
     forget_plans(st);
-    if (st->ring.ring) st->ring.free(st->ring.ring);
-    st->ring = *ring;
-    return ring->cp_size > 1;
+    ring_cuda_free(st->ring);
+    st->ring = ring_cuda_new(cp, inner);
+    return ring_cuda_size(st->ring) > 1;
 }
 
 extern "C" void attention_cuda_sequence(AttnState *st, const int64_t *pos, int64_t tokens) {
     forget_plans(st);
-    free(st->pos);
-    st->pos = (int64_t *)xmalloc(sizeof(int64_t) * (size_t)(tokens > 0 ? tokens : 1));
     st->tokens = tokens;
     st->pos_is_iota = true;
-    for (int64_t t = 0; t < tokens; t++) {
-        st->pos[t] = pos[t];
-        st->pos_is_iota &= pos[t] == t;
-    }
-    CHECK(st->ring.ring, "attention (CUDA): a sequence before the ring (attention_cuda_set_ring)");
-    st->ring.sequence(st->ring.ring, pos, tokens);
+    for (int64_t t = 0; t < tokens; t++) st->pos_is_iota &= pos[t] == t;
+    CHECK(st->ring, "attention (CUDA): a sequence before the ring (attention_cuda_set_ring)");
+    ring_cuda_sequence(st->ring, pos, tokens);
 }
 
 // The call's shape with its document starts on the device
@@ -182,7 +168,7 @@ static AttnShape with_documents(AttnState *st, const AttnShape *shape, cudaStrea
         if (st->docs_copied) CUDA_CHECK(cudaEventSynchronize(st->docs_copied));
         else CUDA_CHECK(cudaEventCreateWithFlags(&st->docs_copied, cudaEventDisableTiming));
         if (n > st->docs_capacity) {
-            const int64_t tokens = st->tokens * st->ring.cp_size, capacity = n > tokens ? n : tokens;
+            const int64_t tokens = st->tokens * ring_cuda_size(st->ring), capacity = n > tokens ? n : tokens;
             if (st->docs_host) CUDA_CHECK(cudaFreeHost(st->docs_host));
             CUDA_CHECK(cudaMallocHost((void **)&st->docs_host, sizeof(int64_t) * (size_t)capacity));
             scratch(&st->docs, sizeof(int64_t) * (size_t)capacity);
@@ -204,86 +190,6 @@ static const int *layer_budget(const AttnState *st, const int *budget, int l) {
     return budget ? budget + (size_t)l * st->num_heads : NULL;
 }
 
-// stats->computed, causal of the layer's index: counted on the host
-// (sparse_index_count) from a copy of the index, over the causal pairs of
-// one document with documents (s->doc_starts).
-static void count_density(const AttnState *st, const SparseIndexCuda *dev, const AttnShape *s,
-                          cudaStream_t stream, SparseStats *stats) {
-    SparseIndex host;
-    sparse_index_to_host(dev, stream, &host);
-    sparse_index_count(&host, st->pos, st->tokens, s->doc_starts, s->doc_count, stats);
-    sparse_index_free(&host);
-}
-
-// stats->covered_mass, estimation_rows: the estimation rows' softmax mass
-// inside the pattern, exp(lse_in - lse_est), where lse_in is the sparse
-// forward's LSE of the query blocks that hold those rows (the pattern's
-// share of each row's exp-sum; with documents both see only the rows'
-// documents). Uses o_acc and vertical as scratch.
-static void count_recall(AttnState *st, int l, const AttnShape *s, int64_t Lq, const uint16_t *q, const uint16_t *k,
-                         const uint16_t *v, const int64_t *pos, cudaStream_t stream, SparseStats *stats) {
-    const int64_t T = s->q_tokens, B = s->block_size, first = (T - Lq) / B, nqb = (T - 1) / B + 1;
-    const int Hq = s->num_heads;
-    sparse_index_build_cuda(&st->pattern[l], (int)B, (const int64_t *)st->q_blocks.ptr + first, nqb - first,
-                            s->doc_starts_device, s->doc_count, st->cfg.sink, &st->est_index, stream);
-    AttnShape rows = *s;
-    rows.q_tokens = T - first * B;
-    float *o_acc = (float *)st->o_acc.ptr, *lse_in = (float *)st->vertical.ptr;   // [Hq, rows]
-    attn_forward_init_cuda(&rows, o_acc, lse_in, stream);
-    const AttnVariantCall call = {&rows, &st->est_index, q + (size_t)(first * B * Hq * s->head_dim), k, v, NULL,
-                                  pos + first * B, pos, o_acc, lse_in, NULL, NULL, NULL, NULL, NULL, SPARSE_ALL};
-    attn_variant_launch(ATTN_SPARSE_FORWARD, &call, stream);
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    float *in = (float *)xmalloc(sizeof(float) * (size_t)(Hq * rows.q_tokens));
-    float *est = (float *)xmalloc(sizeof(float) * (size_t)(Hq * Lq));
-    CUDA_CHECK(cudaMemcpy(in, lse_in, sizeof(float) * (size_t)(Hq * rows.q_tokens), cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(est, st->lse_est.ptr, sizeof(float) * (size_t)(Hq * Lq), cudaMemcpyDeviceToHost));
-    const int64_t skip = rows.q_tokens - Lq;   // rows of the first block before the estimation rows
-    for (int h = 0; h < Hq; h++)
-        for (int64_t e = 0; e < Lq; e++)
-            stats->covered_mass += exp((double)in[h * rows.q_tokens + skip + e] - (double)est[h * Lq + e]);
-    stats->estimation_rows += (double)(Hq * Lq);
-    free(in);
-    free(est);
-}
-
-// stats->sampled_mass, sampled_rows after a plan forward on one GPU: the
-// recall sample's rows (sparse_recall_rows, away from the estimation rows),
-// the pattern's share of each row's softmax mass exp(lse - lse_dense), lse
-// the sparse forward's, lse_dense the rows' against every key (the
-// estimation's pass 1 on them). Uses o_acc as scratch.
-static void count_sampled_recall(AttnState *st, const AttnShape *s, const uint16_t *q, const uint16_t *k,
-                                 const int64_t *pos, const float *lse, cudaStream_t stream, SparseStats *stats) {
-    const int64_t T = s->q_tokens, Lq = st->cfg.last_q < T ? st->cfg.last_q : T;
-    const int Hq = s->num_heads;
-    const size_t row = sizeof(uint16_t) * (size_t)Hq * (size_t)s->head_dim;
-    AttnShape rows = *s;
-    rows.q_tokens = sparse_recall_rows(T, Lq, st->recall_rows);
-    const int64_t n = rows.q_tokens;
-    int64_t *rows_dev = (int64_t *)scratch(&st->recall, sizeof(int64_t) * (size_t)n +
-                                           sizeof(float) * (size_t)(Hq * n) + row * (size_t)n);
-    float *lse_dense = (float *)(rows_dev + n);                         // [Hq, n]
-    uint16_t *qs = (uint16_t *)(lse_dense + Hq * n);                    // [n, Hq, D]
-    CUDA_CHECK(cudaMemcpyAsync(rows_dev, st->recall_rows, sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice,
-                               stream));
-    for (int64_t i = 0; i < n; i++)   // positions are token indices on one GPU
-        CUDA_CHECK(cudaMemcpyAsync((char *)qs + (size_t)i * row, (const char *)q + (size_t)st->recall_rows[i] * row,
-                                   row, cudaMemcpyDeviceToDevice, stream));
-    attn_forward_init_cuda(&rows, (float *)st->o_acc.ptr, lse_dense, stream);
-    sparse_estimate_lse_cuda(&rows, qs, rows_dev, k, pos, lse_dense, stream);
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    float *dense = (float *)xmalloc(sizeof(float) * (size_t)(Hq * n));
-    float *sparse = (float *)xmalloc(sizeof(float) * (size_t)(Hq * T));
-    CUDA_CHECK(cudaMemcpy(dense, lse_dense, sizeof(float) * (size_t)(Hq * n), cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(sparse, lse, sizeof(float) * (size_t)(Hq * T), cudaMemcpyDeviceToHost));
-    for (int h = 0; h < Hq; h++)
-        for (int64_t i = 0; i < n; i++)
-            stats->sampled_mass += exp((double)sparse[h * T + st->recall_rows[i]] - (double)dense[h * n + i]);
-    stats->sampled_rows += (double)(Hq * n);
-    free(dense);
-    free(sparse);
-}
-
 // Layer l's index for this rank's query blocks (positions pos, device) in
 // st->index: built from the layer's pattern unless it holds it already.
 static const SparseIndexCuda *layer_index(AttnState *st, int l, const AttnShape *s, const int64_t *pos,
@@ -299,43 +205,10 @@ static const SparseIndexCuda *layer_index(AttnState *st, int l, const AttnShape 
     return &st->index;
 }
 
-// Estimation (the last min(last_q, T) queries against every key), selection
-// and index of layer l, all on the GPU; replaces the layer's pattern.
-static void plan_layer(AttnState *st, int l, const AttnShape *s, const uint16_t *q, const uint16_t *k,
-                       const uint16_t *v, const int64_t *pos, cudaStream_t stream, SparseStats *stats) {
-    const int64_t T = s->q_tokens;
-    const int Hq = s->num_heads;
-    const int64_t Lq = st->cfg.last_q < T ? st->cfg.last_q : T;
-    AttnShape est = *s;
-    est.q_tokens = Lq;
-    const uint16_t *qe = q + (size_t)((T - Lq) * Hq * s->head_dim);   // [Lq, Hq, D]
-    const int64_t *qe_pos = pos + (T - Lq);
-
-    // lse_est = -inf through the forward's init (o_acc, rewritten by the forward, takes its zeros).
-    float *lse_est = (float *)scratch(&st->lse_est, sizeof(float) * (size_t)(Hq * Lq));
-    attn_forward_init_cuda(&est, (float *)st->o_acc.ptr, lse_est, stream);
-    sparse_estimate_lse_cuda(&est, qe, qe_pos, k, pos, lse_est, stream);
-    float *vertical = (float *)scratch(&st->vertical, sizeof(float) * (size_t)(Hq * T));
-    float *slash = (float *)scratch(&st->slash, sizeof(float) * (size_t)(Hq * T));
-    CUDA_CHECK(cudaMemsetAsync(vertical, 0, sizeof(float) * (size_t)(Hq * T), stream));
-    CUDA_CHECK(cudaMemsetAsync(slash, 0, sizeof(float) * (size_t)(Hq * T), stream));
-    sparse_estimate_scores_cuda(&est, qe, qe_pos, k, pos, lse_est, T, vertical, slash, stream);
-
-    sparse_select_cuda(&st->cfg, vertical, slash, Hq, T, layer_budget(st, st->budget_vertical, l),
-                       layer_budget(st, st->budget_slash, l), &st->pattern[l], stream);
-    st->planned[l] = true;
-    st->index_layer = -1;
-    const SparseIndexCuda *index = layer_index(st, l, s, pos, stream);
-    if (stats) {
-        count_density(st, index, s, stream, stats);
-        count_recall(st, l, s, Lq, q, k, v, pos, stream, stats);
-    }
-}
-
 // ---- forward and backward ----
 
 // Over several ranks.
-static bool on_ring(const AttnState *st) { return st->ring.cp_size > 1; }
+static bool on_ring(const AttnState *st) { return ring_cuda_size(st->ring) > 1; }
 
 static void check_call(const AttnState *st, int layer, const AttnShape *s) {
     CHECK(layer >= 0 && layer < st->num_layers, "attention (CUDA): layer %d outside [0, %d)", layer,
@@ -350,26 +223,31 @@ static void check_call(const AttnState *st, int layer, const AttnShape *s) {
           "needs the sequence's positions 0 .. T-1 (attention_cuda_sequence)", (long long)s->q_tokens);
 }
 
-// Layer l's pattern, estimated on this GPU or over the ring (collective).
+// Layer l's pattern and this rank's index, estimated by the ring (on this
+// GPU alone on a ring of one; collective); stats: NULL or its density added
+// (the recall: by the plan forward).
 static void plan_layer_pattern(AttnState *st, int l, const AttnShape *s, const uint16_t *q, const uint16_t *k,
-                               const uint16_t *v, const int64_t *pos, cudaStream_t stream, SparseStats *stats) {
-    if (!on_ring(st)) {
-        plan_layer(st, l, s, q, k, v, pos, stream, stats);
-        return;
-    }
-    st->ring.sparse_plan(st->ring.ring, &st->cfg, s, q, k, layer_budget(st, st->budget_vertical, l),
-                         layer_budget(st, st->budget_slash, l), &st->pattern[l], &st->index, &st->ring_layer[l],
-                         stats, stream);
+                               cudaStream_t stream, SparseStats *stats) {
+    ring_cuda_sparse_plan(st->ring, &st->cfg, s, q, k, layer_budget(st, st->budget_vertical, l),
+                          layer_budget(st, st->budget_slash, l), &st->pattern[l], &st->index, &st->ring_layer[l],
+                          stats, stream);
     st->planned[l] = true;
     st->index_layer = l;
 }
 
-// Sparse: layer l's index (planned by the sequence's first forward); dense: NULL.
-static const SparseIndexCuda *call_index(AttnState *st, int l, const AttnShape *s, const int64_t *pos,
-                                         cudaStream_t stream) {
-    if (st->cfg.type != ATTN_SPARSE) return NULL;
+// Layer l's call through the ring: sparse, its index (planned by the
+// sequence's first forward) and over several ranks the ring's layer state;
+// dense: neither.
+static RingCallCuda layer_call(AttnState *st, int l, const AttnShape *s, const int64_t *pos, cudaStream_t stream) {
+    RingCallCuda call{};
+    call.shape = s;
+    call.send = st->cfg.ring_send;
+    call.stream = stream;
+    if (st->cfg.type != ATTN_SPARSE) return call;
     CHECK(st->planned[l], "attention (CUDA): layer %d used before its sequence's plan forward", l);
-    return layer_index(st, l, s, pos, stream);
+    call.index = layer_index(st, l, s, pos, stream);
+    call.layer = st->ring_layer[l];
+    return call;
 }
 
 // One path for every case: the ring's schedule (a ring of one on one GPU)
@@ -383,12 +261,13 @@ extern "C" void attention_cuda_forward(AttnState *st, int layer, bool plan, cons
     const AttnShape s = with_documents(st, shape, stream);
     const size_t nq = (size_t)(s.q_tokens * s.num_heads * s.head_dim);
     float *o_acc = (float *)scratch(&st->o_acc, sizeof(float) * nq);
-    if (plan && st->cfg.type == ATTN_SPARSE) plan_layer_pattern(st, layer, &s, q, k, v, pos, stream, stats);
-    st->ring.forward(st->ring.ring, &s, st->cfg.ring_send, call_index(st, layer, &s, pos, stream),
-                     st->ring_layer[layer], q, k, v, o_acc, lse, plan ? stats : NULL, stream);
+    if (plan && st->cfg.type == ATTN_SPARSE) plan_layer_pattern(st, layer, &s, q, k, stream, stats);
+    RingCallCuda call = layer_call(st, layer, &s, pos, stream);
+    call.q = q, call.k = k, call.v = v;
+    call.out = AttnOut{o_acc, lse};
+    call.stats = plan ? stats : NULL;
+    ring_cuda_forward(st->ring, &call);
     attn_output_bf16_cuda(&s, o_acc, o, stream);
-    if (plan && stats && st->cfg.type == ATTN_SPARSE && !on_ring(st))   // the ring counts its own
-        count_sampled_recall(st, &s, q, k, pos, lse, stream, stats);
 }
 
 extern "C" void attention_cuda_cached(AttnState *st, const AttnShape *shape, const uint16_t *q, const int64_t *q_pos,
@@ -417,13 +296,15 @@ extern "C" void attention_cuda_backward(AttnState *st, int layer, const AttnShap
     CUDA_CHECK(cudaMemsetAsync(dq_acc, 0, sizeof(float) * (size_t)nq, stream));
     CUDA_CHECK(cudaMemsetAsync(dk_acc, 0, sizeof(float) * (size_t)nk, stream));
     CUDA_CHECK(cudaMemsetAsync(dv_acc, 0, sizeof(float) * (size_t)nk, stream));
-    st->ring.backward(st->ring.ring, &s, st->cfg.ring_send, call_index(st, layer, &s, pos, stream),
-                      st->ring_layer[layer], q, k, v, o, lse, dout, dq_acc, dk_acc, dv_acc, stream);
+    RingCallCuda call = layer_call(st, layer, &s, pos, stream);
+    call.q = q, call.k = k, call.v = v, call.o = o, call.dout = dout;
+    call.grads = AttnGrads{lse, NULL, dq_acc, dk_acc, dv_acc};
+    ring_cuda_backward(st->ring, &call);
     launch_add_into((__nv_bfloat16 *)dq, dq_acc, nq, stream);
     launch_add_into((__nv_bfloat16 *)dk, dk_acc, nk, stream);
     launch_add_into((__nv_bfloat16 *)dv, dv_acc, nk, stream);
 }
 
 extern "C" double attention_cuda_ring_bytes(const AttnState *st) {
-    return st->ring.ring ? st->ring.bytes(st->ring.ring) : 0;
+    return st->ring ? ring_cuda_bytes(st->ring) : 0;
 }

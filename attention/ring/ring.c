@@ -58,17 +58,17 @@ struct RingScratch {
     size_t bytes[RING_BUFFERS];
 };
 
-static void dense_forward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos,
-                          const void *k, const void *v, const int64_t *k_pos, float *o, float *lse) {
+static void dense_forward(void *ctx, const RingStep *step) {
     (void)ctx;
-    attn_dense_forward_cpu(shape, q, q_pos, k, v, k_pos, o, lse);
+    attn_dense_forward_cpu(step->shape, step->q, step->q_pos, step->k, step->v, step->k_pos, step->out.o,
+                           step->out.lse);
 }
 
-static void dense_backward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos,
-                           const void *k, const void *v, const int64_t *k_pos, const float *lse,
-                           const float *delta, const void *dout, float *dq, float *dk, float *dv) {
+static void dense_backward(void *ctx, const RingStep *step) {
     (void)ctx;
-    attn_dense_backward_cpu(shape, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk, dv);
+    const AttnGrads *g = &step->grads;
+    attn_dense_backward_cpu(step->shape, step->q, step->q_pos, step->k, step->v, step->k_pos, g->lse, g->delta,
+                            step->dout, g->dq, g->dk, g->dv);
 }
 
 const RingKernels ring_dense_cpu = {.forward = dense_forward, .backward = dense_backward};
@@ -460,31 +460,33 @@ static bool chunk_visible(const Ring *ring, const AttnShape *shape, int c) {
                               ring->counts[c], shape->doc_starts, shape->doc_count);
 }
 
-void ring_attn_forward(const Ring *ring, const RingKernels *kernels, const AttnShape *shape,
-                       const void *q, const void *k, const void *v, float *o, float *lse) {
+void ring_attn_forward(const Ring *ring, const RingKernels *kernels, const AttnShape *shape, const RingTensors *t) {
     const Place p = place(ring, shape);
     const RingMemory *m = ring->memory;
-    const int64_t *q_pos = ring->kernel_positions + ring->offsets[ring->cp->rank];
-    m->forward_init(m->ctx, shape, o, lse);
-    if (kernels->begin) kernels->begin(kernels->ctx, ring, shape, false, k, v);
-    KvTravel t = kv_travel_start(ring, &p, kernels, "forward", k, v);
+    m->forward_init(m->ctx, shape, t->out.o, t->out.lse);
+    if (kernels->begin) kernels->begin(kernels->ctx, ring, shape, false, t->k, t->v);
+    KvTravel travel = kv_travel_start(ring, &p, kernels, "forward", t->k, t->v);
     for (int so = 0; so < p.outer; so++) {
-        kv_outer_post(&t, so);
-        const char *cur = t.outer_cur;
+        kv_outer_post(&travel, so);
+        const char *cur = travel.outer_cur;
         for (int si = 0; si < p.inner; si++) {
-            int c = ring_chunk_at(&p, so, si);
-            const char *next = kv_inner_post(&t, so, si, cur);
-            AttnShape s = *shape;
-            s.k_tokens = ring->counts[c];
+            const int c = ring_chunk_at(&p, so, si);
+            const char *next = kv_inner_post(&travel, so, si, cur);
             const bool own = so == 0 && si == 0;
-            if (chunk_visible(ring, shape, c))
-                kernels->forward(kernels->ctx, &s, q, q_pos, own ? k : cur,
-                                 own ? v : cur + kv_message(ring, &p, s.k_tokens) / 2,
-                                 ring->kernel_positions + ring->offsets[c], o, lse);
-            kv_inner_wait(&t, so, si);
+            if (chunk_visible(ring, shape, c)) {
+                AttnShape s = *shape;
+                s.k_tokens = ring->counts[c];
+                const RingStep step = {.shape = &s, .q = t->q, .k = own ? t->k : cur,
+                                       .v = own ? t->v : cur + kv_message(ring, &p, s.k_tokens) / 2,
+                                       .q_pos = ring->kernel_positions + ring->offsets[ring->cp->rank],
+                                       .k_pos = ring->kernel_positions + ring->offsets[c], .out = t->out};
+                kernels->forward(kernels->ctx, &step);
+                if (own && kernels->columns_forward) kernels->columns_forward(kernels->ctx, &step);
+            }
+            kv_inner_wait(&travel, so, si);
             cur = next;
         }
-        kv_outer_wait(&t, so);
+        kv_outer_wait(&travel, so);
     }
 }
 
@@ -528,38 +530,42 @@ static void wait_one(const Ring *ring, RingRequest *req, const char *what) {
     m->wait(m->ctx, ring->cp, req, 1, op);
 }
 
-void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const AttnShape *shape,
-                        const void *q, const void *k, const void *v, const void *o,
-                        const float *lse, const void *dout, float *dq, float *dk, float *dv) {
+void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const AttnShape *shape, const RingTensors *t) {
     const Place p = place(ring, shape);
     const Comm *cp = ring->cp;
     const RingMemory *m = ring->memory;
     const RingNeed *need = kernels->need;
-    const int64_t T = shape->q_tokens, *q_pos = ring->kernel_positions + ring->offsets[cp->rank];
+    const int64_t T = shape->q_tokens;
     float *delta = buffer(ring, BUF_DELTA, (size_t)(shape->num_heads * T + 1) * sizeof(float));
-    m->backward_delta(m->ctx, shape, o, dout, delta);
-    if (kernels->begin) kernels->begin(kernels->ctx, ring, shape, true, k, v);
+    m->backward_delta(m->ctx, shape, t->o, t->dout, delta);
+    if (kernels->begin) kernels->begin(kernels->ctx, ring, shape, true, t->k, t->v);
     Accumulators a = accumulators_start(ring, &p);
-    KvTravel t = kv_travel_start(ring, &p, kernels, "backward", k, v);
+    KvTravel travel = kv_travel_start(ring, &p, kernels, "backward", t->k, t->v);
     for (int so = 0; so < p.outer; so++) {
-        kv_outer_post(&t, so);
-        const char *cur = t.outer_cur;
+        kv_outer_post(&travel, so);
+        const char *cur = travel.outer_cur;
         a.inner_n = -1;                               // the first inner step receives no inner accumulator
         for (int si = 0; si < p.inner; si++) {
             const int c = ring_chunk_at(&p, so, si);
             const int64_t full = ring->counts[c];
             const bool last = si == p.inner - 1;
-            const char *next = kv_inner_post(&t, so, si, cur);
+            const char *next = kv_inner_post(&travel, so, si, cur);
             float *fresh = last ? a.node : a.step[si % 2];
             wait_one(ring, last ? &a.node_send : &a.step_send[si % 2], "dK/dV send buffer reuse");
             const bool own = so == 0 && si == 0;      // own chunk: its dK/dV stay home (fresh is not used)
             if (!own) m->zero(m->ctx, fresh, dkv_message(&p, full));
-            AttnShape s = *shape;
-            s.k_tokens = full;
-            if (chunk_visible(ring, shape, c))
-                kernels->backward(kernels->ctx, &s, q, q_pos, own ? k : cur, own ? v : cur + kv_message(ring, &p, full) / 2,
-                                  ring->kernel_positions + ring->offsets[c], lse, delta, dout, dq, own ? dk : fresh,
-                                  own ? dv : fresh + full * p.kv);
+            if (chunk_visible(ring, shape, c)) {
+                AttnShape s = *shape;
+                s.k_tokens = full;
+                const RingStep step = {
+                    .shape = &s, .q = t->q, .k = own ? t->k : cur, .v = own ? t->v : cur + kv_message(ring, &p, full) / 2,
+                    .dout = t->dout, .q_pos = ring->kernel_positions + ring->offsets[cp->rank],
+                    .k_pos = ring->kernel_positions + ring->offsets[c],
+                    .grads = {.lse = t->grads.lse, .delta = delta, .dq = t->grads.dq, .dk = own ? t->grads.dk : fresh,
+                              .dv = own ? t->grads.dv : fresh + full * p.kv}};
+                kernels->backward(kernels->ctx, &step);
+                if (own && kernels->columns_backward) kernels->columns_backward(kernels->ctx, &step);
+            }
             wait_one(ring, &a.inner_recv, "dK/dV transfer (inner ring)");
             if (a.inner_n > 0)
                 m->add_rows(m->ctx, fresh, fresh + full * p.kv, a.inner_in, a.inner_sel, a.inner_n, p.kv);
@@ -568,7 +574,7 @@ void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const Attn
                 if (a.outer_n > 0)
                     m->add_rows(m->ctx, fresh, fresh + full * p.kv, a.outer_in, a.outer_sel, a.outer_n, p.kv);
             }
-            const int64_t n = ring_dkv_rows(ring, &p, need, c, so, si, t.mask, a.send_sel);
+            const int64_t n = ring_dkv_rows(ring, &p, need, c, so, si, travel.mask, a.send_sel);
             if (n >= 0 && n < full) m->gather_rows(m->ctx, fresh, fresh, full, a.send_sel, n, (size_t)p.kv * sizeof(float));
             int to = p.inner_next, tag = TAG_DKV_INNER;        // on, or to the next node, or home
             if (last) {
@@ -582,30 +588,30 @@ void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const Attn
             // The receive of what the previous holder sends now (order of posting): for the next inner
             // step, or the next node's sum, or this rank's own accumulator home.
             if (!last) {
-                a.inner_n = ring_dkv_rows(ring, &p, need, ring_chunk_at(&p, so, si + 1), so, si, t.mask, a.inner_sel);
+                a.inner_n = ring_dkv_rows(ring, &p, need, ring_chunk_at(&p, so, si + 1), so, si, travel.mask, a.inner_sel);
                 if (a.inner_n > 0)
                     m->recv(m->ctx, cp, a.inner_in, dkv_message(&p, a.inner_n), p.inner_prev, TAG_DKV_INNER,
                             &a.inner_recv);
             } else if (so < p.outer - 1) {
                 a.outer_n = ring_dkv_rows(ring, &p, need, ring_chunk_at(&p, so + 1, p.inner - 1), so, p.inner - 1,
-                                          t.mask, a.outer_sel);
+                                          travel.mask, a.outer_sel);
                 if (a.outer_n > 0)
                     m->recv(m->ctx, cp, a.outer_in, dkv_message(&p, a.outer_n), p.outer_prev, TAG_DKV_OUTER,
                             &a.outer_recv);
             } else {
-                a.home_n = ring_dkv_rows(ring, &p, need, cp->rank, p.outer - 1, p.inner - 1, t.mask, a.home_sel);
+                a.home_n = ring_dkv_rows(ring, &p, need, cp->rank, p.outer - 1, p.inner - 1, travel.mask, a.home_sel);
                 if (a.home_n > 0)
                     m->recv(m->ctx, cp, a.home, dkv_message(&p, a.home_n), ring_rank_at(&p, p.o - 1, p.i - 1),
                             TAG_DKV_HOME, &a.home_recv);
             }
-            kv_inner_wait(&t, so, si);
+            kv_inner_wait(&travel, so, si);
             cur = next;
         }
-        kv_outer_wait(&t, so);
+        kv_outer_wait(&travel, so);
     }
     wait_one(ring, &a.home_recv, "dK/dV transfer (home)");
-    if (a.home_n > 0) m->add_rows(m->ctx, dk, dv, a.home, a.home_sel, a.home_n, p.kv);
+    if (a.home_n > 0) m->add_rows(m->ctx, t->grads.dk, t->grads.dv, a.home, a.home_sel, a.home_n, p.kv);
     RingRequest sends[3] = {a.step_send[0], a.step_send[1], a.node_send};
     m->wait(m->ctx, cp, sends, 3, "ring attention backward: dK/dV sends");
-    if (kernels->backward_end) kernels->backward_end(kernels->ctx, ring, shape, dk, dv);
+    if (kernels->backward_end) kernels->backward_end(kernels->ctx, ring, shape, t->grads.dk, t->grads.dv);
 }

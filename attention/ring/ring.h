@@ -25,8 +25,8 @@
 // runs its one step on the rank's own K/V in place, with no transfer, no
 // buffer and no MPI call.
 //
-// The per-step work is a pair of kernel callbacks, so the dense kernels of
-// attention.h and the sparse ones of sparse.h (with a SparseIndex as ctx)
+// The per-step work is a table of kernels (RingKernels), so the dense
+// kernels and the sparse ones (with the column pass of the sparse ring)
 // run under the same schedule.
 #ifndef MTRAIN_RING_H
 #define MTRAIN_RING_H
@@ -36,6 +36,7 @@
 
 #include "../../dist/comm.h"
 #include "../attention.h"
+#include "../attn_args.h"
 #include "../layout.h"
 
 // ring_send selected: which key blocks each cp rank's kernels use. A K/V
@@ -59,23 +60,38 @@ typedef struct {
     int64_t kv_messages;       // K/V messages sent: mean bytes per step = kv_bytes / kv_messages
 } RingTraffic;
 
-// One ring step: queries against one key chunk. shape->k_tokens is the
-// chunk's token count. Same contracts as attn_dense_forward_cpu and
-// attn_dense_backward_cpu (merge into o/lse; accumulate dq, dk, dv), in the
-// ring's memory (RingMemory): q, k, v, dout are its activations (fp32 on the
-// host, bf16 on a GPU); o (the running output), lse, delta, dq, dk, dv fp32.
-// need: NULL sends whole chunks (ring_send full). traffic: NULL or counted.
-// begin, backward_end: NULL, or the kernels' own work around a pass: before
-// its first step, with this rank's k and v (the sparse ring gathers its
-// columns' rows to every rank, ring_sparse.h); after the backward's last
-// step, into this rank's dk and dv (their dK/dV go home).
+// One ring step's kernel call, in the ring's memory (RingMemory): this
+// rank's queries against one key chunk (shape->k_tokens its tokens), or
+// against the gathered columns. q, k, v, dout are the memory's activations
+// (fp32 on the host, bf16 on a GPU); out: the running output o and lse, fp32,
+// merged into (forward); grads: the forward's final lse and delta, dq, dk,
+// dv fp32, accumulated (backward). Same contracts as attn_dense_forward_cpu
+// and attn_dense_backward_cpu.
+typedef struct {
+    const AttnShape *shape;
+    const void *q, *k, *v, *dout;
+    const int64_t *q_pos;      // [Tq]
+    const int64_t *k_pos;      // [Tk]
+    AttnOut out;
+    AttnGrads grads;
+} RingStep;
+
+// A pass's kernels. forward, backward: one ring step. columns_forward,
+// columns_backward: NULL, or the column pass, run once per pass right after
+// the own chunk's step (the first; it computes whenever the rank holds a
+// token) on the same step: the sparse ring computes there the columns
+// gathered to every rank (ring_sparse.h). need: NULL sends whole chunks
+// (ring_send full). traffic: NULL or counted. begin, backward_end: NULL, or
+// the kernels' own work around a pass: before its first step, with this
+// rank's k and v (the sparse ring gathers its columns' rows to every rank);
+// after the backward's last step, into this rank's dk and dv (their dK/dV
+// go home).
 struct Ring;
 typedef struct {
-    void (*forward)(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos, const void *k,
-                    const void *v, const int64_t *k_pos, float *o, float *lse);
-    void (*backward)(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos, const void *k,
-                     const void *v, const int64_t *k_pos, const float *lse, const float *delta,
-                     const void *dout, float *dq, float *dk, float *dv);
+    void (*forward)(void *ctx, const RingStep *step);
+    void (*backward)(void *ctx, const RingStep *step);
+    void (*columns_forward)(void *ctx, const RingStep *own);
+    void (*columns_backward)(void *ctx, const RingStep *own);
     void (*begin)(void *ctx, const struct Ring *ring, const AttnShape *shape, bool backward, const void *k,
                   const void *v);
     void (*backward_end)(void *ctx, const struct Ring *ring, const AttnShape *shape, float *dk, float *dv);
@@ -83,6 +99,18 @@ typedef struct {
     const RingNeed *need;
     RingTraffic *traffic;
 } RingKernels;
+
+// One pass's tensors on this rank, in the ring's memory: q [T, Hq, D], k, v
+// [T, Hkv, D] activations; forward: out written (o [T, Hq, D] and lse
+// [Hq, T], fp32); backward: o (the forward's output) and dout [T, Hq, D]
+// activations, grads.lse the forward's, grads.dq [T, Hq, D] and grads.dk,
+// grads.dv [T, Hkv, D] fp32 accumulated (+=) over every rank's queries
+// (grads.delta unused: the ring computes it).
+typedef struct {
+    const void *q, *k, *v, *o, *dout;
+    AttnOut out;
+    AttnGrads grads;
+} RingTensors;
 
 // A message transfer in flight: an MPI request (host memory) or a device
 // exchange's operation id (dist/comm_device.h); RING_REQUEST_NULL is done.
@@ -157,17 +185,10 @@ void ring_free(Ring *ring);
 // `positions` in that memory (the caller keeps it until ring_free).
 void ring_set_memory(Ring *ring, const RingMemory *memory, const int64_t *kernel_positions);
 
-// shape: q_tokens = this rank's tokens; k_tokens is ignored (set per chunk).
-// q [T, Hq, D]; k, v [T, Hkv, D] (activations of the memory); o [T, Hq, D]
-// and lse [Hq, T] fp32. Writes o and lse.
-void ring_attn_forward(const Ring *ring, const RingKernels *kernels, const AttnShape *shape,
-                       const void *q, const void *k, const void *v, float *o, float *lse);
-
-// From the forward's o (activation), lse and the upstream dout [T, Hq, D]
-// (activation): accumulates (+=) fp32 dq [T, Hq, D] and this rank's fp32 dk,
-// dv [T, Hkv, D] (from every rank's queries).
-void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const AttnShape *shape,
-                        const void *q, const void *k, const void *v, const void *o,
-                        const float *lse, const void *dout, float *dq, float *dk, float *dv);
+// shape: q_tokens = this rank's tokens; k_tokens is ignored (set per
+// chunk). The forward writes t->out from t->q, k, v; the backward adds into
+// t->grads from t->q, k, v, o, dout and grads.lse (RingTensors).
+void ring_attn_forward(const Ring *ring, const RingKernels *kernels, const AttnShape *shape, const RingTensors *t);
+void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const AttnShape *shape, const RingTensors *t);
 
 #endif

@@ -10,10 +10,11 @@
 #include <stdlib.h>
 
 #include "../../dist/util.h"
+#include "../sparse/sparse_plan.h"
 #include "ring_plan.h"
 #include "ring_sparse.h"
 
-typedef struct {
+struct RingCpu {
     const Comm *cp;            // NULL: a ring of one (no MPI, ring.h)
     int inner;
     Ring ring;                 // this sequence's (ring_sequence)
@@ -23,19 +24,19 @@ typedef struct {
     RingDenseNeed dense_need;  // its bits, kept for the sequence
     RingTraffic traffic;       // K/V and dK/dV messages since the sequence began
     int64_t column_bytes;      // sparse: the gathered columns' K/V and dK/dV since the sequence began
-} RingCpu;
+};
 
 // ---- the sparse kernels of a ring of one: the whole index (blocks and columns) in one pass ----
 
-static void local_sparse_forward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos,
-                                 const void *k, const void *v, const int64_t *k_pos, float *o, float *lse) {
-    attn_sparse_forward_cpu(shape, ctx, q, q_pos, k, v, k_pos, o, lse);
+static void local_sparse_forward(void *ctx, const RingStep *step) {
+    attn_sparse_forward_cpu(step->shape, ctx, step->q, step->q_pos, step->k, step->v, step->k_pos, step->out.o,
+                            step->out.lse);
 }
 
-static void local_sparse_backward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos,
-                                  const void *k, const void *v, const int64_t *k_pos, const float *lse,
-                                  const float *delta, const void *dout, float *dq, float *dk, float *dv) {
-    attn_sparse_backward_cpu(shape, ctx, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk, dv);
+static void local_sparse_backward(void *ctx, const RingStep *step) {
+    const AttnGrads *g = &step->grads;
+    attn_sparse_backward_cpu(step->shape, ctx, step->q, step->q_pos, step->k, step->v, step->k_pos, g->lse, g->delta,
+                             step->dout, g->dq, g->dk, g->dv);
 }
 
 // ---- the ring ----
@@ -51,15 +52,14 @@ static void forget_sequence(RingCpu *rc) {
     rc->built = false;
 }
 
-static void ring_free_cpu(void *ring) {
-    RingCpu *rc = ring;
+void ring_cpu_free(RingCpu *rc) {
+    if (!rc) return;
     forget_sequence(rc);
     ring_dense_need_free(&rc->dense_need);
     free(rc);
 }
 
-static void ring_sequence(void *ring, const int64_t *pos, int64_t tokens) {
-    RingCpu *rc = ring;
+void ring_cpu_sequence(RingCpu *rc, const int64_t *pos, int64_t tokens) {
     forget_sequence(rc);
     ring_init(&rc->ring, rc->cp, rc->inner, pos, tokens);
     rc->built = true;
@@ -67,42 +67,47 @@ static void ring_sequence(void *ring, const int64_t *pos, int64_t tokens) {
     rc->column_bytes = 0;
 }
 
-static void ring_sparse_plan_cpu(void *ring, const AttentionConfig *cfg, const AttnShape *shape, const float *q,
-                                 const float *k, const int *fixed_vertical, const int *fixed_slash, void **layer,
-                                 SparseStats *stats) {
-    RingCpu *rc = ring;
+void ring_cpu_sparse_plan(RingCpu *rc, const AttentionConfig *cfg, const AttnShape *shape, const float *q,
+                          const float *k, const int *fixed_vertical, const int *fixed_slash, SparseIndex *index,
+                          void **layer, SparseStats *stats) {
     check_built(rc, "a sparse plan");
+    if (!rc->cp) {   // one rank holds the sequence: its plan, no layer state
+        sparse_plan_local(cfg, shape, q, k, rc->ring.positions, fixed_vertical, fixed_slash, index, stats);
+        return;
+    }
     if (!*layer) *layer = xcalloc(1, sizeof(RingSparse));
-    ring_sparse_plan(&rc->ring, cfg, shape, q, k, fixed_vertical, fixed_slash, cfg->ring_send, *layer, stats);
+    ring_sparse_plan(&rc->ring, cfg, shape, q, k, fixed_vertical, fixed_slash, cfg->ring_send, index, *layer, stats);
 }
 
-static void ring_layer_free(void *layer) {
+void ring_cpu_layer_free(void *layer) {
+    if (!layer) return;
     ring_sparse_free(layer);
     free(layer);
 }
 
 // The call's kernels: the sparse ones of the plan's layer (several ranks),
-// or over index (a ring of one: the whole index), or the dense ones, with
-// ring_send selected over several ranks each hop carrying only the key
+// or over the index (a ring of one: the whole index), or the dense ones,
+// with ring_send selected over several ranks each hop carrying only the key
 // blocks that the receiving and later ranks' queries read (with documents:
 // blocks of their documents).
-static const RingKernels *begin(RingCpu *rc, const AttnShape *shape, RingSend send, const SparseIndex *index,
-                                RingSparse *layer) {
+static const RingKernels *begin(RingCpu *rc, const RingCallCpu *call) {
     check_built(rc, "a call");
-    if (layer) {
+    RingSparse *layer = call->layer;
+    if (call->index && rc->cp) {
+        CHECK(layer && layer->index == call->index, "sparse ring attention (CPU): a call without its layer's plan");
         rc->kernels = ring_sparse_kernels(layer);
         rc->kernels.traffic = &rc->traffic;
         return &rc->kernels;
     }
-    if (index) {
+    if (call->index) {
         rc->kernels = (RingKernels){.forward = local_sparse_forward, .backward = local_sparse_backward,
-                                    .ctx = (void *)index};
+                                    .ctx = (void *)call->index};
         return &rc->kernels;
     }
     rc->kernels = ring_dense_cpu;
     rc->kernels.traffic = &rc->traffic;
-    if (send != RING_SEND_SELECTED || !rc->cp) return &rc->kernels;
-    rc->need = ring_dense_need_kept(&rc->dense_need, &rc->ring, shape);
+    if (call->send != RING_SEND_SELECTED || !rc->cp) return &rc->kernels;
+    rc->need = ring_dense_need_kept(&rc->dense_need, &rc->ring, call->shape);
     rc->kernels.need = &rc->need;
     return &rc->kernels;
 }
@@ -115,31 +120,25 @@ static void count_column_bytes(RingCpu *rc, RingSparse *layer) {
     layer->column_bytes = 0;
 }
 
-static void ring_forward(void *ring, const AttnShape *shape, RingSend send, const SparseIndex *index, void *layer,
-                         const float *q, const float *k, const float *v, float *o, float *lse) {
-    RingCpu *rc = ring;
-    ring_attn_forward(&rc->ring, begin(rc, shape, send, index, layer), shape, q, k, v, o, lse);
-    count_column_bytes(rc, layer);
+void ring_cpu_forward(RingCpu *rc, const RingCallCpu *call) {
+    ring_attn_forward(&rc->ring, begin(rc, call), call->shape, &call->t);
+    count_column_bytes(rc, call->layer);
 }
 
-static void ring_backward(void *ring, const AttnShape *shape, RingSend send, const SparseIndex *index, void *layer,
-                          const float *q, const float *k, const float *v, const float *o, const float *lse,
-                          const float *dout, float *dq, float *dk, float *dv) {
-    RingCpu *rc = ring;
-    ring_attn_backward(&rc->ring, begin(rc, shape, send, index, layer), shape, q, k, v, o, lse, dout, dq, dk, dv);
-    count_column_bytes(rc, layer);
+void ring_cpu_backward(RingCpu *rc, const RingCallCpu *call) {
+    ring_attn_backward(&rc->ring, begin(rc, call), call->shape, &call->t);
+    count_column_bytes(rc, call->layer);
 }
 
-static double ring_bytes(const void *ring) {
-    const RingCpu *rc = ring;
+double ring_cpu_bytes(const RingCpu *rc) {
     return (double)(rc->traffic.kv_bytes + rc->traffic.dkv_bytes + rc->column_bytes);
 }
 
-AttnRingCpu ring_cpu_new(const Comm *cp, int inner) {
+int ring_cpu_size(const RingCpu *rc) { return rc->cp ? rc->cp->size : 1; }
+
+RingCpu *ring_cpu_new(const Comm *cp, int inner) {
     RingCpu *rc = xcalloc(1, sizeof(RingCpu));
     rc->cp = cp && cp->size > 1 ? cp : NULL;
     rc->inner = rc->cp ? inner : 1;
-    return (AttnRingCpu){.ring = rc, .cp_size = rc->cp ? rc->cp->size : 1, .sequence = ring_sequence,
-                         .sparse_plan = ring_sparse_plan_cpu, .forward = ring_forward, .backward = ring_backward,
-                         .layer_free = ring_layer_free, .bytes = ring_bytes, .free = ring_free_cpu};
+    return rc;
 }

@@ -9,9 +9,9 @@
 // step has run.
 // Sparse, as ring_sparse.c: the columns of every rank's index are gathered
 // to every rank before the ring (one device all-gather of their K/V rows)
-// and computed in step 0 (the column pass), the ring steps compute blocks
-// only, and the columns' dK/dV go home after the ring (one device
-// reduce-scatter). The plan stays on the device (ring_columns_cuda.h): the
+// and computed by the column pass (after the own chunk's step), the ring
+// steps compute blocks only, and the columns' dK/dV go home after the ring
+// (one device reduce-scatter). The plan stays on the device (ring_columns_cuda.h): the
 // columns are held at bounds the host knows (ring_columns_bound), their
 // counts live on the device, and nothing is read back, except with
 // ring_send selected the need rows (the host schedules each hop's rows from
@@ -76,7 +76,7 @@ typedef struct {
 // The ring's device buffers, live or spare (ring.c holds RING_BUFFERS at once).
 #define RING_BUFFERS_CUDA 32
 
-typedef struct {
+struct RingCuda {
     const Comm *cp;            // NULL: a ring of one (no exchange, ring.h)
     int inner;
     Ring ring;
@@ -100,7 +100,6 @@ typedef struct {
     RingKernels local_sparse_kernels;  // a ring of one: the whole index
     const SparseIndexCuda *index;  // the sparse kernels' index of the current call
     struct RingLayerCuda *layer;   // and its layer (gathered columns)
-    bool columns_pending;      // the next sparse kernel call also computes the columns (step 0)
     void *column_arena;        // [W, 2 * owned_bound, Hkv * D] the columns' collective (bf16 K/V or fp32 dK/dV)
     size_t column_arena_bytes;
     float *column_dkv;         // [2, count, Hkv, D] the columns' dK/dV of the backward
@@ -117,9 +116,9 @@ typedef struct {
     float *sample_lse;
     void *sample;
     size_t sample_bytes;
-} RingCuda;
+};
 
-// A layer's sparse ring state (AttnRingCuda's `layer`), made by the plan
+// A layer's sparse ring state (RingCallCuda's `layer`), made by the plan
 // and remade in place by the next step's (its buffers grow only with the
 // bounds): with ring_send selected which key blocks every rank's index
 // reads, and the gathered columns, held at count_bound columns of which
@@ -147,6 +146,20 @@ typedef struct RingLayerCuda {
 static void host_wait(cudaStream_t stream) {
     comm_device_settle();
     CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+// The sparse plan's collectives over the ring's ranks (ring_cuda_sparse_plan,
+// count_recall): a ring of one has nothing to combine.
+static void plan_allgather(const RingCuda *rc, uint16_t *arena, int64_t count, cudaStream_t stream) {
+    if (rc->cp) comm_device_allgather_bf16(rc->cp, arena, count, stream);
+}
+
+static void plan_reduce_scatter(const RingCuda *rc, float *arena, int64_t count, cudaStream_t stream) {
+    if (rc->cp) comm_device_reduce_scatter(rc->cp, arena, count, stream);
+}
+
+static void plan_sum(const RingCuda *rc, double *x, int64_t n) {
+    if (rc->cp) comm_allreduce(rc->cp, x, n, DT_DOUBLE, REDUCE_SUM);
 }
 
 // Zeroed: with ring_send selected a chunk's unsent rows stay as they were,
@@ -335,94 +348,90 @@ static void dev_backward_delta(void *ctx, const AttnShape *shape, const void *o,
 
 // ---- the dense kernels per ring step ----
 
-static void dense_forward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos, const void *k,
-                          const void *v, const int64_t *k_pos, float *o, float *lse) {
-    RingCuda *rc = ctx;
-    const AttnVariantCall call = {.shape = shape, .q = q, .k = k, .v = v, .q_pos = q_pos, .k_pos = k_pos, .o_acc = o,
-                                  .lse = lse};
+// The registry's call (attn_variants.h) of a ring step over this ring's index, for `part` of it.
+static AttnVariantCall step_call(const RingCuda *rc, const RingStep *step, SparsePart part) {
+    const AttnGrads *g = &step->grads;
+    const AttnVariantCall call = {.shape = step->shape, .index = rc->index, .q = step->q, .k = step->k, .v = step->v,
+                                  .dout = step->dout, .q_pos = step->q_pos, .k_pos = step->k_pos,
+                                  .o_acc = step->out.o, .lse = step->out.lse, .lse_final = g->lse,
+                                  .delta = g->delta, .dq = g->dq, .dk = g->dk, .dv = g->dv, .part = part};
+    return call;
+}
+
+static void dense_forward(void *ctx, const RingStep *step) {
+    const RingCuda *rc = ctx;
+    const AttnVariantCall call = step_call(rc, step, SPARSE_ALL);
     attn_variant_launch(ATTN_DENSE_FORWARD, &call, rc->stream);
 }
 
-static void dense_backward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos, const void *k,
-                           const void *v, const int64_t *k_pos, const float *lse, const float *delta,
-                           const void *dout, float *dq, float *dk, float *dv) {
-    RingCuda *rc = ctx;
-    const AttnVariantCall call = {.shape = shape, .q = q, .k = k, .v = v, .dout = dout, .q_pos = q_pos, .k_pos = k_pos,
-                                  .lse_final = lse, .delta = delta, .dq = dq, .dk = dk, .dv = dv};
+static void dense_backward(void *ctx, const RingStep *step) {
+    const RingCuda *rc = ctx;
+    const AttnVariantCall call = step_call(rc, step, SPARSE_ALL);
     attn_variant_launch(ATTN_DENSE_BACKWARD, &call, rc->stream);
 }
 
 // ---- the sparse kernels of a ring of one: the whole index (blocks and columns) in one pass ----
 
-static void local_sparse_forward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos,
-                                 const void *k, const void *v, const int64_t *k_pos, float *o, float *lse) {
-    RingCuda *rc = ctx;
-    const AttnVariantCall call = {.shape = shape, .index = rc->index, .q = q, .k = k, .v = v, .q_pos = q_pos,
-                                  .k_pos = k_pos, .o_acc = o, .lse = lse};
+static void local_sparse_forward(void *ctx, const RingStep *step) {
+    const RingCuda *rc = ctx;
+    const AttnVariantCall call = step_call(rc, step, SPARSE_ALL);
     attn_variant_launch(ATTN_SPARSE_FORWARD, &call, rc->stream);
 }
 
-static void local_sparse_backward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos,
-                                  const void *k, const void *v, const int64_t *k_pos, const float *lse,
-                                  const float *delta, const void *dout, float *dq, float *dk, float *dv) {
-    RingCuda *rc = ctx;
-    const AttnVariantCall call = {.shape = shape, .index = rc->index, .q = q, .k = k, .v = v, .dout = dout,
-                                  .q_pos = q_pos, .k_pos = k_pos, .lse_final = lse, .delta = delta, .dq = dq, .dk = dk,
-                                  .dv = dv};
+static void local_sparse_backward(void *ctx, const RingStep *step) {
+    const RingCuda *rc = ctx;
+    const AttnVariantCall call = step_call(rc, step, SPARSE_ALL);
     attn_variant_launch(ATTN_SPARSE_BACKWARD, &call, rc->stream);
 }
 
-// ---- the sparse kernels per ring step (rc->index: the chunk's blocks; in step 0 also the gathered columns) ----
+// ---- the sparse kernels per ring step (rc->index: the chunk's blocks) and the column pass ----
 
-// Step 0's column pass, once per ring call: NULL when it is done, else the
-// layer whose gathered columns it computes, *s their shape and *half the
-// elements of their K rows (the V rows follow).
-static const RingLayerCuda *column_pass(RingCuda *rc, const AttnShape *shape, AttnShape *s, int64_t *half) {
-    if (!rc->columns_pending) return NULL;
-    rc->columns_pending = false;
-    *s = *shape;
-    s->k_tokens = rc->layer->count_bound;
-    *half = s->k_tokens * shape->num_kv_heads * shape->head_dim;
-    return rc->layer;
+static void sparse_forward(void *ctx, const RingStep *step) {
+    const RingCuda *rc = ctx;
+    const AttnVariantCall call = step_call(rc, step, SPARSE_BLOCKS);
+    attn_variant_launch(ATTN_SPARSE_FORWARD, &call, rc->stream);
 }
 
-static void sparse_forward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos, const void *k,
-                           const void *v, const int64_t *k_pos, float *o, float *lse) {
-    RingCuda *rc = ctx;
-    AttnVariantCall call = {.shape = shape, .index = rc->index, .q = q, .k = k, .v = v, .q_pos = q_pos, .k_pos = k_pos,
-                            .o_acc = o, .lse = lse, .part = SPARSE_BLOCKS};
-    attn_variant_launch(ATTN_SPARSE_FORWARD, &call, rc->stream);
-    AttnShape s;
+static void sparse_backward(void *ctx, const RingStep *step) {
+    const RingCuda *rc = ctx;
+    const AttnVariantCall call = step_call(rc, step, SPARSE_BLOCKS);
+    attn_variant_launch(ATTN_SPARSE_BACKWARD, &call, rc->stream);
+}
+
+// The gathered columns' shape for the own step's queries, and *half the
+// elements of their K rows (the V rows follow).
+static AttnShape columns_shape(const RingCuda *rc, const AttnShape *own, int64_t *half) {
+    AttnShape s = *own;
+    s.k_tokens = rc->layer->count_bound;
+    *half = s.k_tokens * s.num_kv_heads * s.head_dim;
+    return s;
+}
+
+static void columns_forward(void *ctx, const RingStep *own) {
+    const RingCuda *rc = ctx;
+    const RingLayerCuda *layer = rc->layer;
     int64_t half;
-    const RingLayerCuda *layer = column_pass(rc, shape, &s, &half);
-    if (!layer) return;
+    const AttnShape s = columns_shape(rc, own->shape, &half);
+    AttnVariantCall call = step_call(rc, own, SPARSE_COLUMNS);
     call.shape = &s;
     call.k = layer->column_kv;
     call.v = layer->column_kv + half;
     call.k_pos = layer->column_pos;
-    call.part = SPARSE_COLUMNS;
     attn_variant_launch(ATTN_SPARSE_FORWARD, &call, rc->stream);
 }
 
-static void sparse_backward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos, const void *k,
-                            const void *v, const int64_t *k_pos, const float *lse, const float *delta,
-                            const void *dout, float *dq, float *dk, float *dv) {
-    RingCuda *rc = ctx;
-    AttnVariantCall call = {.shape = shape, .index = rc->index, .q = q, .k = k, .v = v, .dout = dout, .q_pos = q_pos,
-                            .k_pos = k_pos, .lse_final = lse, .delta = delta, .dq = dq, .dk = dk, .dv = dv,
-                            .part = SPARSE_BLOCKS};
-    attn_variant_launch(ATTN_SPARSE_BACKWARD, &call, rc->stream);
-    AttnShape s;
+static void columns_backward(void *ctx, const RingStep *own) {
+    const RingCuda *rc = ctx;
+    const RingLayerCuda *layer = rc->layer;
     int64_t half;
-    const RingLayerCuda *layer = column_pass(rc, shape, &s, &half);
-    if (!layer) return;
+    const AttnShape s = columns_shape(rc, own->shape, &half);
+    AttnVariantCall call = step_call(rc, own, SPARSE_COLUMNS);
     call.shape = &s;
     call.k = layer->column_kv;
     call.v = layer->column_kv + half;
     call.k_pos = layer->column_pos;
     call.dk = rc->column_dkv;
     call.dv = rc->column_dkv + half;
-    call.part = SPARSE_COLUMNS;
     attn_variant_launch(ATTN_SPARSE_BACKWARD, &call, rc->stream);
 }
 
@@ -466,12 +475,12 @@ static void copy_rows_at(const int64_t *pos, int64_t T, const int64_t *rows, int
 static void gather_queries(RingCuda *rc, const AttnShape *shape, const uint16_t *q, const int64_t *rows, int64_t n,
                            uint16_t *arena, uint16_t *qe, cudaStream_t stream) {
     const Ring *ring = &rc->ring;
-    const int W = rc->cp->size, me = rc->cp->rank;
+    const int W = ring->cp->size, me = ring->cp->rank;
     const int64_t wq = (int64_t)shape->num_heads * shape->head_dim;
     const size_t row = sizeof(uint16_t) * (size_t)wq;
     copy_rows_at(ring->positions + ring->offsets[me], ring->counts[me], rows, n, row, (char *)(arena + me * n * wq),
                  (const char *)q, true, stream);
-    comm_device_allgather_bf16(rc->cp, arena, n * wq, stream);
+    plan_allgather(rc, arena, n * wq, stream);
     for (int r = 0; r < W; r++)
         copy_rows_at(ring->positions + ring->offsets[r], ring->counts[r], rows, n, row, (char *)qe,
                      (const char *)(arena + r * n * wq), false, stream);
@@ -484,13 +493,13 @@ static void gather_queries(RingCuda *rc, const AttnShape *shape, const uint16_t 
 static void rows_lse(RingCuda *rc, const AttnShape *shape, int64_t n, const uint16_t *qe, const int64_t *qe_pos,
                      const uint16_t *k, float *parts, float *lse, cudaStream_t stream) {
     const Ring *rg = &rc->ring;
-    const int W = rc->cp->size, me = rc->cp->rank;
+    const int W = rg->cp->size, me = rg->cp->rank;
     const int64_t nl = shape->num_heads * n;
     AttnShape rows = *shape;
     rows.q_tokens = n;
     rows.k_tokens = rg->counts[me];
     sparse_estimate_lse_cuda(&rows, qe, qe_pos, k, rc->positions + rg->offsets[me], parts + me * nl, stream);
-    comm_device_allgather_bf16(rc->cp, (uint16_t *)parts, 2 * nl, stream);
+    plan_allgather(rc, (uint16_t *)parts, 2 * nl, stream);
     ring_combine_lse_cuda(parts, W, nl, lse, stream);
 }
 
@@ -499,7 +508,7 @@ static void rows_lse(RingCuda *rc, const AttnShape *shape, int64_t n, const uint
 // for the forward's count_recall.
 static void plan_sample(RingCuda *rc, const AttnShape *shape, const uint16_t *q, const uint16_t *k, int64_t Lq,
                         cudaStream_t stream) {
-    const int W = rc->cp->size, Hq = shape->num_heads;
+    const int W = rc->ring.cp->size, Hq = shape->num_heads;
     const int64_t N = rc->ring.offsets[W], wq = (int64_t)Hq * shape->head_dim;
     const int64_t n = sparse_recall_rows(N, Lq, rc->sample_rows), nl = Hq * n;
     room(&rc->sample, &rc->sample_bytes, sizeof(int64_t) * (size_t)n + sizeof(float) * (size_t)((W + 1) * nl) +
@@ -507,7 +516,7 @@ static void plan_sample(RingCuda *rc, const AttnShape *shape, const uint16_t *q,
     int64_t *rows_dev = rc->sample;                                     // [n]
     float *parts = (float *)(rows_dev + n), *lse = parts + W * nl;     // [W, Hq, n], [Hq, n]
     uint16_t *arena = (uint16_t *)(lse + nl), *qs = arena + W * n * wq; // [W, n, Hq, D], [n, Hq, D]
-    ring_estimation_init_cuda(rows_dev, n, 0, parts + rc->cp->rank * nl, nl, stream);   // the lse's -inf
+    ring_estimation_init_cuda(rows_dev, n, 0, parts + rc->ring.cp->rank * nl, nl, stream);   // the lse's -inf
     CUDA_CHECK(cudaMemcpyAsync(rows_dev, rc->sample_rows, sizeof(int64_t) * (size_t)n, cudaMemcpyHostToDevice,
                                stream));
     gather_queries(rc, shape, q, rc->sample_rows, n, arena, qs, stream);
@@ -518,7 +527,7 @@ static void plan_sample(RingCuda *rc, const AttnShape *shape, const uint16_t *q,
     CUDA_CHECK(cudaMemcpy(rc->sample_lse, lse, sizeof(float) * (size_t)nl, cudaMemcpyDeviceToHost));
 }
 
-static void ring_layer_free(void *layer) {
+void ring_cuda_layer_free(void *layer) {
     RingLayerCuda *l = layer;
     if (!l) return;
     if (l->need) CUDA_CHECK(cudaFreeHost(l->need));
@@ -580,15 +589,16 @@ static void plan_columns(RingCuda *rc, const SparseIndexCuda *index, const Spars
 // so that every rank selects the same pattern: the lse's partials [W, Hq,
 // Lq] are all-gathered and every rank folds them in rank order
 // (ring_combine_lse_cuda); the sums [2, Hq, N] are reduce-scattered (each
-// block summed on its owner only) and the blocks all-gathered.
-static void ring_sparse_plan_cuda(void *ring, const AttentionConfig *cfg, const AttnShape *shape, const uint16_t *q,
-                                  const uint16_t *k, const int *fixed_vertical, const int *fixed_slash,
-                                  SparsePatternCuda *pattern, SparseIndexCuda *index, void **layer_out,
-                                  SparseStats *stats, cudaStream_t stream) {
-    RingCuda *rc = ring;
+// block summed on its owner only) and the blocks all-gathered. A ring of one
+// runs the same steps on its own keys with nothing to combine (the fold of
+// one partial is that partial) and has no layer state: one GPU's plan.
+void ring_cuda_sparse_plan(RingCuda *rc, const AttentionConfig *cfg, const AttnShape *shape, const uint16_t *q,
+                           const uint16_t *k, const int *fixed_vertical, const int *fixed_slash,
+                           SparsePatternCuda *pattern, SparseIndexCuda *index, void **layer_out, SparseStats *stats,
+                           cudaStream_t stream) {
     CHECK(rc->built, "sparse ring attention (CUDA): a plan before the sequence's positions");
     const Ring *rg = &rc->ring;
-    const int W = rc->cp->size, me = rc->cp->rank, Hq = shape->num_heads, B = shape->block_size;
+    const int W = rg->cp->size, me = rg->cp->rank, Hq = shape->num_heads, B = shape->block_size;
     const int64_t N = rg->offsets[W], T = rg->counts[me], *pos = rg->positions + rg->offsets[me];
     CHECK(T == shape->q_tokens, "sparse ring attention (CUDA): %lld local tokens but the ring was built for %lld",
           (long long)shape->q_tokens, (long long)T);
@@ -623,16 +633,18 @@ static void ring_sparse_plan_cuda(void *ring, const AttentionConfig *cfg, const 
     // Pass 2: the partial vertical and slash sums, combined.
     CUDA_CHECK(cudaMemsetAsync(vertical, 0, sizeof(float) * (size_t)(W * part), stream));
     sparse_estimate_scores_cuda(&est, qe, rc->est_pos, k, k_pos, lse, N, vertical, slash, stream);
-    comm_device_reduce_scatter(rc->cp, vertical, part, stream);
-    comm_device_allgather_bf16(rc->cp, (uint16_t *)vertical, 2 * part, stream);
+    plan_reduce_scatter(rc, vertical, part, stream);
+    plan_allgather(rc, (uint16_t *)vertical, 2 * part, stream);
 
     // Selection (identical inputs, identical pattern), this rank's index, the need rows and the columns.
     sparse_select_cuda(cfg, vertical, slash, Hq, N, fixed_vertical, fixed_slash, pattern, stream);
     sparse_index_build_cuda(pattern, B, rc->q_blocks, nqb, shape->doc_starts_device, shape->doc_count, cfg->sink,
                             index, stream);
-    RingLayerCuda *layer = *layer_out ? *layer_out : (*layer_out = xcalloc(1, sizeof(RingLayerCuda)));
-    if (cfg->ring_send == RING_SEND_SELECTED) plan_need(rc, index, ring_need_words(N, B), layer, stream);
-    plan_columns(rc, index, pattern, shape, cfg->sink, layer, stream);
+    if (rc->cp) {   // over several ranks: the layer's state
+        RingLayerCuda *layer = *layer_out ? *layer_out : (*layer_out = xcalloc(1, sizeof(RingLayerCuda)));
+        if (cfg->ring_send == RING_SEND_SELECTED) plan_need(rc, index, ring_need_words(N, B), layer, stream);
+        plan_columns(rc, index, pattern, shape, cfg->sink, layer, stream);
+    }
     if (stats) {
         SparseIndex mine;
         comm_device_settle();
@@ -640,7 +652,7 @@ static void ring_sparse_plan_cuda(void *ring, const AttentionConfig *cfg, const 
         SparseStats part = {0};
         sparse_index_count(&mine, pos, T, shape->doc_starts, shape->doc_count, &part);
         double sums[2] = {part.computed, part.causal};
-        comm_allreduce(rc->cp, sums, 2, DT_DOUBLE, REDUCE_SUM);
+        plan_sum(rc, sums, 2);
         stats->computed += sums[0];
         stats->causal += sums[1];
         sparse_index_free(&mine);
@@ -654,7 +666,7 @@ static void ring_sparse_plan_cuda(void *ring, const AttentionConfig *cfg, const 
 // mass, as the one-GPU op counts it), summed over the rows' owners.
 static void count_recall(RingCuda *rc, const AttnShape *shape, const float *lse, SparseStats *stats) {
     const Ring *rg = &rc->ring;
-    const int W = rc->cp->size, me = rc->cp->rank, Hq = shape->num_heads;
+    const int W = rg->cp->size, me = rg->cp->rank, Hq = shape->num_heads;
     const int64_t N = rg->offsets[W], T = rg->counts[me], Lq = rc->est_rows, n = rc->sample_count;
     const int64_t *pos = rg->positions + rg->offsets[me];
     float *host = xmalloc(sizeof(float) * (size_t)(Hq * T + 1));
@@ -670,7 +682,7 @@ static void count_recall(RingCuda *rc, const AttnShape *shape, const float *lse,
                 covered[1] += exp((double)host[h * T + t] - (double)rc->sample_lse[h * n + i]);
         }
     }
-    comm_allreduce(rc->cp, covered, 2, DT_DOUBLE, REDUCE_SUM);
+    plan_sum(rc, covered, 2);
     stats->covered_mass += covered[0];
     stats->estimation_rows += (double)(Hq * Lq);
     stats->sampled_mass += covered[1];
@@ -687,8 +699,8 @@ static void forget_sequence(RingCuda *rc) {
     rc->built = false;
 }
 
-static void ring_free_cuda(void *ring) {
-    RingCuda *rc = ring;
+void ring_cuda_free(RingCuda *rc) {
+    if (!rc) return;
     forget_sequence(rc);
     comm_device_exchange_free(rc->exchange);
     token_chunks_free(&rc->lists);
@@ -709,8 +721,7 @@ static void ring_free_cuda(void *ring) {
 // The ring's positions on the device are uploaded (one wait) only when they
 // differ from the last sequence's; the token lists are kept with them, up to
 // TOKEN_LISTS_KEPT lists of the largest chunk.
-static void ring_sequence(void *ring, const int64_t *pos, int64_t tokens) {
-    RingCuda *rc = ring;
+void ring_cuda_sequence(RingCuda *rc, const int64_t *pos, int64_t tokens) {
     forget_sequence(rc);
     ring_init(&rc->ring, rc->cp, rc->inner, pos, tokens);
     const int W = rc->ring.cp->size;
@@ -734,31 +745,31 @@ static void ring_sequence(void *ring, const int64_t *pos, int64_t tokens) {
     rc->column_bytes = 0;
 }
 
-// The call's stream, the exchange, the kernels (dense, or sparse over
-// index and layer; on a ring of one the whole index) and with ring_send
-// selected the key blocks each rank's queries read: the dense ones for this
-// shape, or the layer's (the plan's). A ring of one has no exchange, no
-// staging and no need.
-static const RingKernels *begin(RingCuda *rc, const AttnShape *shape, RingSend send, const SparseIndexCuda *index,
-                                RingLayerCuda *layer, cudaStream_t stream) {
+// The call's stream, the exchange, the kernels (dense, or sparse over the
+// call's index and layer; on a ring of one the whole index) and with
+// ring_send selected the key blocks each rank's queries read: the dense ones
+// for this shape, or the layer's (the plan's). A ring of one has no
+// exchange, no staging and no need.
+static const RingKernels *begin(RingCuda *rc, const RingCallCuda *call) {
     CHECK(rc->built, "ring attention (CUDA): a call before the sequence's positions (ring_cuda_sequence)");
-    rc->stream = stream;
-    rc->index = index;
-    if (!rc->cp) return index ? &rc->local_sparse_kernels : &rc->kernels;
-    CHECK(!index || layer, "sparse ring attention (CUDA): a call before the layer's plan");
-    if (!rc->exchange) rc->exchange = comm_device_exchange_new(rc->cp, rc->inner, stream);
+    const AttnShape *shape = call->shape;
+    RingLayerCuda *layer = call->layer;
+    rc->stream = call->stream;
+    rc->index = call->index;
+    if (!rc->cp) return call->index ? &rc->local_sparse_kernels : &rc->kernels;
+    CHECK(!call->index || layer, "sparse ring attention (CUDA): a call before the layer's plan");
+    if (!rc->exchange) rc->exchange = comm_device_exchange_new(rc->cp, rc->inner, call->stream);
     const int64_t rows = rc->ring.max_count + 1, kv = (int64_t)shape->num_kv_heads * shape->head_dim;
     room(&rc->staging, &rc->staging_bytes, sizeof(float) * (size_t)(2 * rows * kv));
     rc->layer = layer;
-    rc->columns_pending = index != NULL;
-    RingKernels *kernels = index ? &rc->sparse_kernels : &rc->kernels;
+    RingKernels *kernels = call->index ? &rc->sparse_kernels : &rc->kernels;
     kernels->need = NULL;
-    if (send != RING_SEND_SELECTED) return kernels;
-    CHECK(!index || layer->need, "sparse ring attention (CUDA): ring_send selected but the plan was made for full");
-    rc->need = index ? (RingNeed){.block_size = shape->block_size,
-                                  .words = ring_need_words(rc->ring.offsets[rc->cp->size], shape->block_size),
-                                  .need = layer->need}
-                     : ring_dense_need_kept(&rc->dense_need, &rc->ring, shape);
+    if (call->send != RING_SEND_SELECTED) return kernels;
+    CHECK(!call->index || layer->need, "sparse ring attention (CUDA): ring_send selected but the plan was made for full");
+    rc->need = call->index ? (RingNeed){.block_size = shape->block_size,
+                                        .words = ring_need_words(rc->ring.offsets[rc->cp->size], shape->block_size),
+                                        .need = layer->need}
+                           : ring_dense_need_kept(&rc->dense_need, &rc->ring, shape);
     kernels->need = &rc->need;
     return kernels;
 }
@@ -805,41 +816,43 @@ static void columns_home(RingCuda *rc, const RingLayerCuda *layer, int64_t kv, f
     rc->column_bytes += ring_columns_bytes(M, rc->cp->size, kv, sizeof(float));
 }
 
-static void ring_forward(void *ring, const AttnShape *shape, RingSend send, const SparseIndexCuda *index, void *layer,
-                         const uint16_t *q, const uint16_t *k, const uint16_t *v, float *o_acc, float *lse,
-                         SparseStats *stats, cudaStream_t stream) {
-    RingCuda *rc = ring;
-    const RingKernels *kernels = begin(rc, shape, send, index, layer, stream);
-    const bool columns = index && rc->cp;   // sparse over several ranks
-    if (columns) gather_columns(rc, layer, (int64_t)shape->num_kv_heads * shape->head_dim, k, v);
-    ring_attn_forward(&rc->ring, kernels, shape, q, k, v, o_acc, lse);
-    if (columns && stats) count_recall(rc, shape, lse, stats);
+// The pass's tensors as ring.c takes them.
+static RingTensors ring_tensors(const RingCallCuda *call) {
+    return (RingTensors){.q = call->q, .k = call->k, .v = call->v, .o = call->o, .dout = call->dout,
+                         .out = call->out, .grads = call->grads};
 }
 
-static void ring_backward(void *ring, const AttnShape *shape, RingSend send, const SparseIndexCuda *index,
-                          void *layer, const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *o,
-                          const float *lse, const uint16_t *dout, float *dq_acc, float *dk_acc, float *dv_acc,
-                          cudaStream_t stream) {
-    RingCuda *rc = ring;
-    const RingKernels *kernels = begin(rc, shape, send, index, layer, stream);
-    const int64_t kv = (int64_t)shape->num_kv_heads * shape->head_dim;
-    const bool columns = index && rc->cp;   // sparse over several ranks
+void ring_cuda_forward(RingCuda *rc, const RingCallCuda *call) {
+    const RingKernels *kernels = begin(rc, call);
+    const RingTensors t = ring_tensors(call);
+    if (call->index && rc->cp)   // sparse over several ranks
+        gather_columns(rc, call->layer, (int64_t)call->shape->num_kv_heads * call->shape->head_dim, call->k, call->v);
+    ring_attn_forward(&rc->ring, kernels, call->shape, &t);
+    if (call->index && call->stats) count_recall(rc, call->shape, call->out.lse, call->stats);
+}
+
+void ring_cuda_backward(RingCuda *rc, const RingCallCuda *call) {
+    const RingKernels *kernels = begin(rc, call);
+    const RingTensors t = ring_tensors(call);
+    const int64_t kv = (int64_t)call->shape->num_kv_heads * call->shape->head_dim;
+    const bool columns = call->index && rc->cp;   // sparse over several ranks
     if (columns) {   // the columns' buffers before the ring (room frees only between ring calls)
-        const RingLayerCuda *l = layer;
+        const RingLayerCuda *l = call->layer;
         room((void **)&rc->column_dkv, &rc->column_dkv_bytes, sizeof(float) * (size_t)(2 * l->count_bound * kv + 1));
-        CUDA_CHECK(cudaMemsetAsync(rc->column_dkv, 0, sizeof(float) * (size_t)(2 * l->count_bound * kv), stream));
+        CUDA_CHECK(cudaMemsetAsync(rc->column_dkv, 0, sizeof(float) * (size_t)(2 * l->count_bound * kv), call->stream));
         column_arena(rc, l, kv, sizeof(float));
     }
-    ring_attn_backward(&rc->ring, kernels, shape, q, k, v, o, lse, dout, dq_acc, dk_acc, dv_acc);
-    if (columns) columns_home(rc, layer, kv, dk_acc, dv_acc);
+    ring_attn_backward(&rc->ring, kernels, call->shape, &t);
+    if (columns) columns_home(rc, call->layer, kv, call->grads.dk, call->grads.dv);
 }
 
-static double ring_bytes(const void *ring) {
-    const RingCuda *rc = ring;
+double ring_cuda_bytes(const RingCuda *rc) {
     return (double)(rc->traffic.kv_bytes + rc->traffic.dkv_bytes + rc->column_bytes);
 }
 
-AttnRingCuda ring_cuda_new(const Comm *cp, int inner) {
+int ring_cuda_size(const RingCuda *rc) { return rc->cp ? rc->cp->size : 1; }
+
+RingCuda *ring_cuda_new(const Comm *cp, int inner) {
     RingCuda *rc = xcalloc(1, sizeof(RingCuda));
     rc->cp = cp && cp->size > 1 ? cp : NULL;
     rc->inner = rc->cp ? inner : 1;
@@ -851,14 +864,12 @@ AttnRingCuda ring_cuda_new(const Comm *cp, int inner) {
     };
     rc->kernels = (RingKernels){.forward = dense_forward, .backward = dense_backward, .ctx = rc,
                                 .traffic = &rc->traffic};
-    rc->sparse_kernels = (RingKernels){.forward = sparse_forward, .backward = sparse_backward, .ctx = rc,
-                                       .traffic = &rc->traffic};
+    rc->sparse_kernels = (RingKernels){.forward = sparse_forward, .backward = sparse_backward,
+                                       .columns_forward = columns_forward, .columns_backward = columns_backward,
+                                       .ctx = rc, .traffic = &rc->traffic};
     rc->local_sparse_kernels = (RingKernels){.forward = local_sparse_forward, .backward = local_sparse_backward,
                                              .ctx = rc};
-    return (AttnRingCuda){.ring = rc, .cp_size = rc->cp ? rc->cp->size : 1, .sequence = ring_sequence,
-                          .sparse_plan = ring_sparse_plan_cuda, .forward = ring_forward,
-                          .backward = ring_backward, .layer_free = ring_layer_free, .bytes = ring_bytes,
-                          .free = ring_free_cuda};
+    return rc;
 }
 
 #endif

@@ -5,25 +5,11 @@
 // stream, or host-staged MPI under parallel.comm: mpi), with the dense
 // kernels of attention_cuda.h or the sparse ones of sparse_cuda.h per ring
 // step (sparse, as ring_sparse.c: the block pass per step; the index's
-// columns gathered to every rank once per layer and computed in step 0,
-// their dK/dV sent home after the backward); ring_send selected sends only
-// the key blocks later holders read (ring_dense_need, or the sparse index's
-// blocks). The op calls it through the AttnRingCuda that ring_cuda_new
-// returns (below):
-//   sequence  a new sequence: this rank's positions (host); collective over cp
-//   sparse_plan  a layer's pattern estimated over the ring (as ring_sparse.c,
-//             combined on the device so that every rank holds the same bits
-//             and selects the same pattern), this
-//             rank's device index, every rank's need bits and the gathered
-//             columns (the layer's state); collective
-//   forward   q [T, Hq, D], k, v [T, Hkv, D] bf16 -> o_acc [T, Hq, D] fp32
-//             and lse [Hq, T] over every rank's keys (written)
-//   backward  from o, dout bf16 and lse: dq_acc [T, Hq, D] and this rank's
-//             dk_acc, dv_acc [T, Hkv, D] fp32, accumulated (+=) over every
-//             rank's queries
-//   bytes     bytes this rank sent in the ring since the sequence began (the
-//             gathered columns' K/V and dK/dV included)
-// Every call is enqueued on the op's stream.
+// columns gathered to every rank once per layer and computed by the column
+// pass, their dK/dV sent home after the backward); ring_send selected sends
+// only the key blocks later holders read (ring_dense_need, or the sparse
+// index's blocks). The op calls its functions directly (below); the GPU
+// programs that link only the kernels link neither (no MPI).
 #ifndef MTRAIN_RING_CUDA_H
 #define MTRAIN_RING_CUDA_H
 
@@ -31,6 +17,7 @@
 #include <cuda_runtime_api.h>
 
 #include "../attention.h"
+#include "../attn_args.h"
 #include "../sparse/sparse_select_cuda.h"
 
 #ifdef __cplusplus
@@ -39,52 +26,63 @@ extern "C" {
 
 struct Comm;
 
-// A cp ring's attention on device buffers (a ring of one on one GPU), as
-// ring_cuda_new makes it, so that the op and the programs that link only the kernels need no MPI. ring is the ring's
-// own state; cp_size 1: a ring of one, whose forward and backward with an
-// index run the whole index in one pass (layer NULL, stats unused) and
-// whose sparse_plan is not called (the op plans on its GPU).
-//   sparse_plan  (collective over cp) the sparse pattern of this rank's q, k
-//                [T, H, D] with the estimation's inputs gathered
-//                bit-identically on every rank: *pattern the same on every
-//                rank, *index this rank's query blocks, *layer (made or
-//                remade; free with layer_free) the ring's state of the
-//                layer: the key blocks every rank's index reads and the
-//                columns gathered once per layer; stats: NULL or the
-//                density added (cp totals), and the recall sample's dense
-//                lse kept for the forward
-//   forward      index NULL: dense; else the sparse kernels over the index
-//                and the plan's layer: the columns gathered to every rank
-//                and computed in ring step 0, the blocks per ring step;
-//                stats: NULL or the recall (estimation rows and recall
-//                sample) added (cp totals, after a sparse_plan of the same
-//                layer)
-//   backward     likewise; the columns' dK/dV go home after the ring
-typedef struct {
-    void *ring;
-    int cp_size;
-    void (*sequence)(void *ring, const int64_t *pos, int64_t tokens);
-    void (*sparse_plan)(void *ring, const AttentionConfig *cfg, const AttnShape *shape, const uint16_t *q,
-                        const uint16_t *k, const int *fixed_vertical, const int *fixed_slash,
-                        SparsePatternCuda *pattern, SparseIndexCuda *index, void **layer, SparseStats *stats,
-                        cudaStream_t stream);
-    void (*forward)(void *ring, const AttnShape *shape, RingSend send, const SparseIndexCuda *index, void *layer,
-                    const uint16_t *q, const uint16_t *k, const uint16_t *v, float *o_acc, float *lse,
-                    SparseStats *stats, cudaStream_t stream);
-    void (*backward)(void *ring, const AttnShape *shape, RingSend send, const SparseIndexCuda *index, void *layer,
-                     const uint16_t *q, const uint16_t *k, const uint16_t *v, const uint16_t *o, const float *lse,
-                     const uint16_t *dout, float *dq_acc, float *dk_acc, float *dv_acc, cudaStream_t stream);
-    void (*layer_free)(void *layer);   // NULL: nothing
-    double (*bytes)(const void *ring);
-    void (*free)(void *ring);
-} AttnRingCuda;
+// The device ring of a cp group (a ring of one on one GPU), as
+// ring_cuda_new makes it, so that the op never sees a communicator.
+typedef struct RingCuda RingCuda;
 
+// A layer's call through the device ring; the same contract as the host
+// ring's RingCallCpu (ring_cpu.h) in device memory. index: sparse, this
+// rank's index of the layer (its query blocks: built by the op from the
+// layer's pattern); NULL: dense. layer: sparse over several ranks, the
+// ring's state of the layer (ring_cuda_sparse_plan's); NULL on a ring of
+// one, whose one step runs the whole index (blocks and columns) in one
+// pass. The pass's tensors: q, k, v (and the backward's o, dout) bf16 [T,
+// H, D]; forward: out (o [T, Hq, D] fp32 and lse [Hq, T], written), stats
+// NULL or the recall added (sparse: the estimation rows' and the recall
+// sample's, cp totals, after a ring_cuda_sparse_plan of the same layer);
+// backward: grads.lse the forward's, grads.dq [T, Hq, D], grads.dk,
+// grads.dv [T, Hkv, D] fp32 accumulated (+=), grads.delta unused. Every call
+// is enqueued on stream.
+typedef struct {
+    const AttnShape *shape;
+    RingSend send;
+    const SparseIndexCuda *index;
+    void *layer;
+    const uint16_t *q, *k, *v, *o, *dout;
+    AttnOut out;
+    AttnGrads grads;
+    SparseStats *stats;
+    cudaStream_t stream;
+} RingCallCuda;
 
 // The ring over cp with inner ranks per inner ring; cp NULL or of one rank:
-// a ring of one (ring.h: one step on this GPU's K/V, no exchange; sparse:
-// the whole index of the op's one-GPU plan in one pass, AttnRingCuda's
-// sparse_plan unused).
-AttnRingCuda ring_cuda_new(const struct Comm *cp, int inner);
+// a ring of one (ring.h: one step on this GPU's K/V, no exchange).
+RingCuda *ring_cuda_new(const struct Comm *cp, int inner);
+void ring_cuda_free(RingCuda *rc);
+// Ranks in the ring (1: a ring of one).
+int ring_cuda_size(const RingCuda *rc);
+// (Collective over cp.) A new sequence: this rank's positions (host).
+void ring_cuda_sequence(RingCuda *rc, const int64_t *pos, int64_t tokens);
+// (Collective over cp.) The layer's sparse pattern of this rank's q, k [T,
+// H, D] with the estimation's inputs combined bit-identically on every rank
+// (on a ring of one: this GPU's own plan, nothing combined): *pattern the
+// same on every rank, *index this rank's query blocks; over several ranks
+// *layer (made or remade; free with ring_cuda_layer_free) the ring's state
+// of the layer: the key blocks every rank's index reads and the columns
+// gathered once per layer (a ring of one leaves it NULL); stats: NULL or
+// the density added (cp totals), and the estimation rows' and the recall
+// sample's dense lse kept for the forward's recall.
+void ring_cuda_sparse_plan(RingCuda *rc, const AttentionConfig *cfg, const AttnShape *shape, const uint16_t *q,
+                           const uint16_t *k, const int *fixed_vertical, const int *fixed_slash,
+                           SparsePatternCuda *pattern, SparseIndexCuda *index, void **layer, SparseStats *stats,
+                           cudaStream_t stream);
+void ring_cuda_layer_free(void *layer);
+void ring_cuda_forward(RingCuda *rc, const RingCallCuda *call);
+// The columns' dK/dV go home after the ring.
+void ring_cuda_backward(RingCuda *rc, const RingCallCuda *call);
+// Bytes this rank sent in the ring since the sequence began (the gathered
+// columns' K/V and dK/dV included).
+double ring_cuda_bytes(const RingCuda *rc);
 
 #ifdef __cplusplus
 }

@@ -164,7 +164,7 @@ static void plan_stats(const Ring *ring, const RingSparse *rs, int sink, const A
     const int Hq = est->num_heads;
     const int64_t *pos = ring->positions + ring->offsets[ring->cp->rank], N = ring->offsets[ring->cp->size];
     SparseStats mine = {0};
-    sparse_index_count(&rs->index, pos, est->k_tokens, est->doc_starts, est->doc_count, &mine);
+    sparse_index_count(rs->index, pos, est->k_tokens, est->doc_starts, est->doc_count, &mine);
     int64_t rows[SPARSE_RECALL_ROWS];
     AttnShape sample = *est;
     sample.q_tokens = sparse_recall_rows(N, est->q_tokens, rows);
@@ -186,7 +186,8 @@ static void plan_stats(const Ring *ring, const RingSparse *rs, int sink, const A
 
 void ring_sparse_plan(const Ring *ring, const AttentionConfig *cfg, const AttnShape *shape,
                       const float *q, const float *k, const int *fixed_vertical,
-                      const int *fixed_slash, RingSend send, RingSparse *rs, SparseStats *stats) {
+                      const int *fixed_slash, RingSend send, SparseIndex *index, RingSparse *rs,
+                      SparseStats *stats) {
     const Comm *cp = ring->cp;
     const int W = cp->size, Hq = shape->num_heads, B = shape->block_size;
     const int64_t N = ring->offsets[W], T = shape->q_tokens, *pos = ring->positions + ring->offsets[cp->rank];
@@ -213,18 +214,20 @@ void ring_sparse_plan(const Ring *ring, const AttentionConfig *cfg, const AttnSh
     const int64_t nqb = (T + B - 1) / B;
     int64_t *q_blocks = xmalloc((size_t)(nqb + 1) * sizeof(int64_t));
     for (int64_t i = 0; i < nqb; i++) q_blocks[i] = pos[i * B] / B;
-    sparse_index_build(&rs->pattern, B, q_blocks, nqb, &rs->index);
-    sparse_index_documents(shape, cfg->sink, &rs->index);
+    sparse_index_free(index);
+    sparse_index_build(&rs->pattern, B, q_blocks, nqb, index);
+    sparse_index_documents(shape, cfg->sink, index);
+    rs->index = index;
 
     // Which key blocks every rank uses, and the gathered columns.
     rs->need.block_size = B;
     rs->need.words = ring_need_words(N, B);
     rs->need_bits = xmalloc((size_t)(W * rs->need.words) * sizeof(uint64_t));
     uint64_t *row = xmalloc((size_t)rs->need.words * sizeof(uint64_t));
-    ring_need_row(&rs->index, rs->need.words, row);
+    ring_need_row(index, rs->need.words, row);
     comm_allgather(cp, row, rs->need_bits, rs->need.words, DT_INT64);
     rs->need.need = rs->need_bits;
-    ring_columns_plan(ring, &rs->index, &rs->columns);
+    ring_columns_plan(ring, index, &rs->columns);
 
     if (stats) plan_stats(ring, rs, cfg->sink, &est, q, qe, qe_pos, k, lse, stats);
     free(qe); free(qe_pos); free(lse); free(scores); free(q_blocks); free(row);
@@ -232,32 +235,37 @@ void ring_sparse_plan(const Ring *ring, const AttentionConfig *cfg, const AttnSh
 
 // ------------------------------------------------------------- attention
 
-static void sparse_forward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos,
-                           const void *k, const void *v, const int64_t *k_pos, float *o, float *lse) {
-    RingSparse *rs = ctx;
-    attn_sparse_forward_part_cpu(SPARSE_BLOCKS, shape, &rs->index, q, q_pos, k, v, k_pos, o, lse);
-    if (!rs->columns_pending) return;
-    rs->columns_pending = false;
-    AttnShape s = *shape;
-    s.k_tokens = rs->columns.count;
-    const int64_t kv = s.k_tokens * shape->num_kv_heads * shape->head_dim;
-    attn_sparse_forward_part_cpu(SPARSE_COLUMNS, &s, &rs->index, q, q_pos, rs->column_kv,
-                                 rs->column_kv + kv, rs->columns.positions, o, lse);
+static void sparse_forward(void *ctx, const RingStep *step) {
+    const RingSparse *rs = ctx;
+    attn_sparse_forward_part_cpu(SPARSE_BLOCKS, step->shape, rs->index, step->q, step->q_pos, step->k, step->v,
+                                 step->k_pos, step->out.o, step->out.lse);
 }
 
-static void sparse_backward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos,
-                            const void *k, const void *v, const int64_t *k_pos, const float *lse,
-                            const float *delta, const void *dout, float *dq, float *dk, float *dv) {
-    RingSparse *rs = ctx;
-    attn_sparse_backward_part_cpu(SPARSE_BLOCKS, shape, &rs->index, q, q_pos, k, v, k_pos, lse, delta,
-                                  dout, dq, dk, dv);
-    if (!rs->columns_pending) return;
-    rs->columns_pending = false;
-    AttnShape s = *shape;
+static void sparse_backward(void *ctx, const RingStep *step) {
+    const RingSparse *rs = ctx;
+    const AttnGrads *g = &step->grads;
+    attn_sparse_backward_part_cpu(SPARSE_BLOCKS, step->shape, rs->index, step->q, step->q_pos, step->k, step->v,
+                                  step->k_pos, g->lse, g->delta, step->dout, g->dq, g->dk, g->dv);
+}
+
+// The column pass: the own step's queries against the gathered columns.
+static void columns_forward(void *ctx, const RingStep *own) {
+    const RingSparse *rs = ctx;
+    AttnShape s = *own->shape;
     s.k_tokens = rs->columns.count;
-    const int64_t kv = s.k_tokens * shape->num_kv_heads * shape->head_dim;
-    attn_sparse_backward_part_cpu(SPARSE_COLUMNS, &s, &rs->index, q, q_pos, rs->column_kv,
-                                  rs->column_kv + kv, rs->columns.positions, lse, delta, dout, dq,
+    const int64_t kv = s.k_tokens * s.num_kv_heads * s.head_dim;
+    attn_sparse_forward_part_cpu(SPARSE_COLUMNS, &s, rs->index, own->q, own->q_pos, rs->column_kv,
+                                 rs->column_kv + kv, rs->columns.positions, own->out.o, own->out.lse);
+}
+
+static void columns_backward(void *ctx, const RingStep *own) {
+    const RingSparse *rs = ctx;
+    const AttnGrads *g = &own->grads;
+    AttnShape s = *own->shape;
+    s.k_tokens = rs->columns.count;
+    const int64_t kv = s.k_tokens * s.num_kv_heads * s.head_dim;
+    attn_sparse_backward_part_cpu(SPARSE_COLUMNS, &s, rs->index, own->q, own->q_pos, rs->column_kv,
+                                  rs->column_kv + kv, rs->columns.positions, g->lse, g->delta, own->dout, g->dq,
                                   rs->column_dkv, rs->column_dkv + kv);
 }
 
@@ -293,8 +301,8 @@ static void gather_columns_kv(const Ring *ring, RingSparse *rs, int64_t kv, cons
     free(send);
 }
 
-// Before a pass: the forward gathers the columns' K/V rows (computed in
-// step 0, SPARSE_COLUMNS); the backward starts their dK/dV at zero.
+// Before a pass: the forward gathers the columns' K/V rows (computed by the
+// column pass); the backward starts their dK/dV at zero.
 static void sparse_begin(void *ctx, const Ring *ring, const AttnShape *shape, bool backward, const void *k,
                          const void *v) {
     RingSparse *rs = ctx;
@@ -306,7 +314,6 @@ static void sparse_begin(void *ctx, const Ring *ring, const AttnShape *shape, bo
         free(rs->column_dkv);
         rs->column_dkv = xcalloc((size_t)(2 * rs->columns.count * kv + 1), sizeof(float));
     }
-    rs->columns_pending = true;
 }
 
 // After the backward: the columns' dK/dV home, summed over ranks into each
@@ -339,27 +346,24 @@ static void sparse_backward_end(void *ctx, const Ring *ring, const AttnShape *sh
 }
 
 RingKernels ring_sparse_kernels(RingSparse *rs) {
-    return (RingKernels){.forward = sparse_forward, .backward = sparse_backward, .begin = sparse_begin,
+    return (RingKernels){.forward = sparse_forward, .backward = sparse_backward, .columns_forward = columns_forward,
+                         .columns_backward = columns_backward, .begin = sparse_begin,
                          .backward_end = sparse_backward_end, .ctx = rs,
                          .need = rs->send == RING_SEND_SELECTED ? &rs->need : NULL, .traffic = &rs->traffic};
 }
 
-void ring_sparse_forward(const Ring *ring, RingSparse *rs, const AttnShape *shape, const float *q,
-                         const float *k, const float *v, float *o, float *lse) {
+void ring_sparse_forward(const Ring *ring, RingSparse *rs, const AttnShape *shape, const RingTensors *t) {
     const RingKernels kernels = ring_sparse_kernels(rs);
-    ring_attn_forward(ring, &kernels, shape, q, k, v, o, lse);
+    ring_attn_forward(ring, &kernels, shape, t);
 }
 
-void ring_sparse_backward(const Ring *ring, RingSparse *rs, const AttnShape *shape, const float *q,
-                          const float *k, const float *v, const float *o, const float *lse,
-                          const float *dout, float *dq, float *dk, float *dv) {
+void ring_sparse_backward(const Ring *ring, RingSparse *rs, const AttnShape *shape, const RingTensors *t) {
     const RingKernels kernels = ring_sparse_kernels(rs);
-    ring_attn_backward(ring, &kernels, shape, q, k, v, o, lse, dout, dq, dk, dv);
+    ring_attn_backward(ring, &kernels, shape, t);
 }
 
 void ring_sparse_free(RingSparse *rs) {
     sparse_pattern_free(&rs->pattern);
-    sparse_index_free(&rs->index);
     ring_columns_free(&rs->columns);
     free(rs->need_bits); free(rs->column_kv); free(rs->column_dkv);
     *rs = (RingSparse){0};

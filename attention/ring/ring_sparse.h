@@ -13,9 +13,9 @@
 //   ring_sparse_forward   the K/V rows at the index columns of every rank
 //                         (vertical lines; with documents also each
 //                         document's sink) are all-gathered to every rank
-//                         and computed once, in
-//                         ring step 0 (SPARSE_COLUMNS); the ring steps compute
-//                         only blocks (SPARSE_BLOCKS). ring_send selected
+//                         and computed once, by the column pass right after
+//                         the own chunk's step (SPARSE_COLUMNS); the ring
+//                         steps compute only blocks (SPARSE_BLOCKS). ring_send selected
 //                         sends each hop only the blocks still needed.
 //   ring_sparse_backward  the same steps; the columns' dK/dV go home to their
 //                         owners (one reduce-scatter) after the ring.
@@ -48,13 +48,12 @@ typedef struct {
 // One layer's sparse ring state (plan, then forward, then backward).
 typedef struct {
     SparsePattern pattern;     // the layer's lines, identical on every cp rank
-    SparseIndex index;         // this rank's query blocks (local block i = index.q_blocks[i])
+    const SparseIndex *index;  // this rank's query blocks (the plan's caller's; local block i = q_blocks[i])
     RingSend send;
     RingNeed need;             // key blocks each cp rank's index uses (need.need = need_bits)
     uint64_t *need_bits;       // [W, need.words]
     RingColumns columns;
     float *column_kv;          // [2, columns.count, Hkv, D] K then V rows (set by the forward)
-    bool columns_pending;      // the next kernel call also computes the columns (step 0)
     float *column_dkv;         // [2, columns.count, Hkv, D] backward scratch
     // Bytes this rank sent for the layer (ring_sparse_plan zeroes them).
     RingTraffic traffic;       // K/V and dK/dV ring messages
@@ -63,28 +62,29 @@ typedef struct {
 
 // shape: q_tokens = this rank's tokens T (block-aligned, at the ring's
 // positions); q [T, Hq, D], k [T, Hkv, D] after RoPE. fixed_vertical /
-// fixed_slash [Hq] as in sparse_plan_local. rs (zero-initialised before its
-// first plan) is rebuilt; free it with ring_sparse_free. stats, when not NULL, gets the cp totals added (density,
-// the estimation rows' recall and the recall sample's, sparse_recall_rows; the
-// same numbers on every rank; equal to sparse_plan_local's up to rounding).
-// Collective over ring->cp.
+// fixed_slash [Hq] as in sparse_plan_local. *index (replaced) gets this
+// rank's index, which rs reads from then on (the caller keeps it while rs
+// is used). rs (zero-initialised before its first plan) is rebuilt; free it
+// with ring_sparse_free. stats, when not NULL, gets the cp totals added
+// (density, the estimation rows' recall and the recall sample's,
+// sparse_recall_rows; the same numbers on every rank; equal to
+// sparse_plan_local's up to rounding). Collective over ring->cp.
 void ring_sparse_plan(const Ring *ring, const AttentionConfig *cfg, const AttnShape *shape,
                       const float *q, const float *k, const int *fixed_vertical,
-                      const int *fixed_slash, RingSend send, RingSparse *rs, SparseStats *stats);
+                      const int *fixed_slash, RingSend send, SparseIndex *index, RingSparse *rs,
+                      SparseStats *stats);
 
 // The layer's kernels for ring_attn_forward / ring_attn_backward (ring.h):
-// rs's pattern, its columns gathered before the forward and sent home after
-// the backward (the kernels' begin and backward_end), need with ring_send
+// rs's index per ring step, its columns gathered before the forward,
+// computed by the column pass and sent home after the backward (the
+// kernels' begin, columns_* and backward_end), need with ring_send
 // selected, rs's traffic. rs outlives them.
 RingKernels ring_sparse_kernels(RingSparse *rs);
 
 // ring_attn_forward / ring_attn_backward over ring_sparse_kernels(rs). The
 // backward uses the column K/V gathered by the forward.
-void ring_sparse_forward(const Ring *ring, RingSparse *rs, const AttnShape *shape, const float *q,
-                         const float *k, const float *v, float *o, float *lse);
-void ring_sparse_backward(const Ring *ring, RingSparse *rs, const AttnShape *shape, const float *q,
-                          const float *k, const float *v, const float *o, const float *lse,
-                          const float *dout, float *dq, float *dk, float *dv);
+void ring_sparse_forward(const Ring *ring, RingSparse *rs, const AttnShape *shape, const RingTensors *t);
+void ring_sparse_backward(const Ring *ring, RingSparse *rs, const AttnShape *shape, const RingTensors *t);
 
 void ring_sparse_free(RingSparse *rs);
 

@@ -190,17 +190,29 @@ static float *gather_cols(const float *lse, int H, int64_t N, const int64_t *pos
 }
 
 // The dense CPU kernels, counting the ring steps that call them (ctx: int64_t [2]).
-static void counted_forward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos,
-                            const void *k, const void *v, const int64_t *k_pos, float *o, float *lse) {
+static void counted_forward(void *ctx, const RingStep *step) {
     ((int64_t *)ctx)[0]++;
-    ring_dense_cpu.forward(NULL, shape, q, q_pos, k, v, k_pos, o, lse);
+    ring_dense_cpu.forward(NULL, step);
 }
 
-static void counted_backward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos,
-                             const void *k, const void *v, const int64_t *k_pos, const float *lse,
-                             const float *delta, const void *dout, float *dq, float *dk, float *dv) {
+static void counted_backward(void *ctx, const RingStep *step) {
     ((int64_t *)ctx)[1]++;
-    ring_dense_cpu.backward(NULL, shape, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk, dv);
+    ring_dense_cpu.backward(NULL, step);
+}
+
+// ring_attn_forward (o, lse written) and ring_attn_backward (dq, dk, dv added into) on these tensors.
+static void ring_forward(const Ring *ring, const RingKernels *kernels, const AttnShape *shape, const float *q,
+                         const float *k, const float *v, float *o, float *lse) {
+    const RingTensors t = {.q = q, .k = k, .v = v, .out = {.o = o, .lse = lse}};
+    ring_attn_forward(ring, kernels, shape, &t);
+}
+
+static void ring_backward(const Ring *ring, const RingKernels *kernels, const AttnShape *shape, const float *q,
+                          const float *k, const float *v, const float *o, const float *lse, const float *dout,
+                          float *dq, float *dk, float *dv) {
+    const RingTensors t = {.q = q, .k = k, .v = v, .o = o, .dout = dout,
+                           .grads = {.lse = lse, .dq = dq, .dk = dk, .dv = dv}};
+    ring_attn_backward(ring, kernels, shape, &t);
 }
 
 // One sequence of N tokens in `layout` on the cp ranks, with the documents of
@@ -248,8 +260,8 @@ static void check_ring_case(LayoutKind layout, int64_t N, int inner, const char 
     RingTraffic traffic[2] = {{0}, {0}};       // ring_send full, selected
     const RingKernels counted = {.forward = counted_forward, .backward = counted_backward, .ctx = calls,
                                  .traffic = &traffic[0]};
-    ring_attn_forward(&ring, &counted, &shape, lq, lk, lv, ro, rlse);
-    ring_attn_backward(&ring, &counted, &shape, lq, lk, lv, ro, rlse, lw, rdq, rdk, rdv);
+    ring_forward(&ring, &counted, &shape, lq, lk, lv, ro, rlse);
+    ring_backward(&ring, &counted, &shape, lq, lk, lv, ro, rlse, lw, rdq, rdk, rdv);
 
     // ring_send selected: the same results to the bit, fewer bytes, as the
     // byte planner counts them.
@@ -263,8 +275,8 @@ static void check_ring_case(LayoutKind layout, int64_t N, int inner, const char 
     float *so = xmalloc((size_t)(T * wq + 1) * sizeof(float)), *slse = xmalloc((size_t)(Hq * T + 1) * sizeof(float));
     float *sdq = xcalloc((size_t)(T * wq + 1), sizeof(float));
     float *sdk = xcalloc((size_t)(T * wk + 1), sizeof(float)), *sdv = xcalloc((size_t)(T * wk + 1), sizeof(float));
-    ring_attn_forward(&ring, &selected, &shape, lq, lk, lv, so, slse);
-    ring_attn_backward(&ring, &selected, &shape, lq, lk, lv, so, slse, lw, sdq, sdk, sdv);
+    ring_forward(&ring, &selected, &shape, lq, lk, lv, so, slse);
+    ring_backward(&ring, &selected, &shape, lq, lk, lv, so, slse, lw, sdq, sdk, sdv);
     const int identical = !memcmp(so, ro, (size_t)(T * wq) * sizeof(float)) &&
                           !memcmp(slse, rlse, (size_t)(Hq * T) * sizeof(float)) &&
                           !memcmp(sdq, rdq, (size_t)(T * wq) * sizeof(float)) &&
@@ -349,9 +361,9 @@ static void bench_ring(int64_t N, const char *schedule, int cp_inner) {
         double start_together = 0;
         comm_allreduce(&dist.world, &start_together, 1, DT_DOUBLE, REDUCE_SUM);
         double t0 = now_seconds();
-        ring_attn_forward(&ring, &ring_dense_cpu, &shape, q, k, v, o, lse);
+        ring_forward(&ring, &ring_dense_cpu, &shape, q, k, v, o, lse);
         double t1 = now_seconds();
-        ring_attn_backward(&ring, &ring_dense_cpu, &shape, q, k, v, o, lse, w, dq, dk, dv);
+        ring_backward(&ring, &ring_dense_cpu, &shape, q, k, v, o, lse, w, dq, dk, dv);
         double t2[2] = {t1 - t0, now_seconds() - t1};
         comm_allreduce(&dist.world, t2, 2, DT_DOUBLE, REDUCE_MAX);
         best[0] = fmin(best[0], t2[0]);

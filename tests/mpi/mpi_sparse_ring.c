@@ -165,14 +165,15 @@ static int64_t check_case(LayoutKind layout, int64_t N, const char *budget, int 
     int64_t bytes[2][2];       // [full, selected][K/V, dK/dV]
     for (int send = 0; send < 2; send++) {
         RingSparse rs = {0};
+        SparseIndex index = {0};
         SparseStats stats = {0};
-        ring_sparse_plan(&ring, &cfg, &shape, lq, lk, NULL, NULL, (RingSend)send, &rs, &stats);
+        ring_sparse_plan(&ring, &cfg, &shape, lq, lk, NULL, NULL, (RingSend)send, &index, &rs, &stats);
         if (send == 0) {
             // The pattern: this rank's rows and the whole index from its pattern.
             int same = 1;
             for (int h = 0; h < Hq; h++)
-                for (int64_t i = 0; i < rs.index.num_q_blocks; i++)
-                    same &= same_row(&rs.index, h * rs.index.num_q_blocks + i, &ref, h * nb + rs.index.q_blocks[i]);
+                for (int64_t i = 0; i < index.num_q_blocks; i++)
+                    same &= same_row(&index, h * index.num_q_blocks + i, &ref, h * nb + index.q_blocks[i]);
             SparseIndex whole;
             sparse_index_build(&rs.pattern, B, ref.q_blocks, nb, &whole);
             sparse_index_documents(&full, cfg.sink, &whole);
@@ -190,8 +191,11 @@ static int64_t check_case(LayoutKind layout, int64_t N, const char *budget, int 
         }
         got[send] = grads_new(T, wq, wk, Hq);
         Grads *g = &got[send];
-        ring_sparse_forward(&ring, &rs, &shape, lq, lk, lv, g->o, g->lse);
-        ring_sparse_backward(&ring, &rs, &shape, lq, lk, lv, g->o, g->lse, lw, g->dq, g->dk, g->dv);
+        const RingTensors forward = {.q = lq, .k = lk, .v = lv, .out = {.o = g->o, .lse = g->lse}};
+        const RingTensors backward = {.q = lq, .k = lk, .v = lv, .o = g->o, .dout = lw,
+                                      .grads = {.lse = g->lse, .dq = g->dq, .dk = g->dk, .dv = g->dv}};
+        ring_sparse_forward(&ring, &rs, &shape, &forward);
+        ring_sparse_backward(&ring, &rs, &shape, &backward);
         double errs[2] = {fmax(max_rel_diff(g->o, eo, T * wq), max_rel_diff(g->lse, e_lse, Hq * T)),
                           fmax(max_rel_diff(g->dq, edq, T * wq),
                                fmax(max_rel_diff(g->dk, edk, T * wk), max_rel_diff(g->dv, edv, T * wk)))};
@@ -229,6 +233,7 @@ static int64_t check_case(LayoutKind layout, int64_t N, const char *budget, int 
         free(dkv_tokens);
         comm_allreduce(&dist.world, bytes[send], 2, DT_INT64, REDUCE_SUM);
         ring_sparse_free(&rs);
+        sparse_index_free(&index);
     }
     int identical = 1;
     identical &= !memcmp(got[0].o, got[1].o, (size_t)(T * wq) * sizeof(float));
@@ -446,26 +451,31 @@ static int64_t lognormal_documents(int64_t N, double median, int64_t *starts, do
 static void time_ring(const Ring *ring, RingKernels *dense, RingSparse *rs, const AttentionConfig *cfg,
                       const AttnShape *shape, const float *q, const float *k, const float *v, const float *w,
                       float *o, float *lse, float *dq, float *dk, float *dv, int reps, double *t) {
+    const RingTensors forward = {.q = q, .k = k, .v = v, .out = {.o = o, .lse = lse}};
+    const RingTensors backward = {.q = q, .k = k, .v = v, .o = o, .dout = w,
+                                  .grads = {.lse = lse, .dq = dq, .dk = dk, .dv = dv}};
+    SparseIndex index = {0};
     t[0] = t[1] = 1e30;
     for (int rep = 0; rep < reps; rep++) {
         double together = 0;
         comm_allreduce(&dist.world, &together, 1, DT_DOUBLE, REDUCE_SUM);
         const double t0 = now_seconds();
         if (rs) {
-            ring_sparse_plan(ring, cfg, shape, q, k, NULL, NULL, cfg->ring_send, rs, NULL);
-            ring_sparse_forward(ring, rs, shape, q, k, v, o, lse);
+            ring_sparse_plan(ring, cfg, shape, q, k, NULL, NULL, cfg->ring_send, &index, rs, NULL);
+            ring_sparse_forward(ring, rs, shape, &forward);
         } else {
             *dense->traffic = (RingTraffic){0};
-            ring_attn_forward(ring, dense, shape, q, k, v, o, lse);
+            ring_attn_forward(ring, dense, shape, &forward);
         }
         const double t1 = now_seconds();
-        if (rs) ring_sparse_backward(ring, rs, shape, q, k, v, o, lse, w, dq, dk, dv);
-        else ring_attn_backward(ring, dense, shape, q, k, v, o, lse, w, dq, dk, dv);
+        if (rs) ring_sparse_backward(ring, rs, shape, &backward);
+        else ring_attn_backward(ring, dense, shape, &backward);
         double dt[2] = {t1 - t0, now_seconds() - t1};
         comm_allreduce(&dist.world, dt, 2, DT_DOUBLE, REDUCE_MAX);
         t[0] = fmin(t[0], dt[0]);
         t[1] = fmin(t[1], dt[1]);
     }
+    sparse_index_free(&index);
 }
 
 // Per layout, dense (ring_send full and selected) and sparse (fixed budget,

@@ -363,23 +363,28 @@ static void test_documents(void) {
 typedef struct {
     const float *k, *v, *dk, *dv;  // the caller's own K/V and dK/dV
     int steps, begins, backward_begins, ends, foreign;
+    int columns, columns_late;     // column passes; of them not right after the own step
 } RingCounts;
 
-static void counted_forward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos, const void *k,
-                            const void *v, const int64_t *k_pos, float *o, float *lse) {
+static void counted_forward(void *ctx, const RingStep *step) {
     RingCounts *c = ctx;
     c->steps++;
-    c->foreign += k != c->k || v != c->v;
-    ring_dense_cpu.forward(NULL, shape, q, q_pos, k, v, k_pos, o, lse);
+    c->foreign += step->k != c->k || step->v != c->v;
+    ring_dense_cpu.forward(NULL, step);
 }
 
-static void counted_backward(void *ctx, const AttnShape *shape, const void *q, const int64_t *q_pos, const void *k,
-                             const void *v, const int64_t *k_pos, const float *lse, const float *delta,
-                             const void *dout, float *dq, float *dk, float *dv) {
+static void counted_backward(void *ctx, const RingStep *step) {
     RingCounts *c = ctx;
     c->steps++;
-    c->foreign += k != c->k || v != c->v || dk != c->dk || dv != c->dv;
-    ring_dense_cpu.backward(NULL, shape, q, q_pos, k, v, k_pos, lse, delta, dout, dq, dk, dv);
+    c->foreign += step->k != c->k || step->v != c->v || step->grads.dk != c->dk || step->grads.dv != c->dv;
+    ring_dense_cpu.backward(NULL, step);
+}
+
+// The column pass: right after the own chunk's step (the only step of a ring of one), on it.
+static void counted_columns(void *ctx, const RingStep *own) {
+    RingCounts *c = ctx;
+    c->columns++;
+    c->columns_late += c->steps != c->columns || own->k != c->k || own->v != c->v;
 }
 
 static void counted_begin(void *ctx, const struct Ring *ring, const AttnShape *shape, bool backward, const void *k,
@@ -417,15 +422,21 @@ static void test_ring_of_one(void) {
     kernel_backward(&p, 1, one, ORDER, o, lse, dq, dk, dv);
     o = got, dq = o + p.nq, dk = dq + p.nq, dv = dk + p.nk, lse = dv + p.nk;
     RingCounts c = {.k = p.k, .v = p.v, .dk = dk, .dv = dv};
-    const RingKernels kernels = {.forward = counted_forward, .backward = counted_backward, .begin = counted_begin,
-                                 .backward_end = counted_end, .ctx = &c};
+    const RingKernels kernels = {.forward = counted_forward, .backward = counted_backward,
+                                 .columns_forward = counted_columns, .columns_backward = counted_columns,
+                                 .begin = counted_begin, .backward_end = counted_end, .ctx = &c};
     Ring ring;
     ring_init(&ring, NULL, 1, p.qp, 130);
-    ring_attn_forward(&ring, &kernels, &p.s, p.q, p.k, p.v, o, lse);
-    ring_attn_backward(&ring, &kernels, &p.s, p.q, p.k, p.v, o, lse, p.w, dq, dk, dv);
+    const RingTensors forward = {.q = p.q, .k = p.k, .v = p.v, .out = {.o = o, .lse = lse}};
+    const RingTensors backward = {.q = p.q, .k = p.k, .v = p.v, .o = o, .dout = p.w,
+                                  .grads = {.lse = lse, .dq = dq, .dk = dk, .dv = dv}};
+    ring_attn_forward(&ring, &kernels, &p.s, &forward);
+    ring_attn_backward(&ring, &kernels, &p.s, &backward);
     ring_free(&ring);
     EXPECT(memcmp(want, got, (size_t)n * sizeof(float)) == 0,
            "ring of one: o, lse, dq, dk, dv bitwise equal to the kernels on the whole sequence (documents)");
+    EXPECT(c.columns == 2 && c.columns_late == 0, "ring of one: the column pass once per pass, right after the own "
+           "step, on it (%d passes, %d elsewhere)", c.columns, c.columns_late);
     EXPECT(c.steps == 2 && c.begins == 2 && c.backward_begins == 1 && c.ends == 1 && c.foreign == 0,
            "ring of one: one step per pass on the caller's K/V and dK/dV in place, begin per pass, backward_end "
            "once (steps %d, begins %d of which backward %d, ends %d, other buffers %d)", c.steps, c.begins,

@@ -228,6 +228,10 @@ static int heuristic_answers(MatmulCuda *mm, const GemmKey *key, const GemmCall 
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(mm->lt, c->desc, c->la, c->lb, c->ld, c->ld, pref,
                                                              MATMUL_CUDA_ANSWERS, results, &found);
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    int usable = 0;   // an answer whose state is not success has no algorithm
+    for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < found; i++)
+        if (results[i].state == CUBLAS_STATUS_SUCCESS) results[usable++] = results[i];
+    found = usable;
     CHECK(st == CUBLAS_STATUS_SUCCESS && found >= 1,
           "matmul (CUDA): cuBLASLt has no algorithm for m %lld n %lld k %lld (%s)", (long long)key->m,
           (long long)key->n, (long long)key->k, cublasLtGetStatusName(st));

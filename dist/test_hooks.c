@@ -23,6 +23,7 @@ static struct {
     int64_t nan_first, nan_last;  // steps with a NaN on nan_rank; none when nan_first is 0
     int nan_rank;
     bool sync_report;
+    int gemm_answer;              // 0: unset; -1: the fastest
 } hooks;
 
 static void read_fault(void) {
@@ -65,10 +66,20 @@ static void read_sync_report(void) {
     hooks.sync_report = true;
 }
 
+static void read_gemm_answer(void) {
+    const char *text = getenv("MTRAIN_TEST_GEMM_ANSWER");
+    if (!text || !text[0]) return;
+    int n = 0;
+    if (!strcmp(text, "fastest")) hooks.gemm_answer = -1;
+    else if (sscanf(text, "%d%n", &hooks.gemm_answer, &n) != 1 || text[n] || hooks.gemm_answer < 1)
+        fail("MTRAIN_TEST_GEMM_ANSWER=%s: expected N >= 1 (the heuristic's N-th answer) or fastest", text);
+}
+
 void test_hooks_read(void) {
     if (hooks.read) return;
     read_nan_step();
     read_sync_report();
+    read_gemm_answer();
     read_fault();
     hooks.read = true;
 }
@@ -92,4 +103,9 @@ bool test_nan_step(int64_t step, int world_rank) {
 bool test_sync_report(void) {
     test_hooks_read();
     return hooks.sync_report;
+}
+
+int test_gemm_answer(void) {
+    test_hooks_read();
+    return hooks.gemm_answer;
 }

@@ -5,6 +5,7 @@
 //   MTRAIN_TEST_FAULT   a stall, a slow rank or a kill at a fault point (test_fault)
 //   MTRAIN_TEST_NAN_STEP  a NaN loss and gradient on some steps (test_nan_step)
 //   MTRAIN_SYNC_REPORT  the CUDA backend's host synchronisations of the last step (test_sync_report)
+//   MTRAIN_TEST_GEMM_ANSWER  which timed GEMM algorithm each problem keeps (test_gemm_answer)
 #ifndef MTRAIN_TEST_HOOKS_H
 #define MTRAIN_TEST_HOOKS_H
 
@@ -37,5 +38,12 @@ bool test_nan_step(int64_t step, int world_rank);
 // MTRAIN_SYNC_REPORT=1 (for tests and tuning; 0 or unset: off): whether to
 // count and print the host synchronisations of a run's last step.
 bool test_sync_report(void);
+
+// MTRAIN_TEST_GEMM_ANSWER=N|fastest (for tests): under train.gemm_choice
+// timed, each GEMM problem keeps the cuBLASLt heuristic's N-th answer (N >=
+// 1; its last when it gives fewer), all of them timed still, or the fastest
+// (under the CPU execution model of CUDA, whose timings are the CPU's, timed
+// only when this is set). Returns N, -1 for fastest, 0 when unset.
+int test_gemm_answer(void);
 
 #endif

@@ -61,6 +61,9 @@ typedef enum {
     PHASE_FORWARD, PHASE_RECOMPUTE, PHASE_BACKWARD, PHASE_LOSS, PHASE_UPDATE, PROFILE_PHASES
 } ProfilePhase;
 
+// train.gemm_choice: how a GEMM problem gets its algorithm (Backend.gemm_choice).
+typedef enum { GEMM_CHOICE_TIMED, GEMM_CHOICE_HEURISTIC } GemmChoice;
+
 typedef struct {
     size_t act_bytes;     // bytes of one Act element
     size_t weight_bytes;  // bytes of one Weight element
@@ -237,6 +240,18 @@ typedef struct {
     double (*profile_ms)(int a, int b);
     void (*profile_clear)(void);
     long (*profile_launches)(void);
+
+    // The GEMMs' algorithms (NULL on the CPU's). gemm_choice: from now on each
+    // new GEMM problem takes the cuBLASLt heuristic's first answer
+    // (GEMM_CHOICE_HEURISTIC, as from the start), or the fastest of up to 8
+    // of its answers timed at the problem's first use, each choice printed
+    // as one line "gemm choice: ..." (GEMM_CHOICE_TIMED; MTRAIN_TEST_GEMM_ANSWER
+    // keeps another, dist/test_hooks.h; under the CPU execution model of
+    // CUDA, whose timings are the CPU's, only when that hook is set).
+    // gemm_choice_print: one line of what the timed choices cost so far
+    // (problems, answers, launches, seconds), when they timed any.
+    void (*gemm_choice)(GemmChoice choice);
+    void (*gemm_choice_print)(void);
 } Backend;
 
 // train.backend: cpu, cuda, or auto (cuda when this build has it and a GPU

@@ -22,6 +22,7 @@
 #include "../dist/comm.h"
 #include "../dist/comm_device.h"
 #include "../dist/cuda_check.h"
+#include "../dist/test_hooks.h"
 #include "../dist/util.h"
 #include "backend.h"
 #include "matmul_cuda.h"
@@ -305,6 +306,25 @@ static long profile_launches(void) {
 #endif
 }
 
+// Timed: the answer MTRAIN_TEST_GEMM_ANSWER names, else the fastest. Where the timings are the CPU's (the
+// CPU execution model of CUDA) a choice by them would change from run to run: timed only when a test asks.
+static void gemm_choice(GemmChoice choice) {
+    const int told = test_gemm_answer();   // N >= 1, -1 (fastest) or 0 (unset)
+    bool timed = choice == GEMM_CHOICE_TIMED;
+#ifdef CUDASIM_CPU_TIMING
+    timed = timed && told != 0;
+#endif
+    matmul_cuda_choose(cuda.mm, timed, !timed ? 0 : told > 0 ? told - 1 : -1, timed ? stdout : NULL);
+}
+
+static void gemm_choice_print(void) {
+    const MatmulChoiceCost c = matmul_cuda_choice_cost(cuda.mm);
+    if (c.problems == 0) return;
+    printf("gemm choice: %lld problems timed, %lld answers in %lld launches, %.2f s\n", (long long)c.problems,
+           (long long)c.answers, (long long)c.launches, c.seconds);
+    fflush(stdout);
+}
+
 static bool memory_peak(double *bytes) {
 #ifdef CUDASIM_MEMORY_PEAK
     size_t peak;
@@ -366,6 +386,8 @@ static const Backend cuda_backend = {
     .profile_ms = profile_ms,
     .profile_clear = profile_clear,
     .profile_launches = profile_launches,
+    .gemm_choice = gemm_choice,
+    .gemm_choice_print = gemm_choice_print,
 };
 
 bool backend_cuda_visible(char *why, size_t why_size) {

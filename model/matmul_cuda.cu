@@ -21,6 +21,13 @@
 // rounding per part), so the preferences allow only no split or a reduction
 // in the compute type (fp32).
 //
+// Choice of algorithm (matmul_cuda_choose): each problem's first use asks
+// the heuristic for up to MATMUL_CUDA_ANSWERS answers and keeps one, its
+// first or the fastest of them timed on the stream; the call then runs the
+// kept one, which later calls of the problem reuse from the cache. Every
+// answer obeys the preferences above, so any of them meets the bounds of
+// tests/sim/gpu_test_matmul.c.
+//
 // The bias gradient does not use the BGRADB epilogue: that epilogue writes
 // (does not add to) its vector, while the backend accumulates into dbias, and
 // it rides on one dweight GEMM each. A column sum in two passes (partial
@@ -39,10 +46,11 @@
 #include "matmul_cuda.h"
 
 // Everything that selects an algorithm: shape, transposes, output type,
-// epilogue and the alignment (bytes, power of two <= 256) of A, B, C = D.
+// epilogue, beta 0 or not (C read or not: other timings) and the alignment
+// (bytes, power of two <= 256) of A, B, C = D.
 typedef struct {
     int64_t m, n, k;
-    int32_t transa, transb, d_type, epilogue;
+    int32_t transa, transb, d_type, epilogue, adds;
     uint32_t align_a, align_b, align_d;
 } GemmKey;
 
@@ -57,10 +65,16 @@ typedef struct {
 
 struct MatmulCuda {
     cublasLtHandle_t lt;
-    void *workspace;   // MATMUL_CUDA_WORKSPACE_BYTES
+    void *workspace;   // MATMUL_CUDA_WORKSPACE_BYTES, then MATMUL_CUDA_TIMING_BYTES (timing_out)
+    void *timing_out;  // where the timed runs of a problem with beta != 0 write their output
     GemmAlgo cache[ALGO_CACHE_SIZE];
     int cached;        // entries filled
     int next;          // the entry replaced when the cache is full
+    bool timed;        // matmul_cuda_choose's arguments
+    int keep;
+    FILE *report;
+    cudaEvent_t start[MATMUL_CUDA_ANSWERS], end[MATMUL_CUDA_ANSWERS];   // around each answer's timed runs
+    MatmulChoiceCost cost;
 };
 
 // ---- kernels: the bias gradient ----
@@ -124,20 +138,40 @@ bias_grad_sum_kernel(BiasGrads g, const float *partial, int slices) {
 
 // ---- the context ----
 
+// The timed runs' output starts zeroed (a C read with beta != 0: no NaN or denormal to slow an answer).
 extern "C" MatmulCuda *matmul_cuda_create(void) {
     MatmulCuda *mm = (MatmulCuda *)xmalloc(sizeof *mm);
     memset(mm, 0, sizeof *mm);
     CUBLAS_CHECK(cublasLtCreate(&mm->lt));
-    CUDA_CHECK(cudaMalloc(&mm->workspace, MATMUL_CUDA_WORKSPACE_BYTES));
+    CUDA_CHECK(cudaMalloc(&mm->workspace, MATMUL_CUDA_WORKSPACE_BYTES + MATMUL_CUDA_TIMING_BYTES));
+    mm->timing_out = (char *)mm->workspace + MATMUL_CUDA_WORKSPACE_BYTES;
+    CUDA_CHECK(cudaMemset(mm->timing_out, 0, MATMUL_CUDA_TIMING_BYTES));
+    for (int i = 0; i < MATMUL_CUDA_ANSWERS; i++) {
+        CUDA_CHECK(cudaEventCreate(&mm->start[i]));
+        CUDA_CHECK(cudaEventCreate(&mm->end[i]));
+    }
     return mm;
 }
 
 extern "C" void matmul_cuda_destroy(MatmulCuda *mm) {
     if (!mm) return;
     CUDA_CHECK(cudaFree(mm->workspace));   // synchronises the device first
+    for (int i = 0; i < MATMUL_CUDA_ANSWERS; i++) {
+        CUDA_CHECK(cudaEventDestroy(mm->start[i]));
+        CUDA_CHECK(cudaEventDestroy(mm->end[i]));
+    }
     CUBLAS_CHECK(cublasLtDestroy(mm->lt));
     free(mm);
 }
+
+extern "C" void matmul_cuda_choose(MatmulCuda *mm, bool timed, int keep, FILE *report) {
+    mm->timed = timed;
+    mm->keep = keep;
+    mm->report = report;
+    mm->cached = mm->next = 0;
+}
+
+extern "C" MatmulChoiceCost matmul_cuda_choice_cost(const MatmulCuda *mm) { return mm->cost; }
 
 static void check_aligned(const void *p, const char *name) {
     CHECK(((uintptr_t)p & 15) == 0, "matmul (CUDA): %s is not 16-byte aligned", name);
@@ -151,12 +185,28 @@ static uint32_t alignment_of(const void *p) {
     return a;
 }
 
-// The heuristic's best algorithm for this problem, from the cache or asked once.
-static const cublasLtMatmulAlgo_t *find_algo(MatmulCuda *mm, const GemmKey *key, cublasLtMatmulDesc_t desc,
-                                             cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
-                                             cublasLtMatrixLayout_t ld) {
-    for (int i = 0; i < mm->cached; i++)
-        if (memcmp(&mm->cache[i].key, key, sizeof *key) == 0) return &mm->cache[i].algo;
+// One GEMM call as cuBLASLt takes it: descriptors, operands, stream, and what it is ("forward", "dinp",
+// "dweight": the choice's report).
+typedef struct {
+    const char *op;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, ld;
+    const void *a, *b;
+    void *d;
+    float beta;
+    cudaStream_t stream;
+} GemmCall;
+
+// D = op(A) op(B) + beta D of the call, into `d` (the call's D or the timed runs' output), by `algo`.
+static void run_gemm(MatmulCuda *mm, const GemmCall *c, void *d, const cublasLtMatmulAlgo_t *algo) {
+    const float alpha = 1.0f;
+    CUBLAS_CHECK(cublasLtMatmul(mm->lt, c->desc, &alpha, c->a, c->la, c->b, c->lb, &c->beta, d, c->ld, d, c->ld, algo,
+                                mm->workspace, MATMUL_CUDA_WORKSPACE_BYTES, c->stream));
+}
+
+// Up to MATMUL_CUDA_ANSWERS answers of the heuristic for this problem, best first, into results; how many.
+static int heuristic_answers(MatmulCuda *mm, const GemmKey *key, const GemmCall *c,
+                             cublasLtMatmulHeuristicResult_t *results) {
     cublasLtMatmulPreference_t pref;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t max_workspace = MATMUL_CUDA_WORKSPACE_BYTES;
@@ -173,14 +223,89 @@ static const cublasLtMatmulAlgo_t *find_algo(MatmulCuda *mm, const GemmKey *key,
     const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reductions,
                                                       sizeof reductions));
-    cublasLtMatmulHeuristicResult_t result;
     int found = 0;
     // No algorithm is CUBLAS_STATUS_NOT_SUPPORTED (or none found): one line naming the problem.
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(mm->lt, desc, la, lb, ld, ld, pref, 1, &result, &found);
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(mm->lt, c->desc, c->la, c->lb, c->ld, c->ld, pref,
+                                                             MATMUL_CUDA_ANSWERS, results, &found);
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-    CHECK(st == CUBLAS_STATUS_SUCCESS && found == 1,
+    int usable = 0;   // an answer whose state is not success has no algorithm
+    for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < found; i++)
+        if (results[i].state == CUBLAS_STATUS_SUCCESS) results[usable++] = results[i];
+    found = usable;
+    CHECK(st == CUBLAS_STATUS_SUCCESS && found >= 1,
           "matmul (CUDA): cuBLASLt has no algorithm for m %lld n %lld k %lld (%s)", (long long)key->m,
           (long long)key->n, (long long)key->k, cublasLtGetStatusName(st));
+    return found;
+}
+
+// Each of the answers run once, then MATMUL_CUDA_TIMED_RUNS times between two events, into `out`; ms[i] the
+// timed runs' milliseconds of answer i. Returns the fastest (the first of equals).
+static int time_answers(MatmulCuda *mm, const GemmCall *c, void *out, const cublasLtMatmulHeuristicResult_t *results,
+                        int found, float *ms) {
+    for (int i = 0; i < found; i++) {
+        run_gemm(mm, c, out, &results[i].algo);
+        CUDA_CHECK(cudaEventRecord(mm->start[i], c->stream));
+        for (int r = 0; r < MATMUL_CUDA_TIMED_RUNS; r++) run_gemm(mm, c, out, &results[i].algo);
+        CUDA_CHECK(cudaEventRecord(mm->end[i], c->stream));
+    }
+    CUDA_CHECK(cudaEventSynchronize(mm->end[found - 1]));
+    int best = 0;
+    for (int i = 0; i < found; i++) {
+        CUDA_CHECK(cudaEventElapsedTime(&ms[i], mm->start[i], mm->end[i]));
+        if (ms[i] < ms[best]) best = i;
+    }
+    mm->cost.problems++;
+    mm->cost.answers += found;
+    mm->cost.launches += (int64_t)found * (1 + MATMUL_CUDA_TIMED_RUNS);
+    return best;
+}
+
+// "algo ID tile TILE split-K N" of an answer.
+static void describe_algo(const cublasLtMatmulAlgo_t *algo, char *out, size_t size) {
+    int32_t id;
+    uint32_t tile, splits;
+    size_t written;
+    CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &written));
+    CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile,
+                                                      &written));
+    CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits,
+                                                      &written));
+    snprintf(out, size, "algo %d tile %u split-K %u", id, tile, splits);
+}
+
+// The algorithm of this problem: from the cache, or chosen now (matmul_cuda_choose) and reported.
+static const cublasLtMatmulAlgo_t *find_algo(MatmulCuda *mm, const GemmKey *key, const GemmCall *c) {
+    for (int i = 0; i < mm->cached; i++)
+        if (memcmp(&mm->cache[i].key, key, sizeof *key) == 0) return &mm->cache[i].algo;
+    const double t0 = now_seconds();
+    cublasLtMatmulHeuristicResult_t results[MATMUL_CUDA_ANSWERS];
+    const int found = heuristic_answers(mm, key, c, results);
+    const int keep = mm->keep < 0 ? 0 : mm->keep < found ? mm->keep : found - 1;
+    const size_t out_bytes = (size_t)(key->m * key->n) * (key->d_type == CUDA_R_16BF ? 2 : 4);
+    // beta 0: in place (the call writes D after them); else apart, when D fits.
+    void *out = !key->adds ? c->d : out_bytes <= MATMUL_CUDA_TIMING_BYTES ? mm->timing_out : NULL;
+    float ms[MATMUL_CUDA_ANSWERS];
+    int chosen = keep;
+    const bool timing = mm->timed && found > 1 && out;
+    if (timing) {
+        const int fastest = time_answers(mm, c, out, results, found, ms);
+        if (mm->keep < 0) chosen = fastest;
+        mm->cost.seconds += now_seconds() - t0;
+    }
+    if (mm->timed && mm->report) {
+        char algo[64];
+        describe_algo(&results[chosen].algo, algo, sizeof algo);
+        fprintf(mm->report, "gemm choice: %s m %lld n %lld k %lld%s%s: answer %d of %d (%s)", c->op, (long long)key->m,
+                (long long)key->n, (long long)key->k, key->epilogue == CUBLASLT_EPILOGUE_BIAS ? " bias" : "",
+                key->adds ? " beta 1" : "", chosen + 1, found, algo);
+        if (timing)
+            fprintf(mm->report, " %.3f ms%s, the first %.3f ms\n", ms[chosen] / MATMUL_CUDA_TIMED_RUNS,
+                    mm->keep >= 0 ? " (kept as told)" : " (the fastest)",
+                    ms[0] / MATMUL_CUDA_TIMED_RUNS);
+        else
+            fprintf(mm->report, ", untimed (%s)\n", found == 1 ? "the only answer"
+                    : "its output with beta 1 is larger than the timed runs' own");
+    }
     GemmAlgo *slot;
     if (mm->cached < ALGO_CACHE_SIZE) {
         slot = &mm->cache[mm->cached++];
@@ -189,16 +314,16 @@ static const cublasLtMatmulAlgo_t *find_algo(MatmulCuda *mm, const GemmKey *key,
         mm->next = (mm->next + 1) % ALGO_CACHE_SIZE;
     }
     slot->key = *key;
-    slot->algo = result.algo;
+    slot->algo = results[chosen].algo;
     return &slot->algo;
 }
 
 // D[m, n] = op(A) op(B) + beta D (+ bias[m] when not NULL), cuBLASLt's
 // column-major terms; A (a_rows x a_cols) and B (b_rows x b_cols) bf16 as
 // stored, packed (leading dimension = rows); D packed, of type d_type; bias bf16.
-static void gemm(MatmulCuda *mm, const uint16_t *a, int64_t a_rows, int64_t a_cols, cublasOperation_t ta,
-                 const uint16_t *b, int64_t b_rows, int64_t b_cols, cublasOperation_t tb, void *d,
-                 cudaDataType_t d_type, float beta, const uint16_t *bias, cudaStream_t stream) {
+static void gemm(MatmulCuda *mm, const char *op, const uint16_t *a, int64_t a_rows, int64_t a_cols,
+                 cublasOperation_t ta, const uint16_t *b, int64_t b_rows, int64_t b_cols, cublasOperation_t tb,
+                 void *d, cudaDataType_t d_type, float beta, const uint16_t *bias, cudaStream_t stream) {
     GemmKey key;
     memset(&key, 0, sizeof key);   // the padding too: keys are compared with memcmp
     key.m = ta == CUBLAS_OP_N ? a_rows : a_cols;
@@ -208,35 +333,32 @@ static void gemm(MatmulCuda *mm, const uint16_t *a, int64_t a_rows, int64_t a_co
     key.transb = tb;
     key.d_type = d_type;
     key.epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    key.adds = beta != 0.0f;
     key.align_a = alignment_of(a);
     key.align_b = alignment_of(b);
     key.align_d = alignment_of(d);
 
-    cublasLtMatmulDesc_t desc;
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    GemmCall c = {op, NULL, NULL, NULL, NULL, a, b, d, beta, stream};
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&c.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const int32_t op_a = ta, op_b = tb;
     const uint32_t epilogue = (uint32_t)key.epilogue;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
     if (bias) {
         const int32_t bias_type = CUDA_R_16BF;
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
                                                     sizeof bias_type));
     }
-    cublasLtMatrixLayout_t la, lb, ld;
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, (uint64_t)a_rows, (uint64_t)a_cols, a_rows));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, (uint64_t)b_rows, (uint64_t)b_cols, b_rows));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, d_type, (uint64_t)key.m, (uint64_t)key.n, key.m));
-    const cublasLtMatmulAlgo_t *algo = find_algo(mm, &key, desc, la, lb, ld);
-    const float alpha = 1.0f;
-    CUBLAS_CHECK(cublasLtMatmul(mm->lt, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, algo, mm->workspace,
-                                MATMUL_CUDA_WORKSPACE_BYTES, stream));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(ld));
-    CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.la, CUDA_R_16BF, (uint64_t)a_rows, (uint64_t)a_cols, a_rows));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.lb, CUDA_R_16BF, (uint64_t)b_rows, (uint64_t)b_cols, b_rows));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.ld, d_type, (uint64_t)key.m, (uint64_t)key.n, key.m));
+    run_gemm(mm, &c, d, find_algo(mm, &key, &c));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(c.la));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(c.lb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(c.ld));
+    CUBLAS_CHECK(cublasLtMatmulDescDestroy(c.desc));
 }
 
 static void check_dims(int64_t T, int IC, int OC) {
@@ -252,7 +374,7 @@ extern "C" void matmul_forward_cuda(MatmulCuda *mm, uint16_t *out, const uint16_
     if (T == 0) return;
     check_aligned(out, "out"); check_aligned(inp, "inp"); check_aligned(weight, "weight");
     if (bias) check_aligned(bias, "bias");
-    gemm(mm, weight, IC, OC, CUBLAS_OP_T, inp, IC, T, CUBLAS_OP_N, out, CUDA_R_16BF, 0.0f, bias, stream);
+    gemm(mm, "forward", weight, IC, OC, CUBLAS_OP_T, inp, IC, T, CUBLAS_OP_N, out, CUDA_R_16BF, 0.0f, bias, stream);
 }
 
 // dbias[i][OC[i]] += colsum(dout[i][T, OC[i]]): slices of tokens summed into the workspace, then the slices in order.
@@ -300,11 +422,12 @@ extern "C" void matmul_backward_cuda(MatmulCuda *mm, uint16_t *dinp, bool dinp_a
     check_aligned(dout, "dout");
     if (dinp) {
         check_aligned(dinp, "dinp"); check_aligned(weight, "weight");
-        gemm(mm, weight, IC, OC, CUBLAS_OP_N, dout, OC, T, CUBLAS_OP_N, dinp, CUDA_R_16BF, dinp_add ? 1.0f : 0.0f,
-             NULL, stream);
+        gemm(mm, "dinp", weight, IC, OC, CUBLAS_OP_N, dout, OC, T, CUBLAS_OP_N, dinp, CUDA_R_16BF,
+             dinp_add ? 1.0f : 0.0f, NULL, stream);
     }
     if (dweight) {
         check_aligned(dweight, "dweight"); check_aligned(inp, "inp");
-        gemm(mm, inp, IC, T, CUBLAS_OP_N, dout, OC, T, CUBLAS_OP_T, dweight, CUDA_R_32F, 1.0f, NULL, stream);
+        gemm(mm, "dweight", inp, IC, T, CUBLAS_OP_N, dout, OC, T, CUBLAS_OP_T, dweight, CUDA_R_32F, 1.0f, NULL,
+             stream);
     }
 }

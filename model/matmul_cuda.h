@@ -20,6 +20,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <cuda_runtime_api.h>
 
 #ifdef __cplusplus
@@ -27,14 +28,42 @@ extern "C" {
 #endif
 
 // The cuBLASLt handle, the workspace (MATMUL_CUDA_WORKSPACE_BYTES of device
-// memory) and the cache of the heuristic's algorithms per problem.
+// memory, then MATMUL_CUDA_TIMING_BYTES for the timed runs' outputs) and the
+// cache of the chosen algorithms per problem.
 typedef struct MatmulCuda MatmulCuda;
 
 #define MATMUL_CUDA_WORKSPACE_BYTES ((size_t)32 << 20)
+#define MATMUL_CUDA_TIMING_BYTES ((size_t)32 << 20)
+#define MATMUL_CUDA_ANSWERS 8       // the heuristic's answers timed per problem, at most
+#define MATMUL_CUDA_TIMED_RUNS 2    // timed runs of each answer, after one to warm up
 
 MatmulCuda *matmul_cuda_create(void);
 // Waits for the device (the workspace may be in use), then frees everything.
 void matmul_cuda_destroy(MatmulCuda *mm);
+
+// How each new problem (shape, transposes, output type, epilogue, beta 0 or
+// not, alignments) gets its algorithm from this call on (the cache emptied).
+// timed false (as matmul_cuda_create leaves it): the heuristic's answer
+// `keep` (0: its first; its last when it gives fewer). timed true: at the
+// problem's first use, up to MATMUL_CUDA_ANSWERS answers each run once and
+// then MATMUL_CUDA_TIMED_RUNS times between two events on the stream (one
+// host wait per problem), the fastest kept (keep < 0) or answer `keep`
+// (where timings are no device's: the CPU execution model of CUDA, tests);
+// one line per problem on `report` (NULL: none). The timed runs write the
+// output in place when beta is 0 (the call itself then writes it), else
+// into the MATMUL_CUDA_TIMING_BYTES of their own, so the call's result is
+// the chosen answer's alone; a larger output with beta != 0 takes answer
+// `keep` (the first for keep < 0) untimed.
+void matmul_cuda_choose(MatmulCuda *mm, bool timed, int keep, FILE *report);
+
+// What the timed choices have cost since matmul_cuda_create: problems
+// timed, answers timed, the launches of their runs (the warm-ups included),
+// the host's seconds in them (heuristic queries and waits included).
+typedef struct {
+    int64_t problems, answers, launches;
+    double seconds;
+} MatmulChoiceCost;
+MatmulChoiceCost matmul_cuda_choice_cost(const MatmulCuda *mm);
 
 // out[T, OC] = inp[T, IC] @ weight[OC, IC]^T (+ bias[OC] when not NULL).
 void matmul_forward_cuda(MatmulCuda *mm, uint16_t *out, const uint16_t *inp, const uint16_t *weight,

@@ -55,6 +55,7 @@ typedef struct {
     uint64_t seed;             // initialisation and data order
     RecomputePolicy recompute; // none | selective | full | auto (the plan's pick: plan_build)
     int loss_chunk;            // tokens per fused LM-head + cross-entropy chunk
+    GemmChoice gemm_choice;    // timed | heuristic (Backend.gemm_choice)
     int mlp_chunk;             // tokens per MLP chunk (model_mlp_chunk_rows); 0 = the MLP whole
     InitFrom init_from;        // none | a Hugging Face folder to start from (init_from_path)
     char init_from_path[CONFIG_STR];

@@ -626,6 +626,7 @@ static bool train_setup(Trainer *t, int argc, char **argv) {
     const RunData *d = &t->data;
     const int64_t T = layout_rank_positions(d->layout, cfg->train.seq_len, d->block_size, d->cp, d->cp_rank, NULL);
     model_from_config(&t->m, cfg, t->plan.recompute, T);
+    if (t->m.be->gemm_choice) t->m.be->gemm_choice(cfg->train.gemm_choice);
     model_join_ring(&t->m, cfg, dist);
     if (t->zero) model_shard_optimizer(&t->m, &dist->world);
     model_alloc_optimizer(&t->m);
@@ -876,6 +877,7 @@ int cmd_train(int argc, char **argv) {
         StepResult r = train_step(&t, step);
         if (profiled_step(&t, step)) write_profile(&t, step);
         log_step(&t, step, &r);
+        if (step == t.first_step && t.m.be->gemm_choice_print) t.m.be->gemm_choice_print();
         if (after_step(&t, step)) break;
     }
     print_summary(&t);

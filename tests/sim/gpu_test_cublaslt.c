@@ -9,7 +9,9 @@
 // row-major on the transposed problem (D^T = op(B)^T op(A)^T), so a layout
 // argument taken the wrong way round fails in both. Also: bf16 outputs round
 // to nearest even (two exact ties), and bad arguments return the documented
-// status. Built natively with nvcc (needs a GPU) and by the sim build.
+// status. Every case runs each of the heuristic's answers (up to 8, split-K
+// among them, parts added in fp32): the answers are distinct algorithms, and
+// each meets the tolerances. Built natively with nvcc (needs a GPU) and by the sim build.
 //   gpu_test_cublaslt [small]       every check (all small: `small` as the other GPU tests take it)
 //   gpu_test_cublaslt host-matrix   a misuse the sim must stop (tests/sim/test_sim_libs.sh)
 //   gpu_test_cublaslt misaligned    another: matrices 16-byte aligned, the heuristic told nothing (256)
@@ -45,15 +47,22 @@ typedef struct {
     void *dev;
 } Matrix;
 
+// The heuristic's answers asked for per problem (as model/matmul_cuda.cu asks).
+#define ANSWERS 8
+
+// The host values into x's device copy, in its type (allocated by the first call): a matrix's values, or an
+// output's starting values again.
 static void upload(Matrix *x) {
     const int64_t count = x->ld * x->cols;
+    const size_t bytes = (size_t)count * (x->type == CUDA_R_16BF ? 2 : 4);
+    if (!x->dev) CUDA_CHECK(cudaMalloc(&x->dev, bytes ? bytes : 1));
     if (x->type == CUDA_R_16BF) {
         uint16_t *bits = xmalloc((size_t)count * sizeof(uint16_t) + 1);
         for (int64_t i = 0; i < count; i++) bits[i] = f32_to_bf16(x->host[i]);
-        x->dev = to_device(bits, (size_t)count * 2);
+        CUDA_CHECK(cudaMemcpy(x->dev, bits, bytes, cudaMemcpyHostToDevice));
         free(bits);
     } else {
-        x->dev = to_device(x->host, (size_t)count * 4);
+        CUDA_CHECK(cudaMemcpy(x->dev, x->host, bytes, cudaMemcpyHostToDevice));
     }
 }
 
@@ -115,10 +124,10 @@ static void set_desc(cublasLtMatmulDesc_t desc, cublasOperation_t ta, cublasOper
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
 }
 
-// The heuristic's algorithm for these descriptors and a workspace of its size (NULL when it needs none).
-static cublasLtMatmulHeuristicResult_t pick_algo(cublasLtHandle_t lt, cublasLtMatmulDesc_t desc,
-                                                 cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
-                                                 cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d, void **ws) {
+// Up to `count` of the heuristic's algorithms for these descriptors, best first, into r; how many (at least one).
+static int heuristic_answers(cublasLtHandle_t lt, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
+                             cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d, int count,
+                             cublasLtMatmulHeuristicResult_t *r) {
     cublasLtMatmulPreference_t pref;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t max_ws = MAX_WORKSPACE;
@@ -128,16 +137,39 @@ static cublasLtMatmulHeuristicResult_t pick_algo(cublasLtHandle_t lt, cublasLtMa
     const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reductions,
                                                    sizeof reductions));
-    cublasLtMatmulHeuristicResult_t r;
     int found = 0;
-    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, desc, a, b, c, d, pref, 1, &r, &found));
-    CHECK(found == 1 && r.workspaceSize <= MAX_WORKSPACE, "cuBLASLt heuristic: %d algorithms, workspace %zu",
-          found, r.workspaceSize);
+    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, desc, a, b, c, d, pref, count, r, &found));
+    CHECK(found >= 1 && found <= count, "cuBLASLt heuristic: %d algorithms (asked for %d)", found, count);
+    for (int i = 0; i < found; i++)
+        CHECK(r[i].workspaceSize <= MAX_WORKSPACE, "cuBLASLt heuristic: answer %d needs %zu bytes of workspace", i,
+              r[i].workspaceSize);
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    return found;
+}
+
+// The heuristic's first algorithm for these descriptors and a workspace of its size (NULL when it needs none).
+static cublasLtMatmulHeuristicResult_t pick_algo(cublasLtHandle_t lt, cublasLtMatmulDesc_t desc,
+                                                 cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                                 cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d, void **ws) {
+    cublasLtMatmulHeuristicResult_t r;
+    heuristic_answers(lt, desc, a, b, c, d, 1, &r);
     *ws = NULL;
     if (r.workspaceSize) CUDA_CHECK(cudaMalloc(ws, r.workspaceSize));
     return r;
 }
+
+// An algorithm's parts of k (1: not split).
+static uint32_t splits_of(const cublasLtMatmulAlgo_t *algo) {
+    uint32_t splits;
+    size_t written;
+    CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits,
+                                                      &written));
+    return splits;
+}
+
+// Over every case: the most answers of one problem, and whether some answer split k.
+static int most_answers;
+static bool some_split;
 
 // ref (column-major m x n, leading dimension ldc) = alpha op(A) op(B) + beta ref, by OpenBLAS.
 static void reference_gemm(const Case *c, const Matrix *a, const Matrix *b, float *ref, int64_t ldc) {
@@ -175,7 +207,6 @@ static void run_case(cublasLtHandle_t lt, const Case *c, uint64_t seed) {
         d.host = xmalloc((size_t)(d.ld * d.cols) * sizeof(float) + 1);
         for (int64_t j = 0; j < d.cols; j++)
             for (int64_t i = 0; i < d.ld; i++) d.host[i + j * d.ld] = i < d.rows ? NAN : 7.0f;
-        upload(&d);
     }
     const int64_t bias_len = c->epilogue == CUBLASLT_EPILOGUE_BGRADB ? c->n : c->m;
     Matrix bias = random_matrix(&rng, bias_len, 1, 0, c->cd);
@@ -184,15 +215,15 @@ static void run_case(cublasLtHandle_t lt, const Case *c, uint64_t seed) {
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     set_desc(desc, c->ta, c->tb, c->epilogue, bias.dev, c->cd);
     cublasLtMatrixLayout_t la = layout_of(&a), lb = layout_of(&b), lc = layout_of(&cm), ld = layout_of(&d);
-    void *ws;
-    const cublasLtMatmulHeuristicResult_t algo = pick_algo(lt, desc, la, lb, lc, ld, &ws);
+    cublasLtMatmulHeuristicResult_t answers[ANSWERS];
+    const int found = heuristic_answers(lt, desc, la, lb, lc, ld, ANSWERS, answers);
+    size_t ws_bytes = 0;
+    for (int i = 0; i < found; i++)
+        if (answers[i].workspaceSize > ws_bytes) ws_bytes = answers[i].workspaceSize;
+    void *ws = NULL;
+    if (ws_bytes) CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreate(&stream));
-    CUBLAS_CHECK(cublasLtMatmul(lt, desc, &c->alpha, a.dev, la, b.dev, lb, &c->beta, cm.dev, lc, d.dev, ld, &algo.algo,
-                             ws, algo.workspaceSize, stream));
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    float *got = download(d.dev, d.type, d.ld * d.cols);
-    float *got_bias = download(bias.dev, bias.type, bias_len);
 
     // Reference, packed m x n (ld m): beta C + alpha op(A) op(B) (+ bias), rounded to D's type.
     const int64_t m = c->m, n = c->n, k = c->k;
@@ -201,37 +232,57 @@ static void run_case(cublasLtHandle_t lt, const Case *c, uint64_t seed) {
     for (int64_t j = 0; j < n; j++)
         for (int64_t i = 0; i < m; i++) ref[i + j * m] = cm.host[i + j * cm.ld];
     reference_gemm(c, &a, &b, ref, m);
-    int pad_kept = 1;
-    for (int64_t j = 0; j < n; j++) {
+    for (int64_t j = 0; j < n; j++)
         for (int64_t i = 0; i < m; i++) {
             float r = ref[i + j * m];
             if (c->epilogue == CUBLASLT_EPILOGUE_BIAS) r += bias.host[i];
             ref[i + j * m] = round_to(c->cd, r);
-            out[i + j * m] = got[i + j * d.ld];
         }
-        for (int64_t i = m; i < d.ld && !c->in_place; i++) pad_kept &= got[i + j * d.ld] == 7.0f;
+    // bgrada: sum over k of op(A)'s row i (i < m); bgradb: of op(B)'s column j (j < n).
+    float *ref_bias = xmalloc((size_t)bias_len * sizeof(float));
+    for (int64_t i = 0; i < bias_len; i++) {
+        double s = 0;
+        for (int64_t p = 0; p < k; p++)
+            s += c->epilogue == CUBLASLT_EPILOGUE_BGRADA ? op_at(&a, c->ta, i, p) : op_at(&b, c->tb, p, i);
+        ref_bias[i] = round_to(c->cd, (float)s);
     }
     const double tol = c->cd == CUDA_R_16BF ? 1e-2 : 1e-5;
-    const double err = max_rel_diff(out, ref, m * n);
-    EXPECT_COUNTED(err <= tol, "%s: D max rel err %.2e (tol %.0e)", name, err, tol);
-    if (!c->in_place) EXPECT_COUNTED(pad_kept, "%s: D's padding rows untouched", name);
-    if (c->epilogue == CUBLASLT_EPILOGUE_BGRADA || c->epilogue == CUBLASLT_EPILOGUE_BGRADB) {
-        // bgrada: sum over k of op(A)'s row i (i < m); bgradb: of op(B)'s column j (j < n).
-        float *ref_bias = xmalloc((size_t)bias_len * sizeof(float));
-        for (int64_t i = 0; i < bias_len; i++) {
-            double s = 0;
-            for (int64_t p = 0; p < k; p++)
-                s += c->epilogue == CUBLASLT_EPILOGUE_BGRADA ? op_at(&a, c->ta, i, p) : op_at(&b, c->tb, p, i);
-            ref_bias[i] = round_to(c->cd, (float)s);
+    // Every answer of the heuristic, each on fresh C and D (whichever a caller keeps, by timing or not).
+    int distinct = 1;
+    for (int answer = 0; answer < found; answer++) {
+        for (int other = 0; other < answer; other++)
+            distinct &= memcmp(&answers[answer].algo, &answers[other].algo, sizeof answers[answer].algo) != 0;
+        some_split |= splits_of(&answers[answer].algo) > 1;
+        upload(&cm);
+        if (!c->in_place) upload(&d);
+        CUBLAS_CHECK(cublasLtMatmul(lt, desc, &c->alpha, a.dev, la, b.dev, lb, &c->beta, cm.dev, lc, d.dev, ld,
+                                    &answers[answer].algo, ws, answers[answer].workspaceSize, stream));
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        float *got = download(d.dev, d.type, d.ld * d.cols);
+        int pad_kept = 1;
+        for (int64_t j = 0; j < n; j++) {
+            for (int64_t i = 0; i < m; i++) out[i + j * m] = got[i + j * d.ld];
+            for (int64_t i = m; i < d.ld && !c->in_place; i++) pad_kept &= got[i + j * d.ld] == 7.0f;
         }
-        const double berr = max_rel_diff(got_bias, ref_bias, bias_len);
-        EXPECT_COUNTED(berr <= tol, "%s: bias gradient max rel err %.2e (tol %.0e)", name, berr, tol);
-        free(ref_bias);
+        const double err = max_rel_diff(out, ref, m * n);
+        EXPECT_COUNTED(err <= tol, "%s answer %d of %d (split-K %u): D max rel err %.2e (tol %.0e)", name, answer + 1,
+                       found, splits_of(&answers[answer].algo), err, tol);
+        if (!c->in_place)
+            EXPECT_COUNTED(pad_kept, "%s answer %d of %d: D's padding rows untouched", name, answer + 1, found);
+        if (c->epilogue == CUBLASLT_EPILOGUE_BGRADA || c->epilogue == CUBLASLT_EPILOGUE_BGRADB) {
+            float *got_bias = download(bias.dev, bias.type, bias_len);
+            const double berr = max_rel_diff(got_bias, ref_bias, bias_len);
+            EXPECT_COUNTED(berr <= tol, "%s answer %d of %d: bias gradient max rel err %.2e (tol %.0e)", name,
+                           answer + 1, found, berr, tol);
+            free(got_bias);
+        }
+        free(got);
     }
+    EXPECT_COUNTED(distinct, "%s: the heuristic's %d answers are distinct algorithms", name, found);
+    if (found > most_answers) most_answers = found;
     free(ref);
+    free(ref_bias);
     free(out);
-    free(got);
-    free(got_bias);
     CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
     CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
     CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lc));
@@ -553,6 +604,13 @@ int main(int argc, char **argv) {
         {17, 67, 5, 1, CUBLAS_OP_N, CUBLAS_OP_T, CUDA_R_16BF, CUDA_R_32F, 1.0f, 0.0f, CUBLASLT_EPILOGUE_BGRADA, 0, 0},
     };
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) run_case(lt, &extra[i], seed++);
+    // What a caller choosing among the answers (model/matmul_cuda.cu) needs the heuristic to offer.
+    EXPECT_COUNTED(most_answers >= 2, "cublaslt heuristic: up to %d answers for one problem (want several)",
+                   most_answers);
+    printf("info: some answer splits k (split-K): %s\n", some_split ? "yes" : "no");
+#ifdef CUDASIM_CPU_TIMING
+    EXPECT_COUNTED(some_split, "cublaslt heuristic (sim): some answer splits k, its parts added in fp32");
+#endif
     check_round_to_even(lt);
     const double err = offset_matmul(lt, 16);
     EXPECT_COUNTED(err <= 1e-5, "cublaslt matrices 16 bytes past their allocation, heuristic told 16-byte alignment: "

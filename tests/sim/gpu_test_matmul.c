@@ -8,7 +8,10 @@
 // only 16-byte aligned (the heuristic must be told). Then three outputs'
 // bias gradients in one call, and more distinct problems than the algorithm
 // cache holds, and the first again.
-//   gpu_test_matmul [small]    small: the shapes above; without: also T 1037 at 896 x 1152
+// Then the cases again with the algorithms chosen by timing (the report
+// checked against the cost), and once more for each other answer of the
+// heuristic kept in turn (matmul_cuda_choose).
+//   gpu_test_matmul [small]    small: the shapes above; without: also T 1037 at 896 x 1152 (first pass)
 //
 // Tolerance, element by element, from the error analysis of a sum: an
 // element is a sum of K products of bf16 values (exact in fp32) plus its
@@ -150,10 +153,11 @@ static const char *skip_name(int skip) {
     return skip == 1 ? "no dinp" : skip == 2 ? "no dweight" : skip == 3 ? "no dbias" : "all grads";
 }
 
-static void run_case(MatmulCuda *mm, const Case *c, uint64_t seed) {
+// One case under the context's choice of algorithms, named with `pass`.
+static void run_case(MatmulCuda *mm, const Case *c, uint64_t seed, const char *pass) {
     const int64_t T = c->T, IC = c->IC, OC = c->OC;
-    char name[128];
-    snprintf(name, sizeof name, "matmul T%lld IC%lld OC%lld %s %s%s align+%zu", (long long)T, (long long)IC,
+    char name[160];
+    snprintf(name, sizeof name, "matmul%s T%lld IC%lld OC%lld %s %s%s align+%zu", pass, (long long)T, (long long)IC,
              (long long)OC, c->bias ? "bias" : "no bias", skip_name(c->skip), c->dinp_add ? "" : " dinp written",
              c->offset);
     Rng rng;
@@ -278,10 +282,8 @@ static void check_cache_eviction(MatmulCuda *mm) {
     free(x_b); free(w_b); free(x); free(w);
 }
 
-int main(int argc, char **argv) {
-    const int small = argc == 2 && strcmp(argv[1], "small") == 0;
-    CHECK(argc == 1 || small, "usage: %s [small]", argv[0]);
-    MatmulCuda *mm = matmul_cuda_create();
+// The cases above (T 1, 7, 130 by four IC x OC; small false: also T 1037 at 896 x 1152), each under `pass`.
+static void run_cases(MatmulCuda *mm, bool small, const char *pass) {
     const int64_t tokens[3] = {1, 7, 130};
     const int dims[4][2] = {{24, 40}, {40, 24}, {257, 1000}, {1000, 257}};   // IC, OC
     uint64_t seed = 1;
@@ -290,14 +292,68 @@ int main(int argc, char **argv) {
         for (int d = 0; d < 4; d++, n++) {
             const Case c = {tokens[s], dims[d][0], dims[d][1], n % 2 == 0, n % 4, (n + n / 4) % 2,
                             n % 3 == 1 ? 16 : 0};
-            run_case(mm, &c, seed++);
+            run_case(mm, &c, seed++, pass);
         }
     if (!small) {
         const Case big = {1037, 896, 1152, 1, 0, 1, 16};
         const Case big_written = {1037, 896, 1152, 0, 0, 0, 0};
-        run_case(mm, &big_written, seed++);
-        run_case(mm, &big, seed++);
+        run_case(mm, &big_written, seed++, pass);
+        run_case(mm, &big, seed++, pass);
     }
+}
+
+// The report of a timed pass (matmul_cuda_choose): one line per problem, "gemm choice: OP m M n N k K...:
+// answer I of A (...)", 1 <= I <= A <= MATMUL_CUDA_ANSWERS, those timed (" ms") as many as the cost's
+// problems, their A adding up to its answers, its launches a warm-up and MATMUL_CUDA_TIMED_RUNS runs of
+// each. Returns the most answers of a problem.
+static int check_report(MatmulCuda *mm, FILE *report) {
+    rewind(report);
+    char line[512];
+    int lines = 0, well_formed = 0, most = 0;
+    int64_t timed = 0, answers = 0;
+    while (fgets(line, sizeof line, report)) {
+        const char *at = strstr(line, ": answer ");
+        int chosen = 0, of = 0;
+        lines++;
+        if (strncmp(line, "gemm choice: ", 13) || !at || sscanf(at, ": answer %d of %d", &chosen, &of) != 2) continue;
+        well_formed += chosen >= 1 && chosen <= of && of <= MATMUL_CUDA_ANSWERS;
+        if (of > most) most = of;
+        if (strstr(line, " ms")) {
+            timed++;
+            answers += of;
+        }
+    }
+    const MatmulChoiceCost cost = matmul_cuda_choice_cost(mm);
+    EXPECT_COUNTED(lines > 0 && well_formed == lines, "matmul timed choice: %d report lines, %d of them "
+                   "\"gemm choice: ...: answer I of A\" with I <= A <= %d", lines, well_formed, MATMUL_CUDA_ANSWERS);
+    EXPECT_COUNTED(timed > 0 && cost.problems == timed && cost.answers == answers &&
+                   cost.launches == answers * (1 + MATMUL_CUDA_TIMED_RUNS),
+                   "matmul timed choice: %lld problems timed (cost %lld), %lld answers (cost %lld), %lld launches",
+                   (long long)timed, (long long)cost.problems, (long long)answers, (long long)cost.answers,
+                   (long long)cost.launches);
+    return most;
+}
+
+int main(int argc, char **argv) {
+    const int small = argc == 2 && strcmp(argv[1], "small") == 0;
+    CHECK(argc == 1 || small, "usage: %s [small]", argv[0]);
+    MatmulCuda *mm = matmul_cuda_create();
+    run_cases(mm, small, "");
+    // Timed: the fastest answer of each problem, the timed runs leaving the outputs that are added to alone.
+    FILE *report = tmpfile();
+    CHECK(report, "gpu_test_matmul: no temporary file for the choices' report");
+    matmul_cuda_choose(mm, true, -1, report);
+    run_cases(mm, true, " timed");
+    const int most = check_report(mm, report);
+    fclose(report);
+    // Every other answer of the heuristic kept in turn: whichever the timing picks meets the bounds.
+    for (int keep = 1; keep < most; keep++) {
+        char pass[32];
+        snprintf(pass, sizeof pass, " answer %d", keep + 1);
+        matmul_cuda_choose(mm, false, keep, NULL);
+        run_cases(mm, true, pass);
+    }
+    matmul_cuda_choose(mm, false, 0, NULL);
     check_bias_grads_three(mm);
     check_cache_eviction(mm);
     matmul_cuda_destroy(mm);

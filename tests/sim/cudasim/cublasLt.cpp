@@ -42,11 +42,20 @@ struct cublasLtMatmulPreferenceOpaque {
     uint32_t reduction_mask = CUBLASLT_REDUCTION_SCHEME_MASK;
 };
 
-// The one algorithm of the sim: data[0] marks it, data[1] is its workspace
-// need, data[2..5] the alignments of A, B, C, D it was chosen for (of the
-// pointers and of the leading dimensions in bytes), data[6]
-// its split of k (1: none; 2: two halves added up in D's type).
+// An algorithm of the sim: data[0] marks it, data[1] is its workspace need,
+// data[2..5] the alignments of A, B, C, D it was chosen for (of the pointers
+// and of the leading dimensions in bytes), data[6] its parts of k (1: none),
+// data[7] its id, the order in which it sums k:
+//   ALGO_IN_ORDER       k in order, one part;
+//   ALGO_SPLIT_COMPUTE  k in data[6] parts, each summed apart in fp32 (in the
+//                       workspace), then added up in fp32 in order
+//                       (CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
+//   ALGO_SPLIT_OUTPUT   k in data[6] parts, each added to D as stored, in D's
+//                       type (INPLACE / OUTPUT_TYPE: a bf16 D rounded once per part);
+//   ALGO_REVERSED       k from its end, one part (another tile's order).
+// Their results differ from each other's within rounding, as real algorithms' do.
 static const uint64_t ALGO_MAGIC = 0x53494d414c474fULL;
+enum { ALGO_IN_ORDER, ALGO_SPLIT_COMPUTE, ALGO_SPLIT_OUTPUT, ALGO_REVERSED };
 // Workspace the algorithm asks for (at most what the preference allows): not
 // used for arithmetic, but filled with garbage when the matmul runs, so that a
 // caller that keeps its own data in memory it lent as workspace loses it.
@@ -275,14 +284,16 @@ static cublasStatus_t check_matmul(const cublasLtMatmulDescOpaque *d, const cubl
     return CUBLAS_STATUS_NOT_SUPPORTED;
 }
 
-// cuBLAS documentation, cublasLtMatmulAlgoGetHeuristic(): one algorithm, whose
-// workspace need is at most the preference's maximum, and which assumes for
-// each of A, B, C and D the preference's minimum alignment or its leading
-// dimension's (in bytes), whichever is smaller. As the documented schemes
-// allow, the algorithm splits k (k >= 2) and adds the parts up in D's type
-// (CUBLASLT_REDUCTION_SCHEME_INPLACE / OUTPUT_TYPE) unless the preference's
-// REDUCTION_SCHEME_MASK excludes both: a bf16 D is then rounded once per
-// part, not once.
+// cuBLAS documentation, cublasLtMatmulAlgoGetHeuristic(): up to
+// requestedAlgoCount algorithms, best first, each needing at most the
+// preference's maximum workspace and assuming for each of A, B, C and D the
+// preference's minimum alignment or its leading dimension's (in bytes),
+// whichever is smaller. The answers, as the documented schemes allow (the
+// REDUCTION_SCHEME_MASK excluding some): k split in two halves added up in
+// D's type (k >= 2; first when allowed, so that a caller who takes the first
+// answer without a mask gets a bf16 D rounded once per part); k in order; k
+// from its end; k in 2 and in 4 parts added up in fp32 (k >= 2, 4; their
+// partial products in the workspace, when it holds them).
 extern "C" cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightHandle,
                                                          cublasLtMatmulDesc_t operationDesc,
                                                          cublasLtMatrixLayout_t Adesc, cublasLtMatrixLayout_t Bdesc,
@@ -312,7 +323,6 @@ extern "C" cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightH
     cublasLtMatmulHeuristicResult_t r;
     memset(&r, 0, sizeof r);
     r.algo.data[0] = ALGO_MAGIC;
-    r.algo.data[1] = need;
     // The heuristic sees the layouts, so an algorithm it picks suits their leading dimensions; the pointers it
     // does not see: it assumes the preference's alignments for them.
     const cublasLtMatrixLayoutOpaque *layouts[4] = {Adesc, Bdesc, Cdesc ? Cdesc : Ddesc, Ddesc};
@@ -320,13 +330,58 @@ extern "C" cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightH
         const uint64_t ld = ld_alignment(layouts[i]);
         r.algo.data[2 + i] = preference->min_alignment[i] < ld ? preference->min_alignment[i] : ld;
     }
-    const uint32_t output_type_reduction = CUBLASLT_REDUCTION_SCHEME_INPLACE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
-    r.algo.data[6] = k_of(operationDesc, Adesc) >= 2 && (preference->reduction_mask & output_type_reduction) ? 2 : 1;
-    r.workspaceSize = need;
     r.state = CUBLAS_STATUS_SUCCESS;
     r.wavesCount = 1.0f;
-    heuristicResultsArray[0] = r;
-    *returnAlgoCount = 1;
+    const uint64_t k = k_of(operationDesc, Adesc);
+    const uint32_t output_type_reduction = CUBLASLT_REDUCTION_SCHEME_INPLACE | CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE;
+    const bool in_output_type = preference->reduction_mask & output_type_reduction;
+    const bool in_compute_type = preference->reduction_mask & CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    const size_t partials = (size_t)Ddesc->rows * Ddesc->cols * sizeof(float);   // one part's fp32 products
+    const struct {
+        uint64_t id, splits;
+        bool offered;
+    } answers[] = {
+        {ALGO_SPLIT_OUTPUT, 2, k >= 2 && in_output_type},
+        {ALGO_IN_ORDER, 1, true},
+        {ALGO_REVERSED, 1, true},
+        {ALGO_SPLIT_COMPUTE, 2, k >= 2 && in_compute_type && 2 * partials <= preference->max_workspace},
+        {ALGO_SPLIT_COMPUTE, 4, k >= 4 && in_compute_type && 4 * partials <= preference->max_workspace},
+    };
+    for (const auto &answer : answers) {
+        if (!answer.offered || *returnAlgoCount == requestedAlgoCount) continue;
+        const size_t parts = answer.id == ALGO_SPLIT_COMPUTE ? (answer.splits * partials + 255) & ~(size_t)255 : 0;
+        r.workspaceSize = parts > need ? parts : need;
+        r.algo.data[1] = r.workspaceSize;
+        r.algo.data[6] = answer.splits;
+        r.algo.data[7] = answer.id;
+        heuristicResultsArray[(*returnAlgoCount)++] = r;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// cuBLAS documentation, cublasLtMatmulAlgoConfigGetAttribute(): one
+// attribute of an algorithm; sizeInBytes 0 with sizeWritten asks its size;
+// another size than the attribute's is INVALID_VALUE.
+extern "C" cublasStatus_t cublasLtMatmulAlgoConfigGetAttribute(const cublasLtMatmulAlgo_t *algo,
+                                                               cublasLtMatmulAlgoConfigAttributes_t attr, void *buf,
+                                                               size_t sizeInBytes, size_t *sizeWritten) {
+    if (!algo || algo->data[0] != ALGO_MAGIC) return CUBLAS_STATUS_INVALID_VALUE;
+    uint32_t value;
+    switch (attr) {
+    case CUBLASLT_ALGO_CONFIG_ID: value = (uint32_t)algo->data[7]; break;   // int32_t: the same bytes
+    case CUBLASLT_ALGO_CONFIG_TILE_ID: value = 0; break;
+    case CUBLASLT_ALGO_CONFIG_SPLITK_NUM: value = (uint32_t)algo->data[6]; break;
+    case CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME:
+        value = algo->data[6] == 1 ? CUBLASLT_REDUCTION_SCHEME_NONE
+              : algo->data[7] == ALGO_SPLIT_COMPUTE ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE
+              : CUBLASLT_REDUCTION_SCHEME_INPLACE;
+        break;
+    default: return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    if (sizeWritten) *sizeWritten = sizeof value;
+    if (sizeInBytes == 0 && sizeWritten) return CUBLAS_STATUS_SUCCESS;
+    if (!buf || sizeInBytes != sizeof value) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(buf, &value, sizeof value);
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -364,8 +419,28 @@ struct MatmulCall {
     void *d;
     void *workspace;
     size_t workspace_bytes;
-    uint64_t splits;   // parts of k added up in D's type (the algorithm's data[6])
+    uint64_t splits, algo;   // the algorithm's parts of k and id (data[6], data[7])
 };
+
+// sum over p < k of x[p] y[p] in fp32, in the order of algorithm `algo`: from
+// the end (ALGO_REVERSED), else in `splits` parts summed apart, then added up
+// in order (one part: the plain sum in order).
+static float dot(const float *x, const float *y, uint64_t k, uint64_t algo, uint64_t splits) {
+    if (algo == ALGO_REVERSED) {
+        float s = 0;
+        for (uint64_t p = k; p-- > 0;) s += x[p] * y[p];
+        return s;
+    }
+    const uint64_t part = (k + splits - 1) / splits;
+    float total = 0;
+    for (uint64_t p0 = 0; p0 < k; p0 += part) {
+        const uint64_t p1 = p0 + part < k ? p0 + part : k;
+        float s = 0;
+        for (uint64_t p = p0; p < p1; p++) s += x[p] * y[p];
+        total += s;
+    }
+    return total;
+}
 
 // The arithmetic of one matmul, run in stream order.
 static void run_matmul(const MatmulCall &mc) {
@@ -388,16 +463,19 @@ static void run_matmul(const MatmulCall &mc) {
             for (uint64_t p = 0; p < k; p++) s += b[j * k + p];
             store(mc.desc.bias, bt, j, s);
         }
-    // k in `splits` parts: the first part with beta C and the bias, each further part added to D as
-    // stored (in D's type), as an in-place split-K reduction does.
-    const uint64_t part = (k + mc.splits - 1) / mc.splits;
+    // ALGO_SPLIT_OUTPUT: k in `splits` parts, the first part with beta C and the bias, each further part
+    // added to D as stored (in D's type), as an in-place split-K reduction does. Every other algorithm: one
+    // part, its products summed in its order (dot).
+    const bool in_output_type = mc.algo == ALGO_SPLIT_OUTPUT;
+    const uint64_t parts = in_output_type ? mc.splits : 1;
+    const uint64_t part = (k + parts - 1) / parts;
     for (uint64_t j = 0; j < n; j++)
         for (uint64_t i = 0; i < m; i++) {
             const size_t at = i + j * (size_t)mc.D.ld;
             for (uint64_t p0 = 0; p0 < k || p0 == 0; p0 += part ? part : 1) {
                 const uint64_t p1 = p0 + part < k ? p0 + part : k;
-                float acc = 0;
-                for (uint64_t p = p0; p < p1; p++) acc += a[i * k + p] * b[j * k + p];
+                const float acc = dot(a.data() + i * k + p0, b.data() + j * k + p0, p1 - p0, mc.algo,
+                                      in_output_type ? 1 : mc.splits);
                 float x = mc.alpha * acc;
                 if (p0 > 0) {
                     x += load(mc.d, mc.D.type, at);
@@ -453,14 +531,15 @@ extern "C" cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtM
     if (C == D && (Cdesc->ld != Ddesc->ld || Cdesc->type != Ddesc->type)) return CUBLAS_STATUS_INVALID_VALUE;
     if (computeDesc->epilogue != CUBLASLT_EPILOGUE_DEFAULT && !computeDesc->bias) return CUBLAS_STATUS_INVALID_VALUE;
     size_t need = 0;
-    uint64_t splits = 1;
+    uint64_t splits = 1, id = ALGO_IN_ORDER;
     if (algo) {
         if (algo->data[0] != ALGO_MAGIC) return CUBLAS_STATUS_INVALID_VALUE;
         need = algo->data[1];
         splits = algo->data[6];
+        id = algo->data[7];
     }
     if (workspaceSizeInBytes < need) return CUBLAS_STATUS_INVALID_VALUE;
-    MatmulCall mc{*computeDesc, *Adesc, *Bdesc, *Cdesc, *Ddesc, 0, 0, A, B, C, D, workspace, need, splits};
+    MatmulCall mc{*computeDesc, *Adesc, *Bdesc, *Cdesc, *Ddesc, 0, 0, A, B, C, D, workspace, need, splits, id};
     memcpy(&mc.alpha, alpha, sizeof(float));
     memcpy(&mc.beta, beta, sizeof(float));
     if (mc.beta != 0 && !C) return CUBLAS_STATUS_INVALID_VALUE;

@@ -3,7 +3,7 @@
 // descriptors (CUBLAS_COMPUTE_32F, CUDA_R_32F scale, transposes, bias and
 // bias-gradient epilogues), column-major matrix layouts of bf16 or fp32,
 // preferences (workspace size, minimum alignments of the matrices), the
-// heuristic query and cublasLtMatmul.
+// heuristic query (several answers), an algorithm's configuration and cublasLtMatmul.
 // Names, values and signatures as in the toolkit's cublasLt.h and
 // cublas_api.h; compiles as C and as C++.
 #ifndef CUDASIM_CUBLASLT_H
@@ -91,6 +91,15 @@ typedef enum {
     CUBLASLT_REDUCTION_SCHEME_MASK = 7
 } cublasLtReductionScheme_t;
 
+// What cublasLtMatmulAlgoConfigGetAttribute reads of an algorithm: its id
+// (int32_t), tile (uint32_t), parts of k (uint32_t, 1: no split) and how they
+// are added up (uint32_t, cublasLtReductionScheme_t).
+typedef enum {
+    CUBLASLT_ALGO_CONFIG_ID = 0,
+    CUBLASLT_ALGO_CONFIG_TILE_ID = 1,
+    CUBLASLT_ALGO_CONFIG_SPLITK_NUM = 2,
+    CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME = 3
+} cublasLtMatmulAlgoConfigAttributes_t;
 typedef enum {
     CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,   // uint64_t
     CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK = 3, // uint32_t (cublasLtReductionScheme_t bits), default all
@@ -131,6 +140,9 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightHandle, cubl
                                               cublasLtMatmulHeuristicResult_t heuristicResultsArray[],
                                               int *returnAlgoCount);
 
+cublasStatus_t cublasLtMatmulAlgoConfigGetAttribute(const cublasLtMatmulAlgo_t *algo,
+                                                    cublasLtMatmulAlgoConfigAttributes_t attr, void *buf,
+                                                    size_t sizeInBytes, size_t *sizeWritten);
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t computeDesc, const void *alpha,
                               const void *A, cublasLtMatrixLayout_t Adesc, const void *B,
                               cublasLtMatrixLayout_t Bdesc, const void *beta, const void *C,

@@ -35,6 +35,7 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "../../dist/cuda_check.h"
 #include "../../dist/cuda_elementwise.cuh"
@@ -61,19 +62,30 @@ __global__ void doc_first_kernel(const int64_t *pos, int64_t T, const int64_t *s
     }
 }
 
-// Min and max position of each tile of `block` tokens: pos [T] -> lo, hi [ceil(T / block)].
-__global__ void tile_bounds_kernel(const int64_t *pos, int64_t T, int block, int64_t *lo, int64_t *hi) {
-    const int64_t tiles = (T + block - 1) / block;
-    for (int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; b < tiles;
-         b += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t end = min(T, (b + 1) * block);
-        int64_t mn = pos[b * block], mx = mn;
-        for (int64_t t = b * block + 1; t < end; t++) {
+// The position arrays whose tile bounds one tile_bounds_kernel launch computes
+// (at most 3: the backward's keys, queries and queries' document starts).
+typedef struct {
+    const int64_t *pos[3];     // [T[j]]
+    int64_t T[3];
+    int block[3];
+    int64_t *lo[3], *hi[3];    // [ceil(T[j] / block[j])] each
+} TileBounds;
+
+// Min and max position of each tile of block[j] tokens of pos[j] -> lo[j], hi[j]; grid.y = the array j.
+__global__ void tile_bounds_kernel(TileBounds b) {
+    const int j = blockIdx.y;
+    const int64_t T = b.T[j], block = b.block[j], tiles = (T + block - 1) / block;
+    const int64_t *pos = b.pos[j];
+    for (int64_t t0 = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t0 < tiles;
+         t0 += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t end = min(T, (t0 + 1) * block);
+        int64_t mn = pos[t0 * block], mx = mn;
+        for (int64_t t = t0 * block + 1; t < end; t++) {
             mn = min(mn, pos[t]);
             mx = max(mx, pos[t]);
         }
-        lo[b] = mn;
-        hi[b] = mx;
+        b.lo[j][t0] = mn;
+        b.hi[j][t0] = mx;
     }
 }
 
@@ -393,15 +405,32 @@ static void check_aligned(const void *p, const char *name) {
     CHECK(((uintptr_t)p & 15) == 0, "attention (CUDA): %s is not 16-byte aligned", name);
 }
 
-// Position bounds of the tiles of pos [T] (tiles of `block`) in stream-ordered
-// scratch: lo = *bounds, hi = lo + tiles; release with cudaFreeAsync(lo).
-static int64_t *tile_bounds(const int64_t *pos, int64_t T, int block, cudaStream_t stream) {
-    const int64_t tiles = (T + block - 1) / block;
-    int64_t *lo;
-    CUDA_CHECK(cudaMallocAsync((void **)&lo, (size_t)(2 * tiles) * sizeof(int64_t), stream));
-    CUDA_LAUNCH(tile_bounds_kernel, grid_for(tiles, 128), 128, 0, stream, pos, T, block, lo, lo + tiles);
+// Position bounds of the tiles of count arrays pos[j] [T[j]] (tiles of
+// block[j]) in one launch, in one stream-ordered scratch: array j's lo is
+// bounds[j], its hi bounds[j] + its tiles; release with cudaFreeAsync(bounds[0]).
+static void tile_bounds(int count, const int64_t *const *pos, const int64_t *T, const int *block, int64_t **bounds,
+                        cudaStream_t stream) {
+    TileBounds b;
+    memset(&b, 0, sizeof b);
+    int64_t total = 0, most = 0;
+    for (int j = 0; j < count; j++) {
+        const int64_t tiles = (T[j] + block[j] - 1) / block[j];
+        total += 2 * tiles;
+        most = tiles > most ? tiles : most;
+    }
+    int64_t *scratch;
+    CUDA_CHECK(cudaMallocAsync((void **)&scratch, (size_t)total * sizeof(int64_t), stream));
+    for (int j = 0; j < count; j++) {
+        const int64_t tiles = (T[j] + block[j] - 1) / block[j];
+        b.pos[j] = pos[j];
+        b.T[j] = T[j];
+        b.block[j] = block[j];
+        b.lo[j] = bounds[j] = scratch;
+        b.hi[j] = scratch + tiles;
+        scratch += 2 * tiles;
+    }
+    CUDA_LAUNCH(tile_bounds_kernel, dim3(grid_for(most, 128), (unsigned)count), 128, 0, stream, b);
     CUDA_CHECK(cudaGetLastError());
-    return lo;
 }
 
 extern "C" void attn_forward_init_cuda(const AttnShape *s, float *o_acc, float *lse, cudaStream_t stream) {
@@ -434,7 +463,9 @@ static void forward(const AttnShape *s, const AttnPos &pos, const AttnInputsBf16
                         BM * sizeof(float);
     auto kernel = flash_forward_kernel<D, BN, DOCS>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    int64_t *k_lo = tile_bounds(pos.k_pos, s->k_tokens, BN, stream);
+    const int block = BN;
+    int64_t *k_lo;
+    tile_bounds(1, &pos.k_pos, &s->k_tokens, &block, &k_lo, stream);
     const int64_t nkt = (s->k_tokens + BN - 1) / BN;
     const dim3 grid((unsigned)((s->q_tokens + BM - 1) / BM), (unsigned)s->num_heads);
     CUDA_LAUNCH(kernel, grid, FWD_WARPS * 32, smem, stream, attn_dims(s), pos, in, out, k_lo, k_lo + nkt,
@@ -494,16 +525,17 @@ static void backward(const AttnShape *s, const AttnPos &pos, const AttnInputsBf1
     auto kernel = flash_backward_kernel<D, BM, DOCS>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const int64_t nqt = (s->q_tokens + BM - 1) / BM, nkt = (s->k_tokens + BN - 1) / BN;
-    int64_t *k_lo = tile_bounds(pos.k_pos, s->k_tokens, BN, stream);
-    int64_t *q_lo = tile_bounds(pos.q_pos, s->q_tokens, BM, stream);
-    int64_t *f_lo = DOCS ? tile_bounds(pos.q_first, s->q_tokens, BM, stream) : NULL;
+    const int64_t *const arrays[3] = {pos.k_pos, pos.q_pos, pos.q_first}, tokens[3] = {s->k_tokens, s->q_tokens,
+                                                                                     s->q_tokens};
+    const int blocks[3] = {BN, BM, BM};
+    int64_t *bounds[3] = {NULL, NULL, NULL};
+    tile_bounds(DOCS ? 3 : 2, arrays, tokens, blocks, bounds, stream);
+    int64_t *k_lo = bounds[0], *q_lo = bounds[1], *f_lo = bounds[2];
     const dim3 grid((unsigned)nkt, (unsigned)s->num_heads);
     CUDA_LAUNCH(kernel, grid, BWD_WARPS * 32, smem, stream, attn_dims(s), pos, in, grads, k_lo, k_lo + nkt, q_lo,
                 q_lo + nqt, f_lo, DOCS ? f_lo + nqt : NULL, s->scale * LOG2E);
     CUDA_CHECK(cudaGetLastError());
     CUDA_CHECK(cudaFreeAsync(k_lo, stream));
-    CUDA_CHECK(cudaFreeAsync(q_lo, stream));
-    if (DOCS) CUDA_CHECK(cudaFreeAsync(f_lo, stream));
 }
 
 extern "C" void attn_dense_backward_cuda(const AttnShape *s, const uint16_t *q, const int64_t *q_pos,

@@ -6,7 +6,12 @@
 # CUDASIM_SEED (the sim's block orders and stream interleavings):
 #   dp x cp    np 4, dp 2 x cp 2 (CUDASIM_SEED 1) equals one rank with
 #              micro_batches 2: every step's loss within 2e-4 relative and
-#              every weight of the last checkpoint within 4e-3; under
+#              every weight of the step-1 checkpoint within 4e-3 (a lost or
+#              doubled chunk moves a first AdamW step by about lr, 1e-2;
+#              later steps amplify the bf16 roundings chaotically: at step 3
+#              the same ring measured 1.7e-3 and, after a change of GEMM
+#              shapes only, 6.6e-3, while the CPU backend's fp32 runs agree
+#              within 4e-7); under
 #              CUDASIM_SEED 2 and 3 it equals itself bit for bit; with
 #              gradient buckets of 0.05 MiB started during the backward
 #              (parallel.bucket_mb, world) while the ring's groups (cp) run,
@@ -69,17 +74,17 @@ train() { sim_train "$1" "$2" "$2" "${@:3}"; }
 differ() { runs_differ "$@"; }
 # same RC NAME RUN REF LOSS WEIGHTS RANKS WHAT: the run RUN, which exited with
 # RC, logged a ranks line starting RANKS and equals the run REF: loss within
-# LOSS relative, weights within WEIGHTS.
+# LOSS relative, weights (of the checkpoint of step STEP, default 3) within WEIGHTS.
 same() {
   local rc=$1 name=$2 run=$3 ref=$4 loss_tol=$5 weights_tol=$6 ranks=$7 what=$8 loss weights
-  read -r loss weights < <(differ "$run" "$ref")
+  read -r loss weights < <(differ "$run" "$ref" "${STEP:-3}")
   expect "cuda_multi_$name: $what (exit $rc; loss $loss <= $loss_tol relative, weights $weights <= $weights_tol)" \
     "[ $rc -eq 0 ] && grep -q '^ranks: $ranks' '$tmp/$run.out' && below '$loss' $loss_tol && below '$weights' $weights_tol"
 }
 
-train ref 1 train.micro_batches=2
-CUDASIM_SEED=1 train dpcp 4 parallel.dp=2 parallel.cp=2
-same $? dp2_cp2 dpcp ref 2e-4 4e-3 "4 = dp 2 x cp 2 .*gradients over NCCL" "np 4 dp 2 x cp 2 = one rank with micro_batches 2"
+train ref 1 train.micro_batches=2 checkpoint.every=1
+CUDASIM_SEED=1 train dpcp 4 parallel.dp=2 parallel.cp=2 checkpoint.every=1
+STEP=1 same $? dp2_cp2 dpcp ref 2e-4 4e-3 "4 = dp 2 x cp 2 .*gradients over NCCL" "np 4 dp 2 x cp 2 = one rank with micro_batches 2"
 seeds_agree cuda_multi dpcp 4 4 0 0 parallel.dp=2 parallel.cp=2
 # Without ZeRO, the gradient's buckets (world) start during the backward
 # while the cp ring's groups run on their own communicator: the sim ends a

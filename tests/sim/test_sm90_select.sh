@@ -1,9 +1,9 @@
 # test_sm90_select.sh: attention.kernels under the sim (build/sim/mtrain,
 # docs/SIM.md). On the sim's A100 `sm90` stops with one line naming the GPU
 # before any step; on its H100 (CUDASIM_SM=90) `sm90` runs the Hopper
-# forward (its kernel in the sim's counts, the mma.sync forward's absent;
-# the registry's report names it) and trains with the losses of `sm80`
-# (within 1e-3 relative per step: the two forwards round differently), and
+# forward and backward (their kernels in the sim's counts, the mma.sync
+# ones absent; the registry's report names them) and trains with the losses
+# of `sm80` (within 1e-3 relative per step: the kernels round differently), and
 # `auto` runs the mma.sync forward (no sweep row chose the Hopper one).
 cd "$(dirname "$0")/../.."
 source tests/lib/lib.sh
@@ -36,8 +36,10 @@ expect "sm90 on the sim's H100 trains 2 steps (exit $rc; $(tail -n 1 "$tmp/sm90.
   "[ $rc -eq 0 ] && [ \$(grep -c '^step ' '$tmp/sm90.out') -eq 2 ]"
 expect "sm90 runs the Hopper forward and not the mma.sync one" \
   "grep -q '^void flash_sm90_forward_kernel<64, 2, false>' '$tmp/sm90.counts' && ! grep -q '^void flash_forward_kernel' '$tmp/sm90.counts'"
-expect "sm90's report names the Hopper forward, chosen by attention.kernels ($(grep '^attention kernels' "$tmp/sm90.err"))" \
-  "grep -q '^attention kernels on sm_90, head_dim 64: dense_fwd_sm90_d64_q64_k64_w12_s2 (attention.kernels: sm90), dense_bwd_d64_q64_k64_w4_s2 (cost model: [0-9]* TFLOP/s); no sweep for sm_90 yet$' '$tmp/sm90.err'"
+expect "sm90 runs the Hopper backward and not the mma.sync one" \
+  "grep -q '^void flash_sm90_backward_kernel<64, false>' '$tmp/sm90.counts' && ! grep -q '^void flash_backward_kernel' '$tmp/sm90.counts'"
+expect "sm90's report names the Hopper forward and backward, chosen by attention.kernels ($(grep '^attention kernels' "$tmp/sm90.err"))" \
+  "grep -q '^attention kernels on sm_90, head_dim 64: dense_fwd_sm90_d64_q64_k64_w12_s2 (attention.kernels: sm90), dense_bwd_sm90_d64_q64_k128_w12_s2 (attention.kernels: sm90); no sweep for sm_90 yet$' '$tmp/sm90.err'"
 
 run sm80 sm80 CUDASIM_SM=90
 run auto auto CUDASIM_SM=90

@@ -6,10 +6,10 @@
 //   - weights are Hugging Face layout: W[out, in] row-major;
 //   - every backward op ACCUMULATES (+=) into its parameter gradients and
 //     into the input gradients it does not own: rmsnorm_backward's dinp,
-//     attention_backward's dq, dk, dv, matmul_backward's dinp when told to
-//     add (callers zero them where nothing was there); rope's join, swiglu_backward and
-//     matmul_backward's dinp otherwise WRITE theirs (the first op to fill a
-//     buffer writes it: nothing zeroed, no extra rounding).
+//     attention_backward's dq, dk, dv (callers zero them where nothing was
+//     there); rope's join, swiglu_backward and matmul_backward's dinp WRITE
+//     theirs (the first op to fill a buffer writes it: nothing zeroed, no
+//     extra rounding).
 // Element types (the compiler keeps them apart):
 //   - float: master weights, parameter gradients, AdamW moments (the arenas
 //     the optimizer, checkpoints and the dp/cp reduction see) and the per-row
@@ -104,8 +104,8 @@ typedef struct {
     // out[T, OC] = inp[T, IC] @ weight[OC, IC]^T (+ bias[OC] when not NULL)
     void (*matmul_forward)(Act *out, const Act *inp, const Weight *weight, const Weight *bias, int64_t T, int IC,
                            int OC);
-    // dinp = dout @ weight, or += with dinp_add; dweight += dout^T @ inp. NULL skips.
-    void (*matmul_backward)(Act *dinp, bool dinp_add, float *dweight, const Act *dout, const Act *inp,
+    // dinp = dout @ weight (written); dweight += dout^T @ inp. NULL skips.
+    void (*matmul_backward)(Act *dinp, float *dweight, const Act *dout, const Act *inp,
                             const Weight *weight, int64_t T, int IC, int OC);
     // dbias[OC] += colsum(dout[T, OC]) (the fused q|k|v bias).
     void (*bias_backward)(float *dbias, const Act *dout, int OC, int64_t T);

@@ -118,14 +118,13 @@ static void matmul_forward(Act *out, const Act *inp, const Weight *weight, const
     matmul_forward_cuda(cuda.mm, (uint16_t *)out, (const uint16_t *)inp, (const uint16_t *)weight,
                         (const uint16_t *)bias, T, IC, OC, cuda.stream);
 }
-static void matmul_backward(Act *dinp, bool dinp_add, float *dweight, const Act *dout, const Act *inp,
-                            const Weight *weight, int64_t T, int IC, int OC) {
-    matmul_backward_cuda(cuda.mm, (uint16_t *)dinp, dinp_add, dweight, (const uint16_t *)dout, (const uint16_t *)inp,
+static void matmul_backward(Act *dinp, float *dweight, const Act *dout, const Act *inp, const Weight *weight,
+                            int64_t T, int IC, int OC) {
+    matmul_backward_cuda(cuda.mm, (uint16_t *)dinp, dweight, (const uint16_t *)dout, (const uint16_t *)inp,
                          (const uint16_t *)weight, T, IC, OC, cuda.stream);
 }
 static void bias_backward(float *dbias, const Act *dout, int OC, int64_t T) {
-    const uint16_t *out = (const uint16_t *)dout;
-    bias_grads_cuda(cuda.mm, &dbias, &out, &OC, 1, T, cuda.stream);
+    bias_grad_cuda(cuda.mm, dbias, (const uint16_t *)dout, OC, T, cuda.stream);
 }
 
 static void rmsnorm_forward(Act *out, float *rstd, const Act *inp, const Weight *weight, int64_t T, int H,

@@ -9,13 +9,13 @@
 // row-major product Y = P Q is asked as Y^T = Q^T P^T on the same memory,
 // with no copy and no transpose of data:
 //   forward  out^T[OC, T]  = W[OC, IC]      . inp^T[IC, T]   A = W (stored IC x OC) op T,  B = inp op N
-//   dinp     dinp^T[IC, T] (+)= W^T[IC, OC] . dout^T[OC, T]  A = W op N,  B = dout (stored OC x T) op N
+//   dinp     dinp^T[IC, T] = W^T[IC, OC] . dout^T[OC, T]    A = W op N,  B = dout (stored OC x T) op N
 //   dweight  dW^T[IC, OC]  += inp^T[IC, T]  . dout[T, OC]    A = inp op N,  B = dout op T
 // The bias of the forward is a vector over out^T's rows (OC): the BIAS
 // epilogue's vector of D's rows, added to every column (token).
 //
 // Accuracy: the product is summed in fp32; a bf16 output is rounded once,
-// or twice when beta C or the bias is added (some of cuBLASLt's algorithms
+// or twice when the bias is added (some of cuBLASLt's algorithms
 // round the product first, measured on an H200). The heuristic could also
 // pick a split-K algorithm whose parts are added up in D's type (one more
 // rounding per part), so the preferences allow only no split or a reduction
@@ -32,8 +32,7 @@
 // (does not add to) its vector, while the backend accumulates into dbias, and
 // it rides on one dweight GEMM each. A column sum in two passes (partial
 // sums per slice of tokens into the workspace, then the slices in order) is
-// as cheap (one read of dout), gives the same bits on every run, and takes
-// the biases of q, k and v in the same two launches.
+// as cheap (one read of dout) and gives the same bits on every run.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -83,33 +82,12 @@ struct MatmulCuda {
 #define BIAS_WARPS 8    // token rows read at once per block
 #define BIAS_SUM_THREADS 256
 
-// The outputs of one bias_grads_cuda call (kernel arguments): output i has
-// columns [first_col[i], first_col[i + 1]) of them all, column blocks
-// [first_block[i], first_block[i + 1]), and its partial sums [slices, OC[i]]
-// at partial + slices * first_col[i].
-typedef struct {
-    const __nv_bfloat16 *dout[BIAS_GRADS_MAX];
-    float *dbias[BIAS_GRADS_MAX];
-    int first_col[BIAS_GRADS_MAX + 1], first_block[BIAS_GRADS_MAX + 1];
-    int count;
-} BiasGrads;
-
-// The output that column block (or column) x of all of them belongs to.
-__device__ __forceinline__ int bias_output(const int *first, int count, int x) {
-    int i = 0;
-    while (i + 1 < count && x >= first[i + 1]) i++;
-    return i;
-}
-
-// partial[s, o] of output i = sum over the tokens t of slice s of dout_i[t, o], fp32.
-// grid (column blocks of every output, slices), block (32, 8): lane -> column, warp -> every 8th token.
+// partial[s, o] = sum over the tokens t of slice s of dout[t, o], fp32.
+// grid (column blocks, slices), block (32, 8): lane -> column, warp -> every 8th token.
 __global__ void __launch_bounds__(BIAS_COLS * BIAS_WARPS)
-bias_grad_partial_kernel(BiasGrads g, float *partial, int64_t T, int slices, int64_t slice_tokens) {
+bias_grad_partial_kernel(float *partial, const __nv_bfloat16 *dout, int64_t T, int OC, int64_t slice_tokens) {
     STATIC_SHARED(float, sums, [BIAS_WARPS][BIAS_COLS]);
-    const int i = bias_output(g.first_block, g.count, blockIdx.x);
-    const int OC = g.first_col[i + 1] - g.first_col[i];
-    const int col = (blockIdx.x - g.first_block[i]) * BIAS_COLS + threadIdx.x;
-    const __nv_bfloat16 *dout = g.dout[i];
+    const int col = blockIdx.x * BIAS_COLS + threadIdx.x;
     const int64_t t0 = (int64_t)blockIdx.y * slice_tokens;
     const int64_t t1 = t0 + slice_tokens < T ? t0 + slice_tokens : T;
     float s = 0.0f;
@@ -120,20 +98,17 @@ bias_grad_partial_kernel(BiasGrads g, float *partial, int64_t T, int slices, int
     if (threadIdx.y != 0 || col >= OC) return;
     float total = 0.0f;
     for (int w = 0; w < BIAS_WARPS; w++) total += sums[w][threadIdx.x];
-    partial[(int64_t)slices * g.first_col[i] + (int64_t)blockIdx.y * OC + col] = total;
+    partial[(int64_t)blockIdx.y * OC + col] = total;
 }
 
-// dbias_i[o] += sum over slices s (in order) of partial[s, o] of output i; one thread per column of them all.
+// dbias[o] += sum over slices s (in order) of partial[s, o]; one thread per column.
 __global__ void __launch_bounds__(BIAS_SUM_THREADS)
-bias_grad_sum_kernel(BiasGrads g, const float *partial, int slices) {
-    const int x = blockIdx.x * BIAS_SUM_THREADS + threadIdx.x;
-    if (x >= g.first_col[g.count]) return;
-    const int i = bias_output(g.first_col, g.count, x);
-    const int OC = g.first_col[i + 1] - g.first_col[i], col = x - g.first_col[i];
-    const float *p = partial + (int64_t)slices * g.first_col[i];
+bias_grad_sum_kernel(float *dbias, const float *partial, int OC, int slices) {
+    const int col = blockIdx.x * BIAS_SUM_THREADS + threadIdx.x;
+    if (col >= OC) return;
     float s = 0.0f;
-    for (int r = 0; r < slices; r++) s += p[(int64_t)r * OC + col];
-    g.dbias[i][col] += s;
+    for (int r = 0; r < slices; r++) s += partial[(int64_t)r * OC + col];
+    dbias[col] += s;
 }
 
 // ---- the context ----
@@ -377,29 +352,18 @@ extern "C" void matmul_forward_cuda(MatmulCuda *mm, uint16_t *out, const uint16_
     gemm(mm, "forward", weight, IC, OC, CUBLAS_OP_T, inp, IC, T, CUBLAS_OP_N, out, CUDA_R_16BF, 0.0f, bias, stream);
 }
 
-// dbias[i][OC[i]] += colsum(dout[i][T, OC[i]]): slices of tokens summed into the workspace, then the slices in order.
-extern "C" void bias_grads_cuda(MatmulCuda *mm, float *const *dbias, const uint16_t *const *dout, const int *OC,
-                                int count, int64_t T, cudaStream_t stream) {
-    CHECK(count >= 1 && count <= BIAS_GRADS_MAX, "bias_grads_cuda: %d outputs (expected 1 to %d)", count,
-          BIAS_GRADS_MAX);
+// dbias[OC] += colsum(dout[T, OC]): slices of tokens summed into the workspace, then the slices in order.
+extern "C" void bias_grad_cuda(MatmulCuda *mm, float *dbias, const uint16_t *dout, int OC, int64_t T,
+                               cudaStream_t stream) {
+    check_dims(T, 1, OC);
     if (T == 0) return;
-    BiasGrads g;
-    memset(&g, 0, sizeof g);
-    g.count = count;
-    for (int i = 0; i < count; i++) {
-        check_dims(T, 1, OC[i]);
-        check_aligned(dbias[i], "dbias"); check_aligned(dout[i], "dout");
-        g.dout[i] = (const __nv_bfloat16 *)dout[i];
-        g.dbias[i] = dbias[i];
-        g.first_col[i + 1] = g.first_col[i] + OC[i];
-        g.first_block[i + 1] = g.first_block[i] + (OC[i] + BIAS_COLS - 1) / BIAS_COLS;
-    }
-    const int col_blocks = g.first_block[count], cols = g.first_col[count];
+    check_aligned(dbias, "dbias"); check_aligned(dout, "dout");
+    const int col_blocks = (OC + BIAS_COLS - 1) / BIAS_COLS;
     // About 1024 blocks (several waves on 108-132 SMs), each slice at least 64 tokens, the partial sums
     // within the workspace.
     int64_t slices = (1024 + col_blocks - 1) / col_blocks;
     const int64_t most_by_tokens = (T + 63) / 64;
-    const int64_t most_by_workspace = (int64_t)(MATMUL_CUDA_WORKSPACE_BYTES / ((size_t)cols * sizeof(float)));
+    const int64_t most_by_workspace = (int64_t)(MATMUL_CUDA_WORKSPACE_BYTES / ((size_t)OC * sizeof(float)));
     if (slices > most_by_tokens) slices = most_by_tokens;
     if (slices > most_by_workspace) slices = most_by_workspace;
     if (slices > 65535) slices = 65535;
@@ -407,23 +371,23 @@ extern "C" void bias_grads_cuda(MatmulCuda *mm, float *const *dbias, const uint1
     slices = (T + slice_tokens - 1) / slice_tokens;
     float *partial = (float *)mm->workspace;
     CUDA_LAUNCH(bias_grad_partial_kernel, dim3((unsigned)col_blocks, (unsigned)slices), dim3(BIAS_COLS, BIAS_WARPS),
-                0, stream, g, partial, T, (int)slices, slice_tokens);
+                0, stream, partial, (const __nv_bfloat16 *)dout, T, OC, slice_tokens);
     CUDA_CHECK(cudaGetLastError());
-    CUDA_LAUNCH(bias_grad_sum_kernel, (unsigned)((cols + BIAS_SUM_THREADS - 1) / BIAS_SUM_THREADS), BIAS_SUM_THREADS,
-                0, stream, g, (const float *)partial, (int)slices);
+    CUDA_LAUNCH(bias_grad_sum_kernel, (unsigned)((OC + BIAS_SUM_THREADS - 1) / BIAS_SUM_THREADS), BIAS_SUM_THREADS,
+                0, stream, dbias, (const float *)partial, OC, (int)slices);
     CUDA_CHECK(cudaGetLastError());
 }
 
-extern "C" void matmul_backward_cuda(MatmulCuda *mm, uint16_t *dinp, bool dinp_add, float *dweight,
-                                     const uint16_t *dout, const uint16_t *inp, const uint16_t *weight, int64_t T,
-                                     int IC, int OC, cudaStream_t stream) {
+extern "C" void matmul_backward_cuda(MatmulCuda *mm, uint16_t *dinp, float *dweight, const uint16_t *dout,
+                                     const uint16_t *inp, const uint16_t *weight, int64_t T, int IC, int OC,
+                                     cudaStream_t stream) {
     check_dims(T, IC, OC);
     if (T == 0) return;
     check_aligned(dout, "dout");
     if (dinp) {
         check_aligned(dinp, "dinp"); check_aligned(weight, "weight");
-        gemm(mm, "dinp", weight, IC, OC, CUBLAS_OP_N, dout, OC, T, CUBLAS_OP_N, dinp, CUDA_R_16BF,
-             dinp_add ? 1.0f : 0.0f, NULL, stream);
+        gemm(mm, "dinp", weight, IC, OC, CUBLAS_OP_N, dout, OC, T, CUBLAS_OP_N, dinp, CUDA_R_16BF, 0.0f, NULL,
+             stream);
     }
     if (dweight) {
         check_aligned(dweight, "dweight"); check_aligned(inp, "inp");

@@ -69,19 +69,14 @@ MatmulChoiceCost matmul_cuda_choice_cost(const MatmulCuda *mm);
 void matmul_forward_cuda(MatmulCuda *mm, uint16_t *out, const uint16_t *inp, const uint16_t *weight,
                          const uint16_t *bias, int64_t T, int IC, int OC, cudaStream_t stream);
 
-// dinp[T, IC] = dout @ weight (beta 0: one rounding), or += with dinp_add
-// (beta 1: cuBLASLt may round the product before adding, a second rounding);
+// dinp[T, IC] = dout @ weight, written (beta 0: one rounding);
 // dweight[OC, IC] += dout^T @ inp. NULL dinp or dweight skips that output.
-void matmul_backward_cuda(MatmulCuda *mm, uint16_t *dinp, bool dinp_add, float *dweight, const uint16_t *dout,
-                          const uint16_t *inp, const uint16_t *weight, int64_t T, int IC, int OC,
-                          cudaStream_t stream);
+void matmul_backward_cuda(MatmulCuda *mm, uint16_t *dinp, float *dweight, const uint16_t *dout, const uint16_t *inp,
+                          const uint16_t *weight, int64_t T, int IC, int OC, cudaStream_t stream);
 
-// dbias[i][OC[i]] fp32 += colsum(dout[i][T, OC[i]] bf16) for i < count (at
-// most BIAS_GRADS_MAX), all in two launches; summed in a fixed order (no
-// atomics): the same inputs give the same bits.
-#define BIAS_GRADS_MAX 3
-void bias_grads_cuda(MatmulCuda *mm, float *const *dbias, const uint16_t *const *dout, const int *OC, int count,
-                     int64_t T, cudaStream_t stream);
+// dbias[OC] fp32 += colsum(dout[T, OC] bf16) in two launches; summed in a
+// fixed order (no atomics): the same inputs give the same bits.
+void bias_grad_cuda(MatmulCuda *mm, float *dbias, const uint16_t *dout, int OC, int64_t T, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

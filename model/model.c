@@ -626,14 +626,14 @@ static void layer_backward(Model *m, int l, LayerActs *a, int64_t T) {
         const int64_t n = T - t0 < rows ? T - t0 : rows;
         Act *dx = model_act_at(m, m->dx, t0 * H), *dh = model_act_at(m, m->dh, t0 * H), *h = model_act_at(m, a->h_mlp, t0 * H);
         if (m->mlp_chunk_rows) mlp_up(m, l, a, t0, n);
-        be->matmul_backward(m->dact, false, G(LAYER_DOWN_WEIGHT), dx, a->act, W(LAYER_DOWN_WEIGHT), n, I, H);
+        be->matmul_backward(m->dact, G(LAYER_DOWN_WEIGHT), dx, a->act, W(LAYER_DOWN_WEIGHT), n, I, H);
         be->swiglu_backward(m->dgate_up, m->dact, a->gate_up, n, I);
-        be->matmul_backward(dh, false, G(LAYER_GATE_WEIGHT), m->dgate_up, h, W(LAYER_GATE_WEIGHT), n, H, 2 * I);
+        be->matmul_backward(dh, G(LAYER_GATE_WEIGHT), m->dgate_up, h, W(LAYER_GATE_WEIGHT), n, H, 2 * I);
     }
     // d(x_mid) = d(out) (the residual, already in dx) + the norm's gradient, added in place.
     be->rmsnorm_backward(m->dx, G(LAYER_POST_NORM), m->dh, a->x_mid, W(LAYER_POST_NORM), a->rstd_mlp, T, H);
     // attention: x_mid = x_in + o_proj(attention(rope(q), rope(k), v)), from h = norm(x_in)
-    be->matmul_backward(m->datt, false, G(LAYER_O_WEIGHT), m->dx, a->att, W(LAYER_O_WEIGHT), T, QD, H);
+    be->matmul_backward(m->datt, G(LAYER_O_WEIGHT), m->dx, a->att, W(LAYER_O_WEIGHT), T, QD, H);
     AttnShape s = attn_shape(m, T);
     // The attention backward adds into dq, dk, dv: zeroed at once (adjacent in the arena).
     zero_act(m, m->dq, dqkv_span(m, T, KD));
@@ -643,7 +643,7 @@ static void layer_backward(Model *m, int l, LayerActs *a, int64_t T) {
     // now): one dX and one dW GEMM and one bias sum for all three.
     be->rope(m->qkv, m->dq, m->dk, m->dv, c->num_heads, c->num_kv_heads, m->rope_positions, T, c->head_dim,
              m->rope_inv_freq, m->rope_attention_factor, 1);
-    be->matmul_backward(m->dh, false, G(LAYER_Q_WEIGHT), m->qkv, a->h_attn, W(LAYER_Q_WEIGHT), T, H, QD + 2 * KD);
+    be->matmul_backward(m->dh, G(LAYER_Q_WEIGHT), m->qkv, a->h_attn, W(LAYER_Q_WEIGHT), T, H, QD + 2 * KD);
     be->bias_backward(G(LAYER_Q_BIAS), m->qkv, QD + 2 * KD, T);
     be->rmsnorm_backward(m->dx, G(LAYER_INPUT_NORM), m->dh, a->x_in, W(LAYER_INPUT_NORM), a->rstd_attn, T, H);
 #undef W
@@ -693,7 +693,7 @@ static double head_loss(Model *m, const int32_t *targets, int64_t T, float grad_
         be->matmul_forward(m->logits, h, head, NULL, n, H, V);
         be->cross_entropy(m->logits, m->targets + c0, n, V, grad_scale, m->loss_sum);
         if (backward)   // each chunk writes its rows of dh
-            be->matmul_backward(model_act_at(m, m->dh, c0 * H), false, dhead, m->logits, h, head, n, H, V);
+            be->matmul_backward(model_act_at(m, m->dh, c0 * H), dhead, m->logits, h, head, n, H, V);
     }
     double loss;   // read once for the whole sequence
     be->download(&loss, m->loss_sum, sizeof(loss));

@@ -90,15 +90,14 @@ static void matmul_forward(Act *out_act, const Act *inp_act, const Weight *weigh
     }
 }
 
-static void matmul_backward(Act *dinp_act, bool dinp_add, float *dweight, const Act *dout_act, const Act *inp_act,
+static void matmul_backward(Act *dinp_act, float *dweight, const Act *dout_act, const Act *inp_act,
                             const Weight *weight_w, int64_t T, int IC, int OC) {
     float *dinp = (float *)dinp_act;
     const float *dout = (const float *)dout_act, *inp = (const float *)inp_act, *weight = (const float *)weight_w;
-    // dinp[T, IC] (+)= dout[T, OC] @ weight[OC, IC]: written as zeroed, then added to
-    if (dinp && !dinp_add) memset(dinp, 0, sizeof(float) * (size_t)(T * IC));
+    // dinp[T, IC] = dout[T, OC] @ weight[OC, IC], written (beta 0)
     if (dinp)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, IC, OC, 1.0f, dout, OC, weight, IC,
-                    1.0f, dinp, IC);
+                    0.0f, dinp, IC);
     // dweight[OC, IC] += dout^T[OC, T] @ inp[T, IC], in blocks of DWEIGHT_ROWS output rows: threaded
     // OpenBLAS packs dout^T's panel whole ([min(T, its K block), OC] fp32 across its threads' buffers), which
     // for the LM head (OC = vocabulary) is as large as the logits chunk; a block bounds it.

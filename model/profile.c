@@ -133,12 +133,12 @@ static void p_matmul_forward(Act *out, const Act *inp, const Weight *weight, con
     PROFILED(PROFILE_GEMM, gemm_shape(shape, sizeof(shape), T, IC, OC), 2.0 * (double)T * IC * OC, 0,
              prof.inner->matmul_forward(out, inp, weight, bias, T, IC, OC));
 }
-static void p_matmul_backward(Act *dinp, bool dinp_add, float *dweight, const Act *dout, const Act *inp,
+static void p_matmul_backward(Act *dinp, float *dweight, const Act *dout, const Act *inp,
                               const Weight *weight, int64_t T, int IC, int OC) {
     char shape[48];
     const double products = (dinp ? 1 : 0) + (dweight ? 1 : 0);
     PROFILED(PROFILE_GEMM, gemm_shape(shape, sizeof(shape), T, IC, OC), 2.0 * products * (double)T * IC * OC, 0,
-             prof.inner->matmul_backward(dinp, dinp_add, dweight, dout, inp, weight, T, IC, OC));
+             prof.inner->matmul_backward(dinp, dweight, dout, inp, weight, T, IC, OC));
 }
 static void p_bias_backward(float *dbias, const Act *dout, int OC, int64_t T) {
     PROFILED(PROFILE_OTHER, "bias gradients", 0, act(T * (int64_t)OC) + 8.0 * (double)OC,

@@ -181,7 +181,7 @@ launch_table() {
   row 'columns_mark_kernel' 256 0 default all         # ring_columns_plan_cuda()
   row 'columns_flag_kernel' 256 0 default all         # ring_columns_plan_cuda()
   row 'columns_fill_kernel' 256 0 default all         # ring_columns_plan_cuda()
-  # matmul_cuda.cu: the bias gradient, BIAS_COLS x BIAS_WARPS = 32 x 8 and BIAS_SUM_THREADS = 256 (bias_grads_cuda()).
+  # matmul_cuda.cu: the bias gradient, BIAS_COLS x BIAS_WARPS = 32 x 8 and BIAS_SUM_THREADS = 256 (bias_grad_cuda()).
   row 'bias_grad_partial_kernel' 256 0 default all
   row 'bias_grad_sum_kernel' 256 0 default all
   # CUB (DeviceScan, DeviceSegmentedRadixSort): the agent kernels launch with their policy's

@@ -31,10 +31,13 @@
 #include "../model/hf_config.h"
 #include "../model/hf_io.h"
 
-// The moments are in arena order (model.c's layer_arena_order); version 1
-// files hold them in another order (each layer's table order) and are refused.
+// The moments are in arena order (model.c's layer_arena_order). Version 1
+// files hold them in the parameter table's order (each layer's tensors in
+// LayerTensor order, each right after the one before); a resume converts them.
 #define OPTIMIZER_MAGIC "MTADAMW2"
 #define SHARD_MAGIC "MTADAMS2"
+#define OPTIMIZER_MAGIC_V1 "MTADAMW1"
+#define SHARD_MAGIC_V1 "MTADAMS1"
 
 static void join(char *out, size_t n, const char *dir, const char *name) {
     if ((size_t)snprintf(out, n, "%s/%s", dir, name) >= n) fail("%s/%s: path too long", dir, name);
@@ -121,11 +124,9 @@ static float *read_moments(const char *path, const char *magic, const uint64_t *
     char *file = read_file(path, &file_bytes);
     uint64_t header[4];
     size_t header_bytes = sizeof(uint64_t) * (size_t)(n_words + 1);
-    if (file_bytes >= 8 && !memcmp(file, magic, 7) && file[7] == '1')
-        fail("%s: optimizer state of an earlier mtrain (%.8s: moments in another parameter order; expected %s); "
-             "start from its weights with train.init_from: its folder", path, file, magic);
     if (file_bytes < 8 + header_bytes || memcmp(file, magic, 8))
-        fail("%s: not an mtrain optimizer state (bad magic or truncated)", path);
+        fail("%s: not an mtrain optimizer state of the expected version (bad magic or truncated; expected %s)", path,
+             magic);
     memcpy(header, file + 8, header_bytes);
     if (memcmp(header, expect, sizeof(uint64_t) * (size_t)n_words))
         fail("%s: header (%s) is %" PRIu64 "%s (expected %" PRIu64 "%s: another model or sharding)", path, what,
@@ -151,13 +152,44 @@ static void check_optimizer_digest(const char *path, uint64_t got, const uint64_
              "checkpoint)", path, got, *recorded);
 }
 
+// Whether the moments file at path is of version 1 (its magic ends in '1').
+static bool moments_version1(const char *path) {
+    char magic[8] = {0};
+    FILE *f = xfopen(path, "rb");
+    size_t got = fread(magic, 1, sizeof(magic), f);
+    if (ferror(f)) fail("%s: read error (%s)", path, strerror(errno));
+    fclose(f);
+    return got == sizeof(magic) && magic[7] == '1';
+}
+
+// The moments m and v [total_params] of a version 1 file (the parameter
+// table's order, each tensor right after the one before it), each tensor's
+// moved to its arena offset; path names the file in the note.
+static void set_moments_version1(Model *m, const float *host_m, const float *host_v, const char *path) {
+    int64_t old_offset = 0;
+    for (int i = 0; i < m->num_params; i++) {
+        const ParamInfo *p = &m->params[i];
+        model_set_moments(m, p->offset, host_m + old_offset, host_v + old_offset, p->numel);
+        old_offset += p->numel;
+    }
+    CHECK(old_offset == m->total_params, "version 1 moments: %lld floats laid out, %lld expected",
+          (long long)old_offset, (long long)m->total_params);
+    printf("note: %s: the optimizer state was converted from version 1 (moments moved to the arena order)\n", path);
+}
+
 // optimizer.zst, whose moments must have the XXH64 state.json records.
 static void read_optimizer(const char *path, Model *m, const uint64_t *recorded) {
     uint64_t P = (uint64_t)m->total_params, digest;
-    float *host = read_moments(path, OPTIMIZER_MAGIC, &P, 1, "parameter count", m->total_params, &digest);
+    bool version1 = moments_version1(path);
+    float *host = read_moments(path, version1 ? OPTIMIZER_MAGIC_V1 : OPTIMIZER_MAGIC, &P, 1, "parameter count",
+                               m->total_params, &digest);
     check_optimizer_digest(path, digest, recorded);
     model_alloc_optimizer(m);
-    model_set_moments(m, 0, host, host + m->total_params, m->total_params);
+    if (version1) {
+        set_moments_version1(m, host, host + m->total_params, path);
+    } else {
+        model_set_moments(m, 0, host, host + m->total_params, m->total_params);
+    }
     free(host);
 }
 
@@ -305,7 +337,9 @@ static uint64_t write_shard_index(const char *path, const Model *m, int shards, 
 
 // The moments of a sharded checkpoint (optimizer.index.json in dir): the
 // shards must tile [0, total_params) in order; each rank reads, checks and
-// keeps only the shards that overlap its own range.
+// keeps only the shards that overlap its own range. Version 1 shards (the
+// first one's magic says) hold another order: each rank reads them all into
+// whole m and v [total_params] and converts them (set_moments_version1).
 static void read_sharded_optimizer(const char *dir, const char *index_path, Model *m) {
     cJSON *root = read_state_json(index_path);
     if (state_int(root, "parameters", index_path) != m->total_params)
@@ -316,6 +350,8 @@ static void read_sharded_optimizer(const char *dir, const char *index_path, Mode
         fail("%s: field 'shards' is missing or empty (expected a list of shard files)", index_path);
     model_alloc_optimizer(m);
     int64_t next = 0;
+    bool version1 = false;
+    float *whole = NULL;   // version 1: m then v [2, total_params]
     const cJSON *item;
     cJSON_ArrayForEach(item, list) {
         const cJSON *file = cJSON_GetObjectItemCaseSensitive(item, "file");
@@ -328,19 +364,31 @@ static void read_sharded_optimizer(const char *dir, const char *index_path, Mode
                  file->valuestring, (long long)first, (long long)(first + count), (long long)next,
                  (long long)m->total_params);
         next = first + count;
-        if (next <= m->opt_begin || first >= m->opt_begin + m->opt_count) continue;
         char path[4096];
         join(path, sizeof(path), dir, file->valuestring);
+        if (first == 0 && moments_version1(path)) {
+            version1 = true;
+            whole = xmalloc(2 * sizeof(float) * (size_t)m->total_params + 1);
+        }
+        if (!version1 && (next <= m->opt_begin || first >= m->opt_begin + m->opt_count)) continue;
         uint64_t expect[3] = {(uint64_t)m->total_params, (uint64_t)first, (uint64_t)count};
-        float *host = read_moments(path, SHARD_MAGIC, expect, 3, "parameter count, first, count", count, &digest);
+        float *host = read_moments(path, version1 ? SHARD_MAGIC_V1 : SHARD_MAGIC, expect, 3,
+                                   "parameter count, first, count", count, &digest);
         if (digest != listed)
             fail("%s: XXH64 %016" PRIx64 ", %s records %016" PRIx64 " (a shard of another checkpoint)", path, digest,
                  index_path, listed);
-        model_set_moments(m, first, host, host + count, count);
+        if (version1) {
+            memcpy(whole + first, host, sizeof(float) * (size_t)count);
+            memcpy(whole + m->total_params + first, host + count, sizeof(float) * (size_t)count);
+        } else {
+            model_set_moments(m, first, host, host + count, count);
+        }
         free(host);
     }
     if (next != m->total_params)
         fail("%s: the shards cover %lld of %lld parameters", index_path, (long long)next, (long long)m->total_params);
+    if (version1) set_moments_version1(m, whole, whole + m->total_params, index_path);
+    free(whole);
     cJSON_Delete(root);
 }
 

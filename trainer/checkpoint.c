@@ -443,17 +443,31 @@ static void read_state(const char *path, TrainState *s, char *optimizer, uint64_
     cJSON_Delete(root);
 }
 
+// The value of line's key ("key=" of key_len bytes) in `lines` ("key=value\n"
+// lines), or NULL.
+static const char *key_value(const char *lines, const char *line, size_t key_len) {
+    for (const char *t = lines; t && *t; t = strchr(t, '\n') ? strchr(t, '\n') + 1 : NULL)
+        if (!strncmp(t, line, key_len)) return t + key_len;
+    return NULL;
+}
+
 // Appends to diff "key CHECKPOINT -> RUN" for every line of `ours` whose key
-// has another value (or none) in `theirs` ("key=value\n" lines).
-static void describe_key_changes(const char *theirs, const char *ours, char *diff, size_t diff_size) {
+// has another value (or none) in `theirs` ("key=value\n" lines). A key that
+// `theirs` lacks (a key of a later mtrain) is no change when ours holds its
+// default (the line as in `defaults`); a key only `theirs` has (a key this
+// mtrain no longer hashes) is none either.
+static void describe_key_changes(const char *theirs, const char *ours, const char *defaults, char *diff,
+                                 size_t diff_size) {
     size_t used = strlen(diff);
     for (const char *line = ours; *line;) {
         const char *eq = strchr(line, '='), *nl = strchr(line, '\n');
         if (!eq || !nl) break;
         size_t key_len = (size_t)(eq - line) + 1, value_len = (size_t)(nl - eq) - 1;
-        const char *other = NULL;
-        for (const char *t = theirs; t && *t; t = strchr(t, '\n') ? strchr(t, '\n') + 1 : NULL)
-            if (!strncmp(t, line, key_len)) { other = t + key_len; break; }
+        const char *other = key_value(theirs, line, key_len), *fallback = key_value(defaults, line, key_len);
+        if (!other && fallback && strcspn(fallback, "\n") == value_len && !strncmp(fallback, eq + 1, value_len)) {
+            line = nl + 1;
+            continue;
+        }
         size_t other_len = other ? strcspn(other, "\n") : 0;
         if ((!other || other_len != value_len || strncmp(other, eq + 1, value_len)) && used < diff_size)
             used += (size_t)snprintf(diff + used, diff_size - used, "%s%.*s %.*s -> %.*s", used ? ", " : "",
@@ -472,10 +486,16 @@ bool checkpoint_same_run(const char *dir, const Config *cfg, char *diff, size_t 
     const cJSON *keys = cJSON_GetObjectItemCaseSensitive(root, "run_keys");
     bool same = state_hex(root, "fingerprint", path) == fingerprint;
     diff[0] = '\0';
-    if (!same) {
+    if (!same) {   // written by another mtrain version: the same run when no key of it changed
         if (!cJSON_IsString(keys)) fail("%s: field 'run_keys' is missing or not a string", path);
-        describe_key_changes(keys->valuestring, ours, diff, diff_size);
-        if (!diff[0]) snprintf(diff, diff_size, "keys of another mtrain version");
+        Config *base = xmalloc(sizeof(Config));
+        config_defaults(base);
+        char *defaults = xmalloc(RUN_KEYS_BYTES);
+        config_run_keys(base, defaults, RUN_KEYS_BYTES);
+        describe_key_changes(keys->valuestring, ours, defaults, diff, diff_size);
+        same = !diff[0];
+        free(defaults);
+        free(base);
     }
     free(ours);
     cJSON_Delete(root);

@@ -1130,8 +1130,8 @@ const char *config_enum_name(const Config *cfg, const void *field) {
 size_t config_run_keys(const Config *cfg, char *out, size_t size) {
     // How a run is computed, not what: resumable with other values.
     static const char *const how[] = {"model.preset", "train.steps", "train.backend", "train.max_bad_steps", "train.micro_batches",
-                                      "train.loss_chunk", "train.mlp_chunk", "train.recompute", "attention.ring",
-                                      "attention.ring_send", "attention.layout"};
+                                      "train.loss_chunk", "train.mlp_chunk", "train.recompute", "train.gemm_choice",
+                                      "attention.ring", "attention.ring_send", "attention.layout", "attention.kernels"};
     char text[CONFIG_STR + 64], name[128];
     size_t used = 0;
     out[0] = '\0';

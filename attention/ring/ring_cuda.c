@@ -358,45 +358,27 @@ static AttnVariantCall step_call(const RingCuda *rc, const RingStep *step, Spars
     return call;
 }
 
-static void dense_forward(void *ctx, const RingStep *step) {
+// Runs `kind` on a ring step over `part` of this ring's index.
+static void launch_step(void *ctx, const RingStep *step, AttnVariantKind kind, SparsePart part) {
     const RingCuda *rc = ctx;
-    const AttnVariantCall call = step_call(rc, step, SPARSE_ALL);
-    attn_variant_launch(ATTN_DENSE_FORWARD, &call, rc->stream);
+    const AttnVariantCall call = step_call(rc, step, part);
+    attn_variant_launch(kind, &call, rc->stream);
 }
 
-static void dense_backward(void *ctx, const RingStep *step) {
-    const RingCuda *rc = ctx;
-    const AttnVariantCall call = step_call(rc, step, SPARSE_ALL);
-    attn_variant_launch(ATTN_DENSE_BACKWARD, &call, rc->stream);
-}
+static void dense_forward(void *ctx, const RingStep *s) { launch_step(ctx, s, ATTN_DENSE_FORWARD, SPARSE_ALL); }
+static void dense_backward(void *ctx, const RingStep *s) { launch_step(ctx, s, ATTN_DENSE_BACKWARD, SPARSE_ALL); }
 
 // ---- the sparse kernels of a ring of one: the whole index (blocks and columns) in one pass ----
 
-static void local_sparse_forward(void *ctx, const RingStep *step) {
-    const RingCuda *rc = ctx;
-    const AttnVariantCall call = step_call(rc, step, SPARSE_ALL);
-    attn_variant_launch(ATTN_SPARSE_FORWARD, &call, rc->stream);
-}
-
-static void local_sparse_backward(void *ctx, const RingStep *step) {
-    const RingCuda *rc = ctx;
-    const AttnVariantCall call = step_call(rc, step, SPARSE_ALL);
-    attn_variant_launch(ATTN_SPARSE_BACKWARD, &call, rc->stream);
+static void local_sparse_forward(void *ctx, const RingStep *s) { launch_step(ctx, s, ATTN_SPARSE_FORWARD, SPARSE_ALL); }
+static void local_sparse_backward(void *ctx, const RingStep *s) {
+    launch_step(ctx, s, ATTN_SPARSE_BACKWARD, SPARSE_ALL);
 }
 
 // ---- the sparse kernels per ring step (rc->index: the chunk's blocks) and the column pass ----
 
-static void sparse_forward(void *ctx, const RingStep *step) {
-    const RingCuda *rc = ctx;
-    const AttnVariantCall call = step_call(rc, step, SPARSE_BLOCKS);
-    attn_variant_launch(ATTN_SPARSE_FORWARD, &call, rc->stream);
-}
-
-static void sparse_backward(void *ctx, const RingStep *step) {
-    const RingCuda *rc = ctx;
-    const AttnVariantCall call = step_call(rc, step, SPARSE_BLOCKS);
-    attn_variant_launch(ATTN_SPARSE_BACKWARD, &call, rc->stream);
-}
+static void sparse_forward(void *ctx, const RingStep *s) { launch_step(ctx, s, ATTN_SPARSE_FORWARD, SPARSE_BLOCKS); }
+static void sparse_backward(void *ctx, const RingStep *s) { launch_step(ctx, s, ATTN_SPARSE_BACKWARD, SPARSE_BLOCKS); }
 
 // The gathered columns' shape for the own step's queries, and *half the
 // elements of their K rows (the V rows follow).
@@ -407,29 +389,32 @@ static AttnShape columns_shape(const RingCuda *rc, const AttnShape *own, int64_t
     return s;
 }
 
+// The call of the column pass for the own step: its queries against the
+// gathered columns (*s their shape, *half the elements of their K rows).
+static AttnVariantCall columns_call(const RingCuda *rc, const RingStep *own, AttnShape *s, int64_t *half) {
+    const RingLayerCuda *layer = rc->layer;
+    *s = columns_shape(rc, own->shape, half);
+    AttnVariantCall call = step_call(rc, own, SPARSE_COLUMNS);
+    call.shape = s;
+    call.k = layer->column_kv;
+    call.v = layer->column_kv + *half;
+    call.k_pos = layer->column_pos;
+    return call;
+}
+
 static void columns_forward(void *ctx, const RingStep *own) {
     const RingCuda *rc = ctx;
-    const RingLayerCuda *layer = rc->layer;
+    AttnShape s;
     int64_t half;
-    const AttnShape s = columns_shape(rc, own->shape, &half);
-    AttnVariantCall call = step_call(rc, own, SPARSE_COLUMNS);
-    call.shape = &s;
-    call.k = layer->column_kv;
-    call.v = layer->column_kv + half;
-    call.k_pos = layer->column_pos;
+    const AttnVariantCall call = columns_call(rc, own, &s, &half);
     attn_variant_launch(ATTN_SPARSE_FORWARD, &call, rc->stream);
 }
 
 static void columns_backward(void *ctx, const RingStep *own) {
     const RingCuda *rc = ctx;
-    const RingLayerCuda *layer = rc->layer;
+    AttnShape s;
     int64_t half;
-    const AttnShape s = columns_shape(rc, own->shape, &half);
-    AttnVariantCall call = step_call(rc, own, SPARSE_COLUMNS);
-    call.shape = &s;
-    call.k = layer->column_kv;
-    call.v = layer->column_kv + half;
-    call.k_pos = layer->column_pos;
+    AttnVariantCall call = columns_call(rc, own, &s, &half);
     call.dk = rc->column_dkv;
     call.dv = rc->column_dkv + half;
     attn_variant_launch(ATTN_SPARSE_BACKWARD, &call, rc->stream);

@@ -224,10 +224,15 @@ rope_kernel(bf16 *qkv, bf16 *q, bf16 *k, bf16 *v, int q_heads, int k_heads, cons
     const int64_t QD = (int64_t)q_heads * D, KD = (int64_t)k_heads * D;
     for (int64_t p = (int64_t)blockIdx.x * THREADS + threadIdx.x; p < T * half; p += (int64_t)gridDim.x * THREADS) {
         const int64_t t = p / half;
-        const int i = (int)(p % half);
+        const int i = (int)(p - t * half);
+        // The angle reduced to [-pi, pi] in double (exact to ~1e-10 at a million positions), then its sine
+        // and cosine in float: no double-precision reduction call (whose saved registers spill).
         const double angle = (double)pos[t] * inv_freq[i];
-        const float c = (float)(attention_factor * cos(angle));
-        const float s = (float)(attention_factor * (inverse ? -sin(angle) : sin(angle)));
+        const float reduced = (float)(angle - 2.0 * M_PI * rint(angle * (0.5 / M_PI)));
+        float sin_angle, cos_angle;
+        sincosf(reduced, &sin_angle, &cos_angle);
+        const float c = (float)attention_factor * cos_angle;
+        const float s = (float)attention_factor * (inverse ? -sin_angle : sin_angle);
         bf16 *row = qkv + t * (QD + 2 * KD), *qt = q + t * QD, *kt = k + t * KD, *vt = v + t * KD;
         if (inverse) {
             rope_heads(row, qt, q_heads, D, i, c, s);

@@ -132,6 +132,18 @@ static void stream_prefix(const Loader *l, DocStream *st) {
     for (int64_t k = 0; k < st->count; k++) st->prefix[k + 1] = st->prefix[k] + doc_length(l, st->docs[k]);
 }
 
+// Padded packing: the sequences a document of `length` tokens fills, one per
+// N (input, target) pairs (loader.h).
+static int64_t padded_sequences(int64_t length, int64_t N) { return (length - 1 + N - 1) / N; }
+
+// Fills st->seq_prefix from st->docs (padded packing).
+static void stream_sequence_prefix(const Loader *l, DocStream *st) {
+    st->seq_prefix = xrealloc(st->seq_prefix, sizeof(int64_t) * (size_t)(st->count + 1));
+    st->seq_prefix[0] = 0;
+    for (int64_t k = 0; k < st->count; k++)
+        st->seq_prefix[k + 1] = st->seq_prefix[k] + padded_sequences(doc_length(l, st->docs[k]), l->cfg.seq_len);
+}
+
 // The non-empty documents with ids in [first, last), in id order.
 static int64_t non_empty_docs(const Loader *l, int64_t first, int64_t last, int64_t *out) {
     int64_t n = 0;
@@ -179,6 +191,7 @@ const DocStream *loader_epoch_order(Loader *l, int64_t e) {
     memcpy(l->epoch.docs, l->train_docs, sizeof(int64_t) * (size_t)l->train_count);
     shuffle(l->epoch.docs, l->train_count, l->cfg.seed + EPOCH_ORDER_SALT * (uint64_t)(e + 1));
     stream_prefix(l, &l->epoch);
+    if (l->cfg.padded) stream_sequence_prefix(l, &l->epoch);
     l->epoch_index = e;
     return &l->epoch;
 }
@@ -210,12 +223,21 @@ void loader_open(Loader *l, const LoaderConfig *cfg) {
     }
     for (int64_t k = 0; k < l->train_count; k++) l->train_tokens += doc_length(l, l->train_docs[k]);
     int64_t N = cfg->seq_len;
-    if (l->train_tokens < N + 1)
-        fail("%s: data.train has %" PRId64 " training tokens in %" PRId64 " non-empty documents%s, fewer than one "
-             "sequence of train.seq_len + 1 = %" PRId64 " tokens (expected more data or a shorter train.seq_len)",
-             cfg->train, l->train_tokens, l->train_count, held_out ? " after holding out the validation documents" : "",
-             N + 1);
-    l->seqs_per_epoch = (l->train_tokens - 1) / N;
+    if (cfg->padded) {
+        for (int64_t k = 0; k < l->train_count; k++)
+            l->seqs_per_epoch += padded_sequences(doc_length(l, l->train_docs[k]), N);
+        if (l->seqs_per_epoch == 0)
+            fail("%s: data.train has %" PRId64 " non-empty documents%s, none of 2 tokens or more (expected a document "
+                 "with a next-token target for data.packing: padded)", cfg->train, l->train_count,
+                 held_out ? " after holding out the validation documents" : "");
+    } else {
+        if (l->train_tokens < N + 1)
+            fail("%s: data.train has %" PRId64 " training tokens in %" PRId64 " non-empty documents%s, fewer than one "
+                 "sequence of train.seq_len + 1 = %" PRId64 " tokens (expected more data or a shorter train.seq_len)",
+                 cfg->train, l->train_tokens, l->train_count,
+                 held_out ? " after holding out the validation documents" : "", N + 1);
+        l->seqs_per_epoch = (l->train_tokens - 1) / N;
+    }
     l->epoch.docs = xmalloc(sizeof(int64_t) * (size_t)(l->train_count + 1));
 }
 
@@ -230,6 +252,7 @@ void loader_close(Loader *l) {
     free(l->train_docs);
     free(l->epoch.docs);
     free(l->epoch.prefix);
+    free(l->epoch.seq_prefix);
     free(l->val.docs);
     free(l->val.prefix);
     memset(l, 0, sizeof(*l));
@@ -244,9 +267,9 @@ void loader_print_summary(const Loader *l, FILE *out) {
         return;
     }
     int val_shards = l->shard_count - l->train_shard_count;
-    fprintf(out, "data: %d shards, %lld training documents, %lld tokens = %lld sequences of %lld per epoch | "
+    fprintf(out, "data: %d shards, %lld training documents, %lld tokens = %lld %ssequences of %lld per epoch | "
             "validation: ", l->train_shard_count, (long long)l->train_count, (long long)l->train_tokens,
-            (long long)l->seqs_per_epoch, (long long)l->cfg.seq_len);
+            (long long)l->seqs_per_epoch, l->cfg.padded ? "padded " : "", (long long)l->cfg.seq_len);
     if (!validation) fprintf(out, "off, nothing held out\n");
     else if (val_shards)
         fprintf(out, "%lld sequences from %lld document%s of data.val (%d shard%s)\n", (long long)l->cfg.val_sequences,
@@ -301,6 +324,27 @@ static void read_stream(Loader *l, const DocStream *st, int64_t start, PackedSeq
     memcpy(out->targets, out->tokens + 1, sizeof(int32_t) * (size_t)out->seq_len);
 }
 
+// Padded packing: sequence r of the epoch's order st, a piece of one
+// document from position 0, padding after it (loader.h).
+static void read_padded(Loader *l, const DocStream *st, int64_t r, PackedSequence *out) {
+    int64_t N = out->seq_len, lo = 0, hi = st->count - 1;  // the document whose sequences hold r
+    while (lo < hi) {
+        int64_t mid = (lo + hi + 1) / 2;
+        if (st->seq_prefix[mid] <= r) lo = mid;
+        else hi = mid - 1;
+    }
+    int64_t offset = (r - st->seq_prefix[lo]) * N, length = st->prefix[lo + 1] - st->prefix[lo];
+    int64_t n = length - offset < N + 1 ? length - offset : N + 1;
+    int s;
+    int64_t d;
+    loader_document(l, st->docs[lo], &s, &d);
+    shard_read_tokens(open_shard(l, s), l->shards[s].doc_starts[d] + offset, n, (uint32_t *)out->tokens);
+    for (int64_t i = n; i <= N; i++) out->tokens[i] = 0;
+    for (int64_t i = 0; i < N; i++) out->targets[i] = i + 1 < n ? out->tokens[i + 1] : -1;
+    out->doc_start_count = 0;
+    if (offset == 0) out->doc_starts[out->doc_start_count++] = 0;
+}
+
 // Synthetic data is one document per sequence.
 static void synthetic_packed(const Loader *l, int64_t index, PackedSequence *out) {
     synthetic_sequence(l->cfg.seed, index, (int)l->cfg.vocab_size, out->tokens, out->seq_len + 1);
@@ -314,7 +358,8 @@ void loader_train_sequence(Loader *l, int64_t g, PackedSequence *out) {
           out->seq_len);
     if (l->cfg.synthetic) { synthetic_packed(l, g, out); return; }
     const DocStream *st = loader_epoch_order(l, g / l->seqs_per_epoch);
-    read_stream(l, st, (g % l->seqs_per_epoch) * l->cfg.seq_len, out);
+    if (l->cfg.padded) read_padded(l, st, g % l->seqs_per_epoch, out);
+    else read_stream(l, st, (g % l->seqs_per_epoch) * l->cfg.seq_len, out);
 }
 
 void loader_val_sequence(Loader *l, int64_t i, PackedSequence *out) {

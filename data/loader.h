@@ -15,6 +15,15 @@
 // checkpoint is just the number of sequences consumed (c), and data-parallel
 // rank d of D can read sequence c + d, the cursor then advancing by D.
 //
+// Padded packing (data.packing: padded) keeps documents whole at sequence
+// starts instead: document k of the epoch's order, of length L, is the
+// (L - 1 + N - 1) / N sequences j = 0, 1, ... holding its tokens
+// [j*N, j*N + N + 1) (the last piece shorter), each from position 0; the
+// positions after a document's last token are padding (token 0, target -1:
+// no loss), so no sequence holds two documents and a document of at most
+// N + 1 tokens is never cut. The epoch's sequences are the sum of those
+// counts; a 1-token document has no (input, target) pair and no sequence.
+//
 // `data.train: synthetic` goes through the same interface: sequence g is
 // synthetic_sequence(seed, g) and validation sequence i is index -1 - i.
 #ifndef MTRAIN_LOADER_H
@@ -37,6 +46,7 @@ typedef struct {
     int64_t vocab_size;        // the model's: every shard's vocab_size must be <= it
     int64_t seq_len;           // N: input tokens per sequence
     int64_t val_sequences;     // sequences in the validation stream; 0 = no validation (nothing held out)
+    bool padded;               // training sequences padded: one document piece each (above); validation stays packed
     uint64_t seed;             // document order and the held-out choice
     ShardTokenizer tokenizer;  // the model's tokenizer: a shard made by another one fails; unknown = not checked
     const char *tokenizer_source; // where the model's tokenizer comes from, for that message
@@ -48,6 +58,7 @@ typedef struct {
     int64_t count;
     int64_t *docs;             // [count] global document ids
     int64_t *prefix;           // [count + 1]
+    int64_t *seq_prefix;       // [count + 1] padded packing: document k is sequences [seq_prefix[k], seq_prefix[k+1])
 } DocStream;
 
 // A shard's metadata, kept while the file itself may be closed.
@@ -83,7 +94,7 @@ typedef struct {
 typedef struct {
     int64_t seq_len;           // N
     int32_t *tokens;           // [N + 1]: inputs tokens[0..N) (sequential packing: targets tokens[1..N])
-    int32_t *targets;          // [N] next-token targets (data/packing.h: not always the next input)
+    int32_t *targets;          // [N] next-token targets (data/packing.h: not always the next input; -1: padding)
     int64_t *doc_starts;       // positions in [0, N) where a document begins
     int64_t doc_start_count;   // (position 0 may continue a document: then it is not listed)
 } PackedSequence;

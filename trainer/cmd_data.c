@@ -619,8 +619,8 @@ static void data_read(Loader *l, const Config *cfg, int64_t n) {
     rank_slice_free(&slice);
 }
 
-// Training sequence g as training forms it: sequential packing reads it;
-// balanced packing reads its step (train.micro_batches x parallel.dp
+// Training sequence g as training forms it: sequential and padded packing
+// read it (padded: targets -1 on the padding); balanced packing reads its step (train.micro_batches x parallel.dp
 // sequences, 1 dp rank when parallel.dp is 0) and deals it (data/packing.h).
 static void data_show(Loader *l, const Config *cfg, int64_t g) {
     PackedSequence seq;
@@ -647,7 +647,7 @@ static void data_show(Loader *l, const Config *cfg, int64_t g) {
     }
     printf("\ndocument starts:");
     for (int64_t i = 0; i < seq.doc_start_count; i++) printf(" %" PRId64, seq.doc_starts[i]);
-    if (balanced) {
+    if (cfg->data.packing != PACKING_SEQUENTIAL) {
         printf("\ninputs (%" PRId64 "):", seq.seq_len);
         for (int64_t t = 0; t < seq.seq_len; t++) printf(" %" PRId32, seq.tokens[t]);
         printf("\ntargets (%" PRId64 "):", seq.seq_len);

@@ -18,7 +18,7 @@
 // eval.haystack: what the needle of `niah` hides in.
 typedef enum { HAYSTACK_FILLER, HAYSTACK_TEXT } HaystackKind;
 // data.packing: how a step's documents become its sequences (data/packing.h).
-typedef enum { PACKING_SEQUENTIAL, PACKING_BALANCED } PackingKind;
+typedef enum { PACKING_SEQUENTIAL, PACKING_BALANCED, PACKING_PADDED } PackingKind;
 
 // Keys that hold a keyword or a path: the kind (the keywords first, the path
 // last), and beside it the path itself (KEY_path, "" for a keyword).
@@ -72,7 +72,7 @@ typedef struct {
     bool check_tokenizer;      // shards must come from train.init_from's tokenizer.json
     bool doc_mask;             // a query attends only to keys of its own document
     bool reset_positions;      // RoPE positions restart at 0 at each document start
-    PackingKind packing;       // sequential | balanced
+    PackingKind packing;       // sequential | balanced | padded
     uint64_t content_hash;     // not a key: the loader's hash of the shards' contents (Loader.content_hash), 0 = none
 } DataConfig;
 

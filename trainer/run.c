@@ -44,6 +44,7 @@ void loader_from_config(Loader *l, const Config *cfg, bool validation) {
                        .vocab_size = cfg->model.vocab_size,
                        .seq_len = cfg->train.seq_len,
                        .val_sequences = validation ? d->val_sequences : 0,
+                       .padded = d->packing == PACKING_PADDED,
                        .seed = cfg->train.seed,
                        .tokenizer = {SHARD_TOKENIZER_UNKNOWN, 0}};
     // The model's tokenizer: train.init_from's tokenizer.json, when it has one.

@@ -6,7 +6,8 @@
 # changes what the steps see (another loss), and a run stopped after step 3
 # and resumed to step 6 is bit-identical to an uninterrupted one, on 1 rank
 # with 4 micro-batches and on 2 dp ranks with 2 each; `mtrain data --show`
-# prints a step's sequences as balanced packing forms them. Prints "ok NAME" /
+# prints a step's sequences as balanced packing forms them, and padded packing
+# trains and shows each sequence as one document's piece. Prints "ok NAME" /
 # "FAIL NAME: why".
 set -u
 cd "$(dirname "$0")/../.."
@@ -87,5 +88,24 @@ expect "mtrain data --show, balanced: four sequences of whole documents, not the
 "$MTRAIN" data $RUN $DOCS data.packing=balanced parallel.dp=2 train.micro_batches=2 --show 5 >"$tmp/show_dp.txt"
 expect "mtrain data --show, balanced over 2 dp ranks: sequence 5 is micro-batch 0 of dp rank 1 in the step 4..7" \
   'grep -q "^sequence 5 (balanced packing: sequence 1 of the step of sequences 4..7, micro-batch 0 on dp rank 1 of 2)" "$tmp/show_dp.txt"'
+
+# Padded packing: every sequence one document's piece from position 0 (a
+# start listed on its first piece), padding (input 0, target -1) only after
+# the document's end (its <|endoftext|>, 256, the last input with a target
+# of -1); the documents' ends show up within the first sequences.
+show padded 0 1 2 3 4 5 6 7 >"$tmp/show_pad.txt"
+expect "mtrain data --show, padded: each sequence one document from position 0, padding only after its end" \
+  'awk "/^document starts:/ { if (\$0 != \"document starts: 0\" && \$0 != \"document starts:\") bad = 1 }
+        /^inputs \(/ { n = split(substr(\$0, index(\$0, \":\") + 2), x, \" \") }
+        /^targets \(/ { split(substr(\$0, index(\$0, \":\") + 2), y, \" \"); pad = 0
+          for (i = 1; i <= n; i++) { if (y[i] == -1) { if (!pad++ && x[i] != 256) bad = 1
+                                                       if (i < n && (x[i + 1] != 0 || y[i + 1] != -1)) bad = 1 }
+                                     else if (pad) bad = 1 }
+          if (pad) ended++ }
+        END { exit bad || ended < 2 }" "$tmp/show_pad.txt" && [ "$(grep -c "^targets (64)" "$tmp/show_pad.txt")" -eq 8 ]'
+train doc_pad 1 $DOCS data.packing=padded
+pad_loss=$(first_loss doc_pad)
+expect "padded packing trains on the document pieces (loss $pad_loss vs $seq_loss sequential)" \
+  '[ -n "$pad_loss" ] && [ "$pad_loss" != "$seq_loss" ] && [ "$pad_loss" != "$bal_loss" ]'
 
 [ "$failures" -eq 0 ]

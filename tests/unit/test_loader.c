@@ -3,7 +3,7 @@
 // so the test knows the content of any stream independently of the loader:
 // packing reproduces the permuted document stream, boundaries, held-out
 // documents never trained on, determinism, random access, epoch wrap, more
-// shards than stay open, and per-rank slices in every layout.
+// shards than stay open, per-rank slices in every layout, and padded packing.
 #define _GNU_SOURCE
 #include <inttypes.h>
 #include <stdbool.h>
@@ -235,6 +235,67 @@ static void test_rank_slices(Loader *l) {
     packed_sequence_free(&s);
 }
 
+// Padded packing (same shards, SEQ_LEN 16: documents of 2..21 tokens and of
+// 40..127, cut into pieces): epochs 0 and 1 in the order sequential packing
+// would use; each document's pieces j = 0, 1, ... in turn, each from position
+// 0: its tokens j*16 .. j*16 + 16 (fewer at its end), next-token targets
+// inside the document, -1 and token 0 after it, a document start at 0 only
+// on piece 0; so every (input, target) pair of every training document once
+// per epoch, and no sequence holding two documents. Validation stays packed.
+static void test_padded(Loader *sequential) {
+    char train[512];
+    snprintf(train, sizeof(train), "%s/a*.shard,%s/b.shard", dir, dir);
+    LoaderConfig c = {.train = train, .val_held_out = true, .vocab_size = DOCS * MAX_DOC, .seq_len = SEQ_LEN,
+                      .val_sequences = VAL_SEQUENCES, .seed = 1234, .padded = true,
+                      .tokenizer = {SHARD_TOKENIZER_UNKNOWN, 0}};
+    Loader l;
+    loader_open(&l, &c);
+    int64_t pieces = 0;
+    for (int64_t k = 0; k < l.train_count; k++)
+        for (int64_t j = 0; j * SEQ_LEN < doc_len[l.train_docs[k]] - 1; j++) pieces++;
+    EXPECT(l.seqs_per_epoch == pieces, "padded: %" PRId64 " sequences per epoch, one per %d targets of each document "
+           "(%" PRId64 " expected)", l.seqs_per_epoch, SEQ_LEN, pieces);
+    PackedSequence s;
+    packed_sequence_alloc(&s, SEQ_LEN);
+    for (int64_t e = 0; e < 2; e++) {
+        DocStream st = *loader_epoch_order(&l, e);
+        int64_t order_count = st.count, *order = xmalloc(sizeof(int64_t) * (size_t)(st.count + 1));
+        memcpy(order, st.docs, sizeof(int64_t) * (size_t)st.count);
+        const DocStream *packed = loader_epoch_order(sequential, e);
+        EXPECT(packed->count == order_count && !memcmp(packed->docs, order, sizeof(int64_t) * (size_t)order_count),
+               "padded: epoch %" PRId64 " takes the documents in sequential packing's order", e);
+        bool pieces_right = true;
+        int64_t g = e * l.seqs_per_epoch;
+        for (int64_t k = 0; k < order_count; k++) {
+            int64_t id = order[k], length = doc_len[id];
+            for (int64_t j = 0; j * SEQ_LEN < length - 1; j++, g++) {
+                loader_train_sequence(&l, g, &s);
+                for (int64_t i = 0; i <= SEQ_LEN; i++) {
+                    int64_t t = j * SEQ_LEN + i;
+                    pieces_right &= s.tokens[i] == (t < length ? id * MAX_DOC + t : 0);
+                    if (i < SEQ_LEN) pieces_right &= s.targets[i] == (t + 1 < length ? id * MAX_DOC + t + 1 : -1);
+                }
+                pieces_right &= j == 0 ? s.doc_start_count == 1 && s.doc_starts[0] == 0 : s.doc_start_count == 0;
+            }
+        }
+        EXPECT(pieces_right && g == (e + 1) * l.seqs_per_epoch, "padded: epoch %" PRId64 ": each document's pieces in "
+               "order from position 0, targets -1 and token 0 after its end, a start only on its first piece", e);
+        free(order);
+    }
+    bool val_same = true;
+    PackedSequence v;
+    packed_sequence_alloc(&v, SEQ_LEN);
+    for (int64_t i = 0; i < VAL_SEQUENCES; i++) {
+        loader_val_sequence(&l, i, &s);
+        loader_val_sequence(sequential, i, &v);
+        val_same &= !memcmp(s.tokens, v.tokens, sizeof(int32_t) * (SEQ_LEN + 1)) && s.doc_start_count == v.doc_start_count;
+    }
+    EXPECT(val_same, "padded: validation sequences are packed as under sequential packing");
+    packed_sequence_free(&v);
+    packed_sequence_free(&s);
+    loader_close(&l);
+}
+
 static void test_synthetic(void) {
     Loader l;
     LoaderConfig c = {.synthetic = true, .val_held_out = true, .vocab_size = 97, .seq_len = SEQ_LEN, .val_sequences = 2,
@@ -265,6 +326,7 @@ int main(void) {
     test_packing(&l, held_out);
     test_determinism(&l);
     test_rank_slices(&l);
+    test_padded(&l);
     loader_close(&l);
     test_synthetic();
     char cmd[300];

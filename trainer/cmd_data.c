@@ -38,7 +38,7 @@ static const char *data_usage =
     "  prints the loader's view of data.train / data.val; --read N times reading training sequences 0..N-1;\n"
     "  --show G prints training sequence G as training forms it under data.packing: its document starts and\n"
     "  token ids (balanced: its inputs and targets; the step holds train.micro_batches x parallel.dp sequences,\n"
-    "  parallel.dp 0 counting as 1).\n";
+    "  parallel.dp 0 counting as 1; padded: its inputs and targets, -1 on the padding).\n";
 
 static const char *shard_usage =
     "usage: mtrain shard info FILE          header, frames, documents, tokens, compression\n"

@@ -324,20 +324,29 @@ static void read_stream(Loader *l, const DocStream *st, int64_t start, PackedSeq
     memcpy(out->targets, out->tokens + 1, sizeof(int32_t) * (size_t)out->seq_len);
 }
 
-// Padded packing: sequence r of the epoch's order st, a piece of one
-// document from position 0, padding after it (loader.h).
-static void read_padded(Loader *l, const DocStream *st, int64_t r, PackedSequence *out) {
-    int64_t N = out->seq_len, lo = 0, hi = st->count - 1;  // the document whose sequences hold r
+// Padded packing: the piece of sequence r of the epoch's order st: the
+// document's index k in st, the piece's first token, its tokens (at most N + 1).
+static void padded_piece(const DocStream *st, int64_t r, int64_t N, int64_t *k, int64_t *offset, int64_t *n) {
+    int64_t lo = 0, hi = st->count - 1;  // the document whose sequences hold r
     while (lo < hi) {
         int64_t mid = (lo + hi + 1) / 2;
         if (st->seq_prefix[mid] <= r) lo = mid;
         else hi = mid - 1;
     }
-    int64_t offset = (r - st->seq_prefix[lo]) * N, length = st->prefix[lo + 1] - st->prefix[lo];
-    int64_t n = length - offset < N + 1 ? length - offset : N + 1;
+    int64_t length = st->prefix[lo + 1] - st->prefix[lo];
+    *k = lo;
+    *offset = (r - st->seq_prefix[lo]) * N;
+    *n = length - *offset < N + 1 ? length - *offset : N + 1;
+}
+
+// Padded packing: sequence r of the epoch's order st, a piece of one
+// document from position 0, padding after it (loader.h).
+static void read_padded(Loader *l, const DocStream *st, int64_t r, PackedSequence *out) {
+    int64_t N = out->seq_len, k, offset, n;
+    padded_piece(st, r, N, &k, &offset, &n);
     int s;
     int64_t d;
-    loader_document(l, st->docs[lo], &s, &d);
+    loader_document(l, st->docs[k], &s, &d);
     shard_read_tokens(open_shard(l, s), l->shards[s].doc_starts[d] + offset, n, (uint32_t *)out->tokens);
     for (int64_t i = n; i <= N; i++) out->tokens[i] = 0;
     for (int64_t i = 0; i < N; i++) out->targets[i] = i + 1 < n ? out->tokens[i + 1] : -1;
@@ -360,6 +369,13 @@ void loader_train_sequence(Loader *l, int64_t g, PackedSequence *out) {
     const DocStream *st = loader_epoch_order(l, g / l->seqs_per_epoch);
     if (l->cfg.padded) read_padded(l, st, g % l->seqs_per_epoch, out);
     else read_stream(l, st, (g % l->seqs_per_epoch) * l->cfg.seq_len, out);
+}
+
+int64_t loader_train_targets(Loader *l, int64_t g) {
+    if (!l->cfg.padded) return l->cfg.seq_len;
+    int64_t k, offset, n;
+    padded_piece(loader_epoch_order(l, g / l->seqs_per_epoch), g % l->seqs_per_epoch, l->cfg.seq_len, &k, &offset, &n);
+    return n - 1;
 }
 
 void loader_val_sequence(Loader *l, int64_t i, PackedSequence *out) {

@@ -293,6 +293,15 @@ static void slice_sequence(RunData *d, Model *m) {
     if (d->reset_positions) model_set_rope_documents(m, d->seq.doc_starts, d->seq.doc_start_count);
 }
 
+// The targets of the step's sequences over the world, padding excluded: the
+// loss and its gradient are their mean.
+static int64_t step_targets(RunData *d, int64_t cursor, int64_t sequences) {
+    int64_t targets = 0;
+    for (int64_t i = 0; i < sequences; i++)
+        targets += d->balanced ? d->seq.seq_len : loader_train_targets(&d->loader, cursor + i);
+    return targets;
+}
+
 // Mean next-token loss over the validation stream: dp rank d scores
 // sequences d, d + dp, ...; the sums meet in one all-reduce.
 static double validation_loss(Model *m, const Config *cfg, const Dist *dist, RunData *d) {
@@ -701,12 +710,13 @@ static StepResult train_step(Trainer *t, int64_t step) {
     model_zero_grads(m);
     begin_attention_stats(m, &t->cfg, step);
     if (t->data.balanced) packed_step_read(&t->data.loader, t->state.data_cursor, &t->data.step);
+    double targets = (double)step_targets(&t->data, t->state.data_cursor, (int64_t)micro * D);
     for (int mb = 0; mb < micro; mb++) {
         if (mb == micro - 1) model_grads_start(m);
         step_sequence(&t->data, t->state.data_cursor, (int64_t)mb * D + dist->dp.rank);
         slice_sequence(&t->data, m);
         r.loss += model_forward_backward(m, t->data.slice.tokens, t->data.slice.targets, t->data.slice.positions,
-                                         t->data.slice.count, (float)(1.0 / (double)t->step_tokens));
+                                         t->data.slice.count, (float)(1.0 / targets));
     }
     t->state.data_cursor += (int64_t)micro * D;
     if (test_nan_step(step, dist->world_rank)) {
@@ -717,7 +727,7 @@ static StepResult train_step(Trainer *t, int64_t step) {
     if (step == t->first_step) test_fault("reduce", dist->world_rank, dist->world.timeout_s);
     model_reduce_grads(m);
     comm_allreduce(&dist->world, &r.loss, 1, DT_DOUBLE, REDUCE_SUM);
-    r.loss /= (double)t->step_tokens;
+    r.loss /= targets;
     end_attention_stats(m, &t->cfg, dist, step, t->attention_line, sizeof(t->attention_line), t->attention_json,
                         t->attention_json_size, t->attention_scalars);
     r.lr = lr_at(&t->oc, step);

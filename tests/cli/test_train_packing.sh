@@ -7,7 +7,8 @@
 # and resumed to step 6 is bit-identical to an uninterrupted one, on 1 rank
 # with 4 micro-batches and on 2 dp ranks with 2 each; `mtrain data --show`
 # prints a step's sequences as balanced packing forms them, and padded packing
-# trains and shows each sequence as one document's piece. Prints "ok NAME" /
+# trains and shows each sequence as one document's piece, its loss the mean
+# over targets without the padding. Prints "ok NAME" /
 # "FAIL NAME: why".
 set -u
 cd "$(dirname "$0")/../.."
@@ -107,5 +108,10 @@ train doc_pad 1 $DOCS data.packing=padded
 pad_loss=$(first_loss doc_pad)
 expect "padded packing trains on the document pieces (loss $pad_loss vs $seq_loss sequential)" \
   '[ -n "$pad_loss" ] && [ "$pad_loss" != "$seq_loss" ] && [ "$pad_loss" != "$bal_loss" ]'
+# The loss is the mean over targets, padding excluded: at initialisation
+# about ln(258) per target under either packing (a mean over every position
+# would be lower by the step's share of padding).
+expect "padded packing's loss is the mean over its targets, padding excluded (step 1: $pad_loss, sequential $seq_loss)" \
+  'awk -v p="$pad_loss" -v s="$seq_loss" "BEGIN { exit !(p > 0.98 * s && p < 1.02 * s) }"'
 
 [ "$failures" -eq 0 ]

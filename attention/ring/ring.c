@@ -227,6 +227,15 @@ void ring_init_layout(Ring *ring, Comm *comm, LayoutKind layout, int64_t N, int 
     ring->kernel_positions = ring->positions;
 }
 
+void ring_init_keys(Ring *ring, const RingMemory *memory, const int64_t *k_pos, int64_t tokens) {
+    *ring = (Ring){.cp = &one_rank, .inner = 1, .outer = 1, .scratch = xcalloc(1, sizeof(RingScratch)),
+                   .memory = memory, .counts = xmalloc(sizeof(int64_t)), .offsets = xmalloc(2 * sizeof(int64_t)),
+                   .max_count = tokens, .kernel_positions = k_pos};
+    ring->counts[0] = tokens;
+    ring->offsets[0] = 0;
+    ring->offsets[1] = tokens;
+}
+
 // Token lists and the block mask live on the host, the rest in the ring's memory.
 static bool on_host(RingBuffer which) { return which >= SEL_HOP_INNER && which <= BUF_MASK; }
 
@@ -262,10 +271,17 @@ void ring_free(Ring *ring) {
     memset(ring, 0, sizeof(*ring));
 }
 
-static Place place(const Ring *ring, const AttnShape *shape) {
+// This rank's place; its queries are its tokens, or (q_pos) sit at their own
+// positions against the keys of a ring of one.
+static Place place(const Ring *ring, const AttnShape *shape, const int64_t *q_pos) {
     const int r = ring->cp->rank;
-    CHECK(shape->q_tokens == ring->counts[r], "ring: %lld local tokens but the ring was built for %lld",
-          (long long)shape->q_tokens, (long long)ring->counts[r]);
+    if (q_pos)
+        CHECK(ring->cp->size == 1 && shape->k_tokens == ring->counts[r], "ring: queries at their own positions "
+              "against %lld keys need a ring of one over them (%d ranks, %lld keys)", (long long)shape->k_tokens,
+              ring->cp->size, (long long)ring->counts[r]);
+    else
+        CHECK(shape->q_tokens == ring->counts[r], "ring: %lld local tokens but the ring was built for %lld",
+              (long long)shape->q_tokens, (long long)ring->counts[r]);
     return ring_place(ring, r, (int64_t)shape->num_kv_heads * shape->head_dim);
 }
 
@@ -461,10 +477,11 @@ static bool chunk_visible(const Ring *ring, const AttnShape *shape, int c) {
 }
 
 void ring_attn_forward(const Ring *ring, const RingKernels *kernels, const AttnShape *shape, const RingTensors *t) {
-    const Place p = place(ring, shape);
+    const Place p = place(ring, shape, t->q_pos);
     const RingMemory *m = ring->memory;
+    const int64_t *q_pos = t->q_pos ? t->q_pos : ring->kernel_positions + ring->offsets[ring->cp->rank];
     m->forward_init(m->ctx, shape, t->out.o, t->out.lse);
-    if (kernels->begin) kernels->begin(kernels->ctx, ring, shape, false, t->k, t->v);
+    if (kernels->columns_gather) kernels->columns_gather(kernels->ctx, ring, shape, false, t->k, t->v);
     KvTravel travel = kv_travel_start(ring, &p, kernels, "forward", t->k, t->v);
     for (int so = 0; so < p.outer; so++) {
         kv_outer_post(&travel, so);
@@ -473,13 +490,12 @@ void ring_attn_forward(const Ring *ring, const RingKernels *kernels, const AttnS
             const int c = ring_chunk_at(&p, so, si);
             const char *next = kv_inner_post(&travel, so, si, cur);
             const bool own = so == 0 && si == 0;
-            if (chunk_visible(ring, shape, c)) {
+            if (t->q_pos || chunk_visible(ring, shape, c)) {   // own positions: the kernels mask
                 AttnShape s = *shape;
                 s.k_tokens = ring->counts[c];
                 const RingStep step = {.shape = &s, .q = t->q, .k = own ? t->k : cur,
                                        .v = own ? t->v : cur + kv_message(ring, &p, s.k_tokens) / 2,
-                                       .q_pos = ring->kernel_positions + ring->offsets[ring->cp->rank],
-                                       .k_pos = ring->kernel_positions + ring->offsets[c], .out = t->out};
+                                       .q_pos = q_pos, .k_pos = ring->kernel_positions + ring->offsets[c], .out = t->out};
                 kernels->forward(kernels->ctx, &step);
                 if (own && kernels->columns_forward) kernels->columns_forward(kernels->ctx, &step);
             }
@@ -531,14 +547,15 @@ static void wait_one(const Ring *ring, RingRequest *req, const char *what) {
 }
 
 void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const AttnShape *shape, const RingTensors *t) {
-    const Place p = place(ring, shape);
+    CHECK(!t->q_pos, "ring attention backward: queries at their own positions (the decode's) have no backward");
+    const Place p = place(ring, shape, NULL);
     const Comm *cp = ring->cp;
     const RingMemory *m = ring->memory;
     const RingNeed *need = kernels->need;
     const int64_t T = shape->q_tokens;
     float *delta = buffer(ring, BUF_DELTA, (size_t)(shape->num_heads * T + 1) * sizeof(float));
     m->backward_delta(m->ctx, shape, t->o, t->dout, delta);
-    if (kernels->begin) kernels->begin(kernels->ctx, ring, shape, true, t->k, t->v);
+    if (kernels->columns_gather) kernels->columns_gather(kernels->ctx, ring, shape, true, t->k, t->v);
     Accumulators a = accumulators_start(ring, &p);
     KvTravel travel = kv_travel_start(ring, &p, kernels, "backward", t->k, t->v);
     for (int so = 0; so < p.outer; so++) {
@@ -613,5 +630,5 @@ void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const Attn
     if (a.home_n > 0) m->add_rows(m->ctx, t->grads.dk, t->grads.dv, a.home, a.home_sel, a.home_n, p.kv);
     RingRequest sends[3] = {a.step_send[0], a.step_send[1], a.node_send};
     m->wait(m->ctx, cp, sends, 3, "ring attention backward: dK/dV sends");
-    if (kernels->backward_end) kernels->backward_end(kernels->ctx, ring, shape, t->grads.dk, t->grads.dv);
+    if (kernels->columns_home) kernels->columns_home(kernels->ctx, ring, shape, t->grads.dk, t->grads.dv);
 }

@@ -67,16 +67,14 @@ void ring_cpu_sequence(RingCpu *rc, const int64_t *pos, int64_t tokens) {
     rc->column_bytes = 0;
 }
 
-void ring_cpu_sparse_plan(RingCpu *rc, const AttentionConfig *cfg, const AttnShape *shape, const float *q,
-                          const float *k, const int *fixed_vertical, const int *fixed_slash, SparseIndex *index,
-                          void **layer, SparseStats *stats) {
+void ring_cpu_sparse_plan(RingCpu *rc, const SparsePlanCall *call, SparseIndex *index, void **layer) {
     check_built(rc, "a sparse plan");
     if (!rc->cp) {   // one rank holds the sequence: its plan, no layer state
-        sparse_plan_local(cfg, shape, q, k, rc->ring.positions, fixed_vertical, fixed_slash, index, stats);
+        sparse_plan_local(call, rc->ring.positions, index);
         return;
     }
     if (!*layer) *layer = xcalloc(1, sizeof(RingSparse));
-    ring_sparse_plan(&rc->ring, cfg, shape, q, k, fixed_vertical, fixed_slash, cfg->ring_send, index, *layer, stats);
+    ring_sparse_plan(&rc->ring, call, index, *layer);
 }
 
 void ring_cpu_layer_free(void *layer) {
@@ -128,6 +126,14 @@ void ring_cpu_forward(RingCpu *rc, const RingCallCpu *call) {
 void ring_cpu_backward(RingCpu *rc, const RingCallCpu *call) {
     ring_attn_backward(&rc->ring, begin(rc, call), call->shape, &call->t);
     count_column_bytes(rc, call->layer);
+}
+
+void ring_cpu_cached(const RingCallCpu *call, const int64_t *k_pos) {
+    CHECK(!call->index, "ring attention (CPU): a cached call is dense");
+    Ring one;
+    ring_init_keys(&one, &ring_host_memory, k_pos, call->shape->k_tokens);
+    ring_attn_forward(&one, &ring_dense_cpu, call->shape, &call->t);
+    ring_free(&one);
 }
 
 double ring_cpu_bytes(const RingCpu *rc) {

@@ -130,8 +130,8 @@ typedef struct {
 #define RING_REQUEST_NULL ((RingRequest){MPI_REQUEST_NULL, -1})
 
 // Where the ring's buffers live and how its messages move: the schedules of
-// ring.c are the same for every memory. ring_host_memory is host memory and
-// MPI; attention/ring/ring_cuda.c has the GPU's (NCCL or host-staged MPI). A K/V
+// ring.c are the same for every memory. ring_host_memory (ring_cpu.h) is
+// host memory and MPI; attention/ring/ring_cuda.c has the GPU's (NCCL or host-staged MPI). A K/V
 // element has act_bytes bytes; dK/dV accumulators and o, lse are fp32.
 // Rows: a message [2, n, row_bytes] holds rows of K then V (dK then dV).
 typedef struct {
@@ -158,11 +158,6 @@ typedef struct {
     void (*backward_delta)(void *ctx, const AttnShape *shape, const void *o, const void *dout, float *delta);
     void *ctx;
 } RingMemory;
-
-extern const RingMemory ring_host_memory;
-
-// The dense CPU kernels of attention.h (ctx unused).
-extern const RingKernels ring_dense_cpu;
 
 typedef struct RingScratch RingScratch;
 

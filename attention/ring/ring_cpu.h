@@ -17,6 +17,13 @@
 
 struct Comm;
 
+// Host memory and MPI (fp32 activations), every ring's memory unless
+// ring_set_memory gives another.
+extern const RingMemory ring_host_memory;
+
+// The dense CPU kernels of kernels/flash_cpu.h per ring step (ctx unused).
+extern const RingKernels ring_dense_cpu;
+
 // The host ring of a cp group (a ring of one on one rank), as
 // ring_cpu_new makes it, so that the op never sees a communicator.
 typedef struct RingCpu RingCpu;

@@ -24,7 +24,7 @@
 #include "../../attention/kernels/flash_cpu.h"
 #include "../../attention/attention.h"
 #include "../../attention/attention_api.h"
-#include "../../attention/ring/ring.h"
+#include "../../attention/ring/ring_cpu.h"
 #include "../../attention/sparse/sparse_plan.h"
 #include "../../dist/util.h"
 #include "attn_ref.h"

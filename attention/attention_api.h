@@ -16,7 +16,8 @@
 //   q, o, dq, dout : [T, Hq, D]   k, v, dk, dv : [T, Hkv, D]   lse : [Hq, T]
 //   pos : [T], the sequence's positions (the _sequence call's)
 // dq, dk, dv are ACCUMULATED (+=). Each op runs every call through its cp
-// ring (a ring of one on one rank or GPU): dense, or sparse with each
+// ring (a ring of one on one rank or GPU; the decode's cached call through
+// a ring of one over its keys): dense, or sparse with each
 // layer's pattern estimated on the sequence's plan forward and reused by
 // its recomputation and backward. CUDA supports head_dim 64 and 128, GQA;
 // sparse: block_size 64 or 128, last_q <= 128, positions 0 .. T-1 on one
@@ -50,7 +51,8 @@ void attention_cpu_sequence(AttnState *st, const int64_t *pos, int64_t tokens);
 // stats: NULL, or the layer's density and recall added on a plan forward.
 void attention_cpu_forward(AttnState *st, int layer, bool plan, const AttnShape *shape, const float *q,
                            const float *k, const float *v, const int64_t *pos, float *o, float *lse, SparseStats *stats);
-// Dense, on this rank alone: q_pos [Tq], k_pos [Tk].
+// Dense, on this rank alone: q_pos [Tq], k_pos [Tk] (the ring's positions
+// of the call's keys).
 void attention_cpu_cached(AttnState *st, const AttnShape *shape, const float *q, const int64_t *q_pos, const float *k,
                           const float *v, const int64_t *k_pos, float *o, float *lse);
 void attention_cpu_backward(AttnState *st, int layer, const AttnShape *shape, const float *q, const float *k,

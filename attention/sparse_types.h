@@ -1,11 +1,14 @@
 // sparse_types.h: the vertical-slash pattern, its index and their
 // statistics as data (sparse/sparse.h makes them; the kernels, the ring and
 // the ops read them), at the bottom of attention/ beside attention.h, so
-// that kernels/ needs nothing of sparse/. Plain C.
+// that kernels/ needs nothing of sparse/; and a layer's plan call, the
+// arguments every sparse plan takes from the op down. Plain C.
 #ifndef MTRAIN_SPARSE_TYPES_H
 #define MTRAIN_SPARSE_TYPES_H
 
 #include <stdint.h>
+
+#include "attention.h"
 
 // The selected lines, per q head, in CSR form. Entries ascending, no repeats.
 typedef struct {
@@ -43,6 +46,21 @@ typedef struct {
                                // inside the pattern, against dense attention
     double sampled_rows;       // sampled rows counted (Hq * the sample's rows)
 } SparseStats;
+
+// One layer's sparse plan call, as the op hands it down to the ring's plan
+// (ring_cpu_sparse_plan, ring_cuda_sparse_plan) and that to the estimation
+// (sparse_plan_local on one rank, ring_sparse_plan over several): this
+// rank's T tokens (shape: q_tokens = k_tokens = T) with q [T, Hq, D] and k
+// [T, Hkv, D] after RoPE in the ring's memory (fp32 on the host, bf16 bits
+// on a GPU); the layer's fixed budgets [Hq] (NULL unless attention.budget is
+// fixed); stats NULL, or the layer's density and recall added (cp totals).
+typedef struct {
+    const AttentionConfig *cfg;
+    const AttnShape *shape;
+    const void *q, *k;
+    const int *fixed_vertical, *fixed_slash;
+    SparseStats *stats;
+} SparsePlanCall;
 
 // Which part of the index a call computes.
 typedef enum {

@@ -148,6 +148,17 @@ void model_set_ring(Model *m, const struct Comm *cp, int inner) {
     m->ring_inner = inner;
 }
 
+void model_attention_stats_begin(Model *m) {
+    m->collect_attention_stats = true;
+    memset(m->attention_stats, 0, sizeof(SparseStats) * (size_t)m->cfg.num_layers);
+}
+
+SparseStats *model_attention_stats_end(Model *m) {
+    if (!m->collect_attention_stats) return NULL;
+    m->collect_attention_stats = false;
+    return m->attention_stats;
+}
+
 // *kept = a copy of doc_starts [count] (none when NULL), *kept_count its length.
 static void keep_starts(int64_t **kept, int64_t *kept_count, const int64_t *doc_starts, int64_t count) {
     *kept_count = doc_starts ? count : 0;

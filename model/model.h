@@ -139,6 +139,12 @@ void model_free(Model *m);
 // on; cp == NULL or a single rank: locally. Every forward is then collective
 // over cp (one ring per sequence, built from the positions).
 void model_set_ring(Model *m, const struct Comm *cp, int inner);
+// Sparse attention's density and recall per layer: from
+// model_attention_stats_begin (zeroed) every plan forward adds its layer's;
+// model_attention_stats_end stops and returns them [num_layers] (this
+// rank's; NULL when not collecting).
+void model_attention_stats_begin(Model *m);
+SparseStats *model_attention_stats_end(Model *m);
 // Mask attention by document from now on: the sorted global positions where a
 // document begins (doc_starts [count], copied); a query sees only keys of its
 // own document. NULL: one document per sequence (the causal mask only).

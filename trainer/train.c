@@ -332,10 +332,8 @@ static double log_validation(Model *m, const Config *cfg, const Dist *dist, RunD
 // Start (or not) collecting the sparse pattern's density and recall per layer
 // for this step's forward passes.
 static void begin_attention_stats(Model *m, const Config *cfg, int64_t step) {
-    m->collect_attention_stats = cfg->attention.type == ATTN_SPARSE && cfg->log.attention_every > 0 &&
-                                 step % cfg->log.attention_every == 0;
-    if (m->collect_attention_stats)
-        memset(m->attention_stats, 0, sizeof(SparseStats) * (size_t)m->cfg.num_layers);
+    if (cfg->attention.type == ATTN_SPARSE && cfg->log.attention_every > 0 && step % cfg->log.attention_every == 0)
+        model_attention_stats_begin(m);
 }
 
 // Appends `, "name": [v0, ..]` of values [L] at json + *used; returns their mean.
@@ -383,14 +381,14 @@ static void end_attention_stats(Model *m, const Config *cfg, const Dist *dist, i
                                 size_t line_size, char *json, size_t json_size, double scalars[4]) {
     line[0] = json[0] = '\0';
     scalars[0] = scalars[1] = scalars[2] = scalars[3] = NAN;
-    if (!m->collect_attention_stats) return;
-    m->collect_attention_stats = false;
+    SparseStats *stats = model_attention_stats_end(m);
+    if (!stats) return;
     int L = m->cfg.num_layers;
     _Static_assert(sizeof(SparseStats) == 6 * sizeof(double), "SparseStats is reduced as doubles");
-    comm_allreduce(&dist->dp, m->attention_stats, 6 * (int64_t)L, DT_DOUBLE, REDUCE_SUM);
+    comm_allreduce(&dist->dp, stats, 6 * (int64_t)L, DT_DOUBLE, REDUCE_SUM);
     double *per_layer = xmalloc(sizeof(double) * 3 * (size_t)L);   // density, recall, estimation rows' recall [L]
     for (int l = 0; l < L; l++) {
-        const SparseStats *x = &m->attention_stats[l];
+        const SparseStats *x = &stats[l];
         per_layer[l] = x->computed / x->causal;
         per_layer[L + l] = x->sampled_mass / x->sampled_rows;
         per_layer[2 * L + l] = x->covered_mass / x->estimation_rows;

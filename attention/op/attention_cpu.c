@@ -1,8 +1,9 @@
 // attention_cpu.c: the CPU backend's attention op (attention_api.h). One
 // path for every case, as attention_cuda_op.cu's: the ring that
 // attention_cpu_set_ring makes (ring_cpu_new: a ring of one on one rank)
-// runs ring.c's schedule over the dense kernels or the layer's sparse index,
-// and makes the sparse plan: this rank's own on a ring of one
+// runs ring.c's schedule over the dense kernels or the layer's sparse index
+// (the decode's cached call over a ring of one of its keys), and makes the
+// sparse plan: this rank's own on a ring of one
 // (sparse_plan_local), the ring's over several ranks (ring_sparse.h). The state keeps what lives
 // between calls: the attention config and its fixed budgets, each layer's
 // sparse plan from the sequence's first forward (reused by backward and by
@@ -14,7 +15,6 @@
 
 #include "../../dist/util.h"
 #include "../ring/ring_cpu.h"
-#include "../kernels/flash_cpu.h"
 #include "../sparse/sparse.h"
 
 struct AttnState {
@@ -84,8 +84,10 @@ static const int *layer_budget(const AttnState *st, const int *budget, int l) {
 // recall added.
 static void plan_layer_pattern(AttnState *st, int l, const AttnShape *shape, const float *q, const float *k,
                                SparseStats *stats) {
-    ring_cpu_sparse_plan(st->ring, &st->cfg, shape, q, k, layer_budget(st, st->budget_vertical, l),
-                         layer_budget(st, st->budget_slash, l), &st->sparse_index[l], &st->ring_layer[l], stats);
+    const SparsePlanCall call = {.cfg = &st->cfg, .shape = shape, .q = q, .k = k,
+                                 .fixed_vertical = layer_budget(st, st->budget_vertical, l),
+                                 .fixed_slash = layer_budget(st, st->budget_slash, l), .stats = stats};
+    ring_cpu_sparse_plan(st->ring, &call, &st->sparse_index[l], &st->ring_layer[l]);
     st->planned[l] = true;
 }
 
@@ -111,11 +113,14 @@ void attention_cpu_forward(AttnState *st, int layer, bool plan, const AttnShape 
     ring_cpu_forward(st->ring, &call);
 }
 
+// Through a ring of one over the call's keys (ring_cpu_cached), whatever
+// the op's ring: the cache is this rank's alone.
 void attention_cpu_cached(AttnState *st, const AttnShape *shape, const float *q, const int64_t *q_pos,
                           const float *k, const float *v, const int64_t *k_pos, float *o, float *lse) {
     (void)st;
-    attn_forward_init(shape, o, lse);
-    attn_dense_forward_cpu(shape, q, q_pos, k, v, k_pos, o, lse);
+    const RingCallCpu call = {.shape = shape,
+                              .t = {.q = q, .k = k, .v = v, .q_pos = q_pos, .out = {.o = o, .lse = lse}}};
+    ring_cpu_cached(&call, k_pos);
 }
 
 void attention_cpu_backward(AttnState *st, int layer, const AttnShape *shape, const float *q, const float *k,

@@ -228,9 +228,9 @@ static void check_call(const AttnState *st, int layer, const AttnShape *s) {
 // (the recall: by the plan forward).
 static void plan_layer_pattern(AttnState *st, int l, const AttnShape *s, const uint16_t *q, const uint16_t *k,
                                cudaStream_t stream, SparseStats *stats) {
-    ring_cuda_sparse_plan(st->ring, &st->cfg, s, q, k, layer_budget(st, st->budget_vertical, l),
-                          layer_budget(st, st->budget_slash, l), &st->pattern[l], &st->index, &st->ring_layer[l],
-                          stats, stream);
+    const SparsePlanCall call = {&st->cfg, s, q, k, layer_budget(st, st->budget_vertical, l),
+                                 layer_budget(st, st->budget_slash, l), stats};
+    ring_cuda_sparse_plan(st->ring, &call, &st->pattern[l], &st->index, &st->ring_layer[l], stream);
     st->planned[l] = true;
     st->index_layer = l;
 }
@@ -273,12 +273,15 @@ extern "C" void attention_cuda_forward(AttnState *st, int layer, bool plan, cons
 extern "C" void attention_cuda_cached(AttnState *st, const AttnShape *shape, const uint16_t *q, const int64_t *q_pos,
                                       const uint16_t *k, const uint16_t *v, const int64_t *k_pos, uint16_t *o,
                                       float *lse, cudaStream_t stream) {
+    CHECK(st->ring, "attention (CUDA): a cached call before the ring (attention_cuda_set_ring)");
     const AttnShape s = with_documents(st, shape, stream);
     float *o_acc = (float *)scratch(&st->o_acc, sizeof(float) * (size_t)(s.q_tokens * s.num_heads * s.head_dim));
-    attn_forward_init_cuda(&s, o_acc, lse, stream);
-    const AttnVariantCall call = {&s, NULL, q, k, v, NULL, q_pos, k_pos, o_acc, lse, NULL, NULL, NULL, NULL, NULL,
-                                  SPARSE_ALL};
-    attn_variant_launch(ATTN_DENSE_FORWARD, &call, stream);
+    RingCallCuda call{};
+    call.shape = &s;
+    call.stream = stream;
+    call.q = q, call.k = k, call.v = v, call.q_pos = q_pos;
+    call.out = AttnOut{o_acc, lse};
+    ring_cuda_cached(st->ring, &call, k_pos);
     attn_output_bf16_cuda(&s, o_acc, o, stream);
 }
 

@@ -27,7 +27,7 @@
 // transfers posted between two waits over as one group, run to completion
 // before the next (NCCL groups on one stream, dist/comm_device.h), neither
 // mismatches messages nor waits for a later group.
-#include "../kernels/flash_cpu.h"
+#include "ring_cpu.h"
 #include "ring_plan.h"
 
 #include <stdbool.h>
@@ -56,116 +56,6 @@ typedef enum {
 struct RingScratch {
     void *buf[RING_BUFFERS];
     size_t bytes[RING_BUFFERS];
-};
-
-static void dense_forward(void *ctx, const RingStep *step) {
-    (void)ctx;
-    attn_dense_forward_cpu(step->shape, step->q, step->q_pos, step->k, step->v, step->k_pos, step->out.o,
-                           step->out.lse);
-}
-
-static void dense_backward(void *ctx, const RingStep *step) {
-    (void)ctx;
-    const AttnGrads *g = &step->grads;
-    attn_dense_backward_cpu(step->shape, step->q, step->q_pos, step->k, step->v, step->k_pos, g->lse, g->delta,
-                            step->dout, g->dq, g->dk, g->dv);
-}
-
-const RingKernels ring_dense_cpu = {.forward = dense_forward, .backward = dense_backward};
-
-// ---- host memory: MPI on host buffers ----
-
-static void *host_alloc(void *ctx, size_t bytes) {
-    (void)ctx;
-    return xmalloc(bytes);
-}
-
-static void host_release(void *ctx, void *buf) {
-    (void)ctx;
-    free(buf);
-}
-
-static void host_copy(void *ctx, void *dst, const void *src, size_t bytes) {
-    (void)ctx;
-    memcpy(dst, src, bytes);
-}
-
-static void host_zero(void *ctx, void *dst, size_t bytes) {
-    (void)ctx;
-    memset(dst, 0, bytes);
-}
-
-// Rows only move up (sel[j] >= j), so going up from the first is safe in place.
-static void host_gather_rows(void *ctx, void *dst, const void *src, int64_t full, const int64_t *sel, int64_t n,
-                             size_t row_bytes) {
-    (void)ctx;
-    for (int64_t part = 0; part < 2; part++)
-        for (int64_t j = 0; j < n; j++)
-            memmove((char *)dst + (size_t)(part * n + j) * row_bytes,
-                    (const char *)src + (size_t)(part * full + sel[j]) * row_bytes, row_bytes);
-}
-
-// Rows only move down, so going down from the last is safe in place.
-static void host_scatter_rows(void *ctx, void *dst, const void *src, int64_t full, const int64_t *sel, int64_t n,
-                              size_t row_bytes) {
-    (void)ctx;
-    for (int64_t part = 1; part >= 0; part--)
-        for (int64_t j = n - 1; j >= 0; j--)
-            memmove((char *)dst + (size_t)(part * full + sel[j]) * row_bytes,
-                    (const char *)src + (size_t)(part * n + j) * row_bytes, row_bytes);
-}
-
-static void host_add_rows(void *ctx, float *dk, float *dv, const float *in, const int64_t *sel, int64_t n,
-                          int64_t kv) {
-    (void)ctx;
-    for (int part = 0; part < 2; part++)
-        for (int64_t j = 0; j < n; j++) {
-            float *row = (part ? dv : dk) + sel[j] * kv;
-            const float *from = in + (part * n + j) * kv;
-            for (int64_t x = 0; x < kv; x++) row[x] += from[x];
-        }
-}
-
-static void host_send(void *ctx, const Comm *c, const void *buf, size_t bytes, int to, int tag, RingRequest *req) {
-    (void)ctx;
-    comm_isend(c, buf, (int64_t)(bytes / sizeof(float)), DT_FLOAT, to, tag, &req->mpi);
-}
-
-static void host_recv(void *ctx, const Comm *c, void *buf, size_t bytes, int from, int tag, RingRequest *req) {
-    (void)ctx;
-    comm_irecv(c, buf, (int64_t)(bytes / sizeof(float)), DT_FLOAT, from, tag, &req->mpi);
-}
-
-#define RING_MAX_WAIT 4
-
-static void host_wait(void *ctx, const Comm *c, RingRequest *reqs, int n, const char *op) {
-    (void)ctx;
-    MPI_Request mpi[RING_MAX_WAIT];
-    CHECK(n <= RING_MAX_WAIT, "ring: %d requests in one wait (at most %d)", n, RING_MAX_WAIT);
-    bool posted = false;
-    for (int i = 0; i < n; i++) {
-        mpi[i] = reqs[i].mpi;
-        posted |= mpi[i] != MPI_REQUEST_NULL;
-    }
-    if (posted) comm_wait(c, mpi, n, op);   // a ring of one posts nothing and makes no MPI call
-    for (int i = 0; i < n; i++) reqs[i] = RING_REQUEST_NULL;
-}
-
-static void host_forward_init(void *ctx, const AttnShape *shape, float *o, float *lse) {
-    (void)ctx;
-    attn_forward_init(shape, o, lse);
-}
-
-static void host_backward_delta(void *ctx, const AttnShape *shape, const void *o, const void *dout, float *delta) {
-    (void)ctx;
-    attn_backward_delta(shape, o, dout, delta);
-}
-
-const RingMemory ring_host_memory = {
-    .act_bytes = sizeof(float), .alloc = host_alloc, .release = host_release, .copy = host_copy,
-    .zero = host_zero, .gather_rows = host_gather_rows, .scatter_rows = host_scatter_rows,
-    .add_rows = host_add_rows, .send = host_send, .recv = host_recv, .wait = host_wait,
-    .forward_init = host_forward_init, .backward_delta = host_backward_delta,
 };
 
 // The communicator of a ring of one rank: never used for a transfer.
@@ -227,6 +117,15 @@ void ring_init_layout(Ring *ring, Comm *comm, LayoutKind layout, int64_t N, int 
     ring->kernel_positions = ring->positions;
 }
 
+void ring_init_keys(Ring *ring, const RingMemory *memory, const int64_t *k_pos, int64_t tokens) {
+    *ring = (Ring){.cp = &one_rank, .inner = 1, .outer = 1, .scratch = xcalloc(1, sizeof(RingScratch)),
+                   .memory = memory, .counts = xmalloc(sizeof(int64_t)), .offsets = xmalloc(2 * sizeof(int64_t)),
+                   .max_count = tokens, .kernel_positions = k_pos};
+    ring->counts[0] = tokens;
+    ring->offsets[0] = 0;
+    ring->offsets[1] = tokens;
+}
+
 // Token lists and the block mask live on the host, the rest in the ring's memory.
 static bool on_host(RingBuffer which) { return which >= SEL_HOP_INNER && which <= BUF_MASK; }
 
@@ -262,10 +161,17 @@ void ring_free(Ring *ring) {
     memset(ring, 0, sizeof(*ring));
 }
 
-static Place place(const Ring *ring, const AttnShape *shape) {
+// This rank's place; its queries are its tokens, or (q_pos) sit at their own
+// positions against the keys of a ring of one.
+static Place place(const Ring *ring, const AttnShape *shape, const int64_t *q_pos) {
     const int r = ring->cp->rank;
-    CHECK(shape->q_tokens == ring->counts[r], "ring: %lld local tokens but the ring was built for %lld",
-          (long long)shape->q_tokens, (long long)ring->counts[r]);
+    if (q_pos)
+        CHECK(ring->cp->size == 1 && shape->k_tokens == ring->counts[r], "ring: queries at their own positions "
+              "against %lld keys need a ring of one over them (%d ranks, %lld keys)", (long long)shape->k_tokens,
+              ring->cp->size, (long long)ring->counts[r]);
+    else
+        CHECK(shape->q_tokens == ring->counts[r], "ring: %lld local tokens but the ring was built for %lld",
+              (long long)shape->q_tokens, (long long)ring->counts[r]);
     return ring_place(ring, r, (int64_t)shape->num_kv_heads * shape->head_dim);
 }
 
@@ -461,10 +367,11 @@ static bool chunk_visible(const Ring *ring, const AttnShape *shape, int c) {
 }
 
 void ring_attn_forward(const Ring *ring, const RingKernels *kernels, const AttnShape *shape, const RingTensors *t) {
-    const Place p = place(ring, shape);
+    const Place p = place(ring, shape, t->q_pos);
     const RingMemory *m = ring->memory;
+    const int64_t *q_pos = t->q_pos ? t->q_pos : ring->kernel_positions + ring->offsets[ring->cp->rank];
     m->forward_init(m->ctx, shape, t->out.o, t->out.lse);
-    if (kernels->begin) kernels->begin(kernels->ctx, ring, shape, false, t->k, t->v);
+    if (kernels->columns_gather) kernels->columns_gather(kernels->ctx, ring, shape, false, t->k, t->v);
     KvTravel travel = kv_travel_start(ring, &p, kernels, "forward", t->k, t->v);
     for (int so = 0; so < p.outer; so++) {
         kv_outer_post(&travel, so);
@@ -473,13 +380,12 @@ void ring_attn_forward(const Ring *ring, const RingKernels *kernels, const AttnS
             const int c = ring_chunk_at(&p, so, si);
             const char *next = kv_inner_post(&travel, so, si, cur);
             const bool own = so == 0 && si == 0;
-            if (chunk_visible(ring, shape, c)) {
+            if (t->q_pos || chunk_visible(ring, shape, c)) {   // own positions: the kernels mask
                 AttnShape s = *shape;
                 s.k_tokens = ring->counts[c];
                 const RingStep step = {.shape = &s, .q = t->q, .k = own ? t->k : cur,
                                        .v = own ? t->v : cur + kv_message(ring, &p, s.k_tokens) / 2,
-                                       .q_pos = ring->kernel_positions + ring->offsets[ring->cp->rank],
-                                       .k_pos = ring->kernel_positions + ring->offsets[c], .out = t->out};
+                                       .q_pos = q_pos, .k_pos = ring->kernel_positions + ring->offsets[c], .out = t->out};
                 kernels->forward(kernels->ctx, &step);
                 if (own && kernels->columns_forward) kernels->columns_forward(kernels->ctx, &step);
             }
@@ -531,14 +437,15 @@ static void wait_one(const Ring *ring, RingRequest *req, const char *what) {
 }
 
 void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const AttnShape *shape, const RingTensors *t) {
-    const Place p = place(ring, shape);
+    CHECK(!t->q_pos, "ring attention backward: queries at their own positions (the decode's) have no backward");
+    const Place p = place(ring, shape, NULL);
     const Comm *cp = ring->cp;
     const RingMemory *m = ring->memory;
     const RingNeed *need = kernels->need;
     const int64_t T = shape->q_tokens;
     float *delta = buffer(ring, BUF_DELTA, (size_t)(shape->num_heads * T + 1) * sizeof(float));
     m->backward_delta(m->ctx, shape, t->o, t->dout, delta);
-    if (kernels->begin) kernels->begin(kernels->ctx, ring, shape, true, t->k, t->v);
+    if (kernels->columns_gather) kernels->columns_gather(kernels->ctx, ring, shape, true, t->k, t->v);
     Accumulators a = accumulators_start(ring, &p);
     KvTravel travel = kv_travel_start(ring, &p, kernels, "backward", t->k, t->v);
     for (int so = 0; so < p.outer; so++) {
@@ -613,5 +520,5 @@ void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const Attn
     if (a.home_n > 0) m->add_rows(m->ctx, t->grads.dk, t->grads.dv, a.home, a.home_sel, a.home_n, p.kv);
     RingRequest sends[3] = {a.step_send[0], a.step_send[1], a.node_send};
     m->wait(m->ctx, cp, sends, 3, "ring attention backward: dK/dV sends");
-    if (kernels->backward_end) kernels->backward_end(kernels->ctx, ring, shape, t->grads.dk, t->grads.dv);
+    if (kernels->columns_home) kernels->columns_home(kernels->ctx, ring, shape, t->grads.dk, t->grads.dv);
 }

@@ -76,25 +76,30 @@ typedef struct {
     AttnGrads grads;
 } RingStep;
 
-// A pass's kernels. forward, backward: one ring step. columns_forward,
-// columns_backward: NULL, or the column pass, run once per pass right after
-// the own chunk's step (the first; it computes whenever the rank holds a
-// token) on the same step: the sparse ring computes there the columns
-// gathered to every rank (ring_sparse.h). need: NULL sends whole chunks
-// (ring_send full). traffic: NULL or counted. begin, backward_end: NULL, or
-// the kernels' own work around a pass: before its first step, with this
-// rank's k and v (the sparse ring gathers its columns' rows to every rank);
-// after the backward's last step, into this rank's dk and dv (their dK/dV
-// go home).
+// A pass's kernels. forward, backward: one ring step. need: NULL sends whole
+// chunks (ring_send full). traffic: NULL or counted. The column pass: all
+// four NULL, or the sparse ring's (ring_sparse.h on the host, ring_cuda.c on
+// a GPU), which computes the columns of every rank's index once per layer
+// instead of at every step, and which ring_attn_forward / _backward run at
+// the same points on both backends:
+//   columns_gather    before a pass's first step, with this rank's k and v:
+//                     the forward gathers the columns' K/V rows from their
+//                     owners to every rank; the backward starts their dK/dV
+//                     at zero
+//   columns_forward,  right after the own chunk's step (the first; it
+//   columns_backward  computes whenever the rank holds a token), on that
+//                     step: its queries against the gathered columns
+//   columns_home      after the backward's last step: the columns' dK/dV of
+//                     every rank summed into their owners' dk and dv
 struct Ring;
 typedef struct {
     void (*forward)(void *ctx, const RingStep *step);
     void (*backward)(void *ctx, const RingStep *step);
+    void (*columns_gather)(void *ctx, const struct Ring *ring, const AttnShape *shape, bool backward, const void *k,
+                           const void *v);
     void (*columns_forward)(void *ctx, const RingStep *own);
     void (*columns_backward)(void *ctx, const RingStep *own);
-    void (*begin)(void *ctx, const struct Ring *ring, const AttnShape *shape, bool backward, const void *k,
-                  const void *v);
-    void (*backward_end)(void *ctx, const struct Ring *ring, const AttnShape *shape, float *dk, float *dv);
+    void (*columns_home)(void *ctx, const struct Ring *ring, const AttnShape *shape, float *dk, float *dv);
     void *ctx;
     const RingNeed *need;
     RingTraffic *traffic;
@@ -105,9 +110,13 @@ typedef struct {
 // [Hq, T], fp32); backward: o (the forward's output) and dout [T, Hq, D]
 // activations, grads.lse the forward's, grads.dq [T, Hq, D] and grads.dk,
 // grads.dv [T, Hkv, D] fp32 accumulated (+=) over every rank's queries
-// (grads.delta unused: the ring computes it).
+// (grads.delta unused: the ring computes it). q_pos: NULL, the queries are
+// this rank's tokens at the ring's positions; else their own positions
+// [shape->q_tokens] in the ring's memory, for a forward on a ring of one
+// over other keys (ring_init_keys: the decode's cached call).
 typedef struct {
     const void *q, *k, *v, *o, *dout;
+    const int64_t *q_pos;
     AttnOut out;
     AttnGrads grads;
 } RingTensors;
@@ -121,8 +130,8 @@ typedef struct {
 #define RING_REQUEST_NULL ((RingRequest){MPI_REQUEST_NULL, -1})
 
 // Where the ring's buffers live and how its messages move: the schedules of
-// ring.c are the same for every memory. ring_host_memory is host memory and
-// MPI; attention/ring/ring_cuda.c has the GPU's (NCCL or host-staged MPI). A K/V
+// ring.c are the same for every memory. ring_host_memory (ring_cpu.h) is
+// host memory and MPI; attention/ring/ring_cuda.c has the GPU's (NCCL or host-staged MPI). A K/V
 // element has act_bytes bytes; dK/dV accumulators and o, lse are fp32.
 // Rows: a message [2, n, row_bytes] holds rows of K then V (dK then dV).
 typedef struct {
@@ -150,11 +159,6 @@ typedef struct {
     void *ctx;
 } RingMemory;
 
-extern const RingMemory ring_host_memory;
-
-// The dense CPU kernels of attention.h (ctx unused).
-extern const RingKernels ring_dense_cpu;
-
 typedef struct RingScratch RingScratch;
 
 // The ring of one sequence: who holds which tokens. Built once per sequence
@@ -180,13 +184,18 @@ void ring_init(Ring *ring, const Comm *cp, int inner, const int64_t *pos, int64_
 // inner per inner ring, no communication; *comm (the caller's, kept while the
 // ring is) gets W ranks and no communicator, this process as rank 0.
 void ring_init_layout(Ring *ring, Comm *comm, LayoutKind layout, int64_t N, int B, int W, int inner);
+// A ring of one over `tokens` keys at k_pos [tokens] in `memory` (read by
+// the kernels only; the host need not know them), for a forward whose
+// queries sit at their own positions (RingTensors.q_pos): the decode's
+// cached call, new queries against the whole cache. No communication.
+void ring_init_keys(Ring *ring, const RingMemory *memory, const int64_t *k_pos, int64_t tokens);
 void ring_free(Ring *ring);
 // The ring's buffers from now on in `memory`, and kernel_positions [N] there:
 // `positions` in that memory (the caller keeps it until ring_free).
 void ring_set_memory(Ring *ring, const RingMemory *memory, const int64_t *kernel_positions);
 
-// shape: q_tokens = this rank's tokens; k_tokens is ignored (set per
-// chunk). The forward writes t->out from t->q, k, v; the backward adds into
+// shape: q_tokens = this rank's tokens (or t->q_pos's queries); k_tokens is
+// ignored (set per chunk). The forward writes t->out from t->q, k, v; the backward adds into
 // t->grads from t->q, k, v, o, dout and grads.lse (RingTensors).
 void ring_attn_forward(const Ring *ring, const RingKernels *kernels, const AttnShape *shape, const RingTensors *t);
 void ring_attn_backward(const Ring *ring, const RingKernels *kernels, const AttnShape *shape, const RingTensors *t);

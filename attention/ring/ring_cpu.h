@@ -17,6 +17,13 @@
 
 struct Comm;
 
+// Host memory and MPI (fp32 activations), every ring's memory unless
+// ring_set_memory gives another.
+extern const RingMemory ring_host_memory;
+
+// The dense CPU kernels of kernels/flash_cpu.h per ring step (ctx unused).
+extern const RingKernels ring_dense_cpu;
+
 // The host ring of a cp group (a ring of one on one rank), as
 // ring_cpu_new makes it, so that the op never sees a communicator.
 typedef struct RingCpu RingCpu;
@@ -44,23 +51,27 @@ void ring_cpu_free(RingCpu *rc);
 int ring_cpu_size(const RingCpu *rc);
 // (Collective over cp.) A new sequence: this rank's positions.
 void ring_cpu_sequence(RingCpu *rc, const int64_t *pos, int64_t tokens);
-// (Collective over cp.) Layer's sparse pattern of this rank's q, k [T, H,
-// D]: *index (replaced) this rank's index of it. On a ring of one the
-// rank's own plan (sparse_plan_local; *layer stays NULL); over several
-// ranks estimated over the ring (ring_sparse_plan with cfg->ring_send),
-// every rank selecting the same pattern, and *layer (made or remade; free
-// with ring_cpu_layer_free) the ring's state of the layer: the key blocks
-// every rank's index reads and the columns gathered once per layer. stats:
-// NULL or the density and recall added (cp totals; the CPU's recall comes
-// from the plan, so the forward takes no stats).
-void ring_cpu_sparse_plan(RingCpu *rc, const AttentionConfig *cfg, const AttnShape *shape, const float *q,
-                          const float *k, const int *fixed_vertical, const int *fixed_slash, SparseIndex *index,
-                          void **layer, SparseStats *stats);
+// (Collective over cp.) The layer's sparse pattern of call (SparsePlanCall:
+// this rank's q, k fp32): *index (replaced) this rank's index of it. On a
+// ring of one the rank's own plan (sparse_plan_local; *layer stays NULL);
+// over several ranks estimated over the ring (ring_sparse_plan), every rank
+// selecting the same pattern, and *layer (made or remade; free with
+// ring_cpu_layer_free) the ring's state of the layer: the key blocks every
+// rank's index reads and the columns gathered once per layer. call->stats:
+// the density and recall (cp totals; the CPU's recall comes from the plan,
+// so the forward takes no stats).
+void ring_cpu_sparse_plan(RingCpu *rc, const SparsePlanCall *call, SparseIndex *index, void **layer);
 void ring_cpu_layer_free(void *layer);
 // Writes call->t.out over every rank's keys.
 void ring_cpu_forward(RingCpu *rc, const RingCallCpu *call);
 // Adds into call->t.grads; the columns' dK/dV go home after the ring.
 void ring_cpu_backward(RingCpu *rc, const RingCallCpu *call);
+// The decode's cached call, dense: call->t's queries at their own
+// positions t.q_pos [shape->q_tokens] against the shape->k_tokens keys t.k,
+// t.v at k_pos, writing call->t.out, through ring.c's forward on a ring of
+// one over those keys (ring_init_keys; this rank alone, whatever the op's
+// ring).
+void ring_cpu_cached(const RingCallCpu *call, const int64_t *k_pos);
 // Bytes this rank sent in the ring since the sequence began.
 double ring_cpu_bytes(const RingCpu *rc);
 

@@ -7,11 +7,12 @@
 // and positions outlive the sequence: a later sequence reuses them, so a
 // training step allocates nothing and waits for nothing once the first
 // step has run.
-// Sparse, as ring_sparse.c: the columns of every rank's index are gathered
-// to every rank before the ring (one device all-gather of their K/V rows)
-// and computed by the column pass (after the own chunk's step), the ring
-// steps compute blocks only, and the columns' dK/dV go home after the ring
-// (one device reduce-scatter). The plan stays on the device (ring_columns_cuda.h): the
+// Sparse, as ring_sparse.c: the ring steps compute blocks only, and the
+// column pass (ring.h, run by ring.c at the same points on both backends)
+// gathers the columns of every rank's index to every rank before the first
+// step (one device all-gather of their K/V rows), computes them after the
+// own chunk's step and sends their dK/dV home after the last (one device
+// reduce-scatter). The plan stays on the device (ring_columns_cuda.h): the
 // columns are held at bounds the host knows (ring_columns_bound), their
 // counts live on the device, and nothing is read back, except with
 // ring_send selected the need rows (the host schedules each hop's rows from
@@ -328,8 +329,7 @@ static void dev_recv(void *ctx, const Comm *c, void *buf, size_t bytes, int from
 
 static void dev_wait(void *ctx, const Comm *c, RingRequest *reqs, int n, const char *op) {
     RingCuda *rc = ctx;
-    (void)c;
-    if (!rc->exchange) return;   // a ring of one posts nothing
+    if (!rc->exchange || c->size == 1) return;   // a ring of one posts nothing
     for (int i = 0; i < n; i++) {
         comm_device_wait(rc->exchange, reqs[i].id, op);
         reqs[i] = RING_REQUEST_NULL;
@@ -577,10 +577,12 @@ static void plan_columns(RingCuda *rc, const SparseIndexCuda *index, const Spars
 // block summed on its owner only) and the blocks all-gathered. A ring of one
 // runs the same steps on its own keys with nothing to combine (the fold of
 // one partial is that partial) and has no layer state: one GPU's plan.
-void ring_cuda_sparse_plan(RingCuda *rc, const AttentionConfig *cfg, const AttnShape *shape, const uint16_t *q,
-                           const uint16_t *k, const int *fixed_vertical, const int *fixed_slash,
-                           SparsePatternCuda *pattern, SparseIndexCuda *index, void **layer_out, SparseStats *stats,
-                           cudaStream_t stream) {
+void ring_cuda_sparse_plan(RingCuda *rc, const SparsePlanCall *call, SparsePatternCuda *pattern,
+                           SparseIndexCuda *index, void **layer_out, cudaStream_t stream) {
+    const AttentionConfig *cfg = call->cfg;
+    const AttnShape *shape = call->shape;
+    const uint16_t *q = call->q, *k = call->k;
+    SparseStats *stats = call->stats;
     CHECK(rc->built, "sparse ring attention (CUDA): a plan before the sequence's positions");
     const Ring *rg = &rc->ring;
     const int W = rg->cp->size, me = rg->cp->rank, Hq = shape->num_heads, B = shape->block_size;
@@ -622,7 +624,7 @@ void ring_cuda_sparse_plan(RingCuda *rc, const AttentionConfig *cfg, const AttnS
     plan_allgather(rc, (uint16_t *)vertical, 2 * part, stream);
 
     // Selection (identical inputs, identical pattern), this rank's index, the need rows and the columns.
-    sparse_select_cuda(cfg, vertical, slash, Hq, N, fixed_vertical, fixed_slash, pattern, stream);
+    sparse_select_cuda(cfg, vertical, slash, Hq, N, call->fixed_vertical, call->fixed_slash, pattern, stream);
     sparse_index_build_cuda(pattern, B, rc->q_blocks, nqb, shape->doc_starts_device, shape->doc_count, cfg->sink,
                             index, stream);
     if (rc->cp) {   // over several ranks: the layer's state
@@ -767,12 +769,26 @@ static void *column_arena(RingCuda *rc, const RingLayerCuda *layer, int64_t kv, 
     return rc->column_arena;
 }
 
-// The layer's columns' K/V rows gathered to every rank, in column order,
-// into layer->column_kv [2, count, kv] (bf16): this rank packs its own into
-// its block of the message, one all-gather, then every column's rows out.
-static void gather_columns(RingCuda *rc, RingLayerCuda *layer, int64_t kv, const uint16_t *k, const uint16_t *v) {
-    const int me = rc->cp->rank;
-    const int64_t n = layer->count_bound, M = layer->owned_bound, block = 2 * M * kv;   // bf16 per rank's block
+// The column pass before a pass (ring.h). Forward: the layer's columns' K/V
+// rows gathered to every rank, in column order, into layer->column_kv [2,
+// count, kv] (bf16): this rank packs its own into its block of the message,
+// one all-gather, then every column's rows out. Backward: their dK/dV
+// (rc->column_dkv) from zero, and the message sized for columns_home (room
+// frees, and so waits for the device, only here, before the pass posts
+// anything).
+static void columns_gather(void *ctx, const Ring *ring, const AttnShape *shape, bool backward, const void *k,
+                           const void *v) {
+    RingCuda *rc = ctx;
+    RingLayerCuda *layer = rc->layer;
+    const int me = ring->cp->rank;
+    const int64_t kv = (int64_t)shape->num_kv_heads * shape->head_dim;
+    const int64_t n = layer->count_bound, M = layer->owned_bound, block = 2 * M * kv;   // per rank's block
+    if (backward) {
+        room((void **)&rc->column_dkv, &rc->column_dkv_bytes, sizeof(float) * (size_t)(2 * n * kv + 1));
+        CUDA_CHECK(cudaMemsetAsync(rc->column_dkv, 0, sizeof(float) * (size_t)(2 * n * kv), rc->stream));
+        column_arena(rc, layer, kv, sizeof(float));
+        return;
+    }
     const size_t row = sizeof(uint16_t) * (size_t)kv;
     room((void **)&layer->column_kv, &layer->column_kv_bytes, row * (size_t)(2 * n + 1));
     if (M == 0) return;
@@ -785,11 +801,15 @@ static void gather_columns(RingCuda *rc, RingLayerCuda *layer, int64_t kv, const
     rc->column_bytes += ring_columns_bytes(M, rc->cp->size, kv, sizeof(uint16_t));
 }
 
-// The columns' dK/dV (rc->column_dkv, every rank's contribution) summed into
-// their owners' dk, dv [T, kv]: scattered into the message, one
-// reduce-scatter, this rank's block added at its columns' tokens.
-static void columns_home(RingCuda *rc, const RingLayerCuda *layer, int64_t kv, float *dk, float *dv) {
-    const int me = rc->cp->rank;
+// The column pass after the backward (ring.h): the columns' dK/dV
+// (rc->column_dkv, every rank's contribution) summed into their owners' dk,
+// dv [T, kv]: scattered into the message, one reduce-scatter, this rank's
+// block added at its columns' tokens.
+static void columns_home(void *ctx, const Ring *ring, const AttnShape *shape, float *dk, float *dv) {
+    RingCuda *rc = ctx;
+    const RingLayerCuda *layer = rc->layer;
+    const int me = ring->cp->rank;
+    const int64_t kv = (int64_t)shape->num_kv_heads * shape->head_dim;
     const int64_t n = layer->count_bound, M = layer->owned_bound, block = 2 * M * kv;
     if (M == 0) return;
     float *arena = column_arena(rc, layer, kv, sizeof(float));
@@ -804,14 +824,12 @@ static void columns_home(RingCuda *rc, const RingLayerCuda *layer, int64_t kv, f
 // The pass's tensors as ring.c takes them.
 static RingTensors ring_tensors(const RingCallCuda *call) {
     return (RingTensors){.q = call->q, .k = call->k, .v = call->v, .o = call->o, .dout = call->dout,
-                         .out = call->out, .grads = call->grads};
+                         .q_pos = call->q_pos, .out = call->out, .grads = call->grads};
 }
 
 void ring_cuda_forward(RingCuda *rc, const RingCallCuda *call) {
     const RingKernels *kernels = begin(rc, call);
     const RingTensors t = ring_tensors(call);
-    if (call->index && rc->cp)   // sparse over several ranks
-        gather_columns(rc, call->layer, (int64_t)call->shape->num_kv_heads * call->shape->head_dim, call->k, call->v);
     ring_attn_forward(&rc->ring, kernels, call->shape, &t);
     if (call->index && call->stats) count_recall(rc, call->shape, call->out.lse, call->stats);
 }
@@ -819,16 +837,18 @@ void ring_cuda_forward(RingCuda *rc, const RingCallCuda *call) {
 void ring_cuda_backward(RingCuda *rc, const RingCallCuda *call) {
     const RingKernels *kernels = begin(rc, call);
     const RingTensors t = ring_tensors(call);
-    const int64_t kv = (int64_t)call->shape->num_kv_heads * call->shape->head_dim;
-    const bool columns = call->index && rc->cp;   // sparse over several ranks
-    if (columns) {   // the columns' buffers before the ring (room frees only between ring calls)
-        const RingLayerCuda *l = call->layer;
-        room((void **)&rc->column_dkv, &rc->column_dkv_bytes, sizeof(float) * (size_t)(2 * l->count_bound * kv + 1));
-        CUDA_CHECK(cudaMemsetAsync(rc->column_dkv, 0, sizeof(float) * (size_t)(2 * l->count_bound * kv), call->stream));
-        column_arena(rc, l, kv, sizeof(float));
-    }
     ring_attn_backward(&rc->ring, kernels, call->shape, &t);
-    if (columns) columns_home(rc, call->layer, kv, call->grads.dk, call->grads.dv);
+}
+
+void ring_cuda_cached(RingCuda *rc, const RingCallCuda *call, const int64_t *k_pos) {
+    CHECK(!call->index, "ring attention (CUDA): a cached call is dense");
+    rc->stream = call->stream;
+    rc->index = NULL;
+    Ring one;
+    ring_init_keys(&one, &rc->memory, k_pos, call->shape->k_tokens);
+    const RingTensors t = ring_tensors(call);
+    ring_attn_forward(&one, &rc->kernels, call->shape, &t);
+    ring_free(&one);
 }
 
 double ring_cuda_bytes(const RingCuda *rc) {
@@ -850,7 +870,8 @@ RingCuda *ring_cuda_new(const Comm *cp, int inner) {
     rc->kernels = (RingKernels){.forward = dense_forward, .backward = dense_backward, .ctx = rc,
                                 .traffic = &rc->traffic};
     rc->sparse_kernels = (RingKernels){.forward = sparse_forward, .backward = sparse_backward,
-                                       .columns_forward = columns_forward, .columns_backward = columns_backward,
+                                       .columns_gather = columns_gather, .columns_forward = columns_forward,
+                                       .columns_backward = columns_backward, .columns_home = columns_home,
                                        .ctx = rc, .traffic = &rc->traffic};
     rc->local_sparse_kernels = (RingKernels){.forward = local_sparse_forward, .backward = local_sparse_backward,
                                              .ctx = rc};

@@ -18,6 +18,7 @@
 
 #include "../attention.h"
 #include "../attn_args.h"
+#include "../sparse_types.h"
 #include "../sparse/sparse_select_cuda.h"
 
 #ifdef __cplusplus
@@ -49,6 +50,7 @@ typedef struct {
     const SparseIndexCuda *index;
     void *layer;
     const uint16_t *q, *k, *v, *o, *dout;
+    const int64_t *q_pos;      // NULL, or a cached call's query positions (RingTensors.q_pos)
     AttnOut out;
     AttnGrads grads;
     SparseStats *stats;
@@ -63,23 +65,28 @@ void ring_cuda_free(RingCuda *rc);
 int ring_cuda_size(const RingCuda *rc);
 // (Collective over cp.) A new sequence: this rank's positions (host).
 void ring_cuda_sequence(RingCuda *rc, const int64_t *pos, int64_t tokens);
-// (Collective over cp.) The layer's sparse pattern of this rank's q, k [T,
-// H, D] with the estimation's inputs combined bit-identically on every rank
-// (on a ring of one: this GPU's own plan, nothing combined): *pattern the
-// same on every rank, *index this rank's query blocks; over several ranks
-// *layer (made or remade; free with ring_cuda_layer_free) the ring's state
-// of the layer: the key blocks every rank's index reads and the columns
-// gathered once per layer (a ring of one leaves it NULL); stats: NULL or
-// the density added (cp totals), and the estimation rows' and the recall
-// sample's dense lse kept for the forward's recall.
-void ring_cuda_sparse_plan(RingCuda *rc, const AttentionConfig *cfg, const AttnShape *shape, const uint16_t *q,
-                           const uint16_t *k, const int *fixed_vertical, const int *fixed_slash,
-                           SparsePatternCuda *pattern, SparseIndexCuda *index, void **layer, SparseStats *stats,
-                           cudaStream_t stream);
+// (Collective over cp.) The layer's sparse pattern of call (SparsePlanCall:
+// this rank's q, k bf16 on the device) with the estimation's inputs
+// combined bit-identically on every rank (on a ring of one: this GPU's own
+// plan, nothing combined): *pattern the same on every rank, *index this
+// rank's query blocks; over several ranks *layer (made or remade; free with
+// ring_cuda_layer_free) the ring's state of the layer: the key blocks every
+// rank's index reads and the columns gathered once per layer (a ring of one
+// leaves it NULL); call->stats: NULL or the density added (cp totals), and
+// the estimation rows' and the recall sample's dense lse kept for the
+// forward's recall.
+void ring_cuda_sparse_plan(RingCuda *rc, const SparsePlanCall *call, SparsePatternCuda *pattern,
+                           SparseIndexCuda *index, void **layer, cudaStream_t stream);
 void ring_cuda_layer_free(void *layer);
 void ring_cuda_forward(RingCuda *rc, const RingCallCuda *call);
 // The columns' dK/dV go home after the ring.
 void ring_cuda_backward(RingCuda *rc, const RingCallCuda *call);
+// The decode's cached call, dense: call's queries at their own positions
+// call->q_pos [shape->q_tokens] against the shape->k_tokens keys call->k,
+// v at k_pos (device), writing call->out, through ring.c's forward on a ring
+// of one over those keys (ring_init_keys) in rc's device memory: this GPU
+// alone, whatever rc's ring (no exchange, no sequence needed).
+void ring_cuda_cached(RingCuda *rc, const RingCallCuda *call, const int64_t *k_pos);
 // Bytes this rank sent in the ring since the sequence began (the gathered
 // columns' K/V and dK/dV included).
 double ring_cuda_bytes(const RingCuda *rc);

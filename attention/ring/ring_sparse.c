@@ -184,17 +184,17 @@ static void plan_stats(const Ring *ring, const RingSparse *rs, int sink, const A
     free(lse_sample);
 }
 
-void ring_sparse_plan(const Ring *ring, const AttentionConfig *cfg, const AttnShape *shape,
-                      const float *q, const float *k, const int *fixed_vertical,
-                      const int *fixed_slash, RingSend send, SparseIndex *index, RingSparse *rs,
-                      SparseStats *stats) {
+void ring_sparse_plan(const Ring *ring, const SparsePlanCall *call, SparseIndex *index, RingSparse *rs) {
+    const AttentionConfig *cfg = call->cfg;
+    const AttnShape *shape = call->shape;
+    const float *q = call->q, *k = call->k;
     const Comm *cp = ring->cp;
     const int W = cp->size, Hq = shape->num_heads, B = shape->block_size;
     const int64_t N = ring->offsets[W], T = shape->q_tokens, *pos = ring->positions + ring->offsets[cp->rank];
     CHECK(T == ring->counts[cp->rank], "sparse ring: %lld local tokens but the ring was built for %lld",
           (long long)T, (long long)ring->counts[cp->rank]);
     ring_sparse_free(rs);
-    rs->send = send;
+    rs->send = cfg->ring_send;
 
     // Estimation: the last Lq queries against this rank's keys, combined.
     const int64_t Lq = cfg->last_q < N ? cfg->last_q : N;
@@ -210,7 +210,7 @@ void ring_sparse_plan(const Ring *ring, const AttentionConfig *cfg, const AttnSh
     ring_sparse_combine_sums(cp, scores, 2 * Hq * N);
 
     // Selection (identical inputs, identical pattern) and this rank's index.
-    sparse_select(cfg, scores, scores + Hq * N, Hq, N, fixed_vertical, fixed_slash, &rs->pattern);
+    sparse_select(cfg, scores, scores + Hq * N, Hq, N, call->fixed_vertical, call->fixed_slash, &rs->pattern);
     const int64_t nqb = (T + B - 1) / B;
     int64_t *q_blocks = xmalloc((size_t)(nqb + 1) * sizeof(int64_t));
     for (int64_t i = 0; i < nqb; i++) q_blocks[i] = pos[i * B] / B;
@@ -229,7 +229,7 @@ void ring_sparse_plan(const Ring *ring, const AttentionConfig *cfg, const AttnSh
     rs->need.need = rs->need_bits;
     ring_columns_plan(ring, index, &rs->columns);
 
-    if (stats) plan_stats(ring, rs, cfg->sink, &est, q, qe, qe_pos, k, lse, stats);
+    if (call->stats) plan_stats(ring, rs, cfg->sink, &est, q, qe, qe_pos, k, lse, call->stats);
     free(qe); free(qe_pos); free(lse); free(scores); free(q_blocks); free(row);
 }
 
@@ -301,10 +301,10 @@ static void gather_columns_kv(const Ring *ring, RingSparse *rs, int64_t kv, cons
     free(send);
 }
 
-// Before a pass: the forward gathers the columns' K/V rows (computed by the
-// column pass); the backward starts their dK/dV at zero.
-static void sparse_begin(void *ctx, const Ring *ring, const AttnShape *shape, bool backward, const void *k,
-                         const void *v) {
+// The column pass before a pass: the forward gathers the columns' K/V rows;
+// the backward starts their dK/dV at zero.
+static void columns_gather(void *ctx, const Ring *ring, const AttnShape *shape, bool backward, const void *k,
+                           const void *v) {
     RingSparse *rs = ctx;
     const int64_t kv = (int64_t)shape->num_kv_heads * shape->head_dim;
     if (!backward) {
@@ -316,9 +316,9 @@ static void sparse_begin(void *ctx, const Ring *ring, const AttnShape *shape, bo
     }
 }
 
-// After the backward: the columns' dK/dV home, summed over ranks into each
-// owner's dk, dv.
-static void sparse_backward_end(void *ctx, const Ring *ring, const AttnShape *shape, float *dk, float *dv) {
+// The column pass after the backward: the columns' dK/dV home, summed over
+// ranks into each owner's dk, dv.
+static void columns_home(void *ctx, const Ring *ring, const AttnShape *shape, float *dk, float *dv) {
     RingSparse *rs = ctx;
     const int W = ring->cp->size, me = ring->cp->rank;
     const RingColumns *c = &rs->columns;
@@ -346,9 +346,9 @@ static void sparse_backward_end(void *ctx, const Ring *ring, const AttnShape *sh
 }
 
 RingKernels ring_sparse_kernels(RingSparse *rs) {
-    return (RingKernels){.forward = sparse_forward, .backward = sparse_backward, .columns_forward = columns_forward,
-                         .columns_backward = columns_backward, .begin = sparse_begin,
-                         .backward_end = sparse_backward_end, .ctx = rs,
+    return (RingKernels){.forward = sparse_forward, .backward = sparse_backward, .columns_gather = columns_gather,
+                         .columns_forward = columns_forward, .columns_backward = columns_backward,
+                         .columns_home = columns_home, .ctx = rs,
                          .need = rs->send == RING_SEND_SELECTED ? &rs->need : NULL, .traffic = &rs->traffic};
 }
 

@@ -60,25 +60,22 @@ typedef struct {
     int64_t column_bytes;      // gathered column K/V (forward) and their dK/dV home (backward)
 } RingSparse;
 
-// shape: q_tokens = this rank's tokens T (block-aligned, at the ring's
-// positions); q [T, Hq, D], k [T, Hkv, D] after RoPE. fixed_vertical /
-// fixed_slash [Hq] as in sparse_plan_local. *index (replaced) gets this
-// rank's index, which rs reads from then on (the caller keeps it while rs
-// is used). rs (zero-initialised before its first plan) is rebuilt; free it
-// with ring_sparse_free. stats, when not NULL, gets the cp totals added
-// (density, the estimation rows' recall and the recall sample's,
-// sparse_recall_rows; the same numbers on every rank; equal to
-// sparse_plan_local's up to rounding). Collective over ring->cp.
-void ring_sparse_plan(const Ring *ring, const AttentionConfig *cfg, const AttnShape *shape,
-                      const float *q, const float *k, const int *fixed_vertical,
-                      const int *fixed_slash, RingSend send, SparseIndex *index, RingSparse *rs,
-                      SparseStats *stats);
+// The plan of call (SparsePlanCall: q, k fp32; shape->q_tokens this rank's
+// tokens T, block-aligned, at the ring's positions; fixed budgets as in
+// sparse_plan_local), its hops' blocks for call->cfg->ring_send. *index
+// (replaced) gets this rank's index, which rs reads from then on (the caller
+// keeps it while rs is used). rs (zero-initialised before its first plan)
+// is rebuilt; free it with ring_sparse_free. call->stats, when not NULL,
+// gets the cp totals added (density, the estimation rows' recall and the
+// recall sample's, sparse_recall_rows; the same numbers on every rank;
+// equal to sparse_plan_local's up to rounding). Collective over ring->cp.
+void ring_sparse_plan(const Ring *ring, const SparsePlanCall *call, SparseIndex *index, RingSparse *rs);
 
 // The layer's kernels for ring_attn_forward / ring_attn_backward (ring.h):
-// rs's index per ring step, its columns gathered before the forward,
-// computed by the column pass and sent home after the backward (the
-// kernels' begin, columns_* and backward_end), need with ring_send
-// selected, rs's traffic. rs outlives them.
+// rs's index per ring step and the column pass on its columns (gathered
+// before the forward, computed after the own step, their dK/dV sent home
+// after the backward: columns_gather, _forward, _backward, _home), need with
+// ring_send selected, rs's traffic. rs outlives them.
 RingKernels ring_sparse_kernels(RingSparse *rs);
 
 // ring_attn_forward / ring_attn_backward over ring_sparse_kernels(rs). The

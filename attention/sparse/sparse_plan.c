@@ -29,9 +29,11 @@ static void count_sampled_recall(const SparsePattern *pattern, int sink, const A
     free(lse);
 }
 
-void sparse_plan_local(const AttentionConfig *cfg, const AttnShape *shape, const float *q,
-                       const float *k, const int64_t *pos, const int *fixed_vertical,
-                       const int *fixed_slash, SparseIndex *index, SparseStats *stats) {
+void sparse_plan_local(const SparsePlanCall *call, const int64_t *pos, SparseIndex *index) {
+    const AttentionConfig *cfg = call->cfg;
+    const AttnShape *shape = call->shape;
+    const float *q = call->q, *k = call->k;
+    SparseStats *stats = call->stats;
     int64_t T = shape->q_tokens;
     int Hq = shape->num_heads;
     int64_t Lq = cfg->last_q < T ? cfg->last_q : T;
@@ -48,7 +50,7 @@ void sparse_plan_local(const AttentionConfig *cfg, const AttnShape *shape, const
     sparse_estimate_scores(&est, qe, qe_pos, k, pos, lse_est, T, vertical, slash);
 
     SparsePattern pattern;
-    sparse_select(cfg, vertical, slash, Hq, T, fixed_vertical, fixed_slash, &pattern);
+    sparse_select(cfg, vertical, slash, Hq, T, call->fixed_vertical, call->fixed_slash, &pattern);
     sparse_index_free(index);
     sparse_index_for_rows(&pattern, shape, cfg->sink, pos, T, index);
 

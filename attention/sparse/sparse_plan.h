@@ -6,14 +6,11 @@
 
 #include "sparse.h"
 
-// q [T, Hq, D] and k [T, Hkv, D] after RoPE at positions pos [T] = 0..T-1
-// (shape: q_tokens = k_tokens = T). The estimation uses the last
-// min(cfg->last_q, T) queries. fixed_vertical / fixed_slash [Hq] are this
-// layer's budgets (NULL unless cfg->budget is "fixed"). The previous index is
-// freed and replaced. stats, when not NULL, gets this layer's density and
-// recall counts added (the estimation rows' and the recall sample's).
-void sparse_plan_local(const AttentionConfig *cfg, const AttnShape *shape, const float *q,
-                       const float *k, const int64_t *pos, const int *fixed_vertical,
-                       const int *fixed_slash, SparseIndex *index, SparseStats *stats);
+// The plan of call (SparsePlanCall: q, k fp32) on the rank that holds the
+// whole sequence at positions pos [T] = 0..T-1. The estimation uses the last
+// min(cfg->last_q, T) queries. *index (freed first) gets the index; stats
+// the layer's density and recall counts (the estimation rows' and the
+// recall sample's).
+void sparse_plan_local(const SparsePlanCall *call, const int64_t *pos, SparseIndex *index);
 
 #endif

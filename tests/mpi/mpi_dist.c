@@ -25,6 +25,7 @@
 
 #include "../../attention/kernels/flash_cpu.h"
 #include "../../attention/layout.h"
+#include "../../attention/ring/ring_cpu.h"
 #include "../../attention/ring/ring_plan.h"
 #include "../../attention/ring/ring_sparse.h"
 #include "../../dist/comm.h"

@@ -33,6 +33,7 @@
 #include "../../attention/kernels/flash_cpu.h"
 #include "../../attention/ring/balance.h"
 #include "../../attention/layout.h"
+#include "../../attention/ring/ring_cpu.h"
 #include "../../attention/ring/ring_plan.h"
 #include "../../attention/ring/ring_sparse.h"
 #include "../../attention/sparse/sparse_plan.h"
@@ -133,7 +134,8 @@ static int64_t check_case(LayoutKind layout, int64_t N, const char *budget, int 
     AttnShape full = {N, N, Hq, Hkv, D, B, 1.0f / sqrtf((float)D), doc_count ? starts : NULL, doc_count, NULL};
     SparseIndex ref = {0};
     SparseStats ref_stats = {0};
-    sparse_plan_local(&cfg, &full, q, k, all_pos, NULL, NULL, &ref, &ref_stats);
+    sparse_plan_local(&(SparsePlanCall){.cfg = &cfg, .shape = &full, .q = q, .k = k, .stats = &ref_stats}, all_pos,
+                      &ref);
     Grads e = grads_new(N, wq, wk, Hq);
     float *delta = xmalloc((size_t)(Hq * N) * sizeof(float));
     attn_forward_init(&full, e.o, e.lse);
@@ -167,7 +169,9 @@ static int64_t check_case(LayoutKind layout, int64_t N, const char *budget, int 
         RingSparse rs = {0};
         SparseIndex index = {0};
         SparseStats stats = {0};
-        ring_sparse_plan(&ring, &cfg, &shape, lq, lk, NULL, NULL, (RingSend)send, &index, &rs, &stats);
+        cfg.ring_send = (RingSend)send;
+        ring_sparse_plan(&ring, &(SparsePlanCall){.cfg = &cfg, .shape = &shape, .q = lq, .k = lk, .stats = &stats},
+                         &index, &rs);
         if (send == 0) {
             // The pattern: this rank's rows and the whole index from its pattern.
             int same = 1;
@@ -461,7 +465,7 @@ static void time_ring(const Ring *ring, RingKernels *dense, RingSparse *rs, cons
         comm_allreduce(&dist.world, &together, 1, DT_DOUBLE, REDUCE_SUM);
         const double t0 = now_seconds();
         if (rs) {
-            ring_sparse_plan(ring, cfg, shape, q, k, NULL, NULL, cfg->ring_send, &index, rs, NULL);
+            ring_sparse_plan(ring, &(SparsePlanCall){.cfg = cfg, .shape = shape, .q = q, .k = k}, &index, rs);
             ring_sparse_forward(ring, rs, shape, &forward);
         } else {
             *dense->traffic = (RingTraffic){0};

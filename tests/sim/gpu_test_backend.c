@@ -137,7 +137,7 @@ static CudaStep run_case(const Case *k, const Case *prev_case, const CudaStep *p
     model_set_attention(&gpu, &a);
     model_set_activations(&cpu, k->checkpoint ? RECOMPUTE_FULL : RECOMPUTE_NONE, 0, k->T);
     model_set_activations(&gpu, k->checkpoint ? RECOMPUTE_FULL : RECOMPUTE_NONE, 0, k->T);
-    cpu.collect_attention_stats = k->attention == CASE_SPARSE_FIXED;
+    if (k->attention == CASE_SPARSE_FIXED) model_attention_stats_begin(&cpu);
     model_init_weights(&cpu, 7);
     float *weights = download_arena(&cpu, cpu.param_mem);
 
@@ -165,11 +165,12 @@ static CudaStep run_case(const Case *k, const Case *prev_case, const CudaStep *p
     EXPECT(rel_after <= 1e-2 && loss_gpu[1] < loss_gpu[0],
            "%s: after one AdamW step loss %.6f (cuda) vs %.6f (cpu): relative %.2e <= 1e-2, below %.6f", k->name,
            loss_gpu[1], loss_cpu[1], rel_after, loss_gpu[0]);
-    if (cpu.collect_attention_stats) {
+    const SparseStats *stats = model_attention_stats_end(&cpu);
+    if (stats) {
         double computed = 0, causal = 0;
         for (int l = 0; l < c.num_layers; l++) {
-            computed += cpu.attention_stats[l].computed;
-            causal += cpu.attention_stats[l].causal;
+            computed += stats[l].computed;
+            causal += stats[l].causal;
         }
         EXPECT(computed / causal <= DENSITY_MAX, "%s: attention density %.3f <= %.1f (the budget is sparse)",
                k->name, computed / causal, DENSITY_MAX);

@@ -164,7 +164,7 @@ static void sparse_need(const AttentionConfig *cfg, const AttnShape *full, const
         for (int64_t i = 0; i < n; i++) owner[blocks[i]] = r;
     }
     SparseIndex index = {0};
-    sparse_plan_local(cfg, full, qf, kf, iota, NULL, NULL, &index, NULL);
+    sparse_plan_local(&(SparsePlanCall){.cfg = cfg, .shape = full, .q = qf, .k = kf}, iota, &index);
     memset(need, 0, (size_t)(W * words) * sizeof(uint64_t));
     memset(mark, 0, (size_t)N);
     for (int r = 0; r < W; r++) {

@@ -4,12 +4,13 @@
 // positions, finite differences, thread counts and rows that see no key;
 // and the ring of one (attention/ring/ring.h: ring_init without a communicator,
 // as every one-rank op runs it): bit for bit the kernels on the whole
-// sequence, one step on the caller's own K/V, the kernels' begin and
-// backward_end hooks called once per pass, and no MPI call (this program
+// sequence, one step on the caller's own K/V, the column pass's gather
+// once per pass and its home once per backward, and no MPI call (this program
 // never initialises MPI); the CPU op (attention/attention_api.h) on the
 // ring of one that attention_cpu_set_ring makes without a communicator
 // (ring_cpu_new): bit for bit the kernels on the whole
-// sequence, dense and sparse (its plan's statistics too), no bytes sent.
+// sequence, dense and sparse (its plan's statistics too), no bytes sent; and
+// its cached call (new queries against more keys) bit for bit the kernel.
 //
 // Tolerances: max |kernel - reference| / max |reference| per tensor, with fp32
 // kernels against a double reference: 1e-5 for O and LSE, 1e-4 for dQ, dK, dV.
@@ -23,7 +24,7 @@
 #include "../../attention/kernels/flash_cpu.h"
 #include "../../attention/attention.h"
 #include "../../attention/attention_api.h"
-#include "../../attention/ring/ring.h"
+#include "../../attention/ring/ring_cpu.h"
 #include "../../attention/sparse/sparse_plan.h"
 #include "../../dist/util.h"
 #include "attn_ref.h"
@@ -362,7 +363,7 @@ static void test_documents(void) {
 // The dense kernels of a ring, counting their calls and checking where they read.
 typedef struct {
     const float *k, *v, *dk, *dv;  // the caller's own K/V and dK/dV
-    int steps, begins, backward_begins, ends, foreign;
+    int steps, gathers, backward_gathers, homes, foreign;
     int columns, columns_late;     // column passes; of them not right after the own step
 } RingCounts;
 
@@ -387,19 +388,19 @@ static void counted_columns(void *ctx, const RingStep *own) {
     c->columns_late += c->steps != c->columns || own->k != c->k || own->v != c->v;
 }
 
-static void counted_begin(void *ctx, const struct Ring *ring, const AttnShape *shape, bool backward, const void *k,
-                          const void *v) {
+static void counted_gather(void *ctx, const struct Ring *ring, const AttnShape *shape, bool backward, const void *k,
+                           const void *v) {
     RingCounts *c = ctx;
     (void)ring, (void)shape;
-    c->begins++;
-    c->backward_begins += backward;
+    c->gathers++;
+    c->backward_gathers += backward;
     c->foreign += k != c->k || v != c->v;
 }
 
-static void counted_end(void *ctx, const struct Ring *ring, const AttnShape *shape, float *dk, float *dv) {
+static void counted_home(void *ctx, const struct Ring *ring, const AttnShape *shape, float *dk, float *dv) {
     RingCounts *c = ctx;
     (void)ring, (void)shape;
-    c->ends++;
+    c->homes++;
     c->foreign += dk != c->dk || dv != c->dv;
 }
 
@@ -423,8 +424,8 @@ static void test_ring_of_one(void) {
     o = got, dq = o + p.nq, dk = dq + p.nq, dv = dk + p.nk, lse = dv + p.nk;
     RingCounts c = {.k = p.k, .v = p.v, .dk = dk, .dv = dv};
     const RingKernels kernels = {.forward = counted_forward, .backward = counted_backward,
-                                 .columns_forward = counted_columns, .columns_backward = counted_columns,
-                                 .begin = counted_begin, .backward_end = counted_end, .ctx = &c};
+                                 .columns_gather = counted_gather, .columns_forward = counted_columns,
+                                 .columns_backward = counted_columns, .columns_home = counted_home, .ctx = &c};
     Ring ring;
     ring_init(&ring, NULL, 1, p.qp, 130);
     const RingTensors forward = {.q = p.q, .k = p.k, .v = p.v, .out = {.o = o, .lse = lse}};
@@ -437,10 +438,10 @@ static void test_ring_of_one(void) {
            "ring of one: o, lse, dq, dk, dv bitwise equal to the kernels on the whole sequence (documents)");
     EXPECT(c.columns == 2 && c.columns_late == 0, "ring of one: the column pass once per pass, right after the own "
            "step, on it (%d passes, %d elsewhere)", c.columns, c.columns_late);
-    EXPECT(c.steps == 2 && c.begins == 2 && c.backward_begins == 1 && c.ends == 1 && c.foreign == 0,
-           "ring of one: one step per pass on the caller's K/V and dK/dV in place, begin per pass, backward_end "
-           "once (steps %d, begins %d of which backward %d, ends %d, other buffers %d)", c.steps, c.begins,
-           c.backward_begins, c.ends, c.foreign);
+    EXPECT(c.steps == 2 && c.gathers == 2 && c.backward_gathers == 1 && c.homes == 1 && c.foreign == 0,
+           "ring of one: one step per pass on the caller's K/V and dK/dV in place, the columns gathered per "
+           "pass and sent home once (steps %d, gathers %d of which backward %d, homes %d, other buffers %d)",
+           c.steps, c.gathers, c.backward_gathers, c.homes, c.foreign);
     free(want);
     free(got);
     free_problem(&p);
@@ -453,7 +454,8 @@ static void sparse_whole(const Problem *p, const AttentionConfig *cfg, float *o,
     int *vertical, *slash;
     sparse_budget_tables(cfg, 1, p->s.num_heads, &vertical, &slash);
     SparseIndex index = {0};
-    sparse_plan_local(cfg, &p->s, p->q, p->k, p->qp, vertical, slash, &index, stats);
+    sparse_plan_local(&(SparsePlanCall){.cfg = cfg, .shape = &p->s, .q = p->q, .k = p->k, .fixed_vertical = vertical,
+                                       .fixed_slash = slash, .stats = stats}, p->qp, &index);
     attn_forward_init(&p->s, o, lse);
     attn_sparse_forward_cpu(&p->s, &index, p->q, p->qp, p->k, p->v, p->kp, o, lse);
     float *delta = xmalloc((size_t)p->nl * sizeof(float));
@@ -506,6 +508,28 @@ static void test_op_ring_of_one(void) {
     free_problem(&p);
 }
 
+// The decode's cached call (attention_cpu_cached): 24 new queries at the
+// last positions of 90 keys, through a ring of one over the keys, bit for
+// bit the dense kernel on them (queries at keys' positions 0..23 would see
+// fewer keys).
+static void test_op_cached(void) {
+    Problem p = make_problem(24, 90, 4, 2, 32, 16, 9300);
+    for (int64_t t = 0; t < 24; t++) p.qp[t] = 90 - 24 + t;
+    const int64_t n = p.nq + p.nl;
+    float *want = xcalloc((size_t)n, sizeof(float)), *got = xcalloc((size_t)n, sizeof(float));
+    attn_forward_init(&p.s, want, want + p.nq);
+    attn_dense_forward_cpu(&p.s, p.q, p.qp, p.k, p.v, p.kp, want, want + p.nq);
+    const AttentionConfig cfg = {.type = ATTN_DENSE, .block_size = 16};
+    AttnState *st = attention_cpu_new(&cfg, 1, p.s.num_heads);
+    attention_cpu_cached(st, &p.s, p.q, p.qp, p.k, p.v, p.kp, got, got + p.nq);
+    attention_cpu_free(st);
+    EXPECT(memcmp(want, got, (size_t)n * sizeof(float)) == 0, "CPU op's cached call: o, lse of 24 queries at "
+           "positions 66..89 against 90 keys bitwise equal to the dense kernel");
+    free(want);
+    free(got);
+    free_problem(&p);
+}
+
 int main(void) {
     test_forward_shapes();
     test_backward_shapes();
@@ -517,5 +541,6 @@ int main(void) {
     test_documents();
     test_ring_of_one();
     test_op_ring_of_one();
+    test_op_cached();
     return check_exit();
 }

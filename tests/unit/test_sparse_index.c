@@ -690,7 +690,8 @@ static void test_sampled_recall(void) {
     for (int c = 0; c < 2; c++) {
         SparseIndex ix = {0};
         SparseStats st = {0};
-        sparse_plan_local(c ? &narrow : &wide, &s, q, k, pos, NULL, NULL, &ix, &st);
+        sparse_plan_local(&(SparsePlanCall){.cfg = c ? &narrow : &wide, .shape = &s, .q = q, .k = k, .stats = &st}, pos,
+                          &ix);
         const double want = brute_sampled_mass(&s, &ix, q, k, rows, n);
         recall[c] = st.sampled_mass / st.sampled_rows;
         EXPECT(st.sampled_rows == (double)(Hq * n) && fabs(st.sampled_mass - want) <= 1e-5 * Hq * n,

@@ -86,11 +86,7 @@ static __device__ void produce(unsigned char *smem, const CUtensorMap *qmap, con
         }
         if (++stage == STAGES) { stage = 0; phase ^= 1; }
     }
-    mbarrier_wait(&empty[stage], phase ^ 1);
-    if (lane == 0) {
-        flag[stage] = FLAG_END;
-        mbarrier_arrive(&full[stage]);
-    }
+    sm90_forward_end<D, C>(smem, stage, phase);
 }
 
 #endif  // sm_90a or the sim

@@ -2,8 +2,9 @@
 // the dense one (flash_sm90.cu) and the sparse one (flash_sm90_sparse.cu):
 // the tiles (64 queries of a consumer warpgroup, 64 keys a stage), the CTA's
 // shared-memory layout (Q boxes of C consumers, a ring of STAGES K/V stages
-// with their key positions and flags, the mbarriers), the barriers' set-up,
-// the producer's and consumers' register counts, and the consumer warpgroup
+// with their key positions and flags, the mbarriers), the barriers' set-up
+// and the closing END stage, the dense forward's register split of producer
+// and consumers, and the consumer warpgroup
 // (S = Q K^T and O += P V by wgmma, online softmax, the chunk's fp32 merge
 // into the running (o, lse)). A kernel's producer fills the stages; each
 // consumer walks them until a stage flagged FLAG_END.
@@ -59,7 +60,21 @@ static __device__ __forceinline__ void sm90_forward_barriers_init(unsigned char 
     __syncthreads();
 }
 
-// One consumer warpgroup: q head h against every stage the producer fills; merges into (o, lse) at the end.
+// The producer's last stage (`stage` in its use of parity `phase`), once the consumers released it: flagged
+// END, arrived on by lane 0.
+template <int D, int C>
+static __device__ __forceinline__ void sm90_forward_end(unsigned char *smem, int stage, unsigned phase) {
+    using L = Sm90Smem<D, C>;
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem + L::BAR) + 1, *empty = full + STAGES;
+    mbarrier_wait(&empty[stage], phase ^ 1);
+    if (threadIdx.x % 32 == 0) {
+        reinterpret_cast<int *>(smem + L::FLAG)[stage] = FLAG_END;
+        mbarrier_arrive(&full[stage]);
+    }
+}
+
+// One consumer warpgroup: the 64 queries from i0 of q head h (Q in the CTA's slot c) against every stage the
+// producer fills; merges into (o, lse) at the end.
 // Thread (warp w of the group, lane l; g = l / 4, t = l % 4) holds rows 16 w + g and + 8 of the tile.
 template <int D, int C, bool DOCS>
 static __device__ void consume(unsigned char *smem, int c, const int64_t *__restrict__ q_pos,

@@ -177,11 +177,7 @@ static __device__ void produce_sparse(unsigned char *smem, SparsePart part, cons
     }
     if (waiting > 0) gather_tile(from, waiting);
 
-    mbarrier_wait(&empty[stage], phase ^ 1);
-    if (lane == 0) {
-        flag[stage] = FLAG_END;
-        mbarrier_arrive(&full[stage]);
-    }
+    sm90_forward_end<D, C>(smem, stage, phase);
 }
 
 #endif  // sm_90a or the sim

@@ -14,8 +14,10 @@
 //                   tiles each, K and V by TMA as the dense forward's tiles;
 //                 - then its columns present in the call's keys, gathered 64
 //                   to a tile: K and V rows by cp.async into the stage's
-//                   swizzled boxes, waited for and fenced for the async proxy
-//                   (wgmma reads them), then a plain arrive on `full`.
+//                   swizzled boxes; once the next gathered tile's copies are
+//                   issued (or the walk ends), waited for, fenced for the
+//                   async proxy (wgmma reads them) and announced by a plain
+//                   arrive on `full`.
 //                 Tiles no query of the block sees are skipped; tiles every
 //                 query sees whole are flagged so that no mask is applied.
 //   warpgroups 1..C  the dense forward's consumers (flash_sm90_forward.cuh),
@@ -134,9 +136,23 @@ static __device__ void produce_sparse(unsigned char *smem, SparsePart part, cons
         }
     }
 
+    // The gathered stage whose cp.async are in flight (-1: none), announced on `full` once they landed, after
+    // the next gathered stage's copies were issued (`newer`: one newer group in flight), so that its loads
+    // overlap the consumers' work on the stages before it.
+    int pending = -1;
+    auto announce = [&](bool newer) {
+        if (pending < 0) return;
+        if (newer) cp_async_wait<1>();
+        else cp_async_wait<0>();
+        fence_proxy_async_shared();
+        __syncwarp();
+        if (lane == 0) mbarrier_arrive(&full[pending]);
+        pending = -1;
+    };
+
     // A tile of the n gathered tokens from gathered[from] on (ring order): K and V rows of kv head kvh into the
     // stage's boxes at the 128-byte swizzle's places (chunk c of row w at c ^ (w % 8), as TMA writes them), zero
-    // rows past n.
+    // rows past n; the stage becomes the pending one.
     auto gather_tile = [&](int from, int n) {
         const int64_t ta = lane < n ? gathered[(from + lane) % GATHERED] : -1;
         const int64_t tb = lane + 32 < n ? gathered[(from + lane + 32) % GATHERED] : -1;
@@ -153,10 +169,8 @@ static __device__ void produce_sparse(unsigned char *smem, SparsePart part, cons
             }
         }
         cp_async_commit();
-        cp_async_wait<0>();
-        fence_proxy_async_shared();
-        __syncwarp();
-        if (lane == 0) mbarrier_arrive(&full[stage]);
+        announce(true);
+        pending = stage;
         next_stage();
     };
 
@@ -176,6 +190,7 @@ static __device__ void produce_sparse(unsigned char *smem, SparsePart part, cons
         }
     }
     if (waiting > 0) gather_tile(from, waiting);
+    announce(false);
 
     sm90_forward_end<D, C>(smem, stage, phase);
 }

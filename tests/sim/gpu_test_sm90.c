@@ -284,12 +284,12 @@ static void run_backward_case(const Case *c, uint64_t seed) {
 // ---- the sparse forward (attention/kernels/flash_sm90_sparse.cu) ----
 
 // A sparse case: the dense case's sizes, chunks and documents; the index's block B (also the striped layout's
-// block, as the cp ring holds whole index blocks) and the density of the random pattern's vertical lines (its
-// slashes: a tenth of that, offset 0 always).
+// block, as the cp ring holds whole index blocks) and the probabilities of the random pattern's vertical and
+// slash lines (offset 0 always a slash).
 typedef struct {
     Case c;
     int B;
-    double density;
+    double vertical, slash;
 } SparseCase;
 
 #define DOC_SINK 4            // attention.sink of the cases with documents (sparse_index_documents)
@@ -319,8 +319,8 @@ static void random_index(const SparseCase *sc, const int64_t *qpos, int64_t Tq, 
     for (int h = 0; h < H; h++) {
         int64_t nv = p.vertical_start[h], ns = p.slash_start[h];
         for (int64_t i = 0; i < N; i++) {
-            if (rng_uniform(rng) < sc->density) p.vertical[nv++] = i;
-            if (i == 0 || rng_uniform(rng) < sc->density / 10) p.slash[ns++] = i;
+            if (rng_uniform(rng) < sc->vertical) p.vertical[nv++] = i;
+            if (i == 0 || rng_uniform(rng) < sc->slash) p.slash[ns++] = i;
         }
         p.vertical_start[h + 1] = nv;
         p.slash_start[h + 1] = ns;
@@ -618,13 +618,13 @@ int main(int argc, char **argv) {
         {256, 64, 2, 1, 3, 2, 0},
     };
     const int count = (int)(sizeof cases / sizeof cases[0]);
-    // {{n, D, Hq, Hkv, world, rank, docs}, B, density}: a short last block, GQA 2 and 3, rows of more than 64
-    // columns in a call, a last block of 128 with one consumer's queries, documents, 1 to 3 chunks.
+    // {{n, D, Hq, Hkv, world, rank, docs}, B, vertical, slash}: a short last block, GQA 2 and 3, rows of up to
+    // 4 gathered tiles in a call, a last block of 128 with one consumer's queries, documents, 1 to 3 chunks.
     static const SparseCase sparse_cases[] = {
-        {{300, 64, 2, 1, 1, 0, 0}, 64, 0.05},
-        {{1000, 64, 2, 2, 1, 0, 0}, 64, 0.2},
-        {{520, 128, 3, 1, 2, 0, 1}, 128, 0.1},
-        {{700, 128, 2, 1, 3, 2, 1}, 64, 0.04},
+        {{300, 64, 2, 1, 1, 0, 0}, 64, 0.05, 0.005},
+        {{1000, 64, 2, 2, 1, 0, 0}, 64, 0.3, 0.002},
+        {{520, 128, 3, 1, 2, 0, 1}, 128, 0.1, 0.01},
+        {{700, 128, 2, 1, 3, 2, 1}, 64, 0.04, 0.004},
     };
     const int sparse_count = (int)(sizeof sparse_cases / sizeof sparse_cases[0]);
     for (int i = 0; i < count && !backward_only && !sparse_only; i++) run_case(&cases[i], 2000 + i);

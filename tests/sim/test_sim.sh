@@ -192,14 +192,17 @@ mutant gpu_test_sm90 small "sm90 S = Q K^T without its wgmma.fence" $fwd \
 mutant gpu_test_sm90 small "sm90 S = Q K^T read before its wgmma.wait_group" $fwd \
   's = s.replace("        wgmma_commit_group();\n        wgmma_wait_group<0>();\n\n", "        wgmma_commit_group();\n\n", 1)'
 # The Hopper sparse forward's producer: a block tile's TMA without its expect-tx, a wrong phase on empty, a
-# gathered tile arrived on before its cp.async wait, gathered rows stored without the 128-byte swizzle.
+# gathered tile announced on full without its cp.async wait or while its group may be in flight, gathered rows
+# stored without the 128-byte swizzle.
 sp=attention/kernels/flash_sm90_sparse.cu
 mutant gpu_test_sm90 sparse "sm90 sparse block tile without its expect-tx" $sp \
   's = s.replace("mbarrier_arrive_expect_tx(&full[stage], 2 * L::BOXES * BOX_BYTES);", "mbarrier_arrive(&full[stage]);", 1)'
 mutant gpu_test_sm90 sparse "sm90 sparse producer waiting on empty with the wrong parity" $sp \
   's = s.replace("mbarrier_wait(&empty[stage], phase ^ 1);\n        kps", "mbarrier_wait(&empty[stage], phase);\n        kps", 1)'
-mutant gpu_test_sm90 sparse "sm90 sparse gathered tile without its cp.async wait" $sp \
-  's = s.replace("        cp_async_wait<0>();\n        fence_proxy_async_shared();\n", "        fence_proxy_async_shared();\n", 1)'
+mutant gpu_test_sm90 sparse "sm90 sparse gathered tile announced without its cp.async wait" $sp \
+  's = s.replace("        if (newer) cp_async_wait<1>();\n        else cp_async_wait<0>();\n", "", 1)'
+mutant gpu_test_sm90 sparse "sm90 sparse gathered tile announced while its copies may be in flight" $sp \
+  's = s.replace("if (newer) cp_async_wait<1>();", "if (newer) cp_async_wait<2>();", 1)'
 mutant gpu_test_sm90 sparse "sm90 sparse gathered rows without the swizzle" $sp \
   's = s.replace("2 * swizzle<64>(w, 8 * (c % 8))", "2 * (64 * w + 8 * (c % 8))", 1)'
 # The Hopper backward's: a missing wait (the warpgroup's dS^T barrier, the producer's on empty, dQ's

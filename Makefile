@@ -102,7 +102,8 @@ build/obj/%.cu.o: %.cu $(DEPS_OK)
 
 # wgmma and setmaxnreg need the arch-specific target: the sm_90 kernels' code is sm_90a.
 comma := ,
-build/obj/attention/kernels/flash_sm90.cu.o build/obj/attention/kernels/flash_sm90_backward.cu.o: CUDA_ARCHS := \
+build/obj/attention/kernels/flash_sm90.cu.o build/obj/attention/kernels/flash_sm90_backward.cu.o \
+    build/obj/attention/kernels/flash_sm90_sparse.cu.o: CUDA_ARCHS := \
     $(subst compute_90$(comma)code=sm_90,compute_90a$(comma)code=sm_90a,$(CUDA_ARCHS))
 
 build/mtrain: build/obj/trainer/main.o $(LIB_OBJ)
@@ -185,7 +186,7 @@ SIM_LIB = build/sim/libcudasim.a
 SIM_NCCL_OBJ = build/sim/obj/tests/sim/cudasim/mpi/nccl.o
 SIM_HAS_CUB = $(wildcard tests/sim/cudasim/include/cub/cub.cuh)
 SIM_CU_NO_CUB = attention/kernels/flash_cuda.cu attention/kernels/flash_sm90.cu attention/kernels/flash_sm90_backward.cu \
-                model/matmul_cuda.cu
+                attention/kernels/flash_sm90_sparse.cu model/matmul_cuda.cu
 SIM_CU_SRC = $(SIM_CU_NO_CUB) $(if $(SIM_HAS_CUB),$(filter-out $(SIM_CU_NO_CUB),$(CU_SRC)))
 SIM_CU_OBJ = $(SIM_CU_SRC:%.cu=build/sim/obj/%.cu.o)
 SIM_LDLIBS = $(filter-out -lcudart -lcublasLt -lnccl,$(LDLIBS)) -lstdc++ -ldl -rdynamic

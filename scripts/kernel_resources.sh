@@ -87,6 +87,9 @@ sm90_forward_smem() {   # flash_sm90.cu attn_dense_forward_sm90(): Sm90Smem<D, C
                          # 2 stages of K and V boxes of 8192 bytes (D / 64 boxes each), 2 x 64 int64 key positions,
                          # 2 int flags (to 8 bytes), 5 mbarriers
   local D=$1 C=$2; echo $(((C + 4) * (D / 64) * 8192 + 1024 + 8 + 40 + 1024)); }
+sm90_sparse_forward_smem() {  # flash_sm90_sparse.cu sparse_forward_sm90(): Sm90SparseSmem<D, C>::BYTES + 1024 of
+                         # alignment: the dense forward's layout and 128 int64 gathered key tokens
+  local D=$1 C=$2; echo $(($(sm90_forward_smem $D $C) + 128 * 8)); }
 sm90_backward_smem() {  # flash_sm90_backward.cu backward_sm90(): Sm90BackwardSmem<D>::BYTES + 1024 of alignment: 2 consumers'
                          # K and V boxes and 2 stages of Q and dO boxes (8192 bytes, D / 64 boxes each), dS^T 2 x 64 x 72
                          # bf16, 2 stages x 64 rows of lse, delta (fp32), positions, document starts (int64), 2 first
@@ -117,15 +120,18 @@ launch_table() {
     row "flash_backward_kernel<64, 128, $docs>" 256 "$(flash_backward_smem 64 128 $d)" optin all
     row "flash_backward_kernel<128, 64, $docs>" 256 "$(flash_backward_smem 128 64 $d)" optin all
   done
-  # flash_sm90.cu: 128 (C + 1) threads (a producer and C consumer warpgroups), flash_sm90_backward.cu: 384
-  # (C = 2), launched only on sm_90. The Makefile builds these files for sm_90a; this script compiles sm_90, where
-  # their kernels are the guard's empty stub (their registers here are not the real ones: ptxas on sm_90a reports
-  # 168-240 and 40-56 spill bytes for the forward, 168 and none for the backward).
+  # flash_sm90.cu and flash_sm90_sparse.cu: 128 (C + 1) threads (a producer and C consumer warpgroups; sparse:
+  # C = B / 64), flash_sm90_backward.cu: 384 (C = 2), launched only on sm_90. The Makefile builds these files for
+  # sm_90a; this script compiles sm_90, where their kernels are the guard's empty stub (their registers here are
+  # not the real ones: ptxas on sm_90a reports 168-240 and 40-56 spill bytes for the forward, 168-208 and none
+  # for the sparse forward, 168 and none for the backward).
   for docs in false true; do
     for D in 64 128; do
       row "flash_sm90_forward_kernel<$D, 1, $docs>" 256 "$(sm90_forward_smem $D 1)" optin sm_90
       row "flash_sm90_forward_kernel<$D, 2, $docs>" 384 "$(sm90_forward_smem $D 2)" optin sm_90
       row "flash_sm90_backward_kernel<$D, $docs>" 384 "$(sm90_backward_smem $D)" optin sm_90
+      row "flash_sm90_sparse_forward_kernel<$D, 1, $docs>" 256 "$(sm90_sparse_forward_smem $D 1)" optin sm_90
+      row "flash_sm90_sparse_forward_kernel<$D, 2, $docs>" 384 "$(sm90_sparse_forward_smem $D 2)" optin sm_90
     done
   done
   # sparse_cuda.cu: the forward BM threads (warps of 32 queries), __launch_bounds__(BM, 256 / BM), the

@@ -7,8 +7,10 @@
 // (flash_sm90.h) are one variant each per head dim: the forward 64 queries x
 // 64 keys per tile, a producer and up to two consumer warpgroups; the
 // backward 128 keys per block over query tiles of 64, a producer and two
-// consumer warpgroups. A new instance adds its launch function beside
-// its kernel and a row here; the first row of a kind and head dim is that
+// consumer warpgroups; the Hopper sparse forward one per head dim: a query
+// block of the index (64 or 128: one consumer warpgroup per 64 queries) x
+// 64 keys per tile, blocks by TMA, gathered columns by cp.async. A new
+// instance adds its launch function beside its kernel and a row here; the first row of a kind and head dim is that
 // kind's reference. The choice per architecture and head dim: attn_choice.h
 // (measured), else the cost model (kernel_cost.h), within attention.kernels.
 #include <cuda_runtime.h>
@@ -43,6 +45,11 @@ static void dense_backward_sm90(const AttnVariantCall *c, cudaStream_t stream) {
                              c->dk, c->dv, stream);
 }
 
+static void sparse_forward_sm90(const AttnVariantCall *c, cudaStream_t stream) {
+    attn_sparse_forward_part_sm90(c->part, c->shape, c->index, c->q, c->q_pos, c->k, c->v, c->k_pos, c->o_acc,
+                                  c->lse, stream);
+}
+
 static void sparse_forward(const AttnVariantCall *c, cudaStream_t stream) {
     attn_sparse_forward_part_cuda(c->part, c->shape, c->index, c->q, c->q_pos, c->k, c->v, c->k_pos, c->o_acc,
                                   c->lse, stream);
@@ -73,6 +80,8 @@ extern "C" const AttnVariant attn_variants[] = {
     {"dense_fwd_sm90_d128_q64_k64_w12_s2", ATTN_DENSE_FORWARD, SM90, 128, 64, 64, 12, 2, dense_forward_sm90, NULL},
     {"dense_bwd_sm90_d64_q64_k128_w12_s2", ATTN_DENSE_BACKWARD, SM90, 64, 64, 128, 12, 2, dense_backward_sm90, NULL},
     {"dense_bwd_sm90_d128_q64_k128_w12_s2", ATTN_DENSE_BACKWARD, SM90, 128, 64, 128, 12, 2, dense_backward_sm90, NULL},
+    {"sparse_fwd_sm90_d64_q128_k64_w12_s2", ATTN_SPARSE_FORWARD, SM90, 64, 128, 64, 12, 2, sparse_forward_sm90, NULL},
+    {"sparse_fwd_sm90_d128_q128_k64_w12_s2", ATTN_SPARSE_FORWARD, SM90, 128, 128, 64, 12, 2, sparse_forward_sm90, NULL},
 };
 #undef MMA
 #undef SM90

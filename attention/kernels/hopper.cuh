@@ -117,6 +117,15 @@ __device__ __forceinline__ void tma_load_2d(void *smem, const CUtensorMap *map, 
 #endif
 }
 
+// After this thread's generic writes to shared memory (stores; cp.async once waited for) that the async proxy
+// (wgmma operands, bulk copies) reads later: orders them before those reads (PTX ISA, "fence.proxy.async").
+// The sim has one proxy: nothing to order.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+#ifndef __CUDASIM__
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
 // ---- wgmma (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"): a warpgroup (128 threads,
 // warps 4i..4i+3) computes D (64 x N, fp32) = A (64 x 16) B (16 x N) (+ D), A and B K-major bf16 ----
 
@@ -290,7 +299,7 @@ template <int COUNT> __device__ __forceinline__ void setmaxnreg_dec() {
 #endif
 }
 
-// ---- shared by the sm_90 attention kernels (flash_sm90.cu, flash_sm90_backward.cu) ----
+// ---- shared by the sm_90 attention kernels (flash_sm90.cu, flash_sm90_backward.cu, flash_sm90_sparse.cu) ----
 
 // Min and max over the warp of a (lanes with !valid left out); every lane gets them.
 static __device__ __forceinline__ void warp_bounds(int64_t a, bool valid_a, int64_t b, bool valid_b, int64_t *lo,

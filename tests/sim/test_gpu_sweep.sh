@@ -3,8 +3,8 @@
 # On the sim's A100 its table holds every variant of the registry
 # (attention/kernels/attn_variants.cu) but the Hopper ones (named as not
 # run) on every shape of its kind, each within the bf16 bound of its
-# reference; on its H100 (CUDASIM_SM=90, head dim 64) the Hopper forward
-# too; the dense kernels' shared memory and blocks per SM as the sim's
+# reference; on its H100 (CUDASIM_SM=90, head dim 64) the Hopper forwards
+# too (dense on its 4 shapes, sparse on its own); the dense kernels' shared memory and blocks per SM as the sim's
 # cudaFuncGetAttributes and occupancy API give them (the forward at
 # head dim 128: (128 + 2 x 64) rows x 128 bf16, 64 + 128 positions and 128
 # lse = 67584 bytes, two blocks on the sim's A100; at head dim 64 34816
@@ -44,9 +44,10 @@ expect "sweep_hopper_not_run: the table names the Hopper variants as not run on 
   '[ -n "$hopper" ] && grep -qx "# not run on sm_80:$hopper" "$tmp/sweep.tsv"'
 CUDASIM_SM=90 $sweep small --repeats 1 --head-dim 64 --out "$tmp/h100.tsv" >"$tmp/h100.txt" 2>&1
 rc=$?
-expect "sweep_hopper_runs: on the sim's H100 the Hopper forward at head dim 64 on its 4 dense shapes within the bound, nothing left out ($rc; $(tail -n 1 "$tmp/h100.txt"))" \
+expect "sweep_hopper_runs: on the sim's H100 the Hopper forwards at head dim 64 (dense on its 4 shapes, sparse on its own) within the bound, nothing left out ($rc; $(tail -n 1 "$tmp/h100.txt"))" \
   '[ $rc -eq 0 ] && grep -qx "# not run on sm_90:" "$tmp/h100.tsv" &&
-   [ "$(awk -F"\t" "\$1 ~ /^dense_fwd_sm90_d64_/ && \$9 + 0 <= 1e-2 && \$15 == \"ok\"" "$tmp/h100.tsv" | wc -l)" -eq 4 ]'
+   [ "$(awk -F"\t" "\$1 ~ /^dense_fwd_sm90_d64_/ && \$9 + 0 <= 1e-2 && \$15 == \"ok\"" "$tmp/h100.tsv" | wc -l)" -eq 4 ] &&
+   [ "$(awk -F"\t" "\$1 ~ /^sparse_fwd_sm90_d64_/ && \$9 + 0 <= 1e-2 && \$15 == \"ok\"" "$tmp/h100.tsv" | wc -l)" -eq 1 ]'
 expect "sweep_within_bound: every error <= 1e-2, status ok, TFLOP/s and time positive" \
   '[ "$(rows | awk -F"\t" "\$9 + 0 <= 1e-2 && \$15 == \"ok\" && \$7 > 0 && \$8 > 0" | wc -l)" -eq 20 ]'
 expect "sweep_resources: dense forward d=128 67584 bytes, 2 blocks per SM; d=64 34816 bytes, 4" \

@@ -7,7 +7,9 @@
 # and mutations of the attention sources (a __syncthreads
 # removed from the forward or the backward, a fragment's bf16 halves swapped, too many threads for the
 # __launch_bounds__; in the Hopper forward an mbarrier wait removed or on the
-# wrong phase, a wgmma fence or wait removed; in the Hopper backward the
+# wrong phase, a wgmma fence or wait removed; in the Hopper sparse forward
+# an expect-tx or a cp.async wait removed, empty's wrong phase, the gathered
+# rows' swizzle dropped; in the Hopper backward the
 # wait on its dS^T barrier, on empty or a wgmma wait removed, empty's wrong
 # phase, a fence removed) that the attention tests must catch, and of the sparse
 # index build's barriers (each loop's closing __syncthreads, the one inside
@@ -178,16 +180,31 @@ mutant gpu_test_attention small "backward without the __syncthreads before dO re
 mutant gpu_test_attention small "pack_bf16 with its two halves swapped" attention/kernels/flash_tiles.cuh \
   's = s.replace("__floats2bfloat162_rn(lo, hi)", "__floats2bfloat162_rn(hi, lo)", 1)'
 # The Hopper forward's pipeline: each missing wait, wrong phase or missing wgmma fence or wait must fail it.
-mutant gpu_test_sm90 small "sm90 consumer without its wait on the stage's full mbarrier" attention/kernels/flash_sm90.cu \
+fwd=attention/kernels/flash_sm90_forward.cuh   # the consumer the dense and sparse forwards share
+mutant gpu_test_sm90 small "sm90 consumer without its wait on the stage's full mbarrier" $fwd \
   's = s.replace("        mbarrier_wait(&full[stage], phase);\n", "", 1)'
-mutant gpu_test_sm90 small "sm90 consumer waiting on parity 0 every time" attention/kernels/flash_sm90.cu \
+mutant gpu_test_sm90 small "sm90 consumer waiting on parity 0 every time" $fwd \
   's = s.replace("mbarrier_wait(&full[stage], phase);", "mbarrier_wait(&full[stage], 0);", 1)'
 mutant gpu_test_sm90 small "sm90 producer refilling a stage without its wait on empty" attention/kernels/flash_sm90.cu \
   's = s.replace("        mbarrier_wait(&empty[stage], phase ^ 1);\n        kps", "        kps", 1)'
-mutant gpu_test_sm90 small "sm90 S = Q K^T without its wgmma.fence" attention/kernels/flash_sm90.cu \
+mutant gpu_test_sm90 small "sm90 S = Q K^T without its wgmma.fence" $fwd \
   's = s.replace("        wgmma_fence();\n#pragma unroll\n        for (int kk = 0; kk < D / 16", "#pragma unroll\n        for (int kk = 0; kk < D / 16", 1)'
-mutant gpu_test_sm90 small "sm90 S = Q K^T read before its wgmma.wait_group" attention/kernels/flash_sm90.cu \
+mutant gpu_test_sm90 small "sm90 S = Q K^T read before its wgmma.wait_group" $fwd \
   's = s.replace("        wgmma_commit_group();\n        wgmma_wait_group<0>();\n\n", "        wgmma_commit_group();\n\n", 1)'
+# The Hopper sparse forward's producer: a block tile's TMA without its expect-tx, a wrong phase on empty, a
+# gathered tile announced on full without its cp.async wait or while its group may be in flight, gathered rows
+# stored without the 128-byte swizzle.
+sp=attention/kernels/flash_sm90_sparse.cu
+mutant gpu_test_sm90 sparse "sm90 sparse block tile without its expect-tx" $sp \
+  's = s.replace("mbarrier_arrive_expect_tx(&full[stage], 2 * L::BOXES * BOX_BYTES);", "mbarrier_arrive(&full[stage]);", 1)'
+mutant gpu_test_sm90 sparse "sm90 sparse producer waiting on empty with the wrong parity" $sp \
+  's = s.replace("mbarrier_wait(&empty[stage], phase ^ 1);\n        kps", "mbarrier_wait(&empty[stage], phase);\n        kps", 1)'
+mutant gpu_test_sm90 sparse "sm90 sparse gathered tile announced without its cp.async wait" $sp \
+  's = s.replace("        if (newer) cp_async_wait<1>();\n        else cp_async_wait<0>();\n", "", 1)'
+mutant gpu_test_sm90 sparse "sm90 sparse gathered tile announced while its copies may be in flight" $sp \
+  's = s.replace("if (newer) cp_async_wait<1>();", "if (newer) cp_async_wait<2>();", 1)'
+mutant gpu_test_sm90 sparse "sm90 sparse gathered rows without the swizzle" $sp \
+  's = s.replace("2 * swizzle<64>(w, 8 * (c % 8))", "2 * (64 * w + 8 * (c % 8))", 1)'
 # The Hopper backward's: a missing wait (the warpgroup's dS^T barrier, the producer's on empty, dQ's
 # wgmma.wait_group), a wrong phase, a missing wgmma fence; its cases only (argument backward). (A consumer
 # that skips its wait on full, or waits on the wrong parity, spins through stale stages without end: no mutant.)

@@ -7,6 +7,9 @@
 //   streams_nowait / streams_event / streams_legacy   a kernel on stream 2 reads what one on stream 1
 //                                wrote: no dependency / cudaStreamWaitEvent / stream 2 is the legacy
 //                                default stream: prints wrong / correct / correct
+//   streams_far_nowait / streams_far_event   stream 1 overwrites, 16 launches later, what a kernel on
+//                                stream 2 reads: no dependency / stream 1 waits for the read by an
+//                                event: prints wrong / correct
 //   shfl_missing_lane            a lane exits before a full-mask shuffle: one cudasim line, exit 1
 //   misaligned_cp_async          cp.async to an 8-byte aligned address: one cudasim line, exit 1
 //   barrier_divergence           __syncthreads in half the block: one cudasim line, exit 1
@@ -146,6 +149,52 @@ static void streams(const char *how) {
     CUDA_CHECK(cudaEventDestroy(done));
     CUDA_CHECK(cudaStreamDestroy(s1));
     if (s2) CUDA_CHECK(cudaStreamDestroy(s2));
+}
+
+// A kernel on stream 2 reads what stream 1 then overwrites, 16 launches of other work later, on
+// stream 1 (a backward's weight-gradient GEMM beside the input-gradient chain); wait: stream 1 waits for
+// the read by an event first. Eight rounds: "wrong" when any round read the overwritten data.
+static void streams_far(bool wait) {
+    cudaStream_t s1, s2;
+    CUDA_CHECK(cudaStreamCreate(&s1));
+    CUDA_CHECK(cudaStreamCreate(&s2));
+    cudaEvent_t written, read;
+    CUDA_CHECK(cudaEventCreate(&written));
+    CUDA_CHECK(cudaEventCreate(&read));
+    float *d_x, *d_y, *d_other, y[32];
+    CUDA_CHECK(cudaMalloc((void **)&d_x, sizeof y));
+    CUDA_CHECK(cudaMalloc((void **)&d_y, sizeof y));
+    CUDA_CHECK(cudaMalloc((void **)&d_other, sizeof y));
+    int wrong = 0;
+    for (int round = 1; round <= 8; round++) {
+        CUDA_LAUNCH(produce_kernel, 1, 32, 0, s1, d_x, (float)round);
+        CUDA_CHECK(cudaGetLastError());
+        CUDA_CHECK(cudaEventRecord(written, s1));
+        CUDA_CHECK(cudaStreamWaitEvent(s2, written, 0));
+        CUDA_LAUNCH(consume_kernel, 1, 32, 0, s2, d_x, d_y);
+        CUDA_CHECK(cudaGetLastError());
+        if (wait) {
+            CUDA_CHECK(cudaEventRecord(read, s2));
+            CUDA_CHECK(cudaStreamWaitEvent(s1, read, 0));
+        }
+        for (int i = 0; i < 16; i++) {
+            CUDA_LAUNCH(produce_kernel, 1, 32, 0, s1, d_other, (float)i);
+            CUDA_CHECK(cudaGetLastError());
+        }
+        CUDA_LAUNCH(produce_kernel, 1, 32, 0, s1, d_x, -1.0f);
+        CUDA_CHECK(cudaGetLastError());
+        CUDA_CHECK(cudaDeviceSynchronize());
+        CUDA_CHECK(cudaMemcpy(y, d_y, sizeof y, cudaMemcpyDeviceToHost));
+        for (int i = 0; i < 32; i++) wrong += y[i] != (float)round + 1.0f;
+    }
+    printf("%s\n", wrong ? "wrong" : "correct");
+    CUDA_CHECK(cudaFree(d_x));
+    CUDA_CHECK(cudaFree(d_y));
+    CUDA_CHECK(cudaFree(d_other));
+    CUDA_CHECK(cudaEventDestroy(written));
+    CUDA_CHECK(cudaEventDestroy(read));
+    CUDA_CHECK(cudaStreamDestroy(s1));
+    CUDA_CHECK(cudaStreamDestroy(s2));
 }
 
 // ---- polling: cudaEventQuery over an operation that completes over several
@@ -880,6 +929,8 @@ int main(int argc, char **argv) {
     const char *c = argv[1];
     if (!strcmp(c, "reuse_nosync") || !strcmp(c, "reuse_sync")) reuse(!strcmp(c, "reuse_sync"));
     else if (!strcmp(c, "cp_async_early") || !strcmp(c, "cp_async_waited")) cp_async(!strcmp(c, "cp_async_waited"));
+    else if (!strcmp(c, "streams_far_nowait") || !strcmp(c, "streams_far_event"))
+        streams_far(!strcmp(c, "streams_far_event"));
     else if (!strncmp(c, "streams_", 8)) streams(c + 8);
     else if (!strcmp(c, "shfl_missing_lane") || !strcmp(c, "misaligned_cp_async") ||
              !strcmp(c, "barrier_divergence") || !strcmp(c, "oob_read"))

@@ -6,8 +6,10 @@
 #   bitwise   2 steps with the dW GEMMs on the second stream end with the
 #             bits of one stream (losses and weights), under CUDASIM_SEED 1,
 #             2 and 3 (each against one stream under the same seed: the
-#             same blocks' order), the MLP in chunks of 64 of the 128 tokens
-#             and train.recompute full (every join of model.c runs);
+#             same blocks' order), the MLP and the LM head in chunks of 64 of
+#             the 128 tokens and train.recompute full (every join of model.c
+#             runs; without the one after each MLP chunk, or each LM-head
+#             chunk, or without the fork's event, some seed differs);
 #   launches  the same device launches and host synchronisations per step as
 #             one stream (the sim counts kernels, cuBLASLt matmuls and
 #             memsets; event records and waits are no launches);
@@ -16,7 +18,7 @@
 cd "$(dirname "$0")/../.."
 source tests/lib/lib.sh
 sim_setup dw_stream
-RUN="$SIM_RUN train.steps=2 checkpoint.resume=never train.recompute=full train.mlp_chunk=64"
+RUN="$SIM_RUN train.steps=2 checkpoint.resume=never train.recompute=full train.mlp_chunk=64 train.loss_chunk=64"
 
 for seed in 1 2 3; do
   for dw in off on; do

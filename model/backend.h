@@ -63,6 +63,8 @@ typedef enum {
 
 // train.gemm_choice: how a GEMM problem gets its algorithm (Backend.gemm_choice).
 typedef enum { GEMM_CHOICE_TIMED, GEMM_CHOICE_HEURISTIC } GemmChoice;
+// train.dw_stream: the dW GEMMs on a second stream or not (Backend.dw_stream); auto = off.
+typedef enum { DW_STREAM_AUTO, DW_STREAM_ON, DW_STREAM_OFF } DwStream;
 
 typedef struct {
     size_t act_bytes;     // bytes of one Act element
@@ -252,6 +254,15 @@ typedef struct {
     // (problems, answers, launches, seconds), when they timed any.
     void (*gemm_choice)(GemmChoice choice);
     void (*gemm_choice_print)(void);
+
+    // The dW GEMMs on a second stream (NULL on the CPU's: one stream). From
+    // dw_stream(true) on, matmul_backward's dweight and bias_backward run on
+    // it, each after the main stream's work so far, beside the main stream's
+    // dinp and what follows; weight_grads_join makes the main stream's later
+    // work wait for them. The graph joins before it writes a buffer they read
+    // and before a layer's gradients are final (model.c).
+    void (*dw_stream)(bool on);
+    void (*weight_grads_join)(void);
 } Backend;
 
 // train.backend: cpu, cuda, or auto (cuda when this build has it and a GPU

@@ -10,7 +10,10 @@
 // (dist/comm_device.h: NCCL or host-staged) returns with the sum in place.
 // The bucketed reduction runs on a second stream, the communication stream
 // (at the device's greatest priority), each bucket after an event of the
-// compute stream.
+// compute stream. With train.dw_stream the dW GEMMs and the bias gradient
+// run on a third, the dW stream, each after an event of the compute stream
+// (fork), until weight_grads_join makes the compute stream wait for an event
+// of it (join).
 // Built only with MTRAIN_CUDA (the sim build, and the nvcc build of mtrain).
 #ifdef MTRAIN_CUDA
 
@@ -32,6 +35,10 @@ static struct {
     bool ready;
     cudaStream_t stream;
     cudaStream_t comm_stream;  // the bucketed gradient reduction (allreduce_sum_start)
+    cudaStream_t dw_stream;    // the dW GEMMs (Backend.dw_stream): dw_made, or NULL (on `stream`)
+    cudaStream_t dw_made;
+    cudaEvent_t forked, joined;  // the fork to the dW stream and its join back
+    bool dw_pending;           // work on the dW stream since the last join
     MatmulCuda *mm;
     double *total;  // one device double: sum_squares' result
     void *staging;  // [STAGING_BYTES] page-locked: the host side of every upload and download
@@ -118,13 +125,46 @@ static void matmul_forward(Act *out, const Act *inp, const Weight *weight, const
     matmul_forward_cuda(cuda.mm, (uint16_t *)out, (const uint16_t *)inp, (const uint16_t *)weight,
                         (const uint16_t *)bias, T, IC, OC, cuda.stream);
 }
+
+// The stream of the dW GEMMs: the dW stream, ordered after the compute stream's work so far, or the
+// compute stream itself.
+static cudaStream_t weight_grads_stream(void) {
+    if (!cuda.dw_stream) return cuda.stream;
+    CUDA_CHECK(cudaEventRecord(cuda.forked, cuda.stream));
+    CUDA_CHECK(cudaStreamWaitEvent(cuda.dw_stream, cuda.forked, 0));
+    cuda.dw_pending = true;
+    return cuda.dw_stream;
+}
+static void weight_grads_join(void) {
+    if (!cuda.dw_pending) return;
+    CUDA_CHECK(cudaEventRecord(cuda.joined, cuda.dw_stream));
+    CUDA_CHECK(cudaStreamWaitEvent(cuda.stream, cuda.joined, 0));
+    cuda.dw_pending = false;
+}
+// The dW stream made at the first `on`; `off` joins what runs there and keeps it for a later `on`.
+static void dw_stream(bool on) {
+    weight_grads_join();
+    if (on && !cuda.dw_made) {
+        CUDA_CHECK(cudaStreamCreate(&cuda.dw_made));
+        CUDA_CHECK(cudaEventCreateWithFlags(&cuda.forked, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&cuda.joined, cudaEventDisableTiming));
+        matmul_cuda_second_stream(cuda.mm, cuda.dw_made);
+    }
+    cuda.dw_stream = on ? cuda.dw_made : NULL;
+}
+
+// dinp on the compute stream; dweight on the dW stream when there is one (forked first: beside dinp).
 static void matmul_backward(Act *dinp, float *dweight, const Act *dout, const Act *inp, const Weight *weight,
                             int64_t T, int IC, int OC) {
-    matmul_backward_cuda(cuda.mm, (uint16_t *)dinp, dweight, (const uint16_t *)dout, (const uint16_t *)inp,
+    const cudaStream_t dw = dweight ? weight_grads_stream() : cuda.stream;
+    matmul_backward_cuda(cuda.mm, (uint16_t *)dinp, NULL, (const uint16_t *)dout, (const uint16_t *)inp,
                          (const uint16_t *)weight, T, IC, OC, cuda.stream);
+    if (dweight)
+        matmul_backward_cuda(cuda.mm, NULL, dweight, (const uint16_t *)dout, (const uint16_t *)inp,
+                             (const uint16_t *)weight, T, IC, OC, dw);
 }
 static void bias_backward(float *dbias, const Act *dout, int OC, int64_t T) {
-    bias_grad_cuda(cuda.mm, dbias, (const uint16_t *)dout, OC, T, cuda.stream);
+    bias_grad_cuda(cuda.mm, dbias, (const uint16_t *)dout, OC, T, weight_grads_stream());
 }
 
 static void rmsnorm_forward(Act *out, float *rstd, const Act *inp, const Weight *weight, int64_t T, int H,
@@ -387,6 +427,8 @@ static const Backend cuda_backend = {
     .profile_launches = profile_launches,
     .gemm_choice = gemm_choice,
     .gemm_choice_print = gemm_choice_print,
+    .dw_stream = dw_stream,
+    .weight_grads_join = weight_grads_join,
 };
 
 bool backend_cuda_visible(char *why, size_t why_size) {

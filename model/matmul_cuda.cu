@@ -66,6 +66,8 @@ struct MatmulCuda {
     cublasLtHandle_t lt;
     void *workspace;   // MATMUL_CUDA_WORKSPACE_BYTES, then MATMUL_CUDA_TIMING_BYTES (timing_out)
     void *timing_out;  // where the timed runs of a problem with beta != 0 write their output
+    cudaStream_t second;       // matmul_cuda_second_stream's stream, and its workspace
+    void *second_workspace;    // MATMUL_CUDA_WORKSPACE_BYTES; NULL until a second stream is set
     GemmAlgo cache[ALGO_CACHE_SIZE];
     int cached;        // entries filled
     int next;          // the entry replaced when the cache is full
@@ -131,12 +133,23 @@ extern "C" MatmulCuda *matmul_cuda_create(void) {
 extern "C" void matmul_cuda_destroy(MatmulCuda *mm) {
     if (!mm) return;
     CUDA_CHECK(cudaFree(mm->workspace));   // synchronises the device first
+    CUDA_CHECK(cudaFree(mm->second_workspace));
     for (int i = 0; i < MATMUL_CUDA_ANSWERS; i++) {
         CUDA_CHECK(cudaEventDestroy(mm->start[i]));
         CUDA_CHECK(cudaEventDestroy(mm->end[i]));
     }
     CUBLAS_CHECK(cublasLtDestroy(mm->lt));
     free(mm);
+}
+
+extern "C" void matmul_cuda_second_stream(MatmulCuda *mm, cudaStream_t stream) {
+    if (!mm->second_workspace) CUDA_CHECK(cudaMalloc(&mm->second_workspace, MATMUL_CUDA_WORKSPACE_BYTES));
+    mm->second = stream;
+}
+
+// The workspace of the calls on `stream`.
+static void *workspace_of(const MatmulCuda *mm, cudaStream_t stream) {
+    return mm->second_workspace && stream == mm->second ? mm->second_workspace : mm->workspace;
 }
 
 extern "C" void matmul_cuda_choose(MatmulCuda *mm, bool timed, int keep, FILE *report) {
@@ -176,7 +189,7 @@ typedef struct {
 static void run_gemm(MatmulCuda *mm, const GemmCall *c, void *d, const cublasLtMatmulAlgo_t *algo) {
     const float alpha = 1.0f;
     CUBLAS_CHECK(cublasLtMatmul(mm->lt, c->desc, &alpha, c->a, c->la, c->b, c->lb, &c->beta, d, c->ld, d, c->ld, algo,
-                                mm->workspace, MATMUL_CUDA_WORKSPACE_BYTES, c->stream));
+                                workspace_of(mm, c->stream), MATMUL_CUDA_WORKSPACE_BYTES, c->stream));
 }
 
 // Up to MATMUL_CUDA_ANSWERS answers of the heuristic for this problem, best first, into results; how many.
@@ -369,7 +382,7 @@ extern "C" void bias_grad_cuda(MatmulCuda *mm, float *dbias, const uint16_t *dou
     if (slices > 65535) slices = 65535;
     const int64_t slice_tokens = (T + slices - 1) / slices;
     slices = (T + slice_tokens - 1) / slice_tokens;
-    float *partial = (float *)mm->workspace;
+    float *partial = (float *)workspace_of(mm, stream);
     CUDA_LAUNCH(bias_grad_partial_kernel, dim3((unsigned)col_blocks, (unsigned)slices), dim3(BIAS_COLS, BIAS_WARPS),
                 0, stream, partial, (const __nv_bfloat16 *)dout, T, OC, slice_tokens);
     CUDA_CHECK(cudaGetLastError());

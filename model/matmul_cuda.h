@@ -13,7 +13,9 @@
 //   dweight     : [OC, IC] fp32       dbias     : [OC] fp32
 // Every pointer is device memory, 16-byte aligned. Every call is enqueued on
 // `stream` (asynchronous; errors through CUDA_CHECK / CUBLAS_CHECK). One
-// context serves one stream at a time: its calls share one workspace.
+// context serves two streams at a time: calls on the second stream
+// (matmul_cuda_second_stream) use a workspace of their own, every other
+// call the first workspace.
 #ifndef MTRAIN_MATMUL_CUDA_H
 #define MTRAIN_MATMUL_CUDA_H
 
@@ -40,6 +42,10 @@ typedef struct MatmulCuda MatmulCuda;
 MatmulCuda *matmul_cuda_create(void);
 // Waits for the device (the workspace may be in use), then frees everything.
 void matmul_cuda_destroy(MatmulCuda *mm);
+
+// From now on calls on `stream` use the second workspace (MATMUL_CUDA_WORKSPACE_BYTES of device memory,
+// made at the first call), so that they may run beside calls on another stream.
+void matmul_cuda_second_stream(MatmulCuda *mm, cudaStream_t stream);
 
 // How each new problem (shape, transposes, output type, epilogue, beta 0 or
 // not, alignments) gets its algorithm from this call on (the cache emptied).

@@ -620,6 +620,12 @@ static void layer_forward(Model *m, int l, LayerActs *a, const LayerPass *pass, 
 #undef W
 }
 
+// The dW GEMMs of a second stream joined (Backend.weight_grads_join): before
+// a buffer they read is written again, and before gradients are final.
+static void join_weight_grads(const Model *m) {
+    if (m->be->weight_grads_join) m->be->weight_grads_join();
+}
+
 // Backward of layer l: m->dx holds d(layer output) on entry, d(x_in) on exit.
 static void layer_backward(Model *m, int l, LayerActs *a, int64_t T) {
     const Backend *be = m->be;
@@ -640,6 +646,7 @@ static void layer_backward(Model *m, int l, LayerActs *a, int64_t T) {
         be->matmul_backward(m->dact, G(LAYER_DOWN_WEIGHT), dx, a->act, W(LAYER_DOWN_WEIGHT), n, I, H);
         be->swiglu_backward(m->dgate_up, m->dact, a->gate_up, n, I);
         be->matmul_backward(dh, G(LAYER_GATE_WEIGHT), m->dgate_up, h, W(LAYER_GATE_WEIGHT), n, H, 2 * I);
+        join_weight_grads(m);   // the next chunk rewrites act and dgate_up, the norm below dx
     }
     // d(x_mid) = d(out) (the residual, already in dx) + the norm's gradient, added in place.
     be->rmsnorm_backward(m->dx, G(LAYER_POST_NORM), m->dh, a->x_mid, W(LAYER_POST_NORM), a->rstd_mlp, T, H);
@@ -656,6 +663,7 @@ static void layer_backward(Model *m, int l, LayerActs *a, int64_t T) {
              m->rope_inv_freq, m->rope_attention_factor, 1);
     be->matmul_backward(m->dh, G(LAYER_Q_WEIGHT), m->qkv, a->h_attn, W(LAYER_Q_WEIGHT), T, H, QD + 2 * KD);
     be->bias_backward(G(LAYER_Q_BIAS), m->qkv, QD + 2 * KD, T);
+    join_weight_grads(m);   // the norm rewrites dx (the o projection's dW reads it); the layer's gradients final
     be->rmsnorm_backward(m->dx, G(LAYER_INPUT_NORM), m->dh, a->x_in, W(LAYER_INPUT_NORM), a->rstd_attn, T, H);
 #undef W
 #undef G
@@ -703,8 +711,10 @@ static double head_loss(Model *m, const int32_t *targets, int64_t T, float grad_
         Act *h = model_act_at(m, m->h_final, c0 * H);
         be->matmul_forward(m->logits, h, head, NULL, n, H, V);
         be->cross_entropy(m->logits, m->targets + c0, n, V, grad_scale, m->loss_sum);
-        if (backward)   // each chunk writes its rows of dh
+        if (backward) {   // each chunk writes its rows of dh
             be->matmul_backward(model_act_at(m, m->dh, c0 * H), dhead, m->logits, h, head, n, H, V);
+            join_weight_grads(m);   // the next chunk rewrites the logits
+        }
     }
     double loss;   // read once for the whole sequence
     be->download(&loss, m->loss_sum, sizeof(loss));

@@ -219,6 +219,11 @@ static void p_adamw(float *param, Weight *weight, const float *grad, float *m, f
     PROFILED(PROFILE_OPTIMIZER, "", 0, (28.0 + (double)prof.inner->weight_bytes) * (double)n,
              prof.inner->adamw(param, weight, grad, m, v, tensors, count, hp));
 }
+// The compute stream's wait for the dW stream's GEMMs (Backend.weight_grads_join): the time they
+// took beyond what ran beside them.
+static void p_weight_grads_join(void) {
+    PROFILED(PROFILE_GEMM, "dW stream join", 0, 0, prof.inner->weight_grads_join());
+}
 static void p_phase(ProfilePhase phase) { prof.phase = phase; }
 
 const Backend *profile_begin(const Backend *inner) {
@@ -244,6 +249,7 @@ const Backend *profile_begin(const Backend *inner) {
     t->allreduce_sum = p_allreduce_sum, t->allreduce_sum_start = p_allreduce_sum_start;
     t->allreduce_sum_finish = p_allreduce_sum_finish, t->reduce_scatter_sum = p_reduce_scatter_sum;
     t->adamw = p_adamw, t->profile_phase = p_phase;
+    if (inner->weight_grads_join) t->weight_grads_join = p_weight_grads_join;
     inner->profile_clear();
     prof.start_s = now_seconds();
     prof.start_launches = inner->profile_launches();

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gpu_check.sh: the one command for a GPU machine, run from the GPU bundle
-# (make gpu-bundle, scripts/gpu_bundle.sh): nothing is compiled there. Eight
+# (make gpu-bundle, scripts/gpu_bundle.sh): nothing is compiled there. Nine
 # stages, each under its own time limit (`timeout`, the whole stage stopped
 # past it); a stage that fails, is skipped or runs out of time says so in its
 # summary line and the next one runs regardless:
@@ -24,15 +24,18 @@
 #              activation checkpointing (scripts/bench_train_hf.py): tokens/s,
 #              MFU, peak memory (nvidia-smi, sampled) against the memory plan
 #              mtrain prints at start (within 10%)
+#   dw_stream  the first training size with train.dw_stream off and on, a few
+#              steps each: tokens/s of each (whether the dW GEMMs on a second
+#              stream pay) and their losses within 1%
 #   agreement  20 steps of 8K tokens from the same weights (transformers'
 #              random init, saved as a Hugging Face folder that mtrain starts
 #              from) on the same sequences (`mtrain data --show`): losses
 #              within 2% step by step
 #   context    the longest sequence the 0.5B shape trains a step, sparse and
 #              dense: 32K doubled while runs succeed, each run bounded
-# Limits: 564 s in all on a GPU. $OUT (default ./gpu-check) receives
+# Limits: 604 s in all on a GPU. $OUT (default ./gpu-check) receives
 # summary.txt, written after every stage (one line per stage, then each
-# stage's figures), one log per stage, NAME.log, and sweep.tsv: 10 files. Scratch
+# stage's figures), one log per stage, NAME.log, and sweep.tsv: 11 files. Scratch
 # (metrics) goes to $TMPDIR; the training runs write no checkpoint
 # (checkpoint.final=false: 5.6 GB and 11-14 s each at 0.5B).
 #   OUT=DIR gpu-bundle/run gpu_check.sh    on the GPU machine (python3 on PATH: PyTorch's, or PYTHON=)
@@ -370,6 +373,27 @@ stage_train() {
   for n in "${train_sizes[@]}"; do throughput "$n" "$throughput_steps"; done
 }
 
+# The first training size with the dW GEMMs on one stream, then on two (train.dw_stream), $dw_steps steps
+# each: tokens/s after the first step, and the mean losses within 1% (the same GEMMs; on a GPU the
+# attention backward's atomics add in another order).
+stage_dw_stream() {
+  local n=${train_sizes[0]} dw off on
+  for dw in off on; do
+    if ! train_run "dw_$dw" "$n" "$dw_steps" attention.type=dense train.dw_stream=$dw >/dev/null; then
+      failed "train.dw_stream=$dw at $n tokens/step: $(grep -m 1 'mtrain:\|out of memory' "$work/dw_$dw.log" || tail -n 1 "$work/dw_$dw.log")"
+      return
+    fi
+  done
+  off=$(metric dw_off tokens_per_s after_first) on=$(metric dw_on tokens_per_s after_first)
+  result "train.dw_stream at $n tokens/step: off $off tokens/s, on $on tokens/s: on ÷ off $(awk -v a="$on" -v b="$off" 'BEGIN { printf "%.3f", a / b }')"
+  off=$(metric dw_off loss) on=$(metric dw_on loss)
+  if awk -v a="$on" -v b="$off" 'BEGIN { d = a - b; exit !(d < 0 ? -d <= 0.01 * b : d <= 0.01 * b) }'; then
+    result "ok train.dw_stream on: mean loss $on, off: $off (within 1%)"
+  else
+    failed "train.dw_stream on: mean loss $on, off: $off (expected within 1%)"
+  fi
+}
+
 # Sparse first, until half the stage's time is spent; then dense until its end. Each run gets at most
 # $per_context seconds; a length with less than 5 s left is not tried.
 stage_context() {
@@ -416,23 +440,23 @@ if [ $mode = gpu ]; then
   model_args=()
   base=$configs/qwen2.5-0.5b-128k-8xa100.yaml
   sizes=(4096 16384 65536) sparse_sizes=(65536 131072)
-  train_sizes=(8192 32768) throughput_steps=6 tiny_steps=20 tiny_args=()
+  train_sizes=(8192 32768) throughput_steps=6 tiny_steps=20 tiny_args=() dw_steps=4
   context_start=32768 context_max=1048576 per_context=40   # start-up of a 0.5B run: 5-8 s
   per_test=45 per_sanitizer=30
   sparse_args=()   # the run file's: top_p 0.9 in blocks of 128
-  limits=(device:12 sweep:90 tests:80 sanitizer:65 attention:52 train:130 agreement:50 context:85)
+  limits=(device:12 sweep:90 tests:80 sanitizer:65 attention:52 train:130 dw_stream:40 agreement:50 context:85)
 else
   test_programs=(gpu_test_matmul gpu_test_cub)
   model_args=("${tiny_model[@]}")
   base=$configs/tiny-cpu.yaml
   sizes=(64) sparse_sizes=()
-  train_sizes=(128) throughput_steps=2 tiny_steps=3 tiny_args=(train.seq_len=64 model.max_position_embeddings=64)
+  train_sizes=(128) throughput_steps=2 tiny_steps=3 tiny_args=(train.seq_len=64 model.max_position_embeddings=64) dw_steps=2
   # Limits that only a hang reaches: the sim's speed depends on the machine's load (a busy 2-core CI).
   context_start=64 context_max=128 per_context=600
   per_test=600 per_sanitizer=600
   sparse_args=(attention.type=sparse attention.block_size=64 attention.budget=fixed attention.vertical=4
                attention.slash=1 attention.sink=4 attention.local=1)
-  limits=(device:600 sweep:600 tests:1200 sanitizer:1200 attention:1200 train:1200 agreement:600 context:2400)
+  limits=(device:600 sweep:600 tests:1200 sanitizer:1200 attention:1200 train:1200 dw_stream:600 agreement:600 context:2400)
 fi
 # GPU_CHECK_LIMITS="NAME:SECONDS ...": other stages or limits (tests/sim/test_gpu_check.sh; stage_hold).
 [ -n "${GPU_CHECK_LIMITS:-}" ] && read -r -a limits <<<"$GPU_CHECK_LIMITS"

@@ -75,6 +75,7 @@ ENUM_FIELD_IS_INT(parallel, comm);
 ENUM_FIELD_IS_INT(train, backend);
 ENUM_FIELD_IS_INT(train, lr_schedule);
 ENUM_FIELD_IS_INT(train, gemm_choice);
+ENUM_FIELD_IS_INT(train, dw_stream);
 ENUM_FIELD_IS_INT(eval, haystack);
 ENUM_FIELD_IS_INT(data, packing);
 // Keyword-or-path keys: an int-sized kind, and a path of CONFIG_STR bytes.
@@ -158,6 +159,7 @@ static const Key keys[] = {
     ENUM(train, recompute, "auto", NAMES("none", "selective", "full", "auto"), "What the forward keeps for the backward: `none` = every layer's activations (fastest, most memory); `selective` = each layer's input, attention output and its lse, the backward recomputing the norms, projections, RoPE and the MLP but not attention; `full` = each layer's input only, the backward recomputing the whole layer, attention included (least memory); `auto` = the first of none, selective, full whose planned memory (`mtrain plan`, which prints each) fits the GPU of the hardware section (usable HBM) or, on the CPU backend, the node's MemAvailable for its ranks; on a GPU without a profile (`hardware.gpu: none`) `none`. The same gradients bit for bit on the CPU backend under every policy."),
     INT(train, loss_chunk, 1024, 1, 1 << 30, "Tokens per chunk of the fused LM head + cross entropy."),
     ENUM(train, gemm_choice, "timed", NAMES("timed", "heuristic"), "How each GEMM problem (shape, transposes, output type, bias, adding to its output or not) gets its cuBLASLt algorithm on the CUDA backend: `timed` = at its first use (in the run's first step) up to 8 of the heuristic's answers (split-K among them where it offers it, its parts added in fp32) each run once, then twice between two events on the stream, the fastest kept for the run; one line per problem (`gemm choice: OP m M n N k K: answer I of A (algo, tile, split-K) ms`, m n k as cuBLASLt is asked: forward OC tokens IC, dinp IC tokens OC, dweight IC OC tokens) and after the first step their cost (problems, answers, launches, seconds). Under the CPU execution model of CUDA (build/sim/mtrain), whose timings are the CPU's, `timed` is `heuristic` unless the test hook `MTRAIN_TEST_GEMM_ANSWER=N|fastest` asks for the timing, keeping the N-th answer or the fastest. `heuristic` = the heuristic's first answer, untimed, nothing printed. Every answer meets the same accuracy bounds. The CPU backend has one GEMM and ignores the key."),
+    ENUM(train, dw_stream, "auto", NAMES("auto", "on", "off"), "Where the backward's weight-gradient (dW) GEMMs and the fused q, k, v bias gradient run on the CUDA backend: `on` = on a second stream, each after the main stream's work before it, overlapping the input-gradient (dX) GEMM beside it and what follows until the graph rewrites a dW's inputs or needs the layer's gradients whole (an event joins it into the main stream after each MLP chunk, before the input norm's backward and after each LM-head chunk), with a second cuBLASLt workspace of 32 MiB; the same GEMMs with the same algorithms, so the same bits as `off`. `off` = everything on one stream. `auto` = `off` until a GPU measures that the second stream pays (the GPU check's `dw_stream` stage). The CPU backend ignores the key."),
     INT(train, mlp_chunk, 16384, 0, 1 << 30, "Tokens per chunk of the MLP: its gate, up and SiLU product (and their gradients) exist for this many tokens only, shared by the layers, and the backward recomputes them chunk by chunk from the saved norm output. Used under `recompute` selective or full (whose backward recomputes the MLP anyway: no extra work), and without it when `seq_len` per rank is above this (one more GEMM per layer in the backward); 0 = the MLP whole, its [tokens, intermediate_size] buffers kept per layer. The same results on the CPU backend when one chunk covers the sequence."),
     PATH(train, init_from, "none", NAMES("none"), "a Hugging Face folder", "`none` (random initialisation) or a Hugging Face folder (`config.json` + `model.safetensors`) to start from."),
     INT(train, max_bad_steps, 5, 1, 1 << 30, "A step whose loss or gradient norm is not finite on any rank is skipped on every rank (weights and AdamW state unchanged, its sequences consumed) and logged; this many in a row stop the run (exit 1, checkpoints kept). For testing, `MTRAIN_TEST_NAN_STEP=N[,RANK[,COUNT]]` in the environment makes the loss and gradient of COUNT steps from step N (default 1) NaN on world rank RANK (default 0)."),
@@ -1130,7 +1132,7 @@ const char *config_enum_name(const Config *cfg, const void *field) {
 size_t config_run_keys(const Config *cfg, char *out, size_t size) {
     // How a run is computed, not what: resumable with other values.
     static const char *const how[] = {"model.preset", "train.steps", "train.backend", "train.max_bad_steps", "train.micro_batches",
-                                      "train.loss_chunk", "train.mlp_chunk", "train.recompute", "train.gemm_choice",
+                                      "train.loss_chunk", "train.mlp_chunk", "train.recompute", "train.gemm_choice", "train.dw_stream",
                                       "attention.ring", "attention.ring_send", "attention.layout", "attention.kernels"};
     char text[CONFIG_STR + 64], name[128];
     size_t used = 0;
@@ -1151,6 +1153,9 @@ size_t config_run_keys(const Config *cfg, char *out, size_t size) {
         used += (size_t)snprintf(out + used, size - used, "data.content=%016" PRIx64 "\n", cfg->data.content_hash);
     return used < size ? used : size - 1;
 }
+
+// auto: off until a GPU's measurement shows that the second stream pays.
+bool config_dw_stream_on(const Config *cfg) { return cfg->train.dw_stream == DW_STREAM_ON; }
 
 void config_print(const Config *cfg, FILE *out) {
     char text[CONFIG_STR + 64];

@@ -56,6 +56,7 @@ typedef struct {
     RecomputePolicy recompute; // none | selective | full | auto (the plan's pick: plan_build)
     int loss_chunk;            // tokens per fused LM-head + cross-entropy chunk
     GemmChoice gemm_choice;    // timed | heuristic (Backend.gemm_choice)
+    DwStream dw_stream;        // auto | on | off (config_dw_stream_on, Backend.dw_stream)
     int mlp_chunk;             // tokens per MLP chunk (model_mlp_chunk_rows); 0 = the MLP whole
     InitFrom init_from;        // none | a Hugging Face folder to start from (init_from_path)
     char init_from_path[CONFIG_STR];
@@ -193,6 +194,8 @@ const char *config_enum_name(const Config *cfg, const void *field);
 // under the same path are another run). Checkpoints record it as the run's
 // fingerprint. Returns the length (truncated at size - 1).
 size_t config_run_keys(const Config *cfg, char *out, size_t size);
+// Whether the dW GEMMs run on a second stream (train.dw_stream; auto: off).
+bool config_dw_stream_on(const Config *cfg);
 // Print the fully resolved config as YAML.
 void config_print(const Config *cfg, FILE *out);
 // Print docs/CONFIG.md (markdown table of every key).

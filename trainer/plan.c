@@ -47,6 +47,8 @@ static const GpuProfile gpu_profiles[] = {
 // (MATMUL_CUDA_WORKSPACE_BYTES + MATMUL_CUDA_TIMING_BYTES, model/matmul_cuda.h).
 #define GPU_RUNTIME_BYTES (1.25 * (1 << 30) - GPU_CUBLASLT_WORKSPACE_BYTES)
 #define GPU_CUBLASLT_WORKSPACE_BYTES (64.0 * (1 << 20))
+// With train.dw_stream: the second stream's cuBLASLt workspace (MATMUL_CUDA_WORKSPACE_BYTES).
+#define GPU_CUBLASLT_DW_WORKSPACE_BYTES (32.0 * (1 << 20))
 // CPU: the binary, its libraries, MPI and OpenBLAS (measured: the peak RSS
 // of a 100K-parameter run minus what this plan counts for it).
 #define CPU_RUNTIME_BYTES (12.0 * (1 << 20))
@@ -260,6 +262,7 @@ static void plan_gpu_memory(Plan *p, const Config *cfg, double acts, double lm_c
                      4 * Hq * T + 8 * N);
     add_item(p, "LM-head chunk (bf16 logits)", lm_chunk);
     add_item(p, "cuBLASLt workspace", GPU_CUBLASLT_WORKSPACE_BYTES);
+    if (config_dw_stream_on(cfg)) add_item(p, "cuBLASLt workspace of the dW stream", GPU_CUBLASLT_DW_WORKSPACE_BYTES);
     add_item(p, "CUDA context, NCCL buffers (assumed)", GPU_RUNTIME_BYTES);
     p->runtime_bytes = GPU_RUNTIME_BYTES;
 }

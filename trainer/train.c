@@ -634,6 +634,7 @@ static bool train_setup(Trainer *t, int argc, char **argv) {
     const int64_t T = layout_rank_positions(d->layout, cfg->train.seq_len, d->block_size, d->cp, d->cp_rank, NULL);
     model_from_config(&t->m, cfg, t->plan.recompute, T);
     if (t->m.be->gemm_choice) t->m.be->gemm_choice(cfg->train.gemm_choice);
+    if (t->m.be->dw_stream) t->m.be->dw_stream(config_dw_stream_on(cfg));
     model_join_ring(&t->m, cfg, dist);
     if (t->zero) model_shard_optimizer(&t->m, &dist->world);
     model_alloc_optimizer(&t->m);

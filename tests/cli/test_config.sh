@@ -189,6 +189,8 @@ expect_error config_recompute_value "train\.recompute: 'some' is not allowed \(e
   configs/tiny-cpu.yaml train.recompute=some
 expect_error config_gemm_choice_value "train\.gemm_choice: 'fast' is not allowed \(expected one of timed, heuristic\)$" \
   configs/tiny-cpu.yaml train.gemm_choice=fast
+expect_error config_dw_stream_value "train\.dw_stream: 'sometimes' is not allowed \(expected one of auto, on, off\)$" \
+  configs/tiny-cpu.yaml train.dw_stream=sometimes
 expect_error config_profile_value "log\.profile: 'maybe'" configs/tiny-cpu.yaml log.profile=maybe
 expect_error config_suggest_save_every "unknown key 'checkpoint\.save_every' \(did you mean 'checkpoint\.every'\?\)$" \
   configs/tiny-cpu.yaml checkpoint.save_every=2

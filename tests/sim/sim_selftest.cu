@@ -7,6 +7,9 @@
 //   streams_nowait / streams_event / streams_legacy   a kernel on stream 2 reads what one on stream 1
 //                                wrote: no dependency / cudaStreamWaitEvent / stream 2 is the legacy
 //                                default stream: prints wrong / correct / correct
+//   streams_far_nowait / streams_far_event   stream 1 overwrites, 16 launches later, what a kernel on
+//                                stream 2 reads: no dependency / stream 1 waits for the read by an
+//                                event: prints wrong / correct
 //   shfl_missing_lane            a lane exits before a full-mask shuffle: one cudasim line, exit 1
 //   misaligned_cp_async          cp.async to an 8-byte aligned address: one cudasim line, exit 1
 //   barrier_divergence           __syncthreads in half the block: one cudasim line, exit 1
@@ -115,27 +118,42 @@ static void cp_async(bool wait) {
 __global__ void produce_kernel(float *x, float v) { x[threadIdx.x] = v; }
 __global__ void consume_kernel(const float *x, float *y) { y[threadIdx.x] = x[threadIdx.x] + 1.0f; }
 
-// Eight rounds (the interleaving is drawn anew each time): "wrong" when any round read stale data.
+// Eight rounds (the interleaving is drawn anew each time): "wrong" when any round read stale data. how:
+// "nowait", "event", "legacy" (stream 2 the legacy default stream); "far_nowait" and "far_event": the
+// reader waits for the writer by an event, and stream 1 then overwrites what it read 16 launches of other
+// work later (a backward's weight-gradient GEMM beside the input-gradient chain), without / after waiting
+// for the read by an event.
 static void streams(const char *how) {
+    const bool far = !strncmp(how, "far_", 4);
     cudaStream_t s1, s2 = 0;
     CUDA_CHECK(cudaStreamCreate(&s1));
     if (strcmp(how, "legacy")) CUDA_CHECK(cudaStreamCreate(&s2));
-    cudaEvent_t done;
-    CUDA_CHECK(cudaEventCreate(&done));
-    float *d_x, *d_y, y[32];
+    cudaEvent_t written, read;
+    CUDA_CHECK(cudaEventCreate(&written));
+    CUDA_CHECK(cudaEventCreate(&read));
+    float *d_x, *d_y, *d_other, y[32];
     CUDA_CHECK(cudaMalloc((void **)&d_x, sizeof y));
     CUDA_CHECK(cudaMalloc((void **)&d_y, sizeof y));
+    CUDA_CHECK(cudaMalloc((void **)&d_other, sizeof y));
     int wrong = 0;
     for (int round = 1; round <= 8; round++) {
         CUDA_CHECK(cudaMemset(d_x, 0, sizeof y));
         CUDA_LAUNCH(produce_kernel, 1, 32, 0, s1, d_x, (float)round);
         CUDA_CHECK(cudaGetLastError());
-        if (!strcmp(how, "event")) {
-            CUDA_CHECK(cudaEventRecord(done, s1));
-            CUDA_CHECK(cudaStreamWaitEvent(s2, done, 0));
+        if (far || !strcmp(how, "event")) {
+            CUDA_CHECK(cudaEventRecord(written, s1));
+            CUDA_CHECK(cudaStreamWaitEvent(s2, written, 0));
         }
         CUDA_LAUNCH(consume_kernel, 1, 32, 0, s2, d_x, d_y);
         CUDA_CHECK(cudaGetLastError());
+        if (!strcmp(how, "far_event")) {
+            CUDA_CHECK(cudaEventRecord(read, s2));
+            CUDA_CHECK(cudaStreamWaitEvent(s1, read, 0));
+        }
+        for (int i = 0; far && i <= 16; i++) {   // 16 launches elsewhere, then the overwrite
+            CUDA_LAUNCH(produce_kernel, 1, 32, 0, s1, i < 16 ? d_other : d_x, i < 16 ? (float)i : -1.0f);
+            CUDA_CHECK(cudaGetLastError());
+        }
         CUDA_CHECK(cudaDeviceSynchronize());
         CUDA_CHECK(cudaMemcpy(y, d_y, sizeof y, cudaMemcpyDeviceToHost));
         for (int i = 0; i < 32; i++) wrong += y[i] != (float)round + 1.0f;
@@ -143,7 +161,9 @@ static void streams(const char *how) {
     printf("%s\n", wrong ? "wrong" : "correct");
     CUDA_CHECK(cudaFree(d_x));
     CUDA_CHECK(cudaFree(d_y));
-    CUDA_CHECK(cudaEventDestroy(done));
+    CUDA_CHECK(cudaFree(d_other));
+    CUDA_CHECK(cudaEventDestroy(written));
+    CUDA_CHECK(cudaEventDestroy(read));
     CUDA_CHECK(cudaStreamDestroy(s1));
     if (s2) CUDA_CHECK(cudaStreamDestroy(s2));
 }

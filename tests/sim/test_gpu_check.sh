@@ -2,7 +2,7 @@
 # test_gpu_check.sh: scripts/gpu_check.sh --sim, the GPU check's stages on the
 # sim builds (build/sim/) at tiny sizes, so that the script is tested before a
 # GPU runs it: every stage ok, its figures in the summary, the PyTorch stages
-# skipped with one line each, at most 10 files in $OUT (the sweep's table one of them). A stage past its limit
+# skipped with one line each, at most 11 files in $OUT (the sweep's table one of them). A stage past its limit
 # (GPU_CHECK_LIMITS) says so on its line while the next stage runs and the
 # summary is written; --stages runs the stages named (an unknown name: one
 # line, exit 2); without the bundle the check refuses with one line.
@@ -19,7 +19,7 @@ OUT=$tmp/out bash scripts/gpu_check.sh --sim >"$tmp/check.txt" 2>&1
 rc=$?
 summary=$tmp/out/summary.txt
 expect "gpu_check_sim: exit 0 ($rc)" '[ $rc -eq 0 ]'
-for stage in device sweep tests sanitizer attention train agreement context; do
+for stage in device sweep tests sanitizer attention train dw_stream agreement context; do
   expect "gpu_check_sim_$stage: ok, with figures ($(grep -m 1 -E "^[a-zA-Z]+ +$stage " "$summary" 2>/dev/null))" \
     'grep -qE "^ok +$stage .*\($stage\.log\)" "$summary" && grep -q "^## $stage" "$summary" && [ -s "$tmp/out/$stage.log" ]'
 done
@@ -32,7 +32,10 @@ expect "gpu_check_sim_sweep: its table in \$OUT, micro-benchmarks and the best v
    grep -q "^best dense_fwd d=128: dense_fwd_d128_.* causal_256, " "$summary" && grep -q "^best sparse_bwd d=64: sparse_bwd_d64_" "$summary"'
 expect "gpu_check_sim_skips: the PyTorch stages skipped with one line each" \
   '[ "$(grep -c "^skipped: .*PyTorch" "$summary")" -eq 4 ] && ! grep -q "^FAIL" "$summary"'
-expect "gpu_check_sim_files: at most 10 files in \$OUT ($(ls "$tmp/out" | wc -l))" '[ "$(ls "$tmp/out" | wc -l)" -le 10 ]'
+expect "gpu_check_sim_dw_stream: tokens/s with train.dw_stream off and on, the losses within 1%" \
+  'grep -q "^train.dw_stream at 128 tokens/step: off [0-9.]* tokens/s, on [0-9.]* tokens/s: on ÷ off [0-9.]*$" "$summary" &&
+   grep -q "^ok train.dw_stream on: mean loss" "$summary"'
+expect "gpu_check_sim_files: at most 11 files in \$OUT ($(ls "$tmp/out" | wc -l))" '[ "$(ls "$tmp/out" | wc -l)" -le 11 ]'
 
 # The stage hold waits until its limit stops it, so a 1 s limit always does; the seconds it took are
 # not checked: stopping it and its children may take more than the limit on a busy CI.

@@ -75,6 +75,11 @@ expect "a kernel reading another stream's result without cudaStreamWaitEvent: wr
   '[[ "$r" == *wrong* ]]'
 r=$(results streams_event)
 expect "with cudaStreamWaitEvent: correct under every seed ($r)" '[ "$r" = "correct " ]'
+r=$(results streams_far_nowait)
+expect "a stream overwriting, 16 launches later, what another stream reads, without waiting for the read: wrong under some seed ($r)" \
+  '[[ "$r" == *wrong* ]]'
+r=$(results streams_far_event)
+expect "with the wait for the read: correct under every seed ($r)" '[ "$r" = "correct " ]'
 r=$(results streams_legacy)
 expect "the legacy default stream waits for a blocking stream: correct under every seed ($r)" '[ "$r" = "correct " ]'
 

@@ -2,9 +2,10 @@
 // memory (posix_memalign per allocation, exactly the size asked, so that AddressSanitizer sees every
 // out-of-bounds access; filled with 0xFF, NaN, as cudaMalloc leaves it
 // undefined). Streams are queues of operations run lazily, when a host call
-// must wait, in an interleaving drawn from CUDASIM_SEED that respects stream
-// order, the legacy default stream's implicit synchronisation (CUDA Runtime
-// API, "Stream synchronization behavior") and cudaStreamWaitEvent.
+// must wait, in an interleaving drawn from CUDASIM_SEED (runs of one op or of
+// as many as a stream can, run_one) that respects stream order, the legacy
+// default stream's implicit synchronisation (CUDA Runtime API, "Stream
+// synchronization behavior") and cudaStreamWaitEvent.
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -245,19 +246,38 @@ static void observe_all() {
     nccl_open.clear();
 }
 
-// Attempt one op chosen at random among the heads of the queues that may
-// run; whether it completed (a polled op not yet complete stays at its head).
+// The stream that runs on, and the streams that could run when it was drawn.
+static CUstream_st *running = nullptr;
+static std::vector<CUstream_st *> drawn_among;
+
+// Attempt one op: the running stream's next one, else one drawn among the
+// heads of the queues that may run, together with how far its stream runs:
+// this op alone, or (one draw in two) on while its next op can run and no
+// other stream became able to run (its next op waited, or a polled op of it
+// was not yet complete, or its queue was empty). So a stream may run ahead
+// of another that nothing orders it with, or behind it, by any number of
+// ops. Whether the op completed (a polled op not yet complete stays at its
+// head).
 static bool run_one() {
     if (!rng_ready) { stream_rng.seed(seed() * 0x9e3779b97f4a7c15ull + 7); rng_ready = true; }
     std::vector<CUstream_st *> runnable;
-    for (CUstream_st *s : streams)
-        if (!s->ops.empty() && ready(s->ops.front())) runnable.push_back(s);
+    for (CUstream_st *q : streams)
+        if (!q->ops.empty() && ready(q->ops.front())) runnable.push_back(q);
     if (runnable.empty()) fail("internal: queued work but nothing can run");
-    CUstream_st *s = runnable[stream_rng() % runnable.size()];
+    bool redraw = !running || std::find(runnable.begin(), runnable.end(), running) == runnable.end();
+    for (CUstream_st *q : runnable)
+        redraw |= std::find(drawn_among.begin(), drawn_among.end(), q) == drawn_among.end();
+    CUstream_st *s = running;
+    if (redraw) {
+        s = runnable[stream_rng() % runnable.size()];
+        running = stream_rng() % 2 ? s : nullptr;
+        drawn_among = runnable;
+    }
     SimOp o = std::move(s->ops.front());
     s->ops.pop_front();
     if (!o.step()) {
         s->ops.push_front(std::move(o));
+        running = nullptr;
         return false;
     }
     done[o.seq] = true;
@@ -792,6 +812,8 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     drain(stream);
     for (size_t i = 0; i < streams.size(); i++)
         if (streams[i] == stream) streams.erase(streams.begin() + (long)i);
+    if (running == stream) running = nullptr;
+    drawn_among.clear();
     delete stream;
     return cudaSuccess;
 }

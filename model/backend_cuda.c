@@ -1,9 +1,9 @@
 // backend_cuda.c: the CUDA backend's table (model/backend.h): memory through
 // the CUDA runtime, and the ops of model/ops_cuda.h, model/matmul_cuda.h and
-// attention/op/attention_cuda_op.h bound with the backend's one stream and its
-// one cuBLASLt context. Activations and compute weights are bf16 (the ops'
+// attention/attention_api.h bound with the backend's compute stream and its
+// cuBLASLt context. Activations and compute weights are bf16 (the ops'
 // uint16_t), master weights, gradients, moments and statistics fp32.
-// Everything is enqueued on the one stream; download, act_to_host and
+// Everything is enqueued on the compute stream; download, act_to_host and
 // sum_squares (it returns a double) wait for it, and upload
 // waits too, so the host buffer is free again when it returns (both through
 // a page-locked staging buffer); allreduce_sum

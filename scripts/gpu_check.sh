@@ -33,7 +33,7 @@
 #              within 2% step by step
 #   context    the longest sequence the 0.5B shape trains a step, sparse and
 #              dense: 32K doubled while runs succeed, each run bounded
-# Limits: 604 s in all on a GPU. $OUT (default ./gpu-check) receives
+# Limits: 564 s in all on a GPU. $OUT (default ./gpu-check) receives
 # summary.txt, written after every stage (one line per stage, then each
 # stage's figures), one log per stage, NAME.log, and sweep.tsv: 11 files. Scratch
 # (metrics) goes to $TMPDIR; the training runs write no checkpoint
@@ -444,7 +444,7 @@ if [ $mode = gpu ]; then
   context_start=32768 context_max=1048576 per_context=40   # start-up of a 0.5B run: 5-8 s
   per_test=45 per_sanitizer=30
   sparse_args=()   # the run file's: top_p 0.9 in blocks of 128
-  limits=(device:12 sweep:90 tests:80 sanitizer:65 attention:52 train:130 dw_stream:40 agreement:50 context:85)
+  limits=(device:12 sweep:90 tests:70 sanitizer:55 attention:52 train:130 dw_stream:35 agreement:45 context:75)
 else
   test_programs=(gpu_test_matmul gpu_test_cub)
   model_args=("${tiny_model[@]}")

@@ -515,7 +515,7 @@ sparse_backward_blocks_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnGr
             store_rows32<SQ, BM>(pts, kw * 32, wh * SQ, st);
             store_rows32<SQ, BM>(dsts, kw * 32, wh * SQ, dpt);
         }
-        __syncthreads();   // P^T, dS^T, the rows of the next tile and the tokens of the one after are in
+        __syncthreads();   // P^T, dS^T and the rows of the next tile are in
 
         mma_ab32<BM, KC, BM, D, false>(dva, pts + kw * 32 * BM, 0, dos, wh * KC);
         __syncthreads();   // every warp is done with dO

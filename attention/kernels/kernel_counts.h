@@ -5,7 +5,8 @@
 // The plan derives each kernel's time from them (trainer/plan.c); the sim test
 // tests/sim/gpu_test_counts.c holds them equal to what the kernels do. The tile
 // shapes are those of attention/kernels/flash_cuda.cu (Tiles<D>) and
-// attention/kernels/sparse_cuda.cu (KEY_TILE, one query block per CTA).
+// attention/kernels/sparse_cuda.cu (KEY_TILE, one query block per CTA; the
+// backward's blocks one key block per CTA, SparseBackwardTile).
 #ifndef MTRAIN_KERNEL_COUNTS_H
 #define MTRAIN_KERNEL_COUNTS_H
 

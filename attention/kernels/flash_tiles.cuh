@@ -612,6 +612,27 @@ __device__ __forceinline__ void store_rows32(bf16 *t, int r0, int c0, const floa
         }
 }
 
+// x[row(r) * ld + c0 + col] += f c (row r, column col) for the warp's 32 x N
+// accumulators c (mma_abt32's layout) with fp32 atomics; row(r) < 0 (r =
+// 0..31): the row is left out. The backwards' dQ per query tile and dK, dV
+// at the end.
+template <int N, typename Row>
+__device__ __forceinline__ void atomic_add_rows32(float *x, int64_t ld, int64_t c0, const float (*c)[N / 8][4],
+                                                  float f, Row row) {
+    const int g = threadIdx.x % 32 / 4, t4 = threadIdx.x % 4;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int64_t r = row((i / 2) * 16 + g + (i % 2) * 8);
+        if (r < 0) continue;
+        float *p = x + r * ld + c0 + 2 * t4;
+#pragma unroll
+        for (int n = 0; n < N / 8; n++) {
+            atomicAdd(p + n * 8, f * c[i / 2][n][2 * (i % 2)]);
+            atomicAdd(p + n * 8 + 1, f * c[i / 2][n][2 * (i % 2) + 1]);
+        }
+    }
+}
+
 // c [32 x N] += A [32 x K] B, both from swizzled tiles in shared memory: A
 // the warp's 32 rows of a [.][LDA] tile (a at its first row) or, with
 // A_TRANS, the transpose of columns a_col .. a_col + 31 of a [K][LDA] tile;

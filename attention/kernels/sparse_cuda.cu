@@ -431,7 +431,7 @@ sparse_backward_blocks_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnGr
     float *del_s = lse_s + 2 * BM;                                          // [2][BM]
     STATIC_SHARED(int64_t, list_s, [2]);          // the CTA's listed query blocks: t.q_block[list_s[0] .. list_s[1])
 
-    const int tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4, t4 = tid % 4;
+    const int tid = threadIdx.x, warp = tid / 32;
     const int h = blockIdx.y, kvh = h / (Hq / Hkv);
     const int64_t j0 = (int64_t)blockIdx.x * BN, r = h * t.nkb + blockIdx.x;
     const int64_t e0 = t.q_start[r], e1 = t.q_start[r + 1];
@@ -531,35 +531,18 @@ sparse_backward_blocks_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnGr
 #pragma unroll
             for (int m = 0; m < 2; m++) zero<QP>(dqa[m]);
             mma_ab32<BN, QP, BM, D, true>(dqa, dsts, qw * 32, ks, c0);
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int64_t row = tok[(i / 2) * 16 + g + (i % 2) * 8];
-                if (row < 0) continue;
-                float *dqrow = dq + (row * Hq + h) * (int64_t)D + c0 + 2 * t4;
-#pragma unroll
-                for (int n = 0; n < QP / 8; n++) {
-                    atomicAdd(dqrow + n * 8, d.scale * dqa[i / 2][n][2 * (i % 2)]);
-                    atomicAdd(dqrow + n * 8 + 1, d.scale * dqa[i / 2][n][2 * (i % 2) + 1]);
-                }
-            }
+            atomic_add_rows32<QP>(dq, (int64_t)Hq * D, (int64_t)h * D + c0, dqa, d.scale, [&](int i) { return tok[i]; });
         }
         if (tid < BM) qtok[(qt + 2) % 3 * BM + tid] = tok_after;   // its slot's tile (qt - 1) is done
     }
     cp_async_wait<0>();
 
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int64_t key = j0 + kw * 32 + (i / 2) * 16 + g + (i % 2) * 8;
-        if (key >= Tk) continue;
-        const int64_t base = (key * Hkv + kvh) * (int64_t)D + wh * KC + 2 * t4;
-#pragma unroll
-        for (int n = 0; n < KC / 8; n++) {
-            atomicAdd(dk + base + n * 8, d.scale * dka[i / 2][n][2 * (i % 2)]);
-            atomicAdd(dk + base + n * 8 + 1, d.scale * dka[i / 2][n][2 * (i % 2) + 1]);
-            atomicAdd(dv + base + n * 8, dva[i / 2][n][2 * (i % 2)]);
-            atomicAdd(dv + base + n * 8 + 1, dva[i / 2][n][2 * (i % 2) + 1]);
-        }
-    }
+    auto key_row = [&](int i) {
+        const int64_t key = j0 + kw * 32 + i;
+        return key < Tk ? key : (int64_t)-1;
+    };
+    atomic_add_rows32<KC>(dk, (int64_t)Hkv * D, (int64_t)kvh * D + wh * KC, dka, d.scale, key_row);
+    atomic_add_rows32<KC>(dv, (int64_t)Hkv * D, (int64_t)kvh * D + wh * KC, dva, 1.0f, key_row);
 }
 
 // ---- backward: the columns, query-major ----

@@ -3,11 +3,12 @@
 // mma.sync.m16n8k16 (bf16 in, fp32 accumulate), tile loads global -> shared
 // (contiguous or gathered by token), per-tile position bounds and the walk
 // over the visible tiles, the three warp-level tile products of 16 rows the
-// sparse backward is made of, the products of 32 rows a warp over swizzled
-// tiles with the forward's per-tile online softmax and final merge (the
-// dense and the sparse forward) and the dense backward's P^T, dS^T tile; the
-// backward's P and dS of one score (both backwards); the kernels' arguments
-// (attn_args.h) as __restrict__ locals.
+// sparse backward's column pass is made of, the products of 32 rows a warp
+// over swizzled tiles with the forward's per-tile online softmax and final
+// merge (the dense and the sparse forward) and the backwards' P^T, dS^T tile
+// and fp32 atomic adds (the dense backward, the sparse backward's blocks);
+// the backward's P and dS of one score (both backwards); the kernels'
+// arguments (attn_args.h) as __restrict__ locals.
 // Shared tiles are row-major bf16, either with rows padded by 16 bytes (8
 // elements), so the 8 row addresses of an ldmatrix land in distinct banks,
 // or unpadded and swizzled (swizzle) to the same effect.

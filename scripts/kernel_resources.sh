@@ -80,7 +80,12 @@ flash_backward_smem() {  # flash_cuda.cu backward_smem(): (2 BN + 3 BM) D + 2 BN
 sparse_forward_smem() {  # sparse_cuda.cu forward_launch(): (BM + 2 KEY_TILE) D bf16 (swizzled) + (4 KEY_TILE
                          # + BM, + BM with documents: DOCS 1) int64 + BM fp32, KEY_TILE = 64
   local D=$1 BM=$2 DOCS=$3; echo $(((BM + 2 * 64) * D * 2 + (4 * 64 + BM * (1 + DOCS)) * 8 + BM * 4)); }
-sparse_backward_smem() { # sparse_cuda.cu backward_smem<D, BM, KVBUF>()
+sparse_blocks_smem() {   # sparse_cuda.cu backward_blocks_smem<D, B, DOCS>(): (2 B + 3 BM) D + 2 B BM bf16 (swizzled)
+                         # + (B + 3 BM) int64 + 2 BM (2 fp32 + int64, + int64 with documents: DOCS 1) + 2 BM / 32 int,
+                         # BM = 128 at D 64, 64 at D 128
+  local D=$1 B=$2 DOCS=$3 BM=$(($1 == 64 ? 128 : 64))
+  echo $(((2 * B + 3 * BM) * D * 2 + 2 * B * BM * 2 + (B + 3 * BM) * 8 + 2 * BM * (16 + 8 * DOCS) + BM / 16 * 4)); }
+sparse_columns_smem() {  # sparse_cuda.cu backward_columns_smem<D, BM, KVBUF>()
   local D=$1 BM=$2 KVBUF=$3
   echo $(((2 * BM + 2 * KVBUF * 64) * (D + 8) * 2 + 2 * BM * 72 * 2 + 2 * KVBUF * 64 * 8)); }
 sm90_forward_smem() {   # flash_sm90.cu attn_dense_forward_sm90(): Sm90Smem<D, C>::BYTES + 1024 of alignment: C Q boxes and
@@ -134,23 +139,27 @@ launch_table() {
       row "flash_sm90_sparse_forward_kernel<$D, 2, $docs>" 384 "$(sm90_sparse_forward_smem $D 2)" optin sm_90
     done
   done
-  # sparse_cuda.cu: the forward BM threads (warps of 32 queries), __launch_bounds__(BM, 256 / BM), the
-  # backward 2 BM (B = BM = 64 or 128); the backward double-buffers K/V where the device's opt-in limit
-  # allows it (D 128, B 128: H100 yes, A100 no).
+  # sparse_cuda.cu: the forward BM threads (warps of 32 queries), __launch_bounds__(BM, 256 / BM); the
+  # backward's blocks B / 16 warps (key-major, B = 64 or 128), its columns 2 BM (B = BM), double-buffering
+  # K/V where the device's opt-in limit allows it (D 128, B 128: H100 yes, A100 no).
   row 'local_block_kernel' 128 0 default all            # chunk_view()
   row 'column_count_kernel' 256 0 default all           # chunk_view()
   row 'column_fill_kernel' 256 0 default all            # chunk_view()
+  row 'key_major_kernel<false>' 256 0 default all       # key_major_blocks()
+  row 'key_major_kernel<true>' 256 0 default all        # key_major_blocks()
   # Each with and without documents (the last template argument).
   for docs in false true; do
     local d=$([ $docs = true ] && echo 1 || echo 0)
     for D in 64 128; do
       row "sparse_forward_kernel<$D, 64, $docs>" 64 "$(sparse_forward_smem $D 64 $d)" optin all
       row "sparse_forward_kernel<$D, 128, $docs>" 128 "$(sparse_forward_smem $D 128 $d)" optin all
-      row "sparse_backward_kernel<$D, 64, 2, $docs>" 128 "$(sparse_backward_smem $D 64 2)" optin all
+      row "sparse_backward_blocks_kernel<$D, 64, $docs>" 128 "$(sparse_blocks_smem $D 64 $d)" optin all
+      row "sparse_backward_blocks_kernel<$D, 128, $docs>" 256 "$(sparse_blocks_smem $D 128 $d)" optin all
+      row "sparse_backward_columns_kernel<$D, 64, 2, $docs>" 128 "$(sparse_columns_smem $D 64 2)" optin all
     done
-    row "sparse_backward_kernel<64, 128, 2, $docs>" 256 "$(sparse_backward_smem 64 128 2)" optin all
-    row "sparse_backward_kernel<128, 128, 2, $docs>" 256 "$(sparse_backward_smem 128 128 2)" optin sm_90
-    row "sparse_backward_kernel<128, 128, 1, $docs>" 256 "$(sparse_backward_smem 128 128 1)" optin sm_80
+    row "sparse_backward_columns_kernel<64, 128, 2, $docs>" 256 "$(sparse_columns_smem 64 128 2)" optin all
+    row "sparse_backward_columns_kernel<128, 128, 2, $docs>" 256 "$(sparse_columns_smem 128 128 2)" optin sm_90
+    row "sparse_backward_columns_kernel<128, 128, 1, $docs>" 256 "$(sparse_columns_smem 128 128 1)" optin sm_80
   done
   # sparse_select_cuda.cu: EST_THREADS = 64 threads, SEL_THREADS = 256. index_row_kernel's bitmap
   # is one bit per key block of the sequence: (N / B / 32 + 1) words, here N = 1M tokens, B = 64.

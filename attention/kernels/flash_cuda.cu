@@ -257,7 +257,7 @@ flash_backward_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnGrads grad
     float *lse_s = reinterpret_cast<float *>(qfs + (DOCS ? 2 * BM : 0));   // [2][BM]
     float *del_s = lse_s + 2 * BM;                                          // [2][BM]
 
-    const int tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4, t4 = tid % 4;
+    const int tid = threadIdx.x, warp = tid / 32;
     const int h = blockIdx.y, kvh = h / (Hq / Hkv), kt = blockIdx.x;
     const int64_t j0 = (int64_t)kt * BN;
     const int nqt = (int)((Tq + BM - 1) / BM);
@@ -351,36 +351,22 @@ flash_backward_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnGrads grad
 #pragma unroll
         for (int m = 0; m < 2; m++) zero<QC>(dqa[m]);
         mma_ab32<BN, QC, BM, D, true>(dqa, dsts, qw * 32, ks, qc * QC);
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int64_t row = (int64_t)qt * BM + qw * 32 + (i / 2) * 16 + g + (i % 2) * 8;
-            if (row >= Tq) continue;
-            float *dqrow = dq + (row * Hq + h) * (int64_t)D + qc * QC + 2 * t4;
-#pragma unroll
-            for (int n = 0; n < QC / 8; n++) {
-                atomicAdd(dqrow + n * 8, d.scale * dqa[i / 2][n][2 * (i % 2)]);
-                atomicAdd(dqrow + n * 8 + 1, d.scale * dqa[i / 2][n][2 * (i % 2) + 1]);
-            }
-        }
+        atomic_add_rows32<QC>(dq, (int64_t)Hq * D, (int64_t)h * D + qc * QC, dqa, d.scale, [&](int r) {
+            const int64_t row = (int64_t)qt * BM + qw * 32 + r;
+            return row < Tq ? row : (int64_t)-1;
+        });
         qt = nxt;
         full = next_full;
         buf ^= 1;
     }
     cp_async_wait<0>();
 
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int64_t key = (int64_t)kt * BN + kw * 32 + (i / 2) * 16 + g + (i % 2) * 8;
-        if (key >= Tk) continue;
-        const int64_t base = (key * Hkv + kvh) * (int64_t)D + wh * KC + 2 * t4;
-#pragma unroll
-        for (int n = 0; n < KC / 8; n++) {
-            atomicAdd(dk + base + n * 8, d.scale * dka[i / 2][n][2 * (i % 2)]);
-            atomicAdd(dk + base + n * 8 + 1, d.scale * dka[i / 2][n][2 * (i % 2) + 1]);
-            atomicAdd(dv + base + n * 8, dva[i / 2][n][2 * (i % 2)]);
-            atomicAdd(dv + base + n * 8 + 1, dva[i / 2][n][2 * (i % 2) + 1]);
-        }
-    }
+    auto key_row = [&](int r) {
+        const int64_t key = j0 + kw * 32 + r;
+        return key < Tk ? key : (int64_t)-1;
+    };
+    atomic_add_rows32<KC>(dk, (int64_t)Hkv * D, (int64_t)kvh * D + wh * KC, dka, d.scale, key_row);
+    atomic_add_rows32<KC>(dv, (int64_t)Hkv * D, (int64_t)kvh * D + wh * KC, dva, 1.0f, key_row);
 }
 
 // ---- host side ----

@@ -3,11 +3,12 @@
 // mma.sync.m16n8k16 (bf16 in, fp32 accumulate), tile loads global -> shared
 // (contiguous or gathered by token), per-tile position bounds and the walk
 // over the visible tiles, the three warp-level tile products of 16 rows the
-// sparse backward is made of, the products of 32 rows a warp over swizzled
-// tiles with the forward's per-tile online softmax and final merge (the
-// dense and the sparse forward) and the dense backward's P^T, dS^T tile; the
-// backward's P and dS of one score (both backwards); the kernels' arguments
-// (attn_args.h) as __restrict__ locals.
+// sparse backward's column pass is made of, the products of 32 rows a warp
+// over swizzled tiles with the forward's per-tile online softmax and final
+// merge (the dense and the sparse forward) and the backwards' P^T, dS^T tile
+// and fp32 atomic adds (the dense backward, the sparse backward's blocks);
+// the backward's P and dS of one score (both backwards); the kernels'
+// arguments (attn_args.h) as __restrict__ locals.
 // Shared tiles are row-major bf16, either with rows padded by 16 bytes (8
 // elements), so the 8 row addresses of an ldmatrix land in distinct banks,
 // or unpadded and swizzled (swizzle) to the same effect.
@@ -610,6 +611,27 @@ __device__ __forceinline__ void store_rows32(bf16 *t, int r0, int c0, const floa
             *reinterpret_cast<uint32_t *>(t + (at ^ (n * 8))) = pack_bf16(c[m][n][0], c[m][n][1]);
             *reinterpret_cast<uint32_t *>(t + ((at + 8 * W) ^ (n * 8))) = pack_bf16(c[m][n][2], c[m][n][3]);
         }
+}
+
+// x[row(r) * ld + c0 + col] += f c (row r, column col) for the warp's 32 x N
+// accumulators c (mma_abt32's layout) with fp32 atomics; row(r) < 0 (r =
+// 0..31): the row is left out. The backwards' dQ per query tile and dK, dV
+// at the end.
+template <int N, typename Row>
+__device__ __forceinline__ void atomic_add_rows32(float *x, int64_t ld, int64_t c0, const float (*c)[N / 8][4],
+                                                  float f, Row row) {
+    const int g = threadIdx.x % 32 / 4, t4 = threadIdx.x % 4;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int64_t r = row((i / 2) * 16 + g + (i % 2) * 8);
+        if (r < 0) continue;
+        float *p = x + r * ld + c0 + 2 * t4;
+#pragma unroll
+        for (int n = 0; n < N / 8; n++) {
+            atomicAdd(p + n * 8, f * c[i / 2][n][2 * (i % 2)]);
+            atomicAdd(p + n * 8 + 1, f * c[i / 2][n][2 * (i % 2) + 1]);
+        }
+    }
 }
 
 // c [32 x N] += A [32 x K] B, both from swizzled tiles in shared memory: A

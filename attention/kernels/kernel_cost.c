@@ -56,7 +56,8 @@ double attn_exp2_count(const KernelCounts *c, int head_dim, bool backward) {
 int attn_blocks_per_sm(bool sparse, bool backward, int head_dim, int block_size) {
     if (!backward) return sparse ? 256 / (block_size == 128 ? 128 : 64) : 2;
     if (!sparse) return 1;
-    return head_dim == 128 && block_size == 128 ? 1 : 2;
+    (void)head_dim;   // the sparse backward's shared memory and registers fit alike at 64 and 128
+    return block_size == 128 ? 1 : 2;
 }
 
 void attn_pass_counts(int d, int64_t n, double heads, double density, int block_size, KernelCounts *fwd,
@@ -66,7 +67,11 @@ void attn_pass_counts(int d, int64_t n, double heads, double density, int block_
         const double rows = heads * (double)((n + B - 1) / B);
         const double tiles = fmax(rows, density * heads * flash_forward_pairs(n, B, SPARSE_KEY_TILE));
         *fwd = sparse_forward_counts(d, B, rows, tiles);
-        *bwd = sparse_backward_counts(d, B, rows, tiles, tiles * SPARSE_KEY_TILE);
+        // The backward's work as key blocks (the columns counted among them): the pairs (query block, key
+        // block) of the forward's tiles, sparse_backward_bm rows a query tile.
+        const double pairs = tiles * SPARSE_KEY_TILE / B;
+        *bwd = sparse_backward_block_counts(d, B, rows, rows, pairs * B / sparse_backward_bm(d), pairs * B,
+                                            heads * (double)n);
         return;
     }
     const FlashTiles f = flash_tiles(d);

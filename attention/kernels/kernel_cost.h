@@ -42,8 +42,9 @@ double attn_exp2_count(const KernelCounts *c, int head_dim, bool backward);
 // from ptxas, docs/PERFORMANCE.md "CUDA kernels: static resources"): the
 // dense forward 2, the dense backward 1, the sparse forward 2 with blocks of
 // 128 and 4 with blocks of 64 (its launch bounds; the A100 fits 3 at head
-// dim 128), the sparse backward 1 at head dim 128 with blocks of 128 and 2
-// otherwise.
+// dim 128), the sparse backward (its blocks' key-major kernel) 1 with
+// blocks of 128 and 2 with blocks of 64 (about 100 KB of shared memory: the
+// H100's; the A100 fits 1).
 int attn_blocks_per_sm(bool sparse, bool backward, int head_dim, int block_size);
 
 // The counted work (kernel_counts.h) of one causal pass over n tokens, heads q

@@ -80,14 +80,34 @@ KernelCounts sparse_forward_counts(int head_dim, int block_size, double rows, do
         .atomics = 0};
 }
 
-KernelCounts sparse_backward_counts(int head_dim, int block_size, double rows, double tiles, double keys) {
+int sparse_backward_bm(int head_dim) { return head_dim == 64 ? 128 : 64; }
+
+KernelCounts sparse_backward_block_counts(int head_dim, int block_size, double ctas, double active, double tiles,
+                                          double dq_rows, double keys) {
+    const int D = head_dim, BM = sparse_backward_bm(D), BN = block_size, NW = BN / 16, QC = D / (NW / (BM / 32));
+    const int QP = QC < 32 ? QC : 32;   // dQ's columns a pass
+    return (KernelCounts){
+        .launches = 1, .blocks = ctas,
+        // the dense backward's products per warp and query tile (flash_backward_counts) over a key tile of BN,
+        // dQ in QC / QP passes
+        .mma = tiles * NW * 2 * (2 * product_mma(D, BM / 2) + 2 * product_mma(BM, D / 2) + product_mma(BN, QC)),
+        .ldmatrix_bytes = 512 * tiles * NW * (2 * abt32_ldmatrix(D, BM / 2) + 2 * abt32_ldmatrix(BM, D / 2) +
+                                              QC / QP * abt32_ldmatrix(BN, QP)),
+        .cp_async_bytes = 2.0 * D * (active * 2 * BN + tiles * 2 * BM),
+        .shuffles = 0,
+        .barriers = 3 * tiles,
+        .atomics = (double)D * (dq_rows + 2 * keys)};
+}
+
+KernelCounts sparse_backward_column_counts(int head_dim, int block_size, double rows, double active, double tiles,
+                                           double keys) {
     const int D = head_dim, BM = block_size, BN = SPARSE_KEY_TILE, NW = BM / 16, WC = NW / (BN / 16), DC = D / WC;
     return (KernelCounts){
         .launches = 1, .blocks = rows,
         // S and dP (mma_abt), dQ (mma_pb) per warp, dV and dK (mma_atb) over the WR x WC warps
         .mma = tiles * NW * (2 * product_mma(D, BN) + product_mma(BN, D) + 2 * product_mma(BM, DC)),
         .ldmatrix_bytes = 512 * tiles * NW * (2 * abt_ldmatrix(D, BN) + pb_ldmatrix(BN, D) + 2 * abt_ldmatrix(BM, DC)),
-        .cp_async_bytes = 2.0 * D * (rows * 2 * BM + tiles * 2 * BN),
+        .cp_async_bytes = 2.0 * D * (active * 2 * BM + tiles * 2 * BN),
         .shuffles = 0,
         .barriers = 3 * tiles,
         .atomics = 2.0 * D * keys};

@@ -5,7 +5,8 @@
 // The plan derives each kernel's time from them (trainer/plan.c); the sim test
 // tests/sim/gpu_test_counts.c holds them equal to what the kernels do. The tile
 // shapes are those of attention/kernels/flash_cuda.cu (Tiles<D>) and
-// attention/kernels/sparse_cuda.cu (KEY_TILE, one query block per CTA).
+// attention/kernels/sparse_cuda.cu (KEY_TILE, one query block per CTA; the
+// backward's blocks one key block per CTA, SparseBackwardTile).
 #ifndef MTRAIN_KERNEL_COUNTS_H
 #define MTRAIN_KERNEL_COUNTS_H
 
@@ -43,15 +44,29 @@ KernelCounts flash_forward_counts(int head_dim, double q_tiles, double pairs);
 // (bwd_bm per pair where the query tile is whole, its rows before the end
 // where it is short), keys of dk, dv (summed over the heads).
 KernelCounts flash_backward_counts(int head_dim, double k_tiles, double pairs, double dq_rows, double keys);
-// One launch of the sparse forward and backward (sparse_forward_kernel,
-// sparse_backward_kernel with one or two K/V buffers, no documents) over rows index
-// rows (query blocks of block_size, summed over the heads): tiles key tiles
-// of SPARSE_KEY_TILE visited (the selected blocks' and the columns'), keys the
-// valid keys of those tiles (tiles x SPARSE_KEY_TILE but for a short last
-// column tile). A row with no tile still loads its queries (the backward
-// then returns).
+// One launch of the sparse forward (sparse_forward_kernel, no documents)
+// over rows index rows (query blocks of block_size, summed over the heads):
+// tiles key tiles of SPARSE_KEY_TILE visited (the selected blocks' and the
+// columns').
 KernelCounts sparse_forward_counts(int head_dim, int block_size, double rows, double tiles);
-KernelCounts sparse_backward_counts(int head_dim, int block_size, double rows, double tiles, double keys);
+// The sparse backward's query tile (sparse_cuda.cu, SparseBackwardTile): 128
+// rows at head dim 64, 64 at 128.
+int sparse_backward_bm(int head_dim);
+// One launch of the sparse backward's blocks (sparse_backward_blocks_kernel,
+// key-major, no documents): ctas CTAs of one key block of block_size keys
+// (summed over the heads), active those whose block some query block
+// selects; tiles the query tiles of sparse_backward_bm rows they visit (per
+// CTA the rows of its selecting query blocks, that many at a time); dq_rows
+// the rows of those tiles that exist (add to dq); keys the keys of the
+// active CTAs (their dk, dv).
+KernelCounts sparse_backward_block_counts(int head_dim, int block_size, double ctas, double active, double tiles,
+                                          double dq_rows, double keys);
+// One launch of the sparse backward's columns (sparse_backward_columns_kernel
+// with one or two K/V buffers, no documents): rows index rows (summed over
+// the heads), active those with a column in the call; tiles the column
+// tiles of SPARSE_KEY_TILE they visit, keys their columns.
+KernelCounts sparse_backward_column_counts(int head_dim, int block_size, double rows, double active, double tiles,
+                                           double keys);
 
 // Bytes through shared memory (ldmatrix + cp.async) per mma.sync of c.
 double shared_bytes_per_mma(KernelCounts c);

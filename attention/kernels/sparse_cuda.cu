@@ -10,14 +10,16 @@
 // of the index (SparsePart, as the CPU version): blocks and columns of a
 // chunk (one GPU), only the blocks (a ring step), or only the columns
 // against K/V rows gathered at an ascending list of positions (the ring's
-// gathered columns): the view then holds no block, or no column. Then one CTA per index row
-// (q head h, query block i: the query tile is the whole block of B = 64 or
-// 128 queries; the forward one warp per 32, the backward one per 16) walks
-// the row's key tiles of 64 keys: each
-// selected block present in the chunk (B / 64 tiles), then the row's columns
-// gathered 64 at a time (K and V rows loaded by token with cp.async). The
-// mask is token-exact by position, dropped where the tile's last (largest)
-// position is at or before the block's first query. With documents (a
+// gathered columns): the view then holds no block, or no column. Then, in
+// the forward and the backward's column pass, one CTA per index row (q head
+// h, query block i: the query tile is the whole block of B = 64 or 128
+// queries; the forward one warp per 32, the column pass one per 16) walks
+// the row's key tiles of 64 keys: each selected block present in the chunk
+// (B / 64 tiles; none in the column pass), then the row's columns gathered
+// 64 at a time (K and V rows loaded by token with cp.async). The backward's
+// blocks go key-major (below). The mask is token-exact by position, dropped
+// where every key of a tile (the backward's blocks: of a warp's 32 keys) is
+// at or before every query. With documents (a
 // template parameter, as in flash_cuda.cu) also k_pos >= q_first, the start
 // of the query's document, dropped where the tile's first (smallest)
 // position is at or after the block's last query's document start; the
@@ -28,13 +30,16 @@
 //             (o_acc, lse) (flash_tiles.cuh); the next tile's local tokens
 //             and positions are read during this tile's S, so its K and V
 //             loads wait on no global read.
-//   backward  query-major: the CTA holds dQ of its row in registers and adds
-//             it once at the end (one writer per row); per key tile it
-//             recomputes S = Q K^T, dP = dO V^T, P = exp2(S - lse),
-//             dS = P (dP - delta), dQ += dS K; P and dS go through shared
-//             memory for dV = P^T dO and dK = dS^T Q of the tile, added to
-//             global dk, dv with fp32 atomics (tiles of different rows and
-//             GQA heads share keys).
+//   backward  the blocks key-major, on the dense backward's tiles and
+//             pipeline: the index's blocks turned into, per (q head, local
+//             key block), the query blocks that select it (built on the
+//             device per call); one CTA per key block holds its dK, dV in
+//             registers over the rows of those query blocks (BM at a time)
+//             and adds them once at the end; dQ with fp32 atomics per
+//             query tile. Then the columns query-major: the CTA of an index
+//             row holds its dQ in registers (one writer per row) over its
+//             tiles of gathered columns, whose dK, dV are added with fp32
+//             atomics per tile (many rows and GQA heads gather a column).
 #include <cub/cub.cuh>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -104,6 +109,16 @@ __global__ void column_fill_kernel(SparsePart part, SparseView c, const int64_t 
     }
 }
 
+// x [n] -> its inclusive prefix sums, in place (CUB, stream-ordered scratch).
+static void inclusive_sum(int64_t *x, int64_t n, cudaStream_t stream) {
+    size_t bytes = 0;
+    CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, bytes, x, x, n, stream));
+    void *temp;
+    CUDA_CHECK(cudaMallocAsync(&temp, bytes, stream));
+    CUDA_CHECK(cub::DeviceScan::InclusiveSum(temp, bytes, x, x, n, stream));
+    CUDA_CHECK(cudaFreeAsync(temp, stream));
+}
+
 // The view (attn_args.h) of `part` of the index in this call's keys: k_pos
 // [Tk] are whole blocks of a chunk (SPARSE_ALL, SPARSE_BLOCKS) or an
 // ascending list of column positions (SPARSE_COLUMNS). Its own arrays are
@@ -133,12 +148,7 @@ static SparseView chunk_view(SparsePart part, const SparseIndexCuda *x, const in
     const int warps_grid = (int)((rows * 32 + 255) / 256);
     CUDA_LAUNCH(column_count_kernel, warps_grid, 256, 0, stream, part, c, k_pos, Tk, B);
     CUDA_CHECK(cudaGetLastError());
-    size_t bytes = 0;
-    CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, bytes, c.col_start + 1, c.col_start + 1, rows, stream));
-    void *temp;
-    CUDA_CHECK(cudaMallocAsync(&temp, bytes, stream));
-    CUDA_CHECK(cub::DeviceScan::InclusiveSum(temp, bytes, c.col_start + 1, c.col_start + 1, rows, stream));
-    CUDA_CHECK(cudaFreeAsync(temp, stream));
+    inclusive_sum(c.col_start + 1, rows, stream);
     CUDA_LAUNCH(column_fill_kernel, warps_grid, 256, 0, stream, part, c, k_pos, Tk, B);
     CUDA_CHECK(cudaGetLastError());
     return c;
@@ -153,8 +163,9 @@ static void chunk_view_free(SparseView *c, cudaStream_t stream) {
 // ---- the key tiles of one index row ----
 
 // Items 0 .. nbi - 1 are the row's selected blocks, B / KEY_TILE tiles each
-// (item = entry * S + sub), then ceil(ncol / KEY_TILE) tiles of its columns
-// in this chunk. Every thread walks the same items.
+// (item = entry * S + sub; none where the walk leaves the blocks out), then
+// ceil(ncol / KEY_TILE) tiles of its columns in this chunk. Every thread
+// walks the same items.
 template <int B>
 struct RowTiles {
     static constexpr int S = B / KEY_TILE;
@@ -163,9 +174,9 @@ struct RowTiles {
 
     RowTiles() = default;                      // a __shared__ copy, assigned by one thread
     __device__ RowTiles(const int64_t *block_start, const int64_t *blocks_, const int64_t *local_block_,
-                        const int64_t *col_start, const int64_t *col_key_, int64_t r, int64_t Tk_)
+                        const int64_t *col_start, const int64_t *col_key_, int64_t r, int64_t Tk_, bool with_blocks)
         : blocks(blocks_), local_block(local_block_), col_key(col_key_), b0(block_start[r]),
-          nbi((block_start[r + 1] - block_start[r]) * S), c0(col_start[r]),
+          nbi(with_blocks ? (block_start[r + 1] - block_start[r]) * S : 0), c0(col_start[r]),
           ncol(col_start[r + 1] - col_start[r]), total(nbi + (ncol + KEY_TILE - 1) / KEY_TILE), Tk(Tk_) {}
 
     // First local token of block item it (-1: its block is not in the chunk,
@@ -258,7 +269,7 @@ sparse_forward_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnOut out, S
     // The row's walk lives in shared memory and is read where used (registers
     // go to the tile products and the softmax state).
     STATIC_SHARED(RowTiles<BM>, row_tiles, [1]);
-    if (tid == 0) row_tiles[0] = RowTiles<BM>(block_start, blocks, local_block, col_start, col_key, r, Tk);
+    if (tid == 0) row_tiles[0] = RowTiles<BM>(block_start, blocks, local_block, col_start, col_key, r, Tk, true);
     __syncthreads();
     const RowTiles<BM> &tiles = row_tiles[0];
 
@@ -309,16 +320,249 @@ sparse_forward_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnOut out, S
     forward_merge32<D>(rows, i0 + warp * 32, lse_s + warp * 32, Tq, Hq, h, o, lse);
 }
 
-// ---- backward ----
+// ---- backward: the blocks, key-major ----
 
-// Grid (Hq * nqb) rows, BM / 16 warps. KVBUF key/value buffers (2: the next
-// tile loads during this one; 1 where shared memory is short, see backward()). Shared: q,
-// dout [BM][LD]; k, v [KVBUF][BN][LD]; P and dS [BM][BN + 8] (bf16); key
-// positions and local tokens [KVBUF][BN]. scale_log2 and DOCS as the forward's.
+// The index's blocks in one call turned key-major (key_major_blocks): row
+// r = h * nkb + j (q head h, local key block j) lists the local query blocks
+// whose index rows select j's global block, ascending:
+// q_block[q_start[r] .. q_start[r + 1]).
+typedef struct {
+    int64_t nkb;               // local key blocks, ceil(Tk / B)
+    int64_t *q_start;          // [Hq * nkb + 1]
+    int64_t *q_block;          // [the index's block capacity]
+} KeyMajorBlocks;
+
+// Whether the ascending blocks [lo, end) hold b.
+__device__ bool holds_block(const int64_t *blocks, int64_t lo, int64_t end, int64_t b) {
+    int64_t hi = end;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (blocks[mid] < b) lo = mid + 1; else hi = mid;
+    }
+    return lo < end && blocks[lo] == b;
+}
+
+// One warp per key-major row r: the local query blocks i (global q_blocks[i]
+// at or after the key block, as the index's rows hold no later block) whose
+// row selects the key block, counted into t.q_start[r + 1] (!FILL) or listed
+// in order from t.q_block[t.q_start[r]] (FILL). k_pos [Tk] whole blocks of B.
+template <bool FILL>
+__global__ void key_major_kernel(SparseView c, const int64_t *q_blocks, const int64_t *k_pos, int B,
+                                 KeyMajorBlocks t) {
+    const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32, nqb = c.num_q_blocks;
+    const int lane = threadIdx.x % 32;
+    if (r >= c.rows / nqb * t.nkb) return;
+    const int64_t h = r / t.nkb, kb = k_pos[r % t.nkb * B] / B;
+    int64_t out = FILL ? t.q_start[r] : 0;
+    for (int64_t i0 = 0; i0 < nqb; i0 += 32) {
+        const int64_t i = i0 + lane, row = h * nqb + i;
+        const bool has = i < nqb && q_blocks[i] >= kb &&
+                         holds_block(c.blocks, c.block_start[row], c.block_start[row + 1], kb);
+        const unsigned mask = __ballot_sync(0xffffffffu, has);
+        if (FILL && has) t.q_block[out + __popc(mask & ((1u << lane) - 1))] = i;
+        out += __popc(mask);
+    }
+    if (!FILL && lane == 0) t.q_start[r + 1] = out;
+}
+
+// The backward's query tile (rows a CTA takes per step): 128 at head dim 64,
+// 64 at 128 (registers), as the dense backward's.
+template <int D> struct SparseBackwardTile { enum { BM = D == 64 ? 128 : 64 }; };
+
+// Whether every one of a warp's 32 keys (positions kp [32], ascending,
+// INT64_MAX past the keys) sees each of its N queries (positions qp [N],
+// INT64_MIN for a dead row, and with DOCS document starts qf [N]), so that
+// its scores need no mask; all in shared memory.
+template <int N, bool DOCS>
+__device__ __forceinline__ bool warp_full(const int64_t *kp, const int64_t *qp, const int64_t *qf) {
+    const int64_t k_first = kp[0], k_last = kp[31];
+    bool seen = true;
+    for (int c = threadIdx.x % 32; c < N; c += 32) seen = seen && qp[c] >= k_last && (!DOCS || qf[c] <= k_first);
+    return __all_sync(0xffffffffu, seen);
+}
+
+// Grid (t.nkb, Hq), B / 16 warps: the dense backward's tiles and pipeline
+// (flash_cuda.cu) over one local key block of B keys (BN = B), its dK, dV in
+// registers over every query tile that uses it, added once at the end with
+// fp32 atomics (GQA: several q heads per kv head). Its query tiles are the
+// rows of its listed query blocks (t), BM at a time: a block in BM / B
+// tiles (BM < B), or BM / B blocks gathered into one tile (BM > B).
+// Warps: S^T, dP^T and P^T, dS^T B / 32 (32 keys) x 2 (BM / 2 queries); dK,
+// dV B / 32 (32 keys) x 2 (D / 2 columns); dQ BM / 32 (32 queries) x the rest
+// (columns), added to global dq with fp32 atomics. scale_log2 and DOCS as the
+// forward's. Shared (backward_blocks_smem), every tile swizzled: k, v
+// [BN][D]; q [2][BM][D]; dout [BM][D]; P^T, dS^T [BN][BM]; key positions
+// [BN] (INT64_MAX past Tk); the local token of each row of three query tiles
+// (this one, for its dQ; the next, for its loads; the one after, read
+// during dK and dQ) [3][BM] (-1: none); per row of the two buffered tiles
+// the position (INT64_MIN: masked, no row or lse = -inf), the document start
+// (DOCS), lse (log2 units) and delta. A warp masks its scores unless every
+// one of its keys sees each of its queries (warp_full).
+// Per query tile (three barriers), as the dense backward: Q, dO, the
+// tile's rows and the next tile's tokens wait; the next Q loads and the next
+// rows are read while S^T = K Q^T runs; dP^T, P^T, dS^T; dV += P^T dO; the
+// next dO loads and the tokens of the tile after it are read while
+// dK += dS^T Q and dQ = dS K (in passes of at most 32 columns: registers)
+// run.
+template <int D, int B, bool DOCS>
+__global__ void __launch_bounds__(B / 16 * 32, 1)
+sparse_backward_blocks_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnGrads grads, KeyMajorBlocks t,
+                              float scale_log2) {
+    RESTRICT_ARGS(d, pos, in);
+    RESTRICT_GRADS(grads);
+    constexpr int BN = B, NW = B / 16, NT = NW * 32, BM = SparseBackwardTile<D>::BM;
+    constexpr int KW = BN / 32, SQ = BM / 2, KC = D / 2;   // S^T: queries, dK and dV: columns a warp
+    constexpr int QW = BM / 32, QC = D / (NW / QW);        // dQ: QW warps of 32 queries x QC columns,
+    constexpr int QP = QC < 32 ? QC : 32;                   // in passes of QP (registers)
+    static_assert(NW == 2 * KW && BM <= NT && SQ % 16 == 0 && QC % QP == 0 && QP % 16 == 0,
+                  "sparse backward tile shape");
+    DYNAMIC_SHARED(unsigned char, smem);
+    bf16 *ks = reinterpret_cast<bf16 *>(smem);
+    bf16 *vs = ks + BN * D;
+    bf16 *qs = vs + BN * D;                                     // [2][BM][D]
+    bf16 *dos = qs + 2 * BM * D;                                // [BM][D]
+    bf16 *pts = dos + BM * D;                                   // P^T [BN][BM]
+    bf16 *dsts = pts + BN * BM;                                 // dS^T [BN][BM]
+    int64_t *kps = reinterpret_cast<int64_t *>(dsts + BN * BM); // [BN]
+    int64_t *qtok = kps + BN;                                   // [3][BM]
+    int64_t *qps = qtok + 3 * BM;                               // [2][BM]
+    int64_t *qfs = qps + 2 * BM;                                // [2][BM], DOCS only
+    float *lse_s = reinterpret_cast<float *>(qfs + (DOCS ? 2 * BM : 0));   // [2][BM]
+    float *del_s = lse_s + 2 * BM;                                          // [2][BM]
+    STATIC_SHARED(int64_t, list_s, [2]);          // the CTA's listed query blocks: t.q_block[list_s[0] .. list_s[1])
+
+    const int tid = threadIdx.x, warp = tid / 32;
+    const int h = blockIdx.y, kvh = h / (Hq / Hkv);
+    const int64_t j0 = (int64_t)blockIdx.x * BN, r = h * t.nkb + blockIdx.x;
+    const int64_t e0 = t.q_start[r], e1 = t.q_start[r + 1];
+    const int nqt = (int)(((e1 - e0) * B + BM - 1) / BM);
+    if (nqt == 0) return;                         // no query block selects these keys
+    if (tid == 0) { list_s[0] = e0; list_s[1] = e1; }
+
+    // The local token of row i of query tile qt: the rows of the listed blocks t.q_block[first .. end) in
+    // order (-1 past them or past Tq). The loop reads first and end from shared memory where it calls it
+    // (registers go to the tile products).
+    auto query_token = [&](int qt, int i, int64_t first, int64_t end) {
+        const int64_t at = (int64_t)qt * BM + i, e = first + at / B;
+        const int64_t tok = e < end ? t.q_block[e] * B + at % B : Tq;
+        return tok < Tq ? tok : (int64_t)-1;
+    };
+    // This thread's row of a tile (tid < BM) at token tok: lse in log2 units, delta, position, document
+    // start; the loads are independent (a dead row, none or with lse = -inf, is settled after they land).
+    struct QueryRow { float lse, delta; int64_t pos, first; };
+    auto query_row = [&](int64_t tok) {
+        QueryRow row = {0.0f, 0.0f, INT64_MIN, 0};
+        if (tok >= 0) {
+            const float L = lse[h * Tq + tok], del = delta[h * Tq + tok];
+            const int64_t p = q_pos[tok], first = DOCS ? q_first[tok] : 0;
+            if (L != -INFINITY) {
+                row.lse = L * LOG2E;
+                row.delta = del;
+                row.pos = p;
+                row.first = first;
+            }
+        }
+        return row;
+    };
+    auto put_row = [&](const QueryRow &row, int b) {
+        if (tid >= BM) return;
+        lse_s[b * BM + tid] = row.lse;
+        del_s[b * BM + tid] = row.delta;
+        qps[b * BM + tid] = row.pos;
+        if (DOCS) qfs[b * BM + tid] = row.first;
+    };
+
+    if (tid < BN) kps[tid] = j0 + tid < Tk ? k_pos[j0 + tid] : INT64_MAX;
+    load_tile<D, NT, true>(ks, k, j0, BN, Tk, Hkv, kvh);
+    load_tile<D, NT, true>(vs, v, j0, BN, Tk, Hkv, kvh);
+    load_rows<D, NT, true>(qs, q, BM, Hq, h, [&](int i) { return query_token(0, i, e0, e1); });
+    load_rows<D, NT, true>(dos, dout, BM, Hq, h, [&](int i) { return query_token(0, i, e0, e1); });
+    cp_async_commit();
+    if (tid < BM) {
+        const int64_t tok = query_token(0, tid, e0, e1);
+        qtok[tid] = tok;
+        qtok[BM + tid] = query_token(1, tid, e0, e1);
+        put_row(query_row(tok), 0);
+    }
+
+    const int kw = warp % KW, wh = warp / KW;     // S^T: keys 32 kw.., queries SQ wh..; dK, dV: columns KC wh..
+    const int qw = warp % QW, qc = warp / QW;     // dQ: queries 32 qw.., columns QC qc..
+    float dka[2][KC / 8][4], dva[2][KC / 8][4];   // dK / scale, dV of keys 32 kw..
+#pragma unroll
+    for (int m = 0; m < 2; m++) { zero<KC>(dka[m]); zero<KC>(dva[m]); }
+    for (int qt = 0; qt < nqt; qt++) {
+        const int buf = qt % 2;
+        cp_async_wait<0>();
+        __syncthreads();   // Q, dO, the tile's rows and the next tile's tokens are in; every warp is done with P^T, dS^T and the other Q
+        const bool next = qt + 1 < nqt;
+        const int64_t *tok_next = qtok + (qt + 1) % 3 * BM;
+        if (next) load_rows<D, NT, true>(qs + (buf ^ 1) * BM * D, q, BM, Hq, h, [&](int i) { return tok_next[i]; });
+        cp_async_commit();
+        const QueryRow next_row = next && tid < BM ? query_row(tok_next[tid]) : QueryRow{};   // lands during S^T
+        const int c0 = buf * BM + wh * SQ;        // the warp's queries in the row buffers
+        const bool full = warp_full<SQ, DOCS>(kps + kw * 32, qps + c0, qfs + c0);
+
+        const bf16 *qb = qs + buf * BM * D;
+        {
+            float st[2][SQ / 8][4], dpt[2][SQ / 8][4];
+#pragma unroll
+            for (int m = 0; m < 2; m++) { zero<SQ>(st[m]); zero<SQ>(dpt[m]); }
+            mma_abt32<D, SQ, 2>(st, ks + kw * 32 * D, qb + wh * SQ * D);
+            put_row(next_row, buf ^ 1);
+            mma_abt32<D, SQ, 2>(dpt, vs + kw * 32 * D, dos + wh * SQ * D);
+            backward_tile32<SQ, DOCS>(st, dpt, full, kps + kw * 32, lse_s + c0, del_s + c0, qps + c0, qfs + c0,
+                                      scale_log2);
+            store_rows32<SQ, BM>(pts, kw * 32, wh * SQ, st);
+            store_rows32<SQ, BM>(dsts, kw * 32, wh * SQ, dpt);
+        }
+        __syncthreads();   // P^T, dS^T and the rows of the next tile are in
+
+        mma_ab32<BM, KC, BM, D, false>(dva, pts + kw * 32 * BM, 0, dos, wh * KC);
+        __syncthreads();   // every warp is done with dO
+        if (next) load_rows<D, NT, true>(dos, dout, BM, Hq, h, [&](int i) { return tok_next[i]; });
+        cp_async_commit();
+        const int64_t tok_after = tid < BM ? query_token(qt + 2, tid, list_s[0], list_s[1]) : -1;   // lands during dK, dQ
+        mma_ab32<BM, KC, BM, D, false>(dka, dsts + kw * 32 * BM, 0, qb, wh * KC);
+
+        const int64_t *tok = qtok + qt % 3 * BM + qw * 32;
+#pragma unroll
+        for (int c0 = qc * QC; c0 < (qc + 1) * QC; c0 += QP) {
+            float dqa[2][QP / 8][4];              // dQ / scale of queries 32 qw.., columns QP c0..
+#pragma unroll
+            for (int m = 0; m < 2; m++) zero<QP>(dqa[m]);
+            mma_ab32<BN, QP, BM, D, true>(dqa, dsts, qw * 32, ks, c0);
+            atomic_add_rows32<QP>(dq, (int64_t)Hq * D, (int64_t)h * D + c0, dqa, d.scale, [&](int i) { return tok[i]; });
+        }
+        if (tid < BM) qtok[(qt + 2) % 3 * BM + tid] = tok_after;   // its slot's tile (qt - 1) is done
+    }
+    cp_async_wait<0>();
+
+    auto key_row = [&](int i) {
+        const int64_t key = j0 + kw * 32 + i;
+        return key < Tk ? key : (int64_t)-1;
+    };
+    atomic_add_rows32<KC>(dk, (int64_t)Hkv * D, (int64_t)kvh * D + wh * KC, dka, d.scale, key_row);
+    atomic_add_rows32<KC>(dv, (int64_t)Hkv * D, (int64_t)kvh * D + wh * KC, dva, 1.0f, key_row);
+}
+
+// ---- backward: the columns, query-major ----
+
+// Grid (Hq * nqb) rows, BM / 16 warps, over the row's column tiles only (the
+// blocks are the key-major kernel's): the CTA holds dQ of its row in
+// registers and adds it once at the end (one writer per row); per tile of
+// KEY_TILE gathered columns it recomputes S = Q K^T, dP = dO V^T,
+// P = exp2(S - lse), dS = P (dP - delta), dQ += dS K; P and dS go through
+// shared memory for dV = P^T dO and dK = dS^T Q of the tile, added to global
+// dk, dv with fp32 atomics (a column is gathered by many rows and GQA
+// heads). A row without columns in the call returns at once. KVBUF
+// key/value buffers (2: the next tile loads during this one; 1 where shared
+// memory is short, see backward_columns()). Shared: q, dout [BM][LD]; k, v
+// [KVBUF][BN][LD]; P and dS [BM][BN + 8] (bf16); key positions and local
+// tokens [KVBUF][BN]. scale_log2 and DOCS as the forward's.
 template <int D, int BM, int KVBUF, bool DOCS>
 __global__ void __launch_bounds__(BM * 2)
-sparse_backward_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnGrads grads, SparseView c,
-                       float scale_log2) {
+sparse_backward_columns_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnGrads grads, SparseView c,
+                               float scale_log2) {
     RESTRICT_ARGS(d, pos, in);
     RESTRICT_ROWS(c);
     RESTRICT_GRADS(grads);
@@ -340,7 +584,8 @@ sparse_backward_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnGrads gra
     const int h = blockIdx.x % Hq, kvh = h / (Hq / Hkv);          // later query blocks first
     const int64_t r = h * nqb + nqb - 1 - blockIdx.x / Hq;
     const int64_t i0 = (r % nqb) * BM, q_lo = q_pos[i0];
-    const RowTiles<BM> tiles(block_start, blocks, local_block, col_start, col_key, r, Tk);
+    const RowTiles<BM> tiles(block_start, blocks, local_block, col_start, col_key, r, Tk, false);
+    if (tiles.total == 0) return;                 // no column of this call for the row
 
     // This thread's two queries (g and g + 8 of its warp's 16): lse in log2
     // units (+inf: the row is dead, past Tq or saw no key), delta, position,
@@ -366,10 +611,9 @@ sparse_backward_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnGrads gra
 
     load_tile<D, NT>(qs, q, i0, BM, Tq, Hq, h);
     load_tile<D, NT>(dos, dout, i0, BM, Tq, Hq, h);
-    int64_t it = tiles.next(0);
-    if (it < tiles.total) load_kv(it, 0);
+    int64_t it = 0;
+    load_kv(it, 0);
     cp_async_commit();
-    if (it >= tiles.total) { cp_async_wait<0>(); return; }   // nothing of this chunk for the row
 
     float dqa[D / 8][4];                          // dQ / scale: queries g, g+8 x D
     zero<D>(dqa);
@@ -523,19 +767,72 @@ extern "C" void attn_sparse_forward_part_cuda(SparsePart part, const AttnShape *
     chunk_view_free(&c, stream);
 }
 
-// Shared memory of the backward kernel with KVBUF key/value buffers.
+// The index's blocks in this call key-major (KeyMajorBlocks) for the keys
+// k_pos [Tk] (whole blocks of a chunk): counted, scanned, listed. Its arrays
+// are stream-ordered scratch; free with key_major_free.
+static KeyMajorBlocks key_major_blocks(const SparseView &c, const SparseIndexCuda *x, const int64_t *k_pos, int64_t Tk,
+                                       cudaStream_t stream) {
+    const int B = x->block_size;
+    KeyMajorBlocks t = {(Tk + B - 1) / B, NULL, NULL};
+    const int64_t rows = (int64_t)x->num_heads * t.nkb;
+    CUDA_CHECK(cudaMallocAsync((void **)&t.q_start, (size_t)(rows + 1) * sizeof(int64_t), stream));
+    CUDA_CHECK(cudaMallocAsync((void **)&t.q_block, (size_t)(x->block_capacity + 1) * sizeof(int64_t), stream));
+    CUDA_CHECK(cudaMemsetAsync(t.q_start, 0, sizeof(int64_t), stream));
+    const int warps_grid = (int)((rows * 32 + 255) / 256);
+    CUDA_LAUNCH(key_major_kernel<false>, warps_grid, 256, 0, stream, c, x->q_blocks, k_pos, B, t);
+    CUDA_CHECK(cudaGetLastError());
+    inclusive_sum(t.q_start + 1, rows, stream);
+    CUDA_LAUNCH(key_major_kernel<true>, warps_grid, 256, 0, stream, c, x->q_blocks, k_pos, B, t);
+    CUDA_CHECK(cudaGetLastError());
+    return t;
+}
+
+static void key_major_free(KeyMajorBlocks *t, cudaStream_t stream) {
+    CUDA_CHECK(cudaFreeAsync(t->q_start, stream));
+    CUDA_CHECK(cudaFreeAsync(t->q_block, stream));
+}
+
+// Shared memory of the key-major backward (its layout: sparse_backward_blocks_kernel).
+template <int D, int B, bool DOCS>
+static size_t backward_blocks_smem() {
+    constexpr int BM = SparseBackwardTile<D>::BM, BN = B;
+    return (size_t)(2 * BN + 3 * BM) * D * sizeof(bf16) + (size_t)2 * BN * BM * sizeof(bf16) +
+           (BN + 3 * BM) * sizeof(int64_t) + 2 * BM * ((DOCS ? 2 : 1) * sizeof(int64_t) + 2 * sizeof(float)) +
+           2 * (BM / 32) * sizeof(int);
+}
+
+template <int D, int B, bool DOCS>
+static void backward_blocks_launch(const AttnShape *s, const KeyMajorBlocks &t, const AttnPos &pos,
+                                   const AttnInputsBf16 &in, const AttnGrads &grads, cudaStream_t stream) {
+    const size_t smem = backward_blocks_smem<D, B, DOCS>();
+    auto kernel = sparse_backward_blocks_kernel<D, B, DOCS>;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const dim3 grid((unsigned)t.nkb, (unsigned)s->num_heads);
+    CUDA_LAUNCH(kernel, grid, B / 16 * 32, smem, stream, attn_dims(s), pos, in, grads, t, s->scale * LOG2E);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// With documents (pos.q_first not NULL) or without.
+template <int D, int B>
+static void backward_blocks(const AttnShape *s, const KeyMajorBlocks &t, const AttnPos &pos,
+                            const AttnInputsBf16 &in, const AttnGrads &grads, cudaStream_t stream) {
+    if (pos.q_first) backward_blocks_launch<D, B, true>(s, t, pos, in, grads, stream);
+    else backward_blocks_launch<D, B, false>(s, t, pos, in, grads, stream);
+}
+
+// Shared memory of the column backward with KVBUF key/value buffers.
 template <int D, int BM, int KVBUF>
-static size_t backward_smem() {
+static size_t backward_columns_smem() {
     constexpr int LD = D + 8, BN = KEY_TILE;
     return (size_t)(2 * BM + 2 * KVBUF * BN) * LD * sizeof(bf16) + (size_t)2 * BM * (BN + 8) * sizeof(bf16) +
            2 * KVBUF * BN * sizeof(int64_t);
 }
 
 template <int D, int BM, int KVBUF, bool DOCS>
-static void backward_launch(const AttnShape *s, const SparseView &c, const AttnPos &pos, const AttnInputsBf16 &in,
-                            const AttnGrads &grads, cudaStream_t stream) {
-    const size_t smem = backward_smem<D, BM, KVBUF>();
-    auto kernel = sparse_backward_kernel<D, BM, KVBUF, DOCS>;
+static void backward_columns_launch(const AttnShape *s, const SparseView &c, const AttnPos &pos,
+                                    const AttnInputsBf16 &in, const AttnGrads &grads, cudaStream_t stream) {
+    const size_t smem = backward_columns_smem<D, BM, KVBUF>();
+    auto kernel = sparse_backward_columns_kernel<D, BM, KVBUF, DOCS>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     CUDA_LAUNCH(kernel, (unsigned)c.rows, BM * 2, smem, stream, attn_dims(s), pos, in, grads, c, s->scale * LOG2E);
     CUDA_CHECK(cudaGetLastError());
@@ -543,27 +840,39 @@ static void backward_launch(const AttnShape *s, const SparseView &c, const AttnP
 
 // With documents (pos.q_first not NULL) or without.
 template <int D, int BM, int KVBUF>
-static void backward_docs(const AttnShape *s, const SparseView &c, const AttnPos &pos, const AttnInputsBf16 &in,
-                          const AttnGrads &grads, cudaStream_t stream) {
-    if (pos.q_first) backward_launch<D, BM, KVBUF, true>(s, c, pos, in, grads, stream);
-    else backward_launch<D, BM, KVBUF, false>(s, c, pos, in, grads, stream);
+static void backward_columns_docs(const AttnShape *s, const SparseView &c, const AttnPos &pos,
+                                  const AttnInputsBf16 &in, const AttnGrads &grads, cudaStream_t stream) {
+    if (pos.q_first) backward_columns_launch<D, BM, KVBUF, true>(s, c, pos, in, grads, stream);
+    else backward_columns_launch<D, BM, KVBUF, false>(s, c, pos, in, grads, stream);
 }
 
 // Double-buffered K/V where the device's shared memory allows (D 128 with
 // B 128 needs 176 KB: sm_90 yes, sm_80 no), else single-buffered.
 template <int D, int BM>
-static void backward(const AttnShape *s, const SparseView &c, const AttnPos &pos, const AttnInputsBf16 &in,
-                     const AttnGrads &grads, cudaStream_t stream) {
+static void backward_columns(const AttnShape *s, const SparseView &c, const AttnPos &pos, const AttnInputsBf16 &in,
+                             const AttnGrads &grads, cudaStream_t stream) {
     if constexpr (D == 128 && BM == 128) {
         int device, optin;
         CUDA_CHECK(cudaGetDevice(&device));
         CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-        if ((size_t)optin < backward_smem<D, BM, 2>()) {
-            backward_docs<D, BM, 1>(s, c, pos, in, grads, stream);
+        if ((size_t)optin < backward_columns_smem<D, BM, 2>()) {
+            backward_columns_docs<D, BM, 1>(s, c, pos, in, grads, stream);
             return;
         }
     }
-    backward_docs<D, BM, 2>(s, c, pos, in, grads, stream);
+    backward_columns_docs<D, BM, 2>(s, c, pos, in, grads, stream);
+}
+
+// The blocks of `part` key-major, then its columns query-major, on one stream.
+template <int D, int B>
+static void backward(SparsePart part, const AttnShape *s, const SparseIndexCuda *x, const SparseView &c,
+                     const AttnPos &pos, const AttnInputsBf16 &in, const AttnGrads &grads, cudaStream_t stream) {
+    if (part != SPARSE_COLUMNS) {
+        KeyMajorBlocks t = key_major_blocks(c, x, pos.k_pos, s->k_tokens, stream);
+        backward_blocks<D, B>(s, t, pos, in, grads, stream);
+        key_major_free(&t, stream);
+    }
+    if (part != SPARSE_BLOCKS) backward_columns<D, B>(s, c, pos, in, grads, stream);
 }
 
 extern "C" void attn_sparse_backward_part_cuda(SparsePart part, const AttnShape *s, const SparseIndexCuda *x,
@@ -580,10 +889,10 @@ extern "C" void attn_sparse_backward_part_cuda(SparsePart part, const AttnShape 
     const AttnInputsBf16 in = {(const bf16 *)q, (const bf16 *)k, (const bf16 *)v, (const bf16 *)dout};
     const AttnGrads grads = {lse, delta, dq, dk, dv};
     const int key = s->head_dim * 1000 + x->block_size;
-    if (key == 64064) backward<64, 64>(s, c, pos, in, grads, stream);
-    else if (key == 64128) backward<64, 128>(s, c, pos, in, grads, stream);
-    else if (key == 128064) backward<128, 64>(s, c, pos, in, grads, stream);
-    else backward<128, 128>(s, c, pos, in, grads, stream);
+    if (key == 64064) backward<64, 64>(part, s, x, c, pos, in, grads, stream);
+    else if (key == 64128) backward<64, 128>(part, s, x, c, pos, in, grads, stream);
+    else if (key == 128064) backward<128, 64>(part, s, x, c, pos, in, grads, stream);
+    else backward<128, 128>(part, s, x, c, pos, in, grads, stream);
     if (qf) CUDA_CHECK(cudaFreeAsync(qf, stream));
     chunk_view_free(&c, stream);
 }

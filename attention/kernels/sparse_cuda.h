@@ -67,7 +67,9 @@ void attn_sparse_forward_cuda(const AttnShape *shape, const SparseIndexCuda *ind
                               cudaStream_t stream);
 
 // As attn_dense_backward_cuda (accumulates dq, dk, dv) restricted to the same
-// index. dq has one writer per row (plain +=); dk, dv get fp32 atomics.
+// index: the blocks' dq, dk, dv get fp32 atomics, then the columns' dq one
+// writer per row (plain +=) and their dk, dv fp32 atomics (one stream: the
+// two passes do not overlap).
 void attn_sparse_backward_cuda(const AttnShape *shape, const SparseIndexCuda *index,
                                const uint16_t *q, const int64_t *q_pos, const uint16_t *k,
                                const uint16_t *v, const int64_t *k_pos, const float *lse,

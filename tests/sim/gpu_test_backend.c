@@ -196,12 +196,13 @@ int main(int argc, char **argv) {
     bool small = argc > 1 && !strcmp(argv[1], "small");
     // Each row: name, heads, kv_heads, head_dim, tied, yarn, attention, T, checkpoint, equals_previous,
     // equal_tol. Sparse with top_p = 1 keeps every line: the tiles of dense attention (the sparse forward
-    // runs the dense forward's tiles, so the same roundings), whose dk, dv the sparse backward adds with
-    // fp32 atomics in another order (measured under seeds 1-3: loss equal, gradients 0, 1.6e-7, 1.6e-7). Checkpointing recomputes each layer from the same bf16 inputs and sparse
-    // index (measured under seeds 1-3: bit-identical; two identical runs of a sparse backward differ
-    // by 3e-9, fp32 atomics from several threads, hence not 0; on an H200 the atomics commit in the
-    // order the blocks finish: 8.0e-6 measured, hence 5e-5, far below what a recomputation with
-    // another pattern or other inputs gives, ~1e-2).
+    // runs the dense forward's tiles, so the same roundings; the sparse backward's blocks the dense
+    // backward's warp tiles over key blocks of 64: measured under seeds 1-3, loss and gradients equal).
+    // Checkpointing recomputes each layer from the same bf16 inputs and sparse index; the sparse
+    // backward adds dq with fp32 atomics whose order follows the blocks' (measured under seeds 1-3, one
+    // thread: 9.2e-4, 9.2e-4 and 0, the worst k_proj.bias, a sum that nearly cancels, after dq values near a bf16
+    // rounding boundary round the other way; with dq one writer per row: 0, hence the old 5e-5), so
+    // 2e-3, below what a recomputation with another pattern or other inputs gives, ~1e-2.
     const Case cases[] = {
         {"GQA 2:1 hd64 untied dense T=130", 2, 1, 64, false, false, CASE_DENSE, 130, false, false, 0},
         {"GQA 2:1 hd64 untied sparse top_p=1 T=130", 2, 1, 64, false, false, CASE_SPARSE_TOPP1, 130, false, true,
@@ -210,7 +211,7 @@ int main(int argc, char **argv) {
         {"MHA 2:2 hd128 untied sparse fixed 1+1 T=320", 2, 2, 128, false, false, CASE_SPARSE_FIXED, 320, false,
          false, 0},
         {"MHA 2:2 hd128 untied sparse fixed 1+1 T=320 checkpointed", 2, 2, 128, false, false, CASE_SPARSE_FIXED,
-         320, true, true, 5e-5},
+         320, true, true, 2e-3},
         {"GQA 2:1 hd64 tied sparse top_p=1 T=128", 2, 1, 64, true, false, CASE_SPARSE_TOPP1, 128, false, false, 0},
         {"GQA 2:1 hd128 tied YaRN sparse fixed 1+1 T=320", 2, 1, 128, true, true, CASE_SPARSE_FIXED, 320, false,
          false, 0},

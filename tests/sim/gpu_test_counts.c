@@ -39,6 +39,8 @@ static const char *const conflict_free[] = {
     "dense forward D64",  "dense forward D128",  "dense backward D64",  "dense backward D128",
     "sparse forward D64 B64", "sparse forward D64 B128", "sparse forward D128 B64", "sparse forward D128 B128",
     "sparse backward D64 B64", "sparse backward D64 B128", "sparse backward D128 B64", "sparse backward D128 B128",
+    "sparse backward columns D64 B64", "sparse backward columns D64 B128", "sparse backward columns D128 B64",
+    "sparse backward columns D128 B128",
 };
 
 static bool listed_conflict_free(const char *kind) {
@@ -165,31 +167,55 @@ static void dense_case(int64_t T, int D, Rng *rng) {
     free_inputs(&in);
 }
 
-// Slash offsets 0, 130 and 300, vertical columns 5, 77 and 200 in every head.
+// Slash offsets 0 and 300, vertical columns 5, 77 and 200 in every head:
+// at blocks of 64 and of 128 rows with columns beside their blocks.
 static void sparse_case(int64_t T, int D, int B, Rng *rng) {
-    static const int64_t slash[] = {0, 130, 300}, vertical[] = {5, 77, 200};
+    static const int64_t slash[] = {0, 300}, vertical[] = {5, 77, 200};
     Inputs in = make_inputs(T, D, rng);
     SparsePattern p = {.num_heads = HQ, .seq_len = T};
     p.vertical_start = xmalloc((HQ + 1) * sizeof(int64_t));
     p.slash_start = xmalloc((HQ + 1) * sizeof(int64_t));
     p.vertical = xmalloc(HQ * 3 * sizeof(int64_t));
-    p.slash = xmalloc(HQ * 3 * sizeof(int64_t));
-    for (int h = 0; h <= HQ; h++) p.vertical_start[h] = p.slash_start[h] = 3 * h;
+    p.slash = xmalloc(HQ * 2 * sizeof(int64_t));
+    for (int h = 0; h <= HQ; h++) {
+        p.vertical_start[h] = 3 * h;
+        p.slash_start[h] = 2 * h;
+    }
     for (int h = 0; h < HQ; h++) {
         memcpy(p.vertical + 3 * h, vertical, sizeof vertical);
-        memcpy(p.slash + 3 * h, slash, sizeof slash);
+        memcpy(p.slash + 2 * h, slash, sizeof slash);
     }
     const int64_t nqb = (T + B - 1) / B;
     int64_t *q_blocks = xmalloc((size_t)nqb * sizeof(int64_t));
     for (int64_t i = 0; i < nqb; i++) q_blocks[i] = i;
     SparseIndex x;
     sparse_index_build(&p, B, q_blocks, nqb, &x);
-    double rows = (double)HQ * nqb, tiles = 0, keys = 0;
+    // The forward's key tiles; the column pass's rows with columns, tiles and columns.
+    double rows = (double)HQ * nqb, tiles = 0, col_rows = 0, col_tiles = 0, col_keys = 0;
     for (int64_t r = 0; r < HQ * nqb; r++) {
         const int64_t blocks = x.block_start[r + 1] - x.block_start[r], cols = x.column_start[r + 1] - x.column_start[r];
         tiles += (double)(blocks * (B / SPARSE_KEY_TILE) + (cols + SPARSE_KEY_TILE - 1) / SPARSE_KEY_TILE);
-        keys += (double)(blocks * B + cols);
+        col_rows += cols > 0;
+        col_tiles += (double)((cols + SPARSE_KEY_TILE - 1) / SPARSE_KEY_TILE);
+        col_keys += (double)cols;
     }
+    // The key-major pass: per (head, key block) the query blocks that select it, their rows BM at a time;
+    // the rows of those tiles before T (dq), the keys of every block some query block selects (dk, dv).
+    const int BM = sparse_backward_bm(D);
+    double active = 0, q_tiles = 0, dq_rows = 0, block_keys = 0;
+    for (int h = 0; h < HQ; h++)
+        for (int64_t kb = 0; kb < nqb; kb++) {
+            int64_t *listed = xmalloc((size_t)nqb * sizeof(int64_t)), n = 0;
+            for (int64_t i = 0; i < nqb; i++)
+                for (int64_t e = x.block_start[h * nqb + i]; e < x.block_start[h * nqb + i + 1]; e++)
+                    if (x.blocks[e] == kb) listed[n++] = i;
+            if (n == 0) { free(listed); continue; }
+            active++;
+            block_keys += (double)(T - kb * B < B ? T - kb * B : B);
+            for (int64_t at0 = 0; at0 < n * B; at0 += BM, q_tiles++)
+                for (int64_t at = at0; at < at0 + BM && at < n * B; at++) dq_rows += listed[at / B] * B + at % B < T;
+            free(listed);
+        }
     SparseIndexCuda dx = {0};
     sparse_index_to_cuda(&x, &dx);
     const AttnShape s = shape_of(&in, B);
@@ -205,7 +231,12 @@ static void sparse_case(int64_t T, int D, int B, Rng *rng) {
                               in.dv, 0);
     snprintf(name, sizeof name, "counts_sparse_backward_T%lld_D%d_B%d", (long long)T, D, B);
     snprintf(kind, sizeof kind, "sparse backward D%d B%d", D, B);
-    expect_counts(name, "sparse_backward_kernel<", kind, sparse_backward_counts(D, B, rows, tiles, keys));
+    expect_counts(name, "sparse_backward_blocks_kernel<", kind,
+                  sparse_backward_block_counts(D, B, (double)HQ * nqb, active, q_tiles, dq_rows, block_keys));
+    snprintf(name, sizeof name, "counts_sparse_backward_columns_T%lld_D%d_B%d", (long long)T, D, B);
+    snprintf(kind, sizeof kind, "sparse backward columns D%d B%d", D, B);
+    expect_counts(name, "sparse_backward_columns_kernel<", kind,
+                  sparse_backward_column_counts(D, B, rows, col_rows, col_tiles, col_keys));
     sparse_index_free_cuda(&dx);
     sparse_index_free(&x);
     sparse_pattern_free(&p);
@@ -239,6 +270,26 @@ static void dense_backward_per_mma(int D) {
                    D, pair.atomics / mflop);
 }
 
+// The sparse backward's blocks (the key-major kernel) over one query tile:
+// at most 260 shared-memory bytes per mma.sync (the dense backward's tiles),
+// and its dQ atomics per MFLOP the dense backward's times 128 / B (each
+// atomic covers the CTA's B keys, the dense's 128): no worse than the
+// dense's at blocks of 128.
+static void sparse_backward_per_mma(int D, int B) {
+    const FlashTiles f = flash_tiles(D);
+    const int BM = sparse_backward_bm(D);
+    const KernelCounts pair = sparse_backward_block_counts(D, B, 0, 0, 1, BM, 0),
+                       dense = flash_backward_counts(D, 0, 1, f.bwd_bm, 0);
+    const double bytes = (pair.ldmatrix_bytes + pair.cp_async_bytes) / pair.mma;
+    const double per_mflop = pair.atomics / (5 * 2.0 * BM * B * D / 1e6),
+                 dense_per_mflop = dense.atomics / (5 * 2.0 * f.bwd_bm * f.bwd_bn * D / 1e6);
+    EXPECT_COUNTED(bytes <= 260, "counts_sparse_backward_D%d_B%d_smem_per_mma: %.1f bytes per mma.sync (at most 260)",
+                   D, B, bytes);
+    EXPECT_COUNTED(per_mflop == dense_per_mflop * 128 / B && (B < 128 || per_mflop <= dense_per_mflop),
+                   "counts_sparse_backward_D%d_B%d_dq_atomics: %.0f per MFLOP (dense %.0f)", D, B, per_mflop,
+                   dense_per_mflop);
+}
+
 int main(void) {
     Rng rng;
     rng_seed(&rng, 7);
@@ -247,7 +298,10 @@ int main(void) {
         dense_backward_per_mma(d);
         dense_case(128, d, &rng);
         dense_case(320, d, &rng);
-        for (int b = 64; b <= 128; b *= 2) sparse_case(384, d, b, &rng);
+        for (int b = 64; b <= 128; b *= 2) {
+            sparse_backward_per_mma(d, b);
+            sparse_case(384, d, b, &rng);
+        }
     }
     printf("%d checks, %d failed\n", checks, check_failures);
     return check_exit();

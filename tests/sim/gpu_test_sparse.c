@@ -12,7 +12,9 @@
 // index entry for entry; and the same index split as the cp ring computes
 // it (the block pass per chunk, then the column pass over the index's
 // columns gathered out of the chunks: each column once) against the CPU.
-// Also: the all-blocks index (every slash offset)
+// The small cases include one chunk of the all-blocks index at blocks of
+// 64, so that the key-major backward's CTAs take 3 to 5 query tiles (its
+// pipeline's third token slot). Also: the all-blocks index (every slash offset)
 // against the dense CUDA kernels on the same inputs, with and without
 // documents. And the GPU pattern pipeline
 // (attention/sparse/sparse_select_cuda.cu): estimation against a double-precision
@@ -733,6 +735,8 @@ int main(int argc, char **argv) {
         {300, 64, 4, 2, 64, 1, 0, 0.1, 1},
         {300, 128, 4, 1, 128, 3, 1, 0.1, 1},
         {300, 64, 2, 2, 64, 2, 0, -1, 1},
+        {300, 128, 2, 1, 64, 1, 0, -1, 0},
+        {300, 64, 2, 1, 64, 1, 0, -1, 1},
         {1000, 128, 8, 1, 64, 3, 2, 0.05, 0},
         {1000, 64, 4, 2, 128, 1, 0, 0.05, 0},
         {1000, 128, 2, 2, 128, 2, 0, -1, 0},

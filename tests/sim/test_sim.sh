@@ -11,7 +11,9 @@
 # an expect-tx or a cp.async wait removed, empty's wrong phase, the gathered
 # rows' swizzle dropped; in the Hopper backward the
 # wait on its dS^T barrier, on empty or a wgmma wait removed, empty's wrong
-# phase, a fence removed) that the attention tests must catch, and of the sparse
+# phase, a fence removed) that the attention tests must catch; in the sparse
+# backward's blocks the barrier after the P^T, dS^T stores and the store of the
+# tokens of the tile after next removed, that the sparse test must catch; and of the sparse
 # index build's barriers (each loop's closing __syncthreads, the one inside
 # block_exclusive_sum) that the sparse test's long index row must catch.
 cd "$(dirname "$0")/../.."
@@ -49,7 +51,7 @@ done
 if [ -x $sim/gpu_test_counts ]; then
   # CUDASIM_COUNTS=FILE: a header, then one line per kernel since the program's last reset (its sparse backward).
   expect "CUDASIM_COUNTS writes the kernels' counts at exit ($(tail -n 1 "$tmp/counts.tsv" | cut -f 1 | cut -c 1-40)...)" \
-    "head -n 1 '$tmp/counts.tsv' | grep -qx 'kernel.launches.blocks.mma.ldmatrix_bytes.cp_async_bytes.shuffles.barriers.atomics.ldmatrix_wavefronts.ldmatrix_wavefronts_min.cp_async_wavefronts.cp_async_wavefronts_min.wgmma.wgmma_flops.tma_bytes.mbarrier_waits' && grep -qE '^void sparse_backward_kernel<.*\)	1	[0-9]+	[1-9]' '$tmp/counts.tsv'"
+    "head -n 1 '$tmp/counts.tsv' | grep -qx 'kernel.launches.blocks.mma.ldmatrix_bytes.cp_async_bytes.shuffles.barriers.atomics.ldmatrix_wavefronts.ldmatrix_wavefronts_min.cp_async_wavefronts.cp_async_wavefronts_min.wgmma.wgmma_flops.tma_bytes.mbarrier_waits' && grep -qE '^void sparse_backward_blocks_kernel<.*\)	1	[0-9]+	[1-9]' '$tmp/counts.tsv'"
 fi
 
 # Self-tests that print a result: the wrong kernel wrong under some seed, the right one right under all.
@@ -225,6 +227,15 @@ mutant gpu_test_sm90 backward "sm90 backward dV, dK += without their wgmma.fence
   's = s.replace("            wgmma_fence();\n#pragma unroll\n            for (int kk = 0; kk < BWD_BM / 16; kk++) {", "#pragma unroll\n            for (int kk = 0; kk < BWD_BM / 16; kk++) {", 1)'
 mutant gpu_test_sm90 backward "sm90 backward dQ read before its wgmma.wait_group" $bwd \
   's = s.replace("                wgmma_commit_group();\n                wgmma_wait_group<0>();\n#pragma unroll\n                for (int r", "                wgmma_commit_group();\n#pragma unroll\n                for (int r", 1)'
+# The sparse backward's key-major pipeline: P^T and dS^T read before every warp
+# stored them; the tokens of the tile after next never stored (its rows then
+# load from a stale slot: the small cases' CTAs of 3 to 6 query tiles).
+mutant gpu_test_sparse small "sparse backward without the __syncthreads after the P^T, dS^T stores" \
+  attention/kernels/sparse_cuda.cu \
+  's = s.replace("        __syncthreads();   // P^T, dS^T and the rows of the next tile are in\n", "", 1)'
+mutant gpu_test_sparse small "sparse backward without the store of the next-but-one tile's tokens" \
+  attention/kernels/sparse_cuda.cu \
+  's = s.replace("        if (tid < BM) qtok[(qt + 2) % 3 * BM + tid] = tok_after;", "", 1)'
 # The barriers closing the index build's three loops (after each
 # block_exclusive_sum) and the one inside block_exclusive_sum: the long index
 # row runs each loop several times with data in every warp.

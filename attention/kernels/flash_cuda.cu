@@ -275,33 +275,14 @@ flash_backward_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnGrads grad
     int qt = walk.next(0, nqt, &full, query_tile);
     if (qt >= nqt) return;                        // no query sees these keys
 
-    // This thread's query of tile t (tid < BM): lse in log2 units, delta, and for a tile that needs a mask
-    // the position and document start; the loads are independent (a dead row, past Tq or with lse = -inf,
-    // is settled after they land).
-    struct QueryRow { float lse, delta; int64_t pos, first; };
+    // This thread's query of tile t (tid < BM), its position and document start only where the tile needs a
+    // mask.
     auto query_row = [&](int t, bool need_pos) {
-        QueryRow r = {0.0f, 0.0f, INT64_MIN, 0};
         const int64_t row = (int64_t)t * BM + tid;
-        if (tid < BM && row < Tq) {
-            const float L = lse[h * Tq + row], del = delta[h * Tq + row];
-            const int64_t p = need_pos ? q_pos[row] : INT64_MIN;
-            const int64_t first = DOCS && need_pos ? q_first[row] : 0;
-            if (L != -INFINITY) {
-                r.lse = L * LOG2E;
-                r.delta = del;
-                r.pos = p;
-                r.first = first;
-            }
-        }
-        return r;
+        return backward_row<DOCS>(lse + h * Tq, delta + h * Tq, q_pos, q_first, tid < BM && row < Tq ? row : -1,
+                                  need_pos);
     };
-    auto put_row = [&](const QueryRow &r, int b) {
-        if (tid >= BM) return;
-        lse_s[b * BM + tid] = r.lse;
-        del_s[b * BM + tid] = r.delta;
-        qps[b * BM + tid] = r.pos;
-        if (DOCS) qfs[b * BM + tid] = r.first;
-    };
+    auto put_row = [&](const BackwardRow &r, int b) { put_backward_row<BM, DOCS>(r, b, lse_s, del_s, qps, qfs); };
 
     if (tid < BN) kps[tid] = j0 + tid < Tk ? k_pos[j0 + tid] : INT64_MAX;
     load_tile<D, NT, true>(ks, k, j0, BN, Tk, Hkv, kvh);
@@ -323,22 +304,12 @@ flash_backward_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnGrads grad
         const int nxt = walk.next(qt + 1, nqt, &next_full, query_tile);
         if (nxt < nqt) load_tile<D, NT, true>(qs + (buf ^ 1) * BM * D, q, (int64_t)nxt * BM, BM, Tq, Hq, h);
         cp_async_commit();
-        const QueryRow next_row = nxt < nqt ? query_row(nxt, !next_full) : QueryRow{};   // lands during S^T
+        const BackwardRow next_row = nxt < nqt ? query_row(nxt, !next_full) : BackwardRow{};   // lands during S^T
 
         const bf16 *qb = qs + buf * BM * D;
-        {
-            float st[2][SQ / 8][4], dpt[2][SQ / 8][4];
-#pragma unroll
-            for (int m = 0; m < 2; m++) { zero<SQ>(st[m]); zero<SQ>(dpt[m]); }
-            mma_abt32<D, SQ, 2>(st, ks + kw * 32 * D, qb + wh * SQ * D);
-            put_row(next_row, buf ^ 1);
-            mma_abt32<D, SQ, 2>(dpt, vs + kw * 32 * D, dos + wh * SQ * D);
-            const int c0 = buf * BM + wh * SQ;
-            backward_tile32<SQ, DOCS>(st, dpt, full, kps + kw * 32, lse_s + c0, del_s + c0, qps + c0, qfs + c0,
-                                      scale_log2);
-            store_rows32<SQ, BM>(pts, kw * 32, wh * SQ, st);
-            store_rows32<SQ, BM>(dsts, kw * 32, wh * SQ, dpt);
-        }
+        const int c0 = buf * BM + wh * SQ;        // the warp's queries in the row buffers
+        backward_scores32<D, SQ, BM, DOCS>(pts, dsts, ks, vs, qb, dos, kw, wh, full, kps, lse_s + c0, del_s + c0,
+                                           qps + c0, qfs + c0, scale_log2, [&] { put_row(next_row, buf ^ 1); });
         __syncthreads();   // P^T, dS^T and the rows of the next tile are in
 
         mma_ab32<BM, KC, BM, D, false>(dva, pts + kw * 32 * BM, 0, dos, wh * KC);

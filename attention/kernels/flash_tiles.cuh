@@ -613,6 +613,68 @@ __device__ __forceinline__ void store_rows32(bf16 *t, int r0, int c0, const floa
         }
 }
 
+// A query row of a backward as its kernel keeps it in shared memory (two
+// buffers of BM rows: lse in log2 units, delta, position, document start);
+// pos INT64_MIN and lse 0: the row sees no key.
+struct BackwardRow { float lse, delta; int64_t pos, first; };
+
+// The row of query token tok (tok < 0: none) from the forward's lse and
+// delta at lse_h, delta_h (q head h's [Tq]) and, with need_pos, its position
+// and document start; the loads are independent (a dead row, none or with
+// lse = -inf, is settled after they land).
+template <bool DOCS>
+__device__ __forceinline__ BackwardRow backward_row(const float *lse_h, const float *delta_h, const int64_t *q_pos,
+                                                    const int64_t *q_first, int64_t tok, bool need_pos) {
+    BackwardRow r = {0.0f, 0.0f, INT64_MIN, 0};
+    if (tok >= 0) {
+        const float L = lse_h[tok], del = delta_h[tok];
+        const int64_t p = need_pos ? q_pos[tok] : INT64_MIN;
+        const int64_t first = DOCS && need_pos ? q_first[tok] : 0;
+        if (L != -INFINITY) {
+            r.lse = L * 1.4426950408889634f;
+            r.delta = del;
+            r.pos = p;
+            r.first = first;
+        }
+    }
+    return r;
+}
+
+// Thread tid's row r into buffer b of the rows in shared memory (tid < BM;
+// the others store nothing).
+template <int BM, bool DOCS>
+__device__ __forceinline__ void put_backward_row(const BackwardRow &r, int b, float *lse_s, float *del_s,
+                                                 int64_t *qps, int64_t *qfs) {
+    const int tid = threadIdx.x;
+    if (tid >= BM) return;
+    lse_s[b * BM + tid] = r.lse;
+    del_s[b * BM + tid] = r.delta;
+    qps[b * BM + tid] = r.pos;
+    if (DOCS) qfs[b * BM + tid] = r.first;
+}
+
+// A backward's first half for one warp: S^T = K Q^T and dP^T = V dO^T of its
+// 32 keys (rows 32 kw.. of ks, vs [. x D], swizzled) and SQ queries (rows SQ
+// wh.. of qb, dob), turned into P^T and dS^T (backward_tile32 with the rows
+// ls, ds, qp, qf of those queries) and stored into pts, dsts [keys x BM];
+// `between` runs between the two products (a load that lands during S^T).
+template <int D, int SQ, int BM, bool DOCS, typename Between>
+__device__ __forceinline__ void backward_scores32(bf16 *pts, bf16 *dsts, const bf16 *ks, const bf16 *vs,
+                                                  const bf16 *qb, const bf16 *dob, int kw, int wh, bool full,
+                                                  const int64_t *kp, const float *ls, const float *ds,
+                                                  const int64_t *qp, const int64_t *qf, float scale_log2,
+                                                  Between between) {
+    float st[2][SQ / 8][4], dpt[2][SQ / 8][4];
+#pragma unroll
+    for (int m = 0; m < 2; m++) { zero<SQ>(st[m]); zero<SQ>(dpt[m]); }
+    mma_abt32<D, SQ, 2>(st, ks + kw * 32 * D, qb + wh * SQ * D);
+    between();
+    mma_abt32<D, SQ, 2>(dpt, vs + kw * 32 * D, dob + wh * SQ * D);
+    backward_tile32<SQ, DOCS>(st, dpt, full, kp + kw * 32, ls, ds, qp, qf, scale_log2);
+    store_rows32<SQ, BM>(pts, kw * 32, wh * SQ, st);
+    store_rows32<SQ, BM>(dsts, kw * 32, wh * SQ, dpt);
+}
+
 // x[row(r) * ld + c0 + col] += f c (row r, column col) for the warp's 32 x N
 // accumulators c (mma_abt32's layout) with fp32 atomics; row(r) < 0 (r =
 // 0..31): the row is left out. The backwards' dQ per query tile and dK, dV

@@ -447,30 +447,11 @@ sparse_backward_blocks_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnGr
         const int64_t tok = e < end ? t.q_block[e] * B + at % B : Tq;
         return tok < Tq ? tok : (int64_t)-1;
     };
-    // This thread's row of a tile (tid < BM) at token tok: lse in log2 units, delta, position, document
-    // start; the loads are independent (a dead row, none or with lse = -inf, is settled after they land).
-    struct QueryRow { float lse, delta; int64_t pos, first; };
+    // This thread's row of a tile (tid < BM) at token tok, with its position and document start.
     auto query_row = [&](int64_t tok) {
-        QueryRow row = {0.0f, 0.0f, INT64_MIN, 0};
-        if (tok >= 0) {
-            const float L = lse[h * Tq + tok], del = delta[h * Tq + tok];
-            const int64_t p = q_pos[tok], first = DOCS ? q_first[tok] : 0;
-            if (L != -INFINITY) {
-                row.lse = L * LOG2E;
-                row.delta = del;
-                row.pos = p;
-                row.first = first;
-            }
-        }
-        return row;
+        return backward_row<DOCS>(lse + h * Tq, delta + h * Tq, q_pos, q_first, tok, true);
     };
-    auto put_row = [&](const QueryRow &row, int b) {
-        if (tid >= BM) return;
-        lse_s[b * BM + tid] = row.lse;
-        del_s[b * BM + tid] = row.delta;
-        qps[b * BM + tid] = row.pos;
-        if (DOCS) qfs[b * BM + tid] = row.first;
-    };
+    auto put_row = [&](const BackwardRow &row, int b) { put_backward_row<BM, DOCS>(row, b, lse_s, del_s, qps, qfs); };
 
     if (tid < BN) kps[tid] = j0 + tid < Tk ? k_pos[j0 + tid] : INT64_MAX;
     load_tile<D, NT, true>(ks, k, j0, BN, Tk, Hkv, kvh);
@@ -498,23 +479,13 @@ sparse_backward_blocks_kernel(AttnDims d, AttnPos pos, AttnInputsBf16 in, AttnGr
         const int64_t *tok_next = qtok + (qt + 1) % 3 * BM;
         if (next) load_rows<D, NT, true>(qs + (buf ^ 1) * BM * D, q, BM, Hq, h, [&](int i) { return tok_next[i]; });
         cp_async_commit();
-        const QueryRow next_row = next && tid < BM ? query_row(tok_next[tid]) : QueryRow{};   // lands during S^T
+        const BackwardRow next_row = next && tid < BM ? query_row(tok_next[tid]) : BackwardRow{};   // lands during S^T
         const int c0 = buf * BM + wh * SQ;        // the warp's queries in the row buffers
         const bool full = warp_full<SQ, DOCS>(kps + kw * 32, qps + c0, qfs + c0);
 
         const bf16 *qb = qs + buf * BM * D;
-        {
-            float st[2][SQ / 8][4], dpt[2][SQ / 8][4];
-#pragma unroll
-            for (int m = 0; m < 2; m++) { zero<SQ>(st[m]); zero<SQ>(dpt[m]); }
-            mma_abt32<D, SQ, 2>(st, ks + kw * 32 * D, qb + wh * SQ * D);
-            put_row(next_row, buf ^ 1);
-            mma_abt32<D, SQ, 2>(dpt, vs + kw * 32 * D, dos + wh * SQ * D);
-            backward_tile32<SQ, DOCS>(st, dpt, full, kps + kw * 32, lse_s + c0, del_s + c0, qps + c0, qfs + c0,
-                                      scale_log2);
-            store_rows32<SQ, BM>(pts, kw * 32, wh * SQ, st);
-            store_rows32<SQ, BM>(dsts, kw * 32, wh * SQ, dpt);
-        }
+        backward_scores32<D, SQ, BM, DOCS>(pts, dsts, ks, vs, qb, dos, kw, wh, full, kps, lse_s + c0, del_s + c0,
+                                           qps + c0, qfs + c0, scale_log2, [&] { put_row(next_row, buf ^ 1); });
         __syncthreads();   // P^T, dS^T and the rows of the next tile are in
 
         mma_ab32<BM, KC, BM, D, false>(dva, pts + kw * 32 * BM, 0, dos, wh * KC);

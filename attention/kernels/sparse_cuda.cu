@@ -109,8 +109,7 @@ __global__ void column_fill_kernel(SparsePart part, SparseView c, const int64_t 
     }
 }
 
-// x [n] -> its inclusive prefix sums, in place (CUB, stream-ordered scratch).
-static void inclusive_sum(int64_t *x, int64_t n, cudaStream_t stream) {
+extern "C" void sparse_inclusive_sum_cuda(int64_t *x, int64_t n, cudaStream_t stream) {
     size_t bytes = 0;
     CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, bytes, x, x, n, stream));
     void *temp;
@@ -148,7 +147,7 @@ static SparseView chunk_view(SparsePart part, const SparseIndexCuda *x, const in
     const int warps_grid = (int)((rows * 32 + 255) / 256);
     CUDA_LAUNCH(column_count_kernel, warps_grid, 256, 0, stream, part, c, k_pos, Tk, B);
     CUDA_CHECK(cudaGetLastError());
-    inclusive_sum(c.col_start + 1, rows, stream);
+    sparse_inclusive_sum_cuda(c.col_start + 1, rows, stream);
     CUDA_LAUNCH(column_fill_kernel, warps_grid, 256, 0, stream, part, c, k_pos, Tk, B);
     CUDA_CHECK(cudaGetLastError());
     return c;
@@ -752,7 +751,7 @@ static KeyMajorBlocks key_major_blocks(const SparseView &c, const SparseIndexCud
     const int warps_grid = (int)((rows * 32 + 255) / 256);
     CUDA_LAUNCH(key_major_kernel<false>, warps_grid, 256, 0, stream, c, x->q_blocks, k_pos, B, t);
     CUDA_CHECK(cudaGetLastError());
-    inclusive_sum(t.q_start + 1, rows, stream);
+    sparse_inclusive_sum_cuda(t.q_start + 1, rows, stream);
     CUDA_LAUNCH(key_major_kernel<true>, warps_grid, 256, 0, stream, c, x->q_blocks, k_pos, B, t);
     CUDA_CHECK(cudaGetLastError());
     return t;

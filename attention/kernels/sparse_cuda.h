@@ -92,6 +92,11 @@ void attn_sparse_backward_part_cuda(SparsePart part, const AttnShape *shape, con
                                     const float *delta, const uint16_t *dout, float *dq, float *dk,
                                     float *dv, cudaStream_t stream);
 
+// x [n] (device int64) = its inclusive prefix sums, in place (CUB's scan,
+// its temporary stream-ordered): the index's CSR starts, here and in the
+// sparse selection and the ring's column pass.
+void sparse_inclusive_sum_cuda(int64_t *x, int64_t n, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -606,15 +606,6 @@ __global__ void __launch_bounds__(SEL_THREADS) index_row_kernel(const SparsePatt
     }
 }
 
-extern "C" void sparse_inclusive_sum_cuda(int64_t *x, int64_t n, cudaStream_t stream) {
-    size_t bytes = 0;
-    CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, bytes, x, x, n, stream));
-    void *temp;
-    CUDA_CHECK(cudaMallocAsync(&temp, bytes, stream));
-    CUDA_CHECK(cub::DeviceScan::InclusiveSum(temp, bytes, x, x, n, stream));
-    CUDA_CHECK(cudaFreeAsync(temp, stream));
-}
-
 extern "C" void sparse_index_bound(const SparsePatternCuda *p, int block_size, int sink, int64_t *row_blocks,
                                    int64_t *row_columns) {
     const int64_t N = p->seq_len, nglobal = (N + block_size - 1) / block_size;

@@ -72,10 +72,6 @@ void sparse_pattern_free_cuda(SparsePatternCuda *pattern);
 void sparse_index_bound(const SparsePatternCuda *pattern, int block_size, int sink, int64_t *row_blocks,
                         int64_t *row_columns);
 
-// x [n] (device int64) = its inclusive prefix sums, in place (CUB's scan,
-// its temporary stream-ordered).
-void sparse_inclusive_sum_cuda(int64_t *x, int64_t n, cudaStream_t stream);
-
 // q_blocks device [ceil(T / B)]: the global block of each local block, from
 // the device positions pos [T] (whole blocks of B).
 void sparse_query_blocks_cuda(const int64_t *pos, int64_t tokens, int block_size, int64_t *q_blocks,

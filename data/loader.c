@@ -372,7 +372,7 @@ void loader_train_sequence(Loader *l, int64_t g, PackedSequence *out) {
 }
 
 int64_t loader_train_targets(Loader *l, int64_t g) {
-    if (!l->cfg.padded) return l->cfg.seq_len;
+    if (l->cfg.synthetic || !l->cfg.padded) return l->cfg.seq_len;   // synthetic: one whole document a sequence
     int64_t k, offset, n;
     padded_piece(loader_epoch_order(l, g / l->seqs_per_epoch), g % l->seqs_per_epoch, l->cfg.seq_len, &k, &offset, &n);
     return n - 1;

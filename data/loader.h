@@ -118,7 +118,7 @@ void loader_print_summary(const Loader *l, FILE *out);
 // Training sequence g (the cursor): sequence g mod P of epoch g / P.
 void loader_train_sequence(Loader *l, int64_t g, PackedSequence *out);
 // Training sequence g's targets that are not padding (-1): seq_len, or
-// under padded packing its document piece's (input, target) pairs.
+// under padded packing of shards its document piece's (input, target) pairs.
 int64_t loader_train_targets(Loader *l, int64_t g);
 // Validation sequence i, 0 <= i < val_sequences.
 void loader_val_sequence(Loader *l, int64_t i, PackedSequence *out);

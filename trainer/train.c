@@ -294,11 +294,11 @@ static void slice_sequence(RunData *d, Model *m) {
 }
 
 // The targets of the step's sequences over the world, padding excluded: the
-// loss and its gradient are their mean.
+// loss and its gradient are their mean (every position under sequential and
+// balanced packing, which use each token once).
 static int64_t step_targets(RunData *d, int64_t cursor, int64_t sequences) {
     int64_t targets = 0;
-    for (int64_t i = 0; i < sequences; i++)
-        targets += d->balanced ? d->seq.seq_len : loader_train_targets(&d->loader, cursor + i);
+    for (int64_t i = 0; i < sequences; i++) targets += loader_train_targets(&d->loader, cursor + i);
     return targets;
 }
 

@@ -108,6 +108,11 @@ train doc_pad 1 $DOCS data.packing=padded
 pad_loss=$(first_loss doc_pad)
 expect "padded packing trains on the document pieces (loss $pad_loss vs $seq_loss sequential)" \
   '[ -n "$pad_loss" ] && [ "$pad_loss" != "$seq_loss" ] && [ "$pad_loss" != "$bal_loss" ]'
+# Synthetic data is one whole document a sequence: padded packing trains on
+# it as sequential does (the step's targets are every position).
+train syn_pad 1 data.packing=padded
+expect "padded packing on synthetic data trains as sequential (step 1: $(first_loss syn_pad))" \
+  '[ -n "$(first_loss syn_pad)" ] && [ "$(first_loss syn_pad)" = "$(first_loss syn_seq)" ]'
 # The loss is the mean over targets, padding excluded: at initialisation
 # about ln(258) per target under either packing (a mean over every position
 # would be lower by the step's share of padding).
